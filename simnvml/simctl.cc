@@ -1,0 +1,318 @@
+// kgpu-simctl: changes the live state of a simulated NVML node while its clients run.
+// It opens the same shared state as libnvidia-ml.so.1 (KGPU_SIM_NODE, KGPU_SIM_STATE,
+// KGPU_SIM_NODE_NAME) so every process using that node sees the change, and injected events
+// wake waiters in nvmlEventSetWait at once.
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "node.h"
+
+namespace kgpu::sim {
+namespace {
+
+constexpr uint64_t kXidEvent = 0x8, kSbeEvent = 0x1, kDbeEvent = 0x2;
+
+int Fail(const std::string& msg) {
+  std::cerr << "kgpu-simctl: " << msg << "\n";
+  return 1;
+}
+
+// GPU index, UUID or bus id -> index.
+bool ResolveGpu(const Node& node, const std::string& spec, unsigned* gpu) {
+  for (unsigned i = 0; i < node.gpu_count(); ++i) {
+    if (spec == node.uuid(i) || spec == node.BusId(i) || spec == std::to_string(i)) {
+      *gpu = i;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The settable fields of a GPU, with their units.
+struct Field {
+  const char* help;
+  void (*set)(SimGpu&, uint64_t);
+  uint64_t (*get)(const SimGpu&);
+};
+#define KGPU_FIELD(key, member, scale, help)                                                   \
+  {                                                                                            \
+    key, Field {                                                                               \
+      help, [](SimGpu& g, uint64_t v) { g.member = static_cast<decltype(g.member)>(v * scale); }, \
+          [](const SimGpu& g) { return static_cast<uint64_t>(g.member / scale); }              \
+    }                                                                                          \
+  }
+const std::map<std::string, Field>& Fields() {
+  static const std::map<std::string, Field> fields = {
+      KGPU_FIELD("util", util_gpu, 1, "GPU utilisation, %"),
+      KGPU_FIELD("memutil", util_mem, 1, "memory-copy utilisation, %"),
+      KGPU_FIELD("encutil", util_enc, 1, "encoder utilisation, %"),
+      KGPU_FIELD("decutil", util_dec, 1, "decoder utilisation, %"),
+      KGPU_FIELD("temp", temp_c, 1, "GPU temperature, degrees C"),
+      KGPU_FIELD("memtemp", mem_temp_c, 1, "memory temperature, degrees C"),
+      KGPU_FIELD("power", power_mw, 1000, "power draw, W"),
+      KGPU_FIELD("powerlimit", power_limit_mw, 1000, "power limit, W"),
+      KGPU_FIELD("smclock", sm_clock, 1, "SM clock, MHz"),
+      KGPU_FIELD("memclock", mem_clock, 1, "memory clock, MHz"),
+      KGPU_FIELD("memused", mem_used_base, 1048576ULL, "memory used outside listed processes, MiB"),
+      KGPU_FIELD("pcie_replay", pcie_replay, 1, "PCIe replay counter"),
+      KGPU_FIELD("pcie_tx", pcie_tx_kbs, 1, "PCIe TX throughput, KB/s"),
+      KGPU_FIELD("pcie_rx", pcie_rx_kbs, 1, "PCIe RX throughput, KB/s"),
+      KGPU_FIELD("nvlink_tx", nvlink_tx_kib, 1, "NVLink TX counter, KiB"),
+      KGPU_FIELD("nvlink_rx", nvlink_rx_kib, 1, "NVLink RX counter, KiB"),
+      KGPU_FIELD("remapped_cor", remapped_cor, 1, "correctable remapped rows"),
+      KGPU_FIELD("remapped_unc", remapped_unc, 1, "uncorrectable remapped rows"),
+      KGPU_FIELD("remapped_pending", remapped_pending, 1, "row remapping pending (0/1)"),
+      KGPU_FIELD("remapped_failure", remapped_failure, 1, "row remapping failed (0/1)"),
+      KGPU_FIELD("mig_pending", mig_pending, 1, "pending MIG mode (0/1), applied at reset"),
+      KGPU_FIELD("compute_mode", compute_mode, 1, "0 default, 2 prohibited, 3 exclusive-process"),
+  };
+  return fields;
+}
+#undef KGPU_FIELD
+
+nlohmann::json Show(const Node& node) {
+  nlohmann::json out;
+  out["profile"] = node.profile().name;
+  out["node"] = node.environment().node_name;
+  out["state"] = node.environment().state_path;
+  out["driver"] = node.profile().driver_version;
+  Node::Locked lock(node);
+  for (unsigned i = 0; i < node.gpu_count(); ++i) {
+    const SimGpu& g = lock.gpu(i);
+    nlohmann::json j;
+    j["index"] = i;
+    j["uuid"] = node.uuid(i);
+    j["busId"] = node.BusId(i);
+    j["model"] = node.profile().gpus[i].model->name;
+    for (const auto& [key, field] : Fields()) j[key] = field.get(g);
+    j["lost"] = g.lost != 0;
+    j["hung"] = g.hang_until_ns > MonotonicNs();
+    j["eccSbe"] = g.ecc_sbe_vol;
+    j["eccDbe"] = g.ecc_dbe_vol;
+    j["lastXid"] = g.last_xid;
+    j["migMode"] = g.mig_current;
+    for (unsigned p = 0; p < g.nproc; ++p) {
+      const SimProcess& proc = g.procs[p];
+      j["processes"].push_back({{"pid", proc.pid},
+                                {"memMiB", proc.mem_bytes >> 20},
+                                {"smUtil", proc.sm_util},
+                                {"memUtil", proc.mem_util},
+                                {"gi", proc.gi == kNoId ? -1 : static_cast<int>(proc.gi)},
+                                {"ci", proc.ci == kNoId ? -1 : static_cast<int>(proc.ci)}});
+    }
+    for (const auto& gi : g.gis) {
+      if (gi.used == 0) continue;
+      const MigProfile* mp = FindMigProfileByIndex(*node.profile().gpus[i].model, gi.profile_index);
+      for (const auto& ci : gi.cis) {
+        if (ci.used == 0) continue;
+        j["mig"].push_back({{"gi", gi.id},
+                            {"ci", ci.id},
+                            {"profile", mp != nullptr ? mp->name : "?"},
+                            {"start", gi.start},
+                            {"uuid", MigUuid(node.uuid(i), gi.id, ci.id)}});
+      }
+    }
+    out["gpus"].push_back(j);
+  }
+  return out;
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{
+      "kgpu-simctl: inspect and change a simulated NVML node (selected by KGPU_SIM_NODE, "
+      "KGPU_SIM_STATE and KGPU_SIM_NODE_NAME, as for the library).\nGPU arguments take an index, "
+      "a UUID or a PCI bus id."};
+  app.require_subcommand(1);
+
+  auto* profiles = app.add_subcommand("profiles", "list the built-in node profiles and GPU models");
+  std::string validate_path;
+  auto* validate = app.add_subcommand("validate", "check a node profile YAML file");
+  validate->add_option("file", validate_path, "profile file")->required();
+  auto* show = app.add_subcommand("show", "print the node's live state as JSON");
+  auto* reset = app.add_subcommand("reset", "return the node to the profile's initial state");
+
+  std::string gpu_spec;
+  std::vector<std::string> assignments;
+  auto* set = app.add_subcommand("set", "set live values: set GPU key=value ... (see --help)");
+  set->add_option("gpu", gpu_spec, "GPU")->required();
+  set->add_option("values", assignments, "key=value pairs")->required();
+  std::string fields_help = "keys:";
+  for (const auto& [key, field] : Fields()) fields_help += "\n  " + key + ": " + field.help;
+  set->footer(fields_help);
+
+  unsigned xid_code = 0;
+  int gi = -1, ci = -1;
+  auto* xid = app.add_subcommand("xid", "inject an XID event: xid GPU CODE [--gi N --ci N]");
+  xid->add_option("gpu", gpu_spec, "GPU")->required();
+  xid->add_option("code", xid_code, "XID number")->required();
+  xid->add_option("--gi", gi, "GPU instance id (MIG)");
+  xid->add_option("--ci", ci, "compute instance id (MIG)");
+
+  std::string ecc_kind;
+  unsigned ecc_count = 1;
+  auto* ecc = app.add_subcommand("ecc", "raise ECC counters and send the event: ecc GPU sbe|dbe [N]");
+  ecc->add_option("gpu", gpu_spec, "GPU")->required();
+  ecc->add_option("kind", ecc_kind, "sbe or dbe")->required()->check(CLI::IsMember({"sbe", "dbe"}));
+  ecc->add_option("count", ecc_count, "how many errors");
+
+  auto* lose = app.add_subcommand("lose", "make a GPU fall off the bus (XID 79, then GPU_IS_LOST)");
+  lose->add_option("gpu", gpu_spec, "GPU")->required();
+  auto* restore = app.add_subcommand("restore", "bring a lost GPU back");
+  restore->add_option("gpu", gpu_spec, "GPU")->required();
+
+  unsigned hang_ms = 0;
+  auto* hang = app.add_subcommand("hang", "make every NVML call on a GPU block for MS ms (0 ends it)");
+  hang->add_option("gpu", gpu_spec, "GPU")->required();
+  hang->add_option("ms", hang_ms, "milliseconds")->required();
+
+  unsigned pid = 0, mem_mib = 0, sm_util = 0, mem_util = 0;
+  std::string kind = "compute";
+  auto* proc = app.add_subcommand("proc", "add or remove processes on a GPU");
+  proc->require_subcommand(1);
+  auto* proc_add = proc->add_subcommand("add", "proc add GPU PID [--mem MiB --util % --memutil %]");
+  proc_add->add_option("gpu", gpu_spec, "GPU")->required();
+  proc_add->add_option("pid", pid, "process id")->required();
+  proc_add->add_option("--mem", mem_mib, "GPU memory used, MiB");
+  proc_add->add_option("--util", sm_util, "SM utilisation of the process, %");
+  proc_add->add_option("--memutil", mem_util, "memory utilisation of the process, %");
+  proc_add->add_option("--gi", gi, "GPU instance id (MIG)");
+  proc_add->add_option("--ci", ci, "compute instance id (MIG)");
+  proc_add->add_option("--kind", kind, "compute, graphics or mps")
+      ->check(CLI::IsMember({"compute", "graphics", "mps"}));
+  auto* proc_rm = proc->add_subcommand("rm", "proc rm GPU PID");
+  proc_rm->add_option("gpu", gpu_spec, "GPU")->required();
+  proc_rm->add_option("pid", pid, "process id")->required();
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (profiles->parsed()) {
+    for (const auto& name : BuiltinProfileNames()) {
+      auto p = ParseProfile(BuiltinProfileYaml(name), name);
+      std::printf("%-14s %zu x %s%s\n", name.c_str(), p->gpus.size(), p->gpus[0].model->name.c_str(),
+                  p->nvlink == "nvswitch" ? ", NVLink (NVSwitch)" : ", PCIe only");
+    }
+    std::printf("\nGPU models:");
+    for (const auto& m : Models()) std::printf(" %s", m.key.c_str());
+    std::printf("\n");
+    return 0;
+  }
+  if (validate->parsed()) {
+    auto p = LoadProfile(validate_path);
+    if (!p.ok()) return Fail(std::string(p.status().message()));
+    std::printf("%s: ok (%s, %zu GPUs)\n", validate_path.c_str(), p->name.c_str(), p->gpus.size());
+    return 0;
+  }
+
+  auto opened = Node::Open(ReadEnvironment());
+  if (!opened.ok()) return Fail(std::string(opened.status().message()));
+  const Node& node = **opened;
+  if (show->parsed()) {
+    std::cout << Show(node).dump(2) << "\n";
+    return 0;
+  }
+  if (reset->parsed()) {
+    node.Reset();
+    return 0;
+  }
+  unsigned g = 0;
+  if (!ResolveGpu(node, gpu_spec, &g)) {
+    return Fail("no GPU '" + gpu_spec + "' on node " + node.profile().name + " (it has " +
+                std::to_string(node.gpu_count()) + " GPUs: use 0.." +
+                std::to_string(node.gpu_count() - 1) + ", a UUID or a bus id)");
+  }
+  Node::Locked lock(node);
+  SimGpu& gpu = lock.gpu(g);
+  const uint32_t gi_id = gi < 0 ? kNoId : static_cast<uint32_t>(gi);
+  const uint32_t ci_id = ci < 0 ? kNoId : static_cast<uint32_t>(ci);
+  if ((gi < 0) != (ci < 0)) return Fail("--gi and --ci go together");
+  if (gi >= 0) {
+    bool found = false;
+    for (const auto& x : gpu.gis) {
+      for (const auto& y : x.cis) found = found || (x.used && y.used && x.id == gi_id && y.id == ci_id);
+    }
+    if (!found) return Fail("GPU " + std::to_string(g) + " has no MIG instance gi=" +
+                            std::to_string(gi) + " ci=" + std::to_string(ci));
+  }
+
+  if (set->parsed()) {
+    for (const auto& a : assignments) {
+      const auto eq = a.find('=');
+      const auto it = Fields().find(a.substr(0, eq));
+      if (eq == std::string::npos || it == Fields().end()) {
+        return Fail("'" + a + "' is not key=value with a known key (kgpu-simctl set --help)");
+      }
+      uint64_t v = 0;
+      try {
+        size_t used = 0;
+        v = std::stoull(a.substr(eq + 1), &used);
+        if (used != a.size() - eq - 1) throw std::invalid_argument(a);
+      } catch (const std::exception&) {
+        return Fail("'" + a + "': the value must be a non-negative integer");
+      }
+      it->second.set(gpu, v);
+    }
+  } else if (xid->parsed()) {
+    gpu.last_xid = xid_code;
+    node.PushEvent(lock, g, kXidEvent, xid_code, gi_id, ci_id);
+  } else if (ecc->parsed()) {
+    if (ecc_kind == "sbe") {
+      gpu.ecc_sbe_vol += ecc_count;
+      gpu.ecc_sbe_agg += ecc_count;
+    } else {
+      gpu.ecc_dbe_vol += ecc_count;
+      gpu.ecc_dbe_agg += ecc_count;
+    }
+    node.PushEvent(lock, g, ecc_kind == "sbe" ? kSbeEvent : kDbeEvent, 0, kNoId, kNoId);
+  } else if (lose->parsed()) {
+    gpu.last_xid = 79;
+    node.PushEvent(lock, g, kXidEvent, 79, kNoId, kNoId);
+    gpu.lost = 1;
+  } else if (restore->parsed()) {
+    gpu.lost = 0;
+  } else if (hang->parsed()) {
+    __atomic_store_n(&gpu.hang_until_ns, hang_ms == 0 ? 0 : MonotonicNs() + int64_t{hang_ms} * 1000000,
+                     __ATOMIC_RELEASE);
+  } else if (proc_add->parsed()) {
+    unsigned slot = 0;
+    while (slot < gpu.nproc && gpu.procs[slot].pid != pid) ++slot;
+    if (slot == gpu.nproc) {
+      if (gpu.nproc == kMaxProcs) return Fail("at most 64 processes per GPU");
+      ++gpu.nproc;
+    }
+    SimProcess& p = gpu.procs[slot];
+    p.pid = pid;
+    p.gi = gi_id;
+    p.ci = ci_id;
+    p.sm_util = sm_util;
+    p.mem_util = mem_util;
+    p.kind = kind == "compute" ? 0 : kind == "graphics" ? 1 : 2;
+    p.mem_bytes = uint64_t{mem_mib} << 20;
+    p.sample_us = RealtimeUs();
+  } else if (proc_rm->parsed()) {
+    unsigned slot = 0;
+    while (slot < gpu.nproc && gpu.procs[slot].pid != pid) ++slot;
+    if (slot == gpu.nproc) return Fail("no process " + std::to_string(pid) + " on GPU " + std::to_string(g));
+    gpu.procs[slot] = gpu.procs[--gpu.nproc];
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kgpu::sim
+
+int main(int argc, char** argv) {
+  try {
+    return kgpu::sim::Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "kgpu-simctl: " << e.what() << "\n";
+    return 1;
+  }
+}
