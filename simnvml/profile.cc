@@ -638,6 +638,15 @@ uint64_t Fnv1a(std::string_view data, uint64_t seed) {
 }
 
 namespace {
+// splitmix64's finaliser: spreads FNV's similar outputs for similar keys over all bits.
+uint64_t Mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
 std::string FormatUuid(uint64_t hi, uint64_t lo) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(hi >> 32),
@@ -650,16 +659,16 @@ std::string FormatUuid(uint64_t hi, uint64_t lo) {
 
 std::string GpuUuid(std::string_view profile, std::string_view node, unsigned index) {
   const std::string key = Cat(profile, "/", node, "/", index);
-  return Cat("GPU-", FormatUuid(Fnv1a(key), Fnv1a(key, 0x9e3779b97f4a7c15ULL)));
+  return Cat("GPU-", FormatUuid(Mix(Fnv1a(key)), Mix(Fnv1a(key, 0x9e3779b97f4a7c15ULL))));
 }
 
 std::string MigUuid(std::string_view gpu_uuid, unsigned gi, unsigned ci) {
   const std::string key = Cat(gpu_uuid, "/", gi, "/", ci);
-  return Cat("MIG-", FormatUuid(Fnv1a(key), Fnv1a(key, 0x9e3779b97f4a7c15ULL)));
+  return Cat("MIG-", FormatUuid(Mix(Fnv1a(key)), Mix(Fnv1a(key, 0x9e3779b97f4a7c15ULL))));
 }
 
 std::string GpuSerial(std::string_view profile, std::string_view node, unsigned index) {
-  const uint64_t h = Fnv1a(Cat("serial/", profile, "/", node, "/", index));
+  const uint64_t h = Mix(Fnv1a(Cat("serial/", profile, "/", node, "/", index)));
   char buf[32];
   std::snprintf(buf, sizeof buf, "1654%09llu", static_cast<unsigned long long>(h % 1000000000ULL));
   return buf;

@@ -7,7 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cctype>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -138,6 +140,10 @@ int Run(int argc, char** argv) {
   validate->add_option("file", validate_path, "profile file")->required();
   auto* show = app.add_subcommand("show", "print the node's live state as JSON");
   auto* reset = app.add_subcommand("reset", "return the node to the profile's initial state");
+  std::string sysfs_dir;
+  auto* sysfs = app.add_subcommand(
+      "sysfs", "write a sysfs tree with the GPUs' NUMA nodes (DIR/bus/pci/devices/<bdf>/numa_node)");
+  sysfs->add_option("dir", sysfs_dir, "root of the tree (give it to kgpu as --sysfs-root)")->required();
 
   std::string gpu_spec;
   std::vector<std::string> assignments;
@@ -216,6 +222,16 @@ int Run(int argc, char** argv) {
   const Node& node = **opened;
   if (show->parsed()) {
     std::cout << Show(node).dump(2) << "\n";
+    return 0;
+  }
+  if (sysfs->parsed()) {
+    for (unsigned i = 0; i < node.gpu_count(); ++i) {
+      std::string bdf = node.BusId(i).substr(4);
+      for (char& c : bdf) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      const std::string dir = sysfs_dir + "/bus/pci/devices/" + bdf;
+      std::filesystem::create_directories(dir);
+      std::ofstream(dir + "/numa_node") << node.profile().gpus[i].numa_node << "\n";
+    }
     return 0;
   }
   if (reset->parsed()) {

@@ -12,7 +12,15 @@
 namespace kgpu {
 
 namespace internal {
-inline void Append(std::string& out, std::string_view s) { out.append(s); }
+// Any string-like type (std::string, std::string_view, absl::string_view).
+template <typename T>
+  requires requires(const T& t) {
+    t.data();
+    t.size();
+  }
+void Append(std::string& out, const T& s) {
+  out.append(s.data(), s.size());
+}
 inline void Append(std::string& out, const char* s) { out.append(s); }
 inline void Append(std::string& out, char c) { out.push_back(c); }
 template <typename T>

@@ -33,8 +33,13 @@ typedef struct nvmlUnit_st* nvmlUnit_t;
 #define NVML_DEVICE_PART_NUMBER_BUFFER_SIZE 80
 #define NVML_NVLINK_MAX_LINKS 18
 #define NVML_VALUE_NOT_AVAILABLE (-1)
+#ifdef __cplusplus
+#define NVML_STRUCT_VERSION(data, ver) \
+  static_cast<unsigned int>(sizeof(nvml##data##_v##ver##_t) | (static_cast<unsigned int>(ver) << 24U))
+#else
 #define NVML_STRUCT_VERSION(data, ver) \
   (unsigned int)(sizeof(nvml##data##_v##ver##_t) | ((unsigned int)(ver) << 24U))
+#endif
 
 typedef enum nvmlReturn_enum {
   NVML_SUCCESS = 0,

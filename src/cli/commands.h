@@ -1,0 +1,41 @@
+#pragma once
+// The node-side CLI commands: `kgpu devices` (what this node has) and `kgpu doctor` (why
+// nvidia.com/gpu is or is not visible). Each returns the process exit code and writes to `out`.
+//
+// Thread-safety: each call is independent.
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace kgpu::cli {
+
+struct NodeOptions {
+  std::string nvml_library;         // --nvml-library (else KGPU_NVML_LIBRARY, else by soname)
+  std::string sysfs_root = "/sys";  // --sysfs-root
+  std::string dev_root = "/dev";    // --dev-root
+};
+
+int RunDevices(const NodeOptions& options, bool json, std::ostream& out);
+
+enum class Verdict { kPass, kWarn, kFail };
+struct Check {
+  std::string name;
+  Verdict verdict = Verdict::kPass;
+  std::string detail;
+  std::string fix;  // what to do (empty on PASS)
+};
+
+std::vector<Check> DoctorChecks(const NodeOptions& options);
+// Prints the checks; returns 1 when any failed, else 0.
+int RunDoctor(const NodeOptions& options, bool json, std::ostream& out);
+
+}  // namespace kgpu::cli
+
+#include <csignal>
+
+namespace kgpu::cli {
+// Prints the health of every device, then each change, for `seconds` (0: until *stop is set).
+int RunHealth(const NodeOptions& options, unsigned seconds, unsigned probe_ms,
+              const volatile std::sig_atomic_t* stop, std::ostream& out);
+}  // namespace kgpu::cli

@@ -1,0 +1,121 @@
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <iomanip>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "common/strings.h"
+#include "gpu/inventory.h"
+#include "nvml/library.h"
+
+namespace kgpu::cli {
+namespace {
+
+std::string Status(const gpu::Gpu& g) {
+  if (g.lost) return "lost";
+  if (!g.error.empty()) return "error";
+  if (g.mig_pending) return "mig-pending-reset";
+  return "ok";
+}
+
+nlohmann::json ToJson(const gpu::Inventory& inv, const std::string& library) {
+  nlohmann::json j;
+  j["library"] = library;
+  j["driverVersion"] = inv.driver_version();
+  j["cudaVersion"] = inv.cuda_version();
+  j["nvmlVersion"] = inv.nvml_version();
+  j["gpus"] = nlohmann::json::array();
+  for (const auto& g : inv.gpus()) {
+    nlohmann::json x = {{"index", g.index},          {"uuid", g.uuid},
+                        {"name", g.name},            {"pciBusId", g.bus_id},
+                        {"minor", g.minor},          {"memoryMiB", g.memory_mib},
+                        {"computeCapability", Cat(g.cc_major, ".", g.cc_minor)},
+                        {"powerLimitW", g.power_limit_w},
+                        {"numaNode", g.numa_node},   {"migCapable", g.mig_capable},
+                        {"migEnabled", g.mig_enabled}, {"migPendingReset", g.mig_pending},
+                        {"status", Status(g)}};
+    if (!g.error.empty()) x["error"] = g.error;
+    x["migDevices"] = nlohmann::json::array();
+    for (const auto& m : g.migs) {
+      x["migDevices"].push_back({{"uuid", m.uuid},
+                                 {"index", m.index},
+                                 {"gpuInstanceId", m.gi},
+                                 {"computeInstanceId", m.ci},
+                                 {"profile", m.profile},
+                                 {"memoryMiB", m.memory_mib}});
+    }
+    nlohmann::json topo = nlohmann::json::object();
+    for (const auto& other : inv.gpus()) {
+      if (other.index == g.index) continue;
+      topo[Cat("GPU", other.index)] = inv.TopologyLabel(g.index, other.index);
+    }
+    x["topology"] = topo;
+    j["gpus"].push_back(x);
+  }
+  return j;
+}
+
+void PrintTable(const gpu::Inventory& inv, const std::string& library, std::ostream& out) {
+  out << "NVML library: " << library << "\n"
+      << "Driver " << inv.driver_version() << "   CUDA " << inv.cuda_version() << "   NVML "
+      << inv.nvml_version() << "   " << inv.gpus().size() << " GPU(s)\n\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "%-4s %-40s %-24s %-17s %9s %4s %4s %-5s %s\n", "IDX", "UUID",
+                "NAME", "PCI BUS ID", "MEMORY", "CC", "NUMA", "MIG", "STATUS");
+  out << line;
+  for (const auto& g : inv.gpus()) {
+    const std::string numa = g.numa_node < 0 ? "-" : std::to_string(g.numa_node);
+    const std::string mig = !g.mig_capable ? "n/a" : g.mig_enabled ? "on" : "off";
+    std::snprintf(line, sizeof line, "%-4u %-40s %-24s %-17s %6lluMiB %4s %4s %-5s %s\n", g.index,
+                  g.uuid.empty() ? "?" : g.uuid.c_str(), g.name.substr(0, 24).c_str(),
+                  g.bus_id.c_str(), static_cast<unsigned long long>(g.memory_mib),
+                  Cat(g.cc_major, ".", g.cc_minor).c_str(), numa.c_str(), mig.c_str(),
+                  Status(g).c_str());
+    out << line;
+    if (!g.error.empty()) out << "     error: " << g.error << "\n";
+    for (const auto& m : g.migs) {
+      std::snprintf(line, sizeof line, "     `- MIG %-12s GI %-2u CI %-2u %-41s %6lluMiB\n",
+                    m.profile.c_str(), m.gi, m.ci, m.uuid.c_str(),
+                    static_cast<unsigned long long>(m.memory_mib));
+      out << line;
+    }
+  }
+  out << "\nTopology (nvidia-smi topo -m legend: X self, NV# NVLink lanes, PIX one PCIe switch,\n"
+         "PXB several switches, PHB host bridge, NODE same NUMA node, SYS across NUMA nodes)\n";
+  std::ostringstream header;
+  header << std::left << std::setw(7) << "";
+  for (const auto& g : inv.gpus()) header << std::setw(6) << Cat("GPU", g.index);
+  header << "NUMA";
+  out << header.str() << "\n";
+  for (const auto& a : inv.gpus()) {
+    std::ostringstream row;
+    row << std::left << std::setw(7) << Cat("GPU", a.index);
+    for (const auto& b : inv.gpus()) row << std::setw(6) << inv.TopologyLabel(a.index, b.index);
+    row << (a.numa_node < 0 ? "-" : std::to_string(a.numa_node));
+    out << row.str() << "\n";
+  }
+}
+
+}  // namespace
+
+int RunDevices(const NodeOptions& options, bool json, std::ostream& out) {
+  auto lib = nvml::Library::Open({options.nvml_library});
+  if (!lib.ok()) {
+    out << "kgpu devices: " << lib.status().message() << "\n";
+    return 1;
+  }
+  auto inv = gpu::Inventory::Discover(**lib, {options.sysfs_root});
+  if (!inv.ok()) {
+    out << "kgpu devices: GPU discovery failed: " << inv.status().message() << "\n";
+    return 1;
+  }
+  if (json) {
+    out << ToJson(**inv, (*lib)->path()).dump(2) << "\n";
+  } else {
+    PrintTable(**inv, (*lib)->path(), out);
+  }
+  return 0;
+}
+
+}  // namespace kgpu::cli

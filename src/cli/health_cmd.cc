@@ -1,0 +1,56 @@
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "cli/commands.h"
+#include "gpu/health.h"
+#include "gpu/inventory.h"
+#include "nvml/library.h"
+
+namespace kgpu::cli {
+
+int RunHealth(const NodeOptions& options, unsigned seconds, unsigned probe_ms,
+              const volatile std::sig_atomic_t* stop, std::ostream& out) {
+  auto lib = nvml::Library::Open({options.nvml_library});
+  if (!lib.ok()) {
+    out << "kgpu health: " << lib.status().message() << "\n";
+    return 1;
+  }
+  auto inv = gpu::Inventory::Discover(**lib, {options.sysfs_root});
+  if (!inv.ok()) {
+    out << "kgpu health: GPU discovery failed: " << inv.status().message() << "\n";
+    return 1;
+  }
+  std::mutex out_mu;
+  gpu::HealthOptions ho;
+  ho.probe_interval = std::chrono::milliseconds(probe_ms);
+  ho.hang_threshold = std::chrono::milliseconds(std::max(probe_ms * 2, 1000U));
+  gpu::HealthMonitor monitor(**lib, *inv, ho, [&](const std::vector<gpu::DeviceHealth>& changes) {
+    std::lock_guard<std::mutex> lock(out_mu);
+    for (const auto& c : changes) {
+      out << "change: " << c.id << (c.healthy ? " Healthy" : " Unhealthy: " + c.reason) << "\n";
+    }
+    out.flush();
+  });
+  if (auto st = monitor.Start(); !st.ok()) {
+    out << "kgpu health: " << st.message() << "\n";
+    return 1;
+  }
+  {
+    std::lock_guard<std::mutex> lock(out_mu);
+    for (const auto& [id, h] : monitor.Snapshot()) {
+      out << "device: " << id << (h.healthy ? " Healthy" : " Unhealthy: " + h.reason) << "\n";
+    }
+    out << "watching (" << (seconds == 0 ? std::string("until interrupted") : std::to_string(seconds) + " s")
+        << ")\n";
+    out.flush();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (*stop == 0 && (seconds == 0 || std::chrono::steady_clock::now() < deadline)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  monitor.Stop();
+  return 0;
+}
+
+}  // namespace kgpu::cli

@@ -1,0 +1,72 @@
+// kgpu: one binary, many jobs. This file only wires subcommands to their implementations.
+
+#include <CLI/CLI.hpp>
+
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "cli/commands.h"
+#include "common/log.h"
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void OnSignal(int) { g_stop = 1; }
+
+int Main(int argc, char** argv) {
+  CLI::App app{"kgpu: the GPU node stack for Kubernetes (device plugin, exporter, node checks)"};
+  app.require_subcommand(1);
+  kgpu::cli::NodeOptions node;
+  std::string log_level = "info";
+  app.add_option("--nvml-library", node.nvml_library,
+                 "path of libnvidia-ml.so.1 (default: KGPU_NVML_LIBRARY, else found by soname)");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+      ->envname("KGPU_LOG_LEVEL");
+  app.add_option("--sysfs-root", node.sysfs_root, "root of sysfs, for NUMA nodes")->capture_default_str();
+  app.add_option("--dev-root", node.dev_root, "where device nodes live")->capture_default_str();
+
+  bool json = false;
+  auto* devices = app.add_subcommand("devices", "list this node's GPUs, MIG devices and topology");
+  devices->add_flag("--json", json, "JSON instead of a table");
+  auto* doctor = app.add_subcommand(
+      "doctor", "check why nvidia.com/gpu is or is not usable on this node (exit 1 on FAIL)");
+  doctor->add_flag("--json", json, "JSON instead of text");
+  unsigned seconds = 0;
+  auto* health = app.add_subcommand("health", "watch GPU health (NVML events, probes, hung calls)");
+  health->add_option("--duration", seconds, "stop after this many seconds (0: until SIGINT)");
+  unsigned probe_ms = 1000;
+  health->add_option("--probe-interval-ms", probe_ms, "liveness probe period")->capture_default_str();
+  auto* version = app.add_subcommand("version", "print the version");
+
+  CLI11_PARSE(app, argc, argv);
+  if (!kgpu::SetLogLevel(log_level)) {
+    std::cerr << "kgpu: --log-level: unknown level '" << log_level
+              << "' (use trace, debug, info, warn, error or off)\n";
+    return 2;
+  }
+  if (version->parsed()) {
+    std::cout << "kgpu " KGPU_VERSION "\n";
+    return 0;
+  }
+  if (devices->parsed()) return kgpu::cli::RunDevices(node, json, std::cout);
+  if (doctor->parsed()) return kgpu::cli::RunDoctor(node, json, std::cout);
+  if (health->parsed()) {
+    std::signal(SIGINT, OnSignal);
+    std::signal(SIGTERM, OnSignal);
+    return kgpu::cli::RunHealth(node, seconds, probe_ms, &g_stop, std::cout);
+  }
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "kgpu: fatal: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,18 @@
+#pragma once
+// One named spdlog logger per subsystem ("nvml", "gpu", "health", "cli", ...), all writing to
+// stderr. The level comes from SetLogLevel() (flag --log-level) or KGPU_LOG_LEVEL.
+//
+// Thread-safety: Log() and SetLogLevel() may be called from any thread.
+
+#include <spdlog/spdlog.h>
+
+#include <memory>
+#include <string>
+
+namespace kgpu {
+
+std::shared_ptr<spdlog::logger> Log(const std::string& subsystem);
+// "trace", "debug", "info", "warn", "error", "off". Returns false for an unknown level.
+bool SetLogLevel(const std::string& level);
+
+}  // namespace kgpu

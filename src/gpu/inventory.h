@@ -1,0 +1,97 @@
+#pragma once
+// gpu::Inventory: an immutable snapshot of what a node has — GPUs, MIG devices (with parent and
+// GI/CI ids and their profile names), NUMA nodes from sysfs, and the NVLink/PCIe topology of every
+// GPU pair, computed once at discovery (never per request).
+//
+// Thread-safety: an Inventory is immutable after Discover(); share it as
+// std::shared_ptr<const Inventory> and read it from any thread.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nvml/library.h"
+
+namespace kgpu::gpu {
+
+struct MigDevice {
+  std::string uuid;         // MIG-...
+  unsigned parent = 0;      // index of the parent GPU
+  unsigned index = 0;       // NVML MIG device index on the parent
+  unsigned gi = 0, ci = 0;  // GPU / compute instance ids
+  std::string profile;      // "3g.20gb", "1g.10gb+me", "1c.3g.20gb"
+  uint64_t memory_mib = 0;
+  unsigned gi_slices = 0, ci_slices = 0;
+  nvml::Device handle;
+};
+
+struct Gpu {
+  unsigned index = 0;
+  std::string uuid;
+  std::string name;
+  std::string bus_id;  // "00000000:18:00.0"
+  unsigned minor = 0;
+  uint64_t memory_mib = 0;
+  int cc_major = 0, cc_minor = 0;
+  unsigned power_limit_w = 0;
+  int numa_node = -1;  // -1: unknown
+  bool mig_capable = false;
+  bool mig_enabled = false;
+  bool mig_pending = false;  // the pending mode differs from the current one (needs a reset)
+  std::vector<MigDevice> migs;
+  bool lost = false;   // NVML reported GPU_IS_LOST during discovery
+  std::string error;   // why the GPU could not be read (empty when fine)
+  nvml::Device handle;
+};
+
+// PCIe relationship of two GPUs, as nvidia-smi topo -m names it.
+enum class PcieLevel { kSelf, kPix, kPxb, kPhb, kNode, kSys, kUnknown };
+const char* PcieLevelName(PcieLevel level);
+
+struct Link {
+  unsigned nvlinks = 0;  // NVLink lanes connecting the pair (directly or through NVSwitches)
+  PcieLevel pcie = PcieLevel::kUnknown;
+};
+
+struct DiscoverOptions {
+  std::string sysfs_root = "/sys";  // NUMA nodes come from <root>/bus/pci/devices/<bdf>/numa_node
+};
+
+class Inventory {
+ public:
+  static absl::StatusOr<std::shared_ptr<const Inventory>> Discover(const nvml::Library& lib,
+                                                                   const DiscoverOptions& options);
+  // For tests: an inventory built from parts.
+  static std::shared_ptr<const Inventory> FromPartsForTest(std::vector<Gpu> gpus,
+                                                           std::vector<std::vector<Link>> links);
+
+  const std::vector<Gpu>& gpus() const { return gpus_; }
+  const Link& link(unsigned a, unsigned b) const { return links_[a][b]; }
+  // "X", "NV18", "PIX", "NODE", "SYS", ...
+  std::string TopologyLabel(unsigned a, unsigned b) const;
+
+  const Gpu* FindGpu(const std::string& uuid) const;
+  const MigDevice* FindMig(const std::string& uuid) const;
+  // Index of the GPU whose NVML handle is `handle`, or -1.
+  int IndexOfHandle(nvml::Device handle) const;
+
+  const std::string& driver_version() const { return driver_version_; }
+  const std::string& cuda_version() const { return cuda_version_; }  // "12.4"
+  const std::string& nvml_version() const { return nvml_version_; }
+
+ private:
+  Inventory() = default;
+  std::vector<Gpu> gpus_;
+  std::vector<std::vector<Link>> links_;
+  std::string driver_version_, cuda_version_, nvml_version_;
+};
+
+// nvidia-smi / NVIDIA device-plugin style MIG profile name from NVML attributes:
+// "<G>g.<GB>gb" with go-nvlib's memory rounding, "<C>c." prefix when the compute instance is a
+// part of its GPU instance, and "+me" / "-me" / "+me.all" / "+gfx" from the GI profile index.
+std::string MigProfileName(unsigned gi_slices, unsigned ci_slices, uint64_t memory_mib,
+                           uint64_t gpu_memory_bytes, unsigned profile_index);
+
+}  // namespace kgpu::gpu

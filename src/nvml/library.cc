@@ -1,0 +1,437 @@
+#include "nvml/library.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <sstream>
+
+#include "absl/strings/cord.h"
+#include "common/strings.h"
+#include "nvml/nvml_abi.h"
+
+namespace kgpu::nvml {
+
+// Every entry point kgpu uses: the member name (and type) first, then the names to probe,
+// newest first. REQ marks the ones without which the library is not usable.
+#define KGPU_NVML_ENTRIES(REQ, OPT)                                                         \
+  REQ(nvmlInit_v2, "nvmlInit_v2", "nvmlInit")                                               \
+  REQ(nvmlShutdown, "nvmlShutdown")                                                         \
+  REQ(nvmlErrorString, "nvmlErrorString")                                                   \
+  REQ(nvmlDeviceGetCount_v2, "nvmlDeviceGetCount_v2", "nvmlDeviceGetCount")                 \
+  REQ(nvmlDeviceGetHandleByIndex_v2, "nvmlDeviceGetHandleByIndex_v2",                       \
+      "nvmlDeviceGetHandleByIndex")                                                         \
+  OPT(nvmlSystemGetDriverVersion, "nvmlSystemGetDriverVersion")                             \
+  OPT(nvmlSystemGetNVMLVersion, "nvmlSystemGetNVMLVersion")                                 \
+  OPT(nvmlSystemGetCudaDriverVersion_v2, "nvmlSystemGetCudaDriverVersion_v2",               \
+      "nvmlSystemGetCudaDriverVersion")                                                     \
+  OPT(nvmlDeviceGetHandleByUUID, "nvmlDeviceGetHandleByUUID")                               \
+  OPT(nvmlDeviceGetUUID, "nvmlDeviceGetUUID")                                               \
+  OPT(nvmlDeviceGetName, "nvmlDeviceGetName")                                               \
+  OPT(nvmlDeviceGetMinorNumber, "nvmlDeviceGetMinorNumber")                                 \
+  OPT(nvmlDeviceGetPciInfo_v3, "nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2",        \
+      "nvmlDeviceGetPciInfo")                                                               \
+  OPT(nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2")                             \
+  OPT(nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo")                                   \
+  OPT(nvmlDeviceGetCudaComputeCapability, "nvmlDeviceGetCudaComputeCapability")             \
+  OPT(nvmlDeviceGetEnforcedPowerLimit, "nvmlDeviceGetEnforcedPowerLimit")                   \
+  OPT(nvmlDeviceGetTemperature, "nvmlDeviceGetTemperature")                                 \
+  OPT(nvmlDeviceGetMigMode, "nvmlDeviceGetMigMode")                                         \
+  OPT(nvmlDeviceGetMaxMigDeviceCount, "nvmlDeviceGetMaxMigDeviceCount")                     \
+  OPT(nvmlDeviceGetMigDeviceHandleByIndex, "nvmlDeviceGetMigDeviceHandleByIndex")           \
+  OPT(nvmlDeviceGetGpuInstanceId, "nvmlDeviceGetGpuInstanceId")                             \
+  OPT(nvmlDeviceGetComputeInstanceId, "nvmlDeviceGetComputeInstanceId")                     \
+  OPT(nvmlDeviceGetAttributes_v2, "nvmlDeviceGetAttributes_v2", "nvmlDeviceGetAttributes")  \
+  OPT(nvmlDeviceGetGpuInstanceById, "nvmlDeviceGetGpuInstanceById")                         \
+  OPT(nvmlGpuInstanceGetInfo, "nvmlGpuInstanceGetInfo")                                     \
+  OPT(nvmlDeviceGetGpuInstanceProfileInfo, "nvmlDeviceGetGpuInstanceProfileInfo")           \
+  OPT(nvmlDeviceGetTopologyCommonAncestor, "nvmlDeviceGetTopologyCommonAncestor")           \
+  OPT(nvmlDeviceGetNvLinkState, "nvmlDeviceGetNvLinkState")                                 \
+  OPT(nvmlDeviceGetNvLinkRemotePciInfo_v2, "nvmlDeviceGetNvLinkRemotePciInfo_v2",           \
+      "nvmlDeviceGetNvLinkRemotePciInfo")                                                   \
+  OPT(nvmlDeviceGetNvLinkRemoteDeviceType, "nvmlDeviceGetNvLinkRemoteDeviceType")           \
+  OPT(nvmlDeviceGetSupportedEventTypes, "nvmlDeviceGetSupportedEventTypes")                 \
+  OPT(nvmlDeviceRegisterEvents, "nvmlDeviceRegisterEvents")                                 \
+  OPT(nvmlEventSetCreate, "nvmlEventSetCreate")                                             \
+  OPT(nvmlEventSetFree, "nvmlEventSetFree")                                                 \
+  OPT(nvmlEventSetWait_v2, "nvmlEventSetWait_v2")
+
+struct Library::Symbols {
+#define KGPU_MEMBER(name, ...) decltype(&::name) name = nullptr;
+  KGPU_NVML_ENTRIES(KGPU_MEMBER, KGPU_MEMBER)
+#undef KGPU_MEMBER
+};
+
+namespace {
+
+constexpr char kPayloadKey[] = "type.kgpu.dev/nvml-return";
+
+absl::StatusCode CodeFor(int rc) {
+  switch (static_cast<Return>(rc)) {
+    case Return::kInvalidArgument: return absl::StatusCode::kInvalidArgument;
+    case Return::kNotSupported:
+    case Return::kFunctionNotFound: return absl::StatusCode::kUnimplemented;
+    case Return::kNoPermission: return absl::StatusCode::kPermissionDenied;
+    case Return::kNotFound:
+    case Return::kNoData: return absl::StatusCode::kNotFound;
+    case Return::kTimeout: return absl::StatusCode::kDeadlineExceeded;
+    case Return::kGpuIsLost: return absl::StatusCode::kUnavailable;
+    case Return::kUninitialized:
+    case Return::kDriverNotLoaded: return absl::StatusCode::kFailedPrecondition;
+    case Return::kInUse: return absl::StatusCode::kAborted;
+    default: return absl::StatusCode::kInternal;
+  }
+}
+
+absl::Status NvmlError(const Library::Symbols& s, const char* call, int rc) {
+  const char* text = s.nvmlErrorString != nullptr
+                         ? s.nvmlErrorString(static_cast<nvmlReturn_t>(rc))
+                         : "unknown error";
+  absl::Status status(CodeFor(rc), Cat(call, ": ", text, " (NVML error ", rc, ")"));
+  status.SetPayload(kPayloadKey, absl::Cord(std::to_string(rc)));
+  return status;
+}
+
+absl::Status Missing(const Library::Symbols& s, const char* call) {
+  return NvmlError(s, call, static_cast<int>(Return::kFunctionNotFound));
+}
+
+// Calls an NVML entry point; a missing (optional) symbol is FUNCTION_NOT_FOUND.
+template <typename Fn, typename... A>
+absl::Status Call(const Library::Symbols& s, const char* name, Fn fn, A... args) {
+  if (fn == nullptr) return Missing(s, name);
+  const nvmlReturn_t rc = fn(args...);
+  if (rc == NVML_SUCCESS) return absl::OkStatus();
+  return NvmlError(s, name, rc);
+}
+
+#define KGPU_CALL(fn, ...) Call(*syms_, #fn, syms_->fn, __VA_ARGS__)
+
+nvmlDevice_t H(Device d) { return static_cast<nvmlDevice_t>(d.handle); }
+
+void* Resolve(void* dl, std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    if (void* p = dlsym(dl, n); p != nullptr) return p;
+  }
+  return nullptr;
+}
+
+std::string EnvOr(const char* name) {
+  const char* v = std::getenv(name);  // NOLINT(concurrency-mt-unsafe): read at start-up
+  return v != nullptr ? v : "";
+}
+
+constexpr const char* kSoname = "libnvidia-ml.so.1";
+// Driver locations outside the loader's default path: the NVIDIA container toolkit's and the
+// GPU Operator's driver roots.
+constexpr const char* kExtraDirs[] = {"/usr/local/nvidia/lib64", "/usr/local/nvidia/lib",
+                                      "/run/nvidia/driver/usr/lib/x86_64-linux-gnu",
+                                      "/run/nvidia/driver/usr/lib64"};
+
+}  // namespace
+
+Return ReturnOf(const absl::Status& status) {
+  if (status.ok()) return Return::kSuccess;
+  auto payload = status.GetPayload(kPayloadKey);
+  if (!payload) return Return::kUnknown;
+  return static_cast<Return>(std::atoi(std::string(*payload).c_str()));
+}
+
+bool IsNoValue(const absl::Status& status) {
+  switch (ReturnOf(status)) {
+    case Return::kNotSupported:
+    case Return::kNoPermission:
+    case Return::kNotFound:
+    case Return::kNoData:
+    case Return::kFunctionNotFound: return true;
+    default: return false;
+  }
+}
+
+bool IsGpuLost(const absl::Status& status) { return ReturnOf(status) == Return::kGpuIsLost; }
+
+std::vector<std::string> Library::SearchPath() {
+  std::vector<std::string> dirs;
+  std::stringstream ld(EnvOr("LD_LIBRARY_PATH"));
+  for (std::string dir; std::getline(ld, dir, ':');) {
+    if (!dir.empty()) dirs.push_back(dir);
+  }
+  dirs.emplace_back("/etc/ld.so.cache (ldconfig: /usr/lib/x86_64-linux-gnu, /usr/lib64, ...)");
+  for (const char* d : kExtraDirs) dirs.emplace_back(d);
+  return dirs;
+}
+
+absl::StatusOr<std::unique_ptr<Library>> Library::Open(const LoadOptions& options) {
+  std::unique_ptr<Library> lib(new Library);
+  lib->syms_ = std::make_unique<Symbols>();
+  std::string tried;
+  const std::string explicit_path = !options.path.empty() ? options.path : EnvOr("KGPU_NVML_LIBRARY");
+  if (!explicit_path.empty()) {
+    lib->dl_ = dlopen(explicit_path.c_str(), RTLD_LAZY | RTLD_LOCAL);
+    if (lib->dl_ == nullptr) {
+      return absl::NotFoundError(Cat("cannot load the NVML library ", explicit_path, ": ", dlerror(),
+                                     " (fix --nvml-library / KGPU_NVML_LIBRARY)"));
+    }
+  } else {
+    lib->dl_ = dlopen(kSoname, RTLD_LAZY | RTLD_LOCAL);
+    if (lib->dl_ == nullptr) tried = dlerror();
+    for (const char* dir : kExtraDirs) {
+      if (lib->dl_ != nullptr) break;
+      lib->dl_ = dlopen(Cat(dir, "/", kSoname).c_str(), RTLD_LAZY | RTLD_LOCAL);
+    }
+    if (lib->dl_ == nullptr) {
+      return absl::NotFoundError(
+          Cat("cannot load ", kSoname, " (", tried, "); looked in: ", Join(SearchPath(), ", "),
+              ". Install the NVIDIA driver on this node, run the container with the NVIDIA runtime, "
+              "or point --nvml-library / KGPU_NVML_LIBRARY at the library"));
+    }
+  }
+  Symbols& s = *lib->syms_;
+  std::string missing;
+#define KGPU_REQ(name, ...)                                                         \
+  s.name = reinterpret_cast<decltype(s.name)>(Resolve(lib->dl_, {__VA_ARGS__}));    \
+  if (s.name == nullptr) missing += Cat(missing.empty() ? "" : ", ", #name);
+#define KGPU_OPT(name, ...) \
+  s.name = reinterpret_cast<decltype(s.name)>(Resolve(lib->dl_, {__VA_ARGS__}));
+  KGPU_NVML_ENTRIES(KGPU_REQ, KGPU_OPT)
+#undef KGPU_REQ
+#undef KGPU_OPT
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(s.nvmlShutdown != nullptr ? s.nvmlShutdown : nullptr), &info) !=
+          0 &&
+      info.dli_fname != nullptr) {
+    lib->path_ = info.dli_fname;
+  } else {
+    lib->path_ = explicit_path.empty() ? kSoname : explicit_path;
+  }
+  if (!missing.empty()) {
+    dlclose(lib->dl_);
+    lib->dl_ = nullptr;
+    return absl::FailedPreconditionError(
+        Cat(lib->path_, " is not a usable NVML library: it lacks ", missing,
+            " (install a driver of release 450 or newer)"));
+  }
+  const nvmlReturn_t rc = s.nvmlInit_v2();
+  if (rc != NVML_SUCCESS) {
+    absl::Status st = NvmlError(s, "nvmlInit", rc);
+    dlclose(lib->dl_);
+    lib->dl_ = nullptr;
+    return absl::Status(st.code(), Cat(st.message(), " with ", lib->path_,
+                                       ": is the NVIDIA kernel driver loaded (lsmod | grep nvidia)?"));
+  }
+  return lib;
+}
+
+Library::~Library() {
+  if (dl_ != nullptr) {
+    syms_->nvmlShutdown();
+    dlclose(dl_);
+  }
+}
+
+absl::StatusOr<std::string> Library::DriverVersion() const {
+  char buf[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE] = {};
+  if (auto st = KGPU_CALL(nvmlSystemGetDriverVersion, buf, sizeof buf); !st.ok()) return st;
+  return std::string(buf);
+}
+
+absl::StatusOr<std::string> Library::NvmlVersion() const {
+  char buf[NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE] = {};
+  if (auto st = KGPU_CALL(nvmlSystemGetNVMLVersion, buf, sizeof buf); !st.ok()) return st;
+  return std::string(buf);
+}
+
+absl::StatusOr<int> Library::CudaDriverVersion() const {
+  int v = 0;
+  if (auto st = KGPU_CALL(nvmlSystemGetCudaDriverVersion_v2, &v); !st.ok()) return st;
+  return v;
+}
+
+absl::StatusOr<unsigned> Library::DeviceCount() const {
+  unsigned n = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetCount_v2, &n); !st.ok()) return st;
+  return n;
+}
+
+absl::StatusOr<Device> Library::DeviceByIndex(unsigned index) const {
+  nvmlDevice_t d = nullptr;
+  if (auto st = KGPU_CALL(nvmlDeviceGetHandleByIndex_v2, index, &d); !st.ok()) return st;
+  return Device{d};
+}
+
+absl::StatusOr<Device> Library::DeviceByUuid(const std::string& uuid) const {
+  nvmlDevice_t d = nullptr;
+  if (auto st = KGPU_CALL(nvmlDeviceGetHandleByUUID, uuid.c_str(), &d); !st.ok()) return st;
+  return Device{d};
+}
+
+absl::StatusOr<std::string> Library::Uuid(Device d) const {
+  char buf[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
+  if (auto st = KGPU_CALL(nvmlDeviceGetUUID, H(d), buf, sizeof buf); !st.ok()) return st;
+  return std::string(buf);
+}
+
+absl::StatusOr<std::string> Library::Name(Device d) const {
+  char buf[NVML_DEVICE_NAME_V2_BUFFER_SIZE] = {};
+  if (auto st = KGPU_CALL(nvmlDeviceGetName, H(d), buf, sizeof buf); !st.ok()) return st;
+  return std::string(buf);
+}
+
+absl::StatusOr<unsigned> Library::MinorNumber(Device d) const {
+  unsigned minor = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetMinorNumber, H(d), &minor); !st.ok()) return st;
+  return minor;
+}
+
+absl::StatusOr<PciInfo> Library::Pci(Device d) const {
+  nvmlPciInfo_t pci{};
+  if (auto st = KGPU_CALL(nvmlDeviceGetPciInfo_v3, H(d), &pci); !st.ok()) return st;
+  return PciInfo{pci.busId, pci.domain, pci.bus, pci.device, pci.pciDeviceId};
+}
+
+absl::StatusOr<MemoryInfo> Library::Memory(Device d) const {
+  if (syms_->nvmlDeviceGetMemoryInfo_v2 != nullptr) {
+    nvmlMemory_v2_t m{};
+    m.version = nvmlMemory_v2;
+    auto st = KGPU_CALL(nvmlDeviceGetMemoryInfo_v2, H(d), &m);
+    if (st.ok()) return MemoryInfo{m.total, m.reserved, m.used, m.free};
+    if (!IsNoValue(st) && ReturnOf(st) != Return::kUnknown) return st;
+  }
+  nvmlMemory_t m{};
+  if (auto st = KGPU_CALL(nvmlDeviceGetMemoryInfo, H(d), &m); !st.ok()) return st;
+  return MemoryInfo{m.total, 0, m.used, m.free};
+}
+
+absl::StatusOr<std::pair<int, int>> Library::ComputeCapability(Device d) const {
+  int major = 0, minor = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetCudaComputeCapability, H(d), &major, &minor); !st.ok()) {
+    return st;
+  }
+  return std::make_pair(major, minor);
+}
+
+absl::StatusOr<unsigned> Library::PowerLimitMw(Device d) const {
+  unsigned mw = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetEnforcedPowerLimit, H(d), &mw); !st.ok()) return st;
+  return mw;
+}
+
+absl::StatusOr<unsigned> Library::TemperatureC(Device d) const {
+  unsigned t = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetTemperature, H(d), NVML_TEMPERATURE_GPU, &t); !st.ok()) {
+    return st;
+  }
+  return t;
+}
+
+absl::StatusOr<MigMode> Library::GetMigMode(Device d) const {
+  unsigned current = 0, pending = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetMigMode, H(d), &current, &pending); !st.ok()) return st;
+  return MigMode{current == NVML_DEVICE_MIG_ENABLE, pending == NVML_DEVICE_MIG_ENABLE};
+}
+
+absl::StatusOr<std::vector<MigDeviceInfo>> Library::MigDevices(Device gpu) const {
+  unsigned max = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetMaxMigDeviceCount, H(gpu), &max); !st.ok()) return st;
+  std::vector<MigDeviceInfo> out;
+  for (unsigned i = 0; i < max; ++i) {
+    nvmlDevice_t mig = nullptr;
+    auto st = KGPU_CALL(nvmlDeviceGetMigDeviceHandleByIndex, H(gpu), i, &mig);
+    if (ReturnOf(st) == Return::kNotFound || ReturnOf(st) == Return::kInvalidArgument) continue;
+    if (!st.ok()) return st;
+    MigDeviceInfo info;
+    info.handle = Device{mig};
+    if (st = KGPU_CALL(nvmlDeviceGetGpuInstanceId, mig, &info.gi); !st.ok()) return st;
+    if (st = KGPU_CALL(nvmlDeviceGetComputeInstanceId, mig, &info.ci); !st.ok()) return st;
+    nvmlDeviceAttributes_t attr{};
+    if (st = KGPU_CALL(nvmlDeviceGetAttributes_v2, mig, &attr); !st.ok()) return st;
+    info.gi_slices = attr.gpuInstanceSliceCount;
+    info.ci_slices = attr.computeInstanceSliceCount;
+    info.memory_mib = attr.memorySizeMB;
+    info.sm_count = attr.multiprocessorCount;
+    // The GI's profile index tells the "+me" style variants apart.
+    nvmlGpuInstance_t gi = nullptr;
+    nvmlGpuInstanceInfo_t gi_info{};
+    if (KGPU_CALL(nvmlDeviceGetGpuInstanceById, H(gpu), info.gi, &gi).ok() &&
+        KGPU_CALL(nvmlGpuInstanceGetInfo, gi, &gi_info).ok()) {
+      for (unsigned p = 0; p < NVML_GPU_INSTANCE_PROFILE_COUNT; ++p) {
+        nvmlGpuInstanceProfileInfo_t pi{};
+        if (KGPU_CALL(nvmlDeviceGetGpuInstanceProfileInfo, H(gpu), p, &pi).ok() &&
+            pi.id == gi_info.profileId) {
+          info.profile_index = p;
+          info.memory_mib = pi.memorySizeMB;
+          break;
+        }
+      }
+    }
+    out.push_back(info);
+  }
+  return out;
+}
+
+absl::StatusOr<int> Library::CommonAncestor(Device a, Device b) const {
+  nvmlGpuTopologyLevel_t level = NVML_TOPOLOGY_INTERNAL;
+  if (auto st = KGPU_CALL(nvmlDeviceGetTopologyCommonAncestor, H(a), H(b), &level); !st.ok()) {
+    return st;
+  }
+  return static_cast<int>(level);
+}
+
+absl::StatusOr<std::vector<NvLink>> Library::ActiveNvLinks(Device d) const {
+  std::vector<NvLink> links;
+  for (unsigned link = 0; link < NVML_NVLINK_MAX_LINKS; ++link) {
+    nvmlEnableState_t active = NVML_FEATURE_DISABLED;
+    auto st = KGPU_CALL(nvmlDeviceGetNvLinkState, H(d), link, &active);
+    if (IsNoValue(st)) break;  // no NVLink on this GPU
+    if (ReturnOf(st) == Return::kInvalidArgument) continue;
+    if (!st.ok()) return st;
+    if (active != NVML_FEATURE_ENABLED) continue;
+    nvmlPciInfo_t pci{};
+    if (st = KGPU_CALL(nvmlDeviceGetNvLinkRemotePciInfo_v2, H(d), link, &pci); !st.ok()) return st;
+    NvLink l{link, pci.busId, false};
+    nvmlIntNvLinkDeviceType_t type = NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
+    if (KGPU_CALL(nvmlDeviceGetNvLinkRemoteDeviceType, H(d), link, &type).ok()) {
+      l.remote_is_switch = type == NVML_NVLINK_DEVICE_TYPE_SWITCH;
+    }
+    links.push_back(l);
+  }
+  return links;
+}
+
+absl::StatusOr<uint64_t> Library::SupportedEvents(Device d) const {
+  unsigned long long types = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetSupportedEventTypes, H(d), &types); !st.ok()) return st;
+  return types;
+}
+
+absl::StatusOr<std::unique_ptr<EventSet>> Library::CreateEventSet() const {
+  nvmlEventSet_t set = nullptr;
+  if (auto st = KGPU_CALL(nvmlEventSetCreate, &set); !st.ok()) return st;
+  return std::unique_ptr<EventSet>(new EventSet(*this, set));
+}
+
+EventSet::~EventSet() {
+  if (lib_.syms_->nvmlEventSetFree != nullptr) {
+    lib_.syms_->nvmlEventSetFree(static_cast<nvmlEventSet_t>(set_));
+  }
+}
+
+absl::Status EventSet::Register(Device device, uint64_t types) const {
+  const Library::Symbols& s = *lib_.syms_;
+  return Call(s, "nvmlDeviceRegisterEvents", s.nvmlDeviceRegisterEvents, H(device),
+              static_cast<unsigned long long>(types), static_cast<nvmlEventSet_t>(set_));
+}
+
+absl::StatusOr<std::optional<Event>> EventSet::Wait(unsigned timeout_ms) const {
+  const Library::Symbols& s = *lib_.syms_;
+  nvmlEventData_t data{};
+  auto st = Call(s, "nvmlEventSetWait", s.nvmlEventSetWait_v2, static_cast<nvmlEventSet_t>(set_),
+                 &data, timeout_ms);
+  if (ReturnOf(st) == Return::kTimeout) return std::optional<Event>();
+  if (!st.ok()) return st;
+  return std::optional<Event>(Event{Device{data.device}, data.eventType, data.eventData,
+                                    data.gpuInstanceId, data.computeInstanceId});
+}
+
+}  // namespace kgpu::nvml

@@ -1,0 +1,168 @@
+#pragma once
+// nvml::Library: the only code in kgpu that touches NVML. It dlopen()s libnvidia-ml.so.1 (by
+// soname, or from an explicit path), resolves every entry point it uses with _vN probing (newest
+// first), treats every symbol but a small core as optional, holds one nvmlInit reference for its
+// lifetime, and turns NVML return codes into absl::Status values that name the call and carry
+// NVML's own error string and return code.
+//
+// Thread-safety: NVML is thread-safe; so is every const method here. Open/destruction are not
+// concurrent with other calls.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kgpu::nvml {
+
+// NVML return codes kgpu reacts to (the values are NVML's).
+enum class Return : int {
+  kSuccess = 0,
+  kUninitialized = 1,
+  kInvalidArgument = 2,
+  kNotSupported = 3,
+  kNoPermission = 4,
+  kNotFound = 6,
+  kInsufficientSize = 7,
+  kDriverNotLoaded = 9,
+  kTimeout = 10,
+  kFunctionNotFound = 13,
+  kGpuIsLost = 15,
+  kInUse = 19,
+  kNoData = 21,
+  kUnknown = 999,
+};
+
+// The NVML return code behind a status made by this library (kSuccess for OK, kUnknown when the
+// status did not come from NVML).
+Return ReturnOf(const absl::Status& status);
+// True for NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, NO_DATA, FUNCTION_NOT_FOUND: "no value".
+bool IsNoValue(const absl::Status& status);
+bool IsGpuLost(const absl::Status& status);
+
+// An opaque NVML device handle (GPU or MIG device).
+struct Device {
+  void* handle = nullptr;
+  bool operator==(const Device&) const = default;
+};
+
+struct LoadOptions {
+  // Explicit library path (flag --nvml-library, env KGPU_NVML_LIBRARY); empty: by soname.
+  std::string path;
+};
+
+struct PciInfo {
+  std::string bus_id;  // "00000000:18:00.0"
+  unsigned domain = 0, bus = 0, device = 0;
+  unsigned pci_device_id = 0;
+};
+
+struct MemoryInfo {
+  uint64_t total = 0, reserved = 0, used = 0, free = 0;  // bytes
+};
+
+struct MigMode {
+  bool current = false;
+  bool pending = false;
+};
+
+struct MigDeviceInfo {
+  Device handle;
+  unsigned gi = 0, ci = 0;
+  unsigned profile_index = 0;  // NVML_GPU_INSTANCE_PROFILE_* index of the GI
+  unsigned gi_slices = 0, ci_slices = 0;
+  uint64_t memory_mib = 0;  // of the GPU instance
+  unsigned sm_count = 0;
+};
+
+struct NvLink {
+  unsigned link = 0;
+  std::string remote_bus_id;
+  bool remote_is_switch = false;
+};
+
+struct Event {
+  Device device;
+  uint64_t type = 0;
+  uint64_t data = 0;
+  unsigned gi = 0xFFFFFFFFU, ci = 0xFFFFFFFFU;
+};
+
+inline constexpr uint64_t kEventSingleBitEcc = 0x1;
+inline constexpr uint64_t kEventDoubleBitEcc = 0x2;
+inline constexpr uint64_t kEventXid = 0x8;
+inline constexpr unsigned kNoInstance = 0xFFFFFFFFU;
+
+class Library;
+
+// An NVML event set (RAII).
+class EventSet {
+ public:
+  ~EventSet();
+  EventSet(const EventSet&) = delete;
+  EventSet& operator=(const EventSet&) = delete;
+  [[nodiscard]] absl::Status Register(Device device, uint64_t types) const;
+  // Waits up to timeout_ms; nullopt on timeout.
+  [[nodiscard]] absl::StatusOr<std::optional<Event>> Wait(unsigned timeout_ms) const;
+
+ private:
+  friend class Library;
+  EventSet(const Library& lib, void* set) : lib_(lib), set_(set) {}
+  const Library& lib_;
+  void* set_;
+};
+
+class Library {
+ public:
+  struct Symbols;
+
+  // Loads the library and calls nvmlInit. Errors say where it looked and how to fix it.
+  static absl::StatusOr<std::unique_ptr<Library>> Open(const LoadOptions& options);
+  ~Library();
+  Library(const Library&) = delete;
+  Library& operator=(const Library&) = delete;
+
+  // The file the dynamic loader actually opened.
+  const std::string& path() const { return path_; }
+  // Where a library is looked for when no explicit path is given (for messages).
+  static std::vector<std::string> SearchPath();
+
+  absl::StatusOr<std::string> DriverVersion() const;
+  absl::StatusOr<std::string> NvmlVersion() const;
+  absl::StatusOr<int> CudaDriverVersion() const;  // 12040 = 12.4
+
+  absl::StatusOr<unsigned> DeviceCount() const;
+  absl::StatusOr<Device> DeviceByIndex(unsigned index) const;
+  absl::StatusOr<Device> DeviceByUuid(const std::string& uuid) const;
+  absl::StatusOr<std::string> Uuid(Device d) const;
+  absl::StatusOr<std::string> Name(Device d) const;
+  absl::StatusOr<unsigned> MinorNumber(Device d) const;
+  absl::StatusOr<PciInfo> Pci(Device d) const;
+  absl::StatusOr<MemoryInfo> Memory(Device d) const;
+  absl::StatusOr<std::pair<int, int>> ComputeCapability(Device d) const;
+  absl::StatusOr<unsigned> PowerLimitMw(Device d) const;
+  absl::StatusOr<unsigned> TemperatureC(Device d) const;
+  absl::StatusOr<MigMode> GetMigMode(Device d) const;
+  // MIG devices of a MIG-enabled GPU, in NVML's index order.
+  absl::StatusOr<std::vector<MigDeviceInfo>> MigDevices(Device gpu) const;
+  // Topology level (0, 10, ... 50) between two GPUs.
+  absl::StatusOr<int> CommonAncestor(Device a, Device b) const;
+  absl::StatusOr<std::vector<NvLink>> ActiveNvLinks(Device d) const;
+  absl::StatusOr<uint64_t> SupportedEvents(Device d) const;
+  absl::StatusOr<std::unique_ptr<EventSet>> CreateEventSet() const;
+
+  const Symbols& symbols() const { return *syms_; }
+
+ private:
+  friend class EventSet;
+  Library() = default;
+  void* dl_ = nullptr;
+  std::string path_;
+  std::unique_ptr<Symbols> syms_;
+};
+
+}  // namespace kgpu::nvml
