@@ -95,8 +95,13 @@ const Node* Current() {
 nvmlReturn_t Init() {
   Library& lib = Lib();
   std::lock_guard<std::mutex> lock(lib.mu);
-  if (!lib.node) {
-    auto node = Node::Open(ReadEnvironment());
+  const Environment env = ReadEnvironment();
+  const bool env_changed = lib.node && (lib.node->environment().profile_spec != env.profile_spec ||
+                                        lib.node->environment().state_path != env.state_path ||
+                                        lib.node->environment().node_name != env.node_name);
+  if (!lib.node || (env_changed && lib.refcount.load() == 0)) {
+    // A first init, or a fresh one after every client shut down, reads the environment.
+    auto node = Node::Open(env);
     if (!node.ok()) {
       std::fprintf(stderr, "kgpu-simnvml: %s\n", std::string(node.status().message()).c_str());
       return NVML_ERROR_DRIVER_NOT_LOADED;

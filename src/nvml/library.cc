@@ -217,8 +217,10 @@ absl::StatusOr<std::unique_ptr<Library>> Library::Open(const LoadOptions& option
     absl::Status st = NvmlError(s, "nvmlInit", rc);
     dlclose(lib->dl_);
     lib->dl_ = nullptr;
-    return absl::Status(st.code(), Cat(st.message(), " with ", lib->path_,
-                                       ": is the NVIDIA kernel driver loaded (lsmod | grep nvidia)?"));
+    absl::Status out(st.code(), Cat(st.message(), " with ", lib->path_,
+                                    ": is the NVIDIA kernel driver loaded (lsmod | grep nvidia)?"));
+    st.ForEachPayload([&](auto key, const absl::Cord& value) { out.SetPayload(key, value); });
+    return out;
   }
   return lib;
 }
