@@ -242,8 +242,8 @@ void Node::PushEvent(const Locked& lock, unsigned gpu, uint64_t type, uint64_t d
 
 uint64_t Node::EventHead() const { return __atomic_load_n(&state_->event_head, __ATOMIC_ACQUIRE); }
 
-bool Node::WaitEvent(uint64_t* cursor, const uint64_t* masks, unsigned timeout_ms,
-                     SimEvent* out) const {
+bool Node::WaitEvent(uint64_t* cursor, const uint64_t* masks, const uint64_t* since,
+                     unsigned timeout_ms, SimEvent* out) const {
   const int64_t deadline = MonotonicNs() + static_cast<int64_t>(timeout_ms) * 1000000LL;
   for (;;) {
     const uint32_t word = __atomic_load_n(&state_->futex_word, __ATOMIC_SEQ_CST);
@@ -257,7 +257,7 @@ bool Node::WaitEvent(uint64_t* cursor, const uint64_t* masks, unsigned timeout_m
       for (; next <= s.event_head; ++next) {
         const SimEvent& e = s.ring[next % kEventRing];
         *cursor = next;
-        if (e.gpu < kMaxGpus && (masks[e.gpu] & e.type) != 0) {
+        if (e.gpu < kMaxGpus && (masks[e.gpu] & e.type) != 0 && e.seq > since[e.gpu]) {
           *out = e;
           return true;
         }

@@ -137,8 +137,10 @@ class Node {
   void PushEvent(const Locked& lock, unsigned gpu, uint64_t type, uint64_t data, uint32_t gi,
                  uint32_t ci) const;
   // Waits up to timeout_ms for an event newer than *cursor on a GPU whose mask (masks[gpu])
-  // selects its type. Advances *cursor. Returns true and fills *out when one arrived.
-  bool WaitEvent(uint64_t* cursor, const uint64_t* masks, unsigned timeout_ms, SimEvent* out) const;
+  // selects its type and that happened after the GPU was registered (seq > since[gpu]).
+  // Advances *cursor. Returns true and fills *out when one arrived.
+  bool WaitEvent(uint64_t* cursor, const uint64_t* masks, const uint64_t* since,
+                 unsigned timeout_ms, SimEvent* out) const;
   uint64_t EventHead() const;
 
   // Resets the live state to the profile's initial state.

@@ -43,6 +43,7 @@ struct EventSet {
   std::mutex mu;
   uint64_t cursor = 0;
   uint64_t masks[kMaxGpus] = {};
+  uint64_t since[kMaxGpus] = {};  // event seq when the GPU was first registered
 };
 
 struct Handles {
@@ -263,13 +264,15 @@ nvmlReturn_t WaitImpl(nvmlEventSet_t set, nvmlEventData_t* data, unsigned timeou
   if (es == nullptr || es->magic != kSetMagic || data == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   uint64_t cursor = 0;
   uint64_t masks[kMaxGpus];
+  uint64_t since[kMaxGpus];
   {
     std::lock_guard<std::mutex> lock(es->mu);
     cursor = es->cursor;
     std::memcpy(masks, es->masks, sizeof masks);
+    std::memcpy(since, es->since, sizeof since);
   }
   SimEvent e{};
-  const bool got = node->WaitEvent(&cursor, masks, timeout_ms, &e);
+  const bool got = node->WaitEvent(&cursor, masks, since, timeout_ms, &e);
   {
     std::lock_guard<std::mutex> lock(es->mu);
     if (cursor > es->cursor) es->cursor = cursor;
@@ -1265,6 +1268,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned 
   return OnGpu(device, [&](const Dev& d) {
     if ((types & ~SupportedEvents(d.model())) != 0) return NVML_ERROR_NOT_SUPPORTED;
     std::lock_guard<std::mutex> lock(es->mu);
+    if (es->masks[d.gpu] == 0) es->since[d.gpu] = d.lock.state().event_head;  // only later events
     es->masks[d.gpu] |= types;
     return NVML_SUCCESS;
   });

@@ -1,0 +1,45 @@
+# The README's contract: `make demo` and `make test` on a fresh Debian 12 machine.
+SHELL := /bin/bash
+.DEFAULT_GOAL := build
+PRESET ?= dev
+JOBS ?= $(shell nproc)
+
+.PHONY: deps build test demo bench fuzz format clean
+
+deps:
+	@./scripts/install-deps.sh
+
+build: deps
+	cmake --preset $(PRESET) >/dev/null
+	cmake --build --preset $(PRESET) -j $(JOBS)
+
+# ASan + UBSan build, every test but those that need a real GPU (label gpu) or are slow.
+test: deps
+	cmake --preset asan >/dev/null
+	cmake --build --preset asan -j $(JOBS)
+	ctest --preset asan -j $(JOBS)
+
+demo: deps
+	cmake --preset dev >/dev/null
+	cmake --build --preset dev -j $(JOBS) --target kgpu kgpu-simctl kgpu_simnvml
+	./scripts/demo.sh build/dev
+
+bench: deps
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS) --target inventory_bench event_latency
+	build/release/bin/inventory_bench
+	build/release/bin/event_latency
+
+# libFuzzer (clang): FUZZ_SECONDS per target, corpus grows in build/fuzz/corpus-*.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	cmake --preset fuzz >/dev/null
+	cmake --build --preset fuzz -j $(JOBS) --target profile_fuzz
+	mkdir -p build/fuzz/corpus-profile
+	build/fuzz/tests/profile_fuzz -max_total_time=$(FUZZ_SECONDS) build/fuzz/corpus-profile tests/fuzz/corpus/profile
+
+format:
+	clang-format -i $$(git ls-files '*.cc' '*.h' '*.c')
+
+clean:
+	rm -rf build

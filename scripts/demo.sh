@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# kgpu on a simulated GPU node: what the node has, the node checklist, and a fault injected into
+# the simulated driver being seen by the health monitor. Ends by itself in well under a minute.
+# Usage: scripts/demo.sh <build dir>
+set -euo pipefail
+build=${1:-build/dev}
+bin=$build/bin
+export LD_LIBRARY_PATH=$build/simnvml/lib   # the simulated libnvidia-ml.so.1, found by soname
+work=$(mktemp -d /tmp/kgpu-demo-XXXXXX)
+export KGPU_SIM_STATE=$work/node.state KGPU_SIM_NODE_NAME=demo-node
+watcher=""
+cleanup() { [ -n "$watcher" ] && kill "$watcher" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+wait_for() { for _ in $(seq 100); do grep -q -- "$2" "$1" && return 0; sleep 0.1; done; echo "(timed out waiting for: $2)"; return 1; }
+
+step "Simulated node profiles (KGPU_SIM_NODE selects one; a YAML file works too)"
+"$bin/kgpu-simctl" profiles
+
+export KGPU_SIM_NODE=dgx-h100
+"$bin/kgpu-simctl" reset
+"$bin/kgpu-simctl" sysfs "$work/sys"     # NUMA nodes of the simulated PCI devices
+step "kgpu devices on an 8x H100 SXM node (NVLink through NVSwitches, two NUMA nodes)"
+"$bin/kgpu" --sysfs-root "$work/sys" devices
+
+step "kgpu doctor: the node checklist (a simulated node has no /dev/nvidia* device nodes)"
+"$bin/kgpu" --sysfs-root "$work/sys" doctor || echo "(exit code $?: FAIL items above)"
+
+step "kgpu health: watching NVML events, probes and hung calls; faults come from kgpu-simctl"
+"$bin/kgpu" --log-level warn health --duration 40 --probe-interval-ms 200 >"$work/health.log" 2>&1 &
+watcher=$!
+wait_for "$work/health.log" "watching"
+head -3 "$work/health.log"; echo "  ... (8 GPUs, all Healthy)"
+# The UUIDs, read before any fault (a hung GPU would block this query too).
+read -r u1 u3 u5 < <("$bin/kgpu" devices --json | python3 -c "import json,sys; g=json.load(sys.stdin)['gpus']; print(g[1]['uuid'], g[3]['uuid'], g[5]['uuid'])")
+
+echo; echo "\$ kgpu-simctl xid 3 43      # XID 43: an application fault, not the GPU's"
+"$bin/kgpu-simctl" xid 3 43
+echo "\$ kgpu-simctl xid 3 48      # XID 48: double-bit ECC error, the GPU is unhealthy"
+"$bin/kgpu-simctl" xid 3 48
+wait_for "$work/health.log" "$u3 Unhealthy: XID 48" && grep "change:" "$work/health.log"
+
+echo; echo "\$ kgpu-simctl lose 5        # GPU 5 falls off the bus (XID 79, then GPU_IS_LOST)"
+"$bin/kgpu-simctl" lose 5
+wait_for "$work/health.log" "$u5 Unhealthy: GPU is lost" && grep "change:" "$work/health.log" | tail -1
+"$bin/kgpu" devices 2>/dev/null | grep -E "^(IDX|5 )"
+echo "\$ kgpu-simctl restore 5"
+"$bin/kgpu-simctl" restore 5
+wait_for "$work/health.log" "$u5 Healthy" && grep "change:" "$work/health.log" | tail -1
+
+echo; echo "\$ kgpu-simctl hang 1 2500   # every NVML call on GPU 1 blocks for 2.5 s"
+"$bin/kgpu-simctl" hang 1 2500
+wait_for "$work/health.log" "$u1 Unhealthy: NVML call" && grep "change:" "$work/health.log" | tail -1
+wait_for "$work/health.log" "$u1 Healthy" && grep "change:" "$work/health.log" | tail -1
+kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null || true; watcher=""
+
+export KGPU_SIM_NODE=dgx-a100-mig
+step "An 8x A100 node with MIG on GPUs 0 and 1; an XID on one MIG instance"
+"$bin/kgpu-simctl" reset
+"$bin/kgpu" devices | sed -n '4,17p'
+"$bin/kgpu" --log-level warn health --duration 20 --probe-interval-ms 200 >"$work/mig.log" 2>&1 &
+watcher=$!
+wait_for "$work/mig.log" "watching"
+echo "\$ kgpu-simctl xid 0 94 --gi 3 --ci 0   # contained ECC error on MIG instance GI 3"
+"$bin/kgpu-simctl" xid 0 94 --gi 3 --ci 0
+wait_for "$work/mig.log" "Unhealthy: XID 94" && grep "change:" "$work/mig.log"
+echo "(only that MIG device changed; GPU 0 and its other instances stay Healthy)"
+step "done"
