@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/strings.h"
+#include "common/yaml_util.h"
 
 namespace kgpu::sim {
 using kgpu::Cat;
@@ -269,40 +270,9 @@ struct Builtin {
 constexpr Builtin kBuiltins[] = {
     {"dgx-h100", kDgxH100}, {"dgx-a100-mig", kDgxA100Mig}, {"hgx-h200", kHgxH200}, {"l4x4", kL4x4}};
 
-// Error at a YAML node's position.
-absl::Status At(std::string_view origin, const YAML::Mark& mark, std::string_view what) {
-  return absl::InvalidArgumentError(
-      Cat(origin, ":", mark.line + 1, ":", mark.column + 1, ": ", what));
-}
-
-absl::Status CheckKeys(std::string_view origin, const YAML::Node& map, std::string_view where,
-                       const std::set<std::string>& allowed) {
-  if (!map.IsMap()) {
-    return At(origin, map.Mark(), Cat(where, " must be a mapping"));
-  }
-  for (const auto& kv : map) {
-    const auto key = kv.first.as<std::string>();
-    if (allowed.count(key) == 0) {
-      return At(origin, kv.first.Mark(),
-                Cat("unknown key '", key, "' in ", where, " (allowed: ",
-                             Join(allowed, ", "), ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-template <typename T>
-absl::StatusOr<T> Scalar(std::string_view origin, const YAML::Node& node, std::string_view what) {
-  if (!node.IsScalar()) {
-    return At(origin, node.Mark(), Cat(what, " must be a scalar"));
-  }
-  try {
-    return node.as<T>();
-  } catch (const YAML::Exception&) {
-    return At(origin, node.Mark(),
-              Cat(what, " has an invalid value '", node.Scalar(), "'"));
-  }
-}
+using kgpu::yaml::At;
+using kgpu::yaml::CheckKeys;
+using kgpu::yaml::Scalar;
 
 absl::StatusOr<int> ParseCudaVersion(std::string_view origin, const YAML::Node& node) {
   auto text = Scalar<std::string>(origin, node, "cudaVersion");
@@ -579,14 +549,10 @@ const MigProfile* FindMigProfileById(const GpuModel& model, unsigned id) {
 }
 
 absl::StatusOr<NodeProfile> ParseProfile(std::string_view yaml, std::string_view origin) {
-  YAML::Node root;
+  auto root = kgpu::yaml::Load(yaml, origin);
+  if (!root.ok()) return root.status();
   try {
-    root = YAML::Load(std::string(yaml));
-  } catch (const YAML::Exception& e) {
-    return At(origin, e.mark, Cat("not valid YAML: ", e.msg));
-  }
-  try {
-    auto profile = ParseRoot(origin, root);
+    auto profile = ParseRoot(origin, *root);
     if (profile.ok()) profile->source = std::string(yaml);
     return profile;
   } catch (const YAML::Exception& e) {
