@@ -2,12 +2,15 @@
 
 #include <CLI/CLI.hpp>
 
+#include <pthread.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/device_plugin_cmd.h"
 #include "common/log.h"
 
 namespace {
@@ -39,6 +42,10 @@ int Main(int argc, char** argv) {
   unsigned probe_ms = 1000;
   health->add_option("--probe-interval-ms", probe_ms, "liveness probe period")->capture_default_str();
   auto* version = app.add_subcommand("version", "print the version");
+  kgpu::cli::DevicePluginFlags dp_flags;
+  auto* device_plugin = app.add_subcommand(
+      "device-plugin", "serve GPUs to kubelet (Device Plugin API v1beta1); NVIDIA's flags and config");
+  kgpu::cli::AddDevicePluginFlags(device_plugin, &dp_flags);
 
   CLI11_PARSE(app, argc, argv);
   if (!kgpu::SetLogLevel(log_level)) {
@@ -52,6 +59,14 @@ int Main(int argc, char** argv) {
   }
   if (devices->parsed()) return kgpu::cli::RunDevices(node, json, std::cout);
   if (doctor->parsed()) return kgpu::cli::RunDoctor(node, json, std::cout);
+  if (device_plugin->parsed()) {
+    // Signals are taken by sigwait() in RunDevicePlugin: block them before any thread starts.
+    sigset_t signals;
+    sigemptyset(&signals);
+    for (int s : {SIGHUP, SIGTERM, SIGINT, SIGQUIT}) sigaddset(&signals, s);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    return kgpu::cli::RunDevicePlugin(node, dp_flags);
+  }
   if (health->parsed()) {
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);

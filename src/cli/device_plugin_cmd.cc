@@ -1,0 +1,153 @@
+#include "cli/device_plugin_cmd.h"
+
+#include <signal.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "common/log.h"
+#include "common/strings.h"
+#include "deviceplugin/server.h"
+#include "gpu/inventory.h"
+#include "nvml/library.h"
+
+namespace kgpu::cli {
+namespace {
+
+using deviceplugin::Config;
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);  // NOLINT(concurrency-mt-unsafe): start-up and SIGHUP only
+  return v != nullptr ? v : "";
+}
+
+}  // namespace
+
+// Each flag: NVIDIA's name(s), its environment variable(s), and how it overrides the file.
+#define KGPU_FLAG(names, env, member, help)                                                       \
+  flags->given.emplace_back(app->add_option(names, flags->values.member, help)->envname(env),      \
+                            [](const Config& from, Config* to) { to->member = from.member; })
+#define KGPU_BOOL(names, env, member, help)                                                       \
+  flags->given.emplace_back(app->add_flag(names, flags->values.member, help)->envname(env),        \
+                            [](const Config& from, Config* to) { to->member = from.member; })
+
+void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags) {
+  app->add_option("--config-file", flags->config_file, "NVIDIA v1 config file (YAML or JSON)")
+      ->envname("CONFIG_FILE");
+  KGPU_FLAG("--mig-strategy", "MIG_STRATEGY", mig_strategy, "none, single or mixed");
+  KGPU_BOOL("--fail-on-init-error", "FAIL_ON_INIT_ERROR", fail_on_init_error,
+            "exit when NVML cannot be initialised (false: wait, for non-GPU nodes)");
+  KGPU_FLAG("--driver-root,--nvidia-driver-root", "NVIDIA_DRIVER_ROOT", driver_root, "driver root");
+  KGPU_FLAG("--dev-root,--nvidia-dev-root", "NVIDIA_DEV_ROOT", dev_root, "device-node root (default: driver root)");
+  KGPU_BOOL("--pass-device-specs", "PASS_DEVICE_SPECS", pass_device_specs, "return DeviceSpecs in Allocate");
+  flags->given.emplace_back(
+      app->add_option("--device-list-strategy", flags->values.device_list_strategy,
+                      "envvar, volume-mounts, cdi-annotations, cdi-cri (comma list)")
+          ->envname("DEVICE_LIST_STRATEGY")
+          ->delimiter(','),
+      [](const Config& from, Config* to) { to->device_list_strategy = from.device_list_strategy; });
+  KGPU_FLAG("--device-id-strategy", "DEVICE_ID_STRATEGY", device_id_strategy, "uuid or index");
+  KGPU_BOOL("--gdrcopy-enabled", "GDRCOPY_ENABLED", gdrcopy_enabled, "NVIDIA_GDRCOPY=enabled");
+  KGPU_BOOL("--gds-enabled", "GDS_ENABLED", gds_enabled, "NVIDIA_GDS=enabled");
+  KGPU_BOOL("--mofed-enabled", "MOFED_ENABLED", mofed_enabled, "NVIDIA_MOFED=enabled");
+  KGPU_FLAG("--cdi-annotation-prefix", "CDI_ANNOTATION_PREFIX", cdi_annotation_prefix, "CDI annotation prefix");
+  KGPU_FLAG("--nvidia-cdi-hook-path,--nvidia-ctk-path", "NVIDIA_CDI_HOOK_PATH", nvidia_ctk_path, "nvidia-ctk path");
+  KGPU_FLAG("--driver-root-ctr-path,--container-driver-root", "DRIVER_ROOT_CTR_PATH", container_driver_root,
+            "driver root inside this container");
+  KGPU_FLAG("--mps-root", "MPS_ROOT", mps_root, "MPS root directory");
+  KGPU_FLAG("--shared-devices-allocation-policy", "SHARED_DEVICES_ALLOCATION_POLICY",
+            shared_devices_allocation_policy, "distributed or packed");
+  KGPU_FLAG("--kubelet-socket", "KUBELET_SOCKET", kubelet_socket, "kubelet registration socket");
+  KGPU_FLAG("--kubelet-dir", "KGPU_KUBELET_DIR", kubelet_dir, "kubelet device-plugin directory");
+  KGPU_FLAG("--cdi-spec-dir", "KGPU_CDI_SPEC_DIR", cdi_spec_dir, "where the CDI spec is written");
+  app->add_option("--device-discovery-strategy", "auto or nvml (accepted for compatibility)")
+      ->envname("DEVICE_DISCOVERY_STRATEGY")
+      ->check(CLI::IsMember({"auto", "nvml"}));
+}
+#undef KGPU_FLAG
+#undef KGPU_BOOL
+
+absl::StatusOr<Config> ResolveConfig(const DevicePluginFlags& flags) {
+  Config config;
+  if (!flags.config_file.empty()) {
+    auto loaded = deviceplugin::LoadConfigFile(flags.config_file);
+    if (!loaded.ok()) return loaded.status();
+    config = std::move(*loaded);
+  }
+  for (const auto& [option, apply] : flags.given) {
+    if (option->count() > 0) apply(flags.values, &config);
+  }
+  if (auto st = deviceplugin::ApplyHealthcheckEnv(Env("DP_DISABLE_HEALTHCHECKS"), Env("DP_ENABLE_HEALTHCHECKS"),
+                                                  &config.health);
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = deviceplugin::Validate(config); !st.ok()) {
+    return absl::InvalidArgumentError(
+        Cat(flags.config_file.empty() ? "flags" : flags.config_file, ": ", st.message()));
+  }
+  return config;
+}
+
+int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags) {
+  auto log = Log("deviceplugin");
+  auto config = ResolveConfig(flags);
+  if (!config.ok()) {
+    std::cerr << "kgpu device-plugin: " << config.status().message() << "\n";
+    return 1;
+  }
+  sigset_t signals;
+  sigemptyset(&signals);
+  for (int s : {SIGHUP, SIGTERM, SIGINT, SIGQUIT}) sigaddset(&signals, s);
+
+  auto lib = nvml::Library::Open({node.nvml_library});
+  if (!lib.ok()) {
+    if (config->fail_on_init_error) {
+      std::cerr << "kgpu device-plugin: " << lib.status().message()
+                << "\n(set --fail-on-init-error=false to keep running on nodes without GPUs)\n";
+      return 1;
+    }
+    log->warn("{}; failOnInitError=false: no devices, waiting for a signal", std::string(lib.status().message()));
+    int sig = 0;
+    sigwait(&signals, &sig);
+    return 0;
+  }
+  auto inventory = gpu::Inventory::Discover(**lib, {node.sysfs_root});
+  if (!inventory.ok()) {
+    std::cerr << "kgpu device-plugin: GPU discovery failed: " << inventory.status().message() << "\n";
+    return 1;
+  }
+  deviceplugin::Manager manager(**lib, *inventory);
+  if (auto st = manager.Start(*config); !st.ok()) {
+    std::cerr << "kgpu device-plugin: " << st.message() << "\n";
+    return 1;
+  }
+  log->info("kgpu device-plugin running: {} resource(s): {}", manager.ResourceNames().size(),
+            Join(manager.ResourceNames(), ", "));
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&signals, &sig) != 0) continue;
+    if (sig != SIGHUP) {
+      log->info("signal {}: removing our sockets and exiting", sig);
+      manager.Stop();
+      return 0;
+    }
+    log->info("SIGHUP: reloading the configuration");
+    auto next = ResolveConfig(flags);
+    if (!next.ok()) {
+      log->error("reload refused, keeping the running configuration: {}", std::string(next.status().message()));
+      continue;
+    }
+    if (auto st = manager.Reload(*next); !st.ok()) {
+      log->error("reload failed: {}; restarting with the previous configuration", std::string(st.message()));
+      if (auto back = manager.Start(*config); !back.ok()) {
+        log->critical("cannot restart: {}", std::string(back.message()));
+        return 1;
+      }
+      continue;
+    }
+    config = std::move(next);
+  }
+}
+
+}  // namespace kgpu::cli

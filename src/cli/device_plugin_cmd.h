@@ -1,0 +1,32 @@
+#pragma once
+// `kgpu device-plugin`: NVIDIA k8s-device-plugin's flags and environment variables (same names,
+// same meaning), the config file, and the run loop (SIGHUP reloads, SIGTERM stops cleanly).
+//
+// Thread-safety: AddDevicePluginFlags/ResolveConfig are single-threaded set-up code.
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cli/commands.h"
+#include "deviceplugin/config.h"
+
+namespace kgpu::cli {
+
+struct DevicePluginFlags {
+  std::string config_file;
+  deviceplugin::Config values;  // what flags/env carried (only those whose Option* was given)
+  std::vector<std::pair<CLI::Option*, void (*)(const deviceplugin::Config&, deviceplugin::Config*)>> given;
+};
+
+void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags);
+
+// File (if any) < environment < flags; then DP_*_HEALTHCHECKS; then validation.
+absl::StatusOr<deviceplugin::Config> ResolveConfig(const DevicePluginFlags& flags);
+
+// Runs until SIGTERM/SIGINT. The caller must have blocked SIGHUP, SIGTERM, SIGINT and SIGQUIT.
+int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags);
+
+}  // namespace kgpu::cli

@@ -1,0 +1,245 @@
+#include "deviceplugin/allocator.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "common/strings.h"
+
+namespace kgpu::deviceplugin {
+namespace {
+
+bool Has(const std::vector<std::string>& v, const char* s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+std::string DevRoot(const Config& c) {
+  const std::string root = c.dev_root.empty() ? c.driver_root : c.dev_root;
+  return root == "/" ? "" : root;
+}
+
+// Replicas and MIG devices: spread over GPUs (distributed) or fill the busiest GPU first (packed).
+std::vector<std::string> ChooseShared(const Resource& resource, const Config& config,
+                                      const std::vector<const PluginDevice*>& candidates,
+                                      const std::vector<std::string>& chosen, size_t need) {
+  std::map<unsigned, int> total, available, picked;
+  for (const auto& d : resource.devices) total[d.gpu]++;
+  for (const auto* d : candidates) available[d->gpu]++;
+  for (const auto& id : chosen) picked[resource.Find(id)->gpu]++;
+  const bool packed = config.shared_devices_allocation_policy == "packed";
+  std::vector<std::string> out;
+  std::set<std::string> used(chosen.begin(), chosen.end());
+  while (out.size() < need) {
+    const PluginDevice* best = nullptr;
+    std::tuple<int, int, unsigned, int> best_key{};
+    for (const auto* d : candidates) {
+      if (used.count(d->id) != 0) continue;
+      const int in_use = total[d->gpu] - available[d->gpu] + picked[d->gpu];
+      const auto key = packed ? std::make_tuple(-in_use, 0, d->gpu, d->replica)
+                              : std::make_tuple(in_use, picked[d->gpu], d->gpu, d->replica);
+      if (best == nullptr || key < best_key) {
+        best = d;
+        best_key = key;
+      }
+    }
+    if (best == nullptr) break;
+    used.insert(best->id);
+    picked[best->gpu]++;
+    out.push_back(best->id);
+  }
+  return out;
+}
+
+// Whole GPUs: the set with the highest summed pair score that contains `must`.
+std::vector<std::string> ChooseTopology(const Plan& plan, const std::vector<const PluginDevice*>& candidates,
+                                        const std::vector<const PluginDevice*>& must, size_t need) {
+  const gpu::Inventory& inv = *plan.inventory;
+  auto score_with = [&](const std::vector<const PluginDevice*>& set, const PluginDevice* d) {
+    int s = 0;
+    for (const auto* x : set) s += PairScore(inv, x->gpu, d->gpu);
+    return s;
+  };
+  // Exhaustive search when the number of subsets is small (8 GPUs: at most 70), else greedy.
+  double combos = 1;
+  for (size_t i = 0; i < need; ++i) combos = combos * static_cast<double>(candidates.size() - i) / static_cast<double>(i + 1);
+  std::vector<size_t> best_pick;
+  if (combos <= 20000) {
+    int best_score = -1;
+    std::vector<size_t> pick(need);
+    std::function<void(size_t, size_t, std::vector<const PluginDevice*>&, int)> rec =
+        [&](size_t start, size_t depth, std::vector<const PluginDevice*>& set, int score) {
+          if (depth == need) {
+            if (score > best_score) {
+              best_score = score;
+              best_pick = pick;
+            }
+            return;
+          }
+          for (size_t i = start; i + (need - depth) <= candidates.size(); ++i) {
+            const int add = score_with(set, candidates[i]);
+            pick[depth] = i;
+            set.push_back(candidates[i]);
+            rec(i + 1, depth + 1, set, score + add);
+            set.pop_back();
+          }
+        };
+    std::vector<const PluginDevice*> set = must;
+    int base = 0;
+    for (size_t i = 0; i < must.size(); ++i) {
+      for (size_t j = i + 1; j < must.size(); ++j) base += PairScore(inv, must[i]->gpu, must[j]->gpu);
+    }
+    rec(0, 0, set, base);
+  } else {
+    std::vector<const PluginDevice*> set = must;
+    std::vector<bool> taken(candidates.size(), false);
+    while (best_pick.size() < need) {
+      size_t best = candidates.size();
+      int best_score = -1;
+      for (size_t i = 0; i < candidates.size(); ++i) {
+        if (taken[i]) continue;
+        const int s = score_with(set, candidates[i]);
+        if (s > best_score) {
+          best_score = s;
+          best = i;
+        }
+      }
+      taken[best] = true;
+      set.push_back(candidates[best]);
+      best_pick.push_back(best);
+    }
+  }
+  std::vector<std::string> out;
+  for (size_t i : best_pick) out.push_back(candidates[i]->id);
+  return out;
+}
+
+}  // namespace
+
+int PairScore(const gpu::Inventory& inventory, unsigned a, unsigned b) {
+  if (a == b) return 0;
+  const gpu::Link& l = inventory.link(a, b);
+  if (l.nvlinks > 0) return 100 * static_cast<int>(l.nvlinks);
+  switch (l.pcie) {
+    case gpu::PcieLevel::kPix: return 50;
+    case gpu::PcieLevel::kPxb: return 40;
+    case gpu::PcieLevel::kPhb: return 30;
+    case gpu::PcieLevel::kNode: return 20;
+    case gpu::PcieLevel::kSys: return 10;
+    default: return 0;
+  }
+}
+
+absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& resource,
+                                             const Config& config, const std::vector<std::string>& ids,
+                                             const std::string& annotation_id) {
+  if (ids.empty()) return absl::InvalidArgumentError(Cat("invalid request: no device IDs for ", resource.name));
+  std::vector<const PluginDevice*> devices;
+  for (const auto& id : ids) {
+    const PluginDevice* d = resource.Find(id);
+    if (d == nullptr) {
+      return absl::InvalidArgumentError(
+          Cat("invalid request: unknown device: ", id, " (not a device of resource ", resource.name, ")"));
+    }
+    devices.push_back(d);
+  }
+  if (resource.replicated && resource.fail_requests_greater_than_one && ids.size() > 1) {
+    return absl::InvalidArgumentError(
+        Cat("invalid request: maximum request size for shared resources is 1; found ", ids.size()));
+  }
+  std::vector<std::string> visible;  // replicas stripped, de-duplicated, in request order
+  std::vector<unsigned> gpus;
+  for (const auto* d : devices) {
+    if (std::find(visible.begin(), visible.end(), d->visible_id) == visible.end()) visible.push_back(d->visible_id);
+    if (std::find(gpus.begin(), gpus.end(), d->minor) == gpus.end()) gpus.push_back(d->minor);
+  }
+
+  ContainerAllocation out;
+  const auto& strategies = config.device_list_strategy;
+  const bool cdi_annotations = Has(strategies, "cdi-annotations");
+  const bool cdi_cri = Has(strategies, "cdi-cri");
+  if (cdi_annotations || cdi_cri) {
+    std::vector<std::string> names;
+    for (const auto& v : visible) names.push_back(Cat(kCdiVendor, "/gpu=", v));
+    for (int ch : config.imex_channel_ids) names.push_back(Cat(kCdiVendor, "/imex-channel=", ch));
+    if (config.gds_enabled) names.push_back(Cat(kCdiVendor, "/gds=all"));
+    if (config.mofed_enabled) names.push_back(Cat(kCdiVendor, "/mofed=all"));
+    if (config.gdrcopy_enabled) names.push_back(Cat(kCdiVendor, "/gdrcopy=all"));
+    if (cdi_annotations) {
+      out.annotations[Cat(config.cdi_annotation_prefix, "nvidia-device-plugin_", annotation_id)] = Join(names, ",");
+    }
+    if (cdi_cri) out.cdi_devices = names;
+  }
+  if (config.sharing.strategy == SharingStrategy::kMps && resource.replicated) {
+    const std::string pipe = Cat("/mps/", resource.name, "/pipe");
+    out.envs["CUDA_MPS_PIPE_DIRECTORY"] = pipe;
+    out.mounts.push_back({pipe, Cat(config.mps_root, "/", resource.name, "/pipe"), false});
+    out.mounts.push_back({"/dev/shm", Cat(config.mps_root, "/shm"), false});
+  }
+  if (config.gdrcopy_enabled) out.envs["NVIDIA_GDRCOPY"] = "enabled";
+  if (config.gds_enabled) out.envs["NVIDIA_GDS"] = "enabled";
+  if (config.mofed_enabled) out.envs["NVIDIA_MOFED"] = "enabled";
+  const bool envvar = Has(strategies, "envvar");
+  const bool volume_mounts = Has(strategies, "volume-mounts");
+  if (!envvar && !volume_mounts) return out;  // CDI only: the runtime does the rest
+  if (envvar) {
+    out.envs["NVIDIA_VISIBLE_DEVICES"] = Join(visible, ",");
+    if (!config.imex_channel_ids.empty()) out.envs["NVIDIA_IMEX_CHANNELS"] = Join(config.imex_channel_ids, ",");
+  }
+  if (volume_mounts) {
+    out.envs["NVIDIA_VISIBLE_DEVICES"] = "/var/run/nvidia-container-devices";
+    for (const auto& v : visible) {
+      out.mounts.push_back({Cat("/var/run/nvidia-container-devices/", v), "/dev/null", false});
+    }
+  }
+  if (config.pass_device_specs) {
+    const std::string root = DevRoot(config);
+    for (const auto& node : plan.control_nodes) out.devices.push_back({node, root + node, "rw"});
+    for (unsigned minor : gpus) {
+      const std::string node = Cat("/dev/nvidia", minor);
+      out.devices.push_back({node, root + node, "rw"});
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> PreferredAllocation(
+    const Plan& plan, const Resource& resource, const Config& config,
+    const std::vector<std::string>& available, const std::vector<std::string>& must_include,
+    int size) {
+  if (size <= 0) return absl::InvalidArgumentError(Cat("allocation_size must be > 0 (got ", size, ")"));
+  std::vector<const PluginDevice*> candidates, must;
+  std::vector<std::string> chosen;
+  std::set<std::string> seen;
+  for (const auto& id : must_include) {
+    const PluginDevice* d = resource.Find(id);
+    if (d == nullptr) return absl::InvalidArgumentError(Cat("unknown must-include device: ", id));
+    if (seen.insert(id).second) {
+      must.push_back(d);
+      chosen.push_back(id);
+    }
+  }
+  for (const auto& id : available) {
+    const PluginDevice* d = resource.Find(id);
+    if (d == nullptr) return absl::InvalidArgumentError(Cat("unknown available device: ", id));
+    if (seen.insert(id).second) candidates.push_back(d);
+  }
+  if (chosen.size() + candidates.size() < static_cast<size_t>(size)) {
+    return absl::InvalidArgumentError(Cat("allocation_size ", size, " is more than the ",
+                                          chosen.size() + candidates.size(), " devices offered"));
+  }
+  if (chosen.size() > static_cast<size_t>(size)) {
+    return absl::InvalidArgumentError(
+        Cat("must_include_deviceIDs has ", chosen.size(), " devices, more than allocation_size ", size));
+  }
+  const size_t need = static_cast<size_t>(size) - chosen.size();
+  if (need == 0) return chosen;
+  const std::vector<std::string> more =
+      resource.replicated || resource.mig ? ChooseShared(resource, config, candidates, chosen, need)
+                                          : ChooseTopology(plan, candidates, must, need);
+  chosen.insert(chosen.end(), more.begin(), more.end());
+  return chosen;
+}
+
+}  // namespace kgpu::deviceplugin

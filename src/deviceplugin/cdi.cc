@@ -1,0 +1,69 @@
+#include "deviceplugin/cdi.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/strings.h"
+#include "deviceplugin/allocator.h"
+
+namespace kgpu::deviceplugin {
+
+std::string CdiSpecJson(const Plan& plan, const Config& config) {
+  const std::string root = config.dev_root.empty() ? config.driver_root : config.dev_root;
+  const std::string prefix = root == "/" ? "" : root;
+  auto node = [&](const std::string& path) {
+    return nlohmann::json{{"path", path}, {"hostPath", prefix + path}};
+  };
+  nlohmann::json devices = nlohmann::json::array();
+  std::set<std::string> done;
+  for (const auto& r : plan.resources) {
+    for (const auto& d : r.devices) {
+      if (!done.insert(d.health_key).second) continue;  // replicas share their GPU's entry
+      const auto& g = plan.inventory->gpus()[d.gpu];
+      const std::string index = d.mig < 0 ? std::to_string(d.gpu) : Cat(d.gpu, ":", d.mig);
+      nlohmann::json edits = {{"deviceNodes", nlohmann::json::array({node(Cat("/dev/nvidia", g.minor))})}};
+      devices.push_back({{"name", d.health_key}, {"containerEdits", edits}});
+      devices.push_back({{"name", index}, {"containerEdits", edits}});
+    }
+  }
+  nlohmann::json common_nodes = nlohmann::json::array();
+  for (const auto& n : plan.control_nodes) common_nodes.push_back(node(n));
+  const nlohmann::json spec = {
+      {"cdiVersion", "0.5.0"},
+      {"kind", Cat(kCdiVendor, "/gpu")},
+      {"devices", devices},
+      {"containerEdits", {{"deviceNodes", common_nodes}, {"env", {"NVIDIA_VISIBLE_DEVICES=void"}}}}};
+  return spec.dump(2) + "\n";
+}
+
+absl::StatusOr<std::string> WriteCdiSpec(const Plan& plan, const Config& config) {
+  const auto& s = config.device_list_strategy;
+  if (std::none_of(s.begin(), s.end(), [](const std::string& x) { return x.rfind("cdi-", 0) == 0; })) {
+    return std::string();
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(config.cdi_spec_dir, ec);
+  const std::string path = Cat(config.cdi_spec_dir, "/", kCdiVendor, "-gpu.json");
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << CdiSpecJson(plan, config);
+    if (!out) {
+      return absl::UnavailableError(Cat("cannot write the CDI spec ", tmp, ": ", std::strerror(errno),
+                                        " (mount the CDI spec directory, or change --cdi-spec-dir)"));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(Cat("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)));
+  }
+  return path;
+}
+
+}  // namespace kgpu::deviceplugin

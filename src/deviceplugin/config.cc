@@ -1,0 +1,366 @@
+#include "deviceplugin/config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "common/strings.h"
+#include "common/yaml_util.h"
+
+namespace kgpu::deviceplugin {
+namespace {
+
+using yaml::At;
+using yaml::CheckKeys;
+using yaml::Scalar;
+
+// Reads node[key] into *out when present.
+template <typename T>
+absl::Status Opt(std::string_view origin, const YAML::Node& node, const char* key,
+                 std::string_view path, T* out) {
+  const YAML::Node v = node[key];
+  if (!v) return absl::OkStatus();
+  auto parsed = Scalar<T>(origin, v, Cat(path, ".", key));
+  if (!parsed.ok()) return parsed.status();
+  *out = *parsed;
+  return absl::OkStatus();
+}
+
+#define KGPU_RETURN_IF_ERROR(expr) \
+  do {                             \
+    absl::Status _st = (expr);     \
+    if (!_st.ok()) return _st;     \
+  } while (0)
+
+absl::StatusOr<std::chrono::milliseconds> ParseDuration(std::string_view origin, const YAML::Node& n,
+                                                         std::string_view what) {
+  auto text = Scalar<std::string>(origin, n, what);
+  if (!text.ok()) return text.status();
+  size_t used = 0;
+  long long v = -1;
+  try {
+    v = std::stoll(*text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = used > 0 ? text->substr(used) : "";
+  const long long ms = unit == "ms" ? 1 : unit == "s" ? 1000 : unit == "m" ? 60000 : unit == "h" ? 3600000 : -1;
+  if (used == 0 || v < 0 || ms < 0) {
+    return At(origin, n.Mark(), Cat(what, " must be a duration such as 30s, 5m or 1h (got '", *text, "')"));
+  }
+  return std::chrono::milliseconds(v * ms);
+}
+
+absl::StatusOr<std::set<uint64_t>> XidList(std::string_view origin, const YAML::Node& n,
+                                           std::string_view what) {
+  if (!n.IsSequence()) return At(origin, n.Mark(), Cat(what, " must be a list of XID numbers"));
+  std::set<uint64_t> out;
+  for (const auto& x : n) {
+    auto v = Scalar<uint64_t>(origin, x, what);
+    if (!v.ok()) return v.status();
+    out.insert(*v);
+  }
+  return out;
+}
+
+absl::Status ParseSharing(std::string_view origin, const YAML::Node& node, std::string_view path,
+                          bool mps, Sharing* out, bool* present) {
+  KGPU_RETURN_IF_ERROR(CheckKeys(origin, node, path,
+                                 {"renameByDefault", "failRequestsGreaterThanOne", "resources"}));
+  Sharing s;
+  s.strategy = mps ? SharingStrategy::kMps : SharingStrategy::kTimeSlicing;
+  s.fail_requests_greater_than_one = mps;  // NVIDIA: true for MPS when omitted
+  KGPU_RETURN_IF_ERROR(Opt(origin, node, "renameByDefault", path, &s.rename_by_default));
+  KGPU_RETURN_IF_ERROR(
+      Opt(origin, node, "failRequestsGreaterThanOne", path, &s.fail_requests_greater_than_one));
+  const YAML::Node resources = node["resources"];
+  if (!resources || !resources.IsSequence() || resources.size() == 0) {
+    return At(origin, resources ? resources.Mark() : node.Mark(),
+              Cat(path, ".resources must be a non-empty list of {name, replicas}"));
+  }
+  for (size_t i = 0; i < resources.size(); ++i) {
+    const YAML::Node r = resources[i];
+    const std::string rpath = Cat(path, ".resources[", i, "]");
+    KGPU_RETURN_IF_ERROR(CheckKeys(origin, r, rpath, {"name", "replicas", "rename", "devices"}));
+    ReplicatedResource rr;
+    if (!r["name"]) return At(origin, r.Mark(), Cat(rpath, ".name is required"));
+    KGPU_RETURN_IF_ERROR(Opt(origin, r, "name", rpath, &rr.name));
+    if (rr.name.find('/') == std::string::npos) rr.name = "nvidia.com/" + rr.name;
+    if (rr.name.size() > 63) {
+      return At(origin, r["name"].Mark(), Cat(rpath, ".name must be at most 63 characters"));
+    }
+    if (!r["replicas"]) return At(origin, r.Mark(), Cat(rpath, ".replicas is required"));
+    KGPU_RETURN_IF_ERROR(Opt(origin, r, "replicas", rpath, &rr.replicas));
+    if (rr.replicas < 2) {
+      return At(origin, r["replicas"].Mark(),
+                Cat(rpath, ".replicas must be >= 2 (got ", rr.replicas, ")"));
+    }
+    KGPU_RETURN_IF_ERROR(Opt(origin, r, "rename", rpath, &rr.rename));
+    if (!rr.rename.empty() && rr.rename.find('/') == std::string::npos) {
+      rr.rename = "nvidia.com/" + rr.rename;
+    }
+    if (const YAML::Node d = r["devices"]; d) {
+      if (d.IsScalar() && d.Scalar() == "all") {
+        // all GPUs: the default
+      } else if (d.IsScalar()) {
+        auto n = Scalar<int>(origin, d, Cat(rpath, ".devices"));
+        if (!n.ok() || *n < 1) {
+          return At(origin, d.Mark(), Cat(rpath, ".devices must be \"all\", a count, or a list of GPU "
+                                                 "indices, MIG indices (\"0:1\") or UUIDs"));
+        }
+        for (int k = 0; k < *n; ++k) rr.devices.push_back(std::to_string(k));
+      } else if (d.IsSequence()) {
+        for (const auto& x : d) {
+          auto v = Scalar<std::string>(origin, x, Cat(rpath, ".devices[]"));
+          if (!v.ok()) return v.status();
+          rr.devices.push_back(*v);
+        }
+      } else {
+        return At(origin, d.Mark(), Cat(rpath, ".devices must be \"all\", a count or a list"));
+      }
+    }
+    s.resources.push_back(std::move(rr));
+  }
+  *out = std::move(s);
+  *present = true;
+  return absl::OkStatus();
+}
+
+absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* c) {
+  if (root.IsNull()) return absl::OkStatus();  // an empty file: all defaults
+  KGPU_RETURN_IF_ERROR(CheckKeys(origin, root, "the config",
+                                 {"version", "flags", "resources", "sharing", "imex", "health"}));
+  std::string version = "v1";
+  KGPU_RETURN_IF_ERROR(Opt(origin, root, "version", "", &version));
+  if (version.empty()) version = "v1";
+  if (version != "v1") {
+    return At(origin, root["version"].Mark(), Cat("unknown version '", version, "' (expected v1)"));
+  }
+  if (const YAML::Node f = root["flags"]; f) {
+    KGPU_RETURN_IF_ERROR(CheckKeys(
+        origin, f, "flags",
+        {"migStrategy", "failOnInitError", "mpsRoot", "nvidiaDriverRoot", "nvidiaDevRoot",
+         "gdrcopyEnabled", "gdsEnabled", "mofedEnabled", "useNodeFeatureAPI",
+         "deviceDiscoveryStrategy", "plugin", "gfd"}));
+    KGPU_RETURN_IF_ERROR(Opt(origin, f, "migStrategy", "flags", &c->mig_strategy));
+    KGPU_RETURN_IF_ERROR(Opt(origin, f, "failOnInitError", "flags", &c->fail_on_init_error));
+    KGPU_RETURN_IF_ERROR(Opt(origin, f, "mpsRoot", "flags", &c->mps_root));
+    KGPU_RETURN_IF_ERROR(Opt(origin, f, "nvidiaDriverRoot", "flags", &c->driver_root));
+    KGPU_RETURN_IF_ERROR(Opt(origin, f, "nvidiaDevRoot", "flags", &c->dev_root));
+    KGPU_RETURN_IF_ERROR(Opt(origin, f, "gdrcopyEnabled", "flags", &c->gdrcopy_enabled));
+    KGPU_RETURN_IF_ERROR(Opt(origin, f, "gdsEnabled", "flags", &c->gds_enabled));
+    KGPU_RETURN_IF_ERROR(Opt(origin, f, "mofedEnabled", "flags", &c->mofed_enabled));
+    std::string discovery = "auto";
+    KGPU_RETURN_IF_ERROR(Opt(origin, f, "deviceDiscoveryStrategy", "flags", &discovery));
+    if (discovery != "auto" && discovery != "nvml") {
+      return At(origin, f["deviceDiscoveryStrategy"].Mark(),
+                Cat("flags.deviceDiscoveryStrategy '", discovery,
+                    "' is not supported by kgpu (use auto or nvml)"));
+    }
+    if (const YAML::Node g = f["gfd"]; g) {
+      KGPU_RETURN_IF_ERROR(CheckKeys(origin, g, "flags.gfd",
+                                     {"oneshot", "noTimestamp", "sleepInterval", "outputFile",
+                                      "machineTypeFile"}));
+    }
+    if (const YAML::Node p = f["plugin"]; p) {
+      KGPU_RETURN_IF_ERROR(CheckKeys(
+          origin, p, "flags.plugin",
+          {"passDeviceSpecs", "deviceListStrategy", "deviceIDStrategy", "cdiAnnotationPrefix",
+           "nvidiaCTKPath", "nvidiaCDIHookPath", "containerDriverRoot",
+           "sharedDevicesAllocationPolicy"}));
+      const std::string pp = "flags.plugin";
+      KGPU_RETURN_IF_ERROR(Opt(origin, p, "passDeviceSpecs", pp, &c->pass_device_specs));
+      if (const YAML::Node s = p["deviceListStrategy"]; s) {
+        c->device_list_strategy.clear();
+        if (s.IsSequence()) {
+          for (const auto& x : s) {
+            auto v = Scalar<std::string>(origin, x, "flags.plugin.deviceListStrategy[]");
+            if (!v.ok()) return v.status();
+            c->device_list_strategy.push_back(*v);
+          }
+        } else {
+          auto v = Scalar<std::string>(origin, s, "flags.plugin.deviceListStrategy");
+          if (!v.ok()) return v.status();
+          std::stringstream parts(*v);
+          for (std::string item; std::getline(parts, item, ',');) c->device_list_strategy.push_back(item);
+        }
+      }
+      KGPU_RETURN_IF_ERROR(Opt(origin, p, "deviceIDStrategy", pp, &c->device_id_strategy));
+      KGPU_RETURN_IF_ERROR(Opt(origin, p, "cdiAnnotationPrefix", pp, &c->cdi_annotation_prefix));
+      KGPU_RETURN_IF_ERROR(Opt(origin, p, "nvidiaCTKPath", pp, &c->nvidia_ctk_path));
+      KGPU_RETURN_IF_ERROR(Opt(origin, p, "nvidiaCDIHookPath", pp, &c->nvidia_ctk_path));
+      KGPU_RETURN_IF_ERROR(Opt(origin, p, "containerDriverRoot", pp, &c->container_driver_root));
+      KGPU_RETURN_IF_ERROR(Opt(origin, p, "sharedDevicesAllocationPolicy", pp,
+                               &c->shared_devices_allocation_policy));
+    }
+  }
+  if (const YAML::Node r = root["resources"]; r) {
+    KGPU_RETURN_IF_ERROR(CheckKeys(origin, r, "resources", {"gpus", "mig"}));
+    c->warnings.push_back(Cat(origin, ": customizing the 'resources' field is not yet supported; ignoring it"));
+  }
+  if (const YAML::Node s = root["sharing"]; s) {
+    KGPU_RETURN_IF_ERROR(CheckKeys(origin, s, "sharing", {"timeSlicing", "mps"}));
+    Sharing ts, mps;
+    bool has_ts = false, has_mps = false;
+    if (s["timeSlicing"]) {
+      KGPU_RETURN_IF_ERROR(ParseSharing(origin, s["timeSlicing"], "sharing.timeSlicing", false, &ts, &has_ts));
+    }
+    if (s["mps"]) {
+      KGPU_RETURN_IF_ERROR(ParseSharing(origin, s["mps"], "sharing.mps", true, &mps, &has_mps));
+    }
+    if (has_ts && has_mps) {
+      return At(origin, s.Mark(), "sharing.timeSlicing and sharing.mps cannot both be set; pick one");
+    }
+    if (has_mps) {
+      c->sharing = std::move(mps);
+    } else if (has_ts) {
+      c->sharing = std::move(ts);
+    }
+  }
+  if (const YAML::Node i = root["imex"]; i) {
+    KGPU_RETURN_IF_ERROR(CheckKeys(origin, i, "imex", {"channelIDs", "required"}));
+    KGPU_RETURN_IF_ERROR(Opt(origin, i, "required", "imex", &c->imex_required));
+    if (const YAML::Node ids = i["channelIDs"]; ids) {
+      if (!ids.IsSequence()) return At(origin, ids.Mark(), "imex.channelIDs must be [] or [0]");
+      for (const auto& x : ids) {
+        auto v = Scalar<int>(origin, x, "imex.channelIDs[]");
+        if (!v.ok()) return v.status();
+        c->imex_channel_ids.push_back(*v);
+      }
+      if (c->imex_channel_ids.size() > 1 || (c->imex_channel_ids.size() == 1 && c->imex_channel_ids[0] != 0)) {
+        return At(origin, ids.Mark(), "imex.channelIDs must be [] or [0]");
+      }
+    }
+  }
+  if (const YAML::Node h = root["health"]; h) {
+    KGPU_RETURN_IF_ERROR(CheckKeys(origin, h, "health",
+                                   {"disabled", "ignoredXids", "fatalXids", "recoverAfter"}));
+    KGPU_RETURN_IF_ERROR(Opt(origin, h, "disabled", "health", &c->health.disabled));
+    if (h["ignoredXids"]) {
+      auto v = XidList(origin, h["ignoredXids"], "health.ignoredXids");
+      if (!v.ok()) return v.status();
+      c->health.ignored_xids = *v;
+    }
+    if (h["fatalXids"]) {
+      auto v = XidList(origin, h["fatalXids"], "health.fatalXids");
+      if (!v.ok()) return v.status();
+      c->health.fatal_xids = *v;
+    }
+    if (const YAML::Node r = h["recoverAfter"]; r) {
+      if (r.IsScalar() && r.Scalar() == "never") {
+        c->health.recover_after.reset();
+      } else {
+        auto d = ParseDuration(origin, r, "health.recoverAfter");
+        if (!d.ok()) return d.status();
+        c->health.recover_after = *d;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool OneOf(const std::string& v, std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed) {
+    if (v == a) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<Config> ParseConfig(std::string_view text, std::string_view origin) {
+  auto root = yaml::Load(text, origin);
+  if (!root.ok()) return root.status();
+  Config c;
+  try {
+    KGPU_RETURN_IF_ERROR(ParseRoot(origin, *root, &c));
+  } catch (const YAML::Exception& e) {
+    return At(origin, e.mark, e.msg);
+  }
+  return c;
+}
+
+absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        Cat(path, ": cannot read the config file (check --config-file / CONFIG_FILE)"));
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return ParseConfig(buf.str(), path);
+}
+
+absl::Status Validate(const Config& c) {
+  auto bad = [](std::string what) { return absl::InvalidArgumentError(std::move(what)); };
+  if (!OneOf(c.mig_strategy, {"none", "single", "mixed"})) {
+    return bad(Cat("migStrategy '", c.mig_strategy, "' is invalid: use none, single or mixed"));
+  }
+  if (c.device_list_strategy.empty()) return bad("deviceListStrategy must name at least one strategy");
+  for (const auto& s : c.device_list_strategy) {
+    if (!OneOf(s, {"envvar", "volume-mounts", "cdi-annotations", "cdi-cri"})) {
+      return bad(Cat("deviceListStrategy '", s,
+                     "' is invalid: use envvar, volume-mounts, cdi-annotations or cdi-cri"));
+    }
+  }
+  if (!OneOf(c.device_id_strategy, {"uuid", "index"})) {
+    return bad(Cat("deviceIDStrategy '", c.device_id_strategy, "' is invalid: use uuid or index"));
+  }
+  if (!OneOf(c.shared_devices_allocation_policy, {"distributed", "packed"})) {
+    return bad(Cat("sharedDevicesAllocationPolicy '", c.shared_devices_allocation_policy,
+                   "' is invalid: use distributed or packed"));
+  }
+  if (c.sharing.strategy == SharingStrategy::kMps) {
+    if (c.mig_strategy == "mixed") return bad("using --mig-strategy=mixed is not supported with MPS");
+    if (c.mps_root.empty()) return bad("MPS sharing needs --mps-root (MPS_ROOT, flags.mpsRoot)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyHealthcheckEnv(const std::string& disable, const std::string& enable,
+                                 HealthConfig* health) {
+  auto parse = [](const std::string& list, std::set<uint64_t>* out, bool* all) -> absl::Status {
+    std::stringstream parts(list);
+    for (std::string item; std::getline(parts, item, ',');) {
+      item.erase(0, item.find_first_not_of(" \t"));
+      item.erase(item.find_last_not_of(" \t") + 1);
+      if (item.empty()) continue;
+      if (item == "all" || item == "xids") {
+        *all = true;
+        continue;
+      }
+      try {
+        size_t used = 0;
+        const auto v = std::stoull(item, &used);
+        if (used != item.size()) throw std::invalid_argument(item);
+        out->insert(v);
+      } catch (const std::exception&) {
+        return absl::InvalidArgumentError(
+            Cat("'", item, "' is not an XID number (expected a comma list, 'all' or 'xids')"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  bool disable_all = false, enable_all = false;
+  std::set<uint64_t> extra_ignored, fatal;
+  if (auto st = parse(disable, &extra_ignored, &disable_all); !st.ok()) {
+    return absl::InvalidArgumentError(Cat("DP_DISABLE_HEALTHCHECKS: ", st.message()));
+  }
+  if (auto st = parse(enable, &fatal, &enable_all); !st.ok()) {
+    return absl::InvalidArgumentError(Cat("DP_ENABLE_HEALTHCHECKS: ", st.message()));
+  }
+  if (disable_all) health->disabled = true;
+  health->ignored_xids.insert(extra_ignored.begin(), extra_ignored.end());
+  health->fatal_xids.insert(fatal.begin(), fatal.end());
+  if (enable_all) {
+    health->all_xids_fatal = true;
+    health->disabled = false;
+  }
+  return absl::OkStatus();
+}
+
+std::string SocketName(const std::string& resource) {
+  const auto slash = resource.find('/');
+  return Cat("nvidia-", slash == std::string::npos ? resource : resource.substr(slash + 1), ".sock");
+}
+
+}  // namespace kgpu::deviceplugin

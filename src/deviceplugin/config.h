@@ -1,0 +1,93 @@
+#pragma once
+// The device plugin's configuration: NVIDIA k8s-device-plugin's `version: v1` file schema, read
+// unchanged (an existing NVIDIA config file works as is), plus kgpu's additions, which NVIDIA
+// parses but ignores or does not have:
+//   - sharing.timeSlicing.resources[].devices / rename are honoured (per-GPU sharing);
+//   - a `health:` section (XID policy, recovery) next to NVIDIA's DP_*_HEALTHCHECKS variables.
+// Flags and environment variables keep NVIDIA's names; precedence is flag > env > file.
+//
+// Thread-safety: plain values; the parser is pure.
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kgpu::deviceplugin {
+
+struct ReplicatedResource {
+  std::string name;            // "nvidia.com/gpu"
+  int replicas = 0;
+  std::string rename;          // kgpu: honoured; empty = name (or name.shared with renameByDefault)
+  // Which GPUs: empty = all; else GPU indices ("0"), MIG indices ("0:1") or UUIDs.
+  std::vector<std::string> devices;
+};
+
+enum class SharingStrategy { kNone, kTimeSlicing, kMps };
+
+struct Sharing {
+  SharingStrategy strategy = SharingStrategy::kNone;
+  bool rename_by_default = false;
+  bool fail_requests_greater_than_one = false;
+  std::vector<ReplicatedResource> resources;
+};
+
+struct HealthConfig {
+  bool disabled = false;                 // DP_DISABLE_HEALTHCHECKS=all|xids
+  std::set<uint64_t> ignored_xids = {13, 31, 43, 45, 68, 109};
+  std::set<uint64_t> fatal_xids;         // DP_ENABLE_HEALTHCHECKS: override the ignore list
+  bool all_xids_fatal = false;           // DP_ENABLE_HEALTHCHECKS=all
+  // kgpu: return to Healthy this long after the last fault once a probe succeeds (nullopt: never).
+  std::optional<std::chrono::milliseconds> recover_after = std::chrono::minutes(5);
+};
+
+struct Config {
+  // flags.* (NVIDIA)
+  std::string mig_strategy = "none";
+  bool fail_on_init_error = true;
+  std::string driver_root = "/";
+  std::string dev_root;  // empty: = driver_root
+  std::string mps_root;
+  bool gds_enabled = false, mofed_enabled = false, gdrcopy_enabled = false;
+  // flags.plugin.* (NVIDIA)
+  bool pass_device_specs = false;
+  std::vector<std::string> device_list_strategy = {"envvar"};
+  std::string device_id_strategy = "uuid";
+  std::string cdi_annotation_prefix = "cdi.k8s.io/";
+  std::string nvidia_ctk_path = "/usr/bin/nvidia-ctk";
+  std::string container_driver_root = "/driver-root";
+  std::string shared_devices_allocation_policy = "distributed";
+  // imex
+  std::vector<int> imex_channel_ids;
+  bool imex_required = false;
+
+  Sharing sharing;
+  HealthConfig health;
+
+  // Not in NVIDIA's file: flags/env only.
+  std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
+  std::string kubelet_socket;          // default <kubelet_dir>/kubelet.sock; empty after "-": no registration
+  std::string cdi_spec_dir = "/var/run/cdi";
+  std::vector<std::string> warnings;   // ignored fields, as NVIDIA warns about them
+};
+
+// Parses a config file's text (YAML or JSON). Errors read "<origin>:<line>:<col>: ...".
+absl::StatusOr<Config> ParseConfig(std::string_view text, std::string_view origin);
+absl::StatusOr<Config> LoadConfigFile(const std::string& path);
+
+// Validates the combination (flags and file merged); the message names the field and the fix.
+absl::Status Validate(const Config& config);
+
+// Applies DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS values (NVIDIA's semantics).
+absl::Status ApplyHealthcheckEnv(const std::string& disable, const std::string& enable,
+                                 HealthConfig* health);
+
+// "nvidia.com/gpu" -> "nvidia-gpu.sock" (NVIDIA's socket naming).
+std::string SocketName(const std::string& resource);
+
+}  // namespace kgpu::deviceplugin

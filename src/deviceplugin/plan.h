@@ -1,0 +1,50 @@
+#pragma once
+// deviceplugin::Plan turns an inventory and a config into the resources the plugin advertises:
+// names (nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb ...), device IDs (UUIDs,
+// replicas "UUID::n"), per-device NUMA and the GPU each ID stands for. It is computed once per
+// (re)start; Allocate and GetPreferredAllocation only read it, never NVML.
+//
+// Thread-safety: a Plan is immutable once built.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "deviceplugin/config.h"
+#include "gpu/inventory.h"
+
+namespace kgpu::deviceplugin {
+
+struct PluginDevice {
+  std::string id;          // advertised: GPU/MIG UUID, or "<UUID>::<n>" for a replica
+  std::string visible_id;  // in NVIDIA_VISIBLE_DEVICES: the UUID, or "<i>" / "<i>:<j>" (index)
+  std::string health_key;  // the GPU or MIG UUID whose health this device has
+  unsigned gpu = 0;        // parent GPU index
+  int mig = -1;            // MIG device index on the parent, -1 for a whole GPU
+  int replica = -1;        // replica number, -1 when not replicated
+  unsigned minor = 0;      // /dev/nvidia<minor> of the parent GPU
+  int numa = -1;           // NUMA node, -1 unknown
+};
+
+struct Resource {
+  std::string name;    // "nvidia.com/gpu"
+  std::string socket;  // "nvidia-gpu.sock"
+  bool replicated = false;
+  bool fail_requests_greater_than_one = false;
+  bool mig = false;
+  std::vector<PluginDevice> devices;
+  const PluginDevice* Find(const std::string& id) const;
+};
+
+struct Plan {
+  std::vector<Resource> resources;
+  std::shared_ptr<const gpu::Inventory> inventory;
+  std::vector<std::string> control_nodes;  // /dev/nvidiactl etc. that exist under the dev root
+};
+
+// Errors name the config field and the fix (e.g. MIG single strategy on a mixed node).
+absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu::Inventory> inventory,
+                                                      const Config& config);
+
+}  // namespace kgpu::deviceplugin

@@ -1,0 +1,444 @@
+// The only deviceplugin code that sees generated protobuf/gRPC types: it converts them to the
+// domain structs of allocator.h and back.
+
+#include "deviceplugin/server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <poll.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "common/log.h"
+#include "common/strings.h"
+#include "deviceplugin/allocator.h"
+#include "deviceplugin/cdi.h"
+#include "deviceplugin_v1beta1.grpc.pb.h"
+
+namespace kgpu::deviceplugin {
+namespace {
+
+constexpr char kHealthy[] = "Healthy";
+constexpr char kUnhealthy[] = "Unhealthy";
+constexpr char kKubeletSocketName[] = "kubelet.sock";
+
+grpc::Status ToGrpc(const absl::Status& st) {
+  return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
+}
+
+std::string RandomId() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool SleepFor(std::stop_token stop, std::chrono::milliseconds d) {
+  std::mutex mu;
+  std::condition_variable_any cv;
+  std::unique_lock<std::mutex> lock(mu);
+  return !cv.wait_for(lock, stop, d, [] { return false; }) && !stop.stop_requested();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- ResourceServer
+
+class ResourceServer::Service final : public v1beta1::DevicePlugin::Service {
+ public:
+  explicit Service(ResourceServer& owner) : owner_(owner) {}
+
+  grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
+                                      v1beta1::DevicePluginOptions* out) override {
+    out->set_pre_start_required(false);
+    out->set_get_preferred_allocation_available(true);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListAndWatch(grpc::ServerContext* ctx, const v1beta1::Empty*,
+                            grpc::ServerWriter<v1beta1::ListAndWatchResponse>* writer) override {
+    uint64_t sent = 0;
+    for (;;) {
+      v1beta1::ListAndWatchResponse msg;
+      {
+        std::unique_lock<std::mutex> lock(owner_.mu_);
+        while (!owner_.stopping_ && owner_.version_ == sent && !ctx->IsCancelled()) {
+          owner_.cv_.wait_for(lock, std::chrono::milliseconds(200));
+        }
+        if (owner_.stopping_ || ctx->IsCancelled()) return grpc::Status::OK;
+        sent = owner_.version_;
+        for (const auto& d : owner_.devices_) {
+          auto* dev = msg.add_devices();
+          dev->set_id(d.id);
+          dev->set_health(d.healthy ? kHealthy : kUnhealthy);
+          if (d.numa >= 0) dev->mutable_topology()->add_nodes()->set_id(d.numa);
+        }
+      }
+      if (!writer->Write(msg)) return grpc::Status::OK;  // kubelet went away
+    }
+  }
+
+  grpc::Status GetPreferredAllocation(grpc::ServerContext*, const v1beta1::PreferredAllocationRequest* req,
+                                      v1beta1::PreferredAllocationResponse* out) override {
+    for (const auto& c : req->container_requests()) {
+      const std::vector<std::string> available(c.available_deviceids().begin(), c.available_deviceids().end());
+      const std::vector<std::string> must(c.must_include_deviceids().begin(), c.must_include_deviceids().end());
+      auto ids = PreferredAllocation(*owner_.plan_, owner_.resource(), *owner_.config_, available, must,
+                                     c.allocation_size());
+      if (!ids.ok()) return ToGrpc(ids.status());
+      auto* resp = out->add_container_responses();
+      for (const auto& id : *ids) resp->add_deviceids(id);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Allocate(grpc::ServerContext*, const v1beta1::AllocateRequest* req,
+                        v1beta1::AllocateResponse* out) override {
+    for (const auto& c : req->container_requests()) {
+      const std::vector<std::string> ids(c.devices_ids().begin(), c.devices_ids().end());
+      auto a = deviceplugin::Allocate(*owner_.plan_, owner_.resource(), *owner_.config_, ids, RandomId());
+      if (!a.ok()) {
+        Log("deviceplugin")->warn("{}: Allocate {} refused: {}", owner_.resource().name, Join(ids, ","),
+                                  std::string(a.status().message()));
+        return ToGrpc(a.status());
+      }
+      auto* resp = out->add_container_responses();
+      for (const auto& [k, v] : a->envs) (*resp->mutable_envs())[k] = v;
+      for (const auto& [k, v] : a->annotations) (*resp->mutable_annotations())[k] = v;
+      for (const auto& m : a->mounts) {
+        auto* mount = resp->add_mounts();
+        mount->set_container_path(m.container_path);
+        mount->set_host_path(m.host_path);
+        mount->set_read_only(m.read_only);
+      }
+      for (const auto& d : a->devices) {
+        auto* spec = resp->add_devices();
+        spec->set_container_path(d.container_path);
+        spec->set_host_path(d.host_path);
+        spec->set_permissions(d.permissions);
+      }
+      for (const auto& name : a->cdi_devices) resp->add_cdi_devices()->set_name(name);
+    }
+    owner_.allocations_++;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status PreStartContainer(grpc::ServerContext*, const v1beta1::PreStartContainerRequest*,
+                                 v1beta1::PreStartContainerResponse*) override {
+    return grpc::Status::OK;
+  }
+
+  std::unique_ptr<grpc::Server> server;
+
+ private:
+  ResourceServer& owner_;
+};
+
+ResourceServer::ResourceServer(std::shared_ptr<const Plan> plan, size_t resource_index,
+                               std::shared_ptr<const Config> config, std::string socket_path)
+    : plan_(std::move(plan)), index_(resource_index), config_(std::move(config)), socket_path_(std::move(socket_path)) {
+  for (const auto& d : resource().devices) devices_.push_back({d.id, true, d.numa});
+}
+
+ResourceServer::~ResourceServer() { Stop(); }
+
+absl::Status ResourceServer::Start() {
+  ::unlink(socket_path_.c_str());  // a stale socket from an earlier run
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = false;
+  }
+  service_ = std::make_unique<Service>(*this);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + socket_path_, grpc::InsecureServerCredentials());
+  builder.RegisterService(service_.get());
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
+  service_->server = builder.BuildAndStart();
+  if (!service_->server) {
+    service_.reset();
+    return absl::UnavailableError(Cat("cannot serve ", resource().name, " on ", socket_path_,
+                                      ": is the kubelet directory writable (mount it into the pod)?"));
+  }
+  return absl::OkStatus();
+}
+
+void ResourceServer::Stop() {
+  if (!service_) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  service_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  service_->server->Wait();
+  service_.reset();
+  ::unlink(socket_path_.c_str());
+}
+
+void ResourceServer::SetHealth(const std::map<std::string, gpu::DeviceHealth>& health) {
+  std::vector<DeviceState> next;
+  for (const auto& d : resource().devices) {
+    const auto it = health.find(d.health_key);
+    next.push_back({d.id, it == health.end() || it->second.healthy, d.numa});
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (next == devices_) return;
+    devices_ = std::move(next);
+    ++version_;
+  }
+  cv_.notify_all();
+}
+
+std::vector<DeviceState> ResourceServer::Devices() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return devices_;
+}
+
+absl::Status RegisterWithKubelet(const std::string& kubelet_socket, const std::string& endpoint,
+                                 const std::string& resource, std::chrono::milliseconds timeout) {
+  auto channel = grpc::CreateChannel("unix:" + kubelet_socket, grpc::InsecureChannelCredentials());
+  auto stub = v1beta1::Registration::NewStub(channel);
+  v1beta1::RegisterRequest req;
+  req.set_version("v1beta1");
+  req.set_endpoint(endpoint);
+  req.set_resource_name(resource);
+  req.mutable_options()->set_pre_start_required(false);
+  req.mutable_options()->set_get_preferred_allocation_available(true);
+  v1beta1::Empty resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  ctx.set_wait_for_ready(false);
+  const grpc::Status st = stub->Register(&ctx, req, &resp);
+  if (!st.ok()) {
+    return absl::UnavailableError(Cat("Register ", resource, " with ", kubelet_socket, ": ", st.error_message()));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- Manager
+
+Manager::Manager(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory)
+    : lib_(lib), inventory_(std::move(inventory)) {}
+
+Manager::~Manager() { Stop(); }
+
+std::vector<std::string> Manager::ResourceNames() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> names;
+  for (const auto& s : servers_) names.push_back(s->resource().name);
+  return names;
+}
+
+absl::Status Manager::StartServers() {
+  auto log = Log("deviceplugin");
+  servers_.clear();
+  for (size_t i = 0; i < plan_->resources.size(); ++i) {
+    const Resource& r = plan_->resources[i];
+    auto server = std::make_unique<ResourceServer>(plan_, i, config_, Cat(config_->kubelet_dir, "/", r.socket));
+    if (auto st = server->Start(); !st.ok()) {
+      for (auto& s : servers_) s->Stop();
+      servers_.clear();
+      return st;
+    }
+    if (health_) server->SetHealth(health_->Snapshot());
+    log->info("serving {} ({} devices) on {}", r.name, r.devices.size(), server->socket_path());
+    servers_.push_back(std::move(server));
+  }
+  registered_.assign(servers_.size(), false);
+  return absl::OkStatus();
+}
+
+void Manager::StopServers() {
+  for (auto& s : servers_) s->Stop();
+  servers_.clear();
+  registered_.clear();
+}
+
+absl::Status Manager::Start(const Config& config) {
+  auto log = Log("deviceplugin");
+  if (auto st = Validate(config); !st.ok()) return st;
+  auto plan = BuildPlan(inventory_, config);
+  if (!plan.ok()) return plan.status();
+  if ((*plan)->resources.empty()) {
+    log->warn("no devices to advertise on this node");
+  }
+  auto cdi = WriteCdiSpec(**plan, config);
+  if (!cdi.ok()) return cdi.status();
+  if (!cdi->empty()) log->info("wrote CDI spec {}", *cdi);
+  config_ = std::make_shared<const Config>(config);
+  plan_ = *plan;
+  for (const auto& w : config.warnings) log->warn("{}", w);
+
+  if (!config.health.disabled) {
+    gpu::HealthOptions ho;
+    ho.ignored_xids = config.health.all_xids_fatal ? std::set<uint64_t>{} : config.health.ignored_xids;
+    ho.fatal_xids = config.health.fatal_xids;
+    ho.recover_after = config.health.recover_after;
+    health_ = std::make_unique<gpu::HealthMonitor>(lib_, inventory_, ho,
+                                                   [this](const auto&) { PublishHealth(health_->Snapshot()); });
+    if (auto st = health_->Start(); !st.ok()) log->warn("health monitor: {}", std::string(st.message()));
+  } else {
+    log->warn("health checks are disabled (DP_DISABLE_HEALTHCHECKS / health.disabled): devices stay Healthy");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto st = StartServers(); !st.ok()) {
+      if (health_) health_->Stop();
+      health_.reset();
+      return st;
+    }
+  }
+  register_thread_ = std::jthread([this](std::stop_token st) { RegisterLoop(st); });
+  watch_thread_ = std::jthread([this](std::stop_token st) { WatchLoop(st); });
+  return absl::OkStatus();
+}
+
+absl::Status Manager::Reload(const Config& config) {
+  if (auto st = Validate(config); !st.ok()) return st;
+  auto plan = BuildPlan(inventory_, config);
+  if (!plan.ok()) return plan.status();
+  Stop();
+  return Start(config);
+}
+
+void Manager::Stop() {
+  register_thread_.request_stop();
+  watch_thread_.request_stop();
+  cv_.notify_all();
+  if (register_thread_.joinable()) register_thread_.join();
+  if (watch_thread_.joinable()) watch_thread_.join();
+  if (health_) health_->Stop();
+  std::lock_guard<std::mutex> lock(mu_);
+  StopServers();
+  health_.reset();
+}
+
+void Manager::PublishHealth(const std::map<std::string, gpu::DeviceHealth>& health) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : servers_) s->SetHealth(health);
+}
+
+void Manager::RestartServers(const char* why) {
+  auto log = Log("deviceplugin");
+  std::lock_guard<std::mutex> lock(mu_);
+  log->info("{}: re-serving and re-registering {} resource(s)", why, servers_.size());
+  StopServers();
+  if (auto st = StartServers(); !st.ok()) {
+    log->error("re-serving failed: {}", std::string(st.message()));
+    return;
+  }
+  cv_.notify_all();
+}
+
+void Manager::RegisterLoop(std::stop_token stop) {
+  auto log = Log("deviceplugin");
+  const std::string kubelet =
+      config_->kubelet_socket.empty() ? Cat(config_->kubelet_dir, "/", kKubeletSocketName) : config_->kubelet_socket;
+  auto backoff = std::chrono::milliseconds(50);
+  bool warned = false;
+  while (!stop.stop_requested()) {
+    std::string name, endpoint;
+    size_t index = 0;
+    const ResourceServer* server = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto pending = [&] {
+        for (size_t i = 0; i < registered_.size(); ++i) {
+          if (!registered_[i]) return true;
+        }
+        return false;
+      };
+      if (!cv_.wait(lock, stop, pending)) return;
+      for (size_t i = 0; i < registered_.size(); ++i) {
+        if (!registered_[i]) {
+          index = i;
+          server = servers_[i].get();
+          name = server->resource().name;
+          endpoint = server->resource().socket;
+          break;
+        }
+      }
+    }
+    const absl::Status st = RegisterWithKubelet(kubelet, endpoint, name, std::chrono::seconds(5));
+    if (st.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (index < servers_.size() && servers_[index].get() == server) registered_[index] = true;
+      registrations_++;
+      log->info("registered {} with kubelet ({})", name, endpoint);
+      backoff = std::chrono::milliseconds(50);
+      warned = false;
+      continue;
+    }
+    if (!warned || backoff >= std::chrono::seconds(5)) {
+      log->warn("kubelet is not reachable at {} ({}); retrying in {} ms", kubelet, std::string(st.message()),
+                backoff.count());
+      warned = true;
+    }
+    if (!SleepFor(stop, backoff)) return;
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+  }
+}
+
+void Manager::WatchLoop(std::stop_token stop) {
+  auto log = Log("deviceplugin");
+  const std::string dir = config_->kubelet_dir;
+  const int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  if (fd < 0 || inotify_add_watch(fd, dir.c_str(), IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM) < 0) {
+    log->error("cannot watch {} for kubelet restarts: {}; restarts will not be noticed", dir, std::strerror(errno));
+    if (fd >= 0) ::close(fd);
+    return;
+  }
+  bool kubelet_created = false, ours_deleted = false;
+  alignas(struct inotify_event) char buf[4096];
+  while (!stop.stop_requested()) {
+    struct pollfd p {fd, POLLIN, 0};
+    const bool pending = kubelet_created || ours_deleted;
+    const int n = ::poll(&p, 1, pending ? 30 : 200);  // a short quiet period batches a burst
+    if (n > 0) {
+      for (;;) {
+        const ssize_t len = ::read(fd, buf, sizeof buf);
+        if (len <= 0) break;
+        for (char* ptr = buf; ptr < buf + len;) {
+          const auto* ev = reinterpret_cast<const struct inotify_event*>(ptr);
+          const std::string name = ev->len > 0 ? ev->name : "";
+          if (name == kKubeletSocketName && (ev->mask & (IN_CREATE | IN_MOVED_TO))) kubelet_created = true;
+          if (ev->mask & (IN_DELETE | IN_MOVED_FROM)) {
+            std::lock_guard<std::mutex> lock(mu_);
+            for (const auto& s : servers_) {
+              if (s->resource().socket == name) ours_deleted = true;
+            }
+          }
+          ptr += sizeof(struct inotify_event) + ev->len;
+        }
+      }
+      continue;
+    }
+    if (!pending) continue;
+    bool missing = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& s : servers_) missing = missing || !Exists(s->socket_path());
+    }
+    if (kubelet_created || missing) {
+      RestartServers(kubelet_created ? "kubelet restarted (kubelet.sock re-created)"
+                                     : "our socket was removed");
+    }
+    kubelet_created = ours_deleted = false;
+  }
+  ::close(fd);
+}
+
+}  // namespace kgpu::deviceplugin

@@ -1,0 +1,122 @@
+#pragma once
+// The kubelet-facing side of the device plugin.
+//
+// ResourceServer: one gRPC DevicePlugin server per resource on its own unix socket in the kubelet
+// directory. ListAndWatch sends the full list at once and again on every health change and never
+// ends while the server lives; Allocate and GetPreferredAllocation read only the immutable plan.
+//
+// Manager: builds the plan, serves and registers every resource, re-serves and re-registers
+// when kubelet restarts (inotify on the kubelet directory) or its socket disappears, retries with
+// backoff while kubelet is absent, feeds health changes to the servers, reloads on request.
+//
+// Thread-safety: ResourceServer methods are thread-safe. Manager's Start/Stop/Reload are called
+// from one owner thread; its internal threads synchronise with it.
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "deviceplugin/config.h"
+#include "deviceplugin/plan.h"
+#include "gpu/health.h"
+#include "nvml/library.h"
+
+namespace kgpu::deviceplugin {
+
+struct DeviceState {
+  std::string id;
+  bool healthy = true;
+  int numa = -1;
+  bool operator==(const DeviceState&) const = default;
+};
+
+class ResourceServer {
+ public:
+  ResourceServer(std::shared_ptr<const Plan> plan, size_t resource_index,
+                 std::shared_ptr<const Config> config, std::string socket_path);
+  ~ResourceServer();
+  ResourceServer(const ResourceServer&) = delete;
+  ResourceServer& operator=(const ResourceServer&) = delete;
+
+  // Removes a stale socket file, listens and serves.
+  absl::Status Start();
+  // Ends the streams, shuts the server down and removes the socket file.
+  void Stop();
+  // Recomputes device health from per-UUID health; pushes a ListAndWatch update if it changed.
+  void SetHealth(const std::map<std::string, gpu::DeviceHealth>& health);
+
+  const Resource& resource() const { return plan_->resources[index_]; }
+  const std::string& socket_path() const { return socket_path_; }
+  std::vector<DeviceState> Devices() const;
+  uint64_t allocations() const { return allocations_.load(); }
+
+ private:
+  class Service;
+  friend class Service;
+
+  const std::shared_ptr<const Plan> plan_;
+  const size_t index_;
+  const std::shared_ptr<const Config> config_;
+  const std::string socket_path_;
+  std::unique_ptr<Service> service_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<DeviceState> devices_;
+  uint64_t version_ = 1;
+  bool stopping_ = false;
+  std::atomic<uint64_t> allocations_{0};
+};
+
+// Registers `resource` served at `<dir>/<endpoint>` with the kubelet at `kubelet_socket`.
+absl::Status RegisterWithKubelet(const std::string& kubelet_socket, const std::string& endpoint,
+                                 const std::string& resource, std::chrono::milliseconds timeout);
+
+class Manager {
+ public:
+  Manager(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory);
+  ~Manager();
+  Manager(const Manager&) = delete;
+  Manager& operator=(const Manager&) = delete;
+
+  // Builds the plan from `config`, serves every resource, starts registration, the kubelet
+  // watcher and the health monitor. Fails (and starts nothing) on an invalid config.
+  absl::Status Start(const Config& config);
+  // Applies a new config (SIGHUP). On error the running configuration stays in place.
+  absl::Status Reload(const Config& config);
+  // Stops everything and removes our sockets (SIGTERM).
+  void Stop();
+
+  std::vector<std::string> ResourceNames() const;
+  // Number of completed (re-)registrations, for tests and logs.
+  uint64_t registrations() const { return registrations_.load(); }
+
+ private:
+  absl::Status StartServers();
+  void StopServers();
+  void RegisterLoop(std::stop_token stop);
+  void WatchLoop(std::stop_token stop);
+  void RestartServers(const char* why);
+  void PublishHealth(const std::map<std::string, gpu::DeviceHealth>& health);
+
+  const nvml::Library& lib_;
+  const std::shared_ptr<const gpu::Inventory> inventory_;
+  std::shared_ptr<const Config> config_;
+  std::shared_ptr<const Plan> plan_;
+  std::unique_ptr<gpu::HealthMonitor> health_;
+
+  mutable std::mutex mu_;  // guards servers_, registered_, wanted_
+  std::condition_variable_any cv_;
+  std::vector<std::unique_ptr<ResourceServer>> servers_;
+  std::vector<bool> registered_;
+  std::atomic<uint64_t> registrations_{0};
+  std::jthread register_thread_, watch_thread_;
+};
+
+}  // namespace kgpu::deviceplugin

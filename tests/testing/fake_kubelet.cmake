@@ -1,0 +1,17 @@
+# The kubelet stand-in: a library for tests, the kgpu-fake-kubelet tool for the demo and manual
+# use, and the stand-in's own tests. Included from tests/CMakeLists.txt.
+
+add_library(kgpu_fake_kubelet STATIC ${CMAKE_CURRENT_LIST_DIR}/fake_kubelet.cc)
+target_include_directories(kgpu_fake_kubelet PUBLIC ${PROJECT_SOURCE_DIR}/tests)
+target_link_libraries(kgpu_fake_kubelet PUBLIC kgpu_proto absl::status absl::statusor Threads::Threads)
+kgpu_warnings(kgpu_fake_kubelet)
+
+add_executable(kgpu-fake-kubelet ${CMAKE_CURRENT_LIST_DIR}/fake_kubelet_main.cc)
+target_link_libraries(kgpu-fake-kubelet PRIVATE kgpu_fake_kubelet CLI11::CLI11)
+set_target_properties(kgpu-fake-kubelet PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
+kgpu_warnings(kgpu-fake-kubelet)
+
+add_executable(fake_kubelet_test ${CMAKE_CURRENT_LIST_DIR}/fake_kubelet_test.cc)
+target_link_libraries(fake_kubelet_test PRIVATE kgpu_fake_kubelet GTest::gtest_main)
+kgpu_warnings(fake_kubelet_test)
+gtest_discover_tests(fake_kubelet_test PROPERTIES LABELS unit TIMEOUT 60 DISCOVERY_TIMEOUT 60)

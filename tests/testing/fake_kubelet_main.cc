@@ -1,0 +1,300 @@
+// kgpu-fake-kubelet: a kubelet stand-in for the demo and manual use (the v1beta1 Device Plugin
+// API over real unix sockets). Not part of the product.
+//
+//   kgpu-fake-kubelet serve --dir D [--duration S]
+//       serves D/kubelet.sock and prints one line per registration and ListAndWatch update.
+//   kgpu-fake-kubelet allocate --dir D --endpoint nvidia-gpu.sock --count N [--available a,b]
+//       does what kubelet does at pod admission: reads the device list (ListAndWatch, first
+//       message), asks GetPreferredAllocation, then calls Allocate, and prints the response.
+
+#include <CLI/CLI.hpp>
+
+#include <grpcpp/grpcpp.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <ctime>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "testing/fake_kubelet.h"
+
+namespace {
+
+using kgpu::testing::FakeKubelet;
+using kgpu::testing::FakeKubeletEvent;
+
+constexpr size_t kMaxListed = 8;
+
+std::string Join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+std::string UnhealthyList(const std::vector<std::string>& ids) {
+  std::string out = "unhealthy:";
+  for (size_t i = 0; i < ids.size() && i < kMaxListed; ++i) out += " " + ids[i];
+  if (ids.size() > kMaxListed) out += " ... (+" + std::to_string(ids.size() - kMaxListed) + " more)";
+  return out;
+}
+
+void PrintEvent(const FakeKubeletEvent& e) {
+  std::ostringstream line;
+  switch (e.kind) {
+    case FakeKubeletEvent::Kind::kRegistered:
+      line << "registered " << e.resource << " (endpoint " << e.state.endpoint
+           << ", preferred allocation: "
+           << (e.state.options.get_preferred_allocation_available() ? "yes" : "no") << ")";
+      break;
+    case FakeKubeletEvent::Kind::kRefused:
+      line << "refused registration of " << e.resource << ": " << e.message;
+      break;
+    case FakeKubeletEvent::Kind::kUpdate: {
+      const auto unhealthy = e.state.UnhealthyIds();
+      line << "ListAndWatch " << e.resource << ": " << e.state.devices.size() << " devices, "
+           << e.state.devices.size() - unhealthy.size() << " healthy";
+      if (!unhealthy.empty()) line << ", " << UnhealthyList(unhealthy);
+      break;
+    }
+    case FakeKubeletEvent::Kind::kDisconnected:
+      line << "disconnected " << e.resource << " (" << e.message << "): its "
+           << e.state.devices.size() << " devices now count as unhealthy";
+      break;
+    case FakeKubeletEvent::Kind::kRestarted:
+      line << "kubelet restart: sockets removed, serving a new kubelet.sock";
+      break;
+  }
+  std::cout << line.str() << std::endl;  // flushed: a person (or the demo script) is watching
+}
+
+int Serve(const std::string& dir, unsigned duration_s) {
+  // Block the stop signals in every thread (gRPC's included) and wait for them here.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  FakeKubelet kubelet(dir);
+  kubelet.OnEvent(PrintEvent);
+  if (auto s = kubelet.Start(); !s.ok()) {
+    std::cerr << "kgpu-fake-kubelet: " << std::string(s.message()) << "\n";
+    return 1;
+  }
+  std::cout << "fake kubelet serving " << kubelet.SocketPath() << std::endl;
+  if (duration_s == 0) {
+    int sig = 0;
+    sigwait(&stop, &sig);
+  } else {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(duration_s);
+    for (;;) {
+      const auto left = end - std::chrono::steady_clock::now();
+      if (left <= std::chrono::nanoseconds(0)) break;
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+      timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+      if (sigtimedwait(&stop, nullptr, &ts) >= 0) break;  // a signal
+      if (errno == EAGAIN) break;                         // the duration is over
+    }
+  }
+  kubelet.Stop();
+  std::cout << "fake kubelet stopped" << std::endl;
+  return 0;
+}
+
+std::vector<std::string> SplitIds(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+int RpcError(const std::string& what, const grpc::Status& s) {
+  std::cerr << "kgpu-fake-kubelet: " << what << " failed: " << s.error_message() << " (code "
+            << s.error_code() << ")\n";
+  return 1;
+}
+
+void PrintMap(const std::string& title, const google::protobuf::Map<std::string, std::string>& m) {
+  std::cout << "  " << title << ":" << (m.empty() ? " (none)" : "") << "\n";
+  const std::map<std::string, std::string> sorted(m.begin(), m.end());
+  for (const auto& [k, v] : sorted) std::cout << "    " << k << "=" << v << "\n";
+}
+
+void PrintResponse(const v1beta1::AllocateResponse& response) {
+  for (int i = 0; i < response.container_responses_size(); ++i) {
+    const auto& c = response.container_responses(i);
+    std::cout << "container response " << i << ":\n";
+    PrintMap("envs", c.envs());
+    std::cout << "  mounts:" << (c.mounts().empty() ? " (none)" : "") << "\n";
+    for (const auto& m : c.mounts()) {
+      std::cout << "    " << m.host_path() << " -> " << m.container_path()
+                << (m.read_only() ? " (ro)" : " (rw)") << "\n";
+    }
+    std::cout << "  devices:" << (c.devices().empty() ? " (none)" : "") << "\n";
+    for (const auto& d : c.devices()) {
+      std::cout << "    " << d.host_path() << " -> " << d.container_path() << " ("
+                << d.permissions() << ")\n";
+    }
+    PrintMap("annotations", c.annotations());
+    std::cout << "  cdi_devices:" << (c.cdi_devices().empty() ? " (none)" : "") << "\n";
+    for (const auto& d : c.cdi_devices()) std::cout << "    " << d.name() << "\n";
+  }
+}
+
+int Allocate(const std::string& dir, const std::string& endpoint, int count,
+             const std::string& available_flag, unsigned timeout_s) {
+  const std::string target = "unix:" + dir + "/" + endpoint;
+  grpc::ChannelArguments args;
+  args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, "localhost");
+  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  const auto deadline = [timeout_s] {
+    return std::chrono::system_clock::now() + std::chrono::seconds(timeout_s);
+  };
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
+    std::cerr << "kgpu-fake-kubelet: cannot connect to " << target << " within 10 s\n";
+    return 1;
+  }
+  auto stub = v1beta1::DevicePlugin::NewStub(channel);
+
+  v1beta1::DevicePluginOptions options;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    if (auto s = stub->GetDevicePluginOptions(&ctx, v1beta1::Empty(), &options); !s.ok()) {
+      return RpcError("GetDevicePluginOptions", s);
+    }
+  }
+
+  // The device list: the first ListAndWatch message, then hang up.
+  v1beta1::ListAndWatchResponse list;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    auto reader = stub->ListAndWatch(&ctx, v1beta1::Empty());
+    const bool got = reader->Read(&list);
+    ctx.TryCancel();
+    const grpc::Status s = reader->Finish();
+    if (!got) {
+      if (!s.ok()) return RpcError("ListAndWatch", s);
+      std::cerr << "kgpu-fake-kubelet: ListAndWatch ended without a device list\n";
+      return 1;
+    }
+  }
+  std::vector<std::string> healthy;
+  for (const auto& d : list.devices()) {
+    if (d.health() == kgpu::testing::kHealthy) healthy.push_back(d.id());
+  }
+  std::cout << "devices: " << list.devices_size() << " (" << healthy.size() << " healthy)\n";
+
+  std::vector<std::string> available =
+      available_flag.empty() ? healthy : SplitIds(available_flag);
+  if (count <= 0 || static_cast<size_t>(count) > available.size()) {
+    std::cerr << "kgpu-fake-kubelet: requested number of devices unavailable for " << endpoint
+              << ". Requested: " << count << ", Available: " << available.size() << "\n";
+    return 1;
+  }
+
+  std::vector<std::string> chosen;
+  const std::vector<std::string> fallback(available.begin(), available.begin() + count);
+  if (!options.get_preferred_allocation_available()) {
+    std::cout << "preferred allocation: not offered by the plugin, taking the first " << count
+              << "\n";
+    chosen = fallback;
+  } else {
+    v1beta1::PreferredAllocationRequest request;
+    auto* c = request.add_container_requests();
+    for (const auto& id : available) c->add_available_deviceids(id);
+    c->set_allocation_size(count);
+    v1beta1::PreferredAllocationResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    if (auto s = stub->GetPreferredAllocation(&ctx, request, &response); !s.ok()) {
+      return RpcError("GetPreferredAllocation", s);
+    }
+    if (response.container_responses_size() > 0) {
+      const auto& ids = response.container_responses(0).deviceids();
+      chosen.assign(ids.begin(), ids.end());
+    }
+    // Kubelet keeps only an answer of the right size drawn from the available devices.
+    const std::set<std::string> legal(available.begin(), available.end());
+    const std::set<std::string> unique(chosen.begin(), chosen.end());
+    const bool valid = chosen.size() == static_cast<size_t>(count) && unique.size() == chosen.size() &&
+                       std::all_of(chosen.begin(), chosen.end(),
+                                   [&](const std::string& id) { return legal.count(id) != 0; });
+    std::cout << "preferred allocation (size " << count << "): " << Join(chosen, " ") << "\n";
+    if (!valid) {
+      std::cout << "warning: not a valid choice of " << count
+                << " available devices; kubelet would fall back to its own: "
+                << Join(fallback, " ") << "\n";
+      chosen = fallback;
+    }
+  }
+
+  v1beta1::AllocateRequest request;
+  auto* c = request.add_container_requests();
+  for (const auto& id : chosen) c->add_devices_ids(id);
+  v1beta1::AllocateResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(deadline());
+  if (auto s = stub->Allocate(&ctx, request, &response); !s.ok()) return RpcError("Allocate", s);
+  std::cout << "Allocate " << Join(chosen, " ") << "\n";
+  PrintResponse(response);
+  if (response.container_responses_size() != 1) {
+    std::cerr << "kgpu-fake-kubelet: Allocate answered " << response.container_responses_size()
+              << " container responses for 1 container request\n";
+    return 1;
+  }
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"kgpu-fake-kubelet: a kubelet stand-in speaking the Device Plugin API v1beta1"};
+  app.require_subcommand(1);
+
+  std::string dir;
+  unsigned duration_s = 0;
+  auto* serve = app.add_subcommand("serve", "serve <dir>/kubelet.sock and log what plugins do");
+  serve->add_option("--dir", dir, "the device-plugin directory")->required();
+  serve->add_option("--duration", duration_s, "stop after this many seconds (0: until a signal)");
+
+  std::string endpoint;
+  int count = 1;
+  std::string available;
+  unsigned timeout_s = 30;
+  auto* alloc = app.add_subcommand(
+      "allocate", "pod admission against one plugin: GetPreferredAllocation, then Allocate");
+  alloc->add_option("--dir", dir, "the device-plugin directory")->required();
+  alloc->add_option("--endpoint", endpoint, "the plugin's socket file name, e.g. nvidia-gpu.sock")
+      ->required();
+  alloc->add_option("--count", count, "how many devices")->capture_default_str();
+  alloc->add_option("--available", available,
+                    "comma-separated IDs to choose from (default: the healthy devices)");
+  alloc->add_option("--timeout", timeout_s, "deadline of each RPC, seconds")->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  if (serve->parsed()) return Serve(dir, duration_s);
+  if (alloc->parsed()) return Allocate(dir, endpoint, count, available, timeout_s);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "kgpu-fake-kubelet: fatal: " << e.what() << "\n";
+    return 1;
+  }
+}
