@@ -204,7 +204,7 @@ std::optional<Msg> ReadMsg(int fd, int timeout_ms, bool* eof) {
 std::string DescribeStatus(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
-    return std::string("killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+    return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
            strsignal(WTERMSIG(status)) + ")";
   }
   return "status " + std::to_string(status);

@@ -24,11 +24,16 @@ int Main(int argc, char** argv) {
   kgpu::cli::NodeOptions node;
   std::string log_level = "info";
   app.add_option("--nvml-library", node.nvml_library,
-                 "path of libnvidia-ml.so.1 (default: KGPU_NVML_LIBRARY, else found by soname)");
+                 "path of libnvidia-ml.so.1 (default: found by soname)")
+      ->envname("KGPU_NVML_LIBRARY");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
       ->envname("KGPU_LOG_LEVEL");
-  app.add_option("--sysfs-root", node.sysfs_root, "root of sysfs, for NUMA nodes")->capture_default_str();
-  app.add_option("--dev-root", node.dev_root, "where device nodes live")->capture_default_str();
+  app.add_option("--sysfs-root", node.sysfs_root, "root of sysfs, for NUMA nodes")
+      ->envname("KGPU_SYSFS_ROOT")
+      ->capture_default_str();
+  app.add_option("--dev-root", node.dev_root, "where device nodes live")
+      ->envname("KGPU_DEV_ROOT")
+      ->capture_default_str();
 
   bool json = false;
   auto* devices = app.add_subcommand("devices", "list this node's GPUs, MIG devices and topology");

@@ -233,7 +233,16 @@ absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* 
   }
   if (const YAML::Node h = root["health"]; h) {
     KGPU_RETURN_IF_ERROR(CheckKeys(origin, h, "health",
-                                   {"disabled", "ignoredXids", "fatalXids", "recoverAfter"}));
+                                   {"disabled", "ignoredXids", "fatalXids", "recoverAfter",
+                                    "probeInterval", "hangThreshold"}));
+    for (auto [key, out] : {std::pair{"probeInterval", &c->health.probe_interval},
+                            std::pair{"hangThreshold", &c->health.hang_threshold}}) {
+      if (!h[key]) continue;
+      auto d = ParseDuration(origin, h[key], Cat("health.", key));
+      if (!d.ok()) return d.status();
+      if (d->count() <= 0) return At(origin, h[key].Mark(), Cat("health.", key, " must be > 0"));
+      *out = *d;
+    }
     KGPU_RETURN_IF_ERROR(Opt(origin, h, "disabled", "health", &c->health.disabled));
     if (h["ignoredXids"]) {
       auto v = XidList(origin, h["ignoredXids"], "health.ignoredXids");

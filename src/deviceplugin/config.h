@@ -44,6 +44,8 @@ struct HealthConfig {
   bool all_xids_fatal = false;           // DP_ENABLE_HEALTHCHECKS=all
   // kgpu: return to Healthy this long after the last fault once a probe succeeds (nullopt: never).
   std::optional<std::chrono::milliseconds> recover_after = std::chrono::minutes(5);
+  std::chrono::milliseconds probe_interval{5000};   // kgpu: liveness probe of every GPU
+  std::chrono::milliseconds hang_threshold{10000};  // kgpu: an NVML call running longer is hung
 };
 
 struct Config {

@@ -287,6 +287,8 @@ absl::Status Manager::Start(const Config& config) {
     ho.ignored_xids = config.health.all_xids_fatal ? std::set<uint64_t>{} : config.health.ignored_xids;
     ho.fatal_xids = config.health.fatal_xids;
     ho.recover_after = config.health.recover_after;
+    ho.probe_interval = config.health.probe_interval;
+    ho.hang_threshold = config.health.hang_threshold;
     health_ = std::make_unique<gpu::HealthMonitor>(lib_, inventory_, ho,
                                                    [this](const auto&) { PublishHealth(health_->Snapshot()); });
     if (auto st = health_->Start(); !st.ok()) log->warn("health monitor: {}", std::string(st.message()));

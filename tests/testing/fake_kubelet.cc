@@ -1,13 +1,13 @@
 #include "testing/fake_kubelet.h"
 
-#include <grpcpp/grpcpp.h>
-
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <regex>
 #include <system_error>
 #include <utility>
+
+#include <grpcpp/grpcpp.h>
 
 namespace kgpu::testing {
 namespace {
@@ -17,11 +17,14 @@ constexpr auto kDialTimeout = std::chrono::seconds(10);  // kubelet plugin/v1bet
 constexpr auto kShutdownGrace = std::chrono::seconds(1);
 
 absl::Status ToAbsl(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
+  if (s.ok())
+    return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-std::string Quote(const std::string& s) { return "\"" + s + "\""; }
+std::string Quote(const std::string& s) {
+  return "\"" + s + "\"";
+}
 
 bool IsDns1123Subdomain(const std::string& s) {
   static const std::regex re(R"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)");
@@ -33,9 +36,11 @@ bool IsQualifiedName(const std::string& value) {
   std::string name = value;
   const auto slash = value.find('/');
   if (slash != std::string::npos) {
-    if (value.find('/', slash + 1) != std::string::npos) return false;
+    if (value.find('/', slash + 1) != std::string::npos)
+      return false;
     const std::string prefix = value.substr(0, slash);
-    if (!IsDns1123Subdomain(prefix)) return false;
+    if (!IsDns1123Subdomain(prefix))
+      return false;
     name = value.substr(slash + 1);
   }
   static const std::regex re(R"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])");
@@ -53,24 +58,31 @@ void RemoveIfSocket(const std::filesystem::path& p) {
 
 bool IsExtendedResourceName(const std::string& name) {
   // IsNativeResource: no '/' or contains "kubernetes.io/" (strings.Contains, as kubernetes does).
-  if (name.find('/') == std::string::npos) return false;
-  if (name.find("kubernetes.io/") != std::string::npos) return false;
-  if (name.rfind("requests.", 0) == 0) return false;
+  if (name.find('/') == std::string::npos)
+    return false;
+  if (name.find("kubernetes.io/") != std::string::npos)
+    return false;
+  if (name.rfind("requests.", 0) == 0)
+    return false;
   return IsQualifiedName("requests." + name);
 }
 
 int ResourceState::Healthy() const {
-  if (!connected) return 0;
+  if (!connected)
+    return 0;
   return static_cast<int>(std::count_if(devices.begin(), devices.end(),
                                         [](const FakeDevice& d) { return d.health == kHealthy; }));
 }
 
-int ResourceState::Unhealthy() const { return static_cast<int>(devices.size()) - Healthy(); }
+int ResourceState::Unhealthy() const {
+  return static_cast<int>(devices.size()) - Healthy();
+}
 
 std::vector<std::string> ResourceState::HealthyIds() const {
   std::vector<std::string> ids;
   for (const auto& d : devices) {
-    if (d.health == kHealthy) ids.push_back(d.id);
+    if (d.health == kHealthy)
+      ids.push_back(d.id);
   }
   return ids;
 }
@@ -78,7 +90,8 @@ std::vector<std::string> ResourceState::HealthyIds() const {
 std::vector<std::string> ResourceState::UnhealthyIds() const {
   std::vector<std::string> ids;
   for (const auto& d : devices) {
-    if (d.health != kHealthy) ids.push_back(d.id);
+    if (d.health != kHealthy)
+      ids.push_back(d.id);
   }
   return ids;
 }
@@ -109,7 +122,9 @@ class FakeKubelet::RegistrationService final : public v1beta1::Registration::Ser
 
 FakeKubelet::FakeKubelet(std::string dir) : dir_(std::move(dir)) {}
 
-FakeKubelet::~FakeKubelet() { Stop(); }
+FakeKubelet::~FakeKubelet() {
+  Stop();
+}
 
 void FakeKubelet::OnEvent(std::function<void(const FakeKubeletEvent&)> callback) {
   std::lock_guard<std::mutex> lock(event_mu_);
@@ -128,7 +143,8 @@ std::chrono::milliseconds FakeKubelet::CallTimeout() const {
 
 absl::Status FakeKubelet::Start() {
   std::lock_guard<std::mutex> lock(server_mu_);
-  if (server_) return absl::FailedPreconditionError("fake kubelet already serving " + SocketPath());
+  if (server_)
+    return absl::FailedPreconditionError("fake kubelet already serving " + SocketPath());
   return Serve();
 }
 
@@ -146,13 +162,15 @@ absl::Status FakeKubelet::Serve() {
   return absl::OkStatus();
 }
 
-void FakeKubelet::ShutdownServer() {
-  if (!server_) return;
+bool FakeKubelet::ShutdownServer() {
+  if (!server_)
+    return false;
   // Waits for running handlers; in-flight Register calls are cancelled after the grace period.
   server_->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
   server_->Wait();
   server_.reset();
   service_.reset();
+  return true;
 }
 
 absl::Status FakeKubelet::Restart() {
@@ -162,7 +180,8 @@ absl::Status FakeKubelet::Restart() {
     // Cancel every live stream and wait for each to be marked disconnected, so that a caller
     // sees the restarted kubelet's view as soon as Restart returns.
     std::unique_lock<std::mutex> l(mu_);
-    for (auto& [resource, ep] : current_) ep->stream_ctx.TryCancel();
+    for (auto& [resource, ep] : current_)
+      ep->stream_ctx.TryCancel();
     if (!cv_.wait_for(l, kDialTimeout, [this] { return current_.empty(); })) {
       return absl::DeadlineExceededError("fake kubelet restart: ListAndWatch streams did not end");
     }
@@ -171,7 +190,8 @@ absl::Status FakeKubelet::Restart() {
   // CleanupPluginDirectory: every socket except the checkpoint (which is not a socket anyway).
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
-    if (entry.path().filename() == kKubeletCheckpoint) continue;
+    if (entry.path().filename() == kKubeletCheckpoint)
+      continue;
     RemoveIfSocket(entry.path());
   }
   Emit({FakeKubeletEvent::Kind::kRestarted, "", "", {}});
@@ -180,18 +200,21 @@ absl::Status FakeKubelet::Restart() {
 
 void FakeKubelet::Stop() {
   std::lock_guard<std::mutex> lock(server_mu_);
-  ShutdownServer();
+  const bool was_serving = ShutdownServer();
   std::vector<std::shared_ptr<Endpoint>> all;
   {
     std::lock_guard<std::mutex> l(mu_);
     all = endpoints_;
     endpoints_.clear();
   }
-  for (auto& ep : all) ep->stream_ctx.TryCancel();
+  for (auto& ep : all)
+    ep->stream_ctx.TryCancel();
   for (auto& ep : all) {
-    if (ep->thread.joinable()) ep->thread.join();
+    if (ep->thread.joinable())
+      ep->thread.join();
   }
-  RemoveIfSocket(SocketPath());  // as a kubelet that exits: its listener goes away
+  if (was_serving)
+    RemoveIfSocket(SocketPath());  // as a kubelet that exits (gRPC 1.51 unlinks it already)
 }
 
 void FakeKubelet::ReapFinished() {
@@ -204,13 +227,15 @@ void FakeKubelet::ReapFinished() {
     endpoints_.erase(it, endpoints_.end());
   }
   for (auto& ep : finished) {
-    if (ep->thread.joinable()) ep->thread.join();
+    if (ep->thread.joinable())
+      ep->thread.join();
   }
 }
 
-void FakeKubelet::Emit(FakeKubeletEvent event) {
+void FakeKubelet::Emit(const FakeKubeletEvent& event) {
   std::lock_guard<std::mutex> lock(event_mu_);
-  if (on_event_) on_event_(event);
+  if (on_event_)
+    on_event_(event);
 }
 
 grpc::Status FakeKubelet::Register(const v1beta1::RegisterRequest& request) {
@@ -234,7 +259,7 @@ grpc::Status FakeKubelet::Register(const v1beta1::RegisterRequest& request) {
   ep->endpoint = request.endpoint();
   const std::string path = dir_ + "/" + request.endpoint();
   grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);    // a connection of its own, as kubelet
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);       // a connection of its own, as kubelet
   args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, "localhost");  // kubelet: WithAuthority("localhost")
   ep->channel = grpc::CreateCustomChannel("unix:" + path, grpc::InsecureChannelCredentials(), args);
   const auto deadline = std::chrono::system_clock::now() + kDialTimeout;
@@ -247,7 +272,8 @@ grpc::Status FakeKubelet::Register(const v1beta1::RegisterRequest& request) {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline);
     const grpc::Status s = ep->stub->GetDevicePluginOptions(&ctx, v1beta1::Empty(), &options);
-    if (!s.ok()) return refuse("failed to get device plugin options: " + s.error_message());
+    if (!s.ok())
+      return refuse("failed to get device plugin options: " + s.error_message());
   }
 
   std::shared_ptr<Endpoint> old;
@@ -266,14 +292,15 @@ grpc::Status FakeKubelet::Register(const v1beta1::RegisterRequest& request) {
     endpoints_.push_back(ep);
     snapshot = st;
   }
-  if (old) old->stream_ctx.TryCancel();  // kubelet disconnects the replaced endpoint
+  if (old)
+    old->stream_ctx.TryCancel();  // kubelet disconnects the replaced endpoint
   cv_.notify_all();
   Emit({FakeKubeletEvent::Kind::kRegistered, resource, "", snapshot});
   ep->thread = std::thread(&FakeKubelet::FollowStream, this, ep);
   return grpc::Status::OK;
 }
 
-void FakeKubelet::FollowStream(std::shared_ptr<Endpoint> ep) {
+void FakeKubelet::FollowStream(const std::shared_ptr<Endpoint>& ep) {
   v1beta1::ListAndWatchResponse response;
   std::unique_ptr<grpc::ClientReader<v1beta1::ListAndWatchResponse>> reader =
       ep->stub->ListAndWatch(&ep->stream_ctx, v1beta1::Empty());
@@ -282,7 +309,8 @@ void FakeKubelet::FollowStream(std::shared_ptr<Endpoint> ep) {
     devices.reserve(static_cast<size_t>(response.devices_size()));
     for (const auto& d : response.devices()) {
       FakeDevice fd{d.id(), d.health(), {}};
-      for (const auto& n : d.topology().nodes()) fd.numa.push_back(n.id());
+      for (const auto& n : d.topology().nodes())
+        fd.numa.push_back(n.id());
       devices.push_back(std::move(fd));
     }
     ResourceState snapshot;
@@ -298,7 +326,8 @@ void FakeKubelet::FollowStream(std::shared_ptr<Endpoint> ep) {
         snapshot = st;
       }
     }
-    if (!live) continue;  // replaced: its stream is being cancelled
+    if (!live)
+      continue;  // replaced: its stream is being cancelled
     cv_.notify_all();
     Emit({FakeKubeletEvent::Kind::kUpdate, ep->resource, "", snapshot});
   }
@@ -319,9 +348,12 @@ void FakeKubelet::FollowStream(std::shared_ptr<Endpoint> ep) {
   }
   cv_.notify_all();
   if (live) {
-    std::string how = status.ok() ? std::string("stream closed by the plugin")
-                                   : "rpc error: code = " + std::to_string(status.error_code()) +
-                                         " desc = " + status.error_message();
+    std::string how =
+        status.ok()
+            ? std::string("stream closed by the plugin")
+            : "rpc error: code = " +
+                  absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())) +
+                  " desc = " + status.error_message();
     Emit({FakeKubeletEvent::Kind::kDisconnected, ep->resource, how, snapshot});
   }
 }
@@ -339,14 +371,16 @@ bool FakeKubelet::WaitFor(const std::string& resource,
 std::optional<ResourceState> FakeKubelet::Get(const std::string& resource) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = resources_.find(resource);
-  if (it == resources_.end()) return std::nullopt;
+  if (it == resources_.end())
+    return std::nullopt;
   return it->second;
 }
 
 std::vector<std::string> FakeKubelet::Resources() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> names;
-  for (const auto& [name, st] : resources_) names.push_back(name);
+  for (const auto& [name, st] : resources_)
+    names.push_back(name);
   return names;
 }
 
@@ -354,7 +388,8 @@ absl::StatusOr<std::shared_ptr<FakeKubelet::Endpoint>> FakeKubelet::CurrentEndpo
     const std::string& resource) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = current_.find(resource);
-  if (it != current_.end()) return it->second;
+  if (it != current_.end())
+    return it->second;
   if (resources_.count(resource) != 0) {
     return absl::FailedPreconditionError("device plugin for " + resource + " is disconnected");
   }
@@ -364,15 +399,19 @@ absl::StatusOr<std::shared_ptr<FakeKubelet::Endpoint>> FakeKubelet::CurrentEndpo
 absl::StatusOr<v1beta1::AllocateResponse> FakeKubelet::Allocate(const std::string& resource,
                                                                 std::vector<std::string> ids) {
   auto ep = CurrentEndpoint(resource);
-  if (!ep.ok()) return ep.status();
+  if (!ep.ok())
+    return ep.status();
   v1beta1::AllocateRequest request;
   auto* container = request.add_container_requests();
-  for (auto& id : ids) container->add_devices_ids(std::move(id));
+  for (auto& id : ids)
+    container->add_devices_ids(std::move(id));
   grpc::ClientContext ctx;
-  if (const auto t = CallTimeout(); t.count() > 0) ctx.set_deadline(std::chrono::system_clock::now() + t);
+  if (const auto t = CallTimeout(); t.count() > 0)
+    ctx.set_deadline(std::chrono::system_clock::now() + t);
   v1beta1::AllocateResponse response;
   const grpc::Status s = (*ep)->stub->Allocate(&ctx, request, &response);
-  if (!s.ok()) return ToAbsl(s);
+  if (!s.ok())
+    return ToAbsl(s);
   if (response.container_responses_size() == 0) {
     return absl::InternalError("no containers return in allocation response " +
                                response.ShortDebugString());
@@ -384,17 +423,22 @@ absl::StatusOr<std::vector<std::string>> FakeKubelet::GetPreferredAllocation(
     const std::string& resource, std::vector<std::string> available,
     std::vector<std::string> must_include, int size) {
   auto ep = CurrentEndpoint(resource);
-  if (!ep.ok()) return ep.status();
+  if (!ep.ok())
+    return ep.status();
   v1beta1::PreferredAllocationRequest request;
   auto* container = request.add_container_requests();
-  for (auto& id : available) container->add_available_deviceids(std::move(id));
-  for (auto& id : must_include) container->add_must_include_deviceids(std::move(id));
+  for (auto& id : available)
+    container->add_available_deviceids(std::move(id));
+  for (auto& id : must_include)
+    container->add_must_include_deviceids(std::move(id));
   container->set_allocation_size(size);
   grpc::ClientContext ctx;
-  if (const auto t = CallTimeout(); t.count() > 0) ctx.set_deadline(std::chrono::system_clock::now() + t);
+  if (const auto t = CallTimeout(); t.count() > 0)
+    ctx.set_deadline(std::chrono::system_clock::now() + t);
   v1beta1::PreferredAllocationResponse response;
   const grpc::Status s = (*ep)->stub->GetPreferredAllocation(&ctx, request, &response);
-  if (!s.ok()) return ToAbsl(s);
+  if (!s.ok())
+    return ToAbsl(s);
   if (response.container_responses_size() == 0) {
     return absl::InternalError("no container responses in preferred allocation response");
   }

@@ -133,10 +133,10 @@ class FakeKubelet {
 
   grpc::Status Register(const v1beta1::RegisterRequest& request);
   absl::Status Serve();
-  void ShutdownServer();
-  void FollowStream(std::shared_ptr<Endpoint> endpoint);
+  bool ShutdownServer();  // true if it was serving
+  void FollowStream(const std::shared_ptr<Endpoint>& endpoint);
   absl::StatusOr<std::shared_ptr<Endpoint>> CurrentEndpoint(const std::string& resource) const;
-  void Emit(FakeKubeletEvent event);
+  void Emit(const FakeKubeletEvent& event);
   void ReapFinished();
   std::chrono::milliseconds CallTimeout() const;
 

@@ -3,15 +3,10 @@
 //
 //   kgpu-fake-kubelet serve --dir D [--duration S]
 //       serves D/kubelet.sock and prints one line per registration and ListAndWatch update.
+//       SIGHUP simulates a kubelet restart (FakeKubelet::Restart); SIGINT/SIGTERM stop it.
 //   kgpu-fake-kubelet allocate --dir D --endpoint nvidia-gpu.sock --count N [--available a,b]
 //       does what kubelet does at pod admission: reads the device list (ListAndWatch, first
 //       message), asks GetPreferredAllocation, then calls Allocate, and prints the response.
-
-#include <CLI/CLI.hpp>
-
-#include <grpcpp/grpcpp.h>
-#include <pthread.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -24,6 +19,12 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+#include <grpcpp/grpcpp.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include "absl/status/status.h"
 #include "testing/fake_kubelet.h"
 
 namespace {
@@ -35,14 +36,17 @@ constexpr size_t kMaxListed = 8;
 
 std::string Join(const std::vector<std::string>& v, const std::string& sep) {
   std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  for (size_t i = 0; i < v.size(); ++i)
+    out += (i ? sep : "") + v[i];
   return out;
 }
 
 std::string UnhealthyList(const std::vector<std::string>& ids) {
   std::string out = "unhealthy:";
-  for (size_t i = 0; i < ids.size() && i < kMaxListed; ++i) out += " " + ids[i];
-  if (ids.size() > kMaxListed) out += " ... (+" + std::to_string(ids.size() - kMaxListed) + " more)";
+  for (size_t i = 0; i < ids.size() && i < kMaxListed; ++i)
+    out += " " + ids[i];
+  if (ids.size() > kMaxListed)
+    out += " ... (+" + std::to_string(ids.size() - kMaxListed) + " more)";
   return out;
 }
 
@@ -61,7 +65,8 @@ void PrintEvent(const FakeKubeletEvent& e) {
       const auto unhealthy = e.state.UnhealthyIds();
       line << "ListAndWatch " << e.resource << ": " << e.state.devices.size() << " devices, "
            << e.state.devices.size() - unhealthy.size() << " healthy";
-      if (!unhealthy.empty()) line << ", " << UnhealthyList(unhealthy);
+      if (!unhealthy.empty())
+        line << ", " << UnhealthyList(unhealthy);
       break;
     }
     case FakeKubeletEvent::Kind::kDisconnected:
@@ -76,12 +81,13 @@ void PrintEvent(const FakeKubeletEvent& e) {
 }
 
 int Serve(const std::string& dir, unsigned duration_s) {
-  // Block the stop signals in every thread (gRPC's included) and wait for them here.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  // Block the signals in every thread (gRPC's included) and take them here, synchronously.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   FakeKubelet kubelet(dir);
   kubelet.OnEvent(PrintEvent);
@@ -89,19 +95,32 @@ int Serve(const std::string& dir, unsigned duration_s) {
     std::cerr << "kgpu-fake-kubelet: " << std::string(s.message()) << "\n";
     return 1;
   }
-  std::cout << "fake kubelet serving " << kubelet.SocketPath() << std::endl;
-  if (duration_s == 0) {
+  std::cout << "fake kubelet serving " << kubelet.SocketPath() << " (SIGHUP: simulate a restart)"
+            << std::endl;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(duration_s);
+  for (;;) {
     int sig = 0;
-    sigwait(&stop, &sig);
-  } else {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(duration_s);
-    for (;;) {
+    if (duration_s == 0) {
+      if (sigwait(&signals, &sig) != 0)
+        continue;
+    } else {
       const auto left = end - std::chrono::steady_clock::now();
-      if (left <= std::chrono::nanoseconds(0)) break;
+      if (left <= std::chrono::nanoseconds(0))
+        break;
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
       timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-      if (sigtimedwait(&stop, nullptr, &ts) >= 0) break;  // a signal
-      if (errno == EAGAIN) break;                         // the duration is over
+      sig = sigtimedwait(&signals, nullptr, &ts);
+      if (sig < 0) {
+        if (errno == EAGAIN)
+          break;   // the duration is over
+        continue;  // EINTR
+      }
+    }
+    if (sig != SIGHUP)
+      break;  // SIGINT, SIGTERM
+    if (auto s = kubelet.Restart(); !s.ok()) {
+      std::cerr << "kgpu-fake-kubelet: restart: " << std::string(s.message()) << "\n";
+      return 1;
     }
   }
   kubelet.Stop();
@@ -114,21 +133,23 @@ std::vector<std::string> SplitIds(const std::string& s) {
   std::stringstream in(s);
   std::string item;
   while (std::getline(in, item, ',')) {
-    if (!item.empty()) out.push_back(item);
+    if (!item.empty())
+      out.push_back(item);
   }
   return out;
 }
 
 int RpcError(const std::string& what, const grpc::Status& s) {
-  std::cerr << "kgpu-fake-kubelet: " << what << " failed: " << s.error_message() << " (code "
-            << s.error_code() << ")\n";
+  std::cerr << "kgpu-fake-kubelet: " << what << " failed: " << s.error_message() << " ("
+            << absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())) << ")\n";
   return 1;
 }
 
 void PrintMap(const std::string& title, const google::protobuf::Map<std::string, std::string>& m) {
   std::cout << "  " << title << ":" << (m.empty() ? " (none)" : "") << "\n";
   const std::map<std::string, std::string> sorted(m.begin(), m.end());
-  for (const auto& [k, v] : sorted) std::cout << "    " << k << "=" << v << "\n";
+  for (const auto& [k, v] : sorted)
+    std::cout << "    " << k << "=" << v << "\n";
 }
 
 void PrintResponse(const v1beta1::AllocateResponse& response) {
@@ -148,7 +169,8 @@ void PrintResponse(const v1beta1::AllocateResponse& response) {
     }
     PrintMap("annotations", c.annotations());
     std::cout << "  cdi_devices:" << (c.cdi_devices().empty() ? " (none)" : "") << "\n";
-    for (const auto& d : c.cdi_devices()) std::cout << "    " << d.name() << "\n";
+    for (const auto& d : c.cdi_devices())
+      std::cout << "    " << d.name() << "\n";
   }
 }
 
@@ -186,19 +208,20 @@ int Allocate(const std::string& dir, const std::string& endpoint, int count,
     ctx.TryCancel();
     const grpc::Status s = reader->Finish();
     if (!got) {
-      if (!s.ok()) return RpcError("ListAndWatch", s);
+      if (!s.ok())
+        return RpcError("ListAndWatch", s);
       std::cerr << "kgpu-fake-kubelet: ListAndWatch ended without a device list\n";
       return 1;
     }
   }
   std::vector<std::string> healthy;
   for (const auto& d : list.devices()) {
-    if (d.health() == kgpu::testing::kHealthy) healthy.push_back(d.id());
+    if (d.health() == kgpu::testing::kHealthy)
+      healthy.push_back(d.id());
   }
   std::cout << "devices: " << list.devices_size() << " (" << healthy.size() << " healthy)\n";
 
-  std::vector<std::string> available =
-      available_flag.empty() ? healthy : SplitIds(available_flag);
+  std::vector<std::string> available = available_flag.empty() ? healthy : SplitIds(available_flag);
   if (count <= 0 || static_cast<size_t>(count) > available.size()) {
     std::cerr << "kgpu-fake-kubelet: requested number of devices unavailable for " << endpoint
               << ". Requested: " << count << ", Available: " << available.size() << "\n";
@@ -207,14 +230,20 @@ int Allocate(const std::string& dir, const std::string& endpoint, int count,
 
   std::vector<std::string> chosen;
   const std::vector<std::string> fallback(available.begin(), available.begin() + count);
-  if (!options.get_preferred_allocation_available()) {
+  if (static_cast<size_t>(count) == available.size()) {
+    // Kubelet asks only when there is a choice.
+    std::cout << "preferred allocation: not asked, all " << count
+              << " available devices are needed\n";
+    chosen = fallback;
+  } else if (!options.get_preferred_allocation_available()) {
     std::cout << "preferred allocation: not offered by the plugin, taking the first " << count
               << "\n";
     chosen = fallback;
   } else {
     v1beta1::PreferredAllocationRequest request;
     auto* c = request.add_container_requests();
-    for (const auto& id : available) c->add_available_deviceids(id);
+    for (const auto& id : available)
+      c->add_available_deviceids(id);
     c->set_allocation_size(count);
     v1beta1::PreferredAllocationResponse response;
     grpc::ClientContext ctx;
@@ -229,25 +258,28 @@ int Allocate(const std::string& dir, const std::string& endpoint, int count,
     // Kubelet keeps only an answer of the right size drawn from the available devices.
     const std::set<std::string> legal(available.begin(), available.end());
     const std::set<std::string> unique(chosen.begin(), chosen.end());
-    const bool valid = chosen.size() == static_cast<size_t>(count) && unique.size() == chosen.size() &&
+    const bool valid = chosen.size() == static_cast<size_t>(count) &&
+                       unique.size() == chosen.size() &&
                        std::all_of(chosen.begin(), chosen.end(),
                                    [&](const std::string& id) { return legal.count(id) != 0; });
     std::cout << "preferred allocation (size " << count << "): " << Join(chosen, " ") << "\n";
     if (!valid) {
       std::cout << "warning: not a valid choice of " << count
-                << " available devices; kubelet would fall back to its own: "
-                << Join(fallback, " ") << "\n";
+                << " available devices; kubelet would fall back to its own: " << Join(fallback, " ")
+                << "\n";
       chosen = fallback;
     }
   }
 
   v1beta1::AllocateRequest request;
   auto* c = request.add_container_requests();
-  for (const auto& id : chosen) c->add_devices_ids(id);
+  for (const auto& id : chosen)
+    c->add_devices_ids(id);
   v1beta1::AllocateResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(deadline());
-  if (auto s = stub->Allocate(&ctx, request, &response); !s.ok()) return RpcError("Allocate", s);
+  if (auto s = stub->Allocate(&ctx, request, &response); !s.ok())
+    return RpcError("Allocate", s);
   std::cout << "Allocate " << Join(chosen, " ") << "\n";
   PrintResponse(response);
   if (response.container_responses_size() != 1) {
@@ -283,8 +315,10 @@ int Main(int argc, char** argv) {
   alloc->add_option("--timeout", timeout_s, "deadline of each RPC, seconds")->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
-  if (serve->parsed()) return Serve(dir, duration_s);
-  if (alloc->parsed()) return Allocate(dir, endpoint, count, available, timeout_s);
+  if (serve->parsed())
+    return Serve(dir, duration_s);
+  if (alloc->parsed())
+    return Allocate(dir, endpoint, count, available, timeout_s);
   return 2;
 }
 

@@ -3,19 +3,22 @@
 
 #include "testing/fake_kubelet.h"
 
-#include <grpcpp/grpcpp.h>
-#include <gtest/gtest.h>
-#include <stdlib.h>
-#include <sys/stat.h>
-
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/inotify.h>
+#include <unistd.h>
 
 namespace kgpu::testing {
 namespace {
@@ -29,7 +32,8 @@ v1beta1::Device MakeDevice(const std::string& id, const std::string& health, int
   v1beta1::Device d;
   d.set_id(id);
   d.set_health(health);
-  if (numa >= 0) d.mutable_topology()->add_nodes()->set_id(numa);
+  if (numa >= 0)
+    d.mutable_topology()->add_nodes()->set_id(numa);
   return d;
 }
 
@@ -38,7 +42,9 @@ v1beta1::Device MakeDevice(const std::string& id, const std::string& health, int
 // echoes the IDs. It records what it was asked.
 class TestPlugin final : public v1beta1::DevicePlugin::Service {
  public:
-  explicit TestPlugin(bool preferred) { options_.set_get_preferred_allocation_available(preferred); }
+  explicit TestPlugin(bool preferred) {
+    options_.set_get_preferred_allocation_available(preferred);
+  }
 
   void SetDevices(std::vector<v1beta1::Device> devices) {
     std::lock_guard<std::mutex> l(mu_);
@@ -46,9 +52,10 @@ class TestPlugin final : public v1beta1::DevicePlugin::Service {
     ++version_;
     cv_.notify_all();
   }
-  void EndStreams() {
+  // Ends the ListAndWatch streams (before a server shutdown), or allows them again.
+  void EndStreams(bool end = true) {
     std::lock_guard<std::mutex> l(mu_);
-    stop_ = true;
+    stop_ = end;
     cv_.notify_all();
   }
   int cancelled_streams() {
@@ -81,16 +88,19 @@ class TestPlugin final : public v1beta1::DevicePlugin::Service {
     for (;;) {
       if (version_ != sent) {
         v1beta1::ListAndWatchResponse response;
-        for (const auto& d : devices_) *response.add_devices() = d;
+        for (const auto& d : devices_)
+          *response.add_devices() = d;
         sent = version_;
         l.unlock();
         const bool ok = writer->Write(response);
         l.lock();
-        if (!ok) break;
+        if (!ok)
+          break;
       }
       // The sync API has no cancellation callback: look at the context now and then.
       cv_.wait_for(l, 20ms, [&] { return version_ != sent || stop_ || ctx->IsCancelled(); });
-      if (stop_ || ctx->IsCancelled()) break;
+      if (stop_ || ctx->IsCancelled())
+        break;
     }
     if (ctx->IsCancelled()) {
       ++cancelled_streams_;
@@ -108,12 +118,16 @@ class TestPlugin final : public v1beta1::DevicePlugin::Service {
     }
     for (const auto& c : request->container_requests()) {
       auto* out = response->add_container_responses();
-      for (const auto& id : c.must_include_deviceids()) out->add_deviceids(id);
+      for (const auto& id : c.must_include_deviceids())
+        out->add_deviceids(id);
       for (const auto& id : c.available_deviceids()) {
-        if (out->deviceids_size() >= c.allocation_size()) break;
+        if (out->deviceids_size() >= c.allocation_size())
+          break;
         bool dup = false;
-        for (const auto& have : out->deviceids()) dup = dup || have == id;
-        if (!dup) out->add_deviceids(id);
+        for (const auto& have : out->deviceids())
+          dup = dup || have == id;
+        if (!dup)
+          out->add_deviceids(id);
       }
     }
     return grpc::Status::OK;
@@ -129,7 +143,8 @@ class TestPlugin final : public v1beta1::DevicePlugin::Service {
       auto* out = response->add_container_responses();
       std::string ids;
       for (const auto& id : c.devices_ids()) {
-        if (id == "bad") return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "unknown device bad");
+        if (id == "bad")
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "unknown device bad");
         ids += (ids.empty() ? "" : ",") + id;
         auto* spec = out->add_devices();
         spec->set_host_path("/dev/fake-" + id);
@@ -171,6 +186,7 @@ class PluginServer {
   bool Serve() {
     std::error_code ec;
     fs::remove(path(), ec);
+    plugin_.EndStreams(false);
     grpc::ServerBuilder builder;
     builder.AddListeningPort("unix:" + path(), grpc::InsecureServerCredentials());
     builder.RegisterService(&plugin_);
@@ -178,7 +194,8 @@ class PluginServer {
     return server_ != nullptr;
   }
   void Shutdown() {
-    if (!server_) return;
+    if (!server_)
+      return;
     plugin_.EndStreams();
     server_->Shutdown(std::chrono::system_clock::now() + 1s);
     server_->Wait();
@@ -186,8 +203,8 @@ class PluginServer {
   }
 
   grpc::Status Register(const std::string& resource, const std::string& version = "v1beta1") {
-    auto channel = grpc::CreateChannel("unix:" + dir_ + "/kubelet.sock",
-                                       grpc::InsecureChannelCredentials());
+    auto channel =
+        grpc::CreateChannel("unix:" + dir_ + "/kubelet.sock", grpc::InsecureChannelCredentials());
     auto stub = v1beta1::Registration::NewStub(channel);
     v1beta1::RegisterRequest request;
     request.set_version(version);
@@ -211,6 +228,27 @@ class PluginServer {
 bool IsSocket(const std::string& p) {
   std::error_code ec;
   return fs::is_socket(fs::symlink_status(p, ec));
+}
+
+// The directory events queued on a non-blocking inotify descriptor, as "CREATE name".
+std::vector<std::string> ReadInotify(int fd) {
+  std::vector<std::string> out;
+  alignas(inotify_event) char buf[4096];
+  ssize_t n = 0;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) {
+    for (ssize_t off = 0; off < n;) {
+      inotify_event event{};
+      std::memcpy(&event, buf + off, sizeof event);
+      const std::string name(buf + off + sizeof event);
+      out.push_back(std::string((event.mask & IN_CREATE) != 0 ? "CREATE " : "DELETE ") + name);
+      off += static_cast<ssize_t>(sizeof event + event.len);
+    }
+  }
+  return out;
+}
+
+bool Contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
 }
 
 class FakeKubeletTest : public ::testing::Test {
@@ -397,8 +435,7 @@ TEST_F(FakeKubeletTest, ReRegistrationReplacesTheEndpoint) {
   ASSERT_TRUE(b.Register("example.com/gpu").ok());
   ASSERT_TRUE(kubelet_->WaitFor(
       "example.com/gpu",
-      [](const ResourceState& s) { return s.registrations == 2 && s.devices.size() == 1; },
-      kWait));
+      [](const ResourceState& s) { return s.registrations == 2 && s.devices.size() == 1; }, kWait));
   const auto st = kubelet_->Get("example.com/gpu");
   EXPECT_EQ(st->endpoint, "b.sock");
   EXPECT_FALSE(st->options.get_preferred_allocation_available());
@@ -425,15 +462,19 @@ TEST_F(FakeKubeletTest, RestartDeletesSocketsAndPluginRegistersAgain) {
   ASSERT_TRUE(p.Register("example.com/gpu").ok());
   ASSERT_TRUE(kubelet_->WaitFor(
       "example.com/gpu", [](const ResourceState& s) { return s.updates == 1; }, kWait));
-  struct stat before {};
-  ASSERT_EQ(::stat((dir_ + "/kubelet.sock").c_str(), &before), 0);
+  // Watch the directory as a plugin does (NVIDIA's reacts to IN_CREATE of kubelet.sock).
+  const int watch = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  ASSERT_GE(watch, 0);
+  ASSERT_GE(::inotify_add_watch(watch, dir_.c_str(), IN_CREATE | IN_DELETE), 0);
 
   ASSERT_TRUE(kubelet_->Restart().ok());
+  const std::vector<std::string> events = ReadInotify(watch);
+  ::close(watch);
   EXPECT_FALSE(fs::exists(p.path()));  // the plugin's socket is gone
   ASSERT_TRUE(IsSocket(dir_ + "/kubelet.sock"));
-  struct stat after {};
-  ASSERT_EQ(::stat((dir_ + "/kubelet.sock").c_str(), &after), 0);
-  EXPECT_NE(before.st_ino, after.st_ino);  // a new socket, as a plugin's inotify would see
+  EXPECT_TRUE(Contains(events, "DELETE p.sock")) << ::testing::PrintToString(events);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "CREATE kubelet.sock") << ::testing::PrintToString(events);
   EXPECT_TRUE(fs::exists(dir_ + "/kubelet_internal_checkpoint"));
   EXPECT_TRUE(fs::exists(dir_ + "/DEPRECATION"));
   auto st = kubelet_->Get("example.com/gpu");
@@ -468,11 +509,11 @@ TEST_F(FakeKubeletTest, EventsArriveInOrder) {
   ASSERT_TRUE(p.Serve());
   p.plugin().SetDevices(FourGpus());
   ASSERT_TRUE(p.Register("example.com/gpu").ok());
-  ASSERT_TRUE(k.WaitFor("example.com/gpu", [](const ResourceState& s) { return s.updates == 1; },
-                        kWait));
+  ASSERT_TRUE(k.WaitFor(
+      "example.com/gpu", [](const ResourceState& s) { return s.updates == 1; }, kWait));
   p.Shutdown();
-  ASSERT_TRUE(k.WaitFor("example.com/gpu", [](const ResourceState& s) { return !s.connected; },
-                        kWait));
+  ASSERT_TRUE(k.WaitFor(
+      "example.com/gpu", [](const ResourceState& s) { return !s.connected; }, kWait));
   k.Stop();
   std::lock_guard<std::mutex> l(mu);
   EXPECT_EQ(kinds, (std::vector<FakeKubeletEvent::Kind>{FakeKubeletEvent::Kind::kRegistered,
