@@ -21,7 +21,7 @@ test: deps
 
 demo: deps
 	cmake --preset dev >/dev/null
-	cmake --build --preset dev -j $(JOBS) --target kgpu kgpu-simctl kgpu_simnvml
+	cmake --build --preset dev -j $(JOBS) --target kgpu kgpu-simctl kgpu_simnvml kgpu-fake-kubelet
 	./scripts/demo.sh build/dev
 
 bench: deps
@@ -34,9 +34,9 @@ bench: deps
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	cmake --preset fuzz >/dev/null
-	cmake --build --preset fuzz -j $(JOBS) --target profile_fuzz
-	mkdir -p build/fuzz/corpus-profile
-	build/fuzz/tests/profile_fuzz -max_total_time=$(FUZZ_SECONDS) build/fuzz/corpus-profile tests/fuzz/corpus/profile
+	cmake --build --preset fuzz -j $(JOBS) --target profile_fuzz config_fuzz
+	for t in profile config; do mkdir -p build/fuzz/corpus-$$t && \
+	  build/fuzz/tests/$${t}_fuzz -max_total_time=$(FUZZ_SECONDS) build/fuzz/corpus-$$t tests/fuzz/corpus/$$t || exit 1; done
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h' '*.c')

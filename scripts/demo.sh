@@ -14,6 +14,8 @@ trap cleanup EXIT
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 wait_for() { for _ in $(seq 100); do grep -q -- "$2" "$1" && return 0; sleep 0.1; done; echo "(timed out waiting for: $2)"; return 1; }
+# wait_count FILE PATTERN N: until PATTERN has matched N lines (up to 10 s)
+wait_count() { for _ in $(seq 100); do [ "$(grep -c -- "$2" "$1")" -ge "$3" ] && return 0; sleep 0.1; done; echo "(timed out waiting for: $2)"; return 1; }
 
 step "Simulated node profiles (KGPU_SIM_NODE selects one; a YAML file works too)"
 "$bin/kgpu-simctl" profiles
@@ -54,6 +56,42 @@ echo; echo "\$ kgpu-simctl hang 1 2500   # every NVML call on GPU 1 blocks for 2
 wait_for "$work/health.log" "$u1 Unhealthy: NVML call" && grep "change:" "$work/health.log" | tail -1
 wait_for "$work/health.log" "$u1 Healthy" && grep "change:" "$work/health.log" | tail -1
 kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null || true; watcher=""
+
+step "kgpu device-plugin on the 8x H100 node: time-slicing, 4 replicas per GPU, against a kubelet stand-in"
+kdir=$work/kubelet; mkdir -p "$kdir"
+cat >"$work/plugin.yaml" <<'YAML'
+version: v1                      # NVIDIA's config schema, unchanged
+flags:
+  plugin:
+    passDeviceSpecs: true
+    deviceListStrategy: volume-mounts
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+health:                          # kgpu: XID policy and recovery (NVIDIA never recovers)
+  recoverAfter: 3s
+  probeInterval: 200ms
+YAML
+sed 's/^/    /' "$work/plugin.yaml"
+"$bin/kgpu-simctl" reset
+"$bin/kgpu-fake-kubelet" serve --dir "$kdir" --duration 40 >"$work/kubelet.log" 2>&1 &
+kubelet=$!
+"$bin/kgpu" --log-level warn device-plugin --kubelet-dir "$kdir" --config-file "$work/plugin.yaml" >"$work/plugin.log" 2>&1 &
+plugin=$!
+wait_for "$work/kubelet.log" "ListAndWatch nvidia.com/gpu: 32 devices, 32 healthy" && cat "$work/kubelet.log"
+echo; echo "\$ ls $kdir"; ls "$kdir"
+echo; echo "One allocation, as kubelet asks for it (GetPreferredAllocation, then Allocate):"
+"$bin/kgpu-fake-kubelet" allocate --dir "$kdir" --endpoint nvidia-gpu.sock --count 2 | sed 's/^/  /'
+echo; echo "\$ kgpu-simctl xid 3 48      # every replica of GPU 3 turns Unhealthy in one update"
+"$bin/kgpu-simctl" xid 3 48
+wait_for "$work/kubelet.log" "28 healthy" && grep "28 healthy" "$work/kubelet.log" | head -1
+echo "(recovery after 3 s without a new fault, checked by a probe)"
+wait_count "$work/kubelet.log" "32 healthy" 2 && tail -1 "$work/kubelet.log"
+kill -TERM "$plugin"; wait "$plugin" 2>/dev/null || true
+kill -TERM "$kubelet" 2>/dev/null; wait "$kubelet" 2>/dev/null || true
+echo "\$ kill -TERM <plugin>; ls $kdir   # our socket is gone"; ls "$kdir"
 
 export KGPU_SIM_NODE=dgx-a100-mig
 step "An 8x A100 node with MIG on GPUs 0 and 1; an XID on one MIG instance"

@@ -19,7 +19,7 @@ constexpr auto kShutdownGrace = std::chrono::seconds(1);
 absl::Status ToAbsl(const grpc::Status& s) {
   if (s.ok())
     return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return {static_cast<absl::StatusCode>(s.error_code()), s.error_message()};
 }
 
 std::string Quote(const std::string& s) {

@@ -92,6 +92,8 @@ class FakeKubelet {
   ~FakeKubelet();
   FakeKubelet(const FakeKubelet&) = delete;
   FakeKubelet& operator=(const FakeKubelet&) = delete;
+  FakeKubelet(FakeKubelet&&) = delete;
+  FakeKubelet& operator=(FakeKubelet&&) = delete;
 
   // Called for every event, one at a time, from gRPC or stream threads. Set before Start().
   void OnEvent(std::function<void(const FakeKubeletEvent&)> callback);
@@ -105,7 +107,7 @@ class FakeKubelet {
   // Stops the server, cancels and joins every stream. Idempotent; also done by the destructor.
   void Stop();
 
-  const std::string& dir() const { return dir_; }
+  const std::string& Dir() const { return dir_; }
   std::string SocketPath() const { return dir_ + "/" + kKubeletSocket; }
 
   // Waits until `resource` exists and pred(state) holds; false on timeout. pred runs under the

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <ctime>
 #include <iostream>
 #include <map>
@@ -22,7 +23,6 @@
 #include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 #include <pthread.h>
-#include <signal.h>
 
 #include "absl/status/status.h"
 #include "testing/fake_kubelet.h"

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,7 +17,6 @@
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <sys/inotify.h>
 #include <unistd.h>
 
@@ -58,7 +58,7 @@ class TestPlugin final : public v1beta1::DevicePlugin::Service {
     stop_ = end;
     cv_.notify_all();
   }
-  int cancelled_streams() {
+  int CancelledStreams() {
     std::lock_guard<std::mutex> l(mu_);
     return cancelled_streams_;
   }
@@ -66,11 +66,11 @@ class TestPlugin final : public v1beta1::DevicePlugin::Service {
     std::unique_lock<std::mutex> l(mu_);
     return cv_.wait_for(l, timeout, [&] { return cancelled_streams_ >= n; });
   }
-  v1beta1::AllocateRequest last_allocate() {
+  v1beta1::AllocateRequest LastAllocate() {
     std::lock_guard<std::mutex> l(mu_);
     return last_allocate_;
   }
-  v1beta1::PreferredAllocationRequest last_preferred() {
+  v1beta1::PreferredAllocationRequest LastPreferred() {
     std::lock_guard<std::mutex> l(mu_);
     return last_preferred_;
   }
@@ -144,7 +144,7 @@ class TestPlugin final : public v1beta1::DevicePlugin::Service {
       std::string ids;
       for (const auto& id : c.devices_ids()) {
         if (id == "bad")
-          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "unknown device bad");
+          return {grpc::StatusCode::INVALID_ARGUMENT, "unknown device bad"};
         ids += (ids.empty() ? "" : ",") + id;
         auto* spec = out->add_devices();
         spec->set_host_path("/dev/fake-" + id);
@@ -179,16 +179,20 @@ class PluginServer {
   PluginServer(std::string dir, std::string endpoint, bool preferred = true)
       : dir_(std::move(dir)), endpoint_(std::move(endpoint)), plugin_(preferred) {}
   ~PluginServer() { Shutdown(); }
+  PluginServer(const PluginServer&) = delete;
+  PluginServer& operator=(const PluginServer&) = delete;
+  PluginServer(PluginServer&&) = delete;
+  PluginServer& operator=(PluginServer&&) = delete;
 
-  TestPlugin& plugin() { return plugin_; }
-  std::string path() const { return dir_ + "/" + endpoint_; }
+  TestPlugin& Plugin() { return plugin_; }
+  std::string Path() const { return dir_ + "/" + endpoint_; }
 
   bool Serve() {
     std::error_code ec;
-    fs::remove(path(), ec);
+    fs::remove(Path(), ec);
     plugin_.EndStreams(false);
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("unix:" + path(), grpc::InsecureServerCredentials());
+    builder.AddListeningPort("unix:" + Path(), grpc::InsecureServerCredentials());
     builder.RegisterService(&plugin_);
     server_ = builder.BuildAndStart();
     return server_ != nullptr;
@@ -295,7 +299,7 @@ TEST(ExtendedResourceName, FollowsKubernetes) {
 TEST_F(FakeKubeletTest, RefusesBadVersionAndResourceName) {
   PluginServer p(dir_, "p.sock");
   ASSERT_TRUE(p.Serve());
-  p.plugin().SetDevices(FourGpus());
+  p.Plugin().SetDevices(FourGpus());
 
   grpc::Status s = p.Register("example.com/gpu", "v1alpha");
   EXPECT_FALSE(s.ok());
@@ -331,7 +335,7 @@ TEST_F(FakeKubeletTest, RefusesPluginWithoutOptions) {
 TEST_F(FakeKubeletTest, RecordsRegistrationAndListAndWatch) {
   PluginServer p(dir_, "p.sock", /*preferred=*/true);
   ASSERT_TRUE(p.Serve());
-  p.plugin().SetDevices(FourGpus());
+  p.Plugin().SetDevices(FourGpus());
   ASSERT_TRUE(p.Register("example.com/gpu").ok());
 
   // Register is synchronous: the resource exists when it returns.
@@ -357,7 +361,7 @@ TEST_F(FakeKubeletTest, RecordsRegistrationAndListAndWatch) {
   // A second full list with one unhealthy device.
   auto devices = FourGpus();
   devices[1].set_health(kUnhealthy);
-  p.plugin().SetDevices(devices);
+  p.Plugin().SetDevices(devices);
   ASSERT_TRUE(kubelet_->WaitFor(
       "example.com/gpu", [](const ResourceState& s) { return s.Unhealthy() == 1; }, kWait));
   st = kubelet_->Get("example.com/gpu");
@@ -370,14 +374,14 @@ TEST_F(FakeKubeletTest, RecordsRegistrationAndListAndWatch) {
 TEST_F(FakeKubeletTest, AllocateAndPreferredAllocationRoundTrip) {
   PluginServer p(dir_, "p.sock");
   ASSERT_TRUE(p.Serve());
-  p.plugin().SetDevices(FourGpus());
+  p.Plugin().SetDevices(FourGpus());
   ASSERT_TRUE(p.Register("example.com/gpu").ok());
 
   auto preferred = kubelet_->GetPreferredAllocation(
       "example.com/gpu", {"GPU-0", "GPU-1", "GPU-2", "GPU-3"}, {"GPU-3"}, 2);
   ASSERT_TRUE(preferred.ok()) << preferred.status();
   EXPECT_EQ(*preferred, (std::vector<std::string>{"GPU-3", "GPU-0"}));
-  const auto asked = p.plugin().last_preferred();
+  const auto asked = p.Plugin().LastPreferred();
   ASSERT_EQ(asked.container_requests_size(), 1);
   EXPECT_EQ(asked.container_requests(0).allocation_size(), 2);
   EXPECT_EQ(asked.container_requests(0).available_deviceids_size(), 4);
@@ -388,7 +392,7 @@ TEST_F(FakeKubeletTest, AllocateAndPreferredAllocationRoundTrip) {
   ASSERT_EQ(response->container_responses_size(), 1);
   EXPECT_EQ(response->container_responses(0).envs().at("TEST_VISIBLE_DEVICES"), "GPU-3,GPU-0");
   EXPECT_EQ(response->container_responses(0).devices_size(), 2);
-  const auto request = p.plugin().last_allocate();
+  const auto request = p.Plugin().LastAllocate();
   ASSERT_EQ(request.container_requests_size(), 1);
   EXPECT_EQ(request.container_requests(0).devices_ids_size(), 2);
 
@@ -405,7 +409,7 @@ TEST_F(FakeKubeletTest, AllocateAndPreferredAllocationRoundTrip) {
 TEST_F(FakeKubeletTest, PluginGoneMeansDisconnectedAndUnhealthy) {
   PluginServer p(dir_, "p.sock");
   ASSERT_TRUE(p.Serve());
-  p.plugin().SetDevices(FourGpus());
+  p.Plugin().SetDevices(FourGpus());
   ASSERT_TRUE(p.Register("example.com/gpu").ok());
   ASSERT_TRUE(kubelet_->WaitFor(
       "example.com/gpu", [](const ResourceState& s) { return s.Healthy() == 4; }, kWait));
@@ -426,8 +430,8 @@ TEST_F(FakeKubeletTest, ReRegistrationReplacesTheEndpoint) {
   PluginServer b(dir_, "b.sock", /*preferred=*/false);
   ASSERT_TRUE(a.Serve());
   ASSERT_TRUE(b.Serve());
-  a.plugin().SetDevices(FourGpus());
-  b.plugin().SetDevices({MakeDevice("X-0", kHealthy)});
+  a.Plugin().SetDevices(FourGpus());
+  b.Plugin().SetDevices({MakeDevice("X-0", kHealthy)});
   ASSERT_TRUE(a.Register("example.com/gpu").ok());
   ASSERT_TRUE(kubelet_->WaitFor(
       "example.com/gpu", [](const ResourceState& s) { return s.updates == 1; }, kWait));
@@ -441,14 +445,14 @@ TEST_F(FakeKubeletTest, ReRegistrationReplacesTheEndpoint) {
   EXPECT_FALSE(st->options.get_preferred_allocation_available());
   EXPECT_TRUE(st->connected);
   // The old stream was cancelled by the kubelet side.
-  EXPECT_TRUE(a.plugin().WaitCancelledStreams(1, kWait));
-  EXPECT_EQ(a.plugin().cancelled_streams(), 1);
+  EXPECT_TRUE(a.Plugin().WaitCancelledStreams(1, kWait));
+  EXPECT_EQ(a.Plugin().CancelledStreams(), 1);
   // And later updates from the old plugin are not taken.
-  a.plugin().SetDevices({});
+  a.Plugin().SetDevices({});
   auto response = kubelet_->Allocate("example.com/gpu", {"X-0"});
   ASSERT_TRUE(response.ok()) << response.status();
-  EXPECT_EQ(b.plugin().last_allocate().container_requests_size(), 1);
-  EXPECT_EQ(a.plugin().last_allocate().container_requests_size(), 0);
+  EXPECT_EQ(b.Plugin().LastAllocate().container_requests_size(), 1);
+  EXPECT_EQ(a.Plugin().LastAllocate().container_requests_size(), 0);
 }
 
 TEST_F(FakeKubeletTest, RestartDeletesSocketsAndPluginRegistersAgain) {
@@ -458,7 +462,7 @@ TEST_F(FakeKubeletTest, RestartDeletesSocketsAndPluginRegistersAgain) {
 
   PluginServer p(dir_, "p.sock");
   ASSERT_TRUE(p.Serve());
-  p.plugin().SetDevices(FourGpus());
+  p.Plugin().SetDevices(FourGpus());
   ASSERT_TRUE(p.Register("example.com/gpu").ok());
   ASSERT_TRUE(kubelet_->WaitFor(
       "example.com/gpu", [](const ResourceState& s) { return s.updates == 1; }, kWait));
@@ -470,7 +474,7 @@ TEST_F(FakeKubeletTest, RestartDeletesSocketsAndPluginRegistersAgain) {
   ASSERT_TRUE(kubelet_->Restart().ok());
   const std::vector<std::string> events = ReadInotify(watch);
   ::close(watch);
-  EXPECT_FALSE(fs::exists(p.path()));  // the plugin's socket is gone
+  EXPECT_FALSE(fs::exists(p.Path()));  // the plugin's socket is gone
   ASSERT_TRUE(IsSocket(dir_ + "/kubelet.sock"));
   EXPECT_TRUE(Contains(events, "DELETE p.sock")) << ::testing::PrintToString(events);
   ASSERT_FALSE(events.empty());
@@ -485,7 +489,7 @@ TEST_F(FakeKubeletTest, RestartDeletesSocketsAndPluginRegistersAgain) {
   // What a plugin does on kubelet restart: serve again, register again.
   p.Shutdown();
   ASSERT_TRUE(p.Serve());
-  ASSERT_TRUE(IsSocket(p.path()));
+  ASSERT_TRUE(IsSocket(p.Path()));
   ASSERT_TRUE(p.Register("example.com/gpu").ok());
   ASSERT_TRUE(kubelet_->WaitFor(
       "example.com/gpu",
@@ -507,7 +511,7 @@ TEST_F(FakeKubeletTest, EventsArriveInOrder) {
   ASSERT_TRUE(k.Start().ok());
   PluginServer p(dir_ + "/k2", "p.sock");
   ASSERT_TRUE(p.Serve());
-  p.plugin().SetDevices(FourGpus());
+  p.Plugin().SetDevices(FourGpus());
   ASSERT_TRUE(p.Register("example.com/gpu").ok());
   ASSERT_TRUE(k.WaitFor(
       "example.com/gpu", [](const ResourceState& s) { return s.updates == 1; }, kWait));
