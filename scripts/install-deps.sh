@@ -8,9 +8,10 @@ PACKAGES=(
   clang libclang-rt-14-dev
   libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libcurl4-openssl-dev
+  libcurl4-openssl-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 procps
+  python3 python3-yaml procps curl
+  prometheus
 )
 
 missing=()

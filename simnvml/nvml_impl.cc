@@ -1023,8 +1023,11 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count
         case NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: v = Energy(d); break;
         case NVML_FI_DEV_NVLINK_LINK_COUNT: v = d.node.profile().nvlink == "none" ? 0 : d.model().nvlinks; break;
         case NVML_FI_DEV_PCIE_REPLAY_COUNTER: v = d.g.pcie_replay; break;
-        case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: v = d.g.nvlink_tx_kib; break;
-        case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: v = d.g.nvlink_rx_kib; break;
+        case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
+        case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
+          if (d.node.profile().nvlink == "none" || d.model().nvlinks == 0) f.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+          v = f.fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? d.g.nvlink_tx_kib : d.g.nvlink_rx_kib;
+          break;
         case NVML_FI_DEV_REMAPPED_COR: v = d.g.remapped_cor; break;
         case NVML_FI_DEV_REMAPPED_UNC: v = d.g.remapped_unc; break;
         case NVML_FI_DEV_REMAPPED_PENDING: v = d.g.remapped_pending; break;

@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/device_plugin_cmd.h"
+#include "cli/exporter_cmd.h"
 #include "common/log.h"
 
 namespace {
@@ -51,6 +52,14 @@ int Main(int argc, char** argv) {
   auto* device_plugin = app.add_subcommand(
       "device-plugin", "serve GPUs to kubelet (Device Plugin API v1beta1); NVIDIA's flags and config");
   kgpu::cli::AddDevicePluginFlags(device_plugin, &dp_flags);
+  kgpu::cli::ExporterFlags exp_flags;
+  auto* exporter = app.add_subcommand(
+      "exporter", "dcgm-exporter-compatible GPU metrics on :9400/metrics, with per-pod attribution");
+  kgpu::cli::AddExporterFlags(exporter, &exp_flags);
+  auto* node_cmd = app.add_subcommand(
+      "node", "device plugin and exporter in one process (one NVML session, one inventory)");
+  kgpu::cli::AddDevicePluginFlags(node_cmd, &dp_flags);
+  kgpu::cli::AddExporterFlags(node_cmd, &exp_flags);
 
   CLI11_PARSE(app, argc, argv);
   if (!kgpu::SetLogLevel(log_level)) {
@@ -64,12 +73,14 @@ int Main(int argc, char** argv) {
   }
   if (devices->parsed()) return kgpu::cli::RunDevices(node, json, std::cout);
   if (doctor->parsed()) return kgpu::cli::RunDoctor(node, json, std::cout);
-  if (device_plugin->parsed()) {
-    // Signals are taken by sigwait() in RunDevicePlugin: block them before any thread starts.
+  if (device_plugin->parsed() || exporter->parsed() || node_cmd->parsed()) {
+    // Signals are taken by sigwait(): block them before any thread starts.
     sigset_t signals;
     sigemptyset(&signals);
     for (int s : {SIGHUP, SIGTERM, SIGINT, SIGQUIT}) sigaddset(&signals, s);
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    if (exporter->parsed()) return kgpu::cli::RunExporter(node, exp_flags);
+    if (node_cmd->parsed()) return kgpu::cli::RunNode(node, dp_flags, exp_flags);
     return kgpu::cli::RunDevicePlugin(node, dp_flags);
   }
   if (health->parsed()) {

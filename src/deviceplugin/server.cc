@@ -14,6 +14,7 @@
 #include <random>
 
 #include "common/log.h"
+#include "common/sleep.h"
 #include "common/strings.h"
 #include "deviceplugin/allocator.h"
 #include "deviceplugin/cdi.h"
@@ -43,12 +44,6 @@ bool Exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-bool SleepFor(std::stop_token stop, std::chrono::milliseconds d) {
-  std::mutex mu;
-  std::condition_variable_any cv;
-  std::unique_lock<std::mutex> lock(mu);
-  return !cv.wait_for(lock, stop, d, [] { return false; }) && !stop.stop_requested();
-}
 
 }  // namespace
 

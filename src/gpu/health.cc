@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "common/sleep.h"
 #include "common/strings.h"
 
 namespace kgpu::gpu {
@@ -10,13 +11,6 @@ namespace {
 
 constexpr uint64_t kXidFallenOffBus = 79;
 
-// Sleeps until `d` passes or stop is requested; false when stopped.
-bool SleepFor(std::stop_token stop, std::chrono::milliseconds d) {
-  std::mutex mu;
-  std::condition_variable_any cv;
-  std::unique_lock<std::mutex> lock(mu);
-  return !cv.wait_for(lock, stop, d, [] { return false; }) && !stop.stop_requested();
-}
 
 }  // namespace
 

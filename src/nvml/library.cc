@@ -55,7 +55,20 @@ namespace kgpu::nvml {
   OPT(nvmlDeviceRegisterEvents, "nvmlDeviceRegisterEvents")                                 \
   OPT(nvmlEventSetCreate, "nvmlEventSetCreate")                                             \
   OPT(nvmlEventSetFree, "nvmlEventSetFree")                                                 \
-  OPT(nvmlEventSetWait_v2, "nvmlEventSetWait_v2")
+  OPT(nvmlEventSetWait_v2, "nvmlEventSetWait_v2")                                           \
+  OPT(nvmlDeviceGetUtilizationRates, "nvmlDeviceGetUtilizationRates")                       \
+  OPT(nvmlDeviceGetEncoderUtilization, "nvmlDeviceGetEncoderUtilization")                   \
+  OPT(nvmlDeviceGetDecoderUtilization, "nvmlDeviceGetDecoderUtilization")                   \
+  OPT(nvmlDeviceGetClockInfo, "nvmlDeviceGetClockInfo")                                     \
+  OPT(nvmlDeviceGetPowerUsage, "nvmlDeviceGetPowerUsage")                                   \
+  OPT(nvmlDeviceGetTotalEnergyConsumption, "nvmlDeviceGetTotalEnergyConsumption")           \
+  OPT(nvmlDeviceGetPcieReplayCounter, "nvmlDeviceGetPcieReplayCounter")                     \
+  OPT(nvmlDeviceGetTotalEccErrors, "nvmlDeviceGetTotalEccErrors")                           \
+  OPT(nvmlDeviceGetRemappedRows, "nvmlDeviceGetRemappedRows")                               \
+  OPT(nvmlDeviceGetFieldValues, "nvmlDeviceGetFieldValues")                                 \
+  OPT(nvmlDeviceGetComputeRunningProcesses_v3, "nvmlDeviceGetComputeRunningProcesses_v3",   \
+      "nvmlDeviceGetComputeRunningProcesses_v2")                                            \
+  OPT(nvmlDeviceGetProcessUtilization, "nvmlDeviceGetProcessUtilization")
 
 struct Library::Symbols {
 #define KGPU_MEMBER(name, ...) decltype(&::name) name = nullptr;
@@ -297,12 +310,12 @@ absl::StatusOr<MemoryInfo> Library::Memory(Device d) const {
     nvmlMemory_v2_t m{};
     m.version = nvmlMemory_v2;
     auto st = KGPU_CALL(nvmlDeviceGetMemoryInfo_v2, H(d), &m);
-    if (st.ok()) return MemoryInfo{m.total, m.reserved, m.used, m.free};
+    if (st.ok()) return MemoryInfo{m.total, m.reserved, m.used, m.free, true};
     if (!IsNoValue(st) && ReturnOf(st) != Return::kUnknown) return st;
   }
   nvmlMemory_t m{};
   if (auto st = KGPU_CALL(nvmlDeviceGetMemoryInfo, H(d), &m); !st.ok()) return st;
-  return MemoryInfo{m.total, 0, m.used, m.free};
+  return MemoryInfo{m.total, 0, m.used, m.free, false};
 }
 
 absl::StatusOr<std::pair<int, int>> Library::ComputeCapability(Device d) const {
@@ -405,6 +418,132 @@ absl::StatusOr<uint64_t> Library::SupportedEvents(Device d) const {
   unsigned long long types = 0;
   if (auto st = KGPU_CALL(nvmlDeviceGetSupportedEventTypes, H(d), &types); !st.ok()) return st;
   return types;
+}
+
+absl::StatusOr<Library::Utilization> Library::GetUtilization(Device d) const {
+  nvmlUtilization_t u{};
+  if (auto st = KGPU_CALL(nvmlDeviceGetUtilizationRates, H(d), &u); !st.ok()) return st;
+  return Utilization{u.gpu, u.memory};
+}
+
+absl::StatusOr<unsigned> Library::EncoderUtilization(Device d) const {
+  unsigned util = 0, period = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetEncoderUtilization, H(d), &util, &period); !st.ok()) return st;
+  return util;
+}
+
+absl::StatusOr<unsigned> Library::DecoderUtilization(Device d) const {
+  unsigned util = 0, period = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetDecoderUtilization, H(d), &util, &period); !st.ok()) return st;
+  return util;
+}
+
+absl::StatusOr<unsigned> Library::ClockMhz(Device d, Clock clock) const {
+  unsigned mhz = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetClockInfo, H(d), static_cast<nvmlClockType_t>(clock), &mhz); !st.ok()) {
+    return st;
+  }
+  return mhz;
+}
+
+absl::StatusOr<unsigned> Library::PowerMw(Device d) const {
+  unsigned mw = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetPowerUsage, H(d), &mw); !st.ok()) return st;
+  return mw;
+}
+
+absl::StatusOr<uint64_t> Library::EnergyMj(Device d) const {
+  unsigned long long mj = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetTotalEnergyConsumption, H(d), &mj); !st.ok()) return st;
+  return mj;
+}
+
+absl::StatusOr<unsigned> Library::PcieReplayCounter(Device d) const {
+  unsigned n = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetPcieReplayCounter, H(d), &n); !st.ok()) return st;
+  return n;
+}
+
+absl::StatusOr<uint64_t> Library::EccErrors(Device d, bool uncorrected, bool aggregate) const {
+  unsigned long long n = 0;
+  auto st = KGPU_CALL(nvmlDeviceGetTotalEccErrors, H(d),
+                      uncorrected ? NVML_MEMORY_ERROR_TYPE_UNCORRECTED : NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                      aggregate ? NVML_AGGREGATE_ECC : NVML_VOLATILE_ECC, &n);
+  if (!st.ok()) return st;
+  return n;
+}
+
+absl::StatusOr<Library::RemappedRows> Library::GetRemappedRows(Device d) const {
+  RemappedRows r;
+  if (auto st = KGPU_CALL(nvmlDeviceGetRemappedRows, H(d), &r.correctable, &r.uncorrectable, &r.pending,
+                          &r.failure);
+      !st.ok()) {
+    return st;
+  }
+  return r;
+}
+
+absl::StatusOr<std::vector<std::optional<uint64_t>>> Library::FieldValues(
+    Device d, const std::vector<unsigned>& ids) const {
+  std::vector<nvmlFieldValue_t> values(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) values[i].fieldId = ids[i];
+  if (auto st = KGPU_CALL(nvmlDeviceGetFieldValues, H(d), static_cast<int>(values.size()), values.data());
+      !st.ok()) {
+    return st;
+  }
+  std::vector<std::optional<uint64_t>> out;
+  for (const auto& v : values) {
+    if (v.nvmlReturn != NVML_SUCCESS) {
+      out.emplace_back();
+      continue;
+    }
+    switch (v.valueType) {
+      case NVML_VALUE_TYPE_DOUBLE: out.emplace_back(static_cast<uint64_t>(v.value.dVal)); break;
+      case NVML_VALUE_TYPE_UNSIGNED_INT: out.emplace_back(v.value.uiVal); break;
+      case NVML_VALUE_TYPE_UNSIGNED_LONG: out.emplace_back(v.value.ulVal); break;
+      case NVML_VALUE_TYPE_SIGNED_LONG_LONG: out.emplace_back(static_cast<uint64_t>(v.value.sllVal)); break;
+      case NVML_VALUE_TYPE_SIGNED_INT: out.emplace_back(static_cast<uint64_t>(v.value.siVal)); break;
+      default: out.emplace_back(v.value.ullVal); break;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<Library::ProcessInfo>> Library::ComputeProcesses(Device d) const {
+  std::vector<nvmlProcessInfo_t> infos(16);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    unsigned count = static_cast<unsigned>(infos.size());
+    auto st = KGPU_CALL(nvmlDeviceGetComputeRunningProcesses_v3, H(d), &count, infos.data());
+    if (ReturnOf(st) == Return::kInsufficientSize) {
+      infos.resize(count + 8);  // processes started meanwhile: retry with room to spare
+      continue;
+    }
+    if (!st.ok()) return st;
+    std::vector<ProcessInfo> out;
+    for (unsigned i = 0; i < count; ++i) {
+      out.push_back({infos[i].pid, infos[i].usedGpuMemory, infos[i].gpuInstanceId, infos[i].computeInstanceId});
+    }
+    return out;
+  }
+  return absl::ResourceExhaustedError("nvmlDeviceGetComputeRunningProcesses: the process list keeps growing");
+}
+
+absl::StatusOr<std::vector<Library::ProcessSample>> Library::ProcessUtilization(Device d,
+                                                                              uint64_t last_seen_us) const {
+  unsigned count = 0;
+  auto st = KGPU_CALL(nvmlDeviceGetProcessUtilization, H(d), nullptr, &count, last_seen_us);
+  if (ReturnOf(st) == Return::kNotFound) return std::vector<ProcessSample>{};
+  if (!st.ok() && ReturnOf(st) != Return::kInsufficientSize) return st;
+  std::vector<nvmlProcessUtilizationSample_t> samples(count + 4);
+  count = static_cast<unsigned>(samples.size());
+  st = KGPU_CALL(nvmlDeviceGetProcessUtilization, H(d), samples.data(), &count, last_seen_us);
+  if (ReturnOf(st) == Return::kNotFound) return std::vector<ProcessSample>{};
+  if (!st.ok()) return st;
+  std::vector<ProcessSample> out;
+  for (unsigned i = 0; i < count; ++i) {
+    out.push_back({samples[i].pid, samples[i].smUtil, samples[i].memUtil, samples[i].timeStamp});
+  }
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<EventSet>> Library::CreateEventSet() const {

@@ -63,6 +63,7 @@ struct PciInfo {
 
 struct MemoryInfo {
   uint64_t total = 0, reserved = 0, used = 0, free = 0;  // bytes
+  bool reserved_known = false;  // nvmlDeviceGetMemoryInfo_v2 answered (v1 counts reserved as used)
 };
 
 struct MigMode {
@@ -96,6 +97,7 @@ inline constexpr uint64_t kEventSingleBitEcc = 0x1;
 inline constexpr uint64_t kEventDoubleBitEcc = 0x2;
 inline constexpr uint64_t kEventXid = 0x8;
 inline constexpr unsigned kNoInstance = 0xFFFFFFFFU;
+inline constexpr unsigned kNoInstanceId = kNoInstance;
 
 class Library;
 
@@ -153,6 +155,39 @@ class Library {
   absl::StatusOr<int> CommonAncestor(Device a, Device b) const;
   absl::StatusOr<std::vector<NvLink>> ActiveNvLinks(Device d) const;
   absl::StatusOr<uint64_t> SupportedEvents(Device d) const;
+
+  // Telemetry (the exporter's sampler).
+  struct Utilization {
+    unsigned gpu = 0, memory = 0;
+  };
+  struct RemappedRows {
+    unsigned correctable = 0, uncorrectable = 0, pending = 0, failure = 0;
+  };
+  struct ProcessInfo {
+    unsigned pid = 0;
+    uint64_t used_bytes = 0;
+    unsigned gi = kNoInstanceId, ci = kNoInstanceId;
+  };
+  struct ProcessSample {
+    unsigned pid = 0;
+    unsigned sm_util = 0, mem_util = 0;
+    uint64_t timestamp_us = 0;
+  };
+  enum class Clock { kGraphics = 0, kSm = 1, kMem = 2 };
+  absl::StatusOr<Utilization> GetUtilization(Device d) const;
+  absl::StatusOr<unsigned> EncoderUtilization(Device d) const;
+  absl::StatusOr<unsigned> DecoderUtilization(Device d) const;
+  absl::StatusOr<unsigned> ClockMhz(Device d, Clock clock) const;
+  absl::StatusOr<unsigned> PowerMw(Device d) const;
+  absl::StatusOr<uint64_t> EnergyMj(Device d) const;
+  absl::StatusOr<unsigned> PcieReplayCounter(Device d) const;
+  absl::StatusOr<uint64_t> EccErrors(Device d, bool uncorrected, bool aggregate) const;
+  absl::StatusOr<RemappedRows> GetRemappedRows(Device d) const;
+  // nvmlDeviceGetFieldValues: one entry per id, nullopt where NVML has no value for it.
+  absl::StatusOr<std::vector<std::optional<uint64_t>>> FieldValues(Device d,
+                                                                   const std::vector<unsigned>& ids) const;
+  absl::StatusOr<std::vector<ProcessInfo>> ComputeProcesses(Device d) const;
+  absl::StatusOr<std::vector<ProcessSample>> ProcessUtilization(Device d, uint64_t last_seen_us) const;
   absl::StatusOr<std::unique_ptr<EventSet>> CreateEventSet() const;
 
   const Symbols& symbols() const { return *syms_; }

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <csignal>
 #include <ctime>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <set>
@@ -176,7 +177,13 @@ void PrintResponse(const v1beta1::AllocateResponse& response) {
 
 int Allocate(const std::string& dir, const std::string& endpoint, int count,
              const std::string& available_flag, unsigned timeout_s) {
-  const std::string target = "unix:" + dir + "/" + endpoint;
+  const std::string path = dir + "/" + endpoint;
+  const std::string target = "unix:" + path;
+  std::error_code ec;
+  if (!std::filesystem::is_socket(std::filesystem::status(path, ec))) {
+    std::cerr << "kgpu-fake-kubelet: no plugin socket at " << path << "\n";
+    return 1;
+  }
   grpc::ChannelArguments args;
   args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, "localhost");
   auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);

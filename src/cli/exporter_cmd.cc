@@ -1,0 +1,167 @@
+#include "cli/exporter_cmd.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "common/log.h"
+#include "common/strings.h"
+#include "deviceplugin/server.h"
+#include "gpu/inventory.h"
+#include "nvml/library.h"
+
+namespace kgpu::cli {
+namespace {
+
+std::string Hostname() {
+  const char* node = std::getenv("NODE_NAME");  // NOLINT(concurrency-mt-unsafe): start-up only
+  if (node != nullptr && *node != '\0') return node;
+  char host[256] = {};
+  return gethostname(host, sizeof host - 1) == 0 ? host : "";
+}
+
+int WaitForStop() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  for (int s : {SIGHUP, SIGTERM, SIGINT, SIGQUIT}) sigaddset(&signals, s);
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&signals, &sig) == 0 && sig != SIGHUP) return sig;
+  }
+}
+
+}  // namespace
+
+void AddExporterFlags(CLI::App* app, ExporterFlags* f) {
+  app->add_option("-f,--collectors", f->collectors, "counters CSV in dcgm-exporter's format (default: built in)")
+      ->envname("DCGM_EXPORTER_COLLECTORS");
+  app->add_option("-a,--address", f->address, "listen address")->envname("DCGM_EXPORTER_LISTEN")->capture_default_str();
+  app->add_option("-c,--collect-interval", f->interval_ms, "collection interval, ms")
+      ->envname("DCGM_EXPORTER_INTERVAL")
+      ->check(CLI::Range(100U, 3600000U))
+      ->capture_default_str();
+  app->add_flag("-k,--kubernetes", f->kubernetes, "attribute devices to pods (PodResources)")
+      ->envname("DCGM_EXPORTER_KUBERNETES");
+  app->add_option("--kubernetes-gpu-id-type", f->gpu_id_type, "uid or device-name")
+      ->envname("DCGM_EXPORTER_KUBERNETES_GPU_ID_TYPE")
+      ->check(CLI::IsMember({"uid", "device-name"}));
+  app->add_option("--pod-resources-kubelet-socket", f->pod_resources_socket, "kubelet PodResources socket")
+      ->envname("DCGM_POD_RESOURCES_KUBELET_SOCKET")
+      ->capture_default_str();
+  app->add_option("--pod-resources-interval", f->pod_resources_interval_ms,
+                  "how often pod attribution is refreshed, ms (never per scrape)")
+      ->envname("KGPU_POD_RESOURCES_INTERVAL")
+      ->check(CLI::Range(100U, 3600000U));
+  app->add_option("--proc-root", f->proc_root, "procfs of the host (process cgroups, for per-pod figures)")
+      ->envname("KGPU_PROC_ROOT");
+  app->add_option("--kubelet-checkpoint", f->checkpoint, "kubelet's device-manager checkpoint file")
+      ->envname("KGPU_KUBELET_CHECKPOINT");
+  app->add_flag("-n,--no-hostname", f->no_hostname, "omit the Hostname label")->envname("DCGM_EXPORTER_NO_HOSTNAME");
+  app->add_flag("--replace-blanks-in-model-name", f->replace_blanks, "modelName with '-' for blanks")
+      ->envname("DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME");
+  app->add_option("-d,--devices", f->devices, "device selector (kgpu supports f: all GPUs, or GPU instances)")
+      ->envname("DCGM_EXPORTER_DEVICES_STR");
+}
+
+absl::StatusOr<exporter::ExporterOptions> ResolveExporterOptions(const ExporterFlags& f) {
+  if (f.devices != "f") {
+    return absl::InvalidArgumentError(
+        Cat("-d '", f.devices, "': kgpu monitors all GPUs (and GPU instances on MIG GPUs); use -d f"));
+  }
+  exporter::ExporterOptions o;
+  std::vector<std::string> skipped;
+  auto counters = f.collectors.empty()
+                      ? exporter::ParseCounters(exporter::DefaultCountersCsv(), "<default counters>", &skipped)
+                      : exporter::LoadCountersFile(f.collectors, &skipped);
+  if (!counters.ok()) return counters.status();
+  for (const auto& s : skipped) Log("exporter")->info("{}", s);
+  o.counters = std::move(*counters);
+  o.address = f.address;
+  o.interval = std::chrono::milliseconds(f.interval_ms);
+  o.kubernetes = f.kubernetes;
+  o.gpu_id_type = f.gpu_id_type;
+  o.pod_resources_socket = f.pod_resources_socket;
+  o.pod_resources_interval = std::chrono::milliseconds(f.pod_resources_interval_ms);
+  o.proc_root = f.proc_root;
+  o.checkpoint_path = f.checkpoint;
+  o.hostname = f.no_hostname ? "" : Hostname();
+  o.replace_blanks_in_model_name = f.replace_blanks;
+  return o;
+}
+
+namespace {
+
+struct Session {
+  std::unique_ptr<nvml::Library> lib;
+  std::shared_ptr<const gpu::Inventory> inventory;
+};
+
+absl::StatusOr<Session> OpenSession(const NodeOptions& node) {
+  auto lib = nvml::Library::Open({node.nvml_library});
+  if (!lib.ok()) return lib.status();
+  auto inv = gpu::Inventory::Discover(**lib, {node.sysfs_root});
+  if (!inv.ok()) return inv.status();
+  return Session{std::move(*lib), *inv};
+}
+
+}  // namespace
+
+int RunExporter(const NodeOptions& node, const ExporterFlags& flags) {
+  auto options = ResolveExporterOptions(flags);
+  if (!options.ok()) {
+    std::cerr << "kgpu exporter: " << options.status().message() << "\n";
+    return 1;
+  }
+  auto session = OpenSession(node);
+  if (!session.ok()) {
+    std::cerr << "kgpu exporter: " << session.status().message() << "\n";
+    return 1;
+  }
+  exporter::Exporter exp(*session->lib, session->inventory, std::move(*options));
+  if (auto st = exp.Start(); !st.ok()) {
+    std::cerr << "kgpu exporter: " << st.message() << "\n";
+    return 1;
+  }
+  WaitForStop();
+  exp.Stop();
+  return 0;
+}
+
+int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const ExporterFlags& exporter_flags) {
+  auto config = ResolveConfig(plugin);
+  if (!config.ok()) {
+    std::cerr << "kgpu node: " << config.status().message() << "\n";
+    return 1;
+  }
+  auto options = ResolveExporterOptions(exporter_flags);
+  if (!options.ok()) {
+    std::cerr << "kgpu node: " << options.status().message() << "\n";
+    return 1;
+  }
+  auto session = OpenSession(node);
+  if (!session.ok()) {
+    std::cerr << "kgpu node: " << session.status().message() << "\n";
+    return 1;
+  }
+  deviceplugin::Manager manager(*session->lib, session->inventory);
+  if (auto st = manager.Start(*config); !st.ok()) {
+    std::cerr << "kgpu node: " << st.message() << "\n";
+    return 1;
+  }
+  exporter::Exporter exp(*session->lib, session->inventory, std::move(*options));
+  if (auto st = exp.Start(); !st.ok()) {
+    std::cerr << "kgpu node: " << st.message() << "\n";
+    manager.Stop();
+    return 1;
+  }
+  Log("node")->info("device plugin ({}) and exporter (port {}) share one NVML session",
+                    Join(manager.ResourceNames(), ", "), exp.port());
+  WaitForStop();
+  exp.Stop();
+  manager.Stop();
+  return 0;
+}
+
+}  // namespace kgpu::cli

@@ -1,0 +1,463 @@
+#include "exporter/attribution.h"
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <map>
+#include <set>
+#include <system_error>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "absl/status/status.h"
+#include "common/log.h"
+#include "common/strings.h"
+
+namespace kgpu::exporter {
+namespace {
+
+constexpr size_t kMaxCgroupFile = size_t{64} * 1024;
+constexpr size_t kMaxCheckpointFile = size_t{64} * 1024 * 1024;
+
+bool IsHex(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.size() >= prefix.size() && s.substr(0, prefix.size()) == prefix;
+}
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// A pod UID as it appears in a cgroup name: 32 hex digits, separated by `sep` ('-' for
+// cgroupfs, '_' for systemd, which uses '-' for its slice hierarchy). Returned with '-'.
+std::optional<std::string> PodUid(std::string_view raw, char sep) {
+  std::string uid;
+  int hex = 0;
+  for (char c : raw) {
+    if (IsHex(c)) {
+      ++hex;
+      uid.push_back(c);
+    } else if (c == sep) {
+      uid.push_back('-');
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (hex != 32 || uid.front() == '-' || uid.back() == '-')
+    return std::nullopt;
+  return uid;
+}
+
+// "pod<uid>" (cgroupfs) or "<...kubepods...>-pod<uid_>.slice" (systemd).
+std::optional<std::string> PodFromComponent(std::string_view c) {
+  if (StartsWith(c, "pod"))
+    return PodUid(c.substr(3), '-');
+  if (!EndsWith(c, ".slice"))
+    return std::nullopt;
+  c.remove_suffix(6);
+  const size_t at = c.rfind("-pod");
+  if (at == std::string_view::npos)
+    return std::nullopt;
+  if (c.substr(0, at).find("kubepods") == std::string_view::npos)
+    return std::nullopt;
+  return PodUid(c.substr(at + 4), '_');
+}
+
+// "<id>", "cri-containerd-<id>.scope", "crio-<id>", "docker-<id>.scope", ...: the hex ID.
+std::string ContainerFromComponent(std::string_view c) {
+  if (EndsWith(c, ".scope"))
+    c.remove_suffix(6);
+  for (std::string_view prefix : {"cri-containerd-", "containerd-", "crio-", "docker-"}) {
+    if (StartsWith(c, prefix)) {
+      c.remove_prefix(prefix.size());
+      break;
+    }
+  }
+  if (c.size() < 12 || c.size() > 128 || !std::all_of(c.begin(), c.end(), IsHex))
+    return {};
+  return std::string(c);
+}
+
+std::vector<std::string_view> Split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  while (true) {
+    const size_t end = s.find(sep, start);
+    out.push_back(
+        s.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start));
+    if (end == std::string_view::npos)
+      break;
+    start = end + 1;
+  }
+  return out;
+}
+
+std::optional<CgroupInfo> ParseCgroupPath(std::string_view path) {
+  // Components, with "a.slice:cri-containerd:<id>" (the cgroupsPath of a runtime using the
+  // systemd driver, left literal by one using cgroupfs) split into its parts.
+  std::vector<std::string_view> tokens;
+  for (std::string_view component : Split(path, '/')) {
+    for (std::string_view part : Split(component, ':')) {
+      if (part.empty() || part == "cri-containerd" || part == "crio" || part == "docker")
+        continue;
+      tokens.push_back(part);
+    }
+  }
+  // The innermost pod (kubelet-in-a-pod setups nest one pod's cgroups inside another's).
+  for (size_t i = tokens.size(); i-- > 0;) {
+    auto uid = PodFromComponent(tokens[i]);
+    if (!uid)
+      continue;
+    CgroupInfo info{std::move(*uid), {}};
+    if (i + 1 < tokens.size())
+      info.container_id = ContainerFromComponent(tokens[i + 1]);
+    return info;
+  }
+  return std::nullopt;
+}
+
+// Kubelet's checkpoint field path in error messages.
+std::string Where(size_t i, const char* field) {
+  return Cat("Data.PodDeviceEntries[", i, "].", field);
+}
+
+// The whole file (also /proc files, whose size reads as 0); errors start with the path.
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string why =
+        Cat(path, ": ", std::error_code(err, std::generic_category()).message());
+    return err == ENOENT ? absl::NotFoundError(why) : absl::UnavailableError(why);
+  }
+  std::string text;
+  char buf[8192];
+  absl::Status status;
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      status = absl::DataLossError(
+          Cat(path, ": ", std::error_code(errno, std::generic_category()).message()));
+      break;
+    }
+    if (n == 0)
+      break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > limit) {
+      status = absl::ResourceExhaustedError(Cat(path, ": larger than ", limit, " bytes"));
+      break;
+    }
+  }
+  ::close(fd);
+  if (!status.ok())
+    return status;
+  return text;
+}
+
+using HeldKey = std::tuple<std::string, std::string, std::string, std::string>;  // ns,pod,ctr,res
+
+HeldKey Held(const PodRef& p, const std::string& resource) {
+  return {p.namespace_name, p.pod, p.container, resource};
+}
+
+bool PodLess(const PodRef& a, const PodRef& b) {
+  return std::tie(a.namespace_name, a.pod, a.container) <
+         std::tie(b.namespace_name, b.pod, b.container);
+}
+
+bool SamePod(const PodRef& a, const PodRef& b) {
+  return a.namespace_name == b.namespace_name && a.pod == b.pod;
+}
+
+// One pod from several containers' refs: the ref itself if they agree, the pod with an empty
+// container if only the containers differ, nullopt if the pods differ.
+std::optional<PodRef> Merge(const std::vector<PodRef>& refs) {
+  if (refs.empty())
+    return std::nullopt;
+  PodRef out = refs.front();
+  for (const PodRef& r : refs) {
+    if (!SamePod(r, out))
+      return std::nullopt;
+    if (r.container != out.container)
+      out.container.clear();
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string_view StripReplica(std::string_view device_id) {
+  const size_t at = device_id.find("::");
+  return at == std::string_view::npos ? device_id : device_id.substr(0, at);
+}
+
+std::optional<CgroupInfo> ParseCgroup(std::string_view text) {
+  std::optional<CgroupInfo> best;
+  for (std::string_view line : Split(text, '\n')) {
+    if (!line.empty() && line.back() == '\r')
+      line.remove_suffix(1);
+    // "hierarchy-ID:controller-list:cgroup-path"; the path itself may contain ':'.
+    const size_t c1 = line.find(':');
+    if (c1 == std::string_view::npos)
+      continue;
+    const size_t c2 = line.find(':', c1 + 1);
+    if (c2 == std::string_view::npos)
+      continue;
+    auto info = ParseCgroupPath(line.substr(c2 + 1));
+    if (!info)
+      continue;
+    if (!info->container_id.empty())
+      return info;
+    if (!best)
+      best = std::move(info);
+  }
+  return best;
+}
+
+absl::StatusOr<std::vector<CheckpointEntry>> ParseCheckpoint(std::string_view json,
+                                                             std::string_view origin) {
+  auto fail = [&](const std::string& what) {
+    return absl::InvalidArgumentError(Cat(origin, ": ", what));
+  };
+  auto got = [](const nlohmann::json& j) { return std::string(j.type_name()); };
+  if (json.find_first_not_of(" \t\r\n") == std::string_view::npos) {
+    return fail("empty file (not a kubelet device-manager checkpoint)");
+  }
+  try {
+    const nlohmann::json doc = nlohmann::json::parse(json.begin(), json.end());
+    if (!doc.is_object())
+      return fail(Cat("expected a JSON object at the top, got ", got(doc)));
+    const auto data = doc.find("Data");
+    if (data == doc.end()) {
+      return fail("no \"Data\" object: not a kubelet device-manager checkpoint");
+    }
+    if (!data->is_object())
+      return fail(Cat("\"Data\": expected an object, got ", got(*data)));
+    std::vector<CheckpointEntry> out;
+    const auto entries = data->find("PodDeviceEntries");
+    if (entries == data->end() || entries->is_null())
+      return out;  // Go writes a nil slice as null
+    if (!entries->is_array()) {
+      return fail(Cat("Data.PodDeviceEntries: expected a list, got ", got(*entries)));
+    }
+    for (size_t i = 0; i < entries->size(); ++i) {
+      const nlohmann::json& e = (*entries)[i];
+      if (!e.is_object()) {
+        return fail(Cat("Data.PodDeviceEntries[", i, "]: expected an object, got ", got(e)));
+      }
+      CheckpointEntry entry;
+      const std::array<std::pair<const char*, std::string*>, 3> fields{{
+          {"PodUID", &entry.pod_uid},
+          {"ContainerName", &entry.container},
+          {"ResourceName", &entry.resource},
+      }};
+      for (const auto& [field, dest] : fields) {
+        const auto it = e.find(field);
+        if (it == e.end())
+          return fail(Cat(Where(i, field), ": missing"));
+        if (!it->is_string()) {
+          return fail(Cat(Where(i, field), ": expected a string, got ", got(*it)));
+        }
+        *dest = it->get<std::string>();
+      }
+      if (entry.pod_uid.empty())
+        return fail(Cat(Where(i, "PodUID"), ": empty"));
+      auto add_ids = [&](const nlohmann::json& list, const std::string& where) -> absl::Status {
+        if (list.is_null())
+          return absl::OkStatus();
+        if (!list.is_array()) {
+          return fail(Cat(where, ": expected a list of device IDs, got ", got(list)));
+        }
+        for (size_t k = 0; k < list.size(); ++k) {
+          if (!list[k].is_string()) {
+            return fail(Cat(where, "[", k, "]: expected a device ID string, got ", got(list[k])));
+          }
+          entry.device_ids.push_back(list[k].get<std::string>());
+        }
+        return absl::OkStatus();
+      };
+      const auto ids = e.find("DeviceIDs");
+      const std::string where = Where(i, "DeviceIDs");
+      if (ids == e.end())
+        return fail(Cat(where, ": missing"));
+      if (ids->is_object()) {
+        // Kubernetes >= 1.20: NUMA node ("-1" when unknown) -> IDs.
+        for (const auto& [numa, list] : ids->items()) {
+          if (auto s = add_ids(list, Cat(where, "[\"", numa, "\"]")); !s.ok())
+            return s;
+        }
+      } else if (ids->is_array() || ids->is_null()) {
+        if (auto s = add_ids(*ids, where); !s.ok())
+          return s;  // Kubernetes <= 1.19
+      } else {
+        return fail(
+            Cat(where, ": expected a map of NUMA node to device IDs or a list, got ", got(*ids)));
+      }
+      out.push_back(std::move(entry));
+    }
+    return out;
+  } catch (const nlohmann::json::exception& e) {
+    std::string what = e.what();
+    // "[json.exception.parse_error.101] parse error at line 1, ..." -> "parse error at line 1, ..."
+    if (StartsWith(what, "[json.exception.")) {
+      if (const size_t end = what.find("] "); end != std::string::npos)
+        what.erase(0, end + 2);
+    }
+    return fail(Cat("not valid JSON: ", what));
+  }
+}
+
+// ---------------------------------------------------------------- PodAttributor
+
+struct PodAttributor::Snapshot {
+  // Checkpoint: pod UID -> its entries. Shared between snapshots while the file is unreadable.
+  std::shared_ptr<const std::unordered_map<std::string, std::vector<CheckpointEntry>>> by_pod;
+  // PodResources: (resource, device ID) -> every container listed with it (normally one).
+  std::map<std::pair<std::string, std::string>, std::vector<PodRef>> holders;
+  // (namespace, pod, container, resource) -> every device ID the container holds.
+  std::map<HeldKey, std::set<std::string>> held;
+  // Device UUID ("::<n>" stripped) -> containers holding any ID of it, sorted, unique.
+  std::unordered_map<std::string, std::vector<PodRef>> by_device;
+
+  // The one PodResources container, of the entry's name, holding exactly the entry's devices.
+  std::optional<PodRef> Resolve(const CheckpointEntry& e) const {
+    const std::set<std::string> ids(e.device_ids.begin(), e.device_ids.end());
+    if (ids.empty())
+      return std::nullopt;
+    const auto it = holders.find({e.resource, *ids.begin()});
+    if (it == holders.end())
+      return std::nullopt;
+    std::optional<PodRef> found;
+    for (const PodRef& pod : it->second) {
+      if (pod.container != e.container)
+        continue;
+      const auto h = held.find(Held(pod, e.resource));
+      if (h == held.end() || h->second != ids)
+        continue;
+      if (found && !(*found == pod))
+        return std::nullopt;  // two pods' containers of that name hold the same IDs: unclear
+      found = pod;
+    }
+    return found;
+  }
+};
+
+PodAttributor::PodAttributor(Options options) : options_(std::move(options)) {
+  auto empty = std::make_shared<Snapshot>();
+  empty->by_pod =
+      std::make_shared<const std::unordered_map<std::string, std::vector<CheckpointEntry>>>();
+  snapshot_ = std::move(empty);
+}
+
+PodAttributor::~PodAttributor() = default;
+
+std::shared_ptr<const PodAttributor::Snapshot> PodAttributor::Current() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snapshot_;
+}
+
+void PodAttributor::Update(std::vector<DeviceAllocation> allocations) {
+  std::lock_guard<std::mutex> update_lock(update_mu_);
+  auto next = std::make_shared<Snapshot>();
+
+  const std::string& path = options_.checkpoint_path;
+  absl::StatusOr<std::vector<CheckpointEntry>> entries =
+      [&]() -> absl::StatusOr<std::vector<CheckpointEntry>> {
+    auto text = ReadSmallFile(path, kMaxCheckpointFile);
+    if (!text.ok())
+      return text.status();
+    return ParseCheckpoint(*text, path);
+  }();
+  if (entries.ok()) {
+    auto by_pod = std::make_shared<std::unordered_map<std::string, std::vector<CheckpointEntry>>>();
+    for (CheckpointEntry& e : *entries)
+      (*by_pod)[e.pod_uid].push_back(std::move(e));
+    next->by_pod = std::move(by_pod);
+    if (!last_error_.empty()) {
+      Log("exporter")->info("kubelet checkpoint {} is readable again", path);
+      last_error_.clear();
+    }
+  } else {
+    ++checkpoint_failures_;
+    next->by_pod = Current()->by_pod;
+    const std::string error(entries.status().message());
+    if (error != last_error_) {
+      Log("exporter")
+          ->warn(
+              "kubelet device-manager checkpoint unusable: {}; keeping its previous contents ({} "
+              "pods). Attributing GPU processes to pods needs this file: mount the host's "
+              "/var/lib/kubelet/device-plugins into the exporter (read-only is enough)",
+              error, next->by_pod->size());
+      last_error_ = error;
+    }
+  }
+
+  for (DeviceAllocation& a : allocations) {
+    next->holders[{a.resource, a.device_id}].push_back(a.pod);
+    next->held[Held(a.pod, a.resource)].insert(a.device_id);
+    next->by_device[std::string(StripReplica(a.device_id))].push_back(std::move(a.pod));
+  }
+  for (auto& [uuid, pods] : next->by_device) {
+    std::sort(pods.begin(), pods.end(), PodLess);
+    pods.erase(std::unique(pods.begin(), pods.end()), pods.end());
+  }
+
+  std::shared_ptr<const Snapshot> old;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    old = std::exchange(snapshot_, std::move(next));
+  }
+  // `old` is released here, outside mu_.
+}
+
+std::optional<PodRef> PodAttributor::Attribute(unsigned pid, const std::string& gpu_uuid,
+                                               const std::string& mig_uuid) const {
+  auto text = ReadSmallFile(Cat(options_.proc_root, "/", pid, "/cgroup"), kMaxCgroupFile);
+  if (!text.ok())
+    return std::nullopt;  // the process ended, or no hostPID
+  const auto cgroup = ParseCgroup(*text);
+  if (!cgroup)
+    return std::nullopt;
+
+  const auto snap = Current();
+  const auto entries = snap->by_pod->find(cgroup->pod_uid);
+  if (entries == snap->by_pod->end())
+    return std::nullopt;
+  std::vector<PodRef> found;
+  for (const CheckpointEntry& e : entries->second) {
+    const bool on_device =
+        std::any_of(e.device_ids.begin(), e.device_ids.end(), [&](const std::string& id) {
+          const std::string_view d = StripReplica(id);
+          return d == gpu_uuid || (!mig_uuid.empty() && d == mig_uuid);
+        });
+    if (!on_device)
+      continue;
+    if (auto pod = snap->Resolve(e))
+      found.push_back(std::move(*pod));
+  }
+  return Merge(found);
+}
+
+std::vector<PodRef> PodAttributor::PodsOnDevice(const std::string& gpu_or_mig_uuid) const {
+  const auto snap = Current();
+  const auto it = snap->by_device.find(gpu_or_mig_uuid);
+  if (it == snap->by_device.end())
+    return {};
+  return it->second;
+}
+
+std::optional<PodRef> PodAttributor::OwnerOf(const std::string& uuid) const {
+  return Merge(PodsOnDevice(uuid));
+}
+
+}  // namespace kgpu::exporter

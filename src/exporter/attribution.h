@@ -1,0 +1,117 @@
+#pragma once
+// Which Kubernetes pod a GPU process belongs to, from node-local kubelet data only, also when
+// several pods share one time-sliced GPU (device IDs "GPU-<uuid>::<n>"):
+//
+//   pid --(<proc_root>/<pid>/cgroup)--> pod UID
+//   pod UID --(kubelet's device-manager checkpoint)--> (container name, allocated device IDs)
+//   device IDs --(PodResources List)--> (namespace, pod, container)
+//
+// For a process on GPU G, the checkpoint entries of its pod UID whose device IDs (with "::<n>"
+// stripped) include G's UUID or its MIG UUID are candidates; a candidate counts when exactly one
+// PodResources container, of the same name and resource, holds exactly the same device IDs.
+// PodResources alone cannot do this: it has no pod UID, and every replica of G is just "G".
+//
+// ParseCgroup and ParseCheckpoint are pure parsers of untrusted text (fuzzed).
+//
+// Thread-safety: PodAttributor's Update may run on one thread while Attribute, PodsOnDevice
+// and OwnerOf run on others. Update builds a new immutable snapshot without the lock and swaps
+// it in; readers take a reference to the current snapshot under the lock and do their file
+// reads and lookups without it.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "exporter/podresources.h"
+
+namespace kgpu::exporter {
+
+struct CgroupInfo {
+  std::string pod_uid;       // with '-' (systemd's '_' converted back)
+  std::string container_id;  // the runtime's container ID (hex); empty if not in a container
+};
+
+// Parses /proc/<pid>/cgroup (v1 "N:controllers:/path" lines and v2 "0::/path"), with the
+// cgroupfs driver (".../pod<uid>/<id>", also "crio-<id>", "docker-<id>") and the systemd driver
+// (".../kubepods-<qos>-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope", also
+// "crio-<id>.scope", "docker-<id>.scope"), anywhere in the path (so also under a cgroup
+// namespace, "/../.." prefixes, or kind's "kubelet-kubepods" slices). A pod UID is 32 hex digits
+// with optional dashes (UUIDs, and static pods' hash UIDs). nullopt when no line names a pod.
+std::optional<CgroupInfo> ParseCgroup(std::string_view text);
+
+struct CheckpointEntry {
+  std::string pod_uid, container, resource;
+  std::vector<std::string> device_ids;  // as stored (with any "::<n>"), NUMA groups concatenated
+};
+
+// Parses kubelet's device-manager checkpoint (<kubelet dir>/device-plugins/
+// kubelet_internal_checkpoint): {"Data":{"PodDeviceEntries":[{"PodUID","ContainerName",
+// "ResourceName","DeviceIDs","AllocResp"}],"RegisteredDevices":{...}},"Checksum":N}. DeviceIDs is
+// a map NUMA node -> IDs (Kubernetes >= 1.20) or a plain list (older). The checksum is not
+// verified (kubelet's is a hash of Go's in-memory representation). Errors start with
+// "<origin>: " and say what is wrong where.
+[[nodiscard]] absl::StatusOr<std::vector<CheckpointEntry>> ParseCheckpoint(std::string_view json,
+                                                                           std::string_view origin);
+
+// "GPU-x::3" -> "GPU-x"; IDs without "::" are returned unchanged.
+std::string_view StripReplica(std::string_view device_id);
+
+class PodAttributor {
+ public:
+  struct Options {
+    std::string proc_root = "/proc";
+    std::string checkpoint_path = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
+  };
+
+  explicit PodAttributor(Options options);
+  ~PodAttributor();
+  PodAttributor(const PodAttributor&) = delete;
+  PodAttributor& operator=(const PodAttributor&) = delete;
+  PodAttributor(PodAttributor&&) = delete;
+  PodAttributor& operator=(PodAttributor&&) = delete;
+
+  // Replaces the PodResources view and re-reads the checkpoint. If the checkpoint cannot be
+  // read or parsed, the previous checkpoint data is kept, CheckpointFailures() goes up, and a
+  // warning naming the file is logged (once per distinct error, not on every call).
+  void Update(std::vector<DeviceAllocation> allocations);
+
+  // The pod of process `pid` running on GPU `gpu_uuid` (MIG device `mig_uuid`, empty if not
+  // MIG). Reads <proc_root>/<pid>/cgroup on each call. nullopt when the process is in no pod, or
+  // its pod holds no matching allocation. If the process's pod holds the device through several
+  // of its containers, the pod is returned with an empty container (a cgroup's container ID
+  // cannot be mapped to a container name from this data).
+  std::optional<PodRef> Attribute(unsigned pid, const std::string& gpu_uuid,
+                                  const std::string& mig_uuid) const;
+
+  // Every PodResources container holding any ID of the device ("::<n>" stripped), sorted by
+  // (namespace, pod, container), without duplicates.
+  std::vector<PodRef> PodsOnDevice(const std::string& gpu_or_mig_uuid) const;
+
+  // The pod holding `uuid` if exactly one pod does (if several containers of that one pod hold
+  // it, the container is empty); nullopt when none or several pods do.
+  std::optional<PodRef> OwnerOf(const std::string& uuid) const;
+
+  // Updates whose checkpoint read or parse failed (for a degraded-mode metric).
+  uint64_t CheckpointFailures() const { return checkpoint_failures_.load(); }
+
+ private:
+  struct Snapshot;
+
+  std::shared_ptr<const Snapshot> Current() const;
+
+  const Options options_;
+  std::mutex update_mu_;  // one Update at a time; guards last_error_
+  std::string last_error_;
+  std::atomic<uint64_t> checkpoint_failures_{0};
+
+  mutable std::mutex mu_;
+  std::shared_ptr<const Snapshot> snapshot_;  // guarded by mu_; never null
+};
+
+}  // namespace kgpu::exporter

@@ -1,0 +1,496 @@
+#include "exporter/exporter.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <optional>
+#include <set>
+
+#include "common/log.h"
+#include "common/sleep.h"
+#include "common/strings.h"
+
+namespace kgpu::exporter {
+namespace {
+
+constexpr unsigned kFieldMemoryTemp = 82, kFieldNvlinkTx = 138, kFieldNvlinkRx = 139;
+
+// Label value escaping of the text exposition format.
+void AppendEscaped(std::string& out, std::string_view v) {
+  for (char c : v) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+}
+
+void AppendLabel(std::string& out, std::string_view key, std::string_view value) {
+  if (!out.empty()) out += ',';
+  out.append(key);
+  out += "=\"";
+  AppendEscaped(out, value);
+  out += '"';
+}
+
+using Attributes = std::vector<std::pair<std::string, std::string>>;
+
+void AppendPod(Attributes& attrs, const PodRef& pod) {
+  attrs.emplace_back("container", pod.container);
+  attrs.emplace_back("namespace", pod.namespace_name);
+  attrs.emplace_back("pod", pod.pod);
+}
+
+// One sample line: name{base,sorted attributes} value
+void Line(std::string& out, const std::string& name, const std::string& base, Attributes attrs,
+          const std::string& value) {
+  out += name;
+  out += '{';
+  std::string labels = base;
+  std::sort(attrs.begin(), attrs.end());
+  for (const auto& [k, v] : attrs) AppendLabel(labels, k, v);
+  out += labels;
+  out += "} ";
+  out += value;
+  out += '\n';
+}
+
+std::string Int(uint64_t v) { return std::to_string(v); }
+std::string Double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%f", v);  // dcgm-exporter prints doubles with %f
+  return buf;
+}
+
+// A device a series is about: a whole GPU, or one GPU instance of a MIG GPU.
+struct Entity {
+  const gpu::Gpu* gpu = nullptr;
+  const gpu::MigDevice* mig = nullptr;
+  std::string uuid;  // the device's own UUID (MIG UUID for a GI)
+  nvml::Device handle;
+  std::string base;  // rendered base labels
+};
+
+// What one GPU read out in this collection (shared by its GPU instances).
+struct GpuReadout {
+  std::optional<unsigned> sm_clock, mem_clock, gpu_temp, power_mw, pcie_replay, enc, dec;
+  std::optional<uint64_t> mem_temp, energy, nvlink_kib;
+  std::optional<nvml::Library::Utilization> util;
+  std::optional<nvml::Library::RemappedRows> remapped;
+  std::optional<uint64_t> ecc[4];  // sbe vol, dbe vol, sbe agg, dbe agg
+  std::vector<nvml::Library::ProcessInfo> processes;
+  std::map<unsigned, unsigned> sm_util_by_pid;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- Collector
+
+Collector::Collector(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory,
+                     const ExporterOptions& options, const PodAttributor* attributor)
+    : lib_(lib), inventory_(std::move(inventory)), options_(options), attributor_(attributor) {}
+
+void Collector::RecordXid(unsigned gpu, unsigned gi, unsigned long long xid) {
+  std::lock_guard<std::mutex> lock(xid_mu_);
+  XidState& s = xids_[{gpu, gi}];
+  s.last = xid;
+  s.counts[xid]++;
+}
+
+std::string Collector::Collect() {
+  const auto& counters = options_.counters;
+  std::vector<std::string> lines(counters.size());
+  bool driver_label = false;
+  for (const auto& c : counters) driver_label = driver_label || c.field == Field::kDriverVersion;
+
+  // Reads a value; "no value" (NOT_SUPPORTED and friends) is omitted, other errors are counted.
+  auto get = [&](auto result) -> std::optional<typename decltype(result)::value_type> {
+    if (result.ok()) return *result;
+    if (!nvml::IsNoValue(result.status())) nvml_errors_++;
+    return std::nullopt;
+  };
+
+  std::map<std::pair<unsigned, unsigned>, XidState> xids;
+  {
+    std::lock_guard<std::mutex> lock(xid_mu_);
+    xids = xids_;
+  }
+  const auto now = std::chrono::steady_clock::now();
+
+  for (const auto& g : inventory_->gpus()) {
+    if (!g.error.empty()) continue;
+    // Per-GPU readout.
+    GpuReadout r;
+    auto sm = lib_.ClockMhz(g.handle, nvml::Library::Clock::kSm);
+    if (nvml::IsGpuLost(sm.status())) {
+      nvml_errors_++;
+      continue;  // a lost GPU has no series until it is back
+    }
+    r.sm_clock = get(std::move(sm));
+    r.mem_clock = get(lib_.ClockMhz(g.handle, nvml::Library::Clock::kMem));
+    r.gpu_temp = get(lib_.TemperatureC(g.handle));
+    if (r.gpu_temp && *r.gpu_temp > 200) r.gpu_temp.reset();  // DCGM discards such readings
+    r.power_mw = get(lib_.PowerMw(g.handle));
+    r.energy = get(lib_.EnergyMj(g.handle));
+    r.pcie_replay = get(lib_.PcieReplayCounter(g.handle));
+    if (!g.mig_enabled) {
+      r.util = get(lib_.GetUtilization(g.handle));
+      r.enc = get(lib_.EncoderUtilization(g.handle));
+      r.dec = get(lib_.DecoderUtilization(g.handle));
+    }
+    r.remapped = get(lib_.GetRemappedRows(g.handle));
+    for (int i = 0; i < 4; ++i) r.ecc[i] = get(lib_.EccErrors(g.handle, i % 2 == 1, i >= 2));
+    if (auto fv = get(lib_.FieldValues(g.handle, {kFieldMemoryTemp, kFieldNvlinkTx, kFieldNvlinkRx}))) {
+      r.mem_temp = (*fv)[0];
+      if (r.mem_temp && *r.mem_temp > 200) r.mem_temp.reset();
+      if ((*fv)[1] && (*fv)[2]) r.nvlink_kib = *(*fv)[1] + *(*fv)[2];
+    }
+    if (attributor_ != nullptr) {
+      if (auto p = get(lib_.ComputeProcesses(g.handle))) r.processes = std::move(*p);
+      if (auto s = get(lib_.ProcessUtilization(g.handle, 0))) {
+        for (const auto& x : *s) r.sm_util_by_pid[x.pid] = x.sm_util;
+      }
+    }
+    // NVLink bandwidth as dcgm-exporter reports it: a rate in MB/s; 0 on the first sample.
+    std::optional<uint64_t> nvlink_rate;
+    if (r.nvlink_kib) {
+      auto it = nvlink_prev_.find(g.index);
+      nvlink_rate = 0;
+      if (it != nvlink_prev_.end()) {
+        const double dt = std::chrono::duration<double>(now - it->second.second).count();
+        if (dt > 0 && *r.nvlink_kib >= it->second.first) {
+          nvlink_rate = static_cast<uint64_t>(static_cast<double>(*r.nvlink_kib - it->second.first) / dt / 1000.0);
+        }
+      }
+      nvlink_prev_[g.index] = {*r.nvlink_kib, now};
+    }
+
+    // The entities of this GPU.
+    std::vector<Entity> entities;
+    auto base = [&](const gpu::MigDevice* mig) {
+      std::string b;
+      AppendLabel(b, "gpu", std::to_string(g.index));
+      AppendLabel(b, "UUID", g.uuid);
+      AppendLabel(b, "pci_bus_id", g.bus_id);
+      AppendLabel(b, "device", Cat("nvidia", g.index));
+      std::string model = g.name;
+      if (options_.replace_blanks_in_model_name) std::replace(model.begin(), model.end(), ' ', '-');
+      AppendLabel(b, "modelName", model);
+      if (mig != nullptr) {
+        AppendLabel(b, "GPU_I_PROFILE", Cat(mig->gi_slices, "g.", (mig->memory_mib + 1023) / 1024, "gb"));
+        AppendLabel(b, "GPU_I_ID", std::to_string(mig->gi));
+      }
+      if (!options_.hostname.empty()) AppendLabel(b, "Hostname", options_.hostname);
+      if (driver_label) AppendLabel(b, "DCGM_FI_DRIVER_VERSION", inventory_->driver_version());
+      return b;
+    };
+    if (g.mig_enabled) {
+      for (const auto& m : g.migs) entities.push_back({&g, &m, m.uuid, m.handle, base(&m)});
+    } else {
+      entities.push_back({&g, nullptr, g.uuid, g.handle, base(nullptr)});
+    }
+
+    for (const auto& e : entities) {
+      Attributes owner;
+      std::vector<PodRef> pods;
+      if (attributor_ != nullptr) {
+        if (auto o = attributor_->OwnerOf(e.uuid)) {
+          AppendPod(owner, *o);
+        } else {
+          pods = attributor_->PodsOnDevice(e.uuid);  // several pods share the device
+        }
+      }
+      std::optional<nvml::MemoryInfo> mem = get(lib_.Memory(e.handle));
+      const unsigned gi = e.mig != nullptr ? e.mig->gi : nvml::kNoInstance;
+
+      for (size_t i = 0; i < counters.size(); ++i) {
+        const Counter& c = counters[i];
+        std::string& out = lines[i];
+        auto emit = [&](std::optional<uint64_t> v) {
+          if (v) Line(out, c.name, e.base, owner, Int(*v));
+        };
+        switch (c.field) {
+          case Field::kSmClock: emit(r.sm_clock); break;
+          case Field::kMemClock: emit(r.mem_clock); break;
+          case Field::kMemoryTemp: emit(r.mem_temp); break;
+          case Field::kGpuTemp: emit(r.gpu_temp); break;
+          case Field::kPowerUsage:
+            if (r.power_mw) Line(out, c.name, e.base, owner, Double(*r.power_mw / 1000.0));
+            break;
+          case Field::kTotalEnergy: emit(r.energy); break;
+          case Field::kPcieReplay: emit(r.pcie_replay); break;
+          case Field::kGpuUtil:
+            if (r.util) emit(r.util->gpu);
+            break;
+          case Field::kMemCopyUtil:
+            if (r.util) emit(r.util->memory);
+            break;
+          case Field::kEncUtil: emit(r.enc); break;
+          case Field::kDecUtil: emit(r.dec); break;
+          case Field::kFbFree:
+            if (mem) emit(mem->free >> 20);
+            break;
+          case Field::kFbUsed:
+            if (mem) emit(mem->used >> 20);
+            break;
+          case Field::kFbReserved:
+            if (mem && mem->reserved_known) emit(mem->reserved >> 20);
+            break;
+          case Field::kNvlinkBandwidthTotal: emit(nvlink_rate); break;
+          case Field::kUncorrectableRemappedRows:
+            if (r.remapped) emit(r.remapped->uncorrectable);
+            break;
+          case Field::kCorrectableRemappedRows:
+            if (r.remapped) emit(r.remapped->correctable);
+            break;
+          case Field::kRowRemapFailure:
+            if (r.remapped) emit(r.remapped->failure);
+            break;
+          case Field::kEccSbeVol: emit(r.ecc[0]); break;
+          case Field::kEccDbeVol: emit(r.ecc[1]); break;
+          case Field::kEccSbeAgg: emit(r.ecc[2]); break;
+          case Field::kEccDbeAgg: emit(r.ecc[3]); break;
+          case Field::kXidErrors:
+          case Field::kXidErrorsTotal: {
+            // Whole-GPU XIDs appear on every series of the GPU; a GI's own XIDs on that GI.
+            std::vector<std::pair<unsigned, unsigned>> keys = {{g.index, nvml::kNoInstance}};
+            if (gi != nvml::kNoInstance) keys.emplace_back(g.index, gi);
+            for (const auto& k : keys) {
+              const auto it = xids.find(k);
+              if (it == xids.end()) continue;
+              if (c.field == Field::kXidErrors) {
+                Attributes a = owner;
+                a.emplace_back("err_code", std::to_string(it->second.last));
+                a.emplace_back("err_msg", XidMessage(it->second.last));
+                Line(out, c.name, e.base, a, Int(it->second.last));
+                continue;
+              }
+              for (const auto& [xid, n] : it->second.counts) {
+                Attributes a = owner;
+                a.emplace_back("xid", std::to_string(xid));
+                Line(out, c.name, e.base, a, Int(n));
+              }
+            }
+            break;
+          }
+          case Field::kDriverVersion: break;
+        }
+      }
+
+      // Shared device: one series per pod from the pod's own processes.
+      if (pods.size() > 1) {
+        std::map<std::string, std::pair<uint64_t, unsigned>> per_pod;  // key -> (bytes, sm%)
+        auto key = [](const PodRef& p) { return Cat(p.namespace_name, "/", p.pod, "/", p.container); };
+        for (const auto& p : pods) per_pod[key(p)] = {0, 0};
+        for (const auto& proc : r.processes) {
+          if (e.mig != nullptr && (proc.gi != e.mig->gi || proc.ci != e.mig->ci)) continue;
+          auto pod = attributor_->Attribute(proc.pid, g.uuid, e.mig != nullptr ? e.mig->uuid : "");
+          if (!pod) continue;
+          auto it = per_pod.find(key(*pod));
+          if (it == per_pod.end()) continue;
+          it->second.first += proc.used_bytes;
+          auto u = r.sm_util_by_pid.find(proc.pid);
+          if (u != r.sm_util_by_pid.end()) it->second.second = std::min(100U, it->second.second + u->second);
+        }
+        for (size_t i = 0; i < counters.size(); ++i) {
+          const Counter& c = counters[i];
+          if (c.field != Field::kFbUsed && !(c.field == Field::kGpuUtil && e.mig == nullptr)) continue;
+          for (const auto& p : pods) {
+            Attributes a;
+            AppendPod(a, p);
+            const auto& fig = per_pod[key(p)];
+            Line(lines[i], c.name, e.base, a, Int(c.field == Field::kFbUsed ? fig.first >> 20 : fig.second));
+          }
+        }
+      }
+    }
+  }
+
+  std::string text;
+  for (size_t i = 0; i < counters.size(); ++i) {
+    if (lines[i].empty()) continue;
+    text += Cat("# HELP ", counters[i].name, " ", counters[i].help, "\n# TYPE ", counters[i].name, " ",
+                counters[i].type, "\n");
+    text += lines[i];
+  }
+  return text;
+}
+
+// ---------------------------------------------------------------- Exporter
+
+Exporter::Exporter(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory,
+                   ExporterOptions options)
+    : lib_(lib), inventory_(std::move(inventory)), options_(std::move(options)) {
+  if (options_.kubernetes) {
+    attributor_ = std::make_unique<PodAttributor>(PodAttributor::Options{options_.proc_root, options_.checkpoint_path});
+  }
+  collector_ = std::make_unique<Collector>(lib_, inventory_, options_, attributor_.get());
+  buffer_ = std::make_shared<const std::string>();
+}
+
+Exporter::~Exporter() { Stop(); }
+
+void Exporter::RefreshPods() {
+  auto allocations = ListPodResources(options_.pod_resources_socket, std::chrono::seconds(5));
+  if (!allocations.ok()) {
+    pod_errors_++;
+    Log("exporter")->warn("PodResources: {}; pod labels keep their last known values",
+                          std::string(allocations.status().message()));
+    return;
+  }
+  if (options_.gpu_id_type == "device-name") {
+    // Device IDs like "nvidia3" name GPUs by index: translate them to UUIDs.
+    for (auto& a : *allocations) {
+      if (a.device_id.rfind("nvidia", 0) != 0) continue;
+      const std::string idx = a.device_id.substr(6, a.device_id.find('/') - 6);
+      for (const auto& g : inventory_->gpus()) {
+        if (std::to_string(g.index) == idx) a.device_id = g.uuid;
+      }
+    }
+  }
+  attributor_->Update(std::move(*allocations));
+}
+
+void Exporter::CollectNow() {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto text = std::make_shared<const std::string>(collector_->Collect());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  {
+    std::lock_guard<std::mutex> lock(buffer_mu_);
+    buffer_ = std::move(text);
+  }
+  collections_++;
+  last_duration_ = seconds;
+  last_timestamp_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string Exporter::Scrape() {
+  std::shared_ptr<const std::string> buffer;
+  {
+    std::lock_guard<std::mutex> lock(buffer_mu_);
+    buffer = buffer_;
+  }
+  const uint64_t scrapes = ++scrapes_;
+  std::string out;
+  out.reserve(buffer->size() + 1024);
+  out += *buffer;
+  // The exporter's own health, declared in one table.
+  struct Own {
+    const char* name;
+    const char* type;
+    const char* help;
+    std::string value;
+  };
+  const Own own[] = {
+      {"kgpu_exporter_scrapes_total", "counter", "Scrapes of /metrics served.", Int(scrapes)},
+      {"kgpu_exporter_collections_total", "counter", "NVML collections completed.", Int(collections_.load())},
+      {"kgpu_exporter_collection_duration_seconds", "gauge", "Duration of the last NVML collection.",
+       Double(last_duration_.load())},
+      {"kgpu_exporter_last_collection_timestamp_seconds", "gauge",
+       "Unix time when the last NVML collection finished.", Double(last_timestamp_.load())},
+      {"kgpu_exporter_nvml_errors_total", "counter", "NVML calls that failed (other than unsupported values).",
+       Int(collector_->nvml_errors())},
+      {"kgpu_exporter_podresources_errors_total", "counter", "Failed PodResources List calls.",
+       Int(pod_errors_.load())},
+  };
+  for (const auto& m : own) {
+    out += Cat("# HELP ", m.name, " ", m.help, "\n# TYPE ", m.name, " ", m.type, "\n", m.name, " ", m.value, "\n");
+  }
+  return out;
+}
+
+absl::Status Exporter::Start() {
+  auto log = Log("exporter");
+  if (attributor_) RefreshPods();
+  CollectNow();
+
+  // XID events: DCGM_FI_DEV_XID_ERRORS and DCGM_EXP_XID_ERRORS_TOTAL.
+  if (auto set = lib_.CreateEventSet(); set.ok()) {
+    events_ = std::move(*set);
+    for (const auto& g : inventory_->gpus()) {
+      if (!g.error.empty()) continue;
+      if (auto st = events_->Register(g.handle, nvml::kEventXid); !st.ok()) {
+        log->warn("GPU {}: no XID events ({})", g.index, std::string(st.message()));
+      }
+    }
+    xid_thread_ = std::jthread([this](std::stop_token stop) {
+      while (!stop.stop_requested()) {
+        auto ev = events_->Wait(500);
+        if (!ev.ok()) {
+          if (!SleepFor(stop, std::chrono::seconds(1))) return;
+          continue;
+        }
+        if (!ev->has_value()) continue;
+        const int index = inventory_->IndexOfHandle((*ev)->device);
+        if (index >= 0) collector_->RecordXid(static_cast<unsigned>(index), (*ev)->gi, (*ev)->data);
+      }
+    });
+  } else {
+    log->warn("no NVML event set ({}); XID metrics are not available", std::string(set.status().message()));
+  }
+
+  // HTTP.
+  std::string host = "0.0.0.0";
+  std::string port_text = options_.address;
+  const auto colon = options_.address.rfind(':');
+  if (colon != std::string::npos) {
+    host = options_.address.substr(0, colon);
+    port_text = options_.address.substr(colon + 1);
+    if (host.empty()) host = "0.0.0.0";
+    if (host == "[::]") host = "::";
+  }
+  int port = -1;
+  try {
+    port = std::stoi(port_text);
+  } catch (const std::exception&) {
+    port = -1;
+  }
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(Cat("address '", options_.address, "' is not host:port (e.g. :9400)"));
+  }
+  http_ = std::make_unique<httplib::Server>();
+  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(Scrape(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  http_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("OK", "text/plain"); });
+  http_->Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("<html><body><h1>kgpu exporter</h1><a href=\"/metrics\">Metrics</a></body></html>", "text/html");
+  });
+  port_ = port == 0 ? http_->bind_to_any_port(host) : (http_->bind_to_port(host, port) ? port : -1);
+  if (port_ <= 0) {
+    return absl::UnavailableError(Cat("cannot listen on ", options_.address,
+                                      ": the port is in use or not permitted (change -a / DCGM_EXPORTER_LISTEN)"));
+  }
+  http_thread_ = std::jthread([this](std::stop_token) { http_->listen_after_bind(); });
+  // Until the server loop runs, stop() would be lost: wait for it (a few ms at most).
+  for (int i = 0; i < 2000 && !http_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  log->info("serving /metrics on {}:{} ({} GPU families, collection every {} ms)", host, port_,
+            options_.counters.size(), options_.interval.count());
+
+  collect_thread_ = std::jthread([this](std::stop_token stop) {
+    while (SleepFor(stop, options_.interval)) CollectNow();
+  });
+  if (attributor_) {
+    pods_thread_ = std::jthread([this](std::stop_token stop) {
+      while (SleepFor(stop, options_.pod_resources_interval)) RefreshPods();
+    });
+  }
+  return absl::OkStatus();
+}
+
+void Exporter::Stop() {
+  for (std::jthread* t : {&collect_thread_, &pods_thread_, &xid_thread_}) t->request_stop();
+  if (http_) http_->stop();
+  for (std::jthread* t : {&collect_thread_, &pods_thread_, &xid_thread_, &http_thread_}) {
+    if (t->joinable()) t->join();
+  }
+}
+
+}  // namespace kgpu::exporter

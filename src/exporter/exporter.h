@@ -1,0 +1,118 @@
+#pragma once
+// The dcgm-exporter-compatible GPU metrics exporter.
+//
+// Collector samples NVML on the exporter's timer (never on a scrape) and encodes one Prometheus
+// text buffer per collection: dcgm-exporter's names, HELP/TYPE, labels and label order, one series
+// per GPU, or per GPU instance on MIG GPUs. Values NVML does not have are omitted, never zeroed.
+// With pod attribution on, a device held by one pod carries its container/namespace/pod labels;
+// a device shared by several pods (time-slicing) also gets one DCGM_FI_DEV_FB_USED and
+// DCGM_FI_DEV_GPU_UTIL series per pod, from the pod's own processes.
+//
+// Exporter runs the collection timer, the PodResources refresh timer and the XID event loop, and
+// serves /metrics and /health over HTTP; a scrape returns the latest pre-encoded buffer plus a few
+// lines of the exporter's own metrics, so it costs O(1) in the number of GPUs and pods.
+//
+// Thread-safety: Collector is used by one thread at a time (the collection thread), apart from
+// RecordXid, which may be called from any thread. Exporter's Scrape() may be called from any
+// thread; Start/Stop from its owner.
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "exporter/attribution.h"
+#include "exporter/counters.h"
+#include "gpu/inventory.h"
+#include "nvml/library.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace kgpu::exporter {
+
+struct ExporterOptions {
+  std::vector<Counter> counters;              // from -f (default: DefaultCountersCsv())
+  std::chrono::milliseconds interval{30000};  // -c
+  std::string address = ":9400";              // -a
+  bool kubernetes = false;                    // -k: pod attribution through PodResources
+  std::string gpu_id_type = "uid";            // --kubernetes-gpu-id-type: uid | device-name
+  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  std::chrono::milliseconds pod_resources_interval{10000};
+  std::string proc_root = "/proc";
+  std::string checkpoint_path = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
+  std::string hostname;  // Hostname label; empty: no label (-n)
+  bool replace_blanks_in_model_name = false;
+};
+
+class Collector {
+ public:
+  Collector(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory,
+            const ExporterOptions& options, const PodAttributor* attributor);
+  // One collection: the text of every GPU family.
+  std::string Collect();
+  void RecordXid(unsigned gpu, unsigned gi, unsigned long long xid);
+  uint64_t nvml_errors() const { return nvml_errors_.load(); }
+
+ private:
+  struct XidState {
+    unsigned long long last = 0;
+    std::map<unsigned long long, uint64_t> counts;
+  };
+
+  const nvml::Library& lib_;
+  const std::shared_ptr<const gpu::Inventory> inventory_;
+  const ExporterOptions& options_;
+  const PodAttributor* attributor_;
+  std::map<unsigned, std::pair<uint64_t, std::chrono::steady_clock::time_point>> nvlink_prev_;
+  std::mutex xid_mu_;
+  std::map<std::pair<unsigned, unsigned>, XidState> xids_;  // (gpu, gi or kNoInstance)
+  std::atomic<uint64_t> nvml_errors_{0};
+};
+
+class Exporter {
+ public:
+  Exporter(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory,
+           ExporterOptions options);
+  ~Exporter();
+  Exporter(const Exporter&) = delete;
+  Exporter& operator=(const Exporter&) = delete;
+
+  // Collects once, then starts the timers and the HTTP server. Fails when the address cannot
+  // be bound (the message names it).
+  absl::Status Start();
+  void Stop();
+  // Collects now (tests and the CLI's --once).
+  void CollectNow();
+  // The body of GET /metrics.
+  std::string Scrape();
+  int port() const { return port_; }
+
+ private:
+  void RefreshPods();
+
+  const nvml::Library& lib_;
+  const std::shared_ptr<const gpu::Inventory> inventory_;
+  const ExporterOptions options_;
+  std::unique_ptr<PodAttributor> attributor_;
+  std::unique_ptr<Collector> collector_;
+  std::unique_ptr<nvml::EventSet> events_;
+
+  std::mutex buffer_mu_;
+  std::shared_ptr<const std::string> buffer_;  // the latest collection, swapped whole
+
+  std::atomic<uint64_t> scrapes_{0}, collections_{0}, pod_errors_{0};
+  std::atomic<double> last_duration_{0}, last_timestamp_{0};
+
+  std::unique_ptr<httplib::Server> http_;
+  int port_ = 0;
+  std::jthread collect_thread_, pods_thread_, xid_thread_, http_thread_;
+};
+
+}  // namespace kgpu::exporter

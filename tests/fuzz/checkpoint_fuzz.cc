@@ -1,0 +1,30 @@
+// Fuzz target for kubelet's device-manager checkpoint parser (src/exporter/attribution.cc).
+// Properties: it never crashes; every error starts with the origin; an accepted entry has a
+// non-empty pod UID; stripping "::<n>" from any accepted device ID yields a prefix of it.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "exporter/attribution.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  const auto entries = kgpu::exporter::ParseCheckpoint(text, "fuzz.json");
+  if (!entries.ok()) {
+    if (std::string(entries.status().message()).rfind("fuzz.json: ", 0) != 0)
+      std::abort();
+    return 0;
+  }
+  for (const auto& e : *entries) {
+    if (e.pod_uid.empty())
+      std::abort();
+    for (const auto& id : e.device_ids) {
+      const std::string_view stripped = kgpu::exporter::StripReplica(id);
+      if (std::string_view(id).substr(0, stripped.size()) != stripped)
+        std::abort();
+    }
+  }
+  return 0;
+}

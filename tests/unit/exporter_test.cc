@@ -1,0 +1,289 @@
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <sstream>
+
+#include "exporter/counters.h"
+#include "common/strings.h"
+#include "exporter/exporter.h"
+#include "testing/sim_node.h"
+
+namespace kgpu::exporter {
+namespace {
+
+using kgpu::testing::SimNode;
+
+TEST(CountersTest, DefaultCsvMatchesDcgmExporterNamesAndHelp) {
+  std::vector<std::string> skipped;
+  auto c = ParseCounters(DefaultCountersCsv(), "default", &skipped);
+  ASSERT_TRUE(c.ok()) << c.status();
+  // 20 of dcgm-exporter's rows kgpu produces (incl. the driver label), 4 ECC counters, the XID total.
+  EXPECT_EQ(c->size(), 25u);
+  EXPECT_EQ((*c)[0].name, "DCGM_FI_DEV_SM_CLOCK");
+  EXPECT_EQ((*c)[0].help, "SM clock frequency (in MHz).");
+  EXPECT_EQ((*c)[5].type, "counter");
+  EXPECT_EQ(skipped.size(), 6u);  // 5 DCGM_FI_PROF_* and the vGPU licence status
+  EXPECT_NE(skipped[0].find("DCGM_FI_DEV_VGPU_LICENSE_STATUS is not available through NVML"), std::string::npos);
+}
+
+TEST(CountersTest, ErrorsNameTheLine) {
+  auto three = ParseCounters("# c\nDCGM_FI_DEV_GPU_TEMP, gauge\n", "my.csv", nullptr);
+  ASSERT_FALSE(three.ok());
+  EXPECT_EQ(std::string(three.status().message()),
+            "my.csv:2: malformed CSV record, expected 3 fields (DCGM field, type, help), got 2");
+  auto type = ParseCounters("DCGM_FI_DEV_GPU_TEMP, gague, t\n", "my.csv", nullptr);
+  ASSERT_FALSE(type.ok());
+  EXPECT_NE(std::string(type.status().message()).find("my.csv:1: type 'gague'"), std::string::npos);
+  auto twice = ParseCounters("DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_GPU_TEMP, gauge, t\n", "my.csv", nullptr);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(std::string(twice.status().message()).find("listed twice (first on line 1)"), std::string::npos);
+  EXPECT_FALSE(ParseCounters("gpu_temp, gauge, t\n", "my.csv", nullptr).ok());
+  EXPECT_FALSE(ParseCounters("DCGM_FI_DRIVER_VERSION, gauge, t\n", "my.csv", nullptr).ok());
+}
+
+struct Fixture {
+  explicit Fixture(const std::string& profile, const std::string& csv = DefaultCountersCsv()) : sim(profile) {
+    auto l = nvml::Library::Open({SimNode::LibraryPath()});
+    EXPECT_TRUE(l.ok()) << l.status();
+    lib = std::move(*l);
+    auto i = gpu::Inventory::Discover(*lib, {sim.dir()});
+    EXPECT_TRUE(i.ok());
+    inv = *i;
+    auto c = ParseCounters(csv, "csv", nullptr);
+    EXPECT_TRUE(c.ok());
+    options.counters = *c;
+    options.hostname = "node-a";
+  }
+  std::string Collect() {
+    Collector collector(*lib, inv, options, nullptr);
+    return collector.Collect();
+  }
+  SimNode sim;
+  std::unique_ptr<nvml::Library> lib;
+  std::shared_ptr<const gpu::Inventory> inv;
+  ExporterOptions options;
+};
+
+// All lines of one family.
+std::vector<std::string> Family(const std::string& text, const std::string& name) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + "{", 0) == 0) out.push_back(line);
+  }
+  return out;
+}
+
+TEST(CollectorTest, DcgmExporterLabelsAndValues) {
+  Fixture f("dgx-h100");
+  ASSERT_EQ(f.sim.Ctl("set 2 temp=71 util=64 memutil=12 power=412 smclock=1755 memused=2048"), 0);
+  const std::string text = f.Collect();
+  const std::string uuid = f.inv->gpus()[2].uuid;
+  const std::string labels = "gpu=\"2\",UUID=\"" + uuid +
+                             "\",pci_bus_id=\"00000000:3A:00.0\",device=\"nvidia2\",modelName=\"NVIDIA H100 80GB "
+                             "HBM3\",Hostname=\"node-a\",DCGM_FI_DRIVER_VERSION=\"550.90.07\"";
+  EXPECT_NE(text.find("# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).\n# TYPE DCGM_FI_DEV_GPU_TEMP gauge\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("DCGM_FI_DEV_GPU_TEMP{" + labels + "} 71\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("DCGM_FI_DEV_GPU_UTIL{" + labels + "} 64\n"), std::string::npos);
+  EXPECT_NE(text.find("DCGM_FI_DEV_MEM_COPY_UTIL{" + labels + "} 12\n"), std::string::npos);
+  EXPECT_NE(text.find("DCGM_FI_DEV_POWER_USAGE{" + labels + "} 412.000000\n"), std::string::npos);
+  EXPECT_NE(text.find("DCGM_FI_DEV_SM_CLOCK{" + labels + "} 1755\n"), std::string::npos);
+  EXPECT_NE(text.find("DCGM_FI_DEV_FB_USED{" + labels + "} 2048\n"), std::string::npos);
+  EXPECT_NE(text.find("DCGM_FI_DEV_FB_RESERVED{" + labels + "} 530\n"), std::string::npos);
+  EXPECT_NE(text.find("DCGM_FI_DEV_FB_FREE{" + labels + "} " + std::to_string(81559 - 530 - 2048) + "\n"),
+            std::string::npos);
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_GPU_TEMP").size(), 8u);
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_XID_ERRORS").size(), 0u);  // no XID yet: absent, not 0
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL").size(), 8u);
+}
+
+TEST(CollectorTest, UnsupportedValuesAreOmitted) {
+  Fixture f("l4x4");
+  const std::string text = f.Collect();
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_MEMORY_TEMP").size(), 0u);  // L4: no memory sensor
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL").size(), 0u);  // no NVLink
+  EXPECT_EQ(text.find("# HELP DCGM_FI_DEV_MEMORY_TEMP"), std::string::npos);
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_GPU_TEMP").size(), 4u);
+}
+
+TEST(CollectorTest, MigSeriesPerGpuInstance) {
+  Fixture f("dgx-a100-mig");
+  const std::string text = f.Collect();
+  const auto temps = Family(text, "DCGM_FI_DEV_GPU_TEMP");
+  EXPECT_EQ(temps.size(), 6u + 4u + 7u);  // 6 whole GPUs + GPU 0's 4 and GPU 1's 7 instances
+  EXPECT_NE(text.find("GPU_I_PROFILE=\"3g.20gb\",GPU_I_ID=\"1\""), std::string::npos);
+  // Utilisation is not supported on MIG: 6 series, from the whole GPUs only.
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_GPU_UTIL").size(), 6u);
+  // Framebuffer per GPU instance.
+  bool found = false;
+  for (const auto& l : Family(text, "DCGM_FI_DEV_FB_FREE")) {
+    if (l.find("GPU_I_PROFILE=\"1g.5gb\"") != std::string::npos) found = found || l.ends_with(" 4864");
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(CollectorTest, XidLastValueAndTotals) {
+  Fixture f("dgx-h100");
+  Collector collector(*f.lib, f.inv, f.options, nullptr);
+  collector.RecordXid(4, nvml::kNoInstance, 48);
+  collector.RecordXid(4, nvml::kNoInstance, 79);
+  collector.RecordXid(4, nvml::kNoInstance, 48);
+  const std::string text = collector.Collect();
+  const auto last = Family(text, "DCGM_FI_DEV_XID_ERRORS");
+  ASSERT_EQ(last.size(), 1u);
+  EXPECT_NE(last[0].find("err_code=\"48\",err_msg=\"Double Bit ECC Error\"} 48"), std::string::npos) << last[0];
+  const auto totals = Family(text, "DCGM_EXP_XID_ERRORS_TOTAL");
+  ASSERT_EQ(totals.size(), 2u);
+  EXPECT_TRUE(totals[0].ends_with("xid=\"48\"} 2"));
+  EXPECT_TRUE(totals[1].ends_with("xid=\"79\"} 1"));
+}
+
+TEST(CollectorTest, LostGpuHasNoSeriesAndCountsAnError) {
+  Fixture f("dgx-h100");
+  Collector collector(*f.lib, f.inv, f.options, nullptr);
+  ASSERT_EQ(f.sim.Ctl("lose 6"), 0);
+  const std::string text = collector.Collect();
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_GPU_TEMP").size(), 7u);
+  EXPECT_GE(collector.nvml_errors(), 1u);
+}
+
+TEST(CollectorTest, LabelValuesAreEscaped) {
+  Fixture f("l4x4");
+  f.options.hostname = "we\"ird\\host";
+  const std::string text = f.Collect();
+  EXPECT_NE(text.find("Hostname=\"we\\\"ird\\\\host\""), std::string::npos);
+}
+
+TEST(ExporterTest, ScrapeServesTheLatestBufferAndOwnMetrics) {
+  Fixture f("l4x4");
+  f.options.address = "127.0.0.1:0";
+  f.options.interval = std::chrono::hours(1);
+  Exporter exporter(*f.lib, f.inv, f.options);
+  ASSERT_TRUE(exporter.Start().ok());
+  EXPECT_GT(exporter.port(), 0);
+  std::string a = exporter.Scrape();
+  EXPECT_NE(a.find("kgpu_exporter_scrapes_total 1\n"), std::string::npos);
+  EXPECT_NE(a.find("kgpu_exporter_collections_total 1\n"), std::string::npos);
+  ASSERT_EQ(f.sim.Ctl("set 0 temp=90"), 0);
+  EXPECT_EQ(exporter.Scrape().find("} 90\n"), std::string::npos);  // not sampled on a scrape
+  exporter.CollectNow();
+  EXPECT_NE(exporter.Scrape().find("DCGM_FI_DEV_GPU_TEMP{gpu=\"0\""), std::string::npos);
+  EXPECT_NE(exporter.Scrape().find("} 90\n"), std::string::npos);
+  exporter.Stop();
+}
+
+}  // namespace
+}  // namespace kgpu::exporter
+
+// ---------------------------------------------------------------- per-pod attribution
+
+#include <filesystem>
+#include <fstream>
+
+#include "testing/fake_podresources.h"
+
+namespace kgpu::exporter {
+namespace {
+
+// A time-sliced GPU 0 shared by three pods, and GPU 1 held by one pod; processes on the
+// simulated GPUs, a fake /proc with their cgroups, kubelet's checkpoint and PodResources.
+TEST(PodAttributionTest, SharedGpuGetsOneSeriesPerPod) {
+  Fixture f("dgx-h100");
+  const std::string g0 = f.inv->gpus()[0].uuid, g1 = f.inv->gpus()[1].uuid;
+  const std::string dir = f.sim.dir();
+  struct P {
+    unsigned pid;
+    const char* uid;
+    const char* ns;
+    const char* pod;
+    const char* container;
+    std::string device;
+    unsigned mem_mib, util;
+    unsigned gpu;
+  };
+  const std::vector<P> procs = {
+      {4101, "11111111-1111-1111-1111-111111111111", "ml", "train-0", "trainer", g0 + "::0", 1000, 20, 0},
+      {4102, "22222222-2222-2222-2222-222222222222", "ml", "infer-0", "server", g0 + "::1", 2000, 30, 0},
+      {4103, "33333333-3333-3333-3333-333333333333", "web", "eval-0", "eval", g0 + "::2", 3000, 40, 0},
+      {4104, "44444444-4444-4444-4444-444444444444", "hpc", "solo-0", "main", g1, 5000, 90, 1},
+  };
+  v1::ListPodResourcesResponse list;
+  std::string entries;
+  for (const auto& p : procs) {
+    ASSERT_EQ(f.sim.Ctl(Cat("proc add ", p.gpu, " ", p.pid, " --mem ", p.mem_mib, " --util ", p.util)), 0);
+    std::filesystem::create_directories(Cat(dir, "/proc/", p.pid));
+    std::string uid_ = p.uid;
+    std::replace(uid_.begin(), uid_.end(), '-', '_');
+    std::ofstream(Cat(dir, "/proc/", p.pid, "/cgroup"))
+        << "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" << uid_
+        << ".slice/cri-containerd-" << std::string(64, 'a') << ".scope\n";
+    if (!entries.empty()) entries += ",";
+    entries += Cat(R"({"PodUID":")", p.uid, R"(","ContainerName":")", p.container,
+                   R"(","ResourceName":"nvidia.com/gpu","DeviceIDs":{"-1":[")", p.device, R"("]},"AllocResp":""})");
+    kgpu::testing::AddDevices(list, p.ns, p.pod, p.container, "nvidia.com/gpu", {p.device});
+  }
+  std::ofstream(dir + "/checkpoint") << R"({"Data":{"PodDeviceEntries":[)" << entries
+                                     << R"(],"RegisteredDevices":{}},"Checksum":1})";
+  kgpu::testing::FakePodResources server(dir + "/pr.sock");
+  server.SetListResponse(list);
+  ASSERT_TRUE(server.Start().ok());
+
+  f.options.kubernetes = true;
+  f.options.pod_resources_socket = dir + "/pr.sock";
+  f.options.proc_root = dir + "/proc";
+  f.options.checkpoint_path = dir + "/checkpoint";
+  f.options.address = "127.0.0.1:0";
+  f.options.interval = std::chrono::hours(1);
+  Exporter exporter(*f.lib, f.inv, f.options);
+  ASSERT_TRUE(exporter.Start().ok());
+  const std::string text = exporter.Scrape();
+  exporter.Stop();
+
+  auto series = [&](const std::string& family, const std::string& uuid, const std::string& pod) {
+    std::vector<std::string> out;
+    for (const auto& l : Family(text, family)) {
+      if (l.find(uuid) != std::string::npos && l.find("pod=\"" + pod + "\"") != std::string::npos) out.push_back(l);
+    }
+    return out;
+  };
+  // Three different per-pod figures on the shared GPU, from each pod's own processes.
+  const auto train = series("DCGM_FI_DEV_FB_USED", g0, "train-0");
+  const auto infer = series("DCGM_FI_DEV_FB_USED", g0, "infer-0");
+  const auto eval = series("DCGM_FI_DEV_FB_USED", g0, "eval-0");
+  ASSERT_EQ(train.size(), 1u) << text;
+  ASSERT_EQ(infer.size(), 1u);
+  ASSERT_EQ(eval.size(), 1u);
+  EXPECT_TRUE(train[0].ends_with("container=\"trainer\",namespace=\"ml\",pod=\"train-0\"} 1000")) << train[0];
+  EXPECT_TRUE(infer[0].ends_with("} 2000"));
+  EXPECT_TRUE(eval[0].ends_with("container=\"eval\",namespace=\"web\",pod=\"eval-0\"} 3000"));
+  EXPECT_TRUE(series("DCGM_FI_DEV_GPU_UTIL", g0, "infer-0")[0].ends_with("} 30"));
+  EXPECT_TRUE(series("DCGM_FI_DEV_GPU_UTIL", g0, "eval-0")[0].ends_with("} 40"));
+  // The device-level series of the shared GPU carries no pod labels (it is nobody's alone).
+  const auto temps = Family(text, "DCGM_FI_DEV_GPU_TEMP");
+  ASSERT_FALSE(temps.empty());
+  EXPECT_EQ(temps[0].find("pod="), std::string::npos);
+  // A GPU held by one pod: every series carries that pod.
+  EXPECT_EQ(series("DCGM_FI_DEV_GPU_TEMP", g1, "solo-0").size(), 1u);
+  EXPECT_EQ(series("DCGM_FI_DEV_FB_USED", g1, "solo-0").size(), 1u);
+  EXPECT_GE(server.ListCalls(), 1);
+}
+
+TEST(PodAttributionTest, MissingPodResourcesSocketIsCountedNotFatal) {
+  Fixture f("l4x4");
+  f.options.kubernetes = true;
+  f.options.pod_resources_socket = f.sim.dir() + "/missing.sock";
+  f.options.proc_root = f.sim.dir();
+  f.options.checkpoint_path = f.sim.dir() + "/none";
+  f.options.address = "127.0.0.1:0";
+  f.options.interval = std::chrono::hours(1);
+  Exporter exporter(*f.lib, f.inv, f.options);
+  ASSERT_TRUE(exporter.Start().ok());
+  const std::string text = exporter.Scrape();
+  exporter.Stop();
+  EXPECT_NE(text.find("kgpu_exporter_podresources_errors_total 1\n"), std::string::npos);
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_GPU_TEMP").size(), 4u);
+}
+
+}  // namespace
+}  // namespace kgpu::exporter
