@@ -15,6 +15,10 @@
 #include <sstream>
 #include <thread>
 
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "testing/fake_kubelet.h"
 #include "testing/sim_node.h"
 
@@ -31,7 +35,9 @@ std::string LibDir() { return std::filesystem::path(SimNode::LibraryPath()).pare
 // A `kgpu device-plugin` child process; its stderr goes to a log file.
 class Plugin {
  public:
-  Plugin(const std::string& dir, std::vector<std::string> args, std::vector<std::string> env = {}) : log_(dir + "/plugin.log") {
+  Plugin(const std::string& dir, std::vector<std::string> args, std::vector<std::string> env = {},
+         const std::string& subcommand = "device-plugin")
+      : log_(dir + "/plugin.log") {
     pid_ = fork();
     if (pid_ == 0) {
       const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -39,7 +45,7 @@ class Plugin {
       dup2(fd, 1);
       setenv("LD_LIBRARY_PATH", LibDir().c_str(), 1);
       for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
-      std::vector<std::string> all = {KGPU_BIN, "device-plugin", "--kubelet-dir", dir};
+      std::vector<std::string> all = {KGPU_BIN, subcommand, "--kubelet-dir", dir};
       all.insert(all.end(), args.begin(), args.end());
       std::vector<char*> argv;
       for (auto& a : all) argv.push_back(a.data());
@@ -304,6 +310,45 @@ TEST_F(DevicePluginTest, SighupReloadsAndKeepsRunningOnABadConfig) {
   EXPECT_NE(p.Log().find("reload refused, keeping the running configuration"), std::string::npos) << p.Log();
   auto r = kubelet_->Allocate("nvidia.com/gpu", {Ids("nvidia.com/gpu")[0]});
   EXPECT_TRUE(r.ok()) << r.status();
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// `kgpu node`: the device plugin and the exporter in one process, on one NVML session.
+TEST_F(DevicePluginTest, NodeServesKubeletAndMetrics) {
+  Init("dgx-h100");
+  const int port = FreePort();
+  const std::string config = WriteConfig("sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2}\n");
+  Plugin node(sim_->dir(), {"--config-file", config, "-a", "127.0.0.1:" + std::to_string(port), "-c", "200"}, {},
+              "node");
+  ASSERT_TRUE(WaitDevices("nvidia.com/gpu", 16, 16)) << node.Log();
+  httplib::Client http("127.0.0.1", port);
+  auto res = http.Get("/metrics");
+  ASSERT_TRUE(res) << node.Log();
+  EXPECT_EQ(res->status, 200);
+  EXPECT_NE(res->body.find("DCGM_FI_DEV_GPU_TEMP{gpu=\"7\""), std::string::npos);
+  // One NVML session serves both: an XID reaches kubelet (health) and the metrics (XID counter).
+  ASSERT_EQ(sim_->Ctl("xid 5 48"), 0);
+  ASSERT_TRUE(WaitDevices("nvidia.com/gpu", 16, 14)) << node.Log();
+  bool counted = false;
+  for (int i = 0; i < 50 && !counted; ++i) {
+    auto r = http.Get("/metrics");
+    counted = r && r->body.find("DCGM_EXP_XID_ERRORS_TOTAL{gpu=\"5\"") != std::string::npos;
+    if (!counted) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(counted);
+  node.Signal(SIGTERM);
+  EXPECT_EQ(node.Wait(5s), 0) << node.Log();
 }
 
 }  // namespace
