@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/files.h"
 #include "common/strings.h"
 #include "common/yaml_util.h"
 
@@ -584,14 +585,12 @@ absl::StatusOr<NodeProfile> LoadProfile(std::string_view spec) {
                                             Join(BuiltinProfileNames(), ", "),
                                             "; or give the path of a profile YAML file)"));
   }
-  std::ifstream in{std::string(spec)};
-  if (!in) {
+  const auto text = kgpu::ReadFile(std::string(spec));
+  if (!text) {
     return absl::NotFoundError(
         Cat(spec, ": cannot read the node profile file (check the path in KGPU_SIM_NODE)"));
   }
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return ParseProfile(buf.str(), spec);
+  return ParseProfile(*text, spec);
 }
 
 uint64_t Fnv1a(std::string_view data, uint64_t seed) {

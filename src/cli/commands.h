@@ -4,9 +4,14 @@
 //
 // Thread-safety: each call is independent.
 
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpu/inventory.h"
+#include "nvml/library.h"
 
 namespace kgpu::cli {
 
@@ -15,6 +20,14 @@ struct NodeOptions {
   std::string sysfs_root = "/sys";  // --sysfs-root
   std::string dev_root = "/dev";    // --dev-root
 };
+
+// One NVML session and the inventory discovered through it.
+struct Session {
+  std::unique_ptr<nvml::Library> lib;
+  std::shared_ptr<const gpu::Inventory> inventory;
+};
+// Opens NVML and discovers the GPUs; errors say which of the two failed.
+absl::StatusOr<Session> OpenSession(const NodeOptions& options);
 
 int RunDevices(const NodeOptions& options, bool json, std::ostream& out);
 

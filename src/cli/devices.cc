@@ -99,21 +99,26 @@ void PrintTable(const gpu::Inventory& inv, const std::string& library, std::ostr
 
 }  // namespace
 
-int RunDevices(const NodeOptions& options, bool json, std::ostream& out) {
+absl::StatusOr<Session> OpenSession(const NodeOptions& options) {
   auto lib = nvml::Library::Open({options.nvml_library});
-  if (!lib.ok()) {
-    out << "kgpu devices: " << lib.status().message() << "\n";
-    return 1;
-  }
+  if (!lib.ok()) return lib.status();
   auto inv = gpu::Inventory::Discover(**lib, {options.sysfs_root});
   if (!inv.ok()) {
-    out << "kgpu devices: GPU discovery failed: " << inv.status().message() << "\n";
+    return absl::Status(inv.status().code(), Cat("GPU discovery failed: ", inv.status().message()));
+  }
+  return Session{std::move(*lib), *inv};
+}
+
+int RunDevices(const NodeOptions& options, bool json, std::ostream& out) {
+  auto session = OpenSession(options);
+  if (!session.ok()) {
+    out << "kgpu devices: " << session.status().message() << "\n";
     return 1;
   }
   if (json) {
-    out << ToJson(**inv, (*lib)->path()).dump(2) << "\n";
+    out << ToJson(*session->inventory, session->lib->path()).dump(2) << "\n";
   } else {
-    PrintTable(**inv, (*lib)->path(), out);
+    PrintTable(*session->inventory, session->lib->path(), out);
   }
   return 0;
 }

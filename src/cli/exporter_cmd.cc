@@ -91,22 +91,6 @@ absl::StatusOr<exporter::ExporterOptions> ResolveExporterOptions(const ExporterF
   return o;
 }
 
-namespace {
-
-struct Session {
-  std::unique_ptr<nvml::Library> lib;
-  std::shared_ptr<const gpu::Inventory> inventory;
-};
-
-absl::StatusOr<Session> OpenSession(const NodeOptions& node) {
-  auto lib = nvml::Library::Open({node.nvml_library});
-  if (!lib.ok()) return lib.status();
-  auto inv = gpu::Inventory::Discover(**lib, {node.sysfs_root});
-  if (!inv.ok()) return inv.status();
-  return Session{std::move(*lib), *inv};
-}
-
-}  // namespace
 
 int RunExporter(const NodeOptions& node, const ExporterFlags& flags) {
   auto options = ResolveExporterOptions(flags);

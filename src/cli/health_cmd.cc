@@ -11,21 +11,16 @@ namespace kgpu::cli {
 
 int RunHealth(const NodeOptions& options, unsigned seconds, unsigned probe_ms,
               const volatile std::sig_atomic_t* stop, std::ostream& out) {
-  auto lib = nvml::Library::Open({options.nvml_library});
-  if (!lib.ok()) {
-    out << "kgpu health: " << lib.status().message() << "\n";
-    return 1;
-  }
-  auto inv = gpu::Inventory::Discover(**lib, {options.sysfs_root});
-  if (!inv.ok()) {
-    out << "kgpu health: GPU discovery failed: " << inv.status().message() << "\n";
+  auto session = OpenSession(options);
+  if (!session.ok()) {
+    out << "kgpu health: " << session.status().message() << "\n";
     return 1;
   }
   std::mutex out_mu;
   gpu::HealthOptions ho;
   ho.probe_interval = std::chrono::milliseconds(probe_ms);
   ho.hang_threshold = std::chrono::milliseconds(std::max(probe_ms * 2, 1000U));
-  gpu::HealthMonitor monitor(**lib, *inv, ho, [&](const std::vector<gpu::DeviceHealth>& changes) {
+  gpu::HealthMonitor monitor(*session->lib, session->inventory, ho, [&](const std::vector<gpu::DeviceHealth>& changes) {
     std::lock_guard<std::mutex> lock(out_mu);
     for (const auto& c : changes) {
       out << "change: " << c.id << (c.healthy ? " Healthy" : " Unhealthy: " + c.reason) << "\n";

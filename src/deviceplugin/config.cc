@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/files.h"
 #include "common/strings.h"
 #include "common/yaml_util.h"
 
@@ -289,14 +290,12 @@ absl::StatusOr<Config> ParseConfig(std::string_view text, std::string_view origi
 }
 
 absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
+  const auto text = ReadFile(path);
+  if (!text) {
     return absl::NotFoundError(
         Cat(path, ": cannot read the config file (check --config-file / CONFIG_FILE)"));
   }
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return ParseConfig(buf.str(), path);
+  return ParseConfig(*text, path);
 }
 
 absl::Status Validate(const Config& c) {

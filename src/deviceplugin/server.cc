@@ -158,8 +158,10 @@ absl::Status ResourceServer::Start() {
   builder.AddListeningPort("unix:" + socket_path_, grpc::InsecureServerCredentials());
   builder.RegisterService(service_.get());
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
+  // ListAndWatch holds one thread for the life of its stream; two more pollers keep unary calls
+  // (Allocate, GetPreferredAllocation) from waiting on thread creation.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 4);
   service_->server = builder.BuildAndStart();
   if (!service_->server) {
     service_.reset();

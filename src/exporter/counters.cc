@@ -4,6 +4,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/files.h"
 #include "common/strings.h"
 
 namespace kgpu::exporter {
@@ -146,13 +147,11 @@ absl::StatusOr<std::vector<Counter>> ParseCounters(std::string_view csv, std::st
 }
 
 absl::StatusOr<std::vector<Counter>> LoadCountersFile(const std::string& path, std::vector<std::string>* skipped) {
-  std::ifstream in(path);
-  if (!in) {
+  const auto text = ReadFile(path);
+  if (!text) {
     return absl::NotFoundError(Cat(path, ": cannot read the counters file (check -f / DCGM_EXPORTER_COLLECTORS)"));
   }
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return ParseCounters(buf.str(), path, skipped);
+  return ParseCounters(*text, path, skipped);
 }
 
 const char* XidMessage(unsigned long long xid) {

@@ -422,7 +422,7 @@ absl::Status Exporter::Start() {
     }
     xid_thread_ = std::jthread([this](std::stop_token stop) {
       while (!stop.stop_requested()) {
-        auto ev = events_->Wait(500);
+        auto ev = events_->Wait(200);  // bounds Stop()
         if (!ev.ok()) {
           if (!SleepFor(stop, std::chrono::seconds(1))) return;
           continue;

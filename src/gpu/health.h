@@ -36,7 +36,7 @@ struct HealthOptions {
   // After an XID/ECC fault, a device becomes healthy again once this long has passed with no new
   // fault and a probe succeeds. nullopt: never (NVIDIA's behaviour).
   std::optional<std::chrono::milliseconds> recover_after;
-  std::chrono::milliseconds event_wait{500};       // one nvmlEventSetWait timeout
+  std::chrono::milliseconds event_wait{200};       // one nvmlEventSetWait timeout (bounds Stop())
   std::chrono::milliseconds probe_interval{5000};  // per-GPU liveness probe period
   std::chrono::milliseconds hang_threshold{10000};  // an NVML call running longer is "hung"
 };

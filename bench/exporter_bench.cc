@@ -1,0 +1,977 @@
+// exporter_bench: figures of the GPU metrics exporter on the simulated 8x H100 node (dgx-h100)
+// with time-slicing, 8 GPUs x 8 replicas = 64 device IDs held by 64 pods (one replica each, one
+// process each, 8 processes per GPU with different memory and SM utilisation), pod attribution on
+// (-k) and the default counters.
+//
+//   exporter_bench [--scrapes N] [--gzip-scrapes N] [--fresh-scrapes N] [--calls N]
+//                  [--collections N] [--child-scrapes N] [--window-s S] [--keep]
+//
+//   --scrapes N        keep-alive GET /metrics over HTTP on the in-process exporter (default 5000,
+//                      after 100 warm-up GETs that are not counted)
+//   --gzip-scrapes N   the same with "Accept-Encoding: gzip", as Prometheus sends it (default 1000)
+//   --fresh-scrapes N  GET /metrics on a new TCP connection each (default 1000): Prometheus scrapes
+//                      every 15-60 s, longer than httplib's 5 s keep-alive, so it reconnects each time
+//   --calls N          Exporter::Scrape() calls in process, no HTTP (default 20000)
+//   --collections N    Exporter::CollectNow() calls (default 50)
+//   --child-scrapes N  keep-alive GET /metrics on the `kgpu exporter` child (default 1000)
+//   --window-s S       idle window over which the child's CPU time per collection is taken (default 10)
+//   --keep             keep the temp dir (child logs, fake /proc, checkpoint) and print its path
+//
+// Figures, one line each (details on the indented lines under them):
+//   1. scrape latency over real HTTP (cpp-httplib client, TCP_NODELAY, keep-alive) on
+//      127.0.0.1:<port> of the in-process Exporter: p50/p99/max, response size, series count;
+//      also gzip and one-connection-per-scrape, and GET /health for the cost of HTTP alone.
+//   2. Exporter::Scrape() in process: p50/p99/max.
+//   3. CPU time (getrusage(RUSAGE_THREAD), user+sys) and wall time per CollectNow().
+//   4. RSS (VmRSS/VmHWM, /proc/self/status) of this driver after setup and at the end. The driver
+//      also holds the fake PodResources gRPC server and the HTTP client, so the same is measured on
+//      a `kgpu exporter -k` child against the same fake data: its VmRSS/VmHWM after the child
+//      scrapes, its CPU time per collection (utime+stime from /proc/<pid>/stat over an idle window,
+//      divided by the growth of its kgpu_exporter_collections_total), its CPU time per scrape; and,
+//      to see where the memory goes, /proc/<pid>/smaps grouped by mapping (executable, each
+//      shared library family, heap, anonymous), for the child, for `kgpu exporter` without -k
+//      (no gRPC runtime started), and for this binary idling (`--idle`: the libraries only).
+//
+// Targets (from the issue), printed next to the figures: RSS <= 15 MB, scrape p99 <= 2 ms.
+//
+// Everything lives in its own dir (mkdtemp /tmp/exb-XXXXXX): the simulated node's state file, the
+// fake /proc, the checkpoint, the PodResources socket and the child logs. Children get
+// KGPU_SIM_NODE=dgx-h100, KGPU_SIM_STATE, KGPU_SIM_NODE_NAME and LD_LIBRARY_PATH=<dir of the
+// simulated libnvidia-ml.so.1>, die with this process (PR_SET_PDEATHSIG) and are killed on every
+// exit path.
+//
+// Exit status: 0 when every step worked (whatever the figures are); 1 when something failed;
+// 2 on bad usage.
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/log.h"
+#include "common/strings.h"
+#include "exporter/counters.h"
+#include "exporter/exporter.h"
+#include "gpu/inventory.h"
+#include "nvml/library.h"
+#include "testing/fake_podresources.h"
+
+#ifndef KGPU_BIN
+#error "KGPU_BIN (path of the kgpu binary) must be defined by the build"
+#endif
+#ifndef KGPU_SIMCTL
+#error "KGPU_SIMCTL (path of kgpu-simctl) must be defined by the build"
+#endif
+#ifndef KGPU_SIM_LIB
+#error "KGPU_SIM_LIB (path of the simulated libnvidia-ml.so.1) must be defined by the build"
+#endif
+#ifndef KGPU_SIM_LIB_DIR
+#error "KGPU_SIM_LIB_DIR (dir of the simulated libnvidia-ml.so.1) must be defined by the build"
+#endif
+
+extern char** environ;
+
+namespace {
+
+using kgpu::Cat;
+
+constexpr char kProfile[] = "dgx-h100";
+constexpr char kNodeName[] = "bench-node";
+constexpr char kResource[] = "nvidia.com/gpu";
+constexpr unsigned kGpus = 8;
+constexpr unsigned kReplicas = 8;
+constexpr unsigned kPods = kGpus * kReplicas;
+constexpr unsigned kFirstPid = 20000;
+constexpr int kWarmup = 100;
+
+// Targets from the issue.
+constexpr double kTargetRssMb = 15;
+constexpr double kTargetScrapeP99Ms = 2;
+
+int64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
+double Us(int64_t ns) { return static_cast<double>(ns) / 1e3; }
+
+struct Summary {
+  double p50 = 0, p99 = 0, max = 0, mean = 0;
+  size_t n = 0;
+};
+
+// Nearest-rank percentiles.
+Summary Summarize(std::vector<double> v) {
+  Summary s;
+  s.n = v.size();
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  auto rank = [&](double q) {
+    const size_t r = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+    return v[std::min(v.size() - 1, r == 0 ? 0 : r - 1)];
+  };
+  s.p50 = rank(0.50);
+  s.p99 = rank(0.99);
+  s.max = v.back();
+  double sum = 0;
+  for (double x : v) sum += x;
+  s.mean = sum / static_cast<double>(v.size());
+  return s;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// ---------------------------------------------------------------- children and cleanup
+
+constexpr int kMaxChildren = 8;
+std::atomic<pid_t> g_children[kMaxChildren];
+
+void TrackChild(pid_t pid) {
+  for (auto& slot : g_children) {
+    pid_t empty = 0;
+    if (slot.compare_exchange_strong(empty, pid)) return;
+  }
+}
+void UntrackChild(pid_t pid) {
+  for (auto& slot : g_children) {
+    pid_t p = pid;
+    if (slot.compare_exchange_strong(p, 0)) return;
+  }
+}
+void KillAllChildren() {
+  for (auto& slot : g_children) {
+    const pid_t p = slot.exchange(0);
+    if (p > 0) {
+      kill(p, SIGKILL);
+      waitpid(p, nullptr, 0);
+    }
+  }
+}
+void OnFatalSignal(int sig) {
+  for (auto& slot : g_children) {
+    const pid_t p = slot.load();
+    if (p > 0) kill(p, SIGKILL);
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+// Our environment plus `extra`, as an envp (the strings live in *storage).
+std::vector<char*> BuildEnv(const std::map<std::string, std::string>& extra, std::vector<std::string>* storage) {
+  std::map<std::string, std::string> all;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const auto eq = kv.find('=');
+    if (eq != std::string::npos) all[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : extra) all[k] = v;
+  storage->clear();
+  for (const auto& [k, v] : all) storage->push_back(k + "=" + v);
+  std::vector<char*> ptrs;
+  for (auto& s : *storage) ptrs.push_back(s.data());
+  ptrs.push_back(nullptr);
+  return ptrs;
+}
+
+// fork + execve with stdout/stderr to `log`. Only async-signal-safe calls after fork().
+pid_t Spawn(const std::vector<std::string>& args, char** envp, const std::string& log) {
+  std::vector<std::string> copy = args;
+  std::vector<char*> argv;
+  for (auto& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(126);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execve(argv[0], argv.data(), envp);
+    _exit(127);
+  }
+  ::close(fd);
+  if (pid > 0) TrackChild(pid);
+  return pid;
+}
+
+void KillChild(pid_t pid) {
+  if (pid <= 0) return;
+  kill(pid, SIGTERM);
+  for (int i = 0; i < 3000; ++i) {  // 3 s, then SIGKILL
+    if (waitpid(pid, nullptr, WNOHANG) == pid) {
+      UntrackChild(pid);
+      return;
+    }
+    usleep(1000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  UntrackChild(pid);
+}
+
+bool Alive(pid_t pid) { return waitpid(pid, nullptr, WNOHANG) == 0; }
+
+// A free TCP port on 127.0.0.1 (bound and released; the child binds it right after).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// ---------------------------------------------------------------- /proc readers
+
+struct ProcMem {
+  double rss_mb = -1, hwm_mb = -1, anon_mb = -1, file_mb = -1, shmem_mb = -1;
+  double pss_mb = -1, private_dirty_mb = -1, private_clean_mb = -1, shared_clean_mb = -1, shared_dirty_mb = -1;
+  int threads = -1;
+};
+
+ProcMem ReadProcMem(pid_t pid) {
+  ProcMem out;
+  std::string line;
+  auto kb = [&](const char* key, double* mb) {
+    const size_t n = std::strlen(key);
+    if (line.compare(0, n, key) == 0) *mb = std::strtod(line.c_str() + n, nullptr) / 1024.0;
+  };
+  std::ifstream in(Cat("/proc/", pid, "/status"));
+  while (std::getline(in, line)) {
+    kb("VmRSS:", &out.rss_mb);
+    kb("VmHWM:", &out.hwm_mb);
+    kb("RssAnon:", &out.anon_mb);
+    kb("RssFile:", &out.file_mb);
+    kb("RssShmem:", &out.shmem_mb);
+    if (line.rfind("Threads:", 0) == 0) out.threads = std::atoi(line.c_str() + 8);
+  }
+  std::ifstream rollup(Cat("/proc/", pid, "/smaps_rollup"));
+  while (std::getline(rollup, line)) {
+    kb("Pss:", &out.pss_mb);
+    kb("Private_Dirty:", &out.private_dirty_mb);
+    kb("Private_Clean:", &out.private_clean_mb);
+    kb("Shared_Clean:", &out.shared_clean_mb);
+    kb("Shared_Dirty:", &out.shared_dirty_mb);
+  }
+  return out;
+}
+
+std::string DescribeMem(const ProcMem& m) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "VmRSS %.1f MB, VmHWM %.1f MB (anon %.1f, file %.1f, shmem %.1f; Pss %.1f; Private_Dirty %.1f, "
+                "Private_Clean %.1f, Shared_Clean %.1f, Shared_Dirty %.1f; %d threads)",
+                m.rss_mb, m.hwm_mb, m.anon_mb, m.file_mb, m.shmem_mb, m.pss_mb, m.private_dirty_mb,
+                m.private_clean_mb, m.shared_clean_mb, m.shared_dirty_mb, m.threads);
+  return buf;
+}
+
+// Which group a mapping of /proc/<pid>/smaps belongs to.
+std::string MappingGroup(const std::string& path, const std::string& exe) {
+  if (path.empty()) return "anon mmap (malloc arenas, thread stacks)";
+  if (path == "[heap]") return "[heap] (main malloc arena)";
+  if (path == "[stack]") return "[stack] (main thread)";
+  if (path[0] == '[') return "vdso/vvar/other";
+  if (path == exe) return "executable";
+  if (path.find("sim.state") != std::string::npos) return "simulated node state (shared file)";
+  const std::string base = std::filesystem::path(path).filename().string();
+  auto starts = [&](const char* p) { return base.rfind(p, 0) == 0; };
+  if (starts("libgrpc") || starts("libgpr") || starts("libupb") || starts("libaddress_sorting") ||
+      starts("libcares") || starts("libre2")) {
+    return "gRPC (+upb, c-ares, re2)";
+  }
+  if (starts("libprotobuf")) return "protobuf";
+  if (starts("libabsl_")) return "abseil";
+  if (starts("libspdlog") || starts("libfmt")) return "spdlog+fmt";
+  if (starts("libssl") || starts("libcrypto")) return "OpenSSL (via cpp-httplib)";
+  if (starts("libcpp-httplib") || starts("libz.") || starts("libbrotli")) return "cpp-httplib+zlib+brotli";
+  if (starts("libyaml-cpp")) return "yaml-cpp";
+  if (starts("libstdc++") || starts("libc.") || starts("libm.") || starts("libgcc_s") || starts("ld-linux")) {
+    return "libc+libm+libstdc+++libgcc";
+  }
+  if (starts("libnvidia-ml")) return "simulated libnvidia-ml";
+  return "other files (" + base + ")";
+}
+
+struct GroupMem {
+  double rss_kb = 0, pss_kb = 0, private_dirty_kb = 0;
+};
+
+std::map<std::string, GroupMem> SmapsByGroup(pid_t pid) {
+  std::map<std::string, GroupMem> out;
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink(Cat("/proc/", pid, "/exe"), ec).string();
+  std::ifstream in(Cat("/proc/", pid, "/smaps"));
+  std::string line, group;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    // A mapping header: "start-end perms offset dev inode [path]"; field lines are "Key: value".
+    const auto colon = line.find(':');
+    const auto space = line.find(' ');
+    const bool header = colon == std::string::npos || (space != std::string::npos && space < colon);
+    if (header) {
+      std::istringstream s(line);
+      std::string range, perms, offset, dev, inode, path;
+      s >> range >> perms >> offset >> dev >> inode;
+      std::getline(s, path);
+      path.erase(0, path.find_first_not_of(' '));
+      if (path.ends_with(" (deleted)")) path.resize(path.size() - 10);
+      group = MappingGroup(path, exe);
+      continue;
+    }
+    auto kb = [&](const char* key, double* v) {
+      const size_t n = std::strlen(key);
+      if (line.compare(0, n, key) == 0) *v += std::strtod(line.c_str() + n, nullptr);
+    };
+    GroupMem& g = out[group];
+    kb("Rss:", &g.rss_kb);
+    kb("Pss:", &g.pss_kb);
+    kb("Private_Dirty:", &g.private_dirty_kb);
+  }
+  return out;
+}
+
+void PrintSmaps(const std::string& title, pid_t pid) {
+  auto groups = SmapsByGroup(pid);
+  std::vector<std::pair<std::string, GroupMem>> v(groups.begin(), groups.end());
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.rss_kb > b.second.rss_kb; });
+  GroupMem total;
+  for (const auto& [name, g] : v) {
+    total.rss_kb += g.rss_kb;
+    total.pss_kb += g.pss_kb;
+    total.private_dirty_kb += g.private_dirty_kb;
+  }
+  std::printf("     %s: /proc/<pid>/smaps by mapping, MB (Rss / Pss / Private_Dirty), total %.1f / %.1f / %.1f\n",
+              title.c_str(), total.rss_kb / 1024, total.pss_kb / 1024, total.private_dirty_kb / 1024);
+  for (const auto& [name, g] : v) {
+    if (g.rss_kb < 64) continue;
+    std::printf("       %-44s %6.2f / %6.2f / %6.2f\n", name.c_str(), g.rss_kb / 1024, g.pss_kb / 1024,
+                g.private_dirty_kb / 1024);
+  }
+}
+
+// utime+stime of a process (live and exited threads), seconds.
+double ProcCpuSeconds(pid_t pid) {
+  const std::string stat = ReadFile(Cat("/proc/", pid, "/stat"));
+  const auto rp = stat.rfind(')');
+  if (rp == std::string::npos) return -1;
+  std::istringstream s(stat.substr(rp + 2));
+  // Fields from 3 (state) on; utime is field 14, stime 15.
+  std::string f;
+  unsigned long long utime = 0, stime = 0;
+  for (int field = 3; field <= 15 && (s >> f); ++field) {
+    if (field == 14) utime = std::strtoull(f.c_str(), nullptr, 10);
+    if (field == 15) stime = std::strtoull(f.c_str(), nullptr, 10);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// On-CPU time of the live threads (sum of /proc/<pid>/task/*/schedstat), seconds, ns resolution.
+double TasksSchedSeconds(pid_t pid) {
+  double total = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(Cat("/proc/", pid, "/task"), ec)) {
+    std::ifstream in(e.path() / "schedstat");
+    unsigned long long ns = 0;
+    if (in >> ns) total += static_cast<double>(ns) / 1e9;
+  }
+  return total;
+}
+
+double ThreadCpuSeconds() {
+  rusage ru{};
+  getrusage(RUSAGE_THREAD, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+// ---------------------------------------------------------------- metrics text
+
+size_t CountSeries(const std::string& text, const std::string& must_contain = "") {
+  size_t n = 0;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    if (!must_contain.empty() && line.find(must_contain) == std::string::npos) continue;
+    ++n;
+  }
+  return n;
+}
+
+std::optional<double> MetricValue(const std::string& text, const std::string& name) {
+  const std::string key = "\n" + name + " ";
+  const auto at = text.find(key);
+  if (at == std::string::npos) return std::nullopt;
+  return std::strtod(text.c_str() + at + key.size(), nullptr);
+}
+
+// ---------------------------------------------------------------- HTTP scrapes
+
+struct ScrapeRun {
+  std::vector<double> ms;
+  size_t bytes = 0;
+  std::string last_body;
+  int connections = 0;
+  int failures = 0;
+};
+
+// `n` GETs of `path` after `warmup` uncounted ones. keep_alive: one client for all; otherwise a new
+// client (a new TCP connection) per GET.
+ScrapeRun HttpScrapes(int port, const std::string& path, int warmup, int n, bool keep_alive,
+                      const httplib::Headers& headers) {
+  ScrapeRun run;
+  auto connections = std::make_shared<std::atomic<int>>(0);
+  auto make = [&] {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", port);
+    c->set_keep_alive(keep_alive);
+    c->set_tcp_nodelay(true);  // as Prometheus's Go client does
+    c->set_decompress(false);  // measure the server: the gzip body is not inflated here
+    c->set_socket_options([connections](int) { connections->fetch_add(1); });
+    return c;
+  };
+  auto client = make();
+  int base = 0;
+  for (int i = 0; i < warmup + n; ++i) {
+    if (i == warmup) base = connections->load();
+    if (!keep_alive) client = make();
+    const int64_t t0 = NowNs();
+    auto res = client->Get(path, headers);
+    const int64_t t1 = NowNs();
+    if (!res || res->status != 200) {
+      run.failures++;
+      continue;
+    }
+    if (i >= warmup) {
+      run.ms.push_back(Ms(t1 - t0));
+      run.bytes = res->body.size();
+      if (i + 1 == warmup + n) run.last_body = std::move(res->body);
+    }
+  }
+  run.connections = connections->load() - base;
+  return run;
+}
+
+void PrintLatency(const char* label, const ScrapeRun& r) {
+  const Summary s = Summarize(r.ms);
+  std::printf("     %-40s p50 %.3f ms, p99 %.3f ms, max %.3f ms, mean %.3f ms (n=%zu, %zu B body, %d new TCP connections, %d failed)\n",
+              label, s.p50, s.p99, s.max, s.mean, s.n, r.bytes, r.connections, r.failures);
+}
+
+// ---------------------------------------------------------------- setup
+
+struct PodSpec {
+  unsigned gpu, replica, pid, mem_mib, util;
+  std::string uid, ns, pod, container, device_id;
+};
+
+std::string PodUid(unsigned i) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%08x-%04x-4%03x-8%03x-%012x", 0x5eed0000U + i, i * 37U, i, i * 3U, i * 7919U);
+  return buf;
+}
+
+struct Args {
+  int scrapes = 5000, gzip_scrapes = 1000, fresh_scrapes = 1000, calls = 20000, collections = 50;
+  int child_scrapes = 1000, window_s = 10;
+  bool keep = false, idle = false;
+};
+
+bool ParseArgs(int argc, char** argv, Args* a) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto num = [&](int* v) {
+      if (i + 1 >= argc) return false;
+      *v = std::atoi(argv[++i]);
+      return *v >= 0;
+    };
+    bool ok = true;
+    if (k == "--scrapes") ok = num(&a->scrapes);
+    else if (k == "--gzip-scrapes") ok = num(&a->gzip_scrapes);
+    else if (k == "--fresh-scrapes") ok = num(&a->fresh_scrapes);
+    else if (k == "--calls") ok = num(&a->calls);
+    else if (k == "--collections") ok = num(&a->collections);
+    else if (k == "--child-scrapes") ok = num(&a->child_scrapes);
+    else if (k == "--window-s") ok = num(&a->window_s);
+    else if (k == "--keep") a->keep = true;
+    else if (k == "--idle") a->idle = true;
+    else ok = false;
+    if (!ok) {
+      std::fprintf(stderr,
+                   "usage: exporter_bench [--scrapes N] [--gzip-scrapes N] [--fresh-scrapes N] [--calls N]\n"
+                   "                      [--collections N] [--child-scrapes N] [--window-s S] [--keep]\n");
+      return false;
+    }
+  }
+  return true;
+}
+
+// A `kgpu exporter` child: started, waited for, scraped, measured.
+struct ChildFigures {
+  double start_ms = -1;
+  ScrapeRun scrapes;
+  double cpu_per_scrape_us = -1, sched_per_scrape_us = -1;
+  ProcMem mem_after_scrapes, mem_after_window;
+  double window_s = 0, cpu_s = -1, sched_s = -1, collections = 0, last_duration_ms = -1;
+  size_t series = 0;
+};
+
+class Child {
+ public:
+  ~Child() { KillChild(pid_); }
+  bool Start(const std::vector<std::string>& args, char** envp, const std::string& log, int port, double* start_ms) {
+    log_ = log;
+    const int64_t t0 = NowNs();
+    pid_ = Spawn(args, envp, log);
+    if (pid_ <= 0) return false;
+    httplib::Client c("127.0.0.1", port);
+    c.set_connection_timeout(0, 200000);
+    for (;;) {
+      if (!Alive(pid_)) {
+        UntrackChild(pid_);
+        pid_ = -1;
+        return false;
+      }
+      if (auto r = c.Get("/health"); r && r->status == 200) break;
+      if (NowNs() - t0 > 15'000'000'000LL) return false;
+      usleep(2000);
+    }
+    *start_ms = Ms(NowNs() - t0);
+    return true;
+  }
+  pid_t pid() const { return pid_; }
+  std::string LogTail() const {
+    std::string t = ReadFile(log_);
+    return t.size() > 3000 ? "..." + t.substr(t.size() - 3000) : t;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  if (!ParseArgs(argc, argv, &args)) return 2;
+  if (args.idle) {  // the libraries only: a baseline for RSS
+    pause();
+    return 0;
+  }
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, OnFatalSignal);
+  signal(SIGPIPE, SIG_IGN);
+  kgpu::SetLogLevel("warn");
+
+  char tmpl[] = "/tmp/exb-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  const std::string dir = tmpl;
+  const std::string state = dir + "/sim.state";
+  setenv("KGPU_SIM_NODE", kProfile, 1);
+  setenv("KGPU_SIM_STATE", state.c_str(), 1);
+  setenv("KGPU_SIM_NODE_NAME", kNodeName, 1);
+  int rc = 0;
+  auto fail = [&](const std::string& what) {
+    std::fprintf(stderr, "exporter_bench: %s\n", what.c_str());
+    rc = 1;
+  };
+
+  std::printf("exporter_bench: %s (%u GPUs), time-slicing %u replicas per GPU: %u device IDs held by %u pods,\n"
+              "  one process each (%u per GPU); kubernetes=true, default counters; %u CPUs\n",
+              kProfile, kGpus, kReplicas, kPods, kPods, kReplicas, std::thread::hardware_concurrency());
+  std::fflush(stdout);
+
+  do {
+    // NVML and the inventory.
+    auto lib = kgpu::nvml::Library::Open({KGPU_SIM_LIB});
+    if (!lib.ok()) {
+      fail(Cat("opening ", KGPU_SIM_LIB, ": ", lib.status().message()));
+      break;
+    }
+    auto inv = kgpu::gpu::Inventory::Discover(**lib, {dir});
+    if (!inv.ok() || (*inv)->gpus().size() != kGpus) {
+      fail("inventory: " + (inv.ok() ? Cat((*inv)->gpus().size(), " GPUs") : std::string(inv.status().message())));
+      break;
+    }
+
+    // 64 pods, one replica and one process each.
+    static const char* kNamespaces[] = {"ml-train", "ml-infer", "research", "batch"};
+    std::vector<PodSpec> pods;
+    for (unsigned i = 0; i < kPods; ++i) {
+      PodSpec p;
+      p.gpu = i / kReplicas;
+      p.replica = i % kReplicas;
+      p.pid = kFirstPid + i;
+      p.mem_mib = 512 + 1024 * p.replica + 64 * p.gpu + i;  // 0.5 .. 7.6 GiB, all different
+      p.util = 1 + 2 * p.replica + p.gpu;                   // 1 .. 22 %
+      p.uid = PodUid(i);
+      p.ns = kNamespaces[i % 4];
+      p.pod = Cat("job-", p.gpu, "-", p.replica, "-7d9f8c6b5-x", i);
+      p.container = p.replica % 2 == 0 ? "worker" : "server";
+      p.device_id = Cat((*inv)->gpus()[p.gpu].uuid, "::", p.replica);
+      pods.push_back(p);
+    }
+
+    // Processes on the simulated GPUs (kgpu-simctl, another process, as an operator would).
+    const int64_t t_simctl = NowNs();
+    bool ok = true;
+    for (const auto& p : pods) {
+      const std::string cmd = Cat(KGPU_SIMCTL, " proc add ", p.gpu, " ", p.pid, " --mem ", p.mem_mib, " --util ",
+                                  p.util, " >/dev/null");
+      const int st = std::system(cmd.c_str());  // NOLINT(concurrency-mt-unsafe): single-threaded here
+      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fail("failed: " + cmd);
+        ok = false;
+        break;
+      }
+    }
+    if (!ok) break;
+    const double simctl_ms = Ms(NowNs() - t_simctl);
+
+    // The fake /proc: one cgroup file per process (systemd and cgroupfs drivers, half each).
+    for (const auto& p : pods) {
+      const std::string pdir = Cat(dir, "/proc/", p.pid);
+      std::filesystem::create_directories(pdir);
+      char cid[65];
+      std::snprintf(cid, sizeof cid, "%016x%016x%016x%016x", p.pid, p.pid * 31, p.pid * 131, p.pid * 521);
+      std::string uid_ = p.uid;
+      std::replace(uid_.begin(), uid_.end(), '-', '_');
+      std::ofstream out(pdir + "/cgroup");
+      if (p.pid % 2 == 0) {
+        out << "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" << uid_
+            << ".slice/cri-containerd-" << cid << ".scope\n";
+      } else {
+        out << "12:pids:/kubepods/besteffort/pod" << p.uid << "/" << cid << "\n"
+            << "11:memory:/kubepods/besteffort/pod" << p.uid << "/" << cid << "\n"
+            << "1:name=systemd:/kubepods/besteffort/pod" << p.uid << "/" << cid << "\n";
+      }
+    }
+
+    // The kubelet checkpoint (NUMA map form, with an AllocResp blob and the registered devices).
+    {
+      const std::string alloc_resp(160, 'Q');  // base64 of an AllocateResponse, size of an envvar one
+      std::string entries, registered;
+      for (const auto& p : pods) {
+        if (!entries.empty()) entries += ",";
+        entries += Cat(R"({"PodUID":")", p.uid, R"(","ContainerName":")", p.container, R"(","ResourceName":")",
+                       kResource, R"(","DeviceIDs":{"0":[")", p.device_id, R"("]},"AllocResp":")", alloc_resp,
+                       R"("})");
+        if (!registered.empty()) registered += ",";
+        registered += Cat("\"", p.device_id, "\"");
+      }
+      std::ofstream(dir + "/checkpoint") << R"({"Data":{"PodDeviceEntries":[)" << entries
+                                          << R"(],"RegisteredDevices":{")" << kResource << R"(":[)" << registered
+                                          << R"(]}},"Checksum":1234567890})";
+    }
+
+    // PodResources: 64 pods, one container, one replica each.
+    v1::ListPodResourcesResponse list;
+    for (const auto& p : pods) kgpu::testing::AddDevices(list, p.ns, p.pod, p.container, kResource, {p.device_id}, 0);
+    kgpu::testing::FakePodResources server(dir + "/pr.sock");
+    server.SetListResponse(list);
+    if (auto st = server.Start(); !st.ok()) {
+      fail(Cat("FakePodResources: ", st.message()));
+      break;
+    }
+
+    // The exporter, in process.
+    std::vector<std::string> skipped;
+    auto counters = kgpu::exporter::ParseCounters(kgpu::exporter::DefaultCountersCsv(), "<default counters>", &skipped);
+    if (!counters.ok()) {
+      fail(Cat("counters: ", counters.status().message()));
+      break;
+    }
+    kgpu::exporter::ExporterOptions options;
+    options.counters = *counters;
+    options.address = "127.0.0.1:0";
+    options.interval = std::chrono::hours(1);
+    options.kubernetes = true;
+    options.pod_resources_socket = dir + "/pr.sock";
+    options.proc_root = dir + "/proc";
+    options.checkpoint_path = dir + "/checkpoint";
+    options.hostname = kNodeName;
+    const size_t n_counters = options.counters.size();
+    auto exporter = std::make_unique<kgpu::exporter::Exporter>(**lib, *inv, options);
+    if (auto st = exporter->Start(); !st.ok()) {
+      fail(Cat("Exporter::Start: ", st.message()));
+      break;
+    }
+    exporter->CollectNow();
+    const int port = exporter->port();
+    const ProcMem self_setup = ReadProcMem(getpid());
+
+    // Sanity: every pod has its own FB_USED and GPU_UTIL series with its own figures.
+    {
+      const std::string text = exporter->Scrape();
+      size_t pod_fb = 0, right = 0;
+      std::istringstream in(text);
+      for (std::string line; std::getline(in, line);) {
+        if (line.rfind("DCGM_FI_DEV_FB_USED{", 0) != 0 || line.find("pod=\"") == std::string::npos) continue;
+        ++pod_fb;
+        for (const auto& p : pods) {
+          if (line.find("pod=\"" + p.pod + "\"") != std::string::npos && line.ends_with(Cat("} ", p.mem_mib))) ++right;
+        }
+      }
+      if (pod_fb != kPods || right != kPods) {
+        fail(Cat("expected ", kPods, " per-pod DCGM_FI_DEV_FB_USED series with each pod's memory, got ", pod_fb,
+                 " series, ", right, " right; first 3000 chars:\n", text.substr(0, 3000)));
+        break;
+      }
+    }
+    std::printf("setup: %u x `kgpu-simctl proc add` %.0f ms; in-process exporter on 127.0.0.1:%d, %zu counters, "
+                "PodResources List calls so far %d\n\n",
+                kPods, simctl_ms, port, n_counters, server.ListCalls());
+    std::fflush(stdout);
+
+    // ---- 1. HTTP scrapes.
+    const httplib::Headers identity = {{"Accept-Encoding", "identity"}};
+    const httplib::Headers gzip = {{"Accept-Encoding", "gzip"}};
+    ScrapeRun http = HttpScrapes(port, "/metrics", kWarmup, args.scrapes, true, identity);
+    if (http.failures > 0 || http.ms.empty()) {
+      fail(Cat(http.failures, " failed GET /metrics"));
+      break;
+    }
+    const Summary hs = Summarize(http.ms);
+    const size_t series = CountSeries(http.last_body);
+    const size_t pod_series = CountSeries(http.last_body, "pod=\"");
+    std::printf("1. scrape over HTTP (keep-alive, %zu GETs): p50 %.3f ms, p99 %.3f ms, max %.3f ms; %zu B, %zu series "
+                "[target p99 <= %.0f ms: %s]\n",
+                hs.n, hs.p50, hs.p99, hs.max, http.bytes, series, kTargetScrapeP99Ms,
+                hs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED");
+    std::printf("     series: %zu with pod labels (%u per-pod FB_USED + %u per-pod GPU_UTIL), %zu device-level, "
+                "%zu exporter's own\n",
+                pod_series, kPods, kPods, series - pod_series - CountSeries(http.last_body, "kgpu_exporter_"),
+                CountSeries(http.last_body, "kgpu_exporter_"));
+    PrintLatency("keep-alive, identity:", http);
+    ScrapeRun gz = HttpScrapes(port, "/metrics", 10, args.gzip_scrapes, true, gzip);
+    PrintLatency("keep-alive, Accept-Encoding: gzip:", gz);
+    ScrapeRun fresh = HttpScrapes(port, "/metrics", 10, args.fresh_scrapes, false, identity);
+    PrintLatency("new connection per GET, identity:", fresh);
+    ScrapeRun fresh_gz = HttpScrapes(port, "/metrics", 10, args.fresh_scrapes, false, gzip);
+    PrintLatency("new connection per GET, gzip (Prometheus):", fresh_gz);
+    ScrapeRun health = HttpScrapes(port, "/health", kWarmup, args.scrapes, true, identity);
+    PrintLatency("GET /health (HTTP alone), keep-alive:", health);
+    std::fflush(stdout);
+
+    // ---- 2. Scrape() in process.
+    std::vector<double> scrape_us;
+    scrape_us.reserve(static_cast<size_t>(args.calls));
+    size_t sink = 0;
+    for (int i = 0; i < kWarmup + args.calls; ++i) {
+      const int64_t t0 = NowNs();
+      const std::string text = exporter->Scrape();
+      const int64_t t1 = NowNs();
+      sink += text.size();
+      if (i >= kWarmup) scrape_us.push_back(Us(t1 - t0));
+    }
+    const Summary ss = Summarize(scrape_us);
+    std::printf("2. Scrape() in process (%zu calls): p50 %.1f us, p99 %.1f us, max %.1f us, mean %.1f us (%zu B each)\n",
+                ss.n, ss.p50, ss.p99, ss.max, ss.mean, sink / static_cast<size_t>(kWarmup + args.calls));
+    std::fflush(stdout);
+
+    // ---- 3. CollectNow().
+    std::vector<double> cpu_ms, wall_ms;
+    for (int i = 0; i < args.collections + 2; ++i) {
+      const double c0 = ThreadCpuSeconds();
+      const int64_t t0 = NowNs();
+      exporter->CollectNow();
+      const int64_t t1 = NowNs();
+      const double c1 = ThreadCpuSeconds();
+      if (i < 2) continue;  // warm-up
+      cpu_ms.push_back((c1 - c0) * 1e3);
+      wall_ms.push_back(Ms(t1 - t0));
+    }
+    const Summary cs = Summarize(cpu_ms), ws = Summarize(wall_ms);
+    std::printf("3. per collection (CollectNow, %zu): CPU (RUSAGE_THREAD user+sys) mean %.3f ms, p50 %.3f, p99 %.3f, "
+                "max %.3f; wall mean %.3f ms, p50 %.3f, p99 %.3f, max %.3f\n",
+                cs.n, cs.mean, cs.p50, cs.p99, cs.max, ws.mean, ws.p50, ws.p99, ws.max);
+    std::fflush(stdout);
+
+    // ---- 4. RSS of the driver.
+    const ProcMem self_end = ReadProcMem(getpid());
+    std::printf("4. RSS of this driver (exporter + fake PodResources gRPC server + HTTP client): after setup VmRSS "
+                "%.1f MB / VmHWM %.1f MB; at the end VmRSS %.1f MB / VmHWM %.1f MB\n",
+                self_setup.rss_mb, self_setup.hwm_mb, self_end.rss_mb, self_end.hwm_mb);
+    std::printf("     driver at the end: %s\n", DescribeMem(self_end).c_str());
+    std::fflush(stdout);
+    exporter->Stop();
+    exporter.reset();  // the children get the CPUs to themselves
+
+    // ---- 4b. `kgpu exporter -k` as its own process against the same fake data.
+    std::vector<std::string> env_storage;
+    auto envp = BuildEnv({{"LD_LIBRARY_PATH", KGPU_SIM_LIB_DIR},
+                          {"KGPU_SIM_NODE", kProfile},
+                          {"KGPU_SIM_STATE", state},
+                          {"KGPU_SIM_NODE_NAME", kNodeName},
+                          {"NODE_NAME", kNodeName},
+                          {"KGPU_LOG_LEVEL", "info"}},
+                         &env_storage);
+    ChildFigures k;
+    {
+      const int child_port = FreePort();
+      Child child;
+      const std::vector<std::string> cargs = {KGPU_BIN, "exporter", "-a", Cat("127.0.0.1:", child_port), "-c", "1000",
+                                              "-k", "--pod-resources-kubelet-socket", dir + "/pr.sock",
+                                              "--proc-root", dir + "/proc", "--kubelet-checkpoint", dir + "/checkpoint"};
+      std::string cmdline;
+      for (const auto& a : cargs) cmdline += (cmdline.empty() ? "" : " ") + a;
+      if (!child.Start(cargs, envp.data(), dir + "/exporter-k.log", child_port, &k.start_ms)) {
+        fail("kgpu exporter -k did not serve /health within 15 s: " + cmdline + "\n" + child.LogTail());
+        break;
+      }
+      const double cpu0 = ProcCpuSeconds(child.pid()), sched0 = TasksSchedSeconds(child.pid());
+      k.scrapes = HttpScrapes(child_port, "/metrics", 0, args.child_scrapes, true, identity);
+      const double cpu1 = ProcCpuSeconds(child.pid()), sched1 = TasksSchedSeconds(child.pid());
+      if (k.scrapes.failures > 0 || k.scrapes.ms.empty()) {
+        fail(Cat(k.scrapes.failures, " failed GET /metrics on the child\n", child.LogTail()));
+        break;
+      }
+      k.series = CountSeries(k.scrapes.last_body);
+      k.cpu_per_scrape_us = (cpu1 - cpu0) * 1e6 / static_cast<double>(k.scrapes.ms.size());
+      k.sched_per_scrape_us = (sched1 - sched0) * 1e6 / static_cast<double>(k.scrapes.ms.size());
+      k.mem_after_scrapes = ReadProcMem(child.pid());
+
+      // Idle window: CPU per collection (everything the process does, amortised over collections).
+      httplib::Client c("127.0.0.1", child_port);
+      auto scrape = [&]() -> std::string {
+        auto r = c.Get("/metrics", identity);
+        return r && r->status == 200 ? r->body : std::string();
+      };
+      const auto coll0 = MetricValue(scrape(), "kgpu_exporter_collections_total");
+      const double w_cpu0 = ProcCpuSeconds(child.pid()), w_sched0 = TasksSchedSeconds(child.pid());
+      const int64_t w0 = NowNs();
+      std::this_thread::sleep_for(std::chrono::seconds(args.window_s));
+      const double w_cpu1 = ProcCpuSeconds(child.pid()), w_sched1 = TasksSchedSeconds(child.pid());
+      const int64_t w1 = NowNs();
+      const std::string last = scrape();
+      const auto coll1 = MetricValue(last, "kgpu_exporter_collections_total");
+      const auto dur = MetricValue(last, "kgpu_exporter_collection_duration_seconds");
+      if (!coll0 || !coll1) {
+        fail("no kgpu_exporter_collections_total on the child\n" + child.LogTail());
+        break;
+      }
+      k.window_s = static_cast<double>(w1 - w0) / 1e9;
+      k.cpu_s = w_cpu1 - w_cpu0;
+      k.sched_s = w_sched1 - w_sched0;
+      k.collections = *coll1 - *coll0;
+      k.last_duration_ms = dur ? *dur * 1e3 : -1;
+      k.mem_after_window = ReadProcMem(child.pid());
+
+      const Summary ks = Summarize(k.scrapes.ms);
+      std::printf("4. RSS of `kgpu exporter -k` (own process, same fake data): VmRSS %.1f MB, VmHWM %.1f MB after %zu "
+                  "scrapes [target <= %.0f MB: %s]\n",
+                  k.mem_after_scrapes.rss_mb, k.mem_after_scrapes.hwm_mb, ks.n, kTargetRssMb,
+                  k.mem_after_scrapes.rss_mb <= kTargetRssMb ? "met" : "MISSED");
+      std::printf("     command: %s\n", cmdline.c_str());
+      std::printf("     fork -> serving /health %.1f ms; %zu series, %zu B\n", k.start_ms, k.series, k.scrapes.bytes);
+      std::printf("     after scrapes: %s\n", DescribeMem(k.mem_after_scrapes).c_str());
+      std::printf("     after the %.0f s window: %s\n", k.window_s, DescribeMem(k.mem_after_window).c_str());
+      PrintLatency("child scrapes, keep-alive, identity:", k.scrapes);
+      std::printf("     child CPU per scrape: %.1f us (utime+stime), %.1f us (schedstat of live threads)\n",
+                  k.cpu_per_scrape_us, k.sched_per_scrape_us);
+      const double per = k.collections > 0 ? k.cpu_s * 1e3 / k.collections : -1;
+      const double per_sched = k.collections > 0 ? k.sched_s * 1e3 / k.collections : -1;
+      std::printf("4. CPU of `kgpu exporter -k` per collection: %.2f ms (utime+stime %.2f s over %.1f s idle window / "
+                  "%.0f collections at -c 1000); %.2f ms by schedstat; %.2f%% of one CPU; last collection took %.2f ms\n",
+                  per, k.cpu_s, k.window_s, k.collections, per_sched, 100.0 * k.sched_s / k.window_s,
+                  k.last_duration_ms);
+      PrintSmaps("kgpu exporter -k", child.pid());
+      std::fflush(stdout);
+    }
+
+    // ---- Baselines: `kgpu exporter` without -k (no gRPC channel ever made) and this binary idling.
+    {
+      const int child_port = FreePort();
+      Child child;
+      double start_ms = 0;
+      const std::vector<std::string> cargs = {KGPU_BIN, "exporter", "-a", Cat("127.0.0.1:", child_port), "-c", "1000"};
+      if (!child.Start(cargs, envp.data(), dir + "/exporter-nok.log", child_port, &start_ms)) {
+        fail("kgpu exporter (no -k) did not serve\n" + child.LogTail());
+        break;
+      }
+      ScrapeRun r = HttpScrapes(child_port, "/metrics", 0, std::min(args.child_scrapes, 200), true, identity);
+      const ProcMem m = ReadProcMem(child.pid());
+      std::printf("baseline `kgpu exporter` without -k (no PodResources, no gRPC runtime), after %zu scrapes: %s\n",
+                  r.ms.size(), DescribeMem(m).c_str());
+      PrintSmaps("kgpu exporter (no -k)", child.pid());
+    }
+    {
+      char self[4096] = {};
+      const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+      if (n > 0) {
+        const pid_t pid = Spawn({std::string(self, static_cast<size_t>(n)), "--idle"}, envp.data(),
+                                dir + "/idle.log");
+        usleep(300000);
+        if (pid > 0 && Alive(pid)) {
+          const ProcMem m = ReadProcMem(pid);
+          std::printf("baseline: this binary idling (same shared libraries, nothing running): %s\n",
+                      DescribeMem(m).c_str());
+          PrintSmaps("exporter_bench --idle", pid);
+        }
+        KillChild(pid);
+      }
+    }
+    std::printf("\nsummary: HTTP scrape p99 %.3f ms (target <= %.0f ms: %s); `kgpu exporter -k` VmRSS %.1f MB "
+                "(target <= %.0f MB: %s, %+.1f MB); VmHWM %.1f MB\n",
+                hs.p99, kTargetScrapeP99Ms, hs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED",
+                k.mem_after_window.rss_mb, kTargetRssMb, k.mem_after_window.rss_mb <= kTargetRssMb ? "met" : "MISSED",
+                k.mem_after_window.rss_mb - kTargetRssMb, k.mem_after_window.hwm_mb);
+    server.Stop();
+  } while (false);
+
+  KillAllChildren();
+  if (args.keep) {
+    std::printf("kept %s\n", dir.c_str());
+  } else {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  return rc;
+}
