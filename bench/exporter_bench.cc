@@ -8,7 +8,8 @@
 //
 //   --scrapes N        keep-alive GET /metrics over HTTP on the in-process exporter (default 5000,
 //                      after 100 warm-up GETs that are not counted)
-//   --gzip-scrapes N   the same with "Accept-Encoding: gzip", as Prometheus sends it (default 1000)
+//   --gzip-scrapes N   the same with "Accept-Encoding: gzip", as Prometheus sends it (default 1000);
+//                      also the count of keep-alive GET /health and of the reference-server runs
 //   --fresh-scrapes N  GET /metrics on a new TCP connection each (default 1000): Prometheus scrapes
 //                      every 15-60 s, longer than httplib's 5 s keep-alive, so it reconnects each time
 //   --calls N          Exporter::Scrape() calls in process, no HTTP (default 20000)
@@ -423,6 +424,12 @@ double TasksSchedSeconds(pid_t pid) {
   return total;
 }
 
+double ThreadClockSeconds() {  // CLOCK_THREAD_CPUTIME_ID: the scheduler's ns-resolution runtime
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
 double ThreadCpuSeconds() {
   rusage ru{};
   getrusage(RUSAGE_THREAD, &ru);
@@ -555,6 +562,8 @@ struct ChildFigures {
   double start_ms = -1;
   ScrapeRun scrapes;
   double cpu_per_scrape_us = -1, sched_per_scrape_us = -1;
+  ScrapeRun gzip_scrapes;
+  double gzip_cpu_per_scrape_us = -1, gzip_sched_per_scrape_us = -1;
   ProcMem mem_after_scrapes, mem_after_window;
   double window_s = 0, cpu_s = -1, sched_s = -1, collections = 0, last_duration_ms = -1;
   size_t series = 0;
@@ -626,6 +635,7 @@ int main(int argc, char** argv) {
   std::printf("exporter_bench: %s (%u GPUs), time-slicing %u replicas per GPU: %u device IDs held by %u pods,\n"
               "  one process each (%u per GPU); kubernetes=true, default counters; %u CPUs\n",
               kProfile, kGpus, kReplicas, kPods, kPods, kReplicas, std::thread::hardware_concurrency());
+  std::printf("load average at the start: %s", ReadFile("/proc/loadavg").c_str());
   std::fflush(stdout);
 
   do {
@@ -796,8 +806,27 @@ int main(int argc, char** argv) {
     PrintLatency("new connection per GET, identity:", fresh);
     ScrapeRun fresh_gz = HttpScrapes(port, "/metrics", 10, args.fresh_scrapes, false, gzip);
     PrintLatency("new connection per GET, gzip (Prometheus):", fresh_gz);
-    ScrapeRun health = HttpScrapes(port, "/health", kWarmup, args.scrapes, true, identity);
+    ScrapeRun health = HttpScrapes(port, "/health", kWarmup, args.gzip_scrapes, true, identity);
     PrintLatency("GET /health (HTTP alone), keep-alive:", health);
+    {
+      // For comparison only (not the product): a cpp-httplib server in this driver with TCP_NODELAY
+      // set, serving the same Exporter::Scrape() body. The product's server leaves Nagle on.
+      httplib::Server ref;
+      ref.set_tcp_nodelay(true);
+      ref.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+        res.set_content(exporter->Scrape(), "text/plain; version=0.0.4; charset=utf-8");
+      });
+      ref.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("OK", "text/plain"); });
+      const int ref_port = ref.bind_to_any_port("127.0.0.1");
+      std::thread t([&] { ref.listen_after_bind(); });
+      for (int i = 0; i < 2000 && !ref.is_running(); ++i) usleep(1000);
+      PrintLatency("[ref. server +TCP_NODELAY] keep-alive, gzip:",
+                   HttpScrapes(ref_port, "/metrics", 10, args.gzip_scrapes, true, gzip));
+      PrintLatency("[ref. server +TCP_NODELAY] /health:",
+                   HttpScrapes(ref_port, "/health", kWarmup, args.gzip_scrapes, true, identity));
+      ref.stop();
+      t.join();
+    }
     std::fflush(stdout);
 
     // ---- 2. Scrape() in process.
@@ -817,21 +846,27 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
 
     // ---- 3. CollectNow().
-    std::vector<double> cpu_ms, wall_ms;
+    std::vector<double> cpu_ms, clock_ms, wall_ms;
+    double rusage_total = 0;
     for (int i = 0; i < args.collections + 2; ++i) {
-      const double c0 = ThreadCpuSeconds();
+      const double c0 = ThreadCpuSeconds(), k0 = ThreadClockSeconds();
       const int64_t t0 = NowNs();
       exporter->CollectNow();
       const int64_t t1 = NowNs();
-      const double c1 = ThreadCpuSeconds();
+      const double c1 = ThreadCpuSeconds(), k1 = ThreadClockSeconds();
       if (i < 2) continue;  // warm-up
       cpu_ms.push_back((c1 - c0) * 1e3);
+      clock_ms.push_back((k1 - k0) * 1e3);
       wall_ms.push_back(Ms(t1 - t0));
+      rusage_total += c1 - c0;
     }
-    const Summary cs = Summarize(cpu_ms), ws = Summarize(wall_ms);
-    std::printf("3. per collection (CollectNow, %zu): CPU (RUSAGE_THREAD user+sys) mean %.3f ms, p50 %.3f, p99 %.3f, "
-                "max %.3f; wall mean %.3f ms, p50 %.3f, p99 %.3f, max %.3f\n",
-                cs.n, cs.mean, cs.p50, cs.p99, cs.max, ws.mean, ws.p50, ws.p99, ws.max);
+    const Summary cs = Summarize(cpu_ms), ks3 = Summarize(clock_ms), ws = Summarize(wall_ms);
+    std::printf("3. per collection (CollectNow, %zu): CPU (getrusage RUSAGE_THREAD user+sys) mean %.3f ms; wall mean "
+                "%.3f ms, p50 %.3f, p99 %.3f, max %.3f\n",
+                cs.n, cs.mean, ws.mean, ws.p50, ws.p99, ws.max);
+    std::printf("     getrusage per call is tick-granular here (p50 %.3f, p99 %.3f, max %.3f ms; total %.1f ms over %zu);\n"
+                "     CLOCK_THREAD_CPUTIME_ID (ns): mean %.3f ms, p50 %.3f, p99 %.3f, max %.3f\n",
+                cs.p50, cs.p99, cs.max, rusage_total * 1e3, cs.n, ks3.mean, ks3.p50, ks3.p99, ks3.max);
     std::fflush(stdout);
 
     // ---- 4. RSS of the driver.
@@ -877,6 +912,14 @@ int main(int argc, char** argv) {
       k.cpu_per_scrape_us = (cpu1 - cpu0) * 1e6 / static_cast<double>(k.scrapes.ms.size());
       k.sched_per_scrape_us = (sched1 - sched0) * 1e6 / static_cast<double>(k.scrapes.ms.size());
       k.mem_after_scrapes = ReadProcMem(child.pid());
+      // gzip, as Prometheus asks for it, one connection per scrape (as at a 15-60 s scrape interval).
+      const double gcpu0 = ProcCpuSeconds(child.pid()), gsched0 = TasksSchedSeconds(child.pid());
+      k.gzip_scrapes = HttpScrapes(child_port, "/metrics", 0, args.child_scrapes / 2, false, gzip);
+      const double gcpu1 = ProcCpuSeconds(child.pid()), gsched1 = TasksSchedSeconds(child.pid());
+      if (!k.gzip_scrapes.ms.empty()) {
+        k.gzip_cpu_per_scrape_us = (gcpu1 - gcpu0) * 1e6 / static_cast<double>(k.gzip_scrapes.ms.size());
+        k.gzip_sched_per_scrape_us = (gsched1 - gsched0) * 1e6 / static_cast<double>(k.gzip_scrapes.ms.size());
+      }
 
       // Idle window: CPU per collection (everything the process does, amortised over collections).
       httplib::Client c("127.0.0.1", child_port);
@@ -916,6 +959,9 @@ int main(int argc, char** argv) {
       PrintLatency("child scrapes, keep-alive, identity:", k.scrapes);
       std::printf("     child CPU per scrape: %.1f us (utime+stime), %.1f us (schedstat of live threads)\n",
                   k.cpu_per_scrape_us, k.sched_per_scrape_us);
+      PrintLatency("child scrapes, new connection, gzip:", k.gzip_scrapes);
+      std::printf("     child CPU per gzip scrape: %.1f us (utime+stime), %.1f us (schedstat of live threads)\n",
+                  k.gzip_cpu_per_scrape_us, k.gzip_sched_per_scrape_us);
       const double per = k.collections > 0 ? k.cpu_s * 1e3 / k.collections : -1;
       const double per_sched = k.collections > 0 ? k.sched_s * 1e3 / k.collections : -1;
       std::printf("4. CPU of `kgpu exporter -k` per collection: %.2f ms (utime+stime %.2f s over %.1f s idle window / "
@@ -943,6 +989,32 @@ int main(int argc, char** argv) {
       PrintSmaps("kgpu exporter (no -k)", child.pid());
     }
     {
+      // The same `kgpu exporter -k` with glibc's malloc limited to one arena (environment only).
+      std::vector<std::string> storage;
+      auto env1 = BuildEnv({{"LD_LIBRARY_PATH", KGPU_SIM_LIB_DIR},
+                            {"KGPU_SIM_NODE", kProfile},
+                            {"KGPU_SIM_STATE", state},
+                            {"KGPU_SIM_NODE_NAME", kNodeName},
+                            {"NODE_NAME", kNodeName},
+                            {"MALLOC_ARENA_MAX", "1"}},
+                           &storage);
+      const int child_port = FreePort();
+      Child child;
+      double start_ms = 0;
+      const std::vector<std::string> cargs = {KGPU_BIN, "exporter", "-a", Cat("127.0.0.1:", child_port), "-c", "1000",
+                                              "-k", "--pod-resources-kubelet-socket", dir + "/pr.sock",
+                                              "--proc-root", dir + "/proc", "--kubelet-checkpoint", dir + "/checkpoint"};
+      if (!child.Start(cargs, env1.data(), dir + "/exporter-arena1.log", child_port, &start_ms)) {
+        fail("kgpu exporter -k (MALLOC_ARENA_MAX=1) did not serve\n" + child.LogTail());
+        break;
+      }
+      ScrapeRun r = HttpScrapes(child_port, "/metrics", 0, std::min(args.child_scrapes, 200), true, identity);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // a couple of collections
+      const ProcMem m = ReadProcMem(child.pid());
+      std::printf("`kgpu exporter -k` with MALLOC_ARENA_MAX=1, after %zu scrapes and 2.5 s: %s\n", r.ms.size(),
+                  DescribeMem(m).c_str());
+    }
+    {
       char self[4096] = {};
       const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
       if (n > 0) {
@@ -958,11 +1030,18 @@ int main(int argc, char** argv) {
         KillChild(pid);
       }
     }
-    std::printf("\nsummary: HTTP scrape p99 %.3f ms (target <= %.0f ms: %s); `kgpu exporter -k` VmRSS %.1f MB "
-                "(target <= %.0f MB: %s, %+.1f MB); VmHWM %.1f MB\n",
-                hs.p99, kTargetScrapeP99Ms, hs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED",
+    std::printf("\nload average at the end: %s", ReadFile("/proc/loadavg").c_str());
+    const Summary gzs = Summarize(gz.ms), fgzs = Summarize(fresh_gz.ms);
+    std::printf("summary: HTTP scrape p99 %.3f ms identity keep-alive (target <= %.0f ms: %s); with Accept-Encoding: "
+                "gzip as Prometheus sends it: p99 %.3f ms keep-alive (%s), %.3f ms new connection (%s)\n",
+                hs.p99, kTargetScrapeP99Ms, hs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED", gzs.p99,
+                gzs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED", fgzs.p99,
+                fgzs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED");
+    std::printf("summary: `kgpu exporter -k` VmRSS %.1f MB (target <= %.0f MB: %s, %+.1f MB), VmHWM %.1f MB, "
+                "Private_Dirty %.1f MB, Pss %.1f MB\n",
                 k.mem_after_window.rss_mb, kTargetRssMb, k.mem_after_window.rss_mb <= kTargetRssMb ? "met" : "MISSED",
-                k.mem_after_window.rss_mb - kTargetRssMb, k.mem_after_window.hwm_mb);
+                k.mem_after_window.rss_mb - kTargetRssMb, k.mem_after_window.hwm_mb,
+                k.mem_after_window.private_dirty_mb, k.mem_after_window.pss_mb);
     server.Stop();
   } while (false);
 

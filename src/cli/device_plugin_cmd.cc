@@ -139,11 +139,8 @@ int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags) {
       continue;
     }
     if (auto st = manager.Reload(*next); !st.ok()) {
-      log->error("reload failed: {}; restarting with the previous configuration", std::string(st.message()));
-      if (auto back = manager.Start(*config); !back.ok()) {
-        log->critical("cannot restart: {}", std::string(back.message()));
-        return 1;
-      }
+      log->error("reload failed: {}", std::string(st.message()));
+      if (st.code() == absl::StatusCode::kInternal) return 1;  // nothing could be restored
       continue;
     }
     config = std::move(next);

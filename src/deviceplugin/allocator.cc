@@ -144,7 +144,9 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
     }
     devices.push_back(d);
   }
-  if (resource.replicated && resource.fail_requests_greater_than_one && ids.size() > 1) {
+  const bool any_replica =
+      std::any_of(devices.begin(), devices.end(), [](const PluginDevice* d) { return d->replica >= 0; });
+  if (any_replica && resource.fail_requests_greater_than_one && ids.size() > 1) {
     return absl::InvalidArgumentError(
         Cat("invalid request: maximum request size for shared resources is 1; found ", ids.size()));
   }
@@ -171,7 +173,7 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
     }
     if (cdi_cri) out.cdi_devices = names;
   }
-  if (config.sharing.strategy == SharingStrategy::kMps && resource.replicated) {
+  if (config.sharing.strategy == SharingStrategy::kMps && any_replica) {
     const std::string pipe = Cat("/mps/", resource.name, "/pipe");
     out.envs["CUDA_MPS_PIPE_DIRECTORY"] = pipe;
     out.mounts.push_back({pipe, Cat(config.mps_root, "/", resource.name, "/pipe"), false});
@@ -235,9 +237,10 @@ absl::StatusOr<std::vector<std::string>> PreferredAllocation(
   }
   const size_t need = static_cast<size_t>(size) - chosen.size();
   if (need == 0) return chosen;
-  const std::vector<std::string> more =
-      resource.replicated || resource.mig ? ChooseShared(resource, config, candidates, chosen, need)
-                                          : ChooseTopology(plan, candidates, must, need);
+  const bool shared = resource.mig || std::any_of(candidates.begin(), candidates.end(),
+                                                  [](const PluginDevice* d) { return d->replica >= 0; });
+  const std::vector<std::string> more = shared ? ChooseShared(resource, config, candidates, chosen, need)
+                                               : ChooseTopology(plan, candidates, must, need);
   chosen.insert(chosen.end(), more.begin(), more.end());
   return chosen;
 }

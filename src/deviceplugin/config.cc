@@ -1,5 +1,6 @@
 #include "deviceplugin/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -98,6 +99,16 @@ absl::Status ParseSharing(std::string_view origin, const YAML::Node& node, std::
     KGPU_RETURN_IF_ERROR(Opt(origin, r, "rename", rpath, &rr.rename));
     if (!rr.rename.empty() && rr.rename.find('/') == std::string::npos) {
       rr.rename = "nvidia.com/" + rr.rename;
+    }
+    for (const auto& [key, value] : {std::pair{"name", rr.name}, std::pair{"rename", rr.rename}}) {
+      if (value.empty()) continue;
+      const bool bad_chars = value.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._/") !=
+                             std::string::npos;
+      if (bad_chars || value.find("kubernetes.io/") != std::string::npos || value.back() == '/' ||
+          std::count(value.begin(), value.end(), '/') != 1 || value.size() > 63) {
+        return At(origin, r[key].Mark(),
+                  Cat(rpath, ".", key, " '", value, "' is not an extended resource name such as nvidia.com/gpu"));
+      }
     }
     if (const YAML::Node d = r["devices"]; d) {
       if (d.IsScalar() && d.Scalar() == "all") {

@@ -178,6 +178,13 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
     struct stat st {};
     if (::stat(Cat(root == "/" ? "" : root, node).c_str(), &st) == 0) plan->control_nodes.emplace_back(node);
   }
+  std::map<std::string, std::string> sockets;
+  for (const auto& r : plan->resources) {
+    if (auto [it, inserted] = sockets.emplace(r.socket, r.name); !inserted) {
+      return absl::InvalidArgumentError(Cat("resources ", it->second, " and ", r.name, " would both be served on ",
+                                            r.socket, "; rename one of them"));
+    }
+  }
   return std::shared_ptr<const Plan>(std::move(plan));
 }
 

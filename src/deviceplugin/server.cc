@@ -255,6 +255,7 @@ absl::Status Manager::StartServers() {
     servers_.push_back(std::move(server));
   }
   registered_.assign(servers_.size(), false);
+  ++generation_;
   return absl::OkStatus();
 }
 
@@ -287,18 +288,21 @@ absl::Status Manager::Start(const Config& config) {
     ho.probe_interval = config.health.probe_interval;
     ho.hang_threshold = config.health.hang_threshold;
     health_ = std::make_unique<gpu::HealthMonitor>(lib_, inventory_, ho,
-                                                   [this](const auto&) { PublishHealth(health_->Snapshot()); });
+                                                   [this](const auto&) { PublishHealth(); });
     if (auto st = health_->Start(); !st.ok()) log->warn("health monitor: {}", std::string(st.message()));
   } else {
     log->warn("health checks are disabled (DP_DISABLE_HEALTHCHECKS / health.disabled): devices stay Healthy");
   }
+  absl::Status served;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto st = StartServers(); !st.ok()) {
-      if (health_) health_->Stop();
-      health_.reset();
-      return st;
-    }
+    served = StartServers();
+  }
+  if (!served.ok()) {
+    if (health_) health_->Stop();  // not under mu_: its callback takes mu_
+    std::lock_guard<std::mutex> lock(mu_);
+    health_.reset();
+    return served;
   }
   register_thread_ = std::jthread([this](std::stop_token st) { RegisterLoop(st); });
   watch_thread_ = std::jthread([this](std::stop_token st) { WatchLoop(st); });
@@ -306,11 +310,19 @@ absl::Status Manager::Start(const Config& config) {
 }
 
 absl::Status Manager::Reload(const Config& config) {
+  // Everything that can fail before anything is stopped: a refused config changes nothing.
   if (auto st = Validate(config); !st.ok()) return st;
   auto plan = BuildPlan(inventory_, config);
   if (!plan.ok()) return plan.status();
+  const Config previous = *config_;
   Stop();
-  return Start(config);
+  absl::Status st = Start(config);
+  if (st.ok()) return st;
+  if (auto back = Start(previous); !back.ok()) {
+    return absl::InternalError(Cat("the new configuration failed (", st.message(),
+                                   ") and the previous one could not be restored (", back.message(), ")"));
+  }
+  return absl::Status(st.code(), Cat(st.message(), "; the previous configuration is running again"));
 }
 
 void Manager::Stop() {
@@ -325,8 +337,11 @@ void Manager::Stop() {
   health_.reset();
 }
 
-void Manager::PublishHealth(const std::map<std::string, gpu::DeviceHealth>& health) {
+void Manager::PublishHealth() {
+  // The snapshot is taken under mu_, so a newer state can never be overwritten by an older one.
   std::lock_guard<std::mutex> lock(mu_);
+  if (!health_) return;
+  const auto health = health_->Snapshot();
   for (auto& s : servers_) s->SetHealth(health);
 }
 
@@ -335,8 +350,10 @@ void Manager::RestartServers(const char* why) {
   std::lock_guard<std::mutex> lock(mu_);
   log->info("{}: re-serving and re-registering {} resource(s)", why, servers_.size());
   StopServers();
+  serve_failed_ = false;
   if (auto st = StartServers(); !st.ok()) {
-    log->error("re-serving failed: {}", std::string(st.message()));
+    log->error("re-serving failed: {}; retrying", std::string(st.message()));
+    serve_failed_ = true;
     return;
   }
   cv_.notify_all();
@@ -348,10 +365,11 @@ void Manager::RegisterLoop(std::stop_token stop) {
       config_->kubelet_socket.empty() ? Cat(config_->kubelet_dir, "/", kKubeletSocketName) : config_->kubelet_socket;
   auto backoff = std::chrono::milliseconds(50);
   bool warned = false;
+  size_t cursor = 0;  // rotates, so one refused resource cannot hold the others back
   while (!stop.stop_requested()) {
     std::string name, endpoint;
     size_t index = 0;
-    const ResourceServer* server = nullptr;
+    uint64_t generation = 0;
     {
       std::unique_lock<std::mutex> lock(mu_);
       auto pending = [&] {
@@ -361,20 +379,23 @@ void Manager::RegisterLoop(std::stop_token stop) {
         return false;
       };
       if (!cv_.wait(lock, stop, pending)) return;
-      for (size_t i = 0; i < registered_.size(); ++i) {
+      for (size_t k = 0; k < registered_.size(); ++k) {
+        const size_t i = (cursor + k) % registered_.size();
         if (!registered_[i]) {
           index = i;
-          server = servers_[i].get();
-          name = server->resource().name;
-          endpoint = server->resource().socket;
           break;
         }
       }
+      cursor = index + 1;
+      generation = generation_;
+      name = servers_[index]->resource().name;
+      endpoint = servers_[index]->resource().socket;
     }
     const absl::Status st = RegisterWithKubelet(kubelet, endpoint, name, std::chrono::seconds(5));
+    std::unique_lock<std::mutex> lock(mu_);
     if (st.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (index < servers_.size() && servers_[index].get() == server) registered_[index] = true;
+      // Servers re-created meanwhile (a kubelet restart) need a registration of their own.
+      if (generation == generation_) registered_[index] = true;
       registrations_++;
       log->info("registered {} with kubelet ({})", name, endpoint);
       backoff = std::chrono::milliseconds(50);
@@ -382,11 +403,14 @@ void Manager::RegisterLoop(std::stop_token stop) {
       continue;
     }
     if (!warned || backoff >= std::chrono::seconds(5)) {
-      log->warn("kubelet is not reachable at {} ({}); retrying in {} ms", kubelet, std::string(st.message()),
-                backoff.count());
+      log->warn("registering {} with kubelet at {} failed ({}); retrying in {} ms", name, kubelet,
+                std::string(st.message()), backoff.count());
       warned = true;
     }
-    if (!SleepFor(stop, backoff)) return;
+    // Wait out the backoff, but go at once when the servers are re-created (kubelet is back).
+    if (!cv_.wait_for(lock, stop, backoff, [&] { return generation != generation_; }) && stop.stop_requested()) {
+      return;
+    }
     backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
   }
 }
@@ -423,6 +447,16 @@ void Manager::WatchLoop(std::stop_token stop) {
           ptr += sizeof(struct inotify_event) + ev->len;
         }
       }
+      continue;
+    }
+    bool retry = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      retry = serve_failed_;
+    }
+    if (retry) {
+      RestartServers("retrying the failed re-serve");
+      if (!SleepFor(stop, std::chrono::seconds(1))) break;
       continue;
     }
     if (!pending) continue;

@@ -103,7 +103,7 @@ class Manager {
   void RegisterLoop(std::stop_token stop);
   void WatchLoop(std::stop_token stop);
   void RestartServers(const char* why);
-  void PublishHealth(const std::map<std::string, gpu::DeviceHealth>& health);
+  void PublishHealth();
 
   const nvml::Library& lib_;
   const std::shared_ptr<const gpu::Inventory> inventory_;
@@ -111,10 +111,12 @@ class Manager {
   std::shared_ptr<const Plan> plan_;
   std::unique_ptr<gpu::HealthMonitor> health_;
 
-  mutable std::mutex mu_;  // guards servers_, registered_, wanted_
+  mutable std::mutex mu_;  // guards servers_, registered_, generation_, serve_failed_, health_ use
   std::condition_variable_any cv_;
   std::vector<std::unique_ptr<ResourceServer>> servers_;
   std::vector<bool> registered_;
+  uint64_t generation_ = 0;    // bumped whenever the servers are (re-)created
+  bool serve_failed_ = false;  // the last re-serve failed: the watch loop retries it
   std::atomic<uint64_t> registrations_{0};
   std::jthread register_thread_, watch_thread_;
 };

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "common/log.h"
 #include "common/sleep.h"
@@ -72,8 +73,8 @@ std::string Double(double v) {
 // A device a series is about: a whole GPU, or one GPU instance of a MIG GPU.
 struct Entity {
   const gpu::Gpu* gpu = nullptr;
-  const gpu::MigDevice* mig = nullptr;
-  std::string uuid;  // the device's own UUID (MIG UUID for a GI)
+  const gpu::MigDevice* mig = nullptr;  // the GI's first MIG device (compute instance)
+  std::vector<std::string> uuids;       // the GPU's UUID, or the UUIDs of every CI of the GI
   nvml::Device handle;
   std::string base;  // rendered base labels
 };
@@ -192,19 +193,40 @@ std::string Collector::Collect() {
       return b;
     };
     if (g.mig_enabled) {
-      for (const auto& m : g.migs) entities.push_back({&g, &m, m.uuid, m.handle, base(&m)});
+      // One entity per GPU instance (dcgm-exporter's unit), whatever its compute instances.
+      for (const auto& m : g.migs) {
+        auto same = std::find_if(entities.begin(), entities.end(), [&](const Entity& x) { return x.mig->gi == m.gi; });
+        if (same != entities.end()) {
+          same->uuids.push_back(m.uuid);
+          continue;
+        }
+        entities.push_back({&g, &m, {m.uuid}, m.handle, base(&m)});
+      }
     } else {
-      entities.push_back({&g, nullptr, g.uuid, g.handle, base(nullptr)});
+      entities.push_back({&g, nullptr, {g.uuid}, g.handle, base(nullptr)});
     }
 
     for (const auto& e : entities) {
       Attributes owner;
       std::vector<PodRef> pods;
       if (attributor_ != nullptr) {
-        if (auto o = attributor_->OwnerOf(e.uuid)) {
-          AppendPod(owner, *o);
-        } else {
-          pods = attributor_->PodsOnDevice(e.uuid);  // several pods share the device
+        for (const auto& u : e.uuids) {
+          auto on = attributor_->PodsOnDevice(u);
+          pods.insert(pods.end(), on.begin(), on.end());
+        }
+        std::sort(pods.begin(), pods.end(), [](const PodRef& a, const PodRef& b) {
+          return std::tie(a.namespace_name, a.pod, a.container) < std::tie(b.namespace_name, b.pod, b.container);
+        });
+        pods.erase(std::unique(pods.begin(), pods.end()), pods.end());
+        std::set<std::pair<std::string, std::string>> distinct;
+        for (const auto& p : pods) distinct.emplace(p.namespace_name, p.pod);
+        if (distinct.size() == 1) {  // one pod holds the device: its labels go on every series
+          PodRef o = pods[0];
+          if (pods.size() > 1) o.container.clear();  // through several of its containers
+          AppendPod(owner, o);
+          pods.clear();
+        } else if (distinct.size() < 2) {
+          pods.clear();
         }
       }
       std::optional<nvml::MemoryInfo> mem = get(lib_.Memory(e.handle));
@@ -259,24 +281,31 @@ std::string Collector::Collect() {
           case Field::kEccDbeAgg: emit(r.ecc[3]); break;
           case Field::kXidErrors:
           case Field::kXidErrorsTotal: {
-            // Whole-GPU XIDs appear on every series of the GPU; a GI's own XIDs on that GI.
-            std::vector<std::pair<unsigned, unsigned>> keys = {{g.index, nvml::kNoInstance}};
-            if (gi != nvml::kNoInstance) keys.emplace_back(g.index, gi);
-            for (const auto& k : keys) {
+            // Whole-GPU XIDs count on every series of the GPU, a GI's own XIDs on that GI: merged,
+            // so each label set appears once.
+            std::optional<XidState> merged;
+            for (const auto& k : {std::pair{g.index, nvml::kNoInstance}, std::pair{g.index, gi}}) {
               const auto it = xids.find(k);
-              if (it == xids.end()) continue;
-              if (c.field == Field::kXidErrors) {
-                Attributes a = owner;
-                a.emplace_back("err_code", std::to_string(it->second.last));
-                a.emplace_back("err_msg", XidMessage(it->second.last));
-                Line(out, c.name, e.base, a, Int(it->second.last));
+              if (it == xids.end() || (merged && k.second == nvml::kNoInstance)) continue;
+              if (!merged) {
+                merged = it->second;
                 continue;
               }
-              for (const auto& [xid, n] : it->second.counts) {
-                Attributes a = owner;
-                a.emplace_back("xid", std::to_string(xid));
-                Line(out, c.name, e.base, a, Int(n));
-              }
+              merged->last = it->second.last;  // the instance's own XID
+              for (const auto& [xid, n] : it->second.counts) merged->counts[xid] += n;
+            }
+            if (!merged) break;
+            if (c.field == Field::kXidErrors) {
+              Attributes a = owner;
+              a.emplace_back("err_code", std::to_string(merged->last));
+              a.emplace_back("err_msg", XidMessage(merged->last));
+              Line(out, c.name, e.base, a, Int(merged->last));
+              break;
+            }
+            for (const auto& [xid, n] : merged->counts) {
+              Attributes a = owner;
+              a.emplace_back("xid", std::to_string(xid));
+              Line(out, c.name, e.base, a, Int(n));
             }
             break;
           }
@@ -290,8 +319,12 @@ std::string Collector::Collect() {
         auto key = [](const PodRef& p) { return Cat(p.namespace_name, "/", p.pod, "/", p.container); };
         for (const auto& p : pods) per_pod[key(p)] = {0, 0};
         for (const auto& proc : r.processes) {
-          if (e.mig != nullptr && (proc.gi != e.mig->gi || proc.ci != e.mig->ci)) continue;
-          auto pod = attributor_->Attribute(proc.pid, g.uuid, e.mig != nullptr ? e.mig->uuid : "");
+          if (e.mig != nullptr && proc.gi != e.mig->gi) continue;
+          std::string mig_uuid;
+          for (const auto& m : g.migs) {
+            if (e.mig != nullptr && m.gi == proc.gi && m.ci == proc.ci) mig_uuid = m.uuid;
+          }
+          auto pod = attributor_->Attribute(proc.pid, g.uuid, mig_uuid);
           if (!pod) continue;
           auto it = per_pod.find(key(*pod));
           if (it == per_pod.end()) continue;

@@ -282,7 +282,7 @@ TEST_F(DevicePluginTest, WaitsForAnAbsentKubelet) {
   kubelet_ = std::make_unique<FakeKubelet>(sim_->dir());
   ASSERT_TRUE(kubelet_->Start().ok());
   ASSERT_TRUE(WaitDevices("nvidia.com/gpu", 4, 4)) << p.Log();
-  EXPECT_NE(p.Log().find("kubelet is not reachable"), std::string::npos);
+  EXPECT_NE(p.Log().find("registering nvidia.com/gpu with kubelet at"), std::string::npos);
 }
 
 TEST_F(DevicePluginTest, BrokenConfigDoesNotStart) {
@@ -310,6 +310,14 @@ TEST_F(DevicePluginTest, SighupReloadsAndKeepsRunningOnABadConfig) {
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(p.Wait(0ms), -1);  // still running
   EXPECT_NE(p.Log().find("reload refused, keeping the running configuration"), std::string::npos) << p.Log();
+  // A config that parses but cannot be planned is refused too, without touching the servers.
+  const int registrations = kubelet_->Get("nvidia.com/gpu")->registrations;
+  WriteConfig("sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2, devices: [9]}\n");
+  p.Signal(SIGHUP);
+  std::this_thread::sleep_for(500ms);
+  EXPECT_NE(p.Log().find("no device '9'"), std::string::npos) << p.Log();
+  EXPECT_EQ(kubelet_->Get("nvidia.com/gpu")->registrations, registrations);
+  EXPECT_TRUE(kubelet_->Get("nvidia.com/gpu")->connected);
   auto r = kubelet_->Allocate("nvidia.com/gpu", {Ids("nvidia.com/gpu")[0]});
   EXPECT_TRUE(r.ok()) << r.status();
 }

@@ -265,6 +265,21 @@ TEST(PlanTest, SharingErrorsNameTheEntry) {
   EXPECT_FALSE(BuildPlan(n.inv, *twice).ok());
 }
 
+TEST(PlanTest, ResourcesMustNotShareASocketOrHaveBadNames) {
+  Node n("l4x4");
+  auto c = ParseConfig("sharing:\n  timeSlicing:\n    resources:\n"
+                       "    - {name: gpu, replicas: 2, devices: [0], rename: acme.com/gpu}\n", "t");
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto p = BuildPlan(n.inv, *c);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(std::string(p.status().message()).find("would both be served on nvidia-gpu.sock"), std::string::npos)
+      << p.status();
+  auto bad = ParseConfig("sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2, rename: \"a b\"}\n",
+                         "t.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("is not an extended resource name"), std::string::npos);
+}
+
 TEST(PlanTest, MigStrategies) {
   Node n("dgx-a100-mig");
   auto none = n.PlanFor("");

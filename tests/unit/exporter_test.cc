@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "exporter/counters.h"
@@ -137,6 +138,22 @@ TEST(CollectorTest, XidLastValueAndTotals) {
   ASSERT_EQ(totals.size(), 2u);
   EXPECT_TRUE(totals[0].ends_with("xid=\"48\"} 2"));
   EXPECT_TRUE(totals[1].ends_with("xid=\"79\"} 1"));
+}
+
+TEST(CollectorTest, MigXidsAreMergedIntoOneSeriesPerCode) {
+  Fixture f("dgx-a100-mig");
+  Collector collector(*f.lib, f.inv, f.options, nullptr);
+  collector.RecordXid(0, nvml::kNoInstance, 31);  // whole GPU 0
+  collector.RecordXid(0, 1, 31);                  // its GPU instance 1
+  const std::string text = collector.Collect();
+  std::vector<std::string> gi1;
+  for (const auto& l : Family(text, "DCGM_EXP_XID_ERRORS_TOTAL")) {
+    if (l.find("GPU_I_ID=\"1\"") != std::string::npos) gi1.push_back(l);
+  }
+  ASSERT_EQ(gi1.size(), 1u) << text;
+  EXPECT_TRUE(gi1[0].ends_with("xid=\"31\"} 2"));
+  std::set<std::string> unique;
+  for (const auto& l : Family(text, "DCGM_FI_DEV_XID_ERRORS")) EXPECT_TRUE(unique.insert(l.substr(0, l.rfind(' '))).second) << l;
 }
 
 TEST(CollectorTest, LostGpuHasNoSeriesAndCountsAnError) {
