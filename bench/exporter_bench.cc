@@ -6,24 +6,31 @@
 //   exporter_bench [--scrapes N] [--gzip-scrapes N] [--fresh-scrapes N] [--calls N]
 //                  [--collections N] [--child-scrapes N] [--window-s S] [--keep]
 //
-//   --scrapes N        keep-alive GET /metrics over HTTP on the in-process exporter (default 5000,
-//                      after 100 warm-up GETs that are not counted)
-//   --gzip-scrapes N   the same with "Accept-Encoding: gzip", as Prometheus sends it (default 1000);
-//                      also the count of keep-alive GET /health and of the reference-server runs
-//   --fresh-scrapes N  GET /metrics on a new TCP connection each (default 1000): Prometheus scrapes
-//                      every 15-60 s, longer than httplib's 5 s keep-alive, so it reconnects each time
+//   --scrapes N        keep-alive GET /metrics over HTTP on the in-process exporter (default
+//                      5000, after 100 warm-up GETs that are not counted)
+//   --gzip-scrapes N   the same with "Accept-Encoding: gzip", as Prometheus sends it (default
+//                      1000); also the count of keep-alive GET /health and of the reference
+//                      server's runs
+//   --fresh-scrapes N  GET /metrics on a new TCP connection each (default 1000): Prometheus
+//                      scrapes every 15-60 s, longer than httplib's 5 s keep-alive, so it
+//                      reconnects each time
 //   --calls N          Exporter::Scrape() calls in process, no HTTP (default 20000)
 //   --collections N    Exporter::CollectNow() calls (default 50)
 //   --child-scrapes N  keep-alive GET /metrics on the `kgpu exporter` child (default 1000)
-//   --window-s S       idle window over which the child's CPU time per collection is taken (default 10)
+//   --window-s S       idle window over which the child's CPU time per collection is taken
+//                      (default 10)
 //   --keep             keep the temp dir (child logs, fake /proc, checkpoint) and print its path
 //
 // Figures, one line each (details on the indented lines under them):
 //   1. scrape latency over real HTTP (cpp-httplib client, TCP_NODELAY, keep-alive) on
 //      127.0.0.1:<port> of the in-process Exporter: p50/p99/max, response size, series count;
-//      also gzip and one-connection-per-scrape, and GET /health for the cost of HTTP alone.
-//   2. Exporter::Scrape() in process: p50/p99/max.
-//   3. CPU time (getrusage(RUSAGE_THREAD), user+sys) and wall time per CollectNow().
+//      also gzip and one-connection-per-scrape, GET /health for the cost of HTTP alone, p99 per
+//      block of 1000 GETs (to tell a steady tail from a noisy neighbour), minor page faults per
+//      GET, and, for comparison only, a cpp-httplib server in this driver with TCP_NODELAY set
+//      serving the same Scrape() body (the product's server leaves Nagle on).
+//   2. Exporter::Scrape() in process: p50/p99/max, minor page faults per call.
+//   3. CPU time (getrusage(RUSAGE_THREAD), user+sys, which is tick-sampled; and
+//      CLOCK_THREAD_CPUTIME_ID, ns) and wall time per CollectNow().
 //   4. RSS (VmRSS/VmHWM, /proc/self/status) of this driver after setup and at the end. The driver
 //      also holds the fake PodResources gRPC server and the HTTP client, so the same is measured on
 //      a `kgpu exporter -k` child against the same fake data: its VmRSS/VmHWM after the child
@@ -31,7 +38,8 @@
 //      divided by the growth of its kgpu_exporter_collections_total), its CPU time per scrape; and,
 //      to see where the memory goes, /proc/<pid>/smaps grouped by mapping (executable, each
 //      shared library family, heap, anonymous), for the child, for `kgpu exporter` without -k
-//      (no gRPC runtime started), and for this binary idling (`--idle`: the libraries only).
+//      (no gRPC runtime started), and for this binary idling (`--idle`: the libraries only); and
+//      `kgpu exporter -k` with MALLOC_ARENA_MAX=1 (glibc's per-thread malloc arenas' share).
 //
 // Targets (from the issue), printed next to the figures: RSS <= 15 MB, scrape p99 <= 2 ms.
 //
@@ -43,19 +51,6 @@
 //
 // Exit status: 0 when every step worked (whatever the figures are); 1 when something failed;
 // 2 on bad usage.
-
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <httplib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -76,6 +71,18 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/strings.h"
@@ -123,8 +130,12 @@ int64_t NowNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
-double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
-double Us(int64_t ns) { return static_cast<double>(ns) / 1e3; }
+double Ms(int64_t ns) {
+  return static_cast<double>(ns) / 1e6;
+}
+double Us(int64_t ns) {
+  return static_cast<double>(ns) / 1e3;
+}
 
 struct Summary {
   double p50 = 0, p99 = 0, max = 0, mean = 0;
@@ -135,7 +146,8 @@ struct Summary {
 Summary Summarize(std::vector<double> v) {
   Summary s;
   s.n = v.size();
-  if (v.empty()) return s;
+  if (v.empty())
+    return s;
   std::sort(v.begin(), v.end());
   auto rank = [&](double q) {
     const size_t r = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
@@ -145,7 +157,8 @@ Summary Summarize(std::vector<double> v) {
   s.p99 = rank(0.99);
   s.max = v.back();
   double sum = 0;
-  for (double x : v) sum += x;
+  for (double x : v)
+    sum += x;
   s.mean = sum / static_cast<double>(v.size());
   return s;
 }
@@ -165,13 +178,15 @@ std::atomic<pid_t> g_children[kMaxChildren];
 void TrackChild(pid_t pid) {
   for (auto& slot : g_children) {
     pid_t empty = 0;
-    if (slot.compare_exchange_strong(empty, pid)) return;
+    if (slot.compare_exchange_strong(empty, pid))
+      return;
   }
 }
 void UntrackChild(pid_t pid) {
   for (auto& slot : g_children) {
     pid_t p = pid;
-    if (slot.compare_exchange_strong(p, 0)) return;
+    if (slot.compare_exchange_strong(p, 0))
+      return;
   }
 }
 void KillAllChildren() {
@@ -186,25 +201,31 @@ void KillAllChildren() {
 void OnFatalSignal(int sig) {
   for (auto& slot : g_children) {
     const pid_t p = slot.load();
-    if (p > 0) kill(p, SIGKILL);
+    if (p > 0)
+      kill(p, SIGKILL);
   }
   signal(sig, SIG_DFL);
   raise(sig);
 }
 
 // Our environment plus `extra`, as an envp (the strings live in *storage).
-std::vector<char*> BuildEnv(const std::map<std::string, std::string>& extra, std::vector<std::string>* storage) {
+std::vector<char*> BuildEnv(const std::map<std::string, std::string>& extra,
+                            std::vector<std::string>* storage) {
   std::map<std::string, std::string> all;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;
     const auto eq = kv.find('=');
-    if (eq != std::string::npos) all[kv.substr(0, eq)] = kv.substr(eq + 1);
+    if (eq != std::string::npos)
+      all[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
-  for (const auto& [k, v] : extra) all[k] = v;
+  for (const auto& [k, v] : extra)
+    all[k] = v;
   storage->clear();
-  for (const auto& [k, v] : all) storage->push_back(k + "=" + v);
+  for (const auto& [k, v] : all)
+    storage->push_back(k + "=" + v);
   std::vector<char*> ptrs;
-  for (auto& s : *storage) ptrs.push_back(s.data());
+  for (auto& s : *storage)
+    ptrs.push_back(s.data());
   ptrs.push_back(nullptr);
   return ptrs;
 }
@@ -213,27 +234,32 @@ std::vector<char*> BuildEnv(const std::map<std::string, std::string>& extra, std
 pid_t Spawn(const std::vector<std::string>& args, char** envp, const std::string& log) {
   std::vector<std::string> copy = args;
   std::vector<char*> argv;
-  for (auto& a : copy) argv.push_back(a.data());
+  for (auto& a : copy)
+    argv.push_back(a.data());
   argv.push_back(nullptr);
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) return -1;
+  if (fd < 0)
+    return -1;
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(126);
+    if (getppid() != parent)
+      _exit(126);
     dup2(fd, 1);
     dup2(fd, 2);
     execve(argv[0], argv.data(), envp);
     _exit(127);
   }
   ::close(fd);
-  if (pid > 0) TrackChild(pid);
+  if (pid > 0)
+    TrackChild(pid);
   return pid;
 }
 
 void KillChild(pid_t pid) {
-  if (pid <= 0) return;
+  if (pid <= 0)
+    return;
   kill(pid, SIGTERM);
   for (int i = 0; i < 3000; ++i) {  // 3 s, then SIGKILL
     if (waitpid(pid, nullptr, WNOHANG) == pid) {
@@ -247,12 +273,15 @@ void KillChild(pid_t pid) {
   UntrackChild(pid);
 }
 
-bool Alive(pid_t pid) { return waitpid(pid, nullptr, WNOHANG) == 0; }
+bool Alive(pid_t pid) {
+  return waitpid(pid, nullptr, WNOHANG) == 0;
+}
 
 // A free TCP port on 127.0.0.1 (bound and released; the child binds it right after).
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
+  if (fd < 0)
+    return -1;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -271,7 +300,8 @@ int FreePort() {
 
 struct ProcMem {
   double rss_mb = -1, hwm_mb = -1, anon_mb = -1, file_mb = -1, shmem_mb = -1;
-  double pss_mb = -1, private_dirty_mb = -1, private_clean_mb = -1, shared_clean_mb = -1, shared_dirty_mb = -1;
+  double pss_mb = -1, private_dirty_mb = -1, private_clean_mb = -1, shared_clean_mb = -1,
+         shared_dirty_mb = -1;
   int threads = -1;
 };
 
@@ -280,7 +310,8 @@ ProcMem ReadProcMem(pid_t pid) {
   std::string line;
   auto kb = [&](const char* key, double* mb) {
     const size_t n = std::strlen(key);
-    if (line.compare(0, n, key) == 0) *mb = std::strtod(line.c_str() + n, nullptr) / 1024.0;
+    if (line.compare(0, n, key) == 0)
+      *mb = std::strtod(line.c_str() + n, nullptr) / 1024.0;
   };
   std::ifstream in(Cat("/proc/", pid, "/status"));
   while (std::getline(in, line)) {
@@ -289,7 +320,8 @@ ProcMem ReadProcMem(pid_t pid) {
     kb("RssAnon:", &out.anon_mb);
     kb("RssFile:", &out.file_mb);
     kb("RssShmem:", &out.shmem_mb);
-    if (line.rfind("Threads:", 0) == 0) out.threads = std::atoi(line.c_str() + 8);
+    if (line.rfind("Threads:", 0) == 0)
+      out.threads = std::atoi(line.c_str() + 8);
   }
   std::ifstream rollup(Cat("/proc/", pid, "/smaps_rollup"));
   while (std::getline(rollup, line)) {
@@ -305,7 +337,8 @@ ProcMem ReadProcMem(pid_t pid) {
 std::string DescribeMem(const ProcMem& m) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "VmRSS %.1f MB, VmHWM %.1f MB (anon %.1f, file %.1f, shmem %.1f; Pss %.1f; Private_Dirty %.1f, "
+                "VmRSS %.1f MB, VmHWM %.1f MB (anon %.1f, file %.1f, shmem %.1f; Pss %.1f; "
+                "Private_Dirty %.1f, "
                 "Private_Clean %.1f, Shared_Clean %.1f, Shared_Dirty %.1f; %d threads)",
                 m.rss_mb, m.hwm_mb, m.anon_mb, m.file_mb, m.shmem_mb, m.pss_mb, m.private_dirty_mb,
                 m.private_clean_mb, m.shared_clean_mb, m.shared_dirty_mb, m.threads);
@@ -314,28 +347,42 @@ std::string DescribeMem(const ProcMem& m) {
 
 // Which group a mapping of /proc/<pid>/smaps belongs to.
 std::string MappingGroup(const std::string& path, const std::string& exe) {
-  if (path.empty()) return "anon mmap (malloc arenas, thread stacks)";
-  if (path == "[heap]") return "[heap] (main malloc arena)";
-  if (path == "[stack]") return "[stack] (main thread)";
-  if (path[0] == '[') return "vdso/vvar/other";
-  if (path == exe) return "executable";
-  if (path.find("sim.state") != std::string::npos) return "simulated node state (shared file)";
+  if (path.empty())
+    return "anon mmap (malloc arenas, thread stacks)";
+  if (path == "[heap]")
+    return "[heap] (main malloc arena)";
+  if (path == "[stack]")
+    return "[stack] (main thread)";
+  if (path[0] == '[')
+    return "vdso/vvar/other";
+  if (path == exe)
+    return "executable";
+  if (path.find("sim.state") != std::string::npos)
+    return "simulated node state (shared file)";
   const std::string base = std::filesystem::path(path).filename().string();
   auto starts = [&](const char* p) { return base.rfind(p, 0) == 0; };
   if (starts("libgrpc") || starts("libgpr") || starts("libupb") || starts("libaddress_sorting") ||
       starts("libcares") || starts("libre2")) {
     return "gRPC (+upb, c-ares, re2)";
   }
-  if (starts("libprotobuf")) return "protobuf";
-  if (starts("libabsl_")) return "abseil";
-  if (starts("libspdlog") || starts("libfmt")) return "spdlog+fmt";
-  if (starts("libssl") || starts("libcrypto")) return "OpenSSL (via cpp-httplib)";
-  if (starts("libcpp-httplib") || starts("libz.") || starts("libbrotli")) return "cpp-httplib+zlib+brotli";
-  if (starts("libyaml-cpp")) return "yaml-cpp";
-  if (starts("libstdc++") || starts("libc.") || starts("libm.") || starts("libgcc_s") || starts("ld-linux")) {
+  if (starts("libprotobuf"))
+    return "protobuf";
+  if (starts("libabsl_"))
+    return "abseil";
+  if (starts("libspdlog") || starts("libfmt"))
+    return "spdlog+fmt";
+  if (starts("libssl") || starts("libcrypto"))
+    return "OpenSSL (via cpp-httplib)";
+  if (starts("libcpp-httplib") || starts("libz.") || starts("libbrotli"))
+    return "cpp-httplib+zlib+brotli";
+  if (starts("libyaml-cpp"))
+    return "yaml-cpp";
+  if (starts("libstdc++") || starts("libc.") || starts("libm.") || starts("libgcc_s") ||
+      starts("ld-linux")) {
     return "libc+libm+libstdc+++libgcc";
   }
-  if (starts("libnvidia-ml")) return "simulated libnvidia-ml";
+  if (starts("libnvidia-ml"))
+    return "simulated libnvidia-ml";
   return "other files (" + base + ")";
 }
 
@@ -350,7 +397,8 @@ std::map<std::string, GroupMem> SmapsByGroup(pid_t pid) {
   std::ifstream in(Cat("/proc/", pid, "/smaps"));
   std::string line, group;
   while (std::getline(in, line)) {
-    if (line.empty()) continue;
+    if (line.empty())
+      continue;
     // A mapping header: "start-end perms offset dev inode [path]"; field lines are "Key: value".
     const auto colon = line.find(':');
     const auto space = line.find(' ');
@@ -361,13 +409,15 @@ std::map<std::string, GroupMem> SmapsByGroup(pid_t pid) {
       s >> range >> perms >> offset >> dev >> inode;
       std::getline(s, path);
       path.erase(0, path.find_first_not_of(' '));
-      if (path.ends_with(" (deleted)")) path.resize(path.size() - 10);
+      if (path.ends_with(" (deleted)"))
+        path.resize(path.size() - 10);
       group = MappingGroup(path, exe);
       continue;
     }
     auto kb = [&](const char* key, double* v) {
       const size_t n = std::strlen(key);
-      if (line.compare(0, n, key) == 0) *v += std::strtod(line.c_str() + n, nullptr);
+      if (line.compare(0, n, key) == 0)
+        *v += std::strtod(line.c_str() + n, nullptr);
     };
     GroupMem& g = out[group];
     kb("Rss:", &g.rss_kb);
@@ -380,19 +430,23 @@ std::map<std::string, GroupMem> SmapsByGroup(pid_t pid) {
 void PrintSmaps(const std::string& title, pid_t pid) {
   auto groups = SmapsByGroup(pid);
   std::vector<std::pair<std::string, GroupMem>> v(groups.begin(), groups.end());
-  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.rss_kb > b.second.rss_kb; });
+  std::sort(v.begin(), v.end(),
+            [](const auto& a, const auto& b) { return a.second.rss_kb > b.second.rss_kb; });
   GroupMem total;
   for (const auto& [name, g] : v) {
     total.rss_kb += g.rss_kb;
     total.pss_kb += g.pss_kb;
     total.private_dirty_kb += g.private_dirty_kb;
   }
-  std::printf("     %s: /proc/<pid>/smaps by mapping, MB (Rss / Pss / Private_Dirty), total %.1f / %.1f / %.1f\n",
-              title.c_str(), total.rss_kb / 1024, total.pss_kb / 1024, total.private_dirty_kb / 1024);
+  std::printf(
+      "     %s: /proc/<pid>/smaps by mapping, MB (Rss / Pss / Private_Dirty), total %.1f / %.1f / "
+      "%.1f\n",
+      title.c_str(), total.rss_kb / 1024, total.pss_kb / 1024, total.private_dirty_kb / 1024);
   for (const auto& [name, g] : v) {
-    if (g.rss_kb < 64) continue;
-    std::printf("       %-44s %6.2f / %6.2f / %6.2f\n", name.c_str(), g.rss_kb / 1024, g.pss_kb / 1024,
-                g.private_dirty_kb / 1024);
+    if (g.rss_kb < 64)
+      continue;
+    std::printf("       %-44s %6.2f / %6.2f / %6.2f\n", name.c_str(), g.rss_kb / 1024,
+                g.pss_kb / 1024, g.private_dirty_kb / 1024);
   }
 }
 
@@ -400,14 +454,17 @@ void PrintSmaps(const std::string& title, pid_t pid) {
 double ProcCpuSeconds(pid_t pid) {
   const std::string stat = ReadFile(Cat("/proc/", pid, "/stat"));
   const auto rp = stat.rfind(')');
-  if (rp == std::string::npos) return -1;
+  if (rp == std::string::npos)
+    return -1;
   std::istringstream s(stat.substr(rp + 2));
   // Fields from 3 (state) on; utime is field 14, stime 15.
   std::string f;
   unsigned long long utime = 0, stime = 0;
   for (int field = 3; field <= 15 && (s >> f); ++field) {
-    if (field == 14) utime = std::strtoull(f.c_str(), nullptr, 10);
-    if (field == 15) stime = std::strtoull(f.c_str(), nullptr, 10);
+    if (field == 14)
+      utime = std::strtoull(f.c_str(), nullptr, 10);
+    if (field == 15)
+      stime = std::strtoull(f.c_str(), nullptr, 10);
   }
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
@@ -419,9 +476,16 @@ double TasksSchedSeconds(pid_t pid) {
   for (const auto& e : std::filesystem::directory_iterator(Cat("/proc/", pid, "/task"), ec)) {
     std::ifstream in(e.path() / "schedstat");
     unsigned long long ns = 0;
-    if (in >> ns) total += static_cast<double>(ns) / 1e9;
+    if (in >> ns)
+      total += static_cast<double>(ns) / 1e9;
   }
   return total;
+}
+
+long MinorFaults() {  // this process, all threads
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
 }
 
 double ThreadClockSeconds() {  // CLOCK_THREAD_CPUTIME_ID: the scheduler's ns-resolution runtime
@@ -443,8 +507,10 @@ size_t CountSeries(const std::string& text, const std::string& must_contain = ""
   size_t n = 0;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    if (!must_contain.empty() && line.find(must_contain) == std::string::npos) continue;
+    if (line.empty() || line[0] == '#')
+      continue;
+    if (!must_contain.empty() && line.find(must_contain) == std::string::npos)
+      continue;
     ++n;
   }
   return n;
@@ -453,7 +519,8 @@ size_t CountSeries(const std::string& text, const std::string& must_contain = ""
 std::optional<double> MetricValue(const std::string& text, const std::string& name) {
   const std::string key = "\n" + name + " ";
   const auto at = text.find(key);
-  if (at == std::string::npos) return std::nullopt;
+  if (at == std::string::npos)
+    return std::nullopt;
   return std::strtod(text.c_str() + at + key.size(), nullptr);
 }
 
@@ -465,6 +532,8 @@ struct ScrapeRun {
   std::string last_body;
   int connections = 0;
   int failures = 0;
+  long minflt =
+      0;  // minor page faults of this process during the counted GETs (client + in-process server)
 };
 
 // `n` GETs of `path` after `warmup` uncounted ones. keep_alive: one client for all; otherwise a new
@@ -483,9 +552,14 @@ ScrapeRun HttpScrapes(int port, const std::string& path, int warmup, int n, bool
   };
   auto client = make();
   int base = 0;
+  long faults0 = MinorFaults();
   for (int i = 0; i < warmup + n; ++i) {
-    if (i == warmup) base = connections->load();
-    if (!keep_alive) client = make();
+    if (i == warmup) {
+      base = connections->load();
+      faults0 = MinorFaults();
+    }
+    if (!keep_alive)
+      client = make();
     const int64_t t0 = NowNs();
     auto res = client->Get(path, headers);
     const int64_t t1 = NowNs();
@@ -496,17 +570,21 @@ ScrapeRun HttpScrapes(int port, const std::string& path, int warmup, int n, bool
     if (i >= warmup) {
       run.ms.push_back(Ms(t1 - t0));
       run.bytes = res->body.size();
-      if (i + 1 == warmup + n) run.last_body = std::move(res->body);
+      if (i + 1 == warmup + n)
+        run.last_body = std::move(res->body);
     }
   }
   run.connections = connections->load() - base;
+  run.minflt = MinorFaults() - faults0;
   return run;
 }
 
 void PrintLatency(const char* label, const ScrapeRun& r) {
   const Summary s = Summarize(r.ms);
-  std::printf("     %-40s p50 %.3f ms, p99 %.3f ms, max %.3f ms, mean %.3f ms (n=%zu, %zu B body, %d new TCP connections, %d failed)\n",
-              label, s.p50, s.p99, s.max, s.mean, s.n, r.bytes, r.connections, r.failures);
+  std::printf(
+      "     %-40s p50 %.3f ms, p99 %.3f ms, max %.3f ms, mean %.3f ms (n=%zu, %zu B body, %d new "
+      "TCP connections, %d failed)\n",
+      label, s.p50, s.p99, s.max, s.mean, s.n, r.bytes, r.connections, r.failures);
 }
 
 // ---------------------------------------------------------------- setup
@@ -518,7 +596,8 @@ struct PodSpec {
 
 std::string PodUid(unsigned i) {
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%08x-%04x-4%03x-8%03x-%012x", 0x5eed0000U + i, i * 37U, i, i * 3U, i * 7919U);
+  std::snprintf(buf, sizeof buf, "%08x-%04x-4%03x-8%03x-%012x", 0x5eed0000U + i, i * 37U, i, i * 3U,
+                i * 7919U);
   return buf;
 }
 
@@ -532,25 +611,37 @@ bool ParseArgs(int argc, char** argv, Args* a) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     auto num = [&](int* v) {
-      if (i + 1 >= argc) return false;
+      if (i + 1 >= argc)
+        return false;
       *v = std::atoi(argv[++i]);
       return *v >= 0;
     };
     bool ok = true;
-    if (k == "--scrapes") ok = num(&a->scrapes);
-    else if (k == "--gzip-scrapes") ok = num(&a->gzip_scrapes);
-    else if (k == "--fresh-scrapes") ok = num(&a->fresh_scrapes);
-    else if (k == "--calls") ok = num(&a->calls);
-    else if (k == "--collections") ok = num(&a->collections);
-    else if (k == "--child-scrapes") ok = num(&a->child_scrapes);
-    else if (k == "--window-s") ok = num(&a->window_s);
-    else if (k == "--keep") a->keep = true;
-    else if (k == "--idle") a->idle = true;
-    else ok = false;
+    if (k == "--scrapes")
+      ok = num(&a->scrapes);
+    else if (k == "--gzip-scrapes")
+      ok = num(&a->gzip_scrapes);
+    else if (k == "--fresh-scrapes")
+      ok = num(&a->fresh_scrapes);
+    else if (k == "--calls")
+      ok = num(&a->calls);
+    else if (k == "--collections")
+      ok = num(&a->collections);
+    else if (k == "--child-scrapes")
+      ok = num(&a->child_scrapes);
+    else if (k == "--window-s")
+      ok = num(&a->window_s);
+    else if (k == "--keep")
+      a->keep = true;
+    else if (k == "--idle")
+      a->idle = true;
+    else
+      ok = false;
     if (!ok) {
-      std::fprintf(stderr,
-                   "usage: exporter_bench [--scrapes N] [--gzip-scrapes N] [--fresh-scrapes N] [--calls N]\n"
-                   "                      [--collections N] [--child-scrapes N] [--window-s S] [--keep]\n");
+      std::fprintf(
+          stderr,
+          "usage: exporter_bench [--scrapes N] [--gzip-scrapes N] [--fresh-scrapes N] [--calls N]\n"
+          "                      [--collections N] [--child-scrapes N] [--window-s S] [--keep]\n");
       return false;
     }
   }
@@ -572,11 +663,13 @@ struct ChildFigures {
 class Child {
  public:
   ~Child() { KillChild(pid_); }
-  bool Start(const std::vector<std::string>& args, char** envp, const std::string& log, int port, double* start_ms) {
+  bool Start(const std::vector<std::string>& args, char** envp, const std::string& log, int port,
+             double* start_ms) {
     log_ = log;
     const int64_t t0 = NowNs();
     pid_ = Spawn(args, envp, log);
-    if (pid_ <= 0) return false;
+    if (pid_ <= 0)
+      return false;
     httplib::Client c("127.0.0.1", port);
     c.set_connection_timeout(0, 200000);
     for (;;) {
@@ -585,14 +678,16 @@ class Child {
         pid_ = -1;
         return false;
       }
-      if (auto r = c.Get("/health"); r && r->status == 200) break;
-      if (NowNs() - t0 > 15'000'000'000LL) return false;
+      if (auto r = c.Get("/health"); r && r->status == 200)
+        break;
+      if (NowNs() - t0 > 15'000'000'000LL)
+        return false;
       usleep(2000);
     }
     *start_ms = Ms(NowNs() - t0);
     return true;
   }
-  pid_t pid() const { return pid_; }
+  pid_t Pid() const { return pid_; }
   std::string LogTail() const {
     std::string t = ReadFile(log_);
     return t.size() > 3000 ? "..." + t.substr(t.size() - 3000) : t;
@@ -607,12 +702,14 @@ class Child {
 
 int main(int argc, char** argv) {
   Args args;
-  if (!ParseArgs(argc, argv, &args)) return 2;
+  if (!ParseArgs(argc, argv, &args))
+    return 2;
   if (args.idle) {  // the libraries only: a baseline for RSS
     pause();
     return 0;
   }
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, OnFatalSignal);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP})
+    signal(sig, OnFatalSignal);
   signal(SIGPIPE, SIG_IGN);
   kgpu::SetLogLevel("warn");
 
@@ -623,18 +720,20 @@ int main(int argc, char** argv) {
   }
   const std::string dir = tmpl;
   const std::string state = dir + "/sim.state";
-  setenv("KGPU_SIM_NODE", kProfile, 1);
-  setenv("KGPU_SIM_STATE", state.c_str(), 1);
-  setenv("KGPU_SIM_NODE_NAME", kNodeName, 1);
+  setenv("KGPU_SIM_NODE", kProfile, 1);        // NOLINT(concurrency-mt-unsafe): before any thread
+  setenv("KGPU_SIM_STATE", state.c_str(), 1);  // NOLINT(concurrency-mt-unsafe): before any thread
+  setenv("KGPU_SIM_NODE_NAME", kNodeName, 1);  // NOLINT(concurrency-mt-unsafe): before any thread
   int rc = 0;
   auto fail = [&](const std::string& what) {
     std::fprintf(stderr, "exporter_bench: %s\n", what.c_str());
     rc = 1;
   };
 
-  std::printf("exporter_bench: %s (%u GPUs), time-slicing %u replicas per GPU: %u device IDs held by %u pods,\n"
-              "  one process each (%u per GPU); kubernetes=true, default counters; %u CPUs\n",
-              kProfile, kGpus, kReplicas, kPods, kPods, kReplicas, std::thread::hardware_concurrency());
+  std::printf(
+      "exporter_bench: %s (%u GPUs), time-slicing %u replicas per GPU: %u device IDs held by %u "
+      "pods,\n"
+      "  one process each (%u per GPU); kubernetes=true, default counters; %u CPUs\n",
+      kProfile, kGpus, kReplicas, kPods, kPods, kReplicas, std::thread::hardware_concurrency());
   std::printf("load average at the start: %s", ReadFile("/proc/loadavg").c_str());
   std::fflush(stdout);
 
@@ -647,12 +746,13 @@ int main(int argc, char** argv) {
     }
     auto inv = kgpu::gpu::Inventory::Discover(**lib, {dir});
     if (!inv.ok() || (*inv)->gpus().size() != kGpus) {
-      fail("inventory: " + (inv.ok() ? Cat((*inv)->gpus().size(), " GPUs") : std::string(inv.status().message())));
+      fail("inventory: " +
+           (inv.ok() ? Cat((*inv)->gpus().size(), " GPUs") : std::string(inv.status().message())));
       break;
     }
 
     // 64 pods, one replica and one process each.
-    static const char* kNamespaces[] = {"ml-train", "ml-infer", "research", "batch"};
+    static constexpr const char* kNamespaces[] = {"ml-train", "ml-infer", "research", "batch"};
     std::vector<PodSpec> pods;
     for (unsigned i = 0; i < kPods; ++i) {
       PodSpec p;
@@ -673,16 +773,18 @@ int main(int argc, char** argv) {
     const int64_t t_simctl = NowNs();
     bool ok = true;
     for (const auto& p : pods) {
-      const std::string cmd = Cat(KGPU_SIMCTL, " proc add ", p.gpu, " ", p.pid, " --mem ", p.mem_mib, " --util ",
-                                  p.util, " >/dev/null");
-      const int st = std::system(cmd.c_str());  // NOLINT(concurrency-mt-unsafe): single-threaded here
+      const std::string cmd = Cat(KGPU_SIMCTL, " proc add ", p.gpu, " ", p.pid, " --mem ",
+                                  p.mem_mib, " --util ", p.util, " >/dev/null");
+      const int st =
+          std::system(cmd.c_str());  // NOLINT(concurrency-mt-unsafe): single-threaded here
       if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         fail("failed: " + cmd);
         ok = false;
         break;
       }
     }
-    if (!ok) break;
+    if (!ok)
+      break;
     const double simctl_ms = Ms(NowNs() - t_simctl);
 
     // The fake /proc: one cgroup file per process (systemd and cgroupfs drivers, half each).
@@ -690,13 +792,14 @@ int main(int argc, char** argv) {
       const std::string pdir = Cat(dir, "/proc/", p.pid);
       std::filesystem::create_directories(pdir);
       char cid[65];
-      std::snprintf(cid, sizeof cid, "%016x%016x%016x%016x", p.pid, p.pid * 31, p.pid * 131, p.pid * 521);
-      std::string uid_ = p.uid;
-      std::replace(uid_.begin(), uid_.end(), '-', '_');
+      std::snprintf(cid, sizeof cid, "%016x%016x%016x%016x", p.pid, p.pid * 31, p.pid * 131,
+                    p.pid * 521);
+      std::string underscored_uid = p.uid;
+      std::replace(underscored_uid.begin(), underscored_uid.end(), '-', '_');
       std::ofstream out(pdir + "/cgroup");
       if (p.pid % 2 == 0) {
-        out << "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" << uid_
-            << ".slice/cri-containerd-" << cid << ".scope\n";
+        out << "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+            << underscored_uid << ".slice/cri-containerd-" << cid << ".scope\n";
       } else {
         out << "12:pids:/kubepods/besteffort/pod" << p.uid << "/" << cid << "\n"
             << "11:memory:/kubepods/besteffort/pod" << p.uid << "/" << cid << "\n"
@@ -706,24 +809,28 @@ int main(int argc, char** argv) {
 
     // The kubelet checkpoint (NUMA map form, with an AllocResp blob and the registered devices).
     {
-      const std::string alloc_resp(160, 'Q');  // base64 of an AllocateResponse, size of an envvar one
+      const std::string alloc_resp(160,
+                                   'Q');  // base64 of an AllocateResponse, size of an envvar one
       std::string entries, registered;
       for (const auto& p : pods) {
-        if (!entries.empty()) entries += ",";
-        entries += Cat(R"({"PodUID":")", p.uid, R"(","ContainerName":")", p.container, R"(","ResourceName":")",
-                       kResource, R"(","DeviceIDs":{"0":[")", p.device_id, R"("]},"AllocResp":")", alloc_resp,
-                       R"("})");
-        if (!registered.empty()) registered += ",";
+        if (!entries.empty())
+          entries += ",";
+        entries += Cat(R"({"PodUID":")", p.uid, R"(","ContainerName":")", p.container,
+                       R"(","ResourceName":")", kResource, R"(","DeviceIDs":{"0":[")", p.device_id,
+                       R"("]},"AllocResp":")", alloc_resp, R"("})");
+        if (!registered.empty())
+          registered += ",";
         registered += Cat("\"", p.device_id, "\"");
       }
-      std::ofstream(dir + "/checkpoint") << R"({"Data":{"PodDeviceEntries":[)" << entries
-                                          << R"(],"RegisteredDevices":{")" << kResource << R"(":[)" << registered
-                                          << R"(]}},"Checksum":1234567890})";
+      std::ofstream(dir + "/checkpoint")
+          << R"({"Data":{"PodDeviceEntries":[)" << entries << R"(],"RegisteredDevices":{")"
+          << kResource << R"(":[)" << registered << R"(]}},"Checksum":1234567890})";
     }
 
     // PodResources: 64 pods, one container, one replica each.
     v1::ListPodResourcesResponse list;
-    for (const auto& p : pods) kgpu::testing::AddDevices(list, p.ns, p.pod, p.container, kResource, {p.device_id}, 0);
+    for (const auto& p : pods)
+      kgpu::testing::AddDevices(list, p.ns, p.pod, p.container, kResource, {p.device_id}, 0);
     kgpu::testing::FakePodResources server(dir + "/pr.sock");
     server.SetListResponse(list);
     if (auto st = server.Start(); !st.ok()) {
@@ -733,7 +840,8 @@ int main(int argc, char** argv) {
 
     // The exporter, in process.
     std::vector<std::string> skipped;
-    auto counters = kgpu::exporter::ParseCounters(kgpu::exporter::DefaultCountersCsv(), "<default counters>", &skipped);
+    auto counters = kgpu::exporter::ParseCounters(kgpu::exporter::DefaultCountersCsv(),
+                                                  "<default counters>", &skipped);
     if (!counters.ok()) {
       fail(Cat("counters: ", counters.status().message()));
       break;
@@ -763,21 +871,27 @@ int main(int argc, char** argv) {
       size_t pod_fb = 0, right = 0;
       std::istringstream in(text);
       for (std::string line; std::getline(in, line);) {
-        if (line.rfind("DCGM_FI_DEV_FB_USED{", 0) != 0 || line.find("pod=\"") == std::string::npos) continue;
+        if (line.rfind("DCGM_FI_DEV_FB_USED{", 0) != 0 || line.find("pod=\"") == std::string::npos)
+          continue;
         ++pod_fb;
         for (const auto& p : pods) {
-          if (line.find("pod=\"" + p.pod + "\"") != std::string::npos && line.ends_with(Cat("} ", p.mem_mib))) ++right;
+          if (line.find("pod=\"" + p.pod + "\"") != std::string::npos &&
+              line.ends_with(Cat("} ", p.mem_mib)))
+            ++right;
         }
       }
       if (pod_fb != kPods || right != kPods) {
-        fail(Cat("expected ", kPods, " per-pod DCGM_FI_DEV_FB_USED series with each pod's memory, got ", pod_fb,
+        fail(Cat("expected ", kPods,
+                 " per-pod DCGM_FI_DEV_FB_USED series with each pod's memory, got ", pod_fb,
                  " series, ", right, " right; first 3000 chars:\n", text.substr(0, 3000)));
         break;
       }
     }
-    std::printf("setup: %u x `kgpu-simctl proc add` %.0f ms; in-process exporter on 127.0.0.1:%d, %zu counters, "
-                "PodResources List calls so far %d\n\n",
-                kPods, simctl_ms, port, n_counters, server.ListCalls());
+    std::printf(
+        "setup: %u x `kgpu-simctl proc add` %.0f ms; in-process exporter on 127.0.0.1:%d, %zu "
+        "counters, "
+        "PodResources List calls so far %d\n\n",
+        kPods, simctl_ms, port, n_counters, server.ListCalls());
     std::fflush(stdout);
 
     // ---- 1. HTTP scrapes.
@@ -791,15 +905,35 @@ int main(int argc, char** argv) {
     const Summary hs = Summarize(http.ms);
     const size_t series = CountSeries(http.last_body);
     const size_t pod_series = CountSeries(http.last_body, "pod=\"");
-    std::printf("1. scrape over HTTP (keep-alive, %zu GETs): p50 %.3f ms, p99 %.3f ms, max %.3f ms; %zu B, %zu series "
-                "[target p99 <= %.0f ms: %s]\n",
-                hs.n, hs.p50, hs.p99, hs.max, http.bytes, series, kTargetScrapeP99Ms,
-                hs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED");
-    std::printf("     series: %zu with pod labels (%u per-pod FB_USED + %u per-pod GPU_UTIL), %zu device-level, "
-                "%zu exporter's own\n",
-                pod_series, kPods, kPods, series - pod_series - CountSeries(http.last_body, "kgpu_exporter_"),
-                CountSeries(http.last_body, "kgpu_exporter_"));
+    std::printf(
+        "1. scrape over HTTP (keep-alive, %zu GETs): p50 %.3f ms, p99 %.3f ms, max %.3f ms; %zu B, "
+        "%zu series "
+        "[target p99 <= %.0f ms: %s]\n",
+        hs.n, hs.p50, hs.p99, hs.max, http.bytes, series, kTargetScrapeP99Ms,
+        hs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED");
+    std::printf(
+        "     series: %zu with pod labels (%u per-pod FB_USED + %u per-pod GPU_UTIL), %zu "
+        "device-level, "
+        "%zu exporter's own\n",
+        pod_series, kPods, kPods,
+        series - pod_series - CountSeries(http.last_body, "kgpu_exporter_"),
+        CountSeries(http.last_body, "kgpu_exporter_"));
     PrintLatency("keep-alive, identity:", http);
+    {
+      std::string blocks;
+      for (size_t b = 0; b < http.ms.size(); b += 1000) {
+        const std::vector<double> part(
+            http.ms.begin() + static_cast<std::ptrdiff_t>(b),
+            http.ms.begin() + static_cast<std::ptrdiff_t>(std::min(b + 1000, http.ms.size())));
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%s%.2f", blocks.empty() ? "" : " ", Summarize(part).p99);
+        blocks += buf;
+      }
+      std::printf(
+          "     p99 per block of 1000 GETs, ms: %s; %.1f minor page faults per GET in this process "
+          "(client + server)\n",
+          blocks.c_str(), static_cast<double>(http.minflt) / static_cast<double>(http.ms.size()));
+    }
     ScrapeRun gz = HttpScrapes(port, "/metrics", 10, args.gzip_scrapes, true, gzip);
     PrintLatency("keep-alive, Accept-Encoding: gzip:", gz);
     ScrapeRun fresh = HttpScrapes(port, "/metrics", 10, args.fresh_scrapes, false, identity);
@@ -816,10 +950,13 @@ int main(int argc, char** argv) {
       ref.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
         res.set_content(exporter->Scrape(), "text/plain; version=0.0.4; charset=utf-8");
       });
-      ref.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("OK", "text/plain"); });
+      ref.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+        res.set_content("OK", "text/plain");
+      });
       const int ref_port = ref.bind_to_any_port("127.0.0.1");
       std::thread t([&] { ref.listen_after_bind(); });
-      for (int i = 0; i < 2000 && !ref.is_running(); ++i) usleep(1000);
+      for (int i = 0; i < 2000 && !ref.is_running(); ++i)
+        usleep(1000);
       PrintLatency("[ref. server +TCP_NODELAY] keep-alive, gzip:",
                    HttpScrapes(ref_port, "/metrics", 10, args.gzip_scrapes, true, gzip));
       PrintLatency("[ref. server +TCP_NODELAY] /health:",
@@ -833,16 +970,25 @@ int main(int argc, char** argv) {
     std::vector<double> scrape_us;
     scrape_us.reserve(static_cast<size_t>(args.calls));
     size_t sink = 0;
+    long scrape_faults = 0;
     for (int i = 0; i < kWarmup + args.calls; ++i) {
+      if (i == kWarmup)
+        scrape_faults = MinorFaults();
       const int64_t t0 = NowNs();
       const std::string text = exporter->Scrape();
       const int64_t t1 = NowNs();
       sink += text.size();
-      if (i >= kWarmup) scrape_us.push_back(Us(t1 - t0));
+      if (i >= kWarmup)
+        scrape_us.push_back(Us(t1 - t0));
     }
+    scrape_faults = MinorFaults() - scrape_faults;
     const Summary ss = Summarize(scrape_us);
-    std::printf("2. Scrape() in process (%zu calls): p50 %.1f us, p99 %.1f us, max %.1f us, mean %.1f us (%zu B each)\n",
-                ss.n, ss.p50, ss.p99, ss.max, ss.mean, sink / static_cast<size_t>(kWarmup + args.calls));
+    std::printf(
+        "2. Scrape() in process (%zu calls): p50 %.1f us, p99 %.1f us, max %.1f us, mean %.1f us "
+        "(%zu B each; "
+        "%.1f minor page faults per call)\n",
+        ss.n, ss.p50, ss.p99, ss.max, ss.mean, sink / static_cast<size_t>(kWarmup + args.calls),
+        static_cast<double>(scrape_faults) / static_cast<double>(std::max(1, args.calls)));
     std::fflush(stdout);
 
     // ---- 3. CollectNow().
@@ -854,26 +1000,33 @@ int main(int argc, char** argv) {
       exporter->CollectNow();
       const int64_t t1 = NowNs();
       const double c1 = ThreadCpuSeconds(), k1 = ThreadClockSeconds();
-      if (i < 2) continue;  // warm-up
+      if (i < 2)
+        continue;  // warm-up
       cpu_ms.push_back((c1 - c0) * 1e3);
       clock_ms.push_back((k1 - k0) * 1e3);
       wall_ms.push_back(Ms(t1 - t0));
       rusage_total += c1 - c0;
     }
     const Summary cs = Summarize(cpu_ms), ks3 = Summarize(clock_ms), ws = Summarize(wall_ms);
-    std::printf("3. per collection (CollectNow, %zu): CPU (getrusage RUSAGE_THREAD user+sys) mean %.3f ms; wall mean "
-                "%.3f ms, p50 %.3f, p99 %.3f, max %.3f\n",
-                cs.n, cs.mean, ws.mean, ws.p50, ws.p99, ws.max);
-    std::printf("     getrusage per call is tick-granular here (p50 %.3f, p99 %.3f, max %.3f ms; total %.1f ms over %zu);\n"
-                "     CLOCK_THREAD_CPUTIME_ID (ns): mean %.3f ms, p50 %.3f, p99 %.3f, max %.3f\n",
-                cs.p50, cs.p99, cs.max, rusage_total * 1e3, cs.n, ks3.mean, ks3.p50, ks3.p99, ks3.max);
+    std::printf(
+        "3. per collection (CollectNow, %zu): CPU (getrusage RUSAGE_THREAD user+sys) mean %.3f ms; "
+        "wall mean "
+        "%.3f ms, p50 %.3f, p99 %.3f, max %.3f\n",
+        cs.n, cs.mean, ws.mean, ws.p50, ws.p99, ws.max);
+    std::printf(
+        "     getrusage per call is tick-granular here (p50 %.3f, p99 %.3f, max %.3f ms; total "
+        "%.1f ms over %zu);\n"
+        "     CLOCK_THREAD_CPUTIME_ID (ns): mean %.3f ms, p50 %.3f, p99 %.3f, max %.3f\n",
+        cs.p50, cs.p99, cs.max, rusage_total * 1e3, cs.n, ks3.mean, ks3.p50, ks3.p99, ks3.max);
     std::fflush(stdout);
 
     // ---- 4. RSS of the driver.
     const ProcMem self_end = ReadProcMem(getpid());
-    std::printf("4. RSS of this driver (exporter + fake PodResources gRPC server + HTTP client): after setup VmRSS "
-                "%.1f MB / VmHWM %.1f MB; at the end VmRSS %.1f MB / VmHWM %.1f MB\n",
-                self_setup.rss_mb, self_setup.hwm_mb, self_end.rss_mb, self_end.hwm_mb);
+    std::printf(
+        "4. RSS of this driver (exporter + fake PodResources gRPC server + HTTP client): after "
+        "setup VmRSS "
+        "%.1f MB / VmHWM %.1f MB; at the end VmRSS %.1f MB / VmHWM %.1f MB\n",
+        self_setup.rss_mb, self_setup.hwm_mb, self_end.rss_mb, self_end.hwm_mb);
     std::printf("     driver at the end: %s\n", DescribeMem(self_end).c_str());
     std::fflush(stdout);
     exporter->Stop();
@@ -892,18 +1045,30 @@ int main(int argc, char** argv) {
     {
       const int child_port = FreePort();
       Child child;
-      const std::vector<std::string> cargs = {KGPU_BIN, "exporter", "-a", Cat("127.0.0.1:", child_port), "-c", "1000",
-                                              "-k", "--pod-resources-kubelet-socket", dir + "/pr.sock",
-                                              "--proc-root", dir + "/proc", "--kubelet-checkpoint", dir + "/checkpoint"};
+      const std::vector<std::string> cargs = {KGPU_BIN,
+                                              "exporter",
+                                              "-a",
+                                              Cat("127.0.0.1:", child_port),
+                                              "-c",
+                                              "1000",
+                                              "-k",
+                                              "--pod-resources-kubelet-socket",
+                                              dir + "/pr.sock",
+                                              "--proc-root",
+                                              dir + "/proc",
+                                              "--kubelet-checkpoint",
+                                              dir + "/checkpoint"};
       std::string cmdline;
-      for (const auto& a : cargs) cmdline += (cmdline.empty() ? "" : " ") + a;
+      for (const auto& a : cargs)
+        cmdline += (cmdline.empty() ? "" : " ") + a;
       if (!child.Start(cargs, envp.data(), dir + "/exporter-k.log", child_port, &k.start_ms)) {
-        fail("kgpu exporter -k did not serve /health within 15 s: " + cmdline + "\n" + child.LogTail());
+        fail("kgpu exporter -k did not serve /health within 15 s: " + cmdline + "\n" +
+             child.LogTail());
         break;
       }
-      const double cpu0 = ProcCpuSeconds(child.pid()), sched0 = TasksSchedSeconds(child.pid());
+      const double cpu0 = ProcCpuSeconds(child.Pid()), sched0 = TasksSchedSeconds(child.Pid());
       k.scrapes = HttpScrapes(child_port, "/metrics", 0, args.child_scrapes, true, identity);
-      const double cpu1 = ProcCpuSeconds(child.pid()), sched1 = TasksSchedSeconds(child.pid());
+      const double cpu1 = ProcCpuSeconds(child.Pid()), sched1 = TasksSchedSeconds(child.Pid());
       if (k.scrapes.failures > 0 || k.scrapes.ms.empty()) {
         fail(Cat(k.scrapes.failures, " failed GET /metrics on the child\n", child.LogTail()));
         break;
@@ -911,14 +1076,17 @@ int main(int argc, char** argv) {
       k.series = CountSeries(k.scrapes.last_body);
       k.cpu_per_scrape_us = (cpu1 - cpu0) * 1e6 / static_cast<double>(k.scrapes.ms.size());
       k.sched_per_scrape_us = (sched1 - sched0) * 1e6 / static_cast<double>(k.scrapes.ms.size());
-      k.mem_after_scrapes = ReadProcMem(child.pid());
-      // gzip, as Prometheus asks for it, one connection per scrape (as at a 15-60 s scrape interval).
-      const double gcpu0 = ProcCpuSeconds(child.pid()), gsched0 = TasksSchedSeconds(child.pid());
+      k.mem_after_scrapes = ReadProcMem(child.Pid());
+      // gzip, as Prometheus asks for it, one connection per scrape (as at a 15-60 s scrape
+      // interval).
+      const double gcpu0 = ProcCpuSeconds(child.Pid()), gsched0 = TasksSchedSeconds(child.Pid());
       k.gzip_scrapes = HttpScrapes(child_port, "/metrics", 0, args.child_scrapes / 2, false, gzip);
-      const double gcpu1 = ProcCpuSeconds(child.pid()), gsched1 = TasksSchedSeconds(child.pid());
+      const double gcpu1 = ProcCpuSeconds(child.Pid()), gsched1 = TasksSchedSeconds(child.Pid());
       if (!k.gzip_scrapes.ms.empty()) {
-        k.gzip_cpu_per_scrape_us = (gcpu1 - gcpu0) * 1e6 / static_cast<double>(k.gzip_scrapes.ms.size());
-        k.gzip_sched_per_scrape_us = (gsched1 - gsched0) * 1e6 / static_cast<double>(k.gzip_scrapes.ms.size());
+        k.gzip_cpu_per_scrape_us =
+            (gcpu1 - gcpu0) * 1e6 / static_cast<double>(k.gzip_scrapes.ms.size());
+        k.gzip_sched_per_scrape_us =
+            (gsched1 - gsched0) * 1e6 / static_cast<double>(k.gzip_scrapes.ms.size());
       }
 
       // Idle window: CPU per collection (everything the process does, amortised over collections).
@@ -928,10 +1096,10 @@ int main(int argc, char** argv) {
         return r && r->status == 200 ? r->body : std::string();
       };
       const auto coll0 = MetricValue(scrape(), "kgpu_exporter_collections_total");
-      const double w_cpu0 = ProcCpuSeconds(child.pid()), w_sched0 = TasksSchedSeconds(child.pid());
+      const double w_cpu0 = ProcCpuSeconds(child.Pid()), w_sched0 = TasksSchedSeconds(child.Pid());
       const int64_t w0 = NowNs();
       std::this_thread::sleep_for(std::chrono::seconds(args.window_s));
-      const double w_cpu1 = ProcCpuSeconds(child.pid()), w_sched1 = TasksSchedSeconds(child.pid());
+      const double w_cpu1 = ProcCpuSeconds(child.Pid()), w_sched1 = TasksSchedSeconds(child.Pid());
       const int64_t w1 = NowNs();
       const std::string last = scrape();
       const auto coll1 = MetricValue(last, "kgpu_exporter_collections_total");
@@ -945,48 +1113,63 @@ int main(int argc, char** argv) {
       k.sched_s = w_sched1 - w_sched0;
       k.collections = *coll1 - *coll0;
       k.last_duration_ms = dur ? *dur * 1e3 : -1;
-      k.mem_after_window = ReadProcMem(child.pid());
+      k.mem_after_window = ReadProcMem(child.Pid());
 
       const Summary ks = Summarize(k.scrapes.ms);
-      std::printf("4. RSS of `kgpu exporter -k` (own process, same fake data): VmRSS %.1f MB, VmHWM %.1f MB after %zu "
-                  "scrapes [target <= %.0f MB: %s]\n",
-                  k.mem_after_scrapes.rss_mb, k.mem_after_scrapes.hwm_mb, ks.n, kTargetRssMb,
-                  k.mem_after_scrapes.rss_mb <= kTargetRssMb ? "met" : "MISSED");
+      std::printf(
+          "4. RSS of `kgpu exporter -k` (own process, same fake data): VmRSS %.1f MB, VmHWM %.1f "
+          "MB after %zu "
+          "scrapes [target <= %.0f MB: %s]\n",
+          k.mem_after_scrapes.rss_mb, k.mem_after_scrapes.hwm_mb, ks.n, kTargetRssMb,
+          k.mem_after_scrapes.rss_mb <= kTargetRssMb ? "met" : "MISSED");
       std::printf("     command: %s\n", cmdline.c_str());
-      std::printf("     fork -> serving /health %.1f ms; %zu series, %zu B\n", k.start_ms, k.series, k.scrapes.bytes);
+      std::printf("     fork -> serving /health %.1f ms; %zu series, %zu B\n", k.start_ms, k.series,
+                  k.scrapes.bytes);
       std::printf("     after scrapes: %s\n", DescribeMem(k.mem_after_scrapes).c_str());
-      std::printf("     after the %.0f s window: %s\n", k.window_s, DescribeMem(k.mem_after_window).c_str());
+      std::printf("     after the %.0f s window: %s\n", k.window_s,
+                  DescribeMem(k.mem_after_window).c_str());
       PrintLatency("child scrapes, keep-alive, identity:", k.scrapes);
-      std::printf("     child CPU per scrape: %.1f us (utime+stime), %.1f us (schedstat of live threads)\n",
-                  k.cpu_per_scrape_us, k.sched_per_scrape_us);
+      std::printf(
+          "     child CPU per scrape: %.1f us (utime+stime), %.1f us (schedstat of live threads)\n",
+          k.cpu_per_scrape_us, k.sched_per_scrape_us);
       PrintLatency("child scrapes, new connection, gzip:", k.gzip_scrapes);
-      std::printf("     child CPU per gzip scrape: %.1f us (utime+stime), %.1f us (schedstat of live threads)\n",
-                  k.gzip_cpu_per_scrape_us, k.gzip_sched_per_scrape_us);
+      std::printf(
+          "     child CPU per gzip scrape: %.1f us (utime+stime), %.1f us (schedstat of live "
+          "threads)\n",
+          k.gzip_cpu_per_scrape_us, k.gzip_sched_per_scrape_us);
       const double per = k.collections > 0 ? k.cpu_s * 1e3 / k.collections : -1;
       const double per_sched = k.collections > 0 ? k.sched_s * 1e3 / k.collections : -1;
-      std::printf("4. CPU of `kgpu exporter -k` per collection: %.2f ms (utime+stime %.2f s over %.1f s idle window / "
-                  "%.0f collections at -c 1000); %.2f ms by schedstat; %.2f%% of one CPU; last collection took %.2f ms\n",
-                  per, k.cpu_s, k.window_s, k.collections, per_sched, 100.0 * k.sched_s / k.window_s,
-                  k.last_duration_ms);
-      PrintSmaps("kgpu exporter -k", child.pid());
+      std::printf(
+          "4. CPU of `kgpu exporter -k` per collection: %.2f ms (utime+stime %.2f s over %.1f s "
+          "idle window / "
+          "%.0f collections at -c 1000); %.2f ms by schedstat; %.2f%% of one CPU; last collection "
+          "took %.2f ms\n",
+          per, k.cpu_s, k.window_s, k.collections, per_sched, 100.0 * k.sched_s / k.window_s,
+          k.last_duration_ms);
+      PrintSmaps("kgpu exporter -k", child.Pid());
       std::fflush(stdout);
     }
 
-    // ---- Baselines: `kgpu exporter` without -k (no gRPC channel ever made) and this binary idling.
+    // ---- Baselines: `kgpu exporter` without -k (no gRPC channel ever made) and this binary
+    // idling.
     {
       const int child_port = FreePort();
       Child child;
       double start_ms = 0;
-      const std::vector<std::string> cargs = {KGPU_BIN, "exporter", "-a", Cat("127.0.0.1:", child_port), "-c", "1000"};
+      const std::vector<std::string> cargs = {
+          KGPU_BIN, "exporter", "-a", Cat("127.0.0.1:", child_port), "-c", "1000"};
       if (!child.Start(cargs, envp.data(), dir + "/exporter-nok.log", child_port, &start_ms)) {
         fail("kgpu exporter (no -k) did not serve\n" + child.LogTail());
         break;
       }
-      ScrapeRun r = HttpScrapes(child_port, "/metrics", 0, std::min(args.child_scrapes, 200), true, identity);
-      const ProcMem m = ReadProcMem(child.pid());
-      std::printf("baseline `kgpu exporter` without -k (no PodResources, no gRPC runtime), after %zu scrapes: %s\n",
-                  r.ms.size(), DescribeMem(m).c_str());
-      PrintSmaps("kgpu exporter (no -k)", child.pid());
+      ScrapeRun r =
+          HttpScrapes(child_port, "/metrics", 0, std::min(args.child_scrapes, 200), true, identity);
+      const ProcMem m = ReadProcMem(child.Pid());
+      std::printf(
+          "baseline `kgpu exporter` without -k (no PodResources, no gRPC runtime), after %zu "
+          "scrapes: %s\n",
+          r.ms.size(), DescribeMem(m).c_str());
+      PrintSmaps("kgpu exporter (no -k)", child.Pid());
     }
     {
       // The same `kgpu exporter -k` with glibc's malloc limited to one arena (environment only).
@@ -1001,18 +1184,29 @@ int main(int argc, char** argv) {
       const int child_port = FreePort();
       Child child;
       double start_ms = 0;
-      const std::vector<std::string> cargs = {KGPU_BIN, "exporter", "-a", Cat("127.0.0.1:", child_port), "-c", "1000",
-                                              "-k", "--pod-resources-kubelet-socket", dir + "/pr.sock",
-                                              "--proc-root", dir + "/proc", "--kubelet-checkpoint", dir + "/checkpoint"};
+      const std::vector<std::string> cargs = {KGPU_BIN,
+                                              "exporter",
+                                              "-a",
+                                              Cat("127.0.0.1:", child_port),
+                                              "-c",
+                                              "1000",
+                                              "-k",
+                                              "--pod-resources-kubelet-socket",
+                                              dir + "/pr.sock",
+                                              "--proc-root",
+                                              dir + "/proc",
+                                              "--kubelet-checkpoint",
+                                              dir + "/checkpoint"};
       if (!child.Start(cargs, env1.data(), dir + "/exporter-arena1.log", child_port, &start_ms)) {
         fail("kgpu exporter -k (MALLOC_ARENA_MAX=1) did not serve\n" + child.LogTail());
         break;
       }
-      ScrapeRun r = HttpScrapes(child_port, "/metrics", 0, std::min(args.child_scrapes, 200), true, identity);
+      ScrapeRun r =
+          HttpScrapes(child_port, "/metrics", 0, std::min(args.child_scrapes, 200), true, identity);
       std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // a couple of collections
-      const ProcMem m = ReadProcMem(child.pid());
-      std::printf("`kgpu exporter -k` with MALLOC_ARENA_MAX=1, after %zu scrapes and 2.5 s: %s\n", r.ms.size(),
-                  DescribeMem(m).c_str());
+      const ProcMem m = ReadProcMem(child.Pid());
+      std::printf("`kgpu exporter -k` with MALLOC_ARENA_MAX=1, after %zu scrapes and 2.5 s: %s\n",
+                  r.ms.size(), DescribeMem(m).c_str());
     }
     {
       char self[4096] = {};
@@ -1032,16 +1226,21 @@ int main(int argc, char** argv) {
     }
     std::printf("\nload average at the end: %s", ReadFile("/proc/loadavg").c_str());
     const Summary gzs = Summarize(gz.ms), fgzs = Summarize(fresh_gz.ms);
-    std::printf("summary: HTTP scrape p99 %.3f ms identity keep-alive (target <= %.0f ms: %s); with Accept-Encoding: "
-                "gzip as Prometheus sends it: p99 %.3f ms keep-alive (%s), %.3f ms new connection (%s)\n",
-                hs.p99, kTargetScrapeP99Ms, hs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED", gzs.p99,
-                gzs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED", fgzs.p99,
-                fgzs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED");
-    std::printf("summary: `kgpu exporter -k` VmRSS %.1f MB (target <= %.0f MB: %s, %+.1f MB), VmHWM %.1f MB, "
-                "Private_Dirty %.1f MB, Pss %.1f MB\n",
-                k.mem_after_window.rss_mb, kTargetRssMb, k.mem_after_window.rss_mb <= kTargetRssMb ? "met" : "MISSED",
-                k.mem_after_window.rss_mb - kTargetRssMb, k.mem_after_window.hwm_mb,
-                k.mem_after_window.private_dirty_mb, k.mem_after_window.pss_mb);
+    std::printf(
+        "summary: HTTP scrape p99 %.3f ms identity keep-alive (target <= %.0f ms: %s); with "
+        "Accept-Encoding: "
+        "gzip as Prometheus sends it: p99 %.3f ms keep-alive (%s), %.3f ms new connection (%s)\n",
+        hs.p99, kTargetScrapeP99Ms, hs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED", gzs.p99,
+        gzs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED", fgzs.p99,
+        fgzs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED");
+    std::printf(
+        "summary: `kgpu exporter -k` VmRSS %.1f MB (target <= %.0f MB: %s, %+.1f MB), VmHWM %.1f "
+        "MB, "
+        "Private_Dirty %.1f MB, Pss %.1f MB\n",
+        k.mem_after_window.rss_mb, kTargetRssMb,
+        k.mem_after_window.rss_mb <= kTargetRssMb ? "met" : "MISSED",
+        k.mem_after_window.rss_mb - kTargetRssMb, k.mem_after_window.hwm_mb,
+        k.mem_after_window.private_dirty_mb, k.mem_after_window.pss_mb);
     server.Stop();
   } while (false);
 

@@ -489,6 +489,10 @@ absl::Status Exporter::Start() {
     return absl::InvalidArgumentError(Cat("address '", options_.address, "' is not host:port (e.g. :9400)"));
   }
   http_ = std::make_unique<httplib::Server>();
+  // Small responses (gzip, /health) must not wait for the client's delayed ACK (Nagle): ~40 ms.
+  http_->set_tcp_nodelay(true);
+  // Scrapers are few: two workers instead of one per core keep threads and arenas small.
+  http_->new_task_queue = [] { return new httplib::ThreadPool(2); };
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(Scrape(), "text/plain; version=0.0.4; charset=utf-8");
   });
