@@ -41,20 +41,20 @@ echo; echo "\$ kgpu-simctl xid 3 43      # XID 43: an application fault, not the
 "$bin/kgpu-simctl" xid 3 43
 echo "\$ kgpu-simctl xid 3 48      # XID 48: double-bit ECC error, the GPU is unhealthy"
 "$bin/kgpu-simctl" xid 3 48
-wait_for "$work/health.log" "$u3 Unhealthy: XID 48" && grep "change:" "$work/health.log"
+wait_for "$work/health.log" "change: $u3 Unhealthy: XID 48" && grep "change:" "$work/health.log"
 
 echo; echo "\$ kgpu-simctl lose 5        # GPU 5 falls off the bus (XID 79, then GPU_IS_LOST)"
 "$bin/kgpu-simctl" lose 5
-wait_for "$work/health.log" "$u5 Unhealthy: GPU is lost" && grep "change:" "$work/health.log" | tail -1
+wait_for "$work/health.log" "change: $u5 Unhealthy: GPU is lost" && grep "change:" "$work/health.log" | tail -1
 "$bin/kgpu" devices 2>/dev/null | grep -E "^(IDX|5 )"
 echo "\$ kgpu-simctl restore 5"
 "$bin/kgpu-simctl" restore 5
-wait_for "$work/health.log" "$u5 Healthy" && grep "change:" "$work/health.log" | tail -1
+wait_for "$work/health.log" "change: $u5 Healthy" && grep "change:" "$work/health.log" | tail -1
 
 echo; echo "\$ kgpu-simctl hang 1 2500   # every NVML call on GPU 1 blocks for 2.5 s"
 "$bin/kgpu-simctl" hang 1 2500
-wait_for "$work/health.log" "$u1 Unhealthy: NVML call" && grep "change:" "$work/health.log" | tail -1
-wait_for "$work/health.log" "$u1 Healthy" && grep "change:" "$work/health.log" | tail -1
+wait_for "$work/health.log" "change: $u1 Unhealthy: NVML call" && grep "change:" "$work/health.log" | tail -1
+wait_for "$work/health.log" "change: $u1 Healthy" && grep "change:" "$work/health.log" | tail -1
 kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null || true; watcher=""
 
 step "kgpu device-plugin on the 8x H100 node: time-slicing, 4 replicas per GPU, against a kubelet stand-in"
