@@ -140,6 +140,10 @@ int Run(int argc, char** argv) {
   validate->add_option("file", validate_path, "profile file")->required();
   auto* show = app.add_subcommand("show", "print the node's live state as JSON");
   auto* reset = app.add_subcommand("reset", "return the node to the profile's initial state");
+  std::string minors_path;
+  auto* mig_minors = app.add_subcommand(
+      "mig-minors", "write the driver's MIG capability minors file (proc/driver/nvidia-caps/mig-minors)");
+  mig_minors->add_option("file", minors_path, "where to write it")->required();
   std::string sysfs_dir;
   auto* sysfs = app.add_subcommand(
       "sysfs", "write a sysfs tree with the GPUs' NUMA nodes (DIR/bus/pci/devices/<bdf>/numa_node)");
@@ -223,6 +227,20 @@ int Run(int argc, char** argv) {
   if (show->parsed()) {
     std::cout << Show(node).dump(2) << "\n";
     return 0;
+  }
+  if (mig_minors->parsed()) {
+    // The driver's numbering: config 1, monitor 2, then per GPU 15 GPU instances of 1 + 8 minors.
+    std::filesystem::create_directories(std::filesystem::path(minors_path).parent_path());
+    std::ofstream out(minors_path);
+    out << "config 1\nmonitor 2\n";
+    unsigned minor = 3;
+    for (unsigned g = 0; g < node.gpu_count(); ++g) {
+      for (unsigned i = 0; i < 15; ++i) {
+        out << "gpu" << g << "/gi" << i << "/access " << minor++ << "\n";
+        for (unsigned c = 0; c < 8; ++c) out << "gpu" << g << "/gi" << i << "/ci" << c << "/access " << minor++ << "\n";
+      }
+    }
+    return out ? 0 : Fail("cannot write " + minors_path);
   }
   if (sysfs->parsed()) {
     for (unsigned i = 0; i < node.gpu_count(); ++i) {

@@ -202,6 +202,12 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
       const std::string node = Cat("/dev/nvidia", minor);
       out.devices.push_back({node, root + node, "rw"});
     }
+    for (const auto* d : devices) {  // MIG: the GI and CI access capabilities
+      for (const auto& cap : d->cap_nodes) {
+        DeviceNodeSpec spec{cap, root + cap, "rw"};
+        if (std::find(out.devices.begin(), out.devices.end(), spec) == out.devices.end()) out.devices.push_back(spec);
+      }
+    }
   }
   return out;
 }

@@ -28,7 +28,9 @@ std::string CdiSpecJson(const Plan& plan, const Config& config) {
       if (!done.insert(d.health_key).second) continue;  // replicas share their GPU's entry
       const auto& g = plan.inventory->gpus()[d.gpu];
       const std::string index = d.mig < 0 ? std::to_string(d.gpu) : Cat(d.gpu, ":", d.mig);
-      nlohmann::json edits = {{"deviceNodes", nlohmann::json::array({node(Cat("/dev/nvidia", g.minor))})}};
+      nlohmann::json nodes = nlohmann::json::array({node(Cat("/dev/nvidia", g.minor))});
+      for (const auto& cap : d.cap_nodes) nodes.push_back(node(cap));
+      nlohmann::json edits = {{"deviceNodes", nodes}};
       devices.push_back({{"name", d.health_key}, {"containerEdits", edits}});
       devices.push_back({{"name", index}, {"containerEdits", edits}});
     }

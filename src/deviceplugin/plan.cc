@@ -2,10 +2,13 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
+#include "common/files.h"
 #include "common/log.h"
+#include "deviceplugin/mig_minors.h"
 #include "common/strings.h"
 
 namespace kgpu::deviceplugin {
@@ -20,6 +23,7 @@ struct Unit {
   int mig = -1;
   unsigned minor = 0;
   int numa = -1;
+  unsigned gi = 0, ci = 0;
 };
 
 std::string MigResourceName(const std::string& profile) {
@@ -74,7 +78,7 @@ absl::StatusOr<std::vector<Unit>> Units(const gpu::Inventory& inv, const std::st
         resource = MigResourceName(m.profile);
       }
       units.push_back({resource, m.uuid, Cat(g.index, ":", m.index), g.index,
-                       static_cast<int>(m.index), g.minor, g.numa_node});
+                       static_cast<int>(m.index), g.minor, g.numa_node, m.gi, m.ci});
     }
   }
   return units;
@@ -123,6 +127,20 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
     }
   }
 
+  // MIG capability minors, for passDeviceSpecs and the CDI spec of MIG devices.
+  MigMinors minors;
+  const bool any_mig = std::any_of(units->begin(), units->end(), [](const Unit& u) { return u.mig >= 0; });
+  if (any_mig) {
+    const std::string path = Cat(config.driver_root == "/" ? "" : config.driver_root, "/proc/driver/nvidia-caps/mig-minors");
+    if (const auto text = ReadFile(path)) {
+      auto parsed = ParseMigMinors(*text, path);
+      if (!parsed.ok()) return parsed.status();
+      minors = std::move(*parsed);
+    } else {
+      Log("deviceplugin")->warn("{} is not readable: MIG devices get no /dev/nvidia-caps device specs", path);
+    }
+  }
+
   auto plan = std::make_shared<Plan>();
   plan->inventory = inventory;
   std::map<std::string, size_t> by_name;
@@ -147,6 +165,7 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
     base.mig = u.mig;
     base.minor = u.minor;
     base.numa = u.numa;
+    if (u.mig >= 0) base.cap_nodes = MigCapNodes(minors, u.gpu, u.gi, u.ci);
     if (selected_by[i].size() > 1) {
       return absl::InvalidArgumentError(
           Cat(sharing_key, ".resources[", selected_by[i][0], "] and [", selected_by[i][1],

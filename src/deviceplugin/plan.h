@@ -25,6 +25,7 @@ struct PluginDevice {
   int replica = -1;        // replica number, -1 when not replicated
   unsigned minor = 0;      // /dev/nvidia<minor> of the parent GPU
   int numa = -1;           // NUMA node, -1 unknown
+  std::vector<std::string> cap_nodes;  // MIG: /dev/nvidia-caps/nvidia-cap<N> of its GI and CI
 };
 
 struct Resource {

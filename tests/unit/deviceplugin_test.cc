@@ -5,6 +5,7 @@
 #include "deviceplugin/allocator.h"
 #include "deviceplugin/cdi.h"
 #include "deviceplugin/config.h"
+#include "deviceplugin/mig_minors.h"
 #include "deviceplugin/plan.h"
 #include "nvml/library.h"
 #include "testing/sim_node.h"
@@ -298,6 +299,41 @@ TEST(PlanTest, MigStrategies) {
   ASSERT_FALSE(single.ok());
   EXPECT_NE(std::string(single.status().message()).find("all devices on the node must be configured with the same migEnabled value"),
             std::string::npos);
+}
+
+TEST(AllocateTest, MigDeviceSpecsIncludeItsCapabilities) {
+  Node n("dgx-a100-mig");
+  ASSERT_EQ(n.sim.Ctl("mig-minors " + n.sim.dir() + "/proc/driver/nvidia-caps/mig-minors"), 0);
+  auto plan = n.PlanFor("flags:\n  migStrategy: mixed\n  nvidiaDriverRoot: " + n.sim.dir() +
+                        "\n  nvidiaDevRoot: /\n  plugin:\n    passDeviceSpecs: true\n");
+  ASSERT_NE(plan, nullptr);
+  const Resource* r = nullptr;
+  for (const auto& x : plan->resources) {
+    if (x.name == "nvidia.com/mig-1g.5gb") r = &x;
+  }
+  ASSERT_NE(r, nullptr);
+  // GPU 0's first 1g.5gb instance is GI 3, CI 0: minors 3 + 3*9 = 30 (GI) and 31 (CI).
+  const PluginDevice& d = r->devices[0];
+  ASSERT_EQ(d.gpu, 0u);
+  EXPECT_EQ(d.cap_nodes, (std::vector<std::string>{"/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"}));
+  auto a = Allocate(*plan, *r, n.config, {d.id}, "x");
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::vector<std::string> nodes;
+  for (const auto& s : a->devices) nodes.push_back(s.container_path);
+  EXPECT_EQ(nodes, (std::vector<std::string>{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0",
+                                             "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"}));
+  EXPECT_EQ(a->envs.at("NVIDIA_VISIBLE_DEVICES"), d.id);
+  EXPECT_NE(CdiSpecJson(*plan, n.config).find("/dev/nvidia-caps/nvidia-cap31"), std::string::npos);
+}
+
+TEST(MigMinorsTest, ParsesAndNamesBadLines) {
+  auto m = ParseMigMinors("config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n", "mm");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(MigCapNodes(*m, 0, 1, 0), (std::vector<std::string>{"/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"}));
+  EXPECT_TRUE(MigCapNodes(*m, 1, 1, 0).empty());
+  auto bad = ParseMigMinors("gpu0/gi1/access twelve\n", "mm");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(std::string(bad.status().message()), "mm:1: minor 'twelve' is not a number");
 }
 
 TEST(AllocateTest, EnvvarStripsReplicasAndDeduplicates) {
