@@ -75,6 +75,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "bench_util.h"
 #include "deviceplugin_v1beta1.grpc.pb.h"
 #include "node.h"
 #include "testing/fake_kubelet.h"
@@ -95,6 +96,18 @@ namespace {
 
 using kgpu::testing::FakeKubelet;
 using kgpu::testing::FakeKubeletEvent;
+using kgpu::bench::FileTail;
+using kgpu::bench::InstallFatalSignalHandlers;
+using kgpu::bench::KillAllChildren;
+using kgpu::bench::MakeTempDir;
+using kgpu::bench::NowNs;
+using kgpu::bench::ProcMem;
+using kgpu::bench::ReadProcMem;
+using kgpu::bench::RemoveTree;
+using kgpu::bench::Spawn;
+using kgpu::bench::Stats;
+using kgpu::bench::Summarize;
+using kgpu::bench::UntrackChild;
 
 constexpr char kProfile[] = "dgx-h100";
 constexpr char kNodeName[] = "bench-node";
@@ -110,12 +123,6 @@ constexpr double kTargetRssMb = 8;
 constexpr double kTargetAllocateP99Us = 300;
 constexpr double kTargetPreferredP99Us = 1000;
 constexpr double kTargetXidMs = 50;
-
-int64_t NowNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
 
 double RealtimeMs() {
   timespec ts{};
@@ -146,41 +153,6 @@ void SleepMs(double ms) {
 
 // ---------------------------------------------------------------- children and cleanup
 
-// Live child pids, for the signal handler: a fixed array of atomics (async-signal-safe to read).
-constexpr int kMaxChildren = 16;
-std::atomic<pid_t> g_children[kMaxChildren];
-
-void TrackChild(pid_t pid) {
-  for (auto& slot : g_children) {
-    pid_t empty = 0;
-    if (slot.compare_exchange_strong(empty, pid)) return;
-  }
-}
-void UntrackChild(pid_t pid) {
-  for (auto& slot : g_children) {
-    pid_t p = pid;
-    if (slot.compare_exchange_strong(p, 0)) return;
-  }
-}
-void KillAllChildren() {
-  for (auto& slot : g_children) {
-    const pid_t p = slot.exchange(0);
-    if (p > 0) {
-      kill(p, SIGKILL);
-      waitpid(p, nullptr, 0);
-    }
-  }
-}
-
-void OnFatalSignal(int sig) {
-  for (auto& slot : g_children) {
-    const pid_t p = slot.load();
-    if (p > 0) kill(p, SIGKILL);
-  }
-  signal(sig, SIG_DFL);
-  raise(sig);
-}
-
 // The environment for the children: ours, with the simulated node's variables set.
 class ChildEnv {
  public:
@@ -208,31 +180,6 @@ class ChildEnv {
   std::vector<std::string> strings_;
   std::vector<char*> ptrs_;
 };
-
-// fork + execve with stdout/stderr to `log` (or /dev/null). Everything the child touches is
-// prepared before fork(): after it, only async-signal-safe calls.
-pid_t Spawn(const std::vector<std::string>& args, char** envp, const std::string& log) {
-  std::vector<std::string> copy = args;
-  std::vector<char*> argv;
-  for (auto& a : copy) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const int fd = ::open(log.empty() ? "/dev/null" : log.c_str(),
-                        O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) return -1;
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(126);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execve(argv[0], argv.data(), envp);
-    _exit(127);
-  }
-  ::close(fd);
-  if (pid > 0) TrackChild(pid);
-  return pid;
-}
 
 // Waits up to timeout_ms; returns the wait status, or nullopt if still running.
 std::optional<int> WaitExit(pid_t pid, int timeout_ms) {
@@ -314,47 +261,13 @@ class Plugin {
     if (st) pid_ = -1;
     return st;
   }
-  std::string LogTail(size_t max = 3000) const {
-    std::ifstream in(log_);
-    std::stringstream s;
-    s << in.rdbuf();
-    std::string text = s.str();
-    if (text.size() > max) text = "..." + text.substr(text.size() - max);
-    return text;
-  }
+  std::string LogTail(size_t max = 3000) const { return FileTail(log_, max); }
 
  private:
   pid_t pid_ = -1;
   std::string log_;
   double fork_realtime_ms_ = 0;
 };
-
-struct ProcStatus {
-  double rss_mb = -1, hwm_mb = -1, anon_mb = -1, file_mb = -1, shmem_mb = -1, vsz_mb = -1, pss_mb = -1;
-  int threads = -1;
-};
-
-ProcStatus ReadProcStatus(pid_t pid) {
-  ProcStatus out;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  auto kb = [&](const char* key, double* mb) {
-    const size_t n = std::strlen(key);
-    if (line.compare(0, n, key) == 0) *mb = std::strtod(line.c_str() + n, nullptr) / 1024.0;
-  };
-  while (std::getline(in, line)) {
-    kb("VmRSS:", &out.rss_mb);
-    kb("VmHWM:", &out.hwm_mb);
-    kb("RssAnon:", &out.anon_mb);
-    kb("RssFile:", &out.file_mb);
-    kb("RssShmem:", &out.shmem_mb);
-    kb("VmSize:", &out.vsz_mb);
-    if (line.rfind("Threads:", 0) == 0) out.threads = std::atoi(line.c_str() + 8);
-  }
-  std::ifstream rollup("/proc/" + std::to_string(pid) + "/smaps_rollup");
-  while (std::getline(rollup, line)) kb("Pss:", &out.pss_mb);
-  return out;
-}
 
 // ---------------------------------------------------------------- what the FakeKubelet saw
 
@@ -410,36 +323,6 @@ class Recorder {
 };
 
 // ---------------------------------------------------------------- statistics
-
-// Nearest-rank percentile of sorted values.
-double Percentile(const std::vector<double>& sorted, double p) {
-  const auto n = sorted.size();
-  if (n == 0) return NAN;
-  auto rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(n)));
-  rank = std::clamp<size_t>(rank, 1, n);
-  return sorted[rank - 1];
-}
-
-struct Stats {
-  size_t n = 0;
-  double min = NAN, p50 = NAN, p90 = NAN, p99 = NAN, max = NAN, mean = NAN;
-};
-
-Stats Summarize(std::vector<double> v) {
-  Stats s;
-  s.n = v.size();
-  if (v.empty()) return s;
-  std::sort(v.begin(), v.end());
-  double sum = 0;
-  for (double x : v) sum += x;
-  s.min = v.front();
-  s.max = v.back();
-  s.p50 = Percentile(v, 50);
-  s.p90 = Percentile(v, 90);
-  s.p99 = Percentile(v, 99);
-  s.mean = sum / static_cast<double>(v.size());
-  return s;
-}
 
 // "OK (target <= 300 us)" or "MISSES the target (<= 300 us) by 120 us (1.40x)".
 std::string Verdict(double value, double target, const char* unit) {
@@ -512,9 +395,8 @@ class Bench {
 };
 
 bool Bench::Setup() {
-  char tmpl[] = "/tmp/dpb-XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) return Fail(std::string("mkdtemp /tmp/dpb-XXXXXX: ") + std::strerror(errno));
-  dir_ = tmpl;
+  dir_ = MakeTempDir("/tmp/dpb-XXXXXX");
+  if (dir_.empty()) return Fail(std::string("mkdtemp /tmp/dpb-XXXXXX: ") + std::strerror(errno));
   const std::string state = dir_ + "/sim.state";
   // For kgpu::sim::Node in this process (read by ReadEnvironment) and for the children. Set before
   // any thread starts.
@@ -547,10 +429,7 @@ void Bench::Cleanup() {
   if (kubelet_) kubelet_->Stop();
   kubelet_.reset();
   node_.reset();
-  if (!dir_.empty() && !opt_.keep) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
+  if (!dir_.empty() && !opt_.keep) RemoveTree(dir_);
   dir_.clear();
 }
 
@@ -608,7 +487,7 @@ std::vector<std::string> Bench::Ids() const {
 }
 
 void Bench::PrintRss(const char* when, pid_t pid) {
-  const ProcStatus s = ReadProcStatus(pid);
+  const ProcMem s = ReadProcMem(pid);
   std::printf("plugin RSS %s: VmRSS %.2f MB, VmHWM %.2f MB (anon %.2f + file %.2f + shmem %.2f MB; "
               "PSS %.2f MB; VmSize %.0f MB, %d threads) -- VmRSS %s\n",
               when, s.rss_mb, s.hwm_mb, s.anon_mb, s.file_mb, s.shmem_mb, s.pss_mb, s.vsz_mb, s.threads,
@@ -930,10 +809,7 @@ int main(int argc, char** argv) {
       return a == "-h" || a == "--help" ? 0 : 2;
     }
   }
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL}) {
-    signal(sig, OnFatalSignal);
-  }
-  signal(SIGPIPE, SIG_IGN);
+  InstallFatalSignalHandlers({SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL});
   int rc = 0;
   {
     Bench bench(opt);

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "node.h"
 #include "nvml/library.h"
 
@@ -49,6 +50,9 @@
 
 namespace {
 
+using kgpu::bench::MakeTempDir;
+using kgpu::bench::NowNs;
+using kgpu::bench::Percentile;
 using kgpu::sim::Node;
 
 constexpr unsigned kDefaultSamples = 2000;
@@ -59,12 +63,6 @@ constexpr unsigned kChildIdleLimitMs = 60000; // the child gives up after this l
 constexpr uint64_t kSentinel = ~uint64_t{0};  // event data that tells the child to finish
 // Real XID codes, cycled through; the sample id goes in the bits above them.
 constexpr uint64_t kXids[] = {13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95};
-
-int64_t NowNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
 
 // Child -> parent messages (one write each, well under PIPE_BUF, so never interleaved or split).
 enum class Kind : uint32_t { kReady = 1, kEvent = 2, kBye = 3, kError = 4 };
@@ -234,14 +232,6 @@ int Reap(pid_t child, int timeout_ms) {
   }
 }
 
-// Nearest-rank percentile of sorted values.
-double Percentile(const std::vector<double>& sorted, double p) {
-  const auto n = sorted.size();
-  auto rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(n)));
-  rank = std::clamp<size_t>(rank, 1, n);
-  return sorted[rank - 1];
-}
-
 void Sleep1ms() {
   timespec ts{0, 1000000};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -271,16 +261,16 @@ int main(int argc, char** argv) {
 
   // The node (KGPU_SIM_NODE if set) and a state file private to this run; the child inherits both.
   setenv("KGPU_SIM_NODE", "dgx-a100-mig", 0);
-  char dir[] = "/tmp/kgpu-event-latency.XXXXXX";
-  if (mkdtemp(dir) == nullptr) {
+  const std::string dir = MakeTempDir("/tmp/kgpu-event-latency.XXXXXX");
+  if (dir.empty()) {
     std::perror("event_latency: mkdtemp /tmp/kgpu-event-latency.XXXXXX");
     return 1;
   }
-  const std::string state_path = std::string(dir) + "/node.state";
+  const std::string state_path = dir + "/node.state";
   setenv("KGPU_SIM_STATE", state_path.c_str(), 1);
   auto cleanup_files = [&] {
     unlink(state_path.c_str());
-    rmdir(dir);
+    rmdir(dir.c_str());
   };
 
   // Open (and so create) the node's state before the child maps it.

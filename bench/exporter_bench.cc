@@ -84,6 +84,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "exporter/counters.h"
@@ -110,6 +111,18 @@ extern char** environ;
 namespace {
 
 using kgpu::Cat;
+using kgpu::bench::FileTail;
+using kgpu::bench::InstallFatalSignalHandlers;
+using kgpu::bench::KillAllChildren;
+using kgpu::bench::MakeTempDir;
+using kgpu::bench::NowNs;
+using kgpu::bench::ProcMem;
+using kgpu::bench::ReadFile;
+using kgpu::bench::ReadProcMem;
+using kgpu::bench::RemoveTree;
+using kgpu::bench::Spawn;
+using kgpu::bench::UntrackChild;
+using Summary = kgpu::bench::Stats;
 
 constexpr char kProfile[] = "dgx-h100";
 constexpr char kNodeName[] = "bench-node";
@@ -124,12 +137,6 @@ constexpr int kWarmup = 100;
 constexpr double kTargetRssMb = 15;
 constexpr double kTargetScrapeP99Ms = 2;
 
-int64_t NowNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
-
 double Ms(int64_t ns) {
   return static_cast<double>(ns) / 1e6;
 }
@@ -137,76 +144,12 @@ double Us(int64_t ns) {
   return static_cast<double>(ns) / 1e3;
 }
 
-struct Summary {
-  double p50 = 0, p99 = 0, max = 0, mean = 0;
-  size_t n = 0;
-};
-
-// Nearest-rank percentiles.
+// Nearest-rank figures; all 0 when there are no values.
 Summary Summarize(std::vector<double> v) {
-  Summary s;
-  s.n = v.size();
-  if (v.empty())
-    return s;
-  std::sort(v.begin(), v.end());
-  auto rank = [&](double q) {
-    const size_t r = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
-    return v[std::min(v.size() - 1, r == 0 ? 0 : r - 1)];
-  };
-  s.p50 = rank(0.50);
-  s.p99 = rank(0.99);
-  s.max = v.back();
-  double sum = 0;
-  for (double x : v)
-    sum += x;
-  s.mean = sum / static_cast<double>(v.size());
-  return s;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  return kgpu::bench::Summarize(std::move(v), 0);
 }
 
 // ---------------------------------------------------------------- children and cleanup
-
-constexpr int kMaxChildren = 8;
-std::atomic<pid_t> g_children[kMaxChildren];
-
-void TrackChild(pid_t pid) {
-  for (auto& slot : g_children) {
-    pid_t empty = 0;
-    if (slot.compare_exchange_strong(empty, pid))
-      return;
-  }
-}
-void UntrackChild(pid_t pid) {
-  for (auto& slot : g_children) {
-    pid_t p = pid;
-    if (slot.compare_exchange_strong(p, 0))
-      return;
-  }
-}
-void KillAllChildren() {
-  for (auto& slot : g_children) {
-    const pid_t p = slot.exchange(0);
-    if (p > 0) {
-      kill(p, SIGKILL);
-      waitpid(p, nullptr, 0);
-    }
-  }
-}
-void OnFatalSignal(int sig) {
-  for (auto& slot : g_children) {
-    const pid_t p = slot.load();
-    if (p > 0)
-      kill(p, SIGKILL);
-  }
-  signal(sig, SIG_DFL);
-  raise(sig);
-}
 
 // Our environment plus `extra`, as an envp (the strings live in *storage).
 std::vector<char*> BuildEnv(const std::map<std::string, std::string>& extra,
@@ -228,33 +171,6 @@ std::vector<char*> BuildEnv(const std::map<std::string, std::string>& extra,
     ptrs.push_back(s.data());
   ptrs.push_back(nullptr);
   return ptrs;
-}
-
-// fork + execve with stdout/stderr to `log`. Only async-signal-safe calls after fork().
-pid_t Spawn(const std::vector<std::string>& args, char** envp, const std::string& log) {
-  std::vector<std::string> copy = args;
-  std::vector<char*> argv;
-  for (auto& a : copy)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return -1;
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-      _exit(126);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execve(argv[0], argv.data(), envp);
-    _exit(127);
-  }
-  ::close(fd);
-  if (pid > 0)
-    TrackChild(pid);
-  return pid;
 }
 
 void KillChild(pid_t pid) {
@@ -297,42 +213,6 @@ int FreePort() {
 }
 
 // ---------------------------------------------------------------- /proc readers
-
-struct ProcMem {
-  double rss_mb = -1, hwm_mb = -1, anon_mb = -1, file_mb = -1, shmem_mb = -1;
-  double pss_mb = -1, private_dirty_mb = -1, private_clean_mb = -1, shared_clean_mb = -1,
-         shared_dirty_mb = -1;
-  int threads = -1;
-};
-
-ProcMem ReadProcMem(pid_t pid) {
-  ProcMem out;
-  std::string line;
-  auto kb = [&](const char* key, double* mb) {
-    const size_t n = std::strlen(key);
-    if (line.compare(0, n, key) == 0)
-      *mb = std::strtod(line.c_str() + n, nullptr) / 1024.0;
-  };
-  std::ifstream in(Cat("/proc/", pid, "/status"));
-  while (std::getline(in, line)) {
-    kb("VmRSS:", &out.rss_mb);
-    kb("VmHWM:", &out.hwm_mb);
-    kb("RssAnon:", &out.anon_mb);
-    kb("RssFile:", &out.file_mb);
-    kb("RssShmem:", &out.shmem_mb);
-    if (line.rfind("Threads:", 0) == 0)
-      out.threads = std::atoi(line.c_str() + 8);
-  }
-  std::ifstream rollup(Cat("/proc/", pid, "/smaps_rollup"));
-  while (std::getline(rollup, line)) {
-    kb("Pss:", &out.pss_mb);
-    kb("Private_Dirty:", &out.private_dirty_mb);
-    kb("Private_Clean:", &out.private_clean_mb);
-    kb("Shared_Clean:", &out.shared_clean_mb);
-    kb("Shared_Dirty:", &out.shared_dirty_mb);
-  }
-  return out;
-}
 
 std::string DescribeMem(const ProcMem& m) {
   char buf[512];
@@ -688,10 +568,7 @@ class Child {
     return true;
   }
   pid_t Pid() const { return pid_; }
-  std::string LogTail() const {
-    std::string t = ReadFile(log_);
-    return t.size() > 3000 ? "..." + t.substr(t.size() - 3000) : t;
-  }
+  std::string LogTail() const { return FileTail(log_); }
 
  private:
   pid_t pid_ = -1;
@@ -708,17 +585,14 @@ int main(int argc, char** argv) {
     pause();
     return 0;
   }
-  for (int sig : {SIGINT, SIGTERM, SIGHUP})
-    signal(sig, OnFatalSignal);
-  signal(SIGPIPE, SIG_IGN);
+  InstallFatalSignalHandlers({SIGINT, SIGTERM, SIGHUP});
   kgpu::SetLogLevel("warn");
 
-  char tmpl[] = "/tmp/exb-XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) {
+  const std::string dir = MakeTempDir("/tmp/exb-XXXXXX");
+  if (dir.empty()) {
     std::perror("mkdtemp");
     return 1;
   }
-  const std::string dir = tmpl;
   const std::string state = dir + "/sim.state";
   setenv("KGPU_SIM_NODE", kProfile, 1);        // NOLINT(concurrency-mt-unsafe): before any thread
   setenv("KGPU_SIM_STATE", state.c_str(), 1);  // NOLINT(concurrency-mt-unsafe): before any thread
@@ -1248,8 +1122,7 @@ int main(int argc, char** argv) {
   if (args.keep) {
     std::printf("kept %s\n", dir.c_str());
   } else {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
+    RemoveTree(dir);
   }
   return rc;
 }

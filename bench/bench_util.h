@@ -1,0 +1,220 @@
+#pragma once
+// Helpers shared by the plain benchmark drivers (device_plugin_bench, exporter_bench,
+// event_latency): a monotonic clock in ns, nearest-rank percentiles and a summary of a sample, the
+// registry of live child processes (killed on every exit path, signals included), fork/exec of a
+// child with its output to a log, the memory figures of a process from /proc, file reading and
+// temp dirs. Header-only; nothing here is part of the product.
+//
+// Thread-safety: the child registry (TrackChild / UntrackChild / KillAllChildren) is a fixed array
+// of atomics, safe from any thread, and OnFatalSignal only reads it (async-signal-safe).
+// InstallFatalSignalHandlers calls signal(), so it belongs at the start of main(), before any
+// thread. Spawn forks: call it while no other thread holds a lock the child could need (after
+// fork() the child makes only async-signal-safe calls). Everything else is a pure function or
+// reads /proc and files, safe from any thread.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace kgpu::bench {
+
+// CLOCK_MONOTONIC in ns.
+inline int64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+// ---------------------------------------------------------------- statistics
+
+// Nearest-rank percentile (p in 0..100) of sorted values; NAN when there are none.
+inline double Percentile(const std::vector<double>& sorted, double p) {
+  const auto n = sorted.size();
+  if (n == 0) return NAN;
+  auto rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(n)));
+  rank = std::clamp<size_t>(rank, 1, n);
+  return sorted[rank - 1];
+}
+
+struct Stats {
+  size_t n = 0;
+  double min = NAN, p50 = NAN, p90 = NAN, p99 = NAN, max = NAN, mean = NAN;
+};
+
+// Nearest-rank figures of v (in any order). With no values every figure is `if_empty`.
+inline Stats Summarize(std::vector<double> v, double if_empty = NAN) {
+  Stats s;
+  s.n = v.size();
+  if (v.empty()) {
+    s.min = s.p50 = s.p90 = s.p99 = s.max = s.mean = if_empty;
+    return s;
+  }
+  std::sort(v.begin(), v.end());
+  double sum = 0;
+  for (double x : v) sum += x;
+  s.min = v.front();
+  s.max = v.back();
+  s.p50 = Percentile(v, 50);
+  s.p90 = Percentile(v, 90);
+  s.p99 = Percentile(v, 99);
+  s.mean = sum / static_cast<double>(v.size());
+  return s;
+}
+
+// ---------------------------------------------------------------- children and cleanup
+
+// Live child pids, for the signal handler: a fixed array of atomics (async-signal-safe to read).
+// A child beyond kMaxChildren at once is not tracked (it still dies with us: PR_SET_PDEATHSIG).
+inline constexpr int kMaxChildren = 16;
+inline std::atomic<pid_t> g_children[kMaxChildren];
+
+inline void TrackChild(pid_t pid) {
+  for (auto& slot : g_children) {
+    pid_t empty = 0;
+    if (slot.compare_exchange_strong(empty, pid)) return;
+  }
+}
+inline void UntrackChild(pid_t pid) {
+  for (auto& slot : g_children) {
+    pid_t p = pid;
+    if (slot.compare_exchange_strong(p, 0)) return;
+  }
+}
+// SIGKILL and reap every tracked child.
+inline void KillAllChildren() {
+  for (auto& slot : g_children) {
+    const pid_t p = slot.exchange(0);
+    if (p > 0) {
+      kill(p, SIGKILL);
+      waitpid(p, nullptr, 0);
+    }
+  }
+}
+
+// Signal handler: SIGKILL the tracked children, then die of `sig` as if unhandled.
+inline void OnFatalSignal(int sig) {
+  for (auto& slot : g_children) {
+    const pid_t p = slot.load();
+    if (p > 0) kill(p, SIGKILL);
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+// OnFatalSignal for each of `sigs`; SIGPIPE ignored.
+inline void InstallFatalSignalHandlers(std::initializer_list<int> sigs) {
+  for (int sig : sigs) signal(sig, OnFatalSignal);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+// fork + execve of args (args[0]: the path) with stdout/stderr appended to `log` (empty: /dev/null);
+// the child dies with this process (PR_SET_PDEATHSIG) and is tracked. Returns its pid, or -1.
+// Everything the child touches is prepared before fork(): after it, only async-signal-safe calls.
+inline pid_t Spawn(const std::vector<std::string>& args, char** envp, const std::string& log) {
+  std::vector<std::string> copy = args;
+  std::vector<char*> argv;
+  for (auto& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int fd = ::open(log.empty() ? "/dev/null" : log.c_str(),
+                        O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(126);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execve(argv[0], argv.data(), envp);
+    _exit(127);
+  }
+  ::close(fd);
+  if (pid > 0) TrackChild(pid);
+  return pid;
+}
+
+// ---------------------------------------------------------------- /proc and files
+
+// Memory figures of a process, in MB (-1: not read): /proc/<pid>/status and smaps_rollup.
+struct ProcMem {
+  double rss_mb = -1, hwm_mb = -1, anon_mb = -1, file_mb = -1, shmem_mb = -1, vsz_mb = -1;
+  double pss_mb = -1, private_dirty_mb = -1, private_clean_mb = -1, shared_clean_mb = -1,
+         shared_dirty_mb = -1;
+  int threads = -1;
+};
+
+inline ProcMem ReadProcMem(pid_t pid) {
+  ProcMem out;
+  std::string line;
+  auto kb = [&](const char* key, double* mb) {
+    const size_t n = std::strlen(key);
+    if (line.compare(0, n, key) == 0) *mb = std::strtod(line.c_str() + n, nullptr) / 1024.0;
+  };
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  while (std::getline(in, line)) {
+    kb("VmRSS:", &out.rss_mb);
+    kb("VmHWM:", &out.hwm_mb);
+    kb("RssAnon:", &out.anon_mb);
+    kb("RssFile:", &out.file_mb);
+    kb("RssShmem:", &out.shmem_mb);
+    kb("VmSize:", &out.vsz_mb);
+    if (line.rfind("Threads:", 0) == 0) out.threads = std::atoi(line.c_str() + 8);
+  }
+  std::ifstream rollup("/proc/" + std::to_string(pid) + "/smaps_rollup");
+  while (std::getline(rollup, line)) {
+    kb("Pss:", &out.pss_mb);
+    kb("Private_Dirty:", &out.private_dirty_mb);
+    kb("Private_Clean:", &out.private_clean_mb);
+    kb("Shared_Clean:", &out.shared_clean_mb);
+    kb("Shared_Dirty:", &out.shared_dirty_mb);
+  }
+  return out;
+}
+
+// The whole file ("" if it cannot be read).
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The last `max` bytes of a file (a log), "..." in front when cut.
+inline std::string FileTail(const std::string& path, size_t max = 3000) {
+  std::string text = ReadFile(path);
+  if (text.size() > max) text = "..." + text.substr(text.size() - max);
+  return text;
+}
+
+// mkdtemp(tmpl), tmpl ending in XXXXXX: the new dir, or "" (errno set) on failure.
+inline std::string MakeTempDir(std::string tmpl) {
+  if (mkdtemp(tmpl.data()) == nullptr) return "";
+  return tmpl;
+}
+
+// Removes dir and everything under it; errors ignored.
+inline void RemoveTree(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+}  // namespace kgpu::bench
