@@ -8,12 +8,11 @@
 #include "deviceplugin/mig_minors.h"
 #include "deviceplugin/plan.h"
 #include "nvml/library.h"
-#include "testing/sim_node.h"
+#include "testing/sim_gpus.h"
 
 namespace kgpu::deviceplugin {
 namespace {
 
-using kgpu::testing::SimNode;
 
 // ---------------------------------------------------------------- config
 
@@ -181,20 +180,8 @@ TEST(ConfigTest, SocketNames) {
 
 // ---------------------------------------------------------------- plan and allocation
 
-struct Node {
-  explicit Node(const std::string& profile) : sim(profile) {
-    auto l = nvml::Library::Open({SimNode::LibraryPath()});
-    EXPECT_TRUE(l.ok()) << l.status();
-    lib = std::move(*l);
-    auto i = gpu::Inventory::Discover(*lib, {sim.dir()});
-    EXPECT_TRUE(i.ok());
-    inv = *i;
-  }
-  void Rediscover() {
-    auto i = gpu::Inventory::Discover(*lib, {sim.dir()});
-    EXPECT_TRUE(i.ok());
-    inv = *i;
-  }
+struct Node : kgpu::testing::SimGpus {
+  using SimGpus::SimGpus;
   std::shared_ptr<const Plan> PlanFor(const std::string& yaml) {
     auto c = ParseConfig(yaml, "test.yaml");
     EXPECT_TRUE(c.ok()) << c.status();
@@ -203,9 +190,6 @@ struct Node {
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? *p : nullptr;
   }
-  SimNode sim;
-  std::unique_ptr<nvml::Library> lib;
-  std::shared_ptr<const gpu::Inventory> inv;
   Config config;
 };
 

@@ -7,12 +7,11 @@
 #include "exporter/counters.h"
 #include "common/strings.h"
 #include "exporter/exporter.h"
-#include "testing/sim_node.h"
+#include "testing/sim_gpus.h"
 
 namespace kgpu::exporter {
 namespace {
 
-using kgpu::testing::SimNode;
 
 TEST(CountersTest, DefaultCsvMatchesDcgmExporterNamesAndHelp) {
   std::vector<std::string> skipped;
@@ -42,14 +41,8 @@ TEST(CountersTest, ErrorsNameTheLine) {
   EXPECT_FALSE(ParseCounters("DCGM_FI_DRIVER_VERSION, gauge, t\n", "my.csv", nullptr).ok());
 }
 
-struct Fixture {
-  explicit Fixture(const std::string& profile, const std::string& csv = DefaultCountersCsv()) : sim(profile) {
-    auto l = nvml::Library::Open({SimNode::LibraryPath()});
-    EXPECT_TRUE(l.ok()) << l.status();
-    lib = std::move(*l);
-    auto i = gpu::Inventory::Discover(*lib, {sim.dir()});
-    EXPECT_TRUE(i.ok());
-    inv = *i;
+struct Fixture : kgpu::testing::SimGpus {
+  explicit Fixture(const std::string& profile, const std::string& csv = DefaultCountersCsv()) : SimGpus(profile) {
     auto c = ParseCounters(csv, "csv", nullptr);
     EXPECT_TRUE(c.ok());
     options.counters = *c;
@@ -59,9 +52,6 @@ struct Fixture {
     Collector collector(*lib, inv, options, nullptr);
     return collector.Collect();
   }
-  SimNode sim;
-  std::unique_ptr<nvml::Library> lib;
-  std::shared_ptr<const gpu::Inventory> inv;
   ExporterOptions options;
 };
 

@@ -4,12 +4,11 @@
 #include <mutex>
 
 #include "gpu/health.h"
-#include "testing/sim_node.h"
+#include "testing/sim_gpus.h"
 
 namespace kgpu::gpu {
 namespace {
 
-using kgpu::testing::SimNode;
 using namespace std::chrono_literals;
 
 // Collects health changes and waits for a predicate over the latest state.
@@ -40,14 +39,8 @@ class Recorder {
   std::vector<DeviceHealth> log_;
 };
 
-struct Fixture {
-  explicit Fixture(const std::string& profile, HealthOptions options = {}) : node(profile) {
-    auto l = nvml::Library::Open({SimNode::LibraryPath()});
-    EXPECT_TRUE(l.ok()) << l.status();
-    lib = std::move(*l);
-    auto i = Inventory::Discover(*lib, {node.dir()});
-    EXPECT_TRUE(i.ok());
-    inv = *i;
+struct Fixture : kgpu::testing::SimGpus {
+  explicit Fixture(const std::string& profile, HealthOptions options = {}) : SimGpus(profile) {
     options.event_wait = 200ms;
     monitor = std::make_unique<HealthMonitor>(*lib, inv, options,
                                               [this](const auto& c) { recorder(c); });
@@ -68,9 +61,6 @@ struct Fixture {
     });
   }
 
-  SimNode node;
-  std::unique_ptr<nvml::Library> lib;
-  std::shared_ptr<const Inventory> inv;
   Recorder recorder;
   std::unique_ptr<HealthMonitor> monitor;
 };
@@ -84,7 +74,7 @@ TEST(HealthMonitorTest, StartsAllHealthy) {
 
 TEST(HealthMonitorTest, FatalXidMarksGpuAndItsMigDevicesOnly) {
   Fixture f("dgx-a100-mig");
-  ASSERT_EQ(f.node.Ctl("xid 0 48"), 0);
+  ASSERT_EQ(f.sim.Ctl("xid 0 48"), 0);
   const Gpu& g0 = f.inv->gpus()[0];
   ASSERT_TRUE(f.Unhealthy(g0.uuid, "XID 48"));
   for (const auto& m : g0.migs) ASSERT_TRUE(f.Unhealthy(m.uuid, "parent GPU: XID 48"));
@@ -97,7 +87,7 @@ TEST(HealthMonitorTest, MigXidMarksThatInstanceOnly) {
   Fixture f("dgx-a100-mig");
   const Gpu& g0 = f.inv->gpus()[0];
   const MigDevice& target = g0.migs[2];
-  ASSERT_EQ(f.node.Ctl("xid 0 94 --gi " + std::to_string(target.gi) + " --ci " +
+  ASSERT_EQ(f.sim.Ctl("xid 0 94 --gi " + std::to_string(target.gi) + " --ci " +
                        std::to_string(target.ci)),
             0);
   ASSERT_TRUE(f.Unhealthy(target.uuid, "XID 94 on MIG instance GI"));
@@ -110,9 +100,9 @@ TEST(HealthMonitorTest, MigXidMarksThatInstanceOnly) {
 TEST(HealthMonitorTest, ApplicationXidsAreIgnored) {
   Fixture f("dgx-h100");
   for (const char* xid : {"13", "31", "43", "45", "68", "109"}) {
-    ASSERT_EQ(f.node.Ctl(std::string("xid 1 ") + xid), 0);
+    ASSERT_EQ(f.sim.Ctl(std::string("xid 1 ") + xid), 0);
   }
-  ASSERT_EQ(f.node.Ctl("xid 2 48"), 0);  // a fatal one after them, as a marker
+  ASSERT_EQ(f.sim.Ctl("xid 2 48"), 0);  // a fatal one after them, as a marker
   ASSERT_TRUE(f.Unhealthy(f.inv->gpus()[2].uuid, "XID 48"));
   EXPECT_TRUE(f.monitor->Snapshot().at(f.inv->gpus()[1].uuid).healthy);
   EXPECT_GE(f.monitor->events_seen(), 7u);
@@ -122,10 +112,10 @@ TEST(HealthMonitorTest, FatalOverrideAndDoubleBitEcc) {
   HealthOptions o;
   o.fatal_xids = {43};
   Fixture f("dgx-h100", o);
-  ASSERT_EQ(f.node.Ctl("xid 1 43"), 0);
+  ASSERT_EQ(f.sim.Ctl("xid 1 43"), 0);
   ASSERT_TRUE(f.Unhealthy(f.inv->gpus()[1].uuid, "XID 43"));
-  ASSERT_EQ(f.node.Ctl("ecc 4 sbe 3"), 0);
-  ASSERT_EQ(f.node.Ctl("ecc 5 dbe"), 0);
+  ASSERT_EQ(f.sim.Ctl("ecc 4 sbe 3"), 0);
+  ASSERT_EQ(f.sim.Ctl("ecc 5 dbe"), 0);
   ASSERT_TRUE(f.Unhealthy(f.inv->gpus()[5].uuid, "double-bit ECC"));
   EXPECT_TRUE(f.monitor->Snapshot().at(f.inv->gpus()[4].uuid).healthy);
 }
@@ -133,11 +123,11 @@ TEST(HealthMonitorTest, FatalOverrideAndDoubleBitEcc) {
 TEST(HealthMonitorTest, LostGpuAndRecovery) {
   Fixture f("dgx-h100");
   const std::string uuid = f.inv->gpus()[6].uuid;
-  ASSERT_EQ(f.node.Ctl("lose 6"), 0);
+  ASSERT_EQ(f.sim.Ctl("lose 6"), 0);
   ASSERT_TRUE(f.Unhealthy(uuid, "GPU is lost"));
   f.monitor->ProbeNow();  // still lost: stays unhealthy
   EXPECT_FALSE(f.monitor->Snapshot().at(uuid).healthy);
-  ASSERT_EQ(f.node.Ctl("restore 6"), 0);
+  ASSERT_EQ(f.sim.Ctl("restore 6"), 0);
   f.monitor->ProbeNow();
   ASSERT_TRUE(f.Healthy(uuid));
 }
@@ -147,7 +137,7 @@ TEST(HealthMonitorTest, XidRecoveryIsConfigurable) {
   o.recover_after = 0ms;
   Fixture f("dgx-h100", o);
   const std::string uuid = f.inv->gpus()[0].uuid;
-  ASSERT_EQ(f.node.Ctl("xid 0 48"), 0);
+  ASSERT_EQ(f.sim.Ctl("xid 0 48"), 0);
   ASSERT_TRUE(f.Unhealthy(uuid, "XID 48"));
   f.monitor->ProbeNow();
   ASSERT_TRUE(f.Healthy(uuid));
@@ -156,7 +146,7 @@ TEST(HealthMonitorTest, XidRecoveryIsConfigurable) {
 TEST(HealthMonitorTest, XidWithoutRecoveryStaysUnhealthy) {
   Fixture f("dgx-h100");
   const std::string uuid = f.inv->gpus()[0].uuid;
-  ASSERT_EQ(f.node.Ctl("xid 0 48"), 0);
+  ASSERT_EQ(f.sim.Ctl("xid 0 48"), 0);
   ASSERT_TRUE(f.Unhealthy(uuid, "XID 48"));
   f.monitor->ProbeNow();
   EXPECT_FALSE(f.monitor->Snapshot().at(uuid).healthy);
@@ -168,15 +158,15 @@ TEST(HealthMonitorTest, HungCallIsDetectedAndOthersKeepWorking) {
   o.probe_interval = 100ms;
   Fixture f("dgx-h100", o);
   const std::string uuid = f.inv->gpus()[3].uuid;
-  ASSERT_EQ(f.node.Ctl("hang 3 3000"), 0);
+  ASSERT_EQ(f.sim.Ctl("hang 3 3000"), 0);
   ASSERT_TRUE(f.Unhealthy(uuid, "has not returned"));
   EXPECT_GE(f.monitor->hung_calls(), 1u);
   // Events for other GPUs are still handled while the probe thread is stuck.
-  ASSERT_EQ(f.node.Ctl("xid 5 48"), 0);
+  ASSERT_EQ(f.sim.Ctl("xid 5 48"), 0);
   ASSERT_TRUE(f.Unhealthy(f.inv->gpus()[5].uuid, "XID 48"));
   // NVML calls on other GPUs from this thread do not block either.
   EXPECT_TRUE(f.lib->TemperatureC(f.inv->gpus()[4].handle).ok());
-  ASSERT_EQ(f.node.Ctl("hang 3 0"), 0);
+  ASSERT_EQ(f.sim.Ctl("hang 3 0"), 0);
   ASSERT_TRUE(f.Healthy(uuid));
 }
 
