@@ -117,7 +117,7 @@ int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags) {
     std::cerr << "kgpu device-plugin: GPU discovery failed: " << inventory.status().message() << "\n";
     return 1;
   }
-  deviceplugin::Manager manager(**lib, *inventory);
+  deviceplugin::Manager manager(**lib, *inventory, {node.sysfs_root});
   if (auto st = manager.Start(*config); !st.ok()) {
     std::cerr << "kgpu device-plugin: " << st.message() << "\n";
     return 1;

@@ -129,7 +129,7 @@ int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const Expo
     std::cerr << "kgpu node: " << session.status().message() << "\n";
     return 1;
   }
-  deviceplugin::Manager manager(*session->lib, session->inventory);
+  deviceplugin::Manager manager(*session->lib, session->inventory, {node.sysfs_root});
   if (auto st = manager.Start(*config); !st.ok()) {
     std::cerr << "kgpu node: " << st.message() << "\n";
     return 1;

@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/device_plugin_cmd.h"
 #include "cli/exporter_cmd.h"
+#include "cli/mig_cmd.h"
 #include "common/log.h"
 
 namespace {
@@ -62,6 +63,10 @@ int Main(int argc, char** argv) {
   kgpu::cli::AddDevicePluginFlags(node_cmd, &dp_flags);
   kgpu::cli::AddExporterFlags(node_cmd, &exp_flags);
 
+  kgpu::cli::MigFlags mig_flags;
+  auto* mig = app.add_subcommand("mig", "MIG layouts: show them, apply one (refused while a GPU is in use)");
+  auto [mig_show, mig_apply] = kgpu::cli::AddMigCommands(mig, &mig_flags);
+
   CLI11_PARSE(app, argc, argv);
   if (!kgpu::SetLogLevel(log_level)) {
     std::cerr << "kgpu: --log-level: unknown level '" << log_level
@@ -74,6 +79,8 @@ int Main(int argc, char** argv) {
   }
   if (devices->parsed()) return kgpu::cli::RunDevices(node, json, std::cout);
   if (doctor->parsed()) return kgpu::cli::RunDoctor(node, json, std::cout);
+  if (mig_show->parsed()) return kgpu::cli::RunMigShow(node, mig_flags, std::cout);
+  if (mig_apply->parsed()) return kgpu::cli::RunMigApply(node, mig_flags, std::cout);
   if (device_plugin->parsed() || exporter->parsed() || node_cmd->parsed()) {
     // Signals are taken by sigwait(): block them before any thread starts.
     sigset_t signals;

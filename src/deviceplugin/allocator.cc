@@ -52,6 +52,31 @@ std::vector<std::string> ChooseShared(const Resource& resource, const Config& co
   return out;
 }
 
+// MPS: a container's replicas are shares of one GPU's MPS server, so all of them come from one GPU
+// when one has enough free replicas (the GPU of `chosen`, else by policy); otherwise as ChooseShared.
+std::vector<std::string> ChooseMps(const Resource& resource, const Config& config,
+                                   const std::vector<const PluginDevice*>& candidates,
+                                   const std::vector<std::string>& chosen, size_t need) {
+  std::map<unsigned, std::vector<const PluginDevice*>> free;
+  for (const auto* d : candidates) free[d->gpu].push_back(d);
+  std::set<unsigned> chosen_gpus;
+  for (const auto& id : chosen) chosen_gpus.insert(resource.Find(id)->gpu);
+  const bool packed = config.shared_devices_allocation_policy == "packed";
+  const std::vector<const PluginDevice*>* best = nullptr;
+  for (const auto& [gpu, list] : free) {
+    if (list.size() < need) continue;
+    if (chosen_gpus.size() > 1 || (chosen_gpus.size() == 1 && chosen_gpus.count(gpu) == 0)) continue;
+    // distributed: the GPU with the most free replicas; packed: the fullest one that still fits.
+    if (best == nullptr || (packed ? list.size() < best->size() : list.size() > best->size())) best = &list;
+  }
+  if (best == nullptr) return ChooseShared(resource, config, candidates, chosen, need);
+  std::vector<const PluginDevice*> sorted = *best;
+  std::sort(sorted.begin(), sorted.end(), [](const PluginDevice* a, const PluginDevice* b) { return a->replica < b->replica; });
+  std::vector<std::string> out;
+  for (size_t i = 0; i < need; ++i) out.push_back(sorted[i]->id);
+  return out;
+}
+
 // Whole GPUs: the set with the highest summed pair score that contains `must`.
 std::vector<std::string> ChooseTopology(const Plan& plan, const std::vector<const PluginDevice*>& candidates,
                                         const std::vector<const PluginDevice*>& must, size_t need) {
@@ -135,6 +160,10 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
                                              const Config& config, const std::vector<std::string>& ids,
                                              const std::string& annotation_id) {
   if (ids.empty()) return absl::InvalidArgumentError(Cat("invalid request: no device IDs for ", resource.name));
+  if (resource.retired) {
+    return absl::FailedPreconditionError(Cat(resource.name, " has no devices on this node any more (the MIG layout ",
+                                             "changed); request one of the resources the node advertises now"));
+  }
   std::vector<const PluginDevice*> devices;
   for (const auto& id : ids) {
     const PluginDevice* d = resource.Find(id);
@@ -173,11 +202,31 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
     }
     if (cdi_cri) out.cdi_devices = names;
   }
-  if (config.sharing.strategy == SharingStrategy::kMps && any_replica) {
+  if (resource.mps && any_replica) {
     const std::string pipe = Cat("/mps/", resource.name, "/pipe");
     out.envs["CUDA_MPS_PIPE_DIRECTORY"] = pipe;
     out.mounts.push_back({pipe, Cat(config.mps_root, "/", resource.name, "/pipe"), false});
     out.mounts.push_back({"/dev/shm", Cat(config.mps_root, "/shm"), false});
+    // kgpu: N replicas are N shares of memory and threads, for this container's CUDA clients.
+    std::vector<std::string> limits;
+    int percentage = 100;
+    for (size_t ordinal = 0; ordinal < gpus.size(); ++ordinal) {
+      int asked = 0, replicas = 0;
+      unsigned gpu = 0;
+      for (const auto* d : devices) {
+        if (d->minor == gpus[ordinal]) {
+          ++asked;
+          gpu = d->gpu;
+        }
+      }
+      for (const auto& d : resource.devices) replicas += d.gpu == gpu ? 1 : 0;
+      const uint64_t mib = plan.inventory->gpus()[gpu].memory_mib * static_cast<uint64_t>(asked) /
+                           static_cast<uint64_t>(replicas);
+      limits.push_back(Cat(ordinal, "=", mib, "M"));
+      percentage = std::min(percentage, 100 * asked / replicas);
+    }
+    out.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = Join(limits, ",");
+    out.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = std::to_string(percentage);
   }
   if (config.gdrcopy_enabled) out.envs["NVIDIA_GDRCOPY"] = "enabled";
   if (config.gds_enabled) out.envs["NVIDIA_GDS"] = "enabled";
@@ -245,8 +294,9 @@ absl::StatusOr<std::vector<std::string>> PreferredAllocation(
   if (need == 0) return chosen;
   const bool shared = resource.mig || std::any_of(candidates.begin(), candidates.end(),
                                                   [](const PluginDevice* d) { return d->replica >= 0; });
-  const std::vector<std::string> more = shared ? ChooseShared(resource, config, candidates, chosen, need)
-                                               : ChooseTopology(plan, candidates, must, need);
+  const std::vector<std::string> more = resource.mps ? ChooseMps(resource, config, candidates, chosen, need)
+                                       : shared       ? ChooseShared(resource, config, candidates, chosen, need)
+                                                      : ChooseTopology(plan, candidates, must, need);
   chosen.insert(chosen.end(), more.begin(), more.end());
   return chosen;
 }

@@ -1,5 +1,7 @@
 #include "deviceplugin/config.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
@@ -137,10 +139,85 @@ absl::Status ParseSharing(std::string_view origin, const YAML::Node& node, std::
   return absl::OkStatus();
 }
 
+// mig: {rescanInterval, layouts: {name: [entry]}, nodes: {glob: name}}; entries in mig-parted's
+// schema: {devices: all | [index], mig-enabled: bool, mig-devices: {profile: count}}.
+absl::Status ParseMig(std::string_view origin, const YAML::Node& m, MigConfig* out) {
+  KGPU_RETURN_IF_ERROR(CheckKeys(origin, m, "mig", {"rescanInterval", "layouts", "nodes"}));
+  if (const YAML::Node r = m["rescanInterval"]; r) {
+    auto d = ParseDuration(origin, r, "mig.rescanInterval");
+    if (!d.ok()) return d.status();
+    if (d->count() <= 0) return At(origin, r.Mark(), "mig.rescanInterval must be > 0");
+    out->rescan_interval = *d;
+  }
+  if (const YAML::Node layouts = m["layouts"]; layouts) {
+    if (!layouts.IsMap()) return At(origin, layouts.Mark(), "mig.layouts must map layout names to lists of entries");
+    for (const auto& kv : layouts) {
+      auto name = Scalar<std::string>(origin, kv.first, "mig.layouts key");
+      if (!name.ok()) return name.status();
+      const std::string path = Cat("mig.layouts.", *name);
+      if (!kv.second.IsSequence() || kv.second.size() == 0) {
+        return At(origin, kv.second.Mark(), Cat(path, " must be a non-empty list of {devices, mig-enabled, mig-devices}"));
+      }
+      gpu::MigLayout layout;
+      for (size_t i = 0; i < kv.second.size(); ++i) {
+        const YAML::Node e = kv.second[i];
+        const std::string epath = Cat(path, "[", i, "]");
+        KGPU_RETURN_IF_ERROR(CheckKeys(origin, e, epath, {"devices", "mig-enabled", "mig-devices"}));
+        gpu::MigLayoutEntry entry;
+        const YAML::Node d = e["devices"];
+        if (!d) return At(origin, e.Mark(), Cat(epath, ".devices is required (all, or a list of GPU indices)"));
+        if (d.IsSequence()) {
+          for (const auto& x : d) {
+            auto v = Scalar<unsigned>(origin, x, Cat(epath, ".devices[]"));
+            if (!v.ok()) return v.status();
+            entry.devices.push_back(*v);
+          }
+          if (entry.devices.empty()) return At(origin, d.Mark(), Cat(epath, ".devices must not be empty"));
+        } else if (!d.IsScalar() || d.Scalar() != "all") {
+          return At(origin, d.Mark(), Cat(epath, ".devices must be all or a list of GPU indices"));
+        }
+        KGPU_RETURN_IF_ERROR(Opt(origin, e, "mig-enabled", epath, &entry.mig_enabled));
+        if (const YAML::Node md = e["mig-devices"]; md) {
+          if (!md.IsMap()) return At(origin, md.Mark(), Cat(epath, ".mig-devices must map profiles to counts, e.g. {\"1g.10gb\": 7}"));
+          for (const auto& p : md) {
+            auto profile = Scalar<std::string>(origin, p.first, Cat(epath, ".mig-devices key"));
+            if (!profile.ok()) return profile.status();
+            auto count = Scalar<int>(origin, p.second, Cat(epath, ".mig-devices.", *profile));
+            if (!count.ok()) return count.status();
+            if (*count < 0 || *count > 7) {
+              return At(origin, p.second.Mark(), Cat(epath, ".mig-devices.", *profile, " must be 0..7 (got ", *count, ")"));
+            }
+            entry.mig_devices.emplace_back(*profile, *count);
+          }
+        }
+        if (!entry.mig_enabled && !entry.mig_devices.empty()) {
+          return At(origin, e.Mark(), Cat(epath, " has mig-enabled: false and mig-devices; drop one of them"));
+        }
+        layout.push_back(std::move(entry));
+      }
+      out->layouts[*name] = std::move(layout);
+    }
+  }
+  if (const YAML::Node nodes = m["nodes"]; nodes) {
+    if (!nodes.IsMap()) return At(origin, nodes.Mark(), "mig.nodes must map node-name patterns to layout names");
+    for (const auto& kv : nodes) {
+      auto pattern = Scalar<std::string>(origin, kv.first, "mig.nodes key");
+      if (!pattern.ok()) return pattern.status();
+      auto layout = Scalar<std::string>(origin, kv.second, Cat("mig.nodes.", *pattern));
+      if (!layout.ok()) return layout.status();
+      if (out->layouts.count(*layout) == 0) {
+        return At(origin, kv.second.Mark(), Cat("mig.nodes.", *pattern, ": no layout '", *layout, "' in mig.layouts"));
+      }
+      out->nodes.emplace_back(*pattern, *layout);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* c) {
   if (root.IsNull()) return absl::OkStatus();  // an empty file: all defaults
   KGPU_RETURN_IF_ERROR(CheckKeys(origin, root, "the config",
-                                 {"version", "flags", "resources", "sharing", "imex", "health"}));
+                                 {"version", "flags", "resources", "sharing", "imex", "health", "mig"}));
   std::string version = "v1";
   KGPU_RETURN_IF_ERROR(Opt(origin, root, "version", "", &version));
   if (version.empty()) version = "v1";
@@ -276,6 +353,7 @@ absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* 
       }
     }
   }
+  if (const YAML::Node m = root["mig"]; m) KGPU_RETURN_IF_ERROR(ParseMig(origin, m, &c->mig));
   return absl::OkStatus();
 }
 
@@ -375,6 +453,14 @@ absl::Status ApplyHealthcheckEnv(const std::string& disable, const std::string& 
     health->disabled = false;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> LayoutForNode(const MigConfig& mig, const std::string& node) {
+  for (const auto& [pattern, layout] : mig.nodes) {
+    if (fnmatch(pattern.c_str(), node.c_str(), 0) == 0) return layout;
+  }
+  return absl::NotFoundError(Cat("no mig.nodes pattern matches node '", node, "' (name a layout with --layout, or add ",
+                                 "a pattern for this node to mig.nodes)"));
 }
 
 std::string SocketName(const std::string& resource) {

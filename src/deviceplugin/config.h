@@ -9,6 +9,7 @@
 // Thread-safety: plain values; the parser is pure.
 
 #include <chrono>
+#include <map>
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "gpu/mig_layout.h"
 
 namespace kgpu::deviceplugin {
 
@@ -48,6 +50,16 @@ struct HealthConfig {
   std::chrono::milliseconds hang_threshold{10000};  // kgpu: an NVML call running longer is hung
 };
 
+// kgpu: declared MIG layouts (mig-parted's entry schema) and which node uses which.
+struct MigConfig {
+  std::map<std::string, gpu::MigLayout> layouts;
+  std::vector<std::pair<std::string, std::string>> nodes;  // node-name glob → layout name, in file order
+  std::chrono::milliseconds rescan_interval{5000};       // plugin: how often to look for a MIG change
+};
+
+// The layout `node` uses: the first `mig.nodes` glob that matches. NotFound when none does.
+absl::StatusOr<std::string> LayoutForNode(const MigConfig& mig, const std::string& node);
+
 struct Config {
   // flags.* (NVIDIA)
   std::string mig_strategy = "none";
@@ -70,11 +82,13 @@ struct Config {
 
   Sharing sharing;
   HealthConfig health;
+  MigConfig mig;
 
   // Not in NVIDIA's file: flags/env only.
   std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
   std::string kubelet_socket;          // default <kubelet_dir>/kubelet.sock; empty after "-": no registration
   std::string cdi_spec_dir = "/var/run/cdi";
+  std::string mps_control = "nvidia-cuda-mps-control";  // MPS control binary (PATH lookup when bare)
   std::vector<std::string> warnings;   // ignored fields, as NVIDIA warns about them
 };
 

@@ -176,11 +176,26 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
       continue;
     }
     const ReplicatedResource& r = sharing.resources[selected_by[i][0]];
+    if (sharing.strategy == SharingStrategy::kMps) {
+      if (u.mig >= 0) {
+        return absl::InvalidArgumentError(
+            Cat("sharing.mps.resources[", selected_by[i][0], "] (", r.name, "): sharing using MPS is not supported for MIG ",
+                "devices (", u.uuid, " on GPU ", u.gpu, "); share MIG devices with sharing.timeSlicing, or disable MIG"));
+      }
+      const auto& g = inventory->gpus()[u.gpu];
+      const int max_clients = (g.cc_major > 7 || (g.cc_major == 7 && g.cc_minor >= 5)) ? 48 : 16;
+      if (r.replicas > max_clients) {
+        return absl::InvalidArgumentError(Cat("sharing.mps.resources[", selected_by[i][0], "].replicas ", r.replicas,
+                                              " exceeds the ", max_clients, " MPS clients GPU ", u.gpu, " (compute capability ",
+                                              g.cc_major, ".", g.cc_minor, ") supports"));
+      }
+    }
     const std::string name = !r.rename.empty()       ? r.rename
                              : sharing.rename_by_default ? r.name + ".shared"
                                                          : r.name;
     Resource& res = resource(name);
     res.replicated = true;
+    res.mps = sharing.strategy == SharingStrategy::kMps;
     res.fail_requests_greater_than_one = sharing.fail_requests_greater_than_one;
     for (int n = 0; n < r.replicas; ++n) {
       PluginDevice d = base;

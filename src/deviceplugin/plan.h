@@ -34,6 +34,8 @@ struct Resource {
   bool replicated = false;
   bool fail_requests_greater_than_one = false;
   bool mig = false;
+  bool mps = false;      // replicas shared through an MPS control daemon
+  bool retired = false;  // advertised before (an earlier MIG layout): served with zero devices
   std::vector<PluginDevice> devices;
   const PluginDevice* Find(const std::string& id) const;
 };

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -18,6 +19,9 @@
 #include "common/strings.h"
 #include "deviceplugin/allocator.h"
 #include "deviceplugin/cdi.h"
+#include "deviceplugin/kubelet_checkpoint.h"
+#include "deviceplugin/mps.h"
+#include "common/files.h"
 #include "deviceplugin_v1beta1.grpc.pb.h"
 
 namespace kgpu::deviceplugin {
@@ -185,17 +189,16 @@ void ResourceServer::Stop() {
 }
 
 void ResourceServer::SetHealth(const std::map<std::string, gpu::DeviceHealth>& health) {
+  std::lock_guard<std::mutex> lock(mu_);
+  health_ = health;
   std::vector<DeviceState> next;
   for (const auto& d : resource().devices) {
     const auto it = health.find(d.health_key);
-    next.push_back({d.id, it == health.end() || it->second.healthy, d.numa});
+    next.push_back({d.id, available_ && (it == health.end() || it->second.healthy), d.numa});
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (next == devices_) return;
-    devices_ = std::move(next);
-    ++version_;
-  }
+  if (next == devices_) return;
+  devices_ = std::move(next);
+  ++version_;
   cv_.notify_all();
 }
 
@@ -227,8 +230,48 @@ absl::Status RegisterWithKubelet(const std::string& kubelet_socket, const std::s
 
 // ---------------------------------------------------------------- Manager
 
-Manager::Manager(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory)
-    : lib_(lib), inventory_(std::move(inventory)) {}
+namespace {
+
+// Resource names kubelet's checkpoint remembers from earlier runs (Data.RegisteredDevices keys)
+// that kgpu could have advertised: nvidia.com/gpu[.shared], nvidia.com/mig-*, configured renames.
+std::vector<std::string> CheckpointedResources(const Config& config) {
+  const std::string path = Cat(config.kubelet_dir, "/kubelet_internal_checkpoint");
+  const auto text = ReadFile(path);
+  if (!text) return {};
+  auto names = RegisteredResources(*text, path);
+  if (!names.ok()) {
+    Log("deviceplugin")->warn("{}", std::string(names.status().message()));
+    return {};
+  }
+  std::set<std::string> ours = {"nvidia.com/gpu", "nvidia.com/gpu.shared"};
+  for (const auto& r : config.sharing.resources) {
+    ours.insert(r.name);
+    ours.insert(r.name + ".shared");
+    if (!r.rename.empty()) ours.insert(r.rename);
+  }
+  std::vector<std::string> out;
+  for (const auto& n : *names) {
+    if (ours.count(n) != 0 || n.rfind("nvidia.com/mig-", 0) == 0) out.push_back(n);
+  }
+  return out;
+}
+
+}  // namespace
+
+void ResourceServer::SetAvailable(bool available) {
+  std::map<std::string, gpu::DeviceHealth> health;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (available_ == available) return;
+    available_ = available;
+    health = health_;
+  }
+  SetHealth(health);
+}
+
+Manager::Manager(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory,
+                 gpu::DiscoverOptions discover)
+    : lib_(lib), discover_(std::move(discover)), inventory_(std::move(inventory)) {}
 
 Manager::~Manager() { Stop(); }
 
@@ -237,6 +280,32 @@ std::vector<std::string> Manager::ResourceNames() const {
   std::vector<std::string> names;
   for (const auto& s : servers_) names.push_back(s->resource().name);
   return names;
+}
+
+std::shared_ptr<const gpu::Inventory> Manager::inventory() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return inventory_;
+}
+
+std::shared_ptr<const Plan> Manager::WithRetired(std::shared_ptr<const Plan> plan) {
+  std::vector<std::string> missing;
+  for (const auto& name : retired_) {
+    if (std::none_of(plan->resources.begin(), plan->resources.end(),
+                     [&](const Resource& r) { return r.name == name; })) {
+      missing.push_back(name);
+    }
+  }
+  if (missing.empty()) return plan;
+  auto copy = std::make_shared<Plan>(*plan);
+  for (const auto& name : missing) {
+    Resource r;
+    r.name = name;
+    r.socket = SocketName(name);
+    r.mig = name.rfind("nvidia.com/mig-", 0) == 0;
+    r.retired = true;
+    copy->resources.push_back(std::move(r));
+  }
+  return copy;
 }
 
 absl::Status Manager::StartServers() {
@@ -251,7 +320,12 @@ absl::Status Manager::StartServers() {
       return st;
     }
     if (health_) server->SetHealth(health_->Snapshot());
-    log->info("serving {} ({} devices) on {}", r.name, r.devices.size(), server->socket_path());
+    if (auto it = available_.find(r.name); it != available_.end()) server->SetAvailable(it->second);
+    if (r.retired) {
+      log->info("serving {} with zero devices (it no longer exists on this node) on {}", r.name, server->socket_path());
+    } else {
+      log->info("serving {} ({} devices) on {}", r.name, r.devices.size(), server->socket_path());
+    }
     servers_.push_back(std::move(server));
   }
   registered_.assign(servers_.size(), false);
@@ -263,6 +337,90 @@ void Manager::StopServers() {
   for (auto& s : servers_) s->Stop();
   servers_.clear();
   registered_.clear();
+}
+
+void Manager::StartHealth() {
+  auto log = Log("deviceplugin");
+  const Config& config = *config_;
+  if (config.health.disabled) {
+    log->warn("health checks are disabled (DP_DISABLE_HEALTHCHECKS / health.disabled): devices stay Healthy");
+    return;
+  }
+  gpu::HealthOptions ho;
+  ho.ignored_xids = config.health.all_xids_fatal ? std::set<uint64_t>{} : config.health.ignored_xids;
+  ho.fatal_xids = config.health.fatal_xids;
+  ho.recover_after = config.health.recover_after;
+  ho.probe_interval = config.health.probe_interval;
+  ho.hang_threshold = config.health.hang_threshold;
+  auto monitor = std::make_unique<gpu::HealthMonitor>(lib_, inventory_, ho, [this](const auto&) { PublishHealth(); });
+  if (auto st = monitor->Start(); !st.ok()) log->warn("health monitor: {}", std::string(st.message()));
+  std::lock_guard<std::mutex> lock(mu_);
+  health_ = std::move(monitor);
+}
+
+void Manager::StopHealth() {
+  std::unique_ptr<gpu::HealthMonitor> old;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    old = std::move(health_);
+  }
+  if (old) old->Stop();  // not under mu_: its callback takes mu_
+}
+
+void Manager::StartMps() {
+  bool any = false;
+  for (size_t i = 0; i < plan_->resources.size(); ++i) {
+    if (!plan_->resources[i].mps) continue;
+    any = true;
+    auto daemon = std::make_unique<MpsDaemon>(lib_, plan_, i, config_);
+    const auto st = daemon->Start();
+    if (!st.ok()) {
+      Log("mps")->error("{}; its devices stay Unhealthy and the start is retried", std::string(st.message()));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      available_[plan_->resources[i].name] = st.ok();
+    }
+    mps_.push_back(std::move(daemon));
+  }
+  if (any) ProbeMps(true);
+}
+
+void Manager::StopMps() {
+  if (mps_.empty()) return;
+  MarkMpsReady(*config_, false);
+  for (auto& d : mps_) d->Stop();
+  mps_.clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  available_.clear();
+}
+
+void Manager::ProbeMps(bool force) {
+  if (mps_.empty()) return;
+  auto log = Log("mps");
+  bool all = true;
+  for (auto& d : mps_) {
+    bool up = d->started() && d->Probe().ok();
+    if (!up) {
+      // Not answering: (re)start it; the probe after a good start decides.
+      if (auto st = d->Start(); !st.ok()) {
+        log->warn("MPS daemon of {} is not ready: {}", d->resource_name(), std::string(st.message()));
+      } else {
+        up = d->Probe().ok();
+      }
+    }
+    all = all && up;
+    std::lock_guard<std::mutex> lock(mu_);
+    bool& was = available_[d->resource_name()];
+    if (was != up || force) {
+      if (was != up) log->info("MPS daemon of {} is {}", d->resource_name(), up ? "ready" : "not answering");
+      was = up;
+      for (auto& s : servers_) {
+        if (s->resource().name == d->resource_name()) s->SetAvailable(up);
+      }
+    }
+  }
+  MarkMpsReady(*config_, all);
 }
 
 absl::Status Manager::Start(const Config& config) {
@@ -277,42 +435,33 @@ absl::Status Manager::Start(const Config& config) {
   if (!cdi.ok()) return cdi.status();
   if (!cdi->empty()) log->info("wrote CDI spec {}", *cdi);
   config_ = std::make_shared<const Config>(config);
-  plan_ = *plan;
+  for (const auto& name : CheckpointedResources(config)) retired_.insert(name);
+  plan_ = WithRetired(*plan);
+  layout_seen_ = gpu::MigFingerprint(*inventory_);
   for (const auto& w : config.warnings) log->warn("{}", w);
 
-  if (!config.health.disabled) {
-    gpu::HealthOptions ho;
-    ho.ignored_xids = config.health.all_xids_fatal ? std::set<uint64_t>{} : config.health.ignored_xids;
-    ho.fatal_xids = config.health.fatal_xids;
-    ho.recover_after = config.health.recover_after;
-    ho.probe_interval = config.health.probe_interval;
-    ho.hang_threshold = config.health.hang_threshold;
-    health_ = std::make_unique<gpu::HealthMonitor>(lib_, inventory_, ho,
-                                                   [this](const auto&) { PublishHealth(); });
-    if (auto st = health_->Start(); !st.ok()) log->warn("health monitor: {}", std::string(st.message()));
-  } else {
-    log->warn("health checks are disabled (DP_DISABLE_HEALTHCHECKS / health.disabled): devices stay Healthy");
-  }
+  StartHealth();
+  StartMps();
   absl::Status served;
   {
     std::lock_guard<std::mutex> lock(mu_);
     served = StartServers();
   }
   if (!served.ok()) {
-    if (health_) health_->Stop();  // not under mu_: its callback takes mu_
-    std::lock_guard<std::mutex> lock(mu_);
-    health_.reset();
+    StopHealth();
+    StopMps();
     return served;
   }
   register_thread_ = std::jthread([this](std::stop_token st) { RegisterLoop(st); });
   watch_thread_ = std::jthread([this](std::stop_token st) { WatchLoop(st); });
+  maintenance_thread_ = std::jthread([this](std::stop_token st) { MaintenanceLoop(st); });
   return absl::OkStatus();
 }
 
 absl::Status Manager::Reload(const Config& config) {
   // Everything that can fail before anything is stopped: a refused config changes nothing.
   if (auto st = Validate(config); !st.ok()) return st;
-  auto plan = BuildPlan(inventory_, config);
+  auto plan = BuildPlan(inventory(), config);
   if (!plan.ok()) return plan.status();
   const Config previous = *config_;
   Stop();
@@ -328,13 +477,17 @@ absl::Status Manager::Reload(const Config& config) {
 void Manager::Stop() {
   register_thread_.request_stop();
   watch_thread_.request_stop();
+  maintenance_thread_.request_stop();
   cv_.notify_all();
   if (register_thread_.joinable()) register_thread_.join();
   if (watch_thread_.joinable()) watch_thread_.join();
-  if (health_) health_->Stop();
-  std::lock_guard<std::mutex> lock(mu_);
-  StopServers();
-  health_.reset();
+  if (maintenance_thread_.joinable()) maintenance_thread_.join();
+  StopHealth();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    StopServers();
+  }
+  if (config_) StopMps();
 }
 
 void Manager::PublishHealth() {
@@ -345,10 +498,78 @@ void Manager::PublishHealth() {
   for (auto& s : servers_) s->SetHealth(health);
 }
 
+void Manager::Rediscover() {
+  auto log = Log("deviceplugin");
+  auto inventory = gpu::Inventory::Discover(lib_, discover_);
+  if (!inventory.ok()) {
+    log->error("MIG layout changed, but re-discovering the GPUs failed: {}; keeping the previous devices",
+               std::string(inventory.status().message()));
+    return;
+  }
+  auto plan = BuildPlan(*inventory, *config_);
+  if (!plan.ok()) {
+    log->error("MIG layout changed, but the new devices cannot be advertised: {}; keeping the previous devices "
+               "(fix the layout or the config)", std::string(plan.status().message()));
+    return;
+  }
+  if (auto cdi = WriteCdiSpec(**plan, *config_); !cdi.ok()) {
+    log->warn("rewriting the CDI spec: {}", std::string(cdi.status().message()));
+  }
+  std::vector<std::string> before, after;
+  for (const auto& r : plan_->resources) {
+    if (!r.retired) before.push_back(Cat(r.name, "=", r.devices.size()));
+  }
+  for (const auto& r : (*plan)->resources) after.push_back(Cat(r.name, "=", r.devices.size()));
+  log->info("MIG layout changed: re-discovered {} GPU(s); resources {} -> {}", (*inventory)->gpus().size(),
+            Join(before, " "), Join(after, " "));
+  StopHealth();
+  StopMps();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& r : plan_->resources) retired_.insert(r.name);  // WithRetired keeps only the missing ones
+    inventory_ = *inventory;
+    plan_ = WithRetired(*plan);
+  }
+  StartHealth();
+  StartMps();
+  RestartServers("MIG layout changed");
+}
+
+void Manager::MaintenanceLoop(std::stop_token stop) {
+  auto next_rescan = std::chrono::steady_clock::now() + config_->mig.rescan_interval;
+  auto next_mps = std::chrono::steady_clock::now();
+  while (!stop.stop_requested()) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_rescan) {
+      std::shared_ptr<const gpu::Inventory> inventory = this->inventory();
+      const std::string seen = gpu::MigFingerprintNow(lib_, *inventory);
+      if (seen != layout_seen_) {
+        layout_seen_ = seen;
+        Rediscover();
+      }
+      next_rescan = now + config_->mig.rescan_interval;
+    }
+    if (!mps_.empty() && now >= next_mps) {
+      ProbeMps(false);
+      bool all = true;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto& [name, up] : available_) all = all && up;
+      }
+      next_mps = now + (all ? std::chrono::seconds(5) : std::chrono::milliseconds(500));
+    }
+    const auto wake = mps_.empty() ? next_rescan : std::min(next_rescan, next_mps);
+    if (!SleepFor(stop, std::chrono::duration_cast<std::chrono::milliseconds>(wake - std::chrono::steady_clock::now()) +
+                            std::chrono::milliseconds(1))) {
+      return;
+    }
+  }
+}
+
 void Manager::RestartServers(const char* why) {
   auto log = Log("deviceplugin");
   std::lock_guard<std::mutex> lock(mu_);
-  log->info("{}: re-serving and re-registering {} resource(s)", why, servers_.size());
+  log->info("{}: re-serving and re-registering {} resource(s)", why, plan_->resources.size());
   StopServers();
   serve_failed_ = false;
   if (auto st = StartServers(); !st.ok()) {

@@ -8,6 +8,11 @@
 // Manager: builds the plan, serves and registers every resource, re-serves and re-registers
 // when kubelet restarts (inotify on the kubelet directory) or its socket disappears, retries with
 // backoff while kubelet is absent, feeds health changes to the servers, reloads on request.
+// Its maintenance thread re-discovers the GPUs when their MIG layout changes (checked every
+// mig.rescanInterval) and re-serves; a resource that no longer exists keeps being served with zero
+// devices (also one kubelet's checkpoint lists from before a plugin restart), so node capacity
+// drops to 0 instead of lingering. It also runs the MPS control daemons (mps.h): starts them, probes
+// them, restarts one that stops answering, and keeps its resource Unhealthy meanwhile.
 //
 // Thread-safety: ResourceServer methods are thread-safe. Manager's Start/Stop/Reload are called
 // from one owner thread; its internal threads synchronise with it.
@@ -17,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,6 +56,9 @@ class ResourceServer {
   void Stop();
   // Recomputes device health from per-UUID health; pushes a ListAndWatch update if it changed.
   void SetHealth(const std::map<std::string, gpu::DeviceHealth>& health);
+  // False while the resource cannot serve (its MPS daemon is not answering): every device is
+  // Unhealthy, so kubelet admits no pod to it.
+  void SetAvailable(bool available);
 
   const Resource& resource() const { return plan_->resources[index_]; }
   const std::string& socket_path() const { return socket_path_; }
@@ -69,6 +78,8 @@ class ResourceServer {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<DeviceState> devices_;
+  std::map<std::string, gpu::DeviceHealth> health_;
+  bool available_ = true;
   uint64_t version_ = 1;
   bool stopping_ = false;
   std::atomic<uint64_t> allocations_{0};
@@ -80,7 +91,8 @@ absl::Status RegisterWithKubelet(const std::string& kubelet_socket, const std::s
 
 class Manager {
  public:
-  Manager(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory);
+  Manager(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory,
+          gpu::DiscoverOptions discover = {});
   ~Manager();
   Manager(const Manager&) = delete;
   Manager& operator=(const Manager&) = delete;
@@ -96,20 +108,36 @@ class Manager {
   std::vector<std::string> ResourceNames() const;
   // Number of completed (re-)registrations, for tests and logs.
   uint64_t registrations() const { return registrations_.load(); }
+  // The inventory the running plan was built from (changes when MIG is re-partitioned).
+  std::shared_ptr<const gpu::Inventory> inventory() const;
 
  private:
   absl::Status StartServers();
   void StopServers();
   void RegisterLoop(std::stop_token stop);
   void WatchLoop(std::stop_token stop);
+  void MaintenanceLoop(std::stop_token stop);
   void RestartServers(const char* why);
   void PublishHealth();
+  void StartHealth();
+  void StopHealth();
+  void StartMps();
+  void StopMps();
+  void ProbeMps(bool force);
+  // Plan + zero-device resources for every retired name.
+  std::shared_ptr<const Plan> WithRetired(std::shared_ptr<const Plan> plan);
+  void Rediscover();
 
   const nvml::Library& lib_;
-  const std::shared_ptr<const gpu::Inventory> inventory_;
+  const gpu::DiscoverOptions discover_;
+  std::shared_ptr<const gpu::Inventory> inventory_;  // guarded by mu_ after Start
   std::shared_ptr<const Config> config_;
   std::shared_ptr<const Plan> plan_;
   std::unique_ptr<gpu::HealthMonitor> health_;
+  std::set<std::string> retired_;           // guarded by mu_
+  std::map<std::string, bool> available_;   // resource → serving (MPS daemon up); guarded by mu_
+  std::vector<std::unique_ptr<class MpsDaemon>> mps_;  // owner thread / maintenance thread only
+  std::string layout_seen_;                 // MIG fingerprint of the running inventory (maintenance thread)
 
   mutable std::mutex mu_;  // guards servers_, registered_, generation_, serve_failed_, health_ use
   std::condition_variable_any cv_;
@@ -118,7 +146,7 @@ class Manager {
   uint64_t generation_ = 0;    // bumped whenever the servers are (re-)created
   bool serve_failed_ = false;  // the last re-serve failed: the watch loop retries it
   std::atomic<uint64_t> registrations_{0};
-  std::jthread register_thread_, watch_thread_;
+  std::jthread register_thread_, watch_thread_, maintenance_thread_;
 };
 
 }  // namespace kgpu::deviceplugin

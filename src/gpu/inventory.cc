@@ -111,6 +111,44 @@ const char* PcieLevelName(PcieLevel level) {
   return "?";
 }
 
+namespace {
+std::string GpuMigState(const Gpu& g, bool current, bool pending, const std::vector<std::string>& uuids) {
+  return Cat(g.index, ":", current ? 1 : 0, pending ? 1 : 0, ":", Join(uuids, ","), ";");
+}
+}  // namespace
+
+std::string MigFingerprint(const Inventory& inventory) {
+  std::string out;
+  for (const auto& g : inventory.gpus()) {
+    if (!g.mig_capable) continue;
+    std::vector<std::string> uuids;
+    for (const auto& m : g.migs) uuids.push_back(m.uuid);
+    out += GpuMigState(g, g.mig_enabled, g.mig_enabled != g.mig_pending, uuids);
+  }
+  return out;
+}
+
+std::string MigFingerprintNow(const nvml::Library& lib, const Inventory& inventory) {
+  std::string out;
+  for (const auto& g : inventory.gpus()) {
+    if (!g.mig_capable) continue;
+    std::vector<std::string> uuids;
+    for (const auto& m : g.migs) uuids.push_back(m.uuid);
+    bool current = g.mig_enabled, pending = g.mig_enabled != g.mig_pending;
+    if (auto mode = lib.GetMigMode(g.handle); mode.ok()) {
+      current = mode->current;
+      pending = mode->pending;
+      if (current) {
+        if (auto now = lib.MigDeviceUuids(g.handle); now.ok()) uuids = *now;
+      } else {
+        uuids.clear();
+      }
+    }
+    out += GpuMigState(g, current, pending, uuids);
+  }
+  return out;
+}
+
 std::string MigProfileName(unsigned gi_slices, unsigned ci_slices, uint64_t memory_mib,
                            uint64_t gpu_memory_bytes, unsigned profile_index) {
   uint64_t gb = 0;

@@ -88,6 +88,12 @@ class Inventory {
   std::string driver_version_, cuda_version_, nvml_version_;
 };
 
+// What MIG looks like on the node, per GPU: mode (current/pending) and MIG device UUIDs. The first
+// form reads an inventory, the second asks NVML now (a few calls per GPU; GPUs that cannot be read
+// keep the inventory's value), so comparing the two tells whether MIG was re-partitioned.
+std::string MigFingerprint(const Inventory& inventory);
+std::string MigFingerprintNow(const nvml::Library& lib, const Inventory& inventory);
+
 // nvidia-smi / NVIDIA device-plugin style MIG profile name from NVML attributes:
 // "<G>g.<GB>gb" with go-nvlib's memory rounding, "<C>c." prefix when the compute instance is a
 // part of its GPU instance, and "+me" / "-me" / "+me.all" / "+gfx" from the GI profile index.

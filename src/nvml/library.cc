@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -46,6 +47,20 @@ namespace kgpu::nvml {
   OPT(nvmlDeviceGetGpuInstanceById, "nvmlDeviceGetGpuInstanceById")                         \
   OPT(nvmlGpuInstanceGetInfo, "nvmlGpuInstanceGetInfo")                                     \
   OPT(nvmlDeviceGetGpuInstanceProfileInfo, "nvmlDeviceGetGpuInstanceProfileInfo")           \
+  OPT(nvmlDeviceSetMigMode, "nvmlDeviceSetMigMode")                                         \
+  OPT(nvmlDeviceGetComputeMode, "nvmlDeviceGetComputeMode")                                 \
+  OPT(nvmlDeviceSetComputeMode, "nvmlDeviceSetComputeMode")                                 \
+  OPT(nvmlDeviceGetGpuInstancePossiblePlacements_v2,                                        \
+      "nvmlDeviceGetGpuInstancePossiblePlacements_v2",                                      \
+      "nvmlDeviceGetGpuInstancePossiblePlacements")                                         \
+  OPT(nvmlDeviceGetGpuInstances, "nvmlDeviceGetGpuInstances")                               \
+  OPT(nvmlDeviceCreateGpuInstanceWithPlacement, "nvmlDeviceCreateGpuInstanceWithPlacement") \
+  OPT(nvmlGpuInstanceDestroy, "nvmlGpuInstanceDestroy")                                     \
+  OPT(nvmlGpuInstanceGetComputeInstanceProfileInfo,                                         \
+      "nvmlGpuInstanceGetComputeInstanceProfileInfo")                                       \
+  OPT(nvmlGpuInstanceCreateComputeInstance, "nvmlGpuInstanceCreateComputeInstance")         \
+  OPT(nvmlGpuInstanceGetComputeInstances, "nvmlGpuInstanceGetComputeInstances")             \
+  OPT(nvmlComputeInstanceDestroy, "nvmlComputeInstanceDestroy")                             \
   OPT(nvmlDeviceGetTopologyCommonAncestor, "nvmlDeviceGetTopologyCommonAncestor")           \
   OPT(nvmlDeviceGetNvLinkState, "nvmlDeviceGetNvLinkState")                                 \
   OPT(nvmlDeviceGetNvLinkRemotePciInfo_v2, "nvmlDeviceGetNvLinkRemotePciInfo_v2",           \
@@ -344,6 +359,137 @@ absl::StatusOr<MigMode> Library::GetMigMode(Device d) const {
   unsigned current = 0, pending = 0;
   if (auto st = KGPU_CALL(nvmlDeviceGetMigMode, H(d), &current, &pending); !st.ok()) return st;
   return MigMode{current == NVML_DEVICE_MIG_ENABLE, pending == NVML_DEVICE_MIG_ENABLE};
+}
+
+absl::StatusOr<bool> Library::SetMigMode(Device d, bool enable) const {
+  nvmlReturn_t activation = NVML_SUCCESS;
+  const unsigned mode = enable ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+  if (auto st = KGPU_CALL(nvmlDeviceSetMigMode, H(d), mode, &activation); !st.ok()) return st;
+  return activation == NVML_SUCCESS;
+}
+
+absl::StatusOr<ComputeMode> Library::GetComputeMode(Device d) const {
+  nvmlComputeMode_t mode = NVML_COMPUTEMODE_DEFAULT;
+  if (auto st = KGPU_CALL(nvmlDeviceGetComputeMode, H(d), &mode); !st.ok()) return st;
+  return static_cast<ComputeMode>(mode);
+}
+
+absl::Status Library::SetComputeMode(Device d, ComputeMode mode) const {
+  return KGPU_CALL(nvmlDeviceSetComputeMode, H(d), static_cast<nvmlComputeMode_t>(mode));
+}
+
+absl::StatusOr<std::vector<GpuInstanceProfile>> Library::GpuInstanceProfiles(Device gpu) const {
+  std::vector<GpuInstanceProfile> out;
+  for (unsigned p = 0; p < NVML_GPU_INSTANCE_PROFILE_COUNT; ++p) {
+    nvmlGpuInstanceProfileInfo_t info{};
+    auto st = KGPU_CALL(nvmlDeviceGetGpuInstanceProfileInfo, H(gpu), p, &info);
+    if (IsNoValue(st) || ReturnOf(st) == Return::kInvalidArgument) continue;  // not on this GPU
+    if (!st.ok()) return st;
+    out.push_back({p, info.id, info.sliceCount, info.instanceCount, info.memorySizeMB, info.multiprocessorCount});
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<Placement>> Library::GpuInstancePlacements(Device gpu, unsigned profile_id) const {
+  unsigned count = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetGpuInstancePossiblePlacements_v2, H(gpu), profile_id, nullptr, &count);
+      !st.ok()) {
+    return st;
+  }
+  std::vector<nvmlGpuInstancePlacement_t> raw(count);
+  if (count == 0) return std::vector<Placement>{};
+  if (auto st = KGPU_CALL(nvmlDeviceGetGpuInstancePossiblePlacements_v2, H(gpu), profile_id, raw.data(), &count);
+      !st.ok()) {
+    return st;
+  }
+  std::vector<Placement> out;
+  for (unsigned i = 0; i < count; ++i) out.push_back({raw[i].start, raw[i].size});
+  return out;
+}
+
+absl::StatusOr<std::vector<GpuInstance>> Library::GpuInstances(Device gpu) const {
+  auto profiles = GpuInstanceProfiles(gpu);
+  if (!profiles.ok()) return profiles.status();
+  std::vector<GpuInstance> out;
+  for (const auto& p : *profiles) {
+    std::vector<nvmlGpuInstance_t> gis(std::max(1U, p.max_instances));
+    unsigned count = static_cast<unsigned>(gis.size());
+    if (auto st = KGPU_CALL(nvmlDeviceGetGpuInstances, H(gpu), p.id, gis.data(), &count); !st.ok()) return st;
+    for (unsigned i = 0; i < count; ++i) {
+      nvmlGpuInstanceInfo_t info{};
+      if (auto st = KGPU_CALL(nvmlGpuInstanceGetInfo, gis[i], &info); !st.ok()) return st;
+      out.push_back({gis[i], info.id, p.index, p.id, {info.placement.start, info.placement.size}});
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<GpuInstance> Library::CreateGpuInstance(Device gpu, const GpuInstanceProfile& profile,
+                                                       Placement placement) const {
+  const nvmlGpuInstancePlacement_t p{placement.start, placement.size};
+  nvmlGpuInstance_t gi = nullptr;
+  if (auto st = KGPU_CALL(nvmlDeviceCreateGpuInstanceWithPlacement, H(gpu), profile.id, &p, &gi); !st.ok()) {
+    return st;
+  }
+  nvmlGpuInstanceInfo_t info{};
+  if (auto st = KGPU_CALL(nvmlGpuInstanceGetInfo, gi, &info); !st.ok()) return st;
+  return GpuInstance{gi, info.id, profile.index, profile.id, {info.placement.start, info.placement.size}};
+}
+
+absl::Status Library::DestroyGpuInstance(const GpuInstance& gi) const {
+  return KGPU_CALL(nvmlGpuInstanceDestroy, static_cast<nvmlGpuInstance_t>(gi.handle));
+}
+
+absl::StatusOr<std::vector<void*>> Library::ComputeInstances(const GpuInstance& gi) const {
+  std::vector<void*> out;
+  auto h = static_cast<nvmlGpuInstance_t>(gi.handle);
+  for (unsigned p = 0; p < NVML_COMPUTE_INSTANCE_PROFILE_COUNT; ++p) {
+    nvmlComputeInstanceProfileInfo_t info{};
+    auto st = KGPU_CALL(nvmlGpuInstanceGetComputeInstanceProfileInfo, h, p,
+                        static_cast<unsigned>(NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED), &info);
+    if (IsNoValue(st) || ReturnOf(st) == Return::kInvalidArgument) continue;
+    if (!st.ok()) return st;
+    std::vector<nvmlComputeInstance_t> cis(std::max(1U, info.instanceCount));
+    unsigned count = static_cast<unsigned>(cis.size());
+    if (st = KGPU_CALL(nvmlGpuInstanceGetComputeInstances, h, info.id, cis.data(), &count); !st.ok()) return st;
+    for (unsigned i = 0; i < count; ++i) out.push_back(cis[i]);
+  }
+  return out;
+}
+
+absl::Status Library::CreateFullComputeInstance(const GpuInstance& gi, unsigned gi_slices) const {
+  auto h = static_cast<nvmlGpuInstance_t>(gi.handle);
+  // The compute-instance profile that spans the whole GPU instance (what `nvidia-smi mig -C` makes).
+  for (unsigned p = 0; p < NVML_COMPUTE_INSTANCE_PROFILE_COUNT; ++p) {
+    nvmlComputeInstanceProfileInfo_t info{};
+    auto st = KGPU_CALL(nvmlGpuInstanceGetComputeInstanceProfileInfo, h, p,
+                        static_cast<unsigned>(NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED), &info);
+    if (!st.ok() || info.sliceCount != gi_slices) continue;
+    nvmlComputeInstance_t ci = nullptr;
+    return KGPU_CALL(nvmlGpuInstanceCreateComputeInstance, h, info.id, &ci);
+  }
+  return NvmlError(*syms_, "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                   static_cast<int>(Return::kNotSupported));
+}
+
+absl::Status Library::DestroyComputeInstance(void* ci) const {
+  return KGPU_CALL(nvmlComputeInstanceDestroy, static_cast<nvmlComputeInstance_t>(ci));
+}
+
+absl::StatusOr<std::vector<std::string>> Library::MigDeviceUuids(Device gpu) const {
+  unsigned max = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetMaxMigDeviceCount, H(gpu), &max); !st.ok()) return st;
+  std::vector<std::string> out;
+  for (unsigned i = 0; i < max; ++i) {
+    nvmlDevice_t mig = nullptr;
+    auto st = KGPU_CALL(nvmlDeviceGetMigDeviceHandleByIndex, H(gpu), i, &mig);
+    if (ReturnOf(st) == Return::kNotFound || ReturnOf(st) == Return::kInvalidArgument) continue;
+    if (!st.ok()) return st;
+    auto uuid = Uuid(Device{mig});
+    if (!uuid.ok()) return uuid.status();
+    out.push_back(*uuid);
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<MigDeviceInfo>> Library::MigDevices(Device gpu) const {

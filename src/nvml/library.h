@@ -80,6 +80,29 @@ struct MigDeviceInfo {
   unsigned sm_count = 0;
 };
 
+// NVML's compute modes (nvmlComputeMode_t values).
+enum class ComputeMode : int { kDefault = 0, kExclusiveThread = 1, kProhibited = 2, kExclusiveProcess = 3 };
+
+// A GPU-instance profile a MIG-capable GPU offers (nvmlGpuInstanceProfileInfo_t).
+struct GpuInstanceProfile {
+  unsigned index = 0;   // NVML_GPU_INSTANCE_PROFILE_* (what the *ProfileInfo calls take)
+  unsigned id = 0;      // profile id (what create/placement calls take)
+  unsigned slices = 0;  // compute slices
+  unsigned max_instances = 0;
+  uint64_t memory_mib = 0;
+  unsigned sm_count = 0;
+};
+struct Placement {
+  unsigned start = 0, size = 0;  // in memory slices
+  bool operator==(const Placement&) const = default;
+};
+struct GpuInstance {
+  void* handle = nullptr;
+  unsigned id = 0;
+  unsigned profile_index = 0, profile_id = 0;
+  Placement placement;
+};
+
 struct NvLink {
   unsigned link = 0;
   std::string remote_bus_id;
@@ -149,8 +172,26 @@ class Library {
   absl::StatusOr<unsigned> PowerLimitMw(Device d) const;
   absl::StatusOr<unsigned> TemperatureC(Device d) const;
   absl::StatusOr<MigMode> GetMigMode(Device d) const;
+  // MIG management (nvidia-smi mig -cgi/-dgi/-cci/-dci through NVML). SetMigMode returns whether
+  // the mode took effect at once (false: pending until the GPU is reset).
+  absl::StatusOr<bool> SetMigMode(Device d, bool enable) const;
+  absl::StatusOr<std::vector<GpuInstanceProfile>> GpuInstanceProfiles(Device gpu) const;
+  absl::StatusOr<std::vector<Placement>> GpuInstancePlacements(Device gpu, unsigned profile_id) const;
+  absl::StatusOr<std::vector<GpuInstance>> GpuInstances(Device gpu) const;
+  absl::StatusOr<GpuInstance> CreateGpuInstance(Device gpu, const GpuInstanceProfile& profile,
+                                                Placement placement) const;
+  absl::Status DestroyGpuInstance(const GpuInstance& gi) const;
+  // Compute instances of a GPU instance (opaque handles), of every compute profile.
+  absl::StatusOr<std::vector<void*>> ComputeInstances(const GpuInstance& gi) const;
+  // One compute instance spanning the whole GPU instance (`gi_slices` compute slices).
+  absl::Status CreateFullComputeInstance(const GpuInstance& gi, unsigned gi_slices) const;
+  absl::Status DestroyComputeInstance(void* ci) const;
+  absl::StatusOr<ComputeMode> GetComputeMode(Device d) const;
+  absl::Status SetComputeMode(Device d, ComputeMode mode) const;
   // MIG devices of a MIG-enabled GPU, in NVML's index order.
   absl::StatusOr<std::vector<MigDeviceInfo>> MigDevices(Device gpu) const;
+  // Just the UUIDs of the MIG devices, in index order (a cheap "did the layout change" check).
+  absl::StatusOr<std::vector<std::string>> MigDeviceUuids(Device gpu) const;
   // Topology level (0, 10, ... 50) between two GPUs.
   absl::StatusOr<int> CommonAncestor(Device a, Device b) const;
   absl::StatusOr<std::vector<NvLink>> ActiveNvLinks(Device d) const;

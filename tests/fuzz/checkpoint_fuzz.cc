@@ -1,16 +1,22 @@
-// Fuzz target for kubelet's device-manager checkpoint parser (src/exporter/attribution.cc).
-// Properties: it never crashes; every error starts with the origin; an accepted entry has a
-// non-empty pod UID; stripping "::<n>" from any accepted device ID yields a prefix of it.
+// Fuzz target for kubelet's device-manager checkpoint parsers: the exporter's pod entries
+// (src/exporter/attribution.cc) and the device plugin's registered resources
+// (src/deviceplugin/kubelet_checkpoint.cc). Properties: they never crash; every error starts with
+// the origin; an accepted entry has a non-empty pod UID; stripping "::<n>" from any accepted device
+// ID yields a prefix of it.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <string_view>
 
+#include "deviceplugin/kubelet_checkpoint.h"
 #include "exporter/attribution.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
+  const auto registered = kgpu::deviceplugin::RegisteredResources(text, "fuzz.json");
+  if (!registered.ok() && std::string(registered.status().message()).rfind("fuzz.json: ", 0) != 0)
+    std::abort();
   const auto entries = kgpu::exporter::ParseCheckpoint(text, "fuzz.json");
   if (!entries.ok()) {
     if (std::string(entries.status().message()).rfind("fuzz.json: ", 0) != 0)

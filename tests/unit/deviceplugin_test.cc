@@ -8,7 +8,7 @@
 #include "deviceplugin/mig_minors.h"
 #include "deviceplugin/plan.h"
 #include "nvml/library.h"
-#include "testing/sim_gpus.h"
+#include "testing/sim_plan.h"
 
 namespace kgpu::deviceplugin {
 namespace {
@@ -180,18 +180,7 @@ TEST(ConfigTest, SocketNames) {
 
 // ---------------------------------------------------------------- plan and allocation
 
-struct Node : kgpu::testing::SimGpus {
-  using SimGpus::SimGpus;
-  std::shared_ptr<const Plan> PlanFor(const std::string& yaml) {
-    auto c = ParseConfig(yaml, "test.yaml");
-    EXPECT_TRUE(c.ok()) << c.status();
-    config = *c;
-    auto p = BuildPlan(inv, config);
-    EXPECT_TRUE(p.ok()) << p.status();
-    return p.ok() ? *p : nullptr;
-  }
-  Config config;
-};
+using Node = kgpu::testing::SimPlan;
 
 TEST(PlanTest, WholeGpus) {
   Node n("dgx-h100");

@@ -1,0 +1,246 @@
+#include "cli/mig_cmd.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+
+#include "common/strings.h"
+#include "deviceplugin/config.h"
+#include "exporter/podresources.h"
+#include "gpu/mig_layout.h"
+
+namespace kgpu::cli {
+namespace {
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "";
+  return buf;
+}
+
+// "GPU-x::3" → "GPU-x" (replica IDs name their GPU or MIG device first).
+std::string Physical(const std::string& id) {
+  const auto pos = id.find("::");
+  return pos == std::string::npos ? id : id.substr(0, pos);
+}
+
+// Who holds GPU `g` or one of its MIG devices: pods (from kubelet) and processes (from NVML).
+std::vector<std::string> Holders(const nvml::Library& lib, const gpu::Gpu& g,
+                                 const std::vector<exporter::DeviceAllocation>& allocations) {
+  std::vector<std::string> out;
+  std::map<std::string, std::string> ours{{g.uuid, "the whole GPU"}};
+  for (const auto& m : g.migs) ours[m.uuid] = Cat("MIG ", m.profile, " (GI ", m.gi, ")");
+  for (const auto& a : allocations) {
+    auto it = ours.find(Physical(a.device_id));
+    if (it == ours.end()) continue;
+    out.push_back(Cat("pod ", a.pod.namespace_name, "/", a.pod.pod,
+                      a.pod.container.empty() ? "" : Cat(" container ", a.pod.container), " holds ", a.device_id,
+                      " (", a.resource, ", ", it->second, ")"));
+  }
+  std::vector<nvml::Device> handles{g.handle};
+  for (const auto& m : g.migs) handles.push_back(m.handle);
+  for (const auto& h : handles) {
+    auto procs = lib.ComputeProcesses(h);
+    if (!procs.ok()) continue;  // MIG handles of some drivers do not list processes; the GPU's list does
+    for (const auto& p : *procs) {
+      const std::string where = p.gi != nvml::kNoInstanceId ? Cat(" in GPU instance ", p.gi) : "";
+      std::string line = Cat("process ", p.pid, where, " uses ", p.used_bytes >> 20, " MiB");
+      if (std::find(out.begin(), out.end(), line) == out.end()) out.push_back(line);
+    }
+  }
+  return out;
+}
+
+struct Loaded {
+  deviceplugin::Config config;
+  std::string layout_name;
+};
+
+absl::StatusOr<Loaded> LoadLayouts(const MigFlags& flags, bool need_layout) {
+  Loaded l;
+  if (!flags.config_file.empty()) {
+    auto c = deviceplugin::LoadConfigFile(flags.config_file);
+    if (!c.ok()) return c.status();
+    l.config = std::move(*c);
+  }
+  if (!need_layout) return l;
+  if (l.config.mig.layouts.empty()) {
+    return absl::InvalidArgumentError(
+        Cat(flags.config_file.empty() ? "no --config-file given" : Cat(flags.config_file, " declares no mig.layouts"),
+            "; declare layouts under mig.layouts in the device plugin's config file (see docs/mig.md)"));
+  }
+  if (!flags.layout.empty()) {
+    l.layout_name = flags.layout;
+  } else {
+    const std::string node = !flags.node_name.empty() ? flags.node_name : HostName();
+    auto name = deviceplugin::LayoutForNode(l.config.mig, node);
+    if (!name.ok()) return absl::InvalidArgumentError(Cat(flags.config_file, ": ", name.status().message()));
+    l.layout_name = *name;
+  }
+  if (l.config.mig.layouts.count(l.layout_name) == 0) {
+    std::vector<std::string> names;
+    for (const auto& [n, layout] : l.config.mig.layouts) names.push_back(n);
+    return absl::InvalidArgumentError(Cat(flags.config_file, ": no MIG layout '", l.layout_name, "' (declared: ",
+                                          Join(names, ", "), ")"));
+  }
+  return l;
+}
+
+std::string Instances(const std::vector<std::string>& names) { return names.empty() ? "(none)" : Join(names, " + "); }
+
+}  // namespace
+
+std::pair<CLI::App*, CLI::App*> AddMigCommands(CLI::App* mig, MigFlags* flags) {
+  mig->require_subcommand(1);
+  auto* show = mig->add_subcommand("show", "each GPU's MIG mode, instances and profiles, and the declared layouts");
+  auto* apply = mig->add_subcommand(
+      "apply", "re-partition GPUs to a declared layout; refused while a pod or process uses a GPU it changes");
+  for (auto* cmd : {show, apply}) {
+    cmd->add_option("--config-file", flags->config_file, "the device plugin's config file (mig.layouts, mig.nodes)")
+        ->envname("CONFIG_FILE");
+  }
+  apply->add_option("--layout", flags->layout, "layout name (default: the mig.nodes entry matching this node)");
+  apply->add_option("--node-name", flags->node_name, "this node's name for mig.nodes (default: host name)")
+      ->envname("NODE_NAME");
+  apply->add_option("--gpu", flags->gpus, "apply only to these GPU indices (repeatable)");
+  flags->pod_resources_socket = exporter::kPodResourcesSocket;
+  apply->add_option("--pod-resources-socket", flags->pod_resources_socket, "kubelet's PodResources socket")
+      ->envname("KGPU_POD_RESOURCES_SOCKET")
+      ->capture_default_str();
+  apply->add_flag("--no-kubelet-check", flags->no_kubelet_check,
+                  "do not ask kubelet which pods hold GPUs (only when kubelet is stopped on purpose)");
+  apply->add_flag("--dry-run", flags->dry_run, "print what would change, change nothing");
+  return {show, apply};
+}
+
+int RunMigShow(const NodeOptions& node, const MigFlags& flags, std::ostream& out) {
+  auto session = OpenSession(node);
+  if (!session.ok()) {
+    out << "kgpu mig show: " << session.status().message() << "\n";
+    return 1;
+  }
+  for (const auto& g : session->inventory->gpus()) {
+    out << "GPU " << g.index << " " << g.name << " " << g.uuid << "\n";
+    if (!g.mig_capable) {
+      out << "  MIG: not supported\n";
+      continue;
+    }
+    out << "  MIG: " << (g.mig_enabled ? "enabled" : "disabled") << (g.mig_pending ? " (change pending a GPU reset)" : "")
+        << "\n";
+    std::vector<std::string> instances;
+    for (const auto& m : g.migs) instances.push_back(m.profile);
+    if (g.mig_enabled) out << "  instances: " << Instances(instances) << "\n";
+    auto profiles = gpu::MigProfiles(*session->lib, g);
+    if (profiles.ok()) {
+      std::vector<std::string> names;
+      for (const auto& [p, name] : *profiles) names.push_back(Cat(name, " (max ", p.max_instances, ")"));
+      out << "  profiles: " << Join(names, ", ") << "\n";
+    }
+  }
+  auto loaded = LoadLayouts(flags, false);
+  if (!loaded.ok()) {
+    out << "kgpu mig show: " << loaded.status().message() << "\n";
+    return 2;
+  }
+  for (const auto& [name, layout] : loaded->config.mig.layouts) {
+    out << "layout " << name << ":\n";
+    for (const auto& e : layout) {
+      std::vector<std::string> parts;
+      for (const auto& [p, n] : e.mig_devices) parts.push_back(Cat(n, "x ", p));
+      out << "  GPUs " << (e.devices.empty() ? "all" : Join(e.devices, ",")) << ": "
+          << (e.mig_enabled ? Instances(parts) : "MIG disabled") << "\n";
+    }
+  }
+  return 0;
+}
+
+int RunMigApply(const NodeOptions& node, const MigFlags& flags, std::ostream& out) {
+  auto loaded = LoadLayouts(flags, true);
+  if (!loaded.ok()) {
+    out << "kgpu mig apply: " << loaded.status().message() << "\n";
+    return 2;
+  }
+  auto session = OpenSession(node);
+  if (!session.ok()) {
+    out << "kgpu mig apply: " << session.status().message() << "\n";
+    return 1;
+  }
+  const nvml::Library& lib = *session->lib;
+  const gpu::Inventory& inv = *session->inventory;
+  auto targets = gpu::ResolveMigLayout(loaded->config.mig.layouts.at(loaded->layout_name), inv, loaded->layout_name);
+  if (!targets.ok()) {
+    out << "kgpu mig apply: " << flags.config_file << ": " << targets.status().message() << "\n";
+    return 2;
+  }
+  for (unsigned index : flags.gpus) {
+    if (std::none_of(targets->begin(), targets->end(), [&](const gpu::MigTarget& t) { return t.gpu == index; })) {
+      out << "kgpu mig apply: --gpu " << index << ": layout '" << loaded->layout_name << "' does not cover GPU " << index
+          << "\n";
+      return 2;
+    }
+  }
+  // Plan every GPU first: a layout that does not fit fails before anything changes.
+  std::vector<gpu::MigChange> changes;
+  for (const auto& t : *targets) {
+    if (!flags.gpus.empty() && std::find(flags.gpus.begin(), flags.gpus.end(), t.gpu) == flags.gpus.end()) continue;
+    const gpu::Gpu& g = inv.gpus()[t.gpu];
+    auto change = gpu::PlanMigChange(lib, g, t);
+    if (!change.ok()) {
+      out << "kgpu mig apply: layout '" << loaded->layout_name << "': " << change.status().message() << "\n";
+      return 2;
+    }
+    if (change->noop()) {
+      out << "GPU " << t.gpu << ": already " << Instances(change->wanted) << ", nothing to do\n";
+      continue;
+    }
+    changes.push_back(std::move(*change));
+  }
+  if (changes.empty()) return 0;
+  // Busy check: kubelet's view (pods holding devices) and NVML's (processes).
+  std::vector<exporter::DeviceAllocation> allocations;
+  if (!flags.no_kubelet_check) {
+    auto listed = exporter::ListPodResources(flags.pod_resources_socket, std::chrono::seconds(5));
+    if (!listed.ok()) {
+      out << "kgpu mig apply: refused: cannot tell which pods hold GPUs: " << listed.status().message()
+          << "\n  (pass --no-kubelet-check only when kubelet is stopped on purpose)\n";
+      return 1;
+    }
+    allocations = std::move(*listed);
+  }
+  bool busy = false;
+  for (const auto& c : changes) {
+    const auto holders = Holders(lib, inv.gpus()[c.gpu], allocations);
+    if (holders.empty()) continue;
+    busy = true;
+    out << "GPU " << c.gpu << " is busy, refusing to change it (" << Instances(c.current) << " -> "
+        << Instances(c.wanted) << "):\n";
+    for (const auto& h : holders) out << "  " << h << "\n";
+  }
+  if (busy) {
+    out << "kgpu mig apply: refused: nothing was changed. Drain the pods (kubectl drain, or delete them), or "
+           "apply to the idle GPUs only with --gpu.\n";
+    return 1;
+  }
+  int rc = 0;
+  for (const auto& c : changes) {
+    if (flags.dry_run) {
+      out << "GPU " << c.gpu << ": would change " << Instances(c.current) << " -> " << Instances(c.wanted) << "\n";
+      continue;
+    }
+    auto result = gpu::ApplyMigChange(lib, inv.gpus()[c.gpu], c);
+    if (!result.ok()) {
+      out << "kgpu mig apply: " << result.status().message() << "\n";
+      rc = 1;
+      continue;
+    }
+    out << result->note << "\n";
+  }
+  if (!flags.dry_run && rc == 0) {
+    out << "applied layout '" << loaded->layout_name << "'; the device plugin re-registers within mig.rescanInterval ("
+        << loaded->config.mig.rescan_interval.count() << " ms)\n";
+  }
+  return rc;
+}
+
+}  // namespace kgpu::cli

@@ -1,0 +1,41 @@
+#pragma once
+// `kgpu mig`: MIG layouts declared in the device plugin's config file (`mig.layouts`, chosen per
+// node by `mig.nodes` or --layout), shown and applied through NVML.
+//
+//   kgpu mig show    each GPU's MIG mode, instances and the profiles it offers; the layouts
+//   kgpu mig apply   re-partitions the GPUs whose layout differs — only when no pod holds a device
+//                    of the GPU (kubelet's PodResources) and no process runs on it (NVML). A busy GPU
+//                    refuses the whole apply, with the pods and processes named, and nothing changes.
+//                    The device plugin notices the new layout within mig.rescanInterval and
+//                    re-registers; resources that disappeared are reported with zero devices.
+//
+// Thread-safety: single-threaded CLI code.
+
+#include <CLI/CLI.hpp>
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+
+namespace kgpu::cli {
+
+struct MigFlags {
+  std::string config_file;  // the device plugin's config file (CONFIG_FILE)
+  std::string layout;       // --layout: overrides mig.nodes
+  std::string node_name;    // --node-name / NODE_NAME; default: the host name
+  std::vector<unsigned> gpus;  // --gpu: only these GPUs of the layout
+  std::string pod_resources_socket;
+  bool no_kubelet_check = false;
+  bool dry_run = false;
+};
+
+// Adds `mig show` and `mig apply` under `mig`; returns them so main can tell which was parsed.
+std::pair<CLI::App*, CLI::App*> AddMigCommands(CLI::App* mig, MigFlags* flags);
+
+int RunMigShow(const NodeOptions& node, const MigFlags& flags, std::ostream& out);
+// Exit codes: 0 applied or nothing to do, 1 refused or failed, 2 bad input (config, layout name).
+int RunMigApply(const NodeOptions& node, const MigFlags& flags, std::ostream& out);
+
+}  // namespace kgpu::cli

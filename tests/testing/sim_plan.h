@@ -1,0 +1,30 @@
+#pragma once
+// Test helper: a simulated node (SimGpus) plus the device plugin's plan for a config text, as the
+// plugin builds it at start.
+//
+// Thread-safety: test-thread only.
+
+#include <memory>
+#include <string>
+
+#include "deviceplugin/config.h"
+#include "deviceplugin/plan.h"
+#include "testing/sim_gpus.h"
+
+namespace kgpu::testing {
+
+struct SimPlan : SimGpus {
+  using SimGpus::SimGpus;
+  std::shared_ptr<const deviceplugin::Plan> PlanFor(const std::string& yaml) {
+    auto c = deviceplugin::ParseConfig(yaml, "test.yaml");
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return nullptr;
+    config = *c;
+    auto p = deviceplugin::BuildPlan(inv, config);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : nullptr;
+  }
+  deviceplugin::Config config;
+};
+
+}  // namespace kgpu::testing

@@ -1,0 +1,323 @@
+// MIG layouts (config, resolution, planning and applying through the simulated NVML) and MPS
+// (plan rules, daemon limits, per-container limits, same-GPU preference).
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "deviceplugin/allocator.h"
+#include "deviceplugin/config.h"
+#include "deviceplugin/kubelet_checkpoint.h"
+#include "deviceplugin/mps.h"
+#include "gpu/mig_layout.h"
+#include "testing/sim_plan.h"
+
+namespace kgpu {
+namespace {
+
+using deviceplugin::Config;
+using deviceplugin::ParseConfig;
+using Node = testing::SimPlan;
+
+constexpr char kLayouts[] = R"(version: v1
+mig:
+  rescanInterval: 250ms
+  layouts:
+    balanced:
+      - devices: [1]
+        mig-devices: {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 2}
+    all-1g:
+      - devices: all
+        mig-enabled: true
+        mig-devices: {"1g.5gb": 7}
+    off:
+      - devices: [0, 1]
+        mig-enabled: false
+  nodes:
+    "dgx-*": balanced
+    "*": all-1g
+)";
+
+std::vector<std::string> Profiles(const gpu::Gpu& g) {
+  std::vector<std::string> out;
+  for (const auto& m : g.migs) out.push_back(m.profile);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// ---------------------------------------------------------------- config
+
+TEST(MigConfigTest, LayoutsAndNodes) {
+  auto c = ParseConfig(kLayouts, "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->mig.rescan_interval, std::chrono::milliseconds(250));
+  ASSERT_EQ(c->mig.layouts.size(), 3u);
+  const auto& balanced = c->mig.layouts.at("balanced");
+  ASSERT_EQ(balanced.size(), 1u);
+  EXPECT_EQ(balanced[0].devices, (std::vector<unsigned>{1}));
+  EXPECT_EQ(balanced[0].mig_devices,
+            (std::vector<std::pair<std::string, int>>{{"3g.20gb", 1}, {"2g.10gb", 1}, {"1g.5gb", 2}}));
+  EXPECT_TRUE(c->mig.layouts.at("all-1g")[0].devices.empty());
+  EXPECT_FALSE(c->mig.layouts.at("off")[0].mig_enabled);
+  EXPECT_EQ(*deviceplugin::LayoutForNode(c->mig, "dgx-07"), "balanced");
+  EXPECT_EQ(*deviceplugin::LayoutForNode(c->mig, "worker"), "all-1g");
+  Config none;
+  auto missing = deviceplugin::LayoutForNode(none.mig, "worker");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(std::string(missing.status().message()).find("no mig.nodes pattern matches node 'worker'"), std::string::npos);
+}
+
+TEST(MigConfigTest, ErrorsNamePlaceAndFix) {
+  const std::map<std::string, std::string> cases = {
+      {"mig:\n  layouts:\n    a:\n      - devices: [x]\n", "c.yaml:4:19: mig.layouts.a[0].devices[] has an invalid value 'x'"},
+      {"mig:\n  layouts:\n    a:\n      - mig-devices: {1g.5gb: 7}\n",
+       "c.yaml:4:9: mig.layouts.a[0].devices is required (all, or a list of GPU indices)"},
+      {"mig:\n  layouts:\n    a:\n      - {devices: all, mig-devices: {1g.5gb: 9}}\n",
+       "c.yaml:4:46: mig.layouts.a[0].mig-devices.1g.5gb must be 0..7 (got 9)"},
+      {"mig:\n  layouts:\n    a:\n      - {devices: all, mig-enabled: false, mig-devices: {1g.5gb: 1}}\n",
+       "c.yaml:4:9: mig.layouts.a[0] has mig-enabled: false and mig-devices; drop one of them"},
+      {"mig:\n  layouts:\n    a: [{devices: all}]\n  nodes:\n    \"*\": b\n",
+       "c.yaml:5:10: mig.nodes.*: no layout 'b' in mig.layouts"},
+      {"mig:\n  rescanInterval: soon\n", "c.yaml:2:19: mig.rescanInterval must be a duration such as 30s, 5m or 1h (got 'soon')"},
+      {"mig:\n  layout: a\n", "c.yaml:2:3: unknown key 'layout' in mig"},
+  };
+  for (const auto& [yaml, want] : cases) {
+    auto c = ParseConfig(yaml, "c.yaml");
+    ASSERT_FALSE(c.ok()) << yaml;
+    EXPECT_EQ(std::string(c.status().message()).substr(0, want.size()), want) << c.status();
+  }
+}
+
+// ---------------------------------------------------------------- layouts through NVML
+
+// One simulated node per process at a time: the NVML library is loaded once, so every Node in a
+// test lives in its own scope.
+TEST(MigLayoutTest, ResolveChecksGpus) {
+  {
+  Node n("dgx-a100-mig");
+  gpu::MigLayout bad_index = {{{9}, true, {{"1g.5gb", 1}}}};
+  auto r = gpu::ResolveMigLayout(bad_index, *n.inv, "x");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(std::string(r.status().message()), "MIG layout 'x' entry 0: this node has no GPU 9 (it has 8 GPUs)");
+  gpu::MigLayout twice = {{{1}, true, {}}, {{}, true, {}}};
+  r = gpu::ResolveMigLayout(twice, *n.inv, "x");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("selects GPU 1, which entry 0 selects too"), std::string::npos);
+  }
+  Node l4("l4x4");
+  gpu::MigLayout on_l4 = {{{}, true, {{"1g.6gb", 4}}}};
+  auto r = gpu::ResolveMigLayout(on_l4, *l4.inv, "x");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("which cannot do MIG"), std::string::npos);
+}
+
+TEST(MigLayoutTest, PlansPlacementsAppliesAndIsIdempotent) {
+  Node n("dgx-a100-mig");
+  auto c = ParseConfig(kLayouts, "c.yaml");
+  ASSERT_TRUE(c.ok());
+  auto targets = gpu::ResolveMigLayout(c->mig.layouts.at("balanced"), *n.inv, "balanced");
+  ASSERT_TRUE(targets.ok()) << targets.status();
+  ASSERT_EQ(targets->size(), 1u);
+  const gpu::Gpu& g1 = n.inv->gpus()[1];
+  auto change = gpu::PlanMigChange(*n.lib, g1, (*targets)[0]);
+  ASSERT_TRUE(change.ok()) << change.status();
+  EXPECT_EQ(change->current, std::vector<std::string>(7, "1g.5gb"));
+  EXPECT_FALSE(change->noop());
+  // 3g + 2g + 1g + 1g fits only with the 3g instance on memory slices 4-7.
+  ASSERT_EQ(change->create.size(), 4u);
+  EXPECT_EQ(change->create[0].name, "3g.20gb");
+  EXPECT_EQ(change->create[0].placement, (nvml::Placement{4, 4}));
+  auto applied = gpu::ApplyMigChange(*n.lib, g1, *change);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_FALSE(applied->pending_reset);
+  n.Rediscover();
+  EXPECT_EQ(Profiles(n.inv->gpus()[1]), (std::vector<std::string>{"1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"}));
+  for (const auto& m : n.inv->gpus()[1].migs) EXPECT_EQ(m.ci_slices, m.gi_slices) << m.profile;
+  // Applying the same layout again changes nothing.
+  auto again = gpu::PlanMigChange(*n.lib, n.inv->gpus()[1], (*targets)[0]);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->noop());
+}
+
+TEST(MigLayoutTest, EnablesAndDisablesMigMode) {
+  Node n("dgx-a100-mig");
+  const gpu::MigTarget enable{2, true, {"4g.20gb", "2g.10gb", "1g.5gb"}};
+  auto change = gpu::PlanMigChange(*n.lib, n.inv->gpus()[2], enable);
+  ASSERT_TRUE(change.ok()) << change.status();
+  EXPECT_TRUE(change->set_mode);
+  auto applied = gpu::ApplyMigChange(*n.lib, n.inv->gpus()[2], *change);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  n.Rediscover();
+  EXPECT_TRUE(n.inv->gpus()[2].mig_enabled);
+  EXPECT_EQ(Profiles(n.inv->gpus()[2]), (std::vector<std::string>{"1g.5gb", "2g.10gb", "4g.20gb"}));
+  const gpu::MigTarget disable{2, false, {}};
+  change = gpu::PlanMigChange(*n.lib, n.inv->gpus()[2], disable);
+  ASSERT_TRUE(change.ok());
+  applied = gpu::ApplyMigChange(*n.lib, n.inv->gpus()[2], *change);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  n.Rediscover();
+  EXPECT_FALSE(n.inv->gpus()[2].mig_enabled);
+  EXPECT_TRUE(n.inv->gpus()[2].migs.empty());
+}
+
+TEST(MigLayoutTest, RefusesWhatCannotExist) {
+  Node n("dgx-a100-mig");
+  const gpu::Gpu& g = n.inv->gpus()[1];
+  auto unknown = gpu::PlanMigChange(*n.lib, g, {1, true, {"1g.10gb+gfx"}});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(std::string(unknown.status().message()).find("has no MIG profile '1g.10gb+gfx'; its profiles are 1g.5gb, 2g.10gb"),
+            std::string::npos)
+      << unknown.status();
+  auto too_many = gpu::PlanMigChange(*n.lib, g, {1, true, {"3g.20gb", "3g.20gb", "3g.20gb"}});
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_NE(std::string(too_many.status().message()).find("at most 2 3g.20gb instance(s)"), std::string::npos);
+  auto compute = gpu::PlanMigChange(*n.lib, g, {1, true, {"4g.20gb", "3g.20gb", "1g.5gb"}});
+  ASSERT_FALSE(compute.ok());
+  EXPECT_NE(std::string(compute.status().message()).find("need 8 compute slices; GPU 1 has 7"), std::string::npos);
+  auto no_fit = gpu::PlanMigChange(*n.lib, g, {1, true, {"1g.10gb", "1g.10gb", "1g.10gb", "3g.20gb"}});
+  ASSERT_FALSE(no_fit.ok());
+  EXPECT_NE(std::string(no_fit.status().message()).find("do not fit GPU 1 together"), std::string::npos);
+  // Nothing was changed by the refused plans.
+  n.Rediscover();
+  EXPECT_EQ(Profiles(n.inv->gpus()[1]), std::vector<std::string>(7, "1g.5gb"));
+}
+
+TEST(MigLayoutTest, FingerprintSeesARepartition) {
+  Node n("dgx-a100-mig");
+  EXPECT_EQ(gpu::MigFingerprint(*n.inv), gpu::MigFingerprintNow(*n.lib, *n.inv));
+  auto change = gpu::PlanMigChange(*n.lib, n.inv->gpus()[1], {1, true, {"7g.40gb"}});
+  ASSERT_TRUE(change.ok()) << change.status();
+  ASSERT_TRUE(gpu::ApplyMigChange(*n.lib, n.inv->gpus()[1], *change).ok());
+  EXPECT_NE(gpu::MigFingerprint(*n.inv), gpu::MigFingerprintNow(*n.lib, *n.inv));
+  n.Rediscover();
+  EXPECT_EQ(gpu::MigFingerprint(*n.inv), gpu::MigFingerprintNow(*n.lib, *n.inv));
+}
+
+TEST(KubeletCheckpointTest, RegisteredResources) {
+  auto names = deviceplugin::RegisteredResources(
+      R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/mig-2g.10gb":["MIG-a"],"nvidia.com/gpu":[]}},"Checksum":1})",
+      "cp");
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_EQ(std::set<std::string>(names->begin(), names->end()),
+            (std::set<std::string>{"nvidia.com/mig-2g.10gb", "nvidia.com/gpu"}));
+  auto bad = deviceplugin::RegisteredResources(R"({"Data":{"RegisteredDevices":[1]}})", "cp");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(std::string(bad.status().message()),
+            "cp: Data.RegisteredDevices is a array, expected an object of resource name -> device IDs");
+  EXPECT_FALSE(deviceplugin::RegisteredResources("{", "cp").ok());
+}
+
+// ---------------------------------------------------------------- MPS
+
+std::string MpsConfig(const std::string& extra) {
+  return "flags:\n  mpsRoot: /run/nvidia/mps\nsharing:\n  mps:\n" + extra + "    resources:\n    - {name: gpu, replicas: 4}\n";
+}
+
+TEST(MpsTest, OneReplicaGetsOneShare) {
+  Node n("dgx-h100");
+  auto plan = n.PlanFor(MpsConfig(""));
+  ASSERT_NE(plan, nullptr);
+  const auto& r = plan->resources[0];
+  EXPECT_TRUE(r.mps);
+  EXPECT_TRUE(r.fail_requests_greater_than_one);  // NVIDIA's default for MPS
+  const uint64_t mib = n.inv->gpus()[0].memory_mib;
+  auto limits = deviceplugin::DaemonLimits(*plan, r);
+  ASSERT_EQ(limits.pinned_mib.size(), 8u);
+  EXPECT_EQ(limits.pinned_mib[3], (std::pair<unsigned, uint64_t>{3, mib / 4}));
+  EXPECT_EQ(limits.thread_percentage, 25);
+
+  const std::string u0 = n.inv->gpus()[0].uuid;
+  auto a = deviceplugin::Allocate(*plan, r, n.config, {u0 + "::2"}, "x");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->envs, (std::map<std::string, std::string>{
+                         {"CUDA_MPS_PIPE_DIRECTORY", "/mps/nvidia.com/gpu/pipe"},
+                         {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=" + std::to_string(mib / 4) + "M"},
+                         {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25"},
+                         {"NVIDIA_VISIBLE_DEVICES", u0}}));
+  EXPECT_EQ(a->mounts, (std::vector<deviceplugin::MountSpec>{
+                           {"/mps/nvidia.com/gpu/pipe", "/run/nvidia/mps/nvidia.com/gpu/pipe", false},
+                           {"/dev/shm", "/run/nvidia/mps/shm", false}}));
+  auto three = deviceplugin::Allocate(*plan, r, n.config, {u0 + "::0", u0 + "::1", u0 + "::2"}, "x");
+  ASSERT_FALSE(three.ok());
+  EXPECT_EQ(std::string(three.status().message()), "invalid request: maximum request size for shared resources is 1; found 3");
+}
+
+TEST(MpsTest, ThreeReplicasGetThreeSharesOnOneGpu) {
+  Node n("dgx-h100");
+  auto plan = n.PlanFor(MpsConfig("    failRequestsGreaterThanOne: false\n"));
+  ASSERT_NE(plan, nullptr);
+  const auto& r = plan->resources[0];
+  const uint64_t mib = n.inv->gpus()[0].memory_mib;
+  // The daemon's defaults allow the most one container may get; each container's env holds it to its share.
+  auto limits = deviceplugin::DaemonLimits(*plan, r);
+  EXPECT_EQ(limits.pinned_mib[0].second, mib);
+  EXPECT_EQ(limits.thread_percentage, 100);
+
+  // GPU 0 has one replica in use, GPU 1 two: three replicas fit only on GPUs 2..7, and all come from one.
+  std::vector<std::string> available;
+  for (const auto& d : r.devices) {
+    if (!(d.gpu == 0 && d.replica == 0) && !(d.gpu == 1 && d.replica < 2)) available.push_back(d.id);
+  }
+  auto chosen = deviceplugin::PreferredAllocation(*plan, r, n.config, available, {}, 3);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  std::set<unsigned> gpus;
+  for (const auto& id : *chosen) gpus.insert(r.Find(id)->gpu);
+  ASSERT_EQ(gpus.size(), 1u);
+  EXPECT_GE(*gpus.begin(), 2u);
+  // With must_include on GPU 0 (3 free replicas), the others come from GPU 0 too.
+  const std::string u0 = n.inv->gpus()[0].uuid;
+  auto with_must = deviceplugin::PreferredAllocation(*plan, r, n.config, available, {u0 + "::3"}, 3);
+  ASSERT_TRUE(with_must.ok());
+  for (const auto& id : *with_must) EXPECT_EQ(r.Find(id)->gpu, 0u) << id;
+
+  const unsigned g = *gpus.begin();
+  auto a = deviceplugin::Allocate(*plan, r, n.config, *chosen, "x");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->envs.at("NVIDIA_VISIBLE_DEVICES"), n.inv->gpus()[g].uuid);
+  EXPECT_EQ(a->envs.at("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=" + std::to_string(mib * 3 / 4) + "M");
+  EXPECT_EQ(a->envs.at("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "75");
+  EXPECT_EQ(a->mounts.size(), 2u);
+  // Replicas that kubelet spread over two GPUs: each GPU's share, the smaller thread share.
+  const std::string u1 = n.inv->gpus()[1].uuid;
+  auto spread = deviceplugin::Allocate(*plan, r, n.config, {u0 + "::1", u0 + "::2", u1 + "::3"}, "x");
+  ASSERT_TRUE(spread.ok());
+  EXPECT_EQ(spread->envs.at("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+            "0=" + std::to_string(mib * 2 / 4) + "M,1=" + std::to_string(mib / 4) + "M");
+  EXPECT_EQ(spread->envs.at("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "25");
+}
+
+TEST(MpsTest, RefusedOnMigAndAboveMaxClients) {
+  {
+  Node n("dgx-a100-mig");
+  auto c = ParseConfig("flags:\n  mpsRoot: /m\nsharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2, devices: [1]}\n",
+                       "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  // migStrategy none: GPU 1 is a whole GPU, MPS is fine.
+  EXPECT_TRUE(deviceplugin::BuildPlan(n.inv, *c).ok());
+  // All-MIG node with single strategy: the MIG devices are nvidia.com/gpu, and MPS refuses them.
+  for (unsigned i = 0; i < 8; ++i) {
+    auto change = gpu::PlanMigChange(*n.lib, n.inv->gpus()[i], {i, true, std::vector<std::string>(7, "1g.5gb")});
+    ASSERT_TRUE(change.ok()) << change.status();
+    ASSERT_TRUE(gpu::ApplyMigChange(*n.lib, n.inv->gpus()[i], *change).ok());
+  }
+  n.Rediscover();
+  Config single = *c;
+  single.mig_strategy = "single";
+  single.sharing.resources[0].devices.clear();
+  auto refused = deviceplugin::BuildPlan(n.inv, single);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(std::string(refused.status().message()).find("sharing using MPS is not supported for MIG devices"),
+            std::string::npos)
+      << refused.status();
+  }
+  Node h("l4x4");
+  auto many = ParseConfig("flags:\n  mpsRoot: /m\nsharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 49}\n", "t");
+  ASSERT_TRUE(many.ok());
+  auto over = deviceplugin::BuildPlan(h.inv, *many);
+  ASSERT_FALSE(over.ok());
+  EXPECT_NE(std::string(over.status().message()).find("replicas 49 exceeds the 48 MPS clients GPU 0 (compute capability 8.9)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kgpu
