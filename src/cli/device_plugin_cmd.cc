@@ -55,6 +55,8 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags) {
   KGPU_FLAG("--driver-root-ctr-path,--container-driver-root", "DRIVER_ROOT_CTR_PATH", container_driver_root,
             "driver root inside this container");
   KGPU_FLAG("--mps-root", "MPS_ROOT", mps_root, "MPS root directory");
+  KGPU_FLAG("--mps-control", "MPS_CONTROL", mps_control,
+            "nvidia-cuda-mps-control binary (default: found on PATH; e.g. /driver-root/usr/bin/...)");
   KGPU_FLAG("--shared-devices-allocation-policy", "SHARED_DEVICES_ALLOCATION_POLICY",
             shared_devices_allocation_policy, "distributed or packed");
   KGPU_FLAG("--kubelet-socket", "KUBELET_SOCKET", kubelet_socket, "kubelet registration socket");

@@ -87,7 +87,7 @@ absl::StatusOr<Loaded> LoadLayouts(const MigFlags& flags, bool need_layout) {
   return l;
 }
 
-std::string Instances(const std::vector<std::string>& names) { return names.empty() ? "(none)" : Join(names, " + "); }
+std::string Instances(const std::vector<std::string>& names) { return gpu::DescribeInstances(names); }
 
 }  // namespace
 

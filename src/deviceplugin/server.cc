@@ -399,10 +399,25 @@ void Manager::ProbeMps(bool force) {
   if (mps_.empty()) return;
   auto log = Log("mps");
   bool all = true;
+  auto publish = [&](const std::string& name, bool up) {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool& was = available_[name];
+    if (was == up && !force) return;
+    if (was != up) log->info("MPS daemon of {} is {}", name, up ? "ready" : "not answering: its devices are Unhealthy");
+    was = up;
+    for (auto& s : servers_) {
+      if (s->resource().name == name) s->SetAvailable(up);
+    }
+  };
   for (auto& d : mps_) {
-    bool up = d->started() && d->Probe().ok();
+    bool up = false;
+    if (d->started()) {
+      const auto probe = d->Probe();
+      up = probe.ok();
+      if (!up) log->warn("MPS daemon of {} stopped answering ({}); restarting it", d->resource_name(), std::string(probe.message()));
+    }
     if (!up) {
-      // Not answering: (re)start it; the probe after a good start decides.
+      publish(d->resource_name(), false);  // no admissions while it is down
       if (auto st = d->Start(); !st.ok()) {
         log->warn("MPS daemon of {} is not ready: {}", d->resource_name(), std::string(st.message()));
       } else {
@@ -410,15 +425,7 @@ void Manager::ProbeMps(bool force) {
       }
     }
     all = all && up;
-    std::lock_guard<std::mutex> lock(mu_);
-    bool& was = available_[d->resource_name()];
-    if (was != up || force) {
-      if (was != up) log->info("MPS daemon of {} is {}", d->resource_name(), up ? "ready" : "not answering");
-      was = up;
-      for (auto& s : servers_) {
-        if (s->resource().name == d->resource_name()) s->SetAvailable(up);
-      }
-    }
+    publish(d->resource_name(), up);
   }
   MarkMpsReady(*config_, all);
 }

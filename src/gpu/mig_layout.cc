@@ -109,6 +109,18 @@ absl::Status CreateAll(const nvml::Library& lib, const Gpu& gpu, const std::vect
 
 }  // namespace
 
+std::string DescribeInstances(const std::vector<std::string>& names) {
+  if (names.empty()) return "(none)";
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < names.size();) {
+    size_t j = i;
+    while (j < names.size() && names[j] == names[i]) ++j;
+    parts.push_back(j - i > 1 ? Cat(j - i, "x ", names[i]) : names[i]);
+    i = j;
+  }
+  return Join(parts, " + ");
+}
+
 absl::StatusOr<std::vector<std::pair<nvml::GpuInstanceProfile, std::string>>> MigProfiles(const nvml::Library& lib,
                                                                                          const Gpu& gpu) {
   auto profiles = lib.GpuInstanceProfiles(gpu.handle);
@@ -191,7 +203,7 @@ absl::StatusOr<MigChange> PlanMigChange(const nvml::Library& lib, const Gpu& gpu
 absl::StatusOr<MigApplyResult> ApplyMigChange(const nvml::Library& lib, const Gpu& gpu, const MigChange& change) {
   MigApplyResult result;
   if (change.noop()) {
-    result.note = Cat("GPU ", gpu.index, ": already ", change.wanted.empty() ? "without MIG instances" : Join(change.wanted, " + "));
+    result.note = Cat("GPU ", gpu.index, ": already ", DescribeInstances(change.wanted));
     return result;
   }
   // Remember what is there, to put it back if the new layout cannot be created.
@@ -241,8 +253,7 @@ absl::StatusOr<MigApplyResult> ApplyMigChange(const nvml::Library& lib, const Gp
     }
     return absl::Status(st.code(), Cat("GPU ", gpu.index, ": ", st.message(), "; ", restored));
   }
-  result.note = Cat("GPU ", gpu.index, ": ", change.current.empty() ? "(no instances)" : Join(change.current, " + "), " -> ",
-                    change.wanted.empty() ? "(no instances)" : Join(change.wanted, " + "));
+  result.note = Cat("GPU ", gpu.index, ": ", DescribeInstances(change.current), " -> ", DescribeInstances(change.wanted));
   return result;
 }
 

@@ -74,6 +74,9 @@ struct MigApplyResult {
 // and says so in the error.
 absl::StatusOr<MigApplyResult> ApplyMigChange(const nvml::Library& lib, const Gpu& gpu, const MigChange& change);
 
+// "1g.5gb + 3x 2g.10gb" for sorted instance names; "(none)" for none.
+std::string DescribeInstances(const std::vector<std::string>& names);
+
 // The names of the GPU instance profiles `gpu` offers, smallest first (for messages and `kgpu mig`).
 absl::StatusOr<std::vector<std::pair<nvml::GpuInstanceProfile, std::string>>> MigProfiles(const nvml::Library& lib,
                                                                                          const Gpu& gpu);

@@ -1,0 +1,391 @@
+// MIG and MPS end to end, as real processes: `kgpu device-plugin` against the kubelet stand-in on
+// the simulated 8× A100 node with MIG (GPU 0: 3g.20gb + 2g.10gb + 2× 1g.5gb, GPU 1: 7× 1g.5gb),
+// `kgpu mig apply` against a PodResources stand-in, and MPS with the fake nvidia-cuda-mps-control.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "testing/fake_kubelet.h"
+#include "testing/fake_podresources.h"
+#include "testing/plugin_process.h"
+#include "testing/sim_node.h"
+
+namespace kgpu {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::FakeKubelet;
+using testing::Plugin;
+using testing::ResourceState;
+using testing::SimNode;
+
+constexpr char kLayouts[] = R"(
+mig:
+  rescanInterval: 100ms
+  layouts:
+    gpu1-split:
+      - devices: [1]
+        mig-devices: {"2g.10gb": 3, "1g.5gb": 1}
+    no-2g:
+      - devices: [0]
+        mig-devices: {"3g.20gb": 2}
+      - devices: [1]
+        mig-devices: {"1g.5gb": 7}
+  nodes:
+    "*": gpu1-split
+)";
+
+struct Run {
+  int code = -1;
+  std::string out;
+};
+
+// Runs a command line with the simulated NVML; returns exit code and output.
+Run Shell(const std::string& cmd) {
+  Run r;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class MigMpsTest : public ::testing::Test {
+ protected:
+  void Init(const std::string& profile) {
+    sim_ = std::make_unique<SimNode>(profile);
+    kubelet_ = std::make_unique<FakeKubelet>(sim_->dir());
+    ASSERT_TRUE(kubelet_->Start().ok());
+  }
+  std::string WriteConfig(const std::string& yaml) {
+    const std::string path = sim_->dir() + "/config.yaml";
+    std::ofstream(path) << yaml;
+    return path;
+  }
+  // The resources kubelet sees, name → device count (connected plugins only).
+  std::map<std::string, size_t> Counts() {
+    std::map<std::string, size_t> out;
+    for (const auto& name : kubelet_->Resources()) {
+      auto s = kubelet_->Get(name);
+      if (s && s->connected) out[name] = s->devices.size();
+    }
+    return out;
+  }
+  bool WaitCounts(const std::map<std::string, size_t>& want, std::chrono::milliseconds t = 10s) {
+    const auto deadline = std::chrono::steady_clock::now() + t;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (Counts() == want) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+  std::string Kgpu(const std::string& args) {
+    return "LD_LIBRARY_PATH=" + testing::LibDir() + " " + KGPU_BIN + " " + args;
+  }
+  nlohmann::json Devices() { return nlohmann::json::parse(Shell(Kgpu("devices --json")).out); }
+  std::string MigUuid(unsigned gpu, unsigned gi) {
+    const nlohmann::json devices = Devices();
+    for (const auto& m : devices["gpus"][gpu]["migDevices"]) {
+      if (m["gpuInstanceId"] == gi) return m["uuid"];
+    }
+    ADD_FAILURE() << "no GI " << gi << " on GPU " << gpu;
+    return "";
+  }
+
+  std::unique_ptr<SimNode> sim_;
+  std::unique_ptr<FakeKubelet> kubelet_;
+};
+
+std::string Describe(const std::map<std::string, size_t>& m) {
+  std::string s;
+  for (const auto& [k, v] : m) s += k + "=" + std::to_string(v) + " ";
+  return s;
+}
+
+TEST_F(MigMpsTest, EachStrategyAdvertisesNvidiasNames) {
+  Init("dgx-a100-mig");
+  {
+    Plugin p(sim_->dir(), {"--mig-strategy", "none"});
+    ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 8}})) << Describe(Counts()) << p.Log();
+  }
+  kubelet_->Stop();
+  kubelet_ = std::make_unique<FakeKubelet>(sim_->dir());
+  ASSERT_TRUE(kubelet_->Start().ok());
+  {
+    Plugin p(sim_->dir(), {"--mig-strategy", "mixed"});
+    ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 6},
+                            {"nvidia.com/mig-1g.5gb", 9},
+                            {"nvidia.com/mig-2g.10gb", 1},
+                            {"nvidia.com/mig-3g.20gb", 1}}))
+        << Describe(Counts()) << p.Log();
+  }
+  {
+    // single on a node that mixes MIG and non-MIG GPUs: NVIDIA's error, and no start.
+    Plugin p(sim_->dir(), {"--mig-strategy", "single"});
+    EXPECT_EQ(p.Wait(10s), 1) << p.Log();
+    EXPECT_NE(p.Log().find("all devices on the node must be configured with the same migEnabled value"),
+              std::string::npos)
+        << p.Log();
+  }
+  // Every GPU 7× 1g.5gb: single advertises the 56 MIG devices as nvidia.com/gpu.
+  const std::string cfg = WriteConfig("version: v1\nmig:\n  layouts:\n    all:\n      - devices: all\n"
+                                      "        mig-devices: {\"1g.5gb\": 7}\n");
+  auto applied = Shell(Kgpu("mig apply --no-kubelet-check --layout all --config-file " + cfg));
+  ASSERT_EQ(applied.code, 0) << applied.out;
+  kubelet_->Stop();
+  kubelet_ = std::make_unique<FakeKubelet>(sim_->dir());
+  ASSERT_TRUE(kubelet_->Start().ok());
+  Plugin p(sim_->dir(), {"--mig-strategy", "single"});
+  ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 56}})) << Describe(Counts()) << p.Log();
+}
+
+TEST_F(MigMpsTest, XidOnAMigInstanceMarksOnlyThatInstance) {
+  Init("dgx-a100-mig");
+  Plugin p(sim_->dir(), {"--mig-strategy", "mixed"});
+  ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 6},
+                          {"nvidia.com/mig-1g.5gb", 9},
+                          {"nvidia.com/mig-2g.10gb", 1},
+                          {"nvidia.com/mig-3g.20gb", 1}}))
+      << p.Log();
+  const std::string gi3 = MigUuid(0, 3);  // GPU 0's first 1g.5gb instance
+  ASSERT_EQ(sim_->Ctl("xid 0 48 --gi 3 --ci 0"), 0);
+  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/mig-1g.5gb", [](const ResourceState& s) { return s.Healthy() == 8; }, 10s))
+      << p.Log();
+  const auto mig1g = kubelet_->Get("nvidia.com/mig-1g.5gb");
+  for (const auto& d : mig1g->devices) {
+    EXPECT_EQ(d.health == "Healthy", d.id != gi3) << d.id;
+  }
+  EXPECT_EQ(kubelet_->Get("nvidia.com/mig-3g.20gb")->Healthy(), 1);
+  // A whole-GPU XID on GPU 0 marks all of its instances.
+  ASSERT_EQ(sim_->Ctl("xid 0 79"), 0);
+  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/mig-3g.20gb", [](const ResourceState& s) { return s.Healthy() == 0; }, 10s))
+      << p.Log();
+  EXPECT_EQ(kubelet_->Get("nvidia.com/mig-2g.10gb")->Healthy(), 0);
+  EXPECT_EQ(kubelet_->Get("nvidia.com/mig-1g.5gb")->Healthy(), 7);  // GPU 1's seven
+}
+
+TEST_F(MigMpsTest, MigApplyOnIdleGpusReRegistersAndRetiresVanishedResources) {
+  Init("dgx-a100-mig");
+  testing::FakePodResources pods(sim_->dir() + "/pod-resources.sock");
+  ASSERT_TRUE(pods.Start().ok());
+  const std::string cfg = WriteConfig("version: v1\nflags:\n  migStrategy: mixed\n" + std::string(kLayouts));
+  Plugin p(sim_->dir(), {"--config-file", cfg});
+  ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 6},
+                          {"nvidia.com/mig-1g.5gb", 9},
+                          {"nvidia.com/mig-2g.10gb", 1},
+                          {"nvidia.com/mig-3g.20gb", 1}}))
+      << p.Log();
+  const std::string apply = "mig apply --config-file " + cfg + " --pod-resources-socket " + pods.SocketPath();
+  // The node's layout (mig.nodes "*"): GPU 1 from 7× 1g.5gb to 3× 2g.10gb + 1g.5gb.
+  auto r = Shell(Kgpu(apply));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("GPU 1: 7x 1g.5gb -> 1g.5gb + 3x 2g.10gb"), std::string::npos) << r.out;
+  ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 6},
+                          {"nvidia.com/mig-1g.5gb", 3},
+                          {"nvidia.com/mig-2g.10gb", 4},
+                          {"nvidia.com/mig-3g.20gb", 1}}))
+      << Describe(Counts()) << p.Log();
+  EXPECT_GE(pods.ListCalls(), 1);
+  // Again: nothing to do.
+  r = Shell(Kgpu(apply));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("GPU 1: already"), std::string::npos) << r.out;
+  // A layout without any 2g.10gb: the resource stays registered with zero devices.
+  r = Shell(Kgpu(apply + " --layout no-2g"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 6},
+                          {"nvidia.com/mig-1g.5gb", 7},
+                          {"nvidia.com/mig-2g.10gb", 0},
+                          {"nvidia.com/mig-3g.20gb", 2}}))
+      << Describe(Counts()) << p.Log();
+  auto refused = kubelet_->Allocate("nvidia.com/mig-2g.10gb", {"MIG-gone"});
+  EXPECT_FALSE(refused.ok());
+  // A plugin restart still reports it with zero devices: kubelet's checkpoint remembers it.
+  std::ofstream(sim_->dir() + "/kubelet_internal_checkpoint")
+      << R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/mig-2g.10gb":[],"nvidia.com/mig-1g.5gb":[]}},"Checksum":0})";
+  p.Signal(SIGTERM);
+  ASSERT_EQ(p.Wait(10s), 0) << p.Log();
+  Plugin again(sim_->dir(), {"--config-file", cfg});
+  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/mig-2g.10gb",
+                                [](const ResourceState& s) { return s.connected && s.devices.empty(); }, 10s))
+      << again.Log();
+  EXPECT_NE(again.Log().find("serving nvidia.com/mig-2g.10gb with zero devices"), std::string::npos) << again.Log();
+}
+
+TEST_F(MigMpsTest, MigApplyRefusesABusyGpuAndChangesNothing) {
+  Init("dgx-a100-mig");
+  testing::FakePodResources pods(sim_->dir() + "/pod-resources.sock");
+  ASSERT_TRUE(pods.Start().ok());
+  const std::string cfg = WriteConfig("version: v1\nflags:\n  migStrategy: mixed\n" + std::string(kLayouts));
+  const std::string gi3 = MigUuid(0, 3);
+  v1::ListPodResourcesResponse list;
+  testing::AddDevices(list, "ml", "train-0", "main", "nvidia.com/mig-1g.5gb", {gi3});
+  pods.SetListResponse(list);
+  const std::string apply = "mig apply --config-file " + cfg + " --pod-resources-socket " + pods.SocketPath();
+  const std::string before = Shell(Kgpu("devices --json")).out;
+  auto r = Shell(Kgpu(apply + " --layout no-2g"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("GPU 0 is busy"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("pod ml/train-0 container main holds " + gi3 + " (nvidia.com/mig-1g.5gb, MIG 1g.5gb (GI 3))"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("nothing was changed"), std::string::npos) << r.out;
+  EXPECT_EQ(Shell(Kgpu("devices --json")).out, before);  // GPU 1 (idle) was not changed either
+  // A process outside Kubernetes also makes a GPU busy.
+  pods.SetListResponse({});
+  ASSERT_EQ(sim_->Ctl("proc add 1 4242 --mem 1024 --gi 5 --ci 0"), 0) << "simctl proc syntax";
+  r = Shell(Kgpu(apply));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("process 4242"), std::string::npos) << r.out;
+  ASSERT_EQ(sim_->Ctl("proc rm 1 4242"), 0);
+  // kubelet unreachable: refused, not guessed.
+  pods.Stop();
+  r = Shell(Kgpu(apply));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("cannot tell which pods hold GPUs"), std::string::npos) << r.out;
+  // Only the idle GPU, with kubelet back and the pod still on GPU 0: GPU 1 changes.
+  testing::FakePodResources pods2(sim_->dir() + "/pod-resources.sock");
+  ASSERT_TRUE(pods2.Start().ok());
+  pods2.SetListResponse(list);
+  r = Shell(Kgpu(apply + " --gpu 1"));
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// MPS with the fake control daemon: the daemon's layout and commands, then Allocate of 1 and 3
+// replicas field by field.
+class MpsTest : public MigMpsTest {
+ protected:
+  std::string Control() { return std::string(KGPU_FAKE_MPS_DIR) + "/nvidia-cuda-mps-control"; }
+  std::string Root() { return sim_->dir() + "/mps"; }
+  std::string ConfigWith(const std::string& fail) {
+    return WriteConfig("version: v1\nflags:\n  mpsRoot: " + Root() + "\nsharing:\n  mps:\n" + fail +
+                       "    resources:\n    - {name: gpu, replicas: 4}\n");
+  }
+  uint64_t MemoryMib() { return Devices()["gpus"][0]["memoryMiB"]; }
+};
+
+TEST_F(MpsTest, OneReplicaPerContainerByDefault) {
+  Init("dgx-h100");
+  Plugin p(sim_->dir(), {"--config-file", ConfigWith(""), "--mps-control", Control()});
+  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.connected && s.Healthy() == 32; },
+                                15s))
+      << p.Log();
+  const std::string dir = Root() + "/nvidia.com/gpu";
+  EXPECT_TRUE(std::filesystem::exists(dir + "/.started"));
+  EXPECT_TRUE(std::filesystem::exists(Root() + "/.ready"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/pipe/control"));
+  const uint64_t mib = MemoryMib();
+  const std::string log = ReadAll(dir + "/log/control.log");
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_NE(log.find("CMD set_default_device_pinned_mem_limit " + std::to_string(i) + " " + std::to_string(mib / 4) + "M"),
+              std::string::npos)
+        << log;
+  }
+  EXPECT_NE(log.find("CMD set_default_active_thread_percentage 25"), std::string::npos) << log;
+  EXPECT_NE(log.find("CMD get_default_active_thread_percentage"), std::string::npos) << log;  // readiness probe
+
+  const auto ids = kubelet_->Get("nvidia.com/gpu")->devices;
+  auto a = kubelet_->Allocate("nvidia.com/gpu", {ids[5].id});
+  ASSERT_TRUE(a.ok()) << a.status();
+  const auto& c = a->container_responses(0);
+  const std::string uuid = ids[5].id.substr(0, ids[5].id.find("::"));
+  std::map<std::string, std::string> envs(c.envs().begin(), c.envs().end());
+  EXPECT_EQ(envs, (std::map<std::string, std::string>{
+                      {"CUDA_MPS_PIPE_DIRECTORY", "/mps/nvidia.com/gpu/pipe"},
+                      {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=" + std::to_string(mib / 4) + "M"},
+                      {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25"},
+                      {"NVIDIA_VISIBLE_DEVICES", uuid}}));
+  ASSERT_EQ(c.mounts_size(), 2);
+  EXPECT_EQ(c.mounts(0).container_path(), "/mps/nvidia.com/gpu/pipe");
+  EXPECT_EQ(c.mounts(0).host_path(), dir + "/pipe");
+  EXPECT_EQ(c.mounts(1).container_path(), "/dev/shm");
+  EXPECT_EQ(c.mounts(1).host_path(), Root() + "/shm");
+  auto three = kubelet_->Allocate("nvidia.com/gpu", {ids[0].id, ids[1].id, ids[2].id});
+  EXPECT_FALSE(three.ok());
+
+  // The daemon dies: its devices go Unhealthy, the plugin restarts it, they come back.
+  const std::string pid = ReadAll(dir + "/pipe/nvidia-cuda-mps-control.pid");
+  ASSERT_FALSE(pid.empty());
+  ::kill(std::stoi(pid), SIGKILL);
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (p.Log().find("MPS daemon of nvidia.com/gpu stopped answering") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_NE(p.Log().find("restarting it"), std::string::npos) << p.Log();
+  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.Healthy() == 32; }, 20s))
+      << p.Log();
+  EXPECT_NE(ReadAll(dir + "/pipe/nvidia-cuda-mps-control.pid"), pid);  // a new daemon
+
+  p.Signal(SIGTERM);
+  ASSERT_EQ(p.Wait(10s), 0) << p.Log();
+  EXPECT_NE(ReadAll(dir + "/log/control.log").find("CMD quit"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/.started"));
+  EXPECT_FALSE(std::filesystem::exists(Root() + "/.ready"));
+}
+
+TEST_F(MpsTest, ThreeReplicasAreThreeSharesOfOneGpu) {
+  Init("dgx-h100");
+  Plugin p(sim_->dir(), {"--config-file", ConfigWith("    failRequestsGreaterThanOne: false\n"), "--mps-control", Control()});
+  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.connected && s.Healthy() == 32; },
+                                15s))
+      << p.Log();
+  const uint64_t mib = MemoryMib();
+  const std::string log = ReadAll(Root() + "/nvidia.com/gpu/log/control.log");
+  EXPECT_NE(log.find("CMD set_default_device_pinned_mem_limit 0 " + std::to_string(mib) + "M"), std::string::npos) << log;
+  EXPECT_NE(log.find("CMD set_default_active_thread_percentage 100"), std::string::npos) << log;
+  // kubelet's admission: GetPreferredAllocation for 3 among all, then Allocate.
+  std::vector<std::string> all;
+  const auto state = kubelet_->Get("nvidia.com/gpu");
+  for (const auto& d : state->devices) all.push_back(d.id);
+  auto preferred = kubelet_->GetPreferredAllocation("nvidia.com/gpu", all, {}, 3);
+  ASSERT_TRUE(preferred.ok()) << preferred.status();
+  ASSERT_EQ(preferred->size(), 3u);
+  std::set<std::string> gpus;
+  for (const auto& id : *preferred) gpus.insert(id.substr(0, id.find("::")));
+  ASSERT_EQ(gpus.size(), 1u) << "all three replicas on one GPU";
+  auto a = kubelet_->Allocate("nvidia.com/gpu", *preferred);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const auto& c = a->container_responses(0);
+  std::map<std::string, std::string> envs(c.envs().begin(), c.envs().end());
+  EXPECT_EQ(envs, (std::map<std::string, std::string>{
+                      {"CUDA_MPS_PIPE_DIRECTORY", "/mps/nvidia.com/gpu/pipe"},
+                      {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=" + std::to_string(mib * 3 / 4) + "M"},
+                      {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "75"},
+                      {"NVIDIA_VISIBLE_DEVICES", *gpus.begin()}}));
+  EXPECT_EQ(c.mounts_size(), 2);
+}
+
+TEST_F(MpsTest, DaemonThatCannotStartKeepsDevicesUnhealthy) {
+  Init("dgx-h100");
+  Plugin p(sim_->dir(), {"--config-file", ConfigWith(""), "--mps-control", Control()}, {"KGPU_FAKE_MPS_FAIL=1"});
+  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.connected && s.devices.size() == 32; },
+                                15s))
+      << p.Log();
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(kubelet_->Get("nvidia.com/gpu")->Healthy(), 0);
+  EXPECT_NE(p.Log().find("fake: start refused"), std::string::npos) << p.Log();
+  EXPECT_FALSE(std::filesystem::exists(Root() + "/.ready"));
+}
+
+}  // namespace
+}  // namespace kgpu
