@@ -19,6 +19,10 @@ struct NodeOptions {
   std::string nvml_library;         // --nvml-library (else KGPU_NVML_LIBRARY, else by soname)
   std::string sysfs_root = "/sys";  // --sysfs-root
   std::string dev_root = "/dev";    // --dev-root
+  // kgpu doctor: where the device plugins' sockets and the MPS daemons live.
+  std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
+  std::string mps_root = "/run/nvidia/mps";
+  std::string mps_control = "nvidia-cuda-mps-control";
 };
 
 // One NVML session and the inventory discovered through it.

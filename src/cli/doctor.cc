@@ -2,8 +2,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <filesystem>
+
 #include "cli/commands.h"
 #include "common/strings.h"
+#include "deviceplugin/mps.h"
+#include "deviceplugin/server.h"
 #include "gpu/inventory.h"
 #include "nvml/library.h"
 
@@ -29,6 +34,99 @@ void CheckNodes(const std::vector<std::string>& paths, std::vector<std::string>*
     } else if (!S_ISCHR(st.st_mode)) {
       not_char->push_back(p);
     }
+  }
+}
+
+// What each device plugin socket in the kubelet directory advertises: resources with zero devices
+// (their MIG instances are gone; pods asking for them stay Pending) and unhealthy devices.
+void CheckPlugins(const NodeOptions& options, std::vector<Check>* checks) {
+  std::error_code ec;
+  std::vector<std::string> sockets;
+  for (const auto& e : std::filesystem::directory_iterator(options.kubelet_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_socket(ec) && name != "kubelet.sock" && name.size() > 5 && name.substr(name.size() - 5) == ".sock") {
+      sockets.push_back(name);
+    }
+  }
+  std::sort(sockets.begin(), sockets.end());
+  if (ec || sockets.empty()) {
+    checks->push_back({"Device plugin", Verdict::kWarn, Cat("no plugin socket in ", options.kubelet_dir),
+                       "run kgpu device-plugin (deploy/device-plugin) and mount the host's kubelet device-plugin "
+                       "directory; use --kubelet-dir when kubelet uses another root"});
+    return;
+  }
+  std::vector<std::string> served, empty, unhealthy, dead;
+  for (const auto& s : sockets) {
+    // nvidia-mig-1g.10gb.sock -> nvidia.com/mig-1g.10gb (NVIDIA's and kgpu's socket naming).
+    std::string resource = s.substr(0, s.size() - 5);
+    if (resource.rfind("nvidia-", 0) == 0) resource = "nvidia.com/" + resource.substr(7);
+    auto devices = deviceplugin::ReadAdvertised(Cat(options.kubelet_dir, "/", s), std::chrono::seconds(2));
+    if (!devices.ok()) {
+      dead.push_back(Cat(s, " (", devices.status().message(), ")"));
+      continue;
+    }
+    const auto healthy = std::count_if(devices->begin(), devices->end(), [](const auto& d) { return d.healthy; });
+    served.push_back(Cat(resource, "=", devices->size()));
+    if (devices->empty()) empty.push_back(resource);
+    if (healthy < static_cast<long>(devices->size())) {
+      unhealthy.push_back(Cat(resource, " ", devices->size() - static_cast<size_t>(healthy), " of ", devices->size()));
+    }
+  }
+  if (!dead.empty()) {
+    checks->push_back({"Device plugin", Verdict::kFail, Cat("not answering: ", Join(dead, "; ")),
+                       "a plugin died and left its socket: check its pod (kubectl -n kube-system logs ...) and restart "
+                       "it; kubelet advertises nothing for these until it re-registers"});
+  }
+  if (dead.empty()) checks->push_back({"Device plugin", Verdict::kPass, Cat("advertising ", Join(served, ", ")), ""});
+  if (!empty.empty()) {
+    checks->push_back({"Zero-device resources", Verdict::kWarn,
+                       Cat(Join(empty, ", "), " advertised with 0 devices (their MIG instances no longer exist)"),
+                       "pods requesting them stay Pending: move those workloads to a resource this node has "
+                       "(kgpu mig show), or apply a MIG layout that has it (kgpu mig apply)"});
+  }
+  if (!unhealthy.empty()) {
+    checks->push_back({"Device health", Verdict::kWarn, Cat("Unhealthy: ", Join(unhealthy, "; ")),
+                       "see `kgpu health` and the plugin log for the XID or probe that failed; for MPS resources, the "
+                       "MPS check below"});
+  }
+}
+
+// MPS control daemons under mpsRoot: each <resource>/pipe answers, .ready exists, shm is a tmpfs.
+void CheckMps(const NodeOptions& options, std::vector<Check>* checks) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(options.mps_root, ec)) return;  // MPS not in use on this node
+  std::vector<std::string> pipes;
+  for (auto it = std::filesystem::recursive_directory_iterator(options.mps_root, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it.depth() > 3) it.disable_recursion_pending();
+    if (it->path().filename() == "pipe" && it->is_directory(ec)) {
+      pipes.push_back(it->path().string());
+      it.disable_recursion_pending();
+    }
+  }
+  std::sort(pipes.begin(), pipes.end());
+  if (pipes.empty()) return;
+  std::vector<std::string> down, up;
+  for (const auto& pipe : pipes) {
+    const std::string resource = pipe.substr(options.mps_root.size() + 1, pipe.size() - options.mps_root.size() - 6);
+    auto reply = deviceplugin::MpsCommand(options.mps_control, pipe, "get_default_active_thread_percentage",
+                                          std::chrono::seconds(3));
+    if (reply.ok()) {
+      up.push_back(Cat(resource, " (", *reply, "% threads per client)"));
+    } else {
+      down.push_back(Cat(resource, ": ", reply.status().message()));
+    }
+  }
+  if (!down.empty()) {
+    checks->push_back({"MPS daemons", Verdict::kFail, Cat("not ready: ", Join(down, "; ")),
+                       Cat("kgpu device-plugin starts and restarts the daemons (sharing.mps): check its log and ",
+                           options.mps_root, "/<resource>/log/control.log; until a daemon answers, its resource's "
+                           "devices are Unhealthy")});
+  } else if (!std::filesystem::exists(options.mps_root + "/.ready")) {
+    checks->push_back({"MPS daemons", Verdict::kWarn, Cat(Join(up, ", "), " answer, but ", options.mps_root, "/.ready is missing"),
+                       "the plugin writes .ready when every daemon is up; check its log"});
+  } else {
+    checks->push_back({"MPS daemons", Verdict::kPass, Cat("ready: ", Join(up, ", ")), ""});
   }
 }
 
@@ -112,6 +210,8 @@ std::vector<Check> DoctorChecks(const NodeOptions& options) {
   } else {
     checks.push_back({"GPUs healthy", Verdict::kPass, Cat("all ", gpus.size(), " readable"), ""});
   }
+  CheckPlugins(options, &checks);
+  CheckMps(options, &checks);
   return checks;
 }
 
@@ -127,7 +227,7 @@ int RunDoctor(const NodeOptions& options, bool json, std::ostream& out) {
       continue;
     }
     out << "[" << VerdictName(c.verdict) << "] " << c.name;
-    for (size_t i = c.name.size(); i < 18; ++i) out << ' ';
+    for (size_t i = c.name.size(); i < 23; ++i) out << ' ';
     out << c.detail << "\n";
     if (!c.fix.empty()) out << "       fix: " << c.fix << "\n";
   }

@@ -103,6 +103,7 @@ int RunExporter(const NodeOptions& node, const ExporterFlags& flags) {
     std::cerr << "kgpu exporter: " << session.status().message() << "\n";
     return 1;
   }
+  options->discover = {node.sysfs_root};
   exporter::Exporter exp(*session->lib, session->inventory, std::move(*options));
   if (auto st = exp.Start(); !st.ok()) {
     std::cerr << "kgpu exporter: " << st.message() << "\n";
@@ -134,6 +135,7 @@ int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const Expo
     std::cerr << "kgpu node: " << st.message() << "\n";
     return 1;
   }
+  options->discover = {node.sysfs_root};
   exporter::Exporter exp(*session->lib, session->inventory, std::move(*options));
   if (auto st = exp.Start(); !st.ok()) {
     std::cerr << "kgpu node: " << st.message() << "\n";

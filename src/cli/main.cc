@@ -44,6 +44,13 @@ int Main(int argc, char** argv) {
   auto* doctor = app.add_subcommand(
       "doctor", "check why nvidia.com/gpu is or is not usable on this node (exit 1 on FAIL)");
   doctor->add_flag("--json", json, "JSON instead of text");
+  doctor->add_option("--kubelet-dir", node.kubelet_dir, "device-plugin directory (plugin sockets)")
+      ->envname("KGPU_KUBELET_DIR")
+      ->capture_default_str();
+  doctor->add_option("--mps-root", node.mps_root, "MPS root directory")->envname("MPS_ROOT")->capture_default_str();
+  doctor->add_option("--mps-control", node.mps_control, "nvidia-cuda-mps-control binary")
+      ->envname("MPS_CONTROL")
+      ->capture_default_str();
   unsigned seconds = 0;
   auto* health = app.add_subcommand("health", "watch GPU health (NVML events, probes, hung calls)");
   health->add_option("--duration", seconds, "stop after this many seconds (0: until SIGINT)");

@@ -207,6 +207,28 @@ std::vector<DeviceState> ResourceServer::Devices() const {
   return devices_;
 }
 
+absl::StatusOr<std::vector<DeviceState>> ReadAdvertised(const std::string& socket, std::chrono::milliseconds timeout) {
+  auto channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
+  auto stub = v1beta1::DevicePlugin::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  v1beta1::Empty empty;
+  auto reader = stub->ListAndWatch(&ctx, empty);
+  v1beta1::ListAndWatchResponse msg;
+  if (!reader->Read(&msg)) {
+    const grpc::Status st = reader->Finish();
+    return absl::UnavailableError(Cat("ListAndWatch on ", socket, ": ",
+                                      st.ok() ? "the stream ended without a device list" : st.error_message()));
+  }
+  std::vector<DeviceState> out;
+  for (const auto& d : msg.devices()) {
+    out.push_back({d.id(), d.health() == kHealthy, d.topology().nodes_size() > 0 ? static_cast<int>(d.topology().nodes(0).id()) : -1});
+  }
+  ctx.TryCancel();
+  (void)reader->Finish();
+  return out;
+}
+
 absl::Status RegisterWithKubelet(const std::string& kubelet_socket, const std::string& endpoint,
                                  const std::string& resource, std::chrono::milliseconds timeout) {
   auto channel = grpc::CreateChannel("unix:" + kubelet_socket, grpc::InsecureChannelCredentials());

@@ -85,6 +85,10 @@ class ResourceServer {
   std::atomic<uint64_t> allocations_{0};
 };
 
+// What a device plugin serving on `socket` advertises: the first ListAndWatch message, as kubelet
+// would read it (for `kgpu doctor`). Errors name the socket.
+absl::StatusOr<std::vector<DeviceState>> ReadAdvertised(const std::string& socket, std::chrono::milliseconds timeout);
+
 // Registers `resource` served at `<dir>/<endpoint>` with the kubelet at `kubelet_socket`.
 absl::Status RegisterWithKubelet(const std::string& kubelet_socket, const std::string& endpoint,
                                  const std::string& resource, std::chrono::milliseconds timeout);

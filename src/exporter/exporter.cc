@@ -365,6 +365,7 @@ Exporter::Exporter(const nvml::Library& lib, std::shared_ptr<const gpu::Inventor
     attributor_ = std::make_unique<PodAttributor>(PodAttributor::Options{options_.proc_root, options_.checkpoint_path});
   }
   collector_ = std::make_unique<Collector>(lib_, inventory_, options_, attributor_.get());
+  mig_seen_ = gpu::MigFingerprint(*inventory_);
   buffer_ = std::make_shared<const std::string>();
 }
 
@@ -393,6 +394,17 @@ void Exporter::RefreshPods() {
 
 void Exporter::CollectNow() {
   const auto t0 = std::chrono::steady_clock::now();
+  // MIG re-partitioned (kgpu mig apply, nvidia-smi mig): GPU instance series follow the new layout.
+  if (const std::string seen = gpu::MigFingerprintNow(lib_, collector_->inventory()); seen != mig_seen_) {
+    if (auto inv = gpu::Inventory::Discover(lib_, options_.discover); inv.ok()) {
+      Log("exporter")->info("MIG layout changed: re-discovered {} GPU(s)", (*inv)->gpus().size());
+      collector_->SetInventory(*inv);
+      mig_seen_ = gpu::MigFingerprint(**inv);
+    } else {
+      Log("exporter")->warn("MIG layout changed, but re-discovery failed: {}", std::string(inv.status().message()));
+      mig_seen_ = seen;
+    }
+  }
   auto text = std::make_shared<const std::string>(collector_->Collect());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   {

@@ -48,6 +48,7 @@ struct ExporterOptions {
   std::string proc_root = "/proc";
   std::string checkpoint_path = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
   std::string hostname;  // Hostname label; empty: no label (-n)
+  gpu::DiscoverOptions discover;  // for re-discovery after a MIG re-partition
   bool replace_blanks_in_model_name = false;
 };
 
@@ -57,6 +58,9 @@ class Collector {
             const ExporterOptions& options, const PodAttributor* attributor);
   // One collection: the text of every GPU family.
   std::string Collect();
+  // After a MIG re-partition: the MIG series follow the new instances. Same thread as Collect().
+  void SetInventory(std::shared_ptr<const gpu::Inventory> inventory) { inventory_ = std::move(inventory); }
+  const gpu::Inventory& inventory() const { return *inventory_; }
   void RecordXid(unsigned gpu, unsigned gi, unsigned long long xid);
   uint64_t nvml_errors() const { return nvml_errors_.load(); }
 
@@ -67,7 +71,7 @@ class Collector {
   };
 
   const nvml::Library& lib_;
-  const std::shared_ptr<const gpu::Inventory> inventory_;
+  std::shared_ptr<const gpu::Inventory> inventory_;
   const ExporterOptions& options_;
   const PodAttributor* attributor_;
   std::map<unsigned, std::pair<uint64_t, std::chrono::steady_clock::time_point>> nvlink_prev_;
@@ -103,6 +107,8 @@ class Exporter {
   std::unique_ptr<PodAttributor> attributor_;
   std::unique_ptr<Collector> collector_;
   std::unique_ptr<nvml::EventSet> events_;
+
+  std::string mig_seen_;  // MIG fingerprint of the collector's inventory (collect thread)
 
   std::mutex buffer_mu_;
   std::shared_ptr<const std::string> buffer_;  // the latest collection, swapped whole

@@ -219,6 +219,10 @@ TEST_F(MigMpsTest, MigApplyOnIdleGpusReRegistersAndRetiresVanishedResources) {
       << Describe(Counts()) << p.Log();
   auto refused = kubelet_->Allocate("nvidia.com/mig-2g.10gb", {"MIG-gone"});
   EXPECT_FALSE(refused.ok());
+  auto doctor = Shell(Kgpu("doctor --kubelet-dir " + sim_->dir()));
+  EXPECT_NE(doctor.out.find("[WARN] Zero-device resources  nvidia.com/mig-2g.10gb advertised with 0 devices"),
+            std::string::npos)
+      << doctor.out;
   // A plugin restart still reports it with zero devices: kubelet's checkpoint remembers it.
   std::ofstream(sim_->dir() + "/kubelet_internal_checkpoint")
       << R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/mig-2g.10gb":[],"nvidia.com/mig-1g.5gb":[]}},"Checksum":0})";
@@ -274,6 +278,13 @@ TEST_F(MigMpsTest, MigApplyRefusesABusyGpuAndChangesNothing) {
 // replicas field by field.
 class MpsTest : public MigMpsTest {
  protected:
+  // A plugin killed with SIGKILL leaves its daemon running (as on a node, where the next plugin
+  // reuses it); the test stops it.
+  void TearDown() override {
+    if (!sim_) return;
+    const std::string pid = ReadAll(Root() + "/nvidia.com/gpu/pipe/nvidia-cuda-mps-control.pid");
+    if (!pid.empty()) ::kill(std::stoi(pid), SIGTERM);
+  }
   std::string Control() { return std::string(KGPU_FAKE_MPS_DIR) + "/nvidia-cuda-mps-control"; }
   std::string Root() { return sim_->dir() + "/mps"; }
   std::string ConfigWith(const std::string& fail) {
@@ -321,6 +332,11 @@ TEST_F(MpsTest, OneReplicaPerContainerByDefault) {
   EXPECT_EQ(c.mounts(1).host_path(), Root() + "/shm");
   auto three = kubelet_->Allocate("nvidia.com/gpu", {ids[0].id, ids[1].id, ids[2].id});
   EXPECT_FALSE(three.ok());
+  auto doctor = Shell(Kgpu("doctor --kubelet-dir " + sim_->dir() + " --mps-root " + Root() + " --mps-control " + Control()));
+  EXPECT_NE(doctor.out.find("[PASS] MPS daemons            ready: nvidia.com/gpu (25.0% threads per client)"),
+            std::string::npos)
+      << doctor.out;
+  EXPECT_NE(doctor.out.find("[PASS] Device plugin          advertising nvidia.com/gpu=32"), std::string::npos) << doctor.out;
 
   // The daemon dies: its devices go Unhealthy, the plugin restarts it, they come back.
   const std::string pid = ReadAll(dir + "/pipe/nvidia-cuda-mps-control.pid");

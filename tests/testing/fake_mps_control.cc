@@ -281,6 +281,10 @@ int RunDaemon(bool foreground) {
     const int null_fd = open("/dev/null", O_RDWR);
     for (int fd = 0; fd <= 2; ++fd) dup2(null_fd, fd);
     if (null_fd > 2) close(null_fd);
+    // Like a real daemon, keep no descriptor the starter had open (a build lock, a test's pipes).
+    for (int fd = 3; fd < 1024; ++fd) {
+      if (fd != ready[1]) close(fd);
+    }
     const int fd = StartListening(paths, err);
     WriteAll(ready[1], fd >= 0 ? "ok" : err);
     close(ready[1]);
