@@ -7,6 +7,7 @@
 #include "exporter/counters.h"
 #include "common/strings.h"
 #include "exporter/exporter.h"
+#include "gpu/mig_layout.h"
 #include "testing/sim_gpus.h"
 
 namespace kgpu::exporter {
@@ -177,6 +178,34 @@ TEST(ExporterTest, ScrapeServesTheLatestBufferAndOwnMetrics) {
   exporter.CollectNow();
   EXPECT_NE(exporter.Scrape().find("DCGM_FI_DEV_GPU_TEMP{gpu=\"0\""), std::string::npos);
   EXPECT_NE(exporter.Scrape().find("} 90\n"), std::string::npos);
+  exporter.Stop();
+}
+
+TEST(ExporterTest, MigSeriesFollowARepartition) {
+  Fixture f("dgx-a100-mig");
+  f.options.address = "127.0.0.1:0";
+  f.options.interval = std::chrono::hours(1);
+  f.options.discover = {f.sim.dir()};
+  Exporter exporter(*f.lib, f.inv, f.options);
+  ASSERT_TRUE(exporter.Start().ok());
+  auto gpu1_small = [](const std::string& text) {
+    size_t n = 0;
+    for (const auto& l : Family(text, "DCGM_FI_DEV_GPU_TEMP")) {
+      if (l.find("gpu=\"1\"") != std::string::npos && l.find("GPU_I_PROFILE=\"1g.5gb\"") != std::string::npos) ++n;
+    }
+    return n;
+  };
+  EXPECT_EQ(Family(exporter.Scrape(), "DCGM_FI_DEV_GPU_TEMP").size(), 6u + 4u + 7u);
+  EXPECT_EQ(gpu1_small(exporter.Scrape()), 7u);
+  // GPU 1: 7× 1g.5gb -> one 7g.40gb instance (as `kgpu mig apply` or nvidia-smi would).
+  auto change = gpu::PlanMigChange(*f.lib, f.inv->gpus()[1], {1, true, {"7g.40gb"}});
+  ASSERT_TRUE(change.ok()) << change.status();
+  ASSERT_TRUE(gpu::ApplyMigChange(*f.lib, f.inv->gpus()[1], *change).ok());
+  exporter.CollectNow();
+  const std::string text = exporter.Scrape();
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_GPU_TEMP").size(), 6u + 4u + 1u);
+  EXPECT_NE(text.find("GPU_I_PROFILE=\"7g.40gb\""), std::string::npos);
+  EXPECT_EQ(gpu1_small(text), 0u);  // the old instances are gone from the output
   exporter.Stop();
 }
 
