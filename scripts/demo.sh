@@ -104,4 +104,35 @@ echo "\$ kgpu-simctl xid 0 94 --gi 3 --ci 0   # contained ECC error on MIG insta
 "$bin/kgpu-simctl" xid 0 94 --gi 3 --ci 0
 wait_for "$work/mig.log" "Unhealthy: XID 94" && grep "change:" "$work/mig.log"
 echo "(only that MIG device changed; GPU 0 and its other instances stay Healthy)"
+kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null || true; watcher=""
+
+step "MIG re-partitioning: kgpu mig apply, and the running plugin follows (no restart, no stale resources)"
+"$bin/kgpu-simctl" reset
+cat >"$work/mig.yaml" <<'YAML'
+version: v1
+flags:
+  migStrategy: mixed             # one resource per MIG profile
+mig:                             # kgpu: declared layouts (mig-parted's schema), per node
+  rescanInterval: 200ms
+  layouts:
+    two-halves:
+      - devices: [0]
+        mig-devices: {"3g.20gb": 2}
+  nodes:
+    "*": two-halves
+YAML
+sed 's/^/    /' "$work/mig.yaml"
+: >"$work/kubelet.log"
+"$bin/kgpu-fake-kubelet" serve --dir "$kdir" --duration 20 >"$work/kubelet.log" 2>&1 &
+kubelet=$!
+"$bin/kgpu" --log-level warn device-plugin --kubelet-dir "$kdir" --config-file "$work/mig.yaml" >"$work/plugin.log" 2>&1 &
+plugin=$!
+wait_count "$work/kubelet.log" "ListAndWatch nvidia.com/mig" 3 && grep "ListAndWatch" "$work/kubelet.log"
+echo; echo "\$ kgpu mig apply --config-file mig.yaml --no-kubelet-check   # (no kubelet PodResources in this demo)"
+"$bin/kgpu" mig apply --config-file "$work/mig.yaml" --no-kubelet-check | sed 's/^/  /'
+wait_for "$work/kubelet.log" "nvidia.com/mig-2g.10gb: 0 devices" && grep "ListAndWatch" "$work/kubelet.log" | tail -n 4
+echo "(GPU 0 is now two 3g.20gb instances; nvidia.com/mig-2g.10gb stays registered with 0 devices, so"
+echo " the node's capacity for it drops to 0 instead of lingering; a busy GPU would have been refused)"
+kill -TERM "$plugin"; wait "$plugin" 2>/dev/null || true
+kill -TERM "$kubelet" 2>/dev/null; wait "$kubelet" 2>/dev/null || true
 step "done"
