@@ -374,6 +374,13 @@ void Manager::StartHealth() {
   ho.recover_after = config.health.recover_after;
   ho.probe_interval = config.health.probe_interval;
   ho.hang_threshold = config.health.hang_threshold;
+  ho.on_mig_change = [this](unsigned) {
+    {
+      std::lock_guard<std::mutex> lock(wake_mu_);
+      rescan_now_ = true;
+    }
+    wake_cv_.notify_all();
+  };
   auto monitor = std::make_unique<gpu::HealthMonitor>(lib_, inventory_, ho, [this](const auto&) { PublishHealth(); });
   if (auto st = monitor->Start(); !st.ok()) log->warn("health monitor: {}", std::string(st.message()));
   std::lock_guard<std::mutex> lock(mu_);
@@ -551,7 +558,6 @@ void Manager::Rediscover() {
   for (const auto& r : (*plan)->resources) after.push_back(Cat(r.name, "=", r.devices.size()));
   log->info("MIG layout changed: re-discovered {} GPU(s); resources {} -> {}", (*inventory)->gpus().size(),
             Join(before, " "), Join(after, " "));
-  StopHealth();
   StopMps();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -559,9 +565,13 @@ void Manager::Rediscover() {
     inventory_ = *inventory;
     plan_ = WithRetired(*plan);
   }
-  StartHealth();
   StartMps();
+  // Serve first (health of the GPUs carries over; new MIG devices start Healthy), then move the
+  // health monitor to the new inventory: kubelet sees the new devices without waiting for it.
   RestartServers("MIG layout changed");
+  StopHealth();
+  StartHealth();
+  PublishHealth();
 }
 
 void Manager::MaintenanceLoop(std::stop_token stop) {
@@ -569,7 +579,16 @@ void Manager::MaintenanceLoop(std::stop_token stop) {
   auto next_mps = std::chrono::steady_clock::now();
   while (!stop.stop_requested()) {
     const auto now = std::chrono::steady_clock::now();
-    if (now >= next_rescan) {
+    bool event = false;
+    {
+      std::lock_guard<std::mutex> lock(wake_mu_);
+      std::swap(event, rescan_now_);
+    }
+    if (event) {
+      // A re-partition is a burst of events (one per instance destroyed or created): look once
+      // it has been quiet for a moment, not at its first event.
+      next_rescan = now + std::chrono::milliseconds(100);
+    } else if (now >= next_rescan) {
       std::shared_ptr<const gpu::Inventory> inventory = this->inventory();
       const std::string seen = gpu::MigFingerprintNow(lib_, *inventory);
       if (seen != layout_seen_) {
@@ -587,11 +606,11 @@ void Manager::MaintenanceLoop(std::stop_token stop) {
       }
       next_mps = now + (all ? std::chrono::seconds(5) : std::chrono::milliseconds(500));
     }
+    // Until the next timer, or at once when NVML reports a MIG change (the timer is the fallback
+    // for drivers without MIG events).
     const auto wake = mps_.empty() ? next_rescan : std::min(next_rescan, next_mps);
-    if (!SleepFor(stop, std::chrono::duration_cast<std::chrono::milliseconds>(wake - std::chrono::steady_clock::now()) +
-                            std::chrono::milliseconds(1))) {
-      return;
-    }
+    std::unique_lock<std::mutex> lock(wake_mu_);
+    wake_cv_.wait_until(lock, stop, wake + std::chrono::milliseconds(1), [&] { return rescan_now_; });
   }
 }
 

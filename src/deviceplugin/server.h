@@ -8,8 +8,9 @@
 // Manager: builds the plan, serves and registers every resource, re-serves and re-registers
 // when kubelet restarts (inotify on the kubelet directory) or its socket disappears, retries with
 // backoff while kubelet is absent, feeds health changes to the servers, reloads on request.
-// Its maintenance thread re-discovers the GPUs when their MIG layout changes (checked every
-// mig.rescanInterval) and re-serves; a resource that no longer exists keeps being served with zero
+// Its maintenance thread re-discovers the GPUs when their MIG layout changes (on NVML's MIG
+// configuration-change event, once the burst is over, and every mig.rescanInterval as the
+// fallback) and re-serves; a resource that no longer exists keeps being served with zero
 // devices (also one kubelet's checkpoint lists from before a plugin restart), so node capacity
 // drops to 0 instead of lingering. It also runs the MPS control daemons (mps.h): starts them, probes
 // them, restarts one that stops answering, and keeps its resource Unhealthy meanwhile.
@@ -142,6 +143,9 @@ class Manager {
   std::map<std::string, bool> available_;   // resource → serving (MPS daemon up); guarded by mu_
   std::vector<std::unique_ptr<class MpsDaemon>> mps_;  // owner thread / maintenance thread only
   std::string layout_seen_;                 // MIG fingerprint of the running inventory (maintenance thread)
+  std::mutex wake_mu_;                      // wakes the maintenance thread early:
+  std::condition_variable_any wake_cv_;     // NVML reported a MIG configuration change
+  bool rescan_now_ = false;                 // guarded by wake_mu_
 
   mutable std::mutex mu_;  // guards servers_, registered_, generation_, serve_failed_, health_ use
   std::condition_variable_any cv_;

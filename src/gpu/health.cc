@@ -50,8 +50,9 @@ absl::Status HealthMonitor::Start() {
       auto supported = lib_.SupportedEvents(g.handle);
       absl::Status st = supported.status();
       if (supported.ok()) {
-        const uint64_t mask =
-            (nvml::kEventXid | nvml::kEventDoubleBitEcc | nvml::kEventSingleBitEcc) & *supported;
+        const uint64_t mask = (nvml::kEventXid | nvml::kEventDoubleBitEcc | nvml::kEventSingleBitEcc |
+                               (options_.on_mig_change ? nvml::kEventMigConfigChange : 0)) &
+                              *supported;
         st = events_->Register(g.handle, mask);
       }
       if (nvml::ReturnOf(st) == nvml::Return::kNotSupported) {
@@ -146,6 +147,11 @@ void HealthMonitor::HandleEvent(const nvml::Event& event) {
     return;
   }
   const Gpu& gpu = inventory_->gpus()[static_cast<unsigned>(index)];
+  if ((event.type & nvml::kEventMigConfigChange) && options_.on_mig_change) {
+    log->debug("GPU {}: MIG configuration changed", gpu.index);
+    options_.on_mig_change(gpu.index);
+    return;
+  }
   std::string reason;
   if (event.type & nvml::kEventXid) {
     if (!IsFatalXid(event.data)) {

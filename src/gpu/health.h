@@ -39,6 +39,9 @@ struct HealthOptions {
   std::chrono::milliseconds event_wait{200};       // one nvmlEventSetWait timeout (bounds Stop())
   std::chrono::milliseconds probe_interval{5000};  // per-GPU liveness probe period
   std::chrono::milliseconds hang_threshold{10000};  // an NVML call running longer is "hung"
+  // Called (from the event thread) when NVML reports a MIG configuration change on a GPU: GPU or
+  // compute instances were created or destroyed. Unset: such events are not registered.
+  std::function<void(unsigned gpu)> on_mig_change;
 };
 
 struct DeviceHealth {

@@ -119,6 +119,7 @@ struct Event {
 inline constexpr uint64_t kEventSingleBitEcc = 0x1;
 inline constexpr uint64_t kEventDoubleBitEcc = 0x2;
 inline constexpr uint64_t kEventXid = 0x8;
+inline constexpr uint64_t kEventMigConfigChange = 0x100;  // nvmlEventMigConfigChange
 inline constexpr unsigned kNoInstance = 0xFFFFFFFFU;
 inline constexpr unsigned kNoInstanceId = kNoInstance;
 
