@@ -183,11 +183,14 @@ TEST_F(MigMpsTest, XidOnAMigInstanceMarksOnlyThatInstance) {
   EXPECT_EQ(kubelet_->Get("nvidia.com/mig-1g.5gb")->Healthy(), 7);  // GPU 1's seven
 }
 
+// With a one-hour rescan timer only NVML's MIG configuration-change event can make the plugin follow.
 TEST_F(MigMpsTest, MigApplyOnIdleGpusReRegistersAndRetiresVanishedResources) {
   Init("dgx-a100-mig");
   testing::FakePodResources pods(sim_->dir() + "/pod-resources.sock");
   ASSERT_TRUE(pods.Start().ok());
-  const std::string cfg = WriteConfig("version: v1\nflags:\n  migStrategy: mixed\n" + std::string(kLayouts));
+  std::string layouts = kLayouts;
+  layouts.replace(layouts.find("100ms"), 5, "1h");
+  const std::string cfg = WriteConfig("version: v1\nflags:\n  migStrategy: mixed\n" + layouts);
   Plugin p(sim_->dir(), {"--config-file", cfg});
   ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 6},
                           {"nvidia.com/mig-1g.5gb", 9},
@@ -233,6 +236,26 @@ TEST_F(MigMpsTest, MigApplyOnIdleGpusReRegistersAndRetiresVanishedResources) {
                                 [](const ResourceState& s) { return s.connected && s.devices.empty(); }, 10s))
       << again.Log();
   EXPECT_NE(again.Log().find("serving nvidia.com/mig-2g.10gb with zero devices"), std::string::npos) << again.Log();
+}
+
+// Without health events (health checks off: no NVML event set), the rescan timer finds the change.
+TEST_F(MigMpsTest, RescanTimerFollowsWithoutEvents) {
+  Init("dgx-a100-mig");
+  const std::string cfg =
+      WriteConfig("version: v1\nflags:\n  migStrategy: mixed\nhealth:\n  disabled: true\n" + std::string(kLayouts));
+  Plugin p(sim_->dir(), {"--config-file", cfg});
+  ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 6},
+                          {"nvidia.com/mig-1g.5gb", 9},
+                          {"nvidia.com/mig-2g.10gb", 1},
+                          {"nvidia.com/mig-3g.20gb", 1}}))
+      << p.Log();
+  auto r = Shell(Kgpu("mig apply --no-kubelet-check --config-file " + cfg));
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 6},
+                          {"nvidia.com/mig-1g.5gb", 3},
+                          {"nvidia.com/mig-2g.10gb", 4},
+                          {"nvidia.com/mig-3g.20gb", 1}}))
+      << Describe(Counts()) << p.Log();
 }
 
 TEST_F(MigMpsTest, MigApplyRefusesABusyGpuAndChangesNothing) {
