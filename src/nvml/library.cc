@@ -83,6 +83,8 @@ namespace kgpu::nvml {
   OPT(nvmlDeviceGetFieldValues, "nvmlDeviceGetFieldValues")                                 \
   OPT(nvmlDeviceGetComputeRunningProcesses_v3, "nvmlDeviceGetComputeRunningProcesses_v3",   \
       "nvmlDeviceGetComputeRunningProcesses_v2")                                            \
+  OPT(nvmlDeviceGetMPSComputeRunningProcesses_v3, "nvmlDeviceGetMPSComputeRunningProcesses_v3", \
+      "nvmlDeviceGetMPSComputeRunningProcesses_v2")                                         \
   OPT(nvmlDeviceGetProcessUtilization, "nvmlDeviceGetProcessUtilization")
 
 struct Library::Symbols {
@@ -655,23 +657,49 @@ absl::StatusOr<std::vector<std::optional<uint64_t>>> Library::FieldValues(
   return out;
 }
 
-absl::StatusOr<std::vector<Library::ProcessInfo>> Library::ComputeProcesses(Device d) const {
+namespace {
+// One of NVML's process lists (same signature for the compute and the MPS-client lists).
+template <typename Fn>
+absl::StatusOr<std::vector<Library::ProcessInfo>> ProcessList(const Library::Symbols& syms, const char* name, Fn fn,
+                                                              nvmlDevice_t d, bool mps_client) {
   std::vector<nvmlProcessInfo_t> infos(16);
   for (int attempt = 0; attempt < 4; ++attempt) {
     unsigned count = static_cast<unsigned>(infos.size());
-    auto st = KGPU_CALL(nvmlDeviceGetComputeRunningProcesses_v3, H(d), &count, infos.data());
+    auto st = Call(syms, name, fn, d, &count, infos.data());
     if (ReturnOf(st) == Return::kInsufficientSize) {
       infos.resize(count + 8);  // processes started meanwhile: retry with room to spare
       continue;
     }
     if (!st.ok()) return st;
-    std::vector<ProcessInfo> out;
+    std::vector<Library::ProcessInfo> out;
     for (unsigned i = 0; i < count; ++i) {
-      out.push_back({infos[i].pid, infos[i].usedGpuMemory, infos[i].gpuInstanceId, infos[i].computeInstanceId});
+      out.push_back({infos[i].pid, infos[i].usedGpuMemory, infos[i].gpuInstanceId, infos[i].computeInstanceId, mps_client});
     }
     return out;
   }
-  return absl::ResourceExhaustedError("nvmlDeviceGetComputeRunningProcesses: the process list keeps growing");
+  return absl::ResourceExhaustedError(Cat(name, ": the process list keeps growing"));
+}
+}  // namespace
+
+absl::StatusOr<std::vector<Library::ProcessInfo>> Library::ComputeProcesses(Device d) const {
+  auto out = ProcessList(*syms_, "nvmlDeviceGetComputeRunningProcesses", syms_->nvmlDeviceGetComputeRunningProcesses_v3,
+                         H(d), false);
+  if (!out.ok()) return out;
+  // MPS clients are processes of their own (each in its pod's cgroup) with their own memory;
+  // drivers without the call, or without MPS, answer "no value".
+  auto clients = ProcessList(*syms_, "nvmlDeviceGetMPSComputeRunningProcesses",
+                             syms_->nvmlDeviceGetMPSComputeRunningProcesses_v3, H(d), true);
+  if (clients.ok()) {
+    for (const auto& c : *clients) {
+      auto same = std::find_if(out->begin(), out->end(), [&](const ProcessInfo& p) { return p.pid == c.pid; });
+      if (same == out->end()) {
+        out->push_back(c);
+      } else {
+        same->mps_client = true;
+      }
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<Library::ProcessSample>> Library::ProcessUtilization(Device d,

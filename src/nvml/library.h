@@ -209,6 +209,7 @@ class Library {
     unsigned pid = 0;
     uint64_t used_bytes = 0;
     unsigned gi = kNoInstanceId, ci = kNoInstanceId;
+    bool mps_client = false;  // listed by nvmlDeviceGetMPSComputeRunningProcesses
   };
   struct ProcessSample {
     unsigned pid = 0;
@@ -228,6 +229,7 @@ class Library {
   // nvmlDeviceGetFieldValues: one entry per id, nullopt where NVML has no value for it.
   absl::StatusOr<std::vector<std::optional<uint64_t>>> FieldValues(Device d,
                                                                    const std::vector<unsigned>& ids) const;
+  // Compute processes, and MPS client processes (merged, by pid).
   absl::StatusOr<std::vector<ProcessInfo>> ComputeProcesses(Device d) const;
   absl::StatusOr<std::vector<ProcessSample>> ProcessUtilization(Device d, uint64_t last_seen_us) const;
   absl::StatusOr<std::unique_ptr<EventSet>> CreateEventSet() const;

@@ -222,9 +222,10 @@ TEST(ExporterTest, MigSeriesFollowARepartition) {
 namespace kgpu::exporter {
 namespace {
 
-// A time-sliced GPU 0 shared by three pods, and GPU 1 held by one pod; processes on the
-// simulated GPUs, a fake /proc with their cgroups, kubelet's checkpoint and PodResources.
-TEST(PodAttributionTest, SharedGpuGetsOneSeriesPerPod) {
+// A time-sliced (or MPS-shared) GPU 0 shared by three pods, and GPU 1 held by one pod; processes
+// on the simulated GPUs (MPS clients when `kind` is "mps"), a fake /proc with their cgroups,
+// kubelet's checkpoint and PodResources.
+void SharedGpuGetsOneSeriesPerPod(const std::string& kind) {
   Fixture f("dgx-h100");
   const std::string g0 = f.inv->gpus()[0].uuid, g1 = f.inv->gpus()[1].uuid;
   const std::string dir = f.sim.dir();
@@ -247,7 +248,7 @@ TEST(PodAttributionTest, SharedGpuGetsOneSeriesPerPod) {
   v1::ListPodResourcesResponse list;
   std::string entries;
   for (const auto& p : procs) {
-    ASSERT_EQ(f.sim.Ctl(Cat("proc add ", p.gpu, " ", p.pid, " --mem ", p.mem_mib, " --util ", p.util)), 0);
+    ASSERT_EQ(f.sim.Ctl(Cat("proc add ", p.gpu, " ", p.pid, " --mem ", p.mem_mib, " --util ", p.util, " --kind ", kind)), 0);
     std::filesystem::create_directories(Cat(dir, "/proc/", p.pid));
     std::string uid_ = p.uid;
     std::replace(uid_.begin(), uid_.end(), '-', '_');
@@ -293,8 +294,10 @@ TEST(PodAttributionTest, SharedGpuGetsOneSeriesPerPod) {
   EXPECT_TRUE(train[0].ends_with("container=\"trainer\",namespace=\"ml\",pod=\"train-0\"} 1000")) << train[0];
   EXPECT_TRUE(infer[0].ends_with("} 2000"));
   EXPECT_TRUE(eval[0].ends_with("container=\"eval\",namespace=\"web\",pod=\"eval-0\"} 3000"));
-  EXPECT_TRUE(series("DCGM_FI_DEV_GPU_UTIL", g0, "infer-0")[0].ends_with("} 30"));
-  EXPECT_TRUE(series("DCGM_FI_DEV_GPU_UTIL", g0, "eval-0")[0].ends_with("} 40"));
+  if (kind == "compute") {  // utilisation samples per process (MPS: see docs/exporter.md)
+    EXPECT_TRUE(series("DCGM_FI_DEV_GPU_UTIL", g0, "infer-0")[0].ends_with("} 30"));
+    EXPECT_TRUE(series("DCGM_FI_DEV_GPU_UTIL", g0, "eval-0")[0].ends_with("} 40"));
+  }
   // The device-level series of the shared GPU carries no pod labels (it is nobody's alone).
   const auto temps = Family(text, "DCGM_FI_DEV_GPU_TEMP");
   ASSERT_FALSE(temps.empty());
@@ -304,6 +307,10 @@ TEST(PodAttributionTest, SharedGpuGetsOneSeriesPerPod) {
   EXPECT_EQ(series("DCGM_FI_DEV_FB_USED", g1, "solo-0").size(), 1u);
   EXPECT_GE(server.ListCalls(), 1);
 }
+
+TEST(PodAttributionTest, SharedGpuGetsOneSeriesPerPod) { SharedGpuGetsOneSeriesPerPod("compute"); }
+// MPS clients (nvmlDeviceGetMPSComputeRunningProcesses) are attributed to their pods the same way.
+TEST(PodAttributionTest, MpsClientsGetOneSeriesPerPod) { SharedGpuGetsOneSeriesPerPod("mps"); }
 
 TEST(PodAttributionTest, MissingPodResourcesSocketIsCountedNotFatal) {
   Fixture f("l4x4");
