@@ -336,6 +336,14 @@ TEST_F(MpsTest, OneReplicaPerContainerByDefault) {
   }
   EXPECT_NE(log.find("CMD set_default_active_thread_percentage 25"), std::string::npos) << log;
   EXPECT_NE(log.find("CMD get_default_active_thread_percentage"), std::string::npos) << log;  // readiness probe
+  // Every GPU of the resource in EXCLUSIVE_PROCESS (NVML compute mode 3) while MPS runs.
+  auto compute_modes = [&] {
+    std::set<int> modes;
+    const auto show = nlohmann::json::parse(Shell(std::string(KGPU_SIMCTL) + " show").out);
+    for (const auto& g : show["gpus"]) modes.insert(g["compute_mode"].get<int>());
+    return modes;
+  };
+  EXPECT_EQ(compute_modes(), std::set<int>{3});
 
   const auto ids = kubelet_->Get("nvidia.com/gpu")->devices;
   auto a = kubelet_->Allocate("nvidia.com/gpu", {ids[5].id});
@@ -380,6 +388,7 @@ TEST_F(MpsTest, OneReplicaPerContainerByDefault) {
   EXPECT_NE(ReadAll(dir + "/log/control.log").find("CMD quit"), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(dir + "/.started"));
   EXPECT_FALSE(std::filesystem::exists(Root() + "/.ready"));
+  EXPECT_EQ(compute_modes(), std::set<int>{0});  // back to DEFAULT
 }
 
 TEST_F(MpsTest, ThreeReplicasAreThreeSharesOfOneGpu) {
