@@ -94,21 +94,22 @@ void CheckPlugins(const NodeOptions& options, std::vector<Check>* checks) {
 // MPS control daemons under mpsRoot: each <resource>/pipe answers, .ready exists, shm is a tmpfs.
 void CheckMps(const NodeOptions& options, std::vector<Check>* checks) {
   std::error_code ec;
-  if (!std::filesystem::is_directory(options.mps_root, ec)) return;  // MPS not in use on this node
-  std::vector<std::string> pipes;
-  for (auto it = std::filesystem::recursive_directory_iterator(options.mps_root, ec);
+  const std::filesystem::path root = std::filesystem::path(options.mps_root).lexically_normal();
+  if (!std::filesystem::is_directory(root, ec)) return;  // MPS not in use on this node
+  // The daemons that were started: <resource>/.started (a stopped one removes it; its pipe
+  // directory stays behind and means nothing).
+  std::vector<std::filesystem::path> dirs;
+  for (auto it = std::filesystem::recursive_directory_iterator(root, ec);
        !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
     if (it.depth() > 3) it.disable_recursion_pending();
-    if (it->path().filename() == "pipe" && it->is_directory(ec)) {
-      pipes.push_back(it->path().string());
-      it.disable_recursion_pending();
-    }
+    if (it->path().filename() == ".started") dirs.push_back(it->path().parent_path());
   }
-  std::sort(pipes.begin(), pipes.end());
-  if (pipes.empty()) return;
+  std::sort(dirs.begin(), dirs.end());
+  if (dirs.empty()) return;
   std::vector<std::string> down, up;
-  for (const auto& pipe : pipes) {
-    const std::string resource = pipe.substr(options.mps_root.size() + 1, pipe.size() - options.mps_root.size() - 6);
+  for (const auto& dir : dirs) {
+    const std::string pipe = (dir / "pipe").string();
+    const std::string resource = dir.lexically_relative(root).string();
     auto reply = deviceplugin::MpsCommand(options.mps_control, pipe, "get_default_active_thread_percentage",
                                           std::chrono::seconds(3));
     if (reply.ok()) {

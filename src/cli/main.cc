@@ -97,6 +97,8 @@ int Main(int argc, char** argv) {
     // A long-running node daemon with a handful of threads: two malloc arenas are plenty
     // (glibc's default of 8 per core costs megabytes of RSS).
     mallopt(M_ARENA_MAX, 2);
+    // A peer that goes away (a kubelet, an MPS client) must give EPIPE, not end the daemon.
+    std::signal(SIGPIPE, SIG_IGN);
     if (exporter->parsed()) return kgpu::cli::RunExporter(node, exp_flags);
     if (node_cmd->parsed()) return kgpu::cli::RunNode(node, dp_flags, exp_flags);
     return kgpu::cli::RunDevicePlugin(node, dp_flags);

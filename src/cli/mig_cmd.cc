@@ -1,8 +1,14 @@
 #include "cli/mig_cmd.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 
 #include "common/strings.h"
@@ -42,7 +48,12 @@ std::vector<std::string> Holders(const nvml::Library& lib, const gpu::Gpu& g,
   for (const auto& m : g.migs) handles.push_back(m.handle);
   for (const auto& h : handles) {
     auto procs = lib.ComputeProcesses(h);
-    if (!procs.ok()) continue;  // MIG handles of some drivers do not list processes; the GPU's list does
+    if (!procs.ok()) {
+      // MIG handles of some drivers do not list processes (the GPU's list has them); without the
+      // GPU's own list nobody can say the GPU is idle.
+      if (h == g.handle) out.push_back(Cat("unknown: NVML cannot list the GPU's processes (", procs.status().message(), ")"));
+      continue;
+    }
     for (const auto& p : *procs) {
       const std::string where = p.gi != nvml::kNoInstanceId ? Cat(" in GPU instance ", p.gi) : "";
       std::string line = Cat("process ", p.pid, where, " uses ", p.used_bytes >> 20, " MiB");
@@ -111,6 +122,11 @@ std::pair<CLI::App*, CLI::App*> AddMigCommands(CLI::App* mig, MigFlags* flags) {
   apply->add_flag("--no-kubelet-check", flags->no_kubelet_check,
                   "do not ask kubelet which pods hold GPUs (only when kubelet is stopped on purpose)");
   apply->add_flag("--dry-run", flags->dry_run, "print what would change, change nothing");
+  flags->lock_file = std::filesystem::is_directory("/run/lock") ? "/run/lock/kgpu-mig-apply.lock"
+                                                                : "/tmp/kgpu-mig-apply.lock";
+  apply->add_option("--lock-file", flags->lock_file, "held while applying: one apply at a time per node")
+      ->envname("KGPU_MIG_LOCK_FILE")
+      ->capture_default_str();
   return {show, apply};
 }
 
@@ -161,6 +177,32 @@ int RunMigApply(const NodeOptions& node, const MigFlags& flags, std::ostream& ou
     out << "kgpu mig apply: " << loaded.status().message() << "\n";
     return 2;
   }
+  // One apply at a time on a node: two interleaved ones would destroy each other's instances.
+  // Taken before reading the GPUs, so the plan and the busy check see what the other one left.
+  const int lock_fd = ::open(flags.lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0) {
+    out << "kgpu mig apply: cannot open the lock file " << flags.lock_file << ": " << std::strerror(errno)
+        << " (choose another with --lock-file)\n";
+    return 1;
+  }
+  bool locked = false;
+  for (int i = 0; i < 300 && !locked; ++i) {  // wait up to 30 s for another apply to finish
+    locked = ::flock(lock_fd, LOCK_EX | LOCK_NB) == 0;
+    if (!locked) {
+      if (i == 0) out << "waiting for another kgpu mig apply on this node (it holds " << flags.lock_file << ")\n";
+      ::usleep(100000);
+    }
+  }
+  if (!locked) {
+    out << "kgpu mig apply: refused: another kgpu mig apply has held " << flags.lock_file
+        << " for 30 s; try again when it has finished\n";
+    ::close(lock_fd);
+    return 1;
+  }
+  struct Unlock {
+    int fd;
+    ~Unlock() { ::close(fd); }
+  } unlock{lock_fd};
   auto session = OpenSession(node);
   if (!session.ok()) {
     out << "kgpu mig apply: " << session.status().message() << "\n";
@@ -237,8 +279,14 @@ int RunMigApply(const NodeOptions& node, const MigFlags& flags, std::ostream& ou
     out << result->note << "\n";
   }
   if (!flags.dry_run && rc == 0) {
-    out << "applied layout '" << loaded->layout_name << "'; the device plugin re-registers within mig.rescanInterval ("
-        << loaded->config.mig.rescan_interval.count() << " ms)\n";
+    const auto ms = loaded->config.mig.rescan_interval.count();
+    const std::string interval = ms % 3600000 == 0 ? Cat(ms / 3600000, "h")
+                                 : ms % 60000 == 0 ? Cat(ms / 60000, "m")
+                                 : ms % 1000 == 0  ? Cat(ms / 1000, "s")
+                                                   : Cat(ms, "ms");
+    out << "applied layout '" << loaded->layout_name
+        << "'; the device plugin follows on NVML's MIG event, at the latest after mig.rescanInterval (" << interval
+        << ")\n";
   }
   return rc;
 }

@@ -29,6 +29,7 @@ struct MigFlags {
   std::string pod_resources_socket;
   bool no_kubelet_check = false;
   bool dry_run = false;
+  std::string lock_file;  // --lock-file: one apply at a time per node
 };
 
 // Adds `mig show` and `mig apply` under `mig`; returns them so main can tell which was parsed.

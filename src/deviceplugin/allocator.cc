@@ -208,21 +208,20 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
     out.mounts.push_back({pipe, Cat(config.mps_root, "/", resource.name, "/pipe"), false});
     out.mounts.push_back({"/dev/shm", Cat(config.mps_root, "/shm"), false});
     // kgpu: N replicas are N shares of memory and threads, for this container's CUDA clients.
+    // CUDA numbers a container's GPUs in PCI bus order (NVML's index order), whatever the order
+    // of the request, so the ordinals follow the GPU index.
+    std::set<unsigned> in_order;
+    for (const auto* d : devices) in_order.insert(d->gpu);
     std::vector<std::string> limits;
     int percentage = 100;
-    for (size_t ordinal = 0; ordinal < gpus.size(); ++ordinal) {
+    size_t ordinal = 0;
+    for (unsigned gpu : in_order) {
       int asked = 0, replicas = 0;
-      unsigned gpu = 0;
-      for (const auto* d : devices) {
-        if (d->minor == gpus[ordinal]) {
-          ++asked;
-          gpu = d->gpu;
-        }
-      }
+      for (const auto* d : devices) asked += d->gpu == gpu ? 1 : 0;
       for (const auto& d : resource.devices) replicas += d.gpu == gpu ? 1 : 0;
       const uint64_t mib = plan.inventory->gpus()[gpu].memory_mib * static_cast<uint64_t>(asked) /
                            static_cast<uint64_t>(replicas);
-      limits.push_back(Cat(ordinal, "=", mib, "M"));
+      limits.push_back(Cat(ordinal++, "=", mib, "M"));
       percentage = std::min(percentage, 100 * asked / replicas);
     }
     out.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = Join(limits, ",");

@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
+#include <utility>
 
 #include "common/log.h"
 #include "common/strings.h"
@@ -31,7 +33,9 @@ struct Child {
   std::string out, err;
 };
 
-// Runs argv with extra environment variables, feeding `input` on stdin; kills it after `timeout`.
+// Runs argv with extra environment variables, feeding `input` on stdin, and collects its output
+// until it exits (not until its pipes close: `-d` leaves a daemon behind that may keep them).
+// Kills it after `timeout`.
 absl::StatusOr<Child> Run(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
                           const std::string& input, std::chrono::milliseconds timeout) {
   std::vector<std::string> env_strings;
@@ -47,78 +51,84 @@ absl::StatusOr<Child> Run(const std::vector<std::string>& argv, const std::map<s
   for (auto& a : argv_copy) args.push_back(a.data());
   args.push_back(nullptr);
 
-  int in[2], out[2], err[2];
-  if (pipe2(in, O_CLOEXEC) != 0) return absl::InternalError(Cat("pipe: ", std::strerror(errno)));
-  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-    ::close(in[0]);
-    ::close(in[1]);
-    return absl::InternalError(Cat("pipe: ", std::strerror(errno)));
+  int fds[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};  // stdin, stdout, stderr
+  auto close_all = [&] {
+    for (auto& p : fds) {
+      for (int& fd : p) {
+        if (fd >= 0) ::close(fd);
+        fd = -1;
+      }
+    }
+  };
+  for (auto& p : fds) {
+    if (pipe2(p, O_CLOEXEC) != 0) {
+      const int err = errno;
+      close_all();
+      return absl::InternalError(Cat("pipe: ", std::strerror(err)));
+    }
   }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  posix_spawn_file_actions_adddup2(&fa, fds[0][0], 0);
+  posix_spawn_file_actions_adddup2(&fa, fds[1][1], 1);
+  posix_spawn_file_actions_adddup2(&fa, fds[2][1], 2);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  sigset_t none;
+  sigset_t none, defaults;
   sigemptyset(&none);
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGPIPE);  // the plugin ignores SIGPIPE; children get the default back
   posix_spawnattr_setsigmask(&attr, &none);  // the plugin blocks signals for sigwait(); children must not
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = 0;
   const int rc = posix_spawnp(&pid, args[0], &fa, &attr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
-  ::close(in[0]);
-  ::close(out[1]);
-  ::close(err[1]);
+  ::close(std::exchange(fds[0][0], -1));
+  ::close(std::exchange(fds[1][1], -1));
+  ::close(std::exchange(fds[2][1], -1));
   if (rc != 0) {
-    ::close(in[1]);
-    ::close(out[0]);
-    ::close(err[0]);
+    close_all();
     return absl::NotFoundError(Cat("cannot run ", argv[0], ": ", std::strerror(rc),
                                    " (set --mps-control / MPS_CONTROL to the path of nvidia-cuda-mps-control)"));
   }
   if (!input.empty()) {
-    // Commands are a few bytes: far below the pipe buffer, so this cannot block.
-    [[maybe_unused]] const ssize_t n = ::write(in[1], input.data(), input.size());
+    // Commands are a few bytes, far below the pipe buffer: this cannot block. A client that
+    // already exited gives EPIPE (SIGPIPE is ignored by the plugin), which is fine.
+    [[maybe_unused]] const ssize_t n = ::write(fds[0][1], input.data(), input.size());
   }
-  ::close(in[1]);
+  ::close(std::exchange(fds[0][1], -1));
+  for (int i : {1, 2}) ::fcntl(fds[i][0], F_SETFL, O_NONBLOCK);
   Child child;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  struct pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
-  int open_fds = 2;
-  bool timed_out = false;
-  while (open_fds > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      timed_out = true;
-      break;
-    }
-    if (::poll(fds, 2, static_cast<int>(left.count())) < 0 && errno != EINTR) break;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+  auto drain = [&] {
+    for (int i : {1, 2}) {
       char buf[4096];
-      const ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
-      if (n > 0) {
-        (i == 0 ? child.out : child.err).append(buf, static_cast<size_t>(n));
-      } else {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open_fds;
+      ssize_t n = 0;
+      while (fds[i][0] >= 0 && (n = ::read(fds[i][0], buf, sizeof buf)) > 0) {
+        (i == 1 ? child.out : child.err).append(buf, static_cast<size_t>(n));
       }
+      if (n == 0) ::close(std::exchange(fds[i][0], -1));  // EOF
+    }
+  };
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  bool exited = false;
+  while (!exited) {
+    struct pollfd pfds[2] = {{fds[1][0], POLLIN, 0}, {fds[2][0], POLLIN, 0}};
+    ::poll(pfds, 2, 20);
+    drain();
+    exited = ::waitpid(pid, &status, WNOHANG) == pid;
+    if (!exited && std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      close_all();
+      return absl::DeadlineExceededError(Cat(argv[0], " did not finish within ", timeout.count(), " ms"));
     }
   }
-  for (auto& f : fds) {
-    if (f.fd >= 0) ::close(f.fd);
-  }
-  if (timed_out) ::kill(pid, SIGKILL);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (timed_out) {
-    return absl::DeadlineExceededError(Cat(argv[0], " did not finish within ", timeout.count(), " ms"));
-  }
+  drain();  // what it wrote just before exiting
+  close_all();
   child.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return child;
 }
@@ -199,12 +209,14 @@ absl::Status MpsDaemon::Start() {
     const auto& g = plan_->inventory->gpus()[d.gpu];
     if (std::find(uuids.begin(), uuids.end(), g.uuid) != uuids.end()) continue;
     uuids.push_back(g.uuid);
+    touched_ = true;  // from here on Stop() has something to undo
     if (auto st = lib_.SetComputeMode(g.handle, nvml::ComputeMode::kExclusiveProcess); !st.ok()) {
       return absl::Status(st.code(), Cat("MPS: setting GPU ", g.index, " to EXCLUSIVE_PROCESS: ", st.message()));
     }
   }
   const auto timeout = std::chrono::seconds(10);
   if (!MpsCommand(config_->mps_control, pipe, "get_server_list", std::chrono::seconds(2)).ok()) {
+    KillStale(pipe);  // a daemon that does not answer any more would refuse the new one
     auto child = Run({config_->mps_control, "-d"},
                      {{"CUDA_MPS_PIPE_DIRECTORY", pipe},
                       {"CUDA_MPS_LOG_DIRECTORY", logdir},
@@ -236,17 +248,18 @@ absl::Status MpsDaemon::Start() {
 
 absl::Status MpsDaemon::Probe() const {
   auto reply = MpsCommand(config_->mps_control, dir() + "/pipe", "get_default_active_thread_percentage",
-                          std::chrono::seconds(5));
+                          std::chrono::seconds(3));
   if (!reply.ok()) return absl::UnavailableError(Cat("error waiting for MPS daemon: ", reply.status().message()));
   return absl::OkStatus();
 }
 
 void MpsDaemon::Stop() {
-  if (!started_) return;
-  started_ = false;
+  if (!touched_) return;  // Start() changed nothing
+  touched_ = started_ = false;
   auto log = Log("mps");
   if (auto st = MpsCommand(config_->mps_control, dir() + "/pipe", "quit", std::chrono::seconds(5)); !st.ok()) {
     log->warn("stopping the MPS daemon of {}: {}", resource_name(), std::string(st.status().message()));
+    KillStale(dir() + "/pipe");
   }
   for (const auto& d : plan_->resources[index_].devices) {
     const auto& g = plan_->inventory->gpus()[d.gpu];
@@ -254,6 +267,24 @@ void MpsDaemon::Stop() {
   }
   std::error_code ec;
   std::filesystem::remove(dir() + "/.started", ec);
+}
+
+void MpsDaemon::KillStale(const std::string& pipe) {
+  // The control daemon writes its pid into the pipe directory (nvidia-cuda-mps-control.pid).
+  std::ifstream in(pipe + "/nvidia-cuda-mps-control.pid");
+  long pid = 0;
+  if (!(in >> pid) || pid <= 1) return;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return;  // gone already
+  // Only an MPS control daemon (comm is cut at 15 characters): never a process that reused the pid.
+  std::string comm;
+  std::getline(std::ifstream(Cat("/proc/", pid, "/comm")), comm);
+  if (comm.rfind("nvidia-cuda-mps", 0) != 0) return;
+  Log("mps")->warn("MPS daemon of {} (pid {}) does not answer: stopping it", resource_name(), pid);
+  ::kill(static_cast<pid_t>(pid), SIGTERM);
+  for (int i = 0; i < 20 && ::kill(static_cast<pid_t>(pid), 0) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (::kill(static_cast<pid_t>(pid), 0) == 0) ::kill(static_cast<pid_t>(pid), SIGKILL);
 }
 
 void MarkMpsReady(const Config& config, bool ready) {

@@ -71,7 +71,11 @@ class MpsDaemon {
   const std::shared_ptr<const Plan> plan_;
   const size_t index_;
   const std::shared_ptr<const Config> config_;
-  bool started_ = false;
+  // Stops a daemon that left its pid in `pipe` but no longer answers (SIGTERM, then SIGKILL).
+  void KillStale(const std::string& pipe);
+
+  bool started_ = false;  // started and configured
+  bool touched_ = false;  // something to undo: a compute mode set, a daemon started
 };
 
 // Writes or removes <mpsRoot>/.ready.

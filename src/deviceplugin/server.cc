@@ -312,8 +312,11 @@ std::shared_ptr<const gpu::Inventory> Manager::inventory() const {
 std::shared_ptr<const Plan> Manager::WithRetired(std::shared_ptr<const Plan> plan) {
   std::vector<std::string> missing;
   for (const auto& name : retired_) {
-    if (std::none_of(plan->resources.begin(), plan->resources.end(),
-                     [&](const Resource& r) { return r.name == name; })) {
+    // Not one the plan serves, and not one whose socket a served resource uses (a renamed
+    // resource, e.g. example.com/gpu, has nvidia.com/gpu's socket: that one stays live).
+    if (std::none_of(plan->resources.begin(), plan->resources.end(), [&](const Resource& r) {
+          return r.name == name || r.socket == SocketName(name);
+        })) {
       missing.push_back(name);
     }
   }
@@ -534,19 +537,33 @@ void Manager::PublishHealth() {
   for (auto& s : servers_) s->SetHealth(health);
 }
 
-void Manager::Rediscover() {
+namespace {
+// MPS daemons only need a restart when the GPUs of an MPS resource changed.
+std::string MpsSignature(const Plan& plan) {
+  std::string out;
+  for (const auto& r : plan.resources) {
+    if (!r.mps) continue;
+    out += r.name + ":";
+    for (const auto& d : r.devices) out += d.id + ",";
+    out += ";";
+  }
+  return out;
+}
+}  // namespace
+
+bool Manager::Rediscover() {
   auto log = Log("deviceplugin");
   auto inventory = gpu::Inventory::Discover(lib_, discover_);
   if (!inventory.ok()) {
-    log->error("MIG layout changed, but re-discovering the GPUs failed: {}; keeping the previous devices",
+    log->error("MIG layout changed, but re-discovering the GPUs failed: {}; keeping the previous devices, retrying",
                std::string(inventory.status().message()));
-    return;
+    return false;
   }
   auto plan = BuildPlan(*inventory, *config_);
   if (!plan.ok()) {
     log->error("MIG layout changed, but the new devices cannot be advertised: {}; keeping the previous devices "
                "(fix the layout or the config)", std::string(plan.status().message()));
-    return;
+    return false;
   }
   if (auto cdi = WriteCdiSpec(**plan, *config_); !cdi.ok()) {
     log->warn("rewriting the CDI spec: {}", std::string(cdi.status().message()));
@@ -558,20 +575,22 @@ void Manager::Rediscover() {
   for (const auto& r : (*plan)->resources) after.push_back(Cat(r.name, "=", r.devices.size()));
   log->info("MIG layout changed: re-discovered {} GPU(s); resources {} -> {}", (*inventory)->gpus().size(),
             Join(before, " "), Join(after, " "));
-  StopMps();
+  const bool mps_changed = MpsSignature(*plan_) != MpsSignature(**plan);
+  if (mps_changed) StopMps();
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& r : plan_->resources) retired_.insert(r.name);  // WithRetired keeps only the missing ones
     inventory_ = *inventory;
     plan_ = WithRetired(*plan);
   }
-  StartMps();
+  if (mps_changed) StartMps();
   // Serve first (health of the GPUs carries over; new MIG devices start Healthy), then move the
   // health monitor to the new inventory: kubelet sees the new devices without waiting for it.
   RestartServers("MIG layout changed");
   StopHealth();
   StartHealth();
   PublishHealth();
+  return true;
 }
 
 void Manager::MaintenanceLoop(std::stop_token stop) {
@@ -591,13 +610,10 @@ void Manager::MaintenanceLoop(std::stop_token stop) {
     } else if (now >= next_rescan) {
       std::shared_ptr<const gpu::Inventory> inventory = this->inventory();
       const std::string seen = gpu::MigFingerprintNow(lib_, *inventory);
-      if (seen != layout_seen_) {
-        layout_seen_ = seen;
-        Rediscover();
-      }
+      if (seen != layout_seen_ && Rediscover()) layout_seen_ = seen;  // a failed one is tried again
       next_rescan = now + config_->mig.rescan_interval;
     }
-    if (!mps_.empty() && now >= next_mps) {
+    if (!mps_.empty() && now >= next_mps && !stop.stop_requested()) {
       ProbeMps(false);
       bool all = true;
       {

@@ -131,7 +131,8 @@ class Manager {
   void ProbeMps(bool force);
   // Plan + zero-device resources for every retired name.
   std::shared_ptr<const Plan> WithRetired(std::shared_ptr<const Plan> plan);
-  void Rediscover();
+  // False when the new layout could not be read or advertised (the previous one stays).
+  bool Rediscover();
 
   const nvml::Library& lib_;
   const gpu::DiscoverOptions discover_;

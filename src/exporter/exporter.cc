@@ -400,9 +400,8 @@ void Exporter::CollectNow() {
       Log("exporter")->info("MIG layout changed: re-discovered {} GPU(s)", (*inv)->gpus().size());
       collector_->SetInventory(*inv);
       mig_seen_ = gpu::MigFingerprint(**inv);
-    } else {
+    } else {  // tried again at the next collection
       Log("exporter")->warn("MIG layout changed, but re-discovery failed: {}", std::string(inv.status().message()));
-      mig_seen_ = seen;
     }
   }
   auto text = std::make_shared<const std::string>(collector_->Collect());

@@ -107,6 +107,48 @@ absl::Status CreateAll(const nvml::Library& lib, const Gpu& gpu, const std::vect
   return absl::OkStatus();
 }
 
+// After a failure part way: back to `previous` (what the GPU had), as far as NVML lets us. Keeps
+// the instances that are still there (an IN_USE one could not be destroyed), removes new ones,
+// recreates missing ones and gives every GPU instance its compute instance. Returns what happened,
+// for the error message.
+std::string Restore(const nvml::Library& lib, const Gpu& gpu, const std::vector<MigInstancePlan>& previous) {
+  auto gis = lib.GpuInstances(gpu.handle);
+  if (!gis.ok()) return Cat("the previous instances could not be checked (", gis.status().message(), "); see `kgpu mig show`");
+  auto was = [&](const nvml::GpuInstance& gi) {
+    return std::any_of(previous.begin(), previous.end(), [&](const MigInstancePlan& p) {
+      return p.profile.id == gi.profile_id && p.placement == gi.placement;
+    });
+  };
+  std::vector<std::string> problems;
+  std::vector<nvml::GpuInstance> kept;
+  for (const auto& gi : *gis) {
+    auto cis = lib.ComputeInstances(gi);
+    if (was(gi)) {
+      if (cis.ok() && cis->empty()) {
+        const auto* p = &*std::find_if(previous.begin(), previous.end(), [&](const MigInstancePlan& x) {
+          return x.profile.id == gi.profile_id && x.placement == gi.placement;
+        });
+        if (auto st = lib.CreateFullComputeInstance(gi, p->profile.slices); !st.ok()) problems.push_back(std::string(st.message()));
+      }
+      kept.push_back(gi);
+      continue;
+    }
+    for (void* ci : cis.ok() ? *cis : std::vector<void*>{}) (void)lib.DestroyComputeInstance(ci);
+    if (auto st = lib.DestroyGpuInstance(gi); !st.ok()) problems.push_back(std::string(st.message()));
+  }
+  for (const auto& p : previous) {
+    const bool there = std::any_of(kept.begin(), kept.end(), [&](const nvml::GpuInstance& gi) {
+      return p.profile.id == gi.profile_id && p.placement == gi.placement;
+    });
+    if (there) continue;
+    if (auto st = CreateAll(lib, gpu, {p}); !st.ok()) problems.push_back(std::string(st.message()));
+  }
+  if (!problems.empty()) {
+    return Cat("restoring the previous instances failed too (", Join(problems, "; "), "); see `kgpu mig show`");
+  }
+  return "the previous instances were restored";
+}
+
 }  // namespace
 
 std::string DescribeInstances(const std::vector<std::string>& names) {
@@ -219,16 +261,20 @@ absl::StatusOr<MigApplyResult> ApplyMigChange(const nvml::Library& lib, const Gp
       }
     }
     if (auto st = DestroyAll(lib, gpu); !st.ok()) {
-      return absl::Status(st.code(), Cat("GPU ", gpu.index, ": ", st.message()));
+      return absl::Status(st.code(), Cat("GPU ", gpu.index, ": ", st.message(), "; ", Restore(lib, gpu, previous)));
     }
   }
   if (change.set_mode) {
-    auto immediate = lib.SetMigMode(gpu.handle, change.enable);
-    if (!immediate.ok()) return absl::Status(immediate.status().code(), Cat("GPU ", gpu.index, ": ", immediate.status().message()));
-    if (!*immediate) {
+    auto activation = lib.SetMigMode(gpu.handle, change.enable);
+    if (!activation.ok()) {
+      return absl::Status(activation.status().code(), Cat("GPU ", gpu.index, ": ", activation.status().message(), "; ",
+                                                          gpu.mig_enabled ? Restore(lib, gpu, previous) : "nothing was changed"));
+    }
+    if (!activation->ok()) {
       result.pending_reset = true;
-      result.note = Cat("GPU ", gpu.index, ": MIG mode ", change.enable ? "enable" : "disable",
-                        " is pending a GPU reset (nvidia-smi -r -i ", gpu.index, " or a reboot); run kgpu mig apply again after it");
+      result.note = Cat("GPU ", gpu.index, ": MIG mode ", change.enable ? "enable" : "disable", " is pending (",
+                        activation->message(), "): reset the GPU (nvidia-smi -r -i ", gpu.index,
+                        ") or reboot, then run kgpu mig apply again");
       return result;
     }
     if (!change.enable) {
@@ -245,13 +291,7 @@ absl::StatusOr<MigApplyResult> ApplyMigChange(const nvml::Library& lib, const Gp
     create = std::move(*fit);
   }
   if (auto st = CreateAll(lib, gpu, create); !st.ok()) {
-    std::string restored = "the previous instances were restored";
-    if (auto cleanup = DestroyAll(lib, gpu); !cleanup.ok()) {
-      restored = Cat("cleaning up failed too: ", cleanup.message());
-    } else if (auto back = CreateAll(lib, gpu, previous); !back.ok()) {
-      restored = Cat("restoring the previous instances failed too: ", back.message());
-    }
-    return absl::Status(st.code(), Cat("GPU ", gpu.index, ": ", st.message(), "; ", restored));
+    return absl::Status(st.code(), Cat("GPU ", gpu.index, ": ", st.message(), "; ", Restore(lib, gpu, previous)));
   }
   result.note = Cat("GPU ", gpu.index, ": ", DescribeInstances(change.current), " -> ", DescribeInstances(change.wanted));
   return result;

@@ -363,11 +363,12 @@ absl::StatusOr<MigMode> Library::GetMigMode(Device d) const {
   return MigMode{current == NVML_DEVICE_MIG_ENABLE, pending == NVML_DEVICE_MIG_ENABLE};
 }
 
-absl::StatusOr<bool> Library::SetMigMode(Device d, bool enable) const {
+absl::StatusOr<absl::Status> Library::SetMigMode(Device d, bool enable) const {
   nvmlReturn_t activation = NVML_SUCCESS;
   const unsigned mode = enable ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
   if (auto st = KGPU_CALL(nvmlDeviceSetMigMode, H(d), mode, &activation); !st.ok()) return st;
-  return activation == NVML_SUCCESS;
+  if (activation == NVML_SUCCESS) return absl::OkStatus();
+  return NvmlError(*syms_, "nvmlDeviceSetMigMode activation", activation);
 }
 
 absl::StatusOr<ComputeMode> Library::GetComputeMode(Device d) const {

@@ -173,9 +173,10 @@ class Library {
   absl::StatusOr<unsigned> PowerLimitMw(Device d) const;
   absl::StatusOr<unsigned> TemperatureC(Device d) const;
   absl::StatusOr<MigMode> GetMigMode(Device d) const;
-  // MIG management (nvidia-smi mig -cgi/-dgi/-cci/-dci through NVML). SetMigMode returns whether
-  // the mode took effect at once (false: pending until the GPU is reset).
-  absl::StatusOr<bool> SetMigMode(Device d, bool enable) const;
+  // MIG management (nvidia-smi mig -cgi/-dgi/-cci/-dci through NVML). SetMigMode's value is the
+  // activation status: OK when the mode took effect at once, else why it is pending (IN_USE: the
+  // GPU must be reset first).
+  absl::StatusOr<absl::Status> SetMigMode(Device d, bool enable) const;
   absl::StatusOr<std::vector<GpuInstanceProfile>> GpuInstanceProfiles(Device gpu) const;
   absl::StatusOr<std::vector<Placement>> GpuInstancePlacements(Device gpu, unsigned profile_id) const;
   absl::StatusOr<std::vector<GpuInstance>> GpuInstances(Device gpu) const;

@@ -99,7 +99,8 @@ class MigMpsTest : public ::testing::Test {
     return false;
   }
   std::string Kgpu(const std::string& args) {
-    return "LD_LIBRARY_PATH=" + testing::LibDir() + " " + KGPU_BIN + " " + args;
+    return "LD_LIBRARY_PATH=" + testing::LibDir() + " KGPU_MIG_LOCK_FILE=" + sim_->dir() + "/mig.lock " + KGPU_BIN +
+           " " + args;
   }
   nlohmann::json Devices() { return nlohmann::json::parse(Shell(Kgpu("devices --json")).out); }
   std::string MigUuid(unsigned gpu, unsigned gi) {
@@ -179,8 +180,10 @@ TEST_F(MigMpsTest, XidOnAMigInstanceMarksOnlyThatInstance) {
   ASSERT_EQ(sim_->Ctl("xid 0 79"), 0);
   ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/mig-3g.20gb", [](const ResourceState& s) { return s.Healthy() == 0; }, 10s))
       << p.Log();
-  EXPECT_EQ(kubelet_->Get("nvidia.com/mig-2g.10gb")->Healthy(), 0);
-  EXPECT_EQ(kubelet_->Get("nvidia.com/mig-1g.5gb")->Healthy(), 7);  // GPU 1's seven
+  // Each resource has its own stream: wait for each update.
+  EXPECT_TRUE(kubelet_->WaitFor("nvidia.com/mig-2g.10gb", [](const ResourceState& s) { return s.Healthy() == 0; }, 10s));
+  EXPECT_TRUE(kubelet_->WaitFor("nvidia.com/mig-1g.5gb", [](const ResourceState& s) { return s.Healthy() == 7; }, 10s))
+      << "GPU 1's seven stay Healthy, GPU 0's two do not";
 }
 
 // With a one-hour rescan timer only NVML's MIG configuration-change event can make the plugin follow.

@@ -285,6 +285,10 @@ TEST(MpsTest, ThreeReplicasGetThreeSharesOnOneGpu) {
   EXPECT_EQ(spread->envs.at("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
             "0=" + std::to_string(mib * 2 / 4) + "M,1=" + std::to_string(mib / 4) + "M");
   EXPECT_EQ(spread->envs.at("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "25");
+  // Ordinals follow CUDA's order (PCI bus, i.e. GPU index), not the order kubelet listed the IDs in.
+  auto reversed = deviceplugin::Allocate(*plan, r, n.config, {u1 + "::3", u0 + "::1", u0 + "::2"}, "x");
+  ASSERT_TRUE(reversed.ok());
+  EXPECT_EQ(reversed->envs.at("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), spread->envs.at("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"));
 }
 
 TEST(MpsTest, RefusedOnMigAndAboveMaxClients) {
