@@ -183,6 +183,24 @@ TEST(MigLayoutTest, RefusesWhatCannotExist) {
   EXPECT_EQ(Profiles(n.inv->gpus()[1]), std::vector<std::string>(7, "1g.5gb"));
 }
 
+// A process in one instance makes NVML refuse to destroy it part way: the instances destroyed
+// before it are recreated, and the error says so.
+TEST(MigLayoutTest, FailedDestroyRestoresThePreviousInstances) {
+  Node n("dgx-a100-mig");
+  const gpu::Gpu& g1 = n.inv->gpus()[1];
+  const unsigned last_gi = g1.migs.back().gi;
+  ASSERT_EQ(n.sim.Ctl("proc add 1 777 --mem 100 --gi " + std::to_string(last_gi) + " --ci 0"), 0);
+  auto change = gpu::PlanMigChange(*n.lib, g1, {1, true, {"7g.40gb"}});
+  ASSERT_TRUE(change.ok()) << change.status();
+  auto applied = gpu::ApplyMigChange(*n.lib, g1, *change);
+  ASSERT_FALSE(applied.ok());
+  EXPECT_NE(std::string(applied.status().message()).find("the previous instances were restored"), std::string::npos)
+      << applied.status();
+  n.Rediscover();
+  EXPECT_EQ(Profiles(n.inv->gpus()[1]), std::vector<std::string>(7, "1g.5gb"));
+  for (const auto& m : n.inv->gpus()[1].migs) EXPECT_EQ(m.ci_slices, m.gi_slices);
+}
+
 TEST(MigLayoutTest, FingerprintSeesARepartition) {
   Node n("dgx-a100-mig");
   EXPECT_EQ(gpu::MigFingerprint(*n.inv), gpu::MigFingerprintNow(*n.lib, *n.inv));
