@@ -107,6 +107,21 @@ absl::Status CreateAll(const nvml::Library& lib, const Gpu& gpu, const std::vect
   return absl::OkStatus();
 }
 
+// The GPU instances `gpu` has now, with their profiles and placements.
+absl::StatusOr<std::vector<MigInstancePlan>> CurrentInstances(const nvml::Library& lib, const Gpu& gpu) {
+  auto gis = lib.GpuInstances(gpu.handle);
+  if (!gis.ok()) return gis.status();
+  auto profiles = MigProfiles(lib, gpu);
+  if (!profiles.ok()) return profiles.status();
+  std::vector<MigInstancePlan> out;
+  for (const auto& gi : *gis) {
+    for (const auto& [p, name] : *profiles) {
+      if (p.id == gi.profile_id) out.push_back({p, name, gi.placement});
+    }
+  }
+  return out;
+}
+
 // After a failure part way: back to `previous` (what the GPU had), as far as NVML lets us. Keeps
 // the instances that are still there (an IN_USE one could not be destroyed), removes new ones,
 // recreates missing ones and gives every GPU instance its compute instance. Returns what happened,
@@ -220,18 +235,12 @@ absl::StatusOr<MigChange> PlanMigChange(const nvml::Library& lib, const Gpu& gpu
   c.wanted = target.mig_enabled ? target.profiles : std::vector<std::string>{};
   c.set_mode = target.mig_enabled != gpu.mig_enabled || gpu.mig_pending;
   if (gpu.mig_enabled) {
-    auto gis = lib.GpuInstances(gpu.handle);
-    if (!gis.ok()) return gis.status();
-    auto profiles = MigProfiles(lib, gpu);
-    if (!profiles.ok()) return profiles.status();
-    for (const auto& gi : *gis) {
-      for (const auto& [p, name] : *profiles) {
-        if (p.id == gi.profile_id) c.current.push_back(name);
-      }
-    }
+    auto instances = CurrentInstances(lib, gpu);
+    if (!instances.ok()) return instances.status();
+    for (const auto& i : *instances) c.current.push_back(i.name);
     c.current = Sorted(std::move(c.current));
     // The layout also means "one compute instance spanning each GPU instance".
-    c.reshape = gpu.migs.size() != gis->size() ||
+    c.reshape = gpu.migs.size() != instances->size() ||
                 std::any_of(gpu.migs.begin(), gpu.migs.end(), [](const MigDevice& m) { return m.ci_slices != m.gi_slices; });
   }
   if (c.enable && !c.wanted.empty()) {
@@ -251,15 +260,9 @@ absl::StatusOr<MigApplyResult> ApplyMigChange(const nvml::Library& lib, const Gp
   // Remember what is there, to put it back if the new layout cannot be created.
   std::vector<MigInstancePlan> previous;
   if (gpu.mig_enabled) {
-    auto gis = lib.GpuInstances(gpu.handle);
-    if (!gis.ok()) return gis.status();
-    auto profiles = MigProfiles(lib, gpu);
-    if (!profiles.ok()) return profiles.status();
-    for (const auto& gi : *gis) {
-      for (const auto& [p, name] : *profiles) {
-        if (p.id == gi.profile_id) previous.push_back({p, name, gi.placement});
-      }
-    }
+    auto instances = CurrentInstances(lib, gpu);
+    if (!instances.ok()) return instances.status();
+    previous = std::move(*instances);
     if (auto st = DestroyAll(lib, gpu); !st.ok()) {
       return absl::Status(st.code(), Cat("GPU ", gpu.index, ": ", st.message(), "; ", Restore(lib, gpu, previous)));
     }

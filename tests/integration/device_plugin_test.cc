@@ -21,6 +21,7 @@
 #include <sys/socket.h>
 
 #include "testing/fake_kubelet.h"
+#include "testing/plugin_fixture.h"
 #include "testing/plugin_process.h"
 #include "testing/sim_node.h"
 
@@ -33,18 +34,8 @@ using testing::ResourceState;
 using testing::Plugin;
 using testing::SimNode;
 
-class DevicePluginTest : public ::testing::Test {
+class DevicePluginTest : public testing::PluginNodeTest {
  protected:
-  void Init(const std::string& profile) {
-    sim_ = std::make_unique<SimNode>(profile);
-    kubelet_ = std::make_unique<FakeKubelet>(sim_->dir());
-    ASSERT_TRUE(kubelet_->Start().ok());
-  }
-  std::string WriteConfig(const std::string& yaml) {
-    const std::string path = sim_->dir() + "/config.yaml";
-    std::ofstream(path) << yaml;
-    return path;
-  }
   bool WaitDevices(const std::string& resource, size_t count, int healthy, std::chrono::milliseconds t = 10s) {
     return kubelet_->WaitFor(resource, [&](const ResourceState& s) {
       return s.connected && s.devices.size() == count && s.Healthy() == healthy;
@@ -57,8 +48,6 @@ class DevicePluginTest : public ::testing::Test {
     return ids;
   }
 
-  std::unique_ptr<SimNode> sim_;
-  std::unique_ptr<FakeKubelet> kubelet_;
 };
 
 TEST_F(DevicePluginTest, RegistersWholeGpusWithNumaAndOptions) {

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "testing/fake_kubelet.h"
+#include "testing/plugin_fixture.h"
 #include "testing/fake_podresources.h"
 #include "testing/plugin_process.h"
 #include "testing/sim_node.h"
@@ -44,6 +45,10 @@ mig:
     "*": gpu1-split
 )";
 
+// The mixed strategy's resources on dgx-a100-mig as the profile sets it up.
+const std::map<std::string, size_t> kProfileMixed = {
+    {"nvidia.com/gpu", 6}, {"nvidia.com/mig-1g.5gb", 9}, {"nvidia.com/mig-2g.10gb", 1}, {"nvidia.com/mig-3g.20gb", 1}};
+
 struct Run {
   int code = -1;
   std::string out;
@@ -69,18 +74,8 @@ std::string ReadAll(const std::string& path) {
   return s.str();
 }
 
-class MigMpsTest : public ::testing::Test {
+class MigMpsTest : public testing::PluginNodeTest {
  protected:
-  void Init(const std::string& profile) {
-    sim_ = std::make_unique<SimNode>(profile);
-    kubelet_ = std::make_unique<FakeKubelet>(sim_->dir());
-    ASSERT_TRUE(kubelet_->Start().ok());
-  }
-  std::string WriteConfig(const std::string& yaml) {
-    const std::string path = sim_->dir() + "/config.yaml";
-    std::ofstream(path) << yaml;
-    return path;
-  }
   // The resources kubelet sees, name → device count (connected plugins only).
   std::map<std::string, size_t> Counts() {
     std::map<std::string, size_t> out;
@@ -112,8 +107,6 @@ class MigMpsTest : public ::testing::Test {
     return "";
   }
 
-  std::unique_ptr<SimNode> sim_;
-  std::unique_ptr<FakeKubelet> kubelet_;
 };
 
 std::string Describe(const std::map<std::string, size_t>& m) {
@@ -133,10 +126,7 @@ TEST_F(MigMpsTest, EachStrategyAdvertisesNvidiasNames) {
   ASSERT_TRUE(kubelet_->Start().ok());
   {
     Plugin p(sim_->dir(), {"--mig-strategy", "mixed"});
-    ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 6},
-                            {"nvidia.com/mig-1g.5gb", 9},
-                            {"nvidia.com/mig-2g.10gb", 1},
-                            {"nvidia.com/mig-3g.20gb", 1}}))
+    ASSERT_TRUE(WaitCounts(kProfileMixed))
         << Describe(Counts()) << p.Log();
   }
   {
@@ -162,10 +152,7 @@ TEST_F(MigMpsTest, EachStrategyAdvertisesNvidiasNames) {
 TEST_F(MigMpsTest, XidOnAMigInstanceMarksOnlyThatInstance) {
   Init("dgx-a100-mig");
   Plugin p(sim_->dir(), {"--mig-strategy", "mixed"});
-  ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 6},
-                          {"nvidia.com/mig-1g.5gb", 9},
-                          {"nvidia.com/mig-2g.10gb", 1},
-                          {"nvidia.com/mig-3g.20gb", 1}}))
+  ASSERT_TRUE(WaitCounts(kProfileMixed))
       << p.Log();
   const std::string gi3 = MigUuid(0, 3);  // GPU 0's first 1g.5gb instance
   ASSERT_EQ(sim_->Ctl("xid 0 48 --gi 3 --ci 0"), 0);
@@ -195,10 +182,7 @@ TEST_F(MigMpsTest, MigApplyOnIdleGpusReRegistersAndRetiresVanishedResources) {
   layouts.replace(layouts.find("100ms"), 5, "1h");
   const std::string cfg = WriteConfig("version: v1\nflags:\n  migStrategy: mixed\n" + layouts);
   Plugin p(sim_->dir(), {"--config-file", cfg});
-  ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 6},
-                          {"nvidia.com/mig-1g.5gb", 9},
-                          {"nvidia.com/mig-2g.10gb", 1},
-                          {"nvidia.com/mig-3g.20gb", 1}}))
+  ASSERT_TRUE(WaitCounts(kProfileMixed))
       << p.Log();
   const std::string apply = "mig apply --config-file " + cfg + " --pod-resources-socket " + pods.SocketPath();
   // The node's layout (mig.nodes "*"): GPU 1 from 7× 1g.5gb to 3× 2g.10gb + 1g.5gb.
@@ -247,10 +231,7 @@ TEST_F(MigMpsTest, RescanTimerFollowsWithoutEvents) {
   const std::string cfg =
       WriteConfig("version: v1\nflags:\n  migStrategy: mixed\nhealth:\n  disabled: true\n" + std::string(kLayouts));
   Plugin p(sim_->dir(), {"--config-file", cfg});
-  ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 6},
-                          {"nvidia.com/mig-1g.5gb", 9},
-                          {"nvidia.com/mig-2g.10gb", 1},
-                          {"nvidia.com/mig-3g.20gb", 1}}))
+  ASSERT_TRUE(WaitCounts(kProfileMixed))
       << p.Log();
   auto r = Shell(Kgpu("mig apply --no-kubelet-check --config-file " + cfg));
   ASSERT_EQ(r.code, 0) << r.out;
