@@ -1,4 +1,5 @@
 #include <sys/stat.h>
+#include <sys/statfs.h>
 
 #include <nlohmann/json.hpp>
 
@@ -128,6 +129,15 @@ void CheckMps(const NodeOptions& options, std::vector<Check>* checks) {
                        "the plugin writes .ready when every daemon is up; check its log"});
   } else {
     checks->push_back({"MPS daemons", Verdict::kPass, Cat("ready: ", Join(up, ", ")), ""});
+  }
+  // MPS clients share memory through <mpsRoot>/shm (their /dev/shm): on disk it is slow and
+  // survives reboots with stale segments.
+  const std::string shm = (root / "shm").string();
+  struct statfs fs {};
+  if (::statfs(shm.c_str(), &fs) == 0 && static_cast<unsigned long>(fs.f_type) != 0x01021994UL) {
+    checks->push_back({"MPS shared memory", Verdict::kWarn, Cat(shm, " is not a tmpfs"),
+                       Cat("mount one before the plugin starts: mount -t tmpfs -o size=50% tmpfs ", shm,
+                           " (NVIDIA's mps-control-daemon does this in an init container)")});
   }
 }
 
