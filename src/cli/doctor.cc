@@ -41,16 +41,8 @@ void CheckNodes(const std::vector<std::string>& paths, std::vector<std::string>*
 // What each device plugin socket in the kubelet directory advertises: resources with zero devices
 // (their MIG instances are gone; pods asking for them stay Pending) and unhealthy devices.
 void CheckPlugins(const NodeOptions& options, std::vector<Check>* checks) {
-  std::error_code ec;
-  std::vector<std::string> sockets;
-  for (const auto& e : std::filesystem::directory_iterator(options.kubelet_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (e.is_socket(ec) && name != "kubelet.sock" && name.size() > 5 && name.substr(name.size() - 5) == ".sock") {
-      sockets.push_back(name);
-    }
-  }
-  std::sort(sockets.begin(), sockets.end());
-  if (ec || sockets.empty()) {
+  const std::vector<std::string> sockets = deviceplugin::PluginSockets(options.kubelet_dir);
+  if (sockets.empty()) {
     checks->push_back({"Device plugin", Verdict::kWarn, Cat("no plugin socket in ", options.kubelet_dir),
                        "run kgpu device-plugin (deploy/device-plugin) and mount the host's kubelet device-plugin "
                        "directory; use --kubelet-dir when kubelet uses another root"});
@@ -79,6 +71,17 @@ void CheckPlugins(const NodeOptions& options, std::vector<Check>* checks) {
                        "it; kubelet advertises nothing for these until it re-registers"});
   }
   if (dead.empty()) checks->push_back({"Device plugin", Verdict::kPass, Cat("advertising ", Join(served, ", ")), ""});
+  std::error_code ec;
+  std::vector<std::string> drains;
+  for (const auto& e : std::filesystem::directory_iterator(options.kubelet_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(deviceplugin::kDrainPrefix, 0) == 0) drains.push_back(e.path().string());
+  }
+  if (!drains.empty()) {
+    checks->push_back({"MIG re-partitioning", Verdict::kWarn, Cat("GPUs marked as being re-partitioned: ", Join(drains, ", ")),
+                       "their devices are Unhealthy while the marker exists; if no `kgpu mig apply` is running (it "
+                       "removes its markers when it ends), delete the files"});
+  }
   if (!empty.empty()) {
     checks->push_back({"Zero-device resources", Verdict::kWarn,
                        Cat(Join(empty, ", "), " advertised with 0 devices (their MIG instances no longer exist)"),

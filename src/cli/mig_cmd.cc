@@ -10,9 +10,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <set>
+#include <thread>
 
 #include "common/strings.h"
 #include "deviceplugin/config.h"
+#include "deviceplugin/server.h"
 #include "exporter/podresources.h"
 #include "gpu/mig_layout.h"
 
@@ -100,6 +103,31 @@ absl::StatusOr<Loaded> LoadLayouts(const MigFlags& flags, bool need_layout) {
 
 std::string Instances(const std::vector<std::string>& names) { return gpu::DescribeInstances(names); }
 
+// Until every plugin serving in `kubelet_dir` reports the devices in `ids` Unhealthy (up to 5 s).
+// No plugin running: nothing to wait for.
+void WaitForDrain(const std::string& kubelet_dir, const std::set<std::string>& ids, std::ostream& out) {
+  if (ids.empty()) return;
+  const auto sockets = deviceplugin::PluginSockets(kubelet_dir);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    std::vector<std::string> pending;
+    for (const auto& s : sockets) {
+      auto devices = deviceplugin::ReadAdvertised(Cat(kubelet_dir, "/", s), std::chrono::seconds(1));
+      if (!devices.ok()) continue;  // a dead socket offers nothing
+      for (const auto& d : *devices) {
+        if (d.healthy && ids.count(Physical(d.id)) != 0) pending.push_back(d.id);
+      }
+    }
+    if (pending.empty()) return;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      out << "note: the device plugin still offers " << pending.size()
+          << " device(s) of the GPUs to change (is it a kgpu plugin?); relying on kubelet's answer alone\n";
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 }  // namespace
 
 std::pair<CLI::App*, CLI::App*> AddMigCommands(CLI::App* mig, MigFlags* flags) {
@@ -122,6 +150,10 @@ std::pair<CLI::App*, CLI::App*> AddMigCommands(CLI::App* mig, MigFlags* flags) {
   apply->add_flag("--no-kubelet-check", flags->no_kubelet_check,
                   "do not ask kubelet which pods hold GPUs (only when kubelet is stopped on purpose)");
   apply->add_flag("--dry-run", flags->dry_run, "print what would change, change nothing");
+  apply->add_option("--kubelet-dir", flags->kubelet_dir,
+                    "kubelet's device-plugin directory: the plugin stops offering a GPU marked here while it changes")
+      ->envname("KGPU_KUBELET_DIR")
+      ->capture_default_str();
   flags->lock_file = std::filesystem::is_directory("/run/lock") ? "/run/lock/kgpu-mig-apply.lock"
                                                                 : "/tmp/kgpu-mig-apply.lock";
   apply->add_option("--lock-file", flags->lock_file, "held while applying: one apply at a time per node")
@@ -239,6 +271,32 @@ int RunMigApply(const NodeOptions& node, const MigFlags& flags, std::ostream& ou
     changes.push_back(std::move(*change));
   }
   if (changes.empty()) return 0;
+  // Drain: mark the GPUs, so the device plugin reports their devices Unhealthy and kubelet admits
+  // no new pod to them between the busy check below and the change. The markers go when this ends.
+  struct Markers {
+    std::vector<std::string> paths;
+    ~Markers() {
+      for (const auto& p : paths) ::unlink(p.c_str());
+    }
+  } markers;
+  std::set<std::string> draining;  // GPU and MIG UUIDs of the GPUs to change
+  if (!flags.dry_run) {
+    for (const auto& c : changes) {
+      const gpu::Gpu& g = inv.gpus()[c.gpu];
+      const std::string path = Cat(flags.kubelet_dir, "/", deviceplugin::kDrainPrefix, g.uuid);
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+      if (fd < 0) {
+        out << "note: cannot mark GPU " << c.gpu << " in " << flags.kubelet_dir << " (" << std::strerror(errno)
+            << "): the device plugin keeps offering it while it changes; cordon the node, or pass --kubelet-dir\n";
+        continue;
+      }
+      ::close(fd);
+      markers.paths.push_back(path);
+      draining.insert(g.uuid);
+      for (const auto& m : g.migs) draining.insert(m.uuid);
+    }
+    WaitForDrain(flags.kubelet_dir, draining, out);
+  }
   // Busy check: kubelet's view (pods holding devices) and NVML's (processes).
   std::vector<exporter::DeviceAllocation> allocations;
   if (!flags.no_kubelet_check) {

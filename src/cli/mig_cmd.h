@@ -30,6 +30,7 @@ struct MigFlags {
   bool no_kubelet_check = false;
   bool dry_run = false;
   std::string lock_file;  // --lock-file: one apply at a time per node
+  std::string kubelet_dir = "/var/lib/kubelet/device-plugins";  // drain markers, plugin sockets
 };
 
 // Adds `mig show` and `mig apply` under `mig`; returns them so main can tell which was parsed.

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "common/log.h"
@@ -194,7 +195,8 @@ void ResourceServer::SetHealth(const std::map<std::string, gpu::DeviceHealth>& h
   std::vector<DeviceState> next;
   for (const auto& d : resource().devices) {
     const auto it = health.find(d.health_key);
-    next.push_back({d.id, available_ && (it == health.end() || it->second.healthy), d.numa});
+    const bool drained = !drained_.empty() && drained_.count(plan_->inventory->gpus()[d.gpu].uuid) != 0;
+    next.push_back({d.id, available_ && !drained && (it == health.end() || it->second.healthy), d.numa});
   }
   if (next == devices_) return;
   devices_ = std::move(next);
@@ -205,6 +207,17 @@ void ResourceServer::SetHealth(const std::map<std::string, gpu::DeviceHealth>& h
 std::vector<DeviceState> ResourceServer::Devices() const {
   std::lock_guard<std::mutex> lock(mu_);
   return devices_;
+}
+
+std::vector<std::string> PluginSockets(const std::string& kubelet_dir) {
+  std::error_code ec;
+  std::vector<std::string> sockets;
+  for (const auto& e : std::filesystem::directory_iterator(kubelet_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_socket(ec) && name != kKubeletSocketName && name.ends_with(".sock")) sockets.push_back(name);
+  }
+  std::sort(sockets.begin(), sockets.end());
+  return sockets;
 }
 
 absl::StatusOr<std::vector<DeviceState>> ReadAdvertised(const std::string& socket, std::chrono::milliseconds timeout) {
@@ -280,6 +293,17 @@ std::vector<std::string> CheckpointedResources(const Config& config) {
 
 }  // namespace
 
+void ResourceServer::SetDrained(const std::set<std::string>& gpu_uuids) {
+  std::map<std::string, gpu::DeviceHealth> health;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (drained_ == gpu_uuids) return;
+    drained_ = gpu_uuids;
+    health = health_;
+  }
+  SetHealth(health);
+}
+
 void ResourceServer::SetAvailable(bool available) {
   std::map<std::string, gpu::DeviceHealth> health;
   {
@@ -346,6 +370,7 @@ absl::Status Manager::StartServers() {
     }
     if (health_) server->SetHealth(health_->Snapshot());
     if (auto it = available_.find(r.name); it != available_.end()) server->SetAvailable(it->second);
+    if (!drained_.empty()) server->SetDrained(drained_);
     if (r.retired) {
       log->info("serving {} with zero devices (it no longer exists on this node) on {}", r.name, server->socket_path());
     } else {
@@ -462,6 +487,26 @@ void Manager::ProbeMps(bool force) {
   MarkMpsReady(*config_, all);
 }
 
+void Manager::ScanDrainMarkers() {
+  std::set<std::string> now;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(config_->kubelet_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(kDrainPrefix, 0) == 0) now.insert(name.substr(sizeof kDrainPrefix - 1));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (now == drained_) return;
+  auto log = Log("deviceplugin");
+  for (const auto& u : now) {
+    if (drained_.count(u) == 0) log->info("GPU {} is being re-partitioned (kgpu mig apply): its devices are Unhealthy", u);
+  }
+  for (const auto& u : drained_) {
+    if (now.count(u) == 0) log->info("GPU {}: re-partitioning finished", u);
+  }
+  drained_ = std::move(now);
+  for (auto& server : servers_) server->SetDrained(drained_);
+}
+
 absl::Status Manager::Start(const Config& config) {
   auto log = Log("deviceplugin");
   if (auto st = Validate(config); !st.ok()) return st;
@@ -481,6 +526,7 @@ absl::Status Manager::Start(const Config& config) {
 
   StartHealth();
   StartMps();
+  ScanDrainMarkers();
   absl::Status served;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -709,7 +755,7 @@ void Manager::WatchLoop(std::stop_token stop) {
     if (fd >= 0) ::close(fd);
     return;
   }
-  bool kubelet_created = false, ours_deleted = false;
+  bool kubelet_created = false, ours_deleted = false, drain_changed = false;
   alignas(struct inotify_event) char buf[4096];
   while (!stop.stop_requested()) {
     struct pollfd p {fd, POLLIN, 0};
@@ -723,6 +769,7 @@ void Manager::WatchLoop(std::stop_token stop) {
           const auto* ev = reinterpret_cast<const struct inotify_event*>(ptr);
           const std::string name = ev->len > 0 ? ev->name : "";
           if (name == kKubeletSocketName && (ev->mask & (IN_CREATE | IN_MOVED_TO))) kubelet_created = true;
+          if (name.rfind(kDrainPrefix, 0) == 0) drain_changed = true;
           if (ev->mask & (IN_DELETE | IN_MOVED_FROM)) {
             std::lock_guard<std::mutex> lock(mu_);
             for (const auto& s : servers_) {
@@ -731,6 +778,10 @@ void Manager::WatchLoop(std::stop_token stop) {
           }
           ptr += sizeof(struct inotify_event) + ev->len;
         }
+      }
+      if (drain_changed) {
+        ScanDrainMarkers();  // at once: kgpu mig apply waits for the devices to turn Unhealthy
+        drain_changed = false;
       }
       continue;
     }

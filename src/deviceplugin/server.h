@@ -60,6 +60,8 @@ class ResourceServer {
   // False while the resource cannot serve (its MPS daemon is not answering): every device is
   // Unhealthy, so kubelet admits no pod to it.
   void SetAvailable(bool available);
+  // GPUs (UUIDs) being re-partitioned by `kgpu mig apply`: their devices are Unhealthy meanwhile.
+  void SetDrained(const std::set<std::string>& gpu_uuids);
 
   const Resource& resource() const { return plan_->resources[index_]; }
   const std::string& socket_path() const { return socket_path_; }
@@ -81,10 +83,19 @@ class ResourceServer {
   std::vector<DeviceState> devices_;
   std::map<std::string, gpu::DeviceHealth> health_;
   bool available_ = true;
+  std::set<std::string> drained_;
   uint64_t version_ = 1;
   bool stopping_ = false;
   std::atomic<uint64_t> allocations_{0};
 };
+
+// `kgpu mig apply` marks a GPU it is about to re-partition with the file
+// <kubelet dir>/<kDrainPrefix><GPU UUID>; the plugin reports that GPU's devices Unhealthy until
+// the file is gone, so kubelet admits no pod to it meanwhile.
+inline constexpr char kDrainPrefix[] = ".kgpu-mig-drain-";
+
+// The device-plugin sockets in a kubelet directory (file names, sorted; kubelet.sock excluded).
+std::vector<std::string> PluginSockets(const std::string& kubelet_dir);
 
 // What a device plugin serving on `socket` advertises: the first ListAndWatch message, as kubelet
 // would read it (for `kgpu doctor`). Errors name the socket.
@@ -142,6 +153,8 @@ class Manager {
   std::unique_ptr<gpu::HealthMonitor> health_;
   std::set<std::string> retired_;           // guarded by mu_
   std::map<std::string, bool> available_;   // resource → serving (MPS daemon up); guarded by mu_
+  std::set<std::string> drained_;           // GPU UUIDs with a drain marker; guarded by mu_
+  void ScanDrainMarkers();
   std::vector<std::unique_ptr<class MpsDaemon>> mps_;  // owner thread / maintenance thread only
   std::string layout_seen_;                 // MIG fingerprint of the running inventory (maintenance thread)
   std::mutex wake_mu_;                      // wakes the maintenance thread early:

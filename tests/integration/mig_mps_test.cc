@@ -95,8 +95,8 @@ class MigMpsTest : public testing::PluginNodeTest {
     return false;
   }
   std::string Kgpu(const std::string& args) {
-    return "LD_LIBRARY_PATH=" + testing::LibDir() + " KGPU_MIG_LOCK_FILE=" + sim_->dir() + "/mig.lock " + KGPU_BIN +
-           " " + args;
+    return "LD_LIBRARY_PATH=" + testing::LibDir() + " KGPU_MIG_LOCK_FILE=" + sim_->dir() + "/mig.lock KGPU_KUBELET_DIR=" +
+           sim_->dir() + " " + KGPU_BIN + " " + args;
   }
   nlohmann::json Devices() { return nlohmann::json::parse(Shell(Kgpu("devices --json")).out); }
   std::string MigUuid(unsigned gpu, unsigned gi) {
@@ -196,6 +196,11 @@ TEST_F(MigMpsTest, MigApplyOnIdleGpusReRegistersAndRetiresVanishedResources) {
                           {"nvidia.com/mig-3g.20gb", 1}}))
       << Describe(Counts()) << p.Log();
   EXPECT_GE(pods.ListCalls(), 1);
+  // While it changed, GPU 1 was marked and its devices reported Unhealthy; the marker is gone.
+  EXPECT_NE(p.Log().find("is being re-partitioned (kgpu mig apply)"), std::string::npos) << p.Log();
+  for (const auto& e : std::filesystem::directory_iterator(sim_->dir())) {
+    EXPECT_EQ(e.path().filename().string().rfind(".kgpu-mig-drain-", 0), std::string::npos) << e.path();
+  }
   // Again: nothing to do.
   r = Shell(Kgpu(apply));
   EXPECT_EQ(r.code, 0) << r.out;
@@ -224,6 +229,24 @@ TEST_F(MigMpsTest, MigApplyOnIdleGpusReRegistersAndRetiresVanishedResources) {
                                 [](const ResourceState& s) { return s.connected && s.devices.empty(); }, 10s))
       << again.Log();
   EXPECT_NE(again.Log().find("serving nvidia.com/mig-2g.10gb with zero devices"), std::string::npos) << again.Log();
+}
+
+// A drain marker (what kgpu mig apply writes while it changes a GPU) makes the plugin report that
+// GPU's devices Unhealthy at once, and doctor names a marker left behind.
+TEST_F(MigMpsTest, DrainMarkerMakesTheGpuUnhealthyUntilRemoved) {
+  Init("dgx-a100-mig");
+  Plugin p(sim_->dir(), {"--mig-strategy", "mixed"});
+  ASSERT_TRUE(WaitCounts(kProfileMixed)) << p.Log();
+  const std::string uuid = Devices()["gpus"][2]["uuid"];  // a whole GPU
+  const std::string marker = sim_->dir() + "/.kgpu-mig-drain-" + uuid;
+  std::ofstream(marker).put('\n');
+  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.Healthy() == 5; }, 10s)) << p.Log();
+  const auto gpus = kubelet_->Get("nvidia.com/gpu");
+  for (const auto& d : gpus->devices) EXPECT_EQ(d.health == "Healthy", d.id != uuid);
+  auto doctor = Shell(Kgpu("doctor --kubelet-dir " + sim_->dir()));
+  EXPECT_NE(doctor.out.find("[WARN] MIG re-partitioning"), std::string::npos) << doctor.out;
+  std::filesystem::remove(marker);
+  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.Healthy() == 6; }, 10s)) << p.Log();
 }
 
 // Without health events (health checks off: no NVML event set), the rescan timer finds the change.
@@ -261,6 +284,9 @@ TEST_F(MigMpsTest, MigApplyRefusesABusyGpuAndChangesNothing) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("nothing was changed"), std::string::npos) << r.out;
+  for (const auto& e : std::filesystem::directory_iterator(sim_->dir())) {  // markers removed on refusal too
+    EXPECT_EQ(e.path().filename().string().rfind(".kgpu-mig-drain-", 0), std::string::npos) << e.path();
+  }
   EXPECT_EQ(Shell(Kgpu("devices --json")).out, before);  // GPU 1 (idle) was not changed either
   // A process outside Kubernetes also makes a GPU busy.
   pods.SetListResponse({});
@@ -369,9 +395,15 @@ TEST_F(MpsTest, OneReplicaPerContainerByDefault) {
     std::this_thread::sleep_for(50ms);
   }
   ASSERT_NE(p.Log().find("restarting it"), std::string::npos) << p.Log();
+  // A new daemon (new pid file), and the devices Healthy again once it answers.
+  while ((ReadAll(dir + "/pipe/nvidia-cuda-mps-control.pid") == pid ||
+          p.Log().find("MPS daemon of nvidia.com/gpu is ready") == std::string::npos) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_NE(ReadAll(dir + "/pipe/nvidia-cuda-mps-control.pid"), pid);
   ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.Healthy() == 32; }, 20s))
       << p.Log();
-  EXPECT_NE(ReadAll(dir + "/pipe/nvidia-cuda-mps-control.pid"), pid);  // a new daemon
 
   p.Signal(SIGTERM);
   ASSERT_EQ(p.Wait(10s), 0) << p.Log();
