@@ -192,11 +192,15 @@ void ResourceServer::Stop() {
 void ResourceServer::SetHealth(const std::map<std::string, gpu::DeviceHealth>& health) {
   std::lock_guard<std::mutex> lock(mu_);
   health_ = health;
+  RecomputeLocked();
+}
+
+void ResourceServer::RecomputeLocked() {
   std::vector<DeviceState> next;
   for (const auto& d : resource().devices) {
-    const auto it = health.find(d.health_key);
+    const auto it = health_.find(d.health_key);
     const bool drained = !drained_.empty() && drained_.count(plan_->inventory->gpus()[d.gpu].uuid) != 0;
-    next.push_back({d.id, available_ && !drained && (it == health.end() || it->second.healthy), d.numa});
+    next.push_back({d.id, available_ && !drained && (it == health_.end() || it->second.healthy), d.numa});
   }
   if (next == devices_) return;
   devices_ = std::move(next);
@@ -294,25 +298,17 @@ std::vector<std::string> CheckpointedResources(const Config& config) {
 }  // namespace
 
 void ResourceServer::SetDrained(const std::set<std::string>& gpu_uuids) {
-  std::map<std::string, gpu::DeviceHealth> health;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (drained_ == gpu_uuids) return;
-    drained_ = gpu_uuids;
-    health = health_;
-  }
-  SetHealth(health);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (drained_ == gpu_uuids) return;
+  drained_ = gpu_uuids;
+  RecomputeLocked();
 }
 
 void ResourceServer::SetAvailable(bool available) {
-  std::map<std::string, gpu::DeviceHealth> health;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (available_ == available) return;
-    available_ = available;
-    health = health_;
-  }
-  SetHealth(health);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (available_ == available) return;
+  available_ = available;
+  RecomputeLocked();
 }
 
 Manager::Manager(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory,

@@ -71,6 +71,8 @@ class ResourceServer {
  private:
   class Service;
   friend class Service;
+  // devices_ from health_, available_ and drained_; pushes a ListAndWatch update on a change.
+  void RecomputeLocked();
 
   const std::shared_ptr<const Plan> plan_;
   const size_t index_;
