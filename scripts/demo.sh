@@ -128,8 +128,8 @@ kubelet=$!
 "$bin/kgpu" --log-level warn device-plugin --kubelet-dir "$kdir" --config-file "$work/mig.yaml" >"$work/plugin.log" 2>&1 &
 plugin=$!
 wait_count "$work/kubelet.log" "ListAndWatch nvidia.com/mig" 3 && grep "ListAndWatch" "$work/kubelet.log"
-echo; echo "\$ kgpu mig apply --config-file mig.yaml --no-kubelet-check   # (no kubelet PodResources in this demo)"
-"$bin/kgpu" mig apply --config-file "$work/mig.yaml" --no-kubelet-check | sed 's/^/  /'
+echo; echo "\$ kgpu mig apply --config-file mig.yaml --kubelet-dir <dir> --no-kubelet-check   # (no kubelet PodResources here)"
+"$bin/kgpu" mig apply --config-file "$work/mig.yaml" --kubelet-dir "$kdir" --no-kubelet-check | sed 's/^/  /'
 wait_for "$work/kubelet.log" "nvidia.com/mig-2g.10gb: 0 devices" && grep "ListAndWatch" "$work/kubelet.log" | tail -n 4
 echo "(GPU 0 is now two 3g.20gb instances; nvidia.com/mig-2g.10gb stays registered with 0 devices, so"
 echo " the node's capacity for it drops to 0 instead of lingering; a busy GPU would have been refused)"
