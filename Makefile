@@ -26,12 +26,13 @@ demo: deps
 
 bench: deps
 	cmake --preset release >/dev/null
-	cmake --build --preset release -j $(JOBS) --target inventory_bench event_latency device_plugin_bench exporter_bench mig_mps_bench
+	cmake --build --preset release -j $(JOBS) --target inventory_bench event_latency device_plugin_bench exporter_bench mig_mps_bench k8s_bench
 	build/release/bin/inventory_bench
 	build/release/bin/event_latency
 	build/release/bin/device_plugin_bench
 	build/release/bin/exporter_bench
 	build/release/bin/mig_mps_bench
+	build/release/bin/k8s_bench
 
 # libFuzzer (clang): FUZZ_SECONDS per target, corpus grows in build/fuzz/corpus-*.
 FUZZ_SECONDS ?= 60

@@ -132,6 +132,10 @@ echo "ok: quota refusal: $out"
 expect 'configmap/cm created' K create configmap cm -n team-a --from-literal=a=b
 expect '^b$' K get configmap cm -n team-a -o 'jsonpath={.data.a}'
 expect 'poddisruptionbudget.policy/pdb created' K create pdb pdb -n team-a --selector=app=trainer --min-available=1
+# The protobuf bodies were decoded field by field: the selector and minAvailable arrived.
+expect '^trainer 1$' K get pdb pdb -n team-a -o 'jsonpath={.spec.selector.matchLabels.app} {.spec.minAvailable}'
+expect '^1 5$' K get quota gpu-quota -n team-a -o 'jsonpath={.spec.hard.requests\.nvidia\.com/gpu} {.spec.hard.pods}'
+expect 'pdb +1 +N/A' K get pdb -n team-a
 
 # A wrong token: 401.
 sed -i 's/token: kubectl-token/token: wrong/' "$KUBECONFIG"

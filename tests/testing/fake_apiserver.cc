@@ -296,7 +296,8 @@ absl::Status FakeApiServer::Start() {
   }
   const int threads = opts_.watch_threads;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http_->set_keep_alive_timeout(30);
+  // Short: Stop() joins the workers, and an idle keep-alive connection holds one until this ends.
+  http_->set_keep_alive_timeout(2);
   http_->set_read_timeout(60, 0);
   http_->set_write_timeout(60, 0);
   http_->set_payload_max_length(64u << 20);
