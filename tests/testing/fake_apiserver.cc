@@ -857,15 +857,13 @@ FakeApiServer::Result FakeApiServer::List(const std::string& rkey, const std::st
   }
   json items = json::array();
   std::string next_start;
-  int64_t remaining = 0;
   for (auto it = objects_[rkey].lower_bound(start); it != objects_[rkey].end(); ++it) {
     const json& o = it->second;
     if (!ns.empty() && o["metadata"].value("namespace", "") != ns) continue;
     if (!ls->Matches(o["metadata"].value("labels", json::object())) || !fsel->Matches(o)) continue;
     if (limit > 0 && static_cast<int64_t>(items.size()) >= limit) {
-      if (next_start.empty()) next_start = it->first;
-      ++remaining;
-      continue;
+      next_start = it->first;  // remainingItemCount is optional: not counted (it would make paging O(n^2))
+      break;
     }
     items.push_back(o);
   }
@@ -873,7 +871,6 @@ FakeApiServer::Result FakeApiServer::List(const std::string& rkey, const std::st
                {"metadata", {{"resourceVersion", std::to_string(list_rv)}}}, {"items", items}};
   if (!next_start.empty()) {
     list["metadata"]["continue"] = B64(json({{"v", "meta.k8s.io/v1"}, {"rv", list_rv}, {"start", next_start}}).dump());
-    list["metadata"]["remainingItemCount"] = remaining;
   }
   if (WantsTable(req)) {
     std::vector<json> v(items.begin(), items.end());
