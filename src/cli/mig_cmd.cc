@@ -89,7 +89,12 @@ absl::StatusOr<Loaded> LoadLayouts(const MigFlags& flags, bool need_layout) {
   } else {
     const std::string node = !flags.node_name.empty() ? flags.node_name : HostName();
     auto name = deviceplugin::LayoutForNode(l.config.mig, node);
-    if (!name.ok()) return absl::InvalidArgumentError(Cat(flags.config_file, ": ", name.status().message()));
+    if (!name.ok()) {
+      const std::string& where = l.config.mig.nodes_position;
+      return absl::InvalidArgumentError(
+          Cat(where.empty() ? Cat(flags.config_file, ": mig.nodes is not set") : Cat(where, ": mig.nodes"), ": ",
+              name.status().message()));
+    }
     l.layout_name = *name;
   }
   if (l.config.mig.layouts.count(l.layout_name) == 0) {

@@ -1,5 +1,7 @@
 #include "common/yaml_util.h"
 
+#include <algorithm>
+
 namespace kgpu::yaml {
 
 std::string Position(std::string_view origin, const YAML::Mark& mark) {
@@ -20,8 +22,10 @@ absl::Status CheckKeys(std::string_view origin, const YAML::Node& map, std::stri
     if (!kv.first.IsScalar()) return At(origin, kv.first.Mark(), Cat("a key in ", where, " must be a name, not a list or a mapping"));
     const auto key = kv.first.as<std::string>();
     if (allowed.count(key) == 0) {
+      const std::string near = Nearest(key, allowed, std::max<size_t>(2, key.size() / 4));
       return At(origin, kv.first.Mark(),
-                Cat("unknown key '", key, "' in ", where, " (allowed: ", Join(allowed, ", "), ")"));
+                Cat("unknown key '", key, "' in ", where, near.empty() ? "" : Cat(" (did you mean ", near, "?)"),
+                    " (allowed: ", Join(allowed, ", "), ")"));
     }
   }
   return absl::OkStatus();

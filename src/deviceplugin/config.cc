@@ -243,6 +243,7 @@ absl::Status ParseMig(std::string_view origin, const YAML::Node& m, MigConfig* o
   }
   if (const YAML::Node nodes = m["nodes"]; nodes) {
     if (!nodes.IsMap()) return At(origin, nodes.Mark(), "mig.nodes must map node-name patterns to layout names");
+    out->nodes_position = Position(origin, nodes.Mark());
     for (const auto& kv : nodes) {
       auto pattern = Scalar<std::string>(origin, kv.first, "mig.nodes key");
       if (!pattern.ok()) return pattern.status();
@@ -311,7 +312,7 @@ absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* 
           for (const auto& x : s) {
             auto v = Scalar<std::string>(origin, x, "flags.plugin.deviceListStrategy[]");
             if (!v.ok()) return v.status();
-            KGPU_RETURN_IF_ERROR(CheckEnum(origin, x, kDeviceListStrategy, "flags.plugin.deviceListStrategy[]", *v));
+            KGPU_RETURN_IF_ERROR(CheckEnum(origin, x, kDeviceListStrategy, "flags.plugin.deviceListStrategy", *v));
             c->device_list_strategy.push_back(*v);
           }
         } else {

@@ -59,6 +59,7 @@ struct MigConfig {
   std::map<std::string, gpu::MigLayout> layouts;
   std::vector<std::pair<std::string, std::string>> nodes;  // node-name glob → layout name, in file order
   std::map<std::string, std::vector<std::string>> positions;  // layout name → "file:line:col" of each entry
+  std::string nodes_position;  // "file:line:col" of mig.nodes (empty when the file has none)
   std::chrono::milliseconds rescan_interval{5000};       // plugin: how often to look for a MIG change
 };
 

@@ -112,7 +112,11 @@ const PluginDevice* Resource::Find(const std::string& id) const {
 absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu::Inventory> inventory,
                                                       const Config& config) {
   auto units = Units(*inventory, config.mig_strategy);
-  if (!units.ok()) return units.status();
+  if (!units.ok()) {
+    const auto it = config.positions.find("flags.migStrategy");
+    if (it == config.positions.end()) return units.status();
+    return absl::Status(units.status().code(), Cat(it->second, ": ", units.status().message()));
+  }
   const Sharing& sharing = config.sharing;
   const char* sharing_key = sharing.strategy == SharingStrategy::kMps ? "sharing.mps" : "sharing.timeSlicing";
 

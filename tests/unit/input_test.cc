@@ -132,6 +132,7 @@ TEST(ConfigInputTest, EnumerationsAreCheckedWhereTheFileSetsThem) {
       {"sharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 2, devices: 0}]\n",
        "c.yaml:3:51: sharing.timeSlicing.resources[0].devices must be \"all\", a count from 1 to 1024"},
       {"flags:\n  plugin:\n    passDeviceSpecs: maybe\n", "c.yaml:3:22: flags.plugin.passDeviceSpecs must be true or false (got 'maybe')"},
+      {"falgs:\n  migStrategy: none\n", "c.yaml:1:1: unknown key 'falgs' in the config (did you mean flags?)"},
   };
   for (const auto& [yaml, want] : cases) {
     auto c = deviceplugin::ParseConfig(yaml, "c.yaml");
