@@ -86,7 +86,14 @@ int Main(int argc, char** argv) {
   auto* mig = app.add_subcommand("mig", "MIG layouts: show them, apply one (refused while a GPU is in use)");
   auto [mig_show, mig_apply] = kgpu::cli::AddMigCommands(mig, &mig_flags);
 
-  CLI11_PARSE(app, argc, argv);
+  // Exit codes, the same for every subcommand (README "Exit codes"): 0 success; 1 bad input (a
+  // config or counters file, a flag value the node cannot honour) or a failure; 2 usage: the
+  // command line cannot be parsed (unknown subcommand or option, a missing or malformed argument).
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help and --version print and succeed
+  }
   if (!kgpu::SetLogLevel(log_level)) {
     std::cerr << "kgpu: --log-level: unknown level '" << log_level
               << "' (use trace, debug, info, warn, error or off)\n";
