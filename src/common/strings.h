@@ -128,6 +128,9 @@ std::string Nearest(std::string_view name, const Range& candidates, size_t max_d
   size_t best_distance = max_distance + 1;
   for (const auto& c : candidates) {
     const std::string_view candidate(c);
+    // The length difference bounds the distance from below: skip what cannot win.
+    const size_t gap = name.size() > candidate.size() ? name.size() - candidate.size() : candidate.size() - name.size();
+    if (gap >= best_distance) continue;
     const size_t d = EditDistance(name, candidate);
     if (d < best_distance) {
       best_distance = d;

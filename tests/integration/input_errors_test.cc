@@ -159,6 +159,22 @@ TEST_F(InputErrorsTest, MigLayoutErrorsCarryFileLineColumn) {
       << count.out;
 }
 
+// A layout that does not fit a GPU is found when planning against NVML: the entry's position still leads.
+TEST(InputErrorsMigTest, LayoutThatDoesNotFitNamesItsEntry) {
+  SimNode sim("dgx-a100-mig");
+  const std::string cfg = sim.dir() + "/config.yaml";
+  std::ofstream(cfg) << "mig:\n  layouts:\n    a:\n      - devices: [0]\n        mig-devices: {\"9g.99gb\": 1}\n";
+  const CommandResult r =
+      Shell(std::string(KGPU_BIN) + " --nvml-library " + SimNode::LibraryPath() + " mig apply --config-file " + cfg +
+            " --layout a --no-kubelet-check --dry-run --kubelet-dir " + sim.dir() + " --lock-file " + sim.dir() + "/lock");
+  std::filesystem::remove(cfg);
+  std::filesystem::remove(sim.dir() + "/lock");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("config.yaml:4:9: layout 'a': GPU 0 (NVIDIA A100-SXM4-40GB) has no MIG profile '9g.99gb'"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST_F(InputErrorsTest, BinaryConfigFileIsEscaped) {
   constexpr char kBinary[] = "\x7f" "ELF\x02\x01\x01\x00\x00\x1b[2J\x1b]0;owned\x07:\xff\xfe: x\n";
   const std::string binary(kBinary, sizeof kBinary - 1);
