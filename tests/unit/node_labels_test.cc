@@ -47,7 +47,7 @@ TEST(GfdLabels, WholeGpus) {
   for (const auto& [k, v] : l) EXPECT_TRUE(deviceplugin::OwnsLabel(k)) << k;
   // Time-slicing: replicas, strategy and the -SHARED suffix.
   c.sharing.strategy = deviceplugin::SharingStrategy::kTimeSlicing;
-  c.sharing.resources = {{"nvidia.com/gpu", 4, "", {}}};
+  c.sharing.resources = {{"nvidia.com/gpu", 4, "", {}, "", {}}};
   auto shared = GfdLabels(*g.inv, c, Opts(false));
   EXPECT_EQ(shared["nvidia.com/gpu.replicas"], "4");
   EXPECT_EQ(shared["nvidia.com/gpu.sharing-strategy"], "time-slicing");
@@ -148,7 +148,7 @@ TEST(PublishToNode, PatchesOnlyOwnedLabelsAndOnlyWhenChanged) {
   EXPECT_EQ(server.ResourceVersion(), rv);
   // A sharing change relabels.
   c.sharing.strategy = deviceplugin::SharingStrategy::kTimeSlicing;
-  c.sharing.resources = {{"nvidia.com/gpu", 2, "", {}}};
+  c.sharing.resources = {{"nvidia.com/gpu", 2, "", {}, "", {}}};
   auto relabel = PublishToNode(*client, "gpu-node-1", GfdLabels(*g.inv, c, Opts(false)), InventoryAnnotation(*g.inv, c));
   ASSERT_TRUE(relabel.ok());
   EXPECT_TRUE(relabel->patched && relabel->annotation_changed);
