@@ -162,6 +162,8 @@ else
   echo "(kubectl is not installed: the Node as kgpu doctor reads it)"
 fi
 echo; echo "\$ kgpu doctor --kubeconfig kubeconfig --node-name demo-node   # the cluster checks"
+echo "  (only the cluster checks are shown; the verdict line still counts the node checks' FAIL for the"
+echo "   missing /dev/nvidia* device nodes, which a simulated node has not got, as in the first step)"
 "$bin/kgpu" doctor --kubelet-dir "$kdir" --kubeconfig "$work/kubeconfig" --node-name demo-node \
   | sed -n '/Node object/,$p' | sed 's/^/  /' || true
 kill -TERM "$plugin"; wait "$plugin" 2>/dev/null || true
