@@ -173,7 +173,7 @@ TEST_F(DevicePluginTest, LostGpuAndRecovery) {
 
 TEST_F(DevicePluginTest, HungNvmlCallKeepsServing) {
   Init("dgx-h100");
-  const std::string config = WriteConfig("health:\n  probeInterval: 100ms\n  hangThreshold: 300ms\n");
+  const std::string config = WriteConfig("health:\n  probeInterval: 100ms\n  hangThreshold: 300ms\n  recoverAfter: 0s\n");
   Plugin p(sim_->dir(), {"--config-file", config});
   ASSERT_TRUE(WaitDevices("nvidia.com/gpu", 8, 8)) << p.Log();
   ASSERT_EQ(sim_->Ctl("hang 3 4000"), 0);
