@@ -30,7 +30,7 @@ step "kgpu doctor: the node checklist (a simulated node has no /dev/nvidia* devi
 "$bin/kgpu" --sysfs-root "$work/sys" doctor || echo "(exit code $?: FAIL items above)"
 
 step "kgpu health: watching NVML events, probes and hung calls; faults come from kgpu-simctl"
-"$bin/kgpu" --log-level warn health --duration 40 --probe-interval-ms 200 >"$work/health.log" 2>&1 &
+"$bin/kgpu" --log-level warn health --duration 40 --probe-interval-ms 200 --recover-after-ms 0 >"$work/health.log" 2>&1 &
 watcher=$!
 wait_for "$work/health.log" "watching"
 head -3 "$work/health.log"; echo "  ... (8 GPUs, all Healthy)"

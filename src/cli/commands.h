@@ -56,6 +56,6 @@ int RunDoctor(const NodeOptions& options, bool json, std::ostream& out);
 
 namespace kgpu::cli {
 // Prints the health of every device, then each change, for `seconds` (0: until *stop is set).
-int RunHealth(const NodeOptions& options, unsigned seconds, unsigned probe_ms,
+int RunHealth(const NodeOptions& options, unsigned seconds, unsigned probe_ms, int recover_after_ms,
               const volatile std::sig_atomic_t* stop, std::ostream& out);
 }  // namespace kgpu::cli

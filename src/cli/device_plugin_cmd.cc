@@ -98,6 +98,46 @@ absl::StatusOr<Config> ResolveConfig(const DevicePluginFlags& flags) {
   return config;
 }
 
+namespace {
+
+sigset_t StopAndReloadSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  for (int s : {SIGHUP, SIGTERM, SIGINT, SIGQUIT}) sigaddset(&signals, s);
+  return signals;
+}
+
+int WaitSignal() {
+  const sigset_t signals = StopAndReloadSignals();
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&signals, &sig) == 0) return sig;
+  }
+}
+
+}  // namespace
+
+int ServeUntilStopped(deviceplugin::Manager& manager, const DevicePluginFlags& flags) {
+  auto log = Log("deviceplugin");
+  for (;;) {
+    const int sig = WaitSignal();
+    if (sig != SIGHUP) {
+      log->info("signal {}: removing our sockets and exiting", sig);
+      return 0;
+    }
+    log->info("SIGHUP: reloading the configuration");
+    auto next = ResolveConfig(flags);
+    if (!next.ok()) {
+      log->error("reload refused, keeping the running configuration: {}", std::string(next.status().message()));
+      continue;
+    }
+    if (auto st = manager.Reload(*next); !st.ok()) {
+      log->error("reload failed: {}", std::string(st.message()));
+      if (st.code() == absl::StatusCode::kInternal) return 1;  // nothing could be restored
+    }
+  }
+}
+
 int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags) {
   auto log = Log("deviceplugin");
   auto config = ResolveConfig(flags);
@@ -110,21 +150,23 @@ int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags) {
     std::cerr << "kgpu device-plugin: " << st.message() << "\n";
     return 1;
   }
-  sigset_t signals;
-  sigemptyset(&signals);
-  for (int s : {SIGHUP, SIGTERM, SIGINT, SIGQUIT}) sigaddset(&signals, s);
-
   auto lib = nvml::Library::Open({node.nvml_library});
-  if (!lib.ok()) {
+  while (!lib.ok()) {
     if (config->fail_on_init_error) {
       std::cerr << "kgpu device-plugin: " << lib.status().message()
                 << "\n(set --fail-on-init-error=false to keep running on nodes without GPUs)\n";
       return 1;
     }
-    log->warn("{}; failOnInitError=false: no devices, waiting for a signal", std::string(lib.status().message()));
-    int sig = 0;
-    sigwait(&signals, &sig);
-    return 0;
+    log->warn("{}; failOnInitError=false: no devices; SIGHUP reloads the configuration and tries NVML again",
+              std::string(lib.status().message()));
+    if (WaitSignal() != SIGHUP) return 0;
+    log->info("SIGHUP: reloading the configuration and opening NVML again");
+    if (auto next = ResolveConfig(flags); next.ok()) {
+      config = std::move(next);
+    } else {
+      log->error("reload refused, keeping the running configuration: {}", std::string(next.status().message()));
+    }
+    lib = nvml::Library::Open({node.nvml_library});
   }
   auto inventory = gpu::Inventory::Discover(**lib, {node.sysfs_root});
   if (!inventory.ok()) {
@@ -138,27 +180,9 @@ int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags) {
   }
   log->info("kgpu device-plugin running: {} resource(s): {}", manager.ResourceNames().size(),
             Join(manager.ResourceNames(), ", "));
-  for (;;) {
-    int sig = 0;
-    if (sigwait(&signals, &sig) != 0) continue;
-    if (sig != SIGHUP) {
-      log->info("signal {}: removing our sockets and exiting", sig);
-      manager.Stop();
-      return 0;
-    }
-    log->info("SIGHUP: reloading the configuration");
-    auto next = ResolveConfig(flags);
-    if (!next.ok()) {
-      log->error("reload refused, keeping the running configuration: {}", std::string(next.status().message()));
-      continue;
-    }
-    if (auto st = manager.Reload(*next); !st.ok()) {
-      log->error("reload failed: {}", std::string(st.message()));
-      if (st.code() == absl::StatusCode::kInternal) return 1;  // nothing could be restored
-      continue;
-    }
-    config = std::move(next);
-  }
+  const int rc = ServeUntilStopped(manager, flags);
+  manager.Stop();
+  return rc;
 }
 
 }  // namespace kgpu::cli

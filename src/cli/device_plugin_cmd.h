@@ -13,6 +13,10 @@
 #include "cli/commands.h"
 #include "deviceplugin/config.h"
 
+namespace kgpu::deviceplugin {
+class Manager;
+}  // namespace kgpu::deviceplugin
+
 namespace kgpu::cli {
 
 struct DevicePluginFlags {
@@ -27,7 +31,12 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags);
 // File (if any) < environment < flags; then DP_*_HEALTHCHECKS; then validation.
 absl::StatusOr<deviceplugin::Config> ResolveConfig(const DevicePluginFlags& flags);
 
-// Runs until SIGTERM/SIGINT. The caller must have blocked SIGHUP, SIGTERM, SIGINT and SIGQUIT.
+// Waits for signals: SIGHUP re-reads the config and reloads `manager` (a refused config keeps the
+// running one); SIGTERM/SIGINT/SIGQUIT return 0 (1 when a failed reload could restore nothing).
+// The caller stops the manager. The caller must have blocked SIGHUP, SIGTERM, SIGINT and SIGQUIT.
+int ServeUntilStopped(deviceplugin::Manager& manager, const DevicePluginFlags& flags);
+// Runs until SIGTERM/SIGINT. With failOnInitError=false and no NVML, waits: SIGHUP reloads the
+// config and tries NVML again. The caller must have blocked SIGHUP, SIGTERM, SIGINT and SIGQUIT.
 int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags);
 
 }  // namespace kgpu::cli

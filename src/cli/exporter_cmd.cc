@@ -149,10 +149,11 @@ int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const Expo
   }
   Log("node")->info("device plugin ({}) and exporter (port {}) share one NVML session",
                     Join(manager.ResourceNames(), ", "), exp.port());
-  WaitForStop();
+  // SIGHUP reloads the device plugin's configuration, as for `kgpu device-plugin`.
+  const int rc = ServeUntilStopped(manager, plugin);
   exp.Stop();
   manager.Stop();
-  return 0;
+  return rc;
 }
 
 }  // namespace kgpu::cli

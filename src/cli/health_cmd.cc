@@ -9,7 +9,7 @@
 
 namespace kgpu::cli {
 
-int RunHealth(const NodeOptions& options, unsigned seconds, unsigned probe_ms,
+int RunHealth(const NodeOptions& options, unsigned seconds, unsigned probe_ms, int recover_after_ms,
               const volatile std::sig_atomic_t* stop, std::ostream& out) {
   auto session = OpenSession(options);
   if (!session.ok()) {
@@ -20,6 +20,7 @@ int RunHealth(const NodeOptions& options, unsigned seconds, unsigned probe_ms,
   gpu::HealthOptions ho;
   ho.probe_interval = std::chrono::milliseconds(probe_ms);
   ho.hang_threshold = std::chrono::milliseconds(std::max(probe_ms * 2, 1000U));
+  if (recover_after_ms >= 0) ho.recover_after = std::chrono::milliseconds(recover_after_ms);
   gpu::HealthMonitor monitor(*session->lib, session->inventory, ho, [&](const std::vector<gpu::DeviceHealth>& changes) {
     std::lock_guard<std::mutex> lock(out_mu);
     for (const auto& c : changes) {

@@ -62,6 +62,11 @@ int Main(int argc, char** argv) {
   health->add_option("--duration", seconds, "stop after this many seconds (0: until SIGINT)");
   unsigned probe_ms = 1000;
   health->add_option("--probe-interval-ms", probe_ms, "liveness probe period")->capture_default_str();
+  int recover_after_ms = -1;
+  health->add_option("--recover-after-ms", recover_after_ms,
+                     "a faulty device turns healthy again this long after its last fault (-1: never, as the plugin's default)")
+      ->check(CLI::Range(-1, 86400000))
+      ->capture_default_str();
   auto* version = app.add_subcommand("version", "print the version");
   kgpu::cli::DevicePluginFlags dp_flags;
   auto* device_plugin = app.add_subcommand(
@@ -130,7 +135,7 @@ int Main(int argc, char** argv) {
   if (health->parsed()) {
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
-    return kgpu::cli::RunHealth(node, seconds, probe_ms, &g_stop, std::cout);
+    return kgpu::cli::RunHealth(node, seconds, probe_ms, recover_after_ms, &g_stop, std::cout);
   }
   return 2;
 }

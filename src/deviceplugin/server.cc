@@ -68,22 +68,37 @@ class ResourceServer::Service final : public v1beta1::DevicePlugin::Service {
 
   grpc::Status ListAndWatch(grpc::ServerContext* ctx, const v1beta1::Empty*,
                             grpc::ServerWriter<v1beta1::ListAndWatchResponse>* writer) override {
-    uint64_t sent = 0;
+    // This stream's own queue of device lists still to send: every Unhealthy edge reaches it,
+    // even when the device recovers before this thread gets to send the list.
+    Stream stream;
+    {
+      std::lock_guard<std::mutex> lock(owner_.mu_);
+      stream.pending.push_back(owner_.devices_);
+      owner_.streams_.insert(&stream);
+    }
+    struct Unlist {
+      ResourceServer& owner;
+      Stream* stream;
+      ~Unlist() {
+        std::lock_guard<std::mutex> lock(owner.mu_);
+        owner.streams_.erase(stream);
+      }
+    } unlist{owner_, &stream};
     for (;;) {
       v1beta1::ListAndWatchResponse msg;
       {
         std::unique_lock<std::mutex> lock(owner_.mu_);
-        while (!owner_.stopping_ && owner_.version_ == sent && !ctx->IsCancelled()) {
+        while (!owner_.stopping_ && stream.pending.empty() && !ctx->IsCancelled()) {
           owner_.cv_.wait_for(lock, std::chrono::milliseconds(200));
         }
         if (owner_.stopping_ || ctx->IsCancelled()) return grpc::Status::OK;
-        sent = owner_.version_;
-        for (const auto& d : owner_.devices_) {
+        for (const auto& d : stream.pending.front()) {
           auto* dev = msg.add_devices();
           dev->set_id(d.id);
           dev->set_health(d.healthy ? kHealthy : kUnhealthy);
           if (d.numa >= 0) dev->mutable_topology()->add_nodes()->set_id(d.numa);
         }
+        stream.pending.pop_front();
       }
       if (!writer->Write(msg)) return grpc::Status::OK;  // kubelet went away
     }
@@ -205,8 +220,30 @@ void ResourceServer::RecomputeLocked() {
   }
   if (next == devices_) return;
   devices_ = std::move(next);
-  ++version_;
+  for (Stream* s : streams_) Enqueue(*s, devices_);
   cv_.notify_all();
+}
+
+bool ResourceServer::HidesUnhealthy(const std::vector<DeviceState>& before, const std::vector<DeviceState>& after) {
+  std::map<std::string_view, bool> healthy_after;
+  for (const auto& d : after) healthy_after[d.id] = d.healthy;
+  for (const auto& d : before) {
+    if (d.healthy) continue;
+    const auto it = healthy_after.find(d.id);
+    if (it == healthy_after.end() || it->second) return true;  // would recover (or vanish) unseen
+  }
+  return false;
+}
+
+void ResourceServer::Enqueue(Stream& stream, const std::vector<DeviceState>& devices) {
+  auto& q = stream.pending;
+  // Replacing the last unsent list loses nothing unless it carries an Unhealthy device that the
+  // new one shows Healthy again: then both go, in order.
+  if (!q.empty() && (!HidesUnhealthy(q.back(), devices) || q.size() >= kMaxPending)) {
+    q.back() = devices;
+  } else {
+    q.push_back(devices);
+  }
 }
 
 std::vector<DeviceState> ResourceServer::Devices() const {
@@ -365,7 +402,7 @@ absl::Status Manager::StartServers() {
       servers_.clear();
       return st;
     }
-    if (health_) server->SetHealth(health_->Snapshot());
+    if (health_) server->SetHealth(health_state_);
     if (auto it = available_.find(r.name); it != available_.end()) server->SetAvailable(it->second);
     if (!drained_.empty()) server->SetDrained(drained_);
     if (r.retired) {
@@ -406,10 +443,13 @@ void Manager::StartHealth() {
     }
     wake_cv_.notify_all();
   };
-  auto monitor = std::make_unique<gpu::HealthMonitor>(lib_, inventory_, ho, [this](const auto&) { PublishHealth(); });
+  auto monitor = std::make_unique<gpu::HealthMonitor>(
+      lib_, inventory_, ho, [this](const std::vector<gpu::DeviceHealth>& changes) { PublishHealth(changes); });
   if (auto st = monitor->Start(); !st.ok()) log->warn("health monitor: {}", std::string(st.message()));
   std::lock_guard<std::mutex> lock(mu_);
   health_ = std::move(monitor);
+  // Every change published so far is in the snapshot; the callbacks apply the later ones in order.
+  health_state_ = health_->Snapshot();
 }
 
 void Manager::StopHealth() {
@@ -537,7 +577,7 @@ absl::Status Manager::Start(const Config& config) {
   }
   register_thread_ = std::jthread([this](std::stop_token st) { RegisterLoop(st); });
   watch_thread_ = std::jthread([this](std::stop_token st) { WatchLoop(st); });
-  maintenance_thread_ = std::jthread([this](std::stop_token st) { MaintenanceLoop(st); });
+  maintenance_thread_.Start([this](std::stop_token st) { MaintenanceLoop(st); });
   return absl::OkStatus();
 }
 
@@ -559,13 +599,18 @@ absl::Status Manager::Reload(const Config& config) {
 }
 
 void Manager::Stop() {
+  // Bounded whatever NVML does: the maintenance thread (MIG rescans) and the health monitor may
+  // be inside a hung NVML call; they are left behind after a short wait (see BoundedThread).
   register_thread_.request_stop();
   watch_thread_.request_stop();
-  maintenance_thread_.request_stop();
+  maintenance_thread_.RequestStop();
   cv_.notify_all();
+  wake_cv_.notify_all();
   if (register_thread_.joinable()) register_thread_.join();
   if (watch_thread_.joinable()) watch_thread_.join();
-  if (maintenance_thread_.joinable()) maintenance_thread_.join();
+  if (!maintenance_thread_.StopAndJoinUntil(std::chrono::steady_clock::now() + std::chrono::milliseconds(500))) {
+    Log("deviceplugin")->warn("the MIG rescan is inside an NVML call that has not returned; stopping without it");
+  }
   StopHealth();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -574,12 +619,13 @@ void Manager::Stop() {
   if (config_) StopMps();
 }
 
-void Manager::PublishHealth() {
-  // The snapshot is taken under mu_, so a newer state can never be overwritten by an older one.
+void Manager::PublishHealth(const std::vector<gpu::DeviceHealth>& changes) {
+  // The monitor calls back one change at a time, in order: applying each one (not a snapshot
+  // taken later) passes every Unhealthy edge to the servers, even one that recovered meanwhile.
   std::lock_guard<std::mutex> lock(mu_);
   if (!health_) return;
-  const auto health = health_->Snapshot();
-  for (auto& s : servers_) s->SetHealth(health);
+  for (const auto& c : changes) health_state_[c.id] = c;
+  for (auto& s : servers_) s->SetHealth(health_state_);
 }
 
 namespace {
@@ -634,7 +680,7 @@ bool Manager::Rediscover() {
   RestartServers("MIG layout changed");
   StopHealth();
   StartHealth();
-  PublishHealth();
+  PublishHealth({});
   return true;
 }
 
@@ -655,6 +701,7 @@ void Manager::MaintenanceLoop(std::stop_token stop) {
     } else if (now >= next_rescan) {
       std::shared_ptr<const gpu::Inventory> inventory = this->inventory();
       const std::string seen = gpu::MigFingerprintNow(lib_, *inventory);
+      if (stop.stop_requested()) return;  // maybe left behind in a hung call by Stop(): touch nothing
       if (seen != layout_seen_ && Rediscover()) layout_seen_ = seen;  // a failed one is tried again
       next_rescan = now + config_->mig.rescan_interval;
     }

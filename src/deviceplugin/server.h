@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/bounded_thread.h"
 #include "deviceplugin/config.h"
 #include "deviceplugin/plan.h"
 #include "gpu/health.h"
@@ -71,6 +73,14 @@ class ResourceServer {
  private:
   class Service;
   friend class Service;
+  // One ListAndWatch stream: the device lists not sent yet.
+  struct Stream {
+    std::deque<std::vector<DeviceState>> pending;
+  };
+  static constexpr size_t kMaxPending = 256;  // a stream that stops reading cannot grow without bound
+  // True when `before` has an Unhealthy device that `after` shows Healthy (or not at all).
+  static bool HidesUnhealthy(const std::vector<DeviceState>& before, const std::vector<DeviceState>& after);
+  static void Enqueue(Stream& stream, const std::vector<DeviceState>& devices);
   // devices_ from health_, available_ and drained_; pushes a ListAndWatch update on a change.
   void RecomputeLocked();
 
@@ -86,7 +96,7 @@ class ResourceServer {
   std::map<std::string, gpu::DeviceHealth> health_;
   bool available_ = true;
   std::set<std::string> drained_;
-  uint64_t version_ = 1;
+  std::set<Stream*> streams_;  // open ListAndWatch streams
   bool stopping_ = false;
   std::atomic<uint64_t> allocations_{0};
 };
@@ -136,7 +146,7 @@ class Manager {
   void WatchLoop(std::stop_token stop);
   void MaintenanceLoop(std::stop_token stop);
   void RestartServers(const char* why);
-  void PublishHealth();
+  void PublishHealth(const std::vector<gpu::DeviceHealth>& changes);
   void StartHealth();
   void StopHealth();
   void StartMps();
@@ -153,6 +163,7 @@ class Manager {
   std::shared_ptr<const Config> config_;
   std::shared_ptr<const Plan> plan_;
   std::unique_ptr<gpu::HealthMonitor> health_;
+  std::map<std::string, gpu::DeviceHealth> health_state_;  // the monitor's published state; guarded by mu_
   std::set<std::string> retired_;           // guarded by mu_
   std::map<std::string, bool> available_;   // resource → serving (MPS daemon up); guarded by mu_
   std::set<std::string> drained_;           // GPU UUIDs with a drain marker; guarded by mu_
@@ -170,7 +181,8 @@ class Manager {
   uint64_t generation_ = 0;    // bumped whenever the servers are (re-)created
   bool serve_failed_ = false;  // the last re-serve failed: the watch loop retries it
   std::atomic<uint64_t> registrations_{0};
-  std::jthread register_thread_, watch_thread_, maintenance_thread_;
+  std::jthread register_thread_, watch_thread_;
+  BoundedThread maintenance_thread_;  // makes NVML calls: Stop() does not wait for a hung one
 };
 
 }  // namespace kgpu::deviceplugin

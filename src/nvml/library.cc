@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -91,6 +92,9 @@ struct Library::Symbols {
 #define KGPU_MEMBER(name, ...) decltype(&::name) name = nullptr;
   KGPU_NVML_ENTRIES(KGPU_MEMBER, KGPU_MEMBER)
 #undef KGPU_MEMBER
+  // NVML calls that have not returned yet (a hung driver): the library is not shut down or
+  // unloaded under them.
+  mutable std::atomic<int> in_flight{0};
 };
 
 namespace {
@@ -131,7 +135,9 @@ absl::Status Missing(const Library::Symbols& s, const char* call) {
 template <typename Fn, typename... A>
 absl::Status Call(const Library::Symbols& s, const char* name, Fn fn, A... args) {
   if (fn == nullptr) return Missing(s, name);
+  s.in_flight.fetch_add(1, std::memory_order_acq_rel);
   const nvmlReturn_t rc = fn(args...);
+  s.in_flight.fetch_sub(1, std::memory_order_acq_rel);
   if (rc == NVML_SUCCESS) return absl::OkStatus();
   return NvmlError(s, name, rc);
 }
@@ -269,11 +275,20 @@ absl::StatusOr<std::unique_ptr<Library>> Library::Open(const LoadOptions& option
   return lib;
 }
 
+int Library::calls_in_flight() const { return syms_->in_flight.load(std::memory_order_acquire); }
+
 Library::~Library() {
-  if (dl_ != nullptr) {
-    syms_->nvmlShutdown();
-    dlclose(dl_);
+  if (dl_ == nullptr) return;
+  if (syms_->in_flight.load(std::memory_order_acquire) > 0) {
+    // A thread is still inside NVML (a hung call its owner gave up waiting for): shutting down
+    // or unmapping the library under it would crash it when the call returns. The process is
+    // exiting or reloading; leave the library loaded and its symbol table in place.
+    static std::vector<std::unique_ptr<Symbols>>* kept = new std::vector<std::unique_ptr<Symbols>>;
+    kept->push_back(std::move(syms_));
+    return;
   }
+  syms_->nvmlShutdown();
+  dlclose(dl_);
 }
 
 absl::StatusOr<std::string> Library::DriverVersion() const {

@@ -236,6 +236,8 @@ class Library {
   absl::StatusOr<std::unique_ptr<EventSet>> CreateEventSet() const;
 
   const Symbols& symbols() const { return *syms_; }
+  // NVML calls running now, on any thread (one stuck in a hung driver stays counted).
+  int calls_in_flight() const;
 
  private:
   friend class EventSet;

@@ -173,7 +173,7 @@ TEST_F(DevicePluginTest, LostGpuAndRecovery) {
 
 TEST_F(DevicePluginTest, HungNvmlCallKeepsServing) {
   Init("dgx-h100");
-  const std::string config = WriteConfig("health:\n  probeInterval: 100ms\n  hangThreshold: 300ms\n");
+  const std::string config = WriteConfig("health:\n  probeInterval: 100ms\n  hangThreshold: 300ms\n  recoverAfter: 0s\n");
   Plugin p(sim_->dir(), {"--config-file", config});
   ASSERT_TRUE(WaitDevices("nvidia.com/gpu", 8, 8)) << p.Log();
   ASSERT_EQ(sim_->Ctl("hang 3 4000"), 0);
@@ -292,6 +292,48 @@ TEST_F(DevicePluginTest, NodeServesKubeletAndMetrics) {
   EXPECT_TRUE(counted);
   node.Signal(SIGTERM);
   EXPECT_EQ(node.Wait(5s), 0) << node.Log();
+}
+
+// `kgpu node` reloads the device plugin's configuration on SIGHUP, as `kgpu device-plugin` does
+// (it used to exit), and keeps its exporter serving.
+TEST_F(DevicePluginTest, NodeReloadsOnSighup) {
+  Init("dgx-h100");
+  const int port = FreePort();
+  const std::string config = WriteConfig("sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2}\n");
+  Plugin node(sim_->dir(), {"--config-file", config, "-a", "127.0.0.1:" + std::to_string(port), "-c", "200"}, {},
+              "node");
+  ASSERT_TRUE(WaitDevices("nvidia.com/gpu", 16, 16)) << node.Log();
+  WriteConfig("sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 4}\n");
+  node.Signal(SIGHUP);
+  ASSERT_TRUE(WaitDevices("nvidia.com/gpu", 32, 32)) << node.Log();
+  EXPECT_EQ(node.Wait(0ms), -1) << node.Log();
+  httplib::Client http("127.0.0.1", port);
+  auto res = http.Get("/metrics");
+  ASSERT_TRUE(res) << node.Log();
+  EXPECT_EQ(res->status, 200);
+  node.Signal(SIGTERM);
+  EXPECT_EQ(node.Wait(5s), 0) << node.Log();
+  EXPECT_FALSE(std::filesystem::exists(sim_->dir() + "/nvidia-gpu.sock"));
+}
+
+// failOnInitError=false without NVML: SIGHUP reloads (and tries NVML again) instead of exiting.
+TEST_F(DevicePluginTest, NoNvmlSighupReloadsInsteadOfExiting) {
+  Init("l4x4");
+  Plugin p(sim_->dir(), {"--fail-on-init-error=false"}, {"KGPU_NVML_LIBRARY=" + sim_->dir() + "/no-such-libnvml.so"});
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (p.Log().find("failOnInitError=false") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_NE(p.Log().find("failOnInitError=false"), std::string::npos) << p.Log();
+  p.Signal(SIGHUP);
+  const auto reloaded = std::chrono::steady_clock::now() + 10s;
+  while (p.Log().find("SIGHUP: reloading") == std::string::npos && std::chrono::steady_clock::now() < reloaded) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_NE(p.Log().find("SIGHUP: reloading"), std::string::npos) << p.Log();
+  EXPECT_EQ(p.Wait(300ms), -1) << "exited on SIGHUP: " << p.Log();
+  p.Signal(SIGTERM);
+  EXPECT_EQ(p.Wait(5s), 0) << p.Log();
 }
 
 }  // namespace

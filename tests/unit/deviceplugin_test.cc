@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <set>
+#include <thread>
 
 #include "deviceplugin/allocator.h"
 #include "deviceplugin/cdi.h"
@@ -8,6 +10,8 @@
 #include "deviceplugin/mig_minors.h"
 #include "deviceplugin/plan.h"
 #include "nvml/library.h"
+#include "deviceplugin/server.h"
+#include "testing/fake_kubelet.h"
 #include "testing/sim_plan.h"
 
 namespace kgpu::deviceplugin {
@@ -416,6 +420,48 @@ TEST(PreferredTest, LostGpuDoesNotFailTheCall) {
   auto four = PreferredAllocation(*plan, r, m.config, all, {}, 4);
   ASSERT_TRUE(four.ok()) << four.status();
   EXPECT_EQ(four->size(), 4u);
+}
+
+}  // namespace
+}  // namespace kgpu::deviceplugin
+
+namespace kgpu::deviceplugin {
+namespace {
+
+// A device that turns Unhealthy and Healthy again before the stream's thread wakes up must still
+// reach kubelet as an Unhealthy list first: ListAndWatch carries every edge, not only the level.
+TEST(ListAndWatchTest, EveryUnhealthyEdgeReachesKubelet) {
+  kgpu::testing::SimPlan n("dgx-h100");
+  auto plan = n.PlanFor("");
+  ASSERT_NE(plan, nullptr);
+  kgpu::testing::FakeKubelet kubelet(n.sim.dir());
+  std::atomic<int> unhealthy_lists{0};
+  kubelet.OnEvent([&](const kgpu::testing::FakeKubeletEvent& e) {
+    if (e.kind == kgpu::testing::FakeKubeletEvent::Kind::kUpdate && e.state.Unhealthy() > 0) ++unhealthy_lists;
+  });
+  ASSERT_TRUE(kubelet.Start().ok());
+  auto config = std::make_shared<const Config>(n.config);
+  ResourceServer server(plan, 0, config, n.sim.dir() + "/nvidia-gpu.sock");
+  ASSERT_TRUE(server.Start().ok());
+  ASSERT_TRUE(RegisterWithKubelet(kubelet.SocketPath(), "nvidia-gpu.sock", "nvidia.com/gpu", std::chrono::seconds(5)).ok());
+  ASSERT_TRUE(kubelet.WaitFor("nvidia.com/gpu", [](const auto& s) { return s.connected && s.updates >= 1; },
+                              std::chrono::seconds(10)));
+  const std::string uuid = n.inv->gpus()[2].uuid;
+  constexpr int kFlaps = 50;
+  for (int i = 0; i < kFlaps; ++i) {
+    server.SetHealth({{uuid, gpu::DeviceHealth{uuid, false, "XID 48"}}});
+    server.SetHealth({{uuid, gpu::DeviceHealth{uuid, true, ""}}});  // recovered at once
+  }
+  // Every flap ends Healthy: wait for that, then count the Unhealthy lists kubelet received.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline &&
+         (unhealthy_lists.load() < kFlaps || kubelet.Get("nvidia.com/gpu")->Unhealthy() != 0)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(unhealthy_lists.load(), kFlaps);
+  EXPECT_EQ(kubelet.Get("nvidia.com/gpu")->Unhealthy(), 0);
+  server.Stop();
+  kubelet.Stop();
 }
 
 }  // namespace
