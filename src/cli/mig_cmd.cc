@@ -82,7 +82,8 @@ absl::StatusOr<Loaded> LoadLayouts(const MigFlags& flags, bool need_layout) {
   if (l.config.mig.layouts.empty()) {
     return absl::InvalidArgumentError(
         Cat(flags.config_file.empty() ? "no --config-file given" : Cat(flags.config_file, " declares no mig.layouts"),
-            "; declare layouts under mig.layouts in the device plugin's config file (see docs/mig.md)"));
+            "; declare layouts under mig.layouts in the device plugin's config file (see docs/mig-mps.md, "
+            "section Re-partitioning)"));
   }
   if (!flags.layout.empty()) {
     l.layout_name = flags.layout;

@@ -690,7 +690,10 @@ void Manager::RegisterLoop(std::stop_token stop) {
   auto log = Log("deviceplugin");
   const std::string kubelet =
       config_->kubelet_socket.empty() ? Cat(config_->kubelet_dir, "/", kKubeletSocketName) : config_->kubelet_socket;
-  auto backoff = std::chrono::milliseconds(50);
+  // The first retry comes soon: right after a kubelet restart its new kubelet.sock can exist a
+  // moment before it accepts connections. Then doubling, up to 5 s.
+  constexpr auto kFirstRetry = std::chrono::milliseconds(5);
+  auto backoff = kFirstRetry;
   bool warned = false;
   size_t cursor = 0;  // rotates, so one refused resource cannot hold the others back
   while (!stop.stop_requested()) {
@@ -725,7 +728,7 @@ void Manager::RegisterLoop(std::stop_token stop) {
       if (generation == generation_) registered_[index] = true;
       registrations_++;
       log->info("registered {} with kubelet ({})", name, endpoint);
-      backoff = std::chrono::milliseconds(50);
+      backoff = kFirstRetry;
       warned = false;
       continue;
     }
@@ -778,6 +781,13 @@ void Manager::WatchLoop(std::stop_token stop) {
       if (drain_changed) {
         ScanDrainMarkers();  // at once: kgpu mig apply waits for the devices to turn Unhealthy
         drain_changed = false;
+      }
+      // A new kubelet.sock ends the burst: kubelet removes the plugin sockets before it serves its
+      // own, so there is nothing left to batch. Re-serve at once; only a removal of our socket on
+      // its own waits for the quiet period (kubelet.sock usually follows within it).
+      if (kubelet_created) {
+        RestartServers("kubelet restarted (kubelet.sock re-created)");
+        kubelet_created = ours_deleted = false;
       }
       continue;
     }

@@ -645,7 +645,9 @@ static int check_startup(void) {
       snprintf(err, sizeof err, "GetMigMode: current %u, pending %u", cur, pend);
     } else if ((rc = nv.nvmlDeviceGetUUID(h, g_uuid[i], sizeof g_uuid[i])) != NVML_SUCCESS ||
                !is_uuid(g_uuid[i], "GPU-")) {
-      snprintf(err, sizeof err, "GetUUID " RC " '%s'", RCA(rc), g_uuid[i]);
+      /* Bounded by the row: a UUID the library left unterminated must not run into the next one
+         (and gcc -O2 cannot bound a row of a 2-D array by itself: -Wformat-truncation). */
+      snprintf(err, sizeof err, "GetUUID " RC " '%.*s'", RCA(rc), (int)sizeof g_uuid[i], g_uuid[i]);
     } else if ((rc = nv.nvmlDeviceGetMinorNumber(h, &minor)) != NVML_SUCCESS) {
       snprintf(err, sizeof err, "GetMinorNumber " RC, RCA(rc));
     } else if ((rc = nv.nvmlDeviceGetPciInfo_v3(h, &pci)) != NVML_SUCCESS ||

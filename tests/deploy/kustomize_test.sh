@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# `kubectl kustomize deploy` renders a complete install, and so does the variant with the `node`
+# component; every rendered object is valid against the Kubernetes JSON schemas (npm
+# kubernetes-models; monitoring.coreos.com from @kubernetes-models/prometheus-operator) and the
+# objects agree with each other (tests/deploy/check_rendered.py). Registered in
+# tests/CMakeLists.txt as deploy.kustomize (label kubectl).
+#
+#   kustomize_test.sh REPO_ROOT WORK_DIR VERSION
+#
+# WORK_DIR (in the build dir) keeps the npm packages between runs: they are installed with
+# `npm ci` from tests/deploy/package-lock.json, again only when the lock file changes.
+# Exit 77 (skipped) without kubectl: there is no other kustomize here.
+set -euo pipefail
+root=$(cd "$1" && pwd) work=$2 version=$3
+here="$root/tests/deploy"
+step() { printf '\n== %s\n' "$*"; }
+fail() { echo "kustomize_test: FAIL: $*" >&2; exit 1; }
+
+if ! command -v kubectl >/dev/null; then
+  echo "kustomize_test: SKIPPED: kubectl not installed (it renders deploy/ with kubectl kustomize)"
+  exit 77
+fi
+command -v node >/dev/null || fail "node not found: run scripts/install-deps.sh (Debian package nodejs)"
+command -v npm >/dev/null || fail "npm not found: run scripts/install-deps.sh (Debian package npm)"
+mkdir -p "$work"
+
+step "npm packages ($(node --version), npm $(npm --version))"
+if ! cmp -s "$here/package-lock.json" "$work/npm/package-lock.json" || [ ! -d "$work/npm/node_modules" ]; then
+  rm -rf "$work/npm"
+  mkdir -p "$work/npm"
+  cp "$here/package.json" "$here/package-lock.json" "$work/npm/"
+  (cd "$work/npm" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error) ||
+    fail "npm ci in $work/npm failed"
+else
+  echo "up to date in $work/npm"
+fi
+cp "$here/validate.mjs" "$work/npm/validate.mjs"
+
+# The variant: every component, `node` last. Kustomize wants paths relative to the kustomization.
+variant="$work/variant-node"
+mkdir -p "$variant"
+rel=$(realpath --relative-to="$variant" "$root/deploy")
+cat >"$variant/kustomization.yaml" <<YAML
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - $rel/namespace
+components:
+  - $rel/device-plugin
+  - $rel/exporter
+  - $rel/monitoring
+  - $rel/node
+YAML
+
+for v in default node; do
+  dir="$root/deploy"
+  [ "$v" = node ] && dir="$variant"
+  step "kubectl kustomize ($v: $dir)"
+  kubectl kustomize "$dir" >"$work/$v.yaml" || fail "kubectl kustomize $dir failed"
+  grep -E '^kind: ' "$work/$v.yaml" | sort | uniq -c
+  step "objects agree ($v)"
+  python3 "$here/check_rendered.py" "$work/$v.yaml" "$v" "$version" "$work/$v.json"
+  step "Kubernetes JSON schemas ($v)"
+  node "$work/npm/validate.mjs" "$work/$v.json" "$v"
+done
+printf '\ndeploy.kustomize: PASS\n'
