@@ -21,17 +21,18 @@ test: deps
 
 demo: deps
 	cmake --preset dev >/dev/null
-	cmake --build --preset dev -j $(JOBS) --target kgpu kgpu-simctl kgpu_simnvml kgpu-fake-kubelet
+	cmake --build --preset dev -j $(JOBS) --target kgpu kgpu-simctl kgpu_simnvml kgpu-fake-kubelet kgpu-fake-apiserver
 	./scripts/demo.sh build/dev
 
 bench: deps
 	cmake --preset release >/dev/null
-	cmake --build --preset release -j $(JOBS) --target inventory_bench event_latency device_plugin_bench exporter_bench mig_mps_bench
+	cmake --build --preset release -j $(JOBS) --target inventory_bench event_latency device_plugin_bench exporter_bench mig_mps_bench k8s_bench
 	build/release/bin/inventory_bench
 	build/release/bin/event_latency
 	build/release/bin/device_plugin_bench
 	build/release/bin/exporter_bench
 	build/release/bin/mig_mps_bench
+	build/release/bin/k8s_bench
 
 # Debian packages kgpu and kgpu-sim (release preset, CPack DEB, Depends from dpkg-shlibdeps) in
 # build/release/packages/.
@@ -46,8 +47,8 @@ package: deps
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	cmake --preset fuzz >/dev/null
-	cmake --build --preset fuzz -j $(JOBS) --target profile_fuzz config_fuzz cgroup_fuzz checkpoint_fuzz counters_fuzz mig_minors_fuzz
-	for t in profile config cgroup checkpoint counters mig_minors; do mkdir -p build/fuzz/corpus-$$t && \
+	cmake --build --preset fuzz -j $(JOBS) --target profile_fuzz config_fuzz cgroup_fuzz checkpoint_fuzz counters_fuzz mig_minors_fuzz kubeconfig_fuzz watch_decoder_fuzz
+	for t in profile config cgroup checkpoint counters mig_minors kubeconfig watch_decoder; do mkdir -p build/fuzz/corpus-$$t && \
 	  build/fuzz/tests/$${t}_fuzz -max_total_time=$(FUZZ_SECONDS) build/fuzz/corpus-$$t tests/fuzz/corpus/$$t || exit 1; done
 
 format:

@@ -135,4 +135,38 @@ echo "(GPU 0 is now two 3g.20gb instances; nvidia.com/mig-2g.10gb stays register
 echo " the node's capacity for it drops to 0 instead of lingering; a busy GPU would have been refused)"
 kill -TERM "$plugin"; wait "$plugin" 2>/dev/null || true
 kill -TERM "$kubelet" 2>/dev/null; wait "$kubelet" 2>/dev/null || true
+step "The node as the Kubernetes API sees it: API server stand-in, kubelet stand-in, plugin, kgpu node-labels"
+export KGPU_SIM_NODE=dgx-h100
+"$bin/kgpu-simctl" reset
+rm -rf "$kdir"; mkdir -p "$kdir"
+"$bin/kgpu-fake-apiserver" --tls --token demo-token --kubeconfig-out "$work/kubeconfig" --port-file "$work/api.port" \
+  >"$work/api.log" 2>&1 &
+api=$!
+for _ in $(seq 100); do [ -s "$work/api.port" ] && break; sleep 0.1; done
+echo "\$ kgpu-fake-apiserver --tls --token demo-token --kubeconfig-out kubeconfig   # $(cat "$work/api.log")"
+: >"$work/kubelet.log"
+"$bin/kgpu-fake-kubelet" serve --dir "$kdir" --duration 30 --kubeconfig "$work/kubeconfig" --node-name demo-node \
+  >"$work/kubelet.log" 2>&1 &
+kubelet=$!
+"$bin/kgpu" --log-level warn device-plugin --kubelet-dir "$kdir" >"$work/plugin.log" 2>&1 &
+plugin=$!
+wait_for "$work/kubelet.log" "ListAndWatch nvidia.com/gpu: 8 devices, 8 healthy" >/dev/null
+echo "\$ kgpu node-labels --kubeconfig kubeconfig --node-name demo-node --oneshot"
+"$bin/kgpu" --log-level warn node-labels --kubeconfig "$work/kubeconfig" --node-name demo-node --oneshot
+sleep 0.5   # the kubelet stand-in patches the Node's status within 200 ms
+if command -v kubectl >/dev/null 2>&1; then
+  echo; echo "\$ kubectl describe node demo-node"
+  HOME=$work timeout 60 kubectl --kubeconfig "$work/kubeconfig" describe node demo-node \
+    | sed -n '/^Labels:/,/^Annotations:/p;/^Capacity:/,/^System Info:/p' | grep -v '^System Info:' | sed 's/^/  /'
+else
+  echo "(kubectl is not installed: the Node as kgpu doctor reads it)"
+fi
+echo; echo "\$ kgpu doctor --kubeconfig kubeconfig --node-name demo-node   # the cluster checks"
+echo "  (only the cluster checks are shown; the verdict line still counts the node checks' FAIL for the"
+echo "   missing /dev/nvidia* device nodes, which a simulated node has not got, as in the first step)"
+"$bin/kgpu" doctor --kubelet-dir "$kdir" --kubeconfig "$work/kubeconfig" --node-name demo-node \
+  | sed -n '/Node object/,$p' | sed 's/^/  /' || true
+kill -TERM "$plugin"; wait "$plugin" 2>/dev/null || true
+kill -TERM "$kubelet" 2>/dev/null; wait "$kubelet" 2>/dev/null || true
+kill -TERM "$api" 2>/dev/null; wait "$api" 2>/dev/null || true
 step "done"

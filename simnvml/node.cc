@@ -9,10 +9,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 #include "common/strings.h"
@@ -374,6 +378,144 @@ int Node::DestroyComputeInstance(const Locked& lock, unsigned gpu, unsigned gi_s
   gi.cis[ci_slot] = SimCi{};
   PushEvent(lock, gpu, 0x100, 0, gi.id, id);
   return 0;
+}
+
+}  // namespace kgpu::sim
+
+// ---------------------------------------------------------------- live values and their ranges
+namespace kgpu::sim {
+namespace {
+
+constexpr uint64_t kMiB = 1048576ULL;
+constexpr uint64_t kU32 = 0xFFFFFFFFULL;
+
+uint64_t ProcessBytes(const SimGpu& g, uint32_t gi, unsigned skip_slot) {
+  uint64_t sum = 0;
+  for (unsigned i = 0; i < g.nproc && i < kMaxProcs; ++i) {
+    if (i != skip_slot && (gi == kNoId || g.procs[i].gi == gi)) sum += g.procs[i].mem_bytes;
+  }
+  return sum;
+}
+
+// Memory a GPU offers its users: total less the driver's reservation, in bytes.
+uint64_t UsableBytes(const GpuModel& m) {
+  return (m.memory_mib > m.reserved_mib ? m.memory_mib - m.reserved_mib : 0) * kMiB;
+}
+
+#define KGPU_LIVE(key, member, scale, help, min_value, max_expr)                                           \
+  LiveField {                                                                                        \
+    key, help, scale, [](const SimGpu& g) { return static_cast<uint64_t>(g.member); },              \
+        [](SimGpu& g, uint64_t v) { g.member = static_cast<decltype(g.member)>(v); },                \
+        [](const GpuModel& m, const SimGpu& g) -> uint64_t {                                         \
+          (void)m;                                                                                   \
+          (void)g;                                                                                   \
+          return max_expr;                                                                           \
+        },                                                                                           \
+        min_value                                                                                    \
+  }
+
+}  // namespace
+
+const std::vector<LiveField>& LiveFields() {
+  static const std::vector<LiveField> fields = {
+      KGPU_LIVE("util", util_gpu, 1, "GPU utilisation, %", 0, 100),
+      KGPU_LIVE("memutil", util_mem, 1, "memory-copy utilisation, %", 0, 100),
+      KGPU_LIVE("encutil", util_enc, 1, "encoder utilisation, %", 0, 100),
+      KGPU_LIVE("decutil", util_dec, 1, "decoder utilisation, %", 0, 100),
+      // NVML reports unsigned degrees; DCGM discards readings above 200 as invalid.
+      KGPU_LIVE("temp", temp_c, 1, "GPU temperature, degrees C", 0, 200),
+      KGPU_LIVE("memtemp", mem_temp_c, 1, "memory temperature, degrees C", 0, 200),
+      KGPU_LIVE("power", power_mw, 1000, "power draw, W", 0, 2ULL * m.power_limit_w),
+      KGPU_LIVE("powerlimit", power_limit_mw, 1000, "power limit, W", 1, m.power_limit_w),
+      KGPU_LIVE("smclock", sm_clock, 1, "SM clock, MHz", 0, m.max_sm_mhz),
+      KGPU_LIVE("memclock", mem_clock, 1, "memory clock, MHz", 0, m.max_mem_mhz),
+      KGPU_LIVE("memused", mem_used_base, kMiB, "memory used outside listed processes, MiB", 0,
+                (UsableBytes(m) - std::min(UsableBytes(m), ProcessBytes(g, kNoId, kMaxProcs))) / kMiB),
+      KGPU_LIVE("pcie_replay", pcie_replay, 1, "PCIe replay counter", 0, kU32),
+      KGPU_LIVE("pcie_tx", pcie_tx_kbs, 1, "PCIe TX throughput, KB/s", 0, 128000000),
+      KGPU_LIVE("pcie_rx", pcie_rx_kbs, 1, "PCIe RX throughput, KB/s", 0, 128000000),
+      KGPU_LIVE("nvlink_tx", nvlink_tx_kib, 1, "NVLink TX counter, KiB", 0, UINT64_MAX / 2),
+      KGPU_LIVE("nvlink_rx", nvlink_rx_kib, 1, "NVLink RX counter, KiB", 0, UINT64_MAX / 2),
+      KGPU_LIVE("remapped_cor", remapped_cor, 1, "correctable remapped rows", 0, kU32),
+      KGPU_LIVE("remapped_unc", remapped_unc, 1, "uncorrectable remapped rows", 0, kU32),
+      KGPU_LIVE("remapped_pending", remapped_pending, 1, "row remapping pending (0/1)", 0, 1),
+      KGPU_LIVE("remapped_failure", remapped_failure, 1, "row remapping failed (0/1)", 0, 1),
+      KGPU_LIVE("mig_pending", mig_pending, 1, "pending MIG mode (0/1), applied at reset; 0 on GPUs without MIG", 0,
+                m.max_mig_devices > 0 ? 1 : 0),
+      KGPU_LIVE("compute_mode", compute_mode, 1, "0 default, 2 prohibited, 3 exclusive-process", 0, 3),
+  };
+  return fields;
+}
+#undef KGPU_LIVE
+
+const LiveField* FindLiveField(std::string_view key) {
+  for (const auto& f : LiveFields()) {
+    if (key == f.key) return &f;
+  }
+  return nullptr;
+}
+
+bool InRange(const LiveField& f, const GpuModel& model, const SimGpu& g) {
+  const uint64_t v = f.get(g);
+  if (f.key == std::string_view("compute_mode") && v == 1) return false;  // EXCLUSIVE_THREAD: gone since CUDA 8
+  if (f.key == std::string_view("memused")) {
+    return v + ProcessBytes(g, kNoId, kMaxProcs) <= UsableBytes(model);
+  }
+  return v >= f.min * f.scale && v / f.scale <= f.max(model, g);
+}
+
+absl::Status SetLiveValue(SimGpu& g, const GpuModel& model, std::string_view key, std::string_view value) {
+  const LiveField* f = FindLiveField(key);
+  if (f == nullptr) {
+    std::vector<std::string> keys;
+    for (const auto& x : LiveFields()) keys.emplace_back(x.key);
+    const std::string near = Nearest(key, keys, 3);
+    return absl::InvalidArgumentError(Cat("'", Printable(key), "' is not a settable value",
+                                          near.empty() ? "" : Cat(" (did you mean ", near, "?)"),
+                                          "; see kgpu-simctl set --help"));
+  }
+  const uint64_t max = f->max(model, g);
+  const std::string range = Cat(f->help, ", must be an integer from ", f->min, " to ", max,
+                                f->key == std::string_view("memused") ? " (the GPU's memory less its reservation and "
+                                                                        "the listed processes)"
+                                                                      : "");
+  const std::string given = Cat(key, "=", Printable(value));
+  uint64_t v = 0;
+  const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+  if (value.empty() || ptr != value.data() + value.size() || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
+    return absl::InvalidArgumentError(Cat(given, ": ", range));
+  }
+  if (ec == std::errc::result_out_of_range || v < f->min || v > max) {
+    return absl::InvalidArgumentError(Cat(given, " is out of range: ", range));
+  }
+  if (f->key == std::string_view("compute_mode") && v == 1) {
+    return absl::InvalidArgumentError(Cat(given, ": mode 1 (exclusive-thread) no longer exists; use 0, 2 or 3"));
+  }
+  f->set(g, v * f->scale);
+  return absl::OkStatus();
+}
+
+absl::Status CheckProcess(const GpuModel& model, const SimGpu& g, const SimProcess& p, unsigned slot) {
+  if (p.sm_util > 100) return absl::InvalidArgumentError(Cat("--util ", p.sm_util, ": must be 0 to 100 (%)"));
+  if (p.mem_util > 100) return absl::InvalidArgumentError(Cat("--memutil ", p.mem_util, ": must be 0 to 100 (%)"));
+  uint64_t capacity = UsableBytes(model);
+  uint64_t others = g.mem_used_base + ProcessBytes(g, kNoId, slot);
+  std::string where = "the GPU";
+  if (p.gi != kNoId) {
+    for (const auto& gi : g.gis) {
+      if (gi.used == 0 || gi.id != p.gi) continue;
+      const MigProfile* mp = FindMigProfileByIndex(model, gi.profile_index);
+      capacity = mp != nullptr ? mp->memory_mib * kMiB : 0;
+      others = ProcessBytes(g, p.gi, slot);
+      where = Cat("GPU instance ", p.gi);
+    }
+  }
+  const uint64_t free = capacity > others ? capacity - others : 0;
+  if (p.mem_bytes > free) {
+    return absl::InvalidArgumentError(Cat("--mem ", p.mem_bytes / kMiB, ": more than ", where, " has free (",
+                                          free / kMiB, " of ", capacity / kMiB, " MiB)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kgpu::sim

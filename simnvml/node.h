@@ -12,6 +12,7 @@
 #include <memory>
 #include <pthread.h>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -172,5 +173,30 @@ class Node {
 
 int64_t MonotonicNs();
 uint64_t RealtimeUs();
+
+// A live value of a simulated GPU that kgpu-simctl sets and the library serves, with the range
+// both accept: simctl refuses a value outside it, and the library does not serve a stored value
+// outside it (a state file written by something else) but fails the call with NVML_ERROR_UNKNOWN.
+struct LiveField {
+  const char* key;
+  const char* help;  // what and the unit, e.g. "GPU temperature, degrees C"
+  uint64_t scale;    // stored = given * scale (power: W given, mW stored)
+  uint64_t (*get)(const SimGpu&);     // stored units
+  void (*set)(SimGpu&, uint64_t);     // stored units
+  // The largest value accepted, in given units (may depend on the model and on the other values).
+  uint64_t (*max)(const GpuModel&, const SimGpu&);
+  uint64_t min;      // in given units
+};
+const std::vector<LiveField>& LiveFields();
+const LiveField* FindLiveField(std::string_view key);
+// Whether the stored value of `f` on `g` lies in its range (stored units).
+bool InRange(const LiveField& f, const GpuModel& model, const SimGpu& g);
+// Parses `value` (decimal digits, a sign is refused with the range) and stores it. Errors name the
+// key, the accepted range with its unit and why: "temp=-400: GPU temperature, degrees C, must be
+// an integer from 0 to 200".
+absl::Status SetLiveValue(SimGpu& g, const GpuModel& model, std::string_view key, std::string_view value);
+// Checks a process to add to slot `slot` of `g` (utilisation 0..100 %, memory within what the
+// GPU, or its MIG instance, has free besides the other processes).
+absl::Status CheckProcess(const GpuModel& model, const SimGpu& g, const SimProcess& p, unsigned slot);
 
 }  // namespace kgpu::sim

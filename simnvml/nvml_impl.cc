@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,11 @@ struct Library {
   std::mutex mu;
   std::atomic<int> refcount{0};
   std::unique_ptr<Node> node;  // opened by the first successful init; kept for the process
+  // Why the last nvmlInit failed (the simulator's own words); nvmlErrorString(NVML_ERROR_UNKNOWN)
+  // returns it while no init has succeeded since, so every client shows the real cause. Interned:
+  // a string once returned stays valid for the process.
+  const char* init_error = nullptr;
+  std::set<std::string> messages;
 };
 Library& Lib() {
   static auto* lib = new Library;
@@ -104,11 +110,13 @@ nvmlReturn_t Init() {
     // A first init, or a fresh one after every client shut down, reads the environment.
     auto node = Node::Open(env);
     if (!node.ok()) {
-      std::fprintf(stderr, "kgpu-simnvml: %s\n", std::string(node.status().message()).c_str());
-      return NVML_ERROR_DRIVER_NOT_LOADED;
+      // Not DRIVER_NOT_LOADED: no kernel driver is involved, and clients would say to load one.
+      lib.init_error = lib.messages.insert("kgpu-simnvml: " + std::string(node.status().message())).first->c_str();
+      return NVML_ERROR_UNKNOWN;
     }
     lib.node = std::move(*node);
   }
+  lib.init_error = nullptr;
   lib.refcount.fetch_add(1, std::memory_order_acq_rel);
   return NVML_SUCCESS;
 }
@@ -201,8 +209,17 @@ uint64_t ProcessMemory(const Dev& d) {
   return sum;
 }
 
+// Whether the stored value `key` of the device's GPU is in the range simctl accepts. A value
+// outside it (a state file written by something else) is not served: the call fails with
+// NVML_ERROR_UNKNOWN instead of returning a reading no GPU can give (util 150 %, used > total).
+bool Valid(const Dev& d, const char* key) {
+  const LiveField* f = FindLiveField(key);
+  return f != nullptr && InRange(*f, d.model(), d.g);
+}
+
 struct MemoryFigures {
   uint64_t total, reserved, used;
+  bool valid() const { return reserved <= total && used <= total - reserved; }
 };
 MemoryFigures Memory(const Dev& d) {
   if (d.mig()) return {d.gi_profile().memory_mib << 20, 0, ProcessMemory(d)};
@@ -347,6 +364,12 @@ NVML_EXPORT nvmlReturn_t nvmlShutdown(void) {
 }
 
 NVML_EXPORT const char* nvmlErrorString(nvmlReturn_t result) {
+  if (result == NVML_ERROR_UNKNOWN) {
+    Library& lib = Lib();
+    std::lock_guard<std::mutex> lock(lib.mu);
+    // The string lives as long as the (never freed) library state, until the next init attempt.
+    if (lib.init_error != nullptr) return lib.init_error;
+  }
   switch (result) {
     case NVML_SUCCESS: return "Success";
     case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
@@ -718,6 +741,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t device, nvmlPstate
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t* u) {
   if (u == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
+    if (!Valid(d, "util") || !Valid(d, "memutil")) return NVML_ERROR_UNKNOWN;
     u->gpu = d.g.util_gpu;
     u->memory = d.g.util_mem;
     return NVML_SUCCESS;
@@ -728,6 +752,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, un
                                                          unsigned int* period) {
   if (AnyNull(util, period)) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
+    if (!Valid(d, "encutil")) return NVML_ERROR_UNKNOWN;
     *util = d.g.util_enc;
     *period = 167000;
     return NVML_SUCCESS;
@@ -738,6 +763,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, un
                                                          unsigned int* period) {
   if (AnyNull(util, period)) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
+    if (!Valid(d, "decutil")) return NVML_ERROR_UNKNOWN;
     *util = d.g.util_dec;
     *period = 167000;
     return NVML_SUCCESS;
@@ -748,6 +774,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTempe
                                                   unsigned int* temp) {
   if (temp == nullptr || sensor != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
+    if (!Valid(d, "temp")) return NVML_ERROR_UNKNOWN;
     *temp = d.g.temp_c;
     return NVML_SUCCESS;
   });
@@ -757,6 +784,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemp
   if (t == nullptr || t->sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
   if (t->version != nvmlTemperature_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
   return OnGpu(device, [&](const Dev& d) {
+    if (!Valid(d, "temp")) return NVML_ERROR_UNKNOWN;
     t->temperature = static_cast<int>(d.g.temp_c);
     return NVML_SUCCESS;
   });
@@ -904,6 +932,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory
   if (memory == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnDevice(device, [&](const Dev& d) {
     const MemoryFigures m = Memory(d);
+    if (!m.valid()) return NVML_ERROR_UNKNOWN;
     memory->total = m.total;
     memory->used = m.reserved + m.used;  // v1 counts the reserved memory as used
     memory->free = m.total - memory->used;
@@ -916,6 +945,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
   if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
   return OnDevice(device, [&](const Dev& d) {
     const MemoryFigures m = Memory(d);
+    if (!m.valid()) return NVML_ERROR_UNKNOWN;
     memory->total = m.total;
     memory->reserved = m.reserved;
     memory->used = m.used;

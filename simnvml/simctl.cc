@@ -15,6 +15,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/strings.h"
 #include "node.h"
 
 namespace kgpu::sim {
@@ -38,48 +39,6 @@ bool ResolveGpu(const Node& node, const std::string& spec, unsigned* gpu) {
   return false;
 }
 
-// The settable fields of a GPU, with their units.
-struct Field {
-  const char* help;
-  void (*set)(SimGpu&, uint64_t);
-  uint64_t (*get)(const SimGpu&);
-};
-#define KGPU_FIELD(key, member, scale, help)                                                   \
-  {                                                                                            \
-    key, Field {                                                                               \
-      help, [](SimGpu& g, uint64_t v) { g.member = static_cast<decltype(g.member)>(v * scale); }, \
-          [](const SimGpu& g) { return static_cast<uint64_t>(g.member / scale); }              \
-    }                                                                                          \
-  }
-const std::map<std::string, Field>& Fields() {
-  static const std::map<std::string, Field> fields = {
-      KGPU_FIELD("util", util_gpu, 1, "GPU utilisation, %"),
-      KGPU_FIELD("memutil", util_mem, 1, "memory-copy utilisation, %"),
-      KGPU_FIELD("encutil", util_enc, 1, "encoder utilisation, %"),
-      KGPU_FIELD("decutil", util_dec, 1, "decoder utilisation, %"),
-      KGPU_FIELD("temp", temp_c, 1, "GPU temperature, degrees C"),
-      KGPU_FIELD("memtemp", mem_temp_c, 1, "memory temperature, degrees C"),
-      KGPU_FIELD("power", power_mw, 1000, "power draw, W"),
-      KGPU_FIELD("powerlimit", power_limit_mw, 1000, "power limit, W"),
-      KGPU_FIELD("smclock", sm_clock, 1, "SM clock, MHz"),
-      KGPU_FIELD("memclock", mem_clock, 1, "memory clock, MHz"),
-      KGPU_FIELD("memused", mem_used_base, 1048576ULL, "memory used outside listed processes, MiB"),
-      KGPU_FIELD("pcie_replay", pcie_replay, 1, "PCIe replay counter"),
-      KGPU_FIELD("pcie_tx", pcie_tx_kbs, 1, "PCIe TX throughput, KB/s"),
-      KGPU_FIELD("pcie_rx", pcie_rx_kbs, 1, "PCIe RX throughput, KB/s"),
-      KGPU_FIELD("nvlink_tx", nvlink_tx_kib, 1, "NVLink TX counter, KiB"),
-      KGPU_FIELD("nvlink_rx", nvlink_rx_kib, 1, "NVLink RX counter, KiB"),
-      KGPU_FIELD("remapped_cor", remapped_cor, 1, "correctable remapped rows"),
-      KGPU_FIELD("remapped_unc", remapped_unc, 1, "uncorrectable remapped rows"),
-      KGPU_FIELD("remapped_pending", remapped_pending, 1, "row remapping pending (0/1)"),
-      KGPU_FIELD("remapped_failure", remapped_failure, 1, "row remapping failed (0/1)"),
-      KGPU_FIELD("mig_pending", mig_pending, 1, "pending MIG mode (0/1), applied at reset"),
-      KGPU_FIELD("compute_mode", compute_mode, 1, "0 default, 2 prohibited, 3 exclusive-process"),
-  };
-  return fields;
-}
-#undef KGPU_FIELD
-
 nlohmann::json Show(const Node& node) {
   nlohmann::json out;
   out["profile"] = node.profile().name;
@@ -94,7 +53,7 @@ nlohmann::json Show(const Node& node) {
     j["uuid"] = node.uuid(i);
     j["busId"] = node.BusId(i);
     j["model"] = node.profile().gpus[i].model->name;
-    for (const auto& [key, field] : Fields()) j[key] = field.get(g);
+    for (const auto& f : LiveFields()) j[f.key] = f.get(g) / f.scale;
     j["lost"] = g.lost != 0;
     j["hung"] = g.hang_until_ns > MonotonicNs();
     j["eccSbe"] = g.ecc_sbe_vol;
@@ -154,8 +113,8 @@ int Run(int argc, char** argv) {
   auto* set = app.add_subcommand("set", "set live values: set GPU key=value ... (see --help)");
   set->add_option("gpu", gpu_spec, "GPU")->required();
   set->add_option("values", assignments, "key=value pairs")->required();
-  std::string fields_help = "keys:";
-  for (const auto& [key, field] : Fields()) fields_help += "\n  " + key + ": " + field.help;
+  std::string fields_help = "keys (each value is checked against its range on this GPU's model):";
+  for (const auto& f : LiveFields()) fields_help += std::string("\n  ") + f.key + ": " + f.help;
   set->footer(fields_help);
 
   unsigned xid_code = 0;
@@ -201,7 +160,12 @@ int Run(int argc, char** argv) {
   proc_rm->add_option("gpu", gpu_spec, "GPU")->required();
   proc_rm->add_option("pid", pid, "process id")->required();
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help exits 0; a command line that cannot be parsed is a usage error: 2, as in kgpu.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   if (profiles->parsed()) {
     for (const auto& name : BuiltinProfileNames()) {
@@ -277,22 +241,17 @@ int Run(int argc, char** argv) {
   }
 
   if (set->parsed()) {
+    // All or nothing: every assignment is checked (in order, so memused sees the processes)
+    // on a copy before the GPU changes.
+    SimGpu next = gpu;
     for (const auto& a : assignments) {
       const auto eq = a.find('=');
-      const auto it = Fields().find(a.substr(0, eq));
-      if (eq == std::string::npos || it == Fields().end()) {
-        return Fail("'" + a + "' is not key=value with a known key (kgpu-simctl set --help)");
+      if (eq == std::string::npos) return Fail("'" + kgpu::Printable(a) + "' is not key=value (kgpu-simctl set --help)");
+      if (auto st = SetLiveValue(next, *node.profile().gpus[g].model, a.substr(0, eq), a.substr(eq + 1)); !st.ok()) {
+        return Fail("GPU " + std::to_string(g) + ": " + std::string(st.message()) + "; nothing was changed");
       }
-      uint64_t v = 0;
-      try {
-        size_t used = 0;
-        v = std::stoull(a.substr(eq + 1), &used);
-        if (used != a.size() - eq - 1) throw std::invalid_argument(a);
-      } catch (const std::exception&) {
-        return Fail("'" + a + "': the value must be a non-negative integer");
-      }
-      it->second.set(gpu, v);
     }
+    gpu = next;
   } else if (xid->parsed()) {
     gpu.last_xid = xid_code;
     node.PushEvent(lock, g, kXidEvent, xid_code, gi_id, ci_id);
@@ -317,11 +276,8 @@ int Run(int argc, char** argv) {
   } else if (proc_add->parsed()) {
     unsigned slot = 0;
     while (slot < gpu.nproc && gpu.procs[slot].pid != pid) ++slot;
-    if (slot == gpu.nproc) {
-      if (gpu.nproc == kMaxProcs) return Fail("at most 64 processes per GPU");
-      ++gpu.nproc;
-    }
-    SimProcess& p = gpu.procs[slot];
+    if (slot == gpu.nproc && gpu.nproc == kMaxProcs) return Fail("at most 64 processes per GPU");
+    SimProcess p{};
     p.pid = pid;
     p.gi = gi_id;
     p.ci = ci_id;
@@ -330,6 +286,11 @@ int Run(int argc, char** argv) {
     p.kind = kind == "compute" ? 0 : kind == "graphics" ? 1 : 2;
     p.mem_bytes = uint64_t{mem_mib} << 20;
     p.sample_us = RealtimeUs();
+    if (auto st = CheckProcess(*node.profile().gpus[g].model, gpu, p, slot); !st.ok()) {
+      return Fail("proc add on GPU " + std::to_string(g) + ": " + std::string(st.message()) + "; nothing was changed");
+    }
+    if (slot == gpu.nproc) ++gpu.nproc;
+    gpu.procs[slot] = p;
   } else if (proc_rm->parsed()) {
     unsigned slot = 0;
     while (slot < gpu.nproc && gpu.procs[slot].pid != pid) ++slot;

@@ -23,6 +23,9 @@ struct NodeOptions {
   std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
   std::string mps_root = "/run/nvidia/mps";
   std::string mps_control = "nvidia-cuda-mps-control";
+  // kgpu doctor's cluster checks: with a kubeconfig, or in-cluster when asked.
+  std::string kubeconfig, kube_context, node_name;
+  bool in_cluster = false;
 };
 
 // One NVML session and the inventory discovered through it.

@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "common/strings.h"
+#include "deviceplugin/kubelet_dir.h"
 #include "deviceplugin/server.h"
 #include "gpu/inventory.h"
 #include "nvml/library.h"
@@ -34,6 +35,9 @@ std::string Env(const char* name) {
 void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags) {
   app->add_option("--config-file", flags->config_file, "NVIDIA v1 config file (YAML or JSON)")
       ->envname("CONFIG_FILE");
+  app->add_flag("--allow-empty-config", flags->allow_empty_config,
+                "accept an empty --config-file (every setting at its default) instead of refusing it")
+      ->envname("KGPU_ALLOW_EMPTY_CONFIG");
   KGPU_FLAG("--mig-strategy", "MIG_STRATEGY", mig_strategy, "none, single or mixed");
   KGPU_BOOL("--fail-on-init-error", "FAIL_ON_INIT_ERROR", fail_on_init_error,
             "exit when NVML cannot be initialised (false: wait, for non-GPU nodes)");
@@ -72,7 +76,7 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags) {
 absl::StatusOr<Config> ResolveConfig(const DevicePluginFlags& flags) {
   Config config;
   if (!flags.config_file.empty()) {
-    auto loaded = deviceplugin::LoadConfigFile(flags.config_file);
+    auto loaded = deviceplugin::LoadConfigFile(flags.config_file, {.allow_empty = flags.allow_empty_config});
     if (!loaded.ok()) return loaded.status();
     config = std::move(*loaded);
   }
@@ -85,8 +89,11 @@ absl::StatusOr<Config> ResolveConfig(const DevicePluginFlags& flags) {
     return st;
   }
   if (auto st = deviceplugin::Validate(config); !st.ok()) {
-    return absl::InvalidArgumentError(
-        Cat(flags.config_file.empty() ? "flags" : flags.config_file, ": ", st.message()));
+    // The file's own values were checked with their positions; a message that does not start with
+    // one is about a flag or an environment variable.
+    const std::string message(st.message());
+    const bool positioned = !flags.config_file.empty() && message.rfind(Printable(flags.config_file) + ":", 0) == 0;
+    return absl::InvalidArgumentError(positioned ? message : Cat("flags and environment: ", message));
   }
   return config;
 }
@@ -96,6 +103,11 @@ int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags) {
   auto config = ResolveConfig(flags);
   if (!config.ok()) {
     std::cerr << "kgpu device-plugin: " << config.status().message() << "\n";
+    return 1;
+  }
+  // Before NVML and gRPC: a bad directory is named as such, not as gRPC's failure to listen.
+  if (auto st = deviceplugin::CheckKubeletDir(config->kubelet_dir); !st.ok()) {
+    std::cerr << "kgpu device-plugin: " << st.message() << "\n";
     return 1;
   }
   sigset_t signals;

@@ -17,6 +17,7 @@ namespace kgpu::cli {
 
 struct DevicePluginFlags {
   std::string config_file;
+  bool allow_empty_config = false;  // --allow-empty-config
   deviceplugin::Config values;  // what flags/env carried (only those whose Option* was given)
   std::vector<std::pair<CLI::Option*, void (*)(const deviceplugin::Config&, deviceplugin::Config*)>> given;
 };

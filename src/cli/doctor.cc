@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "cli/doctor_cluster.h"
 #include "common/strings.h"
 #include "deviceplugin/mps.h"
 #include "deviceplugin/server.h"
@@ -226,6 +227,9 @@ std::vector<Check> DoctorChecks(const NodeOptions& options) {
   }
   CheckPlugins(options, &checks);
   CheckMps(options, &checks);
+  if (!options.kubeconfig.empty() || options.in_cluster) {
+    for (auto& c : ClusterChecks(options, gpus.size())) checks.push_back(std::move(c));
+  }
   return checks;
 }
 

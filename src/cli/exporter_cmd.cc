@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "common/strings.h"
+#include "deviceplugin/kubelet_dir.h"
 #include "deviceplugin/server.h"
 #include "gpu/inventory.h"
 #include "nvml/library.h"
@@ -118,6 +119,10 @@ int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const Expo
   auto config = ResolveConfig(plugin);
   if (!config.ok()) {
     std::cerr << "kgpu node: " << config.status().message() << "\n";
+    return 1;
+  }
+  if (auto st = deviceplugin::CheckKubeletDir(config->kubelet_dir); !st.ok()) {
+    std::cerr << "kgpu node: " << st.message() << "\n";
     return 1;
   }
   auto options = ResolveExporterOptions(exporter_flags);

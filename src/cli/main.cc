@@ -14,6 +14,7 @@
 #include "cli/device_plugin_cmd.h"
 #include "cli/exporter_cmd.h"
 #include "cli/mig_cmd.h"
+#include "cli/node_labels.h"
 #include "common/log.h"
 #include "kgpu_version.h"
 
@@ -50,6 +51,11 @@ int Main(int argc, char** argv) {
   doctor->add_option("--kubelet-dir", node.kubelet_dir, "device-plugin directory (plugin sockets)")
       ->envname("KGPU_KUBELET_DIR")
       ->capture_default_str();
+  doctor->add_option("--kubeconfig", node.kubeconfig, "also check the Node object through this kubeconfig");
+  doctor->add_option("--context", node.kube_context, "kubeconfig context for --kubeconfig");
+  doctor->add_flag("--in-cluster", node.in_cluster, "also check the Node object with the pod's service account");
+  doctor->add_option("--node-name", node.node_name, "this node's Node name (default: the host name)")
+      ->envname("NODE_NAME");
   doctor->add_option("--mps-root", node.mps_root, "MPS root directory")->envname("MPS_ROOT")->capture_default_str();
   doctor->add_option("--mps-control", node.mps_control, "nvidia-cuda-mps-control binary")
       ->envname("MPS_CONTROL")
@@ -73,11 +79,24 @@ int Main(int argc, char** argv) {
   kgpu::cli::AddDevicePluginFlags(node_cmd, &dp_flags);
   kgpu::cli::AddExporterFlags(node_cmd, &exp_flags);
 
+  kgpu::cli::NodeLabelsFlags labels_flags;
+  auto* node_labels = app.add_subcommand(
+      "node-labels", "GPU Feature Discovery labels and the GPU inventory annotation on this node's Node object");
+  kgpu::cli::AddDevicePluginFlags(node_labels, &dp_flags);
+  kgpu::cli::AddNodeLabelsFlags(node_labels, &labels_flags);
+
   kgpu::cli::MigFlags mig_flags;
   auto* mig = app.add_subcommand("mig", "MIG layouts: show them, apply one (refused while a GPU is in use)");
   auto [mig_show, mig_apply] = kgpu::cli::AddMigCommands(mig, &mig_flags);
 
-  CLI11_PARSE(app, argc, argv);
+  // Exit codes, the same for every subcommand (README "Exit codes"): 0 success; 1 bad input (a
+  // config or counters file, a flag value the node cannot honour) or a failure; 2 usage: the
+  // command line cannot be parsed (unknown subcommand or option, a missing or malformed argument).
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help and --version print and succeed
+  }
   if (!kgpu::SetLogLevel(log_level)) {
     std::cerr << "kgpu: --log-level: unknown level '" << log_level
               << "' (use trace, debug, info, warn, error or off)\n";
@@ -105,6 +124,11 @@ int Main(int argc, char** argv) {
     if (exporter->parsed()) return kgpu::cli::RunExporter(node, exp_flags);
     if (node_cmd->parsed()) return kgpu::cli::RunNode(node, dp_flags, exp_flags);
     return kgpu::cli::RunDevicePlugin(node, dp_flags);
+  }
+  if (node_labels->parsed()) {
+    std::signal(SIGINT, OnSignal);
+    std::signal(SIGTERM, OnSignal);
+    return kgpu::cli::RunNodeLabels(node, dp_flags, labels_flags, &g_stop, std::cout);
   }
   if (health->parsed()) {
     std::signal(SIGINT, OnSignal);

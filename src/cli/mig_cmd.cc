@@ -74,7 +74,7 @@ struct Loaded {
 absl::StatusOr<Loaded> LoadLayouts(const MigFlags& flags, bool need_layout) {
   Loaded l;
   if (!flags.config_file.empty()) {
-    auto c = deviceplugin::LoadConfigFile(flags.config_file);
+    auto c = deviceplugin::LoadConfigFile(flags.config_file, {.allow_empty = flags.allow_empty_config});
     if (!c.ok()) return c.status();
     l.config = std::move(*c);
   }
@@ -90,7 +90,12 @@ absl::StatusOr<Loaded> LoadLayouts(const MigFlags& flags, bool need_layout) {
   } else {
     const std::string node = !flags.node_name.empty() ? flags.node_name : HostName();
     auto name = deviceplugin::LayoutForNode(l.config.mig, node);
-    if (!name.ok()) return absl::InvalidArgumentError(Cat(flags.config_file, ": ", name.status().message()));
+    if (!name.ok()) {
+      const std::string& where = l.config.mig.nodes_position;
+      return absl::InvalidArgumentError(
+          Cat(where.empty() ? Cat(flags.config_file, ": mig.nodes is not set") : Cat(where, ": mig.nodes"), ": ",
+              name.status().message()));
+    }
     l.layout_name = *name;
   }
   if (l.config.mig.layouts.count(l.layout_name) == 0) {
@@ -139,6 +144,8 @@ std::pair<CLI::App*, CLI::App*> AddMigCommands(CLI::App* mig, MigFlags* flags) {
   for (auto* cmd : {show, apply}) {
     cmd->add_option("--config-file", flags->config_file, "the device plugin's config file (mig.layouts, mig.nodes)")
         ->envname("CONFIG_FILE");
+    cmd->add_flag("--allow-empty-config", flags->allow_empty_config, "accept an empty --config-file")
+        ->envname("KGPU_ALLOW_EMPTY_CONFIG");
   }
   apply->add_option("--layout", flags->layout, "layout name (default: the mig.nodes entry matching this node)");
   apply->add_option("--node-name", flags->node_name, "this node's name for mig.nodes (default: host name)")
@@ -190,7 +197,7 @@ int RunMigShow(const NodeOptions& node, const MigFlags& flags, std::ostream& out
   auto loaded = LoadLayouts(flags, false);
   if (!loaded.ok()) {
     out << "kgpu mig show: " << loaded.status().message() << "\n";
-    return 2;
+    return 1;
   }
   for (const auto& [name, layout] : loaded->config.mig.layouts) {
     out << "layout " << name << ":\n";
@@ -208,7 +215,7 @@ int RunMigApply(const NodeOptions& node, const MigFlags& flags, std::ostream& ou
   auto loaded = LoadLayouts(flags, true);
   if (!loaded.ok()) {
     out << "kgpu mig apply: " << loaded.status().message() << "\n";
-    return 2;
+    return 1;
   }
   // One apply at a time on a node: two interleaved ones would destroy each other's instances.
   // Taken before reading the GPUs, so the plan and the busy check see what the other one left.
@@ -243,16 +250,28 @@ int RunMigApply(const NodeOptions& node, const MigFlags& flags, std::ostream& ou
   }
   const nvml::Library& lib = *session->lib;
   const gpu::Inventory& inv = *session->inventory;
-  auto targets = gpu::ResolveMigLayout(loaded->config.mig.layouts.at(loaded->layout_name), inv, loaded->layout_name);
+  const gpu::MigLayout& layout = loaded->config.mig.layouts.at(loaded->layout_name);
+  const auto pos = loaded->config.mig.positions.find(loaded->layout_name);
+  const std::vector<std::string> positions = pos != loaded->config.mig.positions.end() ? pos->second
+                                                                                         : std::vector<std::string>{};
+  auto targets = gpu::ResolveMigLayout(layout, inv, loaded->layout_name, positions);
+  // "file:line:col: " of the entry that selects GPU `index` (entries select disjoint GPUs).
+  auto entry_at = [&](unsigned index) -> std::string {
+    for (size_t e = 0; e < layout.size() && e < positions.size(); ++e) {
+      const auto& d = layout[e].devices;
+      if (d.empty() || std::find(d.begin(), d.end(), index) != d.end()) return positions[e] + ": ";
+    }
+    return "";
+  };
   if (!targets.ok()) {
-    out << "kgpu mig apply: " << flags.config_file << ": " << targets.status().message() << "\n";
-    return 2;
+    out << "kgpu mig apply: " << targets.status().message() << "\n";  // starts with file:line:col
+    return 1;
   }
   for (unsigned index : flags.gpus) {
     if (std::none_of(targets->begin(), targets->end(), [&](const gpu::MigTarget& t) { return t.gpu == index; })) {
       out << "kgpu mig apply: --gpu " << index << ": layout '" << loaded->layout_name << "' does not cover GPU " << index
           << "\n";
-      return 2;
+      return 1;
     }
   }
   // Plan every GPU first: a layout that does not fit fails before anything changes.
@@ -262,8 +281,9 @@ int RunMigApply(const NodeOptions& node, const MigFlags& flags, std::ostream& ou
     const gpu::Gpu& g = inv.gpus()[t.gpu];
     auto change = gpu::PlanMigChange(lib, g, t);
     if (!change.ok()) {
-      out << "kgpu mig apply: layout '" << loaded->layout_name << "': " << change.status().message() << "\n";
-      return 2;
+      out << "kgpu mig apply: " << entry_at(t.gpu) << "layout '" << loaded->layout_name
+          << "': " << change.status().message() << "\n";
+      return 1;
     }
     if (change->noop()) {
       out << "GPU " << t.gpu << ": already " << Instances(change->wanted) << ", nothing to do\n";

@@ -23,6 +23,7 @@ namespace kgpu::cli {
 
 struct MigFlags {
   std::string config_file;  // the device plugin's config file (CONFIG_FILE)
+  bool allow_empty_config = false;
   std::string layout;       // --layout: overrides mig.nodes
   std::string node_name;    // --node-name / NODE_NAME; default: the host name
   std::vector<unsigned> gpus;  // --gpu: only these GPUs of the layout
@@ -37,7 +38,8 @@ struct MigFlags {
 std::pair<CLI::App*, CLI::App*> AddMigCommands(CLI::App* mig, MigFlags* flags);
 
 int RunMigShow(const NodeOptions& node, const MigFlags& flags, std::ostream& out);
-// Exit codes: 0 applied or nothing to do, 1 refused or failed, 2 bad input (config, layout name).
+// Exit codes (as every kgpu command): 0 applied or nothing to do, 1 bad input (config, layout
+// name, --gpu) or refused or failed; 2 is left to command-line usage errors.
 int RunMigApply(const NodeOptions& node, const MigFlags& flags, std::ostream& out);
 
 }  // namespace kgpu::cli

@@ -15,7 +15,49 @@ namespace {
 
 using yaml::At;
 using yaml::CheckKeys;
+using yaml::Position;
 using yaml::Scalar;
+using yaml::ScalarIn;
+
+// The enumerated values of NVIDIA's config, checked where the file sets them (with a position) and
+// again after flags and environment are merged (Validate).
+struct Enumeration {
+  const char* name;     // as in messages: the file key
+  const char* flag;     // the flag and environment variable that set it too
+  std::vector<const char*> allowed;
+};
+const Enumeration kMigStrategy{"migStrategy", "--mig-strategy / MIG_STRATEGY", {"none", "single", "mixed"}};
+const Enumeration kDeviceListStrategy{"deviceListStrategy", "--device-list-strategy / DEVICE_LIST_STRATEGY",
+                                      {"envvar", "volume-mounts", "cdi-annotations", "cdi-cri"}};
+const Enumeration kDeviceIdStrategy{"deviceIDStrategy", "--device-id-strategy / DEVICE_ID_STRATEGY", {"uuid", "index"}};
+const Enumeration kAllocationPolicy{"sharedDevicesAllocationPolicy",
+                                    "--shared-devices-allocation-policy / SHARED_DEVICES_ALLOCATION_POLICY",
+                                    {"distributed", "packed"}};
+
+bool OneOf(const std::string& v, const std::vector<const char*>& allowed) {
+  for (const char* a : allowed) {
+    if (v == a) return true;
+  }
+  return false;
+}
+
+// "use none, single or mixed" (and the nearest allowed value when the given one is a near miss).
+std::string Allowed(const Enumeration& e, const std::string& value) {
+  std::string list;
+  for (size_t i = 0; i < e.allowed.size(); ++i) {
+    list += i == 0 ? "" : i + 1 == e.allowed.size() ? " or " : ", ";
+    list += e.allowed[i];
+  }
+  const std::string near = Nearest(value, e.allowed, 2);
+  return Cat("use ", list, near.empty() ? "" : Cat(" (did you mean ", near, "?)"));
+}
+
+// A value of the file that must be one of `e.allowed`.
+absl::Status CheckEnum(std::string_view origin, const YAML::Node& n, const Enumeration& e, std::string_view path,
+                       const std::string& value) {
+  if (OneOf(value, e.allowed)) return absl::OkStatus();
+  return At(origin, n.Mark(), Cat(path, " '", value, "' is invalid: ", Allowed(e, value)));
+}
 
 // Reads node[key] into *out when present.
 template <typename T>
@@ -23,7 +65,7 @@ absl::Status Opt(std::string_view origin, const YAML::Node& node, const char* ke
                  std::string_view path, T* out) {
   const YAML::Node v = node[key];
   if (!v) return absl::OkStatus();
-  auto parsed = Scalar<T>(origin, v, Cat(path, ".", key));
+  auto parsed = Scalar<T>(origin, v, path.empty() ? std::string(key) : Cat(path, ".", key));
   if (!parsed.ok()) return parsed.status();
   *out = *parsed;
   return absl::OkStatus();
@@ -93,11 +135,10 @@ absl::Status ParseSharing(std::string_view origin, const YAML::Node& node, std::
       return At(origin, r["name"].Mark(), Cat(rpath, ".name must be at most 63 characters"));
     }
     if (!r["replicas"]) return At(origin, r.Mark(), Cat(rpath, ".replicas is required"));
-    KGPU_RETURN_IF_ERROR(Opt(origin, r, "replicas", rpath, &rr.replicas));
-    if (rr.replicas < 2) {
-      return At(origin, r["replicas"].Mark(),
-                Cat(rpath, ".replicas must be >= 2 (got ", rr.replicas, ")"));
-    }
+    auto replicas = ScalarIn<int>(origin, r["replicas"], Cat(rpath, ".replicas"), 2, kMaxReplicas);
+    if (!replicas.ok()) return replicas.status();
+    rr.replicas = *replicas;
+    rr.position = Position(origin, r.Mark());
     KGPU_RETURN_IF_ERROR(Opt(origin, r, "rename", rpath, &rr.rename));
     if (!rr.rename.empty() && rr.rename.find('/') == std::string::npos) {
       rr.rename = "nvidia.com/" + rr.rename;
@@ -116,17 +157,21 @@ absl::Status ParseSharing(std::string_view origin, const YAML::Node& node, std::
       if (d.IsScalar() && d.Scalar() == "all") {
         // all GPUs: the default
       } else if (d.IsScalar()) {
-        auto n = Scalar<int>(origin, d, Cat(rpath, ".devices"));
-        if (!n.ok() || *n < 1) {
-          return At(origin, d.Mark(), Cat(rpath, ".devices must be \"all\", a count, or a list of GPU "
-                                                 "indices, MIG indices (\"0:1\") or UUIDs"));
+        auto n = ScalarIn<int>(origin, d, Cat(rpath, ".devices"), 1, 1024);
+        if (!n.ok()) {
+          return At(origin, d.Mark(), Cat(rpath, ".devices must be \"all\", a count from 1 to 1024, or a list of "
+                                                 "GPU indices, MIG indices (\"0:1\") or UUIDs (got '", d.Scalar(), "')"));
         }
-        for (int k = 0; k < *n; ++k) rr.devices.push_back(std::to_string(k));
+        for (int k = 0; k < *n; ++k) {
+          rr.devices.push_back(std::to_string(k));
+          rr.device_positions.push_back(Position(origin, d.Mark()));
+        }
       } else if (d.IsSequence()) {
         for (const auto& x : d) {
           auto v = Scalar<std::string>(origin, x, Cat(rpath, ".devices[]"));
           if (!v.ok()) return v.status();
           rr.devices.push_back(*v);
+          rr.device_positions.push_back(Position(origin, x.Mark()));
         }
       } else {
         return At(origin, d.Mark(), Cat(rpath, ".devices must be \"all\", a count or a list"));
@@ -164,11 +209,12 @@ absl::Status ParseMig(std::string_view origin, const YAML::Node& m, MigConfig* o
         const std::string epath = Cat(path, "[", i, "]");
         KGPU_RETURN_IF_ERROR(CheckKeys(origin, e, epath, {"devices", "mig-enabled", "mig-devices"}));
         gpu::MigLayoutEntry entry;
+        out->positions[*name].push_back(Position(origin, e.Mark()));
         const YAML::Node d = e["devices"];
         if (!d) return At(origin, e.Mark(), Cat(epath, ".devices is required (all, or a list of GPU indices)"));
         if (d.IsSequence()) {
           for (const auto& x : d) {
-            auto v = Scalar<unsigned>(origin, x, Cat(epath, ".devices[]"));
+            auto v = ScalarIn<unsigned>(origin, x, Cat(epath, ".devices[]"), 0, 1023);
             if (!v.ok()) return v.status();
             entry.devices.push_back(*v);
           }
@@ -182,11 +228,8 @@ absl::Status ParseMig(std::string_view origin, const YAML::Node& m, MigConfig* o
           for (const auto& p : md) {
             auto profile = Scalar<std::string>(origin, p.first, Cat(epath, ".mig-devices key"));
             if (!profile.ok()) return profile.status();
-            auto count = Scalar<int>(origin, p.second, Cat(epath, ".mig-devices.", *profile));
+            auto count = ScalarIn<int>(origin, p.second, Cat(epath, ".mig-devices.", *profile), 0, 7);
             if (!count.ok()) return count.status();
-            if (*count < 0 || *count > 7) {
-              return At(origin, p.second.Mark(), Cat(epath, ".mig-devices.", *profile, " must be 0..7 (got ", *count, ")"));
-            }
             entry.mig_devices.emplace_back(*profile, *count);
           }
         }
@@ -200,6 +243,7 @@ absl::Status ParseMig(std::string_view origin, const YAML::Node& m, MigConfig* o
   }
   if (const YAML::Node nodes = m["nodes"]; nodes) {
     if (!nodes.IsMap()) return At(origin, nodes.Mark(), "mig.nodes must map node-name patterns to layout names");
+    out->nodes_position = Position(origin, nodes.Mark());
     for (const auto& kv : nodes) {
       auto pattern = Scalar<std::string>(origin, kv.first, "mig.nodes key");
       if (!pattern.ok()) return pattern.status();
@@ -215,7 +259,6 @@ absl::Status ParseMig(std::string_view origin, const YAML::Node& m, MigConfig* o
 }
 
 absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* c) {
-  if (root.IsNull()) return absl::OkStatus();  // an empty file: all defaults
   KGPU_RETURN_IF_ERROR(CheckKeys(origin, root, "the config",
                                  {"version", "flags", "resources", "sharing", "imex", "health", "mig"}));
   std::string version = "v1";
@@ -231,8 +274,13 @@ absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* 
          "gdrcopyEnabled", "gdsEnabled", "mofedEnabled", "useNodeFeatureAPI",
          "deviceDiscoveryStrategy", "plugin", "gfd"}));
     KGPU_RETURN_IF_ERROR(Opt(origin, f, "migStrategy", "flags", &c->mig_strategy));
+    if (f["migStrategy"]) {
+      KGPU_RETURN_IF_ERROR(CheckEnum(origin, f["migStrategy"], kMigStrategy, "flags.migStrategy", c->mig_strategy));
+      c->positions["flags.migStrategy"] = Position(origin, f["migStrategy"].Mark());
+    }
     KGPU_RETURN_IF_ERROR(Opt(origin, f, "failOnInitError", "flags", &c->fail_on_init_error));
     KGPU_RETURN_IF_ERROR(Opt(origin, f, "mpsRoot", "flags", &c->mps_root));
+    if (f["mpsRoot"]) c->positions["flags.mpsRoot"] = Position(origin, f["mpsRoot"].Mark());
     KGPU_RETURN_IF_ERROR(Opt(origin, f, "nvidiaDriverRoot", "flags", &c->driver_root));
     KGPU_RETURN_IF_ERROR(Opt(origin, f, "nvidiaDevRoot", "flags", &c->dev_root));
     KGPU_RETURN_IF_ERROR(Opt(origin, f, "gdrcopyEnabled", "flags", &c->gdrcopy_enabled));
@@ -264,22 +312,39 @@ absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* 
           for (const auto& x : s) {
             auto v = Scalar<std::string>(origin, x, "flags.plugin.deviceListStrategy[]");
             if (!v.ok()) return v.status();
+            KGPU_RETURN_IF_ERROR(CheckEnum(origin, x, kDeviceListStrategy, "flags.plugin.deviceListStrategy", *v));
             c->device_list_strategy.push_back(*v);
           }
         } else {
           auto v = Scalar<std::string>(origin, s, "flags.plugin.deviceListStrategy");
           if (!v.ok()) return v.status();
           std::stringstream parts(*v);
-          for (std::string item; std::getline(parts, item, ',');) c->device_list_strategy.push_back(item);
+          for (std::string item; std::getline(parts, item, ',');) {
+            KGPU_RETURN_IF_ERROR(CheckEnum(origin, s, kDeviceListStrategy, "flags.plugin.deviceListStrategy", item));
+            c->device_list_strategy.push_back(item);
+          }
+        }
+        if (c->device_list_strategy.empty()) {
+          return At(origin, s.Mark(), Cat("flags.plugin.deviceListStrategy must name at least one strategy: ",
+                                          Allowed(kDeviceListStrategy, "")));
         }
       }
       KGPU_RETURN_IF_ERROR(Opt(origin, p, "deviceIDStrategy", pp, &c->device_id_strategy));
+      if (p["deviceIDStrategy"]) {
+        KGPU_RETURN_IF_ERROR(CheckEnum(origin, p["deviceIDStrategy"], kDeviceIdStrategy, "flags.plugin.deviceIDStrategy",
+                                       c->device_id_strategy));
+      }
       KGPU_RETURN_IF_ERROR(Opt(origin, p, "cdiAnnotationPrefix", pp, &c->cdi_annotation_prefix));
       KGPU_RETURN_IF_ERROR(Opt(origin, p, "nvidiaCTKPath", pp, &c->nvidia_ctk_path));
       KGPU_RETURN_IF_ERROR(Opt(origin, p, "nvidiaCDIHookPath", pp, &c->nvidia_ctk_path));
       KGPU_RETURN_IF_ERROR(Opt(origin, p, "containerDriverRoot", pp, &c->container_driver_root));
       KGPU_RETURN_IF_ERROR(Opt(origin, p, "sharedDevicesAllocationPolicy", pp,
                                &c->shared_devices_allocation_policy));
+      if (p["sharedDevicesAllocationPolicy"]) {
+        KGPU_RETURN_IF_ERROR(CheckEnum(origin, p["sharedDevicesAllocationPolicy"], kAllocationPolicy,
+                                       "flags.plugin.sharedDevicesAllocationPolicy",
+                                       c->shared_devices_allocation_policy));
+      }
     }
   }
   if (const YAML::Node r = root["resources"]; r) {
@@ -299,6 +364,11 @@ absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* 
     if (has_ts && has_mps) {
       return At(origin, s.Mark(), "sharing.timeSlicing and sharing.mps cannot both be set; pick one");
     }
+    if (has_mps && c->mig_strategy == "mixed") {
+      return At(origin, s["mps"].Mark(), "sharing.mps is not supported with flags.migStrategy mixed; use none or single");
+    }
+    if (has_mps) c->positions["sharing.mps"] = Position(origin, s["mps"].Mark());
+    if (has_ts) c->positions["sharing.timeSlicing"] = Position(origin, s["timeSlicing"].Mark());
     if (has_mps) {
       c->sharing = std::move(mps);
     } else if (has_ts) {
@@ -311,7 +381,7 @@ absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* 
     if (const YAML::Node ids = i["channelIDs"]; ids) {
       if (!ids.IsSequence()) return At(origin, ids.Mark(), "imex.channelIDs must be [] or [0]");
       for (const auto& x : ids) {
-        auto v = Scalar<int>(origin, x, "imex.channelIDs[]");
+        auto v = ScalarIn<int>(origin, x, "imex.channelIDs[]", 0, 0);
         if (!v.ok()) return v.status();
         c->imex_channel_ids.push_back(*v);
       }
@@ -357,19 +427,20 @@ absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* 
   return absl::OkStatus();
 }
 
-bool OneOf(const std::string& v, std::initializer_list<const char*> allowed) {
-  for (const char* a : allowed) {
-    if (v == a) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
-absl::StatusOr<Config> ParseConfig(std::string_view text, std::string_view origin) {
+absl::StatusOr<Config> ParseConfig(std::string_view text, std::string_view origin, const ParseOptions& options) {
   auto root = yaml::Load(text, origin);
   if (!root.ok()) return root.status();
   Config c;
+  if (!root->IsDefined() || root->IsNull()) {
+    if (options.allow_empty) return c;  // all defaults, on purpose
+    const bool blank = text.find_first_not_of(" \t\r\n") == std::string_view::npos;
+    return At(origin, YAML::Mark(),
+              Cat(blank ? "the config file is empty" : "the config file holds no settings (only comments)",
+                  ": check that --config-file / CONFIG_FILE names the intended file (a ConfigMap key that was not "
+                  "mounted reads as an empty file); to run with every default on purpose, pass --allow-empty-config"));
+  }
   try {
     KGPU_RETURN_IF_ERROR(ParseRoot(origin, *root, &c));
   } catch (const YAML::Exception& e) {
@@ -378,37 +449,37 @@ absl::StatusOr<Config> ParseConfig(std::string_view text, std::string_view origi
   return c;
 }
 
-absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
-  const auto text = ReadFile(path);
-  if (!text) {
-    return absl::NotFoundError(
-        Cat(path, ": cannot read the config file (check --config-file / CONFIG_FILE)"));
-  }
-  return ParseConfig(*text, path);
+absl::StatusOr<Config> LoadConfigFile(const std::string& path, const ParseOptions& options) {
+  auto text = ReadInputFile(path, "config file", "check --config-file / CONFIG_FILE");
+  if (!text.ok()) return text.status();
+  return ParseConfig(*text, path, options);
 }
 
 absl::Status Validate(const Config& c) {
-  auto bad = [](std::string what) { return absl::InvalidArgumentError(std::move(what)); };
-  if (!OneOf(c.mig_strategy, {"none", "single", "mixed"})) {
-    return bad(Cat("migStrategy '", c.mig_strategy, "' is invalid: use none, single or mixed"));
+  // Values from the file were checked with their position by ParseConfig; what fails here came
+  // from a flag or the environment, or is a combination (the file's part named by its position).
+  auto bad = [&](const char* key, std::string what) {
+    const auto it = c.positions.find(key);
+    return absl::InvalidArgumentError(Printable(it == c.positions.end() ? what : Cat(it->second, ": ", what)));
+  };
+  auto check = [&](const Enumeration& e, const std::string& value) -> absl::Status {
+    if (OneOf(value, e.allowed)) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        Printable(Cat(e.name, " '", value, "' (", e.flag, ") is invalid: ", Allowed(e, value))));
+  };
+  if (auto st = check(kMigStrategy, c.mig_strategy); !st.ok()) return st;
+  if (c.device_list_strategy.empty()) {
+    return absl::InvalidArgumentError(Cat("deviceListStrategy (", kDeviceListStrategy.flag,
+                                          ") must name at least one strategy: ", Allowed(kDeviceListStrategy, "")));
   }
-  if (c.device_list_strategy.empty()) return bad("deviceListStrategy must name at least one strategy");
   for (const auto& s : c.device_list_strategy) {
-    if (!OneOf(s, {"envvar", "volume-mounts", "cdi-annotations", "cdi-cri"})) {
-      return bad(Cat("deviceListStrategy '", s,
-                     "' is invalid: use envvar, volume-mounts, cdi-annotations or cdi-cri"));
-    }
+    if (auto st = check(kDeviceListStrategy, s); !st.ok()) return st;
   }
-  if (!OneOf(c.device_id_strategy, {"uuid", "index"})) {
-    return bad(Cat("deviceIDStrategy '", c.device_id_strategy, "' is invalid: use uuid or index"));
-  }
-  if (!OneOf(c.shared_devices_allocation_policy, {"distributed", "packed"})) {
-    return bad(Cat("sharedDevicesAllocationPolicy '", c.shared_devices_allocation_policy,
-                   "' is invalid: use distributed or packed"));
-  }
+  if (auto st = check(kDeviceIdStrategy, c.device_id_strategy); !st.ok()) return st;
+  if (auto st = check(kAllocationPolicy, c.shared_devices_allocation_policy); !st.ok()) return st;
   if (c.sharing.strategy == SharingStrategy::kMps) {
-    if (c.mig_strategy == "mixed") return bad("using --mig-strategy=mixed is not supported with MPS");
-    if (c.mps_root.empty()) return bad("MPS sharing needs --mps-root (MPS_ROOT, flags.mpsRoot)");
+    if (c.mig_strategy == "mixed") return bad("sharing.mps", "using --mig-strategy=mixed is not supported with MPS");
+    if (c.mps_root.empty()) return bad("sharing.mps", "MPS sharing needs --mps-root (MPS_ROOT, flags.mpsRoot)");
   }
   return absl::OkStatus();
 }

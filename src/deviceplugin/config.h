@@ -28,6 +28,10 @@ struct ReplicatedResource {
   std::string rename;          // kgpu: honoured; empty = name (or name.shared with renameByDefault)
   // Which GPUs: empty = all; else GPU indices ("0"), MIG indices ("0:1") or UUIDs.
   std::vector<std::string> devices;
+  // Where the file declared them ("config.yaml:7:7"; empty when not from a file), so errors found
+  // against this node's GPUs (a device that does not exist) still name the file, line and column.
+  std::string position;
+  std::vector<std::string> device_positions;  // one per element of `devices`
 };
 
 enum class SharingStrategy { kNone, kTimeSlicing, kMps };
@@ -54,6 +58,8 @@ struct HealthConfig {
 struct MigConfig {
   std::map<std::string, gpu::MigLayout> layouts;
   std::vector<std::pair<std::string, std::string>> nodes;  // node-name glob → layout name, in file order
+  std::map<std::string, std::vector<std::string>> positions;  // layout name → "file:line:col" of each entry
+  std::string nodes_position;  // "file:line:col" of mig.nodes (empty when the file has none)
   std::chrono::milliseconds rescan_interval{5000};       // plugin: how often to look for a MIG change
 };
 
@@ -90,13 +96,29 @@ struct Config {
   std::string cdi_spec_dir = "/var/run/cdi";
   std::string mps_control = "nvidia-cuda-mps-control";  // MPS control binary (PATH lookup when bare)
   std::vector<std::string> warnings;   // ignored fields, as NVIDIA warns about them
+  // "file:line:col" of the file's sections and keys that later checks name ("sharing.mps",
+  // "flags.mpsRoot", ...); only those the file has.
+  std::map<std::string, std::string> positions;
 };
 
-// Parses a config file's text (YAML or JSON). Errors read "<origin>:<line>:<col>: ...".
-absl::StatusOr<Config> ParseConfig(std::string_view text, std::string_view origin);
-absl::StatusOr<Config> LoadConfigFile(const std::string& path);
+// The largest sharing.*.resources[].replicas: every replica is a device ID in every ListAndWatch
+// message and kubelet checkpoint.
+inline constexpr int kMaxReplicas = 1024;
 
-// Validates the combination (flags and file merged); the message names the field and the fix.
+struct ParseOptions {
+  // An empty file (or one with only comments) is an error unless this is set (--allow-empty-config):
+  // a config that silently means "all defaults" hides a wrong path or a truncated ConfigMap.
+  bool allow_empty = false;
+};
+
+// Parses a config file's text (YAML or JSON). Errors read "<origin>:<line>:<col>: ...", with the
+// input escaped (Printable). Every value of the file is checked here, enumerations included.
+absl::StatusOr<Config> ParseConfig(std::string_view text, std::string_view origin, const ParseOptions& options = {});
+// Reads and parses a file; a missing file, a directory or an unreadable file is an error naming it.
+absl::StatusOr<Config> LoadConfigFile(const std::string& path, const ParseOptions& options = {});
+
+// Validates the combination (flags and file merged); the message names the field and the fix, and
+// starts with the file position when the file's part of the combination is known (positions).
 absl::Status Validate(const Config& config);
 
 // Applies DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS values (NVIDIA's semantics).

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <set>
 
@@ -84,6 +85,12 @@ absl::StatusOr<std::vector<Unit>> Units(const gpu::Inventory& inv, const std::st
   return units;
 }
 
+// "config.yaml:7:7: " where the file declared the entry (or its k-th device), "" when not from a file.
+std::string At(const ReplicatedResource& r, size_t device = SIZE_MAX) {
+  const std::string& p = device < r.device_positions.size() ? r.device_positions[device] : r.position;
+  return p.empty() ? "" : p + ": ";
+}
+
 bool Selects(const ReplicatedResource& r, const Unit& u) {
   if (r.name != u.base_resource) return false;
   if (r.devices.empty()) return true;
@@ -105,7 +112,11 @@ const PluginDevice* Resource::Find(const std::string& id) const {
 absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu::Inventory> inventory,
                                                       const Config& config) {
   auto units = Units(*inventory, config.mig_strategy);
-  if (!units.ok()) return units.status();
+  if (!units.ok()) {
+    const auto it = config.positions.find("flags.migStrategy");
+    if (it == config.positions.end()) return units.status();
+    return absl::Status(units.status().code(), Cat(it->second, ": ", units.status().message()));
+  }
   const Sharing& sharing = config.sharing;
   const char* sharing_key = sharing.strategy == SharingStrategy::kMps ? "sharing.mps" : "sharing.timeSlicing";
 
@@ -113,13 +124,19 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
   std::vector<std::vector<size_t>> selected_by(units->size());
   for (size_t e = 0; e < sharing.resources.size(); ++e) {
     const auto& r = sharing.resources[e];
-    for (const auto& d : r.devices) {
+    for (size_t k = 0; k < r.devices.size(); ++k) {
+      const std::string& d = r.devices[k];
       bool found = false;
       for (const auto& u : *units) found = found || ((d == u.uuid || d == u.index) && r.name == u.base_resource);
       if (!found) {
-        return absl::InvalidArgumentError(
-            Cat(sharing_key, ".resources[", e, "].devices: no device '", d, "' of resource ", r.name,
-                " on this node (use GPU indices, MIG indices like 0:1, or UUIDs from `kgpu devices`)"));
+        std::vector<std::string> have;
+        for (const auto& u : *units) {
+          if (u.base_resource == r.name) have.push_back(u.index);
+        }
+        return absl::InvalidArgumentError(Printable(
+            Cat(At(r, k), sharing_key, ".resources[", e, "].devices: no device '", d, "' of resource ", r.name,
+                " on this node (it has ", have.empty() ? std::string("none") : Join(have, ", "),
+                "; use GPU indices, MIG indices like 0:1, or UUIDs from `kgpu devices`)")));
       }
     }
     for (size_t i = 0; i < units->size(); ++i) {
@@ -168,7 +185,8 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
     if (u.mig >= 0) base.cap_nodes = MigCapNodes(minors, u.gpu, u.gi, u.ci);
     if (selected_by[i].size() > 1) {
       return absl::InvalidArgumentError(
-          Cat(sharing_key, ".resources[", selected_by[i][0], "] and [", selected_by[i][1],
+          Cat(At(sharing.resources[selected_by[i][1]]), sharing_key, ".resources[", selected_by[i][0], "] and [",
+              selected_by[i][1],
               "] both select ", u.uuid, " (index ", u.index, "); give each device one entry"));
     }
     if (selected_by[i].empty()) {
@@ -179,13 +197,13 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
     if (sharing.strategy == SharingStrategy::kMps) {
       if (u.mig >= 0) {
         return absl::InvalidArgumentError(
-            Cat("sharing.mps.resources[", selected_by[i][0], "] (", r.name, "): sharing using MPS is not supported for MIG ",
+            Cat(At(r), "sharing.mps.resources[", selected_by[i][0], "] (", r.name, "): sharing using MPS is not supported for MIG ",
                 "devices (", u.uuid, " on GPU ", u.gpu, "); share MIG devices with sharing.timeSlicing, or disable MIG"));
       }
       const auto& g = inventory->gpus()[u.gpu];
       const int max_clients = (g.cc_major > 7 || (g.cc_major == 7 && g.cc_minor >= 5)) ? 48 : 16;
       if (r.replicas > max_clients) {
-        return absl::InvalidArgumentError(Cat("sharing.mps.resources[", selected_by[i][0], "].replicas ", r.replicas,
+        return absl::InvalidArgumentError(Cat(At(r), "sharing.mps.resources[", selected_by[i][0], "].replicas ", r.replicas,
                                               " exceeds the ", max_clients, " MPS clients GPU ", u.gpu, " (compute capability ",
                                               g.cc_major, ".", g.cc_minor, ") supports"));
       }

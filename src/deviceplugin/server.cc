@@ -21,6 +21,7 @@
 #include "deviceplugin/allocator.h"
 #include "deviceplugin/cdi.h"
 #include "deviceplugin/kubelet_checkpoint.h"
+#include "deviceplugin/kubelet_dir.h"
 #include "deviceplugin/mps.h"
 #include "common/files.h"
 #include "deviceplugin_v1beta1.grpc.pb.h"
@@ -506,6 +507,7 @@ void Manager::ScanDrainMarkers() {
 absl::Status Manager::Start(const Config& config) {
   auto log = Log("deviceplugin");
   if (auto st = Validate(config); !st.ok()) return st;
+  if (auto st = CheckKubeletDir(config.kubelet_dir); !st.ok()) return st;
   auto plan = BuildPlan(inventory_, config);
   if (!plan.ok()) return plan.status();
   if ((*plan)->resources.empty()) {
@@ -542,6 +544,7 @@ absl::Status Manager::Start(const Config& config) {
 absl::Status Manager::Reload(const Config& config) {
   // Everything that can fail before anything is stopped: a refused config changes nothing.
   if (auto st = Validate(config); !st.ok()) return st;
+  if (auto st = CheckKubeletDir(config.kubelet_dir); !st.ok()) return st;
   auto plan = BuildPlan(inventory(), config);
   if (!plan.ok()) return plan.status();
   const Config previous = *config_;

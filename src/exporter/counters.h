@@ -2,9 +2,9 @@
 // The exporter's metric families, selected by a counters CSV in dcgm-exporter's format
 // (`<DCGM field name>, <prometheus type>, <help>`, '#' comments). Names, types and HELP texts are
 // dcgm-exporter's, so dashboards and alerts written for it work unchanged. Every field kgpu can
-// read through NVML is listed in one table (Fields()); DCGM fields that need DCGM's profiling
-// module (DCGM_FI_PROF_*) or vGPU are accepted and omitted, as dcgm-exporter omits them when DCGM
-// reports no support.
+// read through NVML is listed in one table; DCGM fields that need DCGM's profiling module
+// (DCGM_FI_PROF_*) or vGPU are accepted and omitted, as dcgm-exporter omits them when DCGM
+// reports no support. Names DCGM does not have are refused.
 //
 // Thread-safety: pure functions over immutable tables.
 
@@ -55,8 +55,10 @@ struct Counter {
 // (commented out or absent in dcgm-exporter's file; kgpu's alert rules need them).
 const char* DefaultCountersCsv();
 
-// Parses a counters CSV. Errors read "<origin>:<line>: ..."; fields kgpu cannot produce are
-// skipped with a message in *skipped.
+// Parses a counters CSV. Errors read "<origin>:<line>:<column>: ..." (escaped). DCGM fields kgpu
+// knows but cannot produce (profiling, vGPU, NVSwitch, ...) are skipped with a message in *skipped;
+// a name that is no DCGM field (a typo such as DCGM_FI_DEV_GPU_TMEP) is an error that suggests the
+// nearest known name; a file that leaves no metric family to export is an error.
 absl::StatusOr<std::vector<Counter>> ParseCounters(std::string_view csv, std::string_view origin,
                                                    std::vector<std::string>* skipped);
 absl::StatusOr<std::vector<Counter>> LoadCountersFile(const std::string& path,

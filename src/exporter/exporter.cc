@@ -375,10 +375,14 @@ void Exporter::RefreshPods() {
   auto allocations = ListPodResources(options_.pod_resources_socket, std::chrono::seconds(5));
   if (!allocations.ok()) {
     pod_errors_++;
-    Log("exporter")->warn("PodResources: {}; pod labels keep their last known values",
-                          std::string(allocations.status().message()));
+    pods_log_.Report(spdlog::level::warn,
+                     Cat("PodResources: ", allocations.status().message(),
+                         "; pod labels keep their last known values (retried every ",
+                         options_.pod_resources_interval.count(), " ms, logged again when the error changes)"));
     return;
   }
+  pods_log_.Clear(Cat("PodResources: kubelet answers again on ", options_.pod_resources_socket, " after ",
+                      pod_errors_.load(), " failed List call(s) in all"));
   if (options_.gpu_id_type == "device-name") {
     // Device IDs like "nvidia3" name GPUs by index: translate them to UUIDs.
     for (auto& a : *allocations) {
@@ -397,11 +401,13 @@ void Exporter::CollectNow() {
   // MIG re-partitioned (kgpu mig apply, nvidia-smi mig): GPU instance series follow the new layout.
   if (const std::string seen = gpu::MigFingerprintNow(lib_, collector_->inventory()); seen != mig_seen_) {
     if (auto inv = gpu::Inventory::Discover(lib_, options_.discover); inv.ok()) {
+      rediscovery_log_.Clear("MIG re-discovery works again");
       Log("exporter")->info("MIG layout changed: re-discovered {} GPU(s)", (*inv)->gpus().size());
       collector_->SetInventory(*inv);
       mig_seen_ = gpu::MigFingerprint(**inv);
     } else {  // tried again at the next collection
-      Log("exporter")->warn("MIG layout changed, but re-discovery failed: {}", std::string(inv.status().message()));
+      rediscovery_log_.Report(spdlog::level::warn, Cat("MIG layout changed, but re-discovery failed: ",
+                                                       inv.status().message(), " (retried at every collection)"));
     }
   }
   auto text = std::make_shared<const std::string>(collector_->Collect());
@@ -443,6 +449,9 @@ std::string Exporter::Scrape() {
        Int(collector_->nvml_errors())},
       {"kgpu_exporter_podresources_errors_total", "counter", "Failed PodResources List calls.",
        Int(pod_errors_.load())},
+      {"kgpu_exporter_log_repeats_suppressed_total", "counter",
+       "Warnings not logged again because the same condition persisted (logged once, and when it changes).",
+       Int(pods_log_.suppressed() + rediscovery_log_.suppressed())},
   };
   for (const auto& m : own) {
     out += Cat("# HELP ", m.name, " ", m.help, "\n# TYPE ", m.name, " ", m.type, "\n", m.name, " ", m.value, "\n");

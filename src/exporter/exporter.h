@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/log_once.h"
 #include "exporter/attribution.h"
 #include "exporter/counters.h"
 #include "gpu/inventory.h"
@@ -114,6 +115,9 @@ class Exporter {
   std::shared_ptr<const std::string> buffer_;  // the latest collection, swapped whole
 
   std::atomic<uint64_t> scrapes_{0}, collections_{0}, pod_errors_{0};
+  // Conditions retried on a timer (PodResources unreachable, MIG re-discovery failing): logged
+  // once and when they change; the repeats show in kgpu_exporter_log_repeats_suppressed_total.
+  ConditionLog pods_log_{"exporter"}, rediscovery_log_{"exporter"};
   std::atomic<double> last_duration_{0}, last_timestamp_{0};
 
   std::unique_ptr<httplib::Server> http_;

@@ -192,7 +192,8 @@ absl::StatusOr<std::vector<std::pair<nvml::GpuInstanceProfile, std::string>>> Mi
 }
 
 absl::StatusOr<std::vector<MigTarget>> ResolveMigLayout(const MigLayout& layout, const Inventory& inventory,
-                                                        std::string_view layout_name) {
+                                                        std::string_view layout_name,
+                                                        const std::vector<std::string>& positions) {
   std::map<unsigned, size_t> owner;
   std::vector<MigTarget> out;
   for (size_t e = 0; e < layout.size(); ++e) {
@@ -202,7 +203,8 @@ absl::StatusOr<std::vector<MigTarget>> ResolveMigLayout(const MigLayout& layout,
       for (const auto& g : inventory.gpus()) gpus.push_back(g.index);
     }
     for (unsigned index : gpus) {
-      const std::string where = Cat("MIG layout '", layout_name, "' entry ", e);
+      const std::string where = Cat(e < positions.size() ? Cat(positions[e], ": ") : "", "MIG layout '",
+                                    layout_name, "' entry ", e);
       if (index >= inventory.gpus().size()) {
         return absl::InvalidArgumentError(Cat(where, ": this node has no GPU ", index, " (it has ",
                                               inventory.gpus().size(), " GPUs)"));

@@ -40,10 +40,12 @@ struct MigTarget {
   std::vector<std::string> profiles;  // one name per instance, sorted
 };
 
-// Errors name the layout and the entry: a GPU index the node does not have, a GPU selected by two
-// entries, MIG asked of a GPU that cannot do MIG.
+// Errors name the layout and the entry (with the entry's file position first, from `positions`,
+// one "file:line:col" per entry, when given): a GPU index the node does not have, a GPU selected by
+// two entries, MIG asked of a GPU that cannot do MIG.
 absl::StatusOr<std::vector<MigTarget>> ResolveMigLayout(const MigLayout& layout, const Inventory& inventory,
-                                                        std::string_view layout_name);
+                                                        std::string_view layout_name,
+                                                        const std::vector<std::string>& positions = {});
 
 struct MigInstancePlan {
   nvml::GpuInstanceProfile profile;

@@ -247,8 +247,22 @@ absl::StatusOr<std::unique_ptr<Library>> Library::Open(const LoadOptions& option
     absl::Status st = NvmlError(s, "nvmlInit", rc);
     dlclose(lib->dl_);
     lib->dl_ = nullptr;
-    absl::Status out(st.code(), Cat(st.message(), " with ", lib->path_,
-                                    ": is the NVIDIA kernel driver loaded (lsmod | grep nvidia)?"));
+    // The hint follows the return code; for any other code the library's own message (which
+    // nvmlErrorString gave) is the whole story.
+    const char* hint = "";
+    switch (rc) {
+      case NVML_ERROR_DRIVER_NOT_LOADED: hint = ": is the NVIDIA kernel driver loaded (lsmod | grep nvidia)?"; break;
+      case NVML_ERROR_NO_PERMISSION:
+        hint = ": this process may not open the GPU device nodes (/dev/nvidiactl, /dev/nvidia*): run it as root or "
+               "give the container the devices";
+        break;
+      case NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+        hint = ": the library and the kernel driver are of different versions (reboot after a driver upgrade, or "
+               "mount the driver's own libnvidia-ml.so.1)";
+        break;
+      default: break;
+    }
+    absl::Status out(st.code(), Cat(st.message(), " with ", lib->path_, hint));
     st.ForEachPayload([&](auto key, const absl::Cord& value) { out.SetPayload(key, value); });
     return out;
   }

@@ -224,7 +224,7 @@ TEST_F(DevicePluginTest, BrokenConfigDoesNotStart) {
       WriteConfig("version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: 1\n");
   Plugin p(sim_->dir(), {"--config-file", config});
   EXPECT_EQ(p.Wait(10s), 1);
-  EXPECT_NE(p.Log().find("config.yaml:6:17: sharing.timeSlicing.resources[0].replicas must be >= 2 (got 1)"),
+  EXPECT_NE(p.Log().find("config.yaml:6:17: sharing.timeSlicing.resources[0].replicas must be an integer from 2 to 1024 (got 1, out of range)"),
             std::string::npos)
       << p.Log();
   EXPECT_FALSE(std::filesystem::exists(sim_->dir() + "/nvidia-gpu.sock"));

@@ -19,6 +19,7 @@
 #include "testing/plugin_fixture.h"
 #include "testing/fake_podresources.h"
 #include "testing/plugin_process.h"
+#include "testing/shell.h"
 #include "testing/sim_node.h"
 
 namespace kgpu {
@@ -28,6 +29,7 @@ using namespace std::chrono_literals;
 using testing::FakeKubelet;
 using testing::Plugin;
 using testing::ResourceState;
+using testing::Shell;
 using testing::SimNode;
 
 constexpr char kLayouts[] = R"(
@@ -49,24 +51,6 @@ mig:
 // The mixed strategy's resources on dgx-a100-mig as the profile sets it up.
 const std::map<std::string, size_t> kProfileMixed = {
     {"nvidia.com/gpu", 6}, {"nvidia.com/mig-1g.5gb", 9}, {"nvidia.com/mig-2g.10gb", 1}, {"nvidia.com/mig-3g.20gb", 1}};
-
-struct Run {
-  int code = -1;
-  std::string out;
-};
-
-// Runs a command line with the simulated NVML; returns exit code and output.
-Run Shell(const std::string& cmd) {
-  Run r;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path);

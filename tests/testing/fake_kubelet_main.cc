@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -26,7 +27,10 @@
 #include <pthread.h>
 
 #include "absl/status/status.h"
+#include "k8s/client.h"
+#include "k8s/config.h"
 #include "testing/fake_kubelet.h"
+#include "testing/fake_kubelet_node.h"
 
 namespace {
 
@@ -81,7 +85,7 @@ void PrintEvent(const FakeKubeletEvent& e) {
   std::cout << line.str() << std::endl;  // flushed: a person (or the demo script) is watching
 }
 
-int Serve(const std::string& dir, unsigned duration_s) {
+int Serve(const std::string& dir, unsigned duration_s, const std::string& kubeconfig, const std::string& node_name) {
   // Block the signals in every thread (gRPC's included) and take them here, synchronously.
   sigset_t signals;
   sigemptyset(&signals);
@@ -98,6 +102,21 @@ int Serve(const std::string& dir, unsigned duration_s) {
   }
   std::cout << "fake kubelet serving " << kubelet.SocketPath() << " (SIGHUP: simulate a restart)"
             << std::endl;
+  // With an API server: the Node's capacity/allocatable follow the registered resources.
+  std::unique_ptr<kgpu::k8s::Client> client;
+  std::unique_ptr<kgpu::testing::KubeletNodeStatus> node_status;
+  if (!kubeconfig.empty()) {
+    auto cfg = kgpu::k8s::LoadKubeconfig(kubeconfig);
+    auto c = cfg.ok() ? kgpu::k8s::Client::Create(*cfg) : absl::StatusOr<std::unique_ptr<kgpu::k8s::Client>>(cfg.status());
+    if (!c.ok()) {
+      std::cerr << "kgpu-fake-kubelet: --kubeconfig: " << std::string(c.status().message()) << "\n";
+      return 1;
+    }
+    client = std::move(*c);
+    node_status = std::make_unique<kgpu::testing::KubeletNodeStatus>(kubelet, *client, node_name);
+    node_status->Start();
+    std::cout << "fake kubelet: node " << node_name << " on " << client->config().server << std::endl;
+  }
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(duration_s);
   for (;;) {
     int sig = 0;
@@ -124,6 +143,7 @@ int Serve(const std::string& dir, unsigned duration_s) {
       return 1;
     }
   }
+  if (node_status) node_status->Stop();
   kubelet.Stop();
   std::cout << "fake kubelet stopped" << std::endl;
   return 0;
@@ -306,6 +326,10 @@ int Main(int argc, char** argv) {
   auto* serve = app.add_subcommand("serve", "serve <dir>/kubelet.sock and log what plugins do");
   serve->add_option("--dir", dir, "the device-plugin directory")->required();
   serve->add_option("--duration", duration_s, "stop after this many seconds (0: until a signal)");
+  std::string kubeconfig, node_name = "sim-node";
+  serve->add_option("--kubeconfig", kubeconfig,
+                    "API server to keep this node's Node object in (status.capacity/allocatable of every resource)");
+  serve->add_option("--node-name", node_name, "the Node's name with --kubeconfig")->capture_default_str();
 
   std::string endpoint;
   int count = 1;
@@ -323,7 +347,7 @@ int Main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (serve->parsed())
-    return Serve(dir, duration_s);
+    return Serve(dir, duration_s, kubeconfig, node_name);
   if (alloc->parsed())
     return Allocate(dir, endpoint, count, available, timeout_s);
   return 2;

@@ -16,7 +16,7 @@ namespace kgpu::testing {
 struct SimPlan : SimGpus {
   using SimGpus::SimGpus;
   std::shared_ptr<const deviceplugin::Plan> PlanFor(const std::string& yaml) {
-    auto c = deviceplugin::ParseConfig(yaml, "test.yaml");
+    auto c = deviceplugin::ParseConfig(yaml, "test.yaml", {.allow_empty = true});  // "": every default
     EXPECT_TRUE(c.ok()) << c.status();
     if (!c.ok()) return nullptr;
     config = *c;

@@ -17,7 +17,7 @@ namespace {
 // ---------------------------------------------------------------- config
 
 TEST(ConfigTest, EmptyFileGivesNvidiaDefaults) {
-  auto c = ParseConfig("", "c.yaml");
+  auto c = ParseConfig("", "c.yaml", {.allow_empty = true});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->mig_strategy, "none");
   EXPECT_TRUE(c->fail_on_init_error);
@@ -102,7 +102,7 @@ TEST(ConfigTest, MpsDefaultsToFailRequestsGreaterThanOne) {
   c->mps_root = "/run/nvidia/mps";
   EXPECT_TRUE(Validate(*c).ok());
   c->mig_strategy = "mixed";
-  EXPECT_EQ(std::string(Validate(*c).message()), "using --mig-strategy=mixed is not supported with MPS");
+  EXPECT_EQ(std::string(Validate(*c).message()), "c.yaml:3:5: using --mig-strategy=mixed is not supported with MPS");
 }
 
 TEST(ConfigTest, KgpuHealthSection) {
@@ -156,7 +156,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"version: v2\n", "config.yaml:1:10: unknown version 'v2' (expected v1)"},
         BadConfig{"flags:\n  migStrategy: none\n  bogus: 1\n", "config.yaml:3:3: unknown key 'bogus' in flags"},
         BadConfig{"sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 1\n",
-                  "config.yaml:5:17: sharing.timeSlicing.resources[0].replicas must be >= 2 (got 1)"},
+                  "config.yaml:5:17: sharing.timeSlicing.resources[0].replicas must be an integer from 2 to 1024 (got 1, out of range)"},
         BadConfig{"sharing:\n  timeSlicing:\n    resources: []\n",
                   "config.yaml:3:16: sharing.timeSlicing.resources must be a non-empty list"},
         BadConfig{"sharing:\n  timeSlicing:\n    resources:\n    - replicas: 2\n",

@@ -31,10 +31,10 @@ TEST(CountersTest, ErrorsNameTheLine) {
   auto three = ParseCounters("# c\nDCGM_FI_DEV_GPU_TEMP, gauge\n", "my.csv", nullptr);
   ASSERT_FALSE(three.ok());
   EXPECT_EQ(std::string(three.status().message()),
-            "my.csv:2: malformed CSV record, expected 3 fields (DCGM field, type, help), got 2");
+            "my.csv:2:1: malformed CSV record, expected 3 fields (DCGM field, type, help), got 2");
   auto type = ParseCounters("DCGM_FI_DEV_GPU_TEMP, gague, t\n", "my.csv", nullptr);
   ASSERT_FALSE(type.ok());
-  EXPECT_NE(std::string(type.status().message()).find("my.csv:1: type 'gague'"), std::string::npos);
+  EXPECT_NE(std::string(type.status().message()).find("my.csv:1:23: type 'gague'"), std::string::npos);
   auto twice = ParseCounters("DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_GPU_TEMP, gauge, t\n", "my.csv", nullptr);
   ASSERT_FALSE(twice.ok());
   EXPECT_NE(std::string(twice.status().message()).find("listed twice (first on line 1)"), std::string::npos);

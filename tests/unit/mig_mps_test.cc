@@ -70,11 +70,11 @@ TEST(MigConfigTest, LayoutsAndNodes) {
 
 TEST(MigConfigTest, ErrorsNamePlaceAndFix) {
   const std::map<std::string, std::string> cases = {
-      {"mig:\n  layouts:\n    a:\n      - devices: [x]\n", "c.yaml:4:19: mig.layouts.a[0].devices[] has an invalid value 'x'"},
+      {"mig:\n  layouts:\n    a:\n      - devices: [x]\n", "c.yaml:4:19: mig.layouts.a[0].devices[] must be an integer from 0 to 1023 (got 'x')"},
       {"mig:\n  layouts:\n    a:\n      - mig-devices: {1g.5gb: 7}\n",
        "c.yaml:4:9: mig.layouts.a[0].devices is required (all, or a list of GPU indices)"},
       {"mig:\n  layouts:\n    a:\n      - {devices: all, mig-devices: {1g.5gb: 9}}\n",
-       "c.yaml:4:46: mig.layouts.a[0].mig-devices.1g.5gb must be 0..7 (got 9)"},
+       "c.yaml:4:46: mig.layouts.a[0].mig-devices.1g.5gb must be an integer from 0 to 7 (got 9, out of range)"},
       {"mig:\n  layouts:\n    a:\n      - {devices: all, mig-enabled: false, mig-devices: {1g.5gb: 1}}\n",
        "c.yaml:4:9: mig.layouts.a[0] has mig-enabled: false and mig-devices; drop one of them"},
       {"mig:\n  layouts:\n    a: [{devices: all}]\n  nodes:\n    \"*\": b\n",

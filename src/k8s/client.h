@@ -1,0 +1,172 @@
+#pragma once
+// A thin Kubernetes API client over libcurl with JSON bodies (nlohmann::json): objects stay
+// JSON end to end, so fields this code does not know survive a read-modify-write.
+//
+// Every request is rate limited (token bucket, Config::qps/burst, client-go's 5/10 defaults),
+// has a timeout (Config::timeout; watches have none but stop on request), sends
+// `User-Agent: kgpu/<version>` and the bearer token (a token file is re-read when it changes,
+// and once more after a 401, as projected service-account tokens rotate). Responses with
+// Retry-After (429, 5xx) and GET failures on 5xx or transport errors are retried a few times
+// with backoff.
+//
+// Errors: absl::Status whose message is "<METHOD> <path>: <the apiserver's Status message>";
+// HttpStatus() gives the HTTP code (0 for transport errors) and Reason() the Status reason.
+//
+// Thread-safety: a Client may be used from any number of threads.
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "k8s/config.h"
+#include "k8s/resources.h"
+#include "k8s/watch_decoder.h"
+
+namespace kgpu::k8s {
+
+// The HTTP status of an error from this client (0 when none or a transport error).
+int HttpStatus(const absl::Status& s);
+// The Kubernetes Status reason ("Conflict", "NotFound", "AlreadyExists", "Expired", ...).
+std::string Reason(const absl::Status& s);
+inline bool IsApiNotFound(const absl::Status& s) { return HttpStatus(s) == 404; }
+inline bool IsApiConflict(const absl::Status& s) { return HttpStatus(s) == 409; }
+inline bool IsApiGone(const absl::Status& s) { return HttpStatus(s) == 410; }
+
+// Token bucket: `burst` tokens, refilled at `qps` per second. Wait() blocks until a token is
+// available; qps <= 0 disables the limit.
+class RateLimiter {
+ public:
+  RateLimiter(double qps, int burst);
+  void Wait();
+  // Tokens taken so far and the time spent waiting, for tests and metrics.
+  uint64_t Taken() const { return taken_; }
+
+ private:
+  std::mutex mu_;
+  double qps_;
+  double burst_;
+  double tokens_;
+  std::chrono::steady_clock::time_point last_;
+  std::atomic<uint64_t> taken_{0};
+};
+
+struct ListOptions {
+  std::string label_selector;
+  std::string field_selector;
+  int64_t limit = 0;            // page size; 0 = unpaginated
+  std::string resource_version;  // "" = most recent (quorum read), "0" = any
+};
+
+struct DeleteOptions {
+  std::optional<int64_t> grace_period_seconds;
+  std::string propagation_policy;  // "Foreground", "Background", "Orphan" or ""
+  std::string precondition_uid;
+  std::string precondition_resource_version;
+};
+
+struct WatchOptions {
+  std::string resource_version;
+  std::string label_selector;
+  std::string field_selector;
+  bool allow_bookmarks = true;
+  int timeout_seconds = 0;  // server-side timeout of the watch; 0 = server default
+};
+
+struct EvictOptions {
+  std::chrono::milliseconds max_wait{60000};     // give up after this long of 429s
+  std::chrono::milliseconds initial_backoff{200};
+  std::chrono::milliseconds max_backoff{5000};
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Create(Config config);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const Config& config() const { return config_; }
+
+  // Raw request: path includes the query. `body` empty sends none.
+  struct Response {
+    long status = 0;
+    std::string body;
+    std::string content_type;
+    std::string retry_after;
+  };
+  absl::StatusOr<Response> Do(std::string_view method, const std::string& path_and_query, const std::string& body = "",
+                              std::string_view content_type = "application/json");
+
+  absl::StatusOr<nlohmann::json> Get(const std::string& path);
+  // One page; the list's metadata.continue names the next.
+  absl::StatusOr<nlohmann::json> ListPage(const std::string& path, const ListOptions& opts,
+                                          const std::string& continue_token = "");
+  // All pages joined into one list (items, metadata.resourceVersion of the first page). A 410
+  // on a continue token (expired) restarts the list from the beginning once.
+  absl::StatusOr<nlohmann::json> List(const std::string& path, const ListOptions& opts = {});
+  absl::StatusOr<nlohmann::json> Create(const std::string& collection_path, const nlohmann::json& obj);
+  // PUT with the object's metadata.resourceVersion (a stale one is a 409).
+  absl::StatusOr<nlohmann::json> Update(const std::string& path, const nlohmann::json& obj);
+  absl::StatusOr<nlohmann::json> Patch(const std::string& path, const nlohmann::json& patch,
+                                       std::string_view content_type = "application/strategic-merge-patch+json");
+  absl::StatusOr<nlohmann::json> Delete(const std::string& path, const DeleteOptions& opts = {});
+
+  // Reads the object, lets `mutate` change it, writes it back; on 409 Conflict reads again and
+  // repeats (client-go's retry.RetryOnConflict, DefaultRetry: 5 steps, 10 ms doubling with
+  // jitter). `mutate` returning an error aborts. The path may end in /status.
+  absl::StatusOr<nlohmann::json> UpdateWithRetry(const std::string& path,
+                                                 const std::function<absl::Status(nlohmann::json&)>& mutate,
+                                                 int attempts = 5);
+
+  // pods/binding: sets spec.nodeName (409 when already bound).
+  absl::Status Bind(std::string_view ns, std::string_view pod, std::string_view node);
+  // pods/eviction (policy/v1). 429 (a PodDisruptionBudget forbids it now) is retried with
+  // backoff until opts.max_wait; 404 (already gone) counts as done.
+  absl::Status Evict(std::string_view ns, std::string_view pod, const EvictOptions& opts = {});
+
+  // Streams a watch; `on_event` gets every event and returns false to stop. Returns OK when
+  // the server closes the stream (its timeout), or the error: an HTTP error to start the
+  // watch, an ERROR event (its Status code is the HttpStatus: 410 means relist), a transport
+  // error or a malformed stream. `stop` ends it promptly.
+  absl::Status Watch(const std::string& collection_path, const WatchOptions& opts,
+                     const std::function<bool(const WatchEvent&)>& on_event, std::stop_token stop = {});
+
+  uint64_t RequestCount() const { return requests_; }
+
+ private:
+  explicit Client(Config config);
+  struct Handle;
+  std::unique_ptr<Handle> Acquire();
+  void Release(std::unique_ptr<Handle> h);
+  absl::StatusOr<Response> DoOnce(Handle& h, std::string_view method, const std::string& url, const std::string& body,
+                                  std::string_view content_type);
+  std::string Token(bool force_reread);
+  absl::Status ApiError(std::string_view method, const std::string& path, const Response& r) const;
+  absl::StatusOr<nlohmann::json> JsonOf(std::string_view method, const std::string& path, const Response& r) const;
+  void SetCommon(Handle& h, const std::string& url, std::string_view method, std::vector<std::string>& headers,
+                 bool force_token);
+
+  Config config_;
+  RateLimiter limiter_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Handle>> idle_;
+  std::string token_;
+  int64_t token_mtime_ = -1;
+  std::atomic<uint64_t> requests_{0};
+};
+
+// "kgpu/<version> (linux/amd64)".
+std::string UserAgent();
+
+}  // namespace kgpu::k8s

@@ -1,0 +1,31 @@
+#pragma once
+// resource.Quantity (k8s.io/apimachinery/pkg/api/resource) for the values kgpu handles: a
+// decimal number with an optional suffix, decimal SI (m, k, M, G, T, P, E), binary SI (Ki,
+// Mi, Gi, Ti, Pi, Ei) or an exponent (1e3). Held exactly in milli-units, which covers every
+// CPU, memory and device count we meet; Format() writes the canonical form the API prints
+// for integers ("2", "1Gi", "500m").
+//
+// Thread-safety: a value type.
+
+#include <compare>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace kgpu::k8s {
+
+struct Quantity {
+  int64_t milli = 0;
+  bool binary = false;  // parsed with a binary suffix: formatted back with one when exact
+
+  static std::optional<Quantity> Parse(std::string_view s);
+  std::string Format() const;
+  bool IsInteger() const { return milli % 1000 == 0; }
+  int64_t Value() const { return milli / 1000; }  // whole units, truncated
+  Quantity operator+(const Quantity& o) const { return {milli + o.milli, binary || o.binary}; }
+  auto operator<=>(const Quantity& o) const { return milli <=> o.milli; }
+  bool operator==(const Quantity& o) const { return milli == o.milli; }
+};
+
+}  // namespace kgpu::k8s

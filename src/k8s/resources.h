@@ -1,0 +1,44 @@
+#pragma once
+// The API resources kgpu uses, with their group/version, kind and scope: one table for the
+// client's paths and the API server stand-in's discovery.
+//
+// Thread-safety: immutable data and pure functions.
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kgpu::k8s {
+
+struct Resource {
+  std::string_view group;    // "" for the core group
+  std::string_view version;  // "v1"
+  std::string_view plural;   // "pods"
+  std::string_view kind;     // "Pod"
+  bool namespaced;
+  std::vector<std::string_view> short_names;
+  std::vector<std::string_view> subresources;  // "status", "binding", "eviction"
+
+  std::string GroupVersion() const;  // "v1", "policy/v1"
+  // "/api/v1" or "/apis/<group>/<version>".
+  std::string Prefix() const;
+  // The collection (name empty) or object path; ns empty for cluster scope or all namespaces.
+  std::string Path(std::string_view ns = "", std::string_view name = "", std::string_view subresource = "") const;
+};
+
+const std::vector<Resource>& Resources();
+// By plural ("pods"), kind ("Pod") or short name ("po").
+const Resource* FindResource(std::string_view name);
+
+// Percent-encodes a query value.
+std::string UrlEncode(std::string_view s);
+
+// RFC 3339 times as the API writes them: "2026-12-03T08:30:00Z" and MicroTime
+// "2026-12-03T08:30:00.123456Z".
+std::string NowRfc3339();
+std::string NowMicroTime();
+// Seconds since the epoch of an RFC 3339 time; nullopt when it does not parse.
+std::optional<double> ParseRfc3339(std::string_view t);
+
+}  // namespace kgpu::k8s

@@ -1,0 +1,132 @@
+#pragma once
+// The cluster model the placement engine works on: nodes (CPU, memory, pods, labels) and their
+// GPUs (model, memory, free milli-GPU and memory, health, MIG instances, NVLink islands), the pods
+// bound to them, and device-level feasibility. Every change bumps the touched node's version, so
+// policies can cache per-node figures and recompute only what a placement touched.
+//
+// Thread-safety: not thread-safe; one owner (the Engine) drives it.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sched/types.h"
+
+namespace kgpu::sched {
+
+// At most this many distinct GPU models in one cluster (model sets are 64-bit masks).
+inline constexpr int kMaxModels = 64;
+
+struct GpuState {
+  int model = -1;              // interned model id
+  int64_t memory_mib = 0;
+  int free_milli = kMilli;
+  int64_t free_memory_mib = 0;
+  bool healthy = true;
+  int nvlink_island = -1;
+  int pods = 0;                // pods using this GPU
+  int max_shares = 0;          // 0: no limit
+  std::vector<MigInstance> mig;
+  std::vector<int> mig_used;   // per instance: 1 when taken
+  bool IsMig() const { return !mig.empty(); }
+  bool FullyFree() const { return pods == 0 && free_milli == kMilli; }
+};
+
+struct NodeState {
+  std::string name;
+  bool active = false;
+  int64_t cpu_total = 0, cpu_free = 0;
+  int64_t memory_total = 0, memory_free = 0;
+  int max_pods = kDefaultMaxPods;
+  int pods = 0;
+  std::map<std::string, std::string> labels;
+  std::vector<GpuState> gpus;
+  int model = -1;              // the model id of all its GPUs; -1: none or mixed
+  uint64_t rank = 0;           // tie-break order (lower first), fixed per seed
+  uint64_t version = 0;        // bumped on every change
+  int64_t FreeGpuMilli() const;
+  int FullyFreeGpus() const;
+};
+
+// A PodRequest checked and resolved against the cluster's model names.
+struct Request {
+  std::string name;
+  int64_t cpu = 0, memory = 0;
+  int num_gpus = 0;
+  int milli = 0;               // per GPU (1000 for whole GPUs)
+  int64_t gpu_memory = 0;      // per GPU
+  std::string mig_profile;
+  uint64_t models = ~uint64_t{0};  // allowed model ids
+  bool whole = false;
+
+  bool CpuOnly() const { return num_gpus == 0 && mig_profile.empty(); }
+  bool Mig() const { return !mig_profile.empty(); }
+  bool Share() const { return !CpuOnly() && !Mig() && !whole; }
+  // GPU milli this pod takes in total (a MIG pod: its instance's share, set at placement).
+  int64_t GpuMilli() const { return Mig() ? 0 : int64_t{num_gpus} * milli; }
+};
+
+class Cluster {
+ public:
+  absl::StatusOr<int> AddNode(const NodeSpec& spec, uint64_t rank);
+  // Removes a node and the pods bound to it (their names in *evicted when given).
+  absl::Status RemoveNode(std::string_view name, std::vector<std::string>* evicted = nullptr);
+  // Health of one GPU; an unhealthy GPU takes no new pods (bound pods stay).
+  absl::Status SetGpuHealth(std::string_view node, int gpu, bool healthy);
+
+  // Resolves a request: validates its form and turns model names into a mask.
+  absl::StatusOr<Request> Compile(const PodRequest& pod) const;
+
+  // Node-level filter: CPU, memory, pod count and enough fitting GPUs.
+  bool NodeFits(const Request& req, int node) const;
+  // Whether one GPU can take (one GPU's part of) the request.
+  bool GpuFits(const Request& req, const NodeState& node, int gpu) const;
+  // Number of GPUs on the node that fit the request.
+  int FittingGpus(const Request& req, const NodeState& node) const;
+  // For a multi-GPU request: `count` GPUs from the fitting ones, NVLink-aware (the smallest
+  // island that holds them all, else the lowest indices).
+  std::vector<int> PickGpuSet(const Request& req, const NodeState& node) const;
+
+  // Binds a pod at a placement after checking it still fits; Release undoes it.
+  absl::Status Bind(const Request& req, const Placement& placement);
+  absl::Status Release(std::string_view pod);
+  bool HasPod(std::string_view pod) const { return pods_.contains(std::string(pod)); }
+  const Placement* FindPod(std::string_view pod) const;
+
+  int FindNode(std::string_view name) const;
+  const std::vector<NodeState>& nodes() const { return nodes_; }
+  const NodeState& node(int id) const { return nodes_[static_cast<size_t>(id)]; }
+  int ModelId(std::string_view model) const;
+  const std::vector<std::string>& models() const { return models_; }
+
+  // Totals over healthy GPUs of active nodes, in milli-GPU.
+  int64_t TotalGpuMilli() const { return total_milli_; }
+  int64_t AllocatedGpuMilli() const { return allocated_milli_; }
+  int64_t MaxNodeCpu() const { return max_cpu_; }
+  int MaxNodeGpus() const { return max_gpus_; }
+  size_t PodCount() const { return pods_.size(); }
+  size_t ActiveNodes() const { return active_nodes_; }
+
+ private:
+  struct PodRecord {
+    Request req;
+    Placement placement;
+    int64_t milli = 0;  // GPU milli it took
+  };
+  int InternModel(const std::string& model);
+  void Recount();
+
+  std::vector<NodeState> nodes_;
+  absl::flat_hash_map<std::string, int> node_index_;
+  absl::flat_hash_map<std::string, PodRecord> pods_;
+  std::vector<std::string> models_;
+  int64_t total_milli_ = 0, allocated_milli_ = 0, max_cpu_ = 0;
+  int max_gpus_ = 0;
+  size_t active_nodes_ = 0;
+};
+
+}  // namespace kgpu::sched

@@ -1,0 +1,300 @@
+// Careless inputs, as an operator would make them, against the real binaries (kgpu, kgpu-simctl)
+// on a simulated node: each one must fail with a message that names the input, the position and
+// the fix, with the documented exit code (1 bad input, 2 usage), and change nothing.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "testing/plugin_process.h"
+#include "testing/shell.h"
+#include "testing/sim_node.h"
+
+namespace kgpu {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Quote;
+using testing::CommandResult;
+using testing::Shell;
+using testing::SimNode;
+
+// True when `text` holds a byte a terminal would act on (NUL, ESC, other controls but \n and \t).
+bool HasControlBytes(const std::string& text) {
+  for (unsigned char c : text) {
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7F) return true;
+  }
+  return false;
+}
+
+class InputErrorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    sim_ = std::make_unique<SimNode>("l4x4");
+    kubelet_dir_ = sim_->dir() + "/device-plugins";
+    std::filesystem::create_directories(kubelet_dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(sim_->dir(), ec)) {
+      if (e.path().filename() != "sim.state") std::filesystem::remove_all(e.path(), ec);
+    }
+  }
+  // `kgpu <args>` on the simulated node.
+  CommandResult Kgpu(const std::string& args) const {
+    return Shell(Cat("KGPU_MIG_LOCK_FILE=", sim_->dir(), "/mig.lock ", KGPU_BIN, " --nvml-library ",
+                     SimNode::LibraryPath(), " ", args));
+  }
+  CommandResult Simctl(const std::string& args) const { return Shell(Cat(KGPU_SIMCTL, " ", args)); }
+  CommandResult Plugin(const std::string& args) const {
+    return Kgpu(Cat("device-plugin --kubelet-dir ", kubelet_dir_, " ", args));
+  }
+  std::string Write(const std::string& name, const std::string& text) const {
+    const std::string path = sim_->dir() + "/" + name;
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  }
+  template <typename... A>
+  static std::string Cat(const A&... parts) {
+    std::string out;
+    ((out += parts), ...);
+    return out;
+  }
+
+  std::unique_ptr<SimNode> sim_;
+  std::string kubelet_dir_;
+};
+
+// ---------------------------------------------------------------- config file
+
+TEST_F(InputErrorsTest, ConfigFileThatIsADirectoryIsRefused) {
+  const std::string dir = sim_->dir() + "/config.d";
+  std::filesystem::create_directories(dir);
+  const CommandResult r = Plugin("--config-file " + dir);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find(dir + " is a directory, not a config file (check --config-file / CONFIG_FILE"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(std::filesystem::exists(kubelet_dir_ + "/nvidia-gpu.sock"));
+  const CommandResult mig = Kgpu("mig show --config-file " + dir);
+  EXPECT_EQ(mig.code, 1) << mig.out;
+  EXPECT_NE(mig.out.find("is a directory"), std::string::npos) << mig.out;
+}
+
+TEST_F(InputErrorsTest, EmptyConfigFileIsRefusedUnlessAllowed) {
+  for (const char* text : {"", "\n  \n", "# only a comment\n"}) {
+    const std::string path = Write("config.yaml", text);
+    const CommandResult r = Plugin("--config-file " + path);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find(path + ":1:1: the config file "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("pass --allow-empty-config"), std::string::npos) << r.out;
+  }
+  // Allowed on purpose: every default, the plugin serves.
+  const std::string empty = Write("config.yaml", "");
+  testing::Plugin p(kubelet_dir_, {"--config-file", empty, "--allow-empty-config"});
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!std::filesystem::exists(kubelet_dir_ + "/nvidia-gpu.sock") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(std::filesystem::exists(kubelet_dir_ + "/nvidia-gpu.sock")) << p.Log();
+}
+
+TEST_F(InputErrorsTest, ReplicasNameTheTypeAndTheRange) {
+  const char* kTemplate = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: ";
+  for (const auto& [value, want] :
+       {std::pair{"four", "config.yaml:6:17: sharing.timeSlicing.resources[0].replicas must be an integer from 2 to "
+                          "1024 (got 'four')"},
+        std::pair{"100000000000", "config.yaml:6:17: sharing.timeSlicing.resources[0].replicas must be an integer "
+                                  "from 2 to 1024 (got 100000000000, out of range)"}}) {
+    const CommandResult r = Plugin("--config-file " + Write("config.yaml", std::string(kTemplate) + value + "\n"));
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
+  }
+}
+
+TEST_F(InputErrorsTest, EnumerationsAndDevicesCarryFileLineColumn) {
+  const CommandResult mixd = Plugin("--config-file " + Write("config.yaml", "flags:\n  migStrategy: mixd\n"));
+  EXPECT_EQ(mixd.code, 1) << mixd.out;
+  EXPECT_NE(mixd.out.find("config.yaml:2:16: flags.migStrategy 'mixd' is invalid: use none, single or mixed (did "
+                          "you mean mixed?)"),
+            std::string::npos)
+      << mixd.out;
+  // A GPU this node does not have is found against the inventory, after parsing: still positioned.
+  const CommandResult twelve = Plugin("--config-file " + Write("config.yaml", "sharing:\n  timeSlicing:\n    resources:\n"
+                                                                    "    - {name: gpu, replicas: 2, devices: [1, 12]}\n"));
+  EXPECT_EQ(twelve.code, 1) << twelve.out;
+  EXPECT_NE(twelve.out.find("config.yaml:4:45: sharing.timeSlicing.resources[0].devices: no device '12' of resource "
+                            "nvidia.com/gpu on this node (it has 0, 1, 2, 3;"),
+            std::string::npos)
+      << twelve.out;
+  // A flag's bad value names the flag.
+  const CommandResult flag = Plugin("--mig-strategy mixd");
+  EXPECT_EQ(flag.code, 1) << flag.out;
+  EXPECT_NE(flag.out.find("flags and environment: migStrategy 'mixd' (--mig-strategy / MIG_STRATEGY) is invalid"),
+            std::string::npos)
+      << flag.out;
+}
+
+TEST_F(InputErrorsTest, MigLayoutErrorsCarryFileLineColumn) {
+  const std::string cfg = Write("config.yaml", "mig:\n  layouts:\n    a:\n      - devices: [12]\n"
+                                               "        mig-devices: {\"1g.6gb\": 1}\n");
+  const CommandResult r = Kgpu("mig apply --config-file " + cfg + " --layout a --no-kubelet-check --dry-run --kubelet-dir " +
+                     kubelet_dir_);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("config.yaml:4:9: MIG layout 'a' entry 0: this node has no GPU 12 (it has 4 GPUs)"),
+            std::string::npos)
+      << r.out;
+  const CommandResult count = Kgpu("mig show --config-file " +
+                         Write("config.yaml", "mig:\n  layouts:\n    a: [{devices: all, mig-devices: {1g.5gb: lots}}]\n"));
+  EXPECT_EQ(count.code, 1) << count.out;
+  EXPECT_NE(count.out.find("config.yaml:3:46: mig.layouts.a[0].mig-devices.1g.5gb must be an integer from 0 to 7 "
+                           "(got 'lots')"),
+            std::string::npos)
+      << count.out;
+}
+
+// A layout that does not fit a GPU is found when planning against NVML: the entry's position still leads.
+TEST(InputErrorsMigTest, LayoutThatDoesNotFitNamesItsEntry) {
+  SimNode sim("dgx-a100-mig");
+  const std::string cfg = sim.dir() + "/config.yaml";
+  std::ofstream(cfg) << "mig:\n  layouts:\n    a:\n      - devices: [0]\n        mig-devices: {\"9g.99gb\": 1}\n";
+  const CommandResult r =
+      Shell(std::string(KGPU_BIN) + " --nvml-library " + SimNode::LibraryPath() + " mig apply --config-file " + cfg +
+            " --layout a --no-kubelet-check --dry-run --kubelet-dir " + sim.dir() + " --lock-file " + sim.dir() + "/lock");
+  std::filesystem::remove(cfg);
+  std::filesystem::remove(sim.dir() + "/lock");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("config.yaml:4:9: layout 'a': GPU 0 (NVIDIA A100-SXM4-40GB) has no MIG profile '9g.99gb'"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST_F(InputErrorsTest, BinaryConfigFileIsEscaped) {
+  constexpr char kBinary[] = "\x7f" "ELF\x02\x01\x01\x00\x00\x1b[2J\x1b]0;owned\x07:\xff\xfe: x\n";
+  const std::string binary(kBinary, sizeof kBinary - 1);
+  const CommandResult r = Plugin("--config-file " + Write("config.yaml", binary));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("config.yaml:"), std::string::npos) << r.out;
+  EXPECT_FALSE(HasControlBytes(r.out)) << r.out;
+  const CommandResult unknown = Plugin("--config-file " + Write("config.yaml", std::string("fl\x1b[31mags: 1\n")));
+  EXPECT_EQ(unknown.code, 1) << unknown.out;
+  EXPECT_NE(unknown.out.find("unknown key 'fl\\x1B[31mags'"), std::string::npos) << unknown.out;
+  EXPECT_FALSE(HasControlBytes(unknown.out)) << unknown.out;
+}
+
+// ---------------------------------------------------------------- exporter counters
+
+TEST_F(InputErrorsTest, CountersTypoAndEmptyCsvAreErrors) {
+  const CommandResult typo = Kgpu("exporter -a 127.0.0.1:0 -f " +
+                        Write("counters.csv", "DCGM_FI_DEV_SM_CLOCK, gauge, SM clock\n"
+                                              "DCGM_FI_DEV_GPU_TMEP, gauge, GPU temperature (in C).\n"));
+  EXPECT_EQ(typo.code, 1) << typo.out;
+  EXPECT_NE(typo.out.find("counters.csv:2:1: unknown DCGM field DCGM_FI_DEV_GPU_TMEP (did you mean "
+                          "DCGM_FI_DEV_GPU_TEMP?)"),
+            std::string::npos)
+      << typo.out;
+  const CommandResult empty = Kgpu("exporter -a 127.0.0.1:0 -f " + Write("counters.csv", "# nothing\n"));
+  EXPECT_EQ(empty.code, 1) << empty.out;
+  EXPECT_NE(empty.out.find("counters.csv:1:1: the counters file lists no fields"), std::string::npos) << empty.out;
+  const CommandResult dir = Kgpu("exporter -a 127.0.0.1:0 -f " + sim_->dir());
+  EXPECT_EQ(dir.code, 1) << dir.out;
+  EXPECT_NE(dir.out.find("is a directory, not a counters file"), std::string::npos) << dir.out;
+}
+
+// ---------------------------------------------------------------- kubelet directory
+
+// Our message comes first and alone: no gRPC dump before it.
+void ExpectOnlyOurMessage(const CommandResult& r, const std::string& want) {
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_EQ(r.out.rfind("kgpu device-plugin: kubelet directory ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+}
+
+TEST_F(InputErrorsTest, KubeletDirectoryMissingOrNotADirectory) {
+  const std::string missing = sim_->dir() + "/no-such-dir";
+  ExpectOnlyOurMessage(Kgpu("device-plugin --kubelet-dir " + missing), missing + " does not exist");
+  const std::string file = Write("plugins-file", "x");
+  ExpectOnlyOurMessage(Kgpu("device-plugin --kubelet-dir " + file), file + " is not a directory (it is a regular file)");
+}
+
+TEST_F(InputErrorsTest, KubeletDirectoryReadOnly) {
+  // A read-only bind mount in a private mount namespace (needs CAP_SYS_ADMIN: skipped without).
+  if (Shell("unshare -m sh -c " + Quote("mount --bind " + kubelet_dir_ + " " + kubelet_dir_ + " && mount -o remount,bind,ro " +
+                                        kubelet_dir_ + " && ! touch " + kubelet_dir_ + "/probe"))
+          .code != 0) {
+    GTEST_SKIP() << "cannot make a read-only bind mount here (unshare -m)";
+  }
+  const CommandResult r = Shell("unshare -m sh -c " +
+                      Quote("mount --bind " + kubelet_dir_ + " " + kubelet_dir_ + " && mount -o remount,bind,ro " +
+                            kubelet_dir_ + " && exec " + KGPU_BIN + " --nvml-library " + SimNode::LibraryPath() +
+                            " device-plugin --kubelet-dir " + kubelet_dir_));
+  ExpectOnlyOurMessage(r, kubelet_dir_ + " is on a read-only file system");
+}
+
+// ---------------------------------------------------------------- simctl and the simulated library
+
+TEST_F(InputErrorsTest, SimctlValidatesEveryValue) {
+  const auto temp = [&] { return nlohmann::json::parse(Simctl("show").out)["gpus"][0]["temp"].get<int>(); };
+  const int before = temp();
+  for (const auto& [args, want] : {
+           std::pair{"set 0 temp=-400", "temp=-400: GPU temperature, degrees C, must be an integer from 0 to 200"},
+           std::pair{"set 0 memused=999999", "memused=999999 is out of range: memory used outside listed processes, "
+                                             "MiB, must be an integer from 0 to "},
+           std::pair{"set 0 util=150", "util=150 is out of range: GPU utilisation, %, must be an integer from 0 to 100"},
+           std::pair{"set 0 temp=50 util=101", "util=101 is out of range"},
+           std::pair{"set 0 powerlimit=5000", "powerlimit=5000 is out of range: power limit, W"},
+           std::pair{"set 0 tmep=50", "'tmep' is not a settable value (did you mean temp?)"},
+           std::pair{"proc add 0 4242 --mem 999999", "--mem 999999: more than the GPU has free"},
+           std::pair{"proc add 0 4242 --util 150", "--util 150: must be 0 to 100"},
+       }) {
+    const CommandResult r = Simctl(args);
+    EXPECT_EQ(r.code, 1) << args << ": " << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << args << ": " << r.out;
+  }
+  EXPECT_EQ(temp(), before) << "a refused set changed the GPU";
+  EXPECT_EQ(Simctl("set 0 temp=55 util=100").code, 0);
+  EXPECT_EQ(temp(), 55);
+}
+
+TEST_F(InputErrorsTest, UnknownSimulatedProfileReportsTheSimulatorsError) {
+  const CommandResult r = Shell(std::string("KGPU_SIM_NODE=dgx-h900 ") + KGPU_BIN + " --nvml-library " + SimNode::LibraryPath() +
+                      " devices");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("kgpu-simnvml: unknown node profile 'dgx-h900'"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("kernel driver"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("Driver Not Loaded"), std::string::npos) << r.out;
+}
+
+// ---------------------------------------------------------------- exit codes
+
+TEST_F(InputErrorsTest, ExitCodesAreOneForBadInputAndTwoForUsage) {
+  const std::string missing = sim_->dir() + "/missing.yaml";
+  for (const auto& [args, code] : {
+           std::pair{std::string("--no-such-flag devices"), 2},
+           std::pair{std::string("no-such-command"), 2},
+           std::pair{std::string("--log-level loud devices"), 2},
+           std::pair{std::string("exporter -c 5"), 2},
+           std::pair{std::string("device-plugin --mig-strategy"), 2},
+           std::pair{"device-plugin --kubelet-dir " + kubelet_dir_ + " --config-file " + missing, 1},
+           std::pair{"node --kubelet-dir " + kubelet_dir_ + " --config-file " + missing, 1},
+           std::pair{"mig show --config-file " + missing, 1},
+           std::pair{"mig apply --config-file " + missing, 1},
+           std::pair{"exporter -f " + missing, 1},
+       }) {
+    const CommandResult r = Kgpu(args);
+    EXPECT_EQ(r.code, code) << "kgpu " << args << ": " << r.out;
+  }
+  EXPECT_EQ(Simctl("set").code, 2);
+  EXPECT_EQ(Simctl("set 0 temp=-1").code, 1);
+  EXPECT_EQ(Kgpu("--help").code, 0);
+}
+
+}  // namespace
+}  // namespace kgpu

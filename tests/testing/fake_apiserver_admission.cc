@@ -1,0 +1,314 @@
+#include "testing/fake_apiserver_admission.h"
+
+#include <map>
+#include <set>
+
+#include "common/strings.h"
+#include "k8s/quantity.h"
+
+namespace kgpu::testing {
+namespace {
+using json = nlohmann::json;
+using k8s::Quantity;
+
+Quantity Q(const json& v) {
+  if (v.is_string()) {
+    if (auto q = Quantity::Parse(v.get<std::string>())) return *q;
+  } else if (v.is_number_integer()) {
+    return Quantity{v.get<int64_t>() * 1000, false};
+  } else if (v.is_number()) {
+    return Quantity{static_cast<int64_t>(v.get<double>() * 1000), false};
+  }
+  return {};
+}
+
+std::string S(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+// helper.IsNativeResource: no domain, or a *kubernetes.io/ domain.
+bool IsNative(const std::string& name) {
+  const auto slash = name.find('/');
+  if (slash == std::string::npos) return true;
+  const std::string domain = name.substr(0, slash);
+  return domain == "kubernetes.io" || (domain.size() > 14 && domain.ends_with(".kubernetes.io"));
+}
+bool IsExtended(const std::string& name) { return !IsNative(name) && name.rfind("requests.", 0) != 0; }
+// IsOvercommitAllowed: native resources except hugepages-*.
+bool OvercommitAllowed(const std::string& name) { return IsNative(name) && name.rfind("hugepages-", 0) != 0; }
+
+json& Resources(json& c) {
+  if (!c.contains("resources") || !c["resources"].is_object()) c["resources"] = json::object();
+  return c["resources"];
+}
+
+std::vector<std::string> ContainerLists() { return {"initContainers", "containers"}; }
+
+// Aggregate.Error(): one message alone, several as "[a, b]".
+std::string Aggregate(const std::vector<std::string>& errs) {
+  if (errs.size() == 1) return errs[0];
+  return Cat("[", Join(errs, ", "), "]");
+}
+
+std::string Pretty(const std::map<std::string, Quantity>& m) {
+  std::vector<std::string> parts;
+  for (const auto& [k, v] : m) parts.push_back(Cat(k, "=", v.Format()));
+  return Join(parts, ",");
+}
+
+}  // namespace
+
+void DefaultLimitRange(json& lr) {
+  if (!lr.contains("spec") || !lr["spec"].contains("limits") || !lr["spec"]["limits"].is_array()) return;
+  for (auto& item : lr["spec"]["limits"]) {
+    if (item.value("type", "") != "Container") continue;
+    if (!item.contains("default")) item["default"] = json::object();
+    if (!item.contains("defaultRequest")) item["defaultRequest"] = json::object();
+    if (item.contains("max")) {
+      for (auto it = item["max"].begin(); it != item["max"].end(); ++it) {
+        if (!item["default"].contains(it.key())) item["default"][it.key()] = *it;
+      }
+    }
+    for (auto it = item["default"].begin(); it != item["default"].end(); ++it) {
+      if (!item["defaultRequest"].contains(it.key())) item["defaultRequest"][it.key()] = *it;
+    }
+    if (item.contains("min")) {
+      for (auto it = item["min"].begin(); it != item["min"].end(); ++it) {
+        if (!item["defaultRequest"].contains(it.key())) item["defaultRequest"][it.key()] = *it;
+      }
+    }
+    if (item["default"].empty()) item.erase("default");
+    if (item["defaultRequest"].empty()) item.erase("defaultRequest");
+  }
+}
+
+json PodQuotaUsage(const json& pod) {
+  // Per resource: max(sum over app containers, max over init containers).
+  std::map<std::string, Quantity> req_sum, lim_sum, req_init, lim_init;
+  const json spec = pod.value("spec", json::object());
+  for (const auto& list : ContainerLists()) {
+    if (!spec.contains(list) || !spec[list].is_array()) continue;
+    const bool init = list == "initContainers";
+    for (const auto& c : spec[list]) {
+      const json res = c.value("resources", json::object());
+      for (const char* kind : {"requests", "limits"}) {
+        if (!res.contains(kind) || !res[kind].is_object()) continue;
+        auto& sum = std::string(kind) == "requests" ? (init ? req_init : req_sum) : (init ? lim_init : lim_sum);
+        for (auto it = res[kind].begin(); it != res[kind].end(); ++it) {
+          const Quantity q = Q(*it);
+          if (init) {
+            sum[it.key()] = std::max(sum[it.key()], q);
+          } else {
+            sum[it.key()] = sum[it.key()] + q;
+          }
+        }
+      }
+    }
+  }
+  for (const auto& [k, v] : req_init) req_sum[k] = std::max(req_sum[k], v);
+  for (const auto& [k, v] : lim_init) lim_sum[k] = std::max(lim_sum[k], v);
+  json usage = {{"pods", "1"}, {"count/pods", "1"}};
+  for (const auto& [k, v] : req_sum) {
+    if (k == "cpu" || k == "memory" || k == "ephemeral-storage") {
+      usage["requests." + k] = v.Format();
+      usage[k] = v.Format();
+    } else if (IsExtended(k)) {
+      usage["requests." + k] = v.Format();  // isExtendedResourceNameForQuota: requests. only
+    }
+  }
+  for (const auto& [k, v] : lim_sum) {
+    if (k == "cpu" || k == "memory" || k == "ephemeral-storage") usage["limits." + k] = v.Format();
+  }
+  return usage;
+}
+
+namespace {
+bool Terminal(const json& pod) {
+  const std::string phase = pod.contains("status") ? pod["status"].value("phase", "") : "";
+  return phase == "Succeeded" || phase == "Failed";
+}
+}  // namespace
+
+json QuotaUsed(const json& quota, const std::vector<json>& pods) {
+  std::map<std::string, Quantity> used;
+  const json hard = quota.contains("spec") ? quota["spec"].value("hard", json::object()) : json::object();
+  for (auto it = hard.begin(); it != hard.end(); ++it) used[it.key()] = Quantity{0, Q(*it).binary};
+  for (const auto& pod : pods) {
+    if (Terminal(pod)) continue;
+    const json u = PodQuotaUsage(pod);
+    for (auto& [k, v] : used) {
+      if (u.contains(k)) v = v + Q(u[k]);
+    }
+  }
+  json out = json::object();
+  for (const auto& [k, v] : used) out[k] = v.Format();
+  return out;
+}
+
+AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const std::vector<json>& quotas) {
+  AdmissionResult r;
+  json& spec = pod["spec"];
+  if (!spec.is_object() || !spec.contains("containers") || !spec["containers"].is_array() || spec["containers"].empty()) {
+    r = {false, 422, Cat("Pod \"", pod["metadata"].value("name", ""), "\" is invalid: spec.containers: Required value")};
+    return r;
+  }
+  // Core defaulting: limits default the missing requests.
+  for (const auto& list : ContainerLists()) {
+    if (!spec.contains(list)) continue;
+    for (auto& c : spec[list]) {
+      json& res = Resources(c);
+      if (res.contains("limits") && res["limits"].is_object()) {
+        for (auto it = res["limits"].begin(); it != res["limits"].end(); ++it) {
+          if (!res.contains("requests") || !res["requests"].contains(it.key())) res["requests"][it.key()] = *it;
+        }
+      }
+    }
+  }
+  // LimitRanger: defaults, then min/max per container.
+  std::vector<std::string> lr_errs;
+  for (const auto& lr : limit_ranges) {
+    if (!lr.contains("spec") || !lr["spec"].contains("limits")) continue;
+    for (const auto& item : lr["spec"]["limits"]) {
+      if (item.value("type", "") != "Container") continue;
+      for (const auto& list : ContainerLists()) {
+        if (!spec.contains(list)) continue;
+        for (auto& c : spec[list]) {
+          json& res = Resources(c);
+          if (item.contains("default")) {
+            for (auto it = item["default"].begin(); it != item["default"].end(); ++it) {
+              if (!res.contains("limits") || !res["limits"].contains(it.key())) res["limits"][it.key()] = *it;
+            }
+          }
+          if (item.contains("defaultRequest")) {
+            for (auto it = item["defaultRequest"].begin(); it != item["defaultRequest"].end(); ++it) {
+              if (!res.contains("requests") || !res["requests"].contains(it.key())) res["requests"][it.key()] = *it;
+            }
+          }
+        }
+      }
+    }
+  }
+  for (const auto& lr : limit_ranges) {
+    if (!lr.contains("spec") || !lr["spec"].contains("limits")) continue;
+    for (const auto& item : lr["spec"]["limits"]) {
+      if (item.value("type", "") != "Container") continue;
+      for (const auto& list : ContainerLists()) {
+        if (!spec.contains(list)) continue;
+        for (auto& c : spec[list]) {
+          const json req = Resources(c).value("requests", json::object());
+          const json lim = Resources(c).value("limits", json::object());
+          if (item.contains("min")) {
+            for (auto it = item["min"].begin(); it != item["min"].end(); ++it) {
+              const std::string k = it.key();
+              const std::string enforced = Q(*it).Format();
+              if (!req.contains(k)) {
+                lr_errs.push_back(Cat("minimum ", k, " usage per Container is ", enforced, ".  No request is specified"));
+              } else if (Q(req[k]) < Q(*it)) {
+                lr_errs.push_back(Cat("minimum ", k, " usage per Container is ", enforced, ", but request is ", S(req[k])));
+              } else if (lim.contains(k) && Q(lim[k]) < Q(*it)) {
+                lr_errs.push_back(Cat("minimum ", k, " usage per Container is ", enforced, ", but limit is ", S(lim[k])));
+              }
+            }
+          }
+          if (item.contains("max")) {
+            for (auto it = item["max"].begin(); it != item["max"].end(); ++it) {
+              const std::string k = it.key();
+              const std::string enforced = Q(*it).Format();
+              if (!lim.contains(k)) {
+                lr_errs.push_back(Cat("maximum ", k, " usage per Container is ", enforced, ".  No limit is specified"));
+              } else if (Q(lim[k]) > Q(*it)) {
+                lr_errs.push_back(Cat("maximum ", k, " usage per Container is ", enforced, ", but limit is ", S(lim[k])));
+              } else if (req.contains(k) && Q(req[k]) > Q(*it)) {
+                lr_errs.push_back(Cat("maximum ", k, " usage per Container is ", enforced, ", but request is ", S(req[k])));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // Validation of the resource requirements (422).
+  std::vector<std::string> invalid;
+  for (const auto& list : ContainerLists()) {
+    if (!spec.contains(list)) continue;
+    for (size_t i = 0; i < spec[list].size(); ++i) {
+      const json& c = spec[list][i];
+      const std::string base = Cat("spec.", list, "[", i, "].resources");
+      const json req = c["resources"].value("requests", json::object());
+      const json lim = c["resources"].value("limits", json::object());
+      for (const auto* m : {&lim, &req}) {
+        const std::string kind = m == &lim ? "limits" : "requests";
+        for (auto it = m->begin(); it != m->end(); ++it) {
+          if (!Quantity::Parse(S(*it))) {
+            invalid.push_back(Cat(base, ".", kind, "[", it.key(), "]: Invalid value: \"", S(*it),
+                                  "\": quantities must match the regular expression "
+                                  "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"));
+          } else if (IsExtended(it.key()) && !Q(*it).IsInteger()) {
+            invalid.push_back(Cat(base, ".", kind, "[", it.key(), "]: Invalid value: \"", S(*it), "\": must be an integer"));
+          }
+        }
+      }
+      for (auto it = req.begin(); it != req.end(); ++it) {
+        if (lim.contains(it.key())) {
+          if (Q(*it) != Q(lim[it.key()]) && !OvercommitAllowed(it.key())) {
+            invalid.push_back(Cat(base, ".requests: Invalid value: \"", Q(*it).Format(), "\": must be equal to ", it.key(),
+                                  " limit of ", Q(lim[it.key()]).Format()));
+          } else if (Q(*it) > Q(lim[it.key()])) {
+            invalid.push_back(Cat(base, ".requests: Invalid value: \"", Q(*it).Format(), "\": must be less than or equal to ",
+                                  it.key(), " limit of ", Q(lim[it.key()]).Format()));
+          }
+        } else if (!OvercommitAllowed(it.key())) {
+          invalid.push_back(Cat(base, ".limits: Required value: Limit must be set for non overcommitable resources"));
+        }
+      }
+    }
+  }
+  const std::string name = pod["metadata"].value("name", "");
+  if (!invalid.empty()) {
+    return {false, 422, Cat("Pod \"", name, "\" is invalid: ", Aggregate(invalid))};
+  }
+  if (!lr_errs.empty()) return {false, 403, Aggregate(lr_errs)};
+  // ResourceQuota, in the order the quotas are given (sorted by name by the caller).
+  const json usage = PodQuotaUsage(pod);
+  for (const auto& quota : quotas) {
+    const json hard = quota.contains("spec") ? quota["spec"].value("hard", json::object()) : json::object();
+    const json used = quota.contains("status") ? quota["status"].value("used", json::object()) : json::object();
+    // Constraints: a quota on cpu/memory needs every container to state them.
+    std::set<std::string> missing;
+    for (auto it = hard.begin(); it != hard.end(); ++it) {
+      const std::string k = it.key();
+      std::string kind, resource;
+      if (k == "cpu" || k == "memory") {
+        kind = "requests", resource = k;
+      } else if (k.rfind("requests.", 0) == 0 || k.rfind("limits.", 0) == 0) {
+        kind = k.substr(0, k.find('.'));
+        resource = k.substr(k.find('.') + 1);
+      }
+      if (resource != "cpu" && resource != "memory") continue;
+      for (const auto& c : spec["containers"]) {
+        if (!c["resources"].contains(kind) || !c["resources"][kind].contains(resource)) missing.insert(Cat(kind, ".", resource));
+      }
+    }
+    const std::string qname = quota["metadata"].value("name", "");
+    if (!missing.empty()) {
+      return {false, 403, Cat("failed quota: ", qname, ": must specify ", Join(missing, ","))};
+    }
+    std::map<std::string, Quantity> req_f, used_f, hard_f;
+    for (auto it = hard.begin(); it != hard.end(); ++it) {
+      if (!usage.contains(it.key())) continue;
+      const Quantity requested = Q(usage[it.key()]);
+      const Quantity now = used.contains(it.key()) ? Q(used[it.key()]) : Quantity{};
+      if (now + requested > Q(*it)) {
+        req_f[it.key()] = requested;
+        used_f[it.key()] = now;
+        hard_f[it.key()] = Q(*it);
+      }
+    }
+    if (!req_f.empty()) {
+      return {false, 403,
+              Cat("exceeded quota: ", qname, ", requested: ", Pretty(req_f), ", used: ", Pretty(used_f), ", limited: ",
+                  Pretty(hard_f))};
+    }
+  }
+  return r;
+}
+
+}  // namespace kgpu::testing

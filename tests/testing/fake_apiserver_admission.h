@@ -1,0 +1,46 @@
+#pragma once
+// Admission as kube-apiserver does it for pods, on JSON objects (used by the stand-in):
+//  - core defaulting (pkg/apis/core/v1/defaults.go SetDefaults_Pod): a container's limits
+//    default its missing requests;
+//  - LimitRanger (plugin/pkg/admission/limitranger/admission.go): LimitRange items of type
+//    Container default the missing limits (`default`) and requests (`defaultRequest`), then
+//    `min`/`max` are enforced with the plugin's messages; a LimitRange is itself defaulted on
+//    create as SetDefaults_LimitRangeItem does (default from max, defaultRequest from default,
+//    then from min);
+//  - validation (pkg/apis/core/validation ValidateResourceRequirements): extended resources are
+//    integers, need a limit and a request equal to it;
+//  - ResourceQuota (plugin/pkg/admission/resourcequota, pkg/quota/v1/evaluator/core/pods.go):
+//    the pod's usage (pods, count/pods, cpu/memory requests and limits, `requests.<extended>`;
+//    `limits.<extended>` is accepted in a quota but not enforced, as upstream), refused with
+//    "exceeded quota: <name>, requested: ..., used: ..., limited: ...".
+//
+// Thread-safety: pure functions.
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace kgpu::testing {
+
+// Mutates `pod` (defaults); on refusal returns false with the HTTP code (403 or 422) and the
+// message the apiserver sends (without the `pods "x" is forbidden: ` prefix for 403, the full
+// message for 422).
+struct AdmissionResult {
+  bool allowed = true;
+  int code = 0;
+  std::string message;
+};
+AdmissionResult AdmitPod(nlohmann::json& pod, const std::vector<nlohmann::json>& limit_ranges,
+                         const std::vector<nlohmann::json>& quotas);
+
+// SetDefaults_LimitRangeItem on create.
+void DefaultLimitRange(nlohmann::json& lr);
+
+// The quota usage of one non-terminal pod: "pods", "count/pods", "requests.cpu", ...
+nlohmann::json PodQuotaUsage(const nlohmann::json& pod);
+
+// status.used of a quota from the namespace's pods (terminal pods do not count).
+nlohmann::json QuotaUsed(const nlohmann::json& quota, const std::vector<nlohmann::json>& pods);
+
+}  // namespace kgpu::testing

@@ -1,0 +1,375 @@
+// Unit tests of the Kubernetes client's pure parts: the watch-stream decoder, patches,
+// selectors, quantities, kubeconfig resolution, the rate limiter, the informer's store, and
+// the stand-in's admission rules.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "k8s/config.h"
+#include "k8s/client.h"
+#include "k8s/informer.h"
+#include "k8s/patch.h"
+#include "k8s/quantity.h"
+#include "k8s/selector.h"
+#include "k8s/watch_decoder.h"
+#include "testing/fake_apiserver_admission.h"
+
+namespace kgpu::k8s {
+namespace {
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+TEST(WatchDecoder, SplitsAnywhere) {
+  const std::string stream =
+      R"({"type":"ADDED","object":{"metadata":{"name":"a {\"}","resourceVersion":"5"}}})"
+      "\n"
+      R"({"type":"MODIFIED","object":{"metadata":{"name":"b","resourceVersion":"6"},"x":[1,{"y":"]"}]}})"
+      "\n";
+  // Every split point gives the same two events.
+  for (size_t cut = 0; cut <= stream.size(); ++cut) {
+    WatchDecoder d;
+    std::vector<WatchEvent> out;
+    ASSERT_TRUE(d.Feed(stream.substr(0, cut), out).ok());
+    ASSERT_TRUE(d.Feed(stream.substr(cut), out).ok());
+    ASSERT_EQ(out.size(), 2u) << "cut at " << cut;
+    EXPECT_EQ(out[0].type, "ADDED");
+    EXPECT_EQ(out[0].object["metadata"]["name"], "a {\"}");
+    EXPECT_EQ(out[1].object["x"][1]["y"], "]");
+    EXPECT_TRUE(d.AtBoundary());
+  }
+  // Byte by byte.
+  WatchDecoder d;
+  std::vector<WatchEvent> out;
+  for (char c : stream) ASSERT_TRUE(d.Feed(std::string_view(&c, 1), out).ok());
+  EXPECT_EQ(out.size(), 2u);
+}
+
+TEST(WatchDecoder, ErrorsAreSticky) {
+  WatchDecoder d;
+  std::vector<WatchEvent> out;
+  EXPECT_FALSE(d.Feed("garbage", out).ok());
+  EXPECT_FALSE(d.Feed(R"({"type":"ADDED","object":{}})", out).ok());
+  EXPECT_TRUE(out.empty());
+  WatchDecoder e;
+  EXPECT_FALSE(e.Feed(R"({"type":"ADDED"})", out).ok()) << "an event needs an object";
+  WatchDecoder small(16);
+  EXPECT_EQ(small.Feed(R"({"type":"ADDED","object":{"a":"bbbbbbbbbbbbbbbbbb"}})", out).code(),
+            absl::StatusCode::kResourceExhausted);
+  WatchDecoder partial;
+  ASSERT_TRUE(partial.Feed(R"({"type":"ADD)", out).ok());
+  EXPECT_FALSE(partial.AtBoundary());
+}
+
+TEST(Patch, MergePatchDeletesAndMerges) {
+  json t = {{"metadata", {{"labels", {{"a", "1"}, {"b", "2"}}}}}, {"spec", {{"x", 1}}}};
+  json p = {{"metadata", {{"labels", {{"a", nullptr}, {"c", "3"}}}}}, {"spec", {{"y", 2}}}};
+  json r = MergePatch(t, p);
+  EXPECT_EQ(r["metadata"]["labels"], json({{"b", "2"}, {"c", "3"}}));
+  EXPECT_EQ(r["spec"], json({{"x", 1}, {"y", 2}}));
+}
+
+TEST(Patch, JsonPatchOperations) {
+  json t = {{"spec", {{"taints", json::array({{{"key", "a"}}})}}}};
+  auto r = JsonPatch(t, json::parse(R"([
+    {"op":"add","path":"/spec/taints/-","value":{"key":"b"}},
+    {"op":"replace","path":"/spec/taints/0/key","value":"z"},
+    {"op":"test","path":"/spec/taints/1/key","value":"b"},
+    {"op":"copy","from":"/spec/taints/1","path":"/spec/copy"},
+    {"op":"remove","path":"/spec/taints/1"}])"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)["spec"]["taints"], json::parse(R"([{"key":"z"}])"));
+  EXPECT_EQ((*r)["spec"]["copy"]["key"], "b");
+  auto bad = JsonPatch(t, json::parse(R"([{"op":"remove","path":"/nope"}])"));
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("operation 0"), std::string::npos);
+  EXPECT_FALSE(JsonPatch(t, json::parse(R"([{"op":"test","path":"/spec/taints/0/key","value":"q"}])")).ok());
+}
+
+TEST(Patch, StrategicMergesListsByKey) {
+  json node = json::parse(R"({"spec":{"taints":[{"key":"a","effect":"NoSchedule"},{"key":"b","effect":"NoExecute"}],
+    "tolerations":[{"key":"x"}]},"metadata":{"finalizers":["f1"]},
+    "status":{"conditions":[{"type":"Ready","status":"True"}]}})");
+  json patch = json::parse(R"({"spec":{"taints":[{"key":"b","$patch":"delete"},{"key":"c","effect":"NoSchedule"}],
+    "tolerations":[{"key":"y"}],"unschedulable":true},"metadata":{"finalizers":["f2"]},
+    "status":{"conditions":[{"type":"Ready","status":"False"}]},
+    "$setElementOrder/conditions":[{"type":"Ready"}]})");
+  auto r = StrategicMergePatch(node, patch, "Node");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)["spec"]["taints"], json::parse(R"([{"key":"a","effect":"NoSchedule"},{"key":"c","effect":"NoSchedule"}])"));
+  EXPECT_EQ((*r)["spec"]["tolerations"], json::parse(R"([{"key":"y"}])")) << "no merge key: replaced";
+  EXPECT_EQ((*r)["metadata"]["finalizers"], json::parse(R"(["f1","f2"])"));
+  EXPECT_EQ((*r)["status"]["conditions"][0]["status"], "False");
+  EXPECT_TRUE((*r)["spec"]["unschedulable"].get<bool>());
+  EXPECT_FALSE(r->contains("$setElementOrder/conditions"));
+  auto replaced = StrategicMergePatch(node, json::parse(R"({"spec":{"taints":[{"$patch":"replace"},{"key":"q"}]}})"), "Node");
+  ASSERT_TRUE(replaced.ok());
+  EXPECT_EQ((*replaced)["spec"]["taints"], json::parse(R"([{"key":"q"}])"));
+  EXPECT_FALSE(ApplyPatch(node, json::object(), "application/yaml", "Node").ok());
+}
+
+TEST(Selector, LabelsAndFields) {
+  auto s = LabelSelector::Parse("app=web, tier in (a,b), !legacy, env!=prod, gpu");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->Matches({{"app", "web"}, {"tier", "b"}, {"env", "dev"}, {"gpu", ""}}));
+  EXPECT_FALSE(s->Matches({{"app", "web"}, {"tier", "c"}, {"gpu", ""}}));
+  EXPECT_FALSE(s->Matches({{"app", "web"}, {"tier", "a"}, {"gpu", ""}, {"legacy", "1"}}));
+  EXPECT_FALSE(LabelSelector::Parse("a in (x").ok());
+  EXPECT_FALSE(LabelSelector::Parse("a=b=c!").ok());
+  auto f = FieldSelector::Parse("spec.nodeName=n1,status.phase!=Succeeded,status.phase!=Failed");
+  ASSERT_TRUE(f.ok());
+  EXPECT_TRUE(f->Matches({{"spec", {{"nodeName", "n1"}}}, {"status", {{"phase", "Running"}}}}));
+  EXPECT_FALSE(f->Matches({{"spec", {{"nodeName", "n1"}}}, {"status", {{"phase", "Failed"}}}}));
+  EXPECT_FALSE(FieldSelector::Parse("nonsense").ok());
+  auto pdb = LabelSelector::FromJson(json::parse(R"({"matchLabels":{"a":"1"},"matchExpressions":[{"key":"b","operator":"Exists"}]})"));
+  ASSERT_TRUE(pdb.ok());
+  EXPECT_TRUE(pdb->Matches({{"a", "1"}, {"b", "x"}}));
+  EXPECT_FALSE(pdb->Matches({{"a", "1"}}));
+}
+
+TEST(Quantity, ParseAndFormat) {
+  EXPECT_EQ(Quantity::Parse("500m")->milli, 500);
+  EXPECT_EQ(Quantity::Parse("2")->milli, 2000);
+  EXPECT_EQ(Quantity::Parse("1Gi")->Format(), "1Gi");
+  EXPECT_EQ(Quantity::Parse("1.5")->Format(), "1500m");
+  EXPECT_EQ(Quantity::Parse("1e3")->Value(), 1000);
+  EXPECT_EQ(Quantity::Parse("2k")->Value(), 2000);
+  EXPECT_EQ((*Quantity::Parse("512Mi") + *Quantity::Parse("512Mi")).Format(), "1Gi");
+  EXPECT_FALSE(Quantity::Parse("abc"));
+  EXPECT_FALSE(Quantity::Parse("1Zi"));
+  EXPECT_FALSE(Quantity::Parse(""));
+  EXPECT_FALSE(Quantity::Parse("99999999999999999999999"));
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char t[] = "/tmp/kgpu-k8s-test-XXXXXX";
+    path = mkdtemp(t);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string Write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name) << text;
+    return (path / name).string();
+  }
+  fs::path path;
+};
+
+constexpr char kKubeconfig[] = R"(apiVersion: v1
+kind: Config
+clusters:
+- name: c1
+  cluster:
+    server: https://10.0.0.1:6443/
+    certificate-authority: ca.pem
+- name: c2
+  cluster:
+    server: http://127.0.0.1:8080
+    insecure-skip-tls-verify: true
+users:
+- name: u1
+  user:
+    tokenFile: token
+- name: u2
+  user:
+    client-certificate-data: Y2VydA==
+    client-key-data: a2V5
+contexts:
+- name: one
+  context: {cluster: c1, user: u1, namespace: team-a}
+- name: two
+  context: {cluster: c2, user: u2}
+current-context: one
+)";
+
+TEST(Kubeconfig, CurrentContextAndRelativePaths) {
+  TempDir d;
+  d.Write("ca.pem", "CA");
+  d.Write("token", "tok\n");
+  auto c = ParseKubeconfig(kKubeconfig, "kc", "", d.path.string());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server, "https://10.0.0.1:6443");
+  EXPECT_EQ(c->ca_pem, "CA");
+  EXPECT_EQ(c->token_file, (d.path / "token").string());
+  EXPECT_EQ(c->ns, "team-a");
+  auto two = ParseKubeconfig(kKubeconfig, "kc", "two", d.path.string());
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->client_cert_pem, "cert");
+  EXPECT_EQ(two->client_key_pem, "key");
+  EXPECT_TRUE(two->insecure_skip_tls_verify);
+  EXPECT_EQ(two->ns, "default");
+}
+
+TEST(Kubeconfig, ErrorsNameFileAndField) {
+  TempDir d;
+  auto missing_ca = ParseKubeconfig(kKubeconfig, "/x/kc", "", d.path.string());
+  ASSERT_FALSE(missing_ca.ok());
+  EXPECT_NE(std::string(missing_ca.status().message()).find("/x/kc: clusters[0] (name \"c1\").cluster.certificate-authority: cannot read"),
+            std::string::npos)
+      << missing_ca.status();
+  auto ctx = ParseKubeconfig(kKubeconfig, "kc", "three");
+  EXPECT_NE(std::string(ctx.status().message()).find("context \"three\" is not defined (contexts: one, two)"), std::string::npos)
+      << ctx.status();
+  auto proxy = ParseKubeconfig(R"(clusters: [{name: c, cluster: {server: "https://a", proxy-url: "http://p"}}]
+contexts: [{name: x, context: {cluster: c}}]
+current-context: x
+)", "kc");
+  EXPECT_NE(std::string(proxy.status().message()).find("cluster.proxy-url: proxies are not supported"), std::string::npos)
+      << proxy.status();
+  auto b64 = ParseKubeconfig(R"(clusters: [{name: c, cluster: {server: "https://a"}}]
+users: [{name: u, user: {client-certificate-data: "!!!", client-key-data: a2V5}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+)", "kc");
+  EXPECT_NE(std::string(b64.status().message()).find("users[0] (name \"u\").user.client-certificate-data: not valid base64"),
+            std::string::npos)
+      << b64.status();
+  auto unknown = ParseKubeconfig("clusterz: []\n", "kc");
+  EXPECT_NE(std::string(unknown.status().message()).find("kc:1:1"), std::string::npos) << unknown.status();
+  auto exec = ParseKubeconfig(R"(clusters: [{name: c, cluster: {server: "https://a"}}]
+users: [{name: u, user: {exec: {command: x}}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+)", "kc");
+  EXPECT_NE(std::string(exec.status().message()).find("user.exec: is not supported"), std::string::npos) << exec.status();
+}
+
+TEST(Kubeconfig, KubeconfigEnvMergesFirstWins) {
+  TempDir d;
+  const std::string a = d.Write("a", R"(clusters: [{name: c, cluster: {server: "http://first"}}]
+contexts: [{name: x, context: {cluster: c}}]
+)");
+  const std::string b = d.Write("b", R"(clusters: [{name: c, cluster: {server: "http://second"}}, {name: d, cluster: {server: "http://d"}}]
+contexts: [{name: y, context: {cluster: d}}]
+current-context: x
+)");
+  ::setenv("KUBECONFIG", (a + ":" + (d.path / "missing").string() + ":" + b).c_str(), 1);
+  auto c = LoadKubeconfig();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server, "http://first") << "the first file to define a cluster wins";
+  auto y = LoadKubeconfig("", "y");
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(y->server, "http://d");
+  auto explicit_only = LoadKubeconfig(b, "x");
+  EXPECT_FALSE(explicit_only.ok()) << "--kubeconfig reads that file only";
+  ::unsetenv("KUBECONFIG");
+  EXPECT_FALSE(LoadKubeconfig((d.path / "nope").string()).ok());
+}
+
+TEST(InCluster, ReadsServiceAccount) {
+  TempDir d;
+  d.Write("token", "abc\n");
+  d.Write("ca.crt", "CA");
+  d.Write("namespace", "kgpu-system\n");
+  ::setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1", 1);
+  ::setenv("KUBERNETES_SERVICE_PORT", "443", 1);
+  auto c = InClusterConfig(d.path.string());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server, "https://10.96.0.1:443");
+  EXPECT_EQ(c->ns, "kgpu-system");
+  EXPECT_EQ(c->ca_pem, "CA");
+  ::unsetenv("KUBERNETES_SERVICE_HOST");
+  EXPECT_FALSE(InClusterConfig(d.path.string()).ok());
+  ::unsetenv("KUBERNETES_SERVICE_PORT");
+}
+
+TEST(RateLimiter, BurstThenQps) {
+  RateLimiter rl(50, 5);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) rl.Wait();
+  const auto burst = std::chrono::steady_clock::now() - t0;
+  for (int i = 0; i < 10; ++i) rl.Wait();
+  const auto total = std::chrono::steady_clock::now() - t0;
+  // 10 tokens beyond the burst at 50/s take at least ~200 ms; the burst itself does not wait.
+  EXPECT_GE(total, std::chrono::milliseconds(180));
+  EXPECT_LT(burst, total);
+  EXPECT_EQ(rl.Taken(), 15u);
+}
+
+TEST(Store, IndexesFollowUpdates) {
+  Store s;
+  s.AddIndexer("node", [](const json& o) { return std::vector<std::string>{o["spec"].value("nodeName", "")}; });
+  s.Upsert("ns/a", {{"spec", {{"nodeName", "n1"}}}});
+  s.Upsert("ns/b", {{"spec", {{"nodeName", "n1"}}}});
+  EXPECT_EQ(s.ByIndex("node", "n1").size(), 2u);
+  s.Upsert("ns/a", {{"spec", {{"nodeName", "n2"}}}});
+  EXPECT_EQ(s.ByIndex("node", "n1").size(), 1u);
+  EXPECT_EQ(s.ByIndex("node", "n2").size(), 1u);
+  s.Remove("ns/b");
+  EXPECT_TRUE(s.ByIndex("node", "n1").empty());
+  EXPECT_EQ(s.Size(), 1u);
+  EXPECT_EQ(ObjectKey({{"metadata", {{"name", "x"}, {"namespace", "y"}}}}), "y/x");
+  EXPECT_EQ(ObjectKey({{"metadata", {{"name", "node1"}}}}), "node1");
+}
+
+}  // namespace
+}  // namespace kgpu::k8s
+
+namespace kgpu::testing {
+namespace {
+using json = nlohmann::json;
+
+json GpuPod(const std::string& name, const json& resources) {
+  return {{"metadata", {{"name", name}, {"namespace", "team-a"}}},
+          {"spec", {{"containers", {{{"name", "c"}, {"image", "x"}, {"resources", resources}}}}}}};
+}
+
+TEST(Admission, ExtendedResourceRules) {
+  json ok = GpuPod("p", {{"limits", {{"nvidia.com/gpu", "2"}}}});
+  EXPECT_TRUE(AdmitPod(ok, {}, {}).allowed);
+  EXPECT_EQ(ok["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"], "2") << "limits default requests";
+  json no_limit = GpuPod("p", {{"requests", {{"nvidia.com/gpu", "1"}}}});
+  auto r = AdmitPod(no_limit, {}, {});
+  EXPECT_EQ(r.code, 422);
+  EXPECT_EQ(r.message, "Pod \"p\" is invalid: spec.containers[0].resources.limits: Required value: Limit must be set for "
+                       "non overcommitable resources");
+  json unequal = GpuPod("p", {{"requests", {{"nvidia.com/gpu", "1"}}}, {"limits", {{"nvidia.com/gpu", "2"}}}});
+  EXPECT_EQ(AdmitPod(unequal, {}, {}).message,
+            "Pod \"p\" is invalid: spec.containers[0].resources.requests: Invalid value: \"1\": must be equal to "
+            "nvidia.com/gpu limit of 2");
+  json frac = GpuPod("p", {{"limits", {{"nvidia.com/gpu", "500m"}}}});
+  EXPECT_NE(AdmitPod(frac, {}, {}).message.find("must be an integer"), std::string::npos);
+}
+
+TEST(Admission, LimitRangeDefaultsFromMax) {
+  json lr = json::parse(R"({"metadata":{"name":"lr"},"spec":{"limits":[{"type":"Container","max":{"nvidia.com/gpu":"1"}}]}})");
+  DefaultLimitRange(lr);
+  EXPECT_EQ(lr["spec"]["limits"][0]["default"]["nvidia.com/gpu"], "1");
+  EXPECT_EQ(lr["spec"]["limits"][0]["defaultRequest"]["nvidia.com/gpu"], "1");
+  // Every container without a GPU limit is given one (the gotcha of the facts file).
+  json cpu_only = GpuPod("p", json::object());
+  EXPECT_TRUE(AdmitPod(cpu_only, {lr}, {}).allowed);
+  EXPECT_EQ(cpu_only["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "1");
+  json two = GpuPod("p", {{"limits", {{"nvidia.com/gpu", "2"}}}});
+  auto r = AdmitPod(two, {lr}, {});
+  EXPECT_EQ(r.code, 403);
+  EXPECT_EQ(r.message, "maximum nvidia.com/gpu usage per Container is 1, but limit is 2");
+  json min_lr = json::parse(R"({"spec":{"limits":[{"type":"Container","min":{"cpu":"100m"},"defaultRequest":{"cpu":"50m"}}]}})");
+  json p = GpuPod("p", json::object());
+  EXPECT_EQ(AdmitPod(p, {min_lr}, {}).message, "minimum cpu usage per Container is 100m, but request is 50m");
+}
+
+TEST(Admission, QuotaExceededMessage) {
+  json quota = json::parse(R"({"metadata":{"name":"gpu-quota"},"spec":{"hard":{"requests.nvidia.com/gpu":"8","pods":"10",
+    "limits.nvidia.com/gpu":"1"}},"status":{"used":{"requests.nvidia.com/gpu":"7","pods":"3"}}})");
+  json p = GpuPod("big", {{"limits", {{"nvidia.com/gpu", "2"}}}});
+  auto r = AdmitPod(p, {}, {quota});
+  EXPECT_EQ(r.code, 403);
+  EXPECT_EQ(r.message, "exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=2, used: requests.nvidia.com/gpu=7, "
+                       "limited: requests.nvidia.com/gpu=8");
+  json one = GpuPod("one", {{"limits", {{"nvidia.com/gpu", "1"}}}});
+  EXPECT_TRUE(AdmitPod(one, {}, {quota}).allowed) << "limits.<extended> is not enforced";
+  json cpu_quota = json::parse(R"({"metadata":{"name":"cpu"},"spec":{"hard":{"requests.cpu":"1"}}})");
+  json nocpu = GpuPod("n", json::object());
+  EXPECT_EQ(AdmitPod(nocpu, {}, {cpu_quota}).message, "failed quota: cpu: must specify requests.cpu");
+  json used = QuotaUsed(quota, {one, p});
+  EXPECT_EQ(used["requests.nvidia.com/gpu"], "3");
+  EXPECT_EQ(used["pods"], "2");
+  EXPECT_EQ(used["limits.nvidia.com/gpu"], "0");
+}
+
+}  // namespace
+}  // namespace kgpu::testing

@@ -1,0 +1,169 @@
+// GFD labels and the inventory annotation from a simulated node, and publishing them to the
+// API server stand-in without touching labels we do not own.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "cli/node_labels.h"
+#include "common/files.h"
+#include "deviceplugin/gfd_labels.h"
+#include "k8s/client.h"
+#include "testing/fake_apiserver.h"
+#include "testing/sim_gpus.h"
+
+namespace kgpu::cli {
+namespace {
+using json = nlohmann::json;
+using deviceplugin::Config;
+using deviceplugin::GfdLabels;
+
+deviceplugin::GfdOptions Opts(bool timestamp, int64_t now = 0, const std::string& machine = "") {
+  deviceplugin::GfdOptions o;
+  o.timestamp = timestamp;
+  o.now_seconds = now;
+  o.machine = machine;
+  return o;
+}
+
+TEST(GfdLabels, WholeGpus) {
+  testing::SimGpus g("dgx-h100");
+  ASSERT_TRUE(g.inv);
+  Config c;
+  auto l = GfdLabels(*g.inv, c, Opts(true, 1700000000, "DGX H100"));
+  EXPECT_EQ(l["nvidia.com/gpu.count"], std::to_string(g.inv->gpus().size()));
+  EXPECT_EQ(l["nvidia.com/gpu.product"], deviceplugin::SanitizeProduct(g.inv->gpus()[0].name));
+  EXPECT_EQ(l["nvidia.com/gpu.product"].find(' '), std::string::npos);
+  EXPECT_EQ(l["nvidia.com/gpu.family"], "hopper");
+  EXPECT_EQ(l["nvidia.com/gpu.compute.major"], "9");
+  EXPECT_EQ(l["nvidia.com/gpu.memory"], std::to_string(g.inv->gpus()[0].memory_mib));
+  EXPECT_EQ(l["nvidia.com/gpu.replicas"], "1");
+  EXPECT_EQ(l["nvidia.com/gpu.sharing-strategy"], "none");
+  EXPECT_EQ(l["nvidia.com/gfd.timestamp"], "1700000000");
+  EXPECT_EQ(l["nvidia.com/gpu.machine"], "DGX-H100");
+  EXPECT_EQ(l["nvidia.com/mps.capable"], "false");
+  EXPECT_FALSE(l["nvidia.com/cuda.driver-version.full"].empty());
+  EXPECT_EQ(l["nvidia.com/cuda.driver-version.major"], l["nvidia.com/cuda.driver.major"]);
+  EXPECT_FALSE(l["nvidia.com/cuda.runtime-version.major"].empty());
+  for (const auto& [k, v] : l) EXPECT_TRUE(deviceplugin::OwnsLabel(k)) << k;
+  // Time-slicing: replicas, strategy and the -SHARED suffix.
+  c.sharing.strategy = deviceplugin::SharingStrategy::kTimeSlicing;
+  c.sharing.resources = {{"nvidia.com/gpu", 4, "", {}, "", {}}};
+  auto shared = GfdLabels(*g.inv, c, Opts(false));
+  EXPECT_EQ(shared["nvidia.com/gpu.replicas"], "4");
+  EXPECT_EQ(shared["nvidia.com/gpu.sharing-strategy"], "time-slicing");
+  EXPECT_EQ(shared["nvidia.com/gpu.product"], l["nvidia.com/gpu.product"] + "-SHARED");
+  EXPECT_FALSE(shared.contains("nvidia.com/gfd.timestamp"));
+  c.sharing.strategy = deviceplugin::SharingStrategy::kMps;
+  EXPECT_EQ(GfdLabels(*g.inv, c, {})["nvidia.com/mps.capable"], "true");
+  EXPECT_EQ(GfdLabels(*g.inv, c, {})["nvidia.com/gpu.sharing-strategy"], "mps");
+}
+
+TEST(GfdLabels, MigStrategies) {
+  testing::SimGpus g("dgx-a100-mig");
+  ASSERT_TRUE(g.inv);
+  Config c;
+  c.mig_strategy = "mixed";
+  auto mixed = GfdLabels(*g.inv, c, {});
+  EXPECT_EQ(mixed["nvidia.com/mig.capable"], "true");
+  EXPECT_EQ(mixed["nvidia.com/mig.strategy"], "mixed");
+  size_t mig_devices = 0;
+  for (const auto& gpu : g.inv->gpus()) mig_devices += gpu.migs.size();
+  ASSERT_GT(mig_devices, 0u);
+  size_t counted = 0;
+  for (const auto& [k, v] : mixed) {
+    if (k.rfind("nvidia.com/mig-", 0) == 0 && k.ends_with(".count")) counted += std::stoul(v);
+  }
+  EXPECT_EQ(counted, mig_devices);
+  const auto& m = g.inv->gpus()[0].migs.at(0);
+  EXPECT_EQ(mixed["nvidia.com/mig-" + m.profile + ".product"],
+            deviceplugin::SanitizeProduct(g.inv->gpus()[0].name) + "-MIG-" + m.profile);
+  c.mig_strategy = "single";
+  auto single = GfdLabels(*g.inv, c, {});
+  EXPECT_NE(single["nvidia.com/gpu.product"].find("-MIG-"), std::string::npos);
+  EXPECT_EQ(single["nvidia.com/gpu.count"], std::to_string(mig_devices));
+}
+
+TEST(GfdLabels, Ownership) {
+  EXPECT_TRUE(deviceplugin::OwnsLabel("nvidia.com/gpu.product"));
+  EXPECT_TRUE(deviceplugin::OwnsLabel("nvidia.com/mig-1g.10gb.count"));
+  EXPECT_FALSE(deviceplugin::OwnsLabel("nvidia.com/gpu.present"));
+  EXPECT_FALSE(deviceplugin::OwnsLabel("nvidia.com/gpu.deploy.device-plugin"));
+  EXPECT_FALSE(deviceplugin::OwnsLabel("nvidia.com/device-plugin.config"));
+  EXPECT_FALSE(deviceplugin::OwnsLabel("kubernetes.io/hostname"));
+  EXPECT_EQ(deviceplugin::GpuFamily(8, 9), "ada-lovelace");
+  EXPECT_EQ(deviceplugin::GpuFamily(7, 5), "turing");
+  EXPECT_EQ(deviceplugin::GpuFamily(10, 0), "blackwell");
+}
+
+TEST(InventoryAnnotation, CompactVersionedAndStable) {
+  testing::SimGpus g("dgx-h100");
+  ASSERT_TRUE(g.inv);
+  Config c;
+  const std::string a = InventoryAnnotation(*g.inv, c);
+  EXPECT_EQ(a, InventoryAnnotation(*g.inv, c)) << "same inventory, same bytes";
+  const json j = json::parse(a);
+  EXPECT_EQ(j["v"], 1);
+  ASSERT_EQ(j["gpus"].size(), g.inv->gpus().size());
+  EXPECT_EQ(j["gpus"][0]["uuid"], g.inv->gpus()[0].uuid);
+  EXPECT_EQ(j["gpus"][0]["health"], "ok");
+  EXPECT_TRUE(j["nvlinkIslands"].is_array());
+  EXPECT_EQ(j["sharing"]["mode"], "none");
+  EXPECT_LT(a.size(), 4096u) << "compact";
+}
+
+TEST(PublishToNode, PatchesOnlyOwnedLabelsAndOnlyWhenChanged) {
+  testing::SimGpus g("dgx-h100");
+  ASSERT_TRUE(g.inv);
+  kgpu::testing::FakeApiServer server;
+  ASSERT_TRUE(server.Start().ok());
+  json node = {{"metadata",
+                {{"name", "gpu-node-1"},
+                 {"labels",
+                  {{"kubernetes.io/hostname", "gpu-node-1"},
+                   {"nvidia.com/gpu.present", "true"},
+                   {"nvidia.com/mig-1g.10gb.count", "7"},
+                   {"nvidia.com/gpu.product", "stale"}}}}}};
+  ASSERT_EQ(server.Create("nodes", "", node).code, 201);
+  k8s::Config kc;
+  kc.server = server.url();
+  auto client = std::move(*k8s::Client::Create(kc));
+  Config c;
+  auto labels = GfdLabels(*g.inv, c, Opts(false));
+  const std::string ann = InventoryAnnotation(*g.inv, c);
+  auto r = PublishToNode(*client, "gpu-node-1", labels, ann);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->patched);
+  EXPECT_EQ(r->labels_removed, 1u) << "the stale MIG label of a previous layout";
+  EXPECT_TRUE(r->annotation_changed);
+  auto stored = server.Get("nodes", "", "gpu-node-1").body;
+  EXPECT_EQ(stored["metadata"]["labels"]["kubernetes.io/hostname"], "gpu-node-1");
+  EXPECT_EQ(stored["metadata"]["labels"]["nvidia.com/gpu.present"], "true") << "not ours";
+  EXPECT_FALSE(stored["metadata"]["labels"].contains("nvidia.com/mig-1g.10gb.count"));
+  EXPECT_EQ(stored["metadata"]["labels"]["nvidia.com/gpu.product"], labels["nvidia.com/gpu.product"]);
+  EXPECT_EQ(stored["metadata"]["annotations"][kInventoryAnnotation], ann);
+  const int64_t rv = server.ResourceVersion();
+  auto again = PublishToNode(*client, "gpu-node-1", labels, ann);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->patched) << "nothing changed: no write";
+  EXPECT_EQ(server.ResourceVersion(), rv);
+  // A sharing change relabels.
+  c.sharing.strategy = deviceplugin::SharingStrategy::kTimeSlicing;
+  c.sharing.resources = {{"nvidia.com/gpu", 2, "", {}, "", {}}};
+  auto relabel = PublishToNode(*client, "gpu-node-1", GfdLabels(*g.inv, c, Opts(false)), InventoryAnnotation(*g.inv, c));
+  ASSERT_TRUE(relabel.ok());
+  EXPECT_TRUE(relabel->patched && relabel->annotation_changed);
+  EXPECT_EQ(server.Get("nodes", "", "gpu-node-1").body["metadata"]["labels"]["nvidia.com/gpu.replicas"], "2");
+  EXPECT_TRUE(k8s::IsApiNotFound(PublishToNode(*client, "missing", labels, ann).status()));
+}
+
+TEST(FeatureFile, WrittenAtomically) {
+  char dir[] = "/tmp/kgpu-nfd-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/features.d/gfd";
+  ASSERT_TRUE(WriteFeatureFile(path, {{"nvidia.com/gpu.count", "8"}, {"nvidia.com/gpu.replicas", "1"}}).ok());
+  EXPECT_EQ(*ReadFile(path), "nvidia.com/gpu.count=8\nnvidia.com/gpu.replicas=1\n");
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kgpu::cli
