@@ -48,7 +48,7 @@ std::vector<Check> ClusterChecks(k8s::Client& client, const std::string& node_na
     } else {
       checks.push_back({"Node object", Verdict::kFail, std::string(node.status().message()),
                         k8s::HttpStatus(node.status()) == 403
-                            ? "grant this identity get on nodes (deploy/rbac.yaml, ClusterRole kgpu-node)"
+                            ? "grant this identity get on nodes (deploy/device-plugin/rbac.yaml, ClusterRole kgpu-device-plugin)"
                             : "check the kubeconfig (server, credentials) or the in-cluster service account"});
     }
     return checks;

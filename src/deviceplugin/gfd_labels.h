@@ -1,6 +1,6 @@
 #pragma once
 // GPU Feature Discovery compatible node labels (NVIDIA/k8s-device-plugin's GFD: the keys and
-// value formats of ../shared/docs/facts/kubelet-and-nvidia-plugin.md §3.13), computed from the
+// value formats GFD v0.17 publishes, listed in docs/k8s.md), computed from the
 // inventory and the plugin's config, and the NFD feature-file form of them. Which labels are
 // ours: OwnsLabel() — a publisher removes only those, never anybody else's.
 //

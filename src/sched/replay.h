@@ -1,5 +1,5 @@
 #pragma once
-// Trace replay, exactly as the FGD paper's simulator does it (docs/sched.md): pods sorted by
+// Trace replay, exactly as the FGD paper's simulator does it (Weng et al., USENIX ATC'23, and its open simulator): pods sorted by
 // name, random clones `<name>-tuned-<k>` appended until the arrived GPU demand reaches the target
 // (130 % of the cluster's GPUs), shuffled with the seed, scheduled one at a time; a pod that does
 // not fit fails and is not retried. The KPI: the GPU allocation ratio at x % arrived demand (the

@@ -305,7 +305,7 @@ class PodAttributorTest : public ::testing::Test {
     }
     return out;
   }
-  void Setup(PodAttributor& attributor, const std::vector<Alloc>& allocs) {
+  void Serve(PodAttributor& attributor, const std::vector<Alloc>& allocs) {
     WriteCheckpoint(allocs);
     attributor.Update(Flat(allocs));
   }
@@ -324,7 +324,7 @@ TEST_F(PodAttributorTest, ThreePodsOnOneTimeSlicedGpu) {
       {kUidC, "team-b", "notebook", "jupyter", kGpuRes, {g + "::2"}},
   };
   PodAttributor attributor(options_);
-  Setup(attributor, allocs);
+  Serve(attributor, allocs);
   AddProcess(101, CgroupV2Systemd(kUidA));
   AddProcess(102, "0::/kubepods/burstable/pod" + std::string(kUidB) + "/" + kCtr + "\n");
   AddProcess(103, CgroupV2Systemd(kUidC));
@@ -346,7 +346,7 @@ TEST_F(PodAttributorTest, ThreePodsOnOneTimeSlicedGpu) {
 
 TEST_F(PodAttributorTest, WholeGpuHasOneOwner) {
   PodAttributor attributor(options_);
-  Setup(attributor, {{kUidA, "default", "cuda", "main", kGpuRes, {kGpu, kGpu2}}});
+  Serve(attributor, {{kUidA, "default", "cuda", "main", kGpuRes, {kGpu, kGpu2}}});
   AddProcess(7, CgroupV2Systemd(kUidA));
   EXPECT_EQ(attributor.Attribute(7, kGpu2, ""), (PodRef{"default", "cuda", "main"}));
   EXPECT_EQ(attributor.OwnerOf(kGpu), (PodRef{"default", "cuda", "main"}));
@@ -356,7 +356,7 @@ TEST_F(PodAttributorTest, WholeGpuHasOneOwner) {
 TEST_F(PodAttributorTest, MigDevice) {
   const std::string res = "nvidia.com/mig-1g.10gb";
   PodAttributor attributor(options_);
-  Setup(attributor,
+  Serve(attributor,
         {{kUidA, "ml", "small", "c", res, {kMig}},
          {kUidB, "ml", "other", "c", res, {"MIG-00000000-1111-2222-3333-444444444444"}}});
   AddProcess(55, CgroupV2Systemd(kUidA));
@@ -370,7 +370,7 @@ TEST_F(PodAttributorTest, MigDevice) {
 
 TEST_F(PodAttributorTest, ProcessOutsideAnyPod) {
   PodAttributor attributor(options_);
-  Setup(attributor, {{kUidA, "ml", "p", "c", kGpuRes, {std::string(kGpu) + "::0"}}});
+  Serve(attributor, {{kUidA, "ml", "p", "c", kGpuRes, {std::string(kGpu) + "::0"}}});
   AddProcess(1, "0::/init.scope\n");
   AddProcess(2, "0::/system.slice/nvidia-persistenced.service\n");
   AddProcess(3, CgroupV2Systemd(kUidB));  // a pod that holds no device
@@ -397,7 +397,7 @@ TEST_F(PodAttributorTest, MalformedCheckpointKeepsPreviousData) {
   const std::vector<Alloc> allocs = {{kUidA, "ml", "a", "c", kGpuRes, {g + "::0"}},
                                      {kUidB, "ml", "b", "c", kGpuRes, {g + "::1"}}};
   PodAttributor attributor(options_);
-  Setup(attributor, allocs);
+  Serve(attributor, allocs);
   AddProcess(10, CgroupV2Systemd(kUidA));
   AddProcess(11, CgroupV2Systemd(kUidB));
   ASSERT_EQ(attributor.Attribute(10, g, ""), (PodRef{"ml", "a", "c"}));
@@ -414,7 +414,7 @@ TEST_F(PodAttributorTest, MalformedCheckpointKeepsPreviousData) {
   EXPECT_EQ(attributor.Attribute(11, g, ""), (PodRef{"ml", "b", "c"}));
 
   // A readable checkpoint again replaces the old data: pod a is gone.
-  Setup(attributor, {allocs[1]});
+  Serve(attributor, {allocs[1]});
   EXPECT_EQ(attributor.CheckpointFailures(), 2u);
   EXPECT_EQ(attributor.Attribute(10, g, ""), std::nullopt);
   EXPECT_EQ(attributor.Attribute(11, g, ""), (PodRef{"ml", "b", "c"}));
@@ -468,7 +468,7 @@ TEST_F(PodAttributorTest, InitContainerDevicesReusedByAppContainer) {
 TEST_F(PodAttributorTest, TwoContainersOfOnePodOnOneGpu) {
   const std::string g = kGpu;
   PodAttributor attributor(options_);
-  Setup(attributor, {{kUidA, "ml", "p", "a", kGpuRes, {g + "::0"}},
+  Serve(attributor, {{kUidA, "ml", "p", "a", kGpuRes, {g + "::0"}},
                      {kUidA, "ml", "p", "b", kGpuRes, {g + "::1"}}});
   AddProcess(40, CgroupV2Systemd(kUidA));
   // The cgroup's container ID cannot tell "a" from "b": the pod, without a container.
@@ -481,7 +481,7 @@ TEST_F(PodAttributorTest, UpdateWhileReading) {
   const std::string g = kGpu;
   const std::vector<Alloc> allocs = {{kUidA, "ml", "a", "c", kGpuRes, {g + "::0"}}};
   PodAttributor attributor(options_);
-  Setup(attributor, allocs);
+  Serve(attributor, allocs);
   AddProcess(50, CgroupV2Systemd(kUidA));
   std::atomic<bool> stop{false};
   std::thread writer([&] {
