@@ -3,9 +3,11 @@
 
   check_rendered.py RENDERED.yaml VARIANT VERSION OUT.json
 
-VARIANT: default (deploy/kustomization.yaml) or node (with the node component). Checks: the
-expected objects and no others; one Namespace, everything else in it; every image is the
-Dockerfile's localhost/kgpu:VERSION and runs as root explicitly (the image's default user is not);
+VARIANT: default (deploy/kustomization.yaml) or all (every component: node in place of the device
+plugin's and the exporter's DaemonSets, and node-labels). Checks: the expected objects and no
+others; one Namespace, everything else in it; every image is the Dockerfile's
+localhost/kgpu:VERSION and names its user explicitly (root where it needs the kubelet's sockets,
+else the image's unprivileged user with runAsNonRoot);
 selectors match (DaemonSet -> its pods, Service -> one DaemonSet's pods and a named port,
 ServiceMonitor -> the Service); ServiceAccounts, ConfigMaps and RBAC subjects that pods and
 bindings name exist. Writes the objects as a JSON array to OUT.json for validate.mjs.
@@ -24,7 +26,9 @@ COMMON = {
 }
 EXPECTED = {
     "default": COMMON | {("DaemonSet", "kgpu-device-plugin"), ("DaemonSet", "kgpu-exporter")},
-    "node": COMMON | {("DaemonSet", "kgpu-node")},
+    "all": COMMON | {("DaemonSet", "kgpu-node"), ("DaemonSet", "kgpu-node-labels"),
+                     ("ServiceAccount", "kgpu-node-labels"), ("ClusterRole", "kgpu-node-labels"),
+                     ("ClusterRoleBinding", "kgpu-node-labels")},
 }
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
 
@@ -89,8 +93,12 @@ def main():
                 problem(f"DaemonSet {n}: container {c['name']} runs {c.get('image')}, not {image} "
                         "(the Dockerfile's image, tagged with project(VERSION))")
             sc = c.get("securityContext", {})
-            if sc.get("runAsUser") != 0:
-                problem(f"DaemonSet {n}: container {c['name']} must set runAsUser: 0 (the image's user is kgpu)")
+            user = sc.get("runAsUser")
+            if user is None:
+                problem(f"DaemonSet {n}: container {c['name']} must set runAsUser (0 for the kubelet's sockets, "
+                        "the image's default user is the unprivileged kgpu)")
+            elif user != 0 and sc.get("runAsNonRoot") is not True:
+                problem(f"DaemonSet {n}: container {c['name']} runs as uid {user} but does not set runAsNonRoot")
             if sc.get("allowPrivilegeEscalation") is not False or sc.get("capabilities", {}).get("drop") != ["ALL"]:
                 problem(f"DaemonSet {n}: container {c['name']} must drop all capabilities, no privilege escalation")
 

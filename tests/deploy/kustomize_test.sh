@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# `kubectl kustomize deploy` renders a complete install, and so does the variant with the `node`
-# component; every rendered object is valid against the Kubernetes JSON schemas (npm
-# kubernetes-models; monitoring.coreos.com from @kubernetes-models/prometheus-operator) and the
-# objects agree with each other (tests/deploy/check_rendered.py). Registered in
+# `kubectl kustomize deploy` renders a complete install, and so does the variant with every
+# component (`node` and `node-labels` too); every rendered object is valid against the Kubernetes
+# JSON schemas (npm kubernetes-models; monitoring.coreos.com from
+# @kubernetes-models/prometheus-operator) and the objects agree with each other
+# (tests/deploy/check_rendered.py). Registered in
 # tests/CMakeLists.txt as deploy.kustomize (label kubectl).
 #
 #   kustomize_test.sh REPO_ROOT WORK_DIR VERSION
 #
 # WORK_DIR (in the build dir) keeps the npm packages between runs: they are installed with
 # `npm ci` from tests/deploy/package-lock.json, again only when the lock file changes.
-# Exit 77 (skipped) without kubectl: there is no other kustomize here.
+# Exit 77 (skipped) without kubectl (there is no other kustomize here) and when npm cannot reach
+# its registry for a first install.
 set -euo pipefail
 root=$(cd "$1" && pwd) work=$2 version=$3
 here="$root/tests/deploy"
@@ -29,6 +31,17 @@ if ! cmp -s "$here/package-lock.json" "$work/npm/package-lock.json" || [ ! -d "$
   rm -rf "$work/npm"
   mkdir -p "$work/npm"
   cp "$here/package.json" "$here/package-lock.json" "$work/npm/"
+  # Without the registry there are no schemas: a skip that says so, not a failure.
+  rc=0
+  timeout 30 npm ping --loglevel=error >"$work/npm-ping.log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    why="npm ping exited $rc"
+    [ "$rc" -eq 124 ] && why="npm ping had no answer within 30 s"
+    echo "kustomize_test: SKIPPED: npm cannot reach its registry $(npm config get registry) ($why),"
+    echo "so the Kubernetes schemas (npm kubernetes-models) cannot be installed."
+    rm -rf "$work/npm"
+    exit 77
+  fi
   (cd "$work/npm" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error) ||
     fail "npm ci in $work/npm failed"
 else
@@ -36,8 +49,9 @@ else
 fi
 cp "$here/validate.mjs" "$work/npm/validate.mjs"
 
-# The variant: every component, `node` last. Kustomize wants paths relative to the kustomization.
-variant="$work/variant-node"
+# The variant: every component, `node` and `node-labels` after the ones they build on. Kustomize
+# wants paths relative to the kustomization.
+variant="$work/variant-all"
 mkdir -p "$variant"
 rel=$(realpath --relative-to="$variant" "$root/deploy")
 cat >"$variant/kustomization.yaml" <<YAML
@@ -50,11 +64,12 @@ components:
   - $rel/exporter
   - $rel/monitoring
   - $rel/node
+  - $rel/node-labels
 YAML
 
-for v in default node; do
+for v in default all; do
   dir="$root/deploy"
-  [ "$v" = node ] && dir="$variant"
+  [ "$v" = all ] && dir="$variant"
   step "kubectl kustomize ($v: $dir)"
   kubectl kustomize "$dir" >"$work/$v.yaml" || fail "kubectl kustomize $dir failed"
   grep -E '^kind: ' "$work/$v.yaml" | sort | uniq -c

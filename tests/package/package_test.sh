@@ -99,8 +99,8 @@ kgpu devices | tee /tmp/devices.txt
 [ "$(grep -c 'H100' /tmp/devices.txt)" -ge 8 ] || fail "kgpu devices does not list the 8 simulated H100s"
 kgpu devices --json >/tmp/devices.json
 [ "$(grep -c '"uuid": "GPU-' /tmp/devices.json)" -eq 8 ] || fail "kgpu devices --json does not have 8 GPU UUIDs"
-echo "== kgpu-simctl xid 3 79 (the package's simctl changes the same node)"
-kgpu-simctl xid 3 79
+echo "== kgpu-simctl lose 3 (the package's simctl changes the node the library simulates)"
+kgpu-simctl lose 3
 echo "== kgpu doctor"
 # The device nodes the simulated GPUs would have (the node has none): NVIDIA's majors and minors.
 mkdir -p /tmp/dev
@@ -111,7 +111,7 @@ kgpu --dev-root /tmp/dev doctor >/tmp/doctor.txt 2>&1 || rc=$?
 cat /tmp/doctor.txt
 grep -q '\[PASS\] NVML library' /tmp/doctor.txt || fail "doctor does not find the NVML library"
 grep -q '\[PASS\] .*8 GPU' /tmp/doctor.txt || fail "doctor does not enumerate 8 GPUs"
-grep -q '\[FAIL\] GPUs healthy.*GPU 3' /tmp/doctor.txt || fail "doctor does not FAIL on GPU 3 after XID 79"
+grep -q '\[FAIL\].*GPU 3' /tmp/doctor.txt || fail "doctor does not FAIL on the lost GPU 3"
 [ "$rc" -eq 1 ] || fail "doctor exited $rc with a FAIL, not 1"
 kgpu-simctl reset
 echo "inside: PASS"
