@@ -49,13 +49,17 @@ for deb in "$kgpu_deb" "$sim_deb"; do
   echo "$(basename "$deb"): $(dpkg-deb -f "$deb" Package) $(dpkg-deb -f "$deb" Version), Depends: $(dpkg-deb -f "$deb" Depends)"
   [ "$(dpkg-deb -f "$deb" Version)" = "$version" ] || fail "$deb: Version is not project(VERSION) $version"
   # dpkg-shlibdeps computed them: every binary needs at least libc6 (versioned) and libstdc++6.
-  dpkg-deb -f "$deb" Depends | grep -Eq '(^|, )libc6 \(>= [0-9.]+\)' || fail "$deb: Depends has no computed libc6 (>= ...)"
-  dpkg-deb -f "$deb" Depends | grep -Eq '(^|, )libstdc\+\+6 \(>= [0-9.]+\)' || fail "$deb: Depends has no computed libstdc++6"
+  depends=$(dpkg-deb -f "$deb" Depends)
+  grep -Eq '(^|, )libc6 \(>= [0-9.]+\)' <<<"$depends" || fail "$deb: Depends has no computed libc6 (>= ...)"
+  grep -Eq '(^|, )libstdc\+\+6 \(>= [0-9.]+\)' <<<"$depends" || fail "$deb: Depends has no computed libstdc++6"
 done
-dpkg-deb -c "$kgpu_deb" | grep -q ' ./usr/bin/kgpu$' || fail "kgpu package has no /usr/bin/kgpu"
-dpkg-deb -c "$sim_deb" | grep -q ' ./usr/bin/kgpu-simctl$' || fail "kgpu-sim package has no /usr/bin/kgpu-simctl"
-dpkg-deb -c "$sim_deb" | grep -q ' ./usr/lib/kgpu/sim/libnvidia-ml.so.1$' || fail "kgpu-sim package has no /usr/lib/kgpu/sim/libnvidia-ml.so.1"
-if dpkg-deb -c "$kgpu_deb" | grep -q 'libnvidia-ml'; then fail "the kgpu package must not ship an NVML library"; fi
+# The listings in variables: `dpkg-deb -c | grep -q` would die of SIGPIPE under pipefail.
+kgpu_files=$(dpkg-deb -c "$kgpu_deb") sim_files=$(dpkg-deb -c "$sim_deb")
+grep -q ' ./usr/bin/kgpu$' <<<"$kgpu_files" || fail "kgpu package has no /usr/bin/kgpu"
+grep -q ' ./usr/bin/kgpu-simctl$' <<<"$sim_files" || fail "kgpu-sim package has no /usr/bin/kgpu-simctl"
+grep -q ' ./usr/lib/kgpu/sim/libnvidia-ml.so.1$' <<<"$sim_files" ||
+  fail "kgpu-sim package has no /usr/lib/kgpu/sim/libnvidia-ml.so.1"
+if grep -q 'libnvidia-ml' <<<"$kgpu_files"; then fail "the kgpu package must not ship an NVML library"; fi
 
 step "Debian 12 root (debootstrap --variant=minbase bookworm)"
 tarball="$cache/bookworm-minbase.tar"
