@@ -53,6 +53,11 @@ for deb in "$kgpu_deb" "$sim_deb"; do
   grep -Eq '(^|, )libc6 \(>= [0-9.]+\)' <<<"$depends" || fail "$deb: Depends has no computed libc6 (>= ...)"
   grep -Eq '(^|, )libstdc\+\+6 \(>= [0-9.]+\)' <<<"$depends" || fail "$deb: Depends has no computed libstdc++6"
 done
+# What kgpu loads with dlopen (src/cli/lazy_lib.h), from those packages' shlibs files.
+kgpu_depends=$(dpkg-deb -f "$kgpu_deb" Depends)
+for dep in libcurl4 libcpp-httplib0.11; do
+  grep -Eq "(^|, )$dep \(>= [^)]+\)" <<<"$kgpu_depends" || fail "kgpu: Depends has no $dep (>= ...), which it dlopens"
+done
 # The listings in variables: `dpkg-deb -c | grep -q` would die of SIGPIPE under pipefail.
 kgpu_files=$(dpkg-deb -c "$kgpu_deb") sim_files=$(dpkg-deb -c "$sim_deb")
 grep -q ' ./usr/bin/kgpu$' <<<"$kgpu_files" || fail "kgpu package has no /usr/bin/kgpu"
@@ -118,6 +123,26 @@ grep -q '\[PASS\] .*8 GPU' /tmp/doctor.txt || fail "doctor does not enumerate 8 
 grep -q '\[FAIL\].*GPU 3' /tmp/doctor.txt || fail "doctor does not FAIL on the lost GPU 3"
 [ "$rc" -eq 1 ] || fail "doctor exited $rc with a FAIL, not 1"
 kgpu-simctl reset
+echo "== kgpu starts without the HTTP libraries and loads them for the exporter"
+if ldd /usr/bin/kgpu | grep -E 'libcurl|libcpp-httplib|libssl|libcrypto'; then
+  fail "kgpu links the libraries above at start-up"
+fi
+kgpu exporter --address 127.0.0.1:19400 --collect-interval 100 >/tmp/exporter.log 2>&1 &
+exporter=$!
+metrics=""
+for _ in $(seq 100); do
+  if { exec 3<>/dev/tcp/127.0.0.1/19400; } 2>/dev/null; then
+    printf 'GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3
+    metrics=$(cat <&3)
+    exec 3<&-
+    grep -q '^DCGM_FI_DEV_GPU_TEMP{' <<<"$metrics" && break
+  fi
+  sleep 0.1
+done
+kill "$exporter"
+wait "$exporter" || true
+grep -q '^DCGM_FI_DEV_GPU_TEMP{' <<<"$metrics" || { cat /tmp/exporter.log; fail "kgpu exporter served no GPU temperatures on /metrics"; }
+echo "/metrics: $(grep -c '^DCGM_FI_DEV_GPU_TEMP{' <<<"$metrics") GPU temperatures"
 echo "inside: PASS"
 INSIDE
 chmod +x "$sysroot/tmp/inside.sh"
