@@ -30,6 +30,7 @@ bench: deps
 	build/release/bin/inventory_bench
 	build/release/bin/event_latency
 	build/release/bin/device_plugin_bench
+	./bench/static_vs_shared.sh
 	build/release/bin/exporter_bench
 	build/release/bin/mig_mps_bench
 	build/release/bin/k8s_bench

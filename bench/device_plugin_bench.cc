@@ -2,7 +2,10 @@
 // simulated 8x H100 node (dgx-h100), against the kubelet stand-in (FakeKubelet, the real Device
 // Plugin v1beta1 gRPC protocol over unix sockets) running in this process.
 //
-//   device_plugin_bench [--runs N] [--calls N] [--xid-samples N] [--restarts N] [--keep]
+//   device_plugin_bench [--kgpu PATH] [--runs N] [--calls N] [--xid-samples N] [--restarts N] [--keep]
+//
+//   --kgpu PATH       the kgpu binary to measure (default: this build's); bench/static_vs_shared.sh
+//                     passes the one of a release build with shared absl/gRPC/protobuf
 //
 //   --runs N          start->registered repetitions (default 10; one cold run before them is
 //                     reported on its own line, not in the figures)
@@ -10,6 +13,7 @@
 //                     warm-up calls that are not counted)
 //   --xid-samples N   XID samples per injection method (default 30)
 //   --restarts N      kubelet restarts for the re-registration figure (default 100)
+//   --start-only      only figures 1, 2 and 6 (start, RSS, re-registration)
 //   --keep            keep the temp dir (plugin logs) and print its path
 //
 // Figures, one line each:
@@ -99,6 +103,8 @@
 extern char** environ;
 
 namespace {
+
+std::string g_kgpu = KGPU_BIN;  // --kgpu
 
 using kgpu::testing::FakeKubelet;
 using kgpu::testing::FakeKubeletEvent;
@@ -230,7 +236,7 @@ class Plugin {
   // t0 is taken just before fork().
   bool Start(const std::string& kubelet_dir, const std::vector<std::string>& extra, char** envp,
              const std::string& log, int64_t* t0) {
-    std::vector<std::string> args = {KGPU_BIN, "device-plugin", "--kubelet-dir", kubelet_dir};
+    std::vector<std::string> args = {g_kgpu, "device-plugin", "--kubelet-dir", kubelet_dir};
     args.insert(args.end(), extra.begin(), extra.end());
     log_ = log;
     fork_realtime_ms_ = RealtimeMs();
@@ -357,6 +363,7 @@ struct Options {
   int calls = 5000;
   int xid_samples = 30;
   int restarts = 100;
+  bool start_only = false;
   bool keep = false;
 };
 
@@ -454,7 +461,7 @@ bool Bench::StartPlugin(Plugin* p, const std::vector<std::string>& args, const s
   const int prev = registrations_;
   char** envp = env_.Build(extra_env);
   int64_t t0 = 0;
-  if (!p->Start(dir_, args, envp, log, &t0)) return Fail("cannot start " KGPU_BIN);
+  if (!p->Start(dir_, args, envp, log, &t0)) return Fail("cannot start " + g_kgpu);
   auto reg = rec_.WaitFor(&cursor, [&](const Record& r) {
     return r.kind == FakeKubeletEvent::Kind::kRegistered && r.resource == kResource && r.registrations > prev;
   }, 15000);
@@ -540,13 +547,13 @@ bool Bench::StartToRegistered() {
   for (int i = 0; i < std::max(opt_.runs, 5); ++i) {
     char** envp = env_.Build();
     const int64_t t0 = NowNs();
-    const pid_t pid = Spawn({KGPU_BIN}, envp, "");
-    if (pid < 0) return Fail("cannot start " KGPU_BIN);
+    const pid_t pid = Spawn({g_kgpu}, envp, "");
+    if (pid < 0) return Fail("cannot start " + g_kgpu);
     auto st = WaitExit(pid, 5000);
     if (!st) {
       kill(pid, SIGKILL);
       WaitExit(pid, 1000);
-      return Fail(KGPU_BIN " without arguments hung");
+      return Fail(g_kgpu + " without arguments hung");
     }
     bare_ms.push_back(static_cast<double>(NowNs() - t0) / 1e6);
   }
@@ -785,12 +792,19 @@ int Bench::Run() {
   std::printf("device_plugin_bench: node %s (%u x %s), %ld CPUs online, plugin %s, kubelet stand-in in-process, "
               "dir %s\n",
               kProfile, node_->gpu_count(), node_->profile().gpus.empty() ? "?" : node_->profile().gpus[0].model->key.c_str(),
-              cpus, KGPU_BIN, dir_.c_str());
+              cpus, g_kgpu.c_str(), dir_.c_str());
   std::fflush(stdout);
 
   // 1, 2.
   if (!StartToRegistered()) return 1;
   std::fflush(stdout);
+  if (opt_.start_only) {
+    int64_t took = 0;
+    if (!StartPlugin(&plugin_, {}, dir_ + "/restarts.log", kGpus, &took, nullptr)) return 1;
+    if (!RestartLatency()) return 1;
+    std::fflush(stdout);
+    return StopPlugin(&plugin_, nullptr) ? 0 : 1;
+  }
 
   // 3, 4 (whole GPUs) on one plugin with the default configuration.
   int64_t took = 0;
@@ -860,10 +874,21 @@ int main(int argc, char** argv) {
       opt.xid_samples = ParsePositive("--xid-samples", next(), 100000);
     } else if (a == "--restarts") {
       opt.restarts = ParsePositive("--restarts", next(), 100000);
+    } else if (a == "--kgpu") {
+      g_kgpu = next();
+      if (access(g_kgpu.c_str(), X_OK) != 0) {
+        std::fprintf(stderr, "device_plugin_bench: --kgpu %s: %s\n", g_kgpu.c_str(), std::strerror(errno));
+        return 2;
+      }
+    } else if (a == "--start-only") {
+      opt.start_only = true;
     } else if (a == "--keep") {
       opt.keep = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--runs N] [--calls N] [--xid-samples N] [--restarts N] [--keep]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--kgpu PATH] [--runs N] [--calls N] [--xid-samples N] [--restarts N] [--start-only] "
+                   "[--keep]\n",
+                   argv[0]);
       return a == "-h" || a == "--help" ? 0 : 2;
     }
   }
