@@ -113,6 +113,7 @@ using kgpu::bench::InstallFatalSignalHandlers;
 using kgpu::bench::KillAllChildren;
 using kgpu::bench::MakeTempDir;
 using kgpu::bench::NowNs;
+using kgpu::bench::PrintSmaps;
 using kgpu::bench::ProcMem;
 using kgpu::bench::ReadProcMem;
 using kgpu::bench::RemoveTree;
@@ -536,6 +537,9 @@ bool Bench::StartToRegistered() {
     if (i == opt_.runs) {
       SleepMs(300);  // let it settle (threads parked, first probes done)
       PrintRss("after registration (idle, 300 ms after its first list)", p.pid());
+      // Where it goes: with the release preset's static absl/yaml-cpp, the abseil and yaml-cpp
+      // groups are the simulated libnvidia-ml's own (shared) dependencies.
+      PrintSmaps("plugin after registration", p.pid());
     }
     double stop = 0;
     if (!StopPlugin(&p, &stop)) return false;
