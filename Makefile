@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PRESET ?= dev
 JOBS ?= $(shell nproc)
 
-.PHONY: deps build test demo bench fuzz format clean
+.PHONY: deps build test demo bench fuzz package format clean
 
 deps:
 	@./scripts/install-deps.sh
@@ -30,9 +30,19 @@ bench: deps
 	build/release/bin/inventory_bench
 	build/release/bin/event_latency
 	build/release/bin/device_plugin_bench
+	./bench/static_vs_shared.sh
 	build/release/bin/exporter_bench
 	build/release/bin/mig_mps_bench
 	build/release/bin/k8s_bench
+
+# Debian packages kgpu and kgpu-sim (release preset, CPack DEB, Depends from dpkg-shlibdeps) in
+# build/release/packages/.
+package: deps
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS) --target kgpu kgpu-simctl kgpu_simnvml
+	rm -f build/release/packages/*.deb
+	cd build/release && cpack -G DEB
+	@ls -l build/release/packages/*.deb
 
 # libFuzzer (clang): FUZZ_SECONDS per target, corpus grows in build/fuzz/corpus-*.
 FUZZ_SECONDS ?= 60

@@ -25,11 +25,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <map>
 #include <sstream>
 #include <string>
 #include <system_error>
@@ -215,6 +217,112 @@ inline std::string MakeTempDir(std::string tmpl) {
 inline void RemoveTree(const std::string& dir) {
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
+}
+
+// /proc/<pid>/smaps grouped by what is mapped (the executable, each library family, the heap,
+// anonymous mappings): which group a mapping belongs to, the sums, and a print-out.
+inline std::string MappingGroup(const std::string& path, const std::string& exe) {
+  if (path.empty())
+    return "anon mmap (malloc arenas, thread stacks)";
+  if (path == "[heap]")
+    return "[heap] (main malloc arena)";
+  if (path == "[stack]")
+    return "[stack] (main thread)";
+  if (path[0] == '[')
+    return "vdso/vvar/other";
+  if (path == exe)
+    return "executable";
+  if (path.find("sim.state") != std::string::npos)
+    return "simulated node state (shared file)";
+  const std::string base = std::filesystem::path(path).filename().string();
+  auto starts = [&](const char* p) { return base.rfind(p, 0) == 0; };
+  if (starts("libgrpc") || starts("libgpr") || starts("libupb") || starts("libaddress_sorting") ||
+      starts("libcares") || starts("libre2")) {
+    return "gRPC (+upb, c-ares, re2)";
+  }
+  if (starts("libprotobuf"))
+    return "protobuf";
+  if (starts("libabsl_"))
+    return "abseil";
+  if (starts("libspdlog") || starts("libfmt"))
+    return "spdlog+fmt";
+  if (starts("libssl") || starts("libcrypto"))
+    return "OpenSSL (via cpp-httplib)";
+  if (starts("libcpp-httplib") || starts("libz.") || starts("libbrotli"))
+    return "cpp-httplib+zlib+brotli";
+  if (starts("libyaml-cpp"))
+    return "yaml-cpp";
+  if (starts("libstdc++") || starts("libc.") || starts("libm.") || starts("libgcc_s") ||
+      starts("ld-linux")) {
+    return "libc+libm+libstdc+++libgcc";
+  }
+  if (starts("libnvidia-ml"))
+    return "simulated libnvidia-ml";
+  return "other files (" + base + ")";
+}
+
+struct GroupMem {
+  double rss_kb = 0, pss_kb = 0, private_dirty_kb = 0;
+};
+
+inline std::map<std::string, GroupMem> SmapsByGroup(pid_t pid) {
+  std::map<std::string, GroupMem> out;
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec).string();
+  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps");
+  std::string line, group;
+  while (std::getline(in, line)) {
+    if (line.empty())
+      continue;
+    // A mapping header: "start-end perms offset dev inode [path]"; field lines are "Key: value".
+    const auto colon = line.find(':');
+    const auto space = line.find(' ');
+    const bool header = colon == std::string::npos || (space != std::string::npos && space < colon);
+    if (header) {
+      std::istringstream s(line);
+      std::string range, perms, offset, dev, inode, path;
+      s >> range >> perms >> offset >> dev >> inode;
+      std::getline(s, path);
+      path.erase(0, path.find_first_not_of(' '));
+      if (path.ends_with(" (deleted)"))
+        path.resize(path.size() - 10);
+      group = MappingGroup(path, exe);
+      continue;
+    }
+    auto kb = [&](const char* key, double* v) {
+      const size_t n = std::strlen(key);
+      if (line.compare(0, n, key) == 0)
+        *v += std::strtod(line.c_str() + n, nullptr);
+    };
+    GroupMem& g = out[group];
+    kb("Rss:", &g.rss_kb);
+    kb("Pss:", &g.pss_kb);
+    kb("Private_Dirty:", &g.private_dirty_kb);
+  }
+  return out;
+}
+
+inline void PrintSmaps(const std::string& title, pid_t pid) {
+  auto groups = SmapsByGroup(pid);
+  std::vector<std::pair<std::string, GroupMem>> v(groups.begin(), groups.end());
+  std::sort(v.begin(), v.end(),
+            [](const auto& a, const auto& b) { return a.second.rss_kb > b.second.rss_kb; });
+  GroupMem total;
+  for (const auto& [name, g] : v) {
+    total.rss_kb += g.rss_kb;
+    total.pss_kb += g.pss_kb;
+    total.private_dirty_kb += g.private_dirty_kb;
+  }
+  std::printf(
+      "     %s: /proc/<pid>/smaps by mapping, MB (Rss / Pss / Private_Dirty), total %.1f / %.1f / "
+      "%.1f\n",
+      title.c_str(), total.rss_kb / 1024, total.pss_kb / 1024, total.private_dirty_kb / 1024);
+  for (const auto& [name, g] : v) {
+    if (g.rss_kb < 64)
+      continue;
+    std::printf("       %-44s %6.2f / %6.2f / %6.2f\n", name.c_str(), g.rss_kb / 1024,
+                g.pss_kb / 1024, g.private_dirty_kb / 1024);
+  }
 }
 
 }  // namespace kgpu::bench

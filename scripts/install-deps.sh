@@ -3,16 +3,35 @@
 # Idempotent: when everything is already installed it only runs dpkg-query and exits.
 set -euo pipefail
 
-PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config git
-  clang libclang-rt-14-dev
+# What `make package` (and the Dockerfile's build stage) needs: compilers, CMake, the libraries,
+# dpkg-shlibdeps (dpkg-dev) and file (CPack DEB).
+BUILD_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git dpkg-dev file
   libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libcurl4-openssl-dev libcpp-httplib-dev
+)
+# And for the tests, the fuzz preset and the benchmarks: debootstrap for the package test,
+# nodejs/npm for the manifest schema test (kubernetes-models).
+PACKAGES=(
+  "${BUILD_PACKAGES[@]}"
+  clang libclang-rt-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-yaml procps curl
   prometheus
+  debootstrap nodejs
 )
+# npm: Debian's package, unless an npm already comes with the installed nodejs (NodeSource's
+# nodejs bundles it and conflicts with Debian's npm).
+command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
+
+# --build: only what building the packages needs (the Dockerfile's build stage).
+if [ "${1:-}" = "--build" ]; then
+  PACKAGES=("${BUILD_PACKAGES[@]}")
+elif [ -n "${1:-}" ]; then
+  echo "usage: install-deps.sh [--build]" >&2
+  exit 2
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

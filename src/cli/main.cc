@@ -16,6 +16,7 @@
 #include "cli/mig_cmd.h"
 #include "cli/node_labels.h"
 #include "common/log.h"
+#include "kgpu_version.h"
 
 namespace {
 
@@ -25,6 +26,8 @@ void OnSignal(int) { g_stop = 1; }
 int Main(int argc, char** argv) {
   CLI::App app{"kgpu: the GPU node stack for Kubernetes (device plugin, exporter, node checks)"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "kgpu " KGPU_VERSION " (commit " KGPU_GIT_COMMIT ")",
+                       "print the version and the git commit it was built from");
   kgpu::cli::NodeOptions node;
   std::string log_level = "info";
   app.add_option("--nvml-library", node.nvml_library,
@@ -105,7 +108,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (version->parsed()) {
-    std::cout << "kgpu " KGPU_VERSION "\n";
+    std::cout << "kgpu " KGPU_VERSION " (commit " KGPU_GIT_COMMIT ")\n";
     return 0;
   }
   if (devices->parsed()) return kgpu::cli::RunDevices(node, json, std::cout);

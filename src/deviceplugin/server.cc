@@ -413,6 +413,8 @@ absl::Status Manager::StartServers() {
     servers_.push_back(std::move(server));
   }
   registered_.assign(servers_.size(), false);
+  registered_inode_.assign(servers_.size(), 0);
+  kubelet_inode_ = 0;
   ++generation_;
   return absl::OkStatus();
 }
@@ -421,6 +423,7 @@ void Manager::StopServers() {
   for (auto& s : servers_) s->Stop();
   servers_.clear();
   registered_.clear();
+  registered_inode_.clear();
 }
 
 void Manager::StartHealth() {
@@ -736,11 +739,41 @@ void Manager::RestartServers(const char* why) {
   cv_.notify_all();
 }
 
+namespace {
+uint64_t InodeOf(const std::string& path) {
+  struct stat sb {};
+  return ::stat(path.c_str(), &sb) == 0 ? static_cast<uint64_t>(sb.st_ino) : 0;
+}
+}  // namespace
+
+void Manager::Reregister(const char* why, const std::string& kubelet_socket) {
+  auto log = Log("deviceplugin");
+  const uint64_t inode = InodeOf(kubelet_socket);
+  std::lock_guard<std::mutex> lock(mu_);
+  kubelet_inode_ = inode;
+  size_t n = 0;
+  for (size_t i = 0; i < registered_.size(); ++i) {
+    // One that already reached this kubelet (right after our re-serve) does not register twice.
+    if (registered_[i] && registered_inode_[i] == inode && inode != 0) continue;
+    registered_[i] = false;
+    ++n;
+  }
+  log->info("{}: registering {} of {} resource(s) again (served since the kubelet's cleanup)", why, n,
+            registered_.size());
+  cv_.notify_all();
+}
+
+std::string Manager::KubeletSocket() const {
+  return config_->kubelet_socket.empty() ? Cat(config_->kubelet_dir, "/", kKubeletSocketName) : config_->kubelet_socket;
+}
+
 void Manager::RegisterLoop(std::stop_token stop) {
   auto log = Log("deviceplugin");
-  const std::string kubelet =
-      config_->kubelet_socket.empty() ? Cat(config_->kubelet_dir, "/", kKubeletSocketName) : config_->kubelet_socket;
-  auto backoff = std::chrono::milliseconds(50);
+  const std::string kubelet = KubeletSocket();
+  // The first retry comes soon: right after a kubelet restart its new kubelet.sock can exist a
+  // moment before it accepts connections. Then doubling, up to 5 s.
+  constexpr auto kFirstRetry = std::chrono::milliseconds(5);
+  auto backoff = kFirstRetry;
   bool warned = false;
   size_t cursor = 0;  // rotates, so one refused resource cannot hold the others back
   while (!stop.stop_requested()) {
@@ -768,14 +801,19 @@ void Manager::RegisterLoop(std::stop_token stop) {
       name = servers_[index]->resource().name;
       endpoint = servers_[index]->resource().socket;
     }
+    const uint64_t inode = InodeOf(kubelet);  // the kubelet this registration reaches (if it does)
     const absl::Status st = RegisterWithKubelet(kubelet, endpoint, name, std::chrono::seconds(5));
     std::unique_lock<std::mutex> lock(mu_);
     if (st.ok()) {
-      // Servers re-created meanwhile (a kubelet restart) need a registration of their own.
-      if (generation == generation_) registered_[index] = true;
+      // Servers re-created meanwhile (a kubelet restart) need a registration of their own, and
+      // so does a kubelet that replaced the one this call reached.
+      if (generation == generation_ && (kubelet_inode_ == 0 || inode == kubelet_inode_)) {
+        registered_[index] = true;
+        registered_inode_[index] = inode;
+      }
       registrations_++;
       log->info("registered {} with kubelet ({})", name, endpoint);
-      backoff = std::chrono::milliseconds(50);
+      backoff = kFirstRetry;
       warned = false;
       continue;
     }
@@ -795,6 +833,7 @@ void Manager::RegisterLoop(std::stop_token stop) {
 void Manager::WatchLoop(std::stop_token stop) {
   auto log = Log("deviceplugin");
   const std::string dir = config_->kubelet_dir;
+  const std::string kubelet = KubeletSocket();
   const int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
   if (fd < 0 || inotify_add_watch(fd, dir.c_str(), IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM) < 0) {
     log->error("cannot watch {} for kubelet restarts: {}; restarts will not be noticed", dir, std::strerror(errno));
@@ -802,6 +841,9 @@ void Manager::WatchLoop(std::stop_token stop) {
     return;
   }
   bool kubelet_created = false, ours_deleted = false, drain_changed = false;
+  // Our sockets were re-created after one of them was removed, and no kubelet.sock was created
+  // since: a kubelet that restarts removes them first, so these servers already post-date it.
+  bool reserved_after_removal = false;
   alignas(struct inotify_event) char buf[4096];
   while (!stop.stop_requested()) {
     struct pollfd p {fd, POLLIN, 0};
@@ -829,6 +871,30 @@ void Manager::WatchLoop(std::stop_token stop) {
         ScanDrainMarkers();  // at once: kgpu mig apply waits for the devices to turn Unhealthy
         drain_changed = false;
       }
+      // No quiet period: a restarting kubelet removes the plugin sockets, then serves a new
+      // kubelet.sock. Re-serve as soon as our socket is gone (a socket file that no longer exists
+      // serves nobody), so that by the time kubelet.sock appears only the registration is left;
+      // if kubelet's cleanup removes the new socket too, the next event re-serves again.
+      // Our own re-serve removes the old socket files too: only a socket that is missing now
+      // counts.
+      bool missing = false;
+      if (kubelet_created || ours_deleted) {
+        std::lock_guard<std::mutex> lock(mu_);
+        missing = serve_failed_ || servers_.empty();
+        for (const auto& s : servers_) missing = missing || !Exists(s->socket_path());
+      }
+      if (kubelet_created) {
+        if (reserved_after_removal && !missing) {
+          Reregister("kubelet restarted (kubelet.sock re-created)", kubelet);
+        } else {
+          RestartServers("kubelet restarted (kubelet.sock re-created)");
+        }
+        reserved_after_removal = false;
+      } else if (ours_deleted && missing) {
+        RestartServers("our socket was removed");
+        reserved_after_removal = true;
+      }
+      kubelet_created = ours_deleted = false;
       continue;
     }
     bool retry = false;

@@ -147,6 +147,10 @@ class Manager {
   void MaintenanceLoop(std::stop_token stop);
   void RestartServers(const char* why);
   void PublishHealth(const std::vector<gpu::DeviceHealth>& changes);
+  // Every resource not yet registered with the kubelet now serving kubelet.sock registers again,
+  // at once, on the servers as they are (a new kubelet whose cleanup the servers post-date).
+  void Reregister(const char* why, const std::string& kubelet_socket);
+  std::string KubeletSocket() const;
   void StartHealth();
   void StopHealth();
   void StartMps();
@@ -178,6 +182,10 @@ class Manager {
   std::condition_variable_any cv_;
   std::vector<std::unique_ptr<ResourceServer>> servers_;
   std::vector<bool> registered_;
+  // Per resource: the inode of the kubelet.sock it registered through. kubelet_inode_: that of
+  // the kubelet.sock a registration must have reached to count (0: any), set by Reregister().
+  std::vector<uint64_t> registered_inode_;
+  uint64_t kubelet_inode_ = 0;
   uint64_t generation_ = 0;    // bumped whenever the servers are (re-)created
   bool serve_failed_ = false;  // the last re-serve failed: the watch loop retries it
   std::atomic<uint64_t> registrations_{0};

@@ -206,6 +206,28 @@ TEST_F(DevicePluginTest, TwentyKubeletRestartsLoseNoResource) {
   }
 }
 
+// A socket removed while kubelet runs is served again at once and registered again; after such
+// re-serves a kubelet restart still gets its registration.
+TEST_F(DevicePluginTest, RemovedSocketIsServedAndRegisteredAgain) {
+  Init("l4x4");
+  Plugin p(sim_->dir(), {});
+  ASSERT_TRUE(WaitDevices("nvidia.com/gpu", 4, 4)) << p.Log();
+  const std::string socket = sim_->dir() + "/nvidia-gpu.sock";
+  for (int i = 2; i <= 4; ++i) {
+    ASSERT_TRUE(std::filesystem::remove(socket));
+    ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [&](const ResourceState& s) {
+      return s.registrations >= i && s.connected && s.Healthy() == 4;
+    }, 5s)) << "removal " << i - 1 << "\n" << p.Log();
+    EXPECT_TRUE(std::filesystem::exists(socket));
+  }
+  EXPECT_NE(p.Log().find("our socket was removed: re-serving"), std::string::npos) << p.Log();
+  const int before = kubelet_->Get("nvidia.com/gpu")->registrations;
+  ASSERT_TRUE(kubelet_->Restart().ok());
+  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [&](const ResourceState& s) {
+    return s.registrations > before && s.connected && s.Healthy() == 4;
+  }, 5s)) << p.Log();
+}
+
 TEST_F(DevicePluginTest, WaitsForAnAbsentKubelet) {
   Init("l4x4");
   kubelet_->Stop();

@@ -3,7 +3,7 @@
 
 usage: check_monitoring.py REPO_ROOT DASHBOARD_RULES_OUT
 
-- Every YAML file in deploy/monitoring parses.
+- Every YAML file in deploy/monitoring and deploy/exporter parses.
 - prometheusrule.yaml's spec equals kgpu-alerts.rules.yaml (after parsing; run.sh also diffs
   the text against a fresh gen-prometheusrule.sh output).
 - Every alert has a severity label, summary/description/runbook annotations, and at least one
@@ -112,45 +112,58 @@ def by_kind(docs):
 
 
 def check_manifests(mon):
+    # The exporter's own manifests (DaemonSet, Service) are the component deploy/exporter; the
+    # Prometheus Operator objects are the component deploy/monitoring. Each directory's
+    # kustomization.yaml (kind Component) must list exactly its files.
+    exporter = os.path.join(os.path.dirname(mon), "exporter")
     docs = []
-    for path in sorted(glob.glob(os.path.join(mon, "*.yaml"))):
-        for d in load_yaml_docs(path):
-            if not isinstance(d, dict):
-                problem(f"{path}: a document is not a mapping")
-                continue
-            if os.path.basename(path) == "kgpu-alerts.rules.yaml":
-                continue
-            if "apiVersion" not in d or "kind" not in d:
-                problem(f"{path}: a document has no apiVersion/kind")
-                continue
-            docs.append((path, d))
+    kusts = []
+    for d_ in (mon, exporter):
+        for path in sorted(glob.glob(os.path.join(d_, "*.yaml"))):
+            for d in load_yaml_docs(path):
+                if not isinstance(d, dict):
+                    problem(f"{path}: a document is not a mapping")
+                    continue
+                if os.path.basename(path) == "kgpu-alerts.rules.yaml":
+                    continue
+                if "apiVersion" not in d or "kind" not in d:
+                    problem(f"{path}: a document has no apiVersion/kind")
+                    continue
+                if d["kind"] == "Component":
+                    kusts.append((d_, d))
+                else:
+                    docs.append((path, d))
     kinds = by_kind(docs)
 
     def one(kind):
         items = kinds.get(kind, [])
         if len(items) != 1:
-            problem(f"expected exactly one {kind} in deploy/monitoring, found {len(items)}")
+            problem(f"expected exactly one {kind} in deploy/monitoring and deploy/exporter, found {len(items)}")
             return None
         return items[0][1]
 
-    ds, svc, sm, kust = one("DaemonSet"), one("Service"), one("ServiceMonitor"), one("Kustomization")
+    ds, svc, sm = one("DaemonSet"), one("Service"), one("ServiceMonitor")
+    if len(kusts) != 2:
+        problem(f"expected a kustomization.yaml of kind Component in each of {mon} and {exporter}")
     for path, d in docs:
-        if d["kind"] not in ("Kustomization", "Namespace") and d.get("metadata", {}).get("namespace") != "kgpu-system":
+        if d["kind"] != "Namespace" and d.get("metadata", {}).get("namespace") != "kgpu-system":
             problem(f"{path}: {d['kind']} is not in namespace kgpu-system")
+        if d["kind"] == "Namespace":
+            problem(f"{path}: the namespace belongs to deploy/namespace, not to a component")
 
-    if kust:
+    for dir_, kust in kusts:
         listed = set(kust.get("resources") or [])
         for r in listed:
-            if not os.path.exists(os.path.join(mon, r)):
-                problem(f"kustomization.yaml: resource {r} does not exist")
+            if not os.path.exists(os.path.join(dir_, r)):
+                problem(f"{dir_}/kustomization.yaml: resource {r} does not exist")
         for path, d in docs:
             base = os.path.basename(path)
-            if d["kind"] != "Kustomization" and base not in listed:
-                problem(f"kustomization.yaml does not list {base}")
+            if os.path.dirname(path) == dir_ and base not in listed:
+                problem(f"{dir_}/kustomization.yaml does not list {base}")
         for gen in kust.get("configMapGenerator") or []:
             for f in gen.get("files") or []:
-                if not os.path.exists(os.path.join(mon, f.split("=")[-1])):
-                    problem(f"kustomization.yaml: configMapGenerator file {f} does not exist")
+                if not os.path.exists(os.path.join(dir_, f.split("=")[-1])):
+                    problem(f"{dir_}/kustomization.yaml: configMapGenerator file {f} does not exist")
 
     if not (ds and svc and sm):
         return
@@ -187,8 +200,8 @@ def check_manifests(mon):
     want_cmd = ["kgpu", "exporter", "-a", ":9400", "-c", "30000", "-k", "--proc-root", "/host/proc"]
     if cmd != want_cmd:
         problem(f"DaemonSet: command is {cmd}, want {want_cmd}")
-    if c["image"] != "ghcr.io/kgpu/kgpu:0.1.0":
-        problem("DaemonSet: image is not the placeholder ghcr.io/kgpu/kgpu:0.1.0")
+    if not c["image"].startswith("localhost/kgpu:"):
+        problem(f"DaemonSet: image is {c['image']}, not the Dockerfile's localhost/kgpu:<version>")
     env = {e["name"]: e for e in c.get("env", [])}
     if env.get("NODE_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "spec.nodeName":
         problem("DaemonSet: NODE_NAME must come from spec.nodeName")

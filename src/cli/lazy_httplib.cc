@@ -1,0 +1,117 @@
+// The libcpp-httplib functions that kgpu calls (the exporter's /metrics server,
+// src/exporter/exporter.cc), defined in the kgpu executable and forwarded to
+// libcpp-httplib.so.0.11, loaded when the first httplib::Server is constructed (src/cli/lazy_lib.h
+// says why).
+//
+// They are C++ member functions, so each is defined here under its mangled name (Debian 12's
+// cpp-httplib 0.11.4, GCC's C++11 std::string ABI) at the level of the Itanium C++ ABI, which is
+// what the caller compiled against <httplib.h> uses: `this` comes first, a `const std::string&`
+// is a pointer, and a std::function taken by value is passed as the address of the caller's
+// temporary (which the caller destroys). Forwarding those words unchanged makes exactly the call
+// the caller made; nothing is constructed or destroyed here. This file must not include
+// <httplib.h>, whose declarations of the same symbols would clash. A call of another httplib
+// function makes the linker keep libcpp-httplib as a DT_NEEDED of kgpu again, which
+// tests/integration/lazy_libs_test.sh reports: add its forwarder here.
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "cli/lazy_lib.h"
+
+namespace {
+
+kgpu::cli::lazy::Lib& Httplib() {
+  static kgpu::cli::lazy::Lib lib("libcpp-httplib.so.0.11", "libcpp-httplib0.11");
+  return lib;
+}
+
+// The real function: there is no httplib::Server without one, so a missing library or symbol
+// ends the process with the reason (the package's Depends make this a broken installation).
+template <typename Fn>
+Fn Real(const char* mangled) {
+  void* p = Httplib().Symbol(mangled);
+  if (p == nullptr) {
+    std::fprintf(stderr, "kgpu: the exporter's HTTP server needs %s\n",
+                 Httplib().Error().empty() ? mangled : Httplib().Error().c_str());
+    std::exit(1);
+  }
+  return reinterpret_cast<Fn>(p);
+}
+
+}  // namespace
+
+// The mangled names, each used twice: as the symbol defined here and as the one looked up.
+#define KGPU_SERVER_CTOR "_ZN7httplib6ServerC1Ev"
+#define KGPU_BIND_TO_PORT \
+  "_ZN7httplib6Server12bind_to_portERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEEii"
+#define KGPU_SET_TCP_NODELAY "_ZN7httplib6Server15set_tcp_nodelayEb"
+#define KGPU_BIND_TO_ANY_PORT \
+  "_ZN7httplib6Server16bind_to_any_portERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEEi"
+#define KGPU_LISTEN_AFTER_BIND "_ZN7httplib6Server17listen_after_bindEv"
+#define KGPU_GET                                                                                   \
+  "_ZN7httplib6Server3GetERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEESt8functionIFvRKNS_" \
+  "7RequestERNS_8ResponseEEE"
+#define KGPU_STOP "_ZN7httplib6Server4stopEv"
+#define KGPU_SET_CONTENT \
+  "_ZN7httplib8Response11set_contentERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEES8_"
+#define KGPU_IS_RUNNING "_ZNK7httplib6Server10is_runningEv"
+
+// Each with the C++ signature it has in <httplib.h> above it; `self` is `this`.
+extern "C" {
+// httplib::Server::Server()
+void KgpuHttplibServerCtor(void* self) __asm__(KGPU_SERVER_CTOR);
+// bool httplib::Server::bind_to_port(const std::string& host, int port, int socket_flags)
+bool KgpuHttplibBindToPort(void* self, const void* host, int port, int flags) __asm__(KGPU_BIND_TO_PORT);
+// httplib::Server& httplib::Server::set_tcp_nodelay(bool on)
+void* KgpuHttplibSetTcpNodelay(void* self, bool on) __asm__(KGPU_SET_TCP_NODELAY);
+// int httplib::Server::bind_to_any_port(const std::string& host, int socket_flags)
+int KgpuHttplibBindToAnyPort(void* self, const void* host, int flags) __asm__(KGPU_BIND_TO_ANY_PORT);
+// bool httplib::Server::listen_after_bind()
+bool KgpuHttplibListenAfterBind(void* self) __asm__(KGPU_LISTEN_AFTER_BIND);
+// httplib::Server& httplib::Server::Get(const std::string& pattern, Handler handler)
+void* KgpuHttplibGet(void* self, const void* pattern, void* handler) __asm__(KGPU_GET);
+// void httplib::Server::stop()
+void KgpuHttplibStop(void* self) __asm__(KGPU_STOP);
+// void httplib::Response::set_content(const std::string& s, const std::string& content_type)
+void KgpuHttplibSetContent(void* self, const void* s, const void* content_type) __asm__(KGPU_SET_CONTENT);
+// bool httplib::Server::is_running() const
+bool KgpuHttplibIsRunning(const void* self) __asm__(KGPU_IS_RUNNING);
+
+void KgpuHttplibServerCtor(void* self) {
+  static const auto real = Real<void (*)(void*)>(KGPU_SERVER_CTOR);
+  real(self);
+}
+bool KgpuHttplibBindToPort(void* self, const void* host, int port, int flags) {
+  static const auto real = Real<bool (*)(void*, const void*, int, int)>(KGPU_BIND_TO_PORT);
+  return real(self, host, port, flags);
+}
+void* KgpuHttplibSetTcpNodelay(void* self, bool on) {
+  static const auto real = Real<void* (*)(void*, bool)>(KGPU_SET_TCP_NODELAY);
+  return real(self, on);
+}
+int KgpuHttplibBindToAnyPort(void* self, const void* host, int flags) {
+  static const auto real = Real<int (*)(void*, const void*, int)>(KGPU_BIND_TO_ANY_PORT);
+  return real(self, host, flags);
+}
+bool KgpuHttplibListenAfterBind(void* self) {
+  static const auto real = Real<bool (*)(void*)>(KGPU_LISTEN_AFTER_BIND);
+  return real(self);
+}
+void* KgpuHttplibGet(void* self, const void* pattern, void* handler) {
+  static const auto real = Real<void* (*)(void*, const void*, void*)>(KGPU_GET);
+  return real(self, pattern, handler);
+}
+void KgpuHttplibStop(void* self) {
+  static const auto real = Real<void (*)(void*)>(KGPU_STOP);
+  real(self);
+}
+void KgpuHttplibSetContent(void* self, const void* s, const void* content_type) {
+  static const auto real = Real<void (*)(void*, const void*, const void*)>(KGPU_SET_CONTENT);
+  real(self, s, content_type);
+}
+bool KgpuHttplibIsRunning(const void* self) {
+  static const auto real = Real<bool (*)(const void*)>(KGPU_IS_RUNNING);
+  return real(self);
+}
+
+}  // extern "C"

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Checks that the objects `kubectl kustomize deploy` renders make one working install.
+
+  check_rendered.py RENDERED.yaml VARIANT VERSION OUT.json
+
+VARIANT: default (deploy/kustomization.yaml) or all (every component: node in place of the device
+plugin's and the exporter's DaemonSets, and node-labels). Checks: the expected objects and no
+others; one Namespace, everything else in it; every image is the Dockerfile's
+localhost/kgpu:VERSION and names its user explicitly (root where it needs the kubelet's sockets,
+else the image's unprivileged user with runAsNonRoot);
+selectors match (DaemonSet -> its pods, Service -> one DaemonSet's pods and a named port,
+ServiceMonitor -> the Service); ServiceAccounts, ConfigMaps and RBAC subjects that pods and
+bindings name exist. Writes the objects as a JSON array to OUT.json for validate.mjs.
+"""
+import json
+import sys
+
+import yaml
+
+NS = "kgpu-system"
+COMMON = {
+    ("Namespace", NS), ("ServiceAccount", "kgpu-device-plugin"), ("ClusterRole", "kgpu-device-plugin"),
+    ("ClusterRoleBinding", "kgpu-device-plugin"), ("ConfigMap", "kgpu-device-plugin-config"),
+    ("ConfigMap", "kgpu-grafana-dashboard"), ("Service", "kgpu-exporter"),
+    ("PrometheusRule", "kgpu-gpu-alerts"), ("ServiceMonitor", "kgpu-exporter"),
+}
+EXPECTED = {
+    "default": COMMON | {("DaemonSet", "kgpu-device-plugin"), ("DaemonSet", "kgpu-exporter")},
+    "all": COMMON | {("DaemonSet", "kgpu-node"), ("DaemonSet", "kgpu-node-labels"),
+                     ("ServiceAccount", "kgpu-node-labels"), ("ClusterRole", "kgpu-node-labels"),
+                     ("ClusterRoleBinding", "kgpu-node-labels")},
+}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+
+problems = []
+
+
+def problem(msg):
+    problems.append(msg)
+
+
+def selects(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def main():
+    if len(sys.argv) != 5:
+        print(__doc__, file=sys.stderr)
+        return 2
+    path, variant, version, out = sys.argv[1:]
+    with open(path, encoding="utf-8") as f:
+        objs = [d for d in yaml.safe_load_all(f) if d is not None]
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(objs, f)
+
+    have = {(o.get("kind"), o.get("metadata", {}).get("name")) for o in objs}
+    if len(have) != len(objs):
+        problem("two objects have the same kind and name")
+    want = EXPECTED[variant]
+    for k in sorted(want - have):
+        problem(f"missing {k[0]} {k[1]}")
+    for k in sorted(have - want):
+        problem(f"unexpected {k[0]} {k[1]}")
+
+    by_kind = {}
+    for o in objs:
+        by_kind.setdefault(o["kind"], []).append(o)
+        ns = o.get("metadata", {}).get("namespace")
+        if o["kind"] in CLUSTER_SCOPED:
+            if ns:
+                problem(f"{o['kind']} {o['metadata']['name']} is cluster-scoped but has namespace {ns}")
+        elif ns != NS:
+            problem(f"{o['kind']} {o['metadata']['name']} is in namespace {ns!r}, not {NS}")
+    names = lambda kind: {o["metadata"]["name"] for o in by_kind.get(kind, [])}  # noqa: E731
+
+    image = f"localhost/kgpu:{version}"
+    daemonsets = by_kind.get("DaemonSet", [])
+    for ds in daemonsets:
+        n = ds["metadata"]["name"]
+        tmpl = ds["spec"]["template"]
+        if not selects(ds["spec"]["selector"].get("matchLabels"), tmpl["metadata"].get("labels", {})):
+            problem(f"DaemonSet {n}: selector does not match its pod template")
+        spec = tmpl["spec"]
+        sa = spec.get("serviceAccountName")
+        if sa and sa not in names("ServiceAccount"):
+            problem(f"DaemonSet {n}: ServiceAccount {sa} is not rendered")
+        for v in spec.get("volumes", []):
+            cm = v.get("configMap", {}).get("name")
+            if cm and cm not in names("ConfigMap"):
+                problem(f"DaemonSet {n}: volume {v['name']} names ConfigMap {cm}, which is not rendered")
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            if c.get("image") != image:
+                problem(f"DaemonSet {n}: container {c['name']} runs {c.get('image')}, not {image} "
+                        "(the Dockerfile's image, tagged with project(VERSION))")
+            sc = c.get("securityContext", {})
+            user = sc.get("runAsUser")
+            if user is None:
+                problem(f"DaemonSet {n}: container {c['name']} must set runAsUser (0 for the kubelet's sockets, "
+                        "the image's default user is the unprivileged kgpu)")
+            elif user != 0 and sc.get("runAsNonRoot") is not True:
+                problem(f"DaemonSet {n}: container {c['name']} runs as uid {user} but does not set runAsNonRoot")
+            if sc.get("allowPrivilegeEscalation") is not False or sc.get("capabilities", {}).get("drop") != ["ALL"]:
+                problem(f"DaemonSet {n}: container {c['name']} must drop all capabilities, no privilege escalation")
+
+    for svc in by_kind.get("Service", []):
+        n = svc["metadata"]["name"]
+        sel = svc["spec"].get("selector", {})
+        matched = [ds for ds in daemonsets if selects(sel, ds["spec"]["template"]["metadata"].get("labels", {}))]
+        if len(matched) != 1:
+            problem(f"Service {n}: selector {sel} matches {len(matched)} DaemonSets' pods, want 1")
+            continue
+        ports = {p.get("name") for c in matched[0]["spec"]["template"]["spec"]["containers"]
+                 for p in c.get("ports", [])}
+        for p in svc["spec"].get("ports", []):
+            if isinstance(p.get("targetPort"), str) and p["targetPort"] not in ports:
+                problem(f"Service {n}: targetPort {p['targetPort']} is not a port of {matched[0]['metadata']['name']}")
+    for sm in by_kind.get("ServiceMonitor", []):
+        sel = sm["spec"].get("selector", {}).get("matchLabels", {})
+        if not any(selects(sel, s["metadata"].get("labels", {})) for s in by_kind.get("Service", [])):
+            problem(f"ServiceMonitor {sm['metadata']['name']}: selects no Service")
+    for crb in by_kind.get("ClusterRoleBinding", []):
+        if crb["roleRef"]["name"] not in names("ClusterRole"):
+            problem(f"ClusterRoleBinding {crb['metadata']['name']}: ClusterRole {crb['roleRef']['name']} is not rendered")
+        for s in crb.get("subjects", []):
+            if s["kind"] == "ServiceAccount" and s["name"] not in names("ServiceAccount"):
+                problem(f"ClusterRoleBinding {crb['metadata']['name']}: ServiceAccount {s['name']} is not rendered")
+
+    for p in problems:
+        print(f"check_rendered ({variant}): {p}")
+    print(f"check_rendered ({variant}): {len(objs)} objects, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# `kubectl kustomize deploy` renders a complete install, and so does the variant with every
+# component (`node` and `node-labels` too); every rendered object is valid against the Kubernetes
+# JSON schemas (npm kubernetes-models; monitoring.coreos.com from
+# @kubernetes-models/prometheus-operator) and the objects agree with each other
+# (tests/deploy/check_rendered.py). Registered in
+# tests/CMakeLists.txt as deploy.kustomize (label kubectl).
+#
+#   kustomize_test.sh REPO_ROOT WORK_DIR VERSION
+#
+# WORK_DIR (in the build dir) keeps the npm packages between runs: they are installed with
+# `npm ci` from tests/deploy/package-lock.json, again only when the lock file changes.
+# Exit 77 (skipped) without kubectl (there is no other kustomize here) and when npm cannot reach
+# its registry for a first install.
+set -euo pipefail
+root=$(cd "$1" && pwd) work=$2 version=$3
+here="$root/tests/deploy"
+step() { printf '\n== %s\n' "$*"; }
+fail() { echo "kustomize_test: FAIL: $*" >&2; exit 1; }
+
+if ! command -v kubectl >/dev/null; then
+  echo "kustomize_test: SKIPPED: kubectl not installed (it renders deploy/ with kubectl kustomize)"
+  exit 77
+fi
+command -v node >/dev/null || fail "node not found: run scripts/install-deps.sh (Debian package nodejs)"
+command -v npm >/dev/null || fail "npm not found: run scripts/install-deps.sh (Debian package npm)"
+mkdir -p "$work"
+
+step "npm packages ($(node --version), npm $(npm --version))"
+if ! cmp -s "$here/package-lock.json" "$work/npm/package-lock.json" || [ ! -d "$work/npm/node_modules" ]; then
+  rm -rf "$work/npm"
+  mkdir -p "$work/npm"
+  cp "$here/package.json" "$here/package-lock.json" "$work/npm/"
+  # Without the registry there are no schemas: a skip that says so, not a failure.
+  rc=0
+  timeout 30 npm ping --loglevel=error >"$work/npm-ping.log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    why="npm ping exited $rc"
+    [ "$rc" -eq 124 ] && why="npm ping had no answer within 30 s"
+    echo "kustomize_test: SKIPPED: npm cannot reach its registry $(npm config get registry) ($why),"
+    echo "so the Kubernetes schemas (npm kubernetes-models) cannot be installed."
+    rm -rf "$work/npm"
+    exit 77
+  fi
+  (cd "$work/npm" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error) ||
+    fail "npm ci in $work/npm failed"
+else
+  echo "up to date in $work/npm"
+fi
+cp "$here/validate.mjs" "$work/npm/validate.mjs"
+
+# The variant: every component, `node` and `node-labels` after the ones they build on. Kustomize
+# wants paths relative to the kustomization.
+variant="$work/variant-all"
+mkdir -p "$variant"
+rel=$(realpath --relative-to="$variant" "$root/deploy")
+cat >"$variant/kustomization.yaml" <<YAML
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - $rel/namespace
+components:
+  - $rel/device-plugin
+  - $rel/exporter
+  - $rel/monitoring
+  - $rel/node
+  - $rel/node-labels
+YAML
+
+for v in default all; do
+  dir="$root/deploy"
+  [ "$v" = all ] && dir="$variant"
+  step "kubectl kustomize ($v: $dir)"
+  kubectl kustomize "$dir" >"$work/$v.yaml" || fail "kubectl kustomize $dir failed"
+  grep -E '^kind: ' "$work/$v.yaml" | sort | uniq -c
+  step "objects agree ($v)"
+  python3 "$here/check_rendered.py" "$work/$v.yaml" "$v" "$version" "$work/$v.json"
+  step "Kubernetes JSON schemas ($v)"
+  node "$work/npm/validate.mjs" "$work/$v.json" "$v"
+done
+printf '\ndeploy.kustomize: PASS\n'
