@@ -15,6 +15,7 @@
 #include "cli/exporter_cmd.h"
 #include "cli/mig_cmd.h"
 #include "cli/node_labels.h"
+#include "cli/sim_cmd.h"
 #include "common/log.h"
 #include "kgpu_version.h"
 
@@ -94,6 +95,11 @@ int Main(int argc, char** argv) {
   auto* mig = app.add_subcommand("mig", "MIG layouts: show them, apply one (refused while a GPU is in use)");
   auto [mig_show, mig_apply] = kgpu::cli::AddMigCommands(mig, &mig_flags);
 
+  kgpu::cli::SimFlags sim_flags;
+  auto* sim = app.add_subcommand(
+      "sim", "replay a GPU cluster trace through the placement policies (allocation at 100-130% demand)");
+  kgpu::cli::AddSimFlags(sim, &sim_flags);
+
   // Exit codes, the same for every subcommand (README "Exit codes"): 0 success; 1 bad input (a
   // config or counters file, a flag value the node cannot honour) or a failure; 2 usage: the
   // command line cannot be parsed (unknown subcommand or option, a missing or malformed argument).
@@ -115,6 +121,7 @@ int Main(int argc, char** argv) {
   if (doctor->parsed()) return kgpu::cli::RunDoctor(node, json, std::cout);
   if (mig_show->parsed()) return kgpu::cli::RunMigShow(node, mig_flags, std::cout);
   if (mig_apply->parsed()) return kgpu::cli::RunMigApply(node, mig_flags, std::cout);
+  if (sim->parsed()) return kgpu::cli::RunSim(sim_flags, std::cout, std::cerr);
   if (device_plugin->parsed() || exporter->parsed() || node_cmd->parsed()) {
     // Signals are taken by sigwait(): block them before any thread starts.
     sigset_t signals;

@@ -23,13 +23,16 @@ Shape ShapeOf(const Request& req) {
 }
 
 namespace {
-// Count order, then a fixed order of the shape fields, so the result never depends on hashing.
+// Count order, then (as the paper's simulator sorts its typical pods) the larger CPU, per-GPU
+// milli, GPU count and model constraint first (no constraint last), so the result never depends
+// on hashing.
 bool ByCountThenShape(const Shape& a, const Shape& b) {
   if (a.weight != b.weight) return a.weight > b.weight;
-  if (a.num_gpus != b.num_gpus) return a.num_gpus < b.num_gpus;
-  if (a.milli != b.milli) return a.milli < b.milli;
-  if (a.cpu != b.cpu) return a.cpu < b.cpu;
-  return a.models < b.models;
+  if (a.cpu != b.cpu) return a.cpu > b.cpu;
+  if (a.milli != b.milli) return a.milli > b.milli;
+  if (a.num_gpus != b.num_gpus) return a.num_gpus > b.num_gpus;
+  const uint64_t ma = a.models == ~uint64_t{0} ? 0 : a.models, mb = b.models == ~uint64_t{0} ? 0 : b.models;
+  return ma > mb;
 }
 
 std::vector<Shape> Cover(std::vector<Shape> all, double coverage, size_t max_shapes) {

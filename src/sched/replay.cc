@@ -41,27 +41,39 @@ absl::StatusOr<MigInstance> ParseProfile(std::string_view p, std::string_view sp
 
 double Round2(double v) { return std::nearbyint(v * 100.0) / 100.0; }
 
-// The paper's TunePodsByNodeTotalResource: clones of random trace pods until the GPU demand
-// reaches the target, or random pods removed while it is above.
-std::vector<PodRequest> Tune(std::vector<PodRequest> sorted, int64_t capacity, double target, Rng& rng) {
+// The paper's arrival sequence: the name-sorted pods shuffled with the seed, then
+// TunePodsByNodeTotalResource: while the GPU demand is below the target, a clone of a random pod
+// of the name-sorted list (`<name>-tuned-<k>`) is appended at the end; the simulator stops at the
+// first drawn pod whose per-GPU milli would take the demand past the target (that pod is not
+// added). A workload above the target has random pods removed instead.
+std::vector<PodRequest> ArrivalOrder(const std::vector<PodRequest>& sorted, int64_t capacity, double target,
+                                     Rng& rng) {
   const auto demand_of = [](const PodRequest& p) { return int64_t{p.num_gpus} * p.gpu_milli; };
-  int64_t demand = 0;
-  for (const auto& p : sorted) demand += demand_of(p);
-  const auto goal = static_cast<double>(capacity) * target;
   std::vector<PodRequest> out = sorted;
-  int k = 0;
-  bool any_gpu = demand > 0;
-  for (const auto& p : sorted) any_gpu = any_gpu || demand_of(p) > 0;
-  while (any_gpu && static_cast<double>(demand) < goal) {
-    PodRequest c = sorted[rng.Below(sorted.size())];
-    c.name = Cat(c.name, "-tuned-", k++);
-    demand += demand_of(c);
-    out.push_back(std::move(c));
+  rng.Shuffle(out);
+  int64_t demand = 0;
+  bool any_gpu = false;
+  for (const auto& p : sorted) {
+    demand += demand_of(p);
+    any_gpu = any_gpu || demand_of(p) > 0;
   }
-  while (static_cast<double>(demand) > goal && out.size() > 1) {
-    const auto i = static_cast<size_t>(rng.Below(out.size()));
-    demand -= demand_of(out[i]);
-    out.erase(out.begin() + static_cast<long>(i));
+  const auto goal = static_cast<double>(capacity) * target;
+  if (!any_gpu || target <= 0) return out;
+  if (static_cast<double>(demand) < goal) {
+    for (int k = 0;; ++k) {
+      const PodRequest& src = sorted[rng.Below(sorted.size())];
+      if (static_cast<double>(demand + src.gpu_milli) > goal) break;
+      PodRequest c = src;
+      c.name = Cat(src.name, "-tuned-", k);
+      demand += demand_of(c);
+      out.push_back(std::move(c));
+    }
+  } else {
+    while (static_cast<double>(demand) > goal && !out.empty()) {
+      const auto i = static_cast<size_t>(rng.Below(out.size()));
+      demand -= demand_of(out[i]);
+      out.erase(out.begin() + static_cast<long>(i));
+    }
   }
   return out;
 }
@@ -214,9 +226,8 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<NodeSpec>& node_specs, con
   };
   std::vector<Arrival> arrivals;
   if (!o.departures) {
-    auto tuned = Tune(original, res.total_milli, o.target, rng);
-    rng.Shuffle(tuned);
-    for (auto& p : tuned) arrivals.push_back({std::move(p), 0, 0, -1});
+    auto order = ArrivalOrder(original, res.total_milli, o.target, rng);
+    for (auto& p : order) arrivals.push_back({std::move(p), 0, 0, -1});
   } else {
     std::vector<const TracePod*> order;
     for (const auto& t : trace) order.push_back(&t);
