@@ -98,7 +98,7 @@ absl::StatusOr<Config> ResolveConfig(const DevicePluginFlags& flags) {
   return config;
 }
 
-int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags) {
+int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags, const NodeLabelsFlags& labels) {
   auto log = Log("deviceplugin");
   auto config = ResolveConfig(flags);
   if (!config.ok()) {
@@ -132,6 +132,11 @@ int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags) {
     return 1;
   }
   deviceplugin::Manager manager(**lib, *inventory, {node.sysfs_root});
+  auto publisher = MakeLabelPublisher(manager, labels);
+  if (!publisher.ok()) {
+    std::cerr << "kgpu device-plugin: " << publisher.status().message() << "\n";
+    return 1;
+  }
   if (auto st = manager.Start(*config); !st.ok()) {
     std::cerr << "kgpu device-plugin: " << st.message() << "\n";
     return 1;

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "cli/commands.h"
+#include "cli/node_labels.h"
 #include "deviceplugin/config.h"
 
 namespace kgpu::cli {
@@ -28,6 +29,7 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags);
 absl::StatusOr<deviceplugin::Config> ResolveConfig(const DevicePluginFlags& flags);
 
 // Runs until SIGTERM/SIGINT. The caller must have blocked SIGHUP, SIGTERM, SIGINT and SIGQUIT.
-int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags);
+// With labels.publish it also publishes the node's labels (MakeLabelPublisher).
+int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags, const NodeLabelsFlags& labels = {});
 
 }  // namespace kgpu::cli

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -62,8 +63,12 @@ class ResourceServer {
   void SetAvailable(bool available);
   // GPUs (UUIDs) being re-partitioned by `kgpu mig apply`: their devices are Unhealthy meanwhile.
   void SetDrained(const std::set<std::string>& gpu_uuids);
+  // Runs whenever the device list ListAndWatch serves changes (under this server's lock: it must
+  // only record and wake). Set before Start.
+  void SetOnChange(std::function<void()> fn) { on_change_ = std::move(fn); }
 
   const Resource& resource() const { return plan_->resources[index_]; }
+  const Plan& plan() const { return *plan_; }
   const std::string& socket_path() const { return socket_path_; }
   std::vector<DeviceState> Devices() const;
   uint64_t allocations() const { return allocations_.load(); }
@@ -89,6 +94,7 @@ class ResourceServer {
   uint64_t version_ = 1;
   bool stopping_ = false;
   std::atomic<uint64_t> allocations_{0};
+  std::function<void()> on_change_;
 };
 
 // `kgpu mig apply` marks a GPU it is about to re-partition with the file
@@ -128,6 +134,20 @@ class Manager {
   uint64_t registrations() const { return registrations_.load(); }
   // The inventory the running plan was built from (changes when MIG is re-partitioned).
   std::shared_ptr<const gpu::Inventory> inventory() const;
+
+  // What is advertised now, for publishing it (node labels, the inventory annotation).
+  struct Advertised {
+    std::shared_ptr<const gpu::Inventory> inventory;
+    std::shared_ptr<const Config> config;
+    // Per GPU UUID and MIG UUID that has devices: false when ListAndWatch serves any of them
+    // Unhealthy (an XID, a lost GPU, a drain marker, an MPS daemon down).
+    std::map<std::string, bool> healthy;
+  };
+  Advertised advertised() const;
+  // `fn` runs after what is advertised may have changed: a device's health, a MIG re-partition, a
+  // reload (SIGHUP). It runs on the Manager's threads with their locks held: it must only record
+  // and wake. Set before Start.
+  void SetOnChange(std::function<void()> fn) { on_change_ = std::move(fn); }
 
  private:
   absl::Status StartServers();
@@ -171,6 +191,7 @@ class Manager {
   bool serve_failed_ = false;  // the last re-serve failed: the watch loop retries it
   std::atomic<uint64_t> registrations_{0};
   std::jthread register_thread_, watch_thread_, maintenance_thread_;
+  std::function<void()> on_change_;
 };
 
 }  // namespace kgpu::deviceplugin
