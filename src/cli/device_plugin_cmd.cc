@@ -138,7 +138,7 @@ int ServeUntilStopped(deviceplugin::Manager& manager, const DevicePluginFlags& f
   }
 }
 
-int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags) {
+int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags, const NodeLabelsFlags& labels) {
   auto log = Log("deviceplugin");
   auto config = ResolveConfig(flags);
   if (!config.ok()) {
@@ -174,6 +174,11 @@ int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags) {
     return 1;
   }
   deviceplugin::Manager manager(**lib, *inventory, {node.sysfs_root});
+  auto publisher = MakeLabelPublisher(manager, labels);
+  if (!publisher.ok()) {
+    std::cerr << "kgpu device-plugin: " << publisher.status().message() << "\n";
+    return 1;
+  }
   if (auto st = manager.Start(*config); !st.ok()) {
     std::cerr << "kgpu device-plugin: " << st.message() << "\n";
     return 1;

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "cli/commands.h"
+#include "cli/node_labels.h"
 #include "deviceplugin/config.h"
 
 namespace kgpu::deviceplugin {
@@ -37,6 +38,7 @@ absl::StatusOr<deviceplugin::Config> ResolveConfig(const DevicePluginFlags& flag
 int ServeUntilStopped(deviceplugin::Manager& manager, const DevicePluginFlags& flags);
 // Runs until SIGTERM/SIGINT. With failOnInitError=false and no NVML, waits: SIGHUP reloads the
 // config and tries NVML again. The caller must have blocked SIGHUP, SIGTERM, SIGINT and SIGQUIT.
-int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags);
+// With labels.publish it also publishes the node's labels (MakeLabelPublisher).
+int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags, const NodeLabelsFlags& labels = {});
 
 }  // namespace kgpu::cli

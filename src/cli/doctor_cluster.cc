@@ -145,7 +145,7 @@ std::vector<Check> ClusterChecks(k8s::Client& client, const std::string& node_na
 }
 
 std::vector<Check> ClusterChecks(const NodeOptions& options, size_t gpus) {
-  auto cfg = k8s::DefaultConfig(options.kubeconfig, options.kube_context);
+  auto cfg = k8s::ConfigFromFlags(options.kubeconfig, options.kube_context, options.in_cluster);
   if (!cfg.ok()) {
     return {{"Kubernetes API", Verdict::kFail, std::string(cfg.status().message()),
              "pass --kubeconfig, or run in a pod with a service account"}};

@@ -115,7 +115,8 @@ int RunExporter(const NodeOptions& node, const ExporterFlags& flags) {
   return 0;
 }
 
-int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const ExporterFlags& exporter_flags) {
+int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const ExporterFlags& exporter_flags,
+            const NodeLabelsFlags& labels) {
   auto config = ResolveConfig(plugin);
   if (!config.ok()) {
     std::cerr << "kgpu node: " << config.status().message() << "\n";
@@ -136,6 +137,11 @@ int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const Expo
     return 1;
   }
   deviceplugin::Manager manager(*session->lib, session->inventory, {node.sysfs_root});
+  auto publisher = MakeLabelPublisher(manager, labels);  // follows the plugin: health, MIG, SIGHUP
+  if (!publisher.ok()) {
+    std::cerr << "kgpu node: " << publisher.status().message() << "\n";
+    return 1;
+  }
   if (auto st = manager.Start(*config); !st.ok()) {
     std::cerr << "kgpu node: " << st.message() << "\n";
     return 1;

@@ -35,6 +35,7 @@ absl::StatusOr<exporter::ExporterOptions> ResolveExporterOptions(const ExporterF
 
 // Both run until SIGTERM/SIGINT; the caller has blocked SIGHUP, SIGTERM, SIGINT and SIGQUIT.
 int RunExporter(const NodeOptions& node, const ExporterFlags& flags);
-int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const ExporterFlags& exporter);
+int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const ExporterFlags& exporter,
+            const NodeLabelsFlags& labels = {});
 
 }  // namespace kgpu::cli

@@ -84,6 +84,9 @@ int Main(int argc, char** argv) {
       "node", "device plugin and exporter in one process (one NVML session, one inventory)");
   kgpu::cli::AddDevicePluginFlags(node_cmd, &dp_flags);
   kgpu::cli::AddExporterFlags(node_cmd, &exp_flags);
+  kgpu::cli::NodeLabelsFlags publish_flags;  // --publish-labels: the node agent labels its Node
+  kgpu::cli::AddPublishLabelsFlags(device_plugin, &publish_flags);
+  kgpu::cli::AddPublishLabelsFlags(node_cmd, &publish_flags);
 
   kgpu::cli::NodeLabelsFlags labels_flags;
   auto* node_labels = app.add_subcommand(
@@ -134,8 +137,8 @@ int Main(int argc, char** argv) {
     // A peer that goes away (a kubelet, an MPS client) must give EPIPE, not end the daemon.
     std::signal(SIGPIPE, SIG_IGN);
     if (exporter->parsed()) return kgpu::cli::RunExporter(node, exp_flags);
-    if (node_cmd->parsed()) return kgpu::cli::RunNode(node, dp_flags, exp_flags);
-    return kgpu::cli::RunDevicePlugin(node, dp_flags);
+    if (node_cmd->parsed()) return kgpu::cli::RunNode(node, dp_flags, exp_flags, publish_flags);
+    return kgpu::cli::RunDevicePlugin(node, dp_flags, publish_flags);
   }
   if (node_labels->parsed()) {
     std::signal(SIGINT, OnSignal);

@@ -13,6 +13,8 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "deviceplugin/gfd_labels.h"
+#include "cli/device_plugin_cmd.h"
+#include "deviceplugin/server.h"
 #include "k8s/config.h"
 
 namespace kgpu::cli {
@@ -50,15 +52,23 @@ json Islands(const gpu::Inventory& inv, const std::function<bool(unsigned, unsig
 
 }  // namespace
 
-std::string InventoryAnnotation(const gpu::Inventory& inv, const deviceplugin::Config& config) {
+std::string InventoryAnnotation(const gpu::Inventory& inv, const deviceplugin::Config& config, const LiveHealth* live) {
+  // Discovery's verdict wins (a lost GPU is lost whatever was last served); else the plugin's.
+  auto health = [&](const std::string& uuid, const char* discovered) -> const char* {
+    if (std::string_view(discovered) != "ok" || live == nullptr) return discovered;
+    const auto it = live->find(uuid);
+    return it == live->end() || it->second ? "ok" : "unhealthy";
+  };
   json gpus = json::array();
   for (const auto& g : inv.gpus()) {
+    const char* discovered = g.lost ? "lost" : !g.error.empty() ? "error" : "ok";
     json e = {{"i", g.index}, {"uuid", g.uuid}, {"model", g.name}, {"memMiB", g.memory_mib},
-              {"numa", g.numa_node}, {"health", g.lost ? "lost" : !g.error.empty() ? "error" : "ok"}};
+              {"numa", g.numa_node}, {"health", health(g.uuid, discovered)}};
     if (g.mig_enabled) {
       json migs = json::array();
       for (const auto& m : g.migs) {
-        migs.push_back({{"uuid", m.uuid}, {"profile", m.profile}, {"gi", m.gi}, {"ci", m.ci}, {"memMiB", m.memory_mib}});
+        migs.push_back({{"uuid", m.uuid}, {"profile", m.profile}, {"gi", m.gi}, {"ci", m.ci}, {"memMiB", m.memory_mib},
+                        {"health", health(m.uuid, discovered)}});
       }
       e["mig"] = migs;
     }
@@ -147,6 +157,7 @@ void AddNodeLabelsFlags(CLI::App* app, NodeLabelsFlags* f) {
   app->add_option("--kubeconfig", f->kubeconfig, "kubeconfig (default: in-cluster, else $KUBECONFIG)")
       ->envname("KUBECONFIG_FILE");
   app->add_option("--context", f->context, "kubeconfig context");
+  app->add_flag("--in-cluster", f->in_cluster, "use the pod's service account (the default in a pod)");
   app->add_option("--node-name", f->node_name, "this node's name")->envname("NODE_NAME");
   app->add_option("--output", f->output, "api (patch the Node) or file (NFD feature file)")
       ->check(CLI::IsMember({"api", "file"}))
@@ -161,72 +172,211 @@ void AddNodeLabelsFlags(CLI::App* app, NodeLabelsFlags* f) {
   app->add_flag("--no-timestamp", f->no_timestamp, "omit nvidia.com/gfd.timestamp")->envname("GFD_NO_TIMESTAMP");
 }
 
-int RunNodeLabels(const NodeOptions& node, const DevicePluginFlags& dp, const NodeLabelsFlags& flags,
-                  const volatile std::sig_atomic_t* stop, std::ostream& out) {
-  auto log = Log("cli");
-  std::unique_ptr<k8s::Client> client;
+void AddPublishLabelsFlags(CLI::App* app, NodeLabelsFlags* f) {
+  app->add_flag("--publish-labels", f->publish,
+                "also publish the GFD labels and the kgpu.io/gpu-inventory annotation (as kgpu node-labels), "
+                "on an interval and whenever health, the MIG layout or the config changes")
+      ->envname("KGPU_PUBLISH_LABELS");
+  app->add_option("--kubeconfig", f->kubeconfig, "kubeconfig for --publish-labels (default: in-cluster, else $KUBECONFIG)")
+      ->envname("KUBECONFIG_FILE");
+  app->add_option("--context", f->context, "kubeconfig context");
+  app->add_flag("--in-cluster", f->in_cluster, "use the pod's service account (the default in a pod)");
+  app->add_option("--node-name", f->node_name, "this node's Node name (--publish-labels)")->envname("NODE_NAME");
+  app->add_option("--labels-output", f->output, "api (patch the Node) or file (NFD feature file)")
+      ->check(CLI::IsMember({"api", "file"}))
+      ->capture_default_str();
+  app->add_option("--labels-output-file", f->feature_file, "NFD feature file for --labels-output file")
+      ->envname("GFD_OUTPUT_FILE")
+      ->capture_default_str();
+  app->add_option("--labels-interval", f->interval_s, "seconds between relabels besides those on change (0: on change only)")
+      ->envname("GFD_SLEEP_INTERVAL")
+      ->capture_default_str();
+  app->add_flag("--labels-no-timestamp", f->no_timestamp, "omit nvidia.com/gfd.timestamp")->envname("GFD_NO_TIMESTAMP");
+}
+
+absl::StatusOr<std::unique_ptr<NodeLabeller>> NodeLabeller::Create(const NodeLabelsFlags& flags) {
+  std::unique_ptr<NodeLabeller> l(new NodeLabeller(flags));
   if (flags.output == "api") {
     if (flags.node_name.empty()) {
-      out << "kgpu node-labels: --node-name (or NODE_NAME) is required with --output api\n";
-      return 2;
+      return absl::InvalidArgumentError("--node-name (or NODE_NAME) is required to label the Node (or write a file)");
     }
-    auto cfg = k8s::DefaultConfig(flags.kubeconfig, flags.context);
-    if (!cfg.ok()) {
-      out << "kgpu node-labels: " << cfg.status().message() << "\n";
-      return 2;
-    }
+    auto cfg = k8s::ConfigFromFlags(flags.kubeconfig, flags.context, flags.in_cluster);
+    if (!cfg.ok()) return cfg.status();
     auto c = k8s::Client::Create(*cfg);
-    if (!c.ok()) {
-      out << "kgpu node-labels: " << c.status().message() << "\n";
-      return 2;
-    }
-    client = std::move(*c);
+    if (!c.ok()) return c.status();
+    l->client_ = std::move(*c);
   }
+  if (auto m = ReadFile(flags.machine_file)) {
+    std::string v = *m;
+    while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+    l->machine_ = v;
+  }
+  return l;
+}
+
+absl::Status NodeLabeller::Publish(const gpu::Inventory& inventory, const deviceplugin::Config& config,
+                                   const LiveHealth* live) {
+  auto log = Log("cli");
+  deviceplugin::GfdOptions go;
+  go.timestamp = !flags_.no_timestamp;
+  go.now_seconds = static_cast<int64_t>(std::time(nullptr));
+  go.machine = machine_;
+  const auto labels = deviceplugin::GfdLabels(inventory, config, go);
+  if (flags_.output == "file") {
+    if (auto s = WriteFeatureFile(flags_.feature_file, labels); !s.ok()) return s;
+    log->info("wrote {} labels to {}", labels.size(), flags_.feature_file);
+    return absl::OkStatus();
+  }
+  auto r = PublishToNode(*client_, flags_.node_name, labels, InventoryAnnotation(inventory, config, live));
+  if (!r.ok()) return r.status();
+  log->info("node {}: {} labels set, {} removed, inventory annotation {}", flags_.node_name, r->labels_set,
+            r->labels_removed, r->annotation_changed ? "updated" : "unchanged");
+  return absl::OkStatus();
+}
+
+LabelPublisher::LabelPublisher(std::unique_ptr<NodeLabeller> labeller, Source source, std::chrono::seconds interval,
+                               std::chrono::milliseconds debounce)
+    : labeller_(std::move(labeller)), source_(std::move(source)), interval_(interval), debounce_(debounce) {}
+
+LabelPublisher::~LabelPublisher() { Stop(); }
+
+void LabelPublisher::Start() {
+  if (thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(hook_->mu);
+    hook_->target = this;
+  }
+  thread_ = std::jthread([this](std::stop_token st) { Loop(st); });
+}
+
+std::function<void()> LabelPublisher::Notifier() {
+  return [hook = hook_] {
+    std::lock_guard<std::mutex> lock(hook->mu);
+    if (hook->target != nullptr) hook->target->Notify();
+  };
+}
+
+void LabelPublisher::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(hook_->mu);
+    hook_->target = nullptr;
+  }
+  if (!thread_.joinable()) return;
+  thread_.request_stop();
+  cv_.notify_all();
+  thread_.join();
+}
+
+void LabelPublisher::Notify() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_ = true;
+  }
+  cv_.notify_all();
+}
+
+uint64_t LabelPublisher::passes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return passes_;
+}
+
+void LabelPublisher::Loop(std::stop_token stop) {
+  auto log = Log("cli");
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kMaxWait = std::chrono::hours(24 * 365);
+  const auto interval = interval_.count() > 0 ? std::chrono::duration_cast<Clock::duration>(interval_) : kMaxWait;
+  auto backoff = std::chrono::milliseconds(1000);
+  auto next = Clock::now();  // the first pass at once
   std::string last_error;
-  for (;;) {
-    int rc = 0;
-    auto config = ResolveConfig(dp);
-    auto session = config.ok() ? OpenSession(node) : absl::StatusOr<Session>(config.status());
-    if (!session.ok()) {
-      out << "kgpu node-labels: " << session.status().message() << "\n";
-      rc = 1;
-    } else {
-      deviceplugin::GfdOptions go;
-      go.timestamp = !flags.no_timestamp;
-      go.now_seconds = static_cast<int64_t>(std::time(nullptr));
-      if (auto m = ReadFile(flags.machine_file)) {
-        std::string v = *m;
-        while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
-        go.machine = v;
-      }
-      const auto labels = deviceplugin::GfdLabels(*session->inventory, *config, go);
-      if (flags.output == "file") {
-        if (auto s = WriteFeatureFile(flags.feature_file, labels); !s.ok()) {
-          out << "kgpu node-labels: " << s.message() << "\n";
-          rc = 1;
-        } else {
-          log->info("wrote {} labels to {}", labels.size(), flags.feature_file);
-        }
-      } else {
-        auto r = PublishToNode(*client, flags.node_name, labels, InventoryAnnotation(*session->inventory, *config));
-        if (!r.ok()) {
-          const std::string msg(r.status().message());
-          if (msg != last_error) out << "kgpu node-labels: " << msg << "\n";
-          last_error = msg;
-          rc = 1;
-        } else {
-          last_error.clear();
-          log->info("node {}: {} labels set, {} removed, inventory annotation {}", flags.node_name, r->labels_set,
-                    r->labels_removed, r->annotation_changed ? "updated" : "unchanged");
-        }
+  while (!stop.stop_requested()) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_until(lock, stop, next, [&] { return pending_; });
+      if (stop.stop_requested()) return;
+      if (pending_) {
+        // A change is often a burst (a re-partition, a reload): publish once it is over.
+        cv_.wait_for(lock, stop, debounce_, [] { return false; });
+        if (stop.stop_requested()) return;
+        pending_ = false;
+      } else if (Clock::now() < next) {
+        continue;
       }
     }
-    if (flags.oneshot || flags.interval_s == 0) return rc;
-    for (unsigned i = 0; i < flags.interval_s * 10; ++i) {
-      if (stop && *stop) return 0;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    absl::Status st;
+    bool skipped = false;
+    auto snap = source_();
+    if (!snap.ok()) {
+      st = snap.status();
+    } else if (!snap->inventory || !snap->config) {
+      skipped = true;  // not serving yet: the start notifies
+    } else {
+      st = labeller_->Publish(*snap->inventory, *snap->config, &snap->healthy);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!skipped) ++passes_;
+    }
+    if (skipped) {
+      next = Clock::now() + interval;
+      continue;
+    }
+    if (st.ok()) {
+      if (!last_error.empty()) log->info("labels published again");
+      last_error.clear();
+      backoff = std::chrono::milliseconds(1000);
+      next = Clock::now() + interval;
+    } else {
+      const std::string msg(st.message());
+      if (msg != last_error) log->warn("publishing labels: {}; retrying", msg);
+      last_error = msg;
+      next = Clock::now() + std::min<Clock::duration>(backoff, interval);
+      backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::minutes(5));
     }
   }
+}
+
+absl::StatusOr<std::unique_ptr<LabelPublisher>> MakeLabelPublisher(deviceplugin::Manager& manager,
+                                                                  const NodeLabelsFlags& flags) {
+  if (!flags.publish) return std::unique_ptr<LabelPublisher>();
+  auto labeller = NodeLabeller::Create(flags);
+  if (!labeller.ok()) return absl::Status(labeller.status().code(), Cat("--publish-labels: ", labeller.status().message()));
+  auto source = [&manager]() -> absl::StatusOr<LabelPublisher::Snapshot> {
+    auto a = manager.advertised();
+    return LabelPublisher::Snapshot{std::move(a.inventory), std::move(a.config), std::move(a.healthy)};
+  };
+  auto p = std::make_unique<LabelPublisher>(std::move(*labeller), source, std::chrono::seconds(flags.interval_s));
+  manager.SetOnChange(p->Notifier());
+  p->Start();
+  return p;
+}
+
+int RunNodeLabels(const NodeOptions& node, const DevicePluginFlags& dp, const NodeLabelsFlags& flags,
+                  const volatile std::sig_atomic_t* stop, std::ostream& out) {
+  auto labeller = NodeLabeller::Create(flags);
+  if (!labeller.ok()) {
+    out << "kgpu node-labels: " << labeller.status().message() << "\n";
+    return 2;
+  }
+  // Without a plugin to follow, each pass re-reads the config and re-discovers the GPUs (a MIG
+  // re-partition or a config change shows at the next pass); health is discovery's.
+  auto source = [&]() -> absl::StatusOr<LabelPublisher::Snapshot> {
+    auto config = ResolveConfig(dp);
+    if (!config.ok()) return config.status();
+    auto session = OpenSession(node);
+    if (!session.ok()) return session.status();
+    return LabelPublisher::Snapshot{session->inventory, std::make_shared<const deviceplugin::Config>(*config), {}};
+  };
+  if (flags.oneshot || flags.interval_s == 0) {
+    auto snap = source();
+    absl::Status st = snap.ok() ? (*labeller)->Publish(*snap->inventory, *snap->config, nullptr) : snap.status();
+    if (!st.ok()) out << "kgpu node-labels: " << st.message() << "\n";
+    return st.ok() ? 0 : 1;
+  }
+  LabelPublisher publisher(std::move(*labeller), source, std::chrono::seconds(flags.interval_s));
+  publisher.Start();
+  while (!(stop && *stop)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  publisher.Stop();
+  return 0;
 }
 
 }  // namespace kgpu::cli

@@ -222,6 +222,7 @@ void ResourceServer::RecomputeLocked() {
   devices_ = std::move(next);
   for (Stream* s : streams_) Enqueue(*s, devices_);
   cv_.notify_all();
+  if (on_change_) on_change_();
 }
 
 bool ResourceServer::HidesUnhealthy(const std::vector<DeviceState>& before, const std::vector<DeviceState>& after) {
@@ -367,6 +368,26 @@ std::shared_ptr<const gpu::Inventory> Manager::inventory() const {
   return inventory_;
 }
 
+Manager::Advertised Manager::advertised() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Advertised out{inventory_, config_, {}};
+  for (const auto& s : servers_) {
+    const Resource& r = s->resource();
+    const auto states = s->Devices();  // built from r.devices, in order
+    for (size_t i = 0; i < r.devices.size() && i < states.size(); ++i) {
+      const PluginDevice& d = r.devices[i];
+      const bool ok = states[i].healthy;
+      auto mark = [&](const std::string& uuid) {
+        auto [it, fresh] = out.healthy.emplace(uuid, ok);
+        if (!fresh) it->second = it->second && ok;
+      };
+      mark(d.health_key);
+      if (d.gpu < s->plan().inventory->gpus().size()) mark(s->plan().inventory->gpus()[d.gpu].uuid);
+    }
+  }
+  return out;
+}
+
 std::shared_ptr<const Plan> Manager::WithRetired(std::shared_ptr<const Plan> plan) {
   std::vector<std::string> missing;
   for (const auto& name : retired_) {
@@ -397,6 +418,7 @@ absl::Status Manager::StartServers() {
   for (size_t i = 0; i < plan_->resources.size(); ++i) {
     const Resource& r = plan_->resources[i];
     auto server = std::make_unique<ResourceServer>(plan_, i, config_, Cat(config_->kubelet_dir, "/", r.socket));
+    server->SetOnChange(on_change_);
     if (auto st = server->Start(); !st.ok()) {
       for (auto& s : servers_) s->Stop();
       servers_.clear();
@@ -416,6 +438,7 @@ absl::Status Manager::StartServers() {
   registered_inode_.assign(servers_.size(), 0);
   kubelet_inode_ = 0;
   ++generation_;
+  if (on_change_) on_change_();  // a start, a reload, a new MIG layout
   return absl::OkStatus();
 }
 
@@ -559,7 +582,10 @@ absl::Status Manager::Start(const Config& config) {
   auto cdi = WriteCdiSpec(**plan, config);
   if (!cdi.ok()) return cdi.status();
   if (!cdi->empty()) log->info("wrote CDI spec {}", *cdi);
-  config_ = std::make_shared<const Config>(config);
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // advertised() reads it from other threads
+    config_ = std::make_shared<const Config>(config);
+  }
   for (const auto& name : CheckpointedResources(config)) retired_.insert(name);
   plan_ = WithRetired(*plan);
   layout_seen_ = gpu::MigFingerprint(*inventory_);

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -64,8 +65,12 @@ class ResourceServer {
   void SetAvailable(bool available);
   // GPUs (UUIDs) being re-partitioned by `kgpu mig apply`: their devices are Unhealthy meanwhile.
   void SetDrained(const std::set<std::string>& gpu_uuids);
+  // Runs whenever the device list ListAndWatch serves changes (under this server's lock: it must
+  // only record and wake). Set before Start.
+  void SetOnChange(std::function<void()> fn) { on_change_ = std::move(fn); }
 
   const Resource& resource() const { return plan_->resources[index_]; }
+  const Plan& plan() const { return *plan_; }
   const std::string& socket_path() const { return socket_path_; }
   std::vector<DeviceState> Devices() const;
   uint64_t allocations() const { return allocations_.load(); }
@@ -99,6 +104,7 @@ class ResourceServer {
   std::set<Stream*> streams_;  // open ListAndWatch streams
   bool stopping_ = false;
   std::atomic<uint64_t> allocations_{0};
+  std::function<void()> on_change_;
 };
 
 // `kgpu mig apply` marks a GPU it is about to re-partition with the file
@@ -138,6 +144,20 @@ class Manager {
   uint64_t registrations() const { return registrations_.load(); }
   // The inventory the running plan was built from (changes when MIG is re-partitioned).
   std::shared_ptr<const gpu::Inventory> inventory() const;
+
+  // What is advertised now, for publishing it (node labels, the inventory annotation).
+  struct Advertised {
+    std::shared_ptr<const gpu::Inventory> inventory;
+    std::shared_ptr<const Config> config;
+    // Per GPU UUID and MIG UUID that has devices: false when ListAndWatch serves any of them
+    // Unhealthy (an XID, a lost GPU, a drain marker, an MPS daemon down).
+    std::map<std::string, bool> healthy;
+  };
+  Advertised advertised() const;
+  // `fn` runs after what is advertised may have changed: a device's health, a MIG re-partition, a
+  // reload (SIGHUP). It runs on the Manager's threads with their locks held: it must only record
+  // and wake. Set before Start.
+  void SetOnChange(std::function<void()> fn) { on_change_ = std::move(fn); }
 
  private:
   absl::Status StartServers();
@@ -191,6 +211,7 @@ class Manager {
   std::atomic<uint64_t> registrations_{0};
   std::jthread register_thread_, watch_thread_;
   BoundedThread maintenance_thread_;  // makes NVML calls: Stop() does not wait for a hung one
+  std::function<void()> on_change_;
 };
 
 }  // namespace kgpu::deviceplugin

@@ -334,4 +334,12 @@ absl::StatusOr<Config> DefaultConfig(std::string_view explicit_path, std::string
   return LoadKubeconfig(explicit_path, context);
 }
 
+absl::StatusOr<Config> ConfigFromFlags(std::string_view kubeconfig, std::string_view context, bool in_cluster) {
+  if (in_cluster) {
+    if (!kubeconfig.empty()) return absl::InvalidArgumentError("--in-cluster and --kubeconfig: give one of them");
+    return InClusterConfig();
+  }
+  return DefaultConfig(kubeconfig, context);
+}
+
 }  // namespace kgpu::k8s

@@ -58,4 +58,8 @@ absl::StatusOr<Config> InClusterConfig(std::string_view sa_dir = "/var/run/secre
 // In-cluster when KUBERNETES_SERVICE_HOST is set and no kubeconfig was named, else kubeconfig.
 absl::StatusOr<Config> DefaultConfig(std::string_view explicit_path = "", std::string_view context = "");
 
+// What a command's --kubeconfig / --context / --in-cluster flags ask for: --in-cluster forces the
+// service account (an error when not in a pod), else DefaultConfig.
+absl::StatusOr<Config> ConfigFromFlags(std::string_view kubeconfig, std::string_view context, bool in_cluster);
+
 }  // namespace kgpu::k8s

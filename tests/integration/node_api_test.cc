@@ -1,6 +1,7 @@
 // The whole path plugin -> kubelet -> Node object: `kgpu device-plugin` registers with the
 // kubelet stand-in, whose API side keeps the Node's capacity/allocatable in the API server
-// stand-in; `kgpu node-labels` publishes the GFD labels and the inventory annotation there.
+// stand-in; `kgpu node-labels` publishes the GFD labels and the inventory annotation there, and so
+// does the node agent itself (--publish-labels), following health, MIG layout and SIGHUP reloads.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -12,11 +13,14 @@
 #include <sstream>
 #include <thread>
 
+#include <yaml-cpp/yaml.h>
+
 #include "k8s/client.h"
 #include "testing/fake_apiserver.h"
 #include "testing/fake_kubelet_node.h"
 #include "testing/plugin_fixture.h"
 #include "testing/plugin_process.h"
+#include "testing/shell.h"
 
 namespace kgpu {
 namespace {
@@ -101,6 +105,154 @@ TEST_F(NodeApiTest, NodeLabelsCommandPublishes) {
   buf << in.rdbuf();
   EXPECT_NE(buf.str().find("nvidia.com/gpu.count=8\n"), std::string::npos) << buf.str();
   EXPECT_EQ(buf.str().find("gfd.timestamp"), std::string::npos);
+}
+
+json Annotation(const json& node) {
+  return json::parse(node["metadata"].value("annotations", json::object()).value("kgpu.io/gpu-inventory", "{}"));
+}
+
+// The node agent publishes its own labels: at start, when an XID makes a GPU unhealthy (the
+// annotation carries the health ListAndWatch serves), and after a SIGHUP reload changed sharing;
+// labels it does not own are never touched; an unchanged annotation is not rewritten.
+TEST_F(NodeApiTest, DevicePluginPublishesLabelsAndLiveHealth) {
+  Init("dgx-h100");
+  StartApi();
+  ASSERT_EQ(api_.Create("nodes", "", {{"metadata", {{"name", "sim-node"}, {"labels", {{"team", "ml"}, {"nvidia.com/gpu.present", "true"}}}}}}).code, 201);
+  const std::string cfg = WriteConfig("version: v1\n");
+  testing::Plugin p(sim_->dir(), {"--config-file", cfg, "--publish-labels", "--kubeconfig", kubeconfig_, "--node-name",
+                                  "sim-node", "--labels-interval", "3600", "--labels-no-timestamp"});
+  auto node = [&] { return api_.Get("nodes", "", "sim-node").body; };
+  ASSERT_TRUE(WaitFor([&] { return node()["metadata"]["labels"].value("nvidia.com/gpu.count", "") == "8"; })) << p.Log();
+  json inv = Annotation(node());
+  ASSERT_EQ(inv["gpus"].size(), 8u);
+  for (const auto& g : inv["gpus"]) EXPECT_EQ(g["health"], "ok") << g;
+  EXPECT_EQ(node()["metadata"]["labels"]["team"], "ml");
+  EXPECT_EQ(node()["metadata"]["labels"]["nvidia.com/gpu.present"], "true");
+  // An XID on GPU 2: what ListAndWatch serves, the annotation shows.
+  ASSERT_EQ(sim_->Ctl("xid 2 48"), 0);
+  ASSERT_TRUE(WaitFor([&] { return Annotation(node())["gpus"][2]["health"] == "unhealthy"; })) << p.Log();
+  inv = Annotation(node());
+  for (size_t i = 0; i < inv["gpus"].size(); ++i) EXPECT_EQ(inv["gpus"][i]["health"] == "ok", i != 2) << inv["gpus"][i];
+  // SIGHUP after a sharing change: the labels and the annotation follow the new config.
+  WriteConfig("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n");
+  p.Signal(SIGHUP);
+  ASSERT_TRUE(WaitFor([&] { return node()["metadata"]["labels"].value("nvidia.com/gpu.replicas", "") == "4"; })) << p.Log();
+  EXPECT_EQ(node()["metadata"]["labels"]["nvidia.com/gpu.sharing-strategy"], "time-slicing");
+  EXPECT_NE(node()["metadata"]["labels"].value("nvidia.com/gpu.product", "").find("-SHARED"), std::string::npos);
+  ASSERT_TRUE(WaitFor([&] { return Annotation(node())["sharing"]["mode"] == "time-slicing"; })) << p.Log();
+  EXPECT_EQ(Annotation(node())["sharing"]["replicas"]["nvidia.com/gpu"], 4);
+  // After the reload the annotation still says what ListAndWatch serves for GPU 2 (a reload
+  // restarts the health monitor: whether the XID is remembered is the plugin's business).
+  const std::string gpu2 = Annotation(node())["gpus"][2]["uuid"];
+  auto served = [&] {
+    auto st = kubelet_->Get("nvidia.com/gpu");
+    if (!st || !st->connected || st->devices.size() != 32) return std::string();
+    for (const auto& id : st->UnhealthyIds()) {
+      if (id.rfind(gpu2, 0) == 0) return std::string("unhealthy");
+    }
+    return std::string("ok");
+  };
+  EXPECT_TRUE(WaitFor([&] { return !served().empty() && Annotation(node())["gpus"][2]["health"] == served(); }))
+      << served() << " " << Annotation(node())["gpus"][2] << p.Log();
+  EXPECT_EQ(node()["metadata"]["labels"]["team"], "ml");
+  p.Signal(SIGTERM);
+  EXPECT_EQ(p.Wait(10s), 0) << p.Log();
+}
+
+// After a MIG re-partition (`kgpu mig apply` while the agent runs) the MIG labels and the
+// annotation's MIG devices follow, without waiting for the interval.
+TEST_F(NodeApiTest, NodeAgentRelabelsAfterMigRepartition) {
+  Init("dgx-a100-mig");
+  StartApi();
+  ASSERT_EQ(api_.Create("nodes", "", {{"metadata", {{"name", "sim-node"}}}}).code, 201);
+  const std::string cfg = WriteConfig(
+      "version: v1\nflags:\n  migStrategy: mixed\nmig:\n  layouts:\n    gpu1-split:\n      - devices: [1]\n"
+      "        mig-devices: {\"2g.10gb\": 3, \"1g.5gb\": 1}\n");
+  testing::Plugin p(sim_->dir(), {"--config-file", cfg, "-a", "127.0.0.1:0", "--publish-labels", "--kubeconfig",
+                                  kubeconfig_, "--node-name", "sim-node", "--labels-interval", "0"},
+                    {}, "node");
+  auto labels = [&] { return api_.Get("nodes", "", "sim-node").body["metadata"].value("labels", json::object()); };
+  ASSERT_TRUE(WaitFor([&] { return labels().value("nvidia.com/mig-1g.5gb.count", "") == "9"; })) << p.Log();
+  EXPECT_EQ(labels().value("nvidia.com/mig-2g.10gb.count", ""), "1");
+  const std::string kgpu = "LD_LIBRARY_PATH=" + testing::LibDir() + " KGPU_MIG_LOCK_FILE=" + sim_->dir() +
+                           "/mig.lock " + KGPU_BIN + " mig apply --no-kubelet-check --kubelet-dir " + sim_->dir() +
+                           " --layout gpu1-split --config-file " + cfg;
+  auto r = testing::Shell(kgpu);
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_TRUE(WaitFor([&] { return labels().value("nvidia.com/mig-2g.10gb.count", "") == "4"; })) << p.Log();
+  EXPECT_EQ(labels().value("nvidia.com/mig-1g.5gb.count", ""), "3");
+  const json inv = Annotation(api_.Get("nodes", "", "sim-node").body);
+  size_t two_g = 0;
+  for (const auto& m : inv["gpus"][1]["mig"]) two_g += m["profile"] == "2g.10gb";
+  EXPECT_EQ(two_g, 3u) << inv["gpus"][1];
+  p.Signal(SIGTERM);
+  EXPECT_EQ(p.Wait(10s), 0) << p.Log();
+}
+
+// The deploy manifests' RBAC for the labelling plugin (deploy/node-labels/in-plugin) is enough, and
+// is no more than get+patch on nodes: the stand-in enforces exactly those rules for the plugin's
+// service account, and the plugin publishes.
+TEST_F(NodeApiTest, ManifestRbacIsEnoughAndLeast) {
+  Init("dgx-h100");
+  const std::string dir = std::string(KGPU_SOURCE_DIR) + "/deploy/node-labels/in-plugin";
+  std::vector<testing::RbacRule> rules;
+  std::string subject;
+  for (const auto& doc : YAML::LoadAllFromFile(dir + "/rbac.yaml")) {
+    const std::string kind = doc["kind"].as<std::string>();
+    if (kind == "ClusterRole") {
+      for (const auto& r : doc["rules"]) {
+        testing::RbacRule rule;
+        for (const auto& g : r["apiGroups"]) EXPECT_EQ(g.as<std::string>(), "") << "core group only";
+        for (const auto& v : r["verbs"]) rule.verbs.insert(v.as<std::string>());
+        for (const auto& res : r["resources"]) rule.resources.insert(res.as<std::string>());
+        rules.push_back(rule);
+      }
+    } else if (kind == "ClusterRoleBinding") {
+      const auto sa = doc["subjects"][0];
+      subject = "system:serviceaccount:" + sa["namespace"].as<std::string>() + ":" + sa["name"].as<std::string>();
+    }
+  }
+  ASSERT_EQ(rules.size(), 1u);
+  EXPECT_EQ(rules[0].verbs, (std::set<std::string>{"get", "patch"}));
+  EXPECT_EQ(rules[0].resources, (std::set<std::string>{"nodes"}));
+  EXPECT_EQ(subject, "system:serviceaccount:kgpu-system:kgpu-device-plugin");
+  std::ifstream k(dir + "/kustomization.yaml");
+  std::stringstream ks;
+  ks << k.rdbuf();
+  EXPECT_NE(ks.str().find("value: --publish-labels"), std::string::npos);
+
+  testing::FakeApiServerOptions o;
+  o.tokens = {{"agent", subject}, {"admin", "admin"}};
+  o.rbac = {{subject, rules}};
+  testing::FakeApiServer api(o);
+  ASSERT_TRUE(api.Start().ok());
+  ASSERT_EQ(api.Create("nodes", "", {{"metadata", {{"name", "sim-node"}}}}).code, 201);
+  const std::string kubeconfig = sim_->dir() + "/agent-kubeconfig";
+  std::ofstream(kubeconfig) << api.Kubeconfig("agent");
+  testing::Plugin p(sim_->dir(), {"--publish-labels", "--kubeconfig", kubeconfig, "--node-name", "sim-node"});
+  EXPECT_TRUE(WaitFor([&] {
+    return api.Get("nodes", "", "sim-node").body["metadata"].value("labels", json::object()).contains("nvidia.com/gpu.count");
+  })) << p.Log();
+  EXPECT_EQ(p.Log().find("forbidden"), std::string::npos) << p.Log();
+  // And with get alone it is refused with the apiserver's 403, said in the log.
+  p.Signal(SIGTERM);
+  ASSERT_EQ(p.Wait(10s), 0) << p.Log();
+  testing::FakeApiServerOptions ro = o;
+  ro.rbac = {{subject, {{{"get"}, {"nodes"}}}}};
+  testing::FakeApiServer readonly(ro);
+  ASSERT_TRUE(readonly.Start().ok());
+  ASSERT_EQ(readonly.Create("nodes", "", {{"metadata", {{"name", "sim-node"}}}}).code, 201);
+  std::ofstream(kubeconfig) << readonly.Kubeconfig("agent");
+  testing::Plugin q(sim_->dir(), {"--publish-labels", "--kubeconfig", kubeconfig, "--node-name", "sim-node"});
+  EXPECT_TRUE(WaitFor([&] { return q.Log().find("cannot patch resource \"nodes\"") != std::string::npos; })) << q.Log();
+}
+
+// --publish-labels without a node name: the flag to fix, and no start.
+TEST_F(NodeApiTest, PublishLabelsNeedsANodeName) {
+  Init("dgx-h100");
+  testing::Plugin p(sim_->dir(), {"--publish-labels", "--kubeconfig", "/nonexistent"}, {"NODE_NAME="});
+  EXPECT_EQ(p.Wait(30s), 1) << p.Log();
+  EXPECT_NE(p.Log().find("--publish-labels: --node-name (or NODE_NAME) is required"), std::string::npos) << p.Log();
 }
 
 // `kgpu doctor --kubeconfig`: the cluster checks against the Node the kubelet stand-in keeps.

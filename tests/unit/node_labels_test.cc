@@ -2,7 +2,11 @@
 // API server stand-in without touching labels we do not own.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <fstream>
+#include <functional>
+#include <thread>
 
 #include "cli/node_labels.h"
 #include "common/files.h"
@@ -154,6 +158,129 @@ TEST(PublishToNode, PatchesOnlyOwnedLabelsAndOnlyWhenChanged) {
   EXPECT_TRUE(relabel->patched && relabel->annotation_changed);
   EXPECT_EQ(server.Get("nodes", "", "gpu-node-1").body["metadata"]["labels"]["nvidia.com/gpu.replicas"], "2");
   EXPECT_TRUE(k8s::IsApiNotFound(PublishToNode(*client, "missing", labels, ann).status()));
+}
+
+TEST(InventoryAnnotation, LiveHealthIsThePlugins) {
+  testing::SimGpus g("dgx-a100-mig");
+  ASSERT_TRUE(g.inv);
+  Config c;
+  const auto& gpus = g.inv->gpus();
+  size_t mig_gpu = 0;
+  while (mig_gpu < gpus.size() && gpus[mig_gpu].migs.empty()) ++mig_gpu;
+  ASSERT_LT(mig_gpu, gpus.size());
+  size_t whole = 0;
+  while (whole < gpus.size() && gpus[whole].mig_enabled) ++whole;
+  ASSERT_LT(whole, gpus.size());
+  LiveHealth live;
+  for (const auto& gpu : gpus) live[gpu.uuid] = true;
+  live[gpus[whole].uuid] = false;
+  live[gpus[mig_gpu].migs[0].uuid] = false;
+  live[gpus[mig_gpu].uuid] = false;  // a device on it is Unhealthy
+  const json j = json::parse(InventoryAnnotation(*g.inv, c, &live));
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    EXPECT_EQ(j["gpus"][i]["health"], i == whole || i == mig_gpu ? "unhealthy" : "ok") << i;
+  }
+  EXPECT_EQ(j["gpus"][mig_gpu]["mig"][0]["health"], "unhealthy");
+  if (gpus[mig_gpu].migs.size() > 1) {
+    EXPECT_EQ(j["gpus"][mig_gpu]["mig"][1]["health"], "ok");
+  }
+  // Discovery's health without live health; a UUID the plugin does not serve keeps it.
+  EXPECT_EQ(json::parse(InventoryAnnotation(*g.inv, c))["gpus"][whole]["health"], "ok");
+  LiveHealth partial = {{gpus[whole].uuid, false}};
+  const json p = json::parse(InventoryAnnotation(*g.inv, c, &partial));
+  EXPECT_EQ(p["gpus"][whole]["health"], "unhealthy");
+  EXPECT_EQ(p["gpus"][whole == 0 ? 1 : 0]["health"], "ok");
+}
+
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+// The publisher behind `kgpu node --publish-labels`: a pass at start, one per burst of
+// notifications, a failed pass retried, and a notifier that is harmless once it stopped.
+TEST(LabelPublisher, PublishesOnStartAndOnChangeAndRetries) {
+  testing::SimGpus g("dgx-h100");
+  ASSERT_TRUE(g.inv);
+  kgpu::testing::FakeApiServer server;
+  ASSERT_TRUE(server.Start().ok());
+  char dir[] = "/tmp/kgpu-publisher-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string kubeconfig = std::string(dir) + "/kubeconfig";
+  std::ofstream(kubeconfig) << server.Kubeconfig();
+  NodeLabelsFlags flags;
+  flags.kubeconfig = kubeconfig;
+  flags.node_name = "gpu-node-1";
+  flags.no_timestamp = true;
+  auto labeller = NodeLabeller::Create(flags);
+  ASSERT_TRUE(labeller.ok()) << labeller.status();
+  std::mutex mu;
+  LiveHealth live;
+  auto config = std::make_shared<const Config>();
+  std::atomic<int> calls{0};
+  LabelPublisher publisher(
+      std::move(*labeller),
+      [&]() -> absl::StatusOr<LabelPublisher::Snapshot> {
+        ++calls;
+        std::lock_guard<std::mutex> lock(mu);
+        return LabelPublisher::Snapshot{g.inv, config, live};
+      },
+      std::chrono::seconds(0), std::chrono::milliseconds(50));
+  auto notify = publisher.Notifier();
+  publisher.Start();
+  // The Node does not exist yet: the first pass fails and is retried (1 s backoff).
+  ASSERT_TRUE(WaitFor([&] { return publisher.passes() >= 1; }));
+  ASSERT_EQ(server.Create("nodes", "", {{"metadata", {{"name", "gpu-node-1"}, {"labels", {{"team", "ml"}}}}}}).code, 201);
+  auto node = [&] { return server.Get("nodes", "", "gpu-node-1").body; };
+  ASSERT_TRUE(WaitFor([&] { return node()["metadata"].value("labels", json::object()).contains("nvidia.com/gpu.count"); }));
+  EXPECT_EQ(node()["metadata"]["labels"]["team"], "ml");
+  // A burst of changes makes one pass; the annotation shows the new health. (The source is
+  // called once per pass, before the pass writes: `calls` is stable once the labels are there.)
+  EXPECT_GE(publisher.passes(), 1u);
+  const int before = calls.load();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    live[g.inv->gpus()[3].uuid] = false;
+  }
+  for (int i = 0; i < 20; ++i) notify();
+  ASSERT_TRUE(WaitFor([&] {
+    const json a = json::parse(node()["metadata"]["annotations"].value(kInventoryAnnotation, "{}"));
+    return a.contains("gpus") && a["gpus"][3]["health"] == "unhealthy";
+  }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let a stray second pass show, if any
+  EXPECT_EQ(calls.load(), before + 1) << "one pass per burst";
+  // A pass that changes nothing writes nothing.
+  const int64_t rv = server.ResourceVersion();
+  notify();
+  ASSERT_TRUE(WaitFor([&] { return calls.load() == before + 2; }));
+  publisher.Stop();  // the pass has finished
+  EXPECT_EQ(server.ResourceVersion(), rv);
+  publisher.Stop();
+  notify();  // after Stop: a no-op, not a use of a stopped publisher
+  const int c = calls.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(calls.load(), c);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(LabelPublisher, FlagErrorsNameTheFlag) {
+  NodeLabelsFlags flags;
+  auto l = NodeLabeller::Create(flags);
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("--node-name"), std::string::npos) << l.status();
+  flags.node_name = "n";
+  flags.in_cluster = true;
+  flags.kubeconfig = "/x";
+  l = NodeLabeller::Create(flags);
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("--in-cluster and --kubeconfig"), std::string::npos) << l.status();
+  flags.output = "file";  // no API: no node name or kubeconfig needed
+  flags.node_name.clear();
+  EXPECT_TRUE(NodeLabeller::Create(flags).ok());
 }
 
 TEST(FeatureFile, WrittenAtomically) {
