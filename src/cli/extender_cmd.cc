@@ -20,6 +20,8 @@ void AddExtenderFlags(CLI::App* app, ExtenderFlags* f) {
                   "placement policy: random, bestfit, packing, spread, ours (fgd needs a workload file: use kgpu sim)")
       ->envname("KGPU_EXTENDER_POLICY")
       ->capture_default_str();
+  app->add_option("--kube-api-qps", f->qps, "API requests per second (kube-scheduler's default)")->capture_default_str();
+  app->add_option("--kube-api-burst", f->burst, "API request burst")->capture_default_str();
   app->add_option("--threads", f->options.threads, "HTTP worker threads")->capture_default_str();
   app->add_flag("--leader-elect", f->options.leader_elect, "run as one of several replicas: only the Lease holder serves");
   app->add_option("--lease-namespace", f->options.lease_namespace, "namespace of the leader Lease")->capture_default_str();
@@ -34,6 +36,8 @@ int RunExtender(const ExtenderFlags& flags, const volatile std::sig_atomic_t* st
     err << "kgpu extender: " << cfg.status().message() << "\n";
     return 2;
   }
+  cfg->qps = flags.qps;
+  cfg->burst = flags.burst;
   auto client = k8s::Client::Create(*cfg);
   if (!client.ok()) {
     err << "kgpu extender: " << client.status().message() << "\n";

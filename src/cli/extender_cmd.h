@@ -15,6 +15,8 @@ namespace kgpu::cli {
 
 struct ExtenderFlags {
   std::string kubeconfig, context;
+  double qps = 50;  // a bind costs 2-3 requests: client-go's 5/10 would cap binds at ~2/s
+  int burst = 100;
   extender::ExtenderOptions options;
 };
 void AddExtenderFlags(CLI::App* app, ExtenderFlags* flags);

@@ -297,7 +297,7 @@ absl::Status Extender::Start() {
   const int threads = std::max(2, opts_.threads);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http_->set_payload_max_length(64u << 20);
-  http_->set_keep_alive_timeout(30);
+  http_->set_keep_alive_timeout(5);  // idle keep-alive connections must not hold up Stop()
   auto verb = [this](Reply (Extender::*f)(std::string_view)) {
     return [this, f](const httplib::Request& req, httplib::Response& res) {
       const Reply r = (this->*f)(req.body);
