@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/device_plugin_cmd.h"
 #include "cli/exporter_cmd.h"
+#include "cli/extender_cmd.h"
 #include "cli/mig_cmd.h"
 #include "cli/node_labels.h"
 #include "cli/sim_cmd.h"
@@ -94,6 +95,11 @@ int Main(int argc, char** argv) {
   kgpu::cli::AddDevicePluginFlags(node_labels, &dp_flags);
   kgpu::cli::AddNodeLabelsFlags(node_labels, &labels_flags);
 
+  kgpu::cli::ExtenderFlags extender_flags;
+  auto* extender = app.add_subcommand(
+      "extender", "kube-scheduler extender for GPU shares, whole GPUs and MIG (filter, prioritize, bind, preempt)");
+  kgpu::cli::AddExtenderFlags(extender, &extender_flags);
+
   kgpu::cli::MigFlags mig_flags;
   auto* mig = app.add_subcommand("mig", "MIG layouts: show them, apply one (refused while a GPU is in use)");
   auto [mig_show, mig_apply] = kgpu::cli::AddMigCommands(mig, &mig_flags);
@@ -144,6 +150,12 @@ int Main(int argc, char** argv) {
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
     return kgpu::cli::RunNodeLabels(node, dp_flags, labels_flags, &g_stop, std::cout);
+  }
+  if (extender->parsed()) {
+    std::signal(SIGINT, OnSignal);
+    std::signal(SIGTERM, OnSignal);
+    std::signal(SIGPIPE, SIG_IGN);
+    return kgpu::cli::RunExtender(extender_flags, &g_stop, std::cerr);
   }
   if (health->parsed()) {
     std::signal(SIGINT, OnSignal);

@@ -1,0 +1,64 @@
+#pragma once
+// A Node's GPUs as the extender sees them: the kgpu.io/gpu-inventory annotation that
+// `kgpu node-labels` publishes (docs/k8s.md; format version 1), turned into the placement engine's
+// NodeSpec. Per GPU: index, UUID, model, memory, health, MIG instances, and `slots` > 0 when the
+// GPU serves shares (kgpu.io/gpu); `sharing.kgpu.enforcement` lists the enforcement modes the
+// node permits (first = its default; absent: hard only). NVLink islands become the engine's
+// nvlink_island ids.
+//
+// In the engine a GPU that serves shares takes only shares, and a GPU that does not takes only
+// whole-GPU and MIG pods (kubelet counts nvidia.com/gpu and kgpu.io/gpu on separate devices):
+// the engine's model name of a sharing GPU is kShareModelPrefix + its model.
+//
+// Thread-safety: pure functions and value types.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "sched/types.h"
+
+namespace kgpu::extender {
+
+inline constexpr char kInventoryAnnotation[] = "kgpu.io/gpu-inventory";
+inline constexpr char kShareModelPrefix[] = "share:";
+inline constexpr int kDefaultSlots = 16;
+
+struct MigInfo {
+  std::string uuid, profile;
+  int64_t memory_mib = 0;
+};
+
+struct GpuInfo {
+  int index = 0;
+  std::string uuid, model;
+  int64_t memory_mib = 0;
+  bool healthy = true;
+  int slots = 0;  // > 0: serves kgpu.io/gpu shares
+  int island = -1;
+  std::vector<MigInfo> mig;
+};
+
+struct NodeInfo {
+  std::string name;
+  std::string annotation;  // the raw value, to notice changes
+  std::vector<GpuInfo> gpus;
+  std::vector<std::string> enforcement = {"hard"};
+  std::string mig_strategy = "none";
+  const GpuInfo* FindUuid(const std::string& uuid) const;
+  int IndexOfUuid(const std::string& uuid) const;  // position in gpus, -1 if none
+};
+
+// NotFound when the Node has no inventory annotation; InvalidArgument naming the field when it
+// does not parse.
+absl::StatusOr<NodeInfo> ParseNodeInventory(const nlohmann::json& node);
+absl::StatusOr<NodeInfo> ParseInventoryAnnotation(const std::string& node_name, const std::string& annotation);
+
+sched::NodeSpec ToNodeSpec(const NodeInfo& node);
+// Compute slices of a MIG profile ("3g.40gb" -> 3; 0 when it does not parse).
+int MigSlices(const std::string& profile);
+
+}  // namespace kgpu::extender

@@ -1,0 +1,340 @@
+#include "extender/server.h"
+
+#include <httplib.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "common/log.h"
+#include "common/strings.h"
+#include "k8s/resources.h"
+
+namespace kgpu::extender {
+namespace {
+using json = nlohmann::json;
+
+std::string PodPath(const std::string& ns, const std::string& name) {
+  return k8s::FindResource("pods")->Path(ns, name);
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "kgpu-extender";
+  return buf;
+}
+
+std::vector<std::string> NamesOf(const ExtenderArgs& a) {
+  if (a.node_names) return *a.node_names;
+  std::vector<std::string> out;
+  if (a.nodes) {
+    for (const auto& n : *a.nodes) out.push_back(n.value("metadata", json::object()).value("name", ""));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string EscapePercent(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    out += c;
+    if (c == '%') out += '%';
+  }
+  return out;
+}
+
+Extender::Extender(k8s::Client& client, ExtenderOptions options)
+    : client_(client), opts_(std::move(options)), state_(opts_.state) {}
+
+Extender::~Extender() { Stop(); }
+
+std::string Extender::NotReadyReason() const {
+  if (!nodes_ || !nodes_->HasSynced()) return "the Node informer has not synced yet";
+  if (!pods_ || !pods_->HasSynced()) return "the Pod informer has not synced yet";
+  if (elector_ && !elector_->IsLeader()) return "this replica is not the leader";
+  return "";
+}
+
+Extender::Reply Extender::Timed(const std::string& verb, const std::function<Reply()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Reply r;
+  const std::string why = NotReadyReason();
+  if (!why.empty()) {
+    metrics_.Count("kgpu_extender_failures_total", {{"verb", verb}, {"reason", "not_ready"}});
+    r.code = 503;
+    r.body = json{{"Error", EscapePercent(Cat("kgpu extender is not ready: ", why))}}.dump();
+  } else {
+    r = f();
+  }
+  metrics_.Observe(verb, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  metrics_.Count("kgpu_extender_requests_total", {{"verb", verb}, {"code", std::to_string(r.code)}});
+  return r;
+}
+
+Extender::Reply Extender::Filter(std::string_view body) {
+  return Timed("filter", [&]() -> Reply {
+    auto args = ParseExtenderArgs(body);
+    if (!args.ok()) {
+      metrics_.Count("kgpu_extender_failures_total", {{"verb", "filter"}, {"reason", "bad_request"}});
+      FilterResult r;
+      r.error = EscapePercent(std::string(args.status().message()));
+      return {400, EncodeFilterResult(r)};
+    }
+    if (!args->node_names && args->nodes) {
+      for (const auto& n : *args->nodes) state_.UpsertNode(n);  // nodeCacheCapable: false
+    }
+    const auto out = state_.Filter(args->pod, NamesOf(*args));
+    FilterResult r;
+    if (args->node_names) {
+      r.node_names = out.passed;
+    } else {
+      std::vector<json> keep;
+      if (args->nodes) {
+        for (const auto& n : *args->nodes) {
+          const std::string name = n.value("metadata", json::object()).value("name", "");
+          if (std::find(out.passed.begin(), out.passed.end(), name) != out.passed.end()) keep.push_back(n);
+        }
+      }
+      r.nodes = std::move(keep);
+    }
+    r.failed_nodes = out.failed;
+    r.failed_and_unresolvable = out.unresolvable;
+    metrics_.Count("kgpu_extender_filter_nodes_total", {{"result", "passed"}}, out.passed.size());
+    metrics_.Count("kgpu_extender_filter_nodes_total", {{"result", "failed"}}, out.failed.size());
+    metrics_.Count("kgpu_extender_filter_nodes_total", {{"result", "unresolvable"}}, out.unresolvable.size());
+    for (const auto& [reason, n] : out.reasons) {
+      metrics_.Count("kgpu_extender_filter_reasons_total", {{"reason", reason}}, static_cast<uint64_t>(n));
+    }
+    return {200, EncodeFilterResult(r)};
+  });
+}
+
+Extender::Reply Extender::Prioritize(std::string_view body) {
+  return Timed("prioritize", [&]() -> Reply {
+    auto args = ParseExtenderArgs(body);
+    if (!args.ok()) {
+      metrics_.Count("kgpu_extender_failures_total", {{"verb", "prioritize"}, {"reason", "bad_request"}});
+      return {400, json{{"Error", EscapePercent(std::string(args.status().message()))}}.dump()};
+    }
+    return {200, EncodeHostPriorityList(state_.Prioritize(args->pod, NamesOf(*args)))};
+  });
+}
+
+Extender::Reply Extender::Preempt(std::string_view body) {
+  return Timed("preempt", [&]() -> Reply {
+    auto args = ParsePreemptionArgs(body);
+    if (!args.ok()) {
+      metrics_.Count("kgpu_extender_failures_total", {{"verb", "preempt"}, {"reason", "bad_request"}});
+      return {400, json{{"Error", EscapePercent(std::string(args.status().message()))}}.dump()};
+    }
+    const auto out = state_.Preempt(args->pod, args->victims);
+    metrics_.Count("kgpu_extender_preempt_nodes_total", {{"result", "kept"}}, out.size());
+    metrics_.Count("kgpu_extender_preempt_nodes_total", {{"result", "dropped"}}, args->victims.size() - out.size());
+    return {200, EncodePreemptionResult(out)};
+  });
+}
+
+Extender::Reply Extender::Bind(std::string_view body) {
+  return Timed("bind", [&]() -> Reply {
+    auto args = ParseBindingArgs(body);
+    if (!args.ok()) {
+      metrics_.Count("kgpu_extender_failures_total", {{"verb", "bind"}, {"reason", "bad_request"}});
+      return {400, EncodeBindingResult(EscapePercent(std::string(args.status().message())))};
+    }
+    const std::string err = BindPod(*args);
+    metrics_.Count("kgpu_extender_binds_total", {{"result", err.empty() ? "bound" : "failed"}});
+    if (!err.empty()) Log("extender")->warn("bind {}/{} to {}: {}", args->pod_namespace, args->pod_name, args->node, err);
+    return {200, EncodeBindingResult(EscapePercent(err))};
+  });
+}
+
+std::string Extender::BindPod(const BindingArgs& b) {
+  const std::string ns = b.pod_namespace.empty() ? "default" : b.pod_namespace;
+  const std::string path = PodPath(ns, b.pod_name);
+  auto fail = [&](std::string_view reason, std::string msg) {
+    metrics_.Count("kgpu_extender_failures_total", {{"verb", "bind"}, {"reason", std::string(reason)}});
+    return msg;
+  };
+  auto pod = client_.Get(path);
+  if (!pod.ok()) return fail("api_error", Cat("get pod ", ns, "/", b.pod_name, ": ", pod.status().message()));
+  auto uid_of = [](const json& p) { return p.value("metadata", json::object()).value("uid", ""); };
+  auto node_of = [](const json& p) { return p.value("spec", json::object()).value("nodeName", ""); };
+  if (!b.pod_uid.empty() && uid_of(*pod) != b.pod_uid) {
+    return fail("pod_changed", Cat("pod ", ns, "/", b.pod_name, " was re-created (UID ", uid_of(*pod), ", the binding is for ",
+                                   b.pod_uid, ")"));
+  }
+  if (const std::string bound = node_of(*pod); !bound.empty()) {
+    if (bound == b.node) {
+      metrics_.Count("kgpu_extender_binds_total", {{"result", "already_bound"}});
+      return "";
+    }
+    return fail("already_bound", Cat("pod ", ns, "/", b.pod_name, " is already bound to ", bound));
+  }
+  auto a = state_.Assume(*pod, b.node);
+  if (!a.ok()) return fail(absl::IsInvalidArgument(a.status()) ? "invalid_request" : "no_fit", std::string(a.status().message()));
+  const std::string uid = a->uid;
+  if (!a->record.containers.empty()) {
+    const std::string record = EncodeRecord(a->record);
+    absl::Status st;
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      const std::string rv = pod->value("metadata", json::object()).value("resourceVersion", "");
+      json patch = {{"metadata", {{"resourceVersion", rv}, {"annotations", {{kAnnotationAllocation, record}}}}}};
+      auto r = client_.Patch(path, patch, "application/merge-patch+json");
+      st = r.status();
+      if (st.ok() || !k8s::IsApiConflict(st)) break;
+      pod = client_.Get(path);  // changed meanwhile: look again
+      if (!pod.ok()) {
+        st = pod.status();
+        break;
+      }
+      if (uid_of(*pod) != uid || !node_of(*pod).empty()) {
+        st = absl::AbortedError(Cat("pod ", ns, "/", b.pod_name, " changed while binding (re-created or bound elsewhere)"));
+        break;
+      }
+    }
+    if (!st.ok()) {
+      state_.Forget(uid);
+      return fail(k8s::IsApiConflict(st) ? "conflict" : "api_error", Cat("write allocation record: ", st.message()));
+    }
+  }
+  absl::Status st = client_.Bind(ns, b.pod_name, b.node);
+  if (!st.ok()) {
+    if (k8s::IsApiConflict(st)) {
+      auto again = client_.Get(path);
+      if (again.ok() && node_of(*again) == b.node) {
+        state_.Confirm(uid);
+        return "";
+      }
+    }
+    state_.Forget(uid);
+    if (!a->record.containers.empty()) {
+      json clear = {{"metadata", {{"annotations", {{kAnnotationAllocation, nullptr}}}}}};
+      (void)client_.Patch(path, clear, "application/merge-patch+json");
+    }
+    return fail("api_error", Cat("create binding: ", st.message()));
+  }
+  state_.Confirm(uid);
+  if (!a->record.containers.empty()) {
+    std::vector<std::string> gpus;
+    for (const auto& g : a->record.containers[0].gpus) gpus.push_back(g.mig.empty() ? g.uuid : g.mig);
+    Log("extender")->info("bound {}/{} to {}: {} {}", ns, b.pod_name, b.node, a->record.containers[0].resource,
+                          Join(gpus, ","));
+  }
+  return "";
+}
+
+std::string Extender::MetricsText() const {
+  const auto s = state_.Stats();
+  std::string extra;
+  extra += "# HELP kgpu_extender_nodes Nodes with a GPU inventory in the extender's cache.\n# TYPE kgpu_extender_nodes gauge\n";
+  extra += Cat("kgpu_extender_nodes ", s.nodes, "\n");
+  extra += "# HELP kgpu_extender_pods_booked Pods whose GPUs the extender books.\n# TYPE kgpu_extender_pods_booked gauge\n";
+  extra += Cat("kgpu_extender_pods_booked ", s.booked, "\n");
+  extra += "# HELP kgpu_extender_record_conflicts_total Allocation records that claim capacity another record holds.\n"
+           "# TYPE kgpu_extender_record_conflicts_total counter\n";
+  extra += Cat("kgpu_extender_record_conflicts_total ", s.record_conflicts, "\n");
+  extra += "# HELP kgpu_extender_bad_records_total Allocation records that did not parse or name GPUs the node lacks.\n"
+           "# TYPE kgpu_extender_bad_records_total counter\n";
+  extra += Cat("kgpu_extender_bad_records_total ", s.bad_records, "\n");
+  extra += "# HELP kgpu_extender_ready 1 when the informers have synced (and this replica leads).\n# TYPE kgpu_extender_ready gauge\n";
+  extra += Cat("kgpu_extender_ready ", NotReadyReason().empty() ? 1 : 0, "\n");
+  return metrics_.Text(extra);
+}
+
+absl::Status Extender::Start() {
+  if (auto st = state_.Init(); !st.ok()) return st;
+  k8s::InformerOptions no;
+  no.path = "/api/v1/nodes";
+  nodes_ = std::make_unique<k8s::Informer>(client_, no);
+  nodes_->AddHandler({[this](const json& n) { state_.UpsertNode(n); },
+                      [this](const json&, const json& n) { state_.UpsertNode(n); },
+                      [this](const json& n) { state_.RemoveNode(n.value("metadata", json::object()).value("name", "")); }});
+  k8s::InformerOptions po;
+  po.path = "/api/v1/pods";
+  pods_ = std::make_unique<k8s::Informer>(client_, po);
+  pods_->AddHandler({[this](const json& p) { state_.UpsertPod(p); },
+                     [this](const json&, const json& p) { state_.UpsertPod(p); },
+                     [this](const json& p) { state_.RemovePod(p); }});
+  // Nodes first, so that pods find their nodes (a pod whose node comes later is booked then).
+  nodes_->Start();
+  pods_->Start();
+  if (opts_.leader_elect) {
+    k8s::LeaderElectionConfig lc;
+    lc.ns = opts_.lease_namespace;
+    lc.name = opts_.lease_name;
+    lc.identity = opts_.identity.empty() ? HostName() : opts_.identity;
+    lc.on_new_leader = [](const std::string& who) { Log("extender")->info("leader is now {}", who); };
+    elector_ = std::make_unique<k8s::LeaderElector>(client_, lc);
+    elector_thread_ = std::jthread([this](std::stop_token stop) {
+      while (!stop.stop_requested()) elector_->Run(stop);
+    });
+  }
+
+  const auto colon = opts_.address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(Cat("--address ", opts_.address, ": expected host:port (e.g. 0.0.0.0:8888)"));
+  }
+  const std::string host = opts_.address.substr(0, colon).empty() ? "0.0.0.0" : opts_.address.substr(0, colon);
+  int port = 0;
+  try {
+    port = std::stoi(opts_.address.substr(colon + 1));
+  } catch (...) {
+    return absl::InvalidArgumentError(Cat("--address ", opts_.address, ": the port is not a number"));
+  }
+  if (!opts_.tls_cert_file.empty() || !opts_.tls_key_file.empty()) {
+    if (opts_.tls_cert_file.empty() || opts_.tls_key_file.empty()) {
+      return absl::InvalidArgumentError("--tls-cert-file and --tls-key-file go together (HTTPS needs both)");
+    }
+    auto ssl = std::make_unique<httplib::SSLServer>(opts_.tls_cert_file.c_str(), opts_.tls_key_file.c_str());
+    if (!ssl->is_valid()) {
+      return absl::InvalidArgumentError(Cat("--tls-cert-file ", opts_.tls_cert_file, " / --tls-key-file ",
+                                            opts_.tls_key_file, ": cannot load the certificate and key (PEM files)"));
+    }
+    http_ = std::move(ssl);
+  } else {
+    http_ = std::make_unique<httplib::Server>();
+  }
+  const int threads = std::max(2, opts_.threads);
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http_->set_payload_max_length(64u << 20);
+  http_->set_keep_alive_timeout(5);  // idle keep-alive connections must not hold up Stop()
+  auto verb = [this](Reply (Extender::*f)(std::string_view)) {
+    return [this, f](const httplib::Request& req, httplib::Response& res) {
+      const Reply r = (this->*f)(req.body);
+      res.status = r.code;
+      res.set_content(r.body, "application/json");
+    };
+  };
+  http_->Post(R"((.*)/filter)", verb(&Extender::Filter));
+  http_->Post(R"((.*)/prioritize)", verb(&Extender::Prioritize));
+  http_->Post(R"((.*)/bind)", verb(&Extender::Bind));
+  http_->Post(R"((.*)/preempt)", verb(&Extender::Preempt));
+  http_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  http_->Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
+    const std::string why = NotReadyReason();
+    res.status = why.empty() ? 200 : 503;
+    res.set_content(why.empty() ? "ok\n" : why + "\n", "text/plain");
+  });
+  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(MetricsText(), "text/plain; version=0.0.4");
+  });
+  port_ = port == 0 ? http_->bind_to_any_port(host.c_str()) : (http_->bind_to_port(host.c_str(), port) ? port : -1);
+  if (port_ <= 0) return absl::UnavailableError(Cat("--address ", opts_.address, ": cannot listen there (in use?)"));
+  http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+  Log("extender")->info("serving {} on {}:{} (policy {})", http_->is_valid() ? (opts_.tls_cert_file.empty() ? "HTTP" : "HTTPS") : "?",
+                        host, port_, opts_.state.policy);
+  return absl::OkStatus();
+}
+
+void Extender::Stop() {
+  if (http_) http_->stop();
+  if (http_thread_.joinable()) http_thread_.join();
+  if (elector_thread_.joinable()) {
+    elector_thread_.request_stop();
+    elector_thread_.join();
+  }
+  if (pods_) pods_->Stop();
+  if (nodes_) nodes_->Stop();
+}
+
+}  // namespace kgpu::extender

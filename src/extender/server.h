@@ -1,0 +1,99 @@
+#pragma once
+// `kgpu extender`: the kube-scheduler extender over HTTP or HTTPS (cpp-httplib).
+//
+//   POST <prefix>/filter       ExtenderArgs -> ExtenderFilterResult
+//   POST <prefix>/prioritize   ExtenderArgs -> HostPriorityList (0..10)
+//   POST <prefix>/bind         ExtenderBindingArgs -> ExtenderBindingResult: books the GPUs, writes
+//                              the allocation record (a merge patch carrying the pod's
+//                              resourceVersion: a concurrent change is a 409 and is retried on the
+//                              fresh pod), then creates pods/binding; any failure forgets the booking
+//   POST <prefix>/preempt      ExtenderPreemptionArgs -> ExtenderPreemptionResult
+//   GET  /healthz              200 while the process serves
+//   GET  /readyz               200 once the Node and Pod informers have synced (and, with leader
+//                              election, while this replica leads); 503 with the reason otherwise
+//   GET  /metrics              Prometheus text (metrics.h)
+// Any prefix works (kube-scheduler calls urlPrefix + "/" + verb). Both nodeCacheCapable modes are
+// answered: NodeNames in, NodeNames out; full Nodes in, full Nodes out. Before the informers have
+// synced every verb answers with an Error (kube-scheduler retries the pod later), never with a
+// decision from an empty cache.
+//
+// Thread-safety: Start/Stop from the owner thread; handlers run on the server's pool.
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "extender/metrics.h"
+#include "extender/state.h"
+#include "k8s/client.h"
+#include "k8s/informer.h"
+#include "k8s/leader.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace kgpu::extender {
+
+struct ExtenderOptions {
+  std::string address = "0.0.0.0:8888";  // host:port; port 0 = any free port
+  std::string tls_cert_file, tls_key_file;  // both set: HTTPS
+  StateOptions state;
+  int threads = 8;
+  // Two or more replicas: only the Lease holder answers verbs and reports ready.
+  bool leader_elect = false;
+  std::string lease_namespace = "kube-system";
+  std::string lease_name = "kgpu-extender";
+  std::string identity;  // default: the host name
+};
+
+class Extender {
+ public:
+  Extender(k8s::Client& client, ExtenderOptions options);
+  ~Extender();
+  Extender(const Extender&) = delete;
+  Extender& operator=(const Extender&) = delete;
+
+  // Starts the informers, leader election and the server (listening when it returns).
+  absl::Status Start();
+  void Stop();
+  int port() const { return port_; }
+  // Empty when ready, else why not.
+  std::string NotReadyReason() const;
+
+  struct Reply {
+    int code = 200;
+    std::string body;
+  };
+  Reply Filter(std::string_view body);
+  Reply Prioritize(std::string_view body);
+  Reply Bind(std::string_view body);
+  Reply Preempt(std::string_view body);
+  std::string MetricsText() const;
+
+  State& state() { return state_; }
+  const Metrics& metrics() const { return metrics_; }
+
+ private:
+  Reply Timed(const std::string& verb, const std::function<Reply()>& f);
+  std::string BindPod(const BindingArgs& args);
+
+  k8s::Client& client_;
+  ExtenderOptions opts_;
+  State state_;
+  Metrics metrics_;
+  std::unique_ptr<k8s::Informer> nodes_, pods_;
+  std::unique_ptr<k8s::LeaderElector> elector_;
+  std::jthread elector_thread_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread http_thread_;
+  int port_ = 0;
+};
+
+// `%` doubled: kube-scheduler passes an Error through fmt.Errorf.
+std::string EscapePercent(std::string_view s);
+
+}  // namespace kgpu::extender

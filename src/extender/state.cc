@@ -1,0 +1,731 @@
+#include "extender/state.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "common/log.h"
+#include "common/strings.h"
+#include "sched/policy.h"
+
+namespace kgpu::extender {
+namespace {
+using json = nlohmann::json;
+
+std::string EngineKey(const std::string& uid, const std::string& container) { return uid + "/" + container; }
+
+std::string UidOf(const json& pod) {
+  const json meta = pod.value("metadata", json::object());
+  std::string uid = meta.value("uid", "");
+  if (uid.empty()) uid = meta.value("namespace", "default") + "/" + meta.value("name", "");
+  return uid;
+}
+
+bool IsShareModel(const std::string& m) { return m.rfind(kShareModelPrefix, 0) == 0; }
+std::string BaseModel(const std::string& m) {
+  return IsShareModel(m) ? m.substr(std::string_view(kShareModelPrefix).size()) : m;
+}
+
+std::string ResourceName(const ContainerRequest& c) {
+  switch (c.kind) {
+    case GpuKind::kWhole: return kWholeGpu;
+    case GpuKind::kMig: return std::string(kMigPrefix) + c.mig_profile;
+    case GpuKind::kShare: return kShares;
+  }
+  return kWholeGpu;
+}
+
+int64_t MilliOf(int64_t memory_each, int64_t cores_each) {
+  // A share with neither memory nor cores still takes one slot (and a token of the GPU's time),
+  // never a whole GPU (the engine reads milli 0 with memory 0 as "whole").
+  if (memory_each == 0 && cores_each == 0) return 1;
+  // Nor may 100% of the cores without memory read as "whole": it stays a share of one slot.
+  if (memory_each == 0 && cores_each * 10 >= sched::kMilli) return sched::kMilli - 1;
+  return cores_each * 10;
+}
+
+}  // namespace
+
+sched::PodRequest EngineRequest(const std::string& key, const RecordContainer& c) {
+  sched::PodRequest p;
+  p.name = key;
+  if (c.resource.rfind(kMigPrefix, 0) == 0) {
+    p.mig_profile = c.resource.substr(std::string_view(kMigPrefix).size());
+    p.num_gpus = 1;
+  } else if (c.resource == kShares) {
+    p.num_gpus = static_cast<int>(c.gpus.size());
+    p.gpu_memory_mib = c.gpus.empty() ? 0 : c.gpus[0].memory_mib;
+    p.gpu_milli = static_cast<int>(MilliOf(p.gpu_memory_mib, c.gpus.empty() ? 0 : c.gpus[0].cores));
+  } else {
+    p.num_gpus = static_cast<int>(c.gpus.size());
+    p.gpu_milli = sched::kMilli;
+  }
+  return p;
+}
+
+struct State::Compiled {
+  PodRequest pod;
+  std::string uid;
+  bool wants_gpu = false;
+  sched::PodRequest ereq;
+  sched::Request req;
+  std::string pod_error;  // every node is unresolvable with this message
+};
+
+State::State(StateOptions options) : opts_(std::move(options)) {}
+
+absl::Status State::Init() {
+  auto p = sched::MakePolicy(opts_.policy, {});
+  if (!p.ok()) return p.status();
+  engine_ = std::make_unique<sched::Engine>(std::move(*p), opts_.seed);
+  auto b = sched::MakePolicy("packing", {});
+  auto s = sched::MakePolicy("spread", {});
+  if (!b.ok()) return b.status();
+  if (!s.ok()) return s.status();
+  binpack_ = std::move(*b);
+  spread_ = std::move(*s);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<State::Compiled> State::CompileLocked(const json& pod) const {
+  Compiled c;
+  c.uid = UidOf(pod);
+  auto pr = ParsePodRequest(pod);
+  if (!pr.ok()) {
+    c.pod_error = std::string(pr.status().message());
+    return c;
+  }
+  c.pod = std::move(*pr);
+  if (!c.pod.gpu) return c;
+  c.wants_gpu = true;
+  const ContainerRequest& g = *c.pod.gpu;
+  if (g.kind == GpuKind::kShare && c.pod.privileged) {
+    c.pod_error = Cat("container ", g.name,
+                      " is privileged: a privileged container sees every GPU of the node, so a share cannot be "
+                      "enforced (drop privileged, or ask for whole GPUs with ",
+                      kWholeGpu, ")");
+    return c;
+  }
+  c.ereq.name = EngineKey(c.uid, g.name);
+  switch (g.kind) {
+    case GpuKind::kWhole:
+      c.ereq.num_gpus = g.count;
+      c.ereq.gpu_milli = sched::kMilli;
+      break;
+    case GpuKind::kMig:
+      c.ereq.mig_profile = g.mig_profile;
+      c.ereq.num_gpus = 1;
+      break;
+    case GpuKind::kShare:
+      c.ereq.num_gpus = g.count;
+      c.ereq.gpu_memory_mib = g.MemoryPerGpu();
+      c.ereq.gpu_milli = static_cast<int>(MilliOf(g.MemoryPerGpu(), g.CoresPerGpu()));
+      break;
+  }
+  const auto& cluster = engine_->cluster();
+  std::set<std::string> seen;
+  for (const auto& m : cluster.models()) {
+    if (IsShareModel(m) != (g.kind == GpuKind::kShare)) continue;
+    const std::string base = BaseModel(m);
+    seen.insert(base);
+    if (!c.pod.models.empty() &&
+        std::none_of(c.pod.models.begin(), c.pod.models.end(), [&](const auto& p) { return ModelMatches(p, base); })) {
+      continue;
+    }
+    if (std::any_of(c.pod.models_deny.begin(), c.pod.models_deny.end(),
+                    [&](const auto& p) { return ModelMatches(p, base); })) {
+      continue;
+    }
+    c.ereq.allowed_models.push_back(m);
+  }
+  if (c.ereq.allowed_models.empty()) {
+    const char* what = g.kind == GpuKind::kShare ? "serves shares (kgpu.io/gpu)"
+                       : g.kind == GpuKind::kMig  ? "is a MIG-capable GPU for whole or MIG pods"
+                                                  : "takes whole-GPU pods (nvidia.com/gpu)";
+    if (seen.empty()) {
+      c.pod_error = Cat("no GPU in the cluster ", what);
+    } else {
+      c.pod_error = Cat("no GPU in the cluster that ", what, " matches the pod's models (",
+                        c.pod.models.empty() ? std::string("any") : Join(c.pod.models, ","),
+                        c.pod.models_deny.empty() ? std::string() : Cat(" except ", Join(c.pod.models_deny, ",")),
+                        "; models here: ", Join(seen, ", "), ")");
+    }
+    return c;
+  }
+  auto req = cluster.Compile(c.ereq);
+  if (!req.ok()) {
+    c.pod_error = std::string(req.status().message());
+    return c;
+  }
+  c.req = std::move(*req);
+  return c;
+}
+
+std::vector<int> State::MaskLocked(const Compiled& c, const std::string& node) {
+  std::vector<int> masked;
+  if (c.pod.uuids.empty() && c.pod.uuids_deny.empty()) return masked;
+  const auto it = nodes_.find(node);
+  const int id = engine_->cluster().FindNode(node);
+  if (it == nodes_.end() || id < 0) return masked;
+  const auto& ns = engine_->cluster().node(id);
+  for (size_t i = 0; i < it->second.gpus.size() && i < ns.gpus.size(); ++i) {
+    const auto& uuid = it->second.gpus[i].uuid;
+    const bool allowed = c.pod.uuids.empty() || std::find(c.pod.uuids.begin(), c.pod.uuids.end(), uuid) != c.pod.uuids.end();
+    const bool denied = std::find(c.pod.uuids_deny.begin(), c.pod.uuids_deny.end(), uuid) != c.pod.uuids_deny.end();
+    if ((!allowed || denied) && ns.gpus[i].healthy) {
+      (void)engine_->mutable_cluster().SetGpuHealth(node, static_cast<int>(i), false);
+      masked.push_back(static_cast<int>(i));
+    }
+  }
+  return masked;
+}
+
+void State::UnmaskLocked(const std::string& node, const std::vector<int>& masked) {
+  for (int i : masked) (void)engine_->mutable_cluster().SetGpuHealth(node, i, true);
+}
+
+sched::Policy& State::PolicyFor(const Compiled& c) {
+  if (c.pod.placement == "binpack") return *binpack_;
+  if (c.pod.placement == "spread") return *spread_;
+  return engine_->policy();
+}
+
+std::string State::ExplainLocked(const Compiled& c, const std::string& name, bool* unresolvable, const char** category) {
+  *unresolvable = true;
+  const char* unused = nullptr;
+  const char*& cat = category != nullptr ? *category : unused;
+  cat = "invalid_request";
+  if (!c.pod_error.empty()) return c.pod_error;
+  if (!c.wants_gpu) {
+    *unresolvable = false;
+    return "";
+  }
+  const auto it = nodes_.find(name);
+  const int id = engine_->cluster().FindNode(name);
+  cat = "no_inventory";
+  if (it == nodes_.end() || id < 0) return Cat("node has no ", kInventoryAnnotation, " annotation (run kgpu node-labels on it)");
+  const NodeInfo& info = it->second;
+  const auto& ns = engine_->cluster().node(id);
+  const ContainerRequest& g = *c.pod.gpu;
+  const bool shares = g.kind == GpuKind::kShare;
+  if (shares) {
+    const std::string mode = c.pod.enforcement.empty() ? info.enforcement.front() : c.pod.enforcement;
+    if (std::find(info.enforcement.begin(), info.enforcement.end(), mode) == info.enforcement.end()) {
+      cat = "enforcement";
+      return Cat("enforcement '", mode, "' is not permitted on this node (it permits: ", Join(info.enforcement, ", "), ")");
+    }
+  }
+  const int need = g.kind == GpuKind::kMig ? 1 : g.count;
+  const int64_t per_mem = shares ? g.MemoryPerGpu() : 0;
+  int kind_ok = 0, model_ok = 0, uuid_ok = 0, healthy_ok = 0, fit_ok = 0;
+  int64_t largest_total = 0;
+  std::vector<size_t> eligible;
+  std::set<std::string> node_models;
+  std::map<std::string, int> mig_profiles;
+  for (size_t i = 0; i < info.gpus.size() && i < ns.gpus.size(); ++i) {
+    const GpuInfo& gi = info.gpus[i];
+    const auto& gs = ns.gpus[i];
+    const bool right_kind = shares ? gi.slots > 0 : (gi.slots == 0 && (g.kind == GpuKind::kMig) == !gs.mig.empty());
+    if (!right_kind) continue;
+    ++kind_ok;
+    node_models.insert(gi.model);
+    if (gs.model < 0 || ((c.req.models >> gs.model) & 1U) == 0) continue;
+    ++model_ok;
+    const bool allowed = c.pod.uuids.empty() || std::find(c.pod.uuids.begin(), c.pod.uuids.end(), gi.uuid) != c.pod.uuids.end();
+    const bool denied = std::find(c.pod.uuids_deny.begin(), c.pod.uuids_deny.end(), gi.uuid) != c.pod.uuids_deny.end();
+    if (!allowed || denied) continue;
+    ++uuid_ok;
+    if (!gi.healthy) continue;
+    ++healthy_ok;
+    bool fits = true;
+    if (shares) {
+      largest_total = std::max(largest_total, gi.memory_mib);
+      fits = gi.memory_mib >= per_mem && (per_mem == 0 || gi.memory_mib > 0);
+    } else if (g.kind == GpuKind::kMig) {
+      for (const auto& m : gs.mig) ++mig_profiles[m.profile];
+      fits = std::any_of(gs.mig.begin(), gs.mig.end(), [&](const auto& m) { return m.profile == g.mig_profile; });
+    }
+    if (!fits) continue;
+    ++fit_ok;
+    eligible.push_back(i);
+  }
+  if (fit_ok < need) {
+    if (kind_ok < need) {
+      cat = "too_few_gpus";
+      if (shares) {
+        return kind_ok == 0 ? Cat("no GPU on this node serves shares (", kShares, ")")
+                            : Cat("only ", kind_ok, " GPUs on this node serve shares (", kShares, "); the pod needs ", need,
+                                  " shares on different GPUs");
+      }
+      if (g.kind == GpuKind::kMig) return "no GPU on this node is in MIG mode";
+      return Cat("this node has ", kind_ok, " GPUs for whole-GPU pods (", kWholeGpu, "), the pod needs ", need);
+    }
+    if (model_ok < need) {
+      cat = "model";
+      return Cat("no ", need > 1 ? Cat(need, " GPUs") : std::string("GPU"), " of the pod's models here (this node has: ",
+                 Join(node_models, ", "), ")");
+    }
+    if (uuid_ok < need) {
+      cat = "uuid";
+      return Cat("the pod's GPU UUID lists leave ", uuid_ok, " GPUs on this node, it needs ", need);
+    }
+    cat = "unhealthy";
+    if (healthy_ok < need) return Cat(uuid_ok - healthy_ok, " GPUs on this node are unhealthy; ", need, " healthy ones needed");
+    cat = shares ? "gpu_too_small" : "no_mig_profile";
+    if (shares) {
+      if (need == 1) return Cat("no GPU on this node has ", per_mem, " MiB in total (largest: ", largest_total, " MiB)");
+      return Cat("only ", fit_ok, " GPUs on this node have ", per_mem, " MiB in total; the pod needs ", need,
+                 " shares on different GPUs");
+    }
+    std::vector<std::string> have;
+    for (const auto& [p, n] : mig_profiles) have.push_back(Cat(p, " x", n));
+    return Cat("no MIG ", g.mig_profile, " instance on this node (it has: ", have.empty() ? std::string("none") : Join(have, ", "), ")");
+  }
+
+  // Capacity exists: is it free now?
+  const auto masked = MaskLocked(c, name);
+  const bool fits = engine_->cluster().NodeFits(c.req, id);
+  UnmaskLocked(name, masked);
+  if (fits) {
+    *unresolvable = false;
+    return "";
+  }
+  *unresolvable = false;  // lower-priority pods hold it: preemption can help
+  cat = "gpus_busy";
+  if (g.kind == GpuKind::kWhole) {
+    int free = 0;
+    for (size_t i : eligible) free += ns.gpus[i].FullyFree() ? 1 : 0;
+    return Cat("only ", free, " of ", eligible.size(), " GPUs here are free; the pod needs ", need, " whole GPUs");
+  }
+  if (g.kind == GpuKind::kMig) {
+    cat = "mig_busy";
+    int total = 0, used = 0;
+    for (size_t i : eligible) {
+      const auto& gs = ns.gpus[i];
+      for (size_t k = 0; k < gs.mig.size(); ++k) {
+        if (gs.mig[k].profile != g.mig_profile) continue;
+        ++total;
+        used += gs.mig_used[k] ? 1 : 0;
+      }
+    }
+    return Cat("every MIG ", g.mig_profile, " instance here is in use (", used, " of ", total, ")");
+  }
+  int mem_ok = 0, cores_ok = 0, slots_ok = 0, all_ok = 0;
+  int64_t best_mem = -1, best_milli = -1;
+  std::string best_mem_uuid, best_cores_uuid;
+  for (size_t i : eligible) {
+    const auto& gs = ns.gpus[i];
+    const bool m = gs.free_memory_mib >= per_mem;
+    const bool k = gs.free_milli >= c.req.milli;
+    const bool s = gs.max_shares == 0 || gs.pods < gs.max_shares;
+    mem_ok += m;
+    cores_ok += k;
+    slots_ok += s;
+    all_ok += m && k && s;
+    if (s && gs.free_memory_mib > best_mem) {
+      best_mem = gs.free_memory_mib;
+      best_mem_uuid = info.gpus[i].uuid;
+    }
+    if (s && gs.free_milli > best_milli) {
+      best_milli = gs.free_milli;
+      best_cores_uuid = info.gpus[i].uuid;
+    }
+  }
+  const std::string largest = best_mem >= 0 ? Cat("largest free: ", best_mem, " MiB on ", best_mem_uuid) : "";
+  const std::string most = best_milli >= 0 ? Cat("most free: ", best_milli / 10, "% on ", best_cores_uuid) : "";
+  if (slots_ok < need) {
+    cat = "slots";
+    return Cat(need == 1 ? std::string("every GPU here already holds its ") : Cat("only ", slots_ok, " GPUs here have a free slot of their "),
+               eligible.empty() ? 0 : ns.gpus[eligible[0]].max_shares, " shares", need == 1 ? "" : Cat("; the pod needs ", need));
+  }
+  if (mem_ok < need || (per_mem > 0 && all_ok < need && cores_ok >= need)) {
+    cat = "memory";
+    if (need == 1) return Cat("no single GPU with ", per_mem, " MiB free (", largest, ")");
+    return Cat("only ", std::min(mem_ok, all_ok), " GPUs here have ", per_mem, " MiB free; the pod needs ", need,
+               " on different GPUs (", largest, ")");
+  }
+  cat = "cores";
+  const int64_t pct = c.req.milli / 10;
+  if (need == 1) return Cat("no single GPU with ", pct, "% of its cores free (", most, ")");
+  return Cat("only ", std::min(cores_ok, all_ok), " GPUs here have ", pct, "% of their cores free; the pod needs ", need,
+             " on different GPUs (", most, ")");
+}
+
+FilterOutcome State::Filter(const json& pod, const std::vector<std::string>& nodes) {
+  std::lock_guard lock(mu_);
+  FilterOutcome out;
+  auto c = CompileLocked(pod);
+  for (const auto& n : nodes) {
+    bool unres = false;
+    const char* cat = nullptr;
+    std::string why = ExplainLocked(*c, n, &unres, &cat);
+    if (!why.empty()) ++out.reasons[cat];
+    if (why.empty()) {
+      out.passed.push_back(n);
+    } else if (unres) {
+      out.unresolvable[n] = std::move(why);
+    } else {
+      out.failed[n] = std::move(why);
+    }
+  }
+  return out;
+}
+
+std::vector<HostPriority> State::Prioritize(const json& pod, const std::vector<std::string>& nodes) {
+  std::lock_guard lock(mu_);
+  std::vector<HostPriority> out;
+  out.reserve(nodes.size());
+  auto c = CompileLocked(pod);
+  std::vector<std::optional<double>> raw(nodes.size());
+  if (c->pod_error.empty() && c->wants_gpu) {
+    auto& policy = PolicyFor(*c);
+    const auto& cluster = engine_->cluster();
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const int id = cluster.FindNode(nodes[i]);
+      if (id < 0) continue;
+      const auto masked = MaskLocked(*c, nodes[i]);
+      sched::Candidate cand;
+      if (cluster.NodeFits(c->req, id) && policy.Evaluate(cluster, c->req, id, &cand)) raw[i] = cand.score;
+      UnmaskLocked(nodes[i], masked);
+    }
+  }
+  double lo = 0, hi = 0;
+  bool any = false;
+  for (const auto& r : raw) {
+    if (!r) continue;
+    lo = any ? std::min(lo, *r) : *r;
+    hi = any ? std::max(hi, *r) : *r;
+    any = true;
+  }
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    int64_t score = 0;
+    if (raw[i]) score = hi > lo ? std::llround(10.0 * (*raw[i] - lo) / (hi - lo)) : 10;
+    out.push_back({nodes[i], score});
+  }
+  return out;
+}
+
+void State::BookLocked(const std::string& uid, PodEntry& e) {
+  if (e.booked || !e.record) return;
+  const auto it = nodes_.find(e.node);
+  const int id = engine_->cluster().FindNode(e.node);
+  if (it == nodes_.end() || id < 0) return;  // booked when the node appears
+  const NodeInfo& info = it->second;
+  std::vector<std::string> done;
+  for (const auto& rc : e.record->containers) {
+    sched::Placement p;
+    p.node = id;
+    for (const auto& rg : rc.gpus) {
+      const int idx = info.IndexOfUuid(rg.uuid);
+      if (idx < 0) {
+        ++bad_records_;
+        Log("extender")->warn("pod {}/{}: allocation record names GPU {} which node {} does not have (a stale record)", e.ns,
+                    e.name, rg.uuid, e.node);
+        p.gpus.clear();
+        break;
+      }
+      p.gpus.push_back(idx);
+      if (!rg.mig.empty()) {
+        const auto& migs = info.gpus[static_cast<size_t>(idx)].mig;
+        for (size_t k = 0; k < migs.size(); ++k) {
+          if (migs[k].uuid == rg.mig) p.mig_instance = static_cast<int>(k);
+        }
+      }
+    }
+    std::sort(p.gpus.begin(), p.gpus.end());
+    const std::string key = EngineKey(uid, rc.name);
+    absl::Status st = p.gpus.empty() ? absl::FailedPreconditionError("stale record")
+                                     : engine_->Bind(EngineRequest(key, rc), p);
+    if (!st.ok()) {
+      if (!p.gpus.empty()) {
+        ++record_conflicts_;
+        Log("extender")->warn("pod {}/{}: allocation record on node {} cannot be booked ({}): another record holds that capacity",
+                    e.ns, e.name, e.node, std::string(st.message()));
+      }
+      for (const auto& k : done) (void)engine_->Release(k);
+      return;
+    }
+    done.push_back(key);
+  }
+  e.booked = true;
+}
+
+void State::UnbookLocked(const std::string& uid, PodEntry& e) {
+  if (!e.booked) return;
+  if (e.record) {
+    for (const auto& rc : e.record->containers) (void)engine_->Release(EngineKey(uid, rc.name));
+  }
+  e.booked = false;
+}
+
+void State::RebookNodeLocked(const std::string& node) {
+  const auto it = on_node_.find(node);
+  if (it == on_node_.end()) return;
+  for (const auto& uid : it->second) {
+    auto p = pods_.find(uid);
+    if (p == pods_.end()) continue;
+    p->second.booked = false;  // the engine dropped them with the node
+    if (p->second.bound || p->second.assumed) BookLocked(uid, p->second);
+  }
+}
+
+void State::UpsertNode(const json& node) {
+  auto info = ParseNodeInventory(node);
+  const std::string name = node.value("metadata", json::object()).value("name", "");
+  std::lock_guard lock(mu_);
+  if (!info.ok()) {
+    if (absl::IsNotFound(info.status())) {
+      if (nodes_.contains(name)) {
+        (void)engine_->RemoveNode(name);
+        nodes_.erase(name);
+        RebookNodeLocked(name);
+      }
+      return;
+    }
+    ++bad_inventories_;
+    Log("extender")->warn("{} (the node keeps its previous GPUs in the extender)", std::string(info.status().message()));
+    return;
+  }
+  const auto it = nodes_.find(name);
+  if (it != nodes_.end() && it->second.annotation == info->annotation) return;
+  if (it != nodes_.end()) (void)engine_->RemoveNode(name);
+  auto id = engine_->AddNode(ToNodeSpec(*info));
+  if (!id.ok()) {
+    ++bad_inventories_;
+    Log("extender")->warn("node {}: {}", name, std::string(id.status().message()));
+    nodes_.erase(name);
+    RebookNodeLocked(name);
+    return;
+  }
+  nodes_[name] = std::move(*info);
+  RebookNodeLocked(name);
+}
+
+void State::RemoveNode(const std::string& name) {
+  std::lock_guard lock(mu_);
+  if (!nodes_.contains(name)) return;
+  (void)engine_->RemoveNode(name);
+  nodes_.erase(name);
+  RebookNodeLocked(name);
+}
+
+void State::UpsertPod(const json& pod) {
+  const std::string uid = UidOf(pod);
+  const json meta = pod.value("metadata", json::object());
+  const json spec = pod.value("spec", json::object());
+  const std::string phase = pod.value("status", json::object()).value("phase", "");
+  const std::string node = spec.value("nodeName", "");
+  std::optional<AllocationRecord> rec;
+  const json ann = meta.value("annotations", json::object());
+  std::lock_guard lock(mu_);
+  if (auto a = ann.find(kAnnotationAllocation); a != ann.end() && a->is_string()) {
+    auto r = ParseRecord(a->get<std::string>());
+    if (r.ok()) {
+      rec = std::move(*r);
+    } else {
+      ++bad_records_;
+      Log("extender")->warn("pod {}/{}: {} (ignored)", meta.value("namespace", ""), meta.value("name", ""), std::string(r.status().message()));
+    }
+  }
+  auto it = pods_.find(uid);
+  auto drop = [&] {
+    if (it == pods_.end()) return;
+    UnbookLocked(uid, it->second);
+    if (auto o = on_node_.find(it->second.node); o != on_node_.end()) o->second.erase(uid);
+    pods_.erase(it);
+  };
+  if (phase == "Succeeded" || phase == "Failed" || !rec) {
+    if (it != pods_.end() && !rec && it->second.assumed && node.empty()) return;  // our bind is in flight
+    drop();
+    return;
+  }
+  if (node.empty()) {
+    if (it != pods_.end() && it->second.assumed) return;  // the record is ours, the binding follows
+    drop();                                                // a record left by a bind that failed
+    return;
+  }
+  if (rec->node != node) {
+    ++bad_records_;
+    Log("extender")->warn("pod {}/{}: allocation record is for node {} but the pod is bound to {} (ignored)",
+                meta.value("namespace", ""), meta.value("name", ""), rec->node, node);
+    drop();
+    return;
+  }
+  if (it == pods_.end()) it = pods_.emplace(uid, PodEntry{}).first;
+  PodEntry& e = it->second;
+  e.ns = meta.value("namespace", "default");
+  e.name = meta.value("name", "");
+  if (spec.contains("priority") && spec["priority"].is_number_integer()) e.priority = spec["priority"].get<int64_t>();
+  if (e.booked && e.record == rec && e.node == node) {
+    e.bound = true;
+    e.assumed = false;
+    return;
+  }
+  UnbookLocked(uid, e);
+  if (auto o = on_node_.find(e.node); o != on_node_.end()) o->second.erase(uid);
+  e.record = std::move(rec);
+  e.node = node;
+  e.bound = true;
+  e.assumed = false;
+  on_node_[node].insert(uid);
+  BookLocked(uid, e);
+}
+
+void State::RemovePod(const json& pod) {
+  const std::string uid = UidOf(pod);
+  std::lock_guard lock(mu_);
+  auto it = pods_.find(uid);
+  if (it == pods_.end()) return;
+  UnbookLocked(uid, it->second);
+  if (auto o = on_node_.find(it->second.node); o != on_node_.end()) o->second.erase(uid);
+  pods_.erase(it);
+}
+
+absl::StatusOr<Assumption> State::Assume(const json& pod, const std::string& node) {
+  std::lock_guard lock(mu_);
+  auto c = CompileLocked(pod);
+  if (!c->pod_error.empty()) return absl::InvalidArgumentError(c->pod_error);
+  Assumption a;
+  a.uid = c->uid;
+  a.ns = c->pod.ns;
+  a.name = c->pod.name;
+  a.node = node;
+  if (!c->wants_gpu) return a;
+  if (auto it = pods_.find(c->uid); it != pods_.end()) {
+    PodEntry& e = it->second;
+    if (e.booked && e.node == node && e.record) {
+      a.record = *e.record;
+      a.already_bound = e.bound;
+      return a;
+    }
+    UnbookLocked(c->uid, e);  // an earlier attempt elsewhere that never bound
+    if (auto o = on_node_.find(e.node); o != on_node_.end()) o->second.erase(c->uid);
+    pods_.erase(it);
+  }
+  bool unres = false;
+  const std::string why = ExplainLocked(*c, node, &unres, nullptr);
+  if (!why.empty()) return absl::FailedPreconditionError(Cat("node ", node, ": ", why));
+  const int id = engine_->cluster().FindNode(node);
+  const NodeInfo& info = nodes_.at(node);
+  const ContainerRequest& g = *c->pod.gpu;
+  const auto masked = MaskLocked(*c, node);
+  sched::Candidate cand;
+  sched::Placement p;
+  if (PolicyFor(*c).Evaluate(engine_->cluster(), c->req, id, &cand) && cand.placement.ok()) {
+    p = cand.placement;
+  } else {
+    p.node = id;
+    p.gpus = engine_->cluster().PickGpuSet(c->req, engine_->cluster().node(id));
+  }
+  p.node = id;
+  absl::Status st = engine_->Bind(c->ereq, p);
+  UnmaskLocked(node, masked);
+  if (!st.ok()) return absl::FailedPreconditionError(Cat("node ", node, ": ", st.message()));
+  engine_->policy().Observe(c->req);
+  const sched::Placement* got = engine_->cluster().FindPod(c->ereq.name);
+  RecordContainer rc;
+  rc.name = g.name;
+  rc.resource = ResourceName(g);
+  if (g.kind == GpuKind::kShare) rc.enforcement = c->pod.enforcement.empty() ? info.enforcement.front() : c->pod.enforcement;
+  for (int idx : got->gpus) {
+    const GpuInfo& gi = info.gpus[static_cast<size_t>(idx)];
+    RecordGpu rg;
+    rg.uuid = gi.uuid;
+    if (g.kind == GpuKind::kShare) {
+      rg.memory_mib = g.MemoryPerGpu();
+      rg.cores = g.CoresPerGpu();
+    } else if (g.kind == GpuKind::kMig && got->mig_instance >= 0 &&
+               got->mig_instance < static_cast<int>(gi.mig.size())) {
+      const MigInfo& m = gi.mig[static_cast<size_t>(got->mig_instance)];
+      rg.mig = m.uuid;
+      rg.profile = m.profile;
+      rg.memory_mib = m.memory_mib;
+    }
+    rc.gpus.push_back(std::move(rg));
+  }
+  a.record.node = node;
+  a.record.containers.push_back(std::move(rc));
+  PodEntry e;
+  e.ns = a.ns;
+  e.name = a.name;
+  e.node = node;
+  e.record = a.record;
+  e.assumed = true;
+  e.booked = true;
+  e.priority = c->pod.priority;
+  pods_[c->uid] = std::move(e);
+  on_node_[node].insert(c->uid);
+  return a;
+}
+
+void State::Forget(const std::string& uid) {
+  std::lock_guard lock(mu_);
+  auto it = pods_.find(uid);
+  if (it == pods_.end() || it->second.bound) return;
+  UnbookLocked(uid, it->second);
+  if (auto o = on_node_.find(it->second.node); o != on_node_.end()) o->second.erase(uid);
+  pods_.erase(it);
+}
+
+void State::Confirm(const std::string& uid) {
+  std::lock_guard lock(mu_);
+  auto it = pods_.find(uid);
+  if (it == pods_.end()) return;
+  it->second.bound = true;
+  it->second.assumed = false;
+}
+
+std::map<std::string, MetaVictims> State::Preempt(const json& pod, const std::map<std::string, MetaVictims>& victims) {
+  std::lock_guard lock(mu_);
+  std::map<std::string, MetaVictims> out;
+  auto c = CompileLocked(pod);
+  if (!c->pod_error.empty()) return out;
+  if (!c->wants_gpu) return victims;
+  for (const auto& [node, mv] : victims) {
+    const int id = engine_->cluster().FindNode(node);
+    if (id < 0) continue;
+    bool unres = false;
+    const std::string why = ExplainLocked(*c, node, &unres, nullptr);
+    if (why.empty()) {
+      out[node] = mv;  // the GPUs fit already: the victims are for kube-scheduler's own resources
+      continue;
+    }
+    if (unres) continue;  // no victims can make room
+    // Take the victims we book off the node, see whether the pod fits, put them back.
+    std::vector<std::string> removed;
+    for (const auto& uid : mv.pod_uids) {
+      auto it = pods_.find(uid);
+      if (it == pods_.end() || !it->second.booked || it->second.node != node) continue;
+      UnbookLocked(uid, it->second);
+      removed.push_back(uid);
+    }
+    const auto masked = MaskLocked(*c, node);
+    const bool fits = engine_->cluster().NodeFits(c->req, id);
+    UnmaskLocked(node, masked);
+    for (const auto& uid : removed) BookLocked(uid, pods_.at(uid));
+    if (fits) out[node] = mv;
+  }
+  return out;
+}
+
+std::optional<AllocationRecord> State::RecordOf(const std::string& uid) const {
+  std::lock_guard lock(mu_);
+  auto it = pods_.find(uid);
+  if (it == pods_.end() || !it->second.booked) return std::nullopt;
+  return it->second.record;
+}
+
+StateStats State::Stats() const {
+  std::lock_guard lock(mu_);
+  StateStats s;
+  s.nodes = nodes_.size();
+  for (const auto& [n, info] : nodes_) s.gpu_nodes += info.gpus.empty() ? 0 : 1;
+  s.pods = pods_.size();
+  for (const auto& [uid, e] : pods_) s.booked += e.booked ? 1 : 0;
+  s.record_conflicts = record_conflicts_;
+  s.bad_records = bad_records_;
+  s.bad_inventories = bad_inventories_;
+  return s;
+}
+
+}  // namespace kgpu::extender

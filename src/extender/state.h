@@ -1,0 +1,123 @@
+#pragma once
+// The extender's picture of the cluster and its decisions: the placement engine (src/sched) fed
+// from informer caches — Nodes with the GPU inventory annotation, Pods with allocation records —
+// plus the verbs' logic: filter (device-level feasibility with reasons, FailedNodes for what
+// preemption can free, FailedAndUnresolvableNodes for what it cannot), prioritize (the engine's
+// policy scores mapped to 0..10), assume (bind: the exact GPUs, booked in memory before the
+// record is written so that concurrent binds never double-book a GPU) and preempt (only victims
+// whose removal makes the pod fit).
+//
+// Rebuilding: a pod bound to a node with a record is booked at exactly the record's GPUs, so a
+// restarted extender has the same state; two records that claim the same capacity are counted
+// (record_conflicts) and the later one is not booked.
+//
+// Thread-safety: every public method may be called from any thread (one internal mutex).
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "extender/inventory.h"
+#include "extender/record.h"
+#include "extender/request.h"
+#include "extender/wire.h"
+#include "sched/engine.h"
+
+namespace kgpu::extender {
+
+struct StateOptions {
+  std::string policy = "ours";  // the engine's policy (sched::PolicyNames())
+  uint64_t seed = 42;
+};
+
+struct FilterOutcome {
+  std::vector<std::string> passed;
+  std::map<std::string, std::string> failed;        // preemption may help
+  std::map<std::string, std::string> unresolvable;  // it cannot
+  std::map<std::string, int> reasons;               // failed nodes by reason category
+};
+
+struct Assumption {
+  std::string uid, ns, name, node;
+  AllocationRecord record;
+  bool already_bound = false;  // the pod was bound there with this record before (a retry)
+};
+
+struct StateStats {
+  size_t nodes = 0, gpu_nodes = 0, pods = 0, booked = 0;
+  uint64_t record_conflicts = 0, bad_records = 0, bad_inventories = 0;
+};
+
+class State {
+ public:
+  explicit State(StateOptions options = {});
+  // InvalidArgument when the policy name is unknown (the message lists the choices).
+  absl::Status Init();
+
+  // Informer feed.
+  void UpsertNode(const nlohmann::json& node);
+  void RemoveNode(const std::string& name);
+  void UpsertPod(const nlohmann::json& pod);
+  void RemovePod(const nlohmann::json& pod);
+
+  FilterOutcome Filter(const nlohmann::json& pod, const std::vector<std::string>& nodes);
+  std::vector<HostPriority> Prioritize(const nlohmann::json& pod, const std::vector<std::string>& nodes);
+  // Chooses the GPUs on `node` and books them. FailedPrecondition with the reason when the pod no
+  // longer fits there; InvalidArgument for a request that can never be scheduled.
+  absl::StatusOr<Assumption> Assume(const nlohmann::json& pod, const std::string& node);
+  // Drops a booking that was never bound (the record write or the binding failed).
+  void Forget(const std::string& uid);
+  // The binding was created: the booking stays until the pod goes away.
+  void Confirm(const std::string& uid);
+  // Per node: the victims that must go for the pod to fit (nodes where none do are dropped).
+  std::map<std::string, MetaVictims> Preempt(const nlohmann::json& pod, const std::map<std::string, MetaVictims>& victims);
+
+  // The record booked for a pod (by UID), if any.
+  std::optional<AllocationRecord> RecordOf(const std::string& uid) const;
+  StateStats Stats() const;
+
+ private:
+  struct PodEntry {
+    std::string ns, name;
+    std::string node;        // spec.nodeName, or the node of an in-flight assumption
+    std::optional<AllocationRecord> record;
+    bool bound = false;      // spec.nodeName is set (or the binding was confirmed)
+    bool assumed = false;    // booked by Assume, binding not yet seen
+    bool booked = false;     // in the engine
+    int64_t priority = 0;
+  };
+  struct Compiled;
+
+  absl::StatusOr<Compiled> CompileLocked(const nlohmann::json& pod) const;
+  // Why `node` cannot take the pod: empty when it can; sets *unresolvable and the reason category.
+  std::string ExplainLocked(const Compiled& c, const std::string& node, bool* unresolvable, const char** category);
+  std::vector<int> MaskLocked(const Compiled& c, const std::string& node);
+  void UnmaskLocked(const std::string& node, const std::vector<int>& masked);
+  sched::Policy& PolicyFor(const Compiled& c);
+  void BookLocked(const std::string& uid, PodEntry& e);
+  void UnbookLocked(const std::string& uid, PodEntry& e);
+  void RebookNodeLocked(const std::string& node);
+
+  StateOptions opts_;
+  mutable std::mutex mu_;
+  std::unique_ptr<sched::Engine> engine_;
+  std::unique_ptr<sched::Policy> binpack_, spread_;
+  std::map<std::string, NodeInfo> nodes_;
+  absl::flat_hash_map<std::string, PodEntry> pods_;      // by UID
+  std::map<std::string, std::set<std::string>> on_node_;  // node -> UIDs whose record names it
+  uint64_t record_conflicts_ = 0, bad_records_ = 0, bad_inventories_ = 0;
+};
+
+// The engine's request for one container of a record (rebuilding) or of a pod.
+sched::PodRequest EngineRequest(const std::string& key, const RecordContainer& c);
+
+}  // namespace kgpu::extender

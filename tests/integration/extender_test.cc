@@ -1,0 +1,479 @@
+// The extender as kube-scheduler meets it: a real HTTP(S) server fed by informers on the API
+// server stand-in, driven by raw §1.3 JSON and by the kube-scheduler stand-in
+// (testing/fake_scheduler.h): readiness after sync, every verb's wire form in both
+// nodeCacheCapable modes, mixed whole/MIG/share pods with exact records and no GPU over-committed,
+// quota refusing at admission, what preemption really reaches, 16 concurrent binds to one node,
+// a restarted extender rebuilding from the records, HTTPS, and the `kgpu extender` process.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "extender/record.h"
+#include "extender/server.h"
+#include "extender/wire.h"
+#include "k8s/client.h"
+#include "testing/fake_apiserver.h"
+#include "testing/fake_scheduler.h"
+#include "testing/gpu_nodes.h"
+
+namespace kgpu::extender {
+namespace {
+using json = nlohmann::json;
+using testing::MigGpu;
+using testing::ShareGpu;
+using testing::TestGpuUuid;
+using testing::TestNode;
+using testing::TestPod;
+using testing::WholeGpu;
+
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+class ExtenderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(api.Start().ok());
+    k8s::Config kc;
+    kc.server = api.url();
+    kc.qps = 0;  // no client-side rate limit in tests
+    client = std::move(*k8s::Client::Create(kc));
+    for (const char* ns : {"ns", "other"}) ASSERT_EQ(api.Create("namespaces", "", {{"metadata", {{"name", ns}}}}).code, 201);
+  }
+  void TearDown() override {
+    sched.reset();
+    if (ext) ext->Stop();
+  }
+  void AddNode(const json& n) { ASSERT_EQ(api.Create("nodes", "", n).code, 201); }
+  void StartExtender(ExtenderOptions o = {}) {
+    o.address = "127.0.0.1:0";
+    ext = std::make_unique<Extender>(*client, o);
+    ASSERT_TRUE(ext->Start().ok());
+    ASSERT_TRUE(WaitFor([&] { return ext->NotReadyReason().empty(); }));
+  }
+  std::string Url() const { return "http://127.0.0.1:" + std::to_string(ext->port()); }
+  void StartScheduler(const std::string& url, bool cache_capable = true) {
+    testing::FakeSchedulerOptions so;
+    so.url_prefix = url + "/gpu";
+    so.node_cache_capable = cache_capable;
+    sched = std::make_unique<testing::FakeScheduler>(*client, so);
+  }
+  json CreatePod(const json& pod) {
+    auto r = api.Create("pods", pod["metadata"]["namespace"], pod);
+    EXPECT_EQ(r.code, 201) << r.body.dump();
+    return r.body;
+  }
+  json GetPod(const std::string& ns, const std::string& name) { return api.Get("pods", ns, name).body; }
+  // Schedules `pod` (created first) and returns the outcome.
+  testing::ScheduleOutcome Schedule(const json& pod) {
+    const json created = CreatePod(pod);
+    auto out = sched->ScheduleOne(created);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? *out : testing::ScheduleOutcome{};
+  }
+  std::optional<AllocationRecord> RecordOn(const json& pod) {
+    const json ann = pod["metadata"].value("annotations", json::object());
+    if (!ann.contains(kAnnotationAllocation)) return std::nullopt;
+    auto r = ParseRecord(ann[kAnnotationAllocation].get<std::string>());
+    if (!r.ok()) return std::nullopt;
+    return *r;
+  }
+  // Per GPU (or MIG device): memory booked and holders, from every bound pod's record.
+  struct Use {
+    int64_t memory = 0, cores = 0;
+    int holders = 0;
+    bool whole = false;
+  };
+  std::map<std::string, Use> UseFromRecords() {
+    std::map<std::string, Use> use;
+    auto pods = client->List("/api/v1/pods");
+    for (const auto& p : (*pods)["items"]) {
+      if (p["spec"].value("nodeName", "").empty()) continue;
+      auto r = RecordOn(p);
+      if (!r) continue;
+      EXPECT_EQ(r->node, p["spec"]["nodeName"]) << p["metadata"]["name"];
+      for (const auto& c : r->containers) {
+        for (const auto& g : c.gpus) {
+          auto& u = use[g.mig.empty() ? g.uuid : g.mig];
+          u.memory += g.memory_mib;
+          u.cores += g.cores;
+          ++u.holders;
+          u.whole = u.whole || c.resource == kWholeGpu;
+        }
+      }
+    }
+    return use;
+  }
+
+  testing::FakeApiServer api;
+  std::unique_ptr<k8s::Client> client;
+  std::unique_ptr<Extender> ext;
+  std::unique_ptr<testing::FakeScheduler> sched;
+};
+
+TEST_F(ExtenderTest, ReadyOnlyAfterTheInformersSynced) {
+  AddNode(TestNode("n1", {ShareGpu()}));
+  api.FailNext(3, 500, "/api/v1/pods", "GET");  // the pod list fails a few times first
+  ExtenderOptions o;
+  o.address = "127.0.0.1:0";
+  ext = std::make_unique<Extender>(*client, o);
+  ASSERT_TRUE(ext->Start().ok());
+  httplib::Client http("127.0.0.1", ext->port());
+  auto early = http.Get("/readyz");
+  ASSERT_TRUE(early);
+  if (early->status == 503) {
+    EXPECT_NE(early->body.find("informer has not synced yet"), std::string::npos) << early->body;
+    auto verb = http.Post("/gpu/filter", R"({"Pod":{},"NodeNames":["n1"]})", "application/json");
+    ASSERT_TRUE(verb);
+    EXPECT_EQ(verb->status, 503);
+    EXPECT_NE(verb->body.find("not ready"), std::string::npos);
+  }
+  ASSERT_TRUE(WaitFor([&] {
+    auto r = http.Get("/readyz");
+    return r && r->status == 200;
+  }));
+  auto health = http.Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+TEST_F(ExtenderTest, EveryVerbOnTheWire) {
+  AddNode(TestNode("node-a", {ShareGpu(16384)}));
+  AddNode(TestNode("node-b", {ShareGpu(8192)}));
+  AddNode(TestNode("node-c", {WholeGpu("Tesla T4", 15360)}));
+  StartExtender();
+  httplib::Client http("127.0.0.1", ext->port());
+  const json pod = CreatePod(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10k"}}));
+  const std::string uid = pod["metadata"]["uid"];
+  // nodeCacheCapable: true — NodeNames in, NodeNames out.
+  auto f = http.Post("/gpu/filter", json{{"Pod", pod}, {"Nodes", nullptr}, {"NodeNames", {"node-a", "node-b", "node-c"}}}.dump(),
+                     "application/json");
+  ASSERT_TRUE(f);
+  ASSERT_EQ(f->status, 200) << f->body;
+  const json fr = json::parse(f->body);
+  EXPECT_EQ(fr["NodeNames"], json({"node-a"}));
+  EXPECT_TRUE(fr["Nodes"].is_null());
+  EXPECT_EQ(fr["Error"], "");
+  EXPECT_EQ(fr["FailedAndUnresolvableNodes"]["node-b"], "no GPU on this node has 10000 MiB in total (largest: 8192 MiB)");
+  EXPECT_EQ(fr["FailedAndUnresolvableNodes"]["node-c"], "no GPU on this node serves shares (kgpu.io/gpu)");
+  // nodeCacheCapable: false — the full NodeList in, full Nodes out, NodeNames null.
+  std::vector<json> full;
+  for (const char* n : {"node-a", "node-b"}) full.push_back(api.Get("nodes", "", n).body);
+  auto ff = http.Post("/gpu/filter", EncodeExtenderArgsFull(pod, full), "application/json");
+  ASSERT_TRUE(ff);
+  const json ffr = json::parse(ff->body);
+  EXPECT_TRUE(ffr["NodeNames"].is_null());
+  ASSERT_EQ(ffr["Nodes"]["items"].size(), 1u);
+  EXPECT_EQ(ffr["Nodes"]["items"][0]["metadata"]["name"], "node-a");
+  // lower-case envelope keys, as Go would accept too
+  auto lower = http.Post("/gpu/filter", json{{"pod", pod}, {"nodenames", {"node-a"}}}.dump(), "application/json");
+  ASSERT_TRUE(lower);
+  EXPECT_EQ(json::parse(lower->body)["NodeNames"], json({"node-a"}));
+  // prioritize: a bare array of {Host, Score}.
+  auto p = http.Post("/gpu/prioritize", EncodeExtenderArgs(pod, {"node-a", "node-c"}), "application/json");
+  ASSERT_TRUE(p);
+  const json pr = json::parse(p->body);
+  ASSERT_TRUE(pr.is_array());
+  ASSERT_EQ(pr.size(), 2u);
+  EXPECT_EQ(pr[0]["Host"], "node-a");
+  EXPECT_EQ(pr[0]["Score"], 10);
+  EXPECT_EQ(pr[1]["Score"], 0);
+  // bind: the record, then the binding.
+  auto b = http.Post("/gpu/bind", R"({"PodName":"p","PodNamespace":"ns","PodUID":")" + uid + R"(","Node":"node-a"})",
+                     "application/json");
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->body, R"({"Error":""})");
+  const json bound = GetPod("ns", "p");
+  EXPECT_EQ(bound["spec"]["nodeName"], "node-a");
+  auto rec = RecordOn(bound);
+  ASSERT_TRUE(rec.has_value());
+  ASSERT_EQ(rec->containers.size(), 1u);
+  EXPECT_EQ(rec->containers[0].resource, "kgpu.io/gpu");
+  EXPECT_EQ(rec->containers[0].enforcement, "hard");
+  EXPECT_EQ(rec->containers[0].gpus[0], (RecordGpu{TestGpuUuid("node-a", 0), "", "", 10000, 0}));
+  // A repeated bind of the bound pod succeeds without a second booking.
+  auto again = http.Post("/gpu/bind", R"({"PodName":"p","PodNamespace":"ns","PodUID":")" + uid + R"(","Node":"node-a"})",
+                         "application/json");
+  EXPECT_EQ(again->body, R"({"Error":""})");
+  // A bind for a re-created pod (wrong UID) is refused, with a message.
+  auto wrong = http.Post("/gpu/bind", R"({"PodName":"p","PodNamespace":"ns","PodUID":"other","Node":"node-a"})", "application/json");
+  EXPECT_NE(json::parse(wrong->body)["Error"].get<std::string>().find("re-created"), std::string::npos);
+  // The informer sees it: a second 10000 MiB pod no longer fits node-a (resolvable).
+  const json second = CreatePod(TestPod("ns", "q", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}}, {}, 100));
+  ASSERT_TRUE(WaitFor([&] { return ext->state().Stats().booked == 1; }));
+  auto f2 = http.Post("/gpu/filter", EncodeExtenderArgs(second, {"node-a"}), "application/json");
+  EXPECT_EQ(json::parse(f2->body)["FailedNodes"]["node-a"],
+            "no single GPU with 10000 MiB free (largest free: 6384 MiB on " + TestGpuUuid("node-a", 0) + ")");
+  // preempt: p on node-a frees enough; an unknown node is dropped.
+  auto pe = http.Post("/gpu/preempt",
+                      EncodePreemptionArgs(second, {{"node-a", {{uid}, 0}}, {"node-b", {{"x"}, 0}}}), "application/json");
+  ASSERT_TRUE(pe);
+  EXPECT_EQ(pe->body, R"({"NodeNameToMetaVictims":{"node-a":{"NumPDBViolations":0,"Pods":[{"UID":")" + uid + R"("}]}}})");
+  // Malformed input: 400 and an Error naming the field.
+  auto bad = http.Post("/gpu/filter", R"({"Pod":{},"NodeNames":5})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["Error"], "ExtenderArgs.NodeNames: expected an array of strings or null");
+  // Metrics: per-verb histograms, verdicts, failures by reason.
+  auto m = http.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("kgpu_extender_request_duration_seconds_count{verb=\"filter\"} 5"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("kgpu_extender_filter_nodes_total{result=\"unresolvable\"} 3"), std::string::npos);
+  EXPECT_NE(m->body.find("kgpu_extender_filter_reasons_total{reason=\"memory\"} 1"), std::string::npos);
+  EXPECT_NE(m->body.find("kgpu_extender_failures_total{reason=\"bad_request\",verb=\"filter\"} 1"), std::string::npos);
+  EXPECT_NE(m->body.find("kgpu_extender_failures_total{reason=\"pod_changed\",verb=\"bind\"} 1"), std::string::npos);
+  EXPECT_NE(m->body.find("kgpu_extender_pods_booked 1"), std::string::npos);
+}
+
+TEST_F(ExtenderTest, MixedPodsThroughTheSchedulerWithQuota) {
+  AddNode(TestNode("dgx", {WholeGpu(), WholeGpu(), WholeGpu(), WholeGpu()}, {{0, 1}, {2, 3}}));
+  AddNode(TestNode("mig", {MigGpu({"1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb"})}));
+  AddNode(TestNode("share", {ShareGpu(16000), ShareGpu(16000)}));
+  ASSERT_EQ(api.Create("namespaces", "", {{"metadata", {{"name", "team-a"}}}}).code, 201);
+  ASSERT_EQ(api.Create("resourcequotas", "team-a",
+                       {{"metadata", {{"name", "gpu"}, {"namespace", "team-a"}}},
+                        {"spec", {{"hard", {{"requests.kgpu.io/gpu-memory", "24000"}, {"requests.kgpu.io/gpu", "8"}}}}}})
+                .code,
+            201);
+  StartExtender();
+  StartScheduler(Url());
+  // Whole GPUs: 2 on an NVLink pair.
+  auto w = Schedule(TestPod("team-a", "whole", {{"nvidia.com/gpu", "2"}}));
+  ASSERT_TRUE(w.bound) << w.message;
+  EXPECT_EQ(w.node, "dgx");
+  auto wr = *RecordOn(GetPod("team-a", "whole"));
+  const std::set<std::string> pair = {wr.containers[0].gpus[0].uuid, wr.containers[0].gpus[1].uuid};
+  EXPECT_TRUE(pair == std::set<std::string>({TestGpuUuid("dgx", 0), TestGpuUuid("dgx", 1)}) ||
+              pair == std::set<std::string>({TestGpuUuid("dgx", 2), TestGpuUuid("dgx", 3)}));
+  // MIG: three instances, three different devices.
+  std::set<std::string> migs;
+  for (int i = 0; i < 3; ++i) {
+    auto m = Schedule(TestPod("team-a", "mig-" + std::to_string(i), {{"nvidia.com/mig-1g.10gb", "1"}}));
+    ASSERT_TRUE(m.bound) << m.message;
+    EXPECT_EQ(m.node, "mig");
+    migs.insert(RecordOn(GetPod("team-a", "mig-" + std::to_string(i)))->containers[0].gpus[0].mig);
+  }
+  EXPECT_EQ(migs.size(), 3u);
+  // Shares up to the quota: 6 x 4000 MiB = 24000.
+  for (int i = 0; i < 6; ++i) {
+    auto s = Schedule(TestPod("team-a", "share-" + std::to_string(i), {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}));
+    ASSERT_TRUE(s.bound) << s.message;
+    EXPECT_EQ(s.node, "share");
+  }
+  // The 7th is refused by the apiserver's quota admission, with its message.
+  auto refused = api.Create("pods", "team-a", TestPod("team-a", "share-6", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}));
+  EXPECT_EQ(refused.code, 403);
+  // (the stand-in prints 4000 where kube-apiserver prints the canonical 4k)
+  const std::string msg = refused.body["message"];
+  EXPECT_EQ(msg.rfind("pods \"share-6\" is forbidden: exceeded quota: gpu, requested: requests.kgpu.io/gpu-memory=4", 0), 0u) << msg;
+  EXPECT_NE(msg.find(", used: requests.kgpu.io/gpu-memory=24"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(", limited: requests.kgpu.io/gpu-memory=24"), std::string::npos) << msg;
+  // Outside the quota'd namespace: a share too big for what is left says so in the event text.
+  auto big = Schedule(TestPod("other", "big", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}));
+  EXPECT_FALSE(big.bound);
+  EXPECT_NE(big.message.find("0/3 nodes are available: "), std::string::npos) << big.message;
+  EXPECT_NE(big.message.find("1 no single GPU with 12000 MiB free (largest free: "), std::string::npos)
+      << big.message;
+  // Nothing is over-committed: per GPU, what the records book fits the GPU.
+  for (const auto& [id, u] : UseFromRecords()) {
+    if (id.rfind("MIG-", 0) == 0 || u.whole) {
+      EXPECT_EQ(u.holders, 1) << id;
+    } else {
+      EXPECT_LE(u.memory, 16000) << id;
+      EXPECT_LE(u.holders, 16) << id;
+    }
+  }
+}
+
+TEST_F(ExtenderTest, PreemptionIsReachedForWholeGpusButNotForMemoryOnlyShortfalls) {
+  AddNode(TestNode("dgx", {WholeGpu(), WholeGpu()}));
+  AddNode(TestNode("share", {ShareGpu(16000)}));
+  StartExtender();
+  StartScheduler(Url());
+  ASSERT_TRUE(Schedule(TestPod("ns", "low-whole", {{"nvidia.com/gpu", "2"}}, {}, 10)).bound);
+  ASSERT_TRUE(Schedule(TestPod("ns", "low-share", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}, {}, 10)).bound);
+  ASSERT_TRUE(WaitFor([&] { return ext->state().Stats().booked == 2; }));
+  // A high-priority whole-GPU pod: kube-scheduler's dry run picks the victim (nvidia.com/gpu is
+  // counted), the extender confirms it frees the GPUs, the victim goes, the pod binds next time.
+  auto hi = Schedule(TestPod("ns", "hi-whole", {{"nvidia.com/gpu", "2"}}, {}, 1000));
+  EXPECT_FALSE(hi.bound);
+  EXPECT_TRUE(hi.preempt_called);
+  EXPECT_EQ(hi.preempted, std::vector<std::string>{"ns/low-whole"});
+  ASSERT_TRUE(WaitFor([&] { return ext->state().Stats().booked == 1; }));
+  auto retry = sched->ScheduleOne(GetPod("ns", "hi-whole"));
+  ASSERT_TRUE(retry.ok());
+  EXPECT_TRUE(retry->bound) << retry->message;
+  // A high-priority share short only of memory (ignoredByScheduler): the in-tree dry run finds
+  // no victim (a slot is free), so preempt is never called — what kube-scheduler does (facts §1.4).
+  auto mem = Schedule(TestPod("ns", "hi-share", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}, {}, 1000));
+  EXPECT_FALSE(mem.bound);
+  EXPECT_FALSE(mem.preempt_called);
+  EXPECT_NE(mem.message.find("expected at least one victim pod on node"), std::string::npos) << mem.message;
+  EXPECT_NE(mem.message.find("no single GPU with 8000 MiB free"), std::string::npos) << mem.message;
+}
+
+TEST_F(ExtenderTest, SixteenConcurrentBindsToOneNode) {
+  AddNode(TestNode("n", {ShareGpu(40000), ShareGpu(40000)}));
+  StartExtender();
+  StartScheduler(Url());
+  std::vector<json> pods;
+  for (int i = 0; i < 16; ++i) {
+    pods.push_back(CreatePod(TestPod("ns", "p" + std::to_string(i), {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "5000"},
+                                                                      {"kgpu.io/gpu-cores", "10"}})));
+  }
+  // All 16 binding cycles at once, as kube-scheduler runs them (asynchronously per pod).
+  std::vector<std::thread> threads;
+  std::atomic<int> bound{0};
+  httplib::Client probe("127.0.0.1", ext->port());
+  for (const auto& p : pods) {
+    threads.emplace_back([&, p] {
+      httplib::Client http("127.0.0.1", ext->port());
+      BindingArgs b{p["metadata"]["name"], "ns", p["metadata"]["uid"], "n"};
+      auto r = http.Post("/gpu/bind", EncodeBindingArgs(b), "application/json");
+      if (r && json::parse(r->body)["Error"] == "") ++bound;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bound.load(), 16);
+  const auto use = UseFromRecords();
+  int64_t total = 0;
+  for (const auto& [id, u] : use) {
+    EXPECT_LE(u.memory, 40000) << id;
+    EXPECT_LE(u.cores, 100) << id;
+    total += u.holders;
+  }
+  EXPECT_EQ(total, 16);
+  ASSERT_TRUE(WaitFor([&] { return ext->state().Stats().booked == 16; }));
+  // The extender's view matches the records on the pods exactly.
+  for (const auto& p : pods) {
+    const json now = GetPod("ns", p["metadata"]["name"]);
+    EXPECT_EQ(now["spec"]["nodeName"], "n");
+    EXPECT_EQ(*RecordOn(now), *ext->state().RecordOf(p["metadata"]["uid"]));
+  }
+}
+
+TEST_F(ExtenderTest, ARestartedExtenderRebuildsFromRecordsAndNeverDoubleAllocates) {
+  AddNode(TestNode("n", {ShareGpu(16000), ShareGpu(16000)}));
+  StartExtender();
+  StartScheduler(Url());
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(Schedule(TestPod("ns", "a" + std::to_string(i), {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "5000"}})).bound);
+  }
+  sched.reset();  // kube-scheduler's connections go first, as when it is restarted too
+  ext->Stop();
+  ext.reset();
+  StartExtender();
+  ASSERT_TRUE(WaitFor([&] { return ext->state().Stats().booked == 6; }));
+  StartScheduler(Url());
+  // 32000 - 30000 booked: room for no further 5000 MiB pod on either GPU... 16000 - 15000 = 1000 each.
+  auto more = Schedule(TestPod("ns", "b0", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "5000"}}));
+  EXPECT_FALSE(more.bound);
+  EXPECT_NE(more.message.find("no single GPU with 5000 MiB free (largest free: 1000 MiB"), std::string::npos) << more.message;
+  auto fits = Schedule(TestPod("ns", "b1", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}));
+  EXPECT_TRUE(fits.bound) << fits.message;
+  for (const auto& [id, u] : UseFromRecords()) EXPECT_LE(u.memory, 16000) << id;
+  EXPECT_EQ(ext->state().Stats().record_conflicts, 0u);
+}
+
+TEST_F(ExtenderTest, ServesHttps) {
+  std::string cert, key;
+  ASSERT_TRUE(testing::GenerateSelfSigned(cert, key).ok());
+  char dir[] = "/tmp/kgpu-ext-tls-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string cert_file = std::string(dir) + "/tls.crt", key_file = std::string(dir) + "/tls.key";
+  std::ofstream(cert_file) << cert;
+  std::ofstream(key_file) << key;
+  AddNode(TestNode("n", {ShareGpu()}));
+  ExtenderOptions o;
+  o.tls_cert_file = cert_file;
+  o.tls_key_file = key_file;
+  StartExtender(o);
+  StartScheduler("https://127.0.0.1:" + std::to_string(ext->port()));
+  auto s = Schedule(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}));
+  EXPECT_TRUE(s.bound) << s.message;
+  EXPECT_EQ(sched->calls("bind"), 1u);
+  std::filesystem::remove_all(dir);
+  // A key without its certificate is a flag error.
+  ExtenderOptions half;
+  half.address = "127.0.0.1:0";
+  half.tls_key_file = key_file;
+  Extender e2(*client, half);
+  EXPECT_EQ(e2.Start().message(), "--tls-cert-file and --tls-key-file go together (HTTPS needs both)");
+}
+
+TEST_F(ExtenderTest, FullNodeListModeThroughTheScheduler) {
+  AddNode(TestNode("a", {ShareGpu(8000)}));
+  AddNode(TestNode("b", {ShareGpu(16000)}));
+  StartExtender();
+  StartScheduler(Url(), /*cache_capable=*/false);
+  auto s = Schedule(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}));
+  EXPECT_TRUE(s.bound) << s.message;
+  EXPECT_EQ(s.node, "b");
+}
+
+TEST_F(ExtenderTest, TheKgpuExtenderProcess) {
+  AddNode(TestNode("n", {ShareGpu()}));
+  char dir[] = "/tmp/kgpu-ext-proc-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string kubeconfig = std::string(dir) + "/kubeconfig", log = std::string(dir) + "/log";
+  std::ofstream(kubeconfig) << api.Kubeconfig();
+  // A free port: bind one, close it, give it to the child.
+  int port = 0;
+  {
+    httplib::Server probe;
+    port = probe.bind_to_any_port("127.0.0.1");
+  }
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    const std::string addr = "127.0.0.1:" + std::to_string(port);
+    execl(KGPU_BIN, KGPU_BIN, "extender", "--kubeconfig", kubeconfig.c_str(), "--address", addr.c_str(), nullptr);
+    _exit(127);
+  }
+  httplib::Client http("127.0.0.1", port);
+  ASSERT_TRUE(WaitFor([&] {
+    auto r = http.Get("/readyz");
+    return r && r->status == 200;
+  })) << std::ifstream(log).rdbuf();
+  const json pod = CreatePod(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}));
+  auto f = http.Post("/filter", EncodeExtenderArgs(pod, {"n"}), "application/json");
+  ASSERT_TRUE(f);
+  EXPECT_EQ(json::parse(f->body)["NodeNames"], json({"n"}));
+  kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_TRUE(WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  // A bad policy name is a usage error that lists the choices.
+  const std::string cmd = std::string(KGPU_BIN) + " extender --kubeconfig " + kubeconfig + " --policy nope 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  const int rc = pclose(p);
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << out;
+  EXPECT_NE(out.find("nope"), std::string::npos) << out;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kgpu::extender

@@ -1,0 +1,396 @@
+#include "testing/fake_scheduler.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "common/strings.h"
+#include "extender/request.h"
+#include "extender/wire.h"
+#include "k8s/events.h"
+#include "k8s/informer.h"
+
+namespace kgpu::testing {
+namespace {
+using json = nlohmann::json;
+
+bool Counted(const std::string& name, const std::vector<std::string>& ignored) {
+  if (std::find(ignored.begin(), ignored.end(), name) != ignored.end()) return false;
+  return name == extender::kWholeGpu || name == extender::kShares || name.rfind(extender::kMigPrefix, 0) == 0;
+}
+
+std::map<std::string, int64_t> ContainerCounted(const json& c, const std::vector<std::string>& ignored) {
+  std::map<std::string, int64_t> out;
+  const json res = c.value("resources", json::object());
+  for (const char* section : {"requests", "limits"}) {
+    const auto it = res.find(section);
+    if (it == res.end() || !it->is_object()) continue;
+    for (auto r = it->begin(); r != it->end(); ++r) {
+      if (!Counted(r.key(), ignored)) continue;
+      auto v = extender::WholeQuantity(*r, r.key());
+      if (v.ok()) out[r.key()] = *v;
+    }
+  }
+  return out;
+}
+
+int64_t Priority(const json& pod) {
+  const json spec = pod.value("spec", json::object());
+  return spec.contains("priority") && spec["priority"].is_number_integer() ? spec["priority"].get<int64_t>() : 0;
+}
+
+std::string Key(const json& pod) {
+  const json m = pod.value("metadata", json::object());
+  return m.value("namespace", "default") + "/" + m.value("name", "");
+}
+
+bool Terminal(const json& pod) {
+  const std::string phase = pod.value("status", json::object()).value("phase", "");
+  return phase == "Succeeded" || phase == "Failed";
+}
+
+}  // namespace
+
+std::map<std::string, int64_t> CountedRequests(const json& pod, const std::vector<std::string>& ignored) {
+  std::map<std::string, int64_t> sum;
+  const json spec = pod.value("spec", json::object());
+  if (auto cs = spec.find("containers"); cs != spec.end() && cs->is_array()) {
+    for (const auto& c : *cs) {
+      for (const auto& [k, v] : ContainerCounted(c, ignored)) sum[k] += v;
+    }
+  }
+  if (auto is = spec.find("initContainers"); is != spec.end() && is->is_array()) {
+    for (const auto& c : *is) {
+      for (const auto& [k, v] : ContainerCounted(c, ignored)) sum[k] = std::max(sum[k], v);
+    }
+  }
+  return sum;
+}
+
+struct FakeScheduler::Impl {
+  std::unique_ptr<k8s::Informer> nodes, pods;
+  std::unique_ptr<k8s::EventRecorder> events;
+  std::mutex assumed_mu;
+  std::map<std::string, std::pair<std::string, json>> assumed;  // pod key -> node, pod (until the informer has it)
+  std::mutex clients_mu;
+  std::vector<std::unique_ptr<httplib::Client>> clients;
+  std::string base, path;
+};
+
+FakeScheduler::FakeScheduler(k8s::Client& api, FakeSchedulerOptions options) : api_(api), opts_(std::move(options)) {
+  impl_ = std::make_unique<Impl>();
+  const auto scheme = opts_.url_prefix.find("://");
+  const auto slash = opts_.url_prefix.find('/', scheme == std::string::npos ? 0 : scheme + 3);
+  impl_->base = slash == std::string::npos ? opts_.url_prefix : opts_.url_prefix.substr(0, slash);
+  impl_->path = slash == std::string::npos ? "" : opts_.url_prefix.substr(slash);
+  while (!impl_->path.empty() && impl_->path.back() == '/') impl_->path.pop_back();
+  k8s::InformerOptions no;
+  no.path = "/api/v1/nodes";
+  impl_->nodes = std::make_unique<k8s::Informer>(api_, no);
+  k8s::InformerOptions po;
+  po.path = "/api/v1/pods";
+  impl_->pods = std::make_unique<k8s::Informer>(api_, po);
+  impl_->pods->AddHandler({nullptr,
+                           [this](const json&, const json& p) {
+                             if (p.value("spec", json::object()).value("nodeName", "").empty()) return;
+                             std::lock_guard lock(impl_->assumed_mu);
+                             impl_->assumed.erase(Key(p));
+                           },
+                           [this](const json& p) {
+                             std::lock_guard lock(impl_->assumed_mu);
+                             impl_->assumed.erase(Key(p));
+                           }});
+  impl_->nodes->Start();
+  impl_->pods->Start();
+  impl_->events = std::make_unique<k8s::EventRecorder>(api_, "default-scheduler", "kgpu-fake-scheduler");
+}
+
+FakeScheduler::~FakeScheduler() {
+  impl_->pods->Stop();
+  impl_->nodes->Stop();
+}
+
+uint64_t FakeScheduler::calls(const std::string& verb) const {
+  std::lock_guard lock(mu_);
+  const auto it = calls_.find(verb);
+  return it == calls_.end() ? 0 : it->second;
+}
+
+absl::StatusOr<std::string> FakeScheduler::Post(const std::string& verb, const std::string& body) {
+  {
+    std::lock_guard lock(mu_);
+    ++calls_[verb];
+  }
+  std::unique_ptr<httplib::Client> c;
+  {
+    std::lock_guard lock(impl_->clients_mu);
+    if (!impl_->clients.empty()) {
+      c = std::move(impl_->clients.back());
+      impl_->clients.pop_back();
+    }
+  }
+  if (!c) {
+    c = std::make_unique<httplib::Client>(impl_->base);
+    c->enable_server_certificate_verification(false);  // kube-scheduler: no caFile -> Insecure
+    c->set_keep_alive(true);
+    c->set_read_timeout(5, 0);  // httpTimeout 0 -> 5 s
+    c->set_write_timeout(5, 0);
+  }
+  const std::string url = impl_->path + "/" + verb;
+  auto res = c->Post(url, body, "application/json");
+  if (!res) return absl::UnavailableError(Cat("failed ", verb, " with extender at URL ", opts_.url_prefix, ": ",
+                                              httplib::to_string(res.error())));
+  if (res->status != 200) {
+    return absl::UnavailableError(Cat("failed ", verb, " with extender at URL ", opts_.url_prefix, ", code ", res->status));
+  }
+  std::string out = res->body;
+  std::lock_guard lock(impl_->clients_mu);
+  impl_->clients.push_back(std::move(c));
+  return out;
+}
+
+void FakeScheduler::Event(const json& pod, const std::string& reason, const std::string& message) {
+  const json m = pod.value("metadata", json::object());
+  k8s::ObjectRef ref{"v1", "Pod", m.value("namespace", "default"), m.value("name", ""), m.value("uid", "")};
+  (void)impl_->events->Record(ref, reason == "Scheduled" ? "Normal" : "Warning", reason, "Scheduling", message);
+}
+
+absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
+  if (!impl_->nodes->WaitForSync(std::chrono::seconds(30)) || !impl_->pods->WaitForSync(std::chrono::seconds(30))) {
+    return absl::DeadlineExceededError("fake scheduler: informers did not sync");
+  }
+  ScheduleOutcome out;
+  const auto want = CountedRequests(pod, opts_.ignored);
+  const int64_t prio = Priority(pod);
+  // Pods per node: the informer's bound pods plus our assumed ones.
+  std::map<std::string, std::vector<json>> on_node;
+  for (const auto& p : impl_->pods->store().List()) {
+    const std::string n = p.value("spec", json::object()).value("nodeName", "");
+    if (!n.empty() && !Terminal(p)) on_node[n].push_back(p);
+  }
+  {
+    std::lock_guard lock(impl_->assumed_mu);
+    for (const auto& [key, np] : impl_->assumed) {
+      auto& list = on_node[np.first];
+      if (std::none_of(list.begin(), list.end(), [&](const json& p) { return Key(p) == key; })) list.push_back(np.second);
+    }
+  }
+  auto fits = [&](const json& node, const std::vector<json>& pods) -> std::string {
+    const json alloc = node.value("status", json::object()).value("allocatable", json::object());
+    std::map<std::string, int64_t> used;
+    for (const auto& p : pods) {
+      for (const auto& [k, v] : CountedRequests(p, opts_.ignored)) used[k] += v;
+    }
+    for (const auto& [k, v] : want) {
+      int64_t have = 0;
+      if (auto a = alloc.find(k); a != alloc.end()) {
+        auto q = extender::WholeQuantity(*a, k);
+        if (q.ok()) have = *q;
+      }
+      if (have - used[k] < v) return Cat("Insufficient ", k);
+    }
+    return "";
+  };
+  const auto nodes = impl_->nodes->store().List();
+  std::map<std::string, json> by_name;
+  std::vector<std::string> survivors;
+  std::map<std::string, std::string> reasons, resolvable;
+  for (const auto& n : nodes) {
+    const std::string name = n.value("metadata", json::object()).value("name", "");
+    by_name[name] = n;
+    if (n.value("spec", json::object()).value("unschedulable", false)) {
+      reasons[name] = "node(s) were unschedulable";
+      continue;
+    }
+    if (const std::string why = fits(n, on_node[name]); !why.empty()) {
+      reasons[name] = resolvable[name] = why;
+      continue;
+    }
+    survivors.push_back(name);
+  }
+  if (!survivors.empty()) {
+    std::string body;
+    if (opts_.node_cache_capable) {
+      body = extender::EncodeExtenderArgs(pod, survivors);
+    } else {
+      std::vector<json> full;
+      for (const auto& s : survivors) full.push_back(by_name[s]);
+      body = extender::EncodeExtenderArgsFull(pod, full);
+    }
+    auto reply = Post("filter", body);
+    if (!reply.ok()) return reply.status();
+    auto fr = extender::ParseFilterResult(*reply);
+    if (!fr.ok()) return fr.status();
+    if (!fr->error.empty()) return absl::UnavailableError(fr->error);
+    std::vector<std::string> passed;
+    if (opts_.node_cache_capable && fr->node_names) {
+      for (const auto& n : *fr->node_names) {
+        if (std::find(survivors.begin(), survivors.end(), n) == survivors.end()) {
+          return absl::InternalError(Cat("extender \"", opts_.url_prefix, "\" claims a filtered node \"", n,
+                                         "\" which is not found in the input node list"));
+        }
+        passed.push_back(n);
+      }
+    } else if (fr->nodes) {
+      for (const auto& n : *fr->nodes) passed.push_back(n.value("metadata", json::object()).value("name", ""));
+    }
+    for (const auto& [n, why] : fr->failed_nodes) reasons[n] = resolvable[n] = why;
+    for (const auto& [n, why] : fr->failed_and_unresolvable) {
+      reasons[n] = why;
+      resolvable.erase(n);
+    }
+    survivors = passed;
+  }
+  if (survivors.size() == 1) {
+    out.node = survivors[0];
+    return out;
+  }
+  if (survivors.size() > 1) {
+    auto reply = Post("prioritize", opts_.node_cache_capable ? extender::EncodeExtenderArgs(pod, survivors) : [&] {
+      std::vector<json> full;
+      for (const auto& s : survivors) full.push_back(by_name[s]);
+      return extender::EncodeExtenderArgsFull(pod, full);
+    }());
+    std::map<std::string, int64_t> score;
+    if (reply.ok()) {  // prioritize errors are ignored
+      auto list = extender::ParseHostPriorityList(*reply);
+      if (list.ok()) {
+        for (const auto& h : *list) score[h.host] += h.score * opts_.weight * 10;
+      }
+    }
+    std::sort(survivors.begin(), survivors.end());
+    out.node = survivors[0];
+    for (const auto& s : survivors) {
+      if (score[s] > score[out.node]) out.node = s;
+    }
+    return out;
+  }
+  // No node: the FailedScheduling message as kube-scheduler writes it.
+  std::map<std::string, int> counts;
+  for (const auto& [n, why] : reasons) ++counts[why];
+  std::vector<std::string> parts;
+  for (const auto& [why, c] : counts) parts.push_back(Cat(c, " ", why));
+  out.message = Cat("0/", nodes.size(), " nodes are available: ", Join(parts, ", "), ".");
+  if (prio <= 0 || resolvable.empty()) return out;
+  // Preemption dry run on the resolvable nodes (in-tree fit only), then the extender's preempt.
+  std::map<std::string, extender::MetaVictims> candidates;
+  std::vector<std::string> no_victims;
+  for (const auto& [n, why] : resolvable) {
+    std::vector<json> keep, lower;
+    for (const auto& p : on_node[n]) (Priority(p) < prio ? lower : keep).push_back(p);
+    if (!fits(by_name[n], keep).empty()) continue;
+    std::sort(lower.begin(), lower.end(), [](const json& a, const json& b) { return Priority(a) > Priority(b); });
+    extender::MetaVictims mv;
+    for (const auto& p : lower) {
+      keep.push_back(p);
+      if (fits(by_name[n], keep).empty()) continue;  // reprieved
+      keep.pop_back();
+      mv.pod_uids.push_back(p.value("metadata", json::object()).value("uid", ""));
+    }
+    if (mv.pod_uids.empty()) {
+      no_victims.push_back(n);  // "expected at least one victim pod on node"
+      continue;
+    }
+    candidates[n] = std::move(mv);
+  }
+  if (candidates.empty()) {
+    out.message += Cat(" preemption: 0/", nodes.size(), " nodes are available: ",
+                       no_victims.empty() ? std::string("no node has lower-priority pods to remove")
+                                          : Cat(no_victims.size(), " expected at least one victim pod on node"),
+                       ".");
+    return out;
+  }
+  out.preempt_called = true;
+  auto reply = Post("preempt", extender::EncodePreemptionArgs(pod, candidates));
+  if (!reply.ok()) return reply.status();
+  auto kept = extender::ParsePreemptionResult(*reply);
+  if (!kept.ok()) return kept.status();
+  std::string best;
+  for (const auto& [n, mv] : *kept) {
+    if (!candidates.contains(n)) return absl::InternalError(Cat("extender returned node ", n, " that was not a candidate"));
+    if (best.empty() || mv.pod_uids.size() < kept->at(best).pod_uids.size()) best = n;
+  }
+  if (best.empty()) {
+    out.message += " preemption: the extender found no node where the victims make room.";
+    return out;
+  }
+  for (const auto& uid : kept->at(best).pod_uids) {
+    for (const auto& p : on_node[best]) {
+      if (p.value("metadata", json::object()).value("uid", "") != uid) continue;
+      const json m = p["metadata"];
+      k8s::DeleteOptions d;
+      d.grace_period_seconds = 0;
+      (void)api_.Delete(k8s::FindResource("pods")->Path(m.value("namespace", "default"), m.value("name", "")), d);
+      out.preempted.push_back(Key(p));
+    }
+  }
+  out.message += Cat(" preempted ", out.preempted.size(), " pods on ", best, ".");
+  return out;
+}
+
+absl::StatusOr<ScheduleOutcome> FakeScheduler::ScheduleOne(const json& pod) {
+  auto out = Decide(pod);
+  if (!out.ok() || out->node.empty()) return out;
+  const json m = pod.value("metadata", json::object());
+  extender::BindingArgs b{m.value("name", ""), m.value("namespace", "default"), m.value("uid", ""), out->node};
+  {
+    std::lock_guard lock(impl_->assumed_mu);
+    impl_->assumed[Key(pod)] = {out->node, pod};
+  }
+  auto reply = Post("bind", extender::EncodeBindingArgs(b));
+  std::string err;
+  if (!reply.ok()) {
+    err = std::string(reply.status().message());
+  } else {
+    auto e = extender::ParseBindingResult(*reply);
+    err = e.ok() ? *e : std::string(e.status().message());
+  }
+  if (!err.empty()) {
+    std::lock_guard lock(impl_->assumed_mu);
+    impl_->assumed.erase(Key(pod));
+    out->message = Cat("binding rejected: ", err);
+    return out;
+  }
+  out->bound = true;
+  return out;
+}
+
+void FakeScheduler::RunLoop(std::stop_token stop, std::chrono::milliseconds idle) {
+  while (!stop.stop_requested()) {
+    if (!impl_->pods->WaitForSync(std::chrono::milliseconds(500))) continue;
+    std::vector<json> pending;
+    for (const auto& p : impl_->pods->store().List()) {
+      const json spec = p.value("spec", json::object());
+      if (!spec.value("nodeName", "").empty() || spec.value("schedulerName", "default-scheduler") != opts_.scheduler_name) continue;
+      if (Terminal(p) || p.value("metadata", json::object()).contains("deletionTimestamp")) continue;
+      std::lock_guard lock(impl_->assumed_mu);
+      if (impl_->assumed.contains(Key(p))) continue;
+      pending.push_back(p);
+    }
+    std::sort(pending.begin(), pending.end(), [](const json& a, const json& b) {
+      if (Priority(a) != Priority(b)) return Priority(a) > Priority(b);
+      return a["metadata"].value("creationTimestamp", "") + Key(a) < b["metadata"].value("creationTimestamp", "") + Key(b);
+    });
+    for (const auto& p : pending) {
+      if (stop.stop_requested()) return;
+      auto r = ScheduleOne(p);
+      std::string msg = r.ok() ? r->message : std::string(r.status().message());
+      if (r.ok() && r->bound) {
+        Event(p, "Scheduled", Cat("Successfully assigned ", Key(p), " to ", r->node));
+        continue;
+      }
+      std::lock_guard lock(mu_);
+      if (last_message_[Key(p)] != msg) {
+        last_message_[Key(p)] = msg;
+        Event(p, "FailedScheduling", msg);
+      }
+    }
+    std::mutex m;
+    std::condition_variable_any cv;
+    std::unique_lock lock(m);
+    cv.wait_for(lock, stop, idle, [] { return false; });
+  }
+}
+
+}  // namespace kgpu::testing

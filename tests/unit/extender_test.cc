@@ -1,0 +1,424 @@
+// The extender's pure parts: the wire JSON (exact casing both ways), the request model and its
+// quantity forms, allocation records, the inventory annotation, and the decisions of State —
+// reasons, FailedNodes vs FailedAndUnresolvableNodes, exact GPUs, rebuild from records, preempt.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <thread>
+
+#include "extender/inventory.h"
+#include "extender/record.h"
+#include "extender/request.h"
+#include "extender/state.h"
+#include "extender/wire.h"
+#include "testing/gpu_nodes.h"
+
+namespace kgpu::extender {
+namespace {
+using json = nlohmann::json;
+using testing::MigGpu;
+using testing::ShareGpu;
+using testing::WholeGpu;
+using testing::TestGpuUuid;
+using testing::TestNode;
+using testing::TestPod;
+
+json WithUid(json pod, const std::string& uid) {
+  pod["metadata"]["uid"] = uid;
+  return pod;
+}
+
+// A pod as the informer sees it once bound with a record.
+json Bound(json pod, const std::string& node, const AllocationRecord& r) {
+  pod["spec"]["nodeName"] = node;
+  pod["metadata"]["annotations"][kAnnotationAllocation] = EncodeRecord(r);
+  pod["status"]["phase"] = "Running";
+  return pod;
+}
+
+TEST(Wire, ParsesPascalCaseAndAnyCaseLikeGo) {
+  const std::string body = R"({"Pod":{"metadata":{"name":"p","namespace":"ns","uid":"u1"},"spec":{}},
+                               "Nodes":null,"NodeNames":["node-a","node-b"]})";
+  auto a = ParseExtenderArgs(body);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->pod["metadata"]["name"], "p");
+  EXPECT_FALSE(a->nodes.has_value());
+  ASSERT_TRUE(a->node_names.has_value());
+  EXPECT_EQ(*a->node_names, (std::vector<std::string>{"node-a", "node-b"}));
+  // Go's decoder folds case: lowercase and camelCase envelopes are the same request.
+  auto lower = ParseExtenderArgs(R"({"pod":{"metadata":{"name":"p"}},"nodenames":["x"]})");
+  ASSERT_TRUE(lower.ok()) << lower.status();
+  EXPECT_EQ(*lower->node_names, std::vector<std::string>{"x"});
+  // nodeCacheCapable: false: the full NodeList, NodeNames null.
+  auto full = ParseExtenderArgs(R"({"Pod":{},"Nodes":{"metadata":{},"items":[{"metadata":{"name":"n1"}}]},"NodeNames":null})");
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_TRUE(full->nodes.has_value());
+  EXPECT_EQ((*full->nodes)[0]["metadata"]["name"], "n1");
+  EXPECT_FALSE(full->node_names.has_value());
+  auto b = ParseBindingArgs(R"({"PodName":"p","PodNamespace":"ns","PodUID":"1b2c","Node":"node-a"})");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->pod_uid, "1b2c");
+  EXPECT_EQ(b->node, "node-a");
+  auto p = ParsePreemptionArgs(
+      R"({"Pod":{},"NodeNameToVictims":null,"NodeNameToMetaVictims":{"node-a":{"Pods":[{"UID":"9f"}],"NumPDBViolations":1}}})");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->full_victims);
+  EXPECT_EQ(p->victims.at("node-a").pod_uids, std::vector<std::string>{"9f"});
+  EXPECT_EQ(p->victims.at("node-a").num_pdb_violations, 1);
+  auto pf = ParsePreemptionArgs(
+      R"({"Pod":{},"NodeNameToVictims":{"n":{"Pods":[{"metadata":{"uid":"v1"}}],"NumPDBViolations":0}}})");
+  ASSERT_TRUE(pf.ok()) << pf.status();
+  EXPECT_TRUE(pf->full_victims);
+  EXPECT_EQ(pf->victims.at("n").pod_uids, std::vector<std::string>{"v1"});
+}
+
+TEST(Wire, ErrorsNameTheField) {
+  auto bad = ParseExtenderArgs(R"({"Pod":{},"NodeNames":"node-a"})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "ExtenderArgs.NodeNames: expected an array of strings or null");
+  EXPECT_EQ(ParseExtenderArgs("{").status().message(), "ExtenderArgs: the request body is not valid JSON (1 bytes)");
+  EXPECT_EQ(ParseExtenderArgs("{}").status().message(), "ExtenderArgs.Pod: missing (the pod to schedule)");
+  EXPECT_EQ(ParseBindingArgs(R"({"PodName":"p"})").status().message(), "ExtenderBindingArgs.Node: missing");
+  EXPECT_FALSE(ParsePreemptionArgs(R"({"Pod":{},"NodeNameToMetaVictims":{"n":{"Pods":[null]}}})").ok());
+}
+
+TEST(Wire, EmitsUpstreamPascalCase) {
+  FilterResult r;
+  r.node_names = std::vector<std::string>{"node-a"};
+  r.failed_nodes["node-b"] = "no single GPU with 8000 MiB free";
+  r.failed_and_unresolvable["node-c"] = "no GPU of type A100";
+  EXPECT_EQ(EncodeFilterResult(r),
+            R"({"Error":"","FailedAndUnresolvableNodes":{"node-c":"no GPU of type A100"},)"
+            R"("FailedNodes":{"node-b":"no single GPU with 8000 MiB free"},"NodeNames":["node-a"],"Nodes":null})");
+  FilterResult full;
+  full.nodes = std::vector<json>{json{{"metadata", {{"name", "n1"}}}}};
+  const json f = json::parse(EncodeFilterResult(full));
+  EXPECT_TRUE(f["NodeNames"].is_null());
+  EXPECT_EQ(f["Nodes"]["items"][0]["metadata"]["name"], "n1");
+  EXPECT_EQ(EncodeHostPriorityList({{"node-a", 7}, {"node-b", 0}}), R"([{"Host":"node-a","Score":7},{"Host":"node-b","Score":0}])");
+  EXPECT_EQ(EncodeBindingResult(""), R"({"Error":""})");
+  EXPECT_EQ(EncodePreemptionResult({{"node-a", {{"9f"}, 0}}}),
+            R"({"NodeNameToMetaVictims":{"node-a":{"NumPDBViolations":0,"Pods":[{"UID":"9f"}]}}})");
+  // Round trips through the scheduler side's parsers.
+  auto back = ParseFilterResult(EncodeFilterResult(r));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->failed_nodes, r.failed_nodes);
+  EXPECT_EQ(*back->node_names, *r.node_names);
+}
+
+TEST(Request, ReadsEveryQuantityForm) {
+  for (const auto& [text, want] : std::vector<std::pair<std::string, int64_t>>{
+           {"8000", 8000}, {"8k", 8000}, {"1Ki", 1024}, {"2e3", 2000}, {"10240", 10240}, {"10Ki", 10240}, {"1M", 1000000}}) {
+    auto v = WholeQuantity(json(text), "q");
+    ASSERT_TRUE(v.ok()) << text << ": " << v.status();
+    EXPECT_EQ(*v, want) << text;
+  }
+  EXPECT_EQ(*WholeQuantity(json(3), "q"), 3);
+  EXPECT_FALSE(WholeQuantity(json("500m"), "q").ok());
+  EXPECT_FALSE(WholeQuantity(json("lots"), "q").ok());
+  auto r = ParsePodRequest(TestPod("ns", "p", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "8k"}, {"kgpu.io/gpu-cores", "60"}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->gpu.has_value());
+  EXPECT_EQ(r->gpu->kind, GpuKind::kShare);
+  EXPECT_EQ(r->gpu->count, 2);
+  EXPECT_EQ(r->gpu->MemoryPerGpu(), 4000);
+  EXPECT_EQ(r->gpu->CoresPerGpu(), 30);
+  auto w = ParsePodRequest(TestPod("ns", "w", {{"nvidia.com/gpu", "4"}}));
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->gpu->kind, GpuKind::kWhole);
+  auto m = ParsePodRequest(TestPod("ns", "m", {{"nvidia.com/mig-1g.10gb", "1"}}));
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->gpu->mig_profile, "1g.10gb");
+  auto none = ParsePodRequest(TestPod("ns", "cpu", {{"cpu", "2"}}));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->gpu.has_value());
+}
+
+TEST(Request, RefusesWhatCanNeverBeScheduled) {
+  auto msg = [](const json& pod) { return std::string(ParsePodRequest(pod).status().message()); };
+  EXPECT_EQ(msg(TestPod("ns", "p", {{"nvidia.com/gpu", "1"}, {"kgpu.io/gpu", "1"}})),
+            "container main: asks for more than one kind of GPU (nvidia.com/gpu, nvidia.com/mig-<profile> and kgpu.io/gpu "
+            "exclude each other); keep one of them");
+  EXPECT_EQ(msg(TestPod("ns", "p", {{"kgpu.io/gpu-memory", "4000"}})),
+            "container main: asks for kgpu.io/gpu-memory without kgpu.io/gpu (add kgpu.io/gpu: 1 to its requests and "
+            "limits; kgpu webhook does this)");
+  EXPECT_EQ(msg(TestPod("ns", "p", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "4001"}})),
+            "container main: kgpu.io/gpu-memory 4001 does not split evenly over 2 shares (use a multiple of 2, e.g. 4000)");
+  EXPECT_EQ(msg(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-cores", "150"}})),
+            "container main: kgpu.io/gpu-cores 150 over 1 shares is 150% of one GPU per share (at most 100; ask for more shares)");
+  EXPECT_EQ(msg(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/enforcement", "soft"}})),
+            "annotation kgpu.io/enforcement: 'soft' is not a mode (use hard, mps or none)");
+  json two = TestPod("ns", "p", {{"kgpu.io/gpu", "1"}});
+  json side = two["spec"]["containers"][0];
+  side["name"] = "side";
+  two["spec"]["containers"].push_back(side);
+  EXPECT_EQ(msg(two), "containers main and side both ask for GPUs; the extender places one GPU container per pod (move the "
+                      "GPU work into one container)");
+}
+
+TEST(Record, RoundTripsAndNamesBadFields) {
+  AllocationRecord r{"node-a",
+                     {{"main", "kgpu.io/gpu", "hard", {{"GPU-1", "", "", 4000, 25}, {"GPU-2", "", "", 4000, 25}}}}};
+  const std::string text = EncodeRecord(r);
+  EXPECT_EQ(text, R"({"containers":[{"enforcement":"hard","gpus":[{"cores":25,"memMiB":4000,"uuid":"GPU-1"},)"
+                  R"({"cores":25,"memMiB":4000,"uuid":"GPU-2"}],"name":"main","resource":"kgpu.io/gpu"}],"node":"node-a","v":1})");
+  auto back = ParseRecord(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, r);
+  EXPECT_EQ(ParseRecord(R"({"v":1,"node":"n","containers":[{"name":"c","resource":"kgpu.io/gpu","gpus":[{}]}]})").status().message(),
+            "kgpu.io/allocation: containers[0].gpus[0].uuid: missing");
+  EXPECT_EQ(ParseRecord(R"({"v":2})").status().message(),
+            "kgpu.io/allocation: v: format version 1 expected (written by a different kgpu version?)");
+  EXPECT_FALSE(ParseRecord("not json").ok());
+}
+
+TEST(Inventory, ParsesTheAnnotation) {
+  const json node = TestNode("n1", {WholeGpu(), ShareGpu(), MigGpu({"3g.40gb", "1g.10gb"})}, {{0, 1}});
+  auto n = ParseNodeInventory(node);
+  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_EQ(n->gpus.size(), 3u);
+  EXPECT_EQ(n->gpus[0].uuid, TestGpuUuid("n1", 0));
+  EXPECT_EQ(n->gpus[1].slots, 16);
+  EXPECT_EQ(n->gpus[0].island, 0);
+  EXPECT_EQ(n->gpus[2].island, -1);
+  EXPECT_EQ(n->enforcement, (std::vector<std::string>{"hard", "mps", "none"}));
+  const auto spec = ToNodeSpec(*n);
+  EXPECT_EQ(spec.gpus[1].model, std::string(kShareModelPrefix) + "NVIDIA A100-SXM4-80GB");
+  EXPECT_EQ(spec.gpus[1].max_shares, 16);
+  ASSERT_EQ(spec.gpus[2].mig.size(), 2u);
+  EXPECT_EQ(spec.gpus[2].mig[0].compute_slices, 3);
+  EXPECT_EQ(MigSlices("1c.3g.40gb"), 3);
+  EXPECT_EQ(MigSlices("7g.80gb"), 7);
+  EXPECT_EQ(MigSlices("bogus"), 0);
+  EXPECT_TRUE(absl::IsNotFound(ParseNodeInventory(json{{"metadata", {{"name", "cpu"}}}}).status()));
+  auto bad = ParseInventoryAnnotation("n", R"({"v":1,"gpus":[{"i":0}]})");
+  EXPECT_EQ(bad.status().message(),
+            "node n: annotation kgpu.io/gpu-inventory: gpus[0].uuid: missing (re-run kgpu node-labels on the node)");
+}
+
+class StateTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(state.Init().ok()); }
+  std::string Book(const json& pod, const std::string& node) {
+    auto a = state.Assume(pod, node);
+    EXPECT_TRUE(a.ok()) << a.status();
+    if (!a.ok()) return "";
+    state.Confirm(a->uid);
+    std::vector<std::string> gpus;
+    for (const auto& g : a->record.containers[0].gpus) gpus.push_back(g.mig.empty() ? g.uuid : g.mig);
+    return gpus.empty() ? "" : gpus[0];
+  }
+  State state;
+};
+
+TEST_F(StateTest, FilterReasonsSayWhatIsShortAndWhetherPreemptionHelps) {
+  state.UpsertNode(TestNode("share", {ShareGpu(16384), ShareGpu(16384)}));
+  state.UpsertNode(TestNode("whole", {WholeGpu(), WholeGpu()}));
+  state.UpsertNode(TestNode("t4", {ShareGpu(15360, 8, "Tesla T4")}));
+  // Fill "share": 10240 MiB on GPU 0 and 12288 MiB on GPU 1 -> 6144 and 4096 free.
+  Book(WithUid(TestPod("ns", "a", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10240"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("share", 0)}}), "u-a"), "share");
+  Book(WithUid(TestPod("ns", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12288"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("share", 1)}}), "u-b"), "share");
+  const json pod = WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}), "u-p");
+  auto out = state.Filter(pod, {"share", "whole", "t4", "unknown"});
+  EXPECT_EQ(out.failed.at("share"), "no single GPU with 8000 MiB free (largest free: 6144 MiB on " + TestGpuUuid("share", 0) + ")");
+  EXPECT_EQ(out.unresolvable.at("whole"), "no GPU on this node serves shares (kgpu.io/gpu)");
+  EXPECT_EQ(out.unresolvable.at("unknown"), "node has no kgpu.io/gpu-inventory annotation (run kgpu node-labels on it)");
+  EXPECT_EQ(out.passed, std::vector<std::string>{"t4"});
+  EXPECT_EQ(out.reasons.at("memory"), 1);
+  // A share larger than any GPU: unresolvable, preemption cannot help.
+  auto big = state.Filter(WithUid(TestPod("ns", "big", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}), "u-big"), {"share"});
+  EXPECT_EQ(big.unresolvable.at("share"), "no GPU on this node has 20000 MiB in total (largest: 16384 MiB)");
+  // Models: the pod's list against what the node has.
+  auto a100 = state.Filter(WithUid(TestPod("ns", "m", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "A100"}}), "u-m"), {"t4", "share"});
+  EXPECT_EQ(a100.unresolvable.at("t4"), "no GPU of the pod's models here (this node has: Tesla T4)");
+  EXPECT_EQ(a100.passed, std::vector<std::string>{"share"});
+  auto none = state.Filter(WithUid(TestPod("ns", "h", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "H100"}}), "u-h"), {"t4"});
+  EXPECT_EQ(none.unresolvable.at("t4"),
+            "no GPU in the cluster that serves shares (kgpu.io/gpu) matches the pod's models (H100; models here: "
+            "NVIDIA A100-SXM4-80GB, Tesla T4)");
+  // Cores.
+  auto cores = state.Filter(WithUid(TestPod("ns", "c", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-cores", "200"}}), "u-c"), {"share", "t4"});
+  EXPECT_EQ(cores.unresolvable.at("t4"), "only 1 GPUs on this node serve shares (kgpu.io/gpu); the pod needs 2 shares on different GPUs");
+  EXPECT_EQ(cores.passed, std::vector<std::string>{"share"}) << "memory shares take no cores";
+  // Privileged share: refused everywhere.
+  json priv = WithUid(TestPod("ns", "priv", {{"kgpu.io/gpu", "1"}}), "u-priv");
+  priv["spec"]["containers"][0]["securityContext"]["privileged"] = true;
+  EXPECT_NE(state.Filter(priv, {"t4"}).unresolvable.at("t4").find("is privileged"), std::string::npos);
+  // Enforcement the node does not permit.
+  state.UpsertNode(TestNode("strict", {ShareGpu(81920, 4)}, {}, {"hard"}));
+  auto mps = state.Filter(WithUid(TestPod("ns", "x", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/enforcement", "none"}}), "u-x"), {"strict"});
+  EXPECT_EQ(mps.unresolvable.at("strict"), "enforcement 'none' is not permitted on this node (it permits: hard)");
+}
+
+TEST_F(StateTest, WholeMigAndUuidLists) {
+  state.UpsertNode(TestNode("dgx", {WholeGpu(), WholeGpu(), WholeGpu(), WholeGpu()}, {{2, 3}}));
+  state.UpsertNode(TestNode("mig", {MigGpu({"3g.40gb", "1g.10gb", "1g.10gb"})}));
+  // Two whole GPUs go to the NVLink pair, not to 0 and 1 (no link).
+  auto a = state.Assume(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "2"}}), "u-w2"), "dgx");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->record.containers[0].gpus.size(), 2u);
+  EXPECT_EQ(a->record.containers[0].resource, "nvidia.com/gpu");
+  EXPECT_EQ(a->record.containers[0].gpus[0].uuid, TestGpuUuid("dgx", 2));
+  EXPECT_EQ(a->record.containers[0].gpus[1].uuid, TestGpuUuid("dgx", 3));
+  auto three = state.Filter(WithUid(TestPod("ns", "w3", {{"nvidia.com/gpu", "3"}}), "u-w3"), {"dgx", "mig"});
+  EXPECT_EQ(three.failed.at("dgx"), "only 2 of 4 GPUs here are free; the pod needs 3 whole GPUs");
+  EXPECT_EQ(three.unresolvable.at("mig"), "this node has 0 GPUs for whole-GPU pods (nvidia.com/gpu), the pod needs 3");
+  // MIG: the instance with the profile; then every one in use.
+  auto m1 = state.Assume(WithUid(TestPod("ns", "m1", {{"nvidia.com/mig-1g.10gb", "1"}}), "u-m1"), "mig");
+  ASSERT_TRUE(m1.ok()) << m1.status();
+  EXPECT_EQ(m1->record.containers[0].gpus[0].profile, "1g.10gb");
+  EXPECT_EQ(m1->record.containers[0].gpus[0].uuid, TestGpuUuid("mig", 0));
+  EXPECT_TRUE(m1->record.containers[0].gpus[0].mig.rfind("MIG-mig-0-", 0) == 0);
+  ASSERT_TRUE(state.Assume(WithUid(TestPod("ns", "m2", {{"nvidia.com/mig-1g.10gb", "1"}}), "u-m2"), "mig").ok());
+  auto m3 = state.Filter(WithUid(TestPod("ns", "m3", {{"nvidia.com/mig-1g.10gb", "1"}}), "u-m3"), {"mig", "dgx"});
+  EXPECT_EQ(m3.failed.at("mig"), "every MIG 1g.10gb instance here is in use (2 of 2)");
+  EXPECT_EQ(m3.unresolvable.at("dgx"), "no GPU on this node is in MIG mode");
+  auto p7 = state.Filter(WithUid(TestPod("ns", "m7", {{"nvidia.com/mig-7g.80gb", "1"}}), "u-m7"), {"mig"});
+  EXPECT_EQ(p7.unresolvable.at("mig"), "no MIG 7g.80gb instance on this node (it has: 1g.10gb x2, 3g.40gb x1)");
+  // UUID allow list: only GPU 1; deny list: not GPU 0.
+  auto only1 = state.Assume(
+      WithUid(TestPod("ns", "u1", {{"nvidia.com/gpu", "1"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("dgx", 1)}}), "u-u1"), "dgx");
+  ASSERT_TRUE(only1.ok()) << only1.status();
+  EXPECT_EQ(only1->record.containers[0].gpus[0].uuid, TestGpuUuid("dgx", 1));
+  auto deny = state.Filter(
+      WithUid(TestPod("ns", "d", {{"nvidia.com/gpu", "1"}}, {{"kgpu.io/gpu-uuid-deny", TestGpuUuid("dgx", 0)}}), "u-d"), {"dgx"});
+  EXPECT_EQ(deny.failed.at("dgx"), "only 0 of 3 GPUs here are free; the pod needs 1 whole GPUs")
+      << "GPU 0 is free but denied; 1..3 are taken";
+  auto only0 = state.Filter(
+      WithUid(TestPod("ns", "o", {{"nvidia.com/gpu", "2"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("dgx", 0)}}), "u-o"), {"dgx"});
+  EXPECT_EQ(only0.unresolvable.at("dgx"), "the pod's GPU UUID lists leave 1 GPUs on this node, it needs 2");
+}
+
+TEST_F(StateTest, ConcurrentAssumesNeverDoubleBookAGpu) {
+  state.UpsertNode(TestNode("n", {ShareGpu(16000), ShareGpu(16000)}));
+  // 16 pods of 4000 MiB on 2 GPUs of 16000: exactly 8 fit, 4 per GPU, whatever the interleaving.
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::map<std::string, int64_t> per_gpu;
+  int ok = 0;
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&, i] {
+      const std::string name = "p" + std::to_string(i);
+      auto a = state.Assume(WithUid(TestPod("ns", name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}), "u" + name), "n");
+      if (!a.ok()) return;
+      std::lock_guard lock(mu);
+      ++ok;
+      per_gpu[a->record.containers[0].gpus[0].uuid] += a->record.containers[0].gpus[0].memory_mib;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok, 8);
+  for (const auto& [uuid, mib] : per_gpu) EXPECT_LE(mib, 16000) << uuid;
+}
+
+TEST_F(StateTest, RebuildsFromRecordsAndCountsConflicts) {
+  const json node = TestNode("n", {ShareGpu(16000), ShareGpu(16000)});
+  state.UpsertNode(node);
+  std::vector<json> bound;
+  for (int i = 0; i < 3; ++i) {
+    const json pod = WithUid(TestPod("ns", "p" + std::to_string(i), {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "6000"}}),
+                             "u" + std::to_string(i));
+    auto a = state.Assume(pod, "n");
+    ASSERT_TRUE(a.ok()) << a.status();
+    bound.push_back(Bound(pod, "n", a->record));
+  }
+  // A fresh extender: pods first (their node is not known yet), then the node.
+  State fresh;
+  ASSERT_TRUE(fresh.Init().ok());
+  for (const auto& p : bound) fresh.UpsertPod(p);
+  EXPECT_EQ(fresh.Stats().booked, 0u);
+  fresh.UpsertNode(node);
+  EXPECT_EQ(fresh.Stats().booked, 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(*fresh.RecordOf("u" + std::to_string(i)), *state.RecordOf("u" + std::to_string(i)));
+  // Same decisions afterwards: a 6000 MiB pod fits (one GPU has 10000 free), a 12000 one does not.
+  EXPECT_EQ(fresh.Filter(WithUid(TestPod("ns", "q", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "6000"}}), "uq"), {"n"}).passed.size(), 1u);
+  EXPECT_EQ(fresh.Filter(WithUid(TestPod("ns", "r", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}), "ur"), {"n"}).failed.size(), 1u);
+  // A record that claims capacity another one holds is not booked, and counted.
+  AllocationRecord clash = *fresh.RecordOf("u0");
+  clash.containers[0].gpus[0].memory_mib = 16000;
+  json dup = Bound(WithUid(TestPod("ns", "dup", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "16000"}}), "u-dup"), "n", clash);
+  fresh.UpsertPod(dup);
+  EXPECT_EQ(fresh.Stats().record_conflicts, 1u);
+  EXPECT_FALSE(fresh.RecordOf("u-dup").has_value());
+  // Deleting a pod frees its GPU; a record for another node is ignored.
+  fresh.RemovePod(bound[0]);
+  EXPECT_FALSE(fresh.RecordOf("u0").has_value());
+  json wrong = bound[1];
+  wrong["spec"]["nodeName"] = "elsewhere";
+  fresh.UpsertPod(wrong);
+  EXPECT_FALSE(fresh.RecordOf("u1").has_value());
+  EXPECT_GE(fresh.Stats().bad_records, 1u);
+}
+
+TEST_F(StateTest, ForgetDropsAnAssumptionThatNeverBound) {
+  state.UpsertNode(TestNode("n", {WholeGpu()}));
+  const json pod = WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "1"}}), "uw");
+  ASSERT_TRUE(state.Assume(pod, "n").ok());
+  EXPECT_EQ(state.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "1"}}), "uw2"), {"n"}).failed.size(), 1u);
+  // The informer sees the record written but no binding (our bind is still in flight): kept.
+  json pending = pod;
+  pending["metadata"]["annotations"][kAnnotationAllocation] = EncodeRecord(*state.RecordOf("uw"));
+  state.UpsertPod(pending);
+  EXPECT_TRUE(state.RecordOf("uw").has_value());
+  state.Forget("uw");
+  EXPECT_FALSE(state.RecordOf("uw").has_value());
+  // The stale record on the unbound pod books nothing.
+  state.UpsertPod(pending);
+  EXPECT_FALSE(state.RecordOf("uw").has_value());
+  EXPECT_EQ(state.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "1"}}), "uw2"), {"n"}).passed.size(), 1u);
+}
+
+TEST_F(StateTest, PrioritizeScoresFeasibleNodesZeroToTen) {
+  state.UpsertNode(TestNode("busy", {ShareGpu(16000)}));
+  state.UpsertNode(TestNode("idle", {ShareGpu(16000)}));
+  state.UpsertNode(TestNode("whole", {WholeGpu()}));
+  Book(WithUid(TestPod("ns", "a", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "20"}}), "ua"), "busy");
+  const json pod = WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "20"}}), "up");
+  auto scores = state.Prioritize(pod, {"busy", "idle", "whole"});
+  ASSERT_EQ(scores.size(), 3u);
+  std::map<std::string, int64_t> by;
+  for (const auto& h : scores) {
+    EXPECT_GE(h.score, 0);
+    EXPECT_LE(h.score, 10);
+    by[h.host] = h.score;
+  }
+  EXPECT_EQ(by["whole"], 0) << "infeasible";
+  auto binpack = state.Prioritize(WithUid(TestPod("ns", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "20"}},
+                                                  {{"kgpu.io/placement", "binpack"}}), "ub"),
+                                  {"busy", "idle"});
+  EXPECT_GT(binpack[0].score, binpack[1].score) << "binpack prefers the used GPU";
+  auto spread = state.Prioritize(WithUid(TestPod("ns", "s", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "20"}},
+                                                 {{"kgpu.io/placement", "spread"}}), "us"),
+                                 {"busy", "idle"});
+  EXPECT_GT(spread[1].score, spread[0].score) << "spread prefers the idle node";
+}
+
+TEST_F(StateTest, PreemptKeepsOnlyNodesWhereTheVictimsMakeRoom) {
+  state.UpsertNode(TestNode("a", {ShareGpu(16000)}));
+  state.UpsertNode(TestNode("b", {ShareGpu(16000)}));
+  state.UpsertNode(TestNode("c", {ShareGpu(8000)}));
+  Book(WithUid(TestPod("ns", "a1", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}), "ua1"), "a");
+  Book(WithUid(TestPod("ns", "b1", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "6000"}}), "ub1"), "b");
+  Book(WithUid(TestPod("ns", "b2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "6000"}}), "ub2"), "b");
+  const json pod = WithUid(TestPod("ns", "hi", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}}, {}, 1000), "uhi");
+  std::map<std::string, MetaVictims> in = {
+      {"a", {{"ua1"}, 0}},          // removing a1 frees 12000: fits
+      {"b", {{"ub1"}, 0}},          // removing only b1 leaves 10000 - 6000 = ... 4000+6000 = 10000 free: fits
+      {"c", {{"whatever"}, 0}},     // 8000 MiB GPU: never fits
+  };
+  auto out = state.Preempt(pod, in);
+  EXPECT_TRUE(out.contains("a"));
+  EXPECT_TRUE(out.contains("b"));
+  EXPECT_FALSE(out.contains("c"));
+  EXPECT_EQ(out.at("a").pod_uids, std::vector<std::string>{"ua1"});
+  // The victims are still booked afterwards.
+  EXPECT_TRUE(state.RecordOf("ua1").has_value());
+  EXPECT_EQ(state.Filter(pod, {"a", "b"}).failed.size(), 2u);
+  // A victim set that does not free enough drops the node.
+  const json bigger = WithUid(TestPod("ns", "hi2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "14000"}}, {}, 1000), "uhi2");
+  EXPECT_FALSE(state.Preempt(bigger, {{"b", {{"ub1"}, 0}}}).contains("b"));
+  EXPECT_TRUE(state.Preempt(bigger, {{"b", {{"ub1", "ub2"}, 0}}}).contains("b"));
+}
+
+}  // namespace
+}  // namespace kgpu::extender
