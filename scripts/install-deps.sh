@@ -12,6 +12,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-yaml procps curl
   prometheus
+  slurmctld slurmd slurm-client munge
 )
 
 missing=()

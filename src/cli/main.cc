@@ -15,6 +15,7 @@
 #include "cli/exporter_cmd.h"
 #include "cli/mig_cmd.h"
 #include "cli/node_labels.h"
+#include "cli/slurm_cmd.h"
 #include "common/log.h"
 
 namespace {
@@ -86,6 +87,12 @@ int Main(int argc, char** argv) {
   auto* mig = app.add_subcommand("mig", "MIG layouts: show them, apply one (refused while a GPU is in use)");
   auto [mig_show, mig_apply] = kgpu::cli::AddMigCommands(mig, &mig_flags);
 
+  auto* slurm = app.add_subcommand("slurm", "Slurm configuration from this node's inventory");
+  slurm->require_subcommand(1);
+  kgpu::cli::SlurmGresFlags gres_flags;
+  auto* slurm_gres = kgpu::cli::AddSlurmGresCommand(slurm, &gres_flags);
+  kgpu::cli::AddDevicePluginFlags(slurm_gres, &dp_flags);
+
   // Exit codes, the same for every subcommand (README "Exit codes"): 0 success; 1 bad input (a
   // config or counters file, a flag value the node cannot honour) or a failure; 2 usage: the
   // command line cannot be parsed (unknown subcommand or option, a missing or malformed argument).
@@ -105,6 +112,7 @@ int Main(int argc, char** argv) {
   }
   if (devices->parsed()) return kgpu::cli::RunDevices(node, json, std::cout);
   if (doctor->parsed()) return kgpu::cli::RunDoctor(node, json, std::cout);
+  if (slurm_gres->parsed()) return kgpu::cli::RunSlurmGres(node, dp_flags, gres_flags, std::cout);
   if (mig_show->parsed()) return kgpu::cli::RunMigShow(node, mig_flags, std::cout);
   if (mig_apply->parsed()) return kgpu::cli::RunMigApply(node, mig_flags, std::cout);
   if (device_plugin->parsed() || exporter->parsed() || node_cmd->parsed()) {
