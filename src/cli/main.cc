@@ -92,6 +92,8 @@ int Main(int argc, char** argv) {
   kgpu::cli::SlurmGresFlags gres_flags;
   auto* slurm_gres = kgpu::cli::AddSlurmGresCommand(slurm, &gres_flags);
   kgpu::cli::AddDevicePluginFlags(slurm_gres, &dp_flags);
+  kgpu::cli::SlurmBridgeFlags bridge_flags;
+  auto bridge = kgpu::cli::AddSlurmBridgeCommands(&app, &bridge_flags);
 
   // Exit codes, the same for every subcommand (README "Exit codes"): 0 success; 1 bad input (a
   // config or counters file, a flag value the node cannot honour) or a failure; 2 usage: the
@@ -113,6 +115,14 @@ int Main(int argc, char** argv) {
   if (devices->parsed()) return kgpu::cli::RunDevices(node, json, std::cout);
   if (doctor->parsed()) return kgpu::cli::RunDoctor(node, json, std::cout);
   if (slurm_gres->parsed()) return kgpu::cli::RunSlurmGres(node, dp_flags, gres_flags, std::cout);
+  if (bridge.status->parsed()) return kgpu::cli::RunSlurmBridgeStatus(bridge_flags, std::cout);
+  if (bridge.reclaim->parsed()) return kgpu::cli::RunSlurmBridgeReclaim(bridge_flags, std::cout);
+  if (bridge.run->parsed()) {
+    std::signal(SIGINT, OnSignal);
+    std::signal(SIGTERM, OnSignal);
+    std::signal(SIGPIPE, SIG_IGN);
+    return kgpu::cli::RunSlurmBridge(bridge_flags, &g_stop, std::cout);
+  }
   if (mig_show->parsed()) return kgpu::cli::RunMigShow(node, mig_flags, std::cout);
   if (mig_apply->parsed()) return kgpu::cli::RunMigApply(node, mig_flags, std::cout);
   if (device_plugin->parsed() || exporter->parsed() || node_cmd->parsed()) {

@@ -132,9 +132,9 @@ absl::StatusOr<std::vector<SlurmJob>> ParseSqueue(std::string_view text) {
     while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
     if (line.empty()) continue;
     const auto f = SplitOn(line, '|');
-    if (f.size() != 7) {
+    if (f.size() != 8) {
       return absl::InvalidArgumentError(Cat("squeue -o '", kSqueueFormat, "': line ", line_no, " has ", f.size(),
-                                            " fields, expected 7: '", Printable(std::string(line.substr(0, 80))),
+                                            " fields, expected 8: '", Printable(std::string(line.substr(0, 80))),
                                             "'"));
     }
     SlurmJob j;
@@ -151,6 +151,7 @@ absl::StatusOr<std::vector<SlurmJob>> ParseSqueue(std::string_view text) {
     j.reason = std::string(f[4]);
     j.end_time = ParseSlurmTime(f[5]);
     j.partition = std::string(f[6]);
+    j.submit_time = ParseSlurmTime(f[7]);
     if (j.id.empty() || j.state.empty()) {
       return absl::InvalidArgumentError(Cat("squeue: line ", line_no, " has no job id or state"));
     }

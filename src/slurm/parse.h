@@ -2,7 +2,7 @@
 // Slurm 22.05's machine-readable CLI output, parsed into plain values:
 //  - `scontrol show node -o` (one `Key=value ...` line per node; values may hold spaces, as
 //    OS= does, and Reason= runs to the end of the line with a trailing "[user@time]");
-//  - `squeue -h -o '%i|%T|%N|%D|%r|%e|%P'` (our fixed format, '|' separated);
+//  - `squeue -h -o '%i|%T|%N|%D|%r|%e|%P|%V'` (our fixed format, '|' separated);
 //  - Slurm hostlist expressions ("n[1-3,07],gpu-a") as written by %N and by the power-saving hooks.
 // The node state is kept as scontrol prints it (base state plus flags, "MIXED+DRAIN"), because
 // sinfo's compact words and CPU counts go stale in 22.05 (docs/slurm.md, "Signals").
@@ -52,6 +52,7 @@ struct SlurmJob {
   std::string reason;             // pending reason, "None" when running
   std::optional<int64_t> end_time;  // seconds since the epoch (local time as Slurm prints it); none when unknown
   std::string partition;
+  std::optional<int64_t> submit_time;
   bool Pending() const { return state == "PENDING"; }
   // On the node in any state that holds it (running, completing, configuring, suspended).
   bool Holding() const {
@@ -61,7 +62,7 @@ struct SlurmJob {
 };
 
 // The squeue format this parser reads (pass it to `squeue -h -o`).
-inline constexpr char kSqueueFormat[] = "%i|%T|%N|%D|%r|%e|%P";
+inline constexpr char kSqueueFormat[] = "%i|%T|%N|%D|%r|%e|%P|%V";
 absl::StatusOr<std::vector<SlurmJob>> ParseSqueue(std::string_view text);
 
 // Expands a hostlist expression. Errors name the expression and the position.
