@@ -330,8 +330,8 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
     for (auto& n : *snodes) by_name[n.name] = n;
   }
   nlohmann::json rows = nlohmann::json::array();
-  for (const auto& n : (*nodes)["items"]) {
-    const std::string name = n["metadata"].value("name", "");
+  for (const auto& n : slurm::Field(*nodes, "items")) {
+    const std::string name = slurm::Field(n, "metadata").value("name", "");
     std::string err;
     const auto lease = slurm::LeaseOf(n, &err);
     nlohmann::json r = {{"node", name},
@@ -342,7 +342,7 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
                         {"op", lease.op},
                         {"why", err.empty() ? lease.why : err},
                         {"k8sFenced", slurm::K8sFenced(n)},
-                        {"pool", n["metadata"].value("labels", nlohmann::json::object()).value(slurm::kPoolLabel, "")}};
+                        {"pool", slurm::Field(slurm::Field(n, "metadata"), "labels").value(slurm::kPoolLabel, "")}};
     if (by_name.count(name)) {
       r["slurmState"] = by_name[name].state;
       r["slurmReason"] = by_name[name].reason;

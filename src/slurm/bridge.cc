@@ -48,27 +48,30 @@ bool GlobMatch(std::string_view glob, std::string_view name) {
 
 namespace {
 
+const json& F(const json& j, const char* key) { return Field(j, key); }
+
 bool IsOurTaint(const json& t) {
   return t.is_object() && t.value("key", "") == kOwnerTaintKey && t.value("effect", "") == "NoSchedule";
 }
 
 std::string Label(const json& node, const std::string& key) {
-  const auto& labels = node["metadata"].value("labels", json::object());
+  const auto& labels = F(node, "metadata").value("labels", json::object());
   return labels.contains(key) && labels[key].is_string() ? labels[key].get<std::string>() : "";
 }
 
 std::string Annotation(const json& node, const std::string& key) {
-  const auto& a = node["metadata"].value("annotations", json::object());
+  const auto& a = F(node, "metadata").value("annotations", json::object());
   return a.contains(key) && a[key].is_string() ? a[key].get<std::string>() : "";
 }
 
 int64_t GpuRequest(const json& pod, const std::vector<std::string>& resources) {
   int64_t total = 0;
-  for (const auto& c : pod["spec"].value("containers", json::array())) {
-    const auto req = c.value("resources", json::object());
+  for (const auto& c : F(pod, "spec").value("containers", json::array())) {
+    const json req = c.value("resources", json::object());
     for (const char* kind : {"limits", "requests"}) {
       int64_t here = 0;
-      for (const auto& [k, v] : req.value(kind, json::object()).items()) {
+      const json amounts = req.value(kind, json::object());
+      for (const auto& [k, v] : amounts.items()) {
         for (const auto& r : resources) {
           if (k.rfind(r, 0) != 0) continue;
           if (v.is_number_integer()) here += v.get<int64_t>();
@@ -108,10 +111,17 @@ std::vector<std::string> NamedUnavailable(const std::string& reason) {
 
 }  // namespace
 
+const json& Field(const json& j, std::string_view key) {
+  static const json kEmpty = json::object();
+  if (!j.is_object()) return kEmpty;
+  const auto it = j.find(key);
+  return it == j.end() || it->is_null() ? kEmpty : *it;
+}
+
 bool K8sFenced(const json& node) {
   bool taint = false;
-  for (const auto& t : node["spec"].value("taints", json::array())) taint = taint || IsOurTaint(t);
-  return taint && node["spec"].value("unschedulable", false);
+  for (const auto& t : F(node, "spec").value("taints", json::array())) taint = taint || IsOurTaint(t);
+  return taint && F(node, "spec").value("unschedulable", false);
 }
 
 void ApplyK8sFence(json& node) {
@@ -212,7 +222,7 @@ void Bridge::Event(const Facts& f, const std::string& type, const std::string& r
   k8s::ObjectRef ref;
   ref.kind = "Node";
   ref.name = f.name;
-  ref.uid = f.node["metadata"].value("uid", "");
+  ref.uid = F(f.node, "metadata").value("uid", "");
   if (auto s = events_->Record(ref, type, reason, "SlurmLending", note); !s.ok()) {
     Log("slurm")->debug("event {} on {} not recorded: {}", reason, f.name, std::string(s.message()));
   }
@@ -571,11 +581,11 @@ ReconcileResult Bridge::Reconcile() {
   std::map<std::string, std::vector<Pod>> pods_on;
   int64_t ripe_gpus = 0;
   int ripe_pods = 0, any_unsched = 0;
-  for (const auto& p : (*kpods)["items"]) {
-    const auto& md = p["metadata"];
-    const std::string phase = p["status"].value("phase", "Pending");
+  for (const auto& p : F(*kpods, "items")) {
+    const json& md = F(p, "metadata");
+    const std::string phase = F(p, "status").value("phase", "Pending");
     if (phase == "Succeeded" || phase == "Failed") continue;
-    const std::string node = p["spec"].value("nodeName", "");
+    const std::string node = F(p, "spec").value("nodeName", "");
     if (!node.empty()) {
       bool daemonset = false;
       for (const auto& o : md.value("ownerReferences", json::array())) daemonset = daemonset || o.value("kind", "") == "DaemonSet";
@@ -585,7 +595,7 @@ ReconcileResult Bridge::Reconcile() {
     }
     const int64_t gpus = GpuRequest(p, opts_.gpu_resources);
     if (gpus <= 0) continue;
-    for (const auto& c : p["status"].value("conditions", json::array())) {
+    for (const auto& c : F(p, "status").value("conditions", json::array())) {
       if (c.value("type", "") != "PodScheduled" || c.value("status", "") != "False" || c.value("reason", "") != "Unschedulable") {
         continue;
       }
@@ -601,8 +611,8 @@ ReconcileResult Bridge::Reconcile() {
 
   // --- the managed nodes
   std::vector<Facts> facts;
-  for (const auto& n : (*knodes)["items"]) {
-    const std::string name = n["metadata"].value("name", "");
+  for (const auto& n : F(*knodes, "items")) {
+    const std::string name = F(n, "metadata").value("name", "");
     const std::string pool = Label(n, kPoolLabel);
     if ((pool != "slurm" && pool != "lent") || !Allowed(name)) continue;
     Facts f;
@@ -748,7 +758,7 @@ ReconcileResult Bridge::Reconcile() {
       if (!f.lease.op.empty() && now - f.lease.since < opts_.cooldown.count()) continue;  // just came back
       if (!f.pods.empty()) continue;
       candidates.push_back(&f);
-      const auto alloc = f.node["status"].value("allocatable", json::object());
+      const auto alloc = F(f.node, "status").value("allocatable", json::object());
       for (const auto& r : opts_.gpu_resources) {
         if (alloc.contains(r)) {
           const auto& v = alloc[r];

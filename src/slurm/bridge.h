@@ -25,6 +25,7 @@
 #include <ostream>
 #include <set>
 #include <stop_token>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,9 @@ class Bridge {
 };
 
 // Kubernetes side helpers (pure, on Node JSON).
+// j[key] for reading: an empty object when j is not an object or has no such key (const
+// operator[] on a missing key is undefined behaviour in nlohmann::json).
+const nlohmann::json& Field(const nlohmann::json& j, std::string_view key);
 bool K8sFenced(const nlohmann::json& node);
 void ApplyK8sFence(nlohmann::json& node);
 void RemoveK8sFence(nlohmann::json& node);
