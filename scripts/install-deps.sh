@@ -19,7 +19,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-yaml procps curl
   prometheus
-  debootstrap nodejs
+  debootstrap nodejs slurmctld slurmd slurm-client munge
 )
 # npm: Debian's package, unless an npm already comes with the installed nodejs (NodeSource's
 # nodejs bundles it and conflicts with Debian's npm).

@@ -17,6 +17,7 @@
 #include "cli/mig_cmd.h"
 #include "cli/node_labels.h"
 #include "cli/sim_cmd.h"
+#include "cli/slurm_cmd.h"
 #include "common/log.h"
 #include "kgpu_version.h"
 
@@ -108,6 +109,13 @@ int Main(int argc, char** argv) {
   auto* sim = app.add_subcommand(
       "sim", "replay a GPU cluster trace through the placement policies (allocation at 100-130% demand)");
   kgpu::cli::AddSimFlags(sim, &sim_flags);
+  auto* slurm = app.add_subcommand("slurm", "Slurm configuration from this node's inventory");
+  slurm->require_subcommand(1);
+  kgpu::cli::SlurmGresFlags gres_flags;
+  auto* slurm_gres = kgpu::cli::AddSlurmGresCommand(slurm, &gres_flags);
+  kgpu::cli::AddDevicePluginFlags(slurm_gres, &dp_flags);
+  kgpu::cli::SlurmBridgeFlags bridge_flags;
+  auto bridge = kgpu::cli::AddSlurmBridgeCommands(&app, &bridge_flags);
 
   // Exit codes, the same for every subcommand (README "Exit codes"): 0 success; 1 bad input (a
   // config or counters file, a flag value the node cannot honour) or a failure; 2 usage: the
@@ -128,6 +136,15 @@ int Main(int argc, char** argv) {
   }
   if (devices->parsed()) return kgpu::cli::RunDevices(node, json, std::cout);
   if (doctor->parsed()) return kgpu::cli::RunDoctor(node, json, std::cout);
+  if (slurm_gres->parsed()) return kgpu::cli::RunSlurmGres(node, dp_flags, gres_flags, std::cout);
+  if (bridge.status->parsed()) return kgpu::cli::RunSlurmBridgeStatus(bridge_flags, std::cout);
+  if (bridge.reclaim->parsed()) return kgpu::cli::RunSlurmBridgeReclaim(bridge_flags, std::cout);
+  if (bridge.run->parsed()) {
+    std::signal(SIGINT, OnSignal);
+    std::signal(SIGTERM, OnSignal);
+    std::signal(SIGPIPE, SIG_IGN);
+    return kgpu::cli::RunSlurmBridge(bridge_flags, &g_stop, std::cout);
+  }
   if (mig_show->parsed()) return kgpu::cli::RunMigShow(node, mig_flags, std::cout);
   if (mig_apply->parsed()) return kgpu::cli::RunMigApply(node, mig_flags, std::cout);
   if (sim->parsed()) return kgpu::cli::RunSim(sim_flags, std::cout, std::cerr);

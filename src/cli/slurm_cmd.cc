@@ -1,0 +1,409 @@
+#include "cli/slurm_cmd.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <fstream>
+
+#include "common/files.h"
+#include "common/strings.h"
+#include "slurm/client.h"
+#include "slurm/gres.h"
+
+namespace kgpu::cli {
+
+CLI::App* AddSlurmGresCommand(CLI::App* slurm, SlurmGresFlags* f) {
+  auto* gres = slurm->add_subcommand(
+      "gres", "print gres.conf lines and the slurm.conf NodeName line for this node, from its GPU inventory");
+  gres->add_option("--node-name", f->node_name, "Slurm NodeName (default: the host name)")->envname("NODE_NAME");
+  gres->add_option("--mig-minors", f->mig_minors, "the driver's MIG capability minors (for MultipleFiles=)")
+      ->capture_default_str();
+  gres->add_option("--mps-count", f->mps_count,
+                   "Name=mps Count= per GPU (default: 100 when the config's sharing strategy is MPS, else no mps lines)");
+  gres->add_option("--gpu-type", f->gpu_type, "Type= for whole GPUs (default: the NVML name as AutoDetect=nvml names it)");
+  gres->add_flag("--no-cores", f->no_cores, "leave out Cores= (NUMA affinity from sysfs)");
+  gres->add_flag("--no-links", f->no_links, "leave out Links= (NVLink lanes)");
+  gres->add_option("--cpus", f->cpus, "CPUs= for the slurm.conf node line (default: left out)");
+  gres->add_option("--real-memory", f->real_memory, "RealMemory= MiB for the slurm.conf node line (default: left out)");
+  gres->add_option("--output", f->output, "gres (gres.conf lines), node (slurm.conf line) or both")
+      ->check(CLI::IsMember({"gres", "node", "both"}))
+      ->capture_default_str();
+  gres->add_option("--write-gres-conf", f->write_gres_conf, "also write the gres.conf lines to this file (atomically)");
+  return gres;
+}
+
+int RunSlurmGres(const NodeOptions& node, const DevicePluginFlags& dp, const SlurmGresFlags& flags, std::ostream& out) {
+  auto config = ResolveConfig(dp);
+  if (!config.ok()) {
+    out << "kgpu slurm gres: " << config.status().message() << "\n";
+    return 1;
+  }
+  auto session = OpenSession(node);
+  if (!session.ok()) {
+    out << "kgpu slurm gres: " << session.status().message() << "\n";
+    return 1;
+  }
+  slurm::GresOptions go;
+  go.node_name = flags.node_name;
+  if (go.node_name.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    go.node_name = host;
+    if (const auto dot = go.node_name.find('.'); dot != std::string::npos) go.node_name.resize(dot);
+  }
+  if (auto s = slurm::ValidateNodeName(go.node_name); !s.ok()) {
+    out << "kgpu slurm gres: --node-name: " << s.message() << "\n";
+    return 1;
+  }
+  go.dev_root = node.dev_root;
+  go.sysfs_root = node.sysfs_root;
+  go.cores = !flags.no_cores;
+  go.links = !flags.no_links;
+  go.type_override = flags.gpu_type;
+  go.cpus = flags.cpus;
+  go.real_memory_mib = flags.real_memory;
+  if (flags.mps_count >= 0) {
+    go.mps_count_per_gpu = static_cast<unsigned>(flags.mps_count);
+  } else if (config->sharing.strategy == deviceplugin::SharingStrategy::kMps) {
+    go.mps_count_per_gpu = 100;
+  }
+  const bool any_mig = std::any_of(session->inventory->gpus().begin(), session->inventory->gpus().end(),
+                                   [](const gpu::Gpu& g) { return g.mig_enabled; });
+  if (any_mig) {
+    auto text = ReadInputFile(flags.mig_minors, "MIG minors file", "check --mig-minors");
+    if (!text.ok()) {
+      out << "kgpu slurm gres: " << text.status().message() << "\n";
+      return 1;
+    }
+    auto minors = deviceplugin::ParseMigMinors(*text, flags.mig_minors);
+    if (!minors.ok()) {
+      out << "kgpu slurm gres: " << minors.status().message() << "\n";
+      return 1;
+    }
+    go.mig_minors = std::move(*minors);
+  }
+  auto r = slurm::RenderGres(*session->inventory, go);
+  if (!r.ok()) {
+    out << "kgpu slurm gres: " << r.status().message() << "\n";
+    return 1;
+  }
+  for (const auto& w : r->warnings) std::cerr << "kgpu slurm gres: warning: " << w << "\n";
+  if (!flags.write_gres_conf.empty()) {
+    const std::string tmp = flags.write_gres_conf + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << r->gres_conf;
+      if (!f) {
+        out << "kgpu slurm gres: cannot write " << Printable(tmp) << " (check --write-gres-conf)\n";
+        return 1;
+      }
+    }
+    if (std::rename(tmp.c_str(), flags.write_gres_conf.c_str()) != 0) {
+      out << "kgpu slurm gres: cannot rename " << Printable(tmp) << " to " << Printable(flags.write_gres_conf) << "\n";
+      return 1;
+    }
+  }
+  if (flags.output == "gres" || flags.output == "both") out << r->gres_conf;
+  if (flags.output == "node" || flags.output == "both") {
+    if (flags.output == "both") out << "# slurm.conf (GresTypes must include " << Join(r->gres_types, ",") << "):\n";
+    out << r->node_line << "\n";
+  }
+  return 0;
+}
+
+}  // namespace kgpu::cli
+
+// ---------------------------------------------------------------------------------------------
+// kgpu slurm-bridge
+
+#include <httplib.h>
+
+#include <iomanip>
+#include <sstream>
+#include <thread>
+
+#include "common/log.h"
+#include "k8s/leader.h"
+#include "k8s/patch.h"
+#include "k8s/resources.h"
+#include "slurm/bridge.h"
+
+namespace kgpu::cli {
+namespace {
+
+void AddCommonBridgeFlags(CLI::App* c, SlurmBridgeFlags* f) {
+  c->add_option("--kubeconfig", f->kubeconfig, "kubeconfig (default: in-cluster, else $KUBECONFIG)");
+  c->add_option("--context", f->context, "kubeconfig context");
+  c->add_option("--slurm-bin-dir", f->slurm_bin_dir, "directory of scontrol and squeue (default: PATH)");
+  c->add_option("--slurm-conf", f->slurm_conf, "SLURM_CONF for the Slurm commands")->envname("SLURM_CONF");
+  c->add_option("--slurm-timeout-ms", f->slurm_timeout_ms, "deadline of each Slurm command")->capture_default_str();
+}
+
+absl::StatusOr<std::unique_ptr<k8s::Client>> KubeClient(const SlurmBridgeFlags& f) {
+  auto cfg = k8s::DefaultConfig(f.kubeconfig, f.context);
+  if (!cfg.ok()) return cfg.status();
+  cfg->qps = f.kube_qps;
+  cfg->burst = static_cast<int>(std::max(10.0, f.kube_qps * 2));
+  return k8s::Client::Create(*cfg);
+}
+
+slurm::CliSlurmClient SlurmCli(const SlurmBridgeFlags& f) {
+  return slurm::CliSlurmClient({f.slurm_bin_dir, f.slurm_conf, std::chrono::milliseconds(f.slurm_timeout_ms)});
+}
+
+std::string Ago(int64_t since) {
+  if (since <= 0) return "-";
+  const int64_t d = static_cast<int64_t>(std::time(nullptr)) - since;
+  if (d < 120) return Cat(d, "s");
+  if (d < 7200) return Cat(d / 60, "m");
+  return Cat(d / 3600, "h");
+}
+
+}  // namespace
+
+SlurmBridgeCommands AddSlurmBridgeCommands(CLI::App* app, SlurmBridgeFlags* f) {
+  auto* bridge = app->add_subcommand(
+      "slurm-bridge", "lend GPU nodes between Slurm and Kubernetes on demand, never killing a Slurm job");
+  bridge->require_subcommand(1);
+  SlurmBridgeCommands c;
+  c.run = bridge->add_subcommand("run", "the controller (one active replica through a Lease)");
+  AddCommonBridgeFlags(c.run, f);
+  c.run->add_option("--nodes", f->nodes, "node-name globs that may be lent (default: every node labelled kgpu.io/pool)")
+      ->delimiter(',');
+  c.run->add_option("--max-lent", f->max_lent, "at most this many nodes lent or being lent")->capture_default_str();
+  c.run->add_option("--min-kept", f->min_kept, "Slurm keeps at least this many undrained nodes")->capture_default_str();
+  c.run->add_option("--lend-threshold", f->lend_threshold_s, "seconds GPU pods must be unschedulable before a lend")
+      ->capture_default_str();
+  c.run->add_option("--reclaim-threshold", f->reclaim_threshold_s,
+                    "seconds a blocked Slurm job must be pending before a reclaim")
+      ->capture_default_str();
+  c.run->add_option("--cooldown", f->cooldown_s, "seconds a node back with Slurm is not lent again")->capture_default_str();
+  c.run->add_option("--lend-hysteresis", f->hysteresis_s,
+                    "seconds without demand after which a lend still draining is cancelled")
+      ->capture_default_str();
+  c.run->add_option("--lend-duration", f->lend_duration_s, "the lease of a lent node ends after this many seconds (0: never)")
+      ->capture_default_str();
+  c.run->add_option("--force-delete-after", f->force_delete_after_s,
+                    "reclaim: delete pods whose eviction PDBs still refuse after this many seconds (0: never, the default)")
+      ->capture_default_str();
+  c.run->add_option("--interval-ms", f->interval_ms, "reconcile period")->capture_default_str();
+  c.run->add_option("--confirm-gap-ms", f->confirm_gap_ms, "a drained node must be empty on two reads this far apart")
+      ->capture_default_str();
+  c.run->add_option("--gpu-resource", f->gpu_resources, "resource names (prefixes) that make a pod a GPU pod")
+      ->capture_default_str();
+  c.run->add_option("--kube-qps", f->kube_qps, "client-side API rate limit")->capture_default_str();
+  c.run->add_flag("--dry-run", f->dry_run, "print the decisions and steps it would take; change nothing");
+  c.run->add_flag("--once", f->once, "one reconcile, then exit (no leader election)");
+  c.run->add_flag("!--no-leader-elect", f->leader_elect, "run without the Lease (a single replica)");
+  c.run->add_option("--leader-namespace", f->leader_namespace, "namespace of the leader Lease")->capture_default_str();
+  c.run->add_option("--leader-name", f->leader_name, "name of the leader Lease")->capture_default_str();
+  c.run->add_option("--identity", f->identity, "this replica's identity (default: host name and pid)")->envname("POD_NAME");
+  c.run->add_option("--lease-duration-ms", f->lease_duration_ms, "leader Lease duration")->capture_default_str();
+  c.run->add_option("--renew-deadline-ms", f->renew_deadline_ms, "leader renew deadline")->capture_default_str();
+  c.run->add_option("--retry-period-ms", f->retry_period_ms, "leader retry period")->capture_default_str();
+  c.run->add_option("--metrics-listen", f->metrics_listen, "serve /metrics and /healthz on host:port (default: off)");
+  c.run->add_option("--crash-at", f->crash_at, "fault injection: exit with code 86 at this point (tests)")
+      ->check(CLI::IsMember(slurm::kCrashPoints));
+  c.status = bridge->add_subcommand("status", "each managed node's phase, owner, since when and why");
+  AddCommonBridgeFlags(c.status, f);
+  c.status->add_flag("--json", f->json, "JSON instead of a table");
+  c.reclaim = bridge->add_subcommand("reclaim", "ask the controller to give lent nodes back to Slurm");
+  AddCommonBridgeFlags(c.reclaim, f);
+  c.reclaim->add_option("nodes", f->reclaim_nodes, "node names or Slurm hostlists (n[1-3]), as a ResumeProgram gets them")
+      ->required();
+  c.reclaim->add_option("--reason", f->reclaim_reason, "who asks, recorded in the lease")->capture_default_str();
+  return c;
+}
+
+int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* stop, std::ostream& out) {
+  auto log = Log("slurm");
+  auto client = KubeClient(f);
+  if (!client.ok()) {
+    out << "kgpu slurm-bridge run: " << client.status().message() << "\n";
+    return 2;
+  }
+  auto slurm_cli = SlurmCli(f);
+  slurm::BridgeOptions o;
+  o.identity = f.identity;
+  if (o.identity.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    o.identity = Cat(host, "-", ::getpid());
+  }
+  o.allowed = f.nodes;
+  o.max_lent = f.max_lent;
+  o.min_kept = f.min_kept;
+  o.lend_threshold = std::chrono::seconds(f.lend_threshold_s);
+  o.reclaim_threshold = std::chrono::seconds(f.reclaim_threshold_s);
+  o.cooldown = std::chrono::seconds(f.cooldown_s);
+  o.lend_hysteresis = std::chrono::seconds(f.hysteresis_s);
+  o.lend_duration = std::chrono::seconds(f.lend_duration_s);
+  o.force_delete_after = std::chrono::seconds(f.force_delete_after_s);
+  o.interval = std::chrono::milliseconds(f.interval_ms);
+  o.confirm_gap = std::chrono::milliseconds(f.confirm_gap_ms);
+  o.gpu_resources = f.gpu_resources;
+  o.dry_run = f.dry_run;
+  o.crash_at = f.crash_at;
+  k8s::EventRecorder events(**client, "kgpu-slurm-bridge", o.identity);
+  slurm::Bridge bridge(slurm_cli, **client, o, &events, &out);
+  if (f.once) {
+    const auto r = bridge.Reconcile();
+    for (const auto& d : r.decisions) out << "decision: " << d << "\n";
+    return r.k8s_ok && r.slurm_ok ? 0 : 1;
+  }
+
+  std::unique_ptr<httplib::Server> http;
+  std::thread http_thread;
+  if (!f.metrics_listen.empty()) {
+    const auto colon = f.metrics_listen.rfind(':');
+    if (colon == std::string::npos) {
+      out << "kgpu slurm-bridge run: --metrics-listen '" << Printable(f.metrics_listen) << "' must be host:port\n";
+      return 2;
+    }
+    http = std::make_unique<httplib::Server>();
+    http->Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+      res.set_content(bridge.Metrics(), "text/plain; version=0.0.4");
+    });
+    http->Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+    std::string host = f.metrics_listen.substr(0, colon);
+    if (host.empty()) host = "0.0.0.0";
+    if (!http->bind_to_port(host, std::atoi(f.metrics_listen.substr(colon + 1).c_str()))) {
+      out << "kgpu slurm-bridge run: cannot listen on " << Printable(f.metrics_listen) << "\n";
+      return 1;
+    }
+    http_thread = std::thread([&] { http->listen_after_bind(); });
+  }
+
+  std::stop_source stopper;
+  std::jthread watcher([&](std::stop_token st) {
+    while (!st.stop_requested() && !*stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    stopper.request_stop();
+  });
+  log->info("slurm-bridge {} starting (dry-run {}, leader election {})", o.identity, f.dry_run, f.leader_elect);
+  if (!f.leader_elect) {
+    bridge.Run(stopper.get_token());
+  } else {
+    k8s::LeaderElectionConfig lc;
+    lc.ns = f.leader_namespace;
+    lc.name = f.leader_name;
+    lc.identity = o.identity;
+    lc.lease_duration = std::chrono::milliseconds(f.lease_duration_ms);
+    lc.renew_deadline = std::chrono::milliseconds(f.renew_deadline_ms);
+    lc.retry_period = std::chrono::milliseconds(f.retry_period_ms);
+    lc.on_started_leading = [&](std::stop_token st) {
+      log->info("{} leads: reconciling", o.identity);
+      bridge.Run(st);
+    };
+    lc.on_stopped_leading = [&] { log->warn("{} stopped leading", o.identity); };
+    lc.on_new_leader = [&](const std::string& who) { log->info("the leader is {}", who); };
+    k8s::LeaderElector elector(**client, lc);
+    while (!stopper.stop_requested()) elector.Run(stopper.get_token());
+  }
+  watcher.request_stop();
+  if (http) {
+    http->stop();
+    http_thread.join();
+  }
+  log->info("slurm-bridge stopped");
+  return 0;
+}
+
+int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
+  auto client = KubeClient(f);
+  if (!client.ok()) {
+    out << "kgpu slurm-bridge status: " << client.status().message() << "\n";
+    return 2;
+  }
+  auto slurm_cli = SlurmCli(f);
+  k8s::ListOptions lo;
+  lo.label_selector = slurm::kPoolLabel;
+  auto nodes = (*client)->List(k8s::FindResource("nodes")->Path(), lo);
+  if (!nodes.ok()) {
+    out << "kgpu slurm-bridge status: the API server: " << nodes.status().message() << "\n";
+    return 1;
+  }
+  auto snodes = slurm_cli.Nodes();
+  std::map<std::string, slurm::SlurmNode> by_name;
+  if (snodes.ok()) {
+    for (auto& n : *snodes) by_name[n.name] = n;
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& n : slurm::Field(*nodes, "items")) {
+    const std::string name = slurm::Field(n, "metadata").value("name", "");
+    std::string err;
+    const auto lease = slurm::LeaseOf(n, &err);
+    nlohmann::json r = {{"node", name},
+                        {"phase", slurm::PhaseName(lease.phase)},
+                        {"owner", slurm::Owner(lease.phase)},
+                        {"since", lease.since},
+                        {"generation", lease.generation},
+                        {"op", lease.op},
+                        {"why", err.empty() ? lease.why : err},
+                        {"k8sFenced", slurm::K8sFenced(n)},
+                        {"pool", slurm::Field(slurm::Field(n, "metadata"), "labels").value(slurm::kPoolLabel, "")}};
+    if (by_name.count(name)) {
+      r["slurmState"] = by_name[name].state;
+      r["slurmReason"] = by_name[name].reason;
+      r["slurmFenced"] = by_name[name].Drain();
+    }
+    rows.push_back(r);
+  }
+  if (f.json) {
+    out << nlohmann::json({{"slurmReachable", snodes.ok()},
+                           {"slurmError", snodes.ok() ? "" : std::string(snodes.status().message())},
+                           {"nodes", rows}})
+               .dump(2)
+        << "\n";
+    return 0;
+  }
+  out << "Slurm: " << (snodes.ok() ? "reachable" : Cat("UNREACHABLE (", snodes.status().message(), "): transitions that need it are frozen"))
+      << "\n";
+  out << std::left << std::setw(14) << "NODE" << std::setw(20) << "PHASE" << std::setw(11) << "OWNER" << std::setw(7)
+      << "SINCE" << std::setw(16) << "SLURM" << std::setw(10) << "K8S-FENCE" << "WHY\n";
+  for (const auto& r : rows) {
+    std::string slurm_col = r.contains("slurmState") ? r["slurmState"].get<std::string>() : "?";
+    out << std::left << std::setw(14) << r["node"].get<std::string>() << std::setw(20) << r["phase"].get<std::string>()
+        << std::setw(11) << r["owner"].get<std::string>() << std::setw(7) << Ago(r["since"].get<int64_t>()) << std::setw(16)
+        << slurm_col << std::setw(10) << (r["k8sFenced"].get<bool>() ? "yes" : "no") << r["why"].get<std::string>();
+    if (r.contains("slurmReason") && !r["slurmReason"].get<std::string>().empty()) {
+      out << " [Slurm: " << r["slurmReason"].get<std::string>() << "]";
+    }
+    out << "\n";
+  }
+  return 0;
+}
+
+int RunSlurmBridgeReclaim(const SlurmBridgeFlags& f, std::ostream& out) {
+  auto client = KubeClient(f);
+  if (!client.ok()) {
+    out << "kgpu slurm-bridge reclaim: " << client.status().message() << "\n";
+    return 2;
+  }
+  std::vector<std::string> names;
+  for (const auto& expr : f.reclaim_nodes) {
+    auto hosts = slurm::ExpandHostlist(expr);
+    if (!hosts.ok()) {
+      out << "kgpu slurm-bridge reclaim: " << hosts.status().message() << "\n";
+      return 2;
+    }
+    names.insert(names.end(), hosts->begin(), hosts->end());
+  }
+  int rc = 0;
+  for (const auto& name : names) {
+    const std::string value = Cat(f.reclaim_reason, " at ", k8s::NowRfc3339());
+    auto r = (*client)->Patch(k8s::FindResource("nodes")->Path("", name),
+                              {{"metadata", {{"annotations", {{slurm::kReclaimAnnotation, value}}}}}}, k8s::kMergePatch);
+    if (!r.ok()) {
+      out << "kgpu slurm-bridge reclaim: " << name << ": " << r.status().message() << "\n";
+      rc = 1;
+      continue;
+    }
+    const auto lease = slurm::LeaseOf(*r);
+    out << name << ": reclaim requested (now " << slurm::PhaseName(lease.phase) << ")\n";
+  }
+  return rc;
+}
+
+}  // namespace kgpu::cli

@@ -1,0 +1,71 @@
+#pragma once
+// `kgpu slurm gres` (gres.conf and the slurm.conf node line from this node's inventory) and
+// `kgpu slurm-bridge` (run, status, reclaim): flag wiring for src/slurm.
+//
+// Thread-safety: set-up code, single-threaded.
+
+#include <CLI/CLI.hpp>
+
+#include <csignal>
+#include <ostream>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/device_plugin_cmd.h"
+
+namespace kgpu::cli {
+
+struct SlurmGresFlags {
+  std::string node_name;  // default: the host name
+  std::string mig_minors = "/proc/driver/nvidia-caps/mig-minors";
+  int mps_count = -1;     // per GPU; -1: 100 when the config shares by MPS, else none
+  std::string gpu_type;
+  bool no_cores = false, no_links = false;
+  unsigned cpus = 0, real_memory = 0;
+  std::string output = "both";  // gres | node | both
+  std::string write_gres_conf;  // also write gres.conf here (atomically)
+};
+
+CLI::App* AddSlurmGresCommand(CLI::App* slurm, SlurmGresFlags* flags);
+int RunSlurmGres(const NodeOptions& node, const DevicePluginFlags& dp, const SlurmGresFlags& flags, std::ostream& out);
+
+}  // namespace kgpu::cli
+
+#include <chrono>
+#include <vector>
+
+namespace kgpu::cli {
+
+struct SlurmBridgeFlags {
+  std::string kubeconfig, context;
+  std::string slurm_bin_dir, slurm_conf;
+  unsigned slurm_timeout_ms = 10000;
+  double kube_qps = 50;
+  std::vector<std::string> nodes;
+  int max_lent = 1, min_kept = 1;
+  unsigned lend_threshold_s = 30, reclaim_threshold_s = 0, cooldown_s = 120, hysteresis_s = 60;
+  unsigned lend_duration_s = 0, force_delete_after_s = 0;
+  unsigned interval_ms = 2000, confirm_gap_ms = 1000;
+  std::vector<std::string> gpu_resources = {"nvidia.com/gpu"};
+  bool dry_run = false, once = false;
+  bool leader_elect = true;
+  std::string leader_namespace = "kube-system", leader_name = "kgpu-slurm-bridge", identity;
+  unsigned lease_duration_ms = 15000, renew_deadline_ms = 10000, retry_period_ms = 2000;
+  std::string metrics_listen;  // host:port; empty: no metrics server
+  std::string crash_at;
+  bool json = false;           // status
+  std::vector<std::string> reclaim_nodes;  // reclaim: node names or hostlists
+  std::string reclaim_reason = "operator";
+};
+
+struct SlurmBridgeCommands {
+  CLI::App* run = nullptr;
+  CLI::App* status = nullptr;
+  CLI::App* reclaim = nullptr;
+};
+SlurmBridgeCommands AddSlurmBridgeCommands(CLI::App* app, SlurmBridgeFlags* flags);
+int RunSlurmBridge(const SlurmBridgeFlags& flags, const volatile std::sig_atomic_t* stop, std::ostream& out);
+int RunSlurmBridgeStatus(const SlurmBridgeFlags& flags, std::ostream& out);
+int RunSlurmBridgeReclaim(const SlurmBridgeFlags& flags, std::ostream& out);
+
+}  // namespace kgpu::cli

@@ -1,0 +1,884 @@
+#include "slurm/bridge.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <optional>
+#include <random>
+#include <sstream>
+
+#include "common/log.h"
+#include "common/sleep.h"
+#include "common/strings.h"
+#include "k8s/resources.h"
+
+namespace kgpu::slurm {
+
+const std::vector<std::string> kCrashPoints = {"lend-decided",    "lend-drained",   "lend-confirmed",
+                                               "lend-unfenced",   "reclaim-decided", "reclaim-fenced",
+                                               "reclaim-evicted", "reclaim-undrained"};
+
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------
+// Kubernetes side helpers.
+
+bool GlobMatch(std::string_view glob, std::string_view name) {
+  size_t g = 0, n = 0, star = std::string_view::npos, mark = 0;
+  while (n < name.size()) {
+    if (g < glob.size() && (glob[g] == '?' || glob[g] == name[n])) {
+      ++g;
+      ++n;
+    } else if (g < glob.size() && glob[g] == '*') {
+      star = g++;
+      mark = n;
+    } else if (star != std::string_view::npos) {
+      g = star + 1;
+      n = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (g < glob.size() && glob[g] == '*') ++g;
+  return g == glob.size();
+}
+
+namespace {
+
+const json& F(const json& j, const char* key) { return Field(j, key); }
+
+bool IsOurTaint(const json& t) {
+  return t.is_object() && t.value("key", "") == kOwnerTaintKey && t.value("effect", "") == "NoSchedule";
+}
+
+std::string Label(const json& node, const std::string& key) {
+  const auto& labels = F(node, "metadata").value("labels", json::object());
+  return labels.contains(key) && labels[key].is_string() ? labels[key].get<std::string>() : "";
+}
+
+std::string Annotation(const json& node, const std::string& key) {
+  const auto& a = F(node, "metadata").value("annotations", json::object());
+  return a.contains(key) && a[key].is_string() ? a[key].get<std::string>() : "";
+}
+
+int64_t GpuRequest(const json& pod, const std::vector<std::string>& resources) {
+  int64_t total = 0;
+  for (const auto& c : F(pod, "spec").value("containers", json::array())) {
+    const json req = c.value("resources", json::object());
+    for (const char* kind : {"limits", "requests"}) {
+      int64_t here = 0;
+      const json amounts = req.value(kind, json::object());
+      for (const auto& [k, v] : amounts.items()) {
+        for (const auto& r : resources) {
+          if (k.rfind(r, 0) != 0) continue;
+          if (v.is_number_integer()) here += v.get<int64_t>();
+          if (v.is_string()) here += std::max<int64_t>(1, std::atoll(v.get<std::string>().c_str()));
+        }
+      }
+      if (here > 0) {
+        total += here;
+        break;  // limits and requests name the same GPUs
+      }
+    }
+  }
+  return total;
+}
+
+std::string RandomHex(size_t n) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += kHex[rng() % 16];
+  return s;
+}
+
+bool Blocking(const SlurmJob& j) {
+  const std::string& r = j.reason;
+  return r == "Resources" || r.rfind("ReqNodeNotAvail", 0) == 0 || r.rfind("Nodes required for job", 0) == 0 ||
+         r.rfind("Nodes_required", 0) == 0;
+}
+
+// Nodes a pending reason names ("ReqNodeNotAvail, UnavailableNodes:node[2-3]").
+std::vector<std::string> NamedUnavailable(const std::string& reason) {
+  const auto p = reason.find("UnavailableNodes:");
+  if (p == std::string::npos) return {};
+  auto hosts = ExpandHostlist(reason.substr(p + 17));
+  return hosts.ok() ? *hosts : std::vector<std::string>{};
+}
+
+}  // namespace
+
+const json& Field(const json& j, std::string_view key) {
+  static const json kEmpty = json::object();
+  if (!j.is_object()) return kEmpty;
+  const auto it = j.find(key);
+  return it == j.end() || it->is_null() ? kEmpty : *it;
+}
+
+bool K8sFenced(const json& node) {
+  bool taint = false;
+  for (const auto& t : F(node, "spec").value("taints", json::array())) taint = taint || IsOurTaint(t);
+  return taint && F(node, "spec").value("unschedulable", false);
+}
+
+void ApplyK8sFence(json& node) {
+  auto& spec = node["spec"];
+  if (!spec.contains("taints") || !spec["taints"].is_array()) spec["taints"] = json::array();
+  bool have = false;
+  for (const auto& t : spec["taints"]) have = have || IsOurTaint(t);
+  if (!have) spec["taints"].push_back({{"key", kOwnerTaintKey}, {"value", kOwnerTaintValue}, {"effect", "NoSchedule"}});
+  spec["unschedulable"] = true;
+  auto& md = node["metadata"];
+  md["labels"][kPoolLabel] = "slurm";
+  md["annotations"][kScaleDownDisabled] = "true";
+  md["annotations"][kKarpenterDoNotDisrupt] = "true";
+}
+
+void RemoveK8sFence(json& node) {
+  auto& spec = node["spec"];
+  if (spec.contains("taints") && spec["taints"].is_array()) {
+    json kept = json::array();
+    for (const auto& t : spec["taints"]) {
+      if (!IsOurTaint(t)) kept.push_back(t);
+    }
+    if (kept.empty()) {
+      spec.erase("taints");
+    } else {
+      spec["taints"] = kept;
+    }
+  }
+  spec.erase("unschedulable");
+  auto& md = node["metadata"];
+  md["labels"][kPoolLabel] = "lent";
+  if (md.contains("annotations")) {
+    md["annotations"].erase(kScaleDownDisabled);
+    md["annotations"].erase(kKarpenterDoNotDisrupt);
+  }
+}
+
+Lease LeaseOf(const json& node, std::string* error) {
+  const std::string text = Annotation(node, kLeaseAnnotation);
+  if (text.empty()) return Lease{};
+  auto l = ParseLease(text);
+  if (!l.ok()) {
+    if (error) *error = std::string(l.status().message());
+    return Lease{};
+  }
+  return *l;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct Bridge::Facts {
+  std::string name;
+  json node;
+  Lease lease;
+  std::string lease_error;
+  std::optional<SlurmNode> slurm;  // nullopt: Slurm unreachable (or the node unknown to it)
+  std::vector<SlurmJob> jobs;      // holding this node
+  std::vector<Pod> pods;
+  std::string frozen;
+  bool cancel = false;             // the policy cancels this lend
+  std::string cancel_why;
+  bool Ours() const { return slurm && slurm->Drain() && IsOwnedReason(slurm->reason); }
+  bool Foreign() const { return slurm && slurm->Drain() && !IsOwnedReason(slurm->reason); }
+};
+
+Bridge::Bridge(SlurmClient& slurm, k8s::Client& kube, BridgeOptions options, k8s::EventRecorder* events,
+               std::ostream* dry_run_out, Clock clock)
+    : slurm_(slurm),
+      kube_(kube),
+      opts_(std::move(options)),
+      events_(events),
+      dry_out_(dry_run_out),
+      clock_(clock ? std::move(clock) : Clock([] { return static_cast<int64_t>(std::time(nullptr)); })) {}
+
+bool Bridge::Allowed(const std::string& node) const {
+  if (opts_.allowed.empty()) return true;
+  return std::any_of(opts_.allowed.begin(), opts_.allowed.end(), [&](const std::string& g) { return GlobMatch(g, node); });
+}
+
+void Bridge::Count(const std::string& metric, const std::string& labels) {
+  std::lock_guard lock(mu_);
+  counters_[labels.empty() ? metric : Cat(metric, "{", labels, "}")] += 1;
+}
+
+void Bridge::CrashPoint(const std::string& point) {
+  if (opts_.crash_at.empty() || opts_.crash_at != point) return;
+  Log("slurm")->warn("crash-at {}: exiting now (fault injection)", point);
+  Log("slurm")->flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::_exit(86);
+}
+
+void Bridge::Event(const Facts& f, const std::string& type, const std::string& reason, const std::string& note) {
+  (type == "Warning" ? Log("slurm")->warn("{}: {}: {}", f.name, reason, note)
+                     : Log("slurm")->info("{}: {}: {}", f.name, reason, note));
+  if (events_ == nullptr || opts_.dry_run) return;
+  k8s::ObjectRef ref;
+  ref.kind = "Node";
+  ref.name = f.name;
+  ref.uid = F(f.node, "metadata").value("uid", "");
+  if (auto s = events_->Record(ref, type, reason, "SlurmLending", note); !s.ok()) {
+    Log("slurm")->debug("event {} on {} not recorded: {}", reason, f.name, std::string(s.message()));
+  }
+}
+
+Lease Bridge::NextLease(const Facts& f, Phase phase, const std::string& why) const {
+  Lease l = f.lease;
+  if (l.phase != phase) l.since = clock_();
+  l.phase = phase;
+  l.generation = f.lease.generation + 1;
+  l.why = why;
+  l.holder = opts_.identity;
+  return l;
+}
+
+bool Bridge::WriteNode(Facts& f, const Lease& lease, const std::function<void(json&)>& mutate, const std::string& what) {
+  if (opts_.dry_run) {
+    if (dry_out_) *dry_out_ << "[dry-run] " << f.name << ": would " << what << " (lease " << PhaseName(lease.phase) << ")\n";
+    return false;
+  }
+  json node = f.node;
+  if (mutate) mutate(node);
+  node["metadata"]["annotations"][kLeaseAnnotation] = SerializeLease(lease);
+  auto r = kube_.Update(k8s::FindResource("nodes")->Path("", f.name), node);
+  if (!r.ok()) {
+    if (k8s::IsApiConflict(r.status())) {
+      Count("kgpu_slurm_bridge_write_conflicts_total");
+      f.frozen = "the Node changed under us (409): recomputing next time";
+    } else {
+      f.frozen = Cat("cannot write the Node: ", r.status().message());
+    }
+    Log("slurm")->warn("{}: {}: {}", f.name, what, f.frozen);
+    return false;
+  }
+  if (lease.phase != f.lease.phase) {
+    Count("kgpu_slurm_bridge_transitions_total", Cat("to=\"", PhaseName(lease.phase), "\""));
+    Log("slurm")->info("{}: {} -> {} (gen {}): {}", f.name, PhaseName(f.lease.phase), PhaseName(lease.phase),
+                       lease.generation, lease.why);
+  }
+  f.node = std::move(*r);
+  f.lease = lease;
+  return true;
+}
+
+// One idempotent step for one node, chosen from its lease and what both systems say now.
+// Returns true when something changed (the caller steps again).
+bool Bridge::Step(Facts& f, ReconcileResult& result) {
+  auto log = Log("slurm");
+  const std::string reason = OwnedReason(f.lease.op);
+  auto slurm_write = [&](const std::string& what, const std::function<absl::StatusOr<SlurmNode>()>& fn) -> bool {
+    if (opts_.dry_run) {
+      if (dry_out_) *dry_out_ << "[dry-run] " << f.name << ": would " << what << "\n";
+      return false;
+    }
+    auto n = fn();
+    if (!n.ok()) {
+      f.frozen = Cat(what, ": ", n.status().message());
+      log->warn("{}: {}", f.name, f.frozen);
+      if (absl::IsUnavailable(n.status())) f.slurm.reset();
+      return false;
+    }
+    f.slurm = *n;
+    return true;
+  };
+  switch (f.lease.phase) {
+    case Phase::kSlurm: {
+      if (f.lease.generation == 0 || !K8sFenced(f.node) || Label(f.node, kPoolLabel) != "slurm" ||
+          Annotation(f.node, kScaleDownDisabled) != "true") {
+        Lease l = NextLease(f, Phase::kSlurm, f.lease.generation == 0 ? "adopted: Slurm owns it" : "Kubernetes fence restored");
+        if (!f.lease_error.empty()) l.why += Cat(" (the old lease was unreadable: ", f.lease_error, ")");
+        return WriteNode(f, l, ApplyK8sFence, "fence it for Slurm (taint kgpu.io/owner=slurm:NoSchedule, cordon)");
+      }
+      if (f.Ours() && f.pods.empty() && f.lease.generation > 0) {
+        // Our drain with no lend in progress (a lease edited by hand, or lost): Kubernetes is
+        // fenced and empty, so Slurm may have the node back.
+        if (slurm_write("clear a stale kgpu-lend drain", [&] { return slurm_.Undrain(f.name, kOwnedReasonPrefix); })) {
+          Event(f, "Warning", "StaleDrainCleared", "a kgpu-lend drain without a lend in progress was cleared");
+          return true;
+        }
+      }
+      if (!f.pods.empty()) {
+        f.frozen = Cat(f.pods.size(), " pod(s) on a Slurm-owned node (placed around the fence?): not touched");
+      }
+      return false;
+    }
+    case Phase::kLendDraining: {
+      if (!f.slurm) {
+        f.frozen = "Slurm unreachable: lend frozen";
+        return false;
+      }
+      if (f.Foreign()) {
+        Lease l = NextLease(f, Phase::kSlurm, Cat("lend cancelled: an admin drained it ('", f.slurm->reason, "')"));
+        l.prev_slurm_reason = f.slurm->reason;
+        l.admin_drained = true;
+        if (!WriteNode(f, l, ApplyK8sFence, "cancel the lend (foreign drain)")) return false;
+        Event(f, "Warning", "ForeignDrain", l.why);
+        return true;
+      }
+      if (f.cancel) {
+        if (f.Ours() && !slurm_write("undrain (lend cancelled)", [&] { return slurm_.Undrain(f.name, kOwnedReasonPrefix); })) {
+          return false;
+        }
+        if (f.slurm->Drain()) return false;
+        if (!WriteNode(f, NextLease(f, Phase::kSlurm, Cat("lend cancelled: ", f.cancel_why)), ApplyK8sFence,
+                       "cancel the lend")) {
+          return false;
+        }
+        Event(f, "Normal", "LendCancelled", f.cancel_why);
+        f.cancel = false;
+        return true;
+      }
+      if (!f.slurm->Drain() || f.slurm->reason != reason) {
+        if (!slurm_write(Cat("drain (Reason=", reason, ")"), [&] { return slurm_.Drain(f.name, reason, kOwnedReasonPrefix); })) {
+          return false;
+        }
+        CrashPoint("lend-drained");
+        return true;
+      }
+      for (const auto& j : f.jobs) {
+        if (std::find(f.lease.jobs_seen.begin(), f.lease.jobs_seen.end(), j.id) == f.lease.jobs_seen.end()) {
+          f.lease.jobs_seen.push_back(j.id);
+        }
+      }
+      if (f.slurm->Busy() || !f.jobs.empty()) {
+        empty_since_.erase(f.name);
+        f.frozen = Cat("waiting for ", f.jobs.size(), " Slurm job(s) to end on their own (State=", f.slurm->state, ")");
+        return false;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      auto it = empty_since_.find(f.name);
+      if (it == empty_since_.end()) {
+        empty_since_[f.name] = now;
+        f.frozen = "drained and empty once; confirming";
+        return false;
+      }
+      if (now - it->second < opts_.confirm_gap) {
+        f.frozen = "drained and empty once; confirming";
+        return false;
+      }
+      // The second read, at least confirm_gap later: scontrol's flags and squeue -w both.
+      auto again = slurm_.Node(f.name);
+      auto on = slurm_.JobsOnNode(f.name);
+      if (!again.ok() || !on.ok()) {
+        f.frozen = Cat("Slurm unreachable while confirming: ", (!again.ok() ? again.status() : on.status()).message());
+        return false;
+      }
+      f.slurm = *again;
+      if (!f.Ours() || f.slurm->Busy() || !on->empty()) {
+        empty_since_.erase(f.name);
+        return false;
+      }
+      empty_since_.erase(f.name);
+      if (!WriteNode(f, NextLease(f, Phase::kLendUnfencing, Cat("drained and empty (State=", f.slurm->state, ")")), nullptr,
+                     "record that Slurm is drained and empty")) {
+        return false;
+      }
+      CrashPoint("lend-confirmed");
+      return true;
+    }
+    case Phase::kLendUnfencing: {
+      if (!f.slurm) {
+        f.frozen = "Slurm unreachable: the Kubernetes fence stays";
+        return false;
+      }
+      if (f.Foreign()) {
+        Lease l = NextLease(f, Phase::kSlurm, Cat("lend cancelled: an admin drained it ('", f.slurm->reason, "')"));
+        l.admin_drained = true;
+        l.prev_slurm_reason = f.slurm->reason;
+        if (!WriteNode(f, l, ApplyK8sFence, "cancel the lend (foreign drain)")) return false;
+        Event(f, "Warning", "ForeignDrain", l.why);
+        return true;
+      }
+      if (!f.slurm->Drain() || f.slurm->Busy() || !f.jobs.empty()) {
+        return WriteNode(f, NextLease(f, Phase::kLendDraining, Cat("Slurm is not drained and empty any more (State=",
+                                                                     f.slurm->state, "): draining again")),
+                         nullptr, "go back to draining");
+      }
+      Lease l = NextLease(f, Phase::kLent, "lent to Kubernetes");
+      if (opts_.lend_duration.count() > 0) l.lent_until = clock_() + opts_.lend_duration.count();
+      if (!WriteNode(f, l, RemoveK8sFence, "unfence it for Kubernetes (remove the taint, uncordon, pool=lent)")) return false;
+      Event(f, "Normal", "Lent", Cat("lent to Kubernetes; Slurm keeps DRAIN Reason=", reason));
+      CrashPoint("lend-unfenced");
+      return true;
+    }
+    case Phase::kLent: {
+      if (!f.slurm) return false;  // LENT stays LENT: Slurm's DRAIN is durable
+      if (!f.slurm->Drain()) {
+        if (!slurm_write("restore the Slurm drain", [&] { return slurm_.Drain(f.name, reason, kOwnedReasonPrefix); })) {
+          return false;
+        }
+        Event(f, "Warning", "SlurmFenceRestored", "the node was lent but not drained in Slurm: drained again");
+        return true;
+      }
+      if (f.Foreign() && !f.lease.admin_drained) {
+        Lease l = NextLease(f, Phase::kLent, Cat("lent; an admin drained it meanwhile ('", f.slurm->reason,
+                                                 "'): the reclaim will leave it drained"));
+        l.admin_drained = true;
+        l.since = f.lease.since;
+        if (!WriteNode(f, l, nullptr, "note the admin's drain")) return false;
+        Event(f, "Warning", "ForeignDrain", l.why);
+        return true;
+      }
+      return false;
+    }
+    case Phase::kReclaimFencing: {
+      if (!WriteNode(f, NextLease(f, Phase::kReclaimEvicting, f.lease.why),
+                     [](json& n) {
+                       ApplyK8sFence(n);
+                       if (n["metadata"].contains("annotations")) n["metadata"]["annotations"].erase(kReclaimAnnotation);
+                     },
+                     "fence it for Slurm (taint, cordon)")) {
+        return false;
+      }
+      CrashPoint("reclaim-fenced");
+      return true;
+    }
+    case Phase::kReclaimEvicting: {
+      if (!K8sFenced(f.node)) {
+        return WriteNode(f, NextLease(f, Phase::kReclaimEvicting, f.lease.why), ApplyK8sFence, "restore the fence");
+      }
+      if (f.pods.empty()) {
+        if (!WriteNode(f, NextLease(f, Phase::kReclaimUnfencing, "no pods left"), nullptr, "record that no pods are left")) {
+          return false;
+        }
+        CrashPoint("reclaim-evicted");
+        return true;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      const bool force = opts_.force_delete_after.count() > 0 && clock_() - f.lease.since >= opts_.force_delete_after.count();
+      size_t refused = 0;
+      for (const auto& p : f.pods) {
+        if (p.terminating) continue;
+        const std::string key = p.ns + "/" + p.name;
+        auto& [next, backoff] = evict_backoff_[key];
+        if (now < next) continue;
+        if (opts_.dry_run) {
+          if (dry_out_) *dry_out_ << "[dry-run] " << f.name << ": would evict pod " << key << "\n";
+          continue;
+        }
+        if (force) {
+          auto d = kube_.Delete(k8s::FindResource("pods")->Path(p.ns, p.name));
+          Count("kgpu_slurm_bridge_evictions_total", "result=\"forced\"");
+          Event(f, "Warning", "ForcedDelete",
+                Cat("pod ", key, " deleted after ", opts_.force_delete_after.count(), " s of refused evictions",
+                    d.ok() ? "" : Cat(": ", d.status().message())));
+          continue;
+        }
+        k8s::EvictOptions eo;
+        eo.max_wait = std::chrono::milliseconds(0);
+        auto s = kube_.Evict(p.ns, p.name, eo);
+        if (s.ok()) {
+          Count("kgpu_slurm_bridge_evictions_total", "result=\"evicted\"");
+          if (std::find(f.lease.pods_evicted.begin(), f.lease.pods_evicted.end(), key) == f.lease.pods_evicted.end()) {
+            f.lease.pods_evicted.push_back(key);
+          }
+          evict_backoff_.erase(key);
+        } else {
+          const bool pdb = absl::IsDeadlineExceeded(s) || k8s::HttpStatus(s) == 429;
+          Count("kgpu_slurm_bridge_evictions_total", pdb ? "result=\"refused\"" : "result=\"error\"");
+          ++refused;
+          backoff = std::min<std::chrono::milliseconds>(backoff.count() == 0 ? opts_.interval : backoff * 2,
+                                                        std::chrono::seconds(10));
+          next = now + backoff;
+          Event(f, "Warning", pdb ? "EvictionBlocked" : "EvictionFailed", Cat("pod ", key, ": ", s.message()));
+        }
+      }
+      f.frozen = Cat("waiting for ", f.pods.size(), " pod(s) to leave", refused ? Cat(" (", refused, " refused now)") : "");
+      return false;
+    }
+    case Phase::kReclaimUnfencing: {
+      if (!K8sFenced(f.node)) {
+        return WriteNode(f, NextLease(f, Phase::kReclaimEvicting, "the Kubernetes fence was gone: fenced again"),
+                         ApplyK8sFence, "restore the fence");
+      }
+      if (!f.pods.empty()) {
+        return WriteNode(f, NextLease(f, Phase::kReclaimEvicting, "pods appeared again"), nullptr, "evict again");
+      }
+      if (!f.slurm) {
+        f.frozen = "Slurm unreachable: reclaim frozen (Slurm keeps its drain)";
+        return false;
+      }
+      if (f.Foreign() || (f.lease.admin_drained && f.slurm->Drain())) {
+        Lease l = NextLease(f, Phase::kSlurm,
+                            Cat("back with Slurm, left drained for the admin ('", f.slurm->reason, "')"));
+        l.admin_drained = true;
+        if (!WriteNode(f, l, nullptr, "hand it back to Slurm (admin drain kept)")) return false;
+        Event(f, "Warning", "ReclaimedAdminDrain", l.why);
+        return true;
+      }
+      if (!f.slurm->Drain()) {
+        Lease l = NextLease(f, Phase::kSlurm, "returned to Slurm");
+        l.admin_drained = false;
+        if (!WriteNode(f, l, nullptr, "record the return to Slurm")) return false;
+        Event(f, "Normal", "Reclaimed", "returned to Slurm");
+        return true;
+      }
+      if (!f.slurm->Responding()) {
+        f.frozen = Cat("waiting for slurmd to register before the undrain (State=", f.slurm->state, ")");
+        return false;
+      }
+      if (!slurm_write("undrain", [&] { return slurm_.Undrain(f.name, kOwnedReasonPrefix); })) return false;
+      CrashPoint("reclaim-undrained");
+      if (f.slurm->Drain()) {
+        f.frozen = Cat("the undrain did not take (State=", f.slurm->state, ")");
+        return false;
+      }
+      return true;
+    }
+  }
+  (void)result;
+  return false;
+}
+
+ReconcileResult Bridge::Reconcile() {
+  auto log = Log("slurm");
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t now = clock_();
+  ReconcileResult result;
+  Count("kgpu_slurm_bridge_reconciles_total");
+
+  // --- observe Slurm
+  std::map<std::string, SlurmNode> snodes;
+  std::vector<SlurmJob> jobs;
+  {
+    auto n = slurm_.Nodes();
+    auto j = n.ok() ? slurm_.Jobs() : absl::StatusOr<std::vector<SlurmJob>>(n.status());
+    result.slurm_ok = n.ok() && j.ok();
+    if (result.slurm_ok) {
+      for (auto& x : *n) snodes[x.name] = std::move(x);
+      jobs = std::move(*j);
+    } else {
+      Count("kgpu_slurm_bridge_frozen_total", "side=\"slurm\"");
+      log->warn("Slurm unreachable: {}: every transition that needs it is frozen",
+                std::string((!n.ok() ? n.status() : j.status()).message()));
+    }
+  }
+  // --- observe Kubernetes
+  k8s::ListOptions lo;
+  lo.label_selector = kPoolLabel;
+  auto knodes = kube_.List(k8s::FindResource("nodes")->Path(), lo);
+  auto kpods = knodes.ok() ? kube_.List(k8s::FindResource("pods")->Path()) : absl::StatusOr<json>(knodes.status());
+  result.k8s_ok = knodes.ok() && kpods.ok();
+  if (!result.k8s_ok) {
+    Count("kgpu_slurm_bridge_frozen_total", "side=\"k8s\"");
+    log->warn("API server unreachable: {}: every transition is frozen, no fence is removed",
+              std::string((!knodes.ok() ? knodes.status() : kpods.status()).message()));
+    std::lock_guard lock(mu_);
+    gauges_["kgpu_slurm_bridge_slurm_up"] = result.slurm_ok;
+    gauges_["kgpu_slurm_bridge_api_up"] = 0;
+    last_.slurm_ok = result.slurm_ok;
+    last_.k8s_ok = false;
+    return last_;
+  }
+
+  // Pods: bound ones per node (not DaemonSet, not mirror, not terminal), and GPU demand.
+  std::map<std::string, std::vector<Pod>> pods_on;
+  int64_t ripe_gpus = 0;
+  int ripe_pods = 0, any_unsched = 0;
+  for (const auto& p : F(*kpods, "items")) {
+    const json& md = F(p, "metadata");
+    const std::string phase = F(p, "status").value("phase", "Pending");
+    if (phase == "Succeeded" || phase == "Failed") continue;
+    const std::string node = F(p, "spec").value("nodeName", "");
+    if (!node.empty()) {
+      bool daemonset = false;
+      for (const auto& o : md.value("ownerReferences", json::array())) daemonset = daemonset || o.value("kind", "") == "DaemonSet";
+      if (daemonset || md.value("annotations", json::object()).contains("kubernetes.io/config.mirror")) continue;
+      pods_on[node].push_back({md.value("namespace", ""), md.value("name", ""), node, md.contains("deletionTimestamp")});
+      continue;
+    }
+    const int64_t gpus = GpuRequest(p, opts_.gpu_resources);
+    if (gpus <= 0) continue;
+    for (const auto& c : F(p, "status").value("conditions", json::array())) {
+      if (c.value("type", "") != "PodScheduled" || c.value("status", "") != "False" || c.value("reason", "") != "Unschedulable") {
+        continue;
+      }
+      ++any_unsched;
+      const auto since = k8s::ParseRfc3339(c.value("lastTransitionTime", ""));
+      if (!since || now - static_cast<int64_t>(*since) >= opts_.lend_threshold.count()) {
+        ++ripe_pods;
+        ripe_gpus += gpus;
+      }
+    }
+  }
+  result.unschedulable_gpu_pods = any_unsched;
+
+  // --- the managed nodes
+  std::vector<Facts> facts;
+  for (const auto& n : F(*knodes, "items")) {
+    const std::string name = F(n, "metadata").value("name", "");
+    const std::string pool = Label(n, kPoolLabel);
+    if ((pool != "slurm" && pool != "lent") || !Allowed(name)) continue;
+    Facts f;
+    f.name = name;
+    f.node = n;
+    f.lease = LeaseOf(n, &f.lease_error);
+    if (!f.lease_error.empty()) log->warn("{}: {}", name, f.lease_error);
+    if (result.slurm_ok) {
+      auto it = snodes.find(name);
+      if (it == snodes.end()) {
+        NodeView v;
+        v.name = name;
+        v.frozen = "Slurm has no node of this name: not managed";
+        result.nodes.push_back(v);
+        continue;
+      }
+      f.slurm = it->second;
+      for (const auto& j : jobs) {
+        if (j.Holding() && std::find(j.nodes.begin(), j.nodes.end(), name) != j.nodes.end()) f.jobs.push_back(j);
+      }
+    }
+    f.pods = pods_on[name];
+    facts.push_back(std::move(f));
+  }
+
+  auto step_all = [&](Facts& f) {
+    for (int i = 0; i < 8 && Step(f, result); ++i) {
+    }
+  };
+  for (auto& f : facts) step_all(f);
+
+  // --- policy
+  // Slurm demand: blocked pending jobs (old enough); named unavailable nodes; jobs on lent nodes.
+  std::vector<const SlurmJob*> blocked;
+  if (result.slurm_ok) {
+    for (const auto& j : jobs) {
+      if (!j.Pending() || !Blocking(j)) continue;
+      if (j.submit_time && now - *j.submit_time < opts_.reclaim_threshold.count()) continue;
+      blocked.push_back(&j);
+    }
+  }
+  result.blocked_slurm_jobs = static_cast<int>(blocked.size());
+  int idle_usable = 0, kept = 0, lent = 0, in_flight = 0;
+  int64_t last_lent_at = 0;
+  for (const auto& f : facts) {
+    if (f.lease.phase == Phase::kSlurm && f.slurm && !f.slurm->Drain()) {
+      ++kept;
+      if (f.slurm->Responding() && !f.slurm->Busy() && f.jobs.empty()) ++idle_usable;
+    }
+    if (f.lease.phase == Phase::kLent) {
+      ++lent;
+      last_lent_at = std::max(last_lent_at, f.lease.since);
+    }
+    if (f.lease.phase == Phase::kLendDraining || f.lease.phase == Phase::kLendUnfencing) ++in_flight;
+  }
+  int need = 0;
+  std::set<std::string> wanted_back;
+  for (const auto* j : blocked) {
+    need = std::max(need, j->node_count - idle_usable);
+    for (const auto& n : NamedUnavailable(j->reason)) wanted_back.insert(n);
+  }
+  std::vector<std::pair<Facts*, std::string>> reclaims;  // node, why
+  for (auto& f : facts) {
+    const std::string req = Annotation(f.node, kReclaimAnnotation);
+    const bool lentish = f.lease.phase == Phase::kLent || f.lease.phase == Phase::kLendUnfencing;
+    if (f.lease.phase == Phase::kLendDraining) {
+      if (!req.empty()) {
+        f.cancel = true;
+        f.cancel_why = Cat("operator asked (", req, ")");
+      } else if (!blocked.empty()) {
+        f.cancel = true;
+        f.cancel_why = Cat(blocked.size(), " Slurm job(s) blocked pending (", blocked.front()->id, ": ",
+                           blocked.front()->reason, ")");
+      }
+      if (f.cancel) --need;
+      continue;
+    }
+    if (!lentish) continue;
+    if (!req.empty()) {
+      reclaims.emplace_back(&f, Cat("operator asked (", req, ")"));
+    } else if (f.lease.lent_until > 0 && now >= f.lease.lent_until) {
+      reclaims.emplace_back(&f, "the lease ended");
+    } else if (wanted_back.count(f.name)) {
+      reclaims.emplace_back(&f, "a pending Slurm job needs this node");
+    } else if (!f.jobs.empty()) {
+      reclaims.emplace_back(&f, Cat("Slurm job ", f.jobs.front().id, " is on the lent node"));
+    }
+  }
+  for (auto& f : facts) {
+    if (need <= static_cast<int>(reclaims.size())) break;
+    if (f.lease.phase != Phase::kLent && f.lease.phase != Phase::kLendUnfencing) continue;
+    if (std::any_of(reclaims.begin(), reclaims.end(), [&](const auto& r) { return r.first == &f; })) continue;
+    const SlurmJob* j = blocked.front();
+    reclaims.emplace_back(&f, Cat("Slurm job ", j->id, " (", j->node_count, " node(s)) is pending: ", j->reason));
+  }
+  for (auto& [f, why] : reclaims) {
+    if (f->lease.phase == Phase::kLendUnfencing) {
+      // Not unfenced yet: back to Slurm directly (both fences are on).
+      f->cancel = true;
+      Lease l = NextLease(*f, Phase::kReclaimUnfencing, Cat("reclaimed before it was lent: ", why));
+      result.decisions.push_back(Cat("reclaim ", f->name, ": ", why));
+      if (WriteNode(*f, l, ApplyK8sFence, "reclaim (not lent yet)")) step_all(*f);
+      continue;
+    }
+    Lease l = NextLease(*f, Phase::kReclaimFencing, why);
+    l.requested_by = why.rfind("operator", 0) == 0 ? "operator" : why == "the lease ended" ? "lease-expired" : "slurm-demand";
+    result.decisions.push_back(Cat("reclaim ", f->name, ": ", why));
+    if (WriteNode(*f, l, nullptr, Cat("start the reclaim (", why, ")"))) {
+      Event(*f, "Normal", "ReclaimStarted", why);
+      CrashPoint("reclaim-decided");
+      step_all(*f);
+    }
+  }
+  for (auto& f : facts) {
+    if (f.cancel && f.lease.phase == Phase::kLendDraining) {
+      result.decisions.push_back(Cat("cancel the lend of ", f.name, ": ", f.cancel_why));
+      step_all(f);
+    }
+  }
+
+  // Kubernetes demand: lend when no Slurm job is blocked.
+  const auto steady = std::chrono::steady_clock::now();
+  if (any_unsched > 0) {
+    had_demand_ = true;
+  } else if (had_demand_) {
+    had_demand_ = false;
+    demand_gone_since_ = steady;
+  }
+  if (any_unsched == 0 && in_flight > 0 && steady - demand_gone_since_ >= opts_.lend_hysteresis) {
+    for (auto& f : facts) {
+      if (f.lease.phase != Phase::kLendDraining) continue;
+      f.cancel = true;
+      f.cancel_why = Cat("no unschedulable GPU pods for ", opts_.lend_hysteresis.count(), " s");
+      result.decisions.push_back(Cat("cancel the lend of ", f.name, ": ", f.cancel_why));
+      step_all(f);
+    }
+  }
+  if (blocked.empty() && ripe_pods > 0 && result.slurm_ok && now - last_lent_at >= opts_.lend_threshold.count()) {
+    std::vector<Facts*> candidates;
+    int64_t per_node = 0;
+    for (auto& f : facts) {
+      if (f.lease.phase != Phase::kSlurm || !f.slurm || f.slurm->Drain() || !f.slurm->Responding()) continue;
+      if (!f.lease.op.empty() && now - f.lease.since < opts_.cooldown.count()) continue;  // just came back
+      if (!f.pods.empty()) continue;
+      candidates.push_back(&f);
+      const auto alloc = F(f.node, "status").value("allocatable", json::object());
+      for (const auto& r : opts_.gpu_resources) {
+        if (alloc.contains(r)) {
+          const auto& v = alloc[r];
+          per_node = std::max<int64_t>(per_node, v.is_string() ? std::atoll(v.get<std::string>().c_str())
+                                                               : v.is_number() ? v.get<int64_t>() : 0);
+        }
+      }
+    }
+    if (per_node <= 0) per_node = 1;
+    const int wanted = static_cast<int>((ripe_gpus + per_node - 1) / per_node);
+    int to_start = wanted - in_flight;
+    to_start = std::min(to_start, opts_.max_lent - lent - in_flight);
+    to_start = std::min(to_start, kept - opts_.min_kept);
+    auto end_of = [](const Facts* f) {
+      int64_t e = 0;
+      for (const auto& j : f->jobs) e = std::max(e, j.end_time.value_or(INT64_MAX / 2));
+      return e;
+    };
+    std::sort(candidates.begin(), candidates.end(), [&](const Facts* a, const Facts* b) {
+      const bool ia = !a->slurm->Busy() && a->jobs.empty(), ib = !b->slurm->Busy() && b->jobs.empty();
+      if (ia != ib) return ia;
+      if (end_of(a) != end_of(b)) return end_of(a) < end_of(b);
+      return a->name < b->name;
+    });
+    for (int i = 0; i < to_start && i < static_cast<int>(candidates.size()); ++i) {
+      Facts& f = *candidates[static_cast<size_t>(i)];
+      const std::string why = Cat(ripe_pods, " GPU pod(s) unschedulable for >= ", opts_.lend_threshold.count(), " s (",
+                                  ripe_gpus, " GPU(s))");
+      Lease l = NextLease(f, Phase::kLendDraining, why);
+      l.op = Cat("op-", now, "-", RandomHex(4));
+      l.requested_by = "demand";
+      l.lent_until = 0;
+      l.jobs_seen.clear();
+      l.pods_evicted.clear();
+      l.admin_drained = false;
+      l.prev_slurm_reason.clear();
+      result.decisions.push_back(Cat("lend ", f.name, ": ", why));
+      if (WriteNode(f, l, nullptr, Cat("start a lend (", why, ")"))) {
+        Event(f, "Normal", "LendStarted", why);
+        CrashPoint("lend-decided");
+        step_all(f);
+      }
+    }
+  }
+
+  // --- views and gauges
+  std::map<std::string, int> by_phase;
+  int frozen = 0;
+  for (const auto& f : facts) {
+    NodeView v;
+    v.name = f.name;
+    v.phase = f.lease.phase;
+    v.since = f.lease.since;
+    v.generation = f.lease.generation;
+    v.op = f.lease.op;
+    v.why = f.lease.why;
+    if (f.slurm) {
+      v.slurm_state = f.slurm->state;
+      v.slurm_reason = f.slurm->reason;
+      v.slurm_fenced = f.slurm->Drain();
+    }
+    v.k8s_fenced = K8sFenced(f.node);
+    v.pods = f.pods.size();
+    for (const auto& j : f.jobs) v.jobs.push_back(j.id);
+    v.frozen = f.frozen;
+    if (!f.slurm && f.lease.phase != Phase::kLent && f.lease.phase != Phase::kSlurm && v.frozen.empty()) {
+      v.frozen = "Slurm unreachable";
+    }
+    if (!v.frozen.empty() && f.lease.phase != Phase::kSlurm && !result.slurm_ok) {
+      ++frozen;
+      Event(f, "Warning", "SlurmUnreachable", Cat(PhaseName(f.lease.phase), " frozen: ", v.frozen));
+    }
+    ++by_phase[PhaseName(f.lease.phase)];
+    result.nodes.push_back(std::move(v));
+  }
+  if (opts_.dry_run && dry_out_) {
+    for (const auto& d : result.decisions) *dry_out_ << "[dry-run] decision: " << d << "\n";
+  }
+  std::lock_guard lock(mu_);
+  gauges_["kgpu_slurm_bridge_slurm_up"] = result.slurm_ok;
+  gauges_["kgpu_slurm_bridge_api_up"] = 1;
+  gauges_["kgpu_slurm_bridge_unschedulable_gpu_pods"] = any_unsched;
+  gauges_["kgpu_slurm_bridge_blocked_slurm_jobs"] = result.blocked_slurm_jobs;
+  gauges_["kgpu_slurm_bridge_frozen_nodes"] = frozen;
+  for (const char* p : {"SLURM_OWNED", "L1_SLURM_DRAINING", "L2_K8S_UNFENCING", "LENT", "R1_K8S_FENCING",
+                        "R2_K8S_EVICTING", "R3_SLURM_UNFENCING"}) {
+    gauges_[Cat("kgpu_slurm_bridge_nodes{phase=\"", p, "\"}")] = by_phase[p];
+  }
+  gauges_["kgpu_slurm_bridge_reconcile_seconds"] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  last_ = result;
+  return result;
+}
+
+void Bridge::Run(std::stop_token stop) {
+  while (!stop.stop_requested()) {
+    Reconcile();
+    if (!SleepFor(stop, opts_.interval)) break;
+  }
+}
+
+ReconcileResult Bridge::Last() const {
+  std::lock_guard lock(mu_);
+  return last_;
+}
+
+std::string Bridge::Metrics() const {
+  std::lock_guard lock(mu_);
+  std::ostringstream out;
+  std::set<std::string> typed;
+  auto emit = [&](const std::map<std::string, double>& m, const char* type) {
+    for (const auto& [k, v] : m) {
+      const std::string base = k.substr(0, k.find('{'));
+      if (typed.insert(base).second) out << "# TYPE " << base << " " << type << "\n";
+      out << k << " " << v << "\n";
+    }
+  };
+  emit(gauges_, "gauge");
+  emit(counters_, "counter");
+  return out.str();
+}
+
+}  // namespace kgpu::slurm

@@ -1,0 +1,149 @@
+#pragma once
+// kgpu slurm-bridge: lends GPU nodes from Slurm to Kubernetes on Kubernetes demand (GPU pods
+// unschedulable longer than a threshold) and takes them back on Slurm demand (blocked pending
+// jobs), at the lease's end or on an operator's request — without ever killing or preempting a
+// Slurm job, and with at least one side fenced at every instant (docs/slurm.md):
+//   Slurm fence:      DRAIN with reason "kgpu-lend:<op>" (never DOWN; never a reason not ours)
+//   Kubernetes fence: taint kgpu.io/owner=slurm:NoSchedule + spec.unschedulable
+// Every reconcile observes both systems (scontrol/squeue; Nodes and Pods), recomputes each
+// node's phase from the lease annotation plus those facts, and moves it forward with idempotent
+// steps, writing the lease (compare-and-swap on the Node's resourceVersion) *before* each
+// externally visible action. Pods leave only through the Eviction API (PDB 429s are retried;
+// a forced delete only after force_delete_after, off by default). When Slurm or the API server
+// cannot be reached, every transition that needs it freezes and no fence is removed; that is
+// visible in metrics, Events and `kgpu slurm-bridge status`.
+//
+// Thread-safety: Reconcile()/Run() from one thread; Metrics() from any.
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <ostream>
+#include <set>
+#include <stop_token>
+#include <string_view>
+#include <string>
+#include <vector>
+
+#include "k8s/client.h"
+#include "k8s/events.h"
+#include "slurm/client.h"
+#include "slurm/lease.h"
+
+namespace kgpu::slurm {
+
+struct BridgeOptions {
+  std::string identity = "kgpu-slurm-bridge";
+  // Node-name globs ('*', '?') the bridge may lend; empty: every node labelled kgpu.io/pool=slurm|lent.
+  std::vector<std::string> allowed;
+  int max_lent = 1;   // nodes lent or being lent at once
+  int min_kept = 1;   // nodes Slurm keeps (undrained, Slurm-owned) whatever the demand
+  std::chrono::seconds lend_threshold{30};     // GPU pods unschedulable at least this long
+  std::chrono::seconds reclaim_threshold{0};   // blocked Slurm jobs pending at least this long
+  std::chrono::seconds cooldown{120};          // a node back with Slurm is not lent again before this
+  std::chrono::seconds lend_hysteresis{60};    // no demand this long: a lend still draining is cancelled
+  std::chrono::seconds lend_duration{0};       // the lease ends after this (0: no end)
+  std::chrono::seconds force_delete_after{0};  // R2: delete pods PDBs still protect after this (0: never)
+  std::chrono::milliseconds interval{2000};
+  std::chrono::milliseconds confirm_gap{1000}; // "empty" must hold on two reads this far apart
+  std::vector<std::string> gpu_resources = {"nvidia.com/gpu"};  // resource names (prefix match) that make a GPU pod
+  bool dry_run = false;
+  // Fault injection for the crash tests: the process exits (code 86) when it reaches this point
+  // (see kCrashPoints); empty: never.
+  std::string crash_at;
+};
+
+// The points Bridge can be stopped at, in lend/reclaim order.
+extern const std::vector<std::string> kCrashPoints;
+
+// One node as the bridge saw it in the last reconcile (for status and tests).
+struct NodeView {
+  std::string name;
+  Phase phase = Phase::kSlurm;
+  int64_t since = 0;
+  int64_t generation = 0;
+  std::string op, why;
+  std::string slurm_state, slurm_reason;
+  bool slurm_fenced = false, k8s_fenced = false;
+  size_t pods = 0;             // non-DaemonSet, non-mirror, non-terminal pods bound to it
+  std::vector<std::string> jobs;  // Slurm jobs holding it
+  std::string frozen;          // why it could not move this time ("" when not frozen)
+};
+
+struct ReconcileResult {
+  bool slurm_ok = false, k8s_ok = false;
+  std::vector<NodeView> nodes;
+  std::vector<std::string> decisions;  // "lend node1: ...", "reclaim node2: ..."
+  int unschedulable_gpu_pods = 0;
+  int blocked_slurm_jobs = 0;
+};
+
+class Bridge {
+ public:
+  using Clock = std::function<int64_t()>;  // unix seconds
+  Bridge(SlurmClient& slurm, k8s::Client& kube, BridgeOptions options, k8s::EventRecorder* events = nullptr,
+         std::ostream* dry_run_out = nullptr, Clock clock = {});
+  Bridge(const Bridge&) = delete;
+  Bridge& operator=(const Bridge&) = delete;
+
+  ReconcileResult Reconcile();
+  // Reconciles every interval until stop.
+  void Run(std::stop_token stop);
+  // Prometheus text exposition of the bridge's counters and gauges.
+  std::string Metrics() const;
+  ReconcileResult Last() const;
+
+ private:
+  struct Pod {
+    std::string ns, name, node;
+    bool terminating = false;
+  };
+  struct Facts;  // one node's observation
+  bool Step(Facts& f, ReconcileResult& result);
+  // CAS write of the node object (lease + fence changes); false on conflict or error.
+  bool WriteNode(Facts& f, const Lease& lease, const std::function<void(nlohmann::json&)>& mutate,
+                 const std::string& what);
+  Lease NextLease(const Facts& f, Phase phase, const std::string& why) const;
+  void Event(const Facts& f, const std::string& type, const std::string& reason, const std::string& note);
+  void CrashPoint(const std::string& point);
+  bool Allowed(const std::string& node) const;
+  void Count(const std::string& metric, const std::string& labels = "");
+
+  SlurmClient& slurm_;
+  k8s::Client& kube_;
+  BridgeOptions opts_;
+  k8s::EventRecorder* events_;
+  std::ostream* dry_out_;
+  Clock clock_;
+
+  // Memory that may be lost (a restart only waits a little longer).
+  std::map<std::string, std::chrono::steady_clock::time_point> empty_since_;  // L1 confirmation
+  std::map<std::string, std::pair<std::chrono::steady_clock::time_point, std::chrono::milliseconds>> evict_backoff_;
+  std::chrono::steady_clock::time_point demand_gone_since_{};
+  bool had_demand_ = false;
+
+  mutable std::mutex mu_;  // guards what Metrics()/Last() read
+  std::map<std::string, double> counters_;  // "name{labels}" -> value
+  std::map<std::string, double> gauges_;
+  ReconcileResult last_;
+};
+
+// Kubernetes side helpers (pure, on Node JSON).
+// j[key] for reading: an empty object when j is not an object or has no such key (const
+// operator[] on a missing key is undefined behaviour in nlohmann::json).
+const nlohmann::json& Field(const nlohmann::json& j, std::string_view key);
+bool K8sFenced(const nlohmann::json& node);
+void ApplyK8sFence(nlohmann::json& node);
+void RemoveK8sFence(nlohmann::json& node);
+// The node's lease, or an empty SLURM_OWNED one (generation 0) when it has none or it is unreadable
+// (`error` says why).
+Lease LeaseOf(const nlohmann::json& node, std::string* error = nullptr);
+
+// Whether a glob ('*' any run, '?' one character) matches.
+bool GlobMatch(std::string_view glob, std::string_view name);
+
+}  // namespace kgpu::slurm

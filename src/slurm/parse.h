@@ -1,0 +1,74 @@
+#pragma once
+// Slurm 22.05's machine-readable CLI output, parsed into plain values:
+//  - `scontrol show node -o` (one `Key=value ...` line per node; values may hold spaces, as
+//    OS= does, and Reason= runs to the end of the line with a trailing "[user@time]");
+//  - `squeue -h -o '%i|%T|%N|%D|%r|%e|%P|%V'` (our fixed format, '|' separated);
+//  - Slurm hostlist expressions ("n[1-3,07],gpu-a") as written by %N and by the power-saving hooks.
+// The node state is kept as scontrol prints it (base state plus flags, "MIXED+DRAIN"), because
+// sinfo's compact words and CPU counts go stale in 22.05 (docs/slurm.md, "Signals").
+//
+// Thread-safety: pure functions and plain values.
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kgpu::slurm {
+
+struct SlurmNode {
+  std::string name;
+  std::string state;            // as printed: "IDLE+DRAIN"
+  std::string base;             // "IDLE", "MIXED", "ALLOCATED", "DOWN", "UNKNOWN", ...
+  std::set<std::string> flags;  // "DRAIN", "NOT_RESPONDING", "COMPLETING", "POWERED_DOWN", ...
+  std::string reason;           // without the " [user@time]" suffix
+  std::string reason_user;      // "root"
+  std::string reason_time;      // "2026-12-03T16:50:43"
+  std::string gres;             // "gpu:h100:8"
+  int cpu_alloc = 0, cpu_total = 0;
+
+  bool Has(std::string_view flag) const { return flags.count(std::string(flag)) > 0; }
+  bool Drain() const { return Has("DRAIN"); }
+  // Jobs may hold the node: allocated, mixed or completing (the authoritative "busy" signal).
+  bool Busy() const { return base == "ALLOCATED" || base == "MIXED" || Has("COMPLETING"); }
+  // slurmd has registered and answers (not UNKNOWN, not NOT_RESPONDING, not powering up).
+  bool Responding() const {
+    return base != "UNKNOWN" && !Has("NOT_RESPONDING") && !Has("POWERING_UP") && base != "DOWN";
+  }
+};
+
+// Parses every line; lines that are not a node record are an error naming the line.
+absl::StatusOr<std::vector<SlurmNode>> ParseScontrolNodes(std::string_view text);
+
+struct SlurmJob {
+  std::string id;
+  std::string state;              // RUNNING, PENDING, COMPLETING, CONFIGURING, SUSPENDED, ...
+  std::vector<std::string> nodes;  // expanded; empty while pending
+  int node_count = 0;
+  std::string reason;             // pending reason, "None" when running
+  std::optional<int64_t> end_time;  // seconds since the epoch (local time as Slurm prints it); none when unknown
+  std::string partition;
+  std::optional<int64_t> submit_time;
+  bool Pending() const { return state == "PENDING"; }
+  // On the node in any state that holds it (running, completing, configuring, suspended).
+  bool Holding() const {
+    return state == "RUNNING" || state == "COMPLETING" || state == "CONFIGURING" || state == "SUSPENDED" ||
+           state == "STOPPED";
+  }
+};
+
+// The squeue format this parser reads (pass it to `squeue -h -o`).
+inline constexpr char kSqueueFormat[] = "%i|%T|%N|%D|%r|%e|%P|%V";
+absl::StatusOr<std::vector<SlurmJob>> ParseSqueue(std::string_view text);
+
+// Expands a hostlist expression. Errors name the expression and the position.
+absl::StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view expr);
+
+// "2026-12-03T16:50:43" (local time) to seconds since the epoch; nullopt for N/A, Unknown, None.
+std::optional<int64_t> ParseSlurmTime(std::string_view text);
+
+}  // namespace kgpu::slurm

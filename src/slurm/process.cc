@@ -1,0 +1,162 @@
+#include "slurm/process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include "common/strings.h"
+
+extern char** environ;
+
+namespace kgpu::slurm {
+namespace {
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  void Close() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+};
+
+}  // namespace
+
+std::string CommandLine(const std::vector<std::string>& argv) {
+  std::string out;
+  for (const auto& a : argv) {
+    if (!out.empty()) out += ' ';
+    if (a.empty() || a.find_first_of(" \t\"'\\$") != std::string::npos) {
+      out += '\'';
+      for (char c : a) {
+        if (c == '\'') {
+          out += "'\\''";
+        } else {
+          out += c;
+        }
+      }
+      out += '\'';
+    } else {
+      out += a;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, const ProcessOptions& options) {
+  if (argv.empty()) return absl::InvalidArgumentError("RunProcess: empty command");
+  const auto start = std::chrono::steady_clock::now();
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) return absl::InternalError(Cat("pipe: ", std::strerror(errno)));
+  Fd out_r{out_pipe[0]}, out_w{out_pipe[1]};
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) return absl::InternalError(Cat("pipe: ", std::strerror(errno)));
+  Fd err_r{err_pipe[0]}, err_w{err_pipe[1]};
+
+  // Environment: the caller's, with options.env added or replacing.
+  std::map<std::string, std::string> overrides(options.env.begin(), options.env.end());
+  std::vector<std::string> env_store;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv = *e;
+    const auto eq = kv.find('=');
+    if (eq != std::string::npos && overrides.count(kv.substr(0, eq))) continue;
+    env_store.push_back(std::move(kv));
+  }
+  for (const auto& [k, v] : overrides) env_store.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& s : env_store) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = argv;
+  std::vector<char*> argvp;
+  for (auto& a : args) argvp.push_back(a.data());
+  argvp.push_back(nullptr);
+
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, out_w.fd, 1);
+  posix_spawn_file_actions_adddup2(&fa, err_w.fd, 2);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int s : {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGCHLD}) sigaddset(&defaults, s);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  pid_t pid = -1;
+  const int rc = ::posix_spawnp(&pid, argvp[0], &fa, &attr, argvp.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    return absl::FailedPreconditionError(
+        Cat("cannot run ", argv[0], ": ", std::strerror(rc), " (is it installed and on PATH?)"));
+  }
+  out_w.Close();
+  err_w.Close();
+
+  ProcessResult result;
+  const auto deadline = start + options.timeout;
+  bool out_open = true, err_open = true;
+  char buf[8192];
+  while (out_open || err_open) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      result.timed_out = true;
+      ::kill(pid, SIGKILL);
+      break;
+    }
+    const int wait_ms = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1);
+    pollfd fds[2];
+    int n = 0;
+    int out_idx = -1, err_idx = -1;
+    if (out_open) {
+      fds[n] = {out_r.fd, POLLIN, 0};
+      out_idx = n++;
+    }
+    if (err_open) {
+      fds[n] = {err_r.fd, POLLIN, 0};
+      err_idx = n++;
+    }
+    const int pr = ::poll(fds, static_cast<nfds_t>(n), wait_ms);
+    if (pr < 0) {
+      if (errno == EINTR) continue;
+      ::kill(pid, SIGKILL);
+      break;
+    }
+    auto drain = [&](int idx, Fd& fd, std::string& into, bool& open) {
+      if (idx < 0 || !(fds[idx].revents & (POLLIN | POLLHUP | POLLERR))) return;
+      const ssize_t r = ::read(fd.fd, buf, sizeof(buf));
+      if (r > 0) {
+        const size_t room = options.max_output > into.size() ? options.max_output - into.size() : 0;
+        into.append(buf, std::min(room, static_cast<size_t>(r)));
+      } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
+        open = false;
+      }
+    };
+    drain(out_idx, out_r, result.out, out_open);
+    drain(err_idx, err_r, result.err, err_open);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) {
+    result.exit_code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    result.exit_code = 128 + WTERMSIG(status);
+  }
+  result.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  return result;
+}
+
+}  // namespace kgpu::slurm

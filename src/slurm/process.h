@@ -1,0 +1,38 @@
+#pragma once
+// Runs a program without a shell (posix_spawnp, argv as given), with extra environment
+// variables, a wall-clock deadline (SIGKILL when it passes) and its stdout and stderr captured.
+// The child starts with no signals blocked and default dispositions, whatever the caller's mask
+// is (a daemon that blocks SIGTERM for sigwait would otherwise pass that on).
+//
+// Thread-safety: reentrant; each call is its own process.
+
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kgpu::slurm {
+
+struct ProcessResult {
+  int exit_code = -1;       // exit status; 128+N when killed by signal N
+  bool timed_out = false;   // killed because the deadline passed
+  std::string out, err;
+  std::chrono::milliseconds elapsed{0};
+};
+
+struct ProcessOptions {
+  std::vector<std::pair<std::string, std::string>> env;  // added to (or replacing in) the caller's
+  std::chrono::milliseconds timeout{10000};
+  size_t max_output = 16 << 20;  // bytes kept per stream; the rest is read and dropped
+};
+
+// Errors only when the program cannot be started (not found, not executable); a program that
+// runs and fails is an OK result with its exit code.
+absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, const ProcessOptions& options = {});
+
+// "argv[0] arg1 ..." for messages (arguments with spaces quoted).
+std::string CommandLine(const std::vector<std::string>& argv);
+
+}  // namespace kgpu::slurm

@@ -1,0 +1,474 @@
+// kgpu slurm-bridge against a real Slurm 22.05 (a private cluster with one slurmd per node) and
+// the API server stand-in, the bridge as a real process. A checker thread asserts the
+// invariants at every observed step (about every 100 ms):
+//   F: at every instant at least one side is fenced (Slurm DRAIN, or taint kgpu.io/owner + cordon);
+//   P: no pod is bound to a node Slurm may schedule on (not drained);
+// and at the end of each scenario: every Slurm job ended on its own (COMPLETED, Restarts=0),
+// and no drain reason that was not ours was changed.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "common/strings.h"
+#include "k8s/client.h"
+#include "k8s/config.h"
+#include "k8s/resources.h"
+#include "slurm/bridge.h"
+#include "slurm/lease.h"
+#include "testing/fake_apiserver.h"
+#include "testing/slurm_cluster.h"
+
+namespace kgpu {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using testing::SlurmCluster;
+
+constexpr auto kDeadline = seconds(90);
+
+// `kgpu slurm-bridge run ...` as a child process, killed with the test.
+class BridgeProcess {
+ public:
+  BridgeProcess(const std::string& log, const std::vector<std::string>& args) : log_(log) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<std::string> all = {KGPU_BIN, "--log-level", "debug", "slurm-bridge", "run"};
+      all.insert(all.end(), args.begin(), args.end());
+      std::vector<char*> argv;
+      for (auto& a : all) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(KGPU_BIN, argv.data());
+      ::_exit(127);
+    }
+  }
+  ~BridgeProcess() { Kill(); }
+  void Kill() {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+      exited_ = true;
+    }
+  }
+  void Term() {
+    if (pid_ > 0 && !exited_) ::kill(pid_, SIGTERM);
+  }
+  // Exit status, or -1 if still running after `timeout`.
+  int Wait(milliseconds timeout) {
+    if (exited_) return status_;
+    const bool done = SlurmCluster::WaitFor(
+        [&] {
+          int st = 0;
+          if (::waitpid(pid_, &st, WNOHANG) != pid_) return false;
+          status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+          exited_ = true;
+          return true;
+        },
+        timeout, milliseconds(20));
+    return done ? status_ : -1;
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int status_ = -1;
+};
+
+class SlurmBridgeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (auto why = SlurmCluster::Unavailable(); !why.empty()) GTEST_SKIP() << why;
+    cluster_ = std::make_unique<SlurmCluster>();
+    auto s = cluster_->Start();
+    ASSERT_TRUE(s.ok()) << s.message();
+    testing::FakeApiServerOptions ao;
+    ao.bookmark_interval = milliseconds(200);
+    api_ = std::make_unique<testing::FakeApiServer>(ao);
+    ASSERT_TRUE(api_->Start().ok());
+    kubeconfig_ = cluster_->base() + "/kubeconfig";
+    std::ofstream(kubeconfig_) << api_->Kubeconfig();
+    for (const auto& n : cluster_->nodes()) {
+      json node = {{"apiVersion", "v1"},
+                   {"kind", "Node"},
+                   {"metadata", {{"name", n}, {"labels", {{slurm::kPoolLabel, "slurm"}}}}},
+                   {"spec", json::object()},
+                   {"status", {{"allocatable", {{"nvidia.com/gpu", "2"}, {"cpu", "2"}}}}}};
+      slurm::ApplyK8sFence(node);  // the separated-pools setup: Slurm's nodes start fenced (deploy/slurm/)
+      auto r = api_->Create("nodes", "", node);
+      ASSERT_EQ(r.code, 201) << r.body.dump();
+    }
+    ASSERT_TRUE(api_->Create("namespaces", "", {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", "infer"}}}})
+                    .code < 300);
+    checker_ = std::jthread([this](std::stop_token st) { CheckLoop(st); });
+  }
+
+  void TearDown() override {
+    if (checker_.joinable()) {
+      checker_.request_stop();
+      checker_.join();
+    }
+    bridge_.reset();
+    if (HasFailure() && cluster_) {
+      std::cerr << "--- bridge log\n" << Tail(cluster_->base() + "/bridge.log", 80) << "\n" << cluster_->Logs(10);
+    }
+    if (api_) api_->Stop();
+    if (cluster_) cluster_->Stop();
+  }
+
+  static std::string Tail(const std::string& path, size_t n) {
+    std::ifstream in(path);
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    std::string out;
+    for (size_t i = lines.size() > n ? lines.size() - n : 0; i < lines.size(); ++i) out += lines[i] + "\n";
+    return out;
+  }
+
+  std::vector<std::string> BridgeArgs(const std::vector<std::string>& extra) const {
+    std::vector<std::string> a = {"--kubeconfig",       kubeconfig_, "--slurm-conf", cluster_->conf(),
+                                  "--interval-ms",      "300",       "--lend-threshold", "1",
+                                  "--cooldown",         "0",         "--lend-hysteresis", "600",
+                                  "--slurm-timeout-ms", "4000",      "--leader-namespace", "default",
+                                  "--lease-duration-ms", "3000",     "--renew-deadline-ms", "2000",
+                                  "--retry-period-ms",  "300"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  void StartBridge(const std::vector<std::string>& extra = {}) {
+    bridge_ = std::make_unique<BridgeProcess>(cluster_->base() + "/bridge.log", BridgeArgs(extra));
+  }
+
+  json Node(const std::string& name) const { return api_->Get("nodes", "", name).body; }
+  slurm::Phase PhaseOf(const std::string& name) const { return slurm::LeaseOf(Node(name)).phase; }
+  bool WaitPhase(const std::string& name, slurm::Phase p, seconds deadline = kDeadline) const {
+    return SlurmCluster::WaitFor([&] { return PhaseOf(name) == p; }, deadline, milliseconds(100));
+  }
+
+  // An inference pod that kube-scheduler could not place: GPUs requested, PodScheduled=False.
+  void PendingGpuPod(const std::string& name) {
+    json pod = {{"apiVersion", "v1"},
+                {"kind", "Pod"},
+                {"metadata", {{"name", name}, {"namespace", "infer"}, {"labels", {{"app", "infer"}}}}},
+                {"spec",
+                 {{"terminationGracePeriodSeconds", 1},
+                  {"containers",
+                   {{{"name", "server"}, {"image", "infer:1"}, {"resources", {{"limits", {{"nvidia.com/gpu", 1}}}}}}}}}}};
+    auto r = api_->Create("pods", "infer", pod);
+    ASSERT_EQ(r.code, 201) << r.body.dump();
+    json p = r.body;
+    p["status"] = {{"phase", "Pending"},
+                   {"conditions",
+                    {{{"type", "PodScheduled"},
+                      {"status", "False"},
+                      {"reason", "Unschedulable"},
+                      {"message", "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."},
+                      {"lastTransitionTime", k8s::NowRfc3339()}}}}};
+    auto u = api_->Update("pods", "infer", p);
+    ASSERT_EQ(u.code, 200) << u.body.dump();
+  }
+  // What kube-scheduler and kubelet would do: bind the pod to a node that accepts it (no
+  // kgpu.io/owner taint, not cordoned), then run it (Running, Ready).
+  void SchedulePod(const std::string& name, const std::string& node) {
+    const json n = Node(node);
+    ASSERT_FALSE(n["spec"].value("unschedulable", false)) << node << " is cordoned";
+    for (const auto& t : n["spec"].value("taints", json::array())) ASSERT_NE(t.value("key", ""), slurm::kOwnerTaintKey);
+    auto cfg = k8s::ParseKubeconfig(api_->Kubeconfig(), "test");
+    ASSERT_TRUE(cfg.ok()) << cfg.status();
+    auto client = k8s::Client::Create(*cfg);
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto bound = (*client)->Bind("infer", name, node);
+    ASSERT_TRUE(bound.ok()) << bound;
+    auto p = api_->Get("pods", "infer", name).body;
+    p["status"] = {{"phase", "Running"},
+                   {"conditions",
+                    {{{"type", "PodScheduled"}, {"status", "True"}, {"lastTransitionTime", k8s::NowRfc3339()}},
+                     {{"type", "Ready"}, {"status", "True"}, {"lastTransitionTime", k8s::NowRfc3339()}}}}};
+    auto u = api_->Update("pods", "infer", p);
+    ASSERT_EQ(u.code, 200) << u.body.dump();
+  }
+  bool PodGone(const std::string& name) const { return api_->Get("pods", "infer", name).code == 404; }
+  int PodsOn(const std::string& node) const {
+    int n = 0;
+    for (const auto& name : pod_names_) {
+      auto r = api_->Get("pods", "infer", name);
+      if (r.code == 200 && r.body["spec"].value("nodeName", "") == node) ++n;
+    }
+    return n;
+  }
+
+  std::string Submit(const std::vector<std::string>& args) {
+    const std::string id = cluster_->Submit(args);
+    EXPECT_FALSE(id.empty()) << "sbatch failed";
+    std::lock_guard lock(mu_);
+    jobs_.push_back(id);
+    return id;
+  }
+  bool WaitJob(const std::string& id, const std::string& state, seconds deadline = kDeadline) const {
+    return SlurmCluster::WaitFor([&] { return cluster_->JobState(id) == state; }, deadline, milliseconds(200));
+  }
+  // Every job we submitted ended on its own: COMPLETED, never requeued (Restarts=0).
+  void ExpectNoJobKilled() {
+    std::vector<std::string> jobs;
+    {
+      std::lock_guard lock(mu_);
+      jobs = jobs_;
+    }
+    for (const auto& id : jobs) {
+      EXPECT_TRUE(WaitFor([&] { return cluster_->JobState(id) == "COMPLETED"; })) << "job " << id << " is "
+                                                                                  << cluster_->JobState(id);
+      auto r = cluster_->Run({"scontrol", "-o", "show", "job", id});
+      EXPECT_NE(r.out.find(" Restarts=0 "), std::string::npos) << r.out;
+    }
+  }
+  static bool WaitFor(const std::function<bool()>& f) { return SlurmCluster::WaitFor(f, kDeadline, milliseconds(200)); }
+
+  // The invariant checker: Slurm first, then Kubernetes (a lend drains >= 1 s before it unfences,
+  // a reclaim fences before it undrains, so this order cannot report a false violation).
+  void CheckLoop(std::stop_token st) {
+    while (!st.stop_requested()) {
+      for (const auto& n : cluster_->nodes()) {
+        const std::string state = cluster_->State(n);  // "" while slurmctld is down
+        const json node = Node(n);
+        const bool k8s_fenced = slurm::K8sFenced(node);
+        const bool slurm_fenced = state.find("DRAIN") != std::string::npos;
+        std::lock_guard lock(mu_);
+        ++checks_;
+        if (state.empty()) continue;  // Slurm unknown now: its fence is durable, judged on the next read
+        if (!slurm_fenced && !k8s_fenced) {
+          violations_.push_back(Cat("F: ", n, " unfenced on both sides (Slurm State=", state, ", lease ",
+                                    node["metadata"].value("annotations", json::object()).value(slurm::kLeaseAnnotation, ""),
+                                    ")"));
+        }
+        if (!slurm_fenced) {
+          for (const auto& name : pod_names_) {
+            auto r = api_->Get("pods", "infer", name);
+            if (r.code == 200 && r.body["spec"].value("nodeName", "") == n) {
+              violations_.push_back(Cat("P: pod ", name, " on ", n, " while Slurm may schedule there (", state, ")"));
+            }
+          }
+        }
+      }
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+  }
+  void ExpectInvariantsHeld() {
+    std::lock_guard lock(mu_);
+    EXPECT_GT(checks_, 10u);
+    for (const auto& v : violations_) ADD_FAILURE() << v;
+  }
+  void AddPod(const std::string& name) {
+    std::lock_guard lock(mu_);
+    pod_names_.push_back(name);
+  }
+
+  // Lends `node` (idle) on a pending GPU pod and places the pod there.
+  void LendWithPod(const std::string& node, const std::string& pod) {
+    AddPod(pod);
+    PendingGpuPod(pod);
+    ASSERT_TRUE(WaitPhase(node, slurm::Phase::kLent)) << slurm::PhaseName(PhaseOf(node));
+    SchedulePod(pod, node);
+  }
+
+  std::unique_ptr<SlurmCluster> cluster_;
+  std::unique_ptr<testing::FakeApiServer> api_;
+  std::unique_ptr<BridgeProcess> bridge_;
+  std::string kubeconfig_;
+  std::jthread checker_;
+  std::mutex mu_;
+  std::vector<std::string> jobs_, pod_names_, violations_;
+  uint64_t checks_ = 0;
+};
+
+TEST_F(SlurmBridgeTest, BurstLendsTheIdleNodeAndLeavesTheBusyOne) {
+  const std::string busy = Submit({"-w", "node1", "--wrap", "sleep 12"});
+  ASSERT_TRUE(WaitJob(busy, "RUNNING"));
+  StartBridge();
+  // The bridge adopts both nodes: fenced for Kubernetes, Slurm-owned.
+  ASSERT_TRUE(WaitFor([&] { return slurm::K8sFenced(Node("node1")) && slurm::K8sFenced(Node("node2")); }));
+  const auto t0 = std::chrono::steady_clock::now();
+  LendWithPod("node2", "burst-1");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cerr << "burst -> node2 LENT in " << secs << " s\n";
+  EXPECT_EQ(cluster_->Reason("node2").rfind(slurm::kOwnedReasonPrefix, 0), 0u) << cluster_->Reason("node2");
+  // node1 (running a job) was never touched, and stays with Slurm.
+  EXPECT_EQ(PhaseOf("node1"), slurm::Phase::kSlurm);
+  EXPECT_EQ(cluster_->State("node1").find("DRAIN"), std::string::npos);
+  EXPECT_EQ(cluster_->JobState(busy), "RUNNING");
+  // min-kept 1 / max-lent 1: a second burst lends nothing more.
+  AddPod("burst-2");
+  PendingGpuPod("burst-2");
+  std::this_thread::sleep_for(seconds(3));  // several reconciles (a negative check: nothing may happen)
+  EXPECT_EQ(PhaseOf("node1"), slurm::Phase::kSlurm);
+  // Status shows the phases; the Event names the lend.
+  auto status = cluster_->Run({KGPU_BIN, "slurm-bridge", "status", "--kubeconfig", kubeconfig_});
+  EXPECT_NE(status.out.find("LENT"), std::string::npos) << status.out << status.err;
+  EXPECT_NE(status.out.find("SLURM_OWNED"), std::string::npos) << status.out;
+  ExpectNoJobKilled();
+  ExpectInvariantsHeld();
+}
+
+TEST_F(SlurmBridgeTest, ABusyNodeIsLentOnlyAfterItsJobEndsOnItsOwn) {
+  const std::string job = Submit({"-w", "node1", "--wrap", "sleep 8"});
+  ASSERT_TRUE(WaitJob(job, "RUNNING"));
+  StartBridge({"--nodes", "node1"});
+  AddPod("wait-1");
+  PendingGpuPod("wait-1");
+  ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kLendDraining));
+  ASSERT_TRUE(WaitFor([&] { return cluster_->State("node1") == "MIXED+DRAIN"; })) << cluster_->State("node1");
+  // While the job runs the node is never lent.
+  while (cluster_->JobState(job) == "RUNNING") {
+    EXPECT_NE(PhaseOf("node1"), slurm::Phase::kLent);
+    EXPECT_TRUE(slurm::K8sFenced(Node("node1")));
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kLent));
+  EXPECT_EQ(cluster_->JobState(job), "COMPLETED");
+  const auto lease = slurm::LeaseOf(Node("node1"));
+  EXPECT_NE(std::find(lease.jobs_seen.begin(), lease.jobs_seen.end(), job), lease.jobs_seen.end()) << slurm::SerializeLease(lease);
+  SchedulePod("wait-1", "node1");
+  ExpectNoJobKilled();
+  ExpectInvariantsHeld();
+}
+
+TEST_F(SlurmBridgeTest, AJobNeedingEveryNodeReclaimsThroughAPdbThatFirstRefuses) {
+  StartBridge({"--nodes", "node2"});
+  LendWithPod("node2", "pdb-1");
+  // A PDB that allows no disruption of the only inference pod.
+  json pdb = {{"apiVersion", "policy/v1"},
+              {"kind", "PodDisruptionBudget"},
+              {"metadata", {{"name", "infer"}, {"namespace", "infer"}}},
+              {"spec", {{"minAvailable", 1}, {"selector", {{"matchLabels", {{"app", "infer"}}}}}}}};
+  ASSERT_LT(api_->Create("poddisruptionbudgets", "infer", pdb).code, 300);
+  const std::string train = Submit({"-N", "2", "--wrap", "sleep 2"});
+  ASSERT_TRUE(WaitPhase("node2", slurm::Phase::kReclaimEvicting));
+  // Refused (429) while the PDB forbids it: the Event says so, the pod stays, the fence is on.
+  ASSERT_TRUE(WaitFor([&] {
+    const std::string log = Tail(cluster_->base() + "/bridge.log", 400);
+    return log.find("EvictionBlocked") != std::string::npos;
+  }));
+  EXPECT_FALSE(PodGone("pdb-1"));
+  EXPECT_TRUE(slurm::K8sFenced(Node("node2")));
+  EXPECT_EQ(cluster_->JobState(train), "PENDING");
+  // The PDB allows it now: the pod is evicted, Slurm gets the node back, the job runs.
+  pdb = api_->Get("poddisruptionbudgets", "infer", "infer").body;
+  pdb["spec"]["minAvailable"] = 0;
+  ASSERT_EQ(api_->Update("poddisruptionbudgets", "infer", pdb).code, 200);
+  ASSERT_TRUE(WaitFor([&] { return PodGone("pdb-1"); }));
+  ASSERT_TRUE(WaitPhase("node2", slurm::Phase::kSlurm));
+  EXPECT_TRUE(WaitJob(train, "COMPLETED"));
+  EXPECT_EQ(cluster_->State("node2").find("DRAIN"), std::string::npos) << cluster_->State("node2");
+  const auto lease = slurm::LeaseOf(Node("node2"));
+  EXPECT_EQ(lease.pods_evicted, std::vector<std::string>{"infer/pdb-1"}) << slurm::SerializeLease(lease);
+  ExpectNoJobKilled();
+  ExpectInvariantsHeld();
+}
+
+TEST_F(SlurmBridgeTest, AnAdminDrainOfALentNodeIsLeftAlone) {
+  StartBridge({"--nodes", "node1"});
+  LendWithPod("node1", "admin-1");
+  // The admin drains the lent node for their own reason (overwriting ours, as scontrol does).
+  auto r = cluster_->Run({"scontrol", "update", "NodeName=node1", "State=DRAIN", "Reason=admin: bad fan"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(WaitFor([&] { return slurm::LeaseOf(Node("node1")).admin_drained; }));
+  EXPECT_EQ(PhaseOf("node1"), slurm::Phase::kLent);
+  // Reclaim: the pod leaves, Kubernetes is fenced, and the node stays drained with their reason.
+  r = cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kSlurm));
+  EXPECT_TRUE(PodGone("admin-1"));
+  EXPECT_TRUE(slurm::K8sFenced(Node("node1")));
+  std::this_thread::sleep_for(seconds(2));  // several reconciles (a negative check)
+  EXPECT_EQ(cluster_->Reason("node1"), "admin: bad fan");
+  EXPECT_NE(cluster_->State("node1").find("DRAIN"), std::string::npos);
+  ExpectInvariantsHeld();
+}
+
+TEST_F(SlurmBridgeTest, SlurmctldStoppedMidReclaimFreezesThenFinishes) {
+  StartBridge({"--nodes", "node1"});
+  LendWithPod("node1", "ctld-1");
+  ASSERT_TRUE(cluster_->StopController().ok());
+  auto r = cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  // Kubernetes-side steps go ahead (fence, evict); the Slurm undrain freezes.
+  ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kReclaimUnfencing));
+  EXPECT_TRUE(PodGone("ctld-1"));
+  std::this_thread::sleep_for(seconds(3));  // frozen: several reconciles change nothing
+  EXPECT_EQ(PhaseOf("node1"), slurm::Phase::kReclaimUnfencing);
+  EXPECT_TRUE(slurm::K8sFenced(Node("node1")));
+  auto status = cluster_->Run({KGPU_BIN, "slurm-bridge", "status", "--kubeconfig", kubeconfig_, "--slurm-conf",
+                               cluster_->conf(), "--slurm-timeout-ms", "3000"});
+  EXPECT_NE(status.out.find("UNREACHABLE"), std::string::npos) << status.out;
+  ASSERT_TRUE(cluster_->StartController().ok());
+  ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kSlurm));
+  EXPECT_TRUE(WaitFor([&] { return cluster_->State("node1") == "IDLE"; })) << cluster_->State("node1");
+  const std::string job = Submit({"-w", "node1", "--wrap", "true"});
+  ExpectNoJobKilled();
+  ExpectInvariantsHeld();
+}
+
+TEST_F(SlurmBridgeTest, KilledAtEveryPhaseBoundaryItRestartsConsistent) {
+  // A job on node2 the whole time: lending node1 must never touch it.
+  const std::string steady = Submit({"-w", "node2", "--wrap", "sleep 300"});
+  ASSERT_TRUE(WaitJob(steady, "RUNNING"));
+  int round = 0;
+  for (const auto& point : slurm::kCrashPoints) {
+    SCOPED_TRACE(point);
+    const bool lend_point = point.rfind("lend-", 0) == 0;
+    const std::string pod = Cat("crash-", round++);
+    AddPod(pod);
+    // Lend (crashing at `point` when it is a lend point, then restarted).
+    StartBridge({"--nodes", "node1", "--crash-at", lend_point ? point : std::string("reclaim-decided")});
+    if (lend_point) {
+      PendingGpuPod(pod);
+      ASSERT_EQ(bridge_->Wait(kDeadline), 86) << "never reached " << point;
+      StartBridge({"--nodes", "node1"});
+      ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kLent)) << slurm::PhaseName(PhaseOf("node1"));
+      SchedulePod(pod, "node1");
+      // Reclaim without a crash.
+      ASSERT_EQ(cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"}).exit_code, 0);
+    } else {
+      bridge_.reset();
+      StartBridge({"--nodes", "node1"});
+      LendWithPod("node1", pod);
+      bridge_.reset();  // killed while LENT (a boundary too)
+      StartBridge({"--nodes", "node1", "--crash-at", point});
+      ASSERT_EQ(cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"}).exit_code, 0);
+      ASSERT_EQ(bridge_->Wait(kDeadline), 86) << "never reached " << point;
+      StartBridge({"--nodes", "node1"});
+    }
+    ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kSlurm)) << slurm::PhaseName(PhaseOf("node1"));
+    ASSERT_TRUE(WaitFor([&] { return PodGone(pod); }));
+    EXPECT_TRUE(WaitFor([&] { return cluster_->State("node1") == "IDLE"; })) << cluster_->State("node1");
+    EXPECT_TRUE(slurm::K8sFenced(Node("node1")));
+    EXPECT_EQ(cluster_->JobState(steady), "RUNNING");
+    bridge_.reset();
+  }
+  ASSERT_EQ(cluster_->Run({"scancel", "--signal=KILL", "--full", steady}).exit_code, 0);  // our own test job
+  {
+    std::lock_guard lock(mu_);
+    jobs_.clear();
+  }
+  const std::string after = Submit({"-w", "node1", "--wrap", "true"});
+  ExpectNoJobKilled();
+  ExpectInvariantsHeld();
+}
+
+}  // namespace
+}  // namespace kgpu
