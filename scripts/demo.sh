@@ -169,4 +169,7 @@ echo "   missing /dev/nvidia* device nodes, which a simulated node has not got, 
 kill -TERM "$plugin"; wait "$plugin" 2>/dev/null || true
 kill -TERM "$kubelet" 2>/dev/null; wait "$kubelet" 2>/dev/null || true
 kill -TERM "$api" 2>/dev/null; wait "$api" 2>/dev/null || true
+
+step "Kubernetes <-> Slurm: an idle Slurm node lent to a GPU pod, then reclaimed for a job (none killed)"
+"$(dirname "$0")/demo-slurm.sh" "$build"
 step "done"

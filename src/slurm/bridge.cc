@@ -341,10 +341,19 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         CrashPoint("lend-drained");
         return true;
       }
+      // The jobs seen on the draining node go into the lease at once: it is re-read every reconcile,
+      // and they are the record that the lend waited for them.
+      Lease seen = f.lease;
       for (const auto& j : f.jobs) {
-        if (std::find(f.lease.jobs_seen.begin(), f.lease.jobs_seen.end(), j.id) == f.lease.jobs_seen.end()) {
-          f.lease.jobs_seen.push_back(j.id);
+        if (std::find(seen.jobs_seen.begin(), seen.jobs_seen.end(), j.id) == seen.jobs_seen.end()) {
+          seen.jobs_seen.push_back(j.id);
         }
+      }
+      if (seen.jobs_seen.size() != f.lease.jobs_seen.size()) {
+        seen.jobs_seen.swap(f.lease.jobs_seen);
+        Lease l = NextLease(f, f.lease.phase, f.lease.why);
+        l.jobs_seen = std::move(seen.jobs_seen);
+        return WriteNode(f, l, nullptr, "record the Slurm jobs on the draining node");
       }
       if (f.slurm->Busy() || !f.jobs.empty()) {
         empty_since_.erase(f.name);
@@ -453,6 +462,7 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       const auto now = std::chrono::steady_clock::now();
       const bool force = opts_.force_delete_after.count() > 0 && clock_() - f.lease.since >= opts_.force_delete_after.count();
       size_t refused = 0;
+      Lease record = f.lease;  // the pods evicted now, written to the lease after the loop
       for (const auto& p : f.pods) {
         if (p.terminating) continue;
         const std::string key = p.ns + "/" + p.name;
@@ -475,8 +485,8 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         auto s = kube_.Evict(p.ns, p.name, eo);
         if (s.ok()) {
           Count("kgpu_slurm_bridge_evictions_total", "result=\"evicted\"");
-          if (std::find(f.lease.pods_evicted.begin(), f.lease.pods_evicted.end(), key) == f.lease.pods_evicted.end()) {
-            f.lease.pods_evicted.push_back(key);
+          if (std::find(record.pods_evicted.begin(), record.pods_evicted.end(), key) == record.pods_evicted.end()) {
+            record.pods_evicted.push_back(key);
           }
           evict_backoff_.erase(key);
         } else {
@@ -488,6 +498,11 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
           next = now + backoff;
           Event(f, "Warning", pdb ? "EvictionBlocked" : "EvictionFailed", Cat("pod ", key, ": ", s.message()));
         }
+      }
+      if (record.pods_evicted.size() != f.lease.pods_evicted.size()) {
+        Lease l = NextLease(f, f.lease.phase, f.lease.why);
+        l.pods_evicted = std::move(record.pods_evicted);
+        WriteNode(f, l, nullptr, "record the evicted pods");
       }
       f.frozen = Cat("waiting for ", f.pods.size(), " pod(s) to leave", refused ? Cat(" (", refused, " refused now)") : "");
       return false;
@@ -546,12 +561,14 @@ ReconcileResult Bridge::Reconcile() {
   // --- observe Slurm
   std::map<std::string, SlurmNode> snodes;
   std::vector<SlurmJob> jobs;
+  int slurm_undrained = 0;
   {
     auto n = slurm_.Nodes();
     auto j = n.ok() ? slurm_.Jobs() : absl::StatusOr<std::vector<SlurmJob>>(n.status());
     result.slurm_ok = n.ok() && j.ok();
     if (result.slurm_ok) {
       for (auto& x : *n) snodes[x.name] = std::move(x);
+      for (const auto& [name, x] : snodes) slurm_undrained += x.Drain() ? 0 : 1;
       jobs = std::move(*j);
     } else {
       Count("kgpu_slurm_bridge_frozen_total", "side=\"slurm\"");
@@ -655,11 +672,12 @@ ReconcileResult Bridge::Reconcile() {
     }
   }
   result.blocked_slurm_jobs = static_cast<int>(blocked.size());
-  int idle_usable = 0, kept = 0, lent = 0, in_flight = 0;
+  // --min-kept counts every node Slurm has undrained, the ones --nodes does not let us lend too.
+  const int kept = slurm_undrained;
+  int idle_usable = 0, lent = 0, in_flight = 0;
   int64_t last_lent_at = 0;
   for (const auto& f : facts) {
     if (f.lease.phase == Phase::kSlurm && f.slurm && !f.slurm->Drain()) {
-      ++kept;
       if (f.slurm->Responding() && !f.slurm->Busy() && f.jobs.empty()) ++idle_usable;
     }
     if (f.lease.phase == Phase::kLent) {
