@@ -350,7 +350,6 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         }
       }
       if (seen.jobs_seen.size() != f.lease.jobs_seen.size()) {
-        seen.jobs_seen.swap(f.lease.jobs_seen);
         Lease l = NextLease(f, f.lease.phase, f.lease.why);
         l.jobs_seen = std::move(seen.jobs_seen);
         return WriteNode(f, l, nullptr, "record the Slurm jobs on the draining node");
