@@ -4,11 +4,12 @@
   check_rendered.py RENDERED.yaml VARIANT VERSION OUT.json
 
 VARIANT: default (deploy/kustomization.yaml) or all (every component: node in place of the device
-plugin's and the exporter's DaemonSets, and node-labels). Checks: the expected objects and no
+plugin's and the exporter's DaemonSets, node-labels, and the Slurm bridge's Deployment). Checks: the expected objects and no
 others; one Namespace, everything else in it; every image is the Dockerfile's
-localhost/kgpu:VERSION and names its user explicitly (root where it needs the kubelet's sockets,
+localhost/kgpu:VERSION (the Slurm bridge: localhost/kgpu-slurm-bridge:VERSION, built from
+deploy/slurm/bridge/Dockerfile) and names its user explicitly (root where it needs the kubelet's sockets,
 else the image's unprivileged user with runAsNonRoot);
-selectors match (DaemonSet -> its pods, Service -> one DaemonSet's pods and a named port,
+selectors match (DaemonSet and Deployment -> its pods, Service -> one DaemonSet's pods and a named port,
 ServiceMonitor -> the Service); ServiceAccounts, ConfigMaps and RBAC subjects that pods and
 bindings name exist. Writes the objects as a JSON array to OUT.json for validate.mjs.
 """
@@ -28,8 +29,13 @@ EXPECTED = {
     "default": COMMON | {("DaemonSet", "kgpu-device-plugin"), ("DaemonSet", "kgpu-exporter")},
     "all": COMMON | {("DaemonSet", "kgpu-node"), ("DaemonSet", "kgpu-node-labels"),
                      ("ServiceAccount", "kgpu-node-labels"), ("ClusterRole", "kgpu-node-labels"),
-                     ("ClusterRoleBinding", "kgpu-node-labels")},
+                     ("ClusterRoleBinding", "kgpu-node-labels"),
+                     ("Deployment", "kgpu-slurm-bridge"), ("ServiceAccount", "kgpu-slurm-bridge"),
+                     ("ClusterRole", "kgpu-slurm-bridge"), ("ClusterRoleBinding", "kgpu-slurm-bridge"),
+                     ("Role", "kgpu-slurm-bridge-leader"), ("RoleBinding", "kgpu-slurm-bridge-leader")},
 }
+# Workloads whose image is not the plain kgpu image (it lacks what they spawn).
+IMAGES = {("Deployment", "kgpu-slurm-bridge"): "localhost/kgpu-slurm-bridge"}
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
 
 problems = []
@@ -73,34 +79,35 @@ def main():
             problem(f"{o['kind']} {o['metadata']['name']} is in namespace {ns!r}, not {NS}")
     names = lambda kind: {o["metadata"]["name"] for o in by_kind.get(kind, [])}  # noqa: E731
 
-    image = f"localhost/kgpu:{version}"
     daemonsets = by_kind.get("DaemonSet", [])
-    for ds in daemonsets:
-        n = ds["metadata"]["name"]
+    for ds in daemonsets + by_kind.get("Deployment", []):
+        kind = ds["kind"]
+        n = f"{kind} {ds['metadata']['name']}"
+        image = f"{IMAGES.get((kind, ds['metadata']['name']), 'localhost/kgpu')}:{version}"
         tmpl = ds["spec"]["template"]
         if not selects(ds["spec"]["selector"].get("matchLabels"), tmpl["metadata"].get("labels", {})):
-            problem(f"DaemonSet {n}: selector does not match its pod template")
+            problem(f"{n}: selector does not match its pod template")
         spec = tmpl["spec"]
         sa = spec.get("serviceAccountName")
         if sa and sa not in names("ServiceAccount"):
-            problem(f"DaemonSet {n}: ServiceAccount {sa} is not rendered")
+            problem(f"{n}: ServiceAccount {sa} is not rendered")
         for v in spec.get("volumes", []):
             cm = v.get("configMap", {}).get("name")
             if cm and cm not in names("ConfigMap"):
-                problem(f"DaemonSet {n}: volume {v['name']} names ConfigMap {cm}, which is not rendered")
+                problem(f"{n}: volume {v['name']} names ConfigMap {cm}, which is not rendered")
         for c in spec.get("containers", []) + spec.get("initContainers", []):
             if c.get("image") != image:
-                problem(f"DaemonSet {n}: container {c['name']} runs {c.get('image')}, not {image} "
+                problem(f"{n}: container {c['name']} runs {c.get('image')}, not {image} "
                         "(the Dockerfile's image, tagged with project(VERSION))")
             sc = c.get("securityContext", {})
             user = sc.get("runAsUser")
             if user is None:
-                problem(f"DaemonSet {n}: container {c['name']} must set runAsUser (0 for the kubelet's sockets, "
+                problem(f"{n}: container {c['name']} must set runAsUser (0 for the kubelet's sockets, "
                         "the image's default user is the unprivileged kgpu)")
             elif user != 0 and sc.get("runAsNonRoot") is not True:
-                problem(f"DaemonSet {n}: container {c['name']} runs as uid {user} but does not set runAsNonRoot")
+                problem(f"{n}: container {c['name']} runs as uid {user} but does not set runAsNonRoot")
             if sc.get("allowPrivilegeEscalation") is not False or sc.get("capabilities", {}).get("drop") != ["ALL"]:
-                problem(f"DaemonSet {n}: container {c['name']} must drop all capabilities, no privilege escalation")
+                problem(f"{n}: container {c['name']} must drop all capabilities, no privilege escalation")
 
     for svc in by_kind.get("Service", []):
         n = svc["metadata"]["name"]
@@ -118,12 +125,14 @@ def main():
         sel = sm["spec"].get("selector", {}).get("matchLabels", {})
         if not any(selects(sel, s["metadata"].get("labels", {})) for s in by_kind.get("Service", [])):
             problem(f"ServiceMonitor {sm['metadata']['name']}: selects no Service")
-    for crb in by_kind.get("ClusterRoleBinding", []):
-        if crb["roleRef"]["name"] not in names("ClusterRole"):
-            problem(f"ClusterRoleBinding {crb['metadata']['name']}: ClusterRole {crb['roleRef']['name']} is not rendered")
+    for crb in by_kind.get("ClusterRoleBinding", []) + by_kind.get("RoleBinding", []):
+        n = f"{crb['kind']} {crb['metadata']['name']}"
+        ref = crb["roleRef"]
+        if ref["name"] not in names(ref["kind"]):
+            problem(f"{n}: {ref['kind']} {ref['name']} is not rendered")
         for s in crb.get("subjects", []):
             if s["kind"] == "ServiceAccount" and s["name"] not in names("ServiceAccount"):
-                problem(f"ClusterRoleBinding {crb['metadata']['name']}: ServiceAccount {s['name']} is not rendered")
+                problem(f"{n}: ServiceAccount {s['name']} is not rendered")
 
     for p in problems:
         print(f"check_rendered ({variant}): {p}")

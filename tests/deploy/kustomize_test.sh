@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `kubectl kustomize deploy` renders a complete install, and so does the variant with every
-# component (`node` and `node-labels` too); every rendered object is valid against the Kubernetes
+# component (`node`, `node-labels` and `slurm/bridge` too); every rendered object is valid against the Kubernetes
 # JSON schemas (npm kubernetes-models; monitoring.coreos.com from
 # @kubernetes-models/prometheus-operator) and the objects agree with each other
 # (tests/deploy/check_rendered.py). Registered in
@@ -49,7 +49,8 @@ else
 fi
 cp "$here/validate.mjs" "$work/npm/validate.mjs"
 
-# The variant: every component, `node` and `node-labels` after the ones they build on. Kustomize
+# The variant: every component, `node` and `node-labels` after the ones they build on, and the
+# Slurm bridge (deploy/slurm/bridge). Kustomize
 # wants paths relative to the kustomization.
 variant="$work/variant-all"
 mkdir -p "$variant"
@@ -65,6 +66,7 @@ components:
   - $rel/monitoring
   - $rel/node
   - $rel/node-labels
+  - $rel/slurm/bridge
 YAML
 
 for v in default all; do
