@@ -53,7 +53,20 @@ size_t WriteToString(char* ptr, size_t size, size_t n, void* user) {
 struct HeaderSink {
   std::string content_type;
   std::string retry_after;
+  std::vector<std::string> warnings;
 };
+
+// `299 - "text"` (RFC 7234, as apimachinery's warning package writes it) -> text.
+std::string WarningText(std::string_view v) {
+  const auto open = v.find('"');
+  if (open == std::string_view::npos || v.size() < open + 2 || v.back() != '"') return std::string(v);
+  std::string out;
+  for (size_t i = open + 1; i + 1 < v.size(); ++i) {
+    if (v[i] == '\\' && i + 2 < v.size()) ++i;
+    out += v[i];
+  }
+  return out;
+}
 
 size_t HeaderCb(char* ptr, size_t size, size_t n, void* user) {
   auto* sink = static_cast<HeaderSink*>(user);
@@ -67,6 +80,7 @@ size_t HeaderCb(char* ptr, size_t size, size_t n, void* user) {
     while (!value.empty() && (value.back() == '\r' || value.back() == '\n' || value.back() == ' ')) value.remove_suffix(1);
     if (name == "content-type") sink->content_type = std::string(value);
     if (name == "retry-after") sink->retry_after = std::string(value);
+    if (name == "warning") sink->warnings.push_back(WarningText(value));
   }
   return size * n;
 }
@@ -246,6 +260,9 @@ absl::StatusOr<Client::Response> Client::DoOnce(Handle& h, std::string_view meth
     curl_easy_getinfo(h.curl, CURLINFO_RESPONSE_CODE, &r.status);
     r.content_type = hs.content_type;
     r.retry_after = hs.retry_after;
+    r.warnings = std::move(hs.warnings);
+    // client-go's default WarningHandler logs what the server warns about (e.g. unknown fields).
+    for (const auto& w : r.warnings) Log("k8s")->warn("{} {}: the API server warns: {}", method, url, w);
     if (r.status == 401 && !config_.token_file.empty() && !force_token) {
       force_token = true;  // the token may have rotated under us
       continue;

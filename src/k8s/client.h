@@ -104,6 +104,7 @@ class Client {
     std::string body;
     std::string content_type;
     std::string retry_after;
+    std::vector<std::string> warnings;  // Warning headers' texts (also logged)
   };
   absl::StatusOr<Response> Do(std::string_view method, const std::string& path_and_query, const std::string& body = "",
                               std::string_view content_type = "application/json");

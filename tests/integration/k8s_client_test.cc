@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include "common/files.h"
@@ -80,6 +81,10 @@ ListOptions Paged(int64_t n) {
 }
 
 TEST_F(K8sClientTest, UnknownFieldsSurviveReadModifyWrite) {
+  // A server newer than this client: it knows spec.futureField, the client does not.
+  FakeApiServerOptions newer;
+  newer.extra_fields = {{"Node", {"spec.futureField"}}};
+  StartServer(newer);
   ASSERT_TRUE(client_->Create(R("nodes").Path(), NodeObj("n1")).ok());
   auto updated = client_->UpdateWithRetry(R("nodes").Path("", "n1"), [](json& n) {
     n["metadata"]["labels"]["x"] = "y";
@@ -485,6 +490,131 @@ TEST_F(K8sClientTest, QuotaAdmissionThroughTheApi) {
   ASSERT_TRUE(client_->Delete(R("pods").Path("team-a", "a")).ok());
   EXPECT_EQ((*client_->Get(R("resourcequotas").Path("team-a", "gpu-quota")))["status"]["used"]["requests.nvidia.com/gpu"], "0");
   EXPECT_TRUE(client_->Create(R("pods").Path("team-a"), pod).ok());
+}
+
+// fieldValidation as kube-apiserver 1.32 does it (fake_apiserver_fields.h): Strict refuses
+// unknown fields (400 on create/update, 422 on patch), Warn (also no parameter) and Ignore drop
+// them, Warn with a Warning header each; a directive it does not know is a 422.
+TEST_F(K8sClientTest, FieldValidationStrictWarnIgnore) {
+  const std::string pods = R("pods").Path("default");
+  json pod = PodObj("strict");
+  pod["bogus"] = 1;
+  pod["spec"]["containers"][0]["foo"] = "bar";
+  auto strict = client_->Do("POST", pods + "?fieldManager=kubectl-create&fieldValidation=Strict", pod.dump());
+  ASSERT_TRUE(strict.ok()) << strict.status();
+  EXPECT_EQ(strict->status, 400);
+  const json st = json::parse(strict->body);
+  EXPECT_EQ(st["reason"], "BadRequest");
+  EXPECT_EQ(st["message"], "Pod in version \"v1\" cannot be handled as a Pod: strict decoding error: unknown field "
+                           "\"bogus\", unknown field \"spec.containers[0].foo\"");
+  EXPECT_EQ(server_->Get("pods", "default", "strict").code, 404) << "nothing stored";
+  // Warn, the default: stored without them, one warning per field (and the client logs them).
+  pod["metadata"]["name"] = "warned";
+  auto warned = client_->Do("POST", pods, pod.dump());
+  ASSERT_TRUE(warned.ok());
+  EXPECT_EQ(warned->status, 201);
+  EXPECT_EQ(warned->warnings,
+            (std::vector<std::string>{"unknown field \"bogus\"", "unknown field \"spec.containers[0].foo\""}));
+  const json stored = server_->Get("pods", "default", "warned").body;
+  EXPECT_FALSE(stored.contains("bogus"));
+  EXPECT_FALSE(stored["spec"]["containers"][0].contains("foo"));
+  EXPECT_EQ(stored["spec"]["containers"][0]["image"], "busybox");
+  pod["metadata"]["name"] = "ignored";
+  auto ignored = client_->Do("POST", pods + "?fieldValidation=Ignore", pod.dump());
+  ASSERT_TRUE(ignored.ok());
+  EXPECT_EQ(ignored->status, 201);
+  EXPECT_TRUE(ignored->warnings.empty());
+  EXPECT_FALSE(server_->Get("pods", "default", "ignored").body.contains("bogus"));
+  // A directive the apiserver does not know.
+  auto unknown = client_->Do("POST", pods + "?fieldValidation=strict", pod.dump());
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ(unknown->status, 422);
+  EXPECT_EQ(json::parse(unknown->body)["message"],
+            "CreateOptions.meta.k8s.io \"\" is invalid: fieldValidation: Unsupported value: \"strict\": supported values: "
+            "\"\", \"Ignore\", \"Strict\", \"Warn\"");
+  // Update (PUT) under Strict: 400 as for create.
+  json w = stored;
+  w["spec"]["bogus"] = true;
+  auto put = client_->Do("PUT", R("pods").Path("default", "warned") + "?fieldValidation=Strict", w.dump());
+  ASSERT_TRUE(put.ok());
+  EXPECT_EQ(put->status, 400);
+  EXPECT_NE(json::parse(put->body).value("message", "").find("unknown field \"spec.bogus\""), std::string::npos) << put->body;
+  // Patches: the patched object is decoded; Strict is a 422 naming the patch.
+  const std::string node = R("nodes").Path("", "n1");
+  ASSERT_TRUE(client_->Create(R("nodes").Path(), {{"metadata", {{"name", "n1"}}}}).ok());
+  auto merge = client_->Do("PATCH", node + "?fieldValidation=Strict", R"({"spec":{"bogus":1}})", "application/merge-patch+json");
+  ASSERT_TRUE(merge.ok());
+  EXPECT_EQ(merge->status, 422);
+  const std::string mm = json::parse(merge->body).value("message", "");
+  EXPECT_EQ(mm.rfind(" \"\" is invalid: patch: Invalid value: \"{", 0), 0u) << mm;
+  EXPECT_NE(mm.find("\": strict decoding error: unknown field \"spec.bogus\""), std::string::npos) << mm;
+  auto smp = client_->Do("PATCH", node + "?fieldValidation=Strict", R"({"spec":{"bogus":1}})",
+                         "application/strategic-merge-patch+json");
+  ASSERT_TRUE(smp.ok());
+  EXPECT_EQ(smp->status, 422);
+  EXPECT_EQ(json::parse(smp->body)["message"],
+            " \"\" is invalid: patch: Invalid value: \"map[spec:map[bogus:1]]\": strict decoding error: unknown field "
+            "\"spec.bogus\"");
+  auto warn_patch = client_->Do("PATCH", node, R"({"spec":{"bogus":1,"unschedulable":true}})", "application/merge-patch+json");
+  ASSERT_TRUE(warn_patch.ok());
+  EXPECT_EQ(warn_patch->status, 200);
+  EXPECT_EQ(warn_patch->warnings, (std::vector<std::string>{"unknown field \"spec.bogus\""}));
+  EXPECT_EQ(server_->Get("nodes", "", "n1").body["spec"], (json{{"unschedulable", true}}));
+}
+
+// ResourceQuota scopes (pkg/quota/v1/evaluator/core/pods.go): a scoped quota counts and limits
+// only the pods it selects.
+TEST_F(K8sClientTest, QuotaScopesSelectPods) {
+  const std::string quotas = R("resourcequotas").Path("default");
+  ASSERT_TRUE(client_->Create(quotas, {{"metadata", {{"name", "best-effort"}}}, {"spec", {{"hard", {{"pods", "1"}}}, {"scopes", {"BestEffort"}}}}}).ok());
+  ASSERT_TRUE(client_
+                  ->Create(quotas, {{"metadata", {{"name", "gpu-high"}}},
+                                    {"spec", {{"hard", {{"requests.nvidia.com/gpu", "1"}}},
+                                              {"scopeSelector", {{"matchExpressions", {{{"scopeName", "PriorityClass"}, {"operator", "In"}, {"values", {"high"}}}}}}}}}})
+                  .ok());
+  ASSERT_TRUE(client_->Create(quotas, {{"metadata", {{"name", "terminating"}}}, {"spec", {{"hard", {{"pods", "1"}}}, {"scopes", {"Terminating", "NotBestEffort"}}}}}).ok());
+  const std::string pods = R("pods").Path("default");
+  auto create = [&](const std::string& name, const json& resources, const std::string& priority = "",
+                    std::optional<int> deadline = std::nullopt) {
+    json p = PodObj(name);
+    if (!resources.is_null()) p["spec"]["containers"][0]["resources"] = resources;
+    if (!priority.empty()) p["spec"]["priorityClassName"] = priority;
+    if (deadline) p["spec"]["activeDeadlineSeconds"] = *deadline;
+    return client_->Create(pods, p);
+  };
+  auto used = [&](const std::string& q, const std::string& k) {
+    return (*client_->Get(R("resourcequotas").Path("default", q)))["status"]["used"].value(k, "");
+  };
+  // BestEffort: only pods without cpu/memory requests or limits count.
+  ASSERT_TRUE(create("be-1", nullptr).ok());
+  EXPECT_EQ(used("best-effort", "pods"), "1");
+  auto be2 = create("be-2", nullptr);
+  EXPECT_EQ(HttpStatus(be2.status()), 403);
+  EXPECT_NE(std::string(be2.status().message()).find("exceeded quota: best-effort, requested: pods=1, used: pods=1, limited: pods=1"),
+            std::string::npos)
+      << be2.status();
+  EXPECT_TRUE(create("burstable", {{"requests", {{"cpu", "100m"}}}}).ok()) << "not BestEffort: not that quota's";
+  EXPECT_EQ(used("best-effort", "pods"), "1");
+  // PriorityClass In [high]: only high-priority GPU pods are limited (they ask for cpu, so the
+  // BestEffort quota does not select them).
+  const json gpu = {{"requests", {{"cpu", "100m"}}}, {"limits", {{"nvidia.com/gpu", "1"}}}};
+  ASSERT_TRUE(create("high-1", gpu, "high").ok());
+  EXPECT_EQ(used("gpu-high", "requests.nvidia.com/gpu"), "1");
+  auto high2 = create("high-2", gpu, "high");
+  EXPECT_EQ(HttpStatus(high2.status()), 403);
+  EXPECT_NE(std::string(high2.status().message()).find("exceeded quota: gpu-high"), std::string::npos) << high2.status();
+  EXPECT_TRUE(create("low-1", gpu, "low").ok());
+  EXPECT_TRUE(create("none-1", gpu).ok());
+  EXPECT_EQ(used("gpu-high", "requests.nvidia.com/gpu"), "1");
+  // Terminating AND NotBestEffort: pods with activeDeadlineSeconds and some cpu/memory.
+  const json cpu = {{"requests", {{"cpu", "100m"}}}};
+  ASSERT_TRUE(create("job-1", cpu, "", 600).ok());
+  EXPECT_EQ(used("terminating", "pods"), "1");
+  EXPECT_EQ(HttpStatus(create("job-2", cpu, "", 600).status()), 403);
+  EXPECT_TRUE(create("service-1", cpu).ok()) << "NotTerminating";
+  ASSERT_TRUE(client_->Delete(R("pods").Path("default", "job-1")).ok());
+  EXPECT_TRUE(WaitFor([&] { return used("terminating", "pods") == "0"; }));
+  EXPECT_TRUE(create("job-2", cpu, "", 600).ok());
 }
 
 class K8sTlsTest : public ::testing::Test {};

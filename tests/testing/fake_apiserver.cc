@@ -592,8 +592,30 @@ FakeApiServer::Result FakeApiServer::DoUpdate(const std::string& rkey, const std
   return {200, *FindLocked(rkey, ns, name)};
 }
 
+std::optional<FakeApiServer::Result> FakeApiServer::CheckFields(const k8s::Resource& r, json& obj, FieldValidation fv,
+                                                               std::vector<std::string>* warnings) const {
+  if (!obj.is_object()) return std::nullopt;
+  const json original = fv == FieldValidation::kStrict ? obj : json();
+  const auto extra = opts_.extra_fields.find(std::string(r.kind));
+  const auto unknown = PruneUnknownFields(std::string(r.group), std::string(r.kind), obj,
+                                          extra == opts_.extra_fields.end() ? std::set<std::string>{} : extra->second);
+  if (unknown.empty() || fv == FieldValidation::kIgnore) return std::nullopt;
+  if (fv == FieldValidation::kWarn) {
+    for (const auto& u : unknown) warnings->push_back(Cat("unknown field ", json(u).dump()));
+    return std::nullopt;
+  }
+  // transformDecodeError: the body's own kind and version when it names them, else the path's.
+  const std::string body_kind = original.value("kind", std::string(r.kind));
+  std::string version = original.value("apiVersion", r.GroupVersion());
+  if (const auto slash = version.rfind('/'); slash != std::string::npos) version = version.substr(slash + 1);
+  return Err(400, "BadRequest",
+             Cat(body_kind, " in version ", json(version).dump(), " cannot be handled as a ", r.kind, ": ",
+                 StrictDecodingError(unknown)));
+}
+
 FakeApiServer::Result FakeApiServer::DoPatch(const std::string& rkey, const std::string& ns, const std::string& name,
-                                             const json& patch, const std::string& content_type, const std::string& sub) {
+                                             const json& patch, const std::string& content_type, const std::string& sub,
+                                             FieldValidation fv, std::vector<std::string>* warnings) {
   const k8s::Resource* r = ByKey(rkey);
   // A patch carrying metadata.resourceVersion is an optimistic lock; otherwise the apiserver
   // applies it to the current object and retries internally when a writer races it.
@@ -614,6 +636,26 @@ FakeApiServer::Result FakeApiServer::DoPatch(const std::string& rkey, const std:
       return Invalid(*r, name, std::string(next.status().message()));
     }
     if (!locked) (*next)["metadata"]["resourceVersion"] = cur["metadata"].value("resourceVersion", "");
+    // The patched object is decoded into the Go type: unknown fields are dropped, warned about,
+    // or (Strict) refused as errors.NewInvalid(GroupKind{}, "", patch: Invalid value: ...).
+    {
+      const json patched = *next;
+      const auto extra = opts_.extra_fields.find(std::string(r->kind));
+      const auto unknown = PruneUnknownFields(std::string(r->group), std::string(r->kind), *next,
+                                              extra == opts_.extra_fields.end() ? std::set<std::string>{} : extra->second);
+      if (!unknown.empty() && fv == FieldValidation::kStrict) {
+        const bool strategic = content_type.find("strategic-merge-patch") != std::string::npos;
+        const std::string value = strategic ? GoValue(patch) : patched.dump();
+        const std::string detail = StrictDecodingError(unknown);
+        return Err(422, "Invalid", Cat(" \"\" is invalid: patch: Invalid value: ", json(value).dump(), ": ", detail),
+                   {{"name", ""}, {"group", ""}, {"kind", ""},
+                    {"causes", {{{"reason", "FieldValueInvalid"}, {"field", "patch"},
+                                 {"message", Cat("Invalid value: ", json(value).dump(), ": ", detail)}}}}});
+      }
+      if (!unknown.empty() && fv == FieldValidation::kWarn && warnings != nullptr) {
+        for (const auto& u : unknown) warnings->push_back(Cat("unknown field ", json(u).dump()));
+      }
+    }
     Result res;
     if (sub == "status") {
       json only_status = cur;
@@ -1329,6 +1371,33 @@ void FakeApiServer::Serve(Request& r, const httplib::Request& req, httplib::Resp
     send(Err(400, "BadRequest", std::string(body.status().message())));
     return;
   }
+  // Field validation: the directive is checked with the request's options (422), before the body.
+  FieldValidation fv = FieldValidation::kWarn;
+  std::vector<std::string> warnings;
+  if (r.verb == "create" || r.verb == "update" || r.verb == "patch") {
+    const std::string options = r.verb == "create" ? "CreateOptions" : r.verb == "update" ? "UpdateOptions" : "PatchOptions";
+    auto directive = ParseFieldValidation(req.get_param_value("fieldValidation"), options);
+    if (!directive.ok()) {
+      send(Err(422, "Invalid", std::string(directive.status().message()),
+               {{"group", "meta.k8s.io"}, {"kind", options}, {"name", ""},
+                {"causes", {{{"reason", "FieldValueNotSupported"}, {"field", "fieldValidation"},
+                             {"message", std::string(directive.status().message()).substr(
+                                             std::string(directive.status().message()).find("Unsupported"))}}}}}));
+      return;
+    }
+    fv = *directive;
+  }
+  auto send_warned = [&](const Result& x) {
+    for (const auto& w : warnings) res.set_header("Warning", WarningHeader(w));
+    send(x);
+  };
+  const bool typed_body = r.sub.empty() || r.sub == "status";  // binding and eviction bodies are other kinds
+  if ((r.verb == "create" || r.verb == "update") && typed_body) {
+    if (auto refused = CheckFields(*r.resource, *body, fv, &warnings)) {
+      send(*refused);
+      return;
+    }
+  }
   if (r.verb == "create") {
     if (r.sub == "binding") {
       send(DoBinding(r.ns, r.name, *body));
@@ -1337,16 +1406,16 @@ void FakeApiServer::Serve(Request& r, const httplib::Request& req, httplib::Resp
     } else if (!r.name.empty()) {
       send(Err(405, "MethodNotAllowed", "the server does not allow this method on the requested resource"));
     } else {
-      send(DoCreate(rkey, r.ns, *body, r.user));
+      send_warned(DoCreate(rkey, r.ns, *body, r.user));
     }
     return;
   }
   if (r.verb == "update") {
-    send(DoUpdate(rkey, r.ns, r.name, *body, r.sub));
+    send_warned(DoUpdate(rkey, r.ns, r.name, *body, r.sub));
     return;
   }
   if (r.verb == "patch") {
-    send(DoPatch(rkey, r.ns, r.name, *body, req.get_header_value("Content-Type"), r.sub));
+    send_warned(DoPatch(rkey, r.ns, r.name, *body, req.get_header_value("Content-Type"), r.sub, fv, &warnings));
     return;
   }
   if (r.verb == "delete") {
@@ -1373,6 +1442,8 @@ const k8s::Resource* Lookup(const std::string& resource) {
 FakeApiServer::Result FakeApiServer::Create(const std::string& resource, const std::string& ns, json obj) {
   const k8s::Resource* r = Lookup(resource);
   if (!r) return Err(404, "NotFound", Cat("unknown resource ", resource));
+  std::vector<std::string> ignored;
+  (void)CheckFields(*r, obj, FieldValidation::kWarn, &ignored);  // as a client sending no directive
   return DoCreate(RKey(*r), ns, std::move(obj), "admin");
 }
 
@@ -1389,6 +1460,8 @@ FakeApiServer::Result FakeApiServer::Update(const std::string& resource, const s
   const k8s::Resource* r = Lookup(resource);
   if (!r) return Err(404, "NotFound", Cat("unknown resource ", resource));
   const std::string name = obj["metadata"].value("name", "");
+  std::vector<std::string> ignored;
+  (void)CheckFields(*r, obj, FieldValidation::kWarn, &ignored);
   // Direct updates write status too (a test playing kubelet or a controller).
   auto res = DoUpdate(RKey(*r), r->namespaced ? ns : "", name, obj, "");
   if (res.code == 200 && obj.contains("status")) {
@@ -1417,6 +1490,8 @@ absl::Status FakeApiServer::PreloadText(const std::string& text, const std::stri
       if (x.kind == kind && x.GroupVersion() == api_version) r = &x;
     }
     if (!r) return absl::InvalidArgumentError(Cat(origin, ": document ", i + 1, ": unknown kind ", api_version, "/", kind));
+    std::vector<std::string> dropped;
+    (void)CheckFields(*r, d, FieldValidation::kWarn, &dropped);  // as kubectl create --validate=warn would
     json status = d.value("status", json());
     auto res = DoCreate(RKey(*r), d["metadata"].value("namespace", ""), d, "admin");
     if (res.code >= 300) {

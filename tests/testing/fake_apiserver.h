@@ -14,8 +14,12 @@
 //    409 on a stale update; 404/409/410/422/429 as Kubernetes Status objects; merge, strategic
 //    and JSON patches; generateName; pods/binding, pods/eviction with PodDisruptionBudgets,
 //    pods/status, nodes/status; graceful pod deletion;
+//  - field validation (fieldValidation=Strict/Warn/Ignore, Warn by default): unknown fields are
+//    refused (400 on create/update, 422 on patch) or dropped with a Warning header
+//    (fake_apiserver_fields.h);
 //  - admission for the quota story: LimitRange defaulting and min/max, ResourceQuota
-//    (status.used maintained), the container rules for extended resources;
+//    (status.used maintained; scopes Terminating, NotTerminating, BestEffort, NotBestEffort and
+//    the PriorityClass scopeSelector), the container rules for extended resources;
 //  - meta.k8s.io/v1 Tables for kubectl get;
 //  - fault injection: drop every watch, fail or delay the next N requests, compact history.
 // Faults can also be driven over HTTP (POST /_fake/...), for the separate-process tests.
@@ -31,12 +35,18 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "testing/fake_apiserver_fields.h"
+
+namespace kgpu::k8s {
+struct Resource;
+}
 
 namespace httplib {
 class Server;
@@ -68,6 +78,9 @@ struct FakeApiServerOptions {
   // is gone.
   bool reap_terminating_pods = true;
   int watch_threads = 64;
+  // Kind -> dotted field paths ("spec.futureField") this server knows besides k8s.io/api v0.32's,
+  // as a newer apiserver would (fake_apiserver_fields.h): they pass field validation.
+  std::map<std::string, std::set<std::string>> extra_fields;
 };
 
 class FakeApiServer {
@@ -140,7 +153,12 @@ class FakeApiServer {
   Result DoUpdate(const std::string& rkey, const std::string& ns, const std::string& name, nlohmann::json obj,
                   const std::string& sub);
   Result DoPatch(const std::string& rkey, const std::string& ns, const std::string& name, const nlohmann::json& patch,
-                 const std::string& content_type, const std::string& sub);
+                 const std::string& content_type, const std::string& sub, FieldValidation fv = FieldValidation::kWarn,
+                 std::vector<std::string>* warnings = nullptr);
+  // Unknown fields of a create/update body under `fv`: removed (and, under Warn, added to
+  // *warnings), or the 400 Strict refusal.
+  std::optional<Result> CheckFields(const k8s::Resource& r, nlohmann::json& obj, FieldValidation fv,
+                                    std::vector<std::string>* warnings) const;
   Result DoDelete(const std::string& rkey, const std::string& ns, const std::string& name, const nlohmann::json& opts);
   Result DoBinding(const std::string& ns, const std::string& name, const nlohmann::json& binding);
   Result DoEviction(const std::string& ns, const std::string& name, const nlohmann::json& eviction);

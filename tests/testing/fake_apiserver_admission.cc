@@ -121,6 +121,70 @@ json PodQuotaUsage(const json& pod) {
 }
 
 namespace {
+// qos.GetPodQOS == BestEffort: no container (init or app) asks for or limits cpu or memory.
+bool BestEffort(const json& pod) {
+  const json spec = pod.value("spec", json::object());
+  for (const auto& list : ContainerLists()) {
+    if (!spec.contains(list) || !spec[list].is_array()) continue;
+    for (const auto& c : spec[list]) {
+      const json res = c.value("resources", json::object());
+      for (const char* kind : {"requests", "limits"}) {
+        if (!res.contains(kind) || !res[kind].is_object()) continue;
+        for (const char* name : {"cpu", "memory"}) {
+          if (res[kind].contains(name) && Q(res[kind][name]) > Quantity{}) return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+bool ScopeMatches(const std::string& scope, const std::string& op, const json& values, const json& pod) {
+  const json spec = pod.value("spec", json::object());
+  if (scope == "PriorityClass") {
+    const std::string pc = spec.value("priorityClassName", "");
+    bool in = false;
+    if (values.is_array()) {
+      for (const auto& v : values) in = in || (v.is_string() && v.get<std::string>() == pc);
+    }
+    if (op == "In") return in;
+    if (op == "NotIn") return !in;
+    if (op == "Exists") return true;  // the key is always in the set, even for ""
+    return false;                     // DoesNotExist
+  }
+  bool matches = false;
+  if (scope == "Terminating") {
+    matches = spec.contains("activeDeadlineSeconds") && spec["activeDeadlineSeconds"].is_number() &&
+              spec["activeDeadlineSeconds"].get<double>() >= 0;
+  } else if (scope == "NotTerminating") {
+    matches = !spec.contains("activeDeadlineSeconds") || spec["activeDeadlineSeconds"].is_null();
+  } else if (scope == "BestEffort") {
+    matches = BestEffort(pod);
+  } else if (scope == "NotBestEffort") {
+    matches = !BestEffort(pod);
+  }
+  return op == "DoesNotExist" ? !matches : matches;
+}
+}  // namespace
+
+bool QuotaMatchesPod(const json& quota, const json& pod) {
+  const json spec = quota.value("spec", json::object());
+  if (spec.contains("scopes") && spec["scopes"].is_array()) {
+    for (const auto& s : spec["scopes"]) {
+      if (s.is_string() && !ScopeMatches(s.get<std::string>(), "Exists", json(), pod)) return false;
+    }
+  }
+  if (spec.contains("scopeSelector") && spec["scopeSelector"].is_object() &&
+      spec["scopeSelector"].contains("matchExpressions") && spec["scopeSelector"]["matchExpressions"].is_array()) {
+    for (const auto& e : spec["scopeSelector"]["matchExpressions"]) {
+      if (!e.is_object()) continue;
+      if (!ScopeMatches(e.value("scopeName", ""), e.value("operator", ""), e.value("values", json()), pod)) return false;
+    }
+  }
+  return true;
+}
+
+namespace {
 bool Terminal(const json& pod) {
   const std::string phase = pod.contains("status") ? pod["status"].value("phase", "") : "";
   return phase == "Succeeded" || phase == "Failed";
@@ -132,7 +196,7 @@ json QuotaUsed(const json& quota, const std::vector<json>& pods) {
   const json hard = quota.contains("spec") ? quota["spec"].value("hard", json::object()) : json::object();
   for (auto it = hard.begin(); it != hard.end(); ++it) used[it.key()] = Quantity{0, Q(*it).binary};
   for (const auto& pod : pods) {
-    if (Terminal(pod)) continue;
+    if (Terminal(pod) || !QuotaMatchesPod(quota, pod)) continue;
     const json u = PodQuotaUsage(pod);
     for (auto& [k, v] : used) {
       if (u.contains(k)) v = v + Q(u[k]);
@@ -269,6 +333,7 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
   // ResourceQuota, in the order the quotas are given (sorted by name by the caller).
   const json usage = PodQuotaUsage(pod);
   for (const auto& quota : quotas) {
+    if (!QuotaMatchesPod(quota, pod)) continue;  // a scoped quota ignores the pods it does not select
     const json hard = quota.contains("spec") ? quota["spec"].value("hard", json::object()) : json::object();
     const json used = quota.contains("status") ? quota["status"].value("used", json::object()) : json::object();
     // Constraints: a quota on cpu/memory needs every container to state them.

@@ -12,7 +12,13 @@
 //  - ResourceQuota (plugin/pkg/admission/resourcequota, pkg/quota/v1/evaluator/core/pods.go):
 //    the pod's usage (pods, count/pods, cpu/memory requests and limits, `requests.<extended>`;
 //    `limits.<extended>` is accepted in a quota but not enforced, as upstream), refused with
-//    "exceeded quota: <name>, requested: ..., used: ..., limited: ...".
+//    "exceeded quota: <name>, requested: ..., used: ..., limited: ..."; a quota with scopes
+//    (spec.scopes and spec.scopeSelector, ANDed: getScopeSelectorsFromQuota) counts and limits
+//    only the pods it matches (pods.go podMatchesScopeFunc): Terminating (activeDeadlineSeconds
+//    >= 0), NotTerminating (none), BestEffort (no cpu/memory request or limit in any container:
+//    qos.GetPodQOS), NotBestEffort, PriorityClass (In/NotIn/Exists/DoesNotExist as a label
+//    selector on {PriorityClass: spec.priorityClassName}: Exists matches every pod, as upstream).
+//    CrossNamespacePodAffinity is not implemented (it matches no pod).
 //
 // Thread-safety: pure functions.
 
@@ -36,6 +42,9 @@ AdmissionResult AdmitPod(nlohmann::json& pod, const std::vector<nlohmann::json>&
 
 // SetDefaults_LimitRangeItem on create.
 void DefaultLimitRange(nlohmann::json& lr);
+
+// Whether the quota's scopes select the pod (a quota without scopes selects every pod).
+bool QuotaMatchesPod(const nlohmann::json& quota, const nlohmann::json& pod);
 
 // The quota usage of one non-terminal pod: "pods", "count/pods", "requests.cpu", ...
 nlohmann::json PodQuotaUsage(const nlohmann::json& pod);

@@ -1,0 +1,171 @@
+#include "testing/fake_apiserver_fields.h"
+
+#include <initializer_list>
+
+#include "common/strings.h"
+
+namespace kgpu::testing {
+namespace {
+using json = nlohmann::json;
+
+// A schema is JSON: null accepts anything below it; an object lists the known fields (each with
+// its schema); a one-element array is a list of that schema. Field lists are k8s.io/api v0.32's.
+json Fields(std::initializer_list<const char*> names) {
+  json o = json::object();
+  for (const char* n : names) o[n] = nullptr;
+  return o;
+}
+json ListOf(json item) { return json::array({std::move(item)}); }
+
+json Meta() {
+  return Fields({"name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
+                 "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations",
+                 "ownerReferences", "finalizers", "managedFields"});
+}
+
+json Container(bool ephemeral) {
+  json c = Fields({"name", "image", "command", "args", "workingDir", "ports", "envFrom", "env", "resources",
+                   "resizePolicy", "restartPolicy", "volumeMounts", "volumeDevices", "livenessProbe", "readinessProbe",
+                   "startupProbe", "lifecycle", "terminationMessagePath", "terminationMessagePolicy",
+                   "imagePullPolicy", "securityContext", "stdin", "stdinOnce", "tty"});
+  c["resources"] = Fields({"limits", "requests", "claims"});
+  c["env"] = ListOf(Fields({"name", "value", "valueFrom"}));
+  c["ports"] = ListOf(Fields({"name", "hostPort", "containerPort", "protocol", "hostIP"}));
+  if (ephemeral) c["targetContainerName"] = nullptr;
+  return c;
+}
+
+json PodSpec() {
+  json s = Fields({"volumes", "initContainers", "containers", "ephemeralContainers", "restartPolicy",
+                   "terminationGracePeriodSeconds", "activeDeadlineSeconds", "dnsPolicy", "nodeSelector",
+                   "serviceAccountName", "serviceAccount", "automountServiceAccountToken", "nodeName", "hostNetwork",
+                   "hostPID", "hostIPC", "shareProcessNamespace", "securityContext", "imagePullSecrets", "hostname",
+                   "subdomain", "affinity", "schedulerName", "tolerations", "hostAliases", "priorityClassName",
+                   "priority", "dnsConfig", "readinessGates", "runtimeClassName", "enableServiceLinks",
+                   "preemptionPolicy", "overhead", "topologySpreadConstraints", "setHostnameAsFQDN", "os", "hostUsers",
+                   "schedulingGates", "resourceClaims", "resources"});
+  s["containers"] = ListOf(Container(false));
+  s["initContainers"] = ListOf(Container(false));
+  s["ephemeralContainers"] = ListOf(Container(true));
+  s["tolerations"] = ListOf(Fields({"key", "operator", "value", "effect", "tolerationSeconds"}));
+  return s;
+}
+
+json Top(std::initializer_list<std::pair<const char*, json>> rest) {
+  json o = Fields({"apiVersion", "kind"});
+  o["metadata"] = Meta();
+  for (const auto& [k, v] : rest) o[k] = v;
+  return o;
+}
+
+const json& Schema(const std::string& group, const std::string& kind) {
+  static const json schemas = [] {
+    json s = json::object();
+    s["/Pod"] = Top({{"spec", PodSpec()}, {"status", nullptr}});
+    json node_spec = Fields({"podCIDR", "podCIDRs", "providerID", "unschedulable", "taints", "configSource", "externalID"});
+    node_spec["taints"] = ListOf(Fields({"key", "value", "effect", "timeAdded"}));
+    s["/Node"] = Top({{"spec", node_spec}, {"status", nullptr}});
+    s["/Namespace"] = Top({{"spec", Fields({"finalizers"})}, {"status", nullptr}});
+    s["/ConfigMap"] = Top({{"data", nullptr}, {"binaryData", nullptr}, {"immutable", nullptr}});
+    json quota_spec = Fields({"hard", "scopes", "scopeSelector"});
+    quota_spec["scopeSelector"] = {{"matchExpressions", ListOf(Fields({"scopeName", "operator", "values"}))}};
+    s["/ResourceQuota"] = Top({{"spec", quota_spec}, {"status", nullptr}});
+    s["/LimitRange"] = Top({{"spec", {{"limits", ListOf(Fields({"type", "max", "min", "default", "defaultRequest",
+                                                               "maxLimitRequestRatio"}))}}}});
+    s["/Event"] = Top({});
+    for (const char* f : {"involvedObject", "reason", "message", "source", "firstTimestamp", "lastTimestamp", "count",
+                          "type", "eventTime", "series", "action", "related", "reportingComponent", "reportingInstance"}) {
+      s["/Event"][f] = nullptr;
+    }
+    s["events.k8s.io/Event"] = Top({});
+    for (const char* f : {"eventTime", "series", "reportingController", "reportingInstance", "action", "reason",
+                          "regarding", "related", "note", "type", "deprecatedSource", "deprecatedFirstTimestamp",
+                          "deprecatedLastTimestamp", "deprecatedCount"}) {
+      s["events.k8s.io/Event"][f] = nullptr;
+    }
+    s["policy/PodDisruptionBudget"] =
+        Top({{"spec", Fields({"minAvailable", "selector", "maxUnavailable", "unhealthyPodEvictionPolicy"})},
+             {"status", nullptr}});
+    s["coordination.k8s.io/Lease"] = Top({{"spec", Fields({"holderIdentity", "leaseDurationSeconds", "acquireTime",
+                                                           "renewTime", "leaseTransitions", "strategy",
+                                                           "preferredHolder"})}});
+    return s;
+  }();
+  static const json any = nullptr;
+  const auto it = schemas.find(Cat(group, "/", kind));
+  return it == schemas.end() ? any : *it;
+}
+
+void Walk(const json& schema, json& value, const std::string& path, const std::string& bare,
+          const std::set<std::string>& extra, std::vector<std::string>* unknown) {
+  if (schema.is_null()) return;
+  if (schema.is_array()) {
+    if (!value.is_array()) return;
+    for (size_t i = 0; i < value.size(); ++i) Walk(schema[0], value[i], Cat(path, "[", i, "]"), bare, extra, unknown);
+    return;
+  }
+  if (!value.is_object()) return;
+  std::vector<std::string> drop;
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    const std::string p = path.empty() ? it.key() : Cat(path, ".", it.key());
+    const std::string b = bare.empty() ? it.key() : Cat(bare, ".", it.key());
+    if (const auto f = schema.find(it.key()); f != schema.end()) {
+      Walk(*f, it.value(), p, b, extra, unknown);
+    } else if (extra.count(b) == 0) {
+      unknown->push_back(p);
+      drop.push_back(it.key());
+    }
+  }
+  for (const auto& k : drop) value.erase(k);
+}
+
+}  // namespace
+
+absl::StatusOr<FieldValidation> ParseFieldValidation(const std::string& value, const std::string& options_kind) {
+  if (value.empty() || value == "Warn") return FieldValidation::kWarn;
+  if (value == "Ignore") return FieldValidation::kIgnore;
+  if (value == "Strict") return FieldValidation::kStrict;
+  // validation.ValidateFieldValidation: field.NotSupported over the set {"", Ignore, Warn, Strict}.
+  return absl::InvalidArgumentError(Cat(options_kind, ".meta.k8s.io \"\" is invalid: fieldValidation: Unsupported value: ",
+                                        json(value).dump(), ": supported values: \"\", \"Ignore\", \"Strict\", \"Warn\""));
+}
+
+std::vector<std::string> PruneUnknownFields(const std::string& group, const std::string& kind, json& obj,
+                                            const std::set<std::string>& extra) {
+  std::vector<std::string> unknown;
+  Walk(Schema(group, kind), obj, "", "", extra, &unknown);
+  return unknown;
+}
+
+std::string StrictDecodingError(const std::vector<std::string>& unknown) {
+  std::vector<std::string> parts;
+  for (const auto& u : unknown) parts.push_back(Cat("unknown field ", json(u).dump()));
+  return Cat("strict decoding error: ", Join(parts, ", "));
+}
+
+std::string GoValue(const json& v) {
+  if (v.is_null()) return "<nil>";
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object()) {
+    std::vector<std::string> parts;
+    for (auto it = v.begin(); it != v.end(); ++it) parts.push_back(Cat(it.key(), ":", GoValue(it.value())));
+    return Cat("map[", Join(parts, " "), "]");
+  }
+  if (v.is_array()) {
+    std::vector<std::string> parts;
+    for (const auto& e : v) parts.push_back(GoValue(e));
+    return Cat("[", Join(parts, " "), "]");
+  }
+  return v.dump();
+}
+
+std::string WarningHeader(const std::string& text) {
+  std::string escaped;
+  for (char c : text) {
+    if (c == '"' || c == '\\') escaped += '\\';
+    escaped += c;
+  }
+  return Cat("299 - \"", escaped, "\"");
+}
+
+}  // namespace kgpu::testing
