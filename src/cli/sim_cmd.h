@@ -6,7 +6,7 @@
 // the end: a table, or one JSON object with --json. --placements writes every arrival as CSV
 // (pod_name,node_sn,gpu_indices,gpu_milli_each) for an independent checker; --plot draws the
 // allocation curves as SVG. --departures replays with creation/deletion times instead; --sharing
-// models time-slicing, MPS or MIG. docs/sim.md documents the command and the figures.
+// models time-slicing, MPS or MIG.
 //
 // Thread-safety: RunSim runs the replays on --jobs threads; each replay is independent.
 
