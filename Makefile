@@ -21,7 +21,8 @@ test: deps
 
 demo: deps
 	cmake --preset dev >/dev/null
-	cmake --build --preset dev -j $(JOBS) --target kgpu kgpu-simctl kgpu_simnvml kgpu-fake-kubelet kgpu-fake-apiserver
+	cmake --build --preset dev -j $(JOBS) --target kgpu kgpu-simctl kgpu_simnvml kgpu-fake-kubelet kgpu-fake-apiserver \
+	  kgpu-slurm-testcluster
 	./scripts/demo.sh build/dev
 
 bench: deps
