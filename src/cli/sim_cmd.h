@@ -34,7 +34,7 @@ struct SimFlags {
   unsigned jobs = 0;             // 0: every core
   bool departures = false;
   std::string sharing = "timeslice";
-  double half_life = 4000;
+  double half_life = 10000;
 };
 
 void AddSimFlags(CLI::App* sim, SimFlags* flags);

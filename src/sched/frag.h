@@ -73,7 +73,7 @@ class FragModel {
 // mix. Snapshot() returns the most popular shapes covering `coverage` (at most max_shapes).
 class ShapeEstimator {
  public:
-  explicit ShapeEstimator(double half_life = 4000, double coverage = 0.99, size_t max_shapes = 64)
+  explicit ShapeEstimator(double half_life = 10000, double coverage = 1.0, size_t max_shapes = 200)
       : decay_(half_life > 0 ? std::exp2(-1.0 / half_life) : 1.0),
         coverage_(coverage),
         max_shapes_(max_shapes) {}

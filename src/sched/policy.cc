@@ -265,18 +265,42 @@ class FgdPolicy : public FragPolicyBase {
   }
 };
 
+// ours: FGD's fragmentation measure on a workload learned online from the arrived pods (every
+// shape, decaying), plus the GPU capacity a node strands for lack of CPU or memory; exact scores,
+// ties to the busiest node.
+//
+// Stranded capacity: the pods that will come ask, on average, rho milli-CPU and sigma MiB of
+// memory per milli-GPU (learned from the arrived GPU pods, with the same decay). A node whose
+// free CPU (memory) cannot carry its free GPU milli at that ratio strands the difference:
+// stranded = max(0, free_gpu - min(free_cpu / rho, free_memory / sigma)). A placement's cost is
+// the change of fragmentation plus the change of stranded milli (both in milli-GPU): a CPU-heavy
+// pod goes where CPU is plentiful, a CPU-light one where CPU is short, which FGD alone only sees
+// once a typical pod no longer fits.
 class OursPolicy : public FragPolicyBase {
  public:
-  OursPolicy(std::vector<Shape> shapes, double half_life) : online_(shapes.empty()), estimator_(half_life) {
+  OursPolicy(std::vector<Shape> shapes, double half_life)
+      : online_(shapes.empty()),
+        estimator_(half_life, /*coverage=*/1.0, /*max_shapes=*/kMaxLearnedShapes),
+        decay_(half_life > 0 ? std::exp2(-1.0 / half_life) : 1.0) {
     model_.SetShapes(std::move(shapes));
+    UpdateCpuRatio();
   }
   std::string_view Name() const override { return "ours"; }
   void Observe(const Request& req) override {
-    if (!online_ || req.Mig()) return;
+    if (req.Mig()) return;
+    if (!req.CpuOnly()) {
+      memory_sum_ = memory_sum_ * decay_ + static_cast<double>(req.memory);
+      milli_sum_ = milli_sum_ * decay_ + static_cast<double>(req.GpuMilli());
+      sigma_ = milli_sum_ > 0 ? memory_sum_ / milli_sum_ : 0;
+    }
+    if (!online_) return;
     estimator_.Observe(ShapeOf(req));
     const uint64_t k = estimator_.observed();
     // Often while the estimate is young, then every 256 arrivals (each refresh clears the memo).
-    if ((k & (k - 1)) == 0 || k % 256 == 0) model_.SetShapes(estimator_.Snapshot());
+    if ((k & (k - 1)) == 0 || k % 256 == 0) {
+      model_.SetShapes(estimator_.Snapshot());
+      UpdateCpuRatio();
+    }
   }
   bool Evaluate(const Cluster& c, const Request& req, int node, Candidate* out) override {
     if (req.Mig()) return EvaluateMig(c, req, node, out);
@@ -295,8 +319,7 @@ class OursPolicy : public FragPolicyBase {
         if (std::find(seen_.begin(), seen_.end(), v) != seen_.end()) continue;
         seen_.push_back(v);
         const double d = Quantize(After(c, req, n, static_cast<int>(g), nullptr) - before);
-        if (best_gpu < 0 || d < best ||
-            (d == best && v < n.gpus[static_cast<size_t>(best_gpu)].free_milli)) {
+        if (best_gpu < 0 || d < best || (d == best && v < n.gpus[static_cast<size_t>(best_gpu)].free_milli)) {
           best = d;
           best_gpu = static_cast<int>(g);
         }
@@ -307,19 +330,43 @@ class OursPolicy : public FragPolicyBase {
       FillGpus(c, req, n, -1, &out->placement);
       delta = Quantize(After(c, req, n, -1, req.CpuOnly() ? nullptr : &out->placement.gpus) - before);
     }
+    const auto gpu0 = static_cast<double>(n.FreeGpuMilli()), gpu1 = gpu0 - static_cast<double>(req.GpuMilli());
+    const auto cpu0 = static_cast<double>(n.cpu_free), cpu1 = cpu0 - static_cast<double>(req.cpu);
+    const auto mem0 = static_cast<double>(n.memory_free), mem1 = mem0 - static_cast<double>(req.memory);
+    delta += Quantize(Stranded(gpu1, cpu1, mem1) - Stranded(gpu0, cpu0, mem0));
     out->score = -delta;
     // Ties: the node with the least GPU left (keeps idle nodes and whole GPUs for big tasks),
     // then the least CPU left relative to its size.
-    out->tie = -static_cast<double>(n.FreeGpuMilli() - req.GpuMilli());
-    out->tie2 = -static_cast<double>(n.cpu_free - req.cpu) / static_cast<double>(std::max<int64_t>(1, n.cpu_total));
+    out->tie = -gpu1;
+    out->tie2 = -cpu1 / static_cast<double>(std::max<int64_t>(1, n.cpu_total));
     return true;
   }
 
  private:
-  // Equal fragmentation changes computed along different paths must compare equal.
+  static constexpr size_t kMaxLearnedShapes = 200;
+  // Equal costs computed along different paths must compare equal.
   static double Quantize(double d) { return std::round(d * 1e6) / 1e6; }
+  void UpdateCpuRatio() {
+    double cpu = 0, milli = 0;
+    for (const auto& sh : model_.shapes()) {
+      if (sh.num_gpus == 0) continue;
+      cpu += sh.weight * static_cast<double>(sh.cpu);
+      milli += sh.weight * static_cast<double>(sh.milli) * sh.num_gpus;
+    }
+    rho_ = milli > 0 ? cpu / milli : 0;
+  }
+  double Stranded(double gpu_free, double cpu_free, double memory_free) const {
+    if (rho_ <= 0) return 0;
+    double carried = cpu_free / rho_;
+    if (sigma_ > 0) carried = std::min(carried, memory_free / sigma_);
+    return std::max(0.0, gpu_free - carried);
+  }
   bool online_;
   ShapeEstimator estimator_;
+  double decay_;
+  double rho_ = 0;    // milli-CPU per milli-GPU of the GPU shapes
+  double sigma_ = 0;  // MiB per milli-GPU of the arrived GPU pods (decayed)
+  double memory_sum_ = 0, milli_sum_ = 0;
 };
 
 }  // namespace

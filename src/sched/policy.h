@@ -11,8 +11,9 @@
 //   fgd      FGD as the paper defines it: the steepest descent of the expected fragmentation for
 //            a workload distribution given in advance (the trace's typical pods)
 //   ours     the default: the same fragmentation measure on a distribution learned online from
-//            the pods that have arrived (with decay), exact rather than integer scores, ties
-//            broken towards the busiest node (best fit) so whole GPUs and idle nodes stay free
+//            the pods that have arrived (every shape, with decay), plus the GPU capacity a node
+//            strands for lack of CPU or memory at the learned CPU and memory per GPU; exact
+//            rather than integer scores, ties broken towards the busiest node
 //
 // Thread-safety: a policy belongs to one Engine.
 
@@ -42,7 +43,7 @@ struct PolicyOptions {
   // fgd (required) and ours: a workload distribution given in advance. For ours, when empty the
   // distribution is learned online from the arrived pods.
   std::vector<Shape> shapes;
-  double half_life = 4000;  // ours, online: the decay of the learned distribution, in arrivals
+  double half_life = 10000;  // ours, online: the decay of the learned distribution, in arrivals
   uint64_t seed = 42;       // random
 };
 

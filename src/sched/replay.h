@@ -40,7 +40,7 @@ struct ReplayOptions {
   double target = 1.3;          // arrived GPU demand / cluster GPU capacity
   Sharing sharing;
   bool departures = false;
-  double half_life = 4000;      // ours, online
+  double half_life = 10000;      // ours, online
   bool keep_log = false;
 };
 
