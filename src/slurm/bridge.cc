@@ -48,6 +48,13 @@ bool GlobMatch(std::string_view glob, std::string_view name) {
 
 namespace {
 
+// Appends `v` unless `to` has it; true when appended.
+bool AddUnique(std::vector<std::string>& to, const std::string& v) {
+  if (std::find(to.begin(), to.end(), v) != to.end()) return false;
+  to.push_back(v);
+  return true;
+}
+
 const json& F(const json& j, const char* key) { return Field(j, key); }
 
 bool IsOurTaint(const json& t) {
@@ -343,17 +350,10 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       }
       // The jobs seen on the draining node go into the lease at once: it is re-read every reconcile,
       // and they are the record that the lend waited for them.
-      Lease seen = f.lease;
-      for (const auto& j : f.jobs) {
-        if (std::find(seen.jobs_seen.begin(), seen.jobs_seen.end(), j.id) == seen.jobs_seen.end()) {
-          seen.jobs_seen.push_back(j.id);
-        }
-      }
-      if (seen.jobs_seen.size() != f.lease.jobs_seen.size()) {
-        Lease l = NextLease(f, f.lease.phase, f.lease.why);
-        l.jobs_seen = std::move(seen.jobs_seen);
-        return WriteNode(f, l, nullptr, "record the Slurm jobs on the draining node");
-      }
+      Lease seen = NextLease(f, f.lease.phase, f.lease.why);
+      bool new_jobs = false;
+      for (const auto& j : f.jobs) new_jobs |= AddUnique(seen.jobs_seen, j.id);
+      if (new_jobs) return WriteNode(f, seen, nullptr, "record the Slurm jobs on the draining node");
       if (f.slurm->Busy() || !f.jobs.empty()) {
         empty_since_.erase(f.name);
         f.frozen = Cat("waiting for ", f.jobs.size(), " Slurm job(s) to end on their own (State=", f.slurm->state, ")");
@@ -461,7 +461,8 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       const auto now = std::chrono::steady_clock::now();
       const bool force = opts_.force_delete_after.count() > 0 && clock_() - f.lease.since >= opts_.force_delete_after.count();
       size_t refused = 0;
-      Lease record = f.lease;  // the pods evicted now, written to the lease after the loop
+      Lease record = NextLease(f, f.lease.phase, f.lease.why);  // the pods evicted now, written after the loop
+      bool evicted = false;
       for (const auto& p : f.pods) {
         if (p.terminating) continue;
         const std::string key = p.ns + "/" + p.name;
@@ -484,9 +485,7 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         auto s = kube_.Evict(p.ns, p.name, eo);
         if (s.ok()) {
           Count("kgpu_slurm_bridge_evictions_total", "result=\"evicted\"");
-          if (std::find(record.pods_evicted.begin(), record.pods_evicted.end(), key) == record.pods_evicted.end()) {
-            record.pods_evicted.push_back(key);
-          }
+          evicted |= AddUnique(record.pods_evicted, key);
           evict_backoff_.erase(key);
         } else {
           const bool pdb = absl::IsDeadlineExceeded(s) || k8s::HttpStatus(s) == 429;
@@ -498,11 +497,7 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
           Event(f, "Warning", pdb ? "EvictionBlocked" : "EvictionFailed", Cat("pod ", key, ": ", s.message()));
         }
       }
-      if (record.pods_evicted.size() != f.lease.pods_evicted.size()) {
-        Lease l = NextLease(f, f.lease.phase, f.lease.why);
-        l.pods_evicted = std::move(record.pods_evicted);
-        WriteNode(f, l, nullptr, "record the evicted pods");
-      }
+      if (evicted) WriteNode(f, record, nullptr, "record the evicted pods");
       f.frozen = Cat("waiting for ", f.pods.size(), " pod(s) to leave", refused ? Cat(" (", refused, " refused now)") : "");
       return false;
     }
@@ -560,14 +555,12 @@ ReconcileResult Bridge::Reconcile() {
   // --- observe Slurm
   std::map<std::string, SlurmNode> snodes;
   std::vector<SlurmJob> jobs;
-  int slurm_undrained = 0;
   {
     auto n = slurm_.Nodes();
     auto j = n.ok() ? slurm_.Jobs() : absl::StatusOr<std::vector<SlurmJob>>(n.status());
     result.slurm_ok = n.ok() && j.ok();
     if (result.slurm_ok) {
       for (auto& x : *n) snodes[x.name] = std::move(x);
-      for (const auto& [name, x] : snodes) slurm_undrained += x.Drain() ? 0 : 1;
       jobs = std::move(*j);
     } else {
       Count("kgpu_slurm_bridge_frozen_total", "side=\"slurm\"");
@@ -672,7 +665,8 @@ ReconcileResult Bridge::Reconcile() {
   }
   result.blocked_slurm_jobs = static_cast<int>(blocked.size());
   // --min-kept counts every node Slurm has undrained, the ones --nodes does not let us lend too.
-  const int kept = slurm_undrained;
+  const auto kept = static_cast<int>(
+      std::count_if(snodes.begin(), snodes.end(), [](const auto& kv) { return !kv.second.Drain(); }));
   int idle_usable = 0, lent = 0, in_flight = 0;
   int64_t last_lent_at = 0;
   for (const auto& f : facts) {
