@@ -12,7 +12,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -27,6 +30,7 @@
 #include "testing/fake_apiserver.h"
 #include "testing/fake_scheduler.h"
 #include "testing/gpu_nodes.h"
+#include "testing/spawn.h"
 
 namespace kgpu::extender {
 namespace {
@@ -434,22 +438,23 @@ TEST_F(ExtenderTest, TheKgpuExtenderProcess) {
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string kubeconfig = std::string(dir) + "/kubeconfig", log = std::string(dir) + "/log";
   std::ofstream(kubeconfig) << api.Kubeconfig();
-  // A free port: bind one, close it, give it to the child.
+  // Port 0: the extender binds a free port and logs it. (A port probed by the test and handed over
+  // is a race: httplib's probe socket stays bound and listening with SO_REUSEPORT, and half the
+  // connections then land in its never-accepted queue.)
+  testing::SpawnOptions so;
+  so.log = log;
+  const pid_t pid = testing::Spawn({KGPU_BIN, "extender", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0"}, so);
+  ASSERT_GT(pid, 0) << std::strerror(errno);
   int port = 0;
-  {
-    httplib::Server probe;
-    port = probe.bind_to_any_port("127.0.0.1");
-  }
-  const pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    const std::string addr = "127.0.0.1:" + std::to_string(port);
-    execl(KGPU_BIN, KGPU_BIN, "extender", "--kubeconfig", kubeconfig.c_str(), "--address", addr.c_str(), nullptr);
-    _exit(127);
-  }
+  ASSERT_TRUE(WaitFor([&] {
+    std::stringstream text;
+    text << std::ifstream(log).rdbuf();
+    const std::string content = text.str();
+    const size_t at = content.find("listening on port ");
+    if (at == std::string::npos) return false;
+    port = std::atoi(content.c_str() + at + std::strlen("listening on port "));
+    return port > 0;
+  })) << std::ifstream(log).rdbuf();
   httplib::Client http("127.0.0.1", port);
   ASSERT_TRUE(WaitFor([&] {
     auto r = http.Get("/readyz");
@@ -457,7 +462,7 @@ TEST_F(ExtenderTest, TheKgpuExtenderProcess) {
   })) << std::ifstream(log).rdbuf();
   const json pod = CreatePod(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}));
   auto f = http.Post("/filter", EncodeExtenderArgs(pod, {"n"}), "application/json");
-  ASSERT_TRUE(f);
+  ASSERT_TRUE(f) << httplib::to_string(f.error()) << "\n" << std::ifstream(log).rdbuf();
   EXPECT_EQ(json::parse(f->body)["NodeNames"], json({"n"}));
   kill(pid, SIGTERM);
   int status = 0;

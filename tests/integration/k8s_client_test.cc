@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -20,6 +22,7 @@
 #include "k8s/informer.h"
 #include "k8s/leader.h"
 #include "testing/fake_apiserver.h"
+#include "testing/spawn.h"
 
 namespace kgpu::k8s {
 namespace {
@@ -674,12 +677,9 @@ TEST(K8sProcessTest, SeparateProcessWithFaults) {
   const std::string d = dir;
   std::ofstream(d + "/nodes.yaml") << "apiVersion: v1\nkind: Node\nmetadata:\n  name: gpu-node-1\n"
                                        "status:\n  capacity:\n    nvidia.com/gpu: \"8\"\n";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    execl(KGPU_FAKE_APISERVER, KGPU_FAKE_APISERVER, "--tls", "--token", "s3cret=admin", "--preload", (d + "/nodes.yaml").c_str(),
-          "--kubeconfig-out", (d + "/kubeconfig").c_str(), "--port-file", (d + "/port").c_str(), nullptr);
-    _exit(127);
-  }
+  const pid_t pid = testing::Spawn({KGPU_FAKE_APISERVER, "--tls", "--token", "s3cret=admin", "--preload", d + "/nodes.yaml",
+                                     "--kubeconfig-out", d + "/kubeconfig", "--port-file", d + "/port"});
+  ASSERT_GT(pid, 0) << std::strerror(errno);
   ASSERT_TRUE(WaitFor([&] { return fs::exists(d + "/port"); }));
   auto cfg = LoadKubeconfig(d + "/kubeconfig");
   ASSERT_TRUE(cfg.ok()) << cfg.status();

@@ -28,6 +28,7 @@
 #include "slurm/lease.h"
 #include "testing/fake_apiserver.h"
 #include "testing/slurm_cluster.h"
+#include "testing/spawn.h"
 
 namespace kgpu {
 namespace {
@@ -43,20 +44,12 @@ constexpr auto kDeadline = seconds(90);
 class BridgeProcess {
  public:
   BridgeProcess(const std::string& log, const std::vector<std::string>& args) : log_(log) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      std::vector<std::string> all = {KGPU_BIN, "--log-level", "debug", "slurm-bridge", "run"};
-      all.insert(all.end(), args.begin(), args.end());
-      std::vector<char*> argv;
-      for (auto& a : all) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(KGPU_BIN, argv.data());
-      ::_exit(127);
-    }
+    std::vector<std::string> all = {KGPU_BIN, "--log-level", "debug", "slurm-bridge", "run"};
+    all.insert(all.end(), args.begin(), args.end());
+    testing::SpawnOptions o;
+    o.log = log;
+    o.append = true;
+    pid_ = testing::Spawn(all, o);
   }
   ~BridgeProcess() { Kill(); }
   void Kill() {

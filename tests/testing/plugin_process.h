@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "testing/sim_node.h"
+#include "testing/spawn.h"
 
 namespace kgpu::testing {
 
@@ -32,22 +33,13 @@ class Plugin {
   Plugin(const std::string& dir, std::vector<std::string> args, std::vector<std::string> env = {},
          const std::string& subcommand = "device-plugin")
       : log_(dir + "/plugin.log") {
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
-      const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 2);
-      dup2(fd, 1);
-      setenv("LD_LIBRARY_PATH", LibDir().c_str(), 1);
-      for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
-      std::vector<std::string> all = {KGPU_BIN, subcommand, "--kubelet-dir", dir};
-      all.insert(all.end(), args.begin(), args.end());
-      std::vector<char*> argv;
-      for (auto& a : all) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(KGPU_BIN, argv.data());
-      _exit(127);
-    }
+    std::vector<std::string> all = {KGPU_BIN, subcommand, "--kubelet-dir", dir};
+    all.insert(all.end(), args.begin(), args.end());
+    SpawnOptions o;
+    o.log = log_;
+    o.env = {"LD_LIBRARY_PATH=" + LibDir()};
+    o.env.insert(o.env.end(), env.begin(), env.end());
+    pid_ = Spawn(all, o);
   }
   ~Plugin() {
     if (pid_ > 0 && !exited_) {

@@ -18,6 +18,7 @@
 
 #include "common/files.h"
 #include "common/strings.h"
+#include "testing/spawn.h"
 
 namespace kgpu::testing {
 namespace fs = std::filesystem;
@@ -98,30 +99,15 @@ pid_t SlurmCluster::Spawn(const std::string& name, const std::vector<std::string
   const std::string log = Cat(base_, "/log/", name, ".out");
   const std::string conf_env = Cat("SLURM_CONF=", conf());
   const bool detach = options_.detach;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    if (detach) {
-      ::setsid();
-    } else {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
-    }
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int s : {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD}) ::signal(s, SIG_DFL);
-    const int in = ::open("/dev/null", O_RDONLY);
-    const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    ::dup2(in, 0);
-    ::dup2(out, 1);
-    ::dup2(out, 2);
-    for (int fd = 3; fd < 1024; ++fd) ::close(fd);
-    ::putenv(const_cast<char*>(conf_env.c_str()));
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execvp(args[0], args.data());
-    ::_exit(127);
-  }
+  SpawnOptions o;
+  o.log = log;
+  o.append = true;
+  o.stdin_null = true;
+  o.die_with_parent = !detach;  // detached: a new session that outlives the harness
+  o.close_other_fds = true;
+  o.reset_signals = true;
+  o.env = {conf_env};
+  const pid_t pid = kgpu::testing::Spawn(argv, o);
   if (pid > 0) {
     pids_[name] = pid;
     std::ofstream(Cat(base_, "/run/", name, ".pid")) << pid << "\n";
