@@ -136,6 +136,7 @@ int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const Expo
     return 1;
   }
   deviceplugin::Manager manager(*session->lib, session->inventory, {node.sysfs_root});
+  InstallShareHandoff(manager, plugin, *config, session->inventory);
   if (auto st = manager.Start(*config); !st.ok()) {
     std::cerr << "kgpu node: " << st.message() << "\n";
     return 1;

@@ -68,6 +68,7 @@ int Main(int argc, char** argv) {
   auto* device_plugin = app.add_subcommand(
       "device-plugin", "serve GPUs to kubelet (Device Plugin API v1beta1); NVIDIA's flags and config");
   kgpu::cli::AddDevicePluginFlags(device_plugin, &dp_flags);
+  kgpu::cli::AddShareFlags(device_plugin, &dp_flags);
   kgpu::cli::ExporterFlags exp_flags;
   auto* exporter = app.add_subcommand(
       "exporter", "dcgm-exporter-compatible GPU metrics on :9400/metrics, with per-pod attribution");
@@ -75,6 +76,7 @@ int Main(int argc, char** argv) {
   auto* node_cmd = app.add_subcommand(
       "node", "device plugin and exporter in one process (one NVML session, one inventory)");
   kgpu::cli::AddDevicePluginFlags(node_cmd, &dp_flags);
+  kgpu::cli::AddShareFlags(node_cmd, &dp_flags);
   kgpu::cli::AddExporterFlags(node_cmd, &exp_flags);
 
   kgpu::cli::NodeLabelsFlags labels_flags;

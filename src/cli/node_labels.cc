@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "deviceplugin/gfd_labels.h"
+#include "deviceplugin/plan.h"
 #include "k8s/config.h"
 
 namespace kgpu::cli {
@@ -51,10 +52,27 @@ json Islands(const gpu::Inventory& inv, const std::function<bool(unsigned, unsig
 }  // namespace
 
 std::string InventoryAnnotation(const gpu::Inventory& inv, const deviceplugin::Config& config) {
+  // GPUs that serve kgpu.io/gpu shares (time-slicing or MPS renamed to kgpu.io/gpu): their slots.
+  auto slots_of = [&](const gpu::Gpu& g) {
+    if (g.mig_enabled) return 0;
+    for (const auto& r : config.sharing.resources) {
+      if ((r.rename.empty() ? r.name : r.rename) != deviceplugin::kKgpuSharesResource || r.name != "nvidia.com/gpu") continue;
+      if (r.devices.empty()) return r.replicas;
+      for (const auto& d : r.devices) {
+        if (d == g.uuid || d == std::to_string(g.index)) return r.replicas;
+      }
+    }
+    return 0;
+  };
+  bool any_slots = false;
   json gpus = json::array();
   for (const auto& g : inv.gpus()) {
     json e = {{"i", g.index}, {"uuid", g.uuid}, {"model", g.name}, {"memMiB", g.memory_mib},
               {"numa", g.numa_node}, {"health", g.lost ? "lost" : !g.error.empty() ? "error" : "ok"}};
+    if (const int slots = slots_of(g); slots > 0) {
+      e["slots"] = slots;
+      any_slots = true;
+    }
     if (g.mig_enabled) {
       json migs = json::array();
       for (const auto& m : g.migs) {
@@ -72,6 +90,13 @@ std::string InventoryAnnotation(const gpu::Inventory& inv, const deviceplugin::C
     if (r.replicas > 1) slots[r.rename.empty() ? r.name : r.rename] = r.replicas;
   }
   if (!slots.empty()) sharing["replicas"] = slots;
+  // The enforcement modes shares can have here (docs/sharing-model.md): MPS limits under MPS;
+  // else the CUDA interposer's hard limit, or none (time-slicing without isolation).
+  if (any_slots) {
+    sharing["kgpu"] = {{"enforcement", config.sharing.strategy == deviceplugin::SharingStrategy::kMps
+                                           ? json::array({"mps"})
+                                           : json::array({"hard", "none"})}};
+  }
   const json doc = {
       {"v", 1},
       {"gpus", gpus},

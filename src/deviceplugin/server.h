@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,6 +44,11 @@ struct DeviceState {
   bool operator==(const DeviceState&) const = default;
 };
 
+// Resolves a kgpu.io/gpu container at PreStartContainer: finds the container holding the slot
+// `ids` and writes the CDI spec of device kKgpuShareCdiKind=`cdi_name` from its allocation record
+// (cli/share_handoff.h). An error fails the container start; kubelet retries it.
+using ShareResolver = std::function<absl::Status(const std::vector<std::string>& ids, const std::string& cdi_name)>;
+
 class ResourceServer {
  public:
   ResourceServer(std::shared_ptr<const Plan> plan, size_t resource_index,
@@ -62,6 +68,8 @@ class ResourceServer {
   void SetAvailable(bool available);
   // GPUs (UUIDs) being re-partitioned by `kgpu mig apply`: their devices are Unhealthy meanwhile.
   void SetDrained(const std::set<std::string>& gpu_uuids);
+  // kgpu.io/gpu only: who resolves PreStartContainer (none: it fails, naming the missing flags).
+  void SetShareResolver(ShareResolver resolver);
 
   const Resource& resource() const { return plan_->resources[index_]; }
   const std::string& socket_path() const { return socket_path_; }
@@ -89,6 +97,7 @@ class ResourceServer {
   uint64_t version_ = 1;
   bool stopping_ = false;
   std::atomic<uint64_t> allocations_{0};
+  ShareResolver share_resolver_;  // guarded by mu_
 };
 
 // `kgpu mig apply` marks a GPU it is about to re-partition with the file
@@ -122,6 +131,8 @@ class Manager {
   absl::Status Reload(const Config& config);
   // Stops everything and removes our sockets (SIGTERM).
   void Stop();
+  // Before Start: resolves kgpu.io/gpu containers at PreStartContainer (every server gets it).
+  void SetShareResolver(ShareResolver resolver) { share_resolver_ = std::move(resolver); }
 
   std::vector<std::string> ResourceNames() const;
   // Number of completed (re-)registrations, for tests and logs.
@@ -149,6 +160,7 @@ class Manager {
 
   const nvml::Library& lib_;
   const gpu::DiscoverOptions discover_;
+  ShareResolver share_resolver_;
   std::shared_ptr<const gpu::Inventory> inventory_;  // guarded by mu_ after Start
   std::shared_ptr<const Config> config_;
   std::shared_ptr<const Plan> plan_;
