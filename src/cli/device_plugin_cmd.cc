@@ -2,12 +2,16 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 
 #include "common/log.h"
 #include "common/strings.h"
+#include "cli/share_handoff.h"
 #include "deviceplugin/kubelet_dir.h"
+#include "deviceplugin/plan.h"
+#include "k8s/config.h"
 #include "deviceplugin/server.h"
 #include "gpu/inventory.h"
 #include "nvml/library.h"
@@ -72,6 +76,40 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags) {
 }
 #undef KGPU_FLAG
 #undef KGPU_BOOL
+
+void AddShareFlags(CLI::App* app, DevicePluginFlags* flags) {
+  app->add_option("--pod-resources-socket", flags->shares.pod_resources_socket,
+                  "kgpu.io/gpu: kubelet's PodResources socket")
+      ->envname("KGPU_POD_RESOURCES_SOCKET")
+      ->capture_default_str();
+}
+
+void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags& flags, const NodeLabelsFlags& api,
+                         const Config& config, std::shared_ptr<const gpu::Inventory> inventory) {
+  const bool serves = std::any_of(config.sharing.resources.begin(), config.sharing.resources.end(),
+                                  [](const auto& r) { return r.rename == deviceplugin::kKgpuSharesResource; });
+  if (!serves) return;
+  auto cfg = k8s::ConfigFromFlags(api.kubeconfig, api.context, api.in_cluster);
+  if (!cfg.ok()) {
+    Log("deviceplugin")->error("{} is served but allocation records cannot be read: {}", deviceplugin::kKgpuSharesResource,
+                               std::string(cfg.status().message()));
+    return;
+  }
+  auto client = k8s::Client::Create(*cfg);
+  if (!client.ok()) {
+    Log("deviceplugin")->error("{}: {}", deviceplugin::kKgpuSharesResource, std::string(client.status().message()));
+    return;
+  }
+  ShareHandoffOptions o;
+  o.node_name = api.node_name;
+  o.pod_resources_socket = flags.shares.pod_resources_socket;
+  o.cdi_spec_dir = config.cdi_spec_dir;
+  o.dev_root = config.dev_root.empty() ? config.driver_root : config.dev_root;
+  auto handoff = std::make_shared<ShareHandoff>(std::move(*client), std::move(inventory), o);
+  manager.SetShareResolver([handoff](const std::vector<std::string>& ids, const std::string& name) {
+    return handoff->Resolve(ids, name);
+  });
+}
 
 absl::StatusOr<Config> ResolveConfig(const DevicePluginFlags& flags) {
   Config config;
@@ -179,6 +217,7 @@ int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags, con
     std::cerr << "kgpu device-plugin: " << publisher.status().message() << "\n";
     return 1;
   }
+  InstallShareHandoff(manager, flags, labels, *config, *inventory);
   if (auto st = manager.Start(*config); !st.ok()) {
     std::cerr << "kgpu device-plugin: " << st.message() << "\n";
     return 1;

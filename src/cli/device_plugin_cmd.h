@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,12 @@ class Manager;
 namespace kgpu::cli {
 
 struct DevicePluginFlags {
+  // kgpu.io/gpu handoff (cli/share_handoff.h): where to read PodResources. The API connection and
+  // the node name are the node agent's (NodeLabelsFlags: --kubeconfig, --context, --in-cluster,
+  // --node-name), shared with --publish-labels.
+  struct Shares {
+    std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  } shares;
   std::string config_file;
   bool allow_empty_config = false;  // --allow-empty-config
   deviceplugin::Config values;  // what flags/env carried (only those whose Option* was given)
@@ -28,6 +35,8 @@ struct DevicePluginFlags {
 };
 
 void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags);
+// --pod-resources-socket of the kgpu.io/gpu handoff (device-plugin and node).
+void AddShareFlags(CLI::App* app, DevicePluginFlags* flags);
 
 // File (if any) < environment < flags; then DP_*_HEALTHCHECKS; then validation.
 absl::StatusOr<deviceplugin::Config> ResolveConfig(const DevicePluginFlags& flags);
@@ -40,5 +49,21 @@ int ServeUntilStopped(deviceplugin::Manager& manager, const DevicePluginFlags& f
 // config and tries NVML again. The caller must have blocked SIGHUP, SIGTERM, SIGINT and SIGQUIT.
 // With labels.publish it also publishes the node's labels (MakeLabelPublisher).
 int RunDevicePlugin(const NodeOptions& node, const DevicePluginFlags& flags, const NodeLabelsFlags& labels = {});
+
+}  // namespace kgpu::cli
+
+namespace kgpu::deviceplugin {
+class Manager;
+}
+namespace kgpu::gpu {
+class Inventory;
+}
+
+namespace kgpu::cli {
+// Gives `manager` the allocation-record resolver for kgpu.io/gpu when the config serves it; a
+// missing API configuration is logged (PreStartContainer then fails, naming the flags).
+// `api` gives the API connection and the node name (those of --publish-labels).
+void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags& flags, const NodeLabelsFlags& api,
+                         const deviceplugin::Config& config, std::shared_ptr<const gpu::Inventory> inventory);
 
 }  // namespace kgpu::cli

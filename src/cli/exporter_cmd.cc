@@ -142,6 +142,7 @@ int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const Expo
     std::cerr << "kgpu node: " << publisher.status().message() << "\n";
     return 1;
   }
+  InstallShareHandoff(manager, plugin, labels, *config, session->inventory);
   if (auto st = manager.Start(*config); !st.ok()) {
     std::cerr << "kgpu node: " << st.message() << "\n";
     return 1;

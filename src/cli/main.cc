@@ -78,6 +78,7 @@ int Main(int argc, char** argv) {
   auto* device_plugin = app.add_subcommand(
       "device-plugin", "serve GPUs to kubelet (Device Plugin API v1beta1); NVIDIA's flags and config");
   kgpu::cli::AddDevicePluginFlags(device_plugin, &dp_flags);
+  kgpu::cli::AddShareFlags(device_plugin, &dp_flags);
   kgpu::cli::ExporterFlags exp_flags;
   auto* exporter = app.add_subcommand(
       "exporter", "dcgm-exporter-compatible GPU metrics on :9400/metrics, with per-pod attribution");
@@ -85,6 +86,7 @@ int Main(int argc, char** argv) {
   auto* node_cmd = app.add_subcommand(
       "node", "device plugin and exporter in one process (one NVML session, one inventory)");
   kgpu::cli::AddDevicePluginFlags(node_cmd, &dp_flags);
+  kgpu::cli::AddShareFlags(node_cmd, &dp_flags);
   kgpu::cli::AddExporterFlags(node_cmd, &exp_flags);
   kgpu::cli::NodeLabelsFlags publish_flags;  // --publish-labels: the node agent labels its Node
   kgpu::cli::AddPublishLabelsFlags(device_plugin, &publish_flags);

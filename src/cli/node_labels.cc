@@ -15,6 +15,7 @@
 #include "deviceplugin/gfd_labels.h"
 #include "cli/device_plugin_cmd.h"
 #include "deviceplugin/server.h"
+#include "deviceplugin/plan.h"
 #include "k8s/config.h"
 
 namespace kgpu::cli {
@@ -59,11 +60,28 @@ std::string InventoryAnnotation(const gpu::Inventory& inv, const deviceplugin::C
     const auto it = live->find(uuid);
     return it == live->end() || it->second ? "ok" : "unhealthy";
   };
+  // GPUs that serve kgpu.io/gpu shares (time-slicing or MPS renamed to kgpu.io/gpu): their slots.
+  auto slots_of = [&](const gpu::Gpu& g) {
+    if (g.mig_enabled) return 0;
+    for (const auto& r : config.sharing.resources) {
+      if ((r.rename.empty() ? r.name : r.rename) != deviceplugin::kKgpuSharesResource || r.name != "nvidia.com/gpu") continue;
+      if (r.devices.empty()) return r.replicas;
+      for (const auto& d : r.devices) {
+        if (d == g.uuid || d == std::to_string(g.index)) return r.replicas;
+      }
+    }
+    return 0;
+  };
+  bool any_slots = false;
   json gpus = json::array();
   for (const auto& g : inv.gpus()) {
     const char* discovered = g.lost ? "lost" : !g.error.empty() ? "error" : "ok";
     json e = {{"i", g.index}, {"uuid", g.uuid}, {"model", g.name}, {"memMiB", g.memory_mib},
               {"numa", g.numa_node}, {"health", health(g.uuid, discovered)}};
+    if (const int slots = slots_of(g); slots > 0) {
+      e["slots"] = slots;
+      any_slots = true;
+    }
     if (g.mig_enabled) {
       json migs = json::array();
       for (const auto& m : g.migs) {
@@ -82,6 +100,13 @@ std::string InventoryAnnotation(const gpu::Inventory& inv, const deviceplugin::C
     if (r.replicas > 1) slots[r.rename.empty() ? r.name : r.rename] = r.replicas;
   }
   if (!slots.empty()) sharing["replicas"] = slots;
+  // The enforcement modes shares can have here (docs/sharing-model.md): MPS limits under MPS;
+  // else the CUDA interposer's hard limit, or none (time-slicing without isolation).
+  if (any_slots) {
+    sharing["kgpu"] = {{"enforcement", config.sharing.strategy == deviceplugin::SharingStrategy::kMps
+                                           ? json::array({"mps"})
+                                           : json::array({"hard", "none"})}};
+  }
   const json doc = {
       {"v", 1},
       {"gpus", gpus},
@@ -177,11 +202,11 @@ void AddPublishLabelsFlags(CLI::App* app, NodeLabelsFlags* f) {
                 "also publish the GFD labels and the kgpu.io/gpu-inventory annotation (as kgpu node-labels), "
                 "on an interval and whenever health, the MIG layout or the config changes")
       ->envname("KGPU_PUBLISH_LABELS");
-  app->add_option("--kubeconfig", f->kubeconfig, "kubeconfig for --publish-labels (default: in-cluster, else $KUBECONFIG)")
+  app->add_option("--kubeconfig", f->kubeconfig, "kubeconfig for --publish-labels and the kgpu.io/gpu handoff (default: in-cluster, else $KUBECONFIG)")
       ->envname("KUBECONFIG_FILE");
   app->add_option("--context", f->context, "kubeconfig context");
   app->add_flag("--in-cluster", f->in_cluster, "use the pod's service account (the default in a pod)");
-  app->add_option("--node-name", f->node_name, "this node's Node name (--publish-labels)")->envname("NODE_NAME");
+  app->add_option("--node-name", f->node_name, "this node's Node name (--publish-labels, kgpu.io/gpu handoff)")->envname("NODE_NAME");
   app->add_option("--labels-output", f->output, "api (patch the Node) or file (NFD feature file)")
       ->check(CLI::IsMember({"api", "file"}))
       ->capture_default_str();

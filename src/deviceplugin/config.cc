@@ -536,7 +536,11 @@ absl::StatusOr<std::string> LayoutForNode(const MigConfig& mig, const std::strin
 
 std::string SocketName(const std::string& resource) {
   const auto slash = resource.find('/');
-  return Cat("nvidia-", slash == std::string::npos ? resource : resource.substr(slash + 1), ".sock");
+  if (slash == std::string::npos) return Cat("nvidia-", resource, ".sock");
+  // NVIDIA's naming for its own domain; another domain keeps its name, so a rename such as
+  // kgpu.io/gpu never collides with nvidia.com/gpu's socket.
+  const std::string domain = resource.substr(0, slash);
+  return Cat(domain == "nvidia.com" ? std::string("nvidia") : domain, "-", resource.substr(slash + 1), ".sock");
 }
 
 }  // namespace kgpu::deviceplugin

@@ -125,7 +125,7 @@ absl::Status Validate(const Config& config);
 absl::Status ApplyHealthcheckEnv(const std::string& disable, const std::string& enable,
                                  HealthConfig* health);
 
-// "nvidia.com/gpu" -> "nvidia-gpu.sock" (NVIDIA's socket naming).
+// "nvidia.com/gpu" -> "nvidia-gpu.sock" (NVIDIA's socket naming); "kgpu.io/gpu" -> "kgpu.io-gpu.sock".
 std::string SocketName(const std::string& resource);
 
 }  // namespace kgpu::deviceplugin

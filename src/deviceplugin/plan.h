@@ -36,9 +36,18 @@ struct Resource {
   bool mig = false;
   bool mps = false;      // replicas shared through an MPS control daemon
   bool retired = false;  // advertised before (an earlier MIG layout): served with zero devices
+  // kgpu.io/gpu: the devices are slots, a count only; which GPUs a container gets comes from the
+  // pod's allocation record at PreStartContainer (docs/sharing-model.md §5).
+  bool kgpu_shares = false;
   std::vector<PluginDevice> devices;
   const PluginDevice* Find(const std::string& id) const;
 };
+
+inline constexpr char kKgpuSharesResource[] = "kgpu.io/gpu";
+// The CDI device kind the handoff writes one spec per container for.
+inline constexpr char kKgpuShareCdiKind[] = "kgpu.io/share";
+// The CDI device name for a container holding slot `ids`: the lowest ID, with "::" as "_".
+std::string ShareCdiName(std::vector<std::string> ids);
 
 struct Plan {
   std::vector<Resource> resources;

@@ -61,7 +61,7 @@ class ResourceServer::Service final : public v1beta1::DevicePlugin::Service {
 
   grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
                                       v1beta1::DevicePluginOptions* out) override {
-    out->set_pre_start_required(false);
+    out->set_pre_start_required(owner_.resource().kgpu_shares);
     out->set_get_preferred_allocation_available(true);
     return grpc::Status::OK;
   }
@@ -122,6 +122,21 @@ class ResourceServer::Service final : public v1beta1::DevicePlugin::Service {
                         v1beta1::AllocateResponse* out) override {
     for (const auto& c : req->container_requests()) {
       const std::vector<std::string> ids(c.devices_ids().begin(), c.devices_ids().end());
+      if (owner_.resource().kgpu_shares) {
+        // Slots are a count: the GPUs come from the pod's record at PreStartContainer, through the
+        // CDI device named here (docs/sharing-model.md §5).
+        for (const auto& id : ids) {
+          if (owner_.resource().Find(id) == nullptr) {
+            return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, Cat("unknown ", kKgpuSharesResource, " slot ", id));
+          }
+        }
+        const std::string name = Cat(kKgpuShareCdiKind, "=", ShareCdiName(ids));
+        auto* resp = out->add_container_responses();
+        resp->add_cdi_devices()->set_name(name);
+        (*resp->mutable_annotations())[Cat(owner_.config_->cdi_annotation_prefix, "kgpu-share_", ShareCdiName(ids))] = name;
+        (*resp->mutable_envs())["KGPU_SHARE"] = ShareCdiName(ids);
+        continue;
+      }
       auto a = deviceplugin::Allocate(*owner_.plan_, owner_.resource(), *owner_.config_, ids, RandomId());
       if (!a.ok()) {
         Log("deviceplugin")->warn("{}: Allocate {} refused: {}", owner_.resource().name, Join(ids, ","),
@@ -149,8 +164,25 @@ class ResourceServer::Service final : public v1beta1::DevicePlugin::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status PreStartContainer(grpc::ServerContext*, const v1beta1::PreStartContainerRequest*,
+  grpc::Status PreStartContainer(grpc::ServerContext*, const v1beta1::PreStartContainerRequest* req,
                                  v1beta1::PreStartContainerResponse*) override {
+    if (!owner_.resource().kgpu_shares) return grpc::Status::OK;
+    const std::vector<std::string> ids(req->devices_ids().begin(), req->devices_ids().end());
+    ShareResolver resolve;
+    {
+      std::lock_guard<std::mutex> lock(owner_.mu_);
+      resolve = owner_.share_resolver_;
+    }
+    if (!resolve) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          Cat(kKgpuSharesResource, ": no allocation-record resolver (start the plugin with --kubeconfig "
+                                                   "or in a pod, and --node-name)"));
+    }
+    const absl::Status st = resolve(ids, ShareCdiName(ids));
+    if (!st.ok()) {
+      Log("deviceplugin")->warn("{}: PreStartContainer {}: {}", kKgpuSharesResource, Join(ids, ","), std::string(st.message()));
+      return ToGrpc(st);
+    }
     return grpc::Status::OK;
   }
 
@@ -167,6 +199,11 @@ ResourceServer::ResourceServer(std::shared_ptr<const Plan> plan, size_t resource
 }
 
 ResourceServer::~ResourceServer() { Stop(); }
+
+void ResourceServer::SetShareResolver(ShareResolver resolver) {
+  std::lock_guard<std::mutex> lock(mu_);
+  share_resolver_ = std::move(resolver);
+}
 
 absl::Status ResourceServer::Start() {
   ::unlink(socket_path_.c_str());  // a stale socket from an earlier run
@@ -293,7 +330,7 @@ absl::Status RegisterWithKubelet(const std::string& kubelet_socket, const std::s
   req.set_version("v1beta1");
   req.set_endpoint(endpoint);
   req.set_resource_name(resource);
-  req.mutable_options()->set_pre_start_required(false);
+  req.mutable_options()->set_pre_start_required(resource == kKgpuSharesResource);
   req.mutable_options()->set_get_preferred_allocation_available(true);
   v1beta1::Empty resp;
   grpc::ClientContext ctx;
@@ -419,6 +456,7 @@ absl::Status Manager::StartServers() {
     const Resource& r = plan_->resources[i];
     auto server = std::make_unique<ResourceServer>(plan_, i, config_, Cat(config_->kubelet_dir, "/", r.socket));
     server->SetOnChange(on_change_);
+    if (share_resolver_) server->SetShareResolver(share_resolver_);
     if (auto st = server->Start(); !st.ok()) {
       for (auto& s : servers_) s->Stop();
       servers_.clear();

@@ -46,6 +46,11 @@ struct DeviceState {
   bool operator==(const DeviceState&) const = default;
 };
 
+// Resolves a kgpu.io/gpu container at PreStartContainer: finds the container holding the slot
+// `ids` and writes the CDI spec of device kKgpuShareCdiKind=`cdi_name` from its allocation record
+// (cli/share_handoff.h). An error fails the container start; kubelet retries it.
+using ShareResolver = std::function<absl::Status(const std::vector<std::string>& ids, const std::string& cdi_name)>;
+
 class ResourceServer {
  public:
   ResourceServer(std::shared_ptr<const Plan> plan, size_t resource_index,
@@ -68,6 +73,8 @@ class ResourceServer {
   // Runs whenever the device list ListAndWatch serves changes (under this server's lock: it must
   // only record and wake). Set before Start.
   void SetOnChange(std::function<void()> fn) { on_change_ = std::move(fn); }
+  // kgpu.io/gpu only: who resolves PreStartContainer (none: it fails, naming the missing flags).
+  void SetShareResolver(ShareResolver resolver);
 
   const Resource& resource() const { return plan_->resources[index_]; }
   const Plan& plan() const { return *plan_; }
@@ -105,6 +112,7 @@ class ResourceServer {
   bool stopping_ = false;
   std::atomic<uint64_t> allocations_{0};
   std::function<void()> on_change_;
+  ShareResolver share_resolver_;  // guarded by mu_
 };
 
 // `kgpu mig apply` marks a GPU it is about to re-partition with the file
@@ -138,6 +146,8 @@ class Manager {
   absl::Status Reload(const Config& config);
   // Stops everything and removes our sockets (SIGTERM).
   void Stop();
+  // Before Start: resolves kgpu.io/gpu containers at PreStartContainer (every server gets it).
+  void SetShareResolver(ShareResolver resolver) { share_resolver_ = std::move(resolver); }
 
   std::vector<std::string> ResourceNames() const;
   // Number of completed (re-)registrations, for tests and logs.
@@ -183,6 +193,7 @@ class Manager {
 
   const nvml::Library& lib_;
   const gpu::DiscoverOptions discover_;
+  ShareResolver share_resolver_;
   std::shared_ptr<const gpu::Inventory> inventory_;  // guarded by mu_ after Start
   std::shared_ptr<const Config> config_;
   std::shared_ptr<const Plan> plan_;

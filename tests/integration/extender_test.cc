@@ -461,6 +461,7 @@ TEST_F(ExtenderTest, TheKgpuExtenderProcess) {
     return r && r->status == 200;
   })) << std::ifstream(log).rdbuf();
   const json pod = CreatePod(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}));
+  http.set_read_timeout(60, 0);  // a loaded 2-core machine
   auto f = http.Post("/filter", EncodeExtenderArgs(pod, {"n"}), "application/json");
   ASSERT_TRUE(f) << httplib::to_string(f.error()) << "\n" << std::ifstream(log).rdbuf();
   EXPECT_EQ(json::parse(f->body)["NodeNames"], json({"n"}));

@@ -419,6 +419,20 @@ absl::StatusOr<v1beta1::AllocateResponse> FakeKubelet::Allocate(const std::strin
   return response;
 }
 
+absl::Status FakeKubelet::PreStartContainer(const std::string& resource, std::vector<std::string> ids) {
+  auto ep = CurrentEndpoint(resource);
+  if (!ep.ok())
+    return ep.status();
+  v1beta1::PreStartContainerRequest request;
+  for (auto& id : ids)
+    request.add_devices_ids(std::move(id));
+  grpc::ClientContext ctx;
+  if (const auto t = CallTimeout(); t.count() > 0)
+    ctx.set_deadline(std::chrono::system_clock::now() + t);
+  v1beta1::PreStartContainerResponse response;
+  return ToAbsl((*ep)->stub->PreStartContainer(&ctx, request, &response));
+}
+
 absl::StatusOr<std::vector<std::string>> FakeKubelet::GetPreferredAllocation(
     const std::string& resource, std::vector<std::string> available,
     std::vector<std::string> must_include, int size) {

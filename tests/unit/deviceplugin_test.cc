@@ -245,8 +245,15 @@ TEST(PlanTest, SharingErrorsNameTheEntry) {
 
 TEST(PlanTest, ResourcesMustNotShareASocketOrHaveBadNames) {
   Node n("l4x4");
+  // Another domain keeps its name in the socket: no collision with nvidia.com/gpu.
+  auto acme = ParseConfig("sharing:\n  timeSlicing:\n    resources:\n"
+                          "    - {name: gpu, replicas: 2, devices: [0], rename: acme.com/gpu}\n", "t");
+  ASSERT_TRUE(acme.ok()) << acme.status();
+  auto served = BuildPlan(n.inv, *acme);
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ(SocketName("acme.com/gpu"), "acme.com-gpu.sock");
   auto c = ParseConfig("sharing:\n  timeSlicing:\n    resources:\n"
-                       "    - {name: gpu, replicas: 2, devices: [0], rename: acme.com/gpu}\n", "t");
+                       "    - {name: gpu, replicas: 2, devices: [0], rename: nvidia/gpu}\n", "t");
   ASSERT_TRUE(c.ok()) << c.status();
   auto p = BuildPlan(n.inv, *c);
   ASSERT_FALSE(p.ok());

@@ -11,6 +11,7 @@
 #include "cli/node_labels.h"
 #include "common/files.h"
 #include "deviceplugin/gfd_labels.h"
+#include "extender/inventory.h"
 #include "k8s/client.h"
 #include "testing/fake_apiserver.h"
 #include "testing/sim_gpus.h"
@@ -113,6 +114,31 @@ TEST(InventoryAnnotation, CompactVersionedAndStable) {
   EXPECT_TRUE(j["nvlinkIslands"].is_array());
   EXPECT_EQ(j["sharing"]["mode"], "none");
   EXPECT_LT(a.size(), 4096u) << "compact";
+}
+
+TEST(InventoryAnnotation, SharingGpusCarryTheirSlotsAndTheExtenderReadsThem) {
+  testing::SimGpus g("dgx-h100");
+  ASSERT_TRUE(g.inv);
+  ASSERT_GE(g.inv->gpus().size(), 3u);
+  // GPUs 0 and 1 serve kgpu.io/gpu (16 slots each); the others stay whole nvidia.com/gpu.
+  auto c = deviceplugin::ParseConfig("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+                                     "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: [0, 1]}\n",
+                                     "t");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const json j = json::parse(InventoryAnnotation(*g.inv, *c));
+  EXPECT_EQ(j["gpus"][0]["slots"], 16);
+  EXPECT_EQ(j["gpus"][1]["slots"], 16);
+  EXPECT_FALSE(j["gpus"][2].contains("slots"));
+  EXPECT_EQ(j["sharing"]["kgpu"]["enforcement"], json({"hard", "none"}));
+  auto node = extender::ParseInventoryAnnotation("n", InventoryAnnotation(*g.inv, *c));
+  ASSERT_TRUE(node.ok()) << node.status();
+  EXPECT_EQ(node->gpus[0].slots, 16);
+  EXPECT_EQ(node->gpus[2].slots, 0);
+  EXPECT_EQ(node->enforcement, (std::vector<std::string>{"hard", "none"}));
+  // Without a kgpu.io/gpu resource nothing says shares.
+  const json plain = json::parse(InventoryAnnotation(*g.inv, Config{}));
+  EXPECT_FALSE(plain["gpus"][0].contains("slots"));
+  EXPECT_FALSE(plain["sharing"].contains("kgpu"));
 }
 
 TEST(PublishToNode, PatchesOnlyOwnedLabelsAndOnlyWhenChanged) {

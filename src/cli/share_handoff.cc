@@ -1,0 +1,155 @@
+#include "cli/share_handoff.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/log.h"
+#include "common/strings.h"
+#include "deviceplugin/plan.h"
+#include "exporter/podresources.h"
+#include "extender/request.h"
+#include "k8s/resources.h"
+
+namespace kgpu::cli {
+namespace {
+using json = nlohmann::json;
+
+std::string Csv(const std::vector<std::string>& v) { return Join(v, ","); }
+
+}  // namespace
+
+std::vector<std::string> ShareEnv(const extender::RecordContainer& c) {
+  std::vector<std::string> uuids, limits, mps_limits;
+  for (size_t i = 0; i < c.gpus.size(); ++i) {
+    const auto& g = c.gpus[i];
+    uuids.push_back(g.uuid);
+    if (g.memory_mib > 0) {
+      limits.push_back(Cat(g.uuid, "=", g.memory_mib, "Mi"));
+      mps_limits.push_back(Cat(i, "=", g.memory_mib, "M"));
+    }
+  }
+  const std::string mode = c.enforcement.empty() ? "hard" : c.enforcement;
+  const int64_t cores = c.gpus.empty() ? 0 : c.gpus[0].cores;
+  std::vector<std::string> env = {Cat("NVIDIA_VISIBLE_DEVICES=", Csv(uuids)), Cat("KGPU_ENFORCEMENT=", mode),
+                                  Cat("KGPU_GPU_CORES=", cores)};
+  if (mode == "hard" && !limits.empty()) env.push_back(Cat("KGPU_CUDA_MEMORY_LIMIT=", Csv(limits)));
+  if (mode == "mps") {
+    if (!mps_limits.empty()) env.push_back(Cat("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=", Csv(mps_limits)));
+    if (cores > 0) env.push_back(Cat("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=", cores));
+  }
+  return env;
+}
+
+ShareHandoff::ShareHandoff(std::unique_ptr<k8s::Client> client, std::shared_ptr<const gpu::Inventory> inventory,
+                           ShareHandoffOptions options)
+    : client_(std::move(client)), inventory_(std::move(inventory)), opts_(std::move(options)) {
+  events_ = std::make_unique<k8s::EventRecorder>(*client_, "kgpu-device-plugin", opts_.node_name);
+}
+
+std::string ShareHandoff::SpecPath(const std::string& cdi_name) const {
+  return Cat(opts_.cdi_spec_dir, "/kgpu.io-share_", cdi_name, ".json");
+}
+
+absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const std::string& cdi_name) {
+  // 1. Which container holds these slots: kubelet recorded it before calling PreStartContainer.
+  auto held = exporter::ListPodResources(opts_.pod_resources_socket, opts_.timeout);
+  if (!held.ok()) return absl::UnavailableError(Cat("PodResources: ", held.status().message()));
+  const std::set<std::string> want(ids.begin(), ids.end());
+  std::optional<exporter::PodRef> owner;
+  size_t seen = 0;
+  for (const auto& d : *held) {
+    if (d.resource != deviceplugin::kKgpuSharesResource || !want.contains(d.device_id)) continue;
+    ++seen;
+    if (owner && !(*owner == d.pod)) {
+      return absl::FailedPreconditionError(Cat("slots ", Csv(ids), " are held by two containers (", owner->namespace_name, "/",
+                                               owner->pod, "/", owner->container, " and ", d.pod.namespace_name, "/", d.pod.pod,
+                                               "/", d.pod.container, "): kubelet's PodResources is inconsistent"));
+    }
+    owner = d.pod;
+  }
+  if (!owner) {
+    return absl::NotFoundError(Cat("no container holds slots ", Csv(ids), " in kubelet's PodResources yet"));
+  }
+  const std::string who = Cat(owner->namespace_name, "/", owner->pod, " container ", owner->container);
+  // 2. The record the extender wrote for it.
+  const std::string path = k8s::FindResource("pods")->Path(owner->namespace_name, owner->pod);
+  auto pod = client_->Get(path);
+  if (!pod.ok()) return absl::UnavailableError(Cat(who, ": ", pod.status().message()));
+  const json meta = pod->value("metadata", json::object());
+  const json ann = meta.value("annotations", json::object());
+  const auto it = ann.find(extender::kAnnotationAllocation);
+  if (it == ann.end() || !it->is_string()) {
+    return absl::FailedPreconditionError(Cat(who, ": the pod has no ", extender::kAnnotationAllocation,
+                                             " record (was it scheduled by kgpu extender? check its schedulerName)"));
+  }
+  auto record = extender::ParseRecord(it->get<std::string>());
+  if (!record.ok()) return absl::FailedPreconditionError(Cat(who, ": ", record.status().message()));
+  if (!opts_.node_name.empty() && record->node != opts_.node_name) {
+    return absl::FailedPreconditionError(Cat(who, ": the record is for node ", record->node, ", this is ", opts_.node_name));
+  }
+  const extender::RecordContainer* rc = nullptr;
+  for (const auto& c : record->containers) {
+    if (c.name == owner->container && c.resource == deviceplugin::kKgpuSharesResource) rc = &c;
+  }
+  if (rc == nullptr) return absl::FailedPreconditionError(Cat(who, ": the record has no kgpu.io/gpu entry for this container"));
+  if (rc->gpus.size() != ids.size() || seen != ids.size()) {
+    return absl::FailedPreconditionError(Cat(who, ": the record names ", rc->gpus.size(), " GPUs but kubelet gave ", ids.size(),
+                                             " slots"));
+  }
+  // 3. The CDI spec: exactly the record's GPUs, its limits.
+  json nodes = json::array();
+  const std::string root = opts_.dev_root == "/" ? "" : opts_.dev_root;
+  auto node = [&](const std::string& p) { return json{{"path", p}, {"hostPath", root + p}}; };
+  for (const auto& g : rc->gpus) {
+    const auto& gpus = inventory_->gpus();
+    const auto found = std::find_if(gpus.begin(), gpus.end(), [&](const gpu::Gpu& x) { return x.uuid == g.uuid; });
+    if (found == gpus.end()) return absl::FailedPreconditionError(Cat(who, ": the record names ", g.uuid, ", which this node does not have"));
+    if (found->mig_enabled) return absl::FailedPreconditionError(Cat(who, ": ", g.uuid, " is in MIG mode and serves no shares"));
+    nodes.push_back(node(Cat("/dev/nvidia", found->minor)));
+  }
+  for (const char* n : {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}) nodes.push_back(node(n));
+  const json spec = {{"cdiVersion", "0.5.0"},
+                     {"kind", deviceplugin::kKgpuShareCdiKind},
+                     {"devices", json::array({{{"name", cdi_name},
+                                               {"containerEdits", {{"env", ShareEnv(*rc)}, {"deviceNodes", nodes}}}}})}};
+  std::error_code ec;
+  std::filesystem::create_directories(opts_.cdi_spec_dir, ec);
+  const std::string file = SpecPath(cdi_name);
+  const std::string tmp = file + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << spec.dump(2) << "\n";
+    if (!out) {
+      return absl::UnavailableError(Cat("cannot write the CDI spec ", tmp, ": ", std::strerror(errno),
+                                        " (mount the CDI spec directory, or change --cdi-spec-dir)"));
+    }
+  }
+  if (std::rename(tmp.c_str(), file.c_str()) != 0) {
+    return absl::UnavailableError(Cat("cannot rename ", tmp, " to ", file, ": ", std::strerror(errno)));
+  }
+  // 4. Say what was applied, on the pod.
+  const std::string mode = rc->enforcement.empty() ? "hard" : rc->enforcement;
+  std::vector<std::string> what;
+  for (const auto& g : rc->gpus) what.push_back(Cat(g.uuid, " (", g.memory_mib, " MiB, ", g.cores, "% cores)"));
+  const std::string note =
+      Cat("container ", owner->container, ": ", Join(what, ", "), "; enforcement ", mode,
+          mode == "hard" ? " (KGPU_CUDA_MEMORY_LIMIT, enforced by the kgpu CUDA interposer)"
+          : mode == "mps" ? " (MPS per-client limits)"
+                          : " (time-slicing without isolation)");
+  json patch = {{"metadata", {{"annotations", {{extender::kAnnotationEnforcementApplied, Cat(owner->container, "=", mode)}}}}}};
+  if (auto p = client_->Patch(path, patch, "application/merge-patch+json"); !p.ok()) {
+    Log("deviceplugin")->warn("{}: cannot annotate the applied enforcement: {}", who, std::string(p.status().message()));
+  }
+  (void)events_->Record({"v1", "Pod", owner->namespace_name, owner->pod, meta.value("uid", "")}, "Normal", "GpuShareAssigned",
+                        "Allocate", note);
+  Log("deviceplugin")->info("{}: {}", who, note);
+  return absl::OkStatus();
+}
+
+}  // namespace kgpu::cli

@@ -1,0 +1,225 @@
+// The kgpu.io/gpu handoff (docs/sharing-model.md §5) end to end on one node: `kgpu device-plugin`
+// as a process on the simulated dgx-h100 serving kgpu.io/gpu slots, the kubelet stand-in calling
+// Allocate and then PreStartContainer as kubelet does (pre_start_required), the PodResources
+// stand-in holding kubelet's container -> slot view, and the API server stand-in holding pods with
+// allocation records. Many pods are admitted at once, in a random order, with slots deliberately
+// on other GPUs than their records: every container gets exactly its record's GPUs and limits.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "deviceplugin/plan.h"
+#include "extender/record.h"
+#include "k8s/client.h"
+#include "testing/fake_apiserver.h"
+#include "testing/fake_podresources.h"
+#include "testing/plugin_fixture.h"
+#include "testing/plugin_process.h"
+#include "testing/shell.h"
+
+namespace kgpu {
+namespace {
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+class ShareHandoffTest : public testing::PluginNodeTest {
+ protected:
+  void SetUp() override {
+    Init("dgx-h100");
+    ASSERT_TRUE(api_.Start().ok());
+    ASSERT_EQ(api_.Create("namespaces", "", {{"metadata", {{"name", "ns"}}}}).code, 201);
+    pr_ = std::make_unique<testing::FakePodResources>(sim_->dir() + "/pod-resources.sock");
+    ASSERT_TRUE(pr_->Start().ok());
+    cdi_ = sim_->dir() + "/cdi";
+    kubeconfig_ = sim_->dir() + "/kubeconfig";
+    std::ofstream(kubeconfig_) << api_.Kubeconfig();
+    const auto devices = testing::Shell(std::string(KGPU_BIN) + " --nvml-library " + testing::SimNode::LibraryPath() +
+                                        " devices --json");
+    ASSERT_EQ(devices.code, 0) << devices.out;
+    const json listed = json::parse(devices.out);
+    for (const auto& g : listed["gpus"]) {
+      uuids_.push_back(g["uuid"]);
+      minors_[g["uuid"]] = g["minor"];
+    }
+    const std::string config = WriteConfig(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: [0, 1, 2, 3]}\n");
+    plugin_ = std::make_unique<testing::Plugin>(
+        sim_->dir(), std::vector<std::string>{"--config-file", config, "--kubeconfig", kubeconfig_, "--node-name", "test-node",
+                                              "--pod-resources-socket", pr_->SocketPath(), "--cdi-spec-dir", cdi_});
+    ASSERT_TRUE(kubelet_->WaitFor("kgpu.io/gpu", [](const testing::ResourceState& s) { return s.connected && s.devices.size() == 64; },
+                                  20s))
+        << plugin_->Log();
+    ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const testing::ResourceState& s) { return s.devices.size() == 4; }, 10s));
+  }
+  void TearDown() override {
+    plugin_.reset();
+    pr_->Stop();
+  }
+  // A pod bound to test-node with a record for container "main".
+  void CreatePod(const std::string& name, const extender::RecordContainer& rc) {
+    extender::AllocationRecord r{"test-node", {rc}};
+    json pod = {{"metadata", {{"name", name}, {"namespace", "ns"}, {"annotations", {{"kgpu.io/allocation", extender::EncodeRecord(r)}}}}},
+                {"spec", {{"nodeName", "test-node"}, {"containers", json::array({{{"name", "main"}, {"image", "cuda"}}})}}}};
+    ASSERT_EQ(api_.Create("pods", "ns", pod).code, 201);
+  }
+  // Slot IDs of GPU `gpu` (kubelet's view).
+  std::vector<std::string> Slots(size_t gpu) {
+    std::vector<std::string> out;
+    const auto state = kubelet_->Get("kgpu.io/gpu");
+    for (const auto& d : state->devices) {
+      if (d.id.rfind(uuids_[gpu] + "::", 0) == 0) out.push_back(d.id);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  json Spec(const std::string& cdi_name) {
+    std::ifstream in(cdi_ + "/kgpu.io-share_" + cdi_name + ".json");
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str().empty() ? json() : json::parse(s.str());
+  }
+  static std::map<std::string, std::string> Env(const json& spec) {
+    std::map<std::string, std::string> env;
+    for (const auto& e : spec["devices"][0]["containerEdits"]["env"]) {
+      const std::string kv = e;
+      env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+    }
+    return env;
+  }
+  std::vector<std::string> GpuNodes(const json& spec) {
+    std::vector<std::string> out;
+    for (const auto& n : spec["devices"][0]["containerEdits"]["deviceNodes"]) {
+      const std::string p = n["path"];
+      if (p.find_first_of("0123456789") != std::string::npos && p.rfind("/dev/nvidia", 0) == 0) out.push_back(p);
+    }
+    return out;
+  }
+
+  testing::FakeApiServer api_;
+  std::unique_ptr<testing::FakePodResources> pr_;
+  std::unique_ptr<testing::Plugin> plugin_;
+  std::string cdi_, kubeconfig_;
+  std::vector<std::string> uuids_;
+  std::map<std::string, int> minors_;
+};
+
+TEST_F(ShareHandoffTest, ManyPodsAtOnceInAnyOrderGetExactlyTheirRecords) {
+  EXPECT_TRUE(kubelet_->Get("kgpu.io/gpu")->options.pre_start_required());
+  EXPECT_FALSE(kubelet_->Get("nvidia.com/gpu")->options.pre_start_required());
+  const char* modes[] = {"hard", "mps", "none"};
+  struct Want {
+    std::string pod, slot, gpu, mode;
+    int64_t mem, cores;
+  };
+  std::vector<Want> pods;
+  for (int i = 0; i < 16; ++i) {
+    // The record says GPU i%4; kubelet's slot is on GPU (i+1)%4: the record must win.
+    Want w{"p" + std::to_string(i), Slots(static_cast<size_t>((i + 1) % 4))[static_cast<size_t>(i / 4)],
+           uuids_[static_cast<size_t>(i % 4)], modes[i % 3], 1000 + 100 * i, 5 + i};
+    CreatePod(w.pod, {"main", "kgpu.io/gpu", w.mode, {{w.gpu, "", "", w.mem, w.cores}}});
+    pods.push_back(w);
+  }
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("admission order seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::shuffle(pods.begin(), pods.end(), rng);
+  // kubelet: Allocate per container (any order), then its PodResources view, then PreStart for all
+  // containers at once.
+  v1::ListPodResourcesResponse view;
+  for (const auto& w : pods) {
+    auto a = kubelet_->Allocate("kgpu.io/gpu", {w.slot});
+    ASSERT_TRUE(a.ok()) << a.status();
+    const auto& c = a->container_responses(0);
+    ASSERT_EQ(c.cdi_devices_size(), 1);
+    EXPECT_EQ(c.cdi_devices(0).name(), "kgpu.io/share=" + deviceplugin::ShareCdiName({w.slot}));
+    EXPECT_FALSE(c.envs().contains("NVIDIA_VISIBLE_DEVICES")) << "the GPUs come from the record, not from the slot";
+    testing::AddDevices(view, "ns", w.pod, "main", "kgpu.io/gpu", {w.slot});
+  }
+  pr_->SetListResponse(view);
+  std::shuffle(pods.begin(), pods.end(), rng);
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(pods.size());
+  for (size_t i = 0; i < pods.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = kubelet_->PreStartContainer("kgpu.io/gpu", {pods[i].slot}); });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < pods.size(); ++i) {
+    const Want& w = pods[i];
+    ASSERT_TRUE(results[i].ok()) << w.pod << ": " << results[i] << "\n" << plugin_->Log();
+    const json spec = Spec(deviceplugin::ShareCdiName({w.slot}));
+    ASSERT_FALSE(spec.is_null()) << w.pod;
+    EXPECT_EQ(spec["kind"], "kgpu.io/share");
+    EXPECT_EQ(spec["devices"][0]["name"], deviceplugin::ShareCdiName({w.slot}));
+    const auto env = Env(spec);
+    EXPECT_EQ(env.at("NVIDIA_VISIBLE_DEVICES"), w.gpu) << w.pod;
+    EXPECT_EQ(env.at("KGPU_ENFORCEMENT"), w.mode);
+    EXPECT_EQ(env.at("KGPU_GPU_CORES"), std::to_string(w.cores));
+    if (w.mode == "hard") {
+      EXPECT_EQ(env.at("KGPU_CUDA_MEMORY_LIMIT"), w.gpu + "=" + std::to_string(w.mem) + "Mi");
+    }
+    if (w.mode == "mps") {
+      EXPECT_EQ(env.at("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=" + std::to_string(w.mem) + "M");
+      EXPECT_EQ(env.at("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), std::to_string(w.cores));
+    }
+    if (w.mode == "none") {
+      EXPECT_FALSE(env.contains("KGPU_CUDA_MEMORY_LIMIT"));
+    }
+    EXPECT_EQ(GpuNodes(spec), std::vector<std::string>{"/dev/nvidia" + std::to_string(minors_[w.gpu])}) << w.pod;
+    const json pod = api_.Get("pods", "ns", w.pod).body;
+    EXPECT_EQ(pod["metadata"]["annotations"]["kgpu.io/enforcement-applied"], "main=" + w.mode);
+  }
+}
+
+TEST_F(ShareHandoffTest, MultiGpuShareAndRefusals) {
+  // Two slots of GPU 0 for a record of GPUs 1 and 2: both GPUs, their limits.
+  const auto s0 = Slots(0);
+  CreatePod("two", {"main", "kgpu.io/gpu", "hard", {{uuids_[1], "", "", 3000, 20}, {uuids_[2], "", "", 3000, 20}}});
+  v1::ListPodResourcesResponse view;
+  testing::AddDevices(view, "ns", "two", "main", "kgpu.io/gpu", {s0[0], s0[1]});
+  // A pod without a record, one whose record is for another node, one with too few GPUs.
+  ASSERT_EQ(api_.Create("pods", "ns", {{"metadata", {{"name", "bare"}, {"namespace", "ns"}}},
+                                       {"spec", {{"nodeName", "test-node"}, {"containers", json::array({{{"name", "main"}}})}}}})
+                .code,
+            201);
+  testing::AddDevices(view, "ns", "bare", "main", "kgpu.io/gpu", {s0[2]});
+  extender::AllocationRecord other{"other-node", {{"main", "kgpu.io/gpu", "hard", {{uuids_[0], "", "", 1000, 0}}}}};
+  ASSERT_EQ(api_.Create("pods", "ns", {{"metadata", {{"name", "moved"}, {"namespace", "ns"},
+                                                     {"annotations", {{"kgpu.io/allocation", extender::EncodeRecord(other)}}}}},
+                                       {"spec", {{"nodeName", "test-node"}, {"containers", json::array({{{"name", "main"}}})}}}})
+                .code,
+            201);
+  testing::AddDevices(view, "ns", "moved", "main", "kgpu.io/gpu", {s0[3]});
+  CreatePod("short", {"main", "kgpu.io/gpu", "hard", {{uuids_[3], "", "", 1000, 0}}});
+  testing::AddDevices(view, "ns", "short", "main", "kgpu.io/gpu", {s0[4], s0[5]});
+  pr_->SetListResponse(view);
+
+  ASSERT_TRUE(kubelet_->Allocate("kgpu.io/gpu", {s0[0], s0[1]}).ok());
+  ASSERT_TRUE(kubelet_->PreStartContainer("kgpu.io/gpu", {s0[1], s0[0]}).ok()) << plugin_->Log();
+  const json spec = Spec(deviceplugin::ShareCdiName({s0[0]}));
+  const auto env = Env(spec);
+  EXPECT_EQ(env.at("NVIDIA_VISIBLE_DEVICES"), uuids_[1] + "," + uuids_[2]);
+  EXPECT_EQ(env.at("KGPU_CUDA_MEMORY_LIMIT"), uuids_[1] + "=3000Mi," + uuids_[2] + "=3000Mi");
+  EXPECT_EQ(GpuNodes(spec), (std::vector<std::string>{"/dev/nvidia" + std::to_string(minors_[uuids_[1]]),
+                                                      "/dev/nvidia" + std::to_string(minors_[uuids_[2]])}));
+
+  auto bare = kubelet_->PreStartContainer("kgpu.io/gpu", {s0[2]});
+  EXPECT_NE(std::string(bare.message()).find("ns/bare container main: the pod has no kgpu.io/allocation record"),
+            std::string::npos)
+      << bare;
+  auto moved = kubelet_->PreStartContainer("kgpu.io/gpu", {s0[3]});
+  EXPECT_NE(std::string(moved.message()).find("the record is for node other-node, this is test-node"), std::string::npos) << moved;
+  auto shorter = kubelet_->PreStartContainer("kgpu.io/gpu", {s0[4], s0[5]});
+  EXPECT_NE(std::string(shorter.message()).find("the record names 1 GPUs but kubelet gave 2 slots"), std::string::npos) << shorter;
+  auto nobody = kubelet_->PreStartContainer("kgpu.io/gpu", {s0[9]});
+  EXPECT_NE(std::string(nobody.message()).find("no container holds slots"), std::string::npos) << nobody;
+}
+
+}  // namespace
+}  // namespace kgpu
