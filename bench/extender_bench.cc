@@ -1,0 +1,219 @@
+// extender_bench: plain driver. `kgpu extender` as a child process against the API server
+// stand-in (in this process) holding N GPU nodes (8 GPUs each: half serve shares, a quarter whole
+// GPUs, a quarter MIG 7x1g.10gb) and 2 bound pods with allocation records per node:
+//   1. time to ready (both informers synced, every record booked) and the extender's RSS;
+//   2. filter and prioritize latency over HTTP keep-alive, p50/p99, with every node in NodeNames
+//      (percentageOfNodesToScore: 100), for a share pod, a whole-GPU pod and a MIG pod;
+//   3. pods scheduled per second through the kube-scheduler stand-in (filter, prioritize, bind:
+//      the record write and pods/binding on the stand-in), 1 and 4 binding threads.
+// Usage: extender_bench [nodes...]   (default: 1000 5000)
+#include <httplib.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_util.h"
+#include "extender/record.h"
+#include "extender/wire.h"
+#include "k8s/client.h"
+#include "testing/fake_apiserver.h"
+#include "testing/fake_scheduler.h"
+#include "testing/gpu_nodes.h"
+
+namespace {
+using json = nlohmann::json;
+using namespace kgpu;
+
+std::vector<testing::TestGpu> GpusFor(int i) {
+  std::vector<testing::TestGpu> g;
+  for (int k = 0; k < 8; ++k) {
+    if (i % 4 < 2) {
+      g.push_back(testing::ShareGpu(81920));
+    } else if (i % 4 == 2) {
+      g.push_back(testing::WholeGpu());
+    } else {
+      g.push_back(testing::MigGpu({"1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb"}));
+    }
+  }
+  return g;
+}
+
+std::string NodeName(int i) { return "gpu-node-" + std::to_string(i); }
+
+json BoundPod(int node, int k) {
+  const std::string n = NodeName(node);
+  json pod;
+  extender::AllocationRecord r;
+  r.node = n;
+  if (node % 4 < 2) {
+    pod = testing::TestPod("bench", n + "-" + std::to_string(k), {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}});
+    r.containers.push_back({"main", "kgpu.io/gpu", "hard", {{testing::TestGpuUuid(n, static_cast<size_t>(k)), "", "", 20000, 0}}});
+  } else if (node % 4 == 2) {
+    pod = testing::TestPod("bench", n + "-" + std::to_string(k), {{"nvidia.com/gpu", "2"}});
+    r.containers.push_back({"main", "nvidia.com/gpu", "", {{testing::TestGpuUuid(n, static_cast<size_t>(2 * k)), "", "", 0, 0},
+                                                           {testing::TestGpuUuid(n, static_cast<size_t>(2 * k + 1)), "", "", 0, 0}}});
+  } else {
+    pod = testing::TestPod("bench", n + "-" + std::to_string(k), {{"nvidia.com/mig-1g.10gb", "1"}});
+    r.containers.push_back({"main", "nvidia.com/mig-1g.10gb", "",
+                            {{testing::TestGpuUuid(n, 0), "MIG-" + n + "-0-" + std::to_string(k), "1g.10gb", 9984, 0}}});
+  }
+  pod["spec"]["nodeName"] = n;
+  pod["metadata"]["annotations"]["kgpu.io/allocation"] = extender::EncodeRecord(r);
+  pod["status"]["phase"] = "Running";
+  return pod;
+}
+
+void Print(const char* what, const bench::Stats& s) {
+  std::printf("  %-34s n=%-5zu p50 %8.3f ms  p99 %8.3f ms  max %8.3f ms\n", what, s.n, s.p50, s.p99, s.max);
+}
+
+int Run(int nodes) {
+  std::printf("== %d nodes, %d GPUs, %d bound pods\n", nodes, nodes * 8, nodes * 2);
+  testing::FakeApiServerOptions ao;
+  ao.history_window = 1000000;
+  testing::FakeApiServer api(ao);
+  if (!api.Start().ok()) return 1;
+  api.Create("namespaces", "", {{"metadata", {{"name", "bench"}}}});
+  for (int i = 0; i < nodes; ++i) api.Create("nodes", "", testing::TestNode(NodeName(i), GpusFor(i)));
+  for (int i = 0; i < nodes; ++i) {
+    for (int k = 0; k < 2; ++k) api.Create("pods", "bench", BoundPod(i, k));
+  }
+  char dir[] = "/tmp/kgpu-extender-bench-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return 1;
+  const std::string kubeconfig = std::string(dir) + "/kubeconfig";
+  std::ofstream(kubeconfig) << api.Kubeconfig();
+  const int64_t t0 = bench::NowNs();
+  const std::string log = std::string(dir) + "/extender.log";
+  const pid_t pid = bench::Spawn({KGPU_BIN, "--log-level", "info", "extender", "--kubeconfig", kubeconfig, "--address",
+                                  "127.0.0.1:0"},
+                                 environ, log);
+  // Port 0: the extender logs the port it bound ("listening on port N").
+  int port = 0;
+  while (port == 0 && bench::NowNs() - t0 < 300'000'000'000LL) {
+    const std::string text = bench::ReadFile(log);
+    if (const size_t at = text.find("listening on port "); at != std::string::npos) {
+      port = std::atoi(text.c_str() + at + std::strlen("listening on port "));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  if (port == 0) {
+    std::printf("  the extender did not start: %s\n", bench::ReadFile(log).c_str());
+    return 1;
+  }
+  httplib::Client http("127.0.0.1", port);
+  http.set_keep_alive(true);
+  bool ready = false;
+  while (bench::NowNs() - t0 < 300'000'000'000LL) {
+    auto r = http.Get("/readyz");
+    if (r && r->status == 200) {
+      ready = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!ready) {
+    std::printf("  the extender did not get ready: %s\n", bench::ReadFile(std::string(dir) + "/extender.log").c_str());
+    return 1;
+  }
+  auto m = http.Get("/metrics");
+  const bool all_booked = m && m->body.find("kgpu_extender_pods_booked " + std::to_string(nodes * 2)) != std::string::npos;
+  const auto mem = bench::ReadProcMem(pid);
+  std::printf("  ready after %.2f s (records booked: %s), RSS %.1f MB (HWM %.1f MB)\n",
+              static_cast<double>(bench::NowNs() - t0) / 1e9, all_booked ? "all" : "NOT ALL", mem.rss_mb, mem.hwm_mb);
+
+  std::vector<std::string> names;
+  for (int i = 0; i < nodes; ++i) names.push_back(NodeName(i));
+  const std::vector<std::pair<const char*, json>> shapes = {
+      {"share 1 x 8000 MiB", testing::TestPod("bench", "probe-share", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}})},
+      {"share 2 x 10000 MiB 30%", testing::TestPod("bench", "probe-share2", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "20000"},
+                                                                             {"kgpu.io/gpu-cores", "60"}})},
+      {"whole 4 GPUs", testing::TestPod("bench", "probe-whole", {{"nvidia.com/gpu", "4"}})},
+      {"MIG 1g.10gb", testing::TestPod("bench", "probe-mig", {{"nvidia.com/mig-1g.10gb", "1"}})},
+  };
+  for (const auto& [what, pod] : shapes) {
+    const std::string body = extender::EncodeExtenderArgs(pod, names);
+    for (const char* verb : {"filter", "prioritize"}) {
+      std::vector<double> ms;
+      for (int i = 0; i < 200; ++i) {
+        const int64_t s = bench::NowNs();
+        auto r = http.Post(std::string("/gpu/") + verb, body, "application/json");
+        const int64_t e = bench::NowNs();
+        if (!r || r->status != 200) {
+          std::printf("  %s failed\n", verb);
+          return 1;
+        }
+        if (i >= 10) ms.push_back(static_cast<double>(e - s) / 1e6);
+      }
+      Print((std::string(verb) + " " + what).c_str(), bench::Summarize(ms));
+    }
+  }
+
+  // Pods per second through the kube-scheduler stand-in.
+  k8s::Config kc;
+  kc.server = api.url();
+  kc.qps = 0;
+  auto client = std::move(*k8s::Client::Create(kc));
+  testing::FakeSchedulerOptions so;
+  so.url_prefix = "http://127.0.0.1:" + std::to_string(port) + "/gpu";
+  testing::FakeScheduler sched(*client, so);
+  for (int threads : {1, 4}) {
+    const int count = 400;
+    std::vector<json> pods;
+    for (int i = 0; i < count; ++i) {
+      auto r = api.Create("pods", "bench",
+                          testing::TestPod("bench", "s" + std::to_string(threads) + "-" + std::to_string(i),
+                                           {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "5"}}));
+      pods.push_back(r.body);
+    }
+    std::atomic<int> next{0}, bound{0};
+    std::vector<double> decide_ms;
+    std::mutex mu;
+    const int64_t s = bench::NowNs();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&] {
+        for (int i = next++; i < count; i = next++) {
+          const int64_t a = bench::NowNs();
+          auto out = sched.ScheduleOne(pods[static_cast<size_t>(i)]);
+          const int64_t b = bench::NowNs();
+          if (out.ok() && out->bound) ++bound;
+          std::lock_guard lock(mu);
+          decide_ms.push_back(static_cast<double>(b - a) / 1e6);
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    const double secs = static_cast<double>(bench::NowNs() - s) / 1e9;
+    std::printf("  scheduler stand-in, %d thread(s): %d/%d pods bound in %.2f s = %.0f pods/s\n", threads, bound.load(), count,
+                secs, bound.load() / secs);
+    Print("  per pod (stand-in + extender + API)", bench::Summarize(decide_ms));
+  }
+  const auto after = bench::ReadProcMem(pid);
+  std::printf("  extender RSS after scheduling %.1f MB (HWM %.1f MB)\n", after.rss_mb, after.hwm_mb);
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  bench::UntrackChild(pid);
+  std::filesystem::remove_all(dir);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::InstallFatalSignalHandlers({SIGINT, SIGTERM, SIGSEGV, SIGABRT});
+  std::vector<int> sizes;
+  for (int i = 1; i < argc; ++i) sizes.push_back(std::atoi(argv[i]));
+  if (sizes.empty()) sizes = {1000, 5000};
+  for (int n : sizes) {
+    if (int rc = Run(n); rc != 0) return rc;
+  }
+  return 0;
+}
