@@ -495,10 +495,11 @@ void Manager::WriteServedHealthLocked() {
   std::string text = HealthFileJson(served);
   if (text == health_written_) return;
   if (auto st = WriteHealthFile(config_->kubelet_dir, served); !st.ok()) {
-    Log("deviceplugin")->warn("{}: `kgpu doctor` and `kgpu health` cannot show the health served here",
-                              std::string(st.message()));
+    health_file_log_.Report(spdlog::level::warn, Cat(st.message(), ": `kgpu doctor` and `kgpu health` cannot show "
+                                                     "the health served here (logged again when this changes)"));
     return;
   }
+  health_file_log_.Clear(Cat("the served health is written to ", config_->kubelet_dir, "/", kHealthFileName, " again"));
   health_written_ = std::move(text);
 }
 
