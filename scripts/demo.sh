@@ -172,4 +172,5 @@ kill -TERM "$api" 2>/dev/null; wait "$api" 2>/dev/null || true
 
 step "Kubernetes <-> Slurm: an idle Slurm node lent to a GPU pod, then reclaimed for a job (none killed)"
 "$(dirname "$0")/demo-slurm.sh" "$build"
+step "A failing GPU never goes silent: a lost GPU keeps kgpu_gpu_up 0 and its XID 79; a hung GPU is a doctor FAIL in 2 s"; "$(dirname "$0")/demo-node-silent.sh" "$build"
 step "done"

@@ -4,6 +4,8 @@
 //
 // Thread-safety: each call is independent.
 
+#include <chrono>
+#include <map>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -26,15 +28,25 @@ struct NodeOptions {
   // kgpu doctor's cluster checks: with a kubeconfig, or in-cluster when asked.
   std::string kubeconfig, kube_context, node_name;
   bool in_cluster = false;
+  // kgpu doctor / devices (--nvml-deadline-ms): a GPU whose NVML calls take longer is reported
+  // hung instead of blocking the command. 0: no deadline (wait for NVML).
+  std::chrono::milliseconds nvml_deadline{0};
 };
 
 // One NVML session and the inventory discovered through it.
 struct Session {
-  std::unique_ptr<nvml::Library> lib;
+  std::shared_ptr<nvml::Library> lib;  // shared with threads left in a hung NVML call
   std::shared_ptr<const gpu::Inventory> inventory;
 };
-// Opens NVML and discovers the GPUs; errors say which of the two failed.
+// Opens NVML and discovers the GPUs (within options.nvml_deadline per GPU when set); errors say
+// which of the two failed.
 absl::StatusOr<Session> OpenSession(const NodeOptions& options);
+// GPU index -> UUID as the kgpu device plugin in options.kubelet_dir last served them (its
+// health file), for naming a GPU NVML cannot read now; empty when there is none.
+std::map<unsigned, std::string> PluginGpuUuids(const NodeOptions& options);
+// The health a running kgpu device plugin in options.kubelet_dir serves now (its health file),
+// per device ID; empty when no plugin socket there answers ListAndWatch or there is no file.
+std::map<std::string, std::pair<bool, std::string>> PluginServedHealth(const NodeOptions& options);
 
 int RunDevices(const NodeOptions& options, bool json, std::ostream& out);
 

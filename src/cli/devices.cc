@@ -1,11 +1,14 @@
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <iomanip>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "common/strings.h"
+#include "deviceplugin/health_file.h"
+#include "deviceplugin/server.h"
 #include "gpu/inventory.h"
 #include "nvml/library.h"
 
@@ -14,12 +17,29 @@ namespace {
 
 std::string Status(const gpu::Gpu& g) {
   if (g.lost) return "lost";
+  if (g.hung) return "hung";
   if (!g.error.empty()) return "error";
   if (g.mig_pending) return "mig-pending-reset";
   return "ok";
 }
 
-nlohmann::json ToJson(const gpu::Inventory& inv, const std::string& library) {
+// UUIDs of hung GPUs, from the device plugin's health file (NVML cannot be asked).
+struct Names {
+  std::map<unsigned, std::string> plugin_uuids;
+  std::string kubelet_dir;
+  std::string Uuid(const gpu::Gpu& g) const {
+    if (!g.uuid.empty() || !g.hung) return g.uuid;
+    const auto it = plugin_uuids.find(g.index);
+    return it == plugin_uuids.end() ? std::string() : it->second;
+  }
+  std::string Error(const gpu::Gpu& g) const {
+    if (!g.hung) return g.error;
+    return Cat(g.error, Uuid(g).empty() ? Cat("; UUID unknown (no kgpu device plugin state in ", kubelet_dir, ")")
+                                         : std::string("; UUID as the device plugin last served it"));
+  }
+};
+
+nlohmann::json ToJson(const gpu::Inventory& inv, const std::string& library, const Names& names) {
   nlohmann::json j;
   j["library"] = library;
   j["driverVersion"] = inv.driver_version();
@@ -27,7 +47,7 @@ nlohmann::json ToJson(const gpu::Inventory& inv, const std::string& library) {
   j["nvmlVersion"] = inv.nvml_version();
   j["gpus"] = nlohmann::json::array();
   for (const auto& g : inv.gpus()) {
-    nlohmann::json x = {{"index", g.index},          {"uuid", g.uuid},
+    nlohmann::json x = {{"index", g.index},          {"uuid", names.Uuid(g)},
                         {"name", g.name},            {"pciBusId", g.bus_id},
                         {"minor", g.minor},          {"memoryMiB", g.memory_mib},
                         {"computeCapability", Cat(g.cc_major, ".", g.cc_minor)},
@@ -35,7 +55,7 @@ nlohmann::json ToJson(const gpu::Inventory& inv, const std::string& library) {
                         {"numaNode", g.numa_node},   {"migCapable", g.mig_capable},
                         {"migEnabled", g.mig_enabled}, {"migPendingReset", g.mig_pending},
                         {"status", Status(g)}};
-    if (!g.error.empty()) x["error"] = g.error;
+    if (!g.error.empty()) x["error"] = names.Error(g);
     x["migDevices"] = nlohmann::json::array();
     for (const auto& m : g.migs) {
       x["migDevices"].push_back({{"uuid", m.uuid},
@@ -56,7 +76,7 @@ nlohmann::json ToJson(const gpu::Inventory& inv, const std::string& library) {
   return j;
 }
 
-void PrintTable(const gpu::Inventory& inv, const std::string& library, std::ostream& out) {
+void PrintTable(const gpu::Inventory& inv, const std::string& library, const Names& names, std::ostream& out) {
   out << "NVML library: " << library << "\n"
       << "Driver " << inv.driver_version() << "   CUDA " << inv.cuda_version() << "   NVML "
       << inv.nvml_version() << "   " << inv.gpus().size() << " GPU(s)\n\n";
@@ -68,12 +88,12 @@ void PrintTable(const gpu::Inventory& inv, const std::string& library, std::ostr
     const std::string numa = g.numa_node < 0 ? "-" : std::to_string(g.numa_node);
     const std::string mig = !g.mig_capable ? "n/a" : g.mig_enabled ? "on" : "off";
     std::snprintf(line, sizeof line, "%-4u %-40s %-24s %-17s %6lluMiB %4s %4s %-5s %s\n", g.index,
-                  g.uuid.empty() ? "?" : g.uuid.c_str(), g.name.substr(0, 24).c_str(),
+                  names.Uuid(g).empty() ? "?" : names.Uuid(g).c_str(), g.name.substr(0, 24).c_str(),
                   g.bus_id.c_str(), static_cast<unsigned long long>(g.memory_mib),
                   Cat(g.cc_major, ".", g.cc_minor).c_str(), numa.c_str(), mig.c_str(),
                   Status(g).c_str());
     out << line;
-    if (!g.error.empty()) out << "     error: " << g.error << "\n";
+    if (!g.error.empty()) out << "     error: " << names.Error(g) << "\n";
     for (const auto& m : g.migs) {
       std::snprintf(line, sizeof line, "     `- MIG %-12s GI %-2u CI %-2u %-41s %6lluMiB\n",
                     m.profile.c_str(), m.gi, m.ci, m.uuid.c_str(),
@@ -100,13 +120,42 @@ void PrintTable(const gpu::Inventory& inv, const std::string& library, std::ostr
 }  // namespace
 
 absl::StatusOr<Session> OpenSession(const NodeOptions& options) {
-  auto lib = nvml::Library::Open({options.nvml_library});
-  if (!lib.ok()) return lib.status();
-  auto inv = gpu::Inventory::Discover(**lib, {options.sysfs_root});
+  auto opened = nvml::Library::Open({options.nvml_library});
+  if (!opened.ok()) return opened.status();
+  std::shared_ptr<nvml::Library> lib = std::move(*opened);
+  auto inv = options.nvml_deadline.count() > 0
+                 ? gpu::Inventory::Discover(lib, {options.sysfs_root}, options.nvml_deadline)
+                 : gpu::Inventory::Discover(*lib, {options.sysfs_root});
   if (!inv.ok()) {
     return absl::Status(inv.status().code(), Cat("GPU discovery failed: ", inv.status().message()));
   }
-  return Session{std::move(*lib), *inv};
+  return Session{std::move(lib), *inv};
+}
+
+std::map<unsigned, std::string> PluginGpuUuids(const NodeOptions& options) {
+  std::map<unsigned, std::string> out;
+  auto served = deviceplugin::ReadHealthFile(options.kubelet_dir);
+  if (!served.ok()) return out;
+  for (const auto& d : *served) {
+    if (!d.mig && d.gpu >= 0) out[static_cast<unsigned>(d.gpu)] = d.id;
+  }
+  return out;
+}
+
+std::map<std::string, std::pair<bool, std::string>> PluginServedHealth(const NodeOptions& options) {
+  std::map<std::string, std::pair<bool, std::string>> out;
+  bool answers = false;
+  for (const auto& socket : deviceplugin::PluginSockets(options.kubelet_dir)) {
+    if (deviceplugin::ReadAdvertised(Cat(options.kubelet_dir, "/", socket), std::chrono::seconds(2)).ok()) {
+      answers = true;
+      break;
+    }
+  }
+  if (!answers) return out;  // a health file without a live plugin is stale
+  auto served = deviceplugin::ReadHealthFile(options.kubelet_dir);
+  if (!served.ok()) return out;
+  for (const auto& d : *served) out[d.id] = {d.healthy, d.reason};
+  return out;
 }
 
 int RunDevices(const NodeOptions& options, bool json, std::ostream& out) {
@@ -115,10 +164,14 @@ int RunDevices(const NodeOptions& options, bool json, std::ostream& out) {
     out << "kgpu devices: " << session.status().message() << "\n";
     return 1;
   }
+  // A hung GPU's UUID cannot be read from NVML: name it from the device plugin's last state.
+  const bool hung = std::any_of(session->inventory->gpus().begin(), session->inventory->gpus().end(),
+                                [](const gpu::Gpu& g) { return g.hung; });
+  const Names names{hung ? PluginGpuUuids(options) : std::map<unsigned, std::string>{}, options.kubelet_dir};
   if (json) {
-    out << ToJson(*session->inventory, session->lib->path()).dump(2) << "\n";
+    out << ToJson(*session->inventory, session->lib->path(), names).dump(2) << "\n";
   } else {
-    PrintTable(*session->inventory, session->lib->path(), out);
+    PrintTable(*session->inventory, session->lib->path(), names, out);
   }
   return 0;
 }

@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include "cli/commands.h"
 #include "cli/doctor_cluster.h"
 #include "common/strings.h"
+#include "deviceplugin/health_file.h"
 #include "deviceplugin/mps.h"
 #include "deviceplugin/server.h"
 #include "gpu/inventory.h"
@@ -41,13 +44,14 @@ void CheckNodes(const std::vector<std::string>& paths, std::vector<std::string>*
 
 // What each device plugin socket in the kubelet directory advertises: resources with zero devices
 // (their MIG instances are gone; pods asking for them stay Pending) and unhealthy devices.
-void CheckPlugins(const NodeOptions& options, std::vector<Check>* checks) {
+// Returns whether a plugin answers ListAndWatch.
+bool CheckPlugins(const NodeOptions& options, std::vector<Check>* checks) {
   const std::vector<std::string> sockets = deviceplugin::PluginSockets(options.kubelet_dir);
   if (sockets.empty()) {
     checks->push_back({"Device plugin", Verdict::kWarn, Cat("no plugin socket in ", options.kubelet_dir),
                        "run kgpu device-plugin (deploy/device-plugin) and mount the host's kubelet device-plugin "
                        "directory; use --kubelet-dir when kubelet uses another root"});
-    return;
+    return false;
   }
   std::vector<std::string> served, empty, unhealthy, dead;
   for (const auto& s : sockets) {
@@ -94,13 +98,17 @@ void CheckPlugins(const NodeOptions& options, std::vector<Check>* checks) {
                        "see `kgpu health` and the plugin log for the XID or probe that failed; for MPS resources, the "
                        "MPS check below"});
   }
+  return !served.empty();
 }
 
 // MPS control daemons under mpsRoot: each <resource>/pipe answers, .ready exists, shm is a tmpfs.
 void CheckMps(const NodeOptions& options, std::vector<Check>* checks) {
   std::error_code ec;
   const std::filesystem::path root = std::filesystem::path(options.mps_root).lexically_normal();
-  if (!std::filesystem::is_directory(root, ec)) return;  // MPS not in use on this node
+  if (!std::filesystem::is_directory(root, ec)) {
+    checks->push_back({"MPS daemons", Verdict::kPass, Cat("MPS not in use (no ", options.mps_root, ")"), ""});
+    return;
+  }
   // The daemons that were started: <resource>/.started (a stopped one removes it; its pipe
   // directory stays behind and means nothing).
   std::vector<std::filesystem::path> dirs;
@@ -110,7 +118,10 @@ void CheckMps(const NodeOptions& options, std::vector<Check>* checks) {
     if (it->path().filename() == ".started") dirs.push_back(it->path().parent_path());
   }
   std::sort(dirs.begin(), dirs.end());
-  if (dirs.empty()) return;
+  if (dirs.empty()) {
+    checks->push_back({"MPS daemons", Verdict::kPass, Cat("MPS not in use (no daemon started under ", options.mps_root, ")"), ""});
+    return;
+  }
   std::vector<std::string> down, up;
   for (const auto& dir : dirs) {
     const std::string pipe = (dir / "pipe").string();
@@ -148,21 +159,24 @@ void CheckMps(const NodeOptions& options, std::vector<Check>* checks) {
 }  // namespace
 
 std::vector<Check> DoctorChecks(const NodeOptions& options) {
+  // Every check runs, whatever failed before it; one that depends on something missing says what
+  // it could not check and why.
   std::vector<Check> checks;
-  auto lib = nvml::Library::Open({options.nvml_library});
-  if (!lib.ok()) {
-    checks.push_back({"NVML library", Verdict::kFail, std::string(lib.status().message()),
+  const std::string no_nvml = "not checked: NVML is not available (see the NVML library check)";
+  std::shared_ptr<nvml::Library> lib;
+  if (auto opened = nvml::Library::Open({options.nvml_library}); opened.ok()) {
+    lib = std::move(*opened);
+    checks.push_back({"NVML library", Verdict::kPass, Cat("loaded ", lib->path()), ""});
+  } else {
+    checks.push_back({"NVML library", Verdict::kFail, std::string(opened.status().message()),
                       "install the NVIDIA driver (its user-space libnvidia-ml.so.1), or set "
                       "--nvml-library / KGPU_NVML_LIBRARY to the library's path"});
-    checks.push_back({"GPUs enumerable", Verdict::kFail, "skipped: NVML is not available",
-                      "fix the NVML library check first"});
-    return checks;
   }
-  checks.push_back({"NVML library", Verdict::kPass, Cat("loaded ", (*lib)->path()), ""});
 
-  auto driver = (*lib)->DriverVersion();
-  auto cuda = (*lib)->CudaDriverVersion();
-  if (driver.ok()) {
+  if (!lib) {
+    checks.push_back({"Driver version", Verdict::kWarn, no_nvml, "fix the NVML library check first"});
+  } else if (auto driver = lib->DriverVersion(); driver.ok()) {
+    auto cuda = lib->CudaDriverVersion();
     checks.push_back({"Driver version", Verdict::kPass,
                       Cat(*driver, cuda.ok() ? Cat(" (CUDA ", *cuda / 1000, ".", (*cuda % 1000) / 10, ")")
                                              : std::string()),
@@ -173,59 +187,117 @@ std::vector<Check> DoctorChecks(const NodeOptions& options) {
                       "the driver so both match"});
   }
 
-  auto inv = gpu::Inventory::Discover(**lib, {options.sysfs_root});
-  if (!inv.ok() || (*inv)->gpus().empty()) {
-    checks.push_back({"GPUs enumerable", Verdict::kFail,
-                      inv.ok() ? "NVML reports 0 GPUs" : std::string(inv.status().message()),
-                      "check `lspci | grep -i nvidia` and `dmesg | grep -i nvrm`; in a container, "
-                      "NVIDIA_VISIBLE_DEVICES=all and the NVIDIA runtime are needed"});
-    return checks;
+  std::shared_ptr<const gpu::Inventory> inventory;
+  if (!lib) {
+    checks.push_back({"GPUs enumerable", Verdict::kFail, no_nvml, "fix the NVML library check first"});
+  } else {
+    auto inv = options.nvml_deadline.count() > 0 ? gpu::Inventory::Discover(lib, {options.sysfs_root}, options.nvml_deadline)
+                                                 : gpu::Inventory::Discover(*lib, {options.sysfs_root});
+    if (!inv.ok() || (*inv)->gpus().empty()) {
+      checks.push_back({"GPUs enumerable", Verdict::kFail,
+                        inv.ok() ? "NVML reports 0 GPUs" : std::string(inv.status().message()),
+                        "check `lspci | grep -i nvidia` and `dmesg | grep -i nvrm`; in a container, "
+                        "NVIDIA_VISIBLE_DEVICES=all and the NVIDIA runtime are needed"});
+    } else {
+      inventory = *inv;
+      const auto& gpus = inventory->gpus();
+      checks.push_back({"GPUs enumerable", Verdict::kPass, Cat(gpus.size(), " GPU(s): ", gpus[0].name), ""});
+    }
   }
-  const auto& gpus = (*inv)->gpus();
-  checks.push_back({"GPUs enumerable", Verdict::kPass, Cat(gpus.size(), " GPU(s): ", gpus[0].name), ""});
+  static const std::vector<gpu::Gpu> kNoGpus;
+  const std::vector<gpu::Gpu>& gpus = inventory ? inventory->gpus() : kNoGpus;
 
-  // Device nodes the container runtime and the device plugin hand to pods.
+  // Device nodes the container runtime and the device plugin hand to pods. Without an inventory
+  // only the GPU-independent ones can be checked.
   std::vector<std::string> nodes = {options.dev_root + "/nvidiactl", options.dev_root + "/nvidia-uvm"};
   for (const auto& g : gpus) {
     if (g.error.empty()) nodes.push_back(Cat(options.dev_root, "/nvidia", g.minor));
   }
+  const std::string per_gpu = inventory ? std::string() : "; the per-GPU nodes (/dev/nvidiaN) not checked: no GPU was enumerated";
   std::vector<std::string> missing, not_char;
   CheckNodes(nodes, &missing, &not_char);
   if (!missing.empty()) {
-    checks.push_back({"Device nodes", Verdict::kFail, Cat("missing: ", Join(missing, ", ")),
+    checks.push_back({"Device nodes", Verdict::kFail, Cat("missing: ", Join(missing, ", "), per_gpu),
                       "load the kernel modules and create the nodes (`nvidia-modprobe -c 0 -u`, or "
                       "`nvidia-smi` once as root); in a container, mount the host's /dev"});
   } else if (!not_char.empty()) {
     checks.push_back({"Device nodes", Verdict::kWarn,
-                      Cat("not character devices: ", Join(not_char, ", ")),
+                      Cat("not character devices: ", Join(not_char, ", "), per_gpu),
                       "these paths exist but are not device nodes; pods given them cannot reach the GPU"});
   } else {
-    checks.push_back({"Device nodes", Verdict::kPass, Cat(nodes.size(), " present"), ""});
+    checks.push_back({"Device nodes", inventory ? Verdict::kPass : Verdict::kWarn, Cat(nodes.size(), " present", per_gpu),
+                      inventory ? "" : "fix the GPU checks above first"});
   }
 
+  // The plugin's checks run now (their output follows "GPUs healthy"): GPU health comes from NVML
+  // and from what the plugin serves.
+  std::vector<Check> plugin_checks;
+  const bool plugin_answers = CheckPlugins(options, &plugin_checks);
+  std::vector<deviceplugin::ServedHealth> served;
+  if (plugin_answers) {
+    if (auto file = deviceplugin::ReadHealthFile(options.kubelet_dir); file.ok()) served = std::move(*file);
+  }
+  // UUIDs NVML cannot give (a hung or lost GPU): the plugin's state names them, even a stale one
+  // (a GPU's UUID does not change); a live plugin's state wins.
+  std::map<unsigned, std::string> served_uuid = PluginGpuUuids(options);
+  for (const auto& d : served) {
+    if (!d.mig && d.gpu >= 0) served_uuid[static_cast<unsigned>(d.gpu)] = d.id;
+  }
+  auto uuid_of = [&](const gpu::Gpu& g) -> std::string {
+    if (!g.uuid.empty()) return g.uuid;
+    const auto it = served_uuid.find(g.index);
+    return it != served_uuid.end() ? it->second
+                                   : Cat("unknown (NVML did not answer; no kgpu device plugin state in ", options.kubelet_dir, ")");
+  };
   std::vector<std::string> bad, pending;
+  std::set<std::string> named;  // device IDs already reported from NVML
+  std::set<int> bad_index;      // and their GPU indices (their MIG devices need no line of their own)
   for (const auto& g : gpus) {
     if (g.lost) {
-      bad.push_back(Cat("GPU ", g.index, " is lost (fell off the bus)"));
+      bad.push_back(Cat("GPU ", g.index, " is lost (fell off the bus), UUID ", uuid_of(g)));
+    } else if (g.hung) {
+      bad.push_back(Cat("GPU ", g.index, " is hung: ", g.error, ", UUID ", uuid_of(g)));
     } else if (!g.error.empty()) {
-      bad.push_back(Cat("GPU ", g.index, ": ", g.error));
+      bad.push_back(Cat("GPU ", g.index, ": ", g.error, ", UUID ", uuid_of(g)));
     } else if (g.mig_pending) {
       pending.push_back(Cat("GPU ", g.index));
     }
+    if (!g.error.empty()) {
+      named.insert(uuid_of(g));
+      bad_index.insert(static_cast<int>(g.index));
+    }
+  }
+  for (const auto& d : served) {
+    if (d.healthy || named.count(d.id) != 0 || bad_index.count(d.gpu) != 0) continue;
+    const std::string gpu = d.gpu >= 0 ? Cat("GPU ", d.gpu) : std::string("a GPU");
+    bad.push_back(Cat(gpu, d.mig ? Cat(" MIG device ", d.id) : std::string(), " is Unhealthy in the device plugin: ",
+                      d.reason.empty() ? std::string("no reason given") : d.reason,
+                      d.mig ? std::string() : Cat(", UUID ", d.id)));
   }
   if (!bad.empty()) {
     checks.push_back({"GPUs healthy", Verdict::kFail, Join(bad, "; "),
                       "drain the node and reset the GPU (`nvidia-smi -r -i <index>`) or reboot; a "
-                      "GPU that stays lost needs a hardware check"});
+                      "GPU that stays lost or hung needs a hardware check; `kgpu health` shows the faults as they "
+                      "happen"});
   } else if (!pending.empty()) {
     checks.push_back({"GPUs healthy", Verdict::kWarn,
                       Cat("MIG mode change pending a reset on ", Join(pending, ", ")),
                       "stop the GPU's workloads and reset it (`nvidia-smi -r -i <index>`) to apply "
                       "the MIG mode"});
+  } else if (!inventory) {
+    checks.push_back({"GPUs healthy", Verdict::kWarn,
+                      Cat("not checked through NVML: no GPU was enumerated",
+                          plugin_answers ? (served.empty() ? "; the device plugin serves no health state here"
+                                                           : "; the device plugin serves every device Healthy")
+                                         : "; no device plugin answers either"),
+                      "fix the GPU checks above first"});
   } else {
-    checks.push_back({"GPUs healthy", Verdict::kPass, Cat("all ", gpus.size(), " readable"), ""});
+    checks.push_back({"GPUs healthy", Verdict::kPass,
+                      Cat("all ", gpus.size(), " readable",
+                          served.empty() ? std::string() : "; the device plugin serves every device Healthy"),
+                      ""});
   }
-  CheckPlugins(options, &checks);
+  for (auto& c : plugin_checks) checks.push_back(std::move(c));
   CheckMps(options, &checks);
   if (!options.kubeconfig.empty() || options.in_cluster) {
     for (auto& c : ClusterChecks(options, gpus.size())) checks.push_back(std::move(c));
@@ -249,11 +321,18 @@ int RunDoctor(const NodeOptions& options, bool json, std::ostream& out) {
     out << c.detail << "\n";
     if (!c.fix.empty()) out << "       fix: " << c.fix << "\n";
   }
+  const bool plugin = std::any_of(checks.begin(), checks.end(), [](const Check& c) {
+    return c.name == "Device plugin" && c.verdict == Verdict::kPass;
+  });
   if (json) {
     out << j.dump(2) << "\n";
+  } else if (failed) {
+    out << "\nnvidia.com/gpu will NOT be usable on this node until the FAIL items are fixed.\n";
+  } else if (!plugin) {
+    out << "\nNo FAIL, but no device plugin answers on this node: nvidia.com/gpu is advertised only once one "
+           "runs (see the Device plugin check).\n";
   } else {
-    out << (failed ? "\nnvidia.com/gpu will NOT be usable on this node until the FAIL items are fixed.\n"
-                   : "\nThis node can advertise nvidia.com/gpu.\n");
+    out << "\nThis node can advertise nvidia.com/gpu.\n";
   }
   return failed ? 1 : 0;
 }

@@ -34,7 +34,15 @@ int RunHealth(const NodeOptions& options, unsigned seconds, unsigned probe_ms, i
   }
   {
     std::lock_guard<std::mutex> lock(out_mu);
+    // What the running device plugin serves (faults it saw before this command started, e.g. an
+    // XID event) counts too: the same current health as kubelet gets.
+    const auto plugin = PluginServedHealth(options);
     for (const auto& [id, h] : monitor.Snapshot()) {
+      const auto p = plugin.find(id);
+      if (h.healthy && p != plugin.end() && !p->second.first) {
+        out << "device: " << id << " Unhealthy: " << p->second.second << " (as the device plugin serves it)\n";
+        continue;
+      }
       out << "device: " << id << (h.healthy ? " Healthy" : " Unhealthy: " + h.reason) << "\n";
     }
     out << "watching (" << (seconds == 0 ? std::string("until interrupted") : std::to_string(seconds) + " s")

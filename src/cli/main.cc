@@ -48,9 +48,21 @@ int Main(int argc, char** argv) {
   bool json = false;
   auto* devices = app.add_subcommand("devices", "list this node's GPUs, MIG devices and topology");
   devices->add_flag("--json", json, "JSON instead of a table");
+  unsigned nvml_deadline_ms = 2000;
+  auto deadline_flag = [&](CLI::App* cmd) {
+    cmd->add_option("--nvml-deadline-ms", nvml_deadline_ms,
+                    "a GPU whose NVML calls take longer is reported hung instead of waited for")
+        ->check(CLI::Range(1U, 600000U))
+        ->capture_default_str();
+  };
+  deadline_flag(devices);
+  devices->add_option("--kubelet-dir", node.kubelet_dir, "device-plugin directory (the plugin's health state)")
+      ->envname("KGPU_KUBELET_DIR")
+      ->capture_default_str();
   auto* doctor = app.add_subcommand(
       "doctor", "check why nvidia.com/gpu is or is not usable on this node (exit 1 on FAIL)");
   doctor->add_flag("--json", json, "JSON instead of text");
+  deadline_flag(doctor);
   doctor->add_option("--kubelet-dir", node.kubelet_dir, "device-plugin directory (plugin sockets)")
       ->envname("KGPU_KUBELET_DIR")
       ->capture_default_str();
@@ -66,6 +78,9 @@ int Main(int argc, char** argv) {
   unsigned seconds = 0;
   auto* health = app.add_subcommand("health", "watch GPU health (NVML events, probes, hung calls)");
   health->add_option("--duration", seconds, "stop after this many seconds (0: until SIGINT)");
+  health->add_option("--kubelet-dir", node.kubelet_dir, "device-plugin directory (the plugin's health state)")
+      ->envname("KGPU_KUBELET_DIR")
+      ->capture_default_str();
   unsigned probe_ms = 1000;
   health->add_option("--probe-interval-ms", probe_ms, "liveness probe period")->capture_default_str();
   int recover_after_ms = -1;
@@ -136,6 +151,7 @@ int Main(int argc, char** argv) {
     std::cout << "kgpu " KGPU_VERSION " (commit " KGPU_GIT_COMMIT ")\n";
     return 0;
   }
+  if (devices->parsed() || doctor->parsed()) node.nvml_deadline = std::chrono::milliseconds(nvml_deadline_ms);
   if (devices->parsed()) return kgpu::cli::RunDevices(node, json, std::cout);
   if (doctor->parsed()) return kgpu::cli::RunDoctor(node, json, std::cout);
   if (slurm_gres->parsed()) return kgpu::cli::RunSlurmGres(node, dp_flags, gres_flags, std::cout);

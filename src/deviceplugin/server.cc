@@ -20,6 +20,7 @@
 #include "common/strings.h"
 #include "deviceplugin/allocator.h"
 #include "deviceplugin/cdi.h"
+#include "deviceplugin/health_file.h"
 #include "deviceplugin/kubelet_checkpoint.h"
 #include "deviceplugin/kubelet_dir.h"
 #include "deviceplugin/mps.h"
@@ -514,6 +515,30 @@ void Manager::StartHealth() {
   health_ = std::move(monitor);
   // Every change published so far is in the snapshot; the callbacks apply the later ones in order.
   health_state_ = health_->Snapshot();
+  WriteServedHealthLocked();
+}
+
+void Manager::WriteServedHealthLocked() {
+  std::vector<ServedHealth> served;
+  for (const auto& [id, h] : health_state_) {
+    ServedHealth s{id, -1, false, h.healthy, h.reason};
+    if (const gpu::Gpu* g = inventory_->FindGpu(id)) {
+      s.gpu = static_cast<int>(g->index);
+    } else if (const gpu::MigDevice* m = inventory_->FindMig(id)) {
+      s.gpu = static_cast<int>(m->parent);
+      s.mig = true;
+    }
+    served.push_back(std::move(s));
+  }
+  std::string text = HealthFileJson(served);
+  if (text == health_written_) return;
+  if (auto st = WriteHealthFile(config_->kubelet_dir, served); !st.ok()) {
+    health_file_log_.Report(spdlog::level::warn, Cat(st.message(), ": `kgpu doctor` and `kgpu health` cannot show "
+                                                     "the health served here (logged again when this changes)"));
+    return;
+  }
+  health_file_log_.Clear(Cat("the served health is written to ", config_->kubelet_dir, "/", kHealthFileName, " again"));
+  health_written_ = std::move(text);
 }
 
 void Manager::StopHealth() {
@@ -682,6 +707,8 @@ void Manager::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     StopServers();
+    if (!health_written_.empty()) RemoveHealthFile(config_->kubelet_dir);
+    health_written_.clear();
   }
   if (config_) StopMps();
 }
@@ -693,6 +720,7 @@ void Manager::PublishHealth(const std::vector<gpu::DeviceHealth>& changes) {
   if (!health_) return;
   for (const auto& c : changes) health_state_[c.id] = c;
   for (auto& s : servers_) s->SetHealth(health_state_);
+  WriteServedHealthLocked();
 }
 
 namespace {

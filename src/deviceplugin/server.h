@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "common/bounded_thread.h"
+#include "common/log_once.h"
 #include "deviceplugin/config.h"
 #include "deviceplugin/plan.h"
 #include "gpu/health.h"
@@ -199,6 +200,10 @@ class Manager {
   std::shared_ptr<const Plan> plan_;
   std::unique_ptr<gpu::HealthMonitor> health_;
   std::map<std::string, gpu::DeviceHealth> health_state_;  // the monitor's published state; guarded by mu_
+  // health_state_ as <kubelet dir>/.kgpu-health.json (health_file.h), for doctor and `kgpu health`.
+  void WriteServedHealthLocked();
+  std::string health_written_;  // the file's content as last written; guarded by mu_
+  ConditionLog health_file_log_{"deviceplugin"};  // a failing write, logged once
   std::set<std::string> retired_;           // guarded by mu_
   std::map<std::string, bool> available_;   // resource → serving (MPS daemon up); guarded by mu_
   std::set<std::string> drained_;           // GPU UUIDs with a drain marker; guarded by mu_

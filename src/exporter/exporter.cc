@@ -124,54 +124,62 @@ std::string Collector::Collect() {
     xids = xids_;
   }
   const auto now = std::chrono::steady_clock::now();
+  std::string up_lines, reason_lines;
 
   for (const auto& g : inventory_->gpus()) {
-    if (!g.error.empty()) continue;
-    // Per-GPU readout.
+    // A GPU NVML cannot read (lost, or failed at discovery) keeps its identity: kgpu_gpu_up 0,
+    // its reason and its XID families stay; its readings are absent (never zeroed) until it is back.
+    std::string down = g.error.empty() ? "" : g.lost ? "lost" : "unreadable";
+    std::string down_detail = g.error;
     GpuReadout r;
-    auto sm = lib_.ClockMhz(g.handle, nvml::Library::Clock::kSm);
-    if (nvml::IsGpuLost(sm.status())) {
-      nvml_errors_++;
-      continue;  // a lost GPU has no series until it is back
-    }
-    r.sm_clock = get(std::move(sm));
-    r.mem_clock = get(lib_.ClockMhz(g.handle, nvml::Library::Clock::kMem));
-    r.gpu_temp = get(lib_.TemperatureC(g.handle));
-    if (r.gpu_temp && *r.gpu_temp > 200) r.gpu_temp.reset();  // DCGM discards such readings
-    r.power_mw = get(lib_.PowerMw(g.handle));
-    r.energy = get(lib_.EnergyMj(g.handle));
-    r.pcie_replay = get(lib_.PcieReplayCounter(g.handle));
-    if (!g.mig_enabled) {
-      r.util = get(lib_.GetUtilization(g.handle));
-      r.enc = get(lib_.EncoderUtilization(g.handle));
-      r.dec = get(lib_.DecoderUtilization(g.handle));
-    }
-    r.remapped = get(lib_.GetRemappedRows(g.handle));
-    for (int i = 0; i < 4; ++i) r.ecc[i] = get(lib_.EccErrors(g.handle, i % 2 == 1, i >= 2));
-    if (auto fv = get(lib_.FieldValues(g.handle, {kFieldMemoryTemp, kFieldNvlinkTx, kFieldNvlinkRx}))) {
-      r.mem_temp = (*fv)[0];
-      if (r.mem_temp && *r.mem_temp > 200) r.mem_temp.reset();
-      if ((*fv)[1] && (*fv)[2]) r.nvlink_kib = *(*fv)[1] + *(*fv)[2];
-    }
-    if (attributor_ != nullptr) {
-      if (auto p = get(lib_.ComputeProcesses(g.handle))) r.processes = std::move(*p);
-      if (auto s = get(lib_.ProcessUtilization(g.handle, 0))) {
-        for (const auto& x : *s) r.sm_util_by_pid[x.pid] = x.sm_util;
-      }
-    }
-    // NVLink bandwidth as dcgm-exporter reports it: a rate in MB/s; 0 on the first sample.
     std::optional<uint64_t> nvlink_rate;
-    if (r.nvlink_kib) {
-      auto it = nvlink_prev_.find(g.index);
-      nvlink_rate = 0;
-      if (it != nvlink_prev_.end()) {
-        const double dt = std::chrono::duration<double>(now - it->second.second).count();
-        if (dt > 0 && *r.nvlink_kib >= it->second.first) {
-          nvlink_rate = static_cast<uint64_t>(static_cast<double>(*r.nvlink_kib - it->second.first) / dt / 1000.0);
+    if (down.empty()) {
+      auto sm = lib_.ClockMhz(g.handle, nvml::Library::Clock::kSm);
+      if (nvml::IsGpuLost(sm.status())) {
+        nvml_errors_++;
+        down = "lost";
+        down_detail = std::string(sm.status().message());
+      } else {
+        r.sm_clock = get(std::move(sm));
+        r.mem_clock = get(lib_.ClockMhz(g.handle, nvml::Library::Clock::kMem));
+        r.gpu_temp = get(lib_.TemperatureC(g.handle));
+        if (r.gpu_temp && *r.gpu_temp > 200) r.gpu_temp.reset();  // DCGM discards such readings
+        r.power_mw = get(lib_.PowerMw(g.handle));
+        r.energy = get(lib_.EnergyMj(g.handle));
+        r.pcie_replay = get(lib_.PcieReplayCounter(g.handle));
+        if (!g.mig_enabled) {
+          r.util = get(lib_.GetUtilization(g.handle));
+          r.enc = get(lib_.EncoderUtilization(g.handle));
+          r.dec = get(lib_.DecoderUtilization(g.handle));
+        }
+        r.remapped = get(lib_.GetRemappedRows(g.handle));
+        for (int i = 0; i < 4; ++i) r.ecc[i] = get(lib_.EccErrors(g.handle, i % 2 == 1, i >= 2));
+        if (auto fv = get(lib_.FieldValues(g.handle, {kFieldMemoryTemp, kFieldNvlinkTx, kFieldNvlinkRx}))) {
+          r.mem_temp = (*fv)[0];
+          if (r.mem_temp && *r.mem_temp > 200) r.mem_temp.reset();
+          if ((*fv)[1] && (*fv)[2]) r.nvlink_kib = *(*fv)[1] + *(*fv)[2];
+        }
+        if (attributor_ != nullptr) {
+          if (auto p = get(lib_.ComputeProcesses(g.handle))) r.processes = std::move(*p);
+          if (auto s = get(lib_.ProcessUtilization(g.handle, 0))) {
+            for (const auto& x : *s) r.sm_util_by_pid[x.pid] = x.sm_util;
+          }
+        }
+        // NVLink bandwidth as dcgm-exporter reports it: a rate in MB/s; 0 on the first sample.
+        if (r.nvlink_kib) {
+          auto it = nvlink_prev_.find(g.index);
+          nvlink_rate = 0;
+          if (it != nvlink_prev_.end()) {
+            const double dt = std::chrono::duration<double>(now - it->second.second).count();
+            if (dt > 0 && *r.nvlink_kib >= it->second.first) {
+              nvlink_rate = static_cast<uint64_t>(static_cast<double>(*r.nvlink_kib - it->second.first) / dt / 1000.0);
+            }
+          }
+          nvlink_prev_[g.index] = {*r.nvlink_kib, now};
         }
       }
-      nvlink_prev_[g.index] = {*r.nvlink_kib, now};
     }
+    NoteTransition(g, down, down_detail);
 
     // The entities of this GPU.
     std::vector<Entity> entities;
@@ -229,7 +237,8 @@ std::string Collector::Collect() {
           pods.clear();
         }
       }
-      std::optional<nvml::MemoryInfo> mem = get(lib_.Memory(e.handle));
+      std::optional<nvml::MemoryInfo> mem;
+      if (down.empty()) mem = get(lib_.Memory(e.handle));
       const unsigned gi = e.mig != nullptr ? e.mig->gi : nvml::kNoInstance;
 
       for (size_t i = 0; i < counters.size(); ++i) {
@@ -313,8 +322,20 @@ std::string Collector::Collect() {
         }
       }
 
+      // The device's health: always one kgpu_gpu_up series, and one series per current reason.
+      Line(up_lines, "kgpu_gpu_up", e.base, owner, down.empty() ? "1" : "0");
+      std::vector<const char*> reasons;
+      if (!down.empty()) reasons.push_back(down == "lost" ? "lost" : "unreadable");
+      if (r.ecc[1] && *r.ecc[1] > 0) reasons.push_back("ecc");
+      if (r.remapped && r.remapped->failure) reasons.push_back("row_remap_failure");
+      for (const char* reason : reasons) {
+        Attributes a = owner;
+        a.emplace_back("reason", reason);
+        Line(reason_lines, "kgpu_gpu_unhealthy_reason", e.base, a, "1");
+      }
+
       // Shared device: one series per pod from the pod's own processes.
-      if (pods.size() > 1) {
+      if (pods.size() > 1 && down.empty()) {
         std::map<std::string, std::pair<uint64_t, unsigned>> per_pod;  // key -> (bytes, sm%)
         auto key = [](const PodRef& p) { return Cat(p.namespace_name, "/", p.pod, "/", p.container); };
         for (const auto& p : pods) per_pod[key(p)] = {0, 0};
@@ -353,7 +374,31 @@ std::string Collector::Collect() {
                 counters[i].type, "\n");
     text += lines[i];
   }
+  if (!up_lines.empty()) {
+    text += Cat("# HELP kgpu_gpu_up 1 when NVML reads the GPU, 0 when it is lost or cannot be read (its other "
+                "series are absent meanwhile).\n# TYPE kgpu_gpu_up gauge\n", up_lines);
+  }
+  if (!reason_lines.empty()) {
+    text += Cat("# HELP kgpu_gpu_unhealthy_reason 1 for each reason the GPU is unusable now: lost, unreadable, ecc "
+                "(uncorrectable ECC errors since its last reset), row_remap_failure.\n"
+                "# TYPE kgpu_gpu_unhealthy_reason gauge\n", reason_lines);
+  }
   return text;
+}
+
+void Collector::NoteTransition(const gpu::Gpu& g, const std::string& down, const std::string& detail) {
+  auto it = down_seen_.find(g.index);
+  const std::string before = it == down_seen_.end() ? std::string() : it->second;
+  if (before == down) return;
+  const std::string uuid = g.uuid.empty() ? "UUID unknown" : g.uuid;
+  if (down.empty()) {
+    down_seen_.erase(g.index);
+    Log("exporter")->info("GPU {} ({}) is readable again: its series are back, kgpu_gpu_up is 1", g.index, uuid);
+    return;
+  }
+  down_seen_[g.index] = down;
+  Log("exporter")->warn("GPU {} ({}) is {}: {}; kgpu_gpu_up is 0 and its readings are absent until it is back "
+                        "(logged once)", g.index, uuid, down, detail);
 }
 
 // ---------------------------------------------------------------- Exporter

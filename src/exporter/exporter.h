@@ -7,6 +7,9 @@
 // With pod attribution on, a device held by one pod carries its container/namespace/pod labels;
 // a device shared by several pods (time-slicing) also gets one DCGM_FI_DEV_FB_USED and
 // DCGM_FI_DEV_GPU_UTIL series per pod, from the pod's own processes.
+// Every GPU also has kgpu_gpu_up (0 while NVML cannot read it: lost, unreadable) and one
+// kgpu_gpu_unhealthy_reason series per current fault, so a failed GPU never goes silent; its XID
+// families stay (XID 79 counts when it happens) and each up/down change is logged once.
 //
 // Exporter runs the collection timer, the PodResources refresh timer and the XID event loop, and
 // serves /metrics and /health over HTTP; a scrape returns the latest pre-encoded buffer plus a few
@@ -79,6 +82,9 @@ class Collector {
   std::mutex xid_mu_;
   std::map<std::pair<unsigned, unsigned>, XidState> xids_;  // (gpu, gi or kNoInstance)
   std::atomic<uint64_t> nvml_errors_{0};
+  // GPU index -> why it cannot be read ("lost", "unreadable"), for logging each change once.
+  std::map<unsigned, std::string> down_seen_;
+  void NoteTransition(const gpu::Gpu& g, const std::string& down, const std::string& detail);
 };
 
 class Exporter {

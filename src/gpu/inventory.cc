@@ -4,8 +4,11 @@
 #include <cctype>
 #include <cmath>
 #include <fstream>
+#include <mutex>
+#include <optional>
 #include <set>
 
+#include "common/bounded_thread.h"
 #include "common/log.h"
 #include "common/strings.h"
 
@@ -96,6 +99,21 @@ void ReadGpu(const nvml::Library& lib, const DiscoverOptions& options, Gpu& g) {
   }
 }
 
+// Reads GPU `i`, from its handle on; per-GPU failures are recorded on the GPU.
+Gpu ReadGpuAt(const nvml::Library& lib, const DiscoverOptions& options, unsigned i) {
+  Gpu g;
+  g.index = i;
+  auto handle = lib.DeviceByIndex(i);
+  if (!handle.ok()) {
+    g.lost = nvml::IsGpuLost(handle.status());
+    g.error = std::string(handle.status().message());
+  } else {
+    g.handle = *handle;
+    ReadGpu(lib, options, g);
+  }
+  return g;
+}
+
 }  // namespace
 
 const char* PcieLevelName(PcieLevel level) {
@@ -178,6 +196,58 @@ std::string MigProfileName(unsigned gi_slices, unsigned ci_slices, uint64_t memo
 
 absl::StatusOr<std::shared_ptr<const Inventory>> Inventory::Discover(const nvml::Library& lib,
                                                                      const DiscoverOptions& options) {
+  return Build(lib, [&](unsigned count) {
+    std::vector<Gpu> gpus;
+    for (unsigned i = 0; i < count; ++i) gpus.push_back(ReadGpuAt(lib, options, i));
+    return gpus;
+  });
+}
+
+absl::StatusOr<std::shared_ptr<const Inventory>> Inventory::Discover(std::shared_ptr<const nvml::Library> lib,
+                                                                     const DiscoverOptions& options,
+                                                                     std::chrono::milliseconds deadline) {
+  return Build(*lib, [&](unsigned count) {
+    // One thread per GPU, all at once; a GPU whose reads have not finished by the deadline is
+    // hung. Its thread is left behind (BoundedThread) holding what it uses: the library and its
+    // own result slot.
+    struct Slot {
+      std::mutex mu;
+      std::optional<Gpu> gpu;
+    };
+    std::vector<std::shared_ptr<Slot>> slots;
+    std::vector<std::unique_ptr<BoundedThread>> threads;
+    for (unsigned i = 0; i < count; ++i) {
+      auto slot = std::make_shared<Slot>();
+      auto thread = std::make_unique<BoundedThread>();
+      thread->Start([lib, options, i, slot](std::stop_token) {
+        Gpu g = ReadGpuAt(*lib, options, i);
+        std::lock_guard<std::mutex> lock(slot->mu);
+        slot->gpu = std::move(g);
+      });
+      slots.push_back(std::move(slot));
+      threads.push_back(std::move(thread));
+    }
+    const auto until = std::chrono::steady_clock::now() + deadline;
+    std::vector<Gpu> gpus;
+    for (unsigned i = 0; i < count; ++i) {
+      threads[i]->StopAndJoinUntil(until);
+      std::lock_guard<std::mutex> lock(slots[i]->mu);
+      if (slots[i]->gpu) {
+        gpus.push_back(std::move(*slots[i]->gpu));
+        continue;
+      }
+      Gpu g;
+      g.index = i;
+      g.hung = true;
+      g.error = Cat("NVML did not answer within ", deadline.count(), " ms (a hung call)");
+      gpus.push_back(std::move(g));
+    }
+    return gpus;
+  });
+}
+
+absl::StatusOr<std::shared_ptr<const Inventory>> Inventory::Build(
+    const nvml::Library& lib, const std::function<std::vector<Gpu>(unsigned count)>& read_gpus) {
   std::shared_ptr<Inventory> inv(new Inventory);
   if (auto v = lib.DriverVersion(); v.ok()) inv->driver_version_ = *v;
   if (auto v = lib.NvmlVersion(); v.ok()) inv->nvml_version_ = *v;
@@ -186,21 +256,9 @@ absl::StatusOr<std::shared_ptr<const Inventory>> Inventory::Discover(const nvml:
   }
   auto count = lib.DeviceCount();
   if (!count.ok()) return count.status();
-  for (unsigned i = 0; i < *count; ++i) {
-    Gpu g;
-    g.index = i;
-    auto handle = lib.DeviceByIndex(i);
-    if (!handle.ok()) {
-      g.lost = nvml::IsGpuLost(handle.status());
-      g.error = std::string(handle.status().message());
-    } else {
-      g.handle = *handle;
-      ReadGpu(lib, options, g);
-    }
-    if (!g.error.empty()) {
-      Log("gpu")->warn("GPU {}: {}", i, g.error);
-    }
-    inv->gpus_.push_back(std::move(g));
+  inv->gpus_ = read_gpus(*count);
+  for (const auto& g : inv->gpus_) {
+    if (!g.error.empty()) Log("gpu")->warn("GPU {}: {}", g.index, g.error);
   }
 
   // Topology, once for every pair.

@@ -6,7 +6,9 @@
 // Thread-safety: an Inventory is immutable after Discover(); share it as
 // std::shared_ptr<const Inventory> and read it from any thread.
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +44,7 @@ struct Gpu {
   bool mig_pending = false;  // the pending mode differs from the current one (needs a reset)
   std::vector<MigDevice> migs;
   bool lost = false;   // NVML reported GPU_IS_LOST during discovery
+  bool hung = false;   // its NVML calls did not return within the discovery deadline
   std::string error;   // why the GPU could not be read (empty when fine)
   nvml::Device handle;
 };
@@ -63,6 +66,12 @@ class Inventory {
  public:
   static absl::StatusOr<std::shared_ptr<const Inventory>> Discover(const nvml::Library& lib,
                                                                    const DiscoverOptions& options);
+  // The same, but each GPU is read on its own thread and a GPU whose NVML calls have not returned
+  // within `deadline` is recorded as hung (Gpu::hung, Gpu::error), so this returns within about
+  // `deadline` whatever the driver does. A thread stuck in NVML is left behind holding `lib`.
+  static absl::StatusOr<std::shared_ptr<const Inventory>> Discover(std::shared_ptr<const nvml::Library> lib,
+                                                                   const DiscoverOptions& options,
+                                                                   std::chrono::milliseconds deadline);
   // For tests: an inventory built from parts.
   static std::shared_ptr<const Inventory> FromPartsForTest(std::vector<Gpu> gpus,
                                                            std::vector<std::vector<Link>> links);
@@ -83,6 +92,8 @@ class Inventory {
 
  private:
   Inventory() = default;
+  static absl::StatusOr<std::shared_ptr<const Inventory>> Build(
+      const nvml::Library& lib, const std::function<std::vector<Gpu>(unsigned count)>& read_gpus);
   std::vector<Gpu> gpus_;
   std::vector<std::vector<Link>> links_;
   std::string driver_version_, cuda_version_, nvml_version_;

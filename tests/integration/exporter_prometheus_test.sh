@@ -41,7 +41,10 @@ grep -v '^$' "$work/lint.txt" | sort -u >"$work/findings.txt" || true
 unexpected=$(comm -23 "$work/findings.txt" <(grep -v '^#' "$here/promtool_allowed_findings.txt" | sort -u))
 if [ -z "$unexpected" ]; then ok "promtool check metrics: only dcgm-exporter's own naming findings"; else
   bad "promtool check metrics found:"; echo "$unexpected"; fi
-if grep -q '^kgpu_' "$work/findings.txt"; then bad "kgpu's own metrics have lint findings"; else ok "kgpu_exporter_* metrics are lint-clean"; fi
+# kgpu's own metrics are lint-clean, apart from the dcgm-exporter GPU labels the per-GPU health
+# families share (listed above).
+if grep '^kgpu_' "$work/findings.txt" | grep -vq "^kgpu_gpu_[a-z_]* label names should be written in 'snake_case' not 'camelCase'$"; then
+  bad "kgpu's own metrics have lint findings"; else ok "kgpu_* metrics are lint-clean (but for the GPU labels)"; fi
 
 # 2. A real Prometheus scraping the exporter, with the alert rules (temperature `for:` shortened).
 sed '/alert: KgpuGPUTemperatureHigh/,/for:/ s/for: 5m/for: 0s/' "$root/deploy/monitoring/kgpu-alerts.rules.yaml" >"$work/rules.yaml"

@@ -147,13 +147,47 @@ TEST(CollectorTest, MigXidsAreMergedIntoOneSeriesPerCode) {
   for (const auto& l : Family(text, "DCGM_FI_DEV_XID_ERRORS")) EXPECT_TRUE(unique.insert(l.substr(0, l.rfind(' '))).second) << l;
 }
 
-TEST(CollectorTest, LostGpuHasNoSeriesAndCountsAnError) {
+TEST(CollectorTest, LostGpuStaysVisibleWithItsXidAndHealth) {
   Fixture f("dgx-h100");
   Collector collector(*f.lib, f.inv, f.options, nullptr);
+  const std::string uuid = f.inv->gpus()[6].uuid;
+  EXPECT_EQ(Family(collector.Collect(), "kgpu_gpu_up").size(), 8u);
   ASSERT_EQ(f.sim.Ctl("lose 6"), 0);
+  collector.RecordXid(6, nvml::kNoInstance, 79);  // what the event loop records for `lose`
   const std::string text = collector.Collect();
-  EXPECT_EQ(Family(text, "DCGM_FI_DEV_GPU_TEMP").size(), 7u);
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_GPU_TEMP").size(), 7u);  // readings: absent, not zeroed
   EXPECT_GE(collector.nvml_errors(), 1u);
+  std::vector<std::string> up6, reason6, xid6;
+  for (const auto& l : Family(text, "kgpu_gpu_up")) {
+    if (l.find("gpu=\"6\"") != std::string::npos) up6.push_back(l);
+  }
+  for (const auto& l : Family(text, "kgpu_gpu_unhealthy_reason")) reason6.push_back(l);
+  for (const auto& l : Family(text, "DCGM_EXP_XID_ERRORS_TOTAL")) xid6.push_back(l);
+  ASSERT_EQ(up6.size(), 1u) << text;
+  EXPECT_NE(up6[0].find("UUID=\"" + uuid + "\""), std::string::npos);
+  EXPECT_NE(up6[0].find("Hostname=\"node-a\""), std::string::npos);
+  EXPECT_TRUE(up6[0].ends_with("} 0")) << up6[0];
+  ASSERT_EQ(reason6.size(), 1u) << text;  // only GPU 6 has a reason
+  EXPECT_NE(reason6[0].find("gpu=\"6\""), std::string::npos);
+  EXPECT_TRUE(reason6[0].ends_with("reason=\"lost\"} 1")) << reason6[0];
+  ASSERT_EQ(xid6.size(), 1u) << text;  // counted while lost, not only after a restore
+  EXPECT_TRUE(xid6[0].ends_with("xid=\"79\"} 1")) << xid6[0];
+  EXPECT_NE(text.find("# TYPE kgpu_gpu_up gauge\n"), std::string::npos);
+  ASSERT_EQ(f.sim.Ctl("restore 6"), 0);
+  const std::string back = collector.Collect();
+  EXPECT_EQ(Family(back, "DCGM_FI_DEV_GPU_TEMP").size(), 8u);
+  for (const auto& l : Family(back, "kgpu_gpu_up")) EXPECT_TRUE(l.ends_with("} 1")) << l;
+  EXPECT_EQ(Family(back, "kgpu_gpu_unhealthy_reason").size(), 0u);
+}
+
+TEST(CollectorTest, UncorrectableEccIsAReasonButTheGpuIsUp) {
+  Fixture f("dgx-h100");
+  ASSERT_EQ(f.sim.Ctl("ecc 1 dbe 2"), 0);
+  Collector collector(*f.lib, f.inv, f.options, nullptr);
+  const auto reasons = Family(collector.Collect(), "kgpu_gpu_unhealthy_reason");
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_NE(reasons[0].find("gpu=\"1\""), std::string::npos);
+  EXPECT_TRUE(reasons[0].ends_with("reason=\"ecc\"} 1")) << reasons[0];
 }
 
 TEST(CollectorTest, LabelValuesAreEscaped) {
