@@ -170,6 +170,9 @@ kill -TERM "$plugin"; wait "$plugin" 2>/dev/null || true
 kill -TERM "$kubelet" 2>/dev/null; wait "$kubelet" 2>/dev/null || true
 kill -TERM "$api" 2>/dev/null; wait "$api" 2>/dev/null || true
 
+step "The simulated driver procfs of a MIG node: capability minors for the MIG device nodes"
+"$(dirname "$0")/demo-node-small.sh" "$build"
+
 step "Kubernetes <-> Slurm: an idle Slurm node lent to a GPU pod, then reclaimed for a job (none killed)"
 "$(dirname "$0")/demo-slurm.sh" "$build"
 step "done"
