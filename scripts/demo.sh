@@ -170,6 +170,9 @@ kill -TERM "$plugin"; wait "$plugin" 2>/dev/null || true
 kill -TERM "$kubelet" 2>/dev/null; wait "$kubelet" 2>/dev/null || true
 kill -TERM "$api" 2>/dev/null; wait "$api" 2>/dev/null || true
 
+step "The simulated driver procfs of a MIG node: capability minors for the MIG device nodes"
+"$(dirname "$0")/demo-node-small.sh" "$build"
+
 step "Kubernetes <-> Slurm: an idle Slurm node lent to a GPU pod, then reclaimed for a job (none killed)"
 "$(dirname "$0")/demo-slurm.sh" "$build"
 step "A failing GPU never goes silent: a lost GPU keeps kgpu_gpu_up 0 and its XID 79; a hung GPU is a doctor FAIL in 2 s"; "$(dirname "$0")/demo-node-silent.sh" "$build"

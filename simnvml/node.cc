@@ -418,7 +418,7 @@ uint64_t UsableBytes(const GpuModel& m) {
 
 const std::vector<LiveField>& LiveFields() {
   static const std::vector<LiveField> fields = {
-      KGPU_LIVE("util", util_gpu, 1, "GPU utilisation, %", 0, 100),
+      KGPU_LIVE("util", util_gpu, 1, "GPU utilisation besides the listed processes' (served: sum of both, at most 100), %", 0, 100),
       KGPU_LIVE("memutil", util_mem, 1, "memory-copy utilisation, %", 0, 100),
       KGPU_LIVE("encutil", util_enc, 1, "encoder utilisation, %", 0, 100),
       KGPU_LIVE("decutil", util_dec, 1, "decoder utilisation, %", 0, 100),

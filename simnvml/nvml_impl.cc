@@ -5,6 +5,7 @@
 //
 // Thread-safety: every entry point may be called from any thread at any time.
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -207,6 +208,15 @@ uint64_t ProcessMemory(const Dev& d) {
     if (d.Owns(d.g.procs[i])) sum += d.g.procs[i].mem_bytes;
   }
   return sum;
+}
+
+// A GPU's utilisation as NVML reports it: what simctl set as `util` (work of no listed process)
+// plus the SM utilisation of every listed process (compute, graphics or MPS client), capped at
+// 100 %, as a busy GPU's reading cannot exceed it.
+uint32_t GpuUtilisation(const SimGpu& g) {
+  uint64_t sum = g.util_gpu;
+  for (unsigned i = 0; i < g.nproc && i < kMaxProcs; ++i) sum += g.procs[i].sm_util;
+  return static_cast<uint32_t>(std::min<uint64_t>(sum, 100));
 }
 
 // Whether the stored value `key` of the device's GPU is in the range simctl accepts. A value
@@ -742,7 +752,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvml
   if (u == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
     if (!Valid(d, "util") || !Valid(d, "memutil")) return NVML_ERROR_UNKNOWN;
-    u->gpu = d.g.util_gpu;
+    u->gpu = GpuUtilisation(d.g);
     u->memory = d.g.util_mem;
     return NVML_SUCCESS;
   });
@@ -909,7 +919,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev
                                                                 unsigned long long* reasons) {
   if (reasons == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
-    *reasons = (d.g.util_gpu == 0 ? 0x1ULL : 0ULL) |
+    *reasons = (GpuUtilisation(d.g) == 0 ? 0x1ULL : 0ULL) |
                (d.g.temp_c >= d.model().temp_slowdown ? 0x20ULL : 0ULL);
     return NVML_SUCCESS;
   });

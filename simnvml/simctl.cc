@@ -39,6 +39,85 @@ bool ResolveGpu(const Node& node, const std::string& spec, unsigned* gpu) {
   return false;
 }
 
+// The driver's MIG capability numbering (nvidia-caps): config 1, monitor 2, then per GPU (by minor
+// number) 15 GPU instances of 1 + 8 compute-instance minors: gpu0/gi1/access is 12.
+constexpr unsigned kGisPerGpu = 15, kCisPerGi = 8;
+unsigned GiMinor(unsigned gpu_minor, unsigned gi) { return 3 + (gpu_minor * kGisPerGpu + gi) * (1 + kCisPerGi); }
+unsigned CiMinor(unsigned gpu_minor, unsigned gi, unsigned ci) { return GiMinor(gpu_minor, gi) + 1 + ci; }
+
+// /proc/driver/nvidia-caps/mig-minors: every capability the driver can create, whether or not
+// the instance exists now.
+std::string MigMinorsText(const Node& node) {
+  std::ostringstream out;
+  out << "config 1\nmonitor 2\n";
+  for (unsigned g = 0; g < node.gpu_count(); ++g) {  // the simulated GPU's minor is its index
+    for (unsigned i = 0; i < kGisPerGpu; ++i) {
+      out << "gpu" << g << "/gi" << i << "/access " << GiMinor(g, i) << "\n";
+      for (unsigned c = 0; c < kCisPerGi; ++c) out << "gpu" << g << "/gi" << i << "/ci" << c << "/access " << CiMinor(g, i, c) << "\n";
+    }
+  }
+  return out.str();
+}
+
+// One capability file of /proc/driver/nvidia/capabilities, as the driver prints it (mode in
+// decimal: 292 = 0444, 256 = 0400).
+std::string CapabilityText(unsigned minor, unsigned mode) {
+  return "DeviceFileMinor: " + std::to_string(minor) + "\nDeviceFileMode: " + std::to_string(mode) +
+         "\nDeviceFileModify: 1\n";
+}
+
+bool WriteText(const std::filesystem::path& path, const std::string& text) {
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  std::ofstream out(path);
+  out << text;
+  return static_cast<bool>(out);
+}
+
+// The driver's procfs trees under `dir` (a stand-in for /proc): driver/nvidia/version,
+// driver/nvidia/gpus/<bus id>/information, driver/nvidia/capabilities/mig/{config,monitor},
+// driver/nvidia/capabilities/gpu<minor>/mig/gi<i>[/ci<c>]/access for the instances that exist now,
+// and driver/nvidia-caps/mig-minors.
+int WriteProcfs(const Node& node, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path nv = fs::path(dir) / "driver/nvidia";
+  std::error_code ec;
+  fs::remove_all(nv / "capabilities", ec);  // instances destroyed since the last call go away
+  bool ok = WriteText(fs::path(dir) / "driver/nvidia-caps/mig-minors", MigMinorsText(node));
+  ok = ok && WriteText(nv / "version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  " + node.profile().driver_version +
+                                           "  (kgpu simulated node " + node.profile().name + ")\n");
+  ok = ok && WriteText(nv / "capabilities/mig/config", CapabilityText(1, 256));
+  ok = ok && WriteText(nv / "capabilities/mig/monitor", CapabilityText(2, 292));
+  Node::Locked lock(node);
+  for (unsigned g = 0; ok && g < node.gpu_count(); ++g) {
+    std::string bus = node.BusId(g).substr(4);  // "0000:18:00.0", lower case, as the driver names it
+    for (char& c : bus) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    std::ostringstream info;
+    info << "Model: \t\t " << node.profile().gpus[g].model->name << "\n"
+         << "IRQ:   \t\t " << 100 + g << "\n"
+         << "GPU UUID: \t " << node.uuid(g) << "\n"
+         << "Video BIOS: \t ??.??.??.??.??\n"
+         << "Bus Type: \t PCIe\n"
+         << "DMA Size: \t 47 bits\n"
+         << "DMA Mask: \t 0x7fffffffffff\n"
+         << "Bus Location: \t " << bus << "\n"
+         << "Device Minor: \t " << g << "\n"
+         << "GPU Excluded:\t No\n";
+    ok = WriteText(nv / "gpus" / bus / "information", info.str());
+    const SimGpu& gpu = lock.gpu(g);
+    for (const auto& gi : gpu.gis) {
+      if (gi.used == 0 || gi.id >= kGisPerGpu) continue;
+      const fs::path gi_dir = nv / "capabilities" / ("gpu" + std::to_string(g)) / "mig" / ("gi" + std::to_string(gi.id));
+      ok = ok && WriteText(gi_dir / "access", CapabilityText(GiMinor(g, gi.id), 292));
+      for (const auto& ci : gi.cis) {
+        if (ci.used == 0 || ci.id >= kCisPerGi) continue;
+        ok = ok && WriteText(gi_dir / ("ci" + std::to_string(ci.id)) / "access", CapabilityText(CiMinor(g, gi.id, ci.id), 292));
+      }
+    }
+  }
+  return ok ? 0 : Fail("cannot write the procfs tree under " + dir);
+}
+
 nlohmann::json Show(const Node& node) {
   nlohmann::json out;
   out["profile"] = node.profile().name;
@@ -103,6 +182,11 @@ int Run(int argc, char** argv) {
   auto* mig_minors = app.add_subcommand(
       "mig-minors", "write the driver's MIG capability minors file (proc/driver/nvidia-caps/mig-minors)");
   mig_minors->add_option("file", minors_path, "where to write it")->required();
+  std::string procfs_dir;
+  auto* procfs = app.add_subcommand(
+      "procfs", "write the driver's procfs trees for this node: DIR/driver/nvidia (gpus/<bus id>/information, "
+                "capabilities/...) and DIR/driver/nvidia-caps/mig-minors");
+  procfs->add_option("dir", procfs_dir, "root of the tree (give it to kgpu device-plugin as --proc-root)")->required();
   std::string sysfs_dir;
   auto* sysfs = app.add_subcommand(
       "sysfs", "write a sysfs tree with the GPUs' NUMA nodes (DIR/bus/pci/devices/<bdf>/numa_node)");
@@ -193,19 +277,12 @@ int Run(int argc, char** argv) {
     return 0;
   }
   if (mig_minors->parsed()) {
-    // The driver's numbering: config 1, monitor 2, then per GPU 15 GPU instances of 1 + 8 minors.
     std::filesystem::create_directories(std::filesystem::path(minors_path).parent_path());
     std::ofstream out(minors_path);
-    out << "config 1\nmonitor 2\n";
-    unsigned minor = 3;
-    for (unsigned g = 0; g < node.gpu_count(); ++g) {
-      for (unsigned i = 0; i < 15; ++i) {
-        out << "gpu" << g << "/gi" << i << "/access " << minor++ << "\n";
-        for (unsigned c = 0; c < 8; ++c) out << "gpu" << g << "/gi" << i << "/ci" << c << "/access " << minor++ << "\n";
-      }
-    }
+    out << MigMinorsText(node);
     return out ? 0 : Fail("cannot write " + minors_path);
   }
+  if (procfs->parsed()) return WriteProcfs(node, procfs_dir);
   if (sysfs->parsed()) {
     for (unsigned i = 0; i < node.gpu_count(); ++i) {
       std::string bdf = node.BusId(i).substr(4);

@@ -70,6 +70,8 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags) {
   KGPU_FLAG("--kubelet-socket", "KUBELET_SOCKET", kubelet_socket, "kubelet registration socket");
   KGPU_FLAG("--kubelet-dir", "KGPU_KUBELET_DIR", kubelet_dir, "kubelet device-plugin directory");
   KGPU_FLAG("--cdi-spec-dir", "KGPU_CDI_SPEC_DIR", cdi_spec_dir, "where the CDI spec is written");
+  KGPU_FLAG("--proc-root", "KGPU_PROC_ROOT", proc_root,
+            "the host's procfs: the driver's driver/nvidia-caps/mig-minors is read under it (MIG device nodes)");
   app->add_option("--device-discovery-strategy", "auto or nvml (accepted for compatibility)")
       ->envname("DEVICE_DISCOVERY_STRATEGY")
       ->check(CLI::IsMember({"auto", "nvml"}));

@@ -94,6 +94,10 @@ struct Config {
   std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
   std::string kubelet_socket;          // default <kubelet_dir>/kubelet.sock; empty after "-": no registration
   std::string cdi_spec_dir = "/var/run/cdi";
+  // The host's procfs, where the driver's /proc/driver/nvidia and /proc/driver/nvidia-caps trees
+  // are (kernel-global, so not under the driver root): MIG capability minors come from
+  // <proc_root>/driver/nvidia-caps/mig-minors.
+  std::string proc_root = "/proc";
   std::string mps_control = "nvidia-cuda-mps-control";  // MPS control binary (PATH lookup when bare)
   std::vector<std::string> warnings;   // ignored fields, as NVIDIA warns about them
   // "file:line:col" of the file's sections and keys that later checks name ("sharing.mps",

@@ -155,13 +155,14 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
   MigMinors minors;
   const bool any_mig = std::any_of(units->begin(), units->end(), [](const Unit& u) { return u.mig >= 0; });
   if (any_mig) {
-    const std::string path = Cat(config.driver_root == "/" ? "" : config.driver_root, "/proc/driver/nvidia-caps/mig-minors");
+    const std::string path = Cat(config.proc_root == "/" ? "" : config.proc_root, "/driver/nvidia-caps/mig-minors");
     if (const auto text = ReadFile(path)) {
       auto parsed = ParseMigMinors(*text, path);
       if (!parsed.ok()) return parsed.status();
       minors = std::move(*parsed);
     } else {
-      Log("deviceplugin")->warn("{} is not readable: MIG devices get no /dev/nvidia-caps device specs", path);
+      Log("deviceplugin")->warn("{} is not readable: MIG devices get no /dev/nvidia-caps device specs (set --proc-root "
+                                "to the host's procfs)", path);
     }
   }
 
@@ -190,7 +191,8 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
     base.mig = u.mig;
     base.minor = u.minor;
     base.numa = u.numa;
-    if (u.mig >= 0) base.cap_nodes = MigCapNodes(minors, u.gpu, u.gi, u.ci);
+    // The driver names a GPU's capabilities by its minor number (gpu<minor>/gi<i>/...), not by index.
+    if (u.mig >= 0) base.cap_nodes = MigCapNodes(minors, u.minor, u.gi, u.ci);
     if (selected_by[i].size() > 1) {
       return absl::InvalidArgumentError(
           Cat(At(sharing.resources[selected_by[i][1]]), sharing_key, ".resources[", selected_by[i][0], "] and [",

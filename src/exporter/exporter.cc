@@ -409,6 +409,7 @@ Exporter::Exporter(const nvml::Library& lib, std::shared_ptr<const gpu::Inventor
   if (options_.kubernetes) {
     attributor_ = std::make_unique<PodAttributor>(PodAttributor::Options{options_.proc_root, options_.checkpoint_path});
   }
+  pod_resources_ = std::make_unique<PodResourcesClient>(options_.pod_resources_socket);
   collector_ = std::make_unique<Collector>(lib_, inventory_, options_, attributor_.get());
   mig_seen_ = gpu::MigFingerprint(*inventory_);
   buffer_ = std::make_shared<const std::string>();
@@ -417,7 +418,7 @@ Exporter::Exporter(const nvml::Library& lib, std::shared_ptr<const gpu::Inventor
 Exporter::~Exporter() { Stop(); }
 
 void Exporter::RefreshPods() {
-  auto allocations = ListPodResources(options_.pod_resources_socket, std::chrono::seconds(5));
+  auto allocations = pod_resources_->List(std::chrono::seconds(5));
   if (!allocations.ok()) {
     pod_errors_++;
     pods_log_.Report(spdlog::level::warn,

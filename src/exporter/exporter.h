@@ -32,6 +32,7 @@
 #include "common/log_once.h"
 #include "exporter/attribution.h"
 #include "exporter/counters.h"
+#include "exporter/podresources.h"
 #include "gpu/inventory.h"
 #include "nvml/library.h"
 
@@ -112,6 +113,7 @@ class Exporter {
   const std::shared_ptr<const gpu::Inventory> inventory_;
   const ExporterOptions options_;
   std::unique_ptr<PodAttributor> attributor_;
+  std::unique_ptr<PodResourcesClient> pod_resources_;  // one channel to kubelet across refreshes
   std::unique_ptr<Collector> collector_;
   std::unique_ptr<nvml::EventSet> events_;
 

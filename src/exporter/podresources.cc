@@ -1,6 +1,8 @@
 #include "exporter/podresources.h"
 
 #include <cerrno>
+#include <mutex>
+#include <utility>
 #include <system_error>
 
 #include <grpcpp/grpcpp.h>
@@ -70,31 +72,7 @@ std::string Hint(grpc::StatusCode code) {
   }
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<DeviceAllocation>> ListPodResources(const std::string& socket_path,
-                                                               std::chrono::milliseconds timeout) {
-  if (absl::Status s = CheckSocket(socket_path); !s.ok())
-    return s;
-
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxResponseBytes);
-  const std::string target = "unix:" + socket_path;
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
-  auto stub = v1::PodResourcesLister::NewStub(channel);
-
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + timeout);
-  v1::ListPodResourcesResponse response;
-  const grpc::Status status = stub->List(&context, v1::ListPodResourcesRequest(), &response);
-  if (!status.ok()) {
-    const std::string hint = Hint(status.error_code());
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        Cat("kubelet PodResources List on ", target, " (deadline ",
-                            static_cast<int64_t>(timeout.count()), " ms): ", status.error_message(),
-                            hint.empty() ? "" : "; ", hint));
-  }
-
+std::vector<DeviceAllocation> Flatten(const v1::ListPodResourcesResponse& response) {
   std::vector<DeviceAllocation> out;
   for (const v1::PodResources& pod : response.pod_resources()) {
     for (const v1::ContainerResources& container : pod.containers()) {
@@ -112,6 +90,71 @@ absl::StatusOr<std::vector<DeviceAllocation>> ListPodResources(const std::string
     }
   }
   return out;
+}
+
+}  // namespace
+
+struct PodResourcesClient::State {
+  std::mutex mu;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::PodResourcesLister::Stub> stub;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  timespec ctime{};  // with the inode: a file made anew may get the freed inode number back
+  int channels_created = 0;
+};
+
+PodResourcesClient::PodResourcesClient(std::string socket_path)
+    : socket_path_(std::move(socket_path)), state_(std::make_unique<State>()) {}
+PodResourcesClient::~PodResourcesClient() = default;
+
+int PodResourcesClient::ChannelsCreated() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->channels_created;
+}
+
+absl::StatusOr<std::vector<DeviceAllocation>> PodResourcesClient::List(std::chrono::milliseconds timeout) {
+  if (absl::Status s = CheckSocket(socket_path_); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  State& st = *state_;
+  struct stat sock {};
+  const bool have_inode = ::stat(socket_path_.c_str(), &sock) == 0;
+  if (st.channel != nullptr && have_inode && (sock.st_dev != st.dev || sock.st_ino != st.ino ||
+                                                 sock.st_ctim.tv_sec != st.ctime.tv_sec ||
+                                                 sock.st_ctim.tv_nsec != st.ctime.tv_nsec)) {
+    st.channel.reset();  // kubelet made a new socket: connect to it afresh
+  }
+  const std::string target = "unix:" + socket_path_;
+  if (st.channel == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxResponseBytes);
+    st.channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+    st.stub = v1::PodResourcesLister::NewStub(st.channel);
+    st.dev = have_inode ? sock.st_dev : 0;
+    st.ino = have_inode ? sock.st_ino : 0;
+    st.ctime = have_inode ? sock.st_ctim : timespec{};
+    ++st.channels_created;
+  }
+
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  v1::ListPodResourcesResponse response;
+  const grpc::Status status = st.stub->List(&context, v1::ListPodResourcesRequest(), &response);
+  if (!status.ok()) {
+    st.channel.reset();  // the next call starts from a new channel, not a broken one
+    st.stub.reset();
+    const std::string hint = Hint(status.error_code());
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        Cat("kubelet PodResources List on ", target, " (deadline ",
+                            static_cast<int64_t>(timeout.count()), " ms): ", status.error_message(),
+                            hint.empty() ? "" : "; ", hint));
+  }
+  return Flatten(response);
+}
+
+absl::StatusOr<std::vector<DeviceAllocation>> ListPodResources(const std::string& socket_path,
+                                                               std::chrono::milliseconds timeout) {
+  return PodResourcesClient(socket_path).List(timeout);
 }
 
 }  // namespace kgpu::exporter

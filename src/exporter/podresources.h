@@ -9,6 +9,7 @@
 // Thread-safety: ListPodResources is a pure function of the socket; call it from any thread.
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,10 +32,32 @@ struct DeviceAllocation {
   PodRef pod;
 };
 
-// One List call on unix:<socket_path> with the given deadline; a fresh channel each call, so a
-// kubelet restart (new socket inode) needs nothing special. Errors name the socket and the fix:
-// NOT_FOUND when the socket file is missing, PERMISSION_DENIED when it cannot be opened,
-// otherwise the gRPC status (UNAVAILABLE when kubelet is not listening, DEADLINE_EXCEEDED).
+// A PodResources client that keeps one gRPC channel (one connection) to the socket across List
+// calls, as a periodic refresh needs: the channel is made again only when the socket file was
+// replaced (another inode: kubelet restarted) or the last call on it failed.
+//
+// Thread-safety: List may be called from any thread; calls are serialised.
+class PodResourcesClient {
+ public:
+  explicit PodResourcesClient(std::string socket_path);
+  ~PodResourcesClient();
+  PodResourcesClient(const PodResourcesClient&) = delete;
+  PodResourcesClient& operator=(const PodResourcesClient&) = delete;
+
+  // One List call with the given deadline. Errors name the socket and the fix: NOT_FOUND when the
+  // socket file is missing, PERMISSION_DENIED when it cannot be opened, otherwise the gRPC status
+  // (UNAVAILABLE when kubelet is not listening, DEADLINE_EXCEEDED).
+  [[nodiscard]] absl::StatusOr<std::vector<DeviceAllocation>> List(std::chrono::milliseconds timeout);
+  // How many channels this client has made (1 while the socket stays the same and calls succeed).
+  int ChannelsCreated() const;
+
+ private:
+  struct State;
+  const std::string socket_path_;
+  std::unique_ptr<State> state_;
+};
+
+// One List call on a channel of its own (for one-shot callers such as `kgpu mig`).
 [[nodiscard]] absl::StatusOr<std::vector<DeviceAllocation>> ListPodResources(
     const std::string& socket_path, std::chrono::milliseconds timeout);
 

@@ -15,11 +15,13 @@ namespace kgpu::testing {
 
 struct SimPlan : SimGpus {
   using SimGpus::SimGpus;
-  std::shared_ptr<const deviceplugin::Plan> PlanFor(const std::string& yaml) {
+  // proc_root: the config's proc_root (flag-only), when not empty.
+  std::shared_ptr<const deviceplugin::Plan> PlanFor(const std::string& yaml, const std::string& proc_root = "") {
     auto c = deviceplugin::ParseConfig(yaml, "test.yaml", {.allow_empty = true});  // "": every default
     EXPECT_TRUE(c.ok()) << c.status();
     if (!c.ok()) return nullptr;
     config = *c;
+    if (!proc_root.empty()) config.proc_root = proc_root;
     auto p = deviceplugin::BuildPlan(inv, config);
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? *p : nullptr;

@@ -552,6 +552,44 @@ TEST_F(PodResourcesTest, ListReadsTheServer) {
   EXPECT_EQ(attributor.OwnerOf(kGpu2), (PodRef{"ml", "train-0", "trainer"}));
 }
 
+// A periodic refresh keeps one channel (one connection to kubelet): a new one only after the
+// socket was replaced (kubelet restarted) or a call failed.
+TEST_F(PodResourcesTest, ClientKeepsOneChannelAcrossRefreshes) {
+  auto server = std::make_unique<kgpu::testing::FakePodResources>(socket_);
+  ASSERT_TRUE(server->Start().ok());
+  v1::ListPodResourcesResponse answer;
+  kgpu::testing::AddDevices(answer, "ml", "train-0", "trainer", kGpuRes, {kGpu2});
+  server->SetListResponse(answer);
+  PodResourcesClient client(socket_);
+  EXPECT_EQ(client.ChannelsCreated(), 0);
+  for (int i = 0; i < 5; ++i) {
+    auto list = client.List(std::chrono::seconds(5));
+    ASSERT_TRUE(list.ok()) << list.status();
+    ASSERT_EQ(list->size(), 1u);
+  }
+  EXPECT_EQ(server->ListCalls(), 5);
+  EXPECT_EQ(client.ChannelsCreated(), 1);
+
+  // Kubelet restarts: a new socket file at the same path.
+  server.reset();
+  server = std::make_unique<kgpu::testing::FakePodResources>(socket_);
+  ASSERT_TRUE(server->Start().ok());
+  server->SetListResponse(answer);
+  auto after_restart = client.List(std::chrono::seconds(5));
+  ASSERT_TRUE(after_restart.ok()) << after_restart.status();
+  EXPECT_EQ(client.ChannelsCreated(), 2);
+  ASSERT_TRUE(client.List(std::chrono::seconds(5)).ok());
+  EXPECT_EQ(client.ChannelsCreated(), 2);
+
+  // A failed call drops the channel; the next call makes a new one and succeeds.
+  server->SetListStatus(absl::UnavailableError("kubelet is shutting down"));
+  EXPECT_FALSE(client.List(std::chrono::seconds(5)).ok());
+  server->SetListStatus(absl::OkStatus());
+  ASSERT_TRUE(client.List(std::chrono::seconds(5)).ok());
+  EXPECT_EQ(client.ChannelsCreated(), 3);
+  EXPECT_EQ(server->ListCalls(), 4);
+}
+
 TEST_F(PodResourcesTest, MissingSocketSaysWhatToMount) {
   auto list = ListPodResources(socket_, std::chrono::seconds(1));
   ASSERT_FALSE(list.ok());

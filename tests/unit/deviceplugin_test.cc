@@ -1,9 +1,14 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <thread>
 
+#include "common/strings.h"
 #include "deviceplugin/allocator.h"
 #include "deviceplugin/cdi.h"
 #include "deviceplugin/config.h"
@@ -288,8 +293,8 @@ TEST(PlanTest, MigStrategies) {
 TEST(AllocateTest, MigDeviceSpecsIncludeItsCapabilities) {
   Node n("dgx-a100-mig");
   ASSERT_EQ(n.sim.Ctl("mig-minors " + n.sim.dir() + "/proc/driver/nvidia-caps/mig-minors"), 0);
-  auto plan = n.PlanFor("flags:\n  migStrategy: mixed\n  nvidiaDriverRoot: " + n.sim.dir() +
-                        "\n  nvidiaDevRoot: /\n  plugin:\n    passDeviceSpecs: true\n");
+  auto plan = n.PlanFor("flags:\n  migStrategy: mixed\n  nvidiaDevRoot: /\n  plugin:\n    passDeviceSpecs: true\n",
+                        n.sim.dir() + "/proc");
   ASSERT_NE(plan, nullptr);
   const Resource* r = nullptr;
   for (const auto& x : plan->resources) {
@@ -308,6 +313,54 @@ TEST(AllocateTest, MigDeviceSpecsIncludeItsCapabilities) {
                                              "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"}));
   EXPECT_EQ(a->envs.at("NVIDIA_VISIBLE_DEVICES"), d.id);
   EXPECT_NE(CdiSpecJson(*plan, n.config).find("/dev/nvidia-caps/nvidia-cap31"), std::string::npos);
+}
+
+// kgpu-simctl procfs writes the driver's trees; the plugin, given them as --proc-root, computes
+// each MIG device's /dev/nvidia-caps nodes, and they are the minors the driver's capability files
+// of that instance name (capabilities/gpu<minor>/mig/gi<i>[/ci<c>]/access).
+TEST(MigMinorsTest, SimulatedProcfsGivesEachMigDeviceItsCapabilities) {
+  Node n("dgx-a100-mig");
+  const std::string proc = n.sim.dir() + "/procfs";
+  ASSERT_EQ(n.sim.Ctl("procfs " + proc), 0);
+  auto plan = n.PlanFor("flags:\n  migStrategy: mixed\n", proc);
+  ASSERT_NE(plan, nullptr);
+  auto minor_in = [](const std::string& path) -> std::string {
+    std::ifstream in(path);
+    std::string key, value;
+    in >> key >> value;
+    return key == "DeviceFileMinor:" ? value : "unreadable " + path;
+  };
+  size_t mig_devices = 0;
+  for (const auto& r : plan->resources) {
+    for (const auto& d : r.devices) {
+      if (d.mig < 0) continue;
+      ++mig_devices;
+      const auto& migs = n.inv->gpus()[d.gpu].migs;
+      const auto m_it = std::find_if(migs.begin(), migs.end(), [&](const auto& x) { return static_cast<int>(x.index) == d.mig; });
+      ASSERT_NE(m_it, migs.end());
+      const auto& m = *m_it;
+      const std::string gi_dir = Cat(proc, "/driver/nvidia/capabilities/gpu", d.minor, "/mig/gi", m.gi);
+      EXPECT_EQ(d.cap_nodes, (std::vector<std::string>{"/dev/nvidia-caps/nvidia-cap" + minor_in(gi_dir + "/access"),
+                                                       "/dev/nvidia-caps/nvidia-cap" + minor_in(Cat(gi_dir, "/ci", m.ci, "/access"))}))
+          << r.name << " " << d.id;
+    }
+  }
+  EXPECT_EQ(mig_devices, 4u + 7u);  // GPU 0's 4 and GPU 1's 7 instances
+  // The first 1g.5gb instance (GPU 0, GI 3, CI 0): 3 + 3*9 = 30 and 31, as the driver numbers them.
+  EXPECT_EQ(minor_in(proc + "/driver/nvidia/capabilities/gpu0/mig/gi3/access"), "30");
+  EXPECT_EQ(minor_in(proc + "/driver/nvidia/capabilities/gpu0/mig/gi3/ci0/access"), "31");
+  EXPECT_EQ(minor_in(proc + "/driver/nvidia/capabilities/mig/config"), "1");
+  // A GPU instance that does not exist has no capability file (mig-minors lists it all the same).
+  EXPECT_FALSE(std::filesystem::exists(proc + "/driver/nvidia/capabilities/gpu2/mig/gi1/access"));
+  // gpus/<bus id>/information names each GPU's UUID and minor.
+  const auto& g1 = n.inv->gpus()[1];
+  std::string bus = g1.bus_id.substr(4);
+  std::transform(bus.begin(), bus.end(), bus.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::ifstream info(proc + "/driver/nvidia/gpus/" + bus + "/information");
+  const std::string text((std::istreambuf_iterator<char>(info)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("GPU UUID: \t " + g1.uuid + "\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("Device Minor: \t 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("Bus Location: \t " + bus + "\n"), std::string::npos) << text;
 }
 
 TEST(MigMinorsTest, ParsesAndNamesBadLines) {

@@ -90,6 +90,29 @@ TEST(CollectorTest, DcgmExporterLabelsAndValues) {
   EXPECT_EQ(Family(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL").size(), 8u);
 }
 
+// A process's SM utilisation counts toward its GPU's (as on a real GPU, where the device figure
+// covers every process): `util` set by simctl plus every process, capped at 100 %.
+TEST(CollectorTest, ProcessUtilisationCountsTowardTheGpu) {
+  Fixture f("dgx-h100");
+  ASSERT_EQ(f.sim.Ctl("set 1 util=0 memused=0"), 0);
+  auto util_of_gpu1 = [&](const std::string& family) {
+    for (const auto& l : Family(f.Collect(), family)) {
+      if (l.rfind(family + "{gpu=\"1\",", 0) == 0) return l.substr(l.rfind(' ') + 1);
+    }
+    return std::string("absent");
+  };
+  EXPECT_EQ(util_of_gpu1("DCGM_FI_DEV_GPU_UTIL"), "0");
+  ASSERT_EQ(f.sim.Ctl("proc add 1 4242 --mem 1024 --util 60"), 0);
+  EXPECT_EQ(util_of_gpu1("DCGM_FI_DEV_FB_USED"), "1024");
+  EXPECT_EQ(util_of_gpu1("DCGM_FI_DEV_GPU_UTIL"), "60");
+  ASSERT_EQ(f.sim.Ctl("set 1 util=30"), 0);
+  EXPECT_EQ(util_of_gpu1("DCGM_FI_DEV_GPU_UTIL"), "90");
+  ASSERT_EQ(f.sim.Ctl("proc add 1 4243 --util 50"), 0);
+  EXPECT_EQ(util_of_gpu1("DCGM_FI_DEV_GPU_UTIL"), "100");
+  ASSERT_EQ(f.sim.Ctl("proc rm 1 4242"), 0);
+  EXPECT_EQ(util_of_gpu1("DCGM_FI_DEV_GPU_UTIL"), "80");
+}
+
 TEST(CollectorTest, UnsupportedValuesAreOmitted) {
   Fixture f("l4x4");
   const std::string text = f.Collect();
