@@ -47,10 +47,12 @@ package: deps
 
 # libFuzzer (clang): FUZZ_SECONDS per target, corpus grows in build/fuzz/corpus-*.
 FUZZ_SECONDS ?= 60
+# One list, the same as KGPU_FUZZ_TARGETS in tests/CMakeLists.txt.
+FUZZ_TARGETS := profile config cgroup checkpoint counters mig_minors health_file kubeconfig watch_decoder extender_wire slurm_parse sched_csv quota_shares
 fuzz: deps
 	cmake --preset fuzz >/dev/null
-	cmake --build --preset fuzz -j $(JOBS) --target profile_fuzz config_fuzz cgroup_fuzz checkpoint_fuzz counters_fuzz mig_minors_fuzz health_file_fuzz kubeconfig_fuzz watch_decoder_fuzz extender_wire_fuzz slurm_parse_fuzz
-	for t in profile config cgroup checkpoint counters mig_minors health_file kubeconfig watch_decoder extender_wire slurm_parse; do mkdir -p build/fuzz/corpus-$$t && \
+	cmake --build --preset fuzz -j $(JOBS) --target $(addsuffix _fuzz,$(FUZZ_TARGETS))
+	for t in $(FUZZ_TARGETS); do mkdir -p build/fuzz/corpus-$$t && \
 	  build/fuzz/tests/$${t}_fuzz -max_total_time=$(FUZZ_SECONDS) build/fuzz/corpus-$$t tests/fuzz/corpus/$$t || exit 1; done
 
 format:
