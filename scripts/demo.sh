@@ -172,4 +172,6 @@ kill -TERM "$api" 2>/dev/null; wait "$api" 2>/dev/null || true
 
 step "Kubernetes <-> Slurm: an idle Slurm node lent to a GPU pod, then reclaimed for a job (none killed)"
 "$(dirname "$0")/demo-slurm.sh" "$build"
+step "Admission: kgpu webhook turns a HAMi pod into kgpu shares and refuses a share no GPU can hold"
+"$(dirname "$0")/demo-webhook.sh" "$build"
 step "done"
