@@ -176,4 +176,6 @@ step "The simulated driver procfs of a MIG node: capability minors for the MIG d
 step "Kubernetes <-> Slurm: an idle Slurm node lent to a GPU pod, then reclaimed for a job (none killed)"
 "$(dirname "$0")/demo-slurm.sh" "$build"
 step "A failing GPU never goes silent: a lost GPU keeps kgpu_gpu_up 0 and its XID 79; a hung GPU is a doctor FAIL in 2 s"; "$(dirname "$0")/demo-node-silent.sh" "$build"
+step "Admission: kgpu webhook turns a HAMi pod into kgpu shares and refuses a share no GPU can hold"
+"$(dirname "$0")/demo-webhook.sh" "$build"
 step "done"

@@ -14,6 +14,7 @@
 #include "cli/device_plugin_cmd.h"
 #include "cli/exporter_cmd.h"
 #include "cli/extender_cmd.h"
+#include "cli/webhook_cmd.h"
 #include "cli/mig_cmd.h"
 #include "cli/node_labels.h"
 #include "cli/sim_cmd.h"
@@ -118,6 +119,11 @@ int Main(int argc, char** argv) {
       "extender", "kube-scheduler extender for GPU shares, whole GPUs and MIG (filter, prioritize, bind, preempt)");
   kgpu::cli::AddExtenderFlags(extender, &extender_flags);
 
+  kgpu::extender::WebhookOptions webhook_options;
+  auto* webhook = app.add_subcommand(
+      "webhook", "admission webhook for GPU pods: defaults, validation, HAMi name translation, schedulerName");
+  kgpu::cli::AddWebhookFlags(webhook, &webhook_options);
+
   kgpu::cli::MigFlags mig_flags;
   auto* mig = app.add_subcommand("mig", "MIG layouts: show them, apply one (refused while a GPU is in use)");
   auto [mig_show, mig_apply] = kgpu::cli::AddMigCommands(mig, &mig_flags);
@@ -191,6 +197,12 @@ int Main(int argc, char** argv) {
     std::signal(SIGTERM, OnSignal);
     std::signal(SIGPIPE, SIG_IGN);
     return kgpu::cli::RunExtender(extender_flags, &g_stop, std::cerr);
+  }
+  if (webhook->parsed()) {
+    std::signal(SIGINT, OnSignal);
+    std::signal(SIGTERM, OnSignal);
+    std::signal(SIGPIPE, SIG_IGN);
+    return kgpu::cli::RunWebhook(webhook_options, &g_stop, std::cerr);
   }
   if (health->parsed()) {
     std::signal(SIGINT, OnSignal);

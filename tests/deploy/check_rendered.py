@@ -4,12 +4,13 @@
   check_rendered.py RENDERED.yaml VARIANT VERSION OUT.json
 
 VARIANT: default (deploy/kustomization.yaml) or all (every component: node in place of the device
-plugin's and the exporter's DaemonSets, node-labels, and the Slurm bridge's Deployment). Checks: the expected objects and no
+plugin's and the exporter's DaemonSets, node-labels, the Slurm bridge's Deployment and the admission webhook). Checks: the expected objects and no
 others; one Namespace, everything else in it; every image is the Dockerfile's
 localhost/kgpu:VERSION (the Slurm bridge: localhost/kgpu-slurm-bridge:VERSION, built from
 deploy/slurm/bridge/Dockerfile) and names its user explicitly (root where it needs the kubelet's sockets,
 else the image's unprivileged user with runAsNonRoot);
-selectors match (DaemonSet and Deployment -> its pods, Service -> one DaemonSet's pods and a named port,
+selectors match (DaemonSet and Deployment -> its pods, Service -> one workload's pods and a named port,
+webhook configurations -> a rendered Service and port, never gating kube-system or kgpu-system,
 ServiceMonitor -> the Service); ServiceAccounts, ConfigMaps and RBAC subjects that pods and
 bindings name exist. Writes the objects as a JSON array to OUT.json for validate.mjs.
 """
@@ -32,11 +33,15 @@ EXPECTED = {
                      ("ClusterRoleBinding", "kgpu-node-labels"),
                      ("Deployment", "kgpu-slurm-bridge"), ("ServiceAccount", "kgpu-slurm-bridge"),
                      ("ClusterRole", "kgpu-slurm-bridge"), ("ClusterRoleBinding", "kgpu-slurm-bridge"),
-                     ("Role", "kgpu-slurm-bridge-leader"), ("RoleBinding", "kgpu-slurm-bridge-leader")},
+                     ("Role", "kgpu-slurm-bridge-leader"), ("RoleBinding", "kgpu-slurm-bridge-leader"),
+                     ("Deployment", "kgpu-webhook"), ("ServiceAccount", "kgpu-webhook"), ("Service", "kgpu-webhook"),
+                     ("MutatingWebhookConfiguration", "kgpu-webhook"),
+                     ("ValidatingWebhookConfiguration", "kgpu-webhook")},
 }
 # Workloads whose image is not the plain kgpu image (it lacks what they spawn).
 IMAGES = {("Deployment", "kgpu-slurm-bridge"): "localhost/kgpu-slurm-bridge"}
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                  "ValidatingWebhookConfiguration"}
 
 problems = []
 
@@ -109,18 +114,39 @@ def main():
             if sc.get("allowPrivilegeEscalation") is not False or sc.get("capabilities", {}).get("drop") != ["ALL"]:
                 problem(f"{n}: container {c['name']} must drop all capabilities, no privilege escalation")
 
+    workloads = daemonsets + by_kind.get("Deployment", [])
     for svc in by_kind.get("Service", []):
         n = svc["metadata"]["name"]
         sel = svc["spec"].get("selector", {})
-        matched = [ds for ds in daemonsets if selects(sel, ds["spec"]["template"]["metadata"].get("labels", {}))]
+        matched = [w for w in workloads if selects(sel, w["spec"]["template"]["metadata"].get("labels", {}))]
         if len(matched) != 1:
-            problem(f"Service {n}: selector {sel} matches {len(matched)} DaemonSets' pods, want 1")
+            problem(f"Service {n}: selector {sel} matches {len(matched)} workloads' pods, want 1")
             continue
         ports = {p.get("name") for c in matched[0]["spec"]["template"]["spec"]["containers"]
                  for p in c.get("ports", [])}
         for p in svc["spec"].get("ports", []):
             if isinstance(p.get("targetPort"), str) and p["targetPort"] not in ports:
                 problem(f"Service {n}: targetPort {p['targetPort']} is not a port of {matched[0]['metadata']['name']}")
+    # Admission webhooks call a rendered Service on a port it has, and are never allowed to gate
+    # the namespaces their own pods (and the control plane's) live in.
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for cfg in by_kind.get(kind, []):
+            for w in cfg.get("webhooks", []):
+                n = f"{kind} {cfg['metadata']['name']} webhook {w.get('name')}"
+                ref = w.get("clientConfig", {}).get("service", {})
+                svc = [s for s in by_kind.get("Service", []) if s["metadata"]["name"] == ref.get("name")]
+                if ref.get("namespace") != NS or not svc:
+                    problem(f"{n}: calls Service {ref.get('namespace')}/{ref.get('name')}, which is not rendered")
+                elif ref.get("port", 443) not in {p.get("port") for p in svc[0]["spec"].get("ports", [])}:
+                    problem(f"{n}: port {ref.get('port', 443)} is not a port of Service {ref.get('name')}")
+                excluded = set()
+                for e in w.get("namespaceSelector", {}).get("matchExpressions", []):
+                    if e.get("key") == "kubernetes.io/metadata.name" and e.get("operator") == "NotIn":
+                        excluded |= set(e.get("values", []))
+                if not {"kube-system", NS} <= excluded:
+                    problem(f"{n}: namespaceSelector must exclude kube-system and {NS}")
+                if w.get("sideEffects") != "None" or w.get("failurePolicy") not in ("Ignore", "Fail"):
+                    problem(f"{n}: sideEffects None and an explicit failurePolicy are required")
     for sm in by_kind.get("ServiceMonitor", []):
         sel = sm["spec"].get("selector", {}).get("matchLabels", {})
         if not any(selects(sel, s["metadata"].get("labels", {})) for s in by_kind.get("Service", [])):

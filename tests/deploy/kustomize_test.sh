@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `kubectl kustomize deploy` renders a complete install, and so does the variant with every
-# component (`node`, `node-labels` and `slurm/bridge` too); every rendered object is valid against the Kubernetes
+# component (`node`, `node-labels`, `slurm/bridge` and `webhook` too); every rendered object is valid against the Kubernetes
 # JSON schemas (npm kubernetes-models; monitoring.coreos.com from
 # @kubernetes-models/prometheus-operator) and the objects agree with each other
 # (tests/deploy/check_rendered.py). Registered in
@@ -50,7 +50,7 @@ fi
 cp "$here/validate.mjs" "$work/npm/validate.mjs"
 
 # The variant: every component, `node` and `node-labels` after the ones they build on, and the
-# Slurm bridge (deploy/slurm/bridge). Kustomize
+# Slurm bridge (deploy/slurm/bridge) and the admission webhook (deploy/webhook). Kustomize
 # wants paths relative to the kustomization.
 variant="$work/variant-all"
 mkdir -p "$variant"
@@ -67,6 +67,7 @@ components:
   - $rel/node
   - $rel/node-labels
   - $rel/slurm/bridge
+  - $rel/webhook
 YAML
 
 for v in default all; do

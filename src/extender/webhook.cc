@@ -1,0 +1,368 @@
+#include "extender/webhook.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "absl/strings/escaping.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "extender/request.h"
+
+namespace kgpu::extender {
+namespace {
+using json = nlohmann::json;
+
+constexpr const char* kSections[] = {"initContainers", "containers"};
+// HAMi's pod annotations -> ours.
+constexpr std::pair<const char*, const char*> kHamiAnnotations[] = {
+    {"nvidia.com/use-gputype", kAnnotationModels},
+    {"nvidia.com/nouse-gputype", kAnnotationModelsDeny},
+    {"nvidia.com/use-gpuuuid", kAnnotationUuids},
+    {"nvidia.com/nouse-gpuuuid", kAnnotationUuidsDeny},
+};
+
+bool IsOurs(const std::string& name) { return name == kShares || name == kShareMemory || name == kShareCores; }
+bool IsHami(const std::string& name) { return name == kHamiMemory || name == kHamiMemoryPercent || name == kHamiCores; }
+bool IsGpu(const std::string& name) {
+  return IsOurs(name) || IsHami(name) || name == kWholeGpu || name.rfind(kMigPrefix, 0) == 0;
+}
+
+// The GPU resources of one section (limits or requests) as whole numbers; unreadable ones left out.
+std::map<std::string, int64_t> Section(const json& resources, const char* section) {
+  std::map<std::string, int64_t> out;
+  const auto it = resources.find(section);
+  if (it == resources.end() || !it->is_object()) return out;
+  for (auto r = it->begin(); r != it->end(); ++r) {
+    if (!IsGpu(r.key())) continue;
+    auto v = WholeQuantity(*r, r.key());
+    if (v.ok()) out[r.key()] = *v;
+  }
+  return out;
+}
+
+const json& ObjectOr(const json& j, const char* key) {
+  static const json kEmpty = json::object();
+  const auto it = j.find(key);
+  return it != j.end() && it->is_object() ? *it : kEmpty;
+}
+
+// A string member, "" when missing or of another type (json::value would throw).
+std::string StringOr(const json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// a * b, or nullopt when it does not fit (values come from users: no signed overflow).
+std::optional<int64_t> Mul(int64_t a, int64_t b) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out)) return std::nullopt;
+  return out;
+}
+
+std::string Field(const char* section, size_t i) { return Cat("spec.", section, "[", i, "]"); }
+
+}  // namespace
+
+std::string PointerEscape(std::string_view segment) {
+  std::string out;
+  for (char c : segment) {
+    if (c == '~') out += "~0";
+    else if (c == '/') out += "~1";
+    else out += c;
+  }
+  return out;
+}
+
+Decision MutatePod(const json& pod, const WebhookOptions& o) {
+  Decision d;
+  std::vector<std::string> denied;
+  if (!pod.is_object()) return d;
+  const json& spec = ObjectOr(pod, "spec");
+  bool translated = false, asks_gpu = false;
+  for (const char* section : kSections) {
+    const auto list = spec.find(section);
+    if (list == spec.end() || !list->is_array()) continue;
+    for (size_t i = 0; i < list->size(); ++i) {
+      const json& c = (*list)[i];
+      if (!c.is_object()) continue;
+      const json& resources = ObjectOr(c, "resources");
+      auto limits = Section(resources, "limits");
+      const auto requests = Section(resources, "requests");
+      for (const auto& [name, v] : requests) limits.emplace(name, v);  // a request alone: promoted to a limit
+      if (limits.empty()) continue;
+      asks_gpu = true;
+      auto has = [&](const char* n) { return limits.count(n) > 0; };
+      const bool ours = has(kShares) || has(kShareMemory) || has(kShareCores);
+      const bool hami = has(kHamiMemory) || has(kHamiMemoryPercent) || has(kHamiCores) || (o.translate_hami && has(kWholeGpu));
+      std::set<std::string> drop;
+      if (hami && !ours) {
+        const int64_t n = std::max<int64_t>(1, has(kWholeGpu) ? limits[kWholeGpu] : 1);
+        const std::string lf = Field(section, i) + ".resources.limits[";
+        auto total = [&](const char* name, std::optional<int64_t> v) {
+          if (v) return *v;
+          denied.push_back(Cat(lf, name, "]: ", limits[name], " per GPU over ", n, " vGPUs is too large (lower it)"));
+          return int64_t{0};
+        };
+        if (n > 64) {
+          denied.push_back(Cat(lf, kWholeGpu, "]: ", n, " vGPUs is more GPUs than a node has (at most 64)"));
+        } else {
+          limits[kShares] = n;
+          if (has(kHamiMemory)) {
+            limits[kShareMemory] = total(kHamiMemory, Mul(limits[kHamiMemory], n));
+          } else if (has(kHamiMemoryPercent)) {
+            if (o.smallest_gpu_memory_mib <= 0) {
+              denied.push_back(Cat(lf, kHamiMemoryPercent,
+                                   "]: cannot be translated without knowing the GPUs' memory (write ", kHamiMemory,
+                                   " in MiB, or start kgpu webhook with --smallest-gpu-memory-mib)"));
+            } else if (limits[kHamiMemoryPercent] > 100) {
+              denied.push_back(Cat(lf, kHamiMemoryPercent, "]: ", limits[kHamiMemoryPercent],
+                                   "% of a GPU's memory (at most 100)"));
+            } else {
+              auto per = Mul(limits[kHamiMemoryPercent], o.smallest_gpu_memory_mib);
+              limits[kShareMemory] = total(kHamiMemoryPercent, per ? Mul(*per / 100, n) : per);
+            }
+          }
+          if (has(kHamiCores)) limits[kShareCores] = total(kHamiCores, Mul(limits[kHamiCores], n));
+        }
+        for (const char* name : {kWholeGpu, kHamiMemory, kHamiMemoryPercent, kHamiCores}) {
+          drop.insert(name);
+          limits.erase(name);
+        }
+        translated = true;
+      }
+      if ((has(kShareMemory) || has(kShareCores)) && (!has(kShares) || limits[kShares] == 0)) limits[kShares] = 1;
+      if (has(kShares) && limits[kShares] > 0 && !has(kShareCores) && has(kShareMemory) && o.smallest_gpu_memory_mib > 0) {
+        const int64_t shares = limits[kShares];
+        const int64_t per_share = limits[kShareMemory] / shares;
+        const auto scaled = Mul(per_share, 100);
+        const int64_t per = per_share >= o.smallest_gpu_memory_mib || !scaled
+                                ? 100
+                                : std::max<int64_t>(1, *scaled / o.smallest_gpu_memory_mib);
+        limits[kShareCores] = per * shares;
+      }
+      // The new resources: our names in limits and requests, equal; HAMi's gone; the rest kept.
+      json next = resources;
+      for (const char* sec : {"limits", "requests"}) {
+        const bool present = next.contains(sec) && next[sec].is_object();
+        json s = present ? next[sec] : json::object();
+        // Limits always; requests only where the container has them (Kubernetes copies a limit
+        // into a missing request).
+        if (!present && std::string_view(sec) == "requests") continue;
+        for (const auto& name : drop) s.erase(name);
+        for (const auto& [name, v] : limits) {
+          if (IsOurs(name)) s[name] = std::to_string(v);
+        }
+        if (present || !s.empty()) next[sec] = std::move(s);
+      }
+      if (next != resources) {
+        d.patch.push_back({{"op", "add"}, {"path", Cat("/spec/", section, "/", i, "/resources")}, {"value", next}});
+      }
+    }
+  }
+  if (translated) {
+    // HAMi's annotations live in metadata.annotations, so the object exists when there is one.
+    const json& ann = ObjectOr(ObjectOr(pod, "metadata"), "annotations");
+    for (const auto& [hami, ours] : kHamiAnnotations) {
+      const auto it = ann.find(hami);
+      if (it == ann.end() || !it->is_string() || ann.contains(ours)) continue;
+      d.patch.push_back({{"op", "add"}, {"path", "/metadata/annotations/" + PointerEscape(ours)}, {"value", *it}});
+    }
+  }
+  if (asks_gpu && !o.scheduler_name.empty()) {
+    const std::string current = StringOr(spec, "schedulerName");
+    if ((current.empty() || current == "default-scheduler") && current != o.scheduler_name) {
+      d.patch.push_back({{"op", "add"}, {"path", "/spec/schedulerName"}, {"value", o.scheduler_name}});
+    }
+  }
+  if (!denied.empty()) {
+    d.allowed = false;
+    d.message = Join(denied, "; ");
+    d.patch = json::array();
+  }
+  return d;
+}
+
+Decision ValidatePod(const json& pod, const WebhookOptions& o) {
+  Decision d;
+  std::vector<std::string> denied;
+  if (!pod.is_object()) return d;
+  const json& spec = ObjectOr(pod, "spec");
+  for (const char* section : kSections) {
+    const auto list = spec.find(section);
+    if (list == spec.end() || !list->is_array()) continue;
+    for (size_t i = 0; i < list->size(); ++i) {
+      const json& c = (*list)[i];
+      if (!c.is_object()) continue;
+      const std::string f = Field(section, i);
+      const json& resources = ObjectOr(c, "resources");
+      const json& lim = ObjectOr(resources, "limits");
+      const json& req = ObjectOr(resources, "requests");
+      std::map<std::string, int64_t> limits;
+      bool bad = false;
+      for (auto it = lim.begin(); it != lim.end(); ++it) {
+        if (!IsGpu(it.key())) continue;
+        auto v = WholeQuantity(*it, Cat(f, ".resources.limits[", it.key(), "]"));
+        if (!v.ok()) {
+          denied.emplace_back(v.status().message());
+          bad = true;
+        } else {
+          limits[it.key()] = *v;
+        }
+      }
+      for (auto it = req.begin(); it != req.end(); ++it) {
+        if (!IsGpu(it.key())) continue;
+        const std::string field = Cat(f, ".resources.requests[", it.key(), "]");
+        auto v = WholeQuantity(*it, field);
+        if (!v.ok()) {
+          denied.emplace_back(v.status().message());
+          bad = true;
+        } else if (!lim.contains(it.key())) {
+          denied.push_back(Cat(field, ": a request without a limit (set limits[", it.key(),
+                               "] to the same value: extended resources need a limit)"));
+          bad = true;
+        } else if (limits.count(it.key()) && limits[it.key()] != *v) {
+          denied.push_back(Cat(field, ": ", *v, " must equal limits[", it.key(), "] (", limits[it.key()],
+                               "): extended resources cannot be overcommitted"));
+          bad = true;
+        }
+      }
+      if (bad) continue;
+      auto get = [&](const char* n) { return limits.count(n) ? limits[n] : int64_t{0}; };
+      const int64_t whole = get(kWholeGpu), shares = get(kShares), memory = get(kShareMemory), cores = get(kShareCores);
+      const std::string lf = f + ".resources.limits[";
+      if (whole > 0 && shares > 0) {
+        denied.push_back(Cat(lf, kShares, "]: asked together with ", kWholeGpu, " in one container (keep ", kWholeGpu,
+                             " for whole GPUs or ", kShares, " for shares, not both)"));
+        continue;
+      }
+      const bool wants_share = shares > 0 || memory > 0 || cores > 0;
+      if (wants_share && shares == 0) {
+        denied.push_back(Cat(lf, memory > 0 ? kShareMemory : kShareCores, "]: without ", kShares, " (add ", kShares,
+                             ": 1 to limits and requests)"));
+        continue;
+      }
+      if (shares > 0 && cores / shares > 100) {
+        denied.push_back(Cat(lf, kShareCores, "]: ", cores, " over ", shares, " shares is ", cores / shares,
+                             "% of one GPU per share (at most 100 per share: lower it or ask for more ", kShares, ")"));
+      }
+      if (shares > 0 && o.largest_gpu_memory_mib > 0 && memory / shares > o.largest_gpu_memory_mib) {
+        denied.push_back(Cat(lf, kShareMemory, "]: ", memory, " MiB over ", shares, " shares is ", memory / shares,
+                             " MiB per GPU, more than the largest GPU in the cluster has (", o.largest_gpu_memory_mib,
+                             " MiB): ask for more ", kShares, " or less memory"));
+      }
+      const json& sc = ObjectOr(c, "securityContext");
+      if (wants_share && sc.contains("privileged") && sc["privileged"] == true) {
+        denied.push_back(Cat(f, ".securityContext.privileged: a privileged container sees every GPU, so its share "
+                                "cannot be enforced (drop privileged, or ask for whole GPUs with ",
+                             kWholeGpu, ")"));
+      }
+    }
+  }
+  if (denied.empty()) {
+    try {
+      auto parsed = ParsePodRequest(pod);
+      if (!parsed.ok()) denied.emplace_back(parsed.status().message());
+    } catch (const json::exception& e) {  // a member of the wrong type
+      denied.push_back(Cat("the pod does not decode as a Pod (", e.what(), ")"));
+    }
+  }
+  if (!denied.empty()) {
+    d.allowed = false;
+    d.message = Join(denied, "; ");
+  }
+  return d;
+}
+
+absl::StatusOr<json> Review(std::string_view body, bool mutate, const WebhookOptions& o) {
+  json review = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!review.is_object()) return absl::InvalidArgumentError("the body is not a JSON object (expected an AdmissionReview)");
+  const auto req = review.find("request");
+  if (req == review.end() || !req->is_object()) {
+    return absl::InvalidArgumentError("AdmissionReview without a request object (the API server sends request)");
+  }
+  const auto uid = req->find("uid");
+  if (uid == req->end() || !uid->is_string()) return absl::InvalidArgumentError("AdmissionReview request.uid missing or not a string");
+  json response = {{"uid", *uid}, {"allowed", true}};
+  const json& kind = ObjectOr(*req, "kind");
+  const auto object = req->find("object");
+  if (StringOr(kind, "kind") == "Pod" && object != req->end() && object->is_object()) {
+    const Decision d = mutate ? MutatePod(*object, o) : ValidatePod(*object, o);
+    if (!d.allowed) {
+      response["allowed"] = false;
+      response["status"] = {{"code", 403}, {"reason", "Forbidden"}, {"message", d.message}};
+    } else if (!d.patch.empty()) {
+      response["patchType"] = "JSONPatch";
+      response["patch"] = absl::Base64Escape(d.patch.dump());
+    }
+  }
+  std::string api_version = "admission.k8s.io/v1";
+  if (const auto v = review.find("apiVersion"); v != review.end() && v->is_string()) api_version = v->get<std::string>();
+  return json{{"apiVersion", api_version}, {"kind", "AdmissionReview"}, {"response", std::move(response)}};
+}
+
+Webhook::Webhook(WebhookOptions options) : opts_(std::move(options)) {}
+Webhook::~Webhook() { Stop(); }
+
+absl::Status Webhook::Start() {
+  const auto colon = opts_.address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(Cat("--address ", opts_.address, ": expected host:port (e.g. 0.0.0.0:8443)"));
+  }
+  const std::string host = opts_.address.substr(0, colon).empty() ? "0.0.0.0" : opts_.address.substr(0, colon);
+  int port = 0;
+  try {
+    port = std::stoi(opts_.address.substr(colon + 1));
+  } catch (...) {
+    return absl::InvalidArgumentError(Cat("--address ", opts_.address, ": the port is not a number"));
+  }
+  if (opts_.tls_cert_file.empty() || opts_.tls_key_file.empty()) {
+    if (!opts_.insecure_http || !opts_.tls_cert_file.empty() || !opts_.tls_key_file.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls-cert-file and --tls-key-file are required (the API server calls webhooks over HTTPS; "
+          "--insecure-http serves plain HTTP for tests)");
+    }
+    http_ = std::make_unique<httplib::Server>();
+  } else {
+    auto ssl = std::make_unique<httplib::SSLServer>(opts_.tls_cert_file.c_str(), opts_.tls_key_file.c_str());
+    if (!ssl->is_valid()) {
+      return absl::InvalidArgumentError(Cat("--tls-cert-file ", opts_.tls_cert_file, " / --tls-key-file ",
+                                            opts_.tls_key_file, ": cannot load the certificate and key (PEM files)"));
+    }
+    http_ = std::move(ssl);
+  }
+  const int threads = std::max(2, opts_.threads);
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http_->set_payload_max_length(8u << 20);
+  http_->set_keep_alive_timeout(5);
+  auto handler = [this](bool mutate) {
+    return [this, mutate](const httplib::Request& req, httplib::Response& res) {
+      auto out = Review(req.body, mutate, opts_);
+      if (!out.ok()) {
+        Log("webhook")->warn("{}: {}", mutate ? "/mutate" : "/validate", std::string(out.status().message()));
+        res.status = 400;
+        res.set_content(std::string(out.status().message()) + "\n", "text/plain");
+        return;
+      }
+      res.set_content(out->dump(), "application/json");
+    };
+  };
+  http_->Post("/mutate", handler(true));
+  http_->Post("/validate", handler(false));
+  http_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  port_ = port == 0 ? http_->bind_to_any_port(host.c_str()) : (http_->bind_to_port(host.c_str(), port) ? port : -1);
+  if (port_ <= 0) return absl::UnavailableError(Cat("--address ", opts_.address, ": cannot listen there (in use?)"));
+  http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+  Log("webhook")->info("serving {} on {}:{}", opts_.tls_cert_file.empty() ? "HTTP" : "HTTPS", host, port_);
+  return absl::OkStatus();
+}
+
+void Webhook::Stop() {
+  if (http_) http_->stop();
+  if (http_thread_.joinable()) http_thread_.join();
+}
+
+}  // namespace kgpu::extender

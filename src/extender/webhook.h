@@ -1,0 +1,97 @@
+#pragma once
+// `kgpu webhook`: the admission webhook for GPU requests (docs/webhook.md).
+//
+//   POST /mutate    AdmissionReview (admission.k8s.io/v1) -> a JSONPatch that fills defaults,
+//                   translates HAMi's names and sets schedulerName
+//   POST /validate  AdmissionReview -> allowed, or denied with messages that name the field
+//   GET  /healthz   200 while the process serves
+//
+// Mutation, per container (init containers too), reading each GPU resource from limits, else
+// requests (Kubernetes copies a limit into a missing request; a request without a limit would be
+// refused by the apiserver, so the webhook promotes it):
+//   - HAMi translation when the container has nvidia.com/gpumem, nvidia.com/gpumem-percentage or
+//     nvidia.com/gpucores, or has nvidia.com/gpu and --translate-hami is set: nvidia.com/gpu (N,
+//     default 1) -> kgpu.io/gpu N; gpumem M (per GPU) -> kgpu.io/gpu-memory M*N; gpumem-percentage
+//     P -> P% of the smallest GPU (--smallest-gpu-memory-mib) * N; gpucores C -> kgpu.io/gpu-cores
+//     C*N. The pod's nvidia.com/use-gputype, nouse-gputype, use-gpuuuid, nouse-gpuuuid
+//     annotations become kgpu.io/gpu-model, -model-deny, -uuid, -uuid-deny (existing kgpu.io
+//     annotations are kept).
+//   - kgpu.io/gpu-memory or kgpu.io/gpu-cores without kgpu.io/gpu -> kgpu.io/gpu: 1.
+//   - no kgpu.io/gpu-cores and --smallest-gpu-memory-mib known: cores per share =
+//     floor(100 * memory per share / smallest GPU MiB), at least 1, at most 100.
+//   - limits and requests both written, equal; schedulerName set when configured and the pod
+//     asks for kgpu.io GPUs (a pod that names a scheduler other than default-scheduler is kept).
+// Validation: refuses nvidia.com/gpu together with kgpu.io/gpu in one container, a request
+// without a limit or unequal to it, more than 100% cores per share, a share larger than the
+// largest GPU (--largest-gpu-memory-mib), a privileged container asking for shares, and anything
+// the extender's request model (request.h) rejects.
+//
+// Thread-safety: the functions are pure; Webhook: Start/Stop from the owner thread.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace kgpu::extender {
+
+inline constexpr char kHamiMemory[] = "nvidia.com/gpumem";
+inline constexpr char kHamiMemoryPercent[] = "nvidia.com/gpumem-percentage";
+inline constexpr char kHamiCores[] = "nvidia.com/gpucores";
+
+struct WebhookOptions {
+  std::string address = "0.0.0.0:8443";
+  std::string tls_cert_file, tls_key_file;
+  bool insecure_http = false;  // serve plain HTTP (tests only)
+  int threads = 4;
+  std::string scheduler_name;  // "" = leave schedulerName alone
+  bool translate_hami = false;  // nvidia.com/gpu alone is HAMi's vGPU count
+  int64_t smallest_gpu_memory_mib = 0;  // 0 = unknown: no cores default, no gpumem-percentage
+  int64_t largest_gpu_memory_mib = 0;   // 0 = unknown: share size not checked
+};
+
+struct Decision {
+  bool allowed = true;
+  std::string message;                            // denied: every reason, "; "-separated
+  nlohmann::json patch = nlohmann::json::array();  // JSONPatch (RFC 6902) against the pod
+};
+
+Decision MutatePod(const nlohmann::json& pod, const WebhookOptions& options);
+Decision ValidatePod(const nlohmann::json& pod, const WebhookOptions& options);
+
+// One AdmissionReview request -> its AdmissionReview response (uid echoed, patch base64).
+// InvalidArgument naming what is missing when `body` is not an AdmissionReview.
+absl::StatusOr<nlohmann::json> Review(std::string_view body, bool mutate, const WebhookOptions& options);
+
+// RFC 6901 escaping of one path segment ("kgpu.io/gpu" -> "kgpu.io~1gpu").
+std::string PointerEscape(std::string_view segment);
+
+class Webhook {
+ public:
+  explicit Webhook(WebhookOptions options);
+  ~Webhook();
+  Webhook(const Webhook&) = delete;
+  Webhook& operator=(const Webhook&) = delete;
+  absl::Status Start();  // listening when it returns
+  void Stop();
+  int port() const { return port_; }
+
+ private:
+  WebhookOptions opts_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread http_thread_;
+  int port_ = 0;
+};
+
+}  // namespace kgpu::extender

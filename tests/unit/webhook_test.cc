@@ -1,0 +1,202 @@
+// The admission webhook's pure parts: exact JSONPatches for defaults, HAMi translation and
+// schedulerName; exact denial messages naming the field; the AdmissionReview envelope.
+#include <gtest/gtest.h>
+
+#include "absl/strings/escaping.h"
+#include "extender/webhook.h"
+
+namespace kgpu::extender {
+namespace {
+using json = nlohmann::json;
+
+json Pod(json containers, json annotations = nullptr) {
+  json pod = {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", {{"name", "p"}, {"namespace", "team-a"}}},
+              {"spec", {{"containers", std::move(containers)}}}};
+  if (!annotations.is_null()) pod["metadata"]["annotations"] = std::move(annotations);
+  return pod;
+}
+json Container(const std::string& name, json limits, json requests = nullptr) {
+  json c = {{"name", name}, {"image", "cuda"}, {"resources", {{"limits", std::move(limits)}}}};
+  if (!requests.is_null()) c["resources"]["requests"] = std::move(requests);
+  return c;
+}
+
+TEST(WebhookMutate, MemoryWithoutSharesGetsOneShareAndProportionalCores) {
+  WebhookOptions o;
+  o.smallest_gpu_memory_mib = 40960;
+  const json pod = Pod({Container("main", {{"kgpu.io/gpu-memory", "10240"}, {"cpu", "1"}}, {{"cpu", "1"}})});
+  const Decision d = MutatePod(pod, o);
+  ASSERT_TRUE(d.allowed) << d.message;
+  const json want = json::parse(R"([{"op":"add","path":"/spec/containers/0/resources","value":{
+    "limits":{"cpu":"1","kgpu.io/gpu":"1","kgpu.io/gpu-memory":"10240","kgpu.io/gpu-cores":"25"},
+    "requests":{"cpu":"1","kgpu.io/gpu":"1","kgpu.io/gpu-memory":"10240","kgpu.io/gpu-cores":"25"}}}])");
+  EXPECT_EQ(d.patch, want) << d.patch.dump();
+}
+
+TEST(WebhookMutate, NoCoresDefaultWithoutInventoryAndNothingForACompletePod) {
+  WebhookOptions o;
+  const json pod = Pod({Container("main", {{"kgpu.io/gpu-memory", "8k"}})});
+  const Decision d = MutatePod(pod, o);
+  const json want = json::parse(R"([{"op":"add","path":"/spec/containers/0/resources","value":{
+    "limits":{"kgpu.io/gpu":"1","kgpu.io/gpu-memory":"8000"}}}])");
+  EXPECT_EQ(d.patch, want) << d.patch.dump();
+  // Applying the patch gives a pod the webhook leaves alone.
+  EXPECT_EQ(MutatePod(pod.patch(d.patch), o).patch, json::array());
+}
+
+TEST(WebhookMutate, RequestAloneIsPromotedToALimit) {
+  const json pod = Pod({Container("main", json::object(), {{"kgpu.io/gpu", 2}, {"kgpu.io/gpu-memory", "8k"}})});
+  const Decision d = MutatePod(pod, {});
+  const json want = json::parse(R"([{"op":"add","path":"/spec/containers/0/resources","value":{
+    "limits":{"kgpu.io/gpu":"2","kgpu.io/gpu-memory":"8000"},
+    "requests":{"kgpu.io/gpu":"2","kgpu.io/gpu-memory":"8000"}}}])");
+  EXPECT_EQ(d.patch, want) << d.patch.dump();
+}
+
+TEST(WebhookMutate, TranslatesHamiPerGpuNamesIntoTotalsAndAnnotations) {
+  WebhookOptions o;
+  o.scheduler_name = "kgpu-scheduler";
+  json pod = Pod({Container("init-ok", {{"cpu", "1"}}),
+                  Container("train", {{"nvidia.com/gpu", "2"}, {"nvidia.com/gpumem", "3000"}, {"nvidia.com/gpucores", "30"}},
+                            {{"nvidia.com/gpu", "2"}, {"memory", "1Gi"}})},
+                 {{"nvidia.com/use-gputype", "A100,H100"}, {"nvidia.com/nouse-gpuuuid", "GPU-bad"}});
+  const Decision d = MutatePod(pod, o);
+  ASSERT_TRUE(d.allowed) << d.message;
+  const json want = json::parse(R"([
+    {"op":"add","path":"/spec/containers/1/resources","value":{
+      "limits":{"kgpu.io/gpu":"2","kgpu.io/gpu-memory":"6000","kgpu.io/gpu-cores":"60"},
+      "requests":{"memory":"1Gi","kgpu.io/gpu":"2","kgpu.io/gpu-memory":"6000","kgpu.io/gpu-cores":"60"}}},
+    {"op":"add","path":"/metadata/annotations/kgpu.io~1gpu-model","value":"A100,H100"},
+    {"op":"add","path":"/metadata/annotations/kgpu.io~1gpu-uuid-deny","value":"GPU-bad"},
+    {"op":"add","path":"/spec/schedulerName","value":"kgpu-scheduler"}])");
+  EXPECT_EQ(d.patch, want) << d.patch.dump();
+  EXPECT_TRUE(ValidatePod(pod.patch(d.patch), o).allowed);
+}
+
+TEST(WebhookMutate, GpuAloneIsHamiOnlyWithTheFlag) {
+  const json pod = Pod({Container("main", {{"nvidia.com/gpu", "1"}})});
+  EXPECT_EQ(MutatePod(pod, {}).patch, json::array());  // a whole GPU, as always
+  WebhookOptions o;
+  o.translate_hami = true;
+  const json want = json::parse(R"([{"op":"add","path":"/spec/containers/0/resources","value":{
+    "limits":{"kgpu.io/gpu":"1"}}}])");
+  EXPECT_EQ(MutatePod(pod, o).patch, want) << MutatePod(pod, o).patch.dump();
+}
+
+TEST(WebhookMutate, MoreVgpusThanANodeHasAreRefused) {
+  EXPECT_EQ(MutatePod(Pod({Container("main", {{"nvidia.com/gpu", "65"}, {"nvidia.com/gpumem", "1"}})}), {}).message,
+            "spec.containers[0].resources.limits[nvidia.com/gpu]: 65 vGPUs is more GPUs than a node has (at most 64)");
+}
+
+TEST(WebhookMutate, MemoryPercentageNeedsTheSmallestGpu) {
+  const json pod = Pod({Container("main", {{"nvidia.com/gpumem-percentage", "50"}})});
+  const Decision no = MutatePod(pod, {});
+  EXPECT_FALSE(no.allowed);
+  EXPECT_EQ(no.message,
+            "spec.containers[0].resources.limits[nvidia.com/gpumem-percentage]: cannot be translated without knowing "
+            "the GPUs' memory (write nvidia.com/gpumem in MiB, or start kgpu webhook with --smallest-gpu-memory-mib)");
+  WebhookOptions o;
+  o.smallest_gpu_memory_mib = 81920;
+  const json want = json::parse(R"([{"op":"add","path":"/spec/containers/0/resources","value":{
+    "limits":{"kgpu.io/gpu":"1","kgpu.io/gpu-memory":"40960","kgpu.io/gpu-cores":"50"}}}])");
+  EXPECT_EQ(MutatePod(pod, o).patch, want) << MutatePod(pod, o).patch.dump();
+}
+
+TEST(WebhookMutate, KeepsAnotherSchedulerAndOurOwnAnnotations) {
+  WebhookOptions o;
+  o.scheduler_name = "kgpu-scheduler";
+  json pod = Pod({Container("main", {{"nvidia.com/gpumem", "1000"}})},
+                 {{"nvidia.com/use-gputype", "H100"}, {"kgpu.io/gpu-model", "A100"}, {"nvidia.com/use-gpuuuid", "GPU-1"}});
+  pod["spec"]["schedulerName"] = "volcano";
+  const Decision d = MutatePod(pod, o);
+  const json want = json::parse(R"([{"op":"add","path":"/spec/containers/0/resources","value":{
+    "limits":{"kgpu.io/gpu":"1","kgpu.io/gpu-memory":"1000"}}},
+    {"op":"add","path":"/metadata/annotations/kgpu.io~1gpu-uuid","value":"GPU-1"}])");
+  EXPECT_EQ(d.patch, want) << d.patch.dump();
+}
+
+TEST(WebhookMutate, TranslatesAnnotationsOnlyWhenThePodHasThem) {
+  json pod = Pod({Container("main", {{"nvidia.com/gpumem", "1000"}})});
+  EXPECT_EQ(MutatePod(pod, {}).patch.size(), 1u);  // no HAMi annotation: only the resources
+  json with = Pod({Container("main", {{"nvidia.com/gpumem", "1000"}})}, {{"nvidia.com/nouse-gputype", "T4"}});
+  const Decision d = MutatePod(with, {});
+  ASSERT_EQ(d.patch.size(), 2u);
+  EXPECT_EQ(d.patch[1], json::parse(R"({"op":"add","path":"/metadata/annotations/kgpu.io~1gpu-model-deny","value":"T4"})"));
+  EXPECT_EQ(with.patch(d.patch)["metadata"]["annotations"]["kgpu.io/gpu-model-deny"], "T4");
+}
+
+TEST(WebhookValidate, MessagesNameTheFieldAndTheFix) {
+  WebhookOptions o;
+  o.largest_gpu_memory_mib = 81920;
+  auto msg = [&](const json& pod) { return ValidatePod(pod, o).message; };
+  EXPECT_EQ(msg(Pod({Container("a", {{"cpu", "1"}}),
+                     Container("b", {{"nvidia.com/gpu", "1"}, {"kgpu.io/gpu", "1"}})})),
+            "spec.containers[1].resources.limits[kgpu.io/gpu]: asked together with nvidia.com/gpu in one container "
+            "(keep nvidia.com/gpu for whole GPUs or kgpu.io/gpu for shares, not both)");
+  EXPECT_EQ(msg(Pod({Container("a", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-cores", "300"}})})),
+            "spec.containers[0].resources.limits[kgpu.io/gpu-cores]: 300 over 2 shares is 150% of one GPU per share "
+            "(at most 100 per share: lower it or ask for more kgpu.io/gpu)");
+  EXPECT_EQ(msg(Pod({Container("a", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "100000"}})})),
+            "spec.containers[0].resources.limits[kgpu.io/gpu-memory]: 100000 MiB over 1 shares is 100000 MiB per GPU, "
+            "more than the largest GPU in the cluster has (81920 MiB): ask for more kgpu.io/gpu or less memory");
+  json priv = Pod({Container("a", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}})});
+  priv["spec"]["containers"][0]["securityContext"] = {{"privileged", true}};
+  EXPECT_EQ(msg(priv),
+            "spec.containers[0].securityContext.privileged: a privileged container sees every GPU, so its share cannot "
+            "be enforced (drop privileged, or ask for whole GPUs with nvidia.com/gpu)");
+  EXPECT_EQ(msg(Pod({Container("a", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu", "2"}})})),
+            "spec.containers[0].resources.requests[kgpu.io/gpu]: 2 must equal limits[kgpu.io/gpu] (1): extended "
+            "resources cannot be overcommitted");
+  EXPECT_EQ(msg(Pod({Container("a", json::object(), {{"kgpu.io/gpu-memory", "1000"}})})),
+            "spec.containers[0].resources.requests[kgpu.io/gpu-memory]: a request without a limit (set "
+            "limits[kgpu.io/gpu-memory] to the same value: extended resources need a limit)");
+  EXPECT_EQ(msg(Pod({Container("a", {{"kgpu.io/gpu-memory", "0.5"}})})),
+            "spec.containers[0].resources.limits[kgpu.io/gpu-memory]: \"0.5\" must be a whole number >= 0 (extended "
+            "resources cannot be fractional)");
+  // What the request model refuses comes through with its own message.
+  EXPECT_EQ(msg(Pod({Container("a", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "1001"}})})),
+            "container a: kgpu.io/gpu-memory 1001 does not split evenly over 2 shares (use a multiple of 2, e.g. 1000)");
+  EXPECT_TRUE(ValidatePod(Pod({Container("a", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "81920"}})}), o).allowed);
+  EXPECT_TRUE(ValidatePod(Pod({Container("a", {{"nvidia.com/gpu", "8"}})}), o).allowed);
+}
+
+TEST(WebhookReview, EnvelopeEchoesUidAndCarriesABase64Patch) {
+  const json pod = Pod({Container("main", {{"kgpu.io/gpu-memory", "1000"}})});
+  const json review = {{"apiVersion", "admission.k8s.io/v1"}, {"kind", "AdmissionReview"},
+                       {"request", {{"uid", "705ab4f5-6393-11e8-b7cc-42010a800002"},
+                                    {"kind", {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}}},
+                                    {"operation", "CREATE"}, {"object", pod}}}};
+  auto out = Review(review.dump(), true, {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const json& r = (*out)["response"];
+  EXPECT_EQ((*out)["kind"], "AdmissionReview");
+  EXPECT_EQ((*out)["apiVersion"], "admission.k8s.io/v1");
+  EXPECT_EQ(r["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+  EXPECT_EQ(r["allowed"], true);
+  EXPECT_EQ(r["patchType"], "JSONPatch");
+  std::string patch;
+  ASSERT_TRUE(absl::Base64Unescape(r["patch"].get<std::string>(), &patch));
+  EXPECT_EQ(json::parse(patch), MutatePod(pod, {}).patch);
+
+  json bad = review;
+  bad["request"]["object"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1";
+  bad["request"]["object"]["spec"]["containers"][0]["resources"]["limits"]["kgpu.io/gpu"] = "1";
+  auto denied = Review(bad.dump(), false, {});
+  ASSERT_TRUE(denied.ok());
+  EXPECT_EQ((*denied)["response"]["allowed"], false);
+  EXPECT_EQ((*denied)["response"]["status"]["code"], 403);
+  EXPECT_NE((*denied)["response"]["status"]["message"].get<std::string>().find("spec.containers[0]"), std::string::npos);
+  EXPECT_FALSE((*denied)["response"].contains("patch"));
+
+  EXPECT_EQ(Review("{", true, {}).status().message(), "the body is not a JSON object (expected an AdmissionReview)");
+  EXPECT_EQ(Review(R"({"request":{}})", true, {}).status().message(), "AdmissionReview request.uid missing or not a string");
+  EXPECT_EQ(Review(R"({"kind":"AdmissionReview"})", true, {}).status().message(),
+            "AdmissionReview without a request object (the API server sends request)");
+  // Not a pod: allowed untouched.
+  auto other = Review(R"({"request":{"uid":"u","kind":{"kind":"Service"},"object":{}}})", true, {});
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ((*other)["response"], json::parse(R"({"uid":"u","allowed":true})"));
+}
+
+}  // namespace
+}  // namespace kgpu::extender
