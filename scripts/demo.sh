@@ -170,6 +170,9 @@ kill -TERM "$plugin"; wait "$plugin" 2>/dev/null || true
 kill -TERM "$kubelet" 2>/dev/null; wait "$kubelet" 2>/dev/null || true
 kill -TERM "$api" 2>/dev/null; wait "$api" 2>/dev/null || true
 
+step "GPU quota: a pod over quota refused by the apiserver, shares charged exactly, kgpu quota and kgpu quota plan"
+"$(dirname "$0")/demo-quota.sh" "$build"
+
 step "Kubernetes <-> Slurm: an idle Slurm node lent to a GPU pod, then reclaimed for a job (none killed)"
 "$(dirname "$0")/demo-slurm.sh" "$build"
 step "done"
