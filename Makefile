@@ -49,8 +49,8 @@ package: deps
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	cmake --preset fuzz >/dev/null
-	cmake --build --preset fuzz -j $(JOBS) --target profile_fuzz config_fuzz cgroup_fuzz checkpoint_fuzz counters_fuzz mig_minors_fuzz kubeconfig_fuzz watch_decoder_fuzz extender_wire_fuzz slurm_parse_fuzz
-	for t in profile config cgroup checkpoint counters mig_minors kubeconfig watch_decoder extender_wire slurm_parse; do mkdir -p build/fuzz/corpus-$$t && \
+	cmake --build --preset fuzz -j $(JOBS) --target profile_fuzz config_fuzz cgroup_fuzz checkpoint_fuzz counters_fuzz mig_minors_fuzz kubeconfig_fuzz watch_decoder_fuzz extender_wire_fuzz quota_shares_fuzz slurm_parse_fuzz
+	for t in profile config cgroup checkpoint counters mig_minors kubeconfig watch_decoder extender_wire quota_shares slurm_parse; do mkdir -p build/fuzz/corpus-$$t && \
 	  build/fuzz/tests/$${t}_fuzz -max_total_time=$(FUZZ_SECONDS) build/fuzz/corpus-$$t tests/fuzz/corpus/$$t || exit 1; done
 
 format:

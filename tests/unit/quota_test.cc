@@ -64,8 +64,11 @@ TEST(QuotaTest, GpuEquivalents) {
   // 3 whole + 4/7 + 3/7 + 2/4 + 2/4 + (81920 + 40960) / 40960.
   EXPECT_DOUBLE_EQ(CapacityGpuEquivalents(c), 3 + 1.0 + 1.0 + 3.0);
   EXPECT_FALSE(GpuEquivalents("requests.kgpu.io/gpu-memory", 1, ClusterGpus{}));  // no sharing GPU
-  EXPECT_EQ(MaxMigSlices(GpuInfo{.model = "NVIDIA A30"}), 4);
-  EXPECT_EQ(MaxMigSlices(GpuInfo{.model = "NVIDIA H100 80GB HBM3"}), 7);
+  GpuInfo g;
+  g.model = "NVIDIA A30";
+  EXPECT_EQ(MaxMigSlices(g), 4);
+  g.model = "NVIDIA H100 80GB HBM3";
+  EXPECT_EQ(MaxMigSlices(g), 7);
 }
 
 TEST(QuotaTest, DivideNeverOverAllocates) {
@@ -111,7 +114,10 @@ TEST(QuotaTest, PlanCoversEveryResourceAndStaysWithinTheInventory) {
   EXPECT_EQ(sum["requests.kgpu.io/gpu"], 24);
   EXPECT_EQ(sum["requests.kgpu.io/gpu-memory"], 122880);
   EXPECT_EQ(sum["requests.kgpu.io/gpu-cores"], 200);
-  EXPECT_EQ(plan[0].hard[0], (std::pair<std::string, int64_t>{"requests.nvidia.com/gpu", 2}));  // 1.5 -> 2
+  // 3 GPUs: exact 1.5 / 0.9 / 0.6; floors 1 / 0 / 0, the 2 left go to the largest remainders.
+  EXPECT_EQ(plan[0].hard[0], (std::pair<std::string, int64_t>{"requests.nvidia.com/gpu", 1}));
+  EXPECT_EQ(plan[1].hard[0].second, 1);
+  EXPECT_EQ(plan[2].hard[0].second, 1);
   // Under 100%: what is left stays unassigned.
   const auto part = PlanQuotas(c, *ParseTeamShares("team-a=25"));
   EXPECT_EQ(part[0].hard[0].second, 0);  // floor(3 x 25 / 100)
