@@ -172,6 +172,8 @@ kill -TERM "$api" 2>/dev/null; wait "$api" 2>/dev/null || true
 
 step "The simulated driver procfs of a MIG node: capability minors for the MIG device nodes"
 "$(dirname "$0")/demo-node-small.sh" "$build"
+step "GPU quota: a pod over quota refused by the apiserver, shares charged exactly, kgpu quota and kgpu quota plan"
+"$(dirname "$0")/demo-quota.sh" "$build"
 
 step "Kubernetes <-> Slurm: an idle Slurm node lent to a GPU pod, then reclaimed for a job (none killed)"
 "$(dirname "$0")/demo-slurm.sh" "$build"

@@ -17,6 +17,7 @@
 #include "cli/webhook_cmd.h"
 #include "cli/mig_cmd.h"
 #include "cli/node_labels.h"
+#include "cli/quota_cmd.h"
 #include "cli/sim_cmd.h"
 #include "cli/slurm_cmd.h"
 #include "common/log.h"
@@ -137,6 +138,8 @@ int Main(int argc, char** argv) {
   kgpu::cli::SlurmGresFlags gres_flags;
   auto* slurm_gres = kgpu::cli::AddSlurmGresCommand(slurm, &gres_flags);
   kgpu::cli::AddDevicePluginFlags(slurm_gres, &dp_flags);
+  kgpu::cli::QuotaFlags quota_flags;
+  auto quota = kgpu::cli::AddQuotaCommands(&app, &quota_flags);
   kgpu::cli::SlurmBridgeFlags bridge_flags;
   auto bridge = kgpu::cli::AddSlurmBridgeCommands(&app, &bridge_flags);
 
@@ -169,6 +172,8 @@ int Main(int argc, char** argv) {
     std::signal(SIGPIPE, SIG_IGN);
     return kgpu::cli::RunSlurmBridge(bridge_flags, &g_stop, std::cout);
   }
+  if (quota.plan->parsed()) return kgpu::cli::RunQuotaPlan(quota_flags, std::cout, std::cerr);
+  if (quota.show->parsed()) return kgpu::cli::RunQuota(quota_flags, std::cout, std::cerr);
   if (mig_show->parsed()) return kgpu::cli::RunMigShow(node, mig_flags, std::cout);
   if (mig_apply->parsed()) return kgpu::cli::RunMigApply(node, mig_flags, std::cout);
   if (sim->parsed()) return kgpu::cli::RunSim(sim_flags, std::cout, std::cerr);

@@ -3,8 +3,9 @@
 
   check_rendered.py RENDERED.yaml VARIANT VERSION OUT.json
 
-VARIANT: default (deploy/kustomization.yaml) or all (every component: node in place of the device
-plugin's and the exporter's DaemonSets, node-labels, the Slurm bridge's Deployment and the admission webhook). Checks: the expected objects and no
+VARIANT: default (deploy/kustomization.yaml), all (every component: node in place of the device
+plugin's and the exporter's DaemonSets, node-labels, the Slurm bridge's Deployment and the admission
+webhook) or quota (deploy/quota, checked by check_quota below). Checks: the expected objects and no
 others; one Namespace, everything else in it; every image is the Dockerfile's
 localhost/kgpu:VERSION (the Slurm bridge: localhost/kgpu-slurm-bridge:VERSION, built from
 deploy/slurm/bridge/Dockerfile) and names its user explicitly (root where it needs the kubelet's sockets,
@@ -45,6 +46,62 @@ CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWeb
 
 problems = []
 
+# deploy/quota: per team namespace, a Namespace, a ResourceQuota gpu and a LimitRange gpu.
+QUOTA_TEAMS = ["team-a", "team-b", "team-c", "tenant-1", "tenant-2"]
+QUOTA_EXPECTED = ({("Namespace", "", t) for t in QUOTA_TEAMS} | {("ResourceQuota", t, "gpu") for t in QUOTA_TEAMS}
+                  | {("LimitRange", t, "gpu") for t in QUOTA_TEAMS})
+GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-", "kgpu.io/")
+
+
+def is_gpu(name):
+    return name.startswith(GPU_RESOURCES)
+
+
+def check_quota(objs):
+    """deploy/quota: the expected objects; quotas that the apiserver enforces (requests.<name> for
+    extended resources: limits.<name> is accepted but never checked) and that close the GPU kinds a
+    team may not use (every quota names the same GPU resources); LimitRange items whose GPU
+    defaults equal their default requests (required for extended resources) and never hand a GPU to
+    a container that asked for none (a default is added to every container)."""
+    have = {(o.get("kind"), o.get("metadata", {}).get("namespace", ""), o.get("metadata", {}).get("name"))
+            for o in objs}
+    for k in sorted(QUOTA_EXPECTED - have):
+        problem(f"missing {k[0]} {k[1]}/{k[2]}")
+    for k in sorted(have - QUOTA_EXPECTED):
+        problem(f"unexpected {k[0]} {k[1]}/{k[2]}")
+    names = None
+    for o in objs:
+        n = f"{o['kind']} {o['metadata'].get('namespace', '')}/{o['metadata']['name']}"
+        if o["kind"] == "ResourceQuota":
+            hard = o["spec"]["hard"]
+            gpu = set()
+            for k, v in hard.items():
+                if not isinstance(v, str):
+                    problem(f"{n}: spec.hard[{k}] must be a quoted string (got {v!r})")
+                if k.startswith("limits.") and is_gpu(k[len("limits."):]):
+                    problem(f"{n}: {k} is never enforced for an extended resource; use requests.{k[len('limits.'):]}")
+                if k.startswith("requests.") and is_gpu(k[len("requests."):]):
+                    gpu.add(k)
+            if names is None:
+                names = (n, gpu)
+            elif gpu != names[1]:
+                problem(f"{n}: names the GPU resources {sorted(gpu)}, {names[0]} names {sorted(names[1])} "
+                        "(a resource left out of a quota is unlimited there)")
+        elif o["kind"] == "LimitRange":
+            for i, item in enumerate(o["spec"]["limits"]):
+                for k, v in item.get("max", {}).items():
+                    if not is_gpu(k):
+                        continue
+                    d, dr = item.get("default", {}).get(k), item.get("defaultRequest", {}).get(k)
+                    if d is None or dr is None:
+                        problem(f"{n}: limits[{i}].max[{k}] without default and defaultRequest: the apiserver "
+                                "defaults them from max and gives every container that much")
+                    elif d != dr:
+                        problem(f"{n}: limits[{i}] default[{k}]={d} differs from defaultRequest {dr}")
+                    elif d != "0":
+                        problem(f"{n}: limits[{i}].default[{k}]={d} would be added to every container, CPU-only "
+                                "ones included; use \"0\"")
+
 
 def problem(msg):
     problems.append(msg)
@@ -63,6 +120,13 @@ def main():
         objs = [d for d in yaml.safe_load_all(f) if d is not None]
     with open(out, "w", encoding="utf-8") as f:
         json.dump(objs, f)
+
+    if variant == "quota":
+        check_quota(objs)
+        for p in problems:
+            print(f"check_rendered ({variant}): {p}")
+        print(f"check_rendered ({variant}): {len(objs)} objects, {len(problems)} problem(s)")
+        return 1 if problems else 0
 
     have = {(o.get("kind"), o.get("metadata", {}).get("name")) for o in objs}
     if len(have) != len(objs):

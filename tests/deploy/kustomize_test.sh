@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `kubectl kustomize deploy` renders a complete install, and so does the variant with every
-# component (`node`, `node-labels`, `slurm/bridge` and `webhook` too); every rendered object is valid against the Kubernetes
+# component (`node`, `node-labels`, `slurm/bridge` and `webhook` too), and so do the example quotas
+# (deploy/quota); every rendered object is valid against the Kubernetes
 # JSON schemas (npm kubernetes-models; monitoring.coreos.com from
 # @kubernetes-models/prometheus-operator) and the objects agree with each other
 # (tests/deploy/check_rendered.py). Registered in
@@ -81,4 +82,12 @@ for v in default all; do
   step "Kubernetes JSON schemas ($v)"
   node "$work/npm/validate.mjs" "$work/$v.json" "$v"
 done
+# deploy/quota: the example team quotas (not a component of the install).
+step "kubectl kustomize (quota: $root/deploy/quota)"
+kubectl kustomize "$root/deploy/quota" >"$work/quota.yaml" || fail "kubectl kustomize $root/deploy/quota failed"
+grep -E '^kind: ' "$work/quota.yaml" | sort | uniq -c
+step "quota objects"
+python3 "$here/check_rendered.py" "$work/quota.yaml" quota "$version" "$work/quota.json"
+step "Kubernetes JSON schemas (quota)"
+node "$work/npm/validate.mjs" "$work/quota.json" quota
 printf '\ndeploy.kustomize: PASS\n'
