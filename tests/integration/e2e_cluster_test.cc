@@ -409,7 +409,8 @@ class E2eClusterTest : public ::testing::Test {
     // checked as they were added), and no share on a GPU some pod holds whole.
     std::map<std::string, int64_t> memory;
     for (const auto& n : nodes_) {
-      for (const auto& g : Inventory(n.name)["gpus"]) memory[g["uuid"]] = g.value("memMiB", 0);
+      const json inv = Inventory(n.name);
+      for (const auto& g : inv["gpus"]) memory[g["uuid"]] = g.value("memMiB", 0);
     }
     for (const auto& [uuid, s] : shares) {
       ASSERT_TRUE(memory.contains(uuid)) << uuid;
@@ -424,6 +425,13 @@ class E2eClusterTest : public ::testing::Test {
     checked_ = checked;
   }
 
+  // Progress with the time since the start, for the log of a slow run.
+  void Phase(const std::string& what) {
+    const auto s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    std::cout << "[" << s << " s] " << what << std::endl;
+  }
+
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   testing::FakeApiServer api_;
   std::unique_ptr<k8s::Client> client_;
   std::string root_, kubeconfig_, extender_url_;
@@ -468,18 +476,22 @@ TEST_F(E2eClusterTest, MixedPodsOnFourNodesThroughTheExtender) {
            allocatable("h200", "kgpu.io/gpu") == "128";
   })) << api_.Get("nodes", "", "mig").body.dump() << NodeNamed("h200").plugin->Log();
   EXPECT_TRUE(NodeNamed("share").kubelet->Get("kgpu.io/gpu")->options.pre_start_required());
+  Phase("four nodes up");
   StartExtender();
   if (HasFatalFailure()) return;
+  Phase("extender ready");
 
   // Phase 1: half the pods, some finishing on the way.
   Run(0, kPods / 2);
   for (size_t i = 0; i < created_.size(); i += 7) Finish(created_[i]);
   AdmitAll();
+  Phase("phase 1 done");
   // The extender dies hard mid-run and comes back: it rebuilds from the records before it is ready.
   StopExtender(SIGKILL);
   sched_.reset();
   StartExtender();
   if (HasFatalFailure()) return;
+  Phase("extender restarted and ready");
   // 16 share pods bound to one node at once (the H200 node, by model): concurrent binding cycles,
   // then one admission round with every PreStart at once.
   std::vector<std::string> burst;
@@ -507,8 +519,10 @@ TEST_F(E2eClusterTest, MixedPodsOnFourNodesThroughTheExtender) {
     EXPECT_TRUE(p.status.ok()) << p.name << ": " << p.status;
     RegisterShareProcesses(NodeNamed("h200"), p);
   }
+  Phase("16 at once done");
   // Phase 2: the rest, on the restarted extender.
   Run(kPods / 2, kPods - 16);
+  Phase("phase 2 done");
   CheckEveryPod();
   EXPECT_GT(quota_refused_, 0) << "team-a's quota never refused a pod: raise the load";
   EXPECT_GT(checked_, kPods / 2) << "too few pods bound to say anything";

@@ -30,7 +30,8 @@ std::vector<std::string> ResourceNames(const json& container) {
   std::set<std::string> names;
   const json res = container.value("resources", json::object());
   for (const char* field : {"limits", "requests"}) {
-    for (const auto& [k, v] : res.value(field, json::object()).items()) names.insert(k);
+    const json m = res.value(field, json::object());
+    for (const auto& [k, v] : m.items()) names.insert(k);
   }
   return {names.begin(), names.end()};
 }
