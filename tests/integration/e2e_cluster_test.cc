@@ -523,6 +523,24 @@ TEST_F(E2eClusterTest, MixedPodsOnFourNodesThroughTheExtender) {
   // Phase 2: the rest, on the restarted extender.
   Run(kPods / 2, kPods - 16);
   Phase("phase 2 done");
+  // Preemption as kube-scheduler reaches it (whole GPUs are counted in-tree): a high-priority pod
+  // for all 8 GPUs of the whole node; the whole pods there are the victims, the extender confirms
+  // them, they are deleted, and the pod binds on a later cycle and is admitted like any other.
+  ASSERT_TRUE(Create(testing::TestPod("team-b", "hi-whole", {{"nvidia.com/gpu", "8"}}, {}, 1000)));
+  created_.push_back({"team-b", "hi-whole", "whole"});
+  auto hi = Schedule("team-b", "hi-whole");
+  if (!hi.bound) {
+    EXPECT_TRUE(hi.preempt_called) << hi.message;
+    EXPECT_FALSE(hi.preempted.empty()) << hi.message;
+    ASSERT_TRUE(WaitFor([&] {
+      hi = Schedule("team-b", "hi-whole");
+      return hi.bound;
+    })) << hi.message;
+  }
+  ++bound_;
+  EXPECT_EQ(hi.node, "whole");
+  AdmitAll();
+  Phase("preemption done");
   CheckEveryPod();
   EXPECT_GT(quota_refused_, 0) << "team-a's quota never refused a pod: raise the load";
   EXPECT_GT(checked_, kPods / 2) << "too few pods bound to say anything";
