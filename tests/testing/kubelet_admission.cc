@@ -1,0 +1,206 @@
+#include "testing/kubelet_admission.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "k8s/quantity.h"
+
+namespace kgpu::testing {
+namespace {
+using json = nlohmann::json;
+
+std::string PodPath(const std::string& ns, const std::string& name) {
+  return "/api/v1/namespaces/" + ns + "/pods/" + name;
+}
+
+// limits, else requests: the device count kubelet allocates for `resource` (0 when absent).
+int64_t DeviceRequest(const json& container, const std::string& resource) {
+  const json res = container.value("resources", json::object());
+  for (const char* field : {"limits", "requests"}) {
+    const json m = res.value(field, json::object());
+    if (m.contains(resource) && m[resource].is_string()) {
+      const auto q = k8s::Quantity::Parse(m[resource].get<std::string>());
+      return q ? q->Value() : 0;
+    }
+  }
+  return 0;
+}
+
+std::vector<std::string> ResourceNames(const json& container) {
+  std::set<std::string> names;
+  const json res = container.value("resources", json::object());
+  for (const char* field : {"limits", "requests"}) {
+    const json m = res.value(field, json::object());
+    for (const auto& [k, v] : m.items()) names.insert(k);
+  }
+  return {names.begin(), names.end()};
+}
+
+}  // namespace
+
+KubeletAdmission::KubeletAdmission(FakeKubelet& kubelet, FakePodResources& pod_resources, k8s::Client& api,
+                                   std::string node, uint32_t seed)
+    : kubelet_(kubelet), pod_resources_(pod_resources), api_(api), node_(std::move(node)), rng_(seed) {}
+
+std::map<std::string, std::set<std::string>> KubeletAdmission::InUse() const {
+  std::map<std::string, std::set<std::string>> out;
+  for (const auto& [uid, p] : admitted_) {
+    for (const auto& c : p.containers) {
+      if (!c.init) out[c.resource].insert(c.ids.begin(), c.ids.end());
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> KubeletAdmission::Choose(const std::string& resource, int need,
+                                                                  const std::set<std::string>& reusable) {
+  const auto state = kubelet_.Get(resource);
+  if (!state || !state->connected) return absl::FailedPreconditionError(resource + ": no plugin serving it");
+  const auto used = InUse()[resource];
+  std::vector<std::string> free;
+  for (const auto& id : state->HealthyIds()) {
+    if (!used.contains(id) || reusable.contains(id)) free.push_back(id);
+  }
+  std::sort(free.begin(), free.end());
+  if (static_cast<int>(free.size()) < need) {
+    return absl::ResourceExhaustedError("Requested: " + std::to_string(need) + ", Available: " +
+                                        std::to_string(free.size()) + " of " + resource);
+  }
+  if (static_cast<int>(free.size()) > need && state->options.get_preferred_allocation_available()) {
+    auto pref = kubelet_.GetPreferredAllocation(resource, free, {}, need);
+    if (!pref.ok()) return absl::Status(pref.status().code(), "GetPreferredAllocation rpc failed: " + std::string(pref.status().message()));
+    // kubelet keeps the answer only when it is a valid choice, else picks by itself.
+    std::set<std::string> chosen(pref->begin(), pref->end());
+    const bool valid = static_cast<int>(chosen.size()) == need &&
+                       std::all_of(chosen.begin(), chosen.end(),
+                                   [&](const std::string& id) { return std::binary_search(free.begin(), free.end(), id); });
+    if (valid) return *pref;
+  }
+  // kubelet's own pick: a random subset (its map iteration order), here from the seeded rng.
+  std::shuffle(free.begin(), free.end(), rng_);
+  free.resize(static_cast<size_t>(need));
+  return free;
+}
+
+void KubeletAdmission::Publish() {
+  v1::ListPodResourcesResponse view;
+  for (const auto& [uid, p] : admitted_) {
+    for (const auto& c : p.containers) {
+      if (!c.init) AddDevices(view, p.ns, p.name, c.name, c.resource, c.ids);
+    }
+  }
+  pod_resources_.SetListResponse(view);
+}
+
+void KubeletAdmission::SetPhase(const AdmittedPod& p, const std::string& phase, const std::string& reason,
+                                const std::string& message) {
+  json status = {{"phase", phase}};
+  if (!reason.empty()) {
+    status["reason"] = reason;
+    status["message"] = message;
+  }
+  (void)api_.Patch(PodPath(p.ns, p.name) + "/status", {{"status", status}}, "application/merge-patch+json");
+}
+
+absl::StatusOr<std::vector<AdmittedPod>> KubeletAdmission::AdmitPending() {
+  k8s::ListOptions lo;
+  lo.field_selector = "spec.nodeName=" + node_;
+  auto list = api_.List("/api/v1/pods", lo);
+  if (!list.ok()) return list.status();
+  // Pods gone (or terminating) give their devices back, as kubelet's pod termination does.
+  std::set<std::string> live;
+  std::vector<json> pending;
+  for (const auto& pod : (*list)["items"]) {
+    const json& meta = pod["metadata"];
+    const std::string uid = meta.value("uid", "");
+    const std::string phase = pod.value("status", json::object()).value("phase", "");
+    if (meta.contains("deletionTimestamp") || phase == "Succeeded" || phase == "Failed") continue;
+    live.insert(uid);
+    if (!admitted_.contains(uid) && !failed_.contains(uid)) pending.push_back(pod);
+  }
+  std::erase_if(admitted_, [&](const auto& kv) { return !live.contains(kv.first); });
+  std::shuffle(pending.begin(), pending.end(), rng_);
+
+  std::vector<AdmittedPod> round;
+  for (const auto& pod : pending) {
+    AdmittedPod p{pod["metadata"]["namespace"], pod["metadata"]["name"], pod["metadata"]["uid"], {}, absl::OkStatus()};
+    std::map<std::string, std::set<std::string>> from_init;  // devices init containers used, reusable
+    std::vector<std::pair<const json*, bool>> order;
+    const json& spec = pod["spec"];
+    if (spec.contains("initContainers")) {
+      for (const auto& c : spec["initContainers"]) order.emplace_back(&c, true);
+    }
+    for (const auto& c : spec["containers"]) order.emplace_back(&c, false);
+    for (const auto& [c, init] : order) {
+      for (const auto& resource : ResourceNames(*c)) {
+        if (!kubelet_.Get(resource)) continue;  // not a device-plugin resource: kubelet skips it
+        const int64_t need = DeviceRequest(*c, resource);
+        if (need <= 0) continue;
+        // Devices held by this pod's earlier containers count as used; its init containers' are reusable.
+        admitted_[p.uid] = p;
+        auto ids = Choose(resource, static_cast<int>(need), from_init[resource]);
+        admitted_.erase(p.uid);
+        if (!ids.ok()) {
+          p.status = ids.status();
+          break;
+        }
+        auto a = kubelet_.Allocate(resource, *ids);
+        if (!a.ok()) {
+          p.status = a.status();
+          break;
+        }
+        AdmittedContainer ac{(*c)["name"], init, resource, *ids, a->container_responses(0), false};
+        if (init) from_init[resource].insert(ids->begin(), ids->end());
+        p.containers.push_back(std::move(ac));
+      }
+      if (!p.status.ok()) break;
+    }
+    if (p.status.ok()) {
+      admitted_[p.uid] = p;
+    } else {
+      failed_.insert(p.uid);
+    }
+    round.push_back(std::move(p));
+  }
+  Publish();
+  // PreStartContainer for every container of the round at once (pod workers run concurrently).
+  std::vector<std::thread> threads;
+  std::vector<std::pair<size_t, size_t>> calls;
+  for (size_t i = 0; i < round.size(); ++i) {
+    if (!round[i].status.ok()) continue;
+    for (size_t k = 0; k < round[i].containers.size(); ++k) {
+      const auto state = kubelet_.Get(round[i].containers[k].resource);
+      if (state && state->options.pre_start_required()) calls.emplace_back(i, k);
+    }
+  }
+  std::vector<absl::Status> results(calls.size());
+  for (size_t j = 0; j < calls.size(); ++j) {
+    threads.emplace_back([&, j] {
+      const auto& c = round[calls[j].first].containers[calls[j].second];
+      results[j] = kubelet_.PreStartContainer(c.resource, c.ids);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t j = 0; j < calls.size(); ++j) {
+    auto& p = round[calls[j].first];
+    if (results[j].ok()) {
+      p.containers[calls[j].second].pre_started = true;
+    } else if (p.status.ok()) {
+      p.status = results[j];
+    }
+  }
+  for (auto& p : round) {
+    if (p.status.ok()) {
+      admitted_[p.uid] = p;
+      SetPhase(p, "Running", "", "");
+    } else {
+      admitted_.erase(p.uid);
+      failed_.insert(p.uid);
+      SetPhase(p, "Failed", "UnexpectedAdmissionError", std::string(p.status.message()));
+    }
+  }
+  Publish();
+  return round;
+}
+
+}  // namespace kgpu::testing
