@@ -65,6 +65,20 @@ FakeApiServer::Result Invalid(const k8s::Resource& r, const std::string& name, c
              {{"name", name}, {"group", r.group}, {"kind", r.kind}});
 }
 
+// errors.NewInvalid(kind, name, errs): the message aggregates the distinct errors ("[a, b]" for
+// several), the causes list every one.
+FakeApiServer::Result InvalidFields(const k8s::Resource& r, const std::string& name, const std::vector<FieldError>& errs) {
+  std::vector<std::string> distinct;
+  json causes = json::array();
+  for (const auto& e : errs) {
+    if (std::find(distinct.begin(), distinct.end(), e.Error()) == distinct.end()) distinct.push_back(e.Error());
+    causes.push_back({{"reason", e.type}, {"message", e.body}, {"field", e.field}});
+  }
+  const std::string what = distinct.size() == 1 ? distinct[0] : Cat("[", Join(distinct, ", "), "]");
+  return Err(422, "Invalid", Cat(r.kind, " \"", name, "\" is invalid: ", what),
+             {{"name", name}, {"group", r.group}, {"kind", r.kind}, {"causes", causes}});
+}
+
 FakeApiServer::Result Forbidden(const k8s::Resource& r, const std::string& name, const std::string& why) {
   return Err(403, "Forbidden", Cat(Qualified(r), " \"", name, "\" is forbidden: ", why),
              {{"name", name}, {"group", r.group}, {"kind", r.plural}});
@@ -516,6 +530,7 @@ FakeApiServer::Result FakeApiServer::DoCreate(const std::string& rkey, const std
   } else if (r->kind == "LimitRange") {
     DefaultLimitRange(obj);
   } else if (r->kind == "ResourceQuota") {
+    if (auto errs = ValidateResourceQuota(obj); !errs.empty()) return InvalidFields(*r, name, errs);
     obj["status"] = json::object();
   } else if (r->kind == "PodDisruptionBudget") {
     obj["status"] = {{"disruptionsAllowed", 0}, {"currentHealthy", 0}, {"desiredHealthy", 0}, {"expectedPods", 0}};
@@ -585,6 +600,9 @@ FakeApiServer::Result FakeApiServer::DoUpdate(const std::string& rkey, const std
     }
     next["metadata"]["name"] = name;
     if (r->kind == "LimitRange") DefaultLimitRange(next);
+    if (r->kind == "ResourceQuota") {
+      if (auto errs = ValidateResourceQuota(next, cur); !errs.empty()) return InvalidFields(*r, name, errs);
+    }
   }
   if (next == *cur) return {200, *cur};  // a no-op write does not bump the resourceVersion
   StoreLocked(rkey, "MODIFIED", next);

@@ -376,4 +376,166 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
   return r;
 }
 
+namespace {
+// Go's %#v of the internal core types the validation prints.
+std::string GoQuote(const json& v) { return json(v.is_string() ? v.get<std::string>() : v.dump()).dump(); }
+
+std::string GoStringSlice(const std::string& type, const json& arr, bool present) {
+  if (!present || !arr.is_array()) return Cat(type, "(nil)");
+  std::vector<std::string> parts;
+  for (const auto& v : arr) parts.push_back(GoQuote(v));
+  return Cat(type, "{", Join(parts, ", "), "}");
+}
+
+std::string GoScopes(const json& spec) {
+  return GoStringSlice("[]core.ResourceQuotaScope", spec.value("scopes", json()), spec.contains("scopes"));
+}
+
+std::string GoScopeSelector(const json& sel) {
+  const bool has = sel.contains("matchExpressions") && sel["matchExpressions"].is_array();
+  std::string out = "core.ScopeSelector{MatchExpressions:[]core.ScopedResourceSelectorRequirement";
+  if (!has) return out + "(nil)}";
+  std::vector<std::string> reqs;
+  for (const auto& e : sel["matchExpressions"]) {
+    const json o = e.is_object() ? e : json::object();
+    reqs.push_back(Cat("core.ScopedResourceSelectorRequirement{ScopeName:", GoQuote(o.value("scopeName", "")),
+                       ", Operator:", GoQuote(o.value("operator", "")), ", Values:",
+                       GoStringSlice("[]string", o.value("values", json()), o.contains("values")), "}"));
+  }
+  return Cat(out, "{", Join(reqs, ", "), "}}");
+}
+
+bool HugePages(const std::string& k) { return k.rfind("hugepages-", 0) == 0 || k.rfind("requests.hugepages-", 0) == 0; }
+
+// helper.IsStandardResourceName and IsStandardQuotaResourceName (pkg/apis/core/helper).
+bool StandardResource(const std::string& k) {
+  static const std::set<std::string> kNames = {
+      "cpu", "memory", "ephemeral-storage", "requests.cpu", "requests.memory", "requests.ephemeral-storage",
+      "limits.cpu", "limits.memory", "limits.ephemeral-storage", "pods", "resourcequotas", "services",
+      "replicationcontrollers", "secrets", "configmaps", "persistentvolumeclaims", "storage", "requests.storage",
+      "services.nodeports", "services.loadbalancers"};
+  return kNames.contains(k) || HugePages(k);
+}
+bool StandardQuotaResource(const std::string& k) {
+  static const std::set<std::string> kNames = {
+      "cpu", "memory", "ephemeral-storage", "requests.cpu", "requests.memory", "requests.storage",
+      "requests.ephemeral-storage", "limits.cpu", "limits.memory", "limits.ephemeral-storage", "pods",
+      "resourcequotas", "services", "replicationcontrollers", "secrets", "persistentvolumeclaims", "configmaps",
+      "services.nodeports", "services.loadbalancers"};
+  return kNames.contains(k) || HugePages(k);
+}
+bool StandardScope(const std::string& s) {
+  return s == "Terminating" || s == "NotTerminating" || s == "BestEffort" || s == "NotBestEffort" ||
+         s == "PriorityClass" || s == "CrossNamespacePodAffinity";
+}
+// helper.IsResourceQuotaScopeValidForResource.
+bool ScopeValidFor(const std::string& scope, const std::string& k) {
+  const bool count = k == "pods";
+  const bool compute = k == "cpu" || k == "memory" || k == "limits.cpu" || k == "limits.memory" ||
+                       k == "requests.cpu" || k == "requests.memory";
+  if (scope == "BestEffort") return count;
+  if (StandardScope(scope)) return count || compute;
+  return true;
+}
+
+FieldError Invalid(const std::string& field, const std::string& value, const std::string& detail) {
+  return {"FieldValueInvalid", field, Cat("Invalid value: ", value, ": ", detail)};
+}
+
+void ConflictingScopes(const std::set<std::string>& set, const std::string& field, const json& spec,
+                       std::vector<FieldError>& errs) {
+  for (const auto& [a, b] : {std::pair{"BestEffort", "NotBestEffort"}, std::pair{"Terminating", "NotTerminating"}}) {
+    if (set.contains(a) && set.contains(b)) errs.push_back(Invalid(field, GoScopes(spec), "conflicting scopes"));
+  }
+}
+}  // namespace
+
+std::vector<FieldError> ValidateResourceQuota(const json& quota, const json* old) {
+  std::vector<FieldError> errs;
+  const json spec = quota.contains("spec") && quota["spec"].is_object() ? quota["spec"] : json::object();
+  const json hard = spec.contains("hard") && spec["hard"].is_object() ? spec["hard"] : json::object();
+  // ValidateResourceQuotaSpec: spec.hard (sorted here; Go walks the map in random order).
+  for (auto it = hard.begin(); it != hard.end(); ++it) {
+    const std::string& k = it.key();
+    const std::string path = Cat("spec.hard[", k, "]");
+    if (k.find('/') == std::string::npos) {
+      if (!StandardResource(k)) {
+        errs.push_back(Invalid(path, GoQuote(k), "must be a standard resource type or fully qualified"));
+      }
+      if (!StandardQuotaResource(k)) errs.push_back(Invalid(path, GoQuote(k), "must be a standard resource for quota"));
+    }
+    if (Q(*it) < Quantity{}) errs.push_back(Invalid(path, GoQuote(Q(*it).Format()), "must be greater than or equal to 0"));
+  }
+  // validateResourceQuotaScopes: one error per scope and offending resource, as upstream.
+  const json scopes = spec.value("scopes", json::array());
+  if (scopes.is_array() && !scopes.empty()) {
+    std::set<std::string> set;
+    for (const auto& s : scopes) {
+      const std::string scope = s.is_string() ? s.get<std::string>() : s.dump();
+      if (!StandardScope(scope)) errs.push_back(Invalid("spec.scopes", GoScopes(spec), "unsupported scope"));
+      for (auto it = hard.begin(); it != hard.end(); ++it) {
+        if (StandardQuotaResource(it.key()) && !ScopeValidFor(scope, it.key())) {
+          errs.push_back(Invalid("spec.scopes", GoScopes(spec), "unsupported scope applied to resource"));
+        }
+      }
+      set.insert(scope);
+    }
+    ConflictingScopes(set, "spec.scopes", spec, errs);
+  }
+  // validateScopeSelector / validateScopedResourceSelectorRequirement.
+  if (spec.contains("scopeSelector") && spec["scopeSelector"].is_object()) {
+    const json& sel = spec["scopeSelector"];
+    const std::string base = "spec.scopeSelector.matchExpressions";
+    std::set<std::string> set;
+    for (const auto& e : sel.value("matchExpressions", json::array())) {
+      const json o = e.is_object() ? e : json::object();
+      const std::string scope = o.value("scopeName", ""), op = o.value("operator", "");
+      const json values = o.value("values", json::array());
+      const size_t nvalues = values.is_array() ? values.size() : 0;
+      if (!StandardScope(scope)) errs.push_back(Invalid(base + ".scopeName", GoQuote(scope), "unsupported scope"));
+      for (auto it = hard.begin(); it != hard.end(); ++it) {
+        if (StandardQuotaResource(it.key()) && !ScopeValidFor(scope, it.key())) {
+          errs.push_back(Invalid(base, GoScopeSelector(sel), "unsupported scope applied to resource"));
+        }
+      }
+      if ((scope == "BestEffort" || scope == "NotBestEffort" || scope == "Terminating" || scope == "NotTerminating" ||
+           scope == "CrossNamespacePodAffinity") &&
+          op != "Exists") {
+        errs.push_back(Invalid(base + ".operator", GoQuote(op),
+                               "must be 'Exist' when scope is any of ResourceQuotaScopeTerminating, "
+                               "ResourceQuotaScopeNotTerminating, ResourceQuotaScopeBestEffort, "
+                               "ResourceQuotaScopeNotBestEffort or ResourceQuotaScopeCrossNamespacePodAffinity"));
+      }
+      if (op == "In" || op == "NotIn") {
+        if (nvalues == 0) {
+          errs.push_back({"FieldValueRequired", base + ".values",
+                          "Required value: must be at least one value when `operator` is 'In' or 'NotIn' for scope "
+                          "selector"});
+        }
+      } else if (op == "Exists" || op == "DoesNotExist") {
+        if (nvalues != 0) {
+          errs.push_back(Invalid(base + ".values", GoStringSlice("[]string", values, true),
+                                 "must be no value when `operator` is 'Exist' or 'DoesNotExist' for scope selector"));
+        }
+      } else {
+        errs.push_back(Invalid(base + ".operator", GoQuote(op), "not a valid selector operator"));
+      }
+      set.insert(scope);
+    }
+    ConflictingScopes(set, base, spec, errs);
+  }
+  // ValidateResourceQuotaUpdate: the scopes may not change.
+  if (old != nullptr) {
+    auto scope_set = [](const json& q) {
+      std::set<std::string> out;
+      if (q.contains("spec") && q["spec"].is_object() && q["spec"].contains("scopes") && q["spec"]["scopes"].is_array()) {
+        for (const auto& s : q["spec"]["scopes"]) out.insert(s.is_string() ? s.get<std::string>() : s.dump());
+      }
+      return out;
+    };
+    if (scope_set(quota) != scope_set(*old)) errs.push_back(Invalid("spec.scopes", GoScopes(spec), "field is immutable"));
+  }
+  return errs;
+}
+
 }  // namespace kgpu::testing

@@ -20,6 +20,17 @@
 //    selector on {PriorityClass: spec.priorityClassName}: Exists matches every pod, as upstream).
 //    CrossNamespacePodAffinity is not implemented (it matches no pod).
 //
+// Object validation for ResourceQuota (pkg/apis/core/validation ValidateResourceQuota and
+// ValidateResourceQuotaUpdate, v1.32): spec.hard names (an unqualified name must be a standard
+// quota resource), values not negative; spec.scopes: known scopes only, each hard resource that
+// is a standard quota name valid for every scope (BestEffort tracks `pods` only; the other
+// scopes pods, cpu and memory; `requests.nvidia.com/gpu` is not a standard name, so any scope
+// may track it), not BestEffort with NotBestEffort nor Terminating with NotTerminating;
+// spec.scopeSelector: the same per expression, Exists-only scopes, operator and values rules;
+// scopes immutable on update. Bad values are printed as Go's %#v of the internal types, as the
+// apiserver does (`[]core.ResourceQuotaScope{"BestEffort"}`). Not implemented: the
+// qualified-name syntax of `a.b/c` names and the integer rule for object counts.
+//
 // Thread-safety: pure functions.
 
 #include <nlohmann/json.hpp>
@@ -51,5 +62,16 @@ nlohmann::json PodQuotaUsage(const nlohmann::json& pod);
 
 // status.used of a quota from the namespace's pods (terminal pods do not count).
 nlohmann::json QuotaUsed(const nlohmann::json& quota, const std::vector<nlohmann::json>& pods);
+
+// One apimachinery field.Error: the cause type ("FieldValueInvalid", "FieldValueRequired"),
+// the path ("spec.scopes") and the body ("Invalid value: ...: detail"). Error() is
+// "<field>: <body>".
+struct FieldError {
+  std::string type, field, body;
+  std::string Error() const { return field + ": " + body; }
+};
+
+// Errors of a ResourceQuota on create (old == nullptr) or update; empty when valid.
+std::vector<FieldError> ValidateResourceQuota(const nlohmann::json& quota, const nlohmann::json* old = nullptr);
 
 }  // namespace kgpu::testing

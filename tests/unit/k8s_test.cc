@@ -371,5 +371,56 @@ TEST(Admission, QuotaExceededMessage) {
   EXPECT_EQ(used["limits.nvidia.com/gpu"], "0");
 }
 
+TEST(Admission, QuotaValidationAsTheApiserver) {
+  auto errors = [](const std::string& spec, const json* old = nullptr) {
+    std::vector<std::string> out;
+    for (const auto& e : ValidateResourceQuota(json::parse(spec), old)) out.push_back(e.Error());
+    return out;
+  };
+  using V = std::vector<std::string>;
+  // A GPU quota under any scope is valid: requests.nvidia.com/gpu is not a standard name.
+  EXPECT_EQ(errors(R"({"spec":{"hard":{"requests.nvidia.com/gpu":"1","pods":"2"},"scopes":["NotBestEffort"]}})"), V{});
+  EXPECT_EQ(errors(R"({"spec":{"hard":{"requests.nvidia.com/gpu":"1"},"scopes":["BestEffort"]}})"), V{});
+  // BestEffort tracks pods only: one error per offending resource (the message dedups them).
+  EXPECT_EQ(errors(R"({"spec":{"hard":{"requests.cpu":"1","limits.memory":"1Gi","pods":"1"},"scopes":["BestEffort"]}})"),
+            (V{"spec.scopes: Invalid value: []core.ResourceQuotaScope{\"BestEffort\"}: unsupported scope applied to resource",
+               "spec.scopes: Invalid value: []core.ResourceQuotaScope{\"BestEffort\"}: unsupported scope applied to resource"}));
+  EXPECT_EQ(errors(R"({"spec":{"hard":{"pods":"1"},"scopes":["BestEffort","NotBestEffort"]}})"),
+            V{"spec.scopes: Invalid value: []core.ResourceQuotaScope{\"BestEffort\", \"NotBestEffort\"}: conflicting scopes"});
+  EXPECT_EQ(errors(R"({"spec":{"hard":{"pods":"1"},"scopes":["Fancy"]}})"),
+            V{"spec.scopes: Invalid value: []core.ResourceQuotaScope{\"Fancy\"}: unsupported scope"});
+  EXPECT_EQ(errors(R"({"spec":{"hard":{"requests.storage":"1Gi"},"scopes":["Terminating"]}})"),
+            V{"spec.scopes: Invalid value: []core.ResourceQuotaScope{\"Terminating\"}: unsupported scope applied to resource"});
+  EXPECT_EQ(errors(R"({"spec":{"hard":{"gpus":"1","pods":"-1"}}})"),
+            (V{"spec.hard[gpus]: Invalid value: \"gpus\": must be a standard resource type or fully qualified",
+               "spec.hard[gpus]: Invalid value: \"gpus\": must be a standard resource for quota",
+               "spec.hard[pods]: Invalid value: \"-1\": must be greater than or equal to 0"}));
+  // scopeSelector.
+  EXPECT_EQ(errors(R"({"spec":{"hard":{"requests.nvidia.com/gpu":"2","cpu":"4"},"scopeSelector":{"matchExpressions":[
+      {"scopeName":"PriorityClass","operator":"In","values":["low"]}]}}})"),
+            V{});
+  EXPECT_EQ(errors(R"({"spec":{"hard":{"pods":"1"},"scopeSelector":{"matchExpressions":[
+      {"scopeName":"BestEffort","operator":"In","values":["x"]}]}}})"),
+            V{"spec.scopeSelector.matchExpressions.operator: Invalid value: \"In\": must be 'Exist' when scope is any of "
+              "ResourceQuotaScopeTerminating, ResourceQuotaScopeNotTerminating, ResourceQuotaScopeBestEffort, "
+              "ResourceQuotaScopeNotBestEffort or ResourceQuotaScopeCrossNamespacePodAffinity"});
+  EXPECT_EQ(errors(R"({"spec":{"hard":{"pods":"1"},"scopeSelector":{"matchExpressions":[
+      {"scopeName":"PriorityClass","operator":"In"}]}}})"),
+            V{"spec.scopeSelector.matchExpressions.values: Required value: must be at least one value when `operator` is "
+              "'In' or 'NotIn' for scope selector"});
+  EXPECT_EQ(errors(R"({"spec":{"hard":{"requests.storage":"1Gi"},"scopeSelector":{"matchExpressions":[
+      {"scopeName":"PriorityClass","operator":"Exists","values":["a"]}]}}})"),
+            (V{"spec.scopeSelector.matchExpressions: Invalid value: core.ScopeSelector{MatchExpressions:[]core."
+               "ScopedResourceSelectorRequirement{core.ScopedResourceSelectorRequirement{ScopeName:\"PriorityClass\", "
+               "Operator:\"Exists\", Values:[]string{\"a\"}}}}: unsupported scope applied to resource",
+               "spec.scopeSelector.matchExpressions.values: Invalid value: []string{\"a\"}: must be no value when "
+               "`operator` is 'Exist' or 'DoesNotExist' for scope selector"}));
+  // Scopes are immutable.
+  const json old = json::parse(R"({"spec":{"hard":{"pods":"1"},"scopes":["BestEffort"]}})");
+  EXPECT_EQ(errors(R"({"spec":{"hard":{"pods":"2"},"scopes":["BestEffort"]}})", &old), V{});
+  EXPECT_EQ(errors(R"({"spec":{"hard":{"pods":"1"}}})", &old),
+            V{"spec.scopes: Invalid value: []core.ResourceQuotaScope(nil): field is immutable"});
+}
+
 }  // namespace
 }  // namespace kgpu::testing
