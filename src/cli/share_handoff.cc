@@ -139,7 +139,8 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
   for (const auto& g : rc->gpus) what.push_back(Cat(g.uuid, " (", g.memory_mib, " MiB, ", g.cores, "% cores)"));
   const std::string note =
       Cat("container ", owner->container, ": ", Join(what, ", "), "; enforcement ", mode,
-          mode == "hard" ? " (KGPU_CUDA_MEMORY_LIMIT, enforced by the kgpu CUDA interposer)"
+          mode == "hard" ? " (KGPU_CUDA_MEMORY_LIMIT for the kgpu CUDA interposer; this release does not install "
+                            "the interposer yet, so the limit is not enforced: docs/sharing-model.md)"
           : mode == "mps" ? " (MPS per-client limits)"
                           : " (time-slicing without isolation)");
   json patch = {{"metadata", {{"annotations", {{extender::kAnnotationEnforcementApplied, Cat(owner->container, "=", mode)}}}}}};
