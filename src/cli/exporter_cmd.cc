@@ -55,8 +55,11 @@ void AddExporterFlags(CLI::App* app, ExporterFlags* f) {
                   "how often pod attribution is refreshed, ms (never per scrape)")
       ->envname("KGPU_POD_RESOURCES_INTERVAL")
       ->check(CLI::Range(100U, 3600000U));
-  app->add_option("--proc-root", f->proc_root, "procfs of the host (process cgroups, for per-pod figures)")
-      ->envname("KGPU_PROC_ROOT");
+  // `kgpu node` has the device plugin's --proc-root already (the same host procfs): RunNode uses it.
+  if (app->get_option_no_throw("--proc-root") == nullptr) {
+    app->add_option("--proc-root", f->proc_root, "procfs of the host (process cgroups, for per-pod figures)")
+        ->envname("KGPU_PROC_ROOT");
+  }
   app->add_option("--kubelet-checkpoint", f->checkpoint, "kubelet's device-manager checkpoint file")
       ->envname("KGPU_KUBELET_CHECKPOINT");
   app->add_flag("-n,--no-hostname", f->no_hostname, "omit the Hostname label")->envname("DCGM_EXPORTER_NO_HOSTNAME");
@@ -131,6 +134,7 @@ int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const Expo
     std::cerr << "kgpu node: " << options.status().message() << "\n";
     return 1;
   }
+  options->proc_root = config->proc_root;  // one --proc-root for both halves
   auto session = OpenSession(node);
   if (!session.ok()) {
     std::cerr << "kgpu node: " << session.status().message() << "\n";

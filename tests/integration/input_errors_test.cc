@@ -247,7 +247,9 @@ TEST_F(InputErrorsTest, SimctlValidatesEveryValue) {
            std::pair{"set 0 temp=-400", "temp=-400: GPU temperature, degrees C, must be an integer from 0 to 200"},
            std::pair{"set 0 memused=999999", "memused=999999 is out of range: memory used outside listed processes, "
                                              "MiB, must be an integer from 0 to "},
-           std::pair{"set 0 util=150", "util=150 is out of range: GPU utilisation, %, must be an integer from 0 to 100"},
+           std::pair{"set 0 util=150",
+                     "util=150 is out of range: GPU utilisation besides the listed processes' (served: sum of both, at "
+                     "most 100), %, must be an integer from 0 to 100"},
            std::pair{"set 0 temp=50 util=101", "util=101 is out of range"},
            std::pair{"set 0 powerlimit=5000", "powerlimit=5000 is out of range: power limit, W"},
            std::pair{"set 0 tmep=50", "'tmep' is not a settable value (did you mean temp?)"},

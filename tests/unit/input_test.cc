@@ -267,7 +267,8 @@ TEST(SimValuesTest, RangesFollowTheModel) {
   EXPECT_EQ(Message(sim::SetLiveValue(g, l4, "temp", "-400")),
             "temp=-400: GPU temperature, degrees C, must be an integer from 0 to 200");
   EXPECT_EQ(Message(sim::SetLiveValue(g, l4, "util", "150")),
-            "util=150 is out of range: GPU utilisation, %, must be an integer from 0 to 100");
+            "util=150 is out of range: GPU utilisation besides the listed processes' (served: sum of both, at most "
+            "100), %, must be an integer from 0 to 100");
   const uint64_t usable = l4.memory_mib - l4.reserved_mib;
   EXPECT_NE(Message(sim::SetLiveValue(g, l4, "memused", "999999")).find(Cat("from 0 to ", usable)), std::string::npos);
   EXPECT_NE(Message(sim::SetLiveValue(g, l4, "temp", "4294967296")).find("out of range"), std::string::npos);
