@@ -180,4 +180,6 @@ step "Kubernetes <-> Slurm: an idle Slurm node lent to a GPU pod, then reclaimed
 step "A failing GPU never goes silent: a lost GPU keeps kgpu_gpu_up 0 and its XID 79; a hung GPU is a doctor FAIL in 2 s"; "$(dirname "$0")/demo-node-silent.sh" "$build"
 step "Admission: kgpu webhook turns a HAMi pod into kgpu shares and refuses a share no GPU can hold"
 "$(dirname "$0")/demo-webhook.sh" "$build"
+step "kgpu sim: the Alibaba GPU trace replayed with bestfit, FGD and ours; the table and the allocation curve of each policy (SVG)"
+"$(dirname "$0")/demo-sim.sh" "$build"
 step "done"
