@@ -56,7 +56,11 @@ function(kgpu_static_grpc)
   endif()
   kgpu_use_static_archive(protobuf::libprotobuf)
   set(archives "")
-  foreach(name grpc++_unsecure grpc_unsecure upb re2 cares address_sorting gpr z)
+  # absl's hash archives go inside the group too: a target that links absl::hash before gRPC
+  # (CMake emits each target once, at its first use) would otherwise leave gRPC's references to
+  # MixingHashState unresolved.
+  foreach(name grpc++_unsecure grpc_unsecure upb re2 cares address_sorting gpr z absl_hash absl_city
+      absl_low_level_hash absl_raw_hash_set)
     find_library(KGPU_STATIC_${name} NAMES lib${name}.a REQUIRED)
     list(APPEND archives ${KGPU_STATIC_${name}})
   endforeach()
