@@ -109,6 +109,7 @@ int Run(int nodes) {
   }
   httplib::Client http("127.0.0.1", port);
   http.set_keep_alive(true);
+  http.set_tcp_nodelay(true);  // as kube-scheduler's Go client
   bool ready = false;
   while (bench::NowNs() - t0 < 300'000'000'000LL) {
     auto r = http.Get("/readyz");

@@ -134,6 +134,7 @@ absl::StatusOr<std::string> FakeScheduler::Post(const std::string& verb, const s
     c = std::make_unique<httplib::Client>(impl_->base);
     c->enable_server_certificate_verification(false);  // kube-scheduler: no caFile -> Insecure
     c->set_keep_alive(true);
+    c->set_tcp_nodelay(true);  // as Go's net.Dialer (kube-scheduler's HTTP client) does by default
     c->set_read_timeout(5, 0);  // httpTimeout 0 -> 5 s
     c->set_write_timeout(5, 0);
   }
