@@ -71,6 +71,26 @@ std::string Annotation(const json& node, const std::string& key) {
   return a.contains(key) && a[key].is_string() ? a[key].get<std::string>() : "";
 }
 
+bool HasOurTaint(const json& node) {
+  for (const auto& t : F(node, "spec").value("taints", json::array())) {
+    if (IsOurTaint(t)) return true;
+  }
+  return false;
+}
+
+// spec.unschedulable, whoever set it.
+bool Cordoned(const json& node) {
+  const json& u = F(node, "spec").value("unschedulable", json(false));
+  return u.is_boolean() && u.get<bool>();
+}
+
+// The phases in which an operator's reclaim request (kgpu.io/slurm-reclaim) means something: the
+// node is lent or on its way to being lent. Anywhere else it has been acted on or means nothing,
+// and the write that enters such a phase removes it (else it would cancel the next lend at once).
+bool ReclaimRequestMeaningful(Phase p) {
+  return p == Phase::kLent || p == Phase::kLendDraining || p == Phase::kLendUnfencing;
+}
+
 int64_t GpuRequest(const json& pod, const std::vector<std::string>& resources) {
   int64_t total = 0;
   for (const auto& c : F(pod, "spec").value("containers", json::array())) {
@@ -144,7 +164,7 @@ void ApplyK8sFence(json& node) {
   md["annotations"][kKarpenterDoNotDisrupt] = "true";
 }
 
-void RemoveK8sFence(json& node) {
+void RemoveK8sFence(json& node, bool keep_cordon) {
   auto& spec = node["spec"];
   if (spec.contains("taints") && spec["taints"].is_array()) {
     json kept = json::array();
@@ -157,7 +177,7 @@ void RemoveK8sFence(json& node) {
       spec["taints"] = kept;
     }
   }
-  spec.erase("unschedulable");
+  if (!keep_cordon) spec.erase("unschedulable");
   auto& md = node["metadata"];
   md["labels"][kPoolLabel] = "lent";
   if (md.contains("annotations")) {
@@ -252,6 +272,12 @@ bool Bridge::WriteNode(Facts& f, const Lease& lease, const std::function<void(js
   }
   json node = f.node;
   if (mutate) mutate(node);
+  // An operator's reclaim request is removed by the write that acts on it (the node leaves a lent
+  // or lending phase) or, when it means nothing (the node is not lent), by the next write; the
+  // compare-and-swap makes a request set after our read survive (409, recomputed).
+  const std::string request = Annotation(f.node, kReclaimAnnotation);
+  const bool drop_request = !request.empty() && !ReclaimRequestMeaningful(lease.phase);
+  if (drop_request && node["metadata"].contains("annotations")) node["metadata"]["annotations"].erase(kReclaimAnnotation);
   node["metadata"]["annotations"][kLeaseAnnotation] = SerializeLease(lease);
   auto r = kube_.Update(k8s::FindResource("nodes")->Path("", f.name), node);
   if (!r.ok()) {
@@ -269,8 +295,21 @@ bool Bridge::WriteNode(Facts& f, const Lease& lease, const std::function<void(js
     Log("slurm")->info("{}: {} -> {} (gen {}): {}", f.name, PhaseName(f.lease.phase), PhaseName(lease.phase),
                        lease.generation, lease.why);
   }
+  const Phase was = f.lease.phase;
   f.node = std::move(*r);
   f.lease = lease;
+  if (drop_request) {
+    const bool acted = ReclaimRequestMeaningful(was);
+    const bool reclaiming = lease.phase == Phase::kReclaimFencing || lease.phase == Phase::kReclaimEvicting ||
+                            lease.phase == Phase::kReclaimUnfencing;
+    Count("kgpu_slurm_bridge_reclaim_requests_removed_total", acted ? "why=\"acted-on\"" : "why=\"not-lent\"");
+    Event(f, "Normal", "ReclaimRequestRemoved",
+          acted ? Cat("reclaim request '", request, "' acted on: ", PhaseName(was), " -> ", PhaseName(lease.phase), " (",
+                      lease.why, "); annotation ", kReclaimAnnotation, " removed")
+                : Cat("reclaim request '", request, "' ignored and removed: the node is ", PhaseName(lease.phase),
+                      reclaiming ? ", already being reclaimed" : ", not lent to Kubernetes", " (annotation ",
+                      kReclaimAnnotation, ")"));
+  }
   return true;
 }
 
@@ -296,11 +335,40 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
   };
   switch (f.lease.phase) {
     case Phase::kSlurm: {
-      if (f.lease.generation == 0 || !K8sFenced(f.node) || Label(f.node, kPoolLabel) != "slurm" ||
+      const bool adopt = f.lease.generation == 0;
+      if (adopt || !K8sFenced(f.node) || Label(f.node, kPoolLabel) != "slurm" ||
           Annotation(f.node, kScaleDownDisabled) != "true") {
-        Lease l = NextLease(f, Phase::kSlurm, f.lease.generation == 0 ? "adopted: Slurm owns it" : "Kubernetes fence restored");
+        Lease l = NextLease(f, Phase::kSlurm, adopt ? "adopted: Slurm owns it" : "Kubernetes fence restored");
         if (!f.lease_error.empty()) l.why += Cat(" (the old lease was unreadable: ", f.lease_error, ")");
-        return WriteNode(f, l, ApplyK8sFence, "fence it for Slurm (taint kgpu.io/owner=slurm:NoSchedule, cordon)");
+        // Cordoned without our taint before we ever fenced it: an admin's cordon (kubectl cordon or
+        // drain). Our fence goes on top; the lease remembers that the cordon is not ours to lift.
+        const bool admin_cordon = adopt && Cordoned(f.node) && !HasOurTaint(f.node);
+        // Uncordoned after we fenced it: the only cordon the admin can lift on a Slurm-owned node
+        // is "theirs" (ours goes straight back on).
+        const bool cordon_lifted = !adopt && f.lease.admin_cordoned && !Cordoned(f.node);
+        if (admin_cordon) {
+          l.admin_cordoned = true;
+          l.why += "; it was cordoned by someone else: not lent until they uncordon it";
+        }
+        if (cordon_lifted) l.admin_cordoned = false;
+        if (adopt && f.Foreign()) {
+          l.prev_slurm_reason = f.slurm->reason;
+          l.admin_drained = true;
+        }
+        if (!WriteNode(f, l, ApplyK8sFence, "fence it for Slurm (taint kgpu.io/owner=slurm:NoSchedule, cordon)")) return false;
+        if (admin_cordon) {
+          Event(f, "Warning", "AdminCordon",
+                "the node was cordoned (spec.unschedulable) before the bridge fenced it: the bridge will not uncordon "
+                "or lend it until an admin uncordons it");
+        }
+        if (cordon_lifted) {
+          Event(f, "Normal", "AdminCordonLifted",
+                "an admin uncordoned the node: the bridge's own fence is back on and the node may be lent again");
+        }
+        return true;
+      }
+      if (!Annotation(f.node, kReclaimAnnotation).empty()) {
+        return WriteNode(f, NextLease(f, Phase::kSlurm, f.lease.why), nullptr, "remove a reclaim request (not lent)");
       }
       if (f.Ours() && f.pods.empty() && f.lease.generation > 0) {
         // Our drain with no lend in progress (a lease edited by hand, or lost): Kubernetes is
@@ -410,18 +478,48 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       }
       Lease l = NextLease(f, Phase::kLent, "lent to Kubernetes");
       if (opts_.lend_duration.count() > 0) l.lent_until = clock_() + opts_.lend_duration.count();
-      if (!WriteNode(f, l, RemoveK8sFence, "unfence it for Kubernetes (remove the taint, uncordon, pool=lent)")) return false;
+      const bool keep_cordon = f.lease.admin_cordoned;  // never lift an admin's cordon (the policy does not lend such nodes)
+      if (!WriteNode(f, l, [keep_cordon](json& n) { RemoveK8sFence(n, keep_cordon); },
+                     "unfence it for Kubernetes (remove the taint, uncordon, pool=lent)")) {
+        return false;
+      }
       Event(f, "Normal", "Lent", Cat("lent to Kubernetes; Slurm keeps DRAIN Reason=", reason));
       CrashPoint("lend-unfenced");
       return true;
     }
     case Phase::kLent: {
+      // We uncordoned it when we lent it: a cordon now is an admin's (kubectl cordon or drain), and
+      // an uncordon after one lifts it. Kubernetes-only: done whether Slurm answers or not.
+      if (Cordoned(f.node) != f.lease.admin_cordoned) {
+        Lease l = NextLease(f, Phase::kLent, f.lease.why);
+        l.admin_cordoned = Cordoned(f.node);
+        if (!WriteNode(f, l, nullptr, l.admin_cordoned ? "note the admin's cordon" : "note that the admin's cordon is lifted")) {
+          return false;
+        }
+        if (l.admin_cordoned) {
+          Event(f, "Warning", "AdminCordon",
+                "an admin cordoned the lent node: the bridge will not uncordon it (a reclaim keeps it cordoned, and it "
+                "is not lent again until an admin uncordons it)");
+        } else {
+          Event(f, "Normal", "AdminCordonLifted", "an admin uncordoned the lent node");
+        }
+        return true;
+      }
       if (!f.slurm) return false;  // LENT stays LENT: Slurm's DRAIN is durable
       if (!f.slurm->Drain()) {
         if (!slurm_write("restore the Slurm drain", [&] { return slurm_.Drain(f.name, reason, kOwnedReasonPrefix); })) {
           return false;
         }
         Event(f, "Warning", "SlurmFenceRestored", "the node was lent but not drained in Slurm: drained again");
+        return true;
+      }
+      if (f.Ours() && f.lease.admin_drained) {
+        // The admin's drain is gone (they resumed the node and ours went back on): nothing of
+        // theirs is left for the reclaim to keep.
+        Lease l = NextLease(f, Phase::kLent, f.lease.why);
+        l.admin_drained = false;
+        if (!WriteNode(f, l, nullptr, "note that the admin's drain is gone")) return false;
+        Event(f, "Normal", "AdminDrainLifted", Cat("the admin's drain is gone; Slurm keeps DRAIN Reason=", f.slurm->reason));
         return true;
       }
       if (f.Foreign() && !f.lease.admin_drained) {
@@ -436,18 +534,17 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       return false;
     }
     case Phase::kReclaimFencing: {
-      if (!WriteNode(f, NextLease(f, Phase::kReclaimEvicting, f.lease.why),
-                     [](json& n) {
-                       ApplyK8sFence(n);
-                       if (n["metadata"].contains("annotations")) n["metadata"]["annotations"].erase(kReclaimAnnotation);
-                     },
-                     "fence it for Slurm (taint, cordon)")) {
-        return false;
-      }
+      Lease l = NextLease(f, Phase::kReclaimEvicting, f.lease.why);
+      // Lent nodes are uncordoned by us: a cordon found here is an admin's, and it stays theirs.
+      if (Cordoned(f.node)) l.admin_cordoned = true;
+      if (!WriteNode(f, l, ApplyK8sFence, "fence it for Slurm (taint, cordon)")) return false;
       CrashPoint("reclaim-fenced");
       return true;
     }
     case Phase::kReclaimEvicting: {
+      if (!Annotation(f.node, kReclaimAnnotation).empty()) {
+        return WriteNode(f, NextLease(f, f.lease.phase, f.lease.why), nullptr, "remove a reclaim request (reclaiming)");
+      }
       if (!K8sFenced(f.node)) {
         return WriteNode(f, NextLease(f, Phase::kReclaimEvicting, f.lease.why), ApplyK8sFence, "restore the fence");
       }
@@ -502,6 +599,9 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       return false;
     }
     case Phase::kReclaimUnfencing: {
+      if (!Annotation(f.node, kReclaimAnnotation).empty()) {
+        return WriteNode(f, NextLease(f, f.lease.phase, f.lease.why), nullptr, "remove a reclaim request (reclaiming)");
+      }
       if (!K8sFenced(f.node)) {
         return WriteNode(f, NextLease(f, Phase::kReclaimEvicting, "the Kubernetes fence was gone: fenced again"),
                          ApplyK8sFence, "restore the fence");
@@ -768,6 +868,7 @@ ReconcileResult Bridge::Reconcile() {
       if (f.lease.phase != Phase::kSlurm || !f.slurm || f.slurm->Drain() || !f.slurm->Responding()) continue;
       if (!f.lease.op.empty() && now - f.lease.since < opts_.cooldown.count()) continue;  // just came back
       if (!f.pods.empty()) continue;
+      if (f.lease.admin_cordoned) continue;  // an admin's cordon: lending would lift it
       candidates.push_back(&f);
       const auto alloc = F(f.node, "status").value("allocatable", json::object());
       for (const auto& r : opts_.gpu_resources) {

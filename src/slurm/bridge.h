@@ -138,7 +138,9 @@ class Bridge {
 const nlohmann::json& Field(const nlohmann::json& j, std::string_view key);
 bool K8sFenced(const nlohmann::json& node);
 void ApplyK8sFence(nlohmann::json& node);
-void RemoveK8sFence(nlohmann::json& node);
+// Lifts the bridge's fence (taint, cordon, autoscaler annotations; pool=lent). keep_cordon
+// leaves spec.unschedulable as it is (an admin's cordon).
+void RemoveK8sFence(nlohmann::json& node, bool keep_cordon = false);
 // The node's lease, or an empty SLURM_OWNED one (generation 0) when it has none or it is unreadable
 // (`error` says why).
 Lease LeaseOf(const nlohmann::json& node, std::string* error = nullptr);

@@ -55,6 +55,7 @@ std::string SerializeLease(const Lease& l) {
   if (l.lent_until > 0) j["until"] = l.lent_until;
   if (!l.prev_slurm_reason.empty()) j["prevReason"] = l.prev_slurm_reason;
   if (l.admin_drained) j["adminDrained"] = true;
+  if (l.admin_cordoned) j["adminCordoned"] = true;
   if (!l.jobs_seen.empty()) j["jobsSeen"] = l.jobs_seen;
   if (!l.pods_evicted.empty()) j["podsEvicted"] = l.pods_evicted;
   return j.dump();
@@ -99,6 +100,10 @@ absl::StatusOr<Lease> ParseLease(std::string_view text) {
   if (j.contains("adminDrained")) {
     if (!j["adminDrained"].is_boolean()) return fail("'adminDrained' must be true or false");
     l.admin_drained = j["adminDrained"].get<bool>();
+  }
+  if (j.contains("adminCordoned")) {
+    if (!j["adminCordoned"].is_boolean()) return fail("'adminCordoned' must be true or false");
+    l.admin_cordoned = j["adminCordoned"].get<bool>();
   }
   if (phase.empty()) return fail("'phase' is missing");
   auto p = PhaseFromName(phase);

@@ -53,7 +53,11 @@ struct Lease {
   std::string requested_by; // demand | operator | lease-expired | slurm-demand | recovery
   int64_t lent_until = 0;   // unix seconds; 0: no end
   std::string prev_slurm_reason;  // a drain reason that was there when we started (never ours)
-  bool admin_drained = false;     // an admin replaced our reason: the reclaim must not resume the node
+  bool admin_drained = false;     // an admin's drain (a reason not ours) was seen: the bridge must not resume the node
+  // An admin's own cordon (spec.unschedulable without the bridge's fence: before adoption, or set
+  // on a lent node) was seen: the bridge never uncordons the node, and does not lend it, until the
+  // admin uncordons it.
+  bool admin_cordoned = false;
   std::vector<std::string> jobs_seen;     // Slurm jobs that were on the node while it drained
   std::vector<std::string> pods_evicted;  // pods evicted on reclaim
   std::string holder;       // identity of the controller that wrote it

@@ -1,0 +1,346 @@
+#pragma once
+// FakeSlurm: an in-memory slurmctld behind the bridge's SlurmClient interface, for unit tests and
+// benchmarks that must run without a real Slurm. It keeps what 22.05 keeps per node and job and
+// answers through the same text the CLI backend reads: every read renders `scontrol show node -o`
+// lines or `squeue -o kgpu::slurm::kSqueueFormat` lines and parses them with the product's parsers
+// (so the fake cannot hand the bridge a value the real backend could not), and the writes follow
+// 22.05's semantics (../shared/docs/facts/slurm.md §A2):
+//  - node state is a base (IDLE / MIXED / ALLOCATED from the CPUs its jobs hold, or DOWN / UNKNOWN
+//    when set) plus flags (DRAIN, COMPLETING, NOT_RESPONDING), printed as scontrol prints it;
+//  - DRAIN needs a reason; an admin's DRAIN overwrites the reason and its user/time ("[user@time]");
+//    a RESUME on a node that is neither drained nor down is "Invalid node state specified";
+//    UNDRAIN clears DRAIN and keeps the base state;
+//  - a drained node keeps running its jobs; a job that ends leaves squeue at once and leaves the
+//    node COMPLETING until CompletingDone() (as the epilog does, ≈0.2 s in the trial);
+//  - slurmctld down: every call fails Unavailable with scontrol's message;
+//  - unknown node: NotFound with "Invalid node name specified".
+// The bridge-facing Drain/Undrain keep the CLI backend's guard (read first; never overwrite or
+// clear a reason that does not start with owned_prefix; re-read afterwards).
+//
+// Thread-safety: every method locks one mutex; safe from any thread.
+
+#include <algorithm>
+#include <cstdint>
+#include <ctime>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "slurm/client.h"
+#include "slurm/parse.h"
+
+namespace kgpu::testing {
+
+class FakeSlurm : public slurm::SlurmClient {
+ public:
+  struct FakeJob {
+    std::string id;
+    std::string state;               // PENDING, RUNNING, SUSPENDED
+    std::vector<std::string> nodes;  // empty while pending
+    int node_count = 1;
+    int cpus_per_node = 0;           // 0: the whole node (ALLOCATED); less: MIXED
+    std::string reason = "None";     // pending reason
+    int64_t end_time = 0;            // unix seconds; 0: N/A
+    int64_t submit_time = 0;
+    std::string partition = "batch";
+  };
+
+  // `now` gives the time reasons and jobs are stamped with (default: the wall clock).
+  explicit FakeSlurm(std::function<int64_t()> now = {}) : now_(std::move(now)) {
+    if (!now_) now_ = [] { return static_cast<int64_t>(std::time(nullptr)); };
+  }
+
+  // ------------------------------------------------------------------ the cluster (test side)
+
+  void AddNode(const std::string& name, int cpus = 2, const std::string& gres = "gpu:h100:8") {
+    std::lock_guard lock(mu_);
+    NodeRec n;
+    n.name = name;
+    n.cpus = cpus;
+    n.gres = gres;
+    nodes_[name] = n;
+    order_.push_back(name);
+  }
+  // slurmctld stopped (false) or running again (true).
+  void SetReachable(bool up) {
+    std::lock_guard lock(mu_);
+    reachable_ = up;
+  }
+  // `scontrol update NodeName=N State=DRAIN Reason=R` as an admin (user "admin"): overwrites
+  // any reason, ours included.
+  absl::Status AdminDrain(const std::string& node, const std::string& reason) {
+    std::lock_guard lock(mu_);
+    auto* n = Find(node);
+    if (n == nullptr) return NoNode(node);
+    if (reason.empty()) return absl::InvalidArgumentError("You must specify a reason when DOWNING or DRAINING a node.");
+    n->drain = true;
+    SetReason(*n, reason, "admin");
+    writes_.push_back("admin DRAIN " + node + " " + reason);
+    return absl::OkStatus();
+  }
+  // `scontrol update NodeName=N State=RESUME` as an admin.
+  absl::Status AdminResume(const std::string& node) {
+    std::lock_guard lock(mu_);
+    auto* n = Find(node);
+    if (n == nullptr) return NoNode(node);
+    if (!n->drain && !n->down) return absl::InternalError("slurm_update error: Invalid node state specified");
+    n->drain = false;
+    n->down = false;
+    n->reason.clear();
+    writes_.push_back("admin RESUME " + node);
+    return absl::OkStatus();
+  }
+  // slurmd stopped (NOT_RESPONDING; a drained node stays drained, not DOWN) or back.
+  void SetResponding(const std::string& node, bool responding) {
+    std::lock_guard lock(mu_);
+    if (auto* n = Find(node)) n->not_responding = !responding;
+  }
+  // Starts a job now on `nodes` (the test is the scheduler; a drained node gets no new job, as in
+  // Slurm: InvalidArgument). Returns the job id.
+  absl::StatusOr<std::string> StartJob(const std::vector<std::string>& nodes, int64_t end_time = 0,
+                                       int cpus_per_node = 0) {
+    std::lock_guard lock(mu_);
+    for (const auto& name : nodes) {
+      auto* n = Find(name);
+      if (n == nullptr) return NoNode(name);
+      if (n->drain || n->down) return absl::InvalidArgumentError("node " + name + " is drained or down: no new job");
+    }
+    FakeJob j;
+    j.id = std::to_string(next_id_++);
+    j.state = "RUNNING";
+    j.nodes = nodes;
+    j.node_count = static_cast<int>(nodes.size());
+    j.cpus_per_node = cpus_per_node;
+    j.end_time = end_time;
+    j.submit_time = now_();
+    jobs_.push_back(j);
+    return j.id;
+  }
+  // A pending job that needs `node_count` nodes, with squeue's pending reason.
+  std::string SubmitPending(int node_count, const std::string& reason, int64_t submit_time = -1) {
+    std::lock_guard lock(mu_);
+    FakeJob j;
+    j.id = std::to_string(next_id_++);
+    j.state = "PENDING";
+    j.node_count = node_count;
+    j.reason = reason;
+    j.submit_time = submit_time >= 0 ? submit_time : now_();
+    jobs_.push_back(j);
+    return j.id;
+  }
+  // The job ends on its own: it leaves squeue; its nodes are COMPLETING until CompletingDone.
+  void EndJob(const std::string& id, bool completing = true) {
+    std::lock_guard lock(mu_);
+    for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+      if (it->id != id) continue;
+      if (completing) {
+        for (const auto& name : it->nodes) {
+          if (auto* n = Find(name)) n->completing = true;
+        }
+      }
+      if (it->state != "PENDING") ended_.push_back(id);
+      jobs_.erase(it);
+      return;
+    }
+  }
+  void CompletingDone(const std::string& node) {
+    std::lock_guard lock(mu_);
+    if (auto* n = Find(node)) n->completing = false;
+  }
+  void ClearJobs() {
+    std::lock_guard lock(mu_);
+    jobs_.clear();
+  }
+
+  // What happened: "DRAIN node1 kgpu-lend:op", "UNDRAIN node1", "admin DRAIN ...", "admin RESUME ...".
+  std::vector<std::string> Writes() const {
+    std::lock_guard lock(mu_);
+    return writes_;
+  }
+  size_t BridgeWrites(const std::string& node) const {
+    std::lock_guard lock(mu_);
+    return static_cast<size_t>(std::count_if(writes_.begin(), writes_.end(), [&](const std::string& w) {
+      return w.rfind("admin ", 0) != 0 && w.find(" " + node + " ") != std::string::npos;
+    }));
+  }
+  // Jobs that ended on their own (EndJob), and jobs still held. The bridge has no way to end a
+  // job through this interface; tests check that every job they started is either still running
+  // or ended by them.
+  std::vector<std::string> Ended() const {
+    std::lock_guard lock(mu_);
+    return ended_;
+  }
+  std::string State(const std::string& node) const {
+    std::lock_guard lock(mu_);
+    const auto it = nodes_.find(node);
+    return it == nodes_.end() ? "" : StateOf(it->second);
+  }
+  std::string Reason(const std::string& node) const {
+    std::lock_guard lock(mu_);
+    const auto it = nodes_.find(node);
+    return it == nodes_.end() ? "" : it->second.reason;
+  }
+  uint64_t Calls() const {
+    std::lock_guard lock(mu_);
+    return calls_;
+  }
+
+  // ------------------------------------------------------------------ SlurmClient (bridge side)
+
+  absl::StatusOr<std::vector<slurm::SlurmNode>> Nodes() override {
+    std::lock_guard lock(mu_);
+    if (auto s = Call(); !s.ok()) return s;
+    std::string text;
+    for (const auto& name : order_) text += Line(nodes_.at(name));
+    return slurm::ParseScontrolNodes(text);
+  }
+  absl::StatusOr<slurm::SlurmNode> Node(const std::string& name) override {
+    std::lock_guard lock(mu_);
+    return NodeLocked(name);
+  }
+  absl::StatusOr<std::vector<slurm::SlurmJob>> Jobs() override {
+    std::lock_guard lock(mu_);
+    if (auto s = Call(); !s.ok()) return s;
+    std::string text;
+    for (const auto& j : jobs_) text += JobLine(j);
+    return slurm::ParseSqueue(text);
+  }
+  absl::StatusOr<std::vector<slurm::SlurmJob>> JobsOnNode(const std::string& node) override {
+    std::lock_guard lock(mu_);
+    if (auto s = slurm::ValidateNodeName(node); !s.ok()) return s;
+    if (auto s = Call(); !s.ok()) return s;
+    std::string text;
+    for (const auto& j : jobs_) {
+      if (j.state != "PENDING" && std::find(j.nodes.begin(), j.nodes.end(), node) != j.nodes.end()) text += JobLine(j);
+    }
+    return slurm::ParseSqueue(text);
+  }
+  absl::StatusOr<slurm::SlurmNode> Drain(const std::string& node, const std::string& reason,
+                                         const std::string& owned_prefix) override {
+    std::lock_guard lock(mu_);
+    auto before = NodeLocked(node);
+    if (!before.ok()) return before.status();
+    if (before->Drain() && before->reason.rfind(owned_prefix, 0) != 0) {
+      return absl::FailedPreconditionError("node " + node + " is drained for '" + before->reason + "' (not ours): left alone");
+    }
+    if (!(before->Drain() && before->reason == reason)) {
+      if (auto s = Call(); !s.ok()) return s;
+      auto& n = nodes_.at(node);
+      n.drain = true;
+      SetReason(n, reason, "root");
+      writes_.push_back("DRAIN " + node + " " + reason);
+    }
+    return NodeLocked(node);
+  }
+  absl::StatusOr<slurm::SlurmNode> Undrain(const std::string& node, const std::string& owned_prefix) override {
+    std::lock_guard lock(mu_);
+    auto before = NodeLocked(node);
+    if (!before.ok()) return before.status();
+    if (!before->Drain()) return before;
+    if (before->reason.rfind(owned_prefix, 0) != 0) {
+      return absl::FailedPreconditionError("node " + node + " is drained for '" + before->reason + "' (not ours): left alone");
+    }
+    if (auto s = Call(); !s.ok()) return s;
+    auto& n = nodes_.at(node);
+    n.drain = false;
+    if (!n.down) n.reason.clear();
+    writes_.push_back("UNDRAIN " + node + " ");
+    return NodeLocked(node);
+  }
+
+ private:
+  struct NodeRec {
+    std::string name, gres, reason, reason_user, reason_time;
+    int cpus = 2;
+    bool drain = false, down = false, completing = false, not_responding = false;
+  };
+
+  absl::Status Call() {
+    ++calls_;
+    if (!reachable_) {
+      return absl::UnavailableError(
+          "scontrol: exit 1: slurm_load_node error: Unable to contact slurm controller (connect failure)");
+    }
+    return absl::OkStatus();
+  }
+  NodeRec* Find(const std::string& name) {
+    const auto it = nodes_.find(name);
+    return it == nodes_.end() ? nullptr : &it->second;
+  }
+  static absl::Status NoNode(const std::string& name) {
+    return absl::NotFoundError("scontrol: exit 1: Node " + name + " not found (Invalid node name specified)");
+  }
+  absl::StatusOr<slurm::SlurmNode> NodeLocked(const std::string& name) {
+    if (auto s = slurm::ValidateNodeName(name); !s.ok()) return s;
+    if (auto s = Call(); !s.ok()) return s;
+    const auto it = nodes_.find(name);
+    if (it == nodes_.end()) return NoNode(name);
+    auto parsed = slurm::ParseScontrolNodes(Line(it->second));
+    if (!parsed.ok()) return parsed.status();
+    return parsed->front();
+  }
+  void SetReason(NodeRec& n, const std::string& reason, const std::string& user) {
+    n.reason = reason;
+    n.reason_user = user;
+    n.reason_time = Time(now_());
+  }
+  int AllocCpus(const NodeRec& n) const {
+    int alloc = 0;
+    for (const auto& j : jobs_) {
+      if (j.state == "PENDING" || std::find(j.nodes.begin(), j.nodes.end(), n.name) == j.nodes.end()) continue;
+      alloc += j.cpus_per_node > 0 ? j.cpus_per_node : n.cpus;
+    }
+    return std::min(alloc, n.cpus);
+  }
+  std::string StateOf(const NodeRec& n) const {
+    const int alloc = AllocCpus(n);
+    std::string s = n.down ? "DOWN" : alloc == 0 ? "IDLE" : alloc < n.cpus ? "MIXED" : "ALLOCATED";
+    if (n.completing) s += "+COMPLETING";
+    if (n.drain) s += "+DRAIN";
+    if (n.not_responding) s += "+NOT_RESPONDING";
+    return s;
+  }
+  static std::string Time(int64_t t) {
+    if (t <= 0) return "N/A";
+    const time_t tt = static_cast<time_t>(t);
+    std::tm tm{};
+    localtime_r(&tt, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+    return buf;
+  }
+  std::string Line(const NodeRec& n) const {
+    std::string l = "NodeName=" + n.name + " Arch=x86_64 CoresPerSocket=1 CPUAlloc=" + std::to_string(AllocCpus(n)) +
+                    " CPUEfctv=" + std::to_string(n.cpus) + " CPUTot=" + std::to_string(n.cpus) +
+                    " CPULoad=0.00 AvailableFeatures=(null) ActiveFeatures=(null) Gres=" + n.gres +
+                    " NodeAddr=127.0.0.1 NodeHostName=" + n.name +
+                    " Version=22.05.8 OS=Linux 6.1.0-28-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.119-1 (2024-11-22)"
+                    "  RealMemory=1000 AllocMem=0 FreeMem=20479 Sockets=2 Boards=1 State=" +
+                    StateOf(n) + " ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=batch";
+    if (!n.reason.empty()) l += " Reason=" + n.reason + " [" + n.reason_user + "@" + n.reason_time + "]";
+    return l + "\n";
+  }
+  static std::string JobLine(const FakeJob& j) {
+    std::string nodes;
+    for (const auto& n : j.nodes) nodes += (nodes.empty() ? "" : ",") + n;
+    return j.id + "|" + j.state + "|" + nodes + "|" + std::to_string(j.node_count) + "|" + j.reason + "|" +
+           Time(j.end_time) + "|" + j.partition + "|" + Time(j.submit_time) + "\n";
+  }
+
+  std::function<int64_t()> now_;
+  mutable std::mutex mu_;
+  std::map<std::string, NodeRec> nodes_;
+  std::vector<std::string> order_;
+  std::vector<FakeJob> jobs_;
+  std::vector<std::string> writes_, ended_;
+  bool reachable_ = true;
+  int next_id_ = 1;
+  uint64_t calls_ = 0;
+};
+
+}  // namespace kgpu::testing

@@ -1,0 +1,624 @@
+// The slurm-bridge state machine without a real Slurm: the Bridge class in process against
+// FakeSlurm (tests/testing/fake_slurm.h: 22.05's node states, DRAIN reasons, jobs with end times,
+// rendered as scontrol/squeue text and read by the product's parsers) and the API server stand-in
+// over HTTP. Every Reconcile() goes through Step(), which asserts invariant F on every node
+// (Slurm DRAIN, or the Kubernetes fence: taint kgpu.io/owner + cordon) after the reconcile.
+// Time: the bridge's clock is the wall clock plus an offset the tests move forward; confirm gap,
+// thresholds and cooldowns are 0, so nothing here waits on a timer.
+#include <gtest/gtest.h>
+
+#include <ctime>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "common/strings.h"
+#include "k8s/client.h"
+#include "k8s/config.h"
+#include "k8s/events.h"
+#include "k8s/patch.h"
+#include "k8s/resources.h"
+#include "slurm/bridge.h"
+#include "slurm/lease.h"
+#include "testing/fake_apiserver.h"
+#include "testing/fake_slurm.h"
+
+namespace kgpu::slurm {
+namespace {
+using nlohmann::json;
+
+class BridgeUnitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    api_ = std::make_unique<testing::FakeApiServer>();
+    ASSERT_TRUE(api_->Start().ok());
+    auto cfg = k8s::ParseKubeconfig(api_->Kubeconfig(), "test");
+    ASSERT_TRUE(cfg.ok()) << cfg.status();
+    cfg->qps = 0;  // no client-side rate limit in tests
+    auto c = k8s::Client::Create(*cfg);
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = std::move(*c);
+    events_ = std::make_unique<k8s::EventRecorder>(*client_, "kgpu-slurm-bridge", "unit");
+    slurm_ = std::make_unique<testing::FakeSlurm>([this] { return Now(); });
+    ASSERT_LT(api_->Create("namespaces", "", {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", "infer"}}}})
+                  .code,
+              300);
+    opts_.identity = "unit";
+    opts_.max_lent = 1;
+    opts_.min_kept = 0;
+    opts_.lend_threshold = std::chrono::seconds(0);
+    opts_.cooldown = std::chrono::seconds(0);
+    opts_.lend_hysteresis = std::chrono::seconds(3600);
+    opts_.confirm_gap = std::chrono::milliseconds(0);
+    opts_.interval = std::chrono::milliseconds(10);
+  }
+  void TearDown() override {
+    bridge_.reset();
+    if (api_) api_->Stop();
+  }
+
+  int64_t Now() const { return static_cast<int64_t>(std::time(nullptr)) + offset_; }
+
+  // A Slurm node that is also a Kubernetes node labelled for the bridge. fenced: the
+  // separated-pools fence (deploy/slurm/) is on; cordoned: spec.unschedulable (without the taint
+  // when not fenced: an admin's `kubectl cordon`).
+  void AddNode(const std::string& name, bool fenced = true, bool cordoned = false) {
+    slurm_->AddNode(name);
+    json node = {{"apiVersion", "v1"},
+                 {"kind", "Node"},
+                 {"metadata", {{"name", name}, {"labels", {{kPoolLabel, "slurm"}}}}},
+                 {"spec", json::object()},
+                 {"status", {{"allocatable", {{"nvidia.com/gpu", "8"}, {"cpu", "64"}}}}}};
+    if (fenced) ApplyK8sFence(node);
+    if (cordoned) node["spec"]["unschedulable"] = true;
+    auto r = api_->Create("nodes", "", node);
+    ASSERT_EQ(r.code, 201) << r.body.dump();
+    names_.push_back(name);
+  }
+
+  Bridge& B() {
+    if (!bridge_) bridge_ = std::make_unique<Bridge>(*slurm_, *client_, opts_, events_.get(), &dry_, [this] { return Now(); });
+    return *bridge_;
+  }
+
+  // One reconcile, then invariant F on every node.
+  ReconcileResult Step() {
+    auto r = B().Reconcile();
+    for (const auto& n : names_) {
+      const bool slurm_fenced = slurm_->State(n).find("DRAIN") != std::string::npos;
+      const bool k8s_fenced = K8sFenced(Node(n));
+      EXPECT_TRUE(slurm_fenced || k8s_fenced)
+          << "F violated on " << n << ": Slurm " << slurm_->State(n) << ", lease " << Annotation(n, kLeaseAnnotation);
+    }
+    return r;
+  }
+  // Reconciles until pred holds (at most `max` times; pods being deleted need the stand-in's
+  // reaper, so there is a short pause between rounds). True when it held.
+  bool StepUntil(const std::function<bool()>& pred, int max = 40) {
+    for (int i = 0; i < max; ++i) {
+      if (pred()) return true;
+      Step();
+      if (pred()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return pred();
+  }
+
+  json Node(const std::string& name) const { return api_->Get("nodes", "", name).body; }
+  Lease LeaseOn(const std::string& name) const { return LeaseOf(Node(name)); }
+  Phase PhaseOf(const std::string& name) const { return LeaseOn(name).phase; }
+  std::string Annotation(const std::string& node, const std::string& key) const {
+    const json n = Node(node);
+    const json a = n["metadata"].value("annotations", json::object());
+    return a.contains(key) && a[key].is_string() ? a[key].get<std::string>() : "";
+  }
+  bool Cordoned(const std::string& node) const { return Node(node)["spec"].value("unschedulable", false); }
+  void SetCordon(const std::string& node, bool on) {
+    json n = Node(node);
+    if (on) {
+      n["spec"]["unschedulable"] = true;
+    } else {
+      n["spec"].erase("unschedulable");
+    }
+    ASSERT_EQ(api_->Update("nodes", "", n).code, 200);
+  }
+  // What `kgpu slurm-bridge reclaim NODE` writes.
+  void RequestReclaim(const std::string& node, const std::string& who = "operator") {
+    auto r = client_->Patch(k8s::FindResource("nodes")->Path("", node),
+                            {{"metadata", {{"annotations", {{kReclaimAnnotation, Cat(who, " at ", k8s::NowRfc3339())}}}}}},
+                            k8s::kMergePatch);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+
+  // An inference pod kube-scheduler could not place (GPUs requested, PodScheduled=False).
+  void PendingGpuPod(const std::string& name) {
+    json pod = {{"apiVersion", "v1"},
+                {"kind", "Pod"},
+                {"metadata", {{"name", name}, {"namespace", "infer"}, {"labels", {{"app", "infer"}}}}},
+                {"spec",
+                 {{"terminationGracePeriodSeconds", 0},
+                  {"containers",
+                   {{{"name", "server"}, {"image", "infer:1"}, {"resources", {{"limits", {{"nvidia.com/gpu", 1}}}}}}}}}}};
+    auto r = api_->Create("pods", "infer", pod);
+    ASSERT_EQ(r.code, 201) << r.body.dump();
+    json p = r.body;
+    p["status"] = {{"phase", "Pending"},
+                   {"conditions",
+                    {{{"type", "PodScheduled"},
+                      {"status", "False"},
+                      {"reason", "Unschedulable"},
+                      {"lastTransitionTime", k8s::NowRfc3339()}}}}};
+    ASSERT_EQ(api_->Update("pods", "infer", p).code, 200);
+  }
+  // kube-scheduler and kubelet: bind the pod to an accepting node and run it.
+  void RunPodOn(const std::string& name, const std::string& node) {
+    ASSERT_FALSE(Cordoned(node)) << node << " is cordoned";
+    auto bound = client_->Bind("infer", name, node);
+    ASSERT_TRUE(bound.ok()) << bound;
+    auto p = api_->Get("pods", "infer", name).body;
+    p["status"] = {{"phase", "Running"},
+                   {"conditions",
+                    {{{"type", "PodScheduled"}, {"status", "True"}, {"lastTransitionTime", k8s::NowRfc3339()}},
+                     {{"type", "Ready"}, {"status", "True"}, {"lastTransitionTime", k8s::NowRfc3339()}}}}};
+    ASSERT_EQ(api_->Update("pods", "infer", p).code, 200);
+  }
+  bool PodGone(const std::string& name) const { return api_->Get("pods", "infer", name).code == 404; }
+
+  // Events the bridge recorded with this reason about this node: their notes.
+  std::vector<std::string> Events(const std::string& node, const std::string& reason) const {
+    std::vector<std::string> notes;
+    auto list = client_->List("/apis/events.k8s.io/v1/namespaces/default/events");
+    EXPECT_TRUE(list.ok()) << list.status();
+    if (!list.ok()) return notes;
+    for (const auto& e : (*list)["items"]) {
+      if (e.value("reason", "") == reason && e["regarding"].value("name", "") == node) notes.push_back(e.value("note", ""));
+    }
+    return notes;
+  }
+
+  // Adopts `node` and lends it on one pending GPU pod, then runs that pod there.
+  void Lend(const std::string& node, const std::string& pod) {
+    PendingGpuPod(pod);
+    ASSERT_TRUE(StepUntil([&] { return PhaseOf(node) == Phase::kLent; })) << PhaseName(PhaseOf(node));
+    EXPECT_TRUE(IsOwnedReason(slurm_->Reason(node))) << slurm_->Reason(node);
+    RunPodOn(pod, node);
+  }
+
+  std::unique_ptr<testing::FakeApiServer> api_;
+  std::unique_ptr<k8s::Client> client_;
+  std::unique_ptr<k8s::EventRecorder> events_;
+  std::unique_ptr<testing::FakeSlurm> slurm_;
+  std::unique_ptr<Bridge> bridge_;
+  BridgeOptions opts_;
+  std::ostringstream dry_;
+  std::vector<std::string> names_;
+  int64_t offset_ = 0;
+};
+
+// ------------------------------------------------------------------ the fake itself
+
+TEST(FakeSlurmTest, FollowsTwentyTwoOFiveSemantics) {
+  testing::FakeSlurm s;
+  s.AddNode("node1", 2);
+  auto n = s.Node("node1");
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->state, "IDLE");
+  auto job = s.StartJob({"node1"}, 2000000000, 1);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(s.Node("node1")->state, "MIXED");
+  auto d = s.Drain("node1", "kgpu-lend:op1", kOwnedReasonPrefix);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->state, "MIXED+DRAIN");
+  EXPECT_EQ(d->reason, "kgpu-lend:op1");
+  EXPECT_EQ(d->reason_user, "root");
+  EXPECT_FALSE(s.StartJob({"node1"}).ok()) << "a drained node takes no new job";
+  auto on = s.JobsOnNode("node1");
+  ASSERT_TRUE(on.ok());
+  ASSERT_EQ(on->size(), 1u);
+  EXPECT_EQ(on->front().id, *job);
+  EXPECT_TRUE(on->front().end_time.has_value());
+  s.EndJob(*job);
+  EXPECT_EQ(s.Node("node1")->state, "IDLE+COMPLETING+DRAIN");
+  EXPECT_TRUE(s.Node("node1")->Busy());
+  EXPECT_TRUE(s.JobsOnNode("node1")->empty());
+  s.CompletingDone("node1");
+  EXPECT_EQ(s.Node("node1")->state, "IDLE+DRAIN");
+  // An admin's DRAIN overwrites our reason; our Drain then refuses to overwrite theirs.
+  ASSERT_TRUE(s.AdminDrain("node1", "admin: bad fan").ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(s.Drain("node1", "kgpu-lend:op1", kOwnedReasonPrefix).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(s.Undrain("node1", kOwnedReasonPrefix).status()));
+  EXPECT_EQ(s.Reason("node1"), "admin: bad fan");
+  ASSERT_TRUE(s.AdminResume("node1").ok());
+  EXPECT_EQ(s.State("node1"), "IDLE");
+  EXPECT_FALSE(s.AdminResume("node1").ok()) << "RESUME on IDLE: Invalid node state specified";
+  s.SetResponding("node1", false);
+  EXPECT_FALSE(s.Node("node1")->Responding());
+  s.SetReachable(false);
+  EXPECT_TRUE(absl::IsUnavailable(s.Nodes().status()));
+  EXPECT_TRUE(absl::IsUnavailable(s.Jobs().status()));
+  s.SetReachable(true);
+  EXPECT_TRUE(absl::IsNotFound(s.Node("node9").status()));
+  const std::string pending = s.SubmitPending(2, "Resources");
+  auto jobs = s.Jobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ(jobs->front().id, pending);
+  EXPECT_TRUE(jobs->front().Pending());
+  EXPECT_EQ(jobs->front().node_count, 2);
+}
+
+TEST(LeaseTest, AdminCordonedRoundTrips) {
+  Lease l;
+  l.op = "op-1";
+  l.phase = Phase::kLent;
+  l.admin_cordoned = true;
+  auto back = ParseLease(SerializeLease(l));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->admin_cordoned);
+  EXPECT_NE(SerializeLease(l).find("\"adminCordoned\":true"), std::string::npos);
+  auto bad = ParseLease(R"({"phase":"SLURM_OWNED","adminCordoned":"yes"})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("adminCordoned"), std::string::npos) << bad.status();
+}
+
+// ------------------------------------------------------------------ item 1: reclaim requests
+
+TEST_F(BridgeUnitTest, AReclaimRequestOnANodeThatIsNotLentIsRemovedWithAnEvent) {
+  AddNode("node1");
+  Step();
+  ASSERT_EQ(PhaseOf("node1"), Phase::kSlurm);
+  RequestReclaim("node1", "slurm ResumeProgram");
+  Step();
+  EXPECT_EQ(Annotation("node1", kReclaimAnnotation), "") << "a meaningless request must not stay on the Node";
+  const auto notes = Events("node1", "ReclaimRequestRemoved");
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("not lent"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[0].find("slurm ResumeProgram"), std::string::npos) << notes[0];
+  // And it does not cancel the next lend.
+  Lend("node1", "p1");
+  EXPECT_TRUE(Events("node1", "LendCancelled").empty());
+}
+
+TEST_F(BridgeUnitTest, AReclaimRequestThatCancelsALendIsRemovedSoTheNextLendGoesThrough) {
+  AddNode("node1");
+  auto job = slurm_->StartJob({"node1"}, Now() + 600);
+  ASSERT_TRUE(job.ok());
+  PendingGpuPod("p1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kLendDraining; }));
+  Step();
+  EXPECT_EQ(slurm_->State("node1"), "ALLOCATED+DRAIN");
+  RequestReclaim("node1");
+  ASSERT_TRUE(StepUntil([&] { return !Events("node1", "LendCancelled").empty(); }));
+  EXPECT_EQ(Annotation("node1", kReclaimAnnotation), "");
+  const auto notes = Events("node1", "ReclaimRequestRemoved");
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("acted on"), std::string::npos) << notes[0];
+  EXPECT_EQ(slurm_->State("node1"), "ALLOCATED") << "our drain is gone with the cancelled lend";
+  // The demand is still there: the next lend starts and, once the job has ended on its own,
+  // completes. A stale request would cancel it at once, every time.
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kLendDraining; }));
+  slurm_->EndJob(*job, /*completing=*/false);
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kLent; })) << PhaseName(PhaseOf("node1"));
+  EXPECT_EQ(Events("node1", "LendCancelled").size(), 1u);
+  EXPECT_EQ(slurm_->Ended(), std::vector<std::string>{*job});
+}
+
+TEST_F(BridgeUnitTest, AReclaimRequestOnALentNodeIsRemovedOnceActedOn) {
+  AddNode("node1");
+  Lend("node1", "p1");
+  RequestReclaim("node1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm && PodGone("p1"); }));
+  EXPECT_EQ(Annotation("node1", kReclaimAnnotation), "");
+  EXPECT_EQ(Events("node1", "ReclaimRequestRemoved").size(), 1u);
+  EXPECT_EQ(slurm_->State("node1"), "IDLE");
+  EXPECT_EQ(LeaseOn("node1").pods_evicted, std::vector<std::string>{"infer/p1"});
+  // Lent again on new demand: the old request is not re-read.
+  Lend("node1", "p2");
+  Step();
+  EXPECT_EQ(PhaseOf("node1"), Phase::kLent);
+}
+
+TEST_F(BridgeUnitTest, AReclaimRequestWhileAlreadyReclaimingIsRemoved) {
+  AddNode("node1");
+  Lend("node1", "p1");
+  json pdb = {{"apiVersion", "policy/v1"},
+              {"kind", "PodDisruptionBudget"},
+              {"metadata", {{"name", "infer"}, {"namespace", "infer"}}},
+              {"spec", {{"minAvailable", 1}, {"selector", {{"matchLabels", {{"app", "infer"}}}}}}}};
+  ASSERT_LT(api_->Create("poddisruptionbudgets", "infer", pdb).code, 300);
+  RequestReclaim("node1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kReclaimEvicting; }));
+  Step();
+  EXPECT_FALSE(Events("node1", "EvictionBlocked").empty());
+  RequestReclaim("node1", "impatient operator");
+  Step();
+  EXPECT_EQ(Annotation("node1", kReclaimAnnotation), "");
+  const auto notes = Events("node1", "ReclaimRequestRemoved");
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_TRUE(notes[0].find("already being reclaimed") != std::string::npos ||
+              notes[1].find("already being reclaimed") != std::string::npos)
+      << notes[0] << " | " << notes[1];
+  // The PDB allows it now; the reclaim finishes and nothing stale is left.
+  pdb = api_->Get("poddisruptionbudgets", "infer", "infer").body;
+  pdb["spec"]["minAvailable"] = 0;
+  ASSERT_EQ(api_->Update("poddisruptionbudgets", "infer", pdb).code, 200);
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }, 200));
+  EXPECT_EQ(Annotation("node1", kReclaimAnnotation), "");
+  EXPECT_TRUE(PodGone("p1"));
+}
+
+TEST_F(BridgeUnitTest, DryRunLeavesTheReclaimRequestInPlace) {
+  AddNode("node1");
+  Step();
+  RequestReclaim("node1");
+  opts_.dry_run = true;
+  bridge_.reset();
+  Step();
+  EXPECT_NE(Annotation("node1", kReclaimAnnotation), "");
+  EXPECT_NE(dry_.str().find("remove a reclaim request"), std::string::npos) << dry_.str();
+}
+
+// ------------------------------------------------------------------ item 2: an admin's cordon and drain
+
+TEST_F(BridgeUnitTest, AnAdminCordonBeforeAdoptionIsRecordedAndNeverLifted) {
+  AddNode("node1", /*fenced=*/false, /*cordoned=*/true);  // kubectl cordon node1
+  Step();
+  auto lease = LeaseOn("node1");
+  EXPECT_EQ(lease.phase, Phase::kSlurm);
+  EXPECT_TRUE(lease.admin_cordoned) << SerializeLease(lease);
+  EXPECT_EQ(Events("node1", "AdminCordon").size(), 1u);
+  // Demand: the node is not lent (lending would uncordon it).
+  PendingGpuPod("p1");
+  for (int i = 0; i < 5; ++i) Step();
+  EXPECT_EQ(PhaseOf("node1"), Phase::kSlurm);
+  EXPECT_TRUE(Cordoned("node1"));
+  EXPECT_EQ(slurm_->BridgeWrites("node1"), 0u);
+  // The admin uncordons: the bridge's fence goes back on, and now the node may be lent.
+  SetCordon("node1", false);
+  Step();
+  lease = LeaseOn("node1");
+  EXPECT_FALSE(lease.admin_cordoned) << SerializeLease(lease);
+  EXPECT_EQ(Events("node1", "AdminCordonLifted").size(), 1u);
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kLent; })) << PhaseName(PhaseOf("node1"));
+  EXPECT_FALSE(Cordoned("node1"));
+}
+
+TEST_F(BridgeUnitTest, TheSeparatedPoolsFenceIsNotMistakenForAnAdminCordon) {
+  AddNode("node1", /*fenced=*/true);
+  Step();
+  EXPECT_FALSE(LeaseOn("node1").admin_cordoned);
+  Lend("node1", "p1");
+}
+
+TEST_F(BridgeUnitTest, AnAdminCordonOfALentNodeSurvivesTheReclaimAndBlocksTheNextLend) {
+  AddNode("node1");
+  Lend("node1", "p1");
+  SetCordon("node1", true);  // kubectl cordon on the lent node
+  Step();
+  EXPECT_TRUE(LeaseOn("node1").admin_cordoned);
+  EXPECT_EQ(PhaseOf("node1"), Phase::kLent) << "a cordon alone does not reclaim";
+  EXPECT_EQ(Events("node1", "AdminCordon").size(), 1u);
+  RequestReclaim("node1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
+  EXPECT_TRUE(LeaseOn("node1").admin_cordoned);
+  // New demand: the node stays cordoned and with Slurm.
+  PendingGpuPod("p2");
+  for (int i = 0; i < 5; ++i) Step();
+  EXPECT_EQ(PhaseOf("node1"), Phase::kSlurm);
+  EXPECT_TRUE(Cordoned("node1"));
+}
+
+TEST_F(BridgeUnitTest, AnAdminCordonOfALentNodeThatIsLiftedIsForgotten) {
+  AddNode("node1");
+  Lend("node1", "p1");
+  SetCordon("node1", true);
+  Step();
+  ASSERT_TRUE(LeaseOn("node1").admin_cordoned);
+  SetCordon("node1", false);
+  Step();
+  EXPECT_FALSE(LeaseOn("node1").admin_cordoned);
+  EXPECT_EQ(Events("node1", "AdminCordonLifted").size(), 1u);
+}
+
+TEST_F(BridgeUnitTest, AnAdminDrainBeforeAdoptionIsRecordedAndLeftAlone) {
+  AddNode("node1");
+  ASSERT_TRUE(slurm_->AdminDrain("node1", "admin: PSU swap").ok());
+  PendingGpuPod("p1");
+  for (int i = 0; i < 5; ++i) Step();
+  const auto lease = LeaseOn("node1");
+  EXPECT_EQ(lease.phase, Phase::kSlurm);
+  EXPECT_TRUE(lease.admin_drained) << SerializeLease(lease);
+  EXPECT_EQ(lease.prev_slurm_reason, "admin: PSU swap");
+  EXPECT_EQ(slurm_->Reason("node1"), "admin: PSU swap");
+  EXPECT_EQ(slurm_->BridgeWrites("node1"), 0u);
+}
+
+TEST_F(BridgeUnitTest, AnAdminDrainOfALentNodeIsNeverResumed) {
+  AddNode("node1");
+  Lend("node1", "p1");
+  ASSERT_TRUE(slurm_->AdminDrain("node1", "admin: bad fan").ok());
+  Step();
+  EXPECT_TRUE(LeaseOn("node1").admin_drained);
+  RequestReclaim("node1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
+  for (int i = 0; i < 3; ++i) Step();
+  EXPECT_EQ(slurm_->Reason("node1"), "admin: bad fan");
+  EXPECT_EQ(slurm_->State("node1"), "IDLE+DRAIN");
+  for (const auto& w : slurm_->Writes()) EXPECT_EQ(w.find("UNDRAIN"), std::string::npos) << w;
+  EXPECT_EQ(Events("node1", "ReclaimedAdminDrain").size(), 1u);
+  EXPECT_TRUE(K8sFenced(Node("node1")));
+}
+
+TEST_F(BridgeUnitTest, AnAdminDrainThatTheAdminResumesIsForgottenWhileLent) {
+  AddNode("node1");
+  Lend("node1", "p1");
+  ASSERT_TRUE(slurm_->AdminDrain("node1", "admin: quick check").ok());
+  Step();
+  ASSERT_TRUE(LeaseOn("node1").admin_drained);
+  ASSERT_TRUE(slurm_->AdminResume("node1").ok());  // done: the lent node is unfenced in Slurm now
+  Step();
+  EXPECT_TRUE(IsOwnedReason(slurm_->Reason("node1"))) << "our fence goes back on: " << slurm_->Reason("node1");
+  EXPECT_FALSE(LeaseOn("node1").admin_drained) << SerializeLease(LeaseOn("node1"));
+  RequestReclaim("node1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
+  EXPECT_EQ(slurm_->State("node1"), "IDLE");
+  EXPECT_TRUE(Events("node1", "ReclaimedAdminDrain").empty());
+}
+
+// ------------------------------------------------------------------ the failure table (§C)
+
+TEST_F(BridgeUnitTest, ABusyNodeIsLentOnlyAfterItsJobEndsAndTheNodeLeavesCompleting) {
+  AddNode("node1");
+  auto job = slurm_->StartJob({"node1"}, Now() + 300, 1);
+  ASSERT_TRUE(job.ok());
+  PendingGpuPod("p1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kLendDraining; }));
+  for (int i = 0; i < 4; ++i) {
+    Step();
+    EXPECT_EQ(PhaseOf("node1"), Phase::kLendDraining);
+  }
+  EXPECT_EQ(slurm_->State("node1"), "MIXED+DRAIN");
+  EXPECT_EQ(LeaseOn("node1").jobs_seen, std::vector<std::string>{*job});
+  // The job leaves squeue while the node is still COMPLETING: not empty yet.
+  slurm_->EndJob(*job, /*completing=*/true);
+  for (int i = 0; i < 3; ++i) {
+    Step();
+    EXPECT_EQ(PhaseOf("node1"), Phase::kLendDraining);
+  }
+  slurm_->CompletingDone("node1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kLent; }));
+  EXPECT_EQ(slurm_->Ended(), std::vector<std::string>{*job});
+}
+
+TEST_F(BridgeUnitTest, IdleNodesAndEarliestEndingJobsAreLentFirst) {
+  AddNode("node1");
+  AddNode("node2");
+  AddNode("node3");
+  ASSERT_TRUE(slurm_->StartJob({"node1"}, Now() + 3600).ok());
+  ASSERT_TRUE(slurm_->StartJob({"node2"}, Now() + 60).ok());
+  ASSERT_TRUE(slurm_->StartJob({"node3"}, Now() + 600).ok());
+  PendingGpuPod("p1");
+  Step();
+  EXPECT_EQ(PhaseOf("node2"), Phase::kLendDraining);
+  EXPECT_EQ(PhaseOf("node1"), Phase::kSlurm);
+  EXPECT_EQ(PhaseOf("node3"), Phase::kSlurm);
+}
+
+TEST_F(BridgeUnitTest, AForeignDrainMidLendCancelsItAndKeepsTheAdminReason) {
+  AddNode("node1");
+  auto job = slurm_->StartJob({"node1"}, Now() + 300);
+  ASSERT_TRUE(job.ok());
+  PendingGpuPod("p1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kLendDraining; }));
+  Step();
+  ASSERT_TRUE(slurm_->AdminDrain("node1", "admin: firmware").ok());
+  Step();
+  const auto lease = LeaseOn("node1");
+  EXPECT_EQ(lease.phase, Phase::kSlurm);
+  EXPECT_TRUE(lease.admin_drained);
+  EXPECT_EQ(slurm_->Reason("node1"), "admin: firmware");
+  EXPECT_FALSE(Events("node1", "ForeignDrain").empty());
+  EXPECT_TRUE(slurm_->Ended().empty()) << "the job is never killed";
+}
+
+TEST_F(BridgeUnitTest, SlurmUnreachableFreezesEveryTransitionThatNeedsIt) {
+  AddNode("node1");
+  AddNode("node2");
+  Lend("node1", "p1");
+  auto job = slurm_->StartJob({"node2"}, Now() + 300);
+  ASSERT_TRUE(job.ok());
+  opts_.max_lent = 2;
+  bridge_.reset();
+  PendingGpuPod("p2");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node2") == Phase::kLendDraining; }));
+  slurm_->SetReachable(false);
+  RequestReclaim("node1");
+  for (int i = 0; i < 5; ++i) {
+    auto r = Step();
+    EXPECT_FALSE(r.slurm_ok);
+  }
+  // node2: still draining, Kubernetes fence on; node1: the Kubernetes side of the reclaim went
+  // ahead, the undrain waits.
+  EXPECT_EQ(PhaseOf("node2"), Phase::kLendDraining);
+  EXPECT_TRUE(K8sFenced(Node("node2")));
+  EXPECT_EQ(PhaseOf("node1"), Phase::kReclaimUnfencing);
+  EXPECT_TRUE(PodGone("p1"));
+  EXPECT_TRUE(IsOwnedReason(slurm_->Reason("node1")));
+  EXPECT_NE(B().Metrics().find("kgpu_slurm_bridge_slurm_up 0"), std::string::npos) << B().Metrics();
+  slurm_->SetReachable(true);
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
+  EXPECT_EQ(slurm_->State("node1"), "IDLE");
+  EXPECT_TRUE(slurm_->Ended().empty());
+}
+
+TEST_F(BridgeUnitTest, ReclaimWaitsForSlurmdBeforeTheUndrain) {
+  AddNode("node1");
+  Lend("node1", "p1");
+  slurm_->SetResponding("node1", false);  // slurmd stopped while Kubernetes uses the host
+  Step();
+  EXPECT_EQ(PhaseOf("node1"), Phase::kLent);
+  EXPECT_EQ(slurm_->State("node1"), "IDLE+DRAIN+NOT_RESPONDING");
+  RequestReclaim("node1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kReclaimUnfencing; }));
+  for (int i = 0; i < 3; ++i) Step();
+  EXPECT_EQ(PhaseOf("node1"), Phase::kReclaimUnfencing);
+  EXPECT_NE(slurm_->State("node1").find("DRAIN"), std::string::npos);
+  slurm_->SetResponding("node1", true);
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
+  EXPECT_EQ(slurm_->State("node1"), "IDLE");
+}
+
+TEST_F(BridgeUnitTest, ALentNodeThatLostItsDrainIsDrainedAgain) {
+  AddNode("node1");
+  Lend("node1", "p1");
+  ASSERT_TRUE(slurm_->AdminResume("node1").ok());  // someone "returned" it to Slurm by hand
+  Step();
+  EXPECT_TRUE(IsOwnedReason(slurm_->Reason("node1"))) << slurm_->State("node1");
+  EXPECT_EQ(Events("node1", "SlurmFenceRestored").size(), 1u);
+  EXPECT_EQ(PhaseOf("node1"), Phase::kLent);
+}
+
+TEST_F(BridgeUnitTest, ABlockedSlurmJobReclaimsALentNode) {
+  AddNode("node1");
+  AddNode("node2");
+  Lend("node1", "p1");
+  slurm_->SubmitPending(2, "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
+  EXPECT_TRUE(PodGone("p1"));
+  EXPECT_EQ(slurm_->State("node1"), "IDLE");
+  EXPECT_EQ(LeaseOn("node1").requested_by, "slurm-demand");
+}
+
+TEST_F(BridgeUnitTest, TheApiServerDownChangesNothingAnywhere) {
+  AddNode("node1");
+  Lend("node1", "p1");
+  const auto writes = slurm_->Writes().size();
+  api_->FailNext(50, 503, "/api/v1/nodes", "GET");
+  auto r = B().Reconcile();
+  EXPECT_FALSE(r.k8s_ok);
+  EXPECT_EQ(slurm_->Writes().size(), writes);
+  EXPECT_NE(B().Metrics().find("kgpu_slurm_bridge_api_up 0"), std::string::npos);
+  api_->ClearFaults();
+  Step();
+  EXPECT_EQ(PhaseOf("node1"), Phase::kLent);
+}
+
+TEST_F(BridgeUnitTest, AStaleWriterLosesTheCompareAndSwap) {
+  AddNode("node1");
+  Step();
+  // Someone else writes the Node between our read and our write: the write is a 409 and the
+  // next reconcile recomputes from the new object.
+  const auto gen = LeaseOn("node1").generation;
+  RequestReclaim("node1");
+  api_->FailNext(1, 409, "/api/v1/nodes/node1", "PUT");
+  Step();
+  EXPECT_EQ(LeaseOn("node1").generation, gen);
+  EXPECT_NE(Annotation("node1", kReclaimAnnotation), "");
+  Step();
+  EXPECT_EQ(LeaseOn("node1").generation, gen + 1);
+  EXPECT_EQ(Annotation("node1", kReclaimAnnotation), "");
+}
+
+}  // namespace
+}  // namespace kgpu::slurm
