@@ -27,7 +27,7 @@ demo: deps
 
 bench: deps
 	cmake --preset release >/dev/null
-	cmake --build --preset release -j $(JOBS) --target inventory_bench event_latency device_plugin_bench exporter_bench mig_mps_bench k8s_bench sched_bench
+	cmake --build --preset release -j $(JOBS) --target inventory_bench event_latency device_plugin_bench exporter_bench mig_mps_bench k8s_bench sched_bench extender_bench
 	build/release/bin/inventory_bench
 	build/release/bin/event_latency
 	build/release/bin/device_plugin_bench
@@ -36,6 +36,7 @@ bench: deps
 	build/release/bin/mig_mps_bench
 	build/release/bin/k8s_bench
 	build/release/bin/sched_bench
+	build/release/bin/extender_bench 1000 5000
 
 # Debian packages kgpu and kgpu-sim (release preset, CPack DEB, Depends from dpkg-shlibdeps) in
 # build/release/packages/.
