@@ -534,14 +534,21 @@ void State::UpsertPod(const json& pod) {
     if (auto o = on_node_.find(it->second.node); o != on_node_.end()) o->second.erase(uid);
     pods_.erase(it);
   };
+  // spec.nodeName is never unset once a pod is bound (the apiserver refuses it), so an unbound
+  // copy of a pod we booked is an event the watch delivers late: our own record write, or the
+  // pod's creation, arriving after our binding was confirmed. Dropping the booking on it would
+  // free the GPUs of a bound pod until the binding's event comes, and a concurrent bind could
+  // take them (a double allocation, counted as a record conflict when the binding arrives).
+  if (it != pods_.end() && node.empty() && (it->second.bound || it->second.assumed) && phase != "Succeeded" &&
+      phase != "Failed") {
+    return;
+  }
   if (phase == "Succeeded" || phase == "Failed" || !rec) {
-    if (it != pods_.end() && !rec && it->second.assumed && node.empty()) return;  // our bind is in flight
     drop();
     return;
   }
   if (node.empty()) {
-    if (it != pods_.end() && it->second.assumed) return;  // the record is ours, the binding follows
-    drop();                                                // a record left by a bind that failed
+    drop();  // a record left by a bind that failed
     return;
   }
   if (rec->node != node) {

@@ -368,6 +368,36 @@ TEST_F(StateTest, ForgetDropsAnAssumptionThatNeverBound) {
   EXPECT_EQ(state.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "1"}}), "uw2"), {"n"}).passed.size(), 1u);
 }
 
+// The watch delivers events after the verbs that caused them: the record write (pod unbound, with
+// the record) and even the pod's creation (no record) can arrive after our binding was confirmed.
+// Neither may free the GPUs of the bound pod: a concurrent bind would take them (seen as 17 share
+// holders of a 16-slot GPU and record conflicts in the end-to-end test).
+TEST_F(StateTest, LateUnboundEventsKeepAConfirmedBooking) {
+  state.UpsertNode(TestNode("n", {ShareGpu(16000)}));
+  const json pod = WithUid(TestPod("ns", "a", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}), "ua");
+  auto a = state.Assume(pod, "n");
+  ASSERT_TRUE(a.ok()) << a.status();
+  state.Confirm(a->uid);
+  json written = pod;
+  written["metadata"]["annotations"][kAnnotationAllocation] = EncodeRecord(a->record);
+  const json other = WithUid(TestPod("ns", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}), "ub");
+  for (const json& late : {written, pod}) {
+    state.UpsertPod(late);
+    EXPECT_TRUE(state.RecordOf("ua").has_value()) << late.dump();
+    EXPECT_EQ(state.Filter(other, {"n"}).failed.size(), 1u) << "the GPU's 12000 MiB must stay booked";
+    EXPECT_FALSE(state.Assume(other, "n").ok());
+  }
+  // The binding's own event, then the pod's end, still act.
+  state.UpsertPod(Bound(pod, "n", a->record));
+  EXPECT_TRUE(state.RecordOf("ua").has_value());
+  EXPECT_EQ(state.Stats().record_conflicts, 0u);
+  json done = Bound(pod, "n", a->record);
+  done["status"]["phase"] = "Succeeded";
+  state.UpsertPod(done);
+  EXPECT_FALSE(state.RecordOf("ua").has_value());
+  EXPECT_TRUE(state.Assume(other, "n").ok());
+}
+
 TEST_F(StateTest, PrioritizeScoresFeasibleNodesZeroToTen) {
   state.UpsertNode(TestNode("busy", {ShareGpu(16000)}));
   state.UpsertNode(TestNode("idle", {ShareGpu(16000)}));
