@@ -1,5 +1,6 @@
 // The libcpp-httplib functions that kgpu calls (the exporter's /metrics server,
-// src/exporter/exporter.cc), defined in the kgpu executable and forwarded to
+// src/exporter/exporter.cc; the extender's and the webhook's HTTP(S) servers, src/extender/),
+// defined in the kgpu executable and forwarded to
 // libcpp-httplib.so.0.11, loaded when the first httplib::Server is constructed (src/cli/lazy_lib.h
 // says why).
 //
@@ -31,7 +32,7 @@ template <typename Fn>
 Fn Real(const char* mangled) {
   void* p = Httplib().Symbol(mangled);
   if (p == nullptr) {
-    std::fprintf(stderr, "kgpu: the exporter's HTTP server needs %s\n",
+    std::fprintf(stderr, "kgpu: the HTTP servers (exporter, extender, webhook) need %s\n",
                  Httplib().Error().empty() ? mangled : Httplib().Error().c_str());
     std::exit(1);
   }
@@ -55,6 +56,15 @@ Fn Real(const char* mangled) {
 #define KGPU_SET_CONTENT \
   "_ZN7httplib8Response11set_contentERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEES8_"
 #define KGPU_IS_RUNNING "_ZNK7httplib6Server10is_runningEv"
+// The extender's and the webhook's servers (src/extender/server.cc, webhook.cc).
+#define KGPU_POST                                                                                   \
+  "_ZN7httplib6Server4PostERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEESt8functionIFvRKNS_" \
+  "7RequestERNS_8ResponseEEE"
+#define KGPU_SET_KEEP_ALIVE_TIMEOUT "_ZN7httplib6Server22set_keep_alive_timeoutEl"
+#define KGPU_SET_KEEP_ALIVE_MAX_COUNT "_ZN7httplib6Server24set_keep_alive_max_countEm"
+#define KGPU_SET_PAYLOAD_MAX_LENGTH "_ZN7httplib6Server22set_payload_max_lengthEm"
+#define KGPU_SSL_SERVER_CTOR "_ZN7httplib9SSLServerC1EPKcS2_S2_S2_S2_"
+#define KGPU_SSL_IS_VALID "_ZNK7httplib9SSLServer8is_validEv"
 
 // Each with the C++ signature it has in <httplib.h> above it; `self` is `this`.
 extern "C" {
@@ -76,6 +86,21 @@ void KgpuHttplibStop(void* self) __asm__(KGPU_STOP);
 void KgpuHttplibSetContent(void* self, const void* s, const void* content_type) __asm__(KGPU_SET_CONTENT);
 // bool httplib::Server::is_running() const
 bool KgpuHttplibIsRunning(const void* self) __asm__(KGPU_IS_RUNNING);
+// httplib::Server& httplib::Server::Post(const std::string& pattern, Handler handler)
+void* KgpuHttplibPost(void* self, const void* pattern, void* handler) __asm__(KGPU_POST);
+// httplib::Server& httplib::Server::set_keep_alive_timeout(time_t sec)
+void* KgpuHttplibSetKeepAliveTimeout(void* self, long sec) __asm__(KGPU_SET_KEEP_ALIVE_TIMEOUT);
+// httplib::Server& httplib::Server::set_keep_alive_max_count(size_t count)
+void* KgpuHttplibSetKeepAliveMaxCount(void* self, unsigned long count) __asm__(KGPU_SET_KEEP_ALIVE_MAX_COUNT);
+// httplib::Server& httplib::Server::set_payload_max_length(size_t length)
+void* KgpuHttplibSetPayloadMaxLength(void* self, unsigned long length) __asm__(KGPU_SET_PAYLOAD_MAX_LENGTH);
+// httplib::SSLServer::SSLServer(const char* cert_path, const char* private_key_path,
+//     const char* client_ca_cert_file_path, const char* client_ca_cert_dir_path,
+//     const char* private_key_password)
+void KgpuHttplibSslServerCtor(void* self, const char* cert, const char* key, const char* ca_file, const char* ca_dir,
+                              const char* key_password) __asm__(KGPU_SSL_SERVER_CTOR);
+// bool httplib::SSLServer::is_valid() const
+bool KgpuHttplibSslIsValid(const void* self) __asm__(KGPU_SSL_IS_VALID);
 
 void KgpuHttplibServerCtor(void* self) {
   static const auto real = Real<void (*)(void*)>(KGPU_SERVER_CTOR);
@@ -111,6 +136,33 @@ void KgpuHttplibSetContent(void* self, const void* s, const void* content_type) 
 }
 bool KgpuHttplibIsRunning(const void* self) {
   static const auto real = Real<bool (*)(const void*)>(KGPU_IS_RUNNING);
+  return real(self);
+}
+
+void* KgpuHttplibPost(void* self, const void* pattern, void* handler) {
+  static const auto real = Real<void* (*)(void*, const void*, void*)>(KGPU_POST);
+  return real(self, pattern, handler);
+}
+void* KgpuHttplibSetKeepAliveTimeout(void* self, long sec) {
+  static const auto real = Real<void* (*)(void*, long)>(KGPU_SET_KEEP_ALIVE_TIMEOUT);
+  return real(self, sec);
+}
+void* KgpuHttplibSetKeepAliveMaxCount(void* self, unsigned long count) {
+  static const auto real = Real<void* (*)(void*, unsigned long)>(KGPU_SET_KEEP_ALIVE_MAX_COUNT);
+  return real(self, count);
+}
+void* KgpuHttplibSetPayloadMaxLength(void* self, unsigned long length) {
+  static const auto real = Real<void* (*)(void*, unsigned long)>(KGPU_SET_PAYLOAD_MAX_LENGTH);
+  return real(self, length);
+}
+void KgpuHttplibSslServerCtor(void* self, const char* cert, const char* key, const char* ca_file, const char* ca_dir,
+                              const char* key_password) {
+  static const auto real =
+      Real<void (*)(void*, const char*, const char*, const char*, const char*, const char*)>(KGPU_SSL_SERVER_CTOR);
+  real(self, cert, key, ca_file, ca_dir, key_password);
+}
+bool KgpuHttplibSslIsValid(const void* self) {
+  static const auto real = Real<bool (*)(const void*)>(KGPU_SSL_IS_VALID);
   return real(self);
 }
 

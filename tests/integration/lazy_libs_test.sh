@@ -19,6 +19,13 @@ echo "DT_NEEDED of $kgpu: $(tr '\n' ' ' <<<"$needed")"
 if grep -E "$lazy" <<<"$needed"; then
   fail "kgpu links the libraries above at start-up; give each new symbol of theirs a forwarder in src/cli/lazy_curl.cc or src/cli/lazy_httplib.cc"
 fi
+# Every httplib function kgpu calls has a forwarder: in the UBSan build libcpp-httplib stays
+# DT_NEEDED, so a call without one would pass unseen here and only the release binary (the
+# package test) would load the library at start-up.
+unforwarded=$(nm -D --undefined-only "$kgpu" | awk '{print $NF}' | grep -E '^_ZNK?7httplib' || true)
+if [ -n "$unforwarded" ]; then
+  fail "kgpu calls httplib functions without a forwarder in src/cli/lazy_httplib.cc: $(tr '\n' ' ' <<<"$unforwarded")"
+fi
 all=$(ldd "$kgpu")
 if grep -E "$lazy" <<<"$all"; then
   fail "kgpu loads the libraries above at start-up (through another dependency)"
