@@ -135,7 +135,7 @@ echo "(GPU 0 is now two 3g.20gb instances; nvidia.com/mig-2g.10gb stays register
 echo " the node's capacity for it drops to 0 instead of lingering; a busy GPU would have been refused)"
 kill -TERM "$plugin"; wait "$plugin" 2>/dev/null || true
 kill -TERM "$kubelet" 2>/dev/null; wait "$kubelet" 2>/dev/null || true
-step "The node as the Kubernetes API sees it: API server stand-in, kubelet stand-in, plugin, kgpu node-labels"
+step "The node as the Kubernetes API sees it: API server stand-in, kubelet stand-in, and the plugin labelling its own Node"
 export KGPU_SIM_NODE=dgx-h100
 "$bin/kgpu-simctl" reset
 rm -rf "$kdir"; mkdir -p "$kdir"
@@ -148,11 +148,17 @@ echo "\$ kgpu-fake-apiserver --tls --token demo-token --kubeconfig-out kubeconfi
 "$bin/kgpu-fake-kubelet" serve --dir "$kdir" --duration 30 --kubeconfig "$work/kubeconfig" --node-name demo-node \
   >"$work/kubelet.log" 2>&1 &
 kubelet=$!
-"$bin/kgpu" --log-level warn device-plugin --kubelet-dir "$kdir" >"$work/plugin.log" 2>&1 &
+echo "\$ kgpu device-plugin --publish-labels --kubeconfig kubeconfig --node-name demo-node   # serves kubelet and labels its Node"
+"$bin/kgpu" --log-level warn device-plugin --kubelet-dir "$kdir" --publish-labels --kubeconfig "$work/kubeconfig" \
+  --node-name demo-node >"$work/plugin.log" 2>&1 &
 plugin=$!
 wait_for "$work/kubelet.log" "ListAndWatch nvidia.com/gpu: 8 devices, 8 healthy" >/dev/null
-echo "\$ kgpu node-labels --kubeconfig kubeconfig --node-name demo-node --oneshot"
-"$bin/kgpu" --log-level warn node-labels --kubeconfig "$work/kubeconfig" --node-name demo-node --oneshot
+# The plugin's first label pass: GFD labels and the kgpu.io/gpu-inventory annotation on the Node.
+for _ in $(seq 100); do
+  curl -sfk -H "Authorization: Bearer demo-token" "https://127.0.0.1:$(cat "$work/api.port")/api/v1/nodes/demo-node" \
+    | grep -q '"nvidia.com/gpu.count"' && break
+  sleep 0.1
+done
 sleep 0.5   # the kubelet stand-in patches the Node's status within 200 ms
 if command -v kubectl >/dev/null 2>&1; then
   echo; echo "\$ kubectl describe node demo-node"

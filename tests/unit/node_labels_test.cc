@@ -8,6 +8,7 @@
 #include <functional>
 #include <thread>
 
+#include "cli/doctor_cluster.h"
 #include "cli/node_labels.h"
 #include "common/files.h"
 #include "deviceplugin/gfd_labels.h"
@@ -111,7 +112,14 @@ TEST(InventoryAnnotation, CompactVersionedAndStable) {
   ASSERT_EQ(j["gpus"].size(), g.inv->gpus().size());
   EXPECT_EQ(j["gpus"][0]["uuid"], g.inv->gpus()[0].uuid);
   EXPECT_EQ(j["gpus"][0]["health"], "ok");
+  EXPECT_EQ(j["gpus"][0]["i"], 0);
+  EXPECT_EQ(j["gpus"][0]["model"], g.inv->gpus()[0].name);
+  EXPECT_EQ(j["gpus"][0]["memMiB"], g.inv->gpus()[0].memory_mib);
+  EXPECT_GT(j["gpus"][0]["memMiB"].get<int64_t>(), 80000) << "an H100 80GB";
+  EXPECT_EQ(j["gpus"][0]["numa"], g.inv->gpus()[0].numa_node);
+  EXPECT_FALSE(j["gpus"][0].contains("slots")) << "no sharing configured";
   EXPECT_TRUE(j["nvlinkIslands"].is_array());
+  EXPECT_TRUE(j["pcieIslands"].is_array());
   EXPECT_EQ(j["sharing"]["mode"], "none");
   EXPECT_LT(a.size(), 4096u) << "compact";
 }
@@ -293,6 +301,52 @@ TEST(LabelPublisher, PublishesOnStartAndOnChangeAndRetries) {
   std::filesystem::remove_all(dir);
 }
 
+// Relabel on an interval besides the changes: passes keep coming with no Notify(), and a pass
+// whose labels changed meanwhile (here: the source's inventory) writes them.
+TEST(LabelPublisher, RelabelsOnTheInterval) {
+  testing::SimGpus g("dgx-h100");
+  ASSERT_TRUE(g.inv);
+  kgpu::testing::FakeApiServer server;
+  ASSERT_TRUE(server.Start().ok());
+  ASSERT_EQ(server.Create("nodes", "", {{"metadata", {{"name", "gpu-node-1"}}}}).code, 201);
+  char dir[] = "/tmp/kgpu-publisher-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string kubeconfig = std::string(dir) + "/kubeconfig";
+  std::ofstream(kubeconfig) << server.Kubeconfig();
+  NodeLabelsFlags flags;
+  flags.kubeconfig = kubeconfig;
+  flags.node_name = "gpu-node-1";
+  flags.no_timestamp = true;
+  auto labeller = NodeLabeller::Create(flags);
+  ASSERT_TRUE(labeller.ok()) << labeller.status();
+  std::mutex mu;
+  auto config = std::make_shared<const Config>();
+  LiveHealth live;
+  LabelPublisher publisher(
+      std::move(*labeller),
+      [&]() -> absl::StatusOr<LabelPublisher::Snapshot> {
+        std::lock_guard<std::mutex> lock(mu);
+        return LabelPublisher::Snapshot{g.inv, config, live};
+      },
+      std::chrono::seconds(1), std::chrono::milliseconds(50));
+  publisher.Start();
+  auto annotation = [&] {
+    return json::parse(server.Get("nodes", "", "gpu-node-1").body["metadata"].value("annotations", json::object()).value(
+        kInventoryAnnotation, "{}"));
+  };
+  ASSERT_TRUE(WaitFor([&] { return annotation().contains("gpus"); }));
+  const uint64_t first = publisher.passes();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    live[g.inv->gpus()[5].uuid] = false;  // no Notify(): only the interval can publish it
+  }
+  ASSERT_TRUE(WaitFor([&] { return annotation()["gpus"][5]["health"] == "unhealthy"; }, std::chrono::seconds(5)));
+  EXPECT_GE(publisher.passes(), first + 1);
+  ASSERT_TRUE(WaitFor([&] { return publisher.passes() >= first + 2; }, std::chrono::seconds(5)));
+  publisher.Stop();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(LabelPublisher, FlagErrorsNameTheFlag) {
   NodeLabelsFlags flags;
   auto l = NodeLabeller::Create(flags);
@@ -316,6 +370,116 @@ TEST(FeatureFile, WrittenAtomically) {
   ASSERT_TRUE(WriteFeatureFile(path, {{"nvidia.com/gpu.count", "8"}, {"nvidia.com/gpu.replicas", "1"}}).ok());
   EXPECT_EQ(*ReadFile(path), "nvidia.com/gpu.count=8\nnvidia.com/gpu.replicas=1\n");
   std::filesystem::remove_all(dir);
+}
+
+// The cluster half of kgpu doctor says why a count is missing or 0, from the Node as the API
+// server has it and what the local plugins serve.
+class DoctorClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(server_.Start().ok());
+    k8s::Config kc;
+    kc.server = server_.url();
+    kc.qps = 0;
+    client_ = std::move(*k8s::Client::Create(kc));
+  }
+  // Creates (or replaces) Node n with the status, labels and spec given; runs the checks.
+  std::vector<Check> Run(const json& capacity, const json& allocatable, const json& labels,
+                         const std::map<std::string, Served>& served, size_t gpus, const json& spec = json::object()) {
+    (void)server_.Delete("nodes", "", "n");
+    json node = {{"metadata", {{"name", "n"}, {"labels", labels}}},
+                 {"spec", spec},
+                 {"status", {{"capacity", capacity}, {"allocatable", allocatable}}}};
+    EXPECT_EQ(server_.Create("nodes", "", node).code, 201);
+    return ClusterChecks(*client_, "n", served, gpus, kNow);
+  }
+  static const Check* Find(const std::vector<Check>& checks, const std::string& name) {
+    for (const auto& c : checks) {
+      if (c.name == name) return &c;
+    }
+    ADD_FAILURE() << "no check " << name;
+    return nullptr;
+  }
+  static constexpr int64_t kNow = 1'800'000'000;
+  const json good_labels_ = {{"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"},
+                             {"nvidia.com/gpu.count", "8"},
+                             {"nvidia.com/gfd.timestamp", std::to_string(kNow - 30)}};
+  kgpu::testing::FakeApiServer server_;
+  std::unique_ptr<k8s::Client> client_;
+};
+
+TEST_F(DoctorClusterTest, SaysWhyACountIsMissingOrZero) {
+  const std::map<std::string, Served> eight = {{"nvidia.com/gpu", {8, 8}}};
+  // Everything in order.
+  auto ok = Run({{"nvidia.com/gpu", "8"}}, {{"nvidia.com/gpu", "8"}}, good_labels_, eight, 8);
+  EXPECT_EQ(Find(ok, "Node nvidia.com/gpu")->verdict, Verdict::kPass);
+  EXPECT_EQ(Find(ok, "Node nvidia.com/gpu")->detail, "capacity 8, allocatable 8");
+  EXPECT_EQ(Find(ok, "GFD labels")->verdict, Verdict::kPass);
+  EXPECT_EQ(Find(ok, "Schedulable")->verdict, Verdict::kPass);
+  // Not on the Node at all: the plugin did not register.
+  auto missing = Run({{"cpu", "64"}}, {{"cpu", "64"}}, good_labels_, eight, 8);
+  const Check* m = Find(missing, "Node nvidia.com/gpu");
+  EXPECT_EQ(m->verdict, Verdict::kFail);
+  EXPECT_NE(m->detail.find("the plugin did not register"), std::string::npos) << m->detail;
+  EXPECT_EQ(m->detail.find("renamed"), std::string::npos) << m->detail;
+  // Missing, and the Node shows another nvidia.com resource: a rename.
+  auto renamed = Run({{"nvidia.com/gpu.shared", "32"}}, {{"nvidia.com/gpu.shared", "32"}}, good_labels_, eight, 8);
+  const Check* r = Find(renamed, "Node nvidia.com/gpu");
+  EXPECT_EQ(r->verdict, Verdict::kFail);
+  EXPECT_NE(r->detail.find("the Node shows nvidia.com/gpu.shared=32 instead (a renamed resource?)"), std::string::npos)
+      << r->detail;
+  // Capacity kept, allocatable 0, the plugin serving healthy devices: kubelet lost the stream.
+  auto restarted = Run({{"nvidia.com/gpu", "8"}}, {{"nvidia.com/gpu", "0"}}, good_labels_, eight, 8);
+  const Check* k = Find(restarted, "Node nvidia.com/gpu");
+  EXPECT_EQ(k->verdict, Verdict::kFail);
+  EXPECT_NE(k->detail.find("kubelet lost the plugin's stream"), std::string::npos) << k->detail;
+  EXPECT_NE(k->fix.find("registers again"), std::string::npos) << k->fix;
+  // Allocatable 0 and nothing healthy served: every device is unhealthy.
+  auto sick = Run({{"nvidia.com/gpu", "8"}}, {{"nvidia.com/gpu", "0"}}, good_labels_, {{"nvidia.com/gpu", {8, 0}}}, 8);
+  const Check* u = Find(sick, "Node nvidia.com/gpu");
+  EXPECT_EQ(u->verdict, Verdict::kFail);
+  EXPECT_EQ(u->detail, "allocatable 0: all 8 devices are unhealthy");
+  // Counts that differ from what the plugin serves: a WARN with both.
+  auto differ = Run({{"nvidia.com/gpu", "8"}}, {{"nvidia.com/gpu", "8"}}, good_labels_, {{"nvidia.com/gpu", {8, 7}}}, 8);
+  const Check* d = Find(differ, "Node nvidia.com/gpu");
+  EXPECT_EQ(d->verdict, Verdict::kWarn);
+  EXPECT_NE(d->detail.find("the plugin serves 8/7 healthy"), std::string::npos) << d->detail;
+  // No local plugin: said, not silently passed.
+  auto none = Run({{"nvidia.com/gpu", "8"}}, {{"nvidia.com/gpu", "8"}}, good_labels_, {}, 8);
+  EXPECT_EQ(Find(none, "Node allocatable")->verdict, Verdict::kWarn);
+}
+
+TEST_F(DoctorClusterTest, CordonTaintsAndStaleLabels) {
+  const std::map<std::string, Served> eight = {{"nvidia.com/gpu", {8, 8}}};
+  const json cap = {{"nvidia.com/gpu", "8"}};
+  auto cordoned = Run(cap, cap, good_labels_, eight, 8,
+                      {{"unschedulable", true},
+                       {"taints", {{{"key", "kgpu.io/owner"}, {"value", "slurm"}, {"effect", "NoSchedule"}},
+                                   {{"key", "soft"}, {"effect", "PreferNoSchedule"}}}}});
+  EXPECT_EQ(Find(cordoned, "Schedulable")->verdict, Verdict::kWarn);
+  const Check* t = Find(cordoned, "Taints");
+  EXPECT_EQ(t->verdict, Verdict::kWarn);
+  EXPECT_EQ(t->detail, "GPU pods need tolerations for: kgpu.io/owner=slurm:NoSchedule");
+  // gpu.count that disagrees with NVML.
+  auto count = Run(cap, cap, good_labels_, eight, 4);
+  const Check* c = Find(count, "GFD labels");
+  EXPECT_EQ(c->verdict, Verdict::kWarn);
+  EXPECT_EQ(c->detail, "nvidia.com/gpu.count=8 but NVML sees 4 GPU(s): the labels are stale");
+  // Relabelled more than 10 minutes ago.
+  json old = good_labels_;
+  old["nvidia.com/gfd.timestamp"] = std::to_string(kNow - 3600);
+  auto stale = Run(cap, cap, old, eight, 8);
+  const Check* s = Find(stale, "GFD labels");
+  EXPECT_EQ(s->verdict, Verdict::kWarn);
+  EXPECT_EQ(s->detail, "last relabelled 3600 s ago (nvidia.com/gfd.timestamp)");
+  // No labels at all.
+  auto bare = Run(cap, cap, json::object(), eight, 8);
+  EXPECT_EQ(Find(bare, "GFD labels")->verdict, Verdict::kWarn);
+  // A Node that does not exist: FAIL naming it and the fix.
+  auto nope = ClusterChecks(*client_, "nope", eight, 8, kNow);
+  ASSERT_EQ(nope.size(), 1u);
+  EXPECT_EQ(nope[0].verdict, Verdict::kFail);
+  EXPECT_NE(nope[0].detail.find("no Node named \"nope\""), std::string::npos) << nope[0].detail;
 }
 
 }  // namespace
