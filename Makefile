@@ -22,7 +22,7 @@ test: deps
 demo: deps
 	cmake --preset dev >/dev/null
 	cmake --build --preset dev -j $(JOBS) --target kgpu kgpu-simctl kgpu_simnvml kgpu-fake-kubelet kgpu-fake-apiserver \
-	  kgpu-slurm-testcluster
+	  kgpu-slurm-testcluster kgpu-demo-cluster
 	./scripts/demo.sh build/dev
 
 bench: deps

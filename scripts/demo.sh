@@ -178,6 +178,15 @@ kill -TERM "$api" 2>/dev/null; wait "$api" 2>/dev/null || true
 
 step "The simulated driver procfs of a MIG node: capability minors for the MIG device nodes"
 "$(dirname "$0")/demo-node-small.sh" "$build"
+step "A small cluster: API stand-in, three node agents, kgpu extender and a kube-scheduler stand-in schedule whole, MIG and shared GPUs under a namespace quota"
+echo "What you see: each pod as the scheduler stand-in placed it through kgpu extender (filter, prioritize, bind),"
+echo "the quota refusing team-a's third share, a share no GPU can hold left pending with the extender's reason,"
+echo "and per pod its allocation record next to what kubelet's Allocate gave the container (for shares the"
+echo "node turns the record into the container's GPUs and limits; whole and MIG devices are kubelet's own pick)."
+echo "KGPU_ENFORCEMENT=hard is the record's mode; the CUDA memory interposer that enforces it is not installed yet"
+echo "(docs/sharing-model.md): today 'hard' is recorded, not enforced, so a container can use more than its share."
+echo "\$ kgpu-demo-cluster"
+"$bin/kgpu-demo-cluster" | sed 's/^/  /'
 step "GPU quota: a pod over quota refused by the apiserver, shares charged exactly, kgpu quota and kgpu quota plan"
 "$(dirname "$0")/demo-quota.sh" "$build"
 

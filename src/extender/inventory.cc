@@ -123,7 +123,7 @@ sched::NodeSpec ToNodeSpec(const NodeInfo& n) {
   s.max_pods = 1 << 20;
   for (const auto& g : n.gpus) {
     sched::GpuSpec gs;
-    gs.model = g.slots > 0 ? kShareModelPrefix + g.model : g.model;
+    gs.model = g.slots > 0 ? kShareModelPrefix + g.model : !g.mig.empty() ? kMigModelPrefix + g.model : g.model;
     gs.memory_mib = g.memory_mib;
     gs.healthy = g.healthy;
     gs.nvlink_island = g.island;

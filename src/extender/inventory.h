@@ -6,9 +6,11 @@
 // node permits (first = its default; absent: hard only). NVLink islands become the engine's
 // nvlink_island ids.
 //
-// In the engine a GPU that serves shares takes only shares, and a GPU that does not takes only
-// whole-GPU and MIG pods (kubelet counts nvidia.com/gpu and kgpu.io/gpu on separate devices):
-// the engine's model name of a sharing GPU is kShareModelPrefix + its model.
+// In the engine a GPU that serves shares takes only shares, a GPU in MIG mode only MIG pods, and
+// any other GPU only whole-GPU pods (kubelet counts nvidia.com/gpu, nvidia.com/mig-* and
+// kgpu.io/gpu on separate devices, and a GPU in MIG mode is never served whole): the engine's
+// model name of a sharing GPU is kShareModelPrefix + its model, of a MIG-mode GPU
+// kMigModelPrefix + its model.
 //
 // Thread-safety: pure functions and value types.
 
@@ -25,6 +27,7 @@ namespace kgpu::extender {
 
 inline constexpr char kInventoryAnnotation[] = "kgpu.io/gpu-inventory";
 inline constexpr char kShareModelPrefix[] = "share:";
+inline constexpr char kMigModelPrefix[] = "mig:";
 inline constexpr int kDefaultSlots = 16;
 
 struct MigInfo {

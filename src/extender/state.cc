@@ -22,8 +22,20 @@ std::string UidOf(const json& pod) {
 }
 
 bool IsShareModel(const std::string& m) { return m.rfind(kShareModelPrefix, 0) == 0; }
+bool IsMigModel(const std::string& m) { return m.rfind(kMigModelPrefix, 0) == 0; }
 std::string BaseModel(const std::string& m) {
-  return IsShareModel(m) ? m.substr(std::string_view(kShareModelPrefix).size()) : m;
+  if (IsShareModel(m)) return m.substr(std::string_view(kShareModelPrefix).size());
+  if (IsMigModel(m)) return m.substr(std::string_view(kMigModelPrefix).size());
+  return m;
+}
+// Whether a GPU of engine model `m` can take a container of `kind` (see inventory.h).
+bool ModelTakes(const std::string& m, GpuKind kind) {
+  switch (kind) {
+    case GpuKind::kShare: return IsShareModel(m);
+    case GpuKind::kMig: return IsMigModel(m);
+    case GpuKind::kWhole: return !IsShareModel(m) && !IsMigModel(m);
+  }
+  return false;
 }
 
 std::string ResourceName(const ContainerRequest& c) {
@@ -125,7 +137,7 @@ absl::StatusOr<State::Compiled> State::CompileLocked(const json& pod) const {
   const auto& cluster = engine_->cluster();
   std::set<std::string> seen;
   for (const auto& m : cluster.models()) {
-    if (IsShareModel(m) != (g.kind == GpuKind::kShare)) continue;
+    if (!ModelTakes(m, g.kind)) continue;
     const std::string base = BaseModel(m);
     seen.insert(base);
     if (!c.pod.models.empty() &&
@@ -140,7 +152,7 @@ absl::StatusOr<State::Compiled> State::CompileLocked(const json& pod) const {
   }
   if (c.ereq.allowed_models.empty()) {
     const char* what = g.kind == GpuKind::kShare ? "serves shares (kgpu.io/gpu)"
-                       : g.kind == GpuKind::kMig  ? "is a MIG-capable GPU for whole or MIG pods"
+                       : g.kind == GpuKind::kMig  ? "is in MIG mode (nvidia.com/mig-*)"
                                                   : "takes whole-GPU pods (nvidia.com/gpu)";
     if (seen.empty()) {
       c.pod_error = Cat("no GPU in the cluster ", what);

@@ -289,6 +289,31 @@ TEST_F(StateTest, WholeMigAndUuidLists) {
   EXPECT_EQ(only0.unresolvable.at("dgx"), "the pod's GPU UUID lists leave 1 GPUs on this node, it needs 2");
 }
 
+// A GPU in MIG mode is never given whole (kubelet has no nvidia.com/gpu device for it), however
+// idle its instances are: a whole-GPU pod takes the node's other GPUs, and the MIG instances stay
+// free for MIG pods. (Seen in the demo cluster: a 2-GPU pod booked both MIG GPUs of an A100 node,
+// after which every MIG instance read as in use.)
+TEST_F(StateTest, WholePodsNeverTakeMigModeGpus) {
+  state.UpsertNode(TestNode("mig", {MigGpu({"3g.40gb", "1g.10gb"}), MigGpu({"3g.40gb", "1g.10gb"}), WholeGpu(), WholeGpu()}));
+  auto w = state.Assume(WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "2"}}), "u-w"), "mig");
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_EQ(w->record.containers[0].gpus.size(), 2u);
+  EXPECT_EQ(w->record.containers[0].gpus[0].uuid, TestGpuUuid("mig", 2));
+  EXPECT_EQ(w->record.containers[0].gpus[1].uuid, TestGpuUuid("mig", 3));
+  auto three = state.Filter(WithUid(TestPod("ns", "w3", {{"nvidia.com/gpu", "3"}}), "u-w3"), {"mig"});
+  EXPECT_EQ(three.unresolvable.at("mig"), "this node has 2 GPUs for whole-GPU pods (nvidia.com/gpu), the pod needs 3");
+  for (int i = 0; i < 2; ++i) {
+    auto m = state.Assume(WithUid(TestPod("ns", "m" + std::to_string(i), {{"nvidia.com/mig-3g.40gb", "1"}}), "u-m" + std::to_string(i)),
+                          "mig");
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->record.containers[0].gpus[0].profile, "3g.40gb");
+  }
+  auto none = state.Filter(WithUid(TestPod("ns", "x", {{"nvidia.com/mig-1g.10gb", "1"}}, {{"kgpu.io/gpu-model", "H100"}}), "u-x"), {"mig"});
+  EXPECT_EQ(none.unresolvable.at("mig"),
+            "no GPU in the cluster that is in MIG mode (nvidia.com/mig-*) matches the pod's models (H100; models here: "
+            "NVIDIA A100-SXM4-80GB)");
+}
+
 TEST_F(StateTest, ConcurrentAssumesNeverDoubleBookAGpu) {
   state.UpsertNode(TestNode("n", {ShareGpu(16000), ShareGpu(16000)}));
   // 16 pods of 4000 MiB on 2 GPUs of 16000: exactly 8 fit, 4 per GPU, whatever the interleaving.

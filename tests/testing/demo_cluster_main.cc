@@ -1,0 +1,351 @@
+// kgpu-demo-cluster: the small simulated cluster that `make demo` shows, in one process, from the
+// same parts as the end-to-end test (tests/integration/e2e_cluster_test.cc): the API server
+// stand-in with a namespace quota; three simulated nodes — `whole` (8x H100, whole GPUs), `mig`
+// (8x A100, MIG mixed), `share` (8x H200 serving kgpu.io/gpu shares) — each with a kubelet
+// stand-in, kubelet's pod admission and `kgpu device-plugin --publish-labels` as a process; `kgpu
+// extender` as a process; the kube-scheduler stand-in calling it as kube-scheduler does.
+//
+// It creates pods of each kind, schedules them, lets each node admit its pods, and prints what
+// every pod got. It checks what it prints: it exits 1 when a pod that should run does not, when a
+// share's record disagrees with what its node gave it, or when the pod over quota is admitted,
+// so a ctest run keeps the demo honest.
+//   kgpu-demo-cluster [--keep DIR]
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "extender/record.h"
+#include "extender/request.h"
+#include "k8s/client.h"
+#include "testing/fake_apiserver.h"
+#include "testing/fake_kubelet.h"
+#include "testing/fake_kubelet_node.h"
+#include "testing/fake_podresources.h"
+#include "testing/fake_scheduler.h"
+#include "testing/gpu_nodes.h"
+#include "testing/kubelet_admission.h"
+#include "testing/plugin_process.h"
+#include "testing/spawn.h"
+
+namespace {
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+namespace t = kgpu::testing;
+
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 60s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return pred();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Node {
+  std::string name, profile, dir;
+  std::unique_ptr<t::FakeKubelet> kubelet;
+  std::unique_ptr<t::FakePodResources> pod_resources;
+  std::unique_ptr<t::KubeletNodeStatus> status;
+  std::unique_ptr<t::Plugin> plugin;
+  std::unique_ptr<t::KubeletAdmission> admission;
+};
+
+struct Want {
+  std::string ns, name, what;
+  std::map<std::string, std::string> resources;
+  std::map<std::string, std::string> annotations;
+  enum { kRuns, kQuota, kUnschedulable } expect = kRuns;
+};
+
+// "GPU-1f0e…" -> "GPU-1f0e"; MIG UUIDs likewise.
+std::string Short(const std::string& uuid) { return uuid.size() > 12 ? uuid.substr(0, 12) : uuid; }
+
+int Fail(const std::string& why) {
+  std::cerr << "kgpu-demo-cluster: FAIL: " << why << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string keep;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--keep" && i + 1 < argc) {
+      keep = argv[++i];
+    } else {
+      std::cerr << "usage: kgpu-demo-cluster [--keep DIR]\n";
+      return 2;
+    }
+  }
+  signal(SIGPIPE, SIG_IGN);
+  t::FakeApiServer api;
+  if (auto st = api.Start(); !st.ok()) return Fail(std::string(st.message()));
+  kgpu::k8s::Config kc;
+  kc.server = api.url();
+  kc.qps = 0;
+  auto created_client = kgpu::k8s::Client::Create(kc);
+  if (!created_client.ok()) return Fail(std::string(created_client.status().message()));
+  auto& client = **created_client;
+  std::string root = keep;
+  if (root.empty()) {
+    char dir[] = "/tmp/kgpu-demo-cluster-XXXXXX";
+    if (mkdtemp(dir) == nullptr) return Fail(std::strerror(errno));
+    root = dir;
+  }
+  std::filesystem::create_directories(root);
+  const std::string kubeconfig = root + "/kubeconfig";
+  std::ofstream(kubeconfig) << api.Kubeconfig();
+
+  // Two teams; team-a has a quota of 2 whole GPUs and 40000 MiB of shared GPU memory.
+  for (const char* ns : {"team-a", "team-b"}) api.Create("namespaces", "", {{"metadata", {{"name", ns}}}});
+  api.Create("resourcequotas", "team-a",
+             {{"metadata", {{"name", "gpu"}, {"namespace", "team-a"}}},
+              {"spec", {{"hard", {{"requests.nvidia.com/gpu", "2"}, {"requests.kgpu.io/gpu-memory", "40000"}}}}}});
+  std::cout << "API server stand-in: namespaces team-a (ResourceQuota gpu: requests.nvidia.com/gpu 2, "
+               "requests.kgpu.io/gpu-memory 40000) and team-b\n";
+
+  std::vector<Node> nodes;
+  const std::vector<std::array<std::string, 3>> specs = {
+      {"whole", "dgx-h100", "version: v1\n"},
+      {"mig", "dgx-a100-mig", "version: v1\nflags:\n  migStrategy: mixed\n"},
+      {"share", "hgx-h200",
+       "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+       "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: all}\n"}};
+  uint32_t seed = 42;
+  for (const auto& [name, profile, config] : specs) {
+    Node n;
+    n.name = name;
+    n.profile = profile;
+    n.dir = root + "/" + name;
+    std::filesystem::create_directories(n.dir + "/cdi");
+    const std::vector<std::string> env = {"KGPU_SIM_NODE=" + profile, "KGPU_SIM_STATE=" + n.dir + "/sim.state",
+                                          "KGPU_SIM_NODE_NAME=" + name};
+    n.kubelet = std::make_unique<t::FakeKubelet>(n.dir);
+    if (auto st = n.kubelet->Start(); !st.ok()) return Fail(std::string(st.message()));
+    n.pod_resources = std::make_unique<t::FakePodResources>(n.dir + "/pod-resources.sock");
+    if (auto st = n.pod_resources->Start(); !st.ok()) return Fail(std::string(st.message()));
+    n.status = std::make_unique<t::KubeletNodeStatus>(*n.kubelet, client, name);
+    if (auto st = n.status->SyncOnce(); !st.ok()) return Fail(std::string(st.message()));
+    n.status->Start();
+    std::ofstream(n.dir + "/config.yaml") << config;
+    n.plugin = std::make_unique<t::Plugin>(
+        n.dir,
+        std::vector<std::string>{"--config-file", n.dir + "/config.yaml", "--publish-labels", "--kubeconfig", kubeconfig,
+                                 "--node-name", name, "--labels-interval", "0", "--pod-resources-socket",
+                                 n.pod_resources->SocketPath(), "--cdi-spec-dir", n.dir + "/cdi"},
+        env);
+    n.admission = std::make_unique<t::KubeletAdmission>(*n.kubelet, *n.pod_resources, client, name, seed++);
+    nodes.push_back(std::move(n));
+  }
+  auto allocatable = [&](const std::string& node, const std::string& r) {
+    return api.Get("nodes", "", node).body["status"].value("allocatable", json::object()).value(r, "");
+  };
+  auto has_inventory = [&](const std::string& node) {
+    return api.Get("nodes", "", node).body["metadata"].value("annotations", json::object()).contains("kgpu.io/gpu-inventory");
+  };
+  if (!WaitFor([&] {
+        return has_inventory("whole") && has_inventory("mig") && has_inventory("share") &&
+               allocatable("whole", "nvidia.com/gpu") == "8" && allocatable("share", "kgpu.io/gpu") == "128" &&
+               allocatable("mig", "nvidia.com/mig-1g.5gb") != "";
+      })) {
+    return Fail("the nodes did not come up:\n" + nodes[0].plugin->Log() + nodes[1].plugin->Log() + nodes[2].plugin->Log());
+  }
+  std::cout << "three simulated nodes, each with a kubelet stand-in and `kgpu device-plugin --publish-labels`:\n";
+  for (const auto& n : nodes) {
+    const json alloc = api.Get("nodes", "", n.name).body["status"]["allocatable"];
+    std::string gpus;
+    for (auto it = alloc.begin(); it != alloc.end(); ++it) {
+      if (it.key().find('/') == std::string::npos) continue;
+      gpus += (gpus.empty() ? "" : ", ") + it.key() + "=" + it.value().get<std::string>();
+    }
+    std::cout << "  " << n.name << " (" << n.profile << "): " << gpus << "\n";
+  }
+
+  // The extender, as a process.
+  const std::string elog = root + "/extender.log";
+  t::SpawnOptions so;
+  so.log = elog;
+  const pid_t extender = t::Spawn({KGPU_BIN, "extender", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0"}, so);
+  if (extender <= 0) return Fail(std::strerror(errno));
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      kill(pid, SIGTERM);
+      waitpid(pid, nullptr, 0);
+    }
+  } reap{extender};
+  int port = 0;
+  if (!WaitFor([&] {
+        const std::string text = ReadFile(elog);
+        const size_t at = text.find("listening on port ");
+        if (at != std::string::npos) port = std::atoi(text.c_str() + at + std::strlen("listening on port "));
+        return port > 0;
+      })) {
+    return Fail("kgpu extender did not start:\n" + ReadFile(elog));
+  }
+  kgpu::k8s::Config ec;
+  ec.server = "http://127.0.0.1:" + std::to_string(port);
+  ec.qps = 0;
+  auto probe = kgpu::k8s::Client::Create(ec);
+  if (!probe.ok() || !WaitFor([&] {
+        auto r = (*probe)->Do("GET", "/readyz");
+        return r.ok() && r->status == 200;
+      })) {
+    return Fail("kgpu extender never became ready:\n" + ReadFile(elog));
+  }
+  std::cout << "kgpu extender on 127.0.0.1:" << port
+            << " (ready: its informers have synced); the kube-scheduler stand-in calls filter, prioritize, bind\n\n";
+  t::FakeSchedulerOptions o;
+  o.url_prefix = ec.server + "/gpu";
+  t::FakeScheduler sched(client, o);
+
+  const std::vector<Want> wants = {
+      {"team-a", "train", "2 whole GPUs", {{"nvidia.com/gpu", "2"}}, {}},
+      {"team-a", "infer-1", "a share: 20000 MiB, 25% of the SMs",
+       {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}, {"kgpu.io/gpu-cores", "25"}}, {}},
+      {"team-a", "infer-2", "a share: 20000 MiB", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}, {}},
+      {"team-a", "infer-3", "a share: 20000 MiB (over team-a's quota)",
+       {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}, {}, Want::kQuota},
+      {"team-b", "notebook", "a MIG 1g.5gb instance", {{"nvidia.com/mig-1g.5gb", "1"}}, {}},
+      {"team-b", "finetune", "a MIG 3g.20gb instance", {{"nvidia.com/mig-3g.20gb", "1"}}, {}},
+      {"team-b", "serve", "2 shares of 50000 MiB on two GPUs, binpacked",
+       {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "100000"}, {"kgpu.io/gpu-cores", "50"}},
+       {{"kgpu.io/placement", "binpack"}}},
+      {"team-b", "huge", "a share of 200000 MiB (more than any GPU has)",
+       {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "200000"}}, {}, Want::kUnschedulable},
+  };
+  int failures = 0;
+  std::vector<const Want*> bound;
+  for (const auto& w : wants) {
+    std::cout << w.ns << "/" << w.name << " asks for " << w.what << "\n";
+    const json pod = t::TestPod(w.ns, w.name, w.resources, w.annotations);
+    auto r = api.Create("pods", w.ns, pod);
+    if (r.code != 201) {
+      const std::string msg = r.body.value("message", r.body.dump());
+      std::cout << "  refused by the API server: " << msg << "\n";
+      if (w.expect != Want::kQuota) ++failures;
+      continue;
+    }
+    if (w.expect == Want::kQuota) {
+      std::cout << "  NOT refused by the quota\n";
+      ++failures;
+    }
+    auto out = sched.ScheduleOne(api.Get("pods", w.ns, w.name).body);
+    if (!out.ok()) return Fail(std::string(out.status().message()));
+    if (out->bound) {
+      std::cout << "  bound to " << out->node << "\n";
+      bound.push_back(&w);
+      if (w.expect != Want::kRuns) ++failures;
+    } else {
+      std::cout << "  not scheduled: " << out->message << "\n";
+      if (w.expect != Want::kUnschedulable) ++failures;
+    }
+  }
+  // Each node admits its pods as kubelet does (Allocate, PreStart for shares), then what each got.
+  for (auto& n : nodes) {
+    auto round = n.admission->AdmitPending();
+    if (!round.ok()) return Fail(std::string(round.status().message()));
+    for (const auto& p : *round) {
+      if (!p.status.ok()) {
+        std::cout << n.name << ": " << p.ns << "/" << p.name << " not admitted: " << p.status << "\n";
+        ++failures;
+      }
+    }
+  }
+  std::cout << "\nwhat each pod got (its allocation record, written by the extender at bind; the node's answer):\n";
+  std::printf("  %-16s %-6s %-9s %-22s %-40s %s\n", "POD", "NODE", "PHASE", "RESOURCE",
+              "RECORD: GPUS (MiB, SM % each)", "KUBELET'S ALLOCATE GAVE THE CONTAINER");
+  for (const Want* w : bound) {
+    const json pod = api.Get("pods", w->ns, w->name).body;
+    const std::string node = pod["spec"].value("nodeName", "");
+    const std::string phase = pod["status"].value("phase", "");
+    auto rec = kgpu::extender::ParseRecord(pod["metadata"]["annotations"].value(kgpu::extender::kAnnotationAllocation, ""));
+    if (!rec.ok() || rec->containers.empty()) {
+      std::cout << "  " << w->ns << "/" << w->name << ": no allocation record\n";
+      ++failures;
+      continue;
+    }
+    const auto& rc = rec->containers[0];
+    std::string gpus;
+    for (const auto& g : rc.gpus) {
+      gpus += (gpus.empty() ? "" : " ") + Short(g.mig.empty() ? g.uuid : g.mig);
+      if (rc.resource == "kgpu.io/gpu") gpus += "(" + std::to_string(g.memory_mib) + "," + std::to_string(g.cores) + ")";
+    }
+    // What kubelet's Allocate gave the container: NVIDIA_VISIBLE_DEVICES, or the share's CDI device.
+    std::string sees;
+    const Node* n = nullptr;
+    for (const auto& x : nodes) {
+      if (x.name == node) n = &x;
+    }
+    if (n != nullptr) {
+      const auto& admitted = n->admission->Admitted();
+      auto it = admitted.find(pod["metadata"].value("uid", ""));
+      if (it != admitted.end() && !it->second.containers.empty()) {
+        const auto& ac = it->second.containers[0];
+        if (ac.response.cdi_devices_size() > 0) {
+          // The share's CDI spec: the GPUs of the record and the limits.
+          const std::string cdi = ac.response.cdi_devices(0).name();
+          const std::string file = n->dir + "/cdi/kgpu.io-share_" + cdi.substr(cdi.find('=') + 1) + ".json";
+          const std::string text = ReadFile(file);
+          if (!text.empty()) {
+            std::map<std::string, std::string> env;
+            const json spec = json::parse(text);
+            for (const auto& e : spec["devices"][0]["containerEdits"]["env"]) {
+              const std::string kv = e;
+              env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+            }
+            std::string want;
+            for (const auto& g : rc.gpus) want += (want.empty() ? "" : ",") + g.uuid;
+            if (env["NVIDIA_VISIBLE_DEVICES"] != want) {
+              std::cout << "  " << w->name << ": the node gave " << env["NVIDIA_VISIBLE_DEVICES"] << ", the record says "
+                        << want << "\n";
+              ++failures;
+            }
+            std::string shortened;
+            std::stringstream ss(env["NVIDIA_VISIBLE_DEVICES"]);
+            for (std::string id; std::getline(ss, id, ',');) shortened += (shortened.empty() ? "" : ",") + Short(id);
+            sees = "NVIDIA_VISIBLE_DEVICES=" + shortened + " (CDI), KGPU_ENFORCEMENT=" + env["KGPU_ENFORCEMENT"];
+          }
+        } else if (ac.response.envs().contains("NVIDIA_VISIBLE_DEVICES")) {
+          std::string v = ac.response.envs().at("NVIDIA_VISIBLE_DEVICES");
+          std::string shortened;
+          std::stringstream ss(v);
+          for (std::string id; std::getline(ss, id, ',');) shortened += (shortened.empty() ? "" : ",") + Short(id);
+          sees = "NVIDIA_VISIBLE_DEVICES=" + shortened;
+        }
+      }
+    }
+    if (phase != "Running") ++failures;
+    std::printf("  %-16s %-6s %-9s %-22s %-40s %s\n", (w->ns + "/" + w->name).c_str(), node.c_str(), phase.c_str(),
+                rc.resource.c_str(), gpus.c_str(), sees.c_str());
+  }
+  // The quota as the API server counts it.
+  const json quota = api.Get("resourcequotas", "team-a", "gpu").body;
+  std::cout << "\nteam-a's quota: used " << quota["status"]["used"].dump() << " of hard " << quota["status"]["hard"].dump()
+            << "\n";
+  if (failures > 0) return Fail(std::to_string(failures) + " pod(s) did not end as expected (logs in " + root + ")");
+  if (keep.empty()) std::filesystem::remove_all(root);
+  return 0;
+}
