@@ -6,9 +6,8 @@
 // --publish-labels` against its own kubelet stand-in, PodResources stand-in and kubelet's pod
 // admission (testing/kubelet_admission.h, random order, PreStart concurrently).
 //
-// 120 pods of mixed shapes (the issue says 200; 120 keeps the asan build on a loaded 2-core
-// machine well inside its limit — every phase below scales with kPods) in two namespaces, one
-// under a ResourceQuota. The extender is SIGKILLed and restarted mid-run; 16 share pods are
+// 200 pods of mixed shapes (about 60 s in the asan build on 2 cores; every phase below scales
+// with kPods) in two namespaces, one under a ResourceQuota. The extender is SIGKILLed and restarted mid-run; 16 share pods are
 // scheduled to one node at the same time. Checked for every bound pod: the node gives it exactly
 // what its allocation record says (shares: the CDI spec's devices, NVIDIA_VISIBLE_DEVICES and
 // limits; whole and MIG: the count, profile and exclusivity of what kubelet allocated); no GPU is
@@ -51,7 +50,7 @@ namespace {
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
-constexpr int kPods = 120;  // the issue's 200 scaled down for the asan build (see the header)
+constexpr int kPods = 200;
 
 bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 60s) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
