@@ -335,6 +335,35 @@ TEST_F(K8sClientTest, WatchStreamsAndResumes) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
 }
 
+// The watch cache keeps a window of events: a version that fell out of it answers 410 (as
+// kube-apiserver's watch cache does), one inside it resumes; no Compact() involved.
+TEST_F(K8sClientTest, WatchOlderThanTheHistoryWindowIsGone) {
+  FakeApiServerOptions o;
+  o.history_window = 2;
+  StartServer(o);
+  ASSERT_TRUE(client_->Create(R("nodes").Path(), NodeObj("n0")).ok());
+  const std::string rv0 = std::to_string(server_->ResourceVersion());
+  for (const char* n : {"n1", "n2", "n3"}) ASSERT_TRUE(client_->Create(R("nodes").Path(), NodeObj(n)).ok());
+  WatchOptions wo;
+  wo.timeout_seconds = 2;
+  wo.resource_version = rv0;
+  int code = 0;
+  EXPECT_TRUE(client_->Watch(R("nodes").Path(), wo, [&](const WatchEvent& ev) {
+    if (ev.type == "ERROR") code = ev.object.value("code", 0);
+    return ev.type != "ERROR";
+  }).ok());
+  EXPECT_EQ(code, 410) << "3 events since rv " << rv0 << " with a window of 2";
+  // From the version before the last event: still in the window, the event comes.
+  wo.resource_version = std::to_string(server_->ResourceVersion() - 1);
+  std::vector<std::string> seen;
+  EXPECT_TRUE(client_->Watch(R("nodes").Path(), wo, [&](const WatchEvent& ev) {
+    if (ev.type == "ERROR") seen.push_back("ERROR");
+    if (ev.type == "ADDED") seen.push_back(ev.object["metadata"].value("name", ""));
+    return seen.empty();
+  }).ok());
+  EXPECT_EQ(seen, std::vector<std::string>{"n3"});
+}
+
 struct Recorder {
   std::mutex mu;
   std::vector<std::string> log;

@@ -1,0 +1,48 @@
+/*
+ * The per-container accounting region of kgpu's CUDA memory interposer: one memory-mapped file
+ * shared by every process of a container (KGPU_CUDA_SHARED_DIR/kgpu-cuda.region, default dir
+ * /tmp/kgpu-cuda), holding per-process slots (pid, process start time, bytes charged per GPU)
+ * and per-GPU totals and limits, guarded by one robust process-shared mutex.
+ *
+ * Crash safety: a process killed at any instant never blocks the others. The kernel hands the
+ * mutex of a dead holder to the next locker (EOWNERDEAD), which marks it consistent, drops the
+ * slots of dead processes and recomputes the totals from the slots; a dead process's slot is also
+ * dropped whenever an allocation would otherwise fail. Slots are keyed by (pid, start time) so a
+ * reused pid never inherits a dead process's charge. The file is created mode 0666 (whatever the
+ * umask) so any UID in the container can join.
+ *
+ * Thread-safety: every function may be called from any thread of any process.
+ */
+#ifndef KGPU_ISOLATION_ACCOUNT_H_
+#define KGPU_ISOLATION_ACCOUNT_H_
+
+#include <stdint.h>
+
+#define KGPU_ACCT_MAX_GPUS 16
+#define KGPU_ACCT_MAX_SLOTS 1024
+#define KGPU_ACCT_UUID_LEN 48
+#define KGPU_ACCT_NO_LIMIT UINT64_MAX
+
+/* Opens (creating when needed) the region and claims this process's slot. 0 on success. */
+int kgpu_acct_attach(void);
+/* Gives this process's slot back (its charges leave the totals). */
+void kgpu_acct_detach(void);
+/* Forgets the parent's slot in a child after fork (the child attaches anew). */
+void kgpu_acct_after_fork(void);
+
+/* The region's index for GPU `uuid`, registering it with `limit` (bytes; KGPU_ACCT_NO_LIMIT for
+ * none) when it is new: the first limit recorded stays, and a process's effective limit is the
+ * smaller of the recorded one and its own. -1 when the region is full or not attached. */
+int kgpu_acct_gpu(const char* uuid, uint64_t limit);
+
+/* Charges `bytes` on GPU `gi` to this process unless the container's total would exceed
+ * min(recorded limit, `limit`). 0: charged; 1: over the limit (after reaping dead processes);
+ * -1: the region is unusable (treat as over the limit). */
+int kgpu_acct_charge(int gi, uint64_t bytes, uint64_t limit);
+/* Takes back up to `bytes` of this process's charge on GPU `gi` (never below zero). */
+void kgpu_acct_uncharge(int gi, uint64_t bytes);
+/* The container's usage on GPU `gi` and the effective limit for a process whose own is `limit`.
+ * Reaps dead processes first when the last reap is older than 100 ms. */
+void kgpu_acct_usage(int gi, uint64_t limit, uint64_t* used, uint64_t* effective_limit);
+
+#endif /* KGPU_ISOLATION_ACCOUNT_H_ */

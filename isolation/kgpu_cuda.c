@@ -1,0 +1,996 @@
+/*
+ * libkgpu-cuda.so: kgpu's CUDA driver interposer. Loaded into a container's processes with
+ * LD_PRELOAD (or /etc/ld.so.preload), it enforces the container's per-GPU memory limit, set by
+ * the device plugin in KGPU_CUDA_MEMORY_LIMIT="<GPU-UUID>=<N>Mi[,<GPU-UUID>=<N>Mi...]", on
+ * every device allocation path it hooks, and reports the limit as the device's memory.
+ *
+ * How calls reach the hooks:
+ *  - direct calls: the hooks are exported under the driver's names (cuMemAlloc_v2, ...); a
+ *    preloaded library comes first in the global lookup scope, so a program linked with -lcuda
+ *    binds to them;
+ *  - dlsym: a program (and cudart) that dlopen()s libcuda.so.1 and looks entry points up on that
+ *    handle would bypass the global scope, so dlsym is wrapped: a lookup on a library handle of a
+ *    hooked name that yields the real driver's function returns the hook instead. Lookups with
+ *    RTLD_DEFAULT / RTLD_NEXT (resolved relative to the caller) and of any other name are passed
+ *    to glibc's dlsym by a tail call, so the caller's return address, and with it RTLD_NEXT's
+ *    meaning, is unchanged (the library is built with -O2 and -foptimize-sibling-calls for this;
+ *    a test checks RTLD_NEXT through the wrapper);
+ *  - cuGetProcAddress / cuGetProcAddress_v2 (how cudart >= 11.3 and CUDA 12/13 resolve every
+ *    entry point): the real driver answers first, then an answer that is one of the hooked
+ *    functions (whatever version or per-thread-stream variant the caller asked for) is replaced
+ *    by its hook; a driver that hands out internal entry points is matched by name and version
+ *    instead (g_versioned).
+ *
+ * Hooked: cuMemAlloc(_v2), cuMemAllocPitch_v2 (charged at the returned pitch x height),
+ * cuMemAllocManaged, cuMemAllocAsync(_ptsz), cuArrayCreate_v2, cuArray3DCreate_v2, cuMemCreate
+ * (VMM) and their frees, cuMemGetInfo(_v2) and cuDeviceTotalMem(_v2) (they report the limit).
+ * cuCtxDestroy(_v2), cuDevicePrimaryCtxReset(_v2) and cuDevicePrimaryCtxRelease(_v2) give back
+ * the charges of the allocations the driver frees with the context.
+ * Not hooked yet: cuMemAllocFromPoolAsync and explicit pools, cuMipmappedArrayCreate, the legacy
+ * 32-bit cuMemAllocPitch / cuArrayCreate / cuArray3DCreate, context and module memory.
+ *
+ * The real driver is opened with dlopen(KGPU_CUDA_REAL_LIBRARY or "libcuda.so.1",
+ * RTLD_NOW | RTLD_LOCAL) and its functions are found with glibc's own dlsym on that handle.
+ *
+ * Accounting (account.h): each allocation is rounded up to 2 MiB (the driver's large-page
+ * granularity), charged to the container's shared region before the real call (so concurrent
+ * processes cannot both pass the check) and taken back if the real call fails. An allocation
+ * that would exceed the limit fails with CUDA_ERROR_OUT_OF_MEMORY without calling the driver.
+ * A per-process table maps each live pointer, array or VMM handle to its GPU and charged size, so
+ * a free takes back exactly what was charged and an unknown pointer takes back nothing.
+ *
+ * KGPU_CUDA_TESTHOOK_HOLD_LOCK_MS is a test hook (account.c): it makes every lock of the
+ * accounting region hold for that long, so that a test can kill a process holding it.
+ *
+ * Thread-safety: every hook may be called from any thread.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "account.h"
+#include "cuda_abi.h"
+
+#define KGPU_EXPORT __attribute__((visibility("default")))
+#define GRANULE (2ULL << 20)
+#define MAX_DEVICES 64
+#define MAX_LIMITS 32
+
+/* ------------------------------------------------------------------ the real driver */
+
+typedef void* (*dlsym_fn)(void*, const char*);
+typedef void (*any_fn)(void);
+
+/* ISO C has no cast between object and function pointers; dlsym's results are copied. */
+static void* fn_to_ptr(any_fn f) {
+  void* p;
+  memcpy(&p, &f, sizeof p);
+  return p;
+}
+
+#define KGPU_HOOKED(X)                                                                       \
+  X(cuMemAlloc_v2, CUresult, (CUdeviceptr*, size_t))                                         \
+  X(cuMemAlloc, CUresult, (CUdeviceptr_v1*, unsigned int))                                   \
+  X(cuMemAllocPitch_v2, CUresult, (CUdeviceptr*, size_t*, size_t, size_t, unsigned int))     \
+  X(cuMemFree_v2, CUresult, (CUdeviceptr))                                                   \
+  X(cuMemFree, CUresult, (CUdeviceptr_v1))                                                   \
+  X(cuMemGetInfo_v2, CUresult, (size_t*, size_t*))                                           \
+  X(cuMemGetInfo, CUresult, (unsigned int*, unsigned int*))                                  \
+  X(cuMemAllocManaged, CUresult, (CUdeviceptr*, size_t, unsigned int))                       \
+  X(cuMemAllocAsync, CUresult, (CUdeviceptr*, size_t, CUstream))                             \
+  X(cuMemAllocAsync_ptsz, CUresult, (CUdeviceptr*, size_t, CUstream))                        \
+  X(cuMemFreeAsync, CUresult, (CUdeviceptr, CUstream))                                       \
+  X(cuMemFreeAsync_ptsz, CUresult, (CUdeviceptr, CUstream))                                  \
+  X(cuArrayCreate_v2, CUresult, (CUarray*, const CUDA_ARRAY_DESCRIPTOR*))                    \
+  X(cuArray3DCreate_v2, CUresult, (CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*))                \
+  X(cuArrayDestroy, CUresult, (CUarray))                                                     \
+  X(cuMemCreate, CUresult,                                                                   \
+    (CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long)) \
+  X(cuMemRelease, CUresult, (CUmemGenericAllocationHandle))                                  \
+  X(cuCtxDestroy_v2, CUresult, (CUcontext))                                                  \
+  X(cuCtxDestroy, CUresult, (CUcontext))                                                     \
+  X(cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice))                                      \
+  X(cuDevicePrimaryCtxRelease, CUresult, (CUdevice))                                         \
+  X(cuDevicePrimaryCtxReset_v2, CUresult, (CUdevice))                                        \
+  X(cuDevicePrimaryCtxReset, CUresult, (CUdevice))                                           \
+  X(cuDeviceTotalMem_v2, CUresult, (size_t*, CUdevice))                                      \
+  X(cuDeviceTotalMem, CUresult, (unsigned int*, CUdevice))                                   \
+  X(cuGetProcAddress, CUresult, (const char*, void**, int, cuuint64_t))                      \
+  X(cuGetProcAddress_v2, CUresult,                                                           \
+    (const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*))
+
+/* Driver functions the hooks call but do not replace. */
+#define KGPU_USED(X)                                                       \
+  X(cuCtxGetDevice, CUresult, (CUdevice*))                                 \
+  X(cuCtxGetCurrent, CUresult, (CUcontext*))                               \
+  X(cuDeviceGetUuid, CUresult, (CUuuid*, CUdevice))                        \
+  X(cuDeviceGetUuid_v2, CUresult, (CUuuid*, CUdevice))                     \
+  X(cuDevicePrimaryCtxGetState, CUresult, (CUdevice, unsigned int*, int*)) \
+  X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext*, CUdevice))
+
+#define DECLARE_REAL(name, ret, args) ret(*name) args;
+static struct {
+  KGPU_HOOKED(DECLARE_REAL)
+  KGPU_USED(DECLARE_REAL)
+} real;
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static int g_ready; /* the real driver is loaded */
+static void* g_real_handle;
+static dlsym_fn g_real_dlsym;
+
+static dlsym_fn real_dlsym(void) {
+  dlsym_fn f = __atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE);
+  if (f == NULL) {
+    /* glibc >= 2.34 defines dlsym@@GLIBC_2.34; older ones GLIBC_2.2.5 (x86_64) / 2.17 (aarch64). */
+    static const char* const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
+    for (size_t i = 0; i < sizeof versions / sizeof versions[0] && f == NULL; ++i) {
+      void* p = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+      memcpy(&f, &p, sizeof f);
+    }
+    __atomic_store_n(&g_real_dlsym, f, __ATOMIC_RELEASE);
+  }
+  return f;
+}
+
+/* ------------------------------------------------------------------ limits */
+
+static struct {
+  char uuid[KGPU_ACCT_UUID_LEN];
+  uint64_t bytes;
+} g_limits[MAX_LIMITS];
+static int g_nlimits;
+static int
+    g_limits_broken; /* a malformed KGPU_CUDA_MEMORY_LIMIT: fail closed (every GPU limited to 0) */
+
+/* Parses "<GPU-UUID>=<N>[Ki|Mi|Gi|Ti][,...]". 0 on success. */
+static int parse_limits(const char* s) {
+  while (*s != '\0') {
+    const char* eq = strchr(s, '=');
+    const char* comma = strchr(s, ',');
+    if (comma == NULL)
+      comma = s + strlen(s);
+    if (eq == NULL || eq > comma || eq == s || (size_t)(eq - s) >= KGPU_ACCT_UUID_LEN ||
+        g_nlimits == MAX_LIMITS) {
+      return -1;
+    }
+    const char* p = eq + 1;
+    if (*p < '0' || *p > '9')
+      return -1;
+    uint64_t n = 0;
+    for (; *p >= '0' && *p <= '9'; ++p) {
+      if (n > UINT64_MAX / 10)
+        return -1;
+      n = n * 10 + (uint64_t)(*p - '0');
+    }
+    unsigned shift = 0;
+    if (p + 2 <= comma && p[1] == 'i') {
+      switch (p[0]) {
+        case 'K':
+          shift = 10;
+          break;
+        case 'M':
+          shift = 20;
+          break;
+        case 'G':
+          shift = 30;
+          break;
+        case 'T':
+          shift = 40;
+          break;
+        default:
+          return -1;
+      }
+      p += 2;
+    }
+    if (p != comma || (shift != 0 && n > (UINT64_MAX >> shift)))
+      return -1;
+    memcpy(g_limits[g_nlimits].uuid, s, (size_t)(eq - s));
+    g_limits[g_nlimits].uuid[eq - s] = '\0';
+    g_limits[g_nlimits].bytes = n << shift;
+    ++g_nlimits;
+    s = *comma == ',' ? comma + 1 : comma;
+  }
+  return 0;
+}
+
+static uint64_t limit_for(const char* uuid) {
+  if (g_limits_broken)
+    return 0;
+  for (int i = 0; i < g_nlimits; ++i) {
+    if (strcasecmp(g_limits[i].uuid, uuid) == 0)
+      return g_limits[i].bytes;
+  }
+  return KGPU_ACCT_NO_LIMIT;
+}
+
+static void init_once(void) {
+  const char* lim = getenv("KGPU_CUDA_MEMORY_LIMIT");
+  if (lim != NULL && parse_limits(lim) != 0) {
+    fprintf(stderr,
+            "kgpu-cuda: KGPU_CUDA_MEMORY_LIMIT=\"%s\" is malformed (want <GPU-UUID>=<N>Mi,...); "
+            "every allocation is refused\n",
+            lim);
+    g_limits_broken = 1;
+  }
+  dlsym_fn sym = real_dlsym();
+  const char* path = getenv("KGPU_CUDA_REAL_LIBRARY");
+  if (path == NULL || *path == '\0')
+    path = "libcuda.so.1";
+  g_real_handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (g_real_handle == NULL || sym == NULL) {
+    fprintf(stderr, "kgpu-cuda: cannot load the CUDA driver %s: %s\n", path, dlerror());
+    return;
+  }
+#define RESOLVE(name, ret, args)          \
+  {                                       \
+    void* p_ = sym(g_real_handle, #name); \
+    memcpy(&real.name, &p_, sizeof p_);   \
+  }
+  KGPU_HOOKED(RESOLVE)
+  KGPU_USED(RESOLVE)
+#undef RESOLVE
+  __atomic_store_n(&g_ready, 1, __ATOMIC_RELEASE);
+}
+
+static int ready(void) {
+  pthread_once(&g_once, init_once);
+  return __atomic_load_n(&g_ready, __ATOMIC_ACQUIRE);
+}
+
+/* ------------------------------------------------------------------ devices */
+
+static struct {
+  int state; /* 0 unknown, 1 resolved */
+  int gi;    /* region index, -1: not limited */
+  uint64_t limit;
+} g_dev[MAX_DEVICES];
+static pthread_mutex_t g_dev_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The region index and limit of device `dev`; -1 when it is not limited (or unknown). */
+static int device_gi(CUdevice dev, uint64_t* limit) {
+  if (dev < 0 || dev >= MAX_DEVICES)
+    return -1;
+  if (__atomic_load_n(&g_dev[dev].state, __ATOMIC_ACQUIRE) == 1) {
+    *limit = g_dev[dev].limit;
+    return g_dev[dev].gi;
+  }
+  CUuuid u;
+  CUresult r =
+      real.cuDeviceGetUuid_v2 != NULL ? real.cuDeviceGetUuid_v2(&u, dev) : CUDA_ERROR_NOT_FOUND;
+  if (r != CUDA_SUCCESS && real.cuDeviceGetUuid != NULL)
+    r = real.cuDeviceGetUuid(&u, dev);
+  if (r != CUDA_SUCCESS)
+    return g_limits_broken ? -2 : -1;
+  const unsigned char* b = (const unsigned char*)u.bytes;
+  char uuid[KGPU_ACCT_UUID_LEN];
+  snprintf(uuid, sizeof uuid,
+           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+           b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+           b[15]);
+  const uint64_t lim = limit_for(uuid);
+  int gi = -1;
+  if (lim != KGPU_ACCT_NO_LIMIT) {
+    gi = kgpu_acct_gpu(uuid, lim);
+    if (gi < 0)
+      gi = -2; /* limited but the region is unusable: refuse */
+  }
+  pthread_mutex_lock(&g_dev_mu);
+  g_dev[dev].gi = gi;
+  g_dev[dev].limit = lim;
+  __atomic_store_n(&g_dev[dev].state, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&g_dev_mu);
+  *limit = lim;
+  return gi;
+}
+
+static int current_gi(uint64_t* limit) {
+  CUdevice dev;
+  if (real.cuCtxGetDevice == NULL || real.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+    return -1;
+  return device_gi(dev, limit);
+}
+
+/* ------------------------------------------------------------------ per-process allocation table
+ */
+
+enum { KIND_PTR = 1, KIND_ARRAY = 2, KIND_VMM = 3 };
+
+typedef struct entry {
+  struct entry* next;
+  uint64_t key;
+  uint64_t bytes;
+  uintptr_t
+      ctx; /* the context it was made in (0: none, VMM): the driver frees it with the context */
+  int kind;
+  int gi;
+} entry;
+
+#define NBUCKETS 4096
+static entry* g_table[NBUCKETS];
+static pthread_mutex_t g_table_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static unsigned bucket(uint64_t key, int kind) {
+  uint64_t h = (key ^ (uint64_t)kind) * 0x9E3779B97F4A7C15ULL;
+  return (unsigned)(h >> 52) & (NBUCKETS - 1);
+}
+
+static void track(int kind, uint64_t key, int gi, uint64_t bytes) {
+  entry* e = malloc(sizeof *e);
+  if (e == NULL)
+    return; /* the charge stays until the process exits: over-counts, never under */
+  CUcontext ctx = NULL;
+  if (kind != KIND_VMM && real.cuCtxGetCurrent != NULL &&
+      real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS)
+    ctx = NULL;
+  e->key = key;
+  e->kind = kind;
+  e->gi = gi;
+  e->bytes = bytes;
+  e->ctx = (uintptr_t)ctx;
+  const unsigned b = bucket(key, kind);
+  pthread_mutex_lock(&g_table_mu);
+  e->next = g_table[b];
+  g_table[b] = e;
+  pthread_mutex_unlock(&g_table_mu);
+}
+
+/* Removes and returns the entry of (kind, key), or NULL. */
+static entry* untrack(int kind, uint64_t key) {
+  const unsigned b = bucket(key, kind);
+  pthread_mutex_lock(&g_table_mu);
+  entry** pp = &g_table[b];
+  while (*pp != NULL && ((*pp)->key != key || (*pp)->kind != kind))
+    pp = &(*pp)->next;
+  entry* e = *pp;
+  if (e != NULL)
+    *pp = e->next;
+  pthread_mutex_unlock(&g_table_mu);
+  return e;
+}
+
+static void retrack(entry* e) {
+  const unsigned b = bucket(e->key, e->kind);
+  pthread_mutex_lock(&g_table_mu);
+  e->next = g_table[b];
+  g_table[b] = e;
+  pthread_mutex_unlock(&g_table_mu);
+}
+
+/* The driver freed every allocation made in context `ctx`: their charges go back. */
+static void sweep_context(uintptr_t ctx) {
+  if (ctx == 0)
+    return;
+  entry* gone = NULL;
+  pthread_mutex_lock(&g_table_mu);
+  for (unsigned b = 0; b < NBUCKETS; ++b) {
+    entry** pp = &g_table[b];
+    while (*pp != NULL) {
+      entry* e = *pp;
+      if (e->ctx == ctx) {
+        *pp = e->next;
+        e->next = gone;
+        gone = e;
+      } else {
+        pp = &e->next;
+      }
+    }
+  }
+  pthread_mutex_unlock(&g_table_mu);
+  while (gone != NULL) {
+    entry* n = gone->next;
+    kgpu_acct_uncharge(gone->gi, gone->bytes);
+    free(gone);
+    gone = n;
+  }
+}
+
+/* The primary context of `dev` while it is active (0 otherwise), found without changing it: an
+ * active primary context has a reference, so retaining and releasing it once more is neutral. */
+static uintptr_t primary_context(CUdevice dev) {
+  unsigned int flags = 0;
+  int active = 0;
+  CUcontext ctx = NULL;
+  if (real.cuDevicePrimaryCtxGetState == NULL || real.cuDevicePrimaryCtxRetain == NULL ||
+      real.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active ||
+      real.cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS)
+    return 0;
+  if (real.cuDevicePrimaryCtxRelease_v2 != NULL)
+    real.cuDevicePrimaryCtxRelease_v2(dev);
+  else if (real.cuDevicePrimaryCtxRelease != NULL)
+    real.cuDevicePrimaryCtxRelease(dev);
+  return (uintptr_t)ctx;
+}
+
+static int primary_active(CUdevice dev) {
+  unsigned int flags = 0;
+  int active = 1;
+  if (real.cuDevicePrimaryCtxGetState == NULL ||
+      real.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
+    return 1;
+  return active;
+}
+
+static uint64_t round_up(uint64_t v) {
+  return v > UINT64_MAX - GRANULE ? v : (v + GRANULE - 1) / GRANULE * GRANULE;
+}
+
+/* Charges `bytes` on the current context's GPU. 0: go ahead (*gi -1: not limited); -1: refuse. */
+static int reserve(uint64_t bytes, int* gi) {
+  uint64_t limit = KGPU_ACCT_NO_LIMIT;
+  *gi = current_gi(&limit);
+  if (*gi == -1)
+    return 0;
+  if (*gi < 0)
+    return -1;
+  return kgpu_acct_charge(*gi, bytes, limit) == 0 ? 0 : -1;
+}
+
+static void settle_free(entry* e) {
+  if (e == NULL)
+    return;
+  kgpu_acct_uncharge(e->gi, e->bytes);
+  free(e);
+}
+
+/* ------------------------------------------------------------------ the hooks */
+
+#define NOT_READY_GUARD \
+  if (!ready())         \
+  return CUDA_ERROR_NOT_INITIALIZED
+
+/* Allocation through `call` (which fills *key) charged at `bytes`. */
+#define ALLOC_BODY(bytes_expr, call_expr, key_expr, kind) \
+  do {                                                    \
+    const uint64_t charge_ = (bytes_expr);                \
+    int gi_;                                              \
+    if (reserve(charge_, &gi_) != 0)                      \
+      return CUDA_ERROR_OUT_OF_MEMORY;                    \
+    const CUresult r_ = (call_expr);                      \
+    if (gi_ < 0)                                          \
+      return r_;                                          \
+    if (r_ != CUDA_SUCCESS) {                             \
+      kgpu_acct_uncharge(gi_, charge_);                   \
+      return r_;                                          \
+    }                                                     \
+    track((kind), (uint64_t)(key_expr), gi_, charge_);    \
+    return r_;                                            \
+  } while (0)
+
+/* Free of (kind, key) through `call`: the entry leaves the table first, so that a new allocation
+ * at the same address (possible as soon as the real free returns) is never confused with it. */
+#define FREE_BODY(kind, key, call_expr)           \
+  do {                                            \
+    entry* e_ = untrack((kind), (uint64_t)(key)); \
+    const CUresult r_ = (call_expr);              \
+    if (r_ == CUDA_SUCCESS) {                     \
+      settle_free(e_);                            \
+    } else if (e_ != NULL) {                      \
+      retrack(e_);                                \
+    }                                             \
+    return r_;                                    \
+  } while (0)
+
+KGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t size) {
+  NOT_READY_GUARD;
+  if (real.cuMemAlloc_v2 == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || size == 0)
+    return real.cuMemAlloc_v2(dptr, size);
+  ALLOC_BODY(round_up(size), real.cuMemAlloc_v2(dptr, size), *dptr, KIND_PTR);
+}
+
+KGPU_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int size) {
+  NOT_READY_GUARD;
+  if (real.cuMemAlloc == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || size == 0)
+    return real.cuMemAlloc(dptr, size);
+  ALLOC_BODY(round_up(size), real.cuMemAlloc(dptr, size), *dptr, KIND_PTR);
+}
+
+KGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t size, unsigned int flags) {
+  NOT_READY_GUARD;
+  if (real.cuMemAllocManaged == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || size == 0)
+    return real.cuMemAllocManaged(dptr, size, flags);
+  ALLOC_BODY(round_up(size), real.cuMemAllocManaged(dptr, size, flags), *dptr, KIND_PTR);
+}
+
+KGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t size, CUstream stream) {
+  NOT_READY_GUARD;
+  if (real.cuMemAllocAsync == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || size == 0)
+    return real.cuMemAllocAsync(dptr, size, stream);
+  ALLOC_BODY(round_up(size), real.cuMemAllocAsync(dptr, size, stream), *dptr, KIND_PTR);
+}
+
+KGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t size, CUstream stream) {
+  NOT_READY_GUARD;
+  if (real.cuMemAllocAsync_ptsz == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || size == 0)
+    return real.cuMemAllocAsync_ptsz(dptr, size, stream);
+  ALLOC_BODY(round_up(size), real.cuMemAllocAsync_ptsz(dptr, size, stream), *dptr, KIND_PTR);
+}
+
+/* The pitch is only known after the call: the charge is first an estimate (rows padded to 512
+ * bytes), then corrected to the returned pitch x height; if the correction does not fit, the
+ * allocation is freed and OUT_OF_MEMORY returned. */
+KGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
+                                        size_t height, unsigned int elem) {
+  NOT_READY_GUARD;
+  if (real.cuMemAllocPitch_v2 == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || pitch == NULL || width == 0 || height == 0 || width > (1ULL << 40) ||
+      height > (1ULL << 40)) {
+    return real.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
+  }
+  const uint64_t estimate = round_up((uint64_t)((width + 511) / 512 * 512) * height);
+  int gi;
+  if (reserve(estimate, &gi) != 0)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  const CUresult r = real.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
+  if (gi < 0)
+    return r;
+  if (r != CUDA_SUCCESS) {
+    kgpu_acct_uncharge(gi, estimate);
+    return r;
+  }
+  const uint64_t actual = round_up((uint64_t)*pitch * height);
+  if (actual > estimate) {
+    uint64_t limit = KGPU_ACCT_NO_LIMIT;
+    (void)current_gi(&limit);
+    if (kgpu_acct_charge(gi, actual - estimate, limit) != 0) {
+      if (real.cuMemFree_v2 != NULL)
+        real.cuMemFree_v2(*dptr);
+      kgpu_acct_uncharge(gi, estimate);
+      *dptr = 0;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  } else if (actual < estimate) {
+    kgpu_acct_uncharge(gi, estimate - actual);
+  }
+  track(KIND_PTR, *dptr, gi, actual);
+  return r;
+}
+
+KGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
+  NOT_READY_GUARD;
+  if (real.cuMemFree_v2 == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  FREE_BODY(KIND_PTR, p, real.cuMemFree_v2(p));
+}
+
+KGPU_EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) {
+  NOT_READY_GUARD;
+  if (real.cuMemFree == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  FREE_BODY(KIND_PTR, p, real.cuMemFree(p));
+}
+
+/* The memory goes back when the free is enqueued, not when the stream reaches it: a later
+ * allocation may briefly see more free than the device has (the driver then reports OOM). */
+KGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+  NOT_READY_GUARD;
+  if (real.cuMemFreeAsync == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  FREE_BODY(KIND_PTR, p, real.cuMemFreeAsync(p, s));
+}
+
+KGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
+  NOT_READY_GUARD;
+  if (real.cuMemFreeAsync_ptsz == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  FREE_BODY(KIND_PTR, p, real.cuMemFreeAsync_ptsz(p, s));
+}
+
+static uint64_t format_bytes(CUarray_format f) {
+  switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+      return 4;
+  }
+  return 16; /* a format this table does not know: charge the widest element (an upper bound) */
+}
+
+KGPU_EXPORT CUresult cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESCRIPTOR* d) {
+  NOT_READY_GUARD;
+  if (real.cuArrayCreate_v2 == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (handle == NULL || d == NULL || d->Width == 0 || d->Width > (1ULL << 32) ||
+      d->Height > (1ULL << 32) || d->NumChannels > 4) {
+    return real.cuArrayCreate_v2(handle, d);
+  }
+  const uint64_t bytes = (uint64_t)d->Width * (d->Height ? d->Height : 1) *
+                         (d->NumChannels ? d->NumChannels : 1) * format_bytes(d->Format);
+  ALLOC_BODY(round_up(bytes), real.cuArrayCreate_v2(handle, d), (uintptr_t)*handle, KIND_ARRAY);
+}
+
+KGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR* d) {
+  NOT_READY_GUARD;
+  if (real.cuArray3DCreate_v2 == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (handle == NULL || d == NULL || d->Width == 0 || d->Width > (1ULL << 32) ||
+      d->Height > (1ULL << 32) || d->Depth > (1ULL << 32) || d->NumChannels > 4) {
+    return real.cuArray3DCreate_v2(handle, d);
+  }
+  /* Width x Height x Depth may still overflow 64 bits: then charge everything (refused). */
+  const uint64_t h = d->Height ? d->Height : 1, dep = d->Depth ? d->Depth : 1;
+  const uint64_t per_row =
+      (uint64_t)d->Width * (d->NumChannels ? d->NumChannels : 1) * format_bytes(d->Format);
+  const uint64_t bytes =
+      (h * dep != 0 && per_row > UINT64_MAX / (h * dep)) ? UINT64_MAX : per_row * h * dep;
+  ALLOC_BODY(round_up(bytes), real.cuArray3DCreate_v2(handle, d), (uintptr_t)*handle, KIND_ARRAY);
+}
+
+KGPU_EXPORT CUresult cuArrayDestroy(CUarray a) {
+  NOT_READY_GUARD;
+  if (real.cuArrayDestroy == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  FREE_BODY(KIND_ARRAY, (uintptr_t)a, real.cuArrayDestroy(a));
+}
+
+/* Physical memory of the VMM API, charged to the device it is created on (prop->location) when
+ * the handle is created, taken back at cuMemRelease. (The driver frees it when the last mapping
+ * is also gone: memory released while still mapped is uncounted until then.) */
+KGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                                 const CUmemAllocationProp* prop, unsigned long long flags) {
+  NOT_READY_GUARD;
+  if (real.cuMemCreate == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (handle == NULL || prop == NULL || size == 0 ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    return real.cuMemCreate(handle, size, prop, flags);
+  }
+  uint64_t limit = KGPU_ACCT_NO_LIMIT;
+  const int gi = device_gi(prop->location.id, &limit);
+  if (gi == -1)
+    return real.cuMemCreate(handle, size, prop, flags);
+  const uint64_t charge = round_up(size);
+  if (gi < 0 || kgpu_acct_charge(gi, charge, limit) != 0)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  const CUresult r = real.cuMemCreate(handle, size, prop, flags);
+  if (r != CUDA_SUCCESS) {
+    kgpu_acct_uncharge(gi, charge);
+    return r;
+  }
+  track(KIND_VMM, *handle, gi, charge);
+  return r;
+}
+
+KGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+  NOT_READY_GUARD;
+  if (real.cuMemRelease == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  FREE_BODY(KIND_VMM, h, real.cuMemRelease(h));
+}
+
+/* Destroying a context, resetting the primary context or releasing its last reference frees
+ * every allocation made in it (cudaDeviceReset does the reset): the charges go back too. */
+KGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  NOT_READY_GUARD;
+  if (real.cuCtxDestroy_v2 == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuCtxDestroy_v2(ctx);
+  if (r == CUDA_SUCCESS)
+    sweep_context((uintptr_t)ctx);
+  return r;
+}
+
+KGPU_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
+  NOT_READY_GUARD;
+  if (real.cuCtxDestroy == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuCtxDestroy(ctx);
+  if (r == CUDA_SUCCESS)
+    sweep_context((uintptr_t)ctx);
+  return r;
+}
+
+#define PRIMARY_RESET_BODY(call_expr)           \
+  do {                                          \
+    const uintptr_t pc_ = primary_context(dev); \
+    const CUresult r_ = (call_expr);            \
+    if (r_ == CUDA_SUCCESS)                     \
+      sweep_context(pc_);                       \
+    return r_;                                  \
+  } while (0)
+
+#define PRIMARY_RELEASE_BODY(call_expr)             \
+  do {                                              \
+    const uintptr_t pc_ = primary_context(dev);     \
+    const CUresult r_ = (call_expr);                \
+    if (r_ == CUDA_SUCCESS && !primary_active(dev)) \
+      sweep_context(pc_);                           \
+    return r_;                                      \
+  } while (0)
+
+KGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  NOT_READY_GUARD;
+  if (real.cuDevicePrimaryCtxReset_v2 == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  PRIMARY_RESET_BODY(real.cuDevicePrimaryCtxReset_v2(dev));
+}
+
+KGPU_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+  NOT_READY_GUARD;
+  if (real.cuDevicePrimaryCtxReset == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  PRIMARY_RESET_BODY(real.cuDevicePrimaryCtxReset(dev));
+}
+
+KGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  NOT_READY_GUARD;
+  if (real.cuDevicePrimaryCtxRelease_v2 == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  PRIMARY_RELEASE_BODY(real.cuDevicePrimaryCtxRelease_v2(dev));
+}
+
+KGPU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+  NOT_READY_GUARD;
+  if (real.cuDevicePrimaryCtxRelease == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  PRIMARY_RELEASE_BODY(real.cuDevicePrimaryCtxRelease(dev));
+}
+
+/* total = the limit, free = min(limit - the container's usage, what the device has free). */
+static void clamp_info(int gi, uint64_t limit, uint64_t* free_b, uint64_t* total_b) {
+  uint64_t used, eff;
+  kgpu_acct_usage(gi, limit, &used, &eff);
+  const uint64_t left = used < eff ? eff - used : 0;
+  if (eff < *total_b)
+    *total_b = eff;
+  if (left < *free_b)
+    *free_b = left;
+}
+
+KGPU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_b, size_t* total_b) {
+  NOT_READY_GUARD;
+  if (real.cuMemGetInfo_v2 == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuMemGetInfo_v2(free_b, total_b);
+  uint64_t limit;
+  int gi;
+  if (r != CUDA_SUCCESS || (gi = current_gi(&limit)) == -1)
+    return r;
+  uint64_t f = *free_b, t = *total_b;
+  if (gi < 0) {
+    f = t = 0;
+  } else {
+    clamp_info(gi, limit, &f, &t);
+  }
+  *free_b = f;
+  *total_b = t;
+  return r;
+}
+
+KGPU_EXPORT CUresult cuMemGetInfo(unsigned int* free_b, unsigned int* total_b) {
+  NOT_READY_GUARD;
+  if (real.cuMemGetInfo == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuMemGetInfo(free_b, total_b);
+  uint64_t limit;
+  int gi;
+  if (r != CUDA_SUCCESS || (gi = current_gi(&limit)) == -1)
+    return r;
+  uint64_t f = *free_b, t = *total_b;
+  if (gi < 0) {
+    f = t = 0;
+  } else {
+    clamp_info(gi, limit, &f, &t);
+  }
+  *free_b = (unsigned int)f;
+  *total_b = (unsigned int)t;
+  return r;
+}
+
+KGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
+  NOT_READY_GUARD;
+  if (real.cuDeviceTotalMem_v2 == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuDeviceTotalMem_v2(bytes, dev);
+  uint64_t limit;
+  if (r == CUDA_SUCCESS && device_gi(dev, &limit) != -1 && limit < *bytes)
+    *bytes = limit;
+  return r;
+}
+
+KGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int* bytes, CUdevice dev) {
+  NOT_READY_GUARD;
+  if (real.cuDeviceTotalMem == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuDeviceTotalMem(bytes, dev);
+  uint64_t limit;
+  if (r == CUDA_SUCCESS && device_gi(dev, &limit) != -1 && limit < *bytes)
+    *bytes = (unsigned int)limit;
+  return r;
+}
+
+/* ------------------------------------------------------------------ lookups */
+
+typedef struct {
+  const char* name;
+  any_fn hook;
+  const void* real_slot; /* &real.<name> */
+} hook_entry;
+
+#define HOOK_ENTRY(name, ret, args) {#name, (any_fn)(name), &real.name},
+static const hook_entry g_hooks[] = {KGPU_HOOKED(HOOK_ENTRY)};
+#undef HOOK_ENTRY
+#define NHOOKS (sizeof g_hooks / sizeof g_hooks[0])
+
+/* The hook that stands for the real driver's function `fn`, or NULL. */
+static void* hook_for_real(void* fn) {
+  if (fn == NULL || !ready())
+    return NULL;
+  for (size_t i = 0; i < NHOOKS; ++i) {
+    void* r;
+    memcpy(&r, g_hooks[i].real_slot, sizeof r);
+    if (r == fn)
+      return fn_to_ptr(g_hooks[i].hook);
+  }
+  return NULL;
+}
+
+/* By name, when the driver's answer is not one of its exported functions (a driver may hand out
+ * internal entry points): the version of `symbol` that `version` and `flags` select, from the
+ * CUDA versions that introduced each exported name. A future _v3 of a hooked call must be added
+ * here and to KGPU_HOOKED before it can be served. */
+typedef struct {
+  const char* symbol;
+  int since;
+  int ptsz; /* 1: only with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM */
+  any_fn hook;
+} versioned_hook;
+
+static const versioned_hook g_versioned[] = {
+    {"cuMemAlloc", 3020, 0, (any_fn)cuMemAlloc_v2},
+    {"cuMemAlloc", 0, 0, (any_fn)cuMemAlloc},
+    {"cuMemAllocPitch", 3020, 0, (any_fn)cuMemAllocPitch_v2},
+    {"cuMemFree", 3020, 0, (any_fn)cuMemFree_v2},
+    {"cuMemFree", 0, 0, (any_fn)cuMemFree},
+    {"cuMemGetInfo", 3020, 0, (any_fn)cuMemGetInfo_v2},
+    {"cuMemGetInfo", 0, 0, (any_fn)cuMemGetInfo},
+    {"cuMemAllocManaged", 0, 0, (any_fn)cuMemAllocManaged},
+    {"cuMemAllocAsync", 0, 1, (any_fn)cuMemAllocAsync_ptsz},
+    {"cuMemAllocAsync", 0, 0, (any_fn)cuMemAllocAsync},
+    {"cuMemFreeAsync", 0, 1, (any_fn)cuMemFreeAsync_ptsz},
+    {"cuMemFreeAsync", 0, 0, (any_fn)cuMemFreeAsync},
+    {"cuArrayCreate", 3020, 0, (any_fn)cuArrayCreate_v2},
+    {"cuArray3DCreate", 3020, 0, (any_fn)cuArray3DCreate_v2},
+    {"cuArrayDestroy", 0, 0, (any_fn)cuArrayDestroy},
+    {"cuCtxDestroy", 4000, 0, (any_fn)cuCtxDestroy_v2},
+    {"cuCtxDestroy", 0, 0, (any_fn)cuCtxDestroy},
+    {"cuDevicePrimaryCtxRelease", 11000, 0, (any_fn)cuDevicePrimaryCtxRelease_v2},
+    {"cuDevicePrimaryCtxRelease", 0, 0, (any_fn)cuDevicePrimaryCtxRelease},
+    {"cuDevicePrimaryCtxReset", 11000, 0, (any_fn)cuDevicePrimaryCtxReset_v2},
+    {"cuDevicePrimaryCtxReset", 0, 0, (any_fn)cuDevicePrimaryCtxReset},
+    {"cuMemCreate", 0, 0, (any_fn)cuMemCreate},
+    {"cuMemRelease", 0, 0, (any_fn)cuMemRelease},
+    {"cuDeviceTotalMem", 3020, 0, (any_fn)cuDeviceTotalMem_v2},
+    {"cuDeviceTotalMem", 0, 0, (any_fn)cuDeviceTotalMem},
+    {"cuGetProcAddress", 12000, 0, (any_fn)cuGetProcAddress_v2},
+    {"cuGetProcAddress", 0, 0, (any_fn)cuGetProcAddress},
+};
+
+static void* hook_for_symbol(const char* symbol, int version, cuuint64_t flags) {
+  if (symbol == NULL)
+    return NULL;
+  const int ptsz = flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+  for (size_t i = 0; i < sizeof g_versioned / sizeof g_versioned[0]; ++i) {
+    const versioned_hook* v = &g_versioned[i];
+    if ((v->ptsz && !ptsz) || version < v->since || strcmp(v->symbol, symbol) != 0)
+      continue;
+    return fn_to_ptr(v->hook); /* the table lists the newest version and the ptsz variant first */
+  }
+  return NULL;
+}
+
+/* The driver answers; an answer that is a hooked function is replaced by its hook. */
+static void substitute(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+  if (pfn == NULL || *pfn == NULL)
+    return;
+  void* h = hook_for_real(*pfn);
+  if (h == NULL)
+    h = hook_for_symbol(symbol, version, flags);
+  if (h != NULL)
+    *pfn = h;
+}
+
+KGPU_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version,
+                                      cuuint64_t flags) {
+  NOT_READY_GUARD;
+  if (real.cuGetProcAddress == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuGetProcAddress(symbol, pfn, version, flags);
+  if (r == CUDA_SUCCESS)
+    substitute(symbol, pfn, version, flags);
+  return r;
+}
+
+KGPU_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version,
+                                         cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
+  NOT_READY_GUARD;
+  if (real.cuGetProcAddress_v2 == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuGetProcAddress_v2(symbol, pfn, version, flags, status);
+  if (r == CUDA_SUCCESS)
+    substitute(symbol, pfn, version, flags);
+  return r;
+}
+
+static int hooked_name(const char* name) {
+  if (name == NULL || name[0] != 'c' || name[1] != 'u')
+    return 0;
+  for (size_t i = 0; i < NHOOKS; ++i) {
+    if (strcmp(g_hooks[i].name, name) == 0)
+      return 1;
+  }
+  return 0;
+}
+
+/* A guaranteed tail call where the compiler offers one (clang >= 13, GCC >= 15); elsewhere the
+ * -O2 -foptimize-sibling-calls build makes it one, and the tests check RTLD_NEXT. */
+#if defined(__has_attribute)
+#if __has_attribute(musttail)
+#define KGPU_MUSTTAIL __attribute__((musttail))
+#endif
+#endif
+#ifndef KGPU_MUSTTAIL
+#define KGPU_MUSTTAIL
+#endif
+
+/* See the file comment. The last statement must stay a tail call. */
+KGPU_EXPORT void* dlsym(void* handle, const char* name) {
+  const dlsym_fn rd = real_dlsym();
+  if (handle != RTLD_DEFAULT && handle != RTLD_NEXT && hooked_name(name)) {
+    void* p = rd(handle, name);
+    void* h = hook_for_real(p);
+    return h != NULL ? h : p;
+  }
+  KGPU_MUSTTAIL return rd(handle, name);
+}
+
+/* ------------------------------------------------------------------ process life */
+
+static void after_fork_child(void) {
+  /* CUDA state does not survive fork; the child starts with no slot and no allocations. */
+  for (unsigned i = 0; i < NBUCKETS; ++i) {
+    entry* e = g_table[i];
+    while (e != NULL) {
+      entry* n = e->next;
+      free(e);
+      e = n;
+    }
+    g_table[i] = NULL;
+  }
+  pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+  g_table_mu = fresh;
+  kgpu_acct_after_fork();
+}
+
+__attribute__((constructor)) static void kgpu_cuda_load(void) {
+  pthread_atfork(NULL, NULL, after_fork_child);
+}
+
+/* At exit the driver frees the process's memory; the slot goes back with it. */
+__attribute__((destructor)) static void kgpu_cuda_unload(void) {
+  kgpu_acct_detach();
+}

@@ -1,0 +1,84 @@
+#!/bin/bash
+# The interposer against the real CUDA driver (ctest label gpu; exit 77 = skipped without one):
+#   run.sh ISO_DRIVER INTERPOSER_LIB [ISO_BENCH]
+# ISO_DRIVER (isolation/tests/iso_driver) is linked against the simulated libcuda.so.1 by
+# RUNPATH; LD_LIBRARY_PATH, which the loader searches first, points it at the real driver here.
+# With nvcc on the PATH, cudart_probe.cu is built and run too (cudart resolves the driver through
+# cuGetProcAddress, as real applications do). Prints PASS/FAIL per case and the figures.
+set -u
+DRIVER=$1
+LIB=$2
+BENCH=${3:-}
+[ -e /dev/nvidiactl ] || { echo "SKIP: no NVIDIA device"; exit 77; }
+REAL=$(ldconfig -p | awk '/libcuda\.so\.1 .*x86-64/ {print $NF; exit}')
+[ -n "$REAL" ] || { echo "SKIP: no libcuda.so.1 in the loader cache"; exit 77; }
+export LD_LIBRARY_PATH=$(dirname "$REAL")
+WORK=$(mktemp -d /tmp/kgpu-iso-gpu.XXXXXX)
+trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$WORK"' EXIT
+unset CUDA_VISIBLE_DEVICES KGPU_CUDA_TESTHOOK_HOLD_LOCK_MS LD_PRELOAD
+failed=0
+fail() { echo "FAIL: $*"; failed=1; }
+pass() { echo "PASS: $*"; }
+run() { local dir=$1 limit=$2; shift 2; KGPU_CUDA_SHARED_DIR=$dir KGPU_CUDA_MEMORY_LIMIT=$limit LD_PRELOAD=$LIB timeout 60 "$DRIVER" "$@"; }
+wait_file() { for _ in $(seq 1 3000); do [ -e "$1" ] && return 0; sleep 0.01; done; return 1; }
+
+U0=$("$DRIVER" direct init 0 uuid | grep '^GPU-')
+[ -n "$U0" ] || { echo "FAIL: the real driver gives no device 0"; exit 1; }
+echo "driver: $REAL, GPU 0: $U0"
+L512="$U0=512Mi"
+
+# Every allocation path reached every way (the legacy 32-bit cuMemAlloc is left out: a 64-bit
+# driver need not serve it). The real pitch is used for the charge, so no free figure is
+# asserted after the pitched allocation.
+for mode in direct dlsym procaddr cudart procaddr1; do
+  if out=$(run "$WORK/c-$mode" "$L512" $mode init info 512 512 totalmem 512 \
+      alloc 400 ok alloc 200 oom info 512 112 pitch 1000 120000 oom pitch 1000 100000 ok info 512 - \
+      managed 100 oom array 4096 4096 oom array3d 256 256 256 oom async 100 oom vmm 100 oom free free info 512 512 \
+      vmm 500 ok vmm 20 oom free \
+      managed 100 ok async 100 ok array 4096 4096 ok array3d 256 256 256 ok alloc 200 oom \
+      freeall info 512 512 alloc 512 ok alloc 2 oom freeall \
+      alloc 400 ok reset info 512 512 alloc 300 ok ctx alloc 100 ok vmm 50 ok ctxdestroy info 512 162 free \
+      release init info 512 512 alloc 512 ok rtldnext 2>&1); then
+    pass "allocation paths via $mode"
+  else
+    fail "allocation paths via $mode"; echo "$out"
+  fi
+done
+
+# Two processes share the limit; NVML (nvidia-smi) lists the holder.
+c=$WORK/c-two
+env KGPU_CUDA_SHARED_DIR=$c KGPU_CUDA_MEMORY_LIMIT=$L512 LD_PRELOAD=$LIB "$DRIVER" direct init alloc 300 ok touch "$c.a1" pause >/dev/null 2>&1 &
+A=$!
+wait_file "$c.a1"
+if run "$c" "$L512" direct init alloc 300 oom alloc 200 ok info 512 12 >/dev/null 2>&1; then pass "two processes share one limit"; else fail "two processes share one limit"; fi
+if command -v nvidia-smi >/dev/null; then
+  if nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | grep -q "^$A,"; then pass "nvidia-smi lists the process"; else
+    fail "nvidia-smi lists the process"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv; fi
+fi
+kill -9 $A; wait $A 2>/dev/null
+if run "$c" "$L512" direct init alloc 500 ok >/dev/null 2>&1; then pass "kill -9 holding memory: reclaimed"; else fail "kill -9 holding memory: reclaimed"; fi
+
+c=$WORK/c-lock
+env KGPU_CUDA_TESTHOOK_HOLD_LOCK_MS=1000 KGPU_CUDA_SHARED_DIR=$c KGPU_CUDA_MEMORY_LIMIT=$L512 LD_PRELOAD=$LIB "$DRIVER" direct init alloc 400 ok touch "$c.held" info - - >/dev/null 2>&1 &
+A=$!
+wait_file "$c.held"; sleep 0.3
+kill -9 $A; wait $A 2>/dev/null
+if run "$c" "$L512" direct init alloc 500 ok >/dev/null 2>&1; then pass "kill -9 holding the lock"; else fail "kill -9 holding the lock"; fi
+
+if command -v nvcc >/dev/null; then
+  if nvcc -O2 -o "$WORK/cudart_probe" "$(dirname "$0")/cudart_probe.cu" >"$WORK/nvcc.log" 2>&1; then
+    if out=$(KGPU_CUDA_SHARED_DIR=$WORK/c-cudart KGPU_CUDA_MEMORY_LIMIT=$L512 LD_PRELOAD=$LIB timeout 60 "$WORK/cudart_probe" 2>&1); then
+      pass "cudart program"; else fail "cudart program"; fi
+    echo "$out"
+  else
+    fail "nvcc"; cat "$WORK/nvcc.log"
+  fi
+else
+  echo "SKIP: cudart program (no nvcc)"
+fi
+
+if [ -n "$BENCH" ]; then
+  "$BENCH" 20000
+  KGPU_CUDA_SHARED_DIR=$WORK/c-bench KGPU_CUDA_MEMORY_LIMIT="$U0=4096Mi" LD_PRELOAD=$LIB "$BENCH" 20000 1024
+fi
+exit $failed

@@ -1,0 +1,502 @@
+/*
+ * A CUDA driver client for the interposer's tests: it reaches the driver one of four ways and
+ * runs a small script of steps given on the command line, checking each result.
+ *
+ *   iso_driver MODE STEP...
+ *   MODE: direct    calls the entry points linked from libcuda.so.1 (-lcuda)
+ *         dlsym     dlopen("libcuda.so.1") + dlsym on its handle, versioned names
+ *         procaddr  cuGetProcAddress_v2 (linked) with plain names, CUDA 12.4, and the
+ *                   per-thread-default-stream flag for the stream-ordered calls
+ *         cudart    as cudart does: dlopen + dlsym("cuGetProcAddress_v2"), then plain names
+ *         procaddr1 the CUDA 11 cuGetProcAddress (4 arguments), CUDA 11.8
+ *   STEP: init [ORDINAL]          cuInit, cuDeviceGet, primary context retained and made current
+ *         alloc MIB ok|oom|any    cuMemAlloc (v2; in procaddr modes the name "cuMemAlloc");
+ *                                 "any": either result passes (the output says which)
+ *         alloc1 MIB ok|oom       the legacy 32-bit cuMemAlloc
+ *         pitch WIDTH HEIGHT ok|oom   cuMemAllocPitch, 4-byte elements
+ *         managed MIB ok|oom      cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)
+ *         async MIB ok|oom        cuMemAllocAsync on the default stream
+ *         array WIDTH HEIGHT ok|oom   cuArrayCreate, 1-channel float
+ *         array3d W H D ok|oom    cuArray3DCreate, 4-channel 8-bit
+ *         vmm MIB ok|oom          cuMemCreate, pinned memory on the device (freed by cuMemRelease)
+ *         ctx | ctxdestroy        cuCtxCreate (linked) and makes it current | cuCtxDestroy, back to
+ *                                 the primary context
+ *         reset | release         cuDevicePrimaryCtxReset | cuDevicePrimaryCtxRelease (the driver
+ *                                 frees the context's allocations; `init` retains it again)
+ *         free | freeall          frees the newest / every allocation with its matching call
+ *         info TOTAL FREE         cuMemGetInfo in MiB ("-" skips a figure)
+ *         totalmem MIB            cuDeviceTotalMem in MiB
+ *         rtldnext                dlsym(RTLD_NEXT) from here finds what RTLD_DEFAULT finds
+ *         uuid                    prints the device's UUID (cuDeviceGetUuid, linked) as GPU-...
+ *         touch FILE | waitfile FILE | sleep MS | pause
+ * Exit 0 when every step did what it expects, 1 at the first one that did not, 2 on bad usage.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_abi.h"
+
+static struct {
+  CUresult (*Init)(unsigned int);
+  CUresult (*DeviceGet)(CUdevice*, int);
+  CUresult (*PrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*CtxSetCurrent)(CUcontext);
+  CUresult (*MemAlloc)(CUdeviceptr*, size_t);
+  CUresult (*MemAlloc1)(CUdeviceptr_v1*, unsigned int);
+  CUresult (*MemAllocPitch)(CUdeviceptr*, size_t*, size_t, size_t, unsigned int);
+  CUresult (*MemFree)(CUdeviceptr);
+  CUresult (*MemFree1)(CUdeviceptr_v1);
+  CUresult (*MemGetInfo)(size_t*, size_t*);
+  CUresult (*MemAllocManaged)(CUdeviceptr*, size_t, unsigned int);
+  CUresult (*MemAllocAsync)(CUdeviceptr*, size_t, CUstream);
+  CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
+  CUresult (*ArrayCreate)(CUarray*, const CUDA_ARRAY_DESCRIPTOR*);
+  CUresult (*Array3DCreate)(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*);
+  CUresult (*ArrayDestroy)(CUarray);
+  CUresult (*CtxDestroy)(CUcontext);
+  CUresult (*PrimaryCtxReset)(CUdevice);
+  CUresult (*PrimaryCtxRelease)(CUdevice);
+  CUresult (*MemCreate)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                        unsigned long long);
+  CUresult (*MemRelease)(CUmemGenericAllocationHandle);
+  CUresult (*DeviceTotalMem)(size_t*, CUdevice);
+} A;
+
+#define MAX_ALLOCS 4096
+enum { K_PTR, K_PTR1, K_ASYNC, K_ARRAY, K_VMM };
+static struct {
+  int kind;
+  int in_ctx; /* made while the created context (step ctx) was current */
+  CUdeviceptr p;
+  CUarray a;
+} g_allocs[MAX_ALLOCS];
+static int g_n;
+static CUdevice g_dev;
+static CUcontext g_primary, g_ctx;
+
+/* Forgets the allocations that the driver freed with a context (in_ctx 1: the created one). */
+static void forget(int in_ctx) {
+  int k = 0;
+  for (int j = 0; j < g_n; ++j) {
+    if (g_allocs[j].in_ctx != in_ctx)
+      g_allocs[k++] = g_allocs[j];
+  }
+  g_n = k;
+}
+
+static void die(const char* what) {
+  fprintf(stderr, "iso_driver: %s\n", what);
+  exit(2);
+}
+
+#define SET(field, ptr) memcpy(&A.field, &(ptr), sizeof(void*))
+
+static void* need_sym(void* h, const char* name) {
+  void* p = dlsym(h, name);
+  if (p == NULL) {
+    fprintf(stderr, "iso_driver: dlsym(%s): %s\n", name, dlerror());
+    exit(2);
+  }
+  return p;
+}
+
+static void load_dlsym(void) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL)
+    die(dlerror());
+  void* p;
+#define D(field, name)   \
+  p = need_sym(h, name); \
+  SET(field, p)
+  D(Init, "cuInit");
+  D(DeviceGet, "cuDeviceGet");
+  D(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  D(CtxSetCurrent, "cuCtxSetCurrent");
+  D(MemAlloc, "cuMemAlloc_v2");
+  D(MemAlloc1, "cuMemAlloc");
+  D(MemAllocPitch, "cuMemAllocPitch_v2");
+  D(MemFree, "cuMemFree_v2");
+  D(MemFree1, "cuMemFree");
+  D(MemGetInfo, "cuMemGetInfo_v2");
+  D(MemAllocManaged, "cuMemAllocManaged");
+  D(MemAllocAsync, "cuMemAllocAsync");
+  D(MemFreeAsync, "cuMemFreeAsync");
+  D(ArrayCreate, "cuArrayCreate_v2");
+  D(Array3DCreate, "cuArray3DCreate_v2");
+  D(ArrayDestroy, "cuArrayDestroy");
+  D(CtxDestroy, "cuCtxDestroy_v2");
+  D(PrimaryCtxReset, "cuDevicePrimaryCtxReset_v2");
+  D(PrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
+  D(MemCreate, "cuMemCreate");
+  D(MemRelease, "cuMemRelease");
+  D(DeviceTotalMem, "cuDeviceTotalMem_v2");
+#undef D
+}
+
+static void load_direct(void) {
+  A.Init = cuInit;
+  A.DeviceGet = cuDeviceGet;
+  A.PrimaryCtxRetain = cuDevicePrimaryCtxRetain;
+  A.CtxSetCurrent = cuCtxSetCurrent;
+  A.MemAlloc = cuMemAlloc_v2;
+  A.MemAlloc1 = cuMemAlloc;
+  A.MemAllocPitch = cuMemAllocPitch_v2;
+  A.MemFree = cuMemFree_v2;
+  A.MemFree1 = cuMemFree;
+  A.MemGetInfo = cuMemGetInfo_v2;
+  A.MemAllocManaged = cuMemAllocManaged;
+  A.MemAllocAsync = cuMemAllocAsync;
+  A.MemFreeAsync = cuMemFreeAsync;
+  A.ArrayCreate = cuArrayCreate_v2;
+  A.Array3DCreate = cuArray3DCreate_v2;
+  A.ArrayDestroy = cuArrayDestroy;
+  A.CtxDestroy = cuCtxDestroy_v2;
+  A.PrimaryCtxReset = cuDevicePrimaryCtxReset_v2;
+  A.PrimaryCtxRelease = cuDevicePrimaryCtxRelease_v2;
+  A.MemCreate = cuMemCreate;
+  A.MemRelease = cuMemRelease;
+  A.DeviceTotalMem = cuDeviceTotalMem_v2;
+}
+
+typedef CUresult (*gpa2_fn)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+typedef CUresult (*gpa1_fn)(const char*, void**, int, cuuint64_t);
+static gpa2_fn g_gpa2;
+static gpa1_fn g_gpa1;
+
+static void* proc(const char* name, int version, cuuint64_t flags) {
+  void* p = NULL;
+  CUresult r;
+  if (g_gpa2 != NULL) {
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    r = g_gpa2(name, &p, version, flags, &st);
+    if (r == CUDA_SUCCESS && st != CU_GET_PROC_ADDRESS_SUCCESS)
+      r = CUDA_ERROR_UNKNOWN;
+  } else {
+    r = g_gpa1(name, &p, version, flags);
+  }
+  if (r != CUDA_SUCCESS || p == NULL) {
+    fprintf(stderr, "iso_driver: cuGetProcAddress(%s, %d): %d\n", name, version, (int)r);
+    exit(2);
+  }
+  return p;
+}
+
+static void load_procaddr(int version) {
+  void* p;
+#define P(field, name, flags)     \
+  p = proc(name, version, flags); \
+  SET(field, p)
+  const cuuint64_t pt = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+  P(Init, "cuInit", 0);
+  P(DeviceGet, "cuDeviceGet", 0);
+  P(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 0);
+  P(CtxSetCurrent, "cuCtxSetCurrent", 0);
+  P(MemAlloc, "cuMemAlloc", 0);
+  P(MemAllocPitch, "cuMemAllocPitch", 0);
+  P(MemFree, "cuMemFree", 0);
+  P(MemGetInfo, "cuMemGetInfo", 0);
+  P(MemAllocManaged, "cuMemAllocManaged", 0);
+  P(MemAllocAsync, "cuMemAllocAsync", pt);
+  P(MemFreeAsync, "cuMemFreeAsync", pt);
+  P(ArrayCreate, "cuArrayCreate", 0);
+  P(Array3DCreate, "cuArray3DCreate", 0);
+  P(ArrayDestroy, "cuArrayDestroy", 0);
+  P(CtxDestroy, "cuCtxDestroy", 0);
+  P(PrimaryCtxReset, "cuDevicePrimaryCtxReset", 0);
+  P(PrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 0);
+  P(MemCreate, "cuMemCreate", 0);
+  P(MemRelease, "cuMemRelease", 0);
+  P(DeviceTotalMem, "cuDeviceTotalMem", 0);
+  /* the legacy ABI, asked for with a version before 3.2 */
+  p = proc("cuMemAlloc", 3000, 0);
+  SET(MemAlloc1, p);
+  p = proc("cuMemFree", 3000, 0);
+  SET(MemFree1, p);
+#undef P
+}
+
+static int failures;
+
+static void expect(const char* step, const char* arg, CUresult r, const char* want) {
+  const int ok = strcmp(want, "any") == 0  ? (r == CUDA_SUCCESS || r == CUDA_ERROR_OUT_OF_MEMORY)
+                 : strcmp(want, "ok") == 0 ? r == CUDA_SUCCESS
+                                           : r == CUDA_ERROR_OUT_OF_MEMORY;
+  printf("%s %s %s: %s (%d)\n", ok ? "ok:  " : "FAIL:", step, arg,
+         r == CUDA_SUCCESS ? "allocated" : "refused", (int)r);
+  fflush(stdout);
+  if (!ok) {
+    failures = 1;
+    exit(1);
+  }
+}
+
+static void push(int kind, CUdeviceptr p, CUarray a) {
+  if (g_n == MAX_ALLOCS)
+    die("too many allocations");
+  g_allocs[g_n].kind = kind;
+  g_allocs[g_n].in_ctx = g_ctx != NULL && kind != K_VMM;
+  g_allocs[g_n].p = p;
+  g_allocs[g_n].a = a;
+  ++g_n;
+}
+
+static void pop(void) {
+  if (g_n == 0)
+    die("free: nothing allocated");
+  --g_n;
+  CUresult r;
+  switch (g_allocs[g_n].kind) {
+    case K_PTR:
+      r = A.MemFree(g_allocs[g_n].p);
+      break;
+    case K_PTR1:
+      r = A.MemFree1((CUdeviceptr_v1)g_allocs[g_n].p);
+      break;
+    case K_ASYNC:
+      r = A.MemFreeAsync(g_allocs[g_n].p, NULL);
+      break;
+    case K_VMM:
+      r = A.MemRelease(g_allocs[g_n].p);
+      break;
+    default:
+      r = A.ArrayDestroy(g_allocs[g_n].a);
+      break;
+  }
+  if (r != CUDA_SUCCESS) {
+    printf("FAIL: free: %d\n", (int)r);
+    exit(1);
+  }
+}
+
+static void check_mib(const char* what, const char* want, size_t got) {
+  const size_t mib = got >> 20;
+  if (strcmp(want, "-") != 0 && (size_t)strtoull(want, NULL, 10) != mib) {
+    printf("FAIL: %s: %zu MiB, want %s MiB\n", what, mib, want);
+    exit(1);
+  }
+  printf("ok:   %s %zu MiB\n", what, mib);
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2)
+    die("usage: iso_driver MODE STEP...");
+  const char* mode = argv[1];
+  if (strcmp(mode, "direct") == 0) {
+    load_direct();
+  } else if (strcmp(mode, "dlsym") == 0) {
+    load_dlsym();
+  } else if (strcmp(mode, "procaddr") == 0) {
+    g_gpa2 = cuGetProcAddress_v2;
+    load_procaddr(12040);
+  } else if (strcmp(mode, "cudart") == 0) {
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL)
+      die(dlerror());
+    void* p = need_sym(h, "cuGetProcAddress_v2");
+    memcpy(&g_gpa2, &p, sizeof p);
+    load_procaddr(12040);
+  } else if (strcmp(mode, "procaddr1") == 0) {
+    g_gpa1 = cuGetProcAddress;
+    load_procaddr(11080);
+  } else {
+    die("unknown mode");
+  }
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  for (int i = 2; i < argc; ++i) {
+    const char* s = argv[i];
+#define ARG(k) (i + (k) < argc ? argv[i + (k)] : (die("missing argument"), ""))
+    if (strcmp(s, "init") == 0) {
+      int ordinal = 0;
+      if (i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9')
+        ordinal = atoi(argv[++i]);
+      CUresult r = A.Init(0);
+      if (r == CUDA_SUCCESS)
+        r = A.DeviceGet(&g_dev, ordinal);
+      if (r == CUDA_SUCCESS)
+        r = A.PrimaryCtxRetain(&g_primary, g_dev);
+      if (r == CUDA_SUCCESS)
+        r = A.CtxSetCurrent(g_primary);
+      if (r != CUDA_SUCCESS) {
+        printf("FAIL: init: %d\n", (int)r);
+        return 1;
+      }
+      printf("ok:   init device %d (pid %d)\n", (int)g_dev, (int)getpid());
+    } else if (strcmp(s, "alloc") == 0 || strcmp(s, "managed") == 0 || strcmp(s, "async") == 0) {
+      const size_t bytes = (size_t)strtoull(ARG(1), NULL, 10) << 20;
+      CUdeviceptr p = 0;
+      CUresult r;
+      int kind = K_PTR;
+      if (s[0] == 'a' && s[1] == 'l') {
+        r = A.MemAlloc(&p, bytes);
+      } else if (s[0] == 'm') {
+        r = A.MemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
+      } else {
+        r = A.MemAllocAsync(&p, bytes, NULL);
+        kind = K_ASYNC;
+      }
+      expect(s, ARG(1), r, ARG(2));
+      if (r == CUDA_SUCCESS)
+        push(kind, p, NULL);
+      i += 2;
+    } else if (strcmp(s, "alloc1") == 0) {
+      CUdeviceptr_v1 p = 0;
+      const CUresult r = A.MemAlloc1(&p, (unsigned int)strtoul(ARG(1), NULL, 10) << 20);
+      expect(s, ARG(1), r, ARG(2));
+      if (r == CUDA_SUCCESS)
+        push(K_PTR1, p, NULL);
+      i += 2;
+    } else if (strcmp(s, "pitch") == 0) {
+      CUdeviceptr p = 0;
+      size_t pitch = 0;
+      const CUresult r =
+          A.MemAllocPitch(&p, &pitch, strtoull(ARG(1), NULL, 10), strtoull(ARG(2), NULL, 10), 4);
+      char arg[64];
+      snprintf(arg, sizeof arg, "%sx%s (pitch %zu)", ARG(1), ARG(2), pitch);
+      expect(s, arg, r, ARG(3));
+      if (r == CUDA_SUCCESS)
+        push(K_PTR, p, NULL);
+      i += 3;
+    } else if (strcmp(s, "array") == 0) {
+      CUDA_ARRAY_DESCRIPTOR d;
+      memset(&d, 0, sizeof d);
+      d.Width = strtoull(ARG(1), NULL, 10);
+      d.Height = strtoull(ARG(2), NULL, 10);
+      d.Format = CU_AD_FORMAT_FLOAT;
+      d.NumChannels = 1;
+      CUarray a = NULL;
+      const CUresult r = A.ArrayCreate(&a, &d);
+      char arg[64];
+      snprintf(arg, sizeof arg, "%sx%s", ARG(1), ARG(2));
+      expect(s, arg, r, ARG(3));
+      if (r == CUDA_SUCCESS)
+        push(K_ARRAY, 0, a);
+      i += 3;
+    } else if (strcmp(s, "ctx") == 0 || strcmp(s, "ctxdestroy") == 0 || strcmp(s, "reset") == 0 ||
+               strcmp(s, "release") == 0) {
+      CUresult r;
+      if (s[0] == 'r' && s[2] == 's') { /* reset: the primary context's allocations are gone */
+        r = A.PrimaryCtxReset(g_dev);
+        forget(0);
+      } else if (s[0] ==
+                 'r') { /* release of the only reference: the primary context is destroyed */
+        r = A.PrimaryCtxRelease(g_dev);
+        forget(0);
+      } else if (strcmp(s, "ctx") == 0) {
+        r = cuCtxCreate_v2(&g_ctx, 0, g_dev);
+      } else {
+        r = A.CtxDestroy(g_ctx);
+        g_ctx = NULL;
+        forget(1);
+        if (r == CUDA_SUCCESS)
+          r = A.CtxSetCurrent(g_primary);
+      }
+      if (r != CUDA_SUCCESS) {
+        printf("FAIL: %s: %d\n", s, (int)r);
+        return 1;
+      }
+      printf("ok:   %s\n", s);
+    } else if (strcmp(s, "vmm") == 0) {
+      CUmemAllocationProp prop;
+      memset(&prop, 0, sizeof prop);
+      prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+      prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      prop.location.id = g_dev;
+      CUmemGenericAllocationHandle h = 0;
+      const CUresult r = A.MemCreate(&h, (size_t)strtoull(ARG(1), NULL, 10) << 20, &prop, 0);
+      expect(s, ARG(1), r, ARG(2));
+      if (r == CUDA_SUCCESS)
+        push(K_VMM, h, NULL);
+      i += 2;
+    } else if (strcmp(s, "array3d") == 0) {
+      CUDA_ARRAY3D_DESCRIPTOR d;
+      memset(&d, 0, sizeof d);
+      d.Width = strtoull(ARG(1), NULL, 10);
+      d.Height = strtoull(ARG(2), NULL, 10);
+      d.Depth = strtoull(ARG(3), NULL, 10);
+      d.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+      d.NumChannels = 4;
+      CUarray a = NULL;
+      const CUresult r = A.Array3DCreate(&a, &d);
+      char arg[96];
+      snprintf(arg, sizeof arg, "%sx%sx%s", ARG(1), ARG(2), ARG(3));
+      expect(s, arg, r, ARG(4));
+      if (r == CUDA_SUCCESS)
+        push(K_ARRAY, 0, a);
+      i += 4;
+    } else if (strcmp(s, "free") == 0) {
+      pop();
+      printf("ok:   free\n");
+    } else if (strcmp(s, "freeall") == 0) {
+      while (g_n > 0)
+        pop();
+      printf("ok:   freeall\n");
+    } else if (strcmp(s, "info") == 0) {
+      size_t f = 0, t = 0;
+      const CUresult r = A.MemGetInfo(&f, &t);
+      if (r != CUDA_SUCCESS) {
+        printf("FAIL: cuMemGetInfo: %d\n", (int)r);
+        return 1;
+      }
+      check_mib("cuMemGetInfo total", ARG(1), t);
+      check_mib("cuMemGetInfo free", ARG(2), f);
+      i += 2;
+    } else if (strcmp(s, "totalmem") == 0) {
+      size_t t = 0;
+      if (A.DeviceTotalMem(&t, g_dev) != CUDA_SUCCESS) {
+        printf("FAIL: cuDeviceTotalMem\n");
+        return 1;
+      }
+      check_mib("cuDeviceTotalMem", ARG(1), t);
+      i += 1;
+    } else if (strcmp(s, "rtldnext") == 0) {
+      void* next = dlsym(RTLD_NEXT, "cuMemAlloc_v2");
+      void* dflt = dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
+      if (next == NULL || next != dflt) {
+        printf("FAIL: dlsym(RTLD_NEXT) %p != dlsym(RTLD_DEFAULT) %p\n", next, dflt);
+        return 1;
+      }
+      printf("ok:   dlsym(RTLD_NEXT) == dlsym(RTLD_DEFAULT)\n");
+    } else if (strcmp(s, "uuid") == 0) {
+      CUuuid u;
+      if (cuDeviceGetUuid(&u, g_dev) != CUDA_SUCCESS) {
+        printf("FAIL: cuDeviceGetUuid\n");
+        return 1;
+      }
+      const unsigned char* b = (const unsigned char*)u.bytes;
+      printf("GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+    } else if (strcmp(s, "touch") == 0) {
+      FILE* f = fopen(ARG(1), "w");
+      if (f != NULL)
+        fclose(f);
+      ++i;
+    } else if (strcmp(s, "waitfile") == 0) {
+      struct stat st;
+      int waited = 0;
+      while (stat(ARG(1), &st) != 0) {
+        if (++waited > 2000)
+          die("waitfile: timed out");
+        usleep(10000);
+      }
+      ++i;
+    } else if (strcmp(s, "sleep") == 0) {
+      usleep((useconds_t)strtoul(ARG(1), NULL, 10) * 1000U);
+      ++i;
+    } else if (strcmp(s, "pause") == 0) {
+      for (;;)
+        pause();
+    } else {
+      fprintf(stderr, "iso_driver: unknown step %s\n", s);
+      return 2;
+    }
+#undef ARG
+  }
+  return failures;
+}

@@ -1,0 +1,176 @@
+#!/bin/bash
+# End-to-end tests of libkgpu-cuda.so (the memory interposer) against the simulated CUDA driver,
+# as processes of one "container" (one KGPU_CUDA_SHARED_DIR):
+#   isolation_test.sh ISO_DRIVER INTERPOSER_LIB [KGPU_SIMCTL]
+# ISO_DRIVER is isolation/tests/iso_driver (linked against the simulated libcuda.so.1); with
+# KGPU_SIMCTL the NVML side of the node state is checked too. Each case prints PASS or FAIL.
+set -u
+DRIVER=$1
+LIB=$2
+SIMCTL=${3:-}
+
+WORK=$(mktemp -d /tmp/kgpu-iso-test.XXXXXX)
+chmod 755 "$WORK"
+trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$WORK"' EXIT
+export KGPU_SIM_NODE=dgx-h100 KGPU_SIM_NODE_NAME=iso-test KGPU_SIM_STATE=$WORK/node.state
+unset CUDA_VISIBLE_DEVICES KGPU_CUDA_MEMORY_LIMIT KGPU_CUDA_TESTHOOK_HOLD_LOCK_MS LD_PRELOAD
+
+failed=0
+fail() { echo "FAIL: $*"; failed=1; }
+pass() { echo "PASS: $*"; }
+# run NAME SHARED_DIR LIMIT STEPS...: the driver under the interposer in container SHARED_DIR
+run() {
+  local dir=$1 limit=$2
+  shift 2
+  KGPU_CUDA_SHARED_DIR=$dir KGPU_CUDA_MEMORY_LIMIT=$limit LD_PRELOAD=$LIB timeout 30 "$DRIVER" "$@"
+}
+# bgrun SHARED_DIR LIMIT STEPS...: the same in the background; $! is the driver's own pid
+bgrun() {
+  local dir=$1 limit=$2
+  shift 2
+  env KGPU_CUDA_SHARED_DIR="$dir" KGPU_CUDA_MEMORY_LIMIT="$limit" LD_PRELOAD="$LIB" "$DRIVER" "$@" >>"$WORK/bg.log" 2>&1 &
+}
+wait_file() { for _ in $(seq 1 1000); do [ -e "$1" ] && return 0; sleep 0.01; done; return 1; }
+
+U0=$("$DRIVER" direct init 0 uuid | grep '^GPU-')
+U1=$("$DRIVER" direct init 1 uuid | grep '^GPU-')
+[ -n "$U0" ] && [ -n "$U1" ] || { echo "FAIL: no simulated GPU (is KGPU_SIM_NODE usable?)"; exit 1; }
+L512="$U0=512Mi"
+
+# 1. Every allocation path, reached every way, limit enforced and freed memory returned.
+# ":internal": the driver's cuGetProcAddress hands out non-exported entry points (the hooks are
+# then chosen by name and version, not by address).
+for variant in direct dlsym procaddr cudart procaddr1 procaddr:internal cudart:internal procaddr1:internal; do
+  mode=${variant%%:*}
+  internal=0
+  [ "$variant" != "$mode" ] && internal=1
+  c=$WORK/c-${variant/:/-}
+  if out=$(KGPU_SIM_CUDA_PROC_INTERNAL=$internal run "$c" "$L512" $mode init info 512 512 totalmem 512 \
+      alloc 400 ok alloc 200 oom info 512 112 \
+      pitch 1000 120000 oom pitch 1000 100000 ok info 512 14 \
+      managed 100 oom array 4096 4096 oom array3d 256 256 256 oom async 100 oom alloc1 100 oom \
+      vmm 100 oom free free info 512 512 array3d 256 256 256 ok info 512 448 free \
+      vmm 500 ok vmm 20 oom info 512 12 free \
+      managed 100 ok async 100 ok array 4096 4096 ok alloc1 200 ok alloc 100 oom \
+      freeall info 512 512 alloc 512 ok alloc 2 oom freeall \
+      alloc 400 ok reset info 512 512 alloc 300 ok ctx alloc 100 ok vmm 50 ok ctxdestroy info 512 162 free \
+      release init info 512 512 alloc 512 ok rtldnext 2>&1); then
+    pass "allocation paths via $variant"
+  else
+    fail "allocation paths via $variant"; echo "$out"
+  fi
+done
+
+# 2. A GPU that the limit does not name is not limited; a malformed limit refuses everything.
+if run "$WORK/c-other" "$L512" direct init 1 alloc 4096 ok info 81559 - >/dev/null; then pass "unlimited GPU"; else fail "unlimited GPU"; fi
+if run "$WORK/c-bad" "$U0=12Qi" direct init 1 alloc 2 oom >/dev/null 2>&1; then pass "malformed limit fails closed"; else fail "malformed limit fails closed"; fi
+
+# 3. Two processes share one limit.
+c=$WORK/c-two
+bgrun "$c" "$L512" direct init alloc 300 ok touch "$c.a1" waitfile "$c.b1" info 512 12 freeall touch "$c.a2"
+A=$!
+if run "$c" "$L512" direct waitfile "$c.a1" init alloc 300 oom alloc 200 ok info 512 12 touch "$c.b1" waitfile "$c.a2" \
+    alloc 300 ok info 512 12 >"$WORK/b.log" 2>&1 && wait $A; then
+  pass "two processes share one limit"
+else
+  fail "two processes share one limit"; cat "$WORK/bg.log" "$WORK/b.log"
+fi
+
+# 3b. Racing processes: 12 start at once, each allocating 100 MiB 3 times against 512 MiB; the
+# container never holds more than its limit, so exactly 5 allocations succeed.
+c=$WORK/c-race
+: >"$WORK/bg.log"
+pids=()
+for n in $(seq 1 12); do
+  bgrun "$c" "$L512" direct init waitfile "$c.go" alloc 100 any alloc 100 any alloc 100 any touch "$c.done$n" pause
+  pids+=($!)
+done
+sleep 0.2; touch "$c.go"
+for n in $(seq 1 12); do wait_file "$c.done$n"; done
+got=$(grep -c 'alloc 100: allocated' "$WORK/bg.log")
+kill -9 "${pids[@]}"; wait "${pids[@]}" 2>/dev/null
+if [ "$got" = 5 ]; then pass "12 racing processes: 5 x 100 MiB fit in 512 MiB"; else fail "racing processes: $got allocations succeeded, want 5"; fi
+
+# 4. NVML's view (when kgpu-simctl is given): the process and its memory are listed.
+if [ -n "$SIMCTL" ]; then
+  c=$WORK/c-nvml
+  bgrun "$c" "$L512" direct init alloc 400 ok touch "$c.held" pause
+  A=$!
+  wait_file "$c.held"
+  if "$SIMCTL" show | tr -d ' \n' | grep -q "\"memMiB\":400,[^}]*\"pid\":$A"; then pass "NVML lists the pid with its memory"; else
+    fail "NVML lists the pid with its memory"; "$SIMCTL" show | grep -A3 '"processes"'; fi
+  kill -9 $A; wait $A 2>/dev/null
+fi
+
+# 5. kill -9 while holding memory: the next allocation that needs it reclaims it.
+c=$WORK/c-kill
+bgrun "$c" "$L512" direct init alloc 400 ok touch "$c.held" pause
+A=$!
+wait_file "$c.held"
+kill -9 $A; wait $A 2>/dev/null
+if out=$(run "$c" "$L512" direct init alloc 500 ok info 512 12 2>&1); then pass "kill -9 holding memory: reclaimed"; else
+  fail "kill -9 holding memory: reclaimed"; echo "$out"; fi
+
+# 6. kill -9 while holding the accounting lock (test hook: every lock is held 1 s): the others
+# are not blocked (timeout 30 would fail them) and the dead process's 400 MiB come back.
+c=$WORK/c-lock
+KGPU_CUDA_TESTHOOK_HOLD_LOCK_MS=1000 bgrun "$c" "$L512" direct init alloc 400 ok touch "$c.held" info - -
+A=$!
+wait_file "$c.held"
+sleep 0.3   # now inside cuMemGetInfo's locked section
+kill -9 $A; wait $A 2>/dev/null
+start=$(date +%s%N)
+if out=$(run "$c" "$L512" direct init alloc 500 ok info 512 12 2>&1); then
+  pass "kill -9 holding the lock: no deadlock, memory reclaimed ($(( ($(date +%s%N) - start) / 1000000 )) ms)"
+else
+  fail "kill -9 holding the lock"; echo "$out"
+fi
+
+# 7. A limit smaller than what is already used.
+#  a) by other processes on the GPU (outside the container): free = what the GPU has left.
+c=$WORK/c-full
+"$DRIVER" direct init alloc 80800 ok touch "$c.outsider" pause >/dev/null 2>&1 &
+O=$!
+wait_file "$c.outsider"
+if out=$(run "$c" "$L512" direct init info 512 229 alloc 300 oom alloc 200 ok 2>&1); then pass "GPU fuller than the limit: device OOM passed through"; else
+  fail "GPU fuller than the limit"; echo "$out"; fi
+kill -9 $O; wait $O 2>/dev/null
+#  b) by the container itself, seen by a process whose own limit is smaller: free is 0, never
+#  negative, and the region's first limit caps a larger one.
+c=$WORK/c-small
+bgrun "$c" "$L512" direct init alloc 400 ok touch "$c.held" pause
+A=$!
+wait_file "$c.held"
+if run "$c" "$U0=256Mi" direct init info 256 0 alloc 2 oom >/dev/null 2>&1 &&
+   run "$c" "$U0=1024Mi" direct init info 512 112 alloc 200 oom alloc 100 ok >/dev/null 2>&1; then
+  pass "limit below the container's usage: free 0, nothing allocated"
+else
+  fail "limit below the container's usage"
+fi
+kill -9 $A; wait $A 2>/dev/null
+
+# 8. Another UID joins the region (random-UID containers), whatever the umask.
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+  c=$WORK/c-uid
+  umask 077
+  bgrun "$c" "$L512" direct init alloc 100 ok touch "$c.held" pause
+  A=$!
+  umask 022
+  wait_file "$c.held"
+  chmod 666 "$KGPU_SIM_STATE" "$KGPU_SIM_STATE.cuda-pids"
+  mode=$(stat -c %a "$c/kgpu-cuda.region")
+  if [ "$mode" = 666 ] && KGPU_CUDA_SHARED_DIR=$c KGPU_CUDA_MEMORY_LIMIT=$L512 LD_PRELOAD=$LIB \
+      setpriv --reuid 54321 --regid 54321 --clear-groups timeout 30 "$DRIVER" direct init alloc 420 oom alloc 400 ok >/dev/null 2>&1; then
+    pass "a random UID shares the region (mode $mode)"
+  else
+    fail "a random UID shares the region (mode $mode)"
+  fi
+  kill -9 $A; wait $A 2>/dev/null
+else
+  echo "SKIP: random UID (needs root and setpriv)"
+fi
+
+# 9. Without the interposer nothing is limited (the simulated driver alone).
+if "$DRIVER" direct init alloc 4096 ok >/dev/null; then pass "no interposer, no limit"; else fail "no interposer, no limit"; fi
+
+exit $failed
