@@ -5,7 +5,8 @@
 
 VARIANT: default (deploy/kustomization.yaml), all (every component: node in place of the device
 plugin's and the exporter's DaemonSets, node-labels, the Slurm bridge's Deployment and the admission
-webhook) or quota (deploy/quota, checked by check_quota below). Checks: the expected objects and no
+webhook), shares (the plugin labelling its Node and serving kgpu.io/gpu for kgpu extender, with the
+webhook: check_shares) or quota (deploy/quota, checked by check_quota below). Checks: the expected objects and no
 others; one Namespace, everything else in it; every image is the Dockerfile's
 localhost/kgpu:VERSION (the Slurm bridge: localhost/kgpu-slurm-bridge:VERSION, built from
 deploy/slurm/bridge/Dockerfile) and names its user explicitly (root where it needs the kubelet's sockets,
@@ -38,6 +39,12 @@ EXPECTED = {
                      ("Deployment", "kgpu-webhook"), ("ServiceAccount", "kgpu-webhook"), ("Service", "kgpu-webhook"),
                      ("MutatingWebhookConfiguration", "kgpu-webhook"),
                      ("ValidatingWebhookConfiguration", "kgpu-webhook")},
+    "shares": COMMON | {("DaemonSet", "kgpu-device-plugin"), ("DaemonSet", "kgpu-exporter"),
+                        ("ClusterRole", "kgpu-device-plugin-labels"), ("ClusterRoleBinding", "kgpu-device-plugin-labels"),
+                        ("ClusterRole", "kgpu-device-plugin-shares"), ("ClusterRoleBinding", "kgpu-device-plugin-shares"),
+                        ("Deployment", "kgpu-webhook"), ("ServiceAccount", "kgpu-webhook"), ("Service", "kgpu-webhook"),
+                        ("MutatingWebhookConfiguration", "kgpu-webhook"),
+                        ("ValidatingWebhookConfiguration", "kgpu-webhook")},
 }
 # Workloads whose image is not the plain kgpu image (it lacks what they spawn).
 IMAGES = {("Deployment", "kgpu-slurm-bridge"): "localhost/kgpu-slurm-bridge"}
@@ -224,10 +231,48 @@ def main():
             if s["kind"] == "ServiceAccount" and s["name"] not in names("ServiceAccount"):
                 problem(f"{n}: ServiceAccount {s['name']} is not rendered")
 
+    if variant == "shares":
+        check_shares(by_kind)
     for p in problems:
         print(f"check_rendered ({variant}): {p}")
     print(f"check_rendered ({variant}): {len(objs)} objects, {len(problems)} problem(s)")
     return 1 if problems else 0
+
+
+def check_shares(by_kind):
+    """The shares variant gives the plugin what the kgpu.io/gpu handoff needs at PreStart
+    (src/cli/share_handoff.cc): a token, --publish-labels (the extender reads the inventory
+    annotation), kubelet's PodResources socket, the CDI spec directory, RBAC for the pod and its
+    Events, and a config that serves kgpu.io/gpu."""
+    ds = [d for d in by_kind.get("DaemonSet", []) if d["metadata"]["name"] == "kgpu-device-plugin"][0]
+    spec = ds["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    if spec.get("automountServiceAccountToken") is not True:
+        problem("shares: the device plugin needs its service-account token")
+    if "--publish-labels" not in c.get("command", []):
+        problem("shares: the device plugin must publish its labels and inventory (--publish-labels)")
+    mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+    for path in ("/var/lib/kubelet/pod-resources", "/var/run/cdi"):
+        if path not in mounts:
+            problem(f"shares: the device plugin does not mount {path}")
+    rules = [r for cr in by_kind.get("ClusterRole", []) for r in cr.get("rules", [])
+             if cr["metadata"]["name"].startswith("kgpu-device-plugin")]
+    def allowed(group, resource, verb):
+        return any(group in r.get("apiGroups", []) and resource in r.get("resources", [])
+                   and verb in r.get("verbs", []) for r in rules)
+    for group, resource, verb in (("", "pods", "get"), ("", "pods", "patch"), ("", "nodes", "get"),
+                                  ("", "nodes", "patch"), ("events.k8s.io", "events", "create"),
+                                  ("events.k8s.io", "events", "patch")):
+        if not allowed(group, resource, verb):
+            problem(f"shares: the device plugin may not {verb} {resource} ({group or 'core'})")
+    for group, resource, verb in (("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "delete")):
+        if allowed(group, resource, verb):
+            problem(f"shares: the device plugin may {verb} {resource}: more than it needs")
+    cm = [m for m in by_kind.get("ConfigMap", []) if m["metadata"]["name"] == "kgpu-device-plugin-config"][0]
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    res = config.get("sharing", {}).get("timeSlicing", {}).get("resources", [])
+    if not any(r.get("rename") == "kgpu.io/gpu" and r.get("replicas", 0) >= 2 for r in res):
+        problem("shares: the config serves no kgpu.io/gpu slots")
 
 
 if __name__ == "__main__":

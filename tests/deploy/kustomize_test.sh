@@ -71,9 +71,28 @@ components:
   - $rel/webhook
 YAML
 
-for v in default all; do
+# The variant for GPU shares through kgpu extender: the plugin labels its own Node and serves
+# kgpu.io/gpu slots (node-labels/in-plugin, shares), with the webhook.
+shares="$work/variant-shares"
+mkdir -p "$shares"
+cat >"$shares/kustomization.yaml" <<YAML
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - $rel/namespace
+components:
+  - $rel/device-plugin
+  - $rel/exporter
+  - $rel/monitoring
+  - $rel/node-labels/in-plugin
+  - $rel/shares
+  - $rel/webhook
+YAML
+
+for v in default all shares; do
   dir="$root/deploy"
   [ "$v" = all ] && dir="$variant"
+  [ "$v" = shares ] && dir="$shares"
   step "kubectl kustomize ($v: $dir)"
   kubectl kustomize "$dir" >"$work/$v.yaml" || fail "kubectl kustomize $dir failed"
   grep -E '^kind: ' "$work/$v.yaml" | sort | uniq -c
@@ -82,6 +101,10 @@ for v in default all; do
   step "Kubernetes JSON schemas ($v)"
   node "$work/npm/validate.mjs" "$work/$v.json" "$v"
 done
+# deploy/extender: the extender and a second scheduler (its own kustomization, not a component).
+step "kubectl kustomize (extender: $root/deploy/extender)"
+kubectl kustomize "$root/deploy/extender" >"$work/extender.yaml" || fail "kubectl kustomize $root/deploy/extender failed"
+grep -E '^kind: ' "$work/extender.yaml" | sort | uniq -c
 # deploy/quota: the example team quotas (not a component of the install).
 step "kubectl kustomize (quota: $root/deploy/quota)"
 kubectl kustomize "$root/deploy/quota" >"$work/quota.yaml" || fail "kubectl kustomize $root/deploy/quota failed"
