@@ -183,8 +183,8 @@ echo "What you see: each pod as the scheduler stand-in placed it through kgpu ex
 echo "the quota refusing team-a's third share, a share no GPU can hold left pending with the extender's reason,"
 echo "and per pod its allocation record next to what kubelet's Allocate gave the container (for shares the"
 echo "node turns the record into the container's GPUs and limits; whole and MIG devices are kubelet's own pick)."
-echo "KGPU_ENFORCEMENT=hard is the record's mode; the CUDA memory interposer that enforces it is not installed yet"
-echo "(docs/sharing-model.md): today 'hard' is recorded, not enforced, so a container can use more than its share."
+echo "The sharing node runs its plugin with --cuda-interposer, so shares there get hard memory limits: the"
+echo "container preloads libkgpu-cuda.so, which holds it to KGPU_CUDA_MEMORY_LIMIT (docs/isolation.md)."
 echo "\$ kgpu-demo-cluster"
 "$bin/kgpu-demo-cluster" | sed 's/^/  /'
 step "GPU quota: a pod over quota refused by the apiserver, shares charged exactly, kgpu quota and kgpu quota plan"

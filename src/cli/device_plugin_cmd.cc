@@ -1,9 +1,12 @@
 #include "cli/device_plugin_cmd.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 #include "common/log.h"
@@ -70,6 +73,11 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags) {
   KGPU_FLAG("--kubelet-socket", "KUBELET_SOCKET", kubelet_socket, "kubelet registration socket");
   KGPU_FLAG("--kubelet-dir", "KGPU_KUBELET_DIR", kubelet_dir, "kubelet device-plugin directory");
   KGPU_FLAG("--cdi-spec-dir", "KGPU_CDI_SPEC_DIR", cdi_spec_dir, "where the CDI spec is written");
+  KGPU_FLAG("--cuda-interposer", "KGPU_CUDA_INTERPOSER", cuda_interposer,
+            "host path of libkgpu-cuda.so, in a versioned directory never written over: kgpu.io/gpu shares may then "
+            "ask for hard memory limits (docs/isolation.md)");
+  KGPU_FLAG("--cuda-shared-root", "KGPU_CUDA_SHARED_ROOT", cuda_shared_root,
+            "host directory for the per-container accounting regions of --cuda-interposer");
   KGPU_FLAG("--proc-root", "KGPU_PROC_ROOT", proc_root,
             "the host's procfs: the driver's driver/nvidia-caps/mig-minors is read under it (MIG device nodes)");
   app->add_option("--device-discovery-strategy", "auto or nvml (accepted for compatibility)")
@@ -107,6 +115,8 @@ void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags
   o.pod_resources_socket = flags.shares.pod_resources_socket;
   o.cdi_spec_dir = config.cdi_spec_dir;
   o.dev_root = config.dev_root.empty() ? config.driver_root : config.dev_root;
+  o.cuda_interposer = config.cuda_interposer;
+  o.cuda_shared_root = config.cuda_shared_root;
   auto handoff = std::make_shared<ShareHandoff>(std::move(*client), std::move(inventory), o);
   manager.SetShareResolver([handoff](const std::vector<std::string>& ids, const std::string& name) {
     return handoff->Resolve(ids, name);
@@ -127,6 +137,16 @@ absl::StatusOr<Config> ResolveConfig(const DevicePluginFlags& flags) {
                                                   &config.health);
       !st.ok()) {
     return st;
+  }
+  if (!config.cuda_interposer.empty()) {
+    // Checked at start and on every reload: a hard share must never start without its limit.
+    if (config.cuda_interposer.front() != '/' || access(config.cuda_interposer.c_str(), R_OK) != 0) {
+      return absl::InvalidArgumentError(Cat("--cuda-interposer ", Printable(config.cuda_interposer), ": ",
+                                            config.cuda_interposer.front() != '/' ? "not an absolute path"
+                                                                                  : std::strerror(errno),
+                                            " (the host path of libkgpu-cuda.so, e.g. "
+                                            "/var/lib/kgpu/isolation/<version>/libkgpu-cuda.so)"));
+    }
   }
   if (auto st = deviceplugin::Validate(config); !st.ok()) {
     // The file's own values were checked with their positions; a message that does not start with

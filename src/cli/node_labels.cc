@@ -100,12 +100,13 @@ std::string InventoryAnnotation(const gpu::Inventory& inv, const deviceplugin::C
     if (r.replicas > 1) slots[r.rename.empty() ? r.name : r.rename] = r.replicas;
   }
   if (!slots.empty()) sharing["replicas"] = slots;
-  // The enforcement modes shares can have here (docs/sharing-model.md): MPS limits under MPS;
-  // else the CUDA interposer's hard limit, or none (time-slicing without isolation).
+  // The enforcement modes shares can have here (docs/sharing-model.md), the default first: MPS
+  // limits under MPS; else the CUDA interposer's hard limit where the plugin has one
+  // (--cuda-interposer), and none (time-slicing without isolation).
   if (any_slots) {
-    sharing["kgpu"] = {{"enforcement", config.sharing.strategy == deviceplugin::SharingStrategy::kMps
-                                           ? json::array({"mps"})
-                                           : json::array({"hard", "none"})}};
+    sharing["kgpu"] = {{"enforcement", config.sharing.strategy == deviceplugin::SharingStrategy::kMps ? json::array({"mps"})
+                                       : config.cuda_interposer.empty()                              ? json::array({"none"})
+                                                                       : json::array({"hard", "none"})}};
   }
   const json doc = {
       {"v", 1},

@@ -114,10 +114,36 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
     nodes.push_back(node(Cat("/dev/nvidia", found->minor)));
   }
   for (const char* n : {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}) nodes.push_back(node(n));
+  const std::string mode = rc->enforcement.empty() ? "hard" : rc->enforcement;
+  json edits = {{"env", ShareEnv(*rc)}, {"deviceNodes", nodes}};
+  if (mode == "hard") {
+    // The CUDA interposer holds the container to KGPU_CUDA_MEMORY_LIMIT (docs/isolation.md):
+    // preloaded from the node's versioned, read-only copy, with one accounting region for the
+    // container's processes in a directory of its own (0777: random-UID containers write it).
+    if (opts_.cuda_interposer.empty()) {
+      return absl::FailedPreconditionError(
+          Cat(who, ": the record asks for hard memory limits, but this node's plugin has no CUDA interposer "
+                   "(--cuda-interposer), so nothing would enforce them; delete the pod so that it is scheduled again "
+                   "(kgpu extender offers hard only on nodes whose inventory lists it)"));
+    }
+    const std::string region = Cat(opts_.cuda_shared_root, "/", meta.value("uid", "unknown-uid"), "/", owner->container);
+    std::error_code mk;
+    std::filesystem::create_directories(region, mk);
+    if (!mk) std::filesystem::permissions(region, std::filesystem::perms::all, mk);
+    if (mk) {
+      return absl::UnavailableError(Cat(who, ": cannot create the accounting directory ", region, ": ", mk.message(),
+                                        " (check --cuda-shared-root)"));
+    }
+    edits["env"].push_back(Cat("LD_PRELOAD=", kInterposerInContainer));
+    edits["env"].push_back(Cat("KGPU_CUDA_SHARED_DIR=", kRegionInContainer));
+    edits["mounts"] = json::array(
+        {{{"hostPath", opts_.cuda_interposer}, {"containerPath", kInterposerInContainer},
+          {"options", json::array({"ro", "nosuid", "nodev", "bind"})}},
+         {{"hostPath", region}, {"containerPath", kRegionInContainer}, {"options", json::array({"rw", "nosuid", "nodev", "bind"})}}});
+  }
   const json spec = {{"cdiVersion", "0.5.0"},
                      {"kind", deviceplugin::kKgpuShareCdiKind},
-                     {"devices", json::array({{{"name", cdi_name},
-                                               {"containerEdits", {{"env", ShareEnv(*rc)}, {"deviceNodes", nodes}}}}})}};
+                     {"devices", json::array({{{"name", cdi_name}, {"containerEdits", edits}}})}};
   std::error_code ec;
   std::filesystem::create_directories(opts_.cdi_spec_dir, ec);
   const std::string file = SpecPath(cdi_name);
@@ -134,13 +160,12 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
     return absl::UnavailableError(Cat("cannot rename ", tmp, " to ", file, ": ", std::strerror(errno)));
   }
   // 4. Say what was applied, on the pod.
-  const std::string mode = rc->enforcement.empty() ? "hard" : rc->enforcement;
   std::vector<std::string> what;
   for (const auto& g : rc->gpus) what.push_back(Cat(g.uuid, " (", g.memory_mib, " MiB, ", g.cores, "% cores)"));
   const std::string note =
       Cat("container ", owner->container, ": ", Join(what, ", "), "; enforcement ", mode,
-          mode == "hard" ? " (KGPU_CUDA_MEMORY_LIMIT for the kgpu CUDA interposer; this release does not install "
-                            "the interposer yet, so the limit is not enforced: docs/sharing-model.md)"
+          mode == "hard" ? Cat(" (KGPU_CUDA_MEMORY_LIMIT, enforced by the CUDA interposer ", opts_.cuda_interposer,
+                               " preloaded into the container: docs/isolation.md)")
           : mode == "mps" ? " (MPS per-client limits)"
                           : " (time-slicing without isolation)");
   json patch = {{"metadata", {{"annotations", {{extender::kAnnotationEnforcementApplied, Cat(owner->container, "=", mode)}}}}}};

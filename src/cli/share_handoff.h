@@ -31,7 +31,15 @@ struct ShareHandoffOptions {
   std::string cdi_spec_dir = "/var/run/cdi";
   std::string dev_root = "/";  // host paths of /dev/nvidia* (driver root)
   std::chrono::milliseconds timeout{5000};
+  // `hard` shares: the interposer's host path (empty: refused) and the root of the
+  // per-container accounting directories (deviceplugin::Config has the same two).
+  std::string cuda_interposer;
+  std::string cuda_shared_root = "/var/lib/kgpu/cuda";
 };
+
+// Where a `hard` share's container sees the interposer and its accounting directory.
+inline constexpr char kInterposerInContainer[] = "/usr/lib/kgpu/libkgpu-cuda.so";
+inline constexpr char kRegionInContainer[] = "/run/kgpu-cuda";
 
 // The container's environment for a record entry (docs/sharing-model.md §6).
 std::vector<std::string> ShareEnv(const extender::RecordContainer& c);

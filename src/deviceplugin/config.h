@@ -94,6 +94,12 @@ struct Config {
   std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
   std::string kubelet_socket;          // default <kubelet_dir>/kubelet.sock; empty after "-": no registration
   std::string cdi_spec_dir = "/var/run/cdi";
+  // The CUDA memory interposer (docs/isolation.md) for `hard` shares: its host path, in a
+  // versioned directory that is never written over (a running pod keeps the file it mapped), and
+  // the host directory under which each container gets its accounting region. Empty interposer:
+  // this node offers no `hard` enforcement.
+  std::string cuda_interposer;
+  std::string cuda_shared_root = "/var/lib/kgpu/cuda";
   // The host's procfs, where the driver's /proc/driver/nvidia and /proc/driver/nvidia-caps trees
   // are (kernel-global, so not under the driver root): MIG capability minors come from
   // <proc_root>/driver/nvidia-caps/mig-minors.

@@ -130,7 +130,8 @@ class E2eClusterTest : public ::testing::Test {
     if (!HasFailure()) std::filesystem::remove_all(root_);
   }
 
-  void AddNode(const std::string& name, const std::string& profile, const std::string& config) {
+  void AddNode(const std::string& name, const std::string& profile, const std::string& config,
+               const std::vector<std::string>& extra = {}) {
     Node n;
     n.name = name;
     n.profile = profile;
@@ -147,12 +148,11 @@ class E2eClusterTest : public ::testing::Test {
     n.status->Start();
     const std::string cfg = n.dir + "/config.yaml";
     std::ofstream(cfg) << config;
-    n.plugin = std::make_unique<testing::Plugin>(
-        n.dir,
-        std::vector<std::string>{"--config-file", cfg, "--publish-labels", "--kubeconfig", kubeconfig_, "--node-name", name,
-                                 "--labels-interval", "0", "--pod-resources-socket", n.pod_resources->SocketPath(),
-                                 "--cdi-spec-dir", n.cdi},
-        n.sim_env);
+    std::vector<std::string> args = {"--config-file", cfg, "--publish-labels", "--kubeconfig", kubeconfig_, "--node-name", name,
+                                     "--labels-interval", "0", "--pod-resources-socket", n.pod_resources->SocketPath(),
+                                     "--cdi-spec-dir", n.cdi};
+    args.insert(args.end(), extra.begin(), extra.end());
+    n.plugin = std::make_unique<testing::Plugin>(n.dir, args, n.sim_env);
     n.admission = std::make_unique<testing::KubeletAdmission>(*n.kubelet, *n.pod_resources, *client_, name,
                                                               seed_ + static_cast<uint32_t>(nodes_.size()));
     nodes_.push_back(std::move(n));
@@ -371,6 +371,13 @@ class E2eClusterTest : public ::testing::Test {
         EXPECT_EQ(env["KGPU_GPU_CORES"], std::to_string(rc.gpus[0].cores)) << key;
         if (rc.enforcement == "hard") {
           EXPECT_EQ(env["KGPU_CUDA_MEMORY_LIMIT"], limits) << key;
+          EXPECT_EQ(env["LD_PRELOAD"], "/usr/lib/kgpu/libkgpu-cuda.so") << key;
+          ++hard_;
+        } else {
+          EXPECT_EQ(rc.enforcement, "none") << key;
+          EXPECT_EQ(node, "share") << key << ": only the node without the interposer gives none";
+          EXPECT_FALSE(env.contains("LD_PRELOAD")) << key;
+          ++none_;
         }
         size_t gpu_nodes = 0;
         for (const auto& d : spec["devices"][0]["containerEdits"]["deviceNodes"]) {
@@ -442,7 +449,7 @@ class E2eClusterTest : public ::testing::Test {
   std::unique_ptr<testing::FakeScheduler> sched_;
   std::vector<Created> created_;
   std::map<std::string, int> pids_;
-  int next_pid_ = 100000, bound_ = 0, quota_refused_ = 0, checked_ = 0;
+  int next_pid_ = 100000, bound_ = 0, quota_refused_ = 0, checked_ = 0, hard_ = 0, none_ = 0;
 };
 
 TEST_F(E2eClusterTest, MixedPodsOnFourNodesThroughTheExtender) {
@@ -459,9 +466,12 @@ TEST_F(E2eClusterTest, MixedPodsOnFourNodesThroughTheExtender) {
           "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
           "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: [0, 1, 2, 3]}\n");
   AddNode("mig", "dgx-a100-mig", "version: v1\nflags:\n  migStrategy: mixed\n");
+  // The H200 node has the CUDA interposer, so its shares default to hard limits; the other
+  // sharing node offers none (time-slicing without isolation) only.
   AddNode("h200", "hgx-h200",
           "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-          "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: all}\n");
+          "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: all}\n",
+          {"--cuda-interposer", KGPU_CUDA_INTERPOSER, "--cuda-shared-root", root_ + "/cuda"});
   // Each Node carries its allocatable (kubelet) and its inventory annotation (the plugin).
   for (auto& n : nodes_) {
     ASSERT_TRUE(WaitFor([&] { return !Inventory(n.name).is_null(); })) << n.name << "\n" << n.plugin->Log();
@@ -543,6 +553,8 @@ TEST_F(E2eClusterTest, MixedPodsOnFourNodesThroughTheExtender) {
   CheckEveryPod();
   EXPECT_GT(quota_refused_, 0) << "team-a's quota never refused a pod: raise the load";
   EXPECT_GT(checked_, kPods / 2) << "too few pods bound to say anything";
+  EXPECT_GT(hard_, 0) << "no share with hard limits (the H200 node's default)";
+  EXPECT_GT(none_, 0) << "no share without isolation (the other sharing node's only mode)";
   // The restarted extender booked every record and found no conflict (a double allocation would be one).
   k8s::Config mc;
   mc.server = extender_url_;

@@ -50,14 +50,27 @@ class ShareHandoffTest : public testing::PluginNodeTest {
     const std::string config = WriteConfig(
         "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
         "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: [0, 1, 2, 3]}\n");
-    plugin_ = std::make_unique<testing::Plugin>(
-        sim_->dir(), std::vector<std::string>{"--config-file", config, "--kubeconfig", kubeconfig_, "--node-name", "test-node",
-                                              "--pod-resources-socket", pr_->SocketPath(), "--cdi-spec-dir", cdi_});
-    ASSERT_TRUE(kubelet_->WaitFor("kgpu.io/gpu", [](const testing::ResourceState& s) { return s.connected && s.devices.size() == 64; },
+    config_ = config;
+    cuda_root_ = sim_->dir() + "/cuda";
+    StartPlugin(true);
+  }
+  // The plugin, with the CUDA interposer (hard shares possible) or without.
+  void StartPlugin(bool interposer) {
+    const int before = kubelet_->Get("kgpu.io/gpu") ? kubelet_->Get("kgpu.io/gpu")->registrations : 0;
+    plugin_.reset();
+    std::vector<std::string> args = {"--config-file", config_, "--kubeconfig", kubeconfig_, "--node-name", "test-node",
+                                     "--pod-resources-socket", pr_->SocketPath(), "--cdi-spec-dir", cdi_};
+    if (interposer) args.insert(args.end(), {"--cuda-interposer", KGPU_CUDA_INTERPOSER, "--cuda-shared-root", cuda_root_});
+    plugin_ = std::make_unique<testing::Plugin>(sim_->dir(), args);
+    ASSERT_TRUE(kubelet_->WaitFor("kgpu.io/gpu",
+                                  [&](const testing::ResourceState& s) {
+                                    return s.connected && s.registrations > before && s.devices.size() == 64;
+                                  },
                                   20s))
         << plugin_->Log();
     ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const testing::ResourceState& s) { return s.devices.size() == 4; }, 10s));
   }
+  static json Mounts(const json& spec) { return spec["devices"][0]["containerEdits"].value("mounts", json::array()); }
   void TearDown() override {
     plugin_.reset();
     pr_->Stop();
@@ -105,7 +118,7 @@ class ShareHandoffTest : public testing::PluginNodeTest {
   testing::FakeApiServer api_;
   std::unique_ptr<testing::FakePodResources> pr_;
   std::unique_ptr<testing::Plugin> plugin_;
-  std::string cdi_, kubeconfig_;
+  std::string cdi_, kubeconfig_, config_, cuda_root_;
   std::vector<std::string> uuids_;
   std::map<std::string, int> minors_;
 };
@@ -163,6 +176,23 @@ TEST_F(ShareHandoffTest, ManyPodsAtOnceInAnyOrderGetExactlyTheirRecords) {
     EXPECT_EQ(env.at("KGPU_GPU_CORES"), std::to_string(w.cores));
     if (w.mode == "hard") {
       EXPECT_EQ(env.at("KGPU_CUDA_MEMORY_LIMIT"), w.gpu + "=" + std::to_string(w.mem) + "Mi");
+      // The interposer preloaded from the node's copy, read-only, and the container's own
+      // accounting directory (0777: a random-UID container writes its region there).
+      EXPECT_EQ(env.at("LD_PRELOAD"), "/usr/lib/kgpu/libkgpu-cuda.so") << w.pod;
+      EXPECT_EQ(env.at("KGPU_CUDA_SHARED_DIR"), "/run/kgpu-cuda") << w.pod;
+      const json mounts = Mounts(spec);
+      ASSERT_EQ(mounts.size(), 2u) << spec.dump();
+      EXPECT_EQ(mounts[0]["hostPath"], KGPU_CUDA_INTERPOSER);
+      EXPECT_EQ(mounts[0]["containerPath"], "/usr/lib/kgpu/libkgpu-cuda.so");
+      EXPECT_EQ(mounts[0]["options"][0], "ro");
+      const std::string uid = api_.Get("pods", "ns", w.pod).body["metadata"]["uid"];
+      EXPECT_EQ(mounts[1]["hostPath"], cuda_root_ + "/" + uid + "/main");
+      EXPECT_EQ(mounts[1]["containerPath"], "/run/kgpu-cuda");
+      const auto perms = std::filesystem::status(cuda_root_ + "/" + uid + "/main").permissions();
+      EXPECT_EQ(perms & std::filesystem::perms::all, std::filesystem::perms::all) << w.pod;
+    } else {
+      EXPECT_FALSE(env.contains("LD_PRELOAD")) << w.pod;
+      EXPECT_TRUE(Mounts(spec).empty()) << w.pod;
     }
     if (w.mode == "mps") {
       EXPECT_EQ(env.at("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=" + std::to_string(w.mem) + "M");
@@ -219,6 +249,35 @@ TEST_F(ShareHandoffTest, MultiGpuShareAndRefusals) {
   EXPECT_NE(std::string(shorter.message()).find("the record names 1 GPUs but kubelet gave 2 slots"), std::string::npos) << shorter;
   auto nobody = kubelet_->PreStartContainer("kgpu.io/gpu", {s0[9]});
   EXPECT_NE(std::string(nobody.message()).find("no container holds slots"), std::string::npos) << nobody;
+}
+
+// Without --cuda-interposer the node offers no hard limits: its inventory lists only none, and a
+// record that asks for hard anyway (written by hand, or for a node that had the interposer) is
+// refused at PreStart rather than started without its limit.
+TEST_F(ShareHandoffTest, HardWithoutTheInterposerIsRefused) {
+  StartPlugin(false);
+  const auto s1 = Slots(1);
+  CreatePod("strict", {"main", "kgpu.io/gpu", "hard", {{uuids_[1], "", "", 2000, 0}}});
+  CreatePod("loose", {"main", "kgpu.io/gpu", "none", {{uuids_[1], "", "", 2000, 0}}});
+  v1::ListPodResourcesResponse view;
+  testing::AddDevices(view, "ns", "strict", "main", "kgpu.io/gpu", {s1[0]});
+  testing::AddDevices(view, "ns", "loose", "main", "kgpu.io/gpu", {s1[1]});
+  pr_->SetListResponse(view);
+  ASSERT_TRUE(kubelet_->Allocate("kgpu.io/gpu", {s1[0]}).ok());
+  auto strict = kubelet_->PreStartContainer("kgpu.io/gpu", {s1[0]});
+  EXPECT_NE(std::string(strict.message()).find("ns/strict container main: the record asks for hard memory limits, but this "
+                                               "node's plugin has no CUDA interposer (--cuda-interposer)"),
+            std::string::npos)
+      << strict;
+  EXPECT_TRUE(Spec(deviceplugin::ShareCdiName({s1[0]})).is_null()) << "no CDI spec for a refused container";
+  ASSERT_TRUE(kubelet_->Allocate("kgpu.io/gpu", {s1[1]}).ok());
+  EXPECT_TRUE(kubelet_->PreStartContainer("kgpu.io/gpu", {s1[1]}).ok()) << plugin_->Log();
+  // And a path that is not there stops the plugin with the flag named.
+  std::filesystem::create_directories(sim_->dir() + "/bad");
+  testing::Plugin bad(sim_->dir() + "/bad", {"--config-file", config_, "--cuda-interposer", "/nonexistent/libkgpu-cuda.so"});
+  EXPECT_EQ(bad.Wait(20s), 1) << bad.Log();
+  EXPECT_NE(bad.Log().find("--cuda-interposer /nonexistent/libkgpu-cuda.so: No such file or directory"), std::string::npos)
+      << bad.Log();
 }
 
 }  // namespace

@@ -135,6 +135,9 @@ int main(int argc, char** argv) {
        "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: all}\n"}};
   uint32_t seed = 42;
   for (const auto& [name, profile, config] : specs) {
+    // The sharing node has the CUDA interposer: its shares get hard memory limits.
+    std::vector<std::string> extra;
+    if (name == "share") extra = {"--cuda-interposer", KGPU_CUDA_INTERPOSER, "--cuda-shared-root", root + "/cuda"};
     Node n;
     n.name = name;
     n.profile = profile;
@@ -150,12 +153,11 @@ int main(int argc, char** argv) {
     if (auto st = n.status->SyncOnce(); !st.ok()) return Fail(std::string(st.message()));
     n.status->Start();
     std::ofstream(n.dir + "/config.yaml") << config;
-    n.plugin = std::make_unique<t::Plugin>(
-        n.dir,
-        std::vector<std::string>{"--config-file", n.dir + "/config.yaml", "--publish-labels", "--kubeconfig", kubeconfig,
-                                 "--node-name", name, "--labels-interval", "0", "--pod-resources-socket",
-                                 n.pod_resources->SocketPath(), "--cdi-spec-dir", n.dir + "/cdi"},
-        env);
+    std::vector<std::string> args = {"--config-file", n.dir + "/config.yaml", "--publish-labels", "--kubeconfig", kubeconfig,
+                                     "--node-name", name, "--labels-interval", "0", "--pod-resources-socket",
+                                     n.pod_resources->SocketPath(), "--cdi-spec-dir", n.dir + "/cdi"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    n.plugin = std::make_unique<t::Plugin>(n.dir, args, env);
     n.admission = std::make_unique<t::KubeletAdmission>(*n.kubelet, *n.pod_resources, client, name, seed++);
     nodes.push_back(std::move(n));
   }
@@ -326,7 +328,12 @@ int main(int argc, char** argv) {
             std::string shortened;
             std::stringstream ss(env["NVIDIA_VISIBLE_DEVICES"]);
             for (std::string id; std::getline(ss, id, ',');) shortened += (shortened.empty() ? "" : ",") + Short(id);
-            sees = "NVIDIA_VISIBLE_DEVICES=" + shortened + " (CDI), KGPU_ENFORCEMENT=" + env["KGPU_ENFORCEMENT"];
+            sees = "NVIDIA_VISIBLE_DEVICES=" + shortened + " (CDI), KGPU_ENFORCEMENT=" + env["KGPU_ENFORCEMENT"] +
+                   (env.contains("LD_PRELOAD") ? ", LD_PRELOAD=" + env["LD_PRELOAD"] : "");
+            if (env["KGPU_ENFORCEMENT"] == "hard" && !env.contains("LD_PRELOAD")) {
+              std::cout << "  " << w->name << ": hard limits without the interposer preloaded\n";
+              ++failures;
+            }
           }
         } else if (ac.response.envs().contains("NVIDIA_VISIBLE_DEVICES")) {
           std::string v = ac.response.envs().at("NVIDIA_VISIBLE_DEVICES");

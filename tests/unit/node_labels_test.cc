@@ -137,7 +137,10 @@ TEST(InventoryAnnotation, SharingGpusCarryTheirSlotsAndTheExtenderReadsThem) {
   EXPECT_EQ(j["gpus"][0]["slots"], 16);
   EXPECT_EQ(j["gpus"][1]["slots"], 16);
   EXPECT_FALSE(j["gpus"][2].contains("slots"));
-  EXPECT_EQ(j["sharing"]["kgpu"]["enforcement"], json({"hard", "none"}));
+  // Without a CUDA interposer the node offers no hard limits: time-slicing without isolation only.
+  EXPECT_EQ(j["sharing"]["kgpu"]["enforcement"], json({"none"}));
+  // With one (--cuda-interposer), hard first: the default for shares that do not say.
+  c->cuda_interposer = "/var/lib/kgpu/isolation/0.1.0/libkgpu-cuda.so";
   auto node = extender::ParseInventoryAnnotation("n", InventoryAnnotation(*g.inv, *c));
   ASSERT_TRUE(node.ok()) << node.status();
   EXPECT_EQ(node->gpus[0].slots, 16);
