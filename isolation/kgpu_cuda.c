@@ -761,21 +761,29 @@ static void clamp_info(int gi, uint64_t limit, uint64_t* free_b, uint64_t* total
     *free_b = left;
 }
 
+/* The driver's free and total memory of the current device, as the container may use them:
+ * unchanged on an unlimited GPU, 0 when the limit cannot be read, else clamped to the limit. */
+static void limited_info(uint64_t* f, uint64_t* t) {
+  uint64_t limit;
+  const int gi = current_gi(&limit);
+  if (gi == -1)
+    return;
+  if (gi < 0) {
+    *f = *t = 0;
+  } else {
+    clamp_info(gi, limit, f, t);
+  }
+}
+
 KGPU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_b, size_t* total_b) {
   NOT_READY_GUARD;
   if (real.cuMemGetInfo_v2 == NULL)
     return CUDA_ERROR_NOT_SUPPORTED;
   const CUresult r = real.cuMemGetInfo_v2(free_b, total_b);
-  uint64_t limit;
-  int gi;
-  if (r != CUDA_SUCCESS || (gi = current_gi(&limit)) == -1)
+  if (r != CUDA_SUCCESS)
     return r;
   uint64_t f = *free_b, t = *total_b;
-  if (gi < 0) {
-    f = t = 0;
-  } else {
-    clamp_info(gi, limit, &f, &t);
-  }
+  limited_info(&f, &t);
   *free_b = f;
   *total_b = t;
   return r;
@@ -786,16 +794,10 @@ KGPU_EXPORT CUresult cuMemGetInfo(unsigned int* free_b, unsigned int* total_b) {
   if (real.cuMemGetInfo == NULL)
     return CUDA_ERROR_NOT_SUPPORTED;
   const CUresult r = real.cuMemGetInfo(free_b, total_b);
-  uint64_t limit;
-  int gi;
-  if (r != CUDA_SUCCESS || (gi = current_gi(&limit)) == -1)
+  if (r != CUDA_SUCCESS)
     return r;
   uint64_t f = *free_b, t = *total_b;
-  if (gi < 0) {
-    f = t = 0;
-  } else {
-    clamp_info(gi, limit, &f, &t);
-  }
+  limited_info(&f, &t);
   *free_b = (unsigned int)f;
   *total_b = (unsigned int)t;
   return r;
