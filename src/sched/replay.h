@@ -1,8 +1,8 @@
 #pragma once
 // Trace replay, exactly as the FGD paper's simulator does it (Weng et al., USENIX ATC'23, and its open simulator): pods sorted by
-// name, random clones `<name>-tuned-<k>` appended until the arrived GPU demand reaches the target
-// (130 % of the cluster's GPUs), shuffled with the seed, scheduled one at a time; a pod that does
-// not fit fails and is not retried. The KPI: the GPU allocation ratio at x % arrived demand (the
+// name and shuffled with the seed, then random clones `<name>-tuned-<k>` appended at the end until
+// the arrived GPU demand reaches the target (130 % of the cluster's GPUs), scheduled one at a
+// time; a pod that does not fit fails and is not retried (docs/sim.md). The KPI: the GPU allocation ratio at x % arrived demand (the
 // mean of round(alloc %, 2) over the arrivals whose round(arrived %) is x).
 //
 // Beyond the paper: a dynamic replay (pods leave at their deletion time; a pod that does not fit
