@@ -210,7 +210,9 @@ static uint64_t limit_for(const char* uuid) {
   return KGPU_ACCT_NO_LIMIT;
 }
 
-static void init_once(void) {
+static pthread_once_t g_limits_once = PTHREAD_ONCE_INIT;
+
+static void limits_once(void) {
   const char* lim = getenv("KGPU_CUDA_MEMORY_LIMIT");
   if (lim != NULL && parse_limits(lim) != 0) {
     fprintf(stderr,
@@ -219,6 +221,10 @@ static void init_once(void) {
             lim);
     g_limits_broken = 1;
   }
+}
+
+static void init_once(void) {
+  pthread_once(&g_limits_once, limits_once);
   dlsym_fn sym = real_dlsym();
   const char* path = getenv("KGPU_CUDA_REAL_LIBRARY");
   if (path == NULL || *path == '\0')
@@ -938,6 +944,110 @@ KGPU_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int ver
   return r;
 }
 
+/* ------------------------------------------------------------------ NVML inside the container */
+
+/* nvidia-smi and other NVML clients in the container see the limit as the GPU's memory: total =
+ * the container's effective limit, used = the container's allocations (every process of it),
+ * free = what is left of the limit (never more than the GPU really has free). Our own
+ * declarations of the two NVML structures (NVML's C ABI, as src/nvml/nvml_abi.h has them). */
+typedef struct {
+  unsigned long long total, free, used;
+} kgpu_nvml_memory;
+typedef struct {
+  unsigned int version;
+  unsigned long long total, reserved, free, used;
+} kgpu_nvml_memory_v2;
+typedef int (*nvml_mem_fn)(void*, kgpu_nvml_memory*);
+typedef int (*nvml_mem2_fn)(void*, kgpu_nvml_memory_v2*);
+typedef int (*nvml_uuid_fn)(void*, char*, unsigned int);
+/* The real NVML functions: from the handle a program looked them up on (dlsym), else the next
+ * definition after this library (a program linked with -lnvidia-ml). */
+static void* g_nvml_mem;
+static void* g_nvml_mem2;
+static void* g_nvml_uuid;
+
+static void* nvml_real(void** slot, const char* name) {
+  void* p = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+  if (p == NULL) {
+    const dlsym_fn rd = real_dlsym();
+    p = rd != NULL ? rd(RTLD_NEXT, name) : NULL;
+    if (p != NULL)
+      __atomic_store_n(slot, p, __ATOMIC_RELEASE);
+  }
+  return p;
+}
+
+/* Adjusts a device's memory figures to the container's limit; 0 when the GPU is not limited. */
+static int nvml_limited(void* dev, unsigned long long* total, unsigned long long* free_b,
+                        unsigned long long* used) {
+  pthread_once(&g_limits_once, limits_once); /* the limits only: an NVML client need not load CUDA */
+  void* up = nvml_real(&g_nvml_uuid, "nvmlDeviceGetUUID");
+  nvml_uuid_fn uuid_of;
+  memcpy(&uuid_of, &up, sizeof uuid_of);
+  char uuid[96];
+  if (uuid_of == NULL || uuid_of(dev, uuid, sizeof uuid) != 0)
+    return 0;
+  const uint64_t limit = limit_for(uuid);
+  if (limit == KGPU_ACCT_NO_LIMIT)
+    return 0;
+  uint64_t mine = 0, effective = limit;
+  const int gi = kgpu_acct_attach() == 0 ? kgpu_acct_gpu(uuid, limit) : -1;
+  if (gi >= 0) {
+    kgpu_acct_usage(gi, limit, &mine, &effective);
+  } else {
+    mine = effective = 0; /* the region is unusable: nothing can be allocated, say so */
+  }
+  if (mine > effective)
+    mine = effective;
+  const unsigned long long left = (unsigned long long)(effective - mine);
+  *total = effective;
+  *used = mine;
+  if (left < *free_b)
+    *free_b = left;
+  return 1;
+}
+
+KGPU_EXPORT int nvmlDeviceGetMemoryInfo(void* dev, kgpu_nvml_memory* m) {
+  void* p = nvml_real(&g_nvml_mem, "nvmlDeviceGetMemoryInfo");
+  nvml_mem_fn f;
+  memcpy(&f, &p, sizeof f);
+  if (f == NULL)
+    return 3; /* NVML_ERROR_NOT_SUPPORTED */
+  const int r = f(dev, m);
+  if (r == 0 && m != NULL)
+    nvml_limited(dev, &m->total, &m->free, &m->used);
+  return r;
+}
+
+KGPU_EXPORT int nvmlDeviceGetMemoryInfo_v2(void* dev, kgpu_nvml_memory_v2* m) {
+  void* p = nvml_real(&g_nvml_mem2, "nvmlDeviceGetMemoryInfo_v2");
+  nvml_mem2_fn f;
+  memcpy(&f, &p, sizeof f);
+  if (f == NULL)
+    return 3; /* NVML_ERROR_NOT_SUPPORTED */
+  const int r = f(dev, m);
+  if (r == 0 && m != NULL && nvml_limited(dev, &m->total, &m->free, &m->used))
+    m->reserved = 0; /* the driver's reservation is outside the container's limit */
+  return r;
+}
+
+/* dlsym of an NVML memory query on a library handle: remember the real one (and the UUID query
+ * from the same library) and answer with the hook. */
+static void* nvml_dlsym(void* handle, const char* name, dlsym_fn rd) {
+  void** slot = strcmp(name, "nvmlDeviceGetMemoryInfo") == 0      ? &g_nvml_mem
+                : strcmp(name, "nvmlDeviceGetMemoryInfo_v2") == 0 ? &g_nvml_mem2
+                                                                  : NULL;
+  void* p = rd(handle, name);
+  if (slot == NULL || p == NULL)
+    return p;
+  void* u = rd(handle, "nvmlDeviceGetUUID");
+  if (u != NULL)
+    __atomic_store_n(&g_nvml_uuid, u, __ATOMIC_RELEASE);
+  __atomic_store_n(slot, p, __ATOMIC_RELEASE);
+  const any_fn hook = slot == &g_nvml_mem ? (any_fn)nvmlDeviceGetMemoryInfo : (any_fn)nvmlDeviceGetMemoryInfo_v2;
+  return fn_to_ptr(hook);
+}
+
 static int hooked_name(const char* name) {
   if (name == NULL || name[0] != 'c' || name[1] != 'u')
     return 0;
@@ -962,6 +1072,8 @@ static int hooked_name(const char* name) {
 /* See the file comment. The last statement must stay a tail call. */
 KGPU_EXPORT void* dlsym(void* handle, const char* name) {
   const dlsym_fn rd = real_dlsym();
+  if (handle != RTLD_DEFAULT && handle != RTLD_NEXT && strncmp(name, "nvmlDeviceGetMemoryInfo", 23) == 0)
+    return nvml_dlsym(handle, name, rd);
   if (handle != RTLD_DEFAULT && handle != RTLD_NEXT && hooked_name(name)) {
     void* p = rd(handle, name);
     void* h = hook_for_real(p);

@@ -1,13 +1,14 @@
 #!/bin/bash
 # End-to-end tests of libkgpu-cuda.so (the memory interposer) against the simulated CUDA driver,
 # as processes of one "container" (one KGPU_CUDA_SHARED_DIR):
-#   isolation_test.sh ISO_DRIVER INTERPOSER_LIB [KGPU_SIMCTL]
+#   isolation_test.sh ISO_DRIVER INTERPOSER_LIB [KGPU_SIMCTL [NVML_PROBE]]
 # ISO_DRIVER is isolation/tests/iso_driver (linked against the simulated libcuda.so.1); with
 # KGPU_SIMCTL the NVML side of the node state is checked too. Each case prints PASS or FAIL.
 set -u
 DRIVER=$1
 LIB=$2
 SIMCTL=${3:-}
+PROBE=${4:-}
 
 WORK=$(mktemp -d /tmp/kgpu-iso-test.XXXXXX)
 chmod 755 "$WORK"
@@ -99,6 +100,29 @@ if [ -n "$SIMCTL" ]; then
   wait_file "$c.held"
   if "$SIMCTL" show | tr -d ' \n' | grep -q "\"memMiB\":400,[^}]*\"pid\":$A"; then pass "NVML lists the pid with its memory"; else
     fail "NVML lists the pid with its memory"; "$SIMCTL" show | grep -A3 '"processes"'; fi
+  kill -9 $A; wait $A 2>/dev/null
+fi
+
+# 4b. NVML inside the container (what nvidia-smi shows): the limit as the GPU's memory and the
+# container's allocations as used, whether the client is linked with NVML or dlopen()s it; a GPU
+# the limit does not name keeps NVML's own figures.
+if [ -n "$PROBE" ]; then
+  c=$WORK/c-smi
+  bgrun "$c" "$L512" direct init alloc 300 ok touch "$c.held" pause
+  A=$!
+  wait_file "$c.held"
+  for mode in direct dlopen; do
+    out=$(KGPU_CUDA_SHARED_DIR=$c KGPU_CUDA_MEMORY_LIMIT=$L512 LD_PRELOAD=$LIB timeout 30 "$PROBE" $mode 0 2>&1)
+    if grep -qx "v1 total=512 used=300 free=212" <<<"$out" && grep -qx "v2 total=512 used=300 free=212" <<<"$out"; then
+      pass "NVML in the container ($mode): total = the limit, used = the container's"
+    else
+      fail "NVML in the container ($mode)"; echo "$out"
+    fi
+  done
+  out=$(KGPU_CUDA_SHARED_DIR=$c KGPU_CUDA_MEMORY_LIMIT=$L512 LD_PRELOAD=$LIB timeout 30 "$PROBE" direct 1 2>&1)
+  plain=$(timeout 30 "$PROBE" direct 1 2>&1)
+  if [ "$out" = "$plain" ] && grep -q "^v1 total=81559 " <<<"$out"; then pass "NVML of an unlimited GPU unchanged"; else
+    fail "NVML of an unlimited GPU unchanged"; echo "$out"; echo "$plain"; fi
   kill -9 $A; wait $A 2>/dev/null
 fi
 
