@@ -56,6 +56,7 @@
 
 #include "account.h"
 #include "cuda_abi.h"
+#include "nvml_memory_abi.h"
 
 #define KGPU_EXPORT __attribute__((visibility("default")))
 #define GRANULE (2ULL << 20)
@@ -948,15 +949,7 @@ KGPU_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int ver
 
 /* nvidia-smi and other NVML clients in the container see the limit as the GPU's memory: total =
  * the container's effective limit, used = the container's allocations (every process of it),
- * free = what is left of the limit (never more than the GPU really has free). Our own
- * declarations of the two NVML structures (NVML's C ABI, as src/nvml/nvml_abi.h has them). */
-typedef struct {
-  unsigned long long total, free, used;
-} kgpu_nvml_memory;
-typedef struct {
-  unsigned int version;
-  unsigned long long total, reserved, free, used;
-} kgpu_nvml_memory_v2;
+ * free = what is left of the limit (never more than the GPU really has free). */
 typedef int (*nvml_mem_fn)(void*, kgpu_nvml_memory*);
 typedef int (*nvml_mem2_fn)(void*, kgpu_nvml_memory_v2*);
 typedef int (*nvml_uuid_fn)(void*, char*, unsigned int);

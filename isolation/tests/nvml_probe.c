@@ -12,15 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nvml_memory_abi.h"
+
 typedef struct nvmlDevice_st* nvmlDevice_t;
-typedef struct {
-  unsigned long long total, free, used;
-} nvml_memory;
-typedef struct {
-  unsigned int version;
-  unsigned long long total, reserved, free, used;
-} nvml_memory_v2;
-#define NVML_MEMORY_V2_VERSION ((unsigned int)(sizeof(nvml_memory_v2) | (2u << 24)))
+typedef kgpu_nvml_memory nvml_memory;
+typedef kgpu_nvml_memory_v2 nvml_memory_v2;
+#define NVML_MEMORY_V2_VERSION KGPU_NVML_MEMORY_V2_VERSION
 
 int nvmlInit_v2(void);
 int nvmlShutdown(void);
