@@ -81,6 +81,25 @@ typedef struct CUDA_ARRAY3D_DESCRIPTOR_st { /* CUDA_ARRAY3D_DESCRIPTOR_v2 */
   unsigned int Flags;
 } CUDA_ARRAY3D_DESCRIPTOR;
 
+/* Bytes per channel of an array element of format `f`; 0 for a format this table does not know.
+ * (Ours, shared by the interposer's accounting and the simulated driver.) */
+static inline unsigned kgpu_cu_format_bytes(CUarray_format f) {
+  switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+      return 4;
+  }
+  return 0;
+}
+
 typedef enum CUmemAllocationType_enum {
   CU_MEM_ALLOCATION_TYPE_INVALID = 0,
   CU_MEM_ALLOCATION_TYPE_PINNED = 1

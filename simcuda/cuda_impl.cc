@@ -484,23 +484,6 @@ CUresult MemInfo(uint64_t* free_bytes, uint64_t* total_bytes) {
   return CUDA_SUCCESS;
 }
 
-unsigned FormatBytes(CUarray_format f) {
-  switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
-      return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-      return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32:
-    case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT:
-      return 4;
-  }
-  return 0;
-}
-
 CUresult ProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags,
                      CUdriverProcAddressQueryResult* status);
 
@@ -849,12 +832,12 @@ CU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream) {
 // A 1D or 2D array of Width x max(Height, 1) elements of NumChannels (1, 2 or 4) x the format's
 // size.
 CU_EXPORT CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* desc) {
-  if (pHandle == nullptr || desc == nullptr || desc->Width == 0 || FormatBytes(desc->Format) == 0 ||
+  if (pHandle == nullptr || desc == nullptr || desc->Width == 0 || kgpu_cu_format_bytes(desc->Format) == 0 ||
       (desc->NumChannels != 1 && desc->NumChannels != 2 && desc->NumChannels != 4)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   const uint64_t bytes = static_cast<uint64_t>(desc->Width) * std::max<size_t>(desc->Height, 1) *
-                         desc->NumChannels * FormatBytes(desc->Format);
+                         desc->NumChannels * kgpu_cu_format_bytes(desc->Format);
   auto* a = new Arr;
   uint64_t key = 0;
   const CUresult r =
@@ -869,14 +852,14 @@ CU_EXPORT CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTO
 
 // A 1D, 2D or 3D array: Width x max(Height, 1) x max(Depth, 1) elements.
 CU_EXPORT CUresult cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
-  if (pHandle == nullptr || desc == nullptr || desc->Width == 0 || FormatBytes(desc->Format) == 0 ||
+  if (pHandle == nullptr || desc == nullptr || desc->Width == 0 || kgpu_cu_format_bytes(desc->Format) == 0 ||
       (desc->NumChannels != 1 && desc->NumChannels != 2 && desc->NumChannels != 4) ||
       (desc->Depth != 0 && desc->Height == 0)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   const uint64_t bytes = static_cast<uint64_t>(desc->Width) * std::max<size_t>(desc->Height, 1) *
                          std::max<size_t>(desc->Depth, 1) * desc->NumChannels *
-                         FormatBytes(desc->Format);
+                         kgpu_cu_format_bytes(desc->Format);
   auto* a = new Arr;
   uint64_t key = 0;
   const CUresult r =

@@ -43,6 +43,7 @@
 #include "testing/gpu_nodes.h"
 #include "testing/kubelet_admission.h"
 #include "testing/plugin_process.h"
+#include "testing/poll.h"
 #include "testing/spawn.h"
 
 namespace kgpu {
@@ -52,21 +53,8 @@ using namespace std::chrono_literals;
 
 constexpr int kPods = 200;
 
-bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 60s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return pred();
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing::ReadFile;
+using testing::WaitFor;
 
 int WaitExit(pid_t pid) {
   int status = 0;

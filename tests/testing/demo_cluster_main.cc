@@ -40,6 +40,7 @@
 #include "testing/gpu_nodes.h"
 #include "testing/kubelet_admission.h"
 #include "testing/plugin_process.h"
+#include "testing/poll.h"
 #include "testing/spawn.h"
 
 namespace {
@@ -47,21 +48,8 @@ using json = nlohmann::json;
 using namespace std::chrono_literals;
 namespace t = kgpu::testing;
 
-bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 60s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return pred();
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using t::ReadFile;
+using t::WaitFor;
 
 struct Node {
   std::string name, profile, dir;
