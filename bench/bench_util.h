@@ -325,4 +325,20 @@ inline void PrintSmaps(const std::string& title, pid_t pid) {
   }
 }
 
+// utime+stime of a process (live and exited threads), seconds (clock-tick resolution).
+inline double ProcCpuSeconds(pid_t pid) {
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  const auto rp = stat.rfind(')');
+  if (rp == std::string::npos || rp + 2 > stat.size()) return -1;
+  std::istringstream s(stat.substr(rp + 2));
+  // Fields from 3 (state) on; utime is field 14, stime 15.
+  std::string f;
+  unsigned long long utime = 0, stime = 0;
+  for (int field = 3; field <= 15 && (s >> f); ++field) {
+    if (field == 14) utime = std::strtoull(f.c_str(), nullptr, 10);
+    if (field == 15) stime = std::strtoull(f.c_str(), nullptr, 10);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 }  // namespace kgpu::bench

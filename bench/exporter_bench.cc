@@ -117,6 +117,7 @@ using kgpu::bench::KillAllChildren;
 using kgpu::bench::MakeTempDir;
 using kgpu::bench::NowNs;
 using kgpu::bench::PrintSmaps;
+using kgpu::bench::ProcCpuSeconds;
 using kgpu::bench::ProcMem;
 using kgpu::bench::ReadFile;
 using kgpu::bench::ReadProcMem;
@@ -224,25 +225,6 @@ std::string DescribeMem(const ProcMem& m) {
                 m.rss_mb, m.hwm_mb, m.anon_mb, m.file_mb, m.shmem_mb, m.pss_mb, m.private_dirty_mb,
                 m.private_clean_mb, m.shared_clean_mb, m.shared_dirty_mb, m.threads);
   return buf;
-}
-
-// utime+stime of a process (live and exited threads), seconds.
-double ProcCpuSeconds(pid_t pid) {
-  const std::string stat = ReadFile(Cat("/proc/", pid, "/stat"));
-  const auto rp = stat.rfind(')');
-  if (rp == std::string::npos)
-    return -1;
-  std::istringstream s(stat.substr(rp + 2));
-  // Fields from 3 (state) on; utime is field 14, stime 15.
-  std::string f;
-  unsigned long long utime = 0, stime = 0;
-  for (int field = 3; field <= 15 && (s >> f); ++field) {
-    if (field == 14)
-      utime = std::strtoull(f.c_str(), nullptr, 10);
-    if (field == 15)
-      stime = std::strtoull(f.c_str(), nullptr, 10);
-  }
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 // On-CPU time of the live threads (sum of /proc/<pid>/task/*/schedstat), seconds, ns resolution.

@@ -5,16 +5,42 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <tuple>
 
 #include "common/log.h"
 #include "common/sleep.h"
 #include "common/strings.h"
+#include "exporter/gzip_body.h"
 
 namespace kgpu::exporter {
 namespace {
+
+// Accept-Encoding names gzip (or *) with a non-zero q (RFC 9110 12.5.3).
+bool AcceptsGzip(std::string_view header) {
+  size_t at = 0;
+  while (at < header.size()) {
+    size_t end = header.find(',', at);
+    if (end == std::string_view::npos) end = header.size();
+    std::string_view item = header.substr(at, end - at);
+    at = end + 1;
+    const size_t semi = item.find(';');
+    std::string_view coding = item.substr(0, semi);
+    while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t')) coding.remove_prefix(1);
+    while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) coding.remove_suffix(1);
+    if (coding != "gzip" && coding != "x-gzip" && coding != "*") continue;
+    if (semi == std::string_view::npos) return true;
+    std::string_view params = item.substr(semi + 1);
+    const size_t q = params.find("q=");
+    if (q == std::string_view::npos) return true;
+    const double v = std::strtod(std::string(params.substr(q + 2)).c_str(), nullptr);
+    return v > 0;
+  }
+  return false;
+}
 
 constexpr unsigned kFieldMemoryTemp = 82, kFieldNvlinkTx = 138, kFieldNvlinkRx = 139;
 
@@ -473,10 +499,39 @@ std::string Exporter::Scrape() {
     std::lock_guard<std::mutex> lock(buffer_mu_);
     buffer = buffer_;
   }
+  const std::string tail = OwnMetrics();
+  std::string out;
+  out.reserve(buffer->size() + tail.size());
+  out += *buffer;
+  out += tail;
+  return out;
+}
+
+std::optional<std::string> Exporter::ScrapeGzip() {
+  std::shared_ptr<const std::string> buffer;
+  {
+    std::lock_guard<std::mutex> lock(buffer_mu_);
+    buffer = buffer_;
+  }
+  std::shared_ptr<const GzipBody> gz;
+  {
+    // The collection is deflated once, by the first scrape that asks for gzip after it; the
+    // others wait for it here instead of deflating it again.
+    std::lock_guard<std::mutex> lock(gzip_mu_);
+    if (gzip_of_ != buffer) {
+      gzip_ = GzipBody::Make(*buffer);
+      gzip_of_ = buffer;
+      if (gzip_) gzip_compressions_++;
+    }
+    gz = gzip_;
+  }
+  if (!gz) return std::nullopt;
+  return gz->With(OwnMetrics());
+}
+
+std::string Exporter::OwnMetrics() {
   const uint64_t scrapes = ++scrapes_;
   std::string out;
-  out.reserve(buffer->size() + 1024);
-  out += *buffer;
   // The exporter's own health, declared in one table.
   struct Own {
     const char* name;
@@ -498,6 +553,9 @@ std::string Exporter::Scrape() {
       {"kgpu_exporter_log_repeats_suppressed_total", "counter",
        "Warnings not logged again because the same condition persisted (logged once, and when it changes).",
        Int(pods_log_.suppressed() + rediscovery_log_.suppressed())},
+      {"kgpu_exporter_gzip_compressions_total", "counter",
+       "Collections deflated for gzip scrapes (once per collection, however many scrapers ask).",
+       Int(gzip_compressions_.load())},
   };
   for (const auto& m : own) {
     out += Cat("# HELP ", m.name, " ", m.help, "\n# TYPE ", m.name, " ", m.type, "\n", m.name, " ", m.value, "\n");
@@ -559,8 +617,25 @@ absl::Status Exporter::Start() {
   http_->set_tcp_nodelay(true);
   // Scrapers are few: two workers instead of one per core keep threads and arenas small.
   http_->new_task_queue = [] { return new httplib::ThreadPool(2); };
-  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(Scrape(), "text/plain; version=0.0.4; charset=utf-8");
+  http_->Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+    constexpr const char* kType = "text/plain; version=0.0.4; charset=utf-8";
+    // (The headers are read and written as the maps they are: the release binary loads httplib
+    // lazily and forwards only the few functions src/cli/lazy_httplib.cc lists.)
+    bool gzip = false;
+    for (auto [it, end] = req.headers.equal_range("Accept-Encoding"); it != end; ++it) gzip = gzip || AcceptsGzip(it->second);
+    // The encoding is decided here. httplib (0.11) would compress a text body again by the
+    // request's Accept-Encoding alone (whatever the response's Content-Encoding says, and even
+    // for gzip;q=0), so the header is dropped from the request once read. (The Request is
+    // httplib's own non-const object, handed to handlers by const reference.)
+    const_cast<httplib::Request&>(req).headers.erase("Accept-Encoding");
+    if (gzip) {
+      if (auto gz = ScrapeGzip()) {
+        res.headers.emplace("Content-Encoding", "gzip");
+        res.set_content(*gz, kType);
+        return;
+      }
+    }
+    res.set_content(Scrape(), kType);
   });
   http_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("OK", "text/plain"); });
   http_->Get("/", [](const httplib::Request&, httplib::Response& res) {

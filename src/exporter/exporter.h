@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +42,8 @@ class Server;
 }
 
 namespace kgpu::exporter {
+
+class GzipBody;  // exporter/gzip_body.h
 
 struct ExporterOptions {
   std::vector<Counter> counters;              // from -f (default: DefaultCountersCsv())
@@ -104,10 +107,13 @@ class Exporter {
   void CollectNow();
   // The body of GET /metrics.
   std::string Scrape();
+  // The same, gzipped, with the collection deflated once for all scrapes (nullopt: zlib failed).
+  std::optional<std::string> ScrapeGzip();
   int port() const { return port_; }
 
  private:
   void RefreshPods();
+  std::string OwnMetrics();  // the exporter's own series, counting this scrape
 
   const nvml::Library& lib_;
   const std::shared_ptr<const gpu::Inventory> inventory_;
@@ -122,7 +128,11 @@ class Exporter {
   std::mutex buffer_mu_;
   std::shared_ptr<const std::string> buffer_;  // the latest collection, swapped whole
 
-  std::atomic<uint64_t> scrapes_{0}, collections_{0}, pod_errors_{0};
+  std::mutex gzip_mu_;
+  std::shared_ptr<const std::string> gzip_of_;  // the collection gzip_ was made from
+  std::shared_ptr<const GzipBody> gzip_;
+
+  std::atomic<uint64_t> scrapes_{0}, collections_{0}, pod_errors_{0}, gzip_compressions_{0};
   // Conditions retried on a timer (PodResources unreachable, MIG re-discovery failing): logged
   // once and when they change; the repeats show in kgpu_exporter_log_repeats_suppressed_total.
   ConditionLog pods_log_{"exporter"}, rediscovery_log_{"exporter"};

@@ -51,6 +51,7 @@ struct NodeInfo {
   std::vector<GpuInfo> gpus;
   std::vector<std::string> enforcement = {"hard"};
   std::string mig_strategy = "none";
+  int engine_id = -1;  // set by the extender's State: the placement engine's id of this node
   const GpuInfo* FindUuid(const std::string& uuid) const;
   int IndexOfUuid(const std::string& uuid) const;  // position in gpus, -1 if none
 };

@@ -1,6 +1,7 @@
 #pragma once
 // The allocation record: what the extender decided for a pod, written on the pod as the
-// annotation kgpu.io/allocation at bind (before the binding), read back by a restarted extender
+// annotation kgpu.io/allocation by the binding itself (pods/binding merges the Binding's
+// annotations into the pod with spec.nodeName), read back by a restarted extender
 // to rebuild its state and by the node agent to hand each container exactly these GPUs and
 // limits (docs/sharing-model.md). Compact JSON, format version 1:
 //

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <set>
 
 #include "common/log.h"
 #include "common/strings.h"
@@ -23,13 +24,13 @@ std::string HostName() {
   return buf;
 }
 
-std::vector<std::string> NamesOf(const ExtenderArgs& a) {
+// The candidate nodes' names: NodeNames as sent, or the names of the full NodeList (in `scratch`).
+const std::vector<std::string>& NamesOf(const ExtenderArgs& a, std::vector<std::string>& scratch) {
   if (a.node_names) return *a.node_names;
-  std::vector<std::string> out;
   if (a.nodes) {
-    for (const auto& n : *a.nodes) out.push_back(n.value("metadata", json::object()).value("name", ""));
+    for (const auto& n : *a.nodes) scratch.push_back(n.value("metadata", json::object()).value("name", ""));
   }
-  return out;
+  return scratch;
 }
 
 }  // namespace
@@ -83,25 +84,27 @@ Extender::Reply Extender::Filter(std::string_view body) {
     if (!args->node_names && args->nodes) {
       for (const auto& n : *args->nodes) state_.UpsertNode(n);  // nodeCacheCapable: false
     }
-    const auto out = state_.Filter(args->pod, NamesOf(*args));
+    std::vector<std::string> scratch;
+    auto out = state_.Filter(args->pod, NamesOf(*args, scratch));
     FilterResult r;
+    const size_t passed = out.passed.size();
     if (args->node_names) {
-      r.node_names = out.passed;
+      r.node_names = std::move(out.passed);
     } else {
       std::vector<json> keep;
       if (args->nodes) {
-        for (const auto& n : *args->nodes) {
-          const std::string name = n.value("metadata", json::object()).value("name", "");
-          if (std::find(out.passed.begin(), out.passed.end(), name) != out.passed.end()) keep.push_back(n);
+        const std::set<std::string> pass(out.passed.begin(), out.passed.end());
+        for (auto& n : *args->nodes) {
+          if (pass.contains(n.value("metadata", json::object()).value("name", ""))) keep.push_back(std::move(n));
         }
       }
       r.nodes = std::move(keep);
     }
-    r.failed_nodes = out.failed;
-    r.failed_and_unresolvable = out.unresolvable;
-    metrics_.Count("kgpu_extender_filter_nodes_total", {{"result", "passed"}}, out.passed.size());
-    metrics_.Count("kgpu_extender_filter_nodes_total", {{"result", "failed"}}, out.failed.size());
-    metrics_.Count("kgpu_extender_filter_nodes_total", {{"result", "unresolvable"}}, out.unresolvable.size());
+    r.failed_nodes = std::move(out.failed);
+    r.failed_and_unresolvable = std::move(out.unresolvable);
+    metrics_.Count("kgpu_extender_filter_nodes_total", {{"result", "passed"}}, passed);
+    metrics_.Count("kgpu_extender_filter_nodes_total", {{"result", "failed"}}, r.failed_nodes.size());
+    metrics_.Count("kgpu_extender_filter_nodes_total", {{"result", "unresolvable"}}, r.failed_and_unresolvable.size());
     for (const auto& [reason, n] : out.reasons) {
       metrics_.Count("kgpu_extender_filter_reasons_total", {{"reason", reason}}, static_cast<uint64_t>(n));
     }
@@ -116,7 +119,8 @@ Extender::Reply Extender::Prioritize(std::string_view body) {
       metrics_.Count("kgpu_extender_failures_total", {{"verb", "prioritize"}, {"reason", "bad_request"}});
       return {400, json{{"Error", EscapePercent(std::string(args.status().message()))}}.dump()};
     }
-    return {200, EncodeHostPriorityList(state_.Prioritize(args->pod, NamesOf(*args)))};
+    std::vector<std::string> scratch;
+    return {200, EncodeHostPriorityList(state_.Prioritize(args->pod, NamesOf(*args, scratch)))};
   });
 }
 
@@ -155,10 +159,18 @@ std::string Extender::BindPod(const BindingArgs& b) {
     metrics_.Count("kgpu_extender_failures_total", {{"verb", "bind"}, {"reason", std::string(reason)}});
     return msg;
   };
-  auto pod = client_.Get(path);
-  if (!pod.ok()) return fail("api_error", Cat("get pod ", ns, "/", b.pod_name, ": ", pod.status().message()));
   auto uid_of = [](const json& p) { return p.value("metadata", json::object()).value("uid", ""); };
   auto node_of = [](const json& p) { return p.value("spec", json::object()).value("nodeName", ""); };
+  // The pod from the informer's cache: kube-scheduler decided on it moments ago, so the cache
+  // has it. Only a pod the cache has not seen yet (or under another UID: re-created, or the cache
+  // lags) costs a GET. A stale copy cannot bind wrongly: the binding below carries the UID as a
+  // precondition and the apiserver refuses to bind a pod twice.
+  std::optional<json> pod = pods_ ? pods_->store().Get(Cat(ns, "/", b.pod_name)) : std::nullopt;
+  if (!pod || (!b.pod_uid.empty() && uid_of(*pod) != b.pod_uid)) {
+    auto got = client_.Get(path);
+    if (!got.ok()) return fail("api_error", Cat("get pod ", ns, "/", b.pod_name, ": ", got.status().message()));
+    pod = std::move(*got);
+  }
   if (!b.pod_uid.empty() && uid_of(*pod) != b.pod_uid) {
     return fail("pod_changed", Cat("pod ", ns, "/", b.pod_name, " was re-created (UID ", uid_of(*pod), ", the binding is for ",
                                    b.pod_uid, ")"));
@@ -173,45 +185,24 @@ std::string Extender::BindPod(const BindingArgs& b) {
   auto a = state_.Assume(*pod, b.node);
   if (!a.ok()) return fail(absl::IsInvalidArgument(a.status()) ? "invalid_request" : "no_fit", std::string(a.status().message()));
   const std::string uid = a->uid;
-  if (!a->record.containers.empty()) {
-    const std::string record = EncodeRecord(a->record);
-    absl::Status st;
-    for (int attempt = 0; attempt < 5; ++attempt) {
-      const std::string rv = pod->value("metadata", json::object()).value("resourceVersion", "");
-      json patch = {{"metadata", {{"resourceVersion", rv}, {"annotations", {{kAnnotationAllocation, record}}}}}};
-      auto r = client_.Patch(path, patch, "application/merge-patch+json");
-      st = r.status();
-      if (st.ok() || !k8s::IsApiConflict(st)) break;
-      pod = client_.Get(path);  // changed meanwhile: look again
-      if (!pod.ok()) {
-        st = pod.status();
-        break;
-      }
-      if (uid_of(*pod) != uid || !node_of(*pod).empty()) {
-        st = absl::AbortedError(Cat("pod ", ns, "/", b.pod_name, " changed while binding (re-created or bound elsewhere)"));
-        break;
-      }
-    }
-    if (!st.ok()) {
-      state_.Forget(uid);
-      return fail(k8s::IsApiConflict(st) ? "conflict" : "api_error", Cat("write allocation record: ", st.message()));
-    }
-  }
-  absl::Status st = client_.Bind(ns, b.pod_name, b.node);
-  if (!st.ok()) {
+  // One write: the apiserver sets spec.nodeName and merges the Binding's annotations (the
+  // allocation record) into the pod atomically, under the UID precondition. No moment exists in
+  // which the pod is bound without its record, or carries a record without being bound.
+  k8s::Client::BindOptions bo;
+  bo.uid = uid;
+  if (!a->record.containers.empty()) bo.annotations[kAnnotationAllocation] = EncodeRecord(a->record);
+  if (absl::Status st = client_.Bind(ns, b.pod_name, b.node, bo); !st.ok()) {
     if (k8s::IsApiConflict(st)) {
+      // Bound meanwhile (a retried bind of ours whose first answer was lost), or re-created.
       auto again = client_.Get(path);
-      if (again.ok() && node_of(*again) == b.node) {
-        state_.Confirm(uid);
+      if (again.ok() && uid_of(*again) == uid && node_of(*again) == b.node) {
+        state_.UpsertPod(*again);  // book exactly what its record says
+        metrics_.Count("kgpu_extender_binds_total", {{"result", "already_bound"}});
         return "";
       }
     }
     state_.Forget(uid);
-    if (!a->record.containers.empty()) {
-      json clear = {{"metadata", {{"annotations", {{kAnnotationAllocation, nullptr}}}}}};
-      (void)client_.Patch(path, clear, "application/merge-patch+json");
-    }
-    return fail("api_error", Cat("create binding: ", st.message()));
+    return fail(k8s::IsApiConflict(st) ? "conflict" : "api_error", Cat("create binding: ", st.message()));
   }
   state_.Confirm(uid);
   if (!a->record.containers.empty()) {

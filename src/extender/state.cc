@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "common/log.h"
@@ -213,7 +214,7 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
     return "";
   }
   const auto it = nodes_.find(name);
-  const int id = engine_->cluster().FindNode(name);
+  const int id = it == nodes_.end() ? -1 : it->second.engine_id;  // one lookup per node, not two
   cat = "no_inventory";
   if (it == nodes_.end() || id < 0) return Cat("node has no ", kInventoryAnnotation, " annotation (run kgpu node-labels on it)");
   const NodeInfo& info = it->second;
@@ -227,20 +228,26 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
       return Cat("enforcement '", mode, "' is not permitted on this node (it permits: ", Join(info.enforcement, ", "), ")");
     }
   }
+  // The common case first: the node takes the pod now. NodeFits checks the kind (the engine's
+  // model names carry it), models, health and free capacity; only the UUID lists need masking.
+  if (c.pod.uuids.empty() && c.pod.uuids_deny.empty() && engine_->cluster().NodeFits(c.req, id)) {
+    *unresolvable = false;
+    return "";
+  }
   const int need = g.kind == GpuKind::kMig ? 1 : g.count;
   const int64_t per_mem = shares ? g.MemoryPerGpu() : 0;
   int kind_ok = 0, model_ok = 0, uuid_ok = 0, healthy_ok = 0, fit_ok = 0;
   int64_t largest_total = 0;
-  std::vector<size_t> eligible;
-  std::set<std::string> node_models;
-  std::map<std::string, int> mig_profiles;
+  std::vector<size_t> eligible, healthy;
+  auto right_kind = [&](size_t i) {
+    return shares ? info.gpus[i].slots > 0
+                  : (info.gpus[i].slots == 0 && (g.kind == GpuKind::kMig) == !ns.gpus[i].mig.empty());
+  };
   for (size_t i = 0; i < info.gpus.size() && i < ns.gpus.size(); ++i) {
     const GpuInfo& gi = info.gpus[i];
     const auto& gs = ns.gpus[i];
-    const bool right_kind = shares ? gi.slots > 0 : (gi.slots == 0 && (g.kind == GpuKind::kMig) == !gs.mig.empty());
-    if (!right_kind) continue;
+    if (!right_kind(i)) continue;
     ++kind_ok;
-    node_models.insert(gi.model);
     if (gs.model < 0 || ((c.req.models >> gs.model) & 1U) == 0) continue;
     ++model_ok;
     const bool allowed = c.pod.uuids.empty() || std::find(c.pod.uuids.begin(), c.pod.uuids.end(), gi.uuid) != c.pod.uuids.end();
@@ -249,12 +256,12 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
     ++uuid_ok;
     if (!gi.healthy) continue;
     ++healthy_ok;
+    healthy.push_back(i);
     bool fits = true;
     if (shares) {
       largest_total = std::max(largest_total, gi.memory_mib);
       fits = gi.memory_mib >= per_mem && (per_mem == 0 || gi.memory_mib > 0);
     } else if (g.kind == GpuKind::kMig) {
-      for (const auto& m : gs.mig) ++mig_profiles[m.profile];
       fits = std::any_of(gs.mig.begin(), gs.mig.end(), [&](const auto& m) { return m.profile == g.mig_profile; });
     }
     if (!fits) continue;
@@ -274,6 +281,10 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
     }
     if (model_ok < need) {
       cat = "model";
+      std::set<std::string> node_models;
+      for (size_t i = 0; i < info.gpus.size() && i < ns.gpus.size(); ++i) {
+        if (right_kind(i)) node_models.insert(info.gpus[i].model);
+      }
       return Cat("no ", need > 1 ? Cat(need, " GPUs") : std::string("GPU"), " of the pod's models here (this node has: ",
                  Join(node_models, ", "), ")");
     }
@@ -288,6 +299,10 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
       if (need == 1) return Cat("no GPU on this node has ", per_mem, " MiB in total (largest: ", largest_total, " MiB)");
       return Cat("only ", fit_ok, " GPUs on this node have ", per_mem, " MiB in total; the pod needs ", need,
                  " shares on different GPUs");
+    }
+    std::map<std::string, int> mig_profiles;
+    for (size_t i : healthy) {
+      for (const auto& m : ns.gpus[i].mig) ++mig_profiles[m.profile];
     }
     std::vector<std::string> have;
     for (const auto& [p, n] : mig_profiles) have.push_back(Cat(p, " x", n));
@@ -367,11 +382,16 @@ FilterOutcome State::Filter(const json& pod, const std::vector<std::string>& nod
   std::lock_guard lock(mu_);
   FilterOutcome out;
   auto c = CompileLocked(pod);
+  std::vector<std::pair<const char*, int>> reasons;  // few categories: a map per node cost more
   for (const auto& n : nodes) {
     bool unres = false;
     const char* cat = nullptr;
     std::string why = ExplainLocked(*c, n, &unres, &cat);
-    if (!why.empty()) ++out.reasons[cat];
+    if (!why.empty()) {
+      auto r = std::find_if(reasons.begin(), reasons.end(), [&](const auto& e) { return std::strcmp(e.first, cat) == 0; });
+      if (r == reasons.end()) r = reasons.insert(reasons.end(), {cat, 0});
+      ++r->second;
+    }
     if (why.empty()) {
       out.passed.push_back(n);
     } else if (unres) {
@@ -380,6 +400,7 @@ FilterOutcome State::Filter(const json& pod, const std::vector<std::string>& nod
       out.failed[n] = std::move(why);
     }
   }
+  for (const auto& [cat, count] : reasons) out.reasons[cat] += count;
   return out;
 }
 
@@ -509,6 +530,7 @@ void State::UpsertNode(const json& node) {
     RebookNodeLocked(name);
     return;
   }
+  info->engine_id = *id;
   nodes_[name] = std::move(*info);
   RebookNodeLocked(name);
 }
@@ -547,8 +569,8 @@ void State::UpsertPod(const json& pod) {
     pods_.erase(it);
   };
   // spec.nodeName is never unset once a pod is bound (the apiserver refuses it), so an unbound
-  // copy of a pod we booked is an event the watch delivers late: our own record write, or the
-  // pod's creation, arriving after our binding was confirmed. Dropping the booking on it would
+  // copy of a pod we booked is an event the watch delivers late: an update made before the
+  // binding (a label, an earlier record write), or the pod's creation, arriving after our binding was confirmed. Dropping the booking on it would
   // free the GPUs of a bound pod until the binding's event comes, and a concurrent bind could
   // take them (a double allocation, counted as a record conflict when the binding arrives).
   if (it != pods_.end() && node.empty() && (it->second.bound || it->second.assumed) && phase != "Succeeded" &&

@@ -4,8 +4,8 @@
 // plus the verbs' logic: filter (device-level feasibility with reasons, FailedNodes for what
 // preemption can free, FailedAndUnresolvableNodes for what it cannot), prioritize (the engine's
 // policy scores mapped to 0..10), assume (bind: the exact GPUs, booked in memory before the
-// record is written so that concurrent binds never double-book a GPU) and preempt (only victims
-// whose removal makes the pod fit).
+// binding carries the record, so that concurrent binds never double-book a GPU) and preempt
+// (only victims whose removal makes the pod fit).
 //
 // Rebuilding: a pod bound to a node with a record is booked at exactly the record's GPUs, so a
 // restarted extender has the same state; two records that claim the same capacity are counted
@@ -74,7 +74,7 @@ class State {
   // Chooses the GPUs on `node` and books them. FailedPrecondition with the reason when the pod no
   // longer fits there; InvalidArgument for a request that can never be scheduled.
   absl::StatusOr<Assumption> Assume(const nlohmann::json& pod, const std::string& node);
-  // Drops a booking that was never bound (the record write or the binding failed).
+  // Drops a booking that was never bound (the binding failed).
   void Forget(const std::string& uid);
   // The binding was created: the booking stays until the pod goes away.
   void Confirm(const std::string& uid);
@@ -111,7 +111,7 @@ class State {
   mutable std::mutex mu_;
   std::unique_ptr<sched::Engine> engine_;
   std::unique_ptr<sched::Policy> binpack_, spread_;
-  std::map<std::string, NodeInfo> nodes_;
+  absl::flat_hash_map<std::string, NodeInfo> nodes_;
   absl::flat_hash_map<std::string, PodEntry> pods_;      // by UID
   std::map<std::string, std::set<std::string>> on_node_;  // node -> UIDs whose record names it
   uint64_t record_conflicts_ = 0, bad_records_ = 0, bad_inventories_ = 0;

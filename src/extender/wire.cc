@@ -1,6 +1,8 @@
 #include "extender/wire.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cstdio>
 
 #include "common/strings.h"
 
@@ -269,20 +271,102 @@ absl::StatusOr<std::string> ParseBindingResult(std::string_view body) {
   return OptString(*doc, "ExtenderBindingResult", "Error");
 }
 
+namespace {
+
+// A JSON string, written straight into `out`: the verbs' replies hold one string per node (5,000
+// and more), and building a json tree first costs more than the decision itself. Bytes beyond
+// ASCII go through nlohmann, which replaces invalid UTF-8 as every other reply does.
+void AppendString(std::string& out, std::string_view s) {
+  if (std::any_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; })) {
+    out += json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace);
+    return;
+  }
+  out += '"';
+  for (const char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+}
+
+void AppendStringMap(std::string& out, const std::map<std::string, std::string>& m) {
+  out += '{';
+  bool first = true;
+  for (const auto& [k, v] : m) {
+    if (!first) out += ',';
+    first = false;
+    AppendString(out, k);
+    out += ':';
+    AppendString(out, v);
+  }
+  out += '}';
+}
+
+}  // namespace
+
+// Keys in nlohmann's (sorted) order, as before: the bytes are what json::dump wrote.
 std::string EncodeFilterResult(const FilterResult& r) {
-  json out;
-  out["Nodes"] = r.nodes ? NodeListJson(*r.nodes) : json(nullptr);
-  out["NodeNames"] = r.node_names ? json(*r.node_names) : json(nullptr);
-  out["FailedNodes"] = r.failed_nodes;
-  out["FailedAndUnresolvableNodes"] = r.failed_and_unresolvable;
-  out["Error"] = r.error;
-  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string out;
+  size_t reserve = 128;
+  if (r.node_names) {
+    for (const auto& n : *r.node_names) reserve += n.size() + 3;
+  }
+  for (const auto* m : {&r.failed_nodes, &r.failed_and_unresolvable}) {
+    for (const auto& [k, v] : *m) reserve += k.size() + v.size() + 6;
+  }
+  out.reserve(reserve);
+  out += "{\"Error\":";
+  AppendString(out, r.error);
+  out += ",\"FailedAndUnresolvableNodes\":";
+  AppendStringMap(out, r.failed_and_unresolvable);
+  out += ",\"FailedNodes\":";
+  AppendStringMap(out, r.failed_nodes);
+  out += ",\"NodeNames\":";
+  if (r.node_names) {
+    out += '[';
+    for (size_t i = 0; i < r.node_names->size(); ++i) {
+      if (i > 0) out += ',';
+      AppendString(out, (*r.node_names)[i]);
+    }
+    out += ']';
+  } else {
+    out += "null";
+  }
+  out += ",\"Nodes\":";
+  out += r.nodes ? NodeListJson(*r.nodes).dump(-1, ' ', false, json::error_handler_t::replace) : std::string("null");
+  out += '}';
+  return out;
 }
 
 std::string EncodeHostPriorityList(const std::vector<HostPriority>& list) {
-  json out = json::array();
-  for (const auto& h : list) out.push_back({{"Host", h.host}, {"Score", h.score}});
-  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string out;
+  out.reserve(list.size() * 40 + 2);
+  out += '[';
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (i > 0) out += ',';
+    out += "{\"Host\":";
+    AppendString(out, list[i].host);
+    out += ",\"Score\":";
+    out += std::to_string(list[i].score);
+    out += '}';
+  }
+  out += ']';
+  return out;
 }
 
 std::string EncodeBindingResult(const std::string& error) {

@@ -428,11 +428,13 @@ absl::StatusOr<nlohmann::json> Client::UpdateWithRetry(const std::string& path,
   return last;
 }
 
-absl::Status Client::Bind(std::string_view ns, std::string_view pod, std::string_view node) {
-  const nlohmann::json binding = {{"apiVersion", "v1"},
-                                  {"kind", "Binding"},
-                                  {"metadata", {{"name", pod}, {"namespace", ns}}},
-                                  {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node}}}};
+absl::Status Client::Bind(std::string_view ns, std::string_view pod, std::string_view node, const BindOptions& opts) {
+  nlohmann::json binding = {{"apiVersion", "v1"},
+                            {"kind", "Binding"},
+                            {"metadata", {{"name", pod}, {"namespace", ns}}},
+                            {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node}}}};
+  if (!opts.uid.empty()) binding["metadata"]["uid"] = opts.uid;
+  if (!opts.annotations.empty()) binding["metadata"]["annotations"] = opts.annotations;
   auto r = Create(FindResource("pods")->Path(ns, pod, "binding"), binding);
   return r.status();
 }

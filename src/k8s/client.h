@@ -130,8 +130,16 @@ class Client {
                                                  const std::function<absl::Status(nlohmann::json&)>& mutate,
                                                  int attempts = 5);
 
-  // pods/binding: sets spec.nodeName (409 when already bound).
-  absl::Status Bind(std::string_view ns, std::string_view pod, std::string_view node);
+  // pods/binding: sets spec.nodeName (409 when already bound). The apiserver merges the
+  // Binding's metadata.annotations into the pod's in the same write (BindingREST
+  // setPodHostAndAnnotations), and a non-empty `uid` is a precondition (409 when the pod was
+  // re-created under the same name).
+  struct BindOptions {
+    std::string uid;
+    std::map<std::string, std::string> annotations;
+  };
+  absl::Status Bind(std::string_view ns, std::string_view pod, std::string_view node, const BindOptions& opts);
+  absl::Status Bind(std::string_view ns, std::string_view pod, std::string_view node) { return Bind(ns, pod, node, {}); }
   // pods/eviction (policy/v1). 429 (a PodDisruptionBudget forbids it now) is retried with
   // backoff until opts.max_wait; 404 (already gone) counts as done.
   absl::Status Evict(std::string_view ns, std::string_view pod, const EvictOptions& opts = {});

@@ -94,8 +94,22 @@ absl::StatusOr<int> Cluster::AddNode(const NodeSpec& spec, uint64_t rank) {
   const int id = static_cast<int>(nodes_.size());
   node_index_.emplace(n.name, id);
   nodes_.push_back(std::move(n));
-  Recount();
+  CountNode(nodes_.back(), +1);  // not Recount(): adding 5,000 nodes one by one must stay linear
   return id;
+}
+
+void Cluster::CountNode(const NodeState& n, int sign) {
+  if (!n.active) return;
+  active_nodes_ = sign > 0 ? active_nodes_ + 1 : active_nodes_ - 1;
+  if (sign > 0) {
+    max_cpu_ = std::max(max_cpu_, n.cpu_total);
+    max_gpus_ = std::max(max_gpus_, static_cast<int>(n.gpus.size()));
+  }
+  for (const auto& g : n.gpus) {
+    if (!g.healthy) continue;
+    total_milli_ += sign * kMilli;
+    allocated_milli_ += sign * (kMilli - g.free_milli);
+  }
 }
 
 void Cluster::Recount() {
@@ -130,10 +144,11 @@ absl::Status Cluster::RemoveNode(std::string_view name, std::vector<std::string>
     if (!st.ok()) return st;
   }
   auto& n = nodes_[static_cast<size_t>(id)];
+  CountNode(n, -1);
   n.active = false;
   ++n.version;
   node_index_.erase(std::string(n.name));
-  Recount();
+  if (n.cpu_total >= max_cpu_ || static_cast<int>(n.gpus.size()) >= max_gpus_) Recount();  // a maximum may have gone
   if (evicted != nullptr) *evicted = std::move(gone);
   return absl::OkStatus();
 }
@@ -145,9 +160,16 @@ absl::Status Cluster::SetGpuHealth(std::string_view node, int gpu, bool healthy)
   if (gpu < 0 || gpu >= static_cast<int>(n.gpus.size())) {
     return absl::OutOfRangeError(Cat("node ", node, ": no GPU ", gpu, " (it has ", n.gpus.size(), ")"));
   }
-  n.gpus[static_cast<size_t>(gpu)].healthy = healthy;
+  auto& g = n.gpus[static_cast<size_t>(gpu)];
+  if (g.healthy != healthy && n.active) {
+    // Only this GPU's share of the totals changes (the extender masks GPUs per request: a full
+    // recount here cost O(nodes) per masked GPU).
+    const int sign = healthy ? 1 : -1;
+    total_milli_ += sign * kMilli;
+    allocated_milli_ += sign * (kMilli - g.free_milli);
+  }
+  g.healthy = healthy;
   ++n.version;
-  Recount();
   return absl::OkStatus();
 }
 
@@ -299,12 +321,12 @@ absl::Status Cluster::Bind(const Request& req, const Placement& p) {
     ++g.pods;
     rec.placement.milli_each = take;
     rec.milli += take;
+    if (n.active && g.healthy) allocated_milli_ += take;  // as Recount counts: healthy GPUs only
   }
   n.cpu_free -= req.cpu;
   n.memory_free -= req.memory;
   ++n.pods;
   ++n.version;
-  allocated_milli_ += rec.milli;
   pods_.emplace(req.name, std::move(rec));
   return absl::OkStatus();
 }

@@ -119,6 +119,7 @@ class Cluster {
   };
   int InternModel(const std::string& model);
   void Recount();
+  void CountNode(const NodeState& n, int sign);  // add (+1) or take (-1) one node's share of the totals
 
   std::vector<NodeState> nodes_;
   absl::flat_hash_map<std::string, int> node_index_;

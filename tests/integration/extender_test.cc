@@ -239,13 +239,16 @@ TEST_F(ExtenderTest, EveryVerbOnTheWire) {
   EXPECT_EQ(pr[0]["Host"], "node-a");
   EXPECT_EQ(pr[0]["Score"], 10);
   EXPECT_EQ(pr[1]["Score"], 0);
-  // bind: the record, then the binding.
+  // bind: the record comes with the binding, in one write (pods/binding merges the Binding's
+  // annotations): the pod's resourceVersion moves once.
+  const int64_t rv_before = std::stoll(GetPod("ns", "p")["metadata"]["resourceVersion"].get<std::string>());
   auto b = http.Post("/gpu/bind", R"({"PodName":"p","PodNamespace":"ns","PodUID":")" + uid + R"(","Node":"node-a"})",
                      "application/json");
   ASSERT_TRUE(b);
   EXPECT_EQ(b->body, R"({"Error":""})");
   const json bound = GetPod("ns", "p");
   EXPECT_EQ(bound["spec"]["nodeName"], "node-a");
+  EXPECT_EQ(std::stoll(bound["metadata"]["resourceVersion"].get<std::string>()), rv_before + 1);
   auto rec = RecordOn(bound);
   ASSERT_TRUE(rec.has_value());
   ASSERT_EQ(rec->containers.size(), 1u);

@@ -224,6 +224,38 @@ TEST_F(K8sClientTest, DeletePreconditionsAndGracefulPods) {
   EXPECT_TRUE(WaitFor([&] { return IsApiNotFound(client_->Get(R("pods").Path("default", "bound")).status()); }));
 }
 
+// pods/binding as kube-apiserver's BindingREST does it: the Binding's metadata.uid is a
+// precondition, and its annotations are merged into the pod in the same write as spec.nodeName.
+TEST_F(K8sClientTest, BindingCarriesAnnotationsUnderAUidPrecondition) {
+  auto created = client_->Create(R("pods").Path("default"), PodObj("p2", "default", {{"app", "web"}}));
+  ASSERT_TRUE(created.ok());
+  const std::string uid = (*created)["metadata"]["uid"];
+  const std::string rv = (*created)["metadata"]["resourceVersion"];
+  Client::BindOptions stale;
+  stale.uid = "not-" + uid;
+  stale.annotations["example.com/a"] = "x";
+  auto refused = client_->Bind("default", "p2", "n1", stale);
+  EXPECT_TRUE(IsApiConflict(refused)) << refused;
+  EXPECT_NE(std::string(refused.message()).find("Precondition failed: UID in precondition: not-" + uid), std::string::npos)
+      << refused;
+  auto untouched = client_->Get(R("pods").Path("default", "p2"));
+  ASSERT_TRUE(untouched.ok());
+  EXPECT_FALSE((*untouched)["spec"].contains("nodeName"));
+  EXPECT_EQ((*untouched)["metadata"]["resourceVersion"], rv);
+
+  Client::BindOptions ok;
+  ok.uid = uid;
+  ok.annotations["example.com/a"] = "x";
+  ASSERT_TRUE(client_->Bind("default", "p2", "n1", ok).ok());
+  auto bound = client_->Get(R("pods").Path("default", "p2"));
+  ASSERT_TRUE(bound.ok());
+  EXPECT_EQ((*bound)["spec"]["nodeName"], "n1");
+  EXPECT_EQ((*bound)["metadata"]["annotations"]["example.com/a"], "x");
+  EXPECT_EQ((*bound)["metadata"]["labels"]["app"], "web");  // merged, nothing else replaced
+  // One write: the resourceVersion moved once.
+  EXPECT_EQ(std::stoll((*bound)["metadata"]["resourceVersion"].get<std::string>()), std::stoll(rv) + 1);
+}
+
 TEST_F(K8sClientTest, BindingAndEvictionWithBudgets) {
   ASSERT_TRUE(client_->Create(R("pods").Path("default"), PodObj("p1", "default", {{"app", "web"}})).ok());
   ASSERT_TRUE(client_->Bind("default", "p1", "n1").ok());

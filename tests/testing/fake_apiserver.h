@@ -184,6 +184,8 @@ class FakeApiServer {
   int64_t rv_ = 0;
   int64_t compacted_rv_ = 0;  // events with rv <= this are gone
   std::map<std::string, std::map<std::string, nlohmann::json>> objects_;  // rkey -> "ns/name" -> obj
+  std::set<std::string> terminating_;  // "ns/name" of the pods with a deletionTimestamp (the reaper's work)
+  std::string pods_rkey_;              // objects_' key of pods
   std::deque<Event> history_;
   uint64_t drop_generation_ = 0;
   std::vector<Fault> faults_;

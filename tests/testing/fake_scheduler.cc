@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <set>
 #include <thread>
 
 #include "common/strings.h"
@@ -68,18 +69,95 @@ std::map<std::string, int64_t> CountedRequests(const json& pod, const std::vecto
   return sum;
 }
 
+// kube-scheduler's cache (pkg/scheduler/internal/cache): per node, its allocatable and the
+// counted requests of the pods bound or assumed there, kept up to date by the informers' events
+// and by assume/forget, so that a scheduling cycle never walks every pod.
+struct CachedPod {
+  std::string node;
+  std::map<std::string, int64_t> requests;
+  int64_t priority = 0;
+  bool assumed = false;
+  json pod;
+};
+
+struct CachedNode {
+  std::string name;
+  json node;
+  std::map<std::string, int64_t> allocatable;
+  std::map<std::string, int64_t> used;
+  std::set<std::string> pods;  // pod keys
+  bool unschedulable = false;
+};
+
 struct FakeScheduler::Impl {
   std::unique_ptr<k8s::Informer> nodes, pods;
   std::unique_ptr<k8s::EventRecorder> events;
-  std::mutex assumed_mu;
-  std::map<std::string, std::pair<std::string, json>> assumed;  // pod key -> node, pod (until the informer has it)
+  std::mutex cycle_mu;  // one scheduling cycle at a time (binding cycles run concurrently)
+  std::mutex cache_mu;
+  std::map<std::string, CachedNode> node_cache;
+  std::vector<CachedNode*> node_order;  // the snapshot's node list (std::map nodes do not move)
+  bool order_dirty = true;
+  size_t next_start = 0;  // nextStartNodeIndex
+  std::map<std::string, CachedPod> pod_cache;  // pod key -> bound or assumed pod
   std::mutex clients_mu;
   std::vector<std::unique_ptr<httplib::Client>> clients;
   std::string base, path;
+  std::vector<std::string> ignored;
+
+  void RemovePodLocked(const std::string& key) {
+    auto it = pod_cache.find(key);
+    if (it == pod_cache.end()) return;
+    if (auto n = node_cache.find(it->second.node); n != node_cache.end()) {
+      for (const auto& [k, v] : it->second.requests) n->second.used[k] -= v;
+      n->second.pods.erase(key);
+    }
+    pod_cache.erase(it);
+  }
+  void AddPodLocked(const std::string& key, const std::string& node, const json& pod, bool assumed) {
+    RemovePodLocked(key);
+    CachedPod c{node, CountedRequests(pod, ignored), Priority(pod), assumed, pod};
+    auto& n = node_cache[node];  // a pod may arrive before its node
+    for (const auto& [k, v] : c.requests) n.used[k] += v;
+    n.pods.insert(key);
+    pod_cache[key] = std::move(c);
+  }
+  void OnPod(const json& p) {
+    const std::string key = Key(p);
+    const std::string node = p.value("spec", json::object()).value("nodeName", "");
+    std::lock_guard lock(cache_mu);
+    if (Terminal(p)) {
+      RemovePodLocked(key);
+    } else if (!node.empty()) {
+      AddPodLocked(key, node, p, false);  // confirms an assumed pod
+    } else if (auto it = pod_cache.find(key); it != pod_cache.end() && !it->second.assumed) {
+      RemovePodLocked(key);
+    }
+  }
+  void OnNode(const json& n) {
+    const std::string name = n.value("metadata", json::object()).value("name", "");
+    std::lock_guard lock(cache_mu);
+    auto& c = node_cache[name];
+    order_dirty = order_dirty || c.node.is_null();
+    c.name = name;
+    c.node = n;
+    c.unschedulable = n.value("spec", json::object()).value("unschedulable", false);
+    c.allocatable.clear();
+    const json alloc = n.value("status", json::object()).value("allocatable", json::object());
+    for (auto a = alloc.begin(); a != alloc.end(); ++a) {
+      if (!Counted(a.key(), ignored)) continue;
+      if (auto q = extender::WholeQuantity(*a, a.key()); q.ok()) c.allocatable[a.key()] = *q;
+    }
+  }
+  void OnNodeGone(const json& n) {
+    std::lock_guard lock(cache_mu);
+    node_cache.erase(n.value("metadata", json::object()).value("name", ""));
+    order_dirty = true;
+  }
 };
 
 FakeScheduler::FakeScheduler(k8s::Client& api, FakeSchedulerOptions options) : api_(api), opts_(std::move(options)) {
   impl_ = std::make_unique<Impl>();
+  impl_->ignored = opts_.ignored;
   const auto scheme = opts_.url_prefix.find("://");
   const auto slash = opts_.url_prefix.find('/', scheme == std::string::npos ? 0 : scheme + 3);
   impl_->base = slash == std::string::npos ? opts_.url_prefix : opts_.url_prefix.substr(0, slash);
@@ -88,18 +166,15 @@ FakeScheduler::FakeScheduler(k8s::Client& api, FakeSchedulerOptions options) : a
   k8s::InformerOptions no;
   no.path = "/api/v1/nodes";
   impl_->nodes = std::make_unique<k8s::Informer>(api_, no);
+  impl_->nodes->AddHandler({[this](const json& n) { impl_->OnNode(n); }, [this](const json&, const json& n) { impl_->OnNode(n); },
+                            [this](const json& n) { impl_->OnNodeGone(n); }});
   k8s::InformerOptions po;
   po.path = "/api/v1/pods";
   impl_->pods = std::make_unique<k8s::Informer>(api_, po);
-  impl_->pods->AddHandler({nullptr,
-                           [this](const json&, const json& p) {
-                             if (p.value("spec", json::object()).value("nodeName", "").empty()) return;
-                             std::lock_guard lock(impl_->assumed_mu);
-                             impl_->assumed.erase(Key(p));
-                           },
+  impl_->pods->AddHandler({[this](const json& p) { impl_->OnPod(p); }, [this](const json&, const json& p) { impl_->OnPod(p); },
                            [this](const json& p) {
-                             std::lock_guard lock(impl_->assumed_mu);
-                             impl_->assumed.erase(Key(p));
+                             std::lock_guard lock(impl_->cache_mu);
+                             impl_->RemovePodLocked(Key(p));
                            }});
   impl_->nodes->Start();
   impl_->pods->Start();
@@ -157,6 +232,17 @@ void FakeScheduler::Event(const json& pod, const std::string& reason, const std:
   (void)impl_->events->Record(ref, reason == "Scheduled" ? "Normal" : "Warning", reason, "Scheduling", message);
 }
 
+size_t NumFeasibleNodesToFind(int percentage, size_t all) {
+  // kube-scheduler's numFeasibleNodesToFind (schedule_one.go): every node below 100 nodes;
+  // percentageOfNodesToScore 0 means adaptive, 50 % - 1 % per 125 nodes, at least 5 %; never
+  // fewer than 100 nodes.
+  constexpr size_t kMinFeasible = 100;
+  if (all < kMinFeasible || percentage >= 100) return all;
+  int64_t pct = percentage;
+  if (pct <= 0) pct = std::max<int64_t>(5, 50 - static_cast<int64_t>(all) / 125);
+  return std::max(kMinFeasible, all * static_cast<size_t>(pct) / 100);
+}
+
 absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
   if (!impl_->nodes->WaitForSync(std::chrono::seconds(30)) || !impl_->pods->WaitForSync(std::chrono::seconds(30))) {
     return absl::DeadlineExceededError("fake scheduler: informers did not sync");
@@ -164,52 +250,52 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
   ScheduleOutcome out;
   const auto want = CountedRequests(pod, opts_.ignored);
   const int64_t prio = Priority(pod);
-  // Pods per node: the informer's bound pods plus our assumed ones.
-  std::map<std::string, std::vector<json>> on_node;
-  for (const auto& p : impl_->pods->store().List()) {
-    const std::string n = p.value("spec", json::object()).value("nodeName", "");
-    if (!n.empty() && !Terminal(p)) on_node[n].push_back(p);
-  }
-  {
-    std::lock_guard lock(impl_->assumed_mu);
-    for (const auto& [key, np] : impl_->assumed) {
-      auto& list = on_node[np.first];
-      if (std::none_of(list.begin(), list.end(), [&](const json& p) { return Key(p) == key; })) list.push_back(np.second);
-    }
-  }
-  auto fits = [&](const json& node, const std::vector<json>& pods) -> std::string {
-    const json alloc = node.value("status", json::object()).value("allocatable", json::object());
-    std::map<std::string, int64_t> used;
-    for (const auto& p : pods) {
-      for (const auto& [k, v] : CountedRequests(p, opts_.ignored)) used[k] += v;
-    }
+  // The resource a node lacks (nullptr: it has room).
+  auto lacks = [&](const CachedNode& n, const std::map<std::string, int64_t>& used) -> const std::string* {
     for (const auto& [k, v] : want) {
-      int64_t have = 0;
-      if (auto a = alloc.find(k); a != alloc.end()) {
-        auto q = extender::WholeQuantity(*a, k);
-        if (q.ok()) have = *q;
-      }
-      if (have - used[k] < v) return Cat("Insufficient ", k);
+      const auto a = n.allocatable.find(k);
+      const auto u = used.find(k);
+      if ((a == n.allocatable.end() ? 0 : a->second) - (u == used.end() ? 0 : u->second) < v) return &k;
     }
-    return "";
+    return nullptr;
   };
-  const auto nodes = impl_->nodes->store().List();
-  std::map<std::string, json> by_name;
+  auto fits = [&](const CachedNode& n, const std::map<std::string, int64_t>& used) -> std::string {
+    const std::string* k = lacks(n, used);
+    return k == nullptr ? "" : Cat("Insufficient ", *k);
+  };
+  // In-tree filtering over the cache, from nextStartNodeIndex, until numFeasibleNodesToFind nodes
+  // pass (findNodesThatPassFilters); only those go to the extender.
+  std::map<std::string, json> by_name;  // survivors' Node objects (nodeCacheCapable: false)
   std::vector<std::string> survivors;
-  std::map<std::string, std::string> reasons, resolvable;
-  for (const auto& n : nodes) {
-    const std::string name = n.value("metadata", json::object()).value("name", "");
-    by_name[name] = n;
-    if (n.value("spec", json::object()).value("unschedulable", false)) {
-      reasons[name] = "node(s) were unschedulable";
-      continue;
+  std::vector<std::pair<std::string, const std::string*>> rejected;  // node, the resource it lacks (nullptr: unschedulable)
+  size_t all_nodes = 0;
+  {
+    std::lock_guard lock(impl_->cache_mu);
+    if (impl_->order_dirty) {
+      impl_->node_order.clear();
+      for (auto& [name, n] : impl_->node_cache) {
+        if (!n.node.is_null()) impl_->node_order.push_back(&n);
+      }
+      impl_->order_dirty = false;
     }
-    if (const std::string why = fits(n, on_node[name]); !why.empty()) {
-      reasons[name] = resolvable[name] = why;
-      continue;
+    const auto& order = impl_->node_order;
+    all_nodes = order.size();
+    const size_t find = NumFeasibleNodesToFind(opts_.percentage_of_nodes_to_score, all_nodes);
+    size_t processed = 0;
+    for (; processed < all_nodes && survivors.size() < find; ++processed) {
+      const CachedNode& n = *order[(impl_->next_start + processed) % all_nodes];
+      if (n.unschedulable) {
+        rejected.emplace_back(n.name, nullptr);
+      } else if (const std::string* k = lacks(n, n.used); k != nullptr) {
+        rejected.emplace_back(n.name, k);
+      } else {
+        survivors.push_back(n.name);
+        if (!opts_.node_cache_capable) by_name[n.name] = n.node;
+      }
     }
-    survivors.push_back(name);
+    impl_->next_start = all_nodes == 0 ? 0 : (impl_->next_start + processed) % all_nodes;
   }
+  std::map<std::string, std::string> reasons, resolvable;  // the extender's, then (no node left) in-tree's
   if (!survivors.empty()) {
     std::string body;
     if (opts_.node_cache_capable) {
@@ -267,36 +353,62 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
     }
     return out;
   }
-  // No node: the FailedScheduling message as kube-scheduler writes it.
+  // No node: the FailedScheduling message as kube-scheduler writes it, and the nodes that
+  // preemption may make room on.
+  for (const auto& [name, k] : rejected) {
+    if (k == nullptr) {
+      reasons[name] = "node(s) were unschedulable";
+    } else {
+      reasons[name] = resolvable[name] = Cat("Insufficient ", *k);
+    }
+  }
   std::map<std::string, int> counts;
   for (const auto& [n, why] : reasons) ++counts[why];
   std::vector<std::string> parts;
   for (const auto& [why, c] : counts) parts.push_back(Cat(c, " ", why));
-  out.message = Cat("0/", nodes.size(), " nodes are available: ", Join(parts, ", "), ".");
+  out.message = Cat("0/", all_nodes, " nodes are available: ", Join(parts, ", "), ".");
   if (prio <= 0 || resolvable.empty()) return out;
   // Preemption dry run on the resolvable nodes (in-tree fit only), then the extender's preempt.
   std::map<std::string, extender::MetaVictims> candidates;
+  std::map<std::string, std::vector<json>> on_node;  // the candidates' victims
   std::vector<std::string> no_victims;
-  for (const auto& [n, why] : resolvable) {
-    std::vector<json> keep, lower;
-    for (const auto& p : on_node[n]) (Priority(p) < prio ? lower : keep).push_back(p);
-    if (!fits(by_name[n], keep).empty()) continue;
-    std::sort(lower.begin(), lower.end(), [](const json& a, const json& b) { return Priority(a) > Priority(b); });
-    extender::MetaVictims mv;
-    for (const auto& p : lower) {
-      keep.push_back(p);
-      if (fits(by_name[n], keep).empty()) continue;  // reprieved
-      keep.pop_back();
-      mv.pod_uids.push_back(p.value("metadata", json::object()).value("uid", ""));
+  {
+    std::lock_guard lock(impl_->cache_mu);
+    for (const auto& [n, why] : resolvable) {
+      const auto ni = impl_->node_cache.find(n);
+      if (ni == impl_->node_cache.end()) continue;
+      std::map<std::string, int64_t> used;
+      std::vector<const CachedPod*> lower;
+      for (const auto& key : ni->second.pods) {
+        const CachedPod& p = impl_->pod_cache.at(key);
+        if (p.priority < prio) {
+          lower.push_back(&p);
+        } else {
+          for (const auto& [k, v] : p.requests) used[k] += v;
+        }
+      }
+      if (!fits(ni->second, used).empty()) continue;
+      std::stable_sort(lower.begin(), lower.end(), [](const CachedPod* a, const CachedPod* b) { return a->priority > b->priority; });
+      extender::MetaVictims mv;
+      for (const CachedPod* p : lower) {
+        auto with = used;
+        for (const auto& [k, v] : p->requests) with[k] += v;
+        if (fits(ni->second, with).empty()) {  // reprieved
+          used = std::move(with);
+          continue;
+        }
+        mv.pod_uids.push_back(p->pod.value("metadata", json::object()).value("uid", ""));
+        on_node[n].push_back(p->pod);
+      }
+      if (mv.pod_uids.empty()) {
+        no_victims.push_back(n);  // "expected at least one victim pod on node"
+        continue;
+      }
+      candidates[n] = std::move(mv);
     }
-    if (mv.pod_uids.empty()) {
-      no_victims.push_back(n);  // "expected at least one victim pod on node"
-      continue;
-    }
-    candidates[n] = std::move(mv);
   }
   if (candidates.empty()) {
-    out.message += Cat(" preemption: 0/", nodes.size(), " nodes are available: ",
+    out.message += Cat(" preemption: 0/", all_nodes, " nodes are available: ",
                        no_victims.empty() ? std::string("no node has lower-priority pods to remove")
                                           : Cat(no_victims.size(), " expected at least one victim pod on node"),
                        ".");
@@ -331,14 +443,18 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
 }
 
 absl::StatusOr<ScheduleOutcome> FakeScheduler::ScheduleOne(const json& pod) {
-  auto out = Decide(pod);
-  if (!out.ok() || out->node.empty()) return out;
+  absl::StatusOr<ScheduleOutcome> out;
+  {
+    // The scheduling cycle: one at a time, ending with the pod assumed on its node.
+    std::lock_guard cycle(impl_->cycle_mu);
+    out = Decide(pod);
+    if (!out.ok() || out->node.empty()) return out;
+    std::lock_guard lock(impl_->cache_mu);
+    impl_->AddPodLocked(Key(pod), out->node, pod, true);
+  }
+  // The binding cycle, concurrent with the next scheduling cycles.
   const json m = pod.value("metadata", json::object());
   extender::BindingArgs b{m.value("name", ""), m.value("namespace", "default"), m.value("uid", ""), out->node};
-  {
-    std::lock_guard lock(impl_->assumed_mu);
-    impl_->assumed[Key(pod)] = {out->node, pod};
-  }
   auto reply = Post("bind", extender::EncodeBindingArgs(b));
   std::string err;
   if (!reply.ok()) {
@@ -348,8 +464,10 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::ScheduleOne(const json& pod) {
     err = e.ok() ? *e : std::string(e.status().message());
   }
   if (!err.empty()) {
-    std::lock_guard lock(impl_->assumed_mu);
-    impl_->assumed.erase(Key(pod));
+    std::lock_guard lock(impl_->cache_mu);  // ForgetPod
+    if (auto it = impl_->pod_cache.find(Key(pod)); it != impl_->pod_cache.end() && it->second.assumed) {
+      impl_->RemovePodLocked(Key(pod));
+    }
     out->message = Cat("binding rejected: ", err);
     return out;
   }
@@ -365,8 +483,8 @@ void FakeScheduler::RunLoop(std::stop_token stop, std::chrono::milliseconds idle
       const json spec = p.value("spec", json::object());
       if (!spec.value("nodeName", "").empty() || spec.value("schedulerName", "default-scheduler") != opts_.scheduler_name) continue;
       if (Terminal(p) || p.value("metadata", json::object()).contains("deletionTimestamp")) continue;
-      std::lock_guard lock(impl_->assumed_mu);
-      if (impl_->assumed.contains(Key(p))) continue;
+      std::lock_guard lock(impl_->cache_mu);
+      if (impl_->pod_cache.contains(Key(p))) continue;  // assumed
       pending.push_back(p);
     }
     std::sort(pending.begin(), pending.end(), [](const json& a, const json& b) {

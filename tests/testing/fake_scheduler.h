@@ -3,8 +3,10 @@
 // does (pkg/scheduler/schedule_one.go, extender.go, framework/preemption; facts §1.2-§1.4):
 //  1. in-tree filtering: unschedulable nodes out; NodeResourcesFit on the extended resources the
 //     scheduler counts (nvidia.com/gpu, nvidia.com/mig-*, kgpu.io/gpu: allocatable minus the
-//     requests of the pods bound there); kgpu.io/gpu-memory and kgpu.io/gpu-cores are
-//     ignoredByScheduler and never looked at;
+//     requests of the pods bound or assumed there, from a cache the informers keep current);
+//     kgpu.io/gpu-memory and kgpu.io/gpu-cores are ignoredByScheduler and never looked at. As
+//     kube-scheduler, it walks the nodes from where the last cycle stopped and stops once
+//     numFeasibleNodesToFind nodes pass (percentageOfNodesToScore; every node below 100);
 //  2. POST <prefix>/filter with the survivors (NodeNames when nodeCacheCapable, else the full
 //     NodeList) — the reply's NodeNames (or Nodes) must be a subset of the input;
 //  3. with more than one node left, POST <prefix>/prioritize; score x weight x 10; the highest
@@ -18,8 +20,9 @@
 //     of an ignoredByScheduler resource); the candidates go to POST <prefix>/preempt and the
 //     victims of the node it keeps with the fewest victims are deleted.
 //
-// Thread-safety: ScheduleOne may be called from several threads (as kube-scheduler's binding
-// cycles run concurrently); RunLoop from one.
+// Thread-safety: ScheduleOne may be called from several threads: as in kube-scheduler, the
+// scheduling cycles (steps 1-3, ending with the pod assumed in the cache) run one at a time and
+// the binding cycles (step 4) concurrently; RunLoop from one thread.
 
 #include <nlohmann/json.hpp>
 
@@ -41,6 +44,8 @@ struct FakeSchedulerOptions {
   std::string url_prefix;           // e.g. "http://127.0.0.1:8888/gpu"
   bool node_cache_capable = true;
   int64_t weight = 5;
+  // KubeSchedulerConfiguration's percentageOfNodesToScore: 0 = adaptive (the default), 100 = all.
+  int percentage_of_nodes_to_score = 0;
   std::string scheduler_name = "kgpu-scheduler";
   // Resources the extender manages with ignoredByScheduler: true (never counted in-tree).
   std::vector<std::string> ignored = {"kgpu.io/gpu-memory", "kgpu.io/gpu-cores"};

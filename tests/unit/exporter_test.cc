@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <zlib.h>
 
 #include <regex>
 #include <set>
@@ -7,6 +9,7 @@
 #include "exporter/counters.h"
 #include "common/strings.h"
 #include "exporter/exporter.h"
+#include "exporter/gzip_body.h"
 #include "gpu/mig_layout.h"
 #include "testing/sim_gpus.h"
 
@@ -235,6 +238,96 @@ TEST(ExporterTest, ScrapeServesTheLatestBufferAndOwnMetrics) {
   exporter.CollectNow();
   EXPECT_NE(exporter.Scrape().find("DCGM_FI_DEV_GPU_TEMP{gpu=\"0\""), std::string::npos);
   EXPECT_NE(exporter.Scrape().find("} 90\n"), std::string::npos);
+  exporter.Stop();
+}
+
+// Inflates a gzip body; *members is how many gzip members it held.
+std::string Gunzip(const std::string& gz, int* members) {
+  std::string out;
+  *members = 0;
+  size_t at = 0;
+  while (at < gz.size()) {
+    z_stream zs{};
+    if (inflateInit2(&zs, 16 + MAX_WBITS) != Z_OK) return "inflateInit2 failed";
+    zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(gz.data() + at));
+    zs.avail_in = static_cast<uInt>(gz.size() - at);
+    int rc = Z_OK;
+    char buf[65536];
+    while (rc == Z_OK) {
+      zs.next_out = reinterpret_cast<Bytef*>(buf);
+      zs.avail_out = sizeof buf;
+      rc = inflate(&zs, Z_NO_FLUSH);
+      out.append(buf, sizeof buf - zs.avail_out);
+    }
+    const size_t used = gz.size() - at - zs.avail_in;
+    inflateEnd(&zs);
+    if (rc != Z_STREAM_END) return "corrupt gzip";
+    ++*members;
+    at += used;
+  }
+  return out;
+}
+
+TEST(GzipBodyTest, OneMemberOfPrefixAndTail) {
+  std::string prefix;
+  for (int i = 0; i < 20000; ++i) prefix += Cat("series{gpu=\"", i % 8, "\"} ", i, "\n");
+  auto gz = GzipBody::Make(prefix);
+  ASSERT_NE(gz, nullptr);
+  for (const std::string& tail : std::vector<std::string>{"", "a 1\n", std::string(100000, 'x')}) {
+    auto body = gz->With(tail);
+    ASSERT_TRUE(body.has_value());
+    int members = 0;
+    EXPECT_EQ(Gunzip(*body, &members), prefix + tail);
+    EXPECT_EQ(members, 1);
+  }
+  auto empty = GzipBody::Make("");
+  ASSERT_NE(empty, nullptr);
+  int members = 0;
+  EXPECT_EQ(Gunzip(*empty->With("x"), &members), "x");
+  EXPECT_EQ(members, 1);
+}
+
+// GET /metrics with Accept-Encoding: gzip (as Prometheus asks): one gzip member holding the same
+// series as the identity scrape, and the collection deflated once for all the scrapes until
+// the next collection (per scrape only the exporter's own counters are deflated).
+TEST(ExporterTest, GzipScrapesDeflateEachCollectionOnce) {
+  Fixture f("l4x4");
+  f.options.address = "127.0.0.1:0";
+  f.options.interval = std::chrono::hours(1);
+  Exporter exporter(*f.lib, f.inv, f.options);
+  ASSERT_TRUE(exporter.Start().ok());
+  httplib::Client http("127.0.0.1", exporter.port());
+  http.set_decompress(false);
+  auto without_scrapes = [](const std::string& text) {
+    std::string out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("kgpu_exporter_scrapes_total ", 0) != 0) out += line + "\n";
+    }
+    return out;
+  };
+  std::string gunzipped;
+  for (int i = 0; i < 3; ++i) {
+    auto r = http.Get("/metrics", {{"Accept-Encoding", "gzip"}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->get_header_value("Content-Encoding"), "gzip");
+    int members = 0;
+    gunzipped = Gunzip(r->body, &members);
+    EXPECT_EQ(members, 1) << "gzipped once, not twice";
+    EXPECT_NE(gunzipped.find("DCGM_FI_DEV_GPU_TEMP{gpu=\"0\""), std::string::npos);
+    EXPECT_NE(gunzipped.find("kgpu_exporter_gzip_compressions_total 1\n"), std::string::npos) << gunzipped;
+    EXPECT_NE(gunzipped.find(Cat("kgpu_exporter_scrapes_total ", i + 1, "\n")), std::string::npos);
+  }
+  auto plain = http.Get("/metrics", {{"Accept-Encoding", "gzip;q=0, identity"}});
+  ASSERT_TRUE(plain);
+  EXPECT_FALSE(plain->has_header("Content-Encoding"));
+  EXPECT_EQ(without_scrapes(plain->body), without_scrapes(gunzipped));
+  exporter.CollectNow();
+  auto next = http.Get("/metrics", {{"Accept-Encoding", "deflate, gzip"}});
+  ASSERT_TRUE(next);
+  int members = 0;
+  EXPECT_NE(Gunzip(next->body, &members).find("kgpu_exporter_gzip_compressions_total 2\n"), std::string::npos);
   exporter.Stop();
 }
 
