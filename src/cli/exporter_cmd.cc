@@ -62,6 +62,13 @@ void AddExporterFlags(CLI::App* app, ExporterFlags* f) {
   }
   app->add_option("--kubelet-checkpoint", f->checkpoint, "kubelet's device-manager checkpoint file")
       ->envname("KGPU_KUBELET_CHECKPOINT");
+  // `kgpu node` has the device plugin's --cdi-spec-dir already (the specs it writes): RunNode uses it.
+  if (app->get_option_no_throw("--cdi-spec-dir") == nullptr) {
+    app->add_option("--cdi-spec-dir", f->cdi_spec_dir,
+                    "the device plugin's CDI spec directory (the GPUs and limits of kgpu.io/gpu containers)")
+        ->envname("KGPU_CDI_SPEC_DIR")
+        ->capture_default_str();
+  }
   app->add_flag("-n,--no-hostname", f->no_hostname, "omit the Hostname label")->envname("DCGM_EXPORTER_NO_HOSTNAME");
   app->add_flag("--replace-blanks-in-model-name", f->replace_blanks, "modelName with '-' for blanks")
       ->envname("DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME");
@@ -90,6 +97,7 @@ absl::StatusOr<exporter::ExporterOptions> ResolveExporterOptions(const ExporterF
   o.pod_resources_interval = std::chrono::milliseconds(f.pod_resources_interval_ms);
   o.proc_root = f.proc_root;
   o.checkpoint_path = f.checkpoint;
+  o.cdi_spec_dir = f.cdi_spec_dir;
   o.hostname = f.no_hostname ? "" : Hostname();
   o.replace_blanks_in_model_name = f.replace_blanks;
   return o;
@@ -135,6 +143,7 @@ int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const Expo
     return 1;
   }
   options->proc_root = config->proc_root;  // one --proc-root for both halves
+  options->cdi_spec_dir = config->cdi_spec_dir;  // the specs the plugin half writes
   auto session = OpenSession(node);
   if (!session.ok()) {
     std::cerr << "kgpu node: " << session.status().message() << "\n";

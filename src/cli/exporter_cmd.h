@@ -25,6 +25,7 @@ struct ExporterFlags {
   unsigned pod_resources_interval_ms = 10000;
   std::string proc_root = "/proc";
   std::string checkpoint = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
+  std::string cdi_spec_dir = "/var/run/cdi";
   bool no_hostname = false;
   bool replace_blanks = false;
   std::string devices = "f";

@@ -53,7 +53,7 @@ ShareHandoff::ShareHandoff(std::unique_ptr<k8s::Client> client, std::shared_ptr<
 }
 
 std::string ShareHandoff::SpecPath(const std::string& cdi_name) const {
-  return Cat(opts_.cdi_spec_dir, "/kgpu.io-share_", cdi_name, ".json");
+  return deviceplugin::ShareCdiSpecFile(opts_.cdi_spec_dir, cdi_name);
 }
 
 absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const std::string& cdi_name) {

@@ -102,13 +102,6 @@ bool Selects(const ReplicatedResource& r, const Unit& u) {
 
 }  // namespace
 
-std::string ShareCdiName(std::vector<std::string> ids) {
-  std::sort(ids.begin(), ids.end());
-  std::string name = ids.empty() ? std::string("none") : ids.front();
-  for (size_t at = name.find("::"); at != std::string::npos; at = name.find("::")) name.replace(at, 2, "_");
-  return name;
-}
-
 const PluginDevice* Resource::Find(const std::string& id) const {
   for (const auto& d : devices) {
     if (d.id == id) return &d;

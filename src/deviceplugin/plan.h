@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "deviceplugin/config.h"
+#include "deviceplugin/share_cdi.h"
 #include "gpu/inventory.h"
 
 namespace kgpu::deviceplugin {
@@ -43,11 +44,6 @@ struct Resource {
   const PluginDevice* Find(const std::string& id) const;
 };
 
-inline constexpr char kKgpuSharesResource[] = "kgpu.io/gpu";
-// The CDI device kind the handoff writes one spec per container for.
-inline constexpr char kKgpuShareCdiKind[] = "kgpu.io/share";
-// The CDI device name for a container holding slot `ids`: the lowest ID, with "::" as "_".
-std::string ShareCdiName(std::vector<std::string> ids);
 
 struct Plan {
   std::vector<Resource> resources;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <system_error>
@@ -17,11 +18,13 @@
 #include "absl/status/status.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "deviceplugin/share_cdi.h"
 
 namespace kgpu::exporter {
 namespace {
 
 constexpr size_t kMaxCgroupFile = size_t{64} * 1024;
+
 constexpr size_t kMaxCheckpointFile = size_t{64} * 1024 * 1024;
 
 bool IsHex(char c) {
@@ -317,6 +320,65 @@ absl::StatusOr<std::vector<CheckpointEntry>> ParseCheckpoint(std::string_view js
   }
 }
 
+absl::StatusOr<ShareSpec> ParseShareSpec(std::string_view text, std::string_view origin) {
+  auto fail = [&](const std::string& what) { return absl::InvalidArgumentError(Cat(origin, ": ", what)); };
+  const nlohmann::json doc = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return fail("not valid JSON");
+  if (!doc.is_object()) return fail("expected a CDI spec object");
+  const auto devices = doc.find("devices");
+  if (devices == doc.end() || !devices->is_array() || devices->size() != 1 || !(*devices)[0].is_object()) {
+    return fail("expected \"devices\" with exactly one device");
+  }
+  const auto edits = (*devices)[0].find("containerEdits");
+  if (edits == (*devices)[0].end() || !edits->is_object()) return fail("devices[0].containerEdits: missing");
+  const auto env = edits->find("env");
+  if (env == edits->end() || !env->is_array()) return fail("devices[0].containerEdits.env: missing");
+  ShareSpec spec;
+  std::string limits, mps_limits;
+  bool visible = false;
+  for (size_t i = 0; i < env->size(); ++i) {
+    const auto& e = (*env)[i];
+    if (!e.is_string()) return fail(Cat("devices[0].containerEdits.env[", i, "]: expected a string"));
+    const std::string kv = e.get<std::string>();
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+    if (key == "NVIDIA_VISIBLE_DEVICES") {
+      visible = true;
+      for (const std::string_view u : Split(value, ',')) {
+        if (!u.empty()) spec.uuids.emplace_back(u);
+      }
+    } else if (key == "KGPU_ENFORCEMENT") {
+      spec.enforcement = value;
+    } else if (key == "KGPU_CUDA_MEMORY_LIMIT") {
+      limits = value;
+    } else if (key == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") {
+      mps_limits = value;
+    } else if (key == "KGPU_GPU_CORES") {
+      spec.cores = std::strtoll(value.c_str(), nullptr, 10);
+    }
+  }
+  if (!visible || spec.uuids.empty()) return fail("no NVIDIA_VISIBLE_DEVICES in the container's env");
+  // hard: "GPU-a=4000Mi,GPU-b=4000Mi"; mps: "0=4000M,1=4000M" (device ordinals in that order).
+  for (const std::string_view view : Split(limits, ',')) {
+    const std::string item(view);
+    const size_t eq = item.rfind('=');
+    if (item.empty() || eq == std::string::npos) continue;
+    spec.limit_mib[item.substr(0, eq)] = std::strtoll(item.c_str() + eq + 1, nullptr, 10);
+  }
+  for (const std::string_view view : Split(mps_limits, ',')) {
+    const std::string item(view);
+    const size_t eq = item.find('=');
+    if (item.empty() || eq == std::string::npos) continue;
+    const long long ordinal = std::strtoll(item.c_str(), nullptr, 10);
+    if (ordinal < 0 || static_cast<size_t>(ordinal) >= spec.uuids.size()) {
+      return fail(Cat("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT names device ", ordinal, " of ", spec.uuids.size()));
+    }
+    spec.limit_mib[spec.uuids[static_cast<size_t>(ordinal)]] = std::strtoll(item.c_str() + eq + 1, nullptr, 10);
+  }
+  return spec;
+}
+
 // ---------------------------------------------------------------- PodAttributor
 
 struct PodAttributor::Snapshot {
@@ -326,8 +388,25 @@ struct PodAttributor::Snapshot {
   std::map<std::pair<std::string, std::string>, std::vector<PodRef>> holders;
   // (namespace, pod, container, resource) -> every device ID the container holds.
   std::map<HeldKey, std::set<std::string>> held;
-  // Device UUID ("::<n>" stripped) -> containers holding any ID of it, sorted, unique.
+  // Device UUID ("::<n>" stripped; a kgpu.io/gpu container's spec GPUs) -> containers holding
+  // any ID of it, sorted, unique.
   std::unordered_map<std::string, std::vector<PodRef>> by_device;
+  // kgpu.io/gpu containers with a spec: CDI name -> spec, and the container -> CDI name.
+  std::unordered_map<std::string, ShareSpec> shares;
+  std::map<HeldKey, std::string> share_of;
+
+  // The GPUs a checkpoint entry's devices are on.
+  bool OnDevice(const CheckpointEntry& e, const std::string& gpu_uuid, const std::string& mig_uuid) const {
+    if (e.resource == deviceplugin::kKgpuSharesResource) {
+      const auto it = shares.find(deviceplugin::ShareCdiName(e.device_ids));
+      return it != shares.end() &&
+             std::find(it->second.uuids.begin(), it->second.uuids.end(), gpu_uuid) != it->second.uuids.end();
+    }
+    return std::any_of(e.device_ids.begin(), e.device_ids.end(), [&](const std::string& id) {
+      const std::string_view d = StripReplica(id);
+      return d == gpu_uuid || (!mig_uuid.empty() && d == mig_uuid);
+    });
+  }
 
   // The one PodResources container, of the entry's name, holding exactly the entry's devices.
   std::optional<PodRef> Resolve(const CheckpointEntry& e) const {
@@ -405,7 +484,29 @@ void PodAttributor::Update(std::vector<DeviceAllocation> allocations) {
   for (DeviceAllocation& a : allocations) {
     next->holders[{a.resource, a.device_id}].push_back(a.pod);
     next->held[Held(a.pod, a.resource)].insert(a.device_id);
+    if (a.resource == deviceplugin::kKgpuSharesResource) continue;  // indexed by its spec's GPUs below
     next->by_device[std::string(StripReplica(a.device_id))].push_back(std::move(a.pod));
+  }
+  // kgpu.io/gpu containers: the GPUs their CDI spec names (written before the container
+  // started; none yet means no process of it can run).
+  for (const auto& [key, ids] : next->held) {
+    if (std::get<3>(key) != deviceplugin::kKgpuSharesResource) continue;
+    const std::string name = deviceplugin::ShareCdiName({ids.begin(), ids.end()});
+    const std::string file = deviceplugin::ShareCdiSpecFile(options_.cdi_spec_dir, name);
+    auto text = ReadSmallFile(file, kMaxCgroupFile);
+    if (!text.ok()) continue;  // not started yet (or the spec directory is not mounted)
+    auto spec = ParseShareSpec(*text, file);
+    if (!spec.ok()) {
+      Log("exporter")->warn("{} (its container's GPU figures are not attributed)", std::string(spec.status().message()));
+      continue;
+    }
+    PodRef pod;
+    pod.namespace_name = std::get<0>(key);
+    pod.pod = std::get<1>(key);
+    pod.container = std::get<2>(key);
+    for (const auto& u : spec->uuids) next->by_device[u].push_back(pod);
+    next->share_of[key] = name;
+    next->shares[name] = std::move(*spec);
   }
   for (auto& [uuid, pods] : next->by_device) {
     std::sort(pods.begin(), pods.end(), PodLess);
@@ -435,12 +536,7 @@ std::optional<PodRef> PodAttributor::Attribute(unsigned pid, const std::string& 
     return std::nullopt;
   std::vector<PodRef> found;
   for (const CheckpointEntry& e : entries->second) {
-    const bool on_device =
-        std::any_of(e.device_ids.begin(), e.device_ids.end(), [&](const std::string& id) {
-          const std::string_view d = StripReplica(id);
-          return d == gpu_uuid || (!mig_uuid.empty() && d == mig_uuid);
-        });
-    if (!on_device)
+    if (!snap->OnDevice(e, gpu_uuid, mig_uuid))
       continue;
     if (auto pod = snap->Resolve(e))
       found.push_back(std::move(*pod));
@@ -454,6 +550,14 @@ std::vector<PodRef> PodAttributor::PodsOnDevice(const std::string& gpu_or_mig_uu
   if (it == snap->by_device.end())
     return {};
   return it->second;
+}
+
+std::optional<ShareSpec> PodAttributor::ShareOf(const PodRef& container) const {
+  const auto snap = Current();
+  const auto it = snap->share_of.find(Held(container, deviceplugin::kKgpuSharesResource));
+  if (it == snap->share_of.end())
+    return std::nullopt;
+  return snap->shares.at(it->second);
 }
 
 std::optional<PodRef> PodAttributor::OwnerOf(const std::string& uuid) const {

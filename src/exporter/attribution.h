@@ -7,7 +7,8 @@
 //   device IDs --(PodResources List)--> (namespace, pod, container)
 //
 // For a process on GPU G, the checkpoint entries of its pod UID whose device IDs (with "::<n>"
-// stripped) include G's UUID or its MIG UUID are candidates; a candidate counts when exactly one
+// stripped; for kgpu.io/gpu slots, the GPUs of the container's CDI spec) include G's UUID or its
+// MIG UUID are candidates; a candidate counts when exactly one
 // PodResources container, of the same name and resource, holds exactly the same device IDs.
 // PodResources alone cannot do this: it has no pod UID, and every replica of G is just "G".
 //
@@ -20,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -59,6 +61,20 @@ struct CheckpointEntry {
 [[nodiscard]] absl::StatusOr<std::vector<CheckpointEntry>> ParseCheckpoint(std::string_view json,
                                                                            std::string_view origin);
 
+// What a kgpu.io/gpu container really holds, from the CDI spec the device plugin wrote for it at
+// PreStartContainer (deviceplugin/share_cdi.h): its slot IDs are only a count (kubelet picks any
+// free slots; the extender's allocation record decides the GPUs), so the slots' GPU is not the
+// GPU the container uses.
+struct ShareSpec {
+  std::vector<std::string> uuids;                 // NVIDIA_VISIBLE_DEVICES, in order
+  std::string enforcement;                        // KGPU_ENFORCEMENT: hard, mps or none
+  std::map<std::string, int64_t> limit_mib;       // GPU UUID -> enforced MiB (hard, mps); absent: none
+  int64_t cores = 0;                              // KGPU_GPU_CORES: % of the SMs (0: not limited)
+};
+
+// Parses such a spec (untrusted text: fuzzed). Errors start with "<origin>: ".
+[[nodiscard]] absl::StatusOr<ShareSpec> ParseShareSpec(std::string_view json, std::string_view origin);
+
 // "GPU-x::3" -> "GPU-x"; IDs without "::" are returned unchanged.
 std::string_view StripReplica(std::string_view device_id);
 
@@ -67,6 +83,9 @@ class PodAttributor {
   struct Options {
     std::string proc_root = "/proc";
     std::string checkpoint_path = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
+    // Where the device plugin writes CDI specs (its --cdi-spec-dir): kgpu.io/gpu containers'
+    // GPUs and limits are read from there.
+    std::string cdi_spec_dir = "/var/run/cdi";
   };
 
   explicit PodAttributor(Options options);
@@ -96,6 +115,10 @@ class PodAttributor {
   // The pod holding `uuid` if exactly one pod does (if several containers of that one pod hold
   // it, the container is empty); nullopt when none or several pods do.
   std::optional<PodRef> OwnerOf(const std::string& uuid) const;
+
+  // The GPUs and limits of a kgpu.io/gpu container (nullopt: not one, or its spec is not
+  // written yet: the container has not started).
+  std::optional<ShareSpec> ShareOf(const PodRef& container) const;
 
   // Updates whose checkpoint read or parse failed (for a degraded-mode metric).
   uint64_t CheckpointFailures() const { return checkpoint_failures_.load(); }

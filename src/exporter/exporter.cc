@@ -150,7 +150,7 @@ std::string Collector::Collect() {
     xids = xids_;
   }
   const auto now = std::chrono::steady_clock::now();
-  std::string up_lines, reason_lines;
+  std::string up_lines, reason_lines, limit_lines;
 
   for (const auto& g : inventory_->gpus()) {
     // A GPU NVML cannot read (lost, or failed at discovery) keeps its identity: kgpu_gpu_up 0,
@@ -252,6 +252,18 @@ std::string Collector::Collect() {
           return std::tie(a.namespace_name, a.pod, a.container) < std::tie(b.namespace_name, b.pod, b.container);
         });
         pods.erase(std::unique(pods.begin(), pods.end()), pods.end());
+        // kgpu.io/gpu containers on this GPU: the mode their CDI spec applies and the memory it
+        // holds them to here (0: not limited, as with enforcement "none").
+        for (const auto& p : e.mig == nullptr ? pods : std::vector<PodRef>{}) {
+          const auto spec = attributor_->ShareOf(p);
+          if (!spec) continue;
+          Attributes a;
+          AppendPod(a, p);
+          a.emplace_back("enforcement", spec->enforcement.empty() ? "hard" : spec->enforcement);
+          const auto limit = spec->limit_mib.find(g.uuid);
+          const int64_t mib = limit == spec->limit_mib.end() ? 0 : std::max<int64_t>(0, limit->second);
+          Line(limit_lines, "kgpu_pod_gpu_memory_limit_bytes", e.base, a, Int(static_cast<uint64_t>(mib) << 20));
+        }
         std::set<std::pair<std::string, std::string>> distinct;
         for (const auto& p : pods) distinct.emplace(p.namespace_name, p.pod);
         if (distinct.size() == 1) {  // one pod holds the device: its labels go on every series
@@ -404,6 +416,11 @@ std::string Collector::Collect() {
     text += Cat("# HELP kgpu_gpu_up 1 when NVML reads the GPU, 0 when it is lost or cannot be read (its other "
                 "series are absent meanwhile).\n# TYPE kgpu_gpu_up gauge\n", up_lines);
   }
+  if (!limit_lines.empty()) {
+    text += Cat("# HELP kgpu_pod_gpu_memory_limit_bytes GPU memory a kgpu.io/gpu container is held to on this GPU "
+                "(0: not limited), with the enforcement mode applied (hard, mps, none).\n"
+                "# TYPE kgpu_pod_gpu_memory_limit_bytes gauge\n", limit_lines);
+  }
   if (!reason_lines.empty()) {
     text += Cat("# HELP kgpu_gpu_unhealthy_reason 1 for each reason the GPU is unusable now: lost, unreadable, ecc "
                 "(uncorrectable ECC errors since its last reset), row_remap_failure.\n"
@@ -433,7 +450,8 @@ Exporter::Exporter(const nvml::Library& lib, std::shared_ptr<const gpu::Inventor
                    ExporterOptions options)
     : lib_(lib), inventory_(std::move(inventory)), options_(std::move(options)) {
   if (options_.kubernetes) {
-    attributor_ = std::make_unique<PodAttributor>(PodAttributor::Options{options_.proc_root, options_.checkpoint_path});
+    attributor_ = std::make_unique<PodAttributor>(
+        PodAttributor::Options{options_.proc_root, options_.checkpoint_path, options_.cdi_spec_dir});
   }
   pod_resources_ = std::make_unique<PodResourcesClient>(options_.pod_resources_socket);
   collector_ = std::make_unique<Collector>(lib_, inventory_, options_, attributor_.get());

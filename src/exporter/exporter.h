@@ -55,6 +55,7 @@ struct ExporterOptions {
   std::chrono::milliseconds pod_resources_interval{10000};
   std::string proc_root = "/proc";
   std::string checkpoint_path = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
+  std::string cdi_spec_dir = "/var/run/cdi";  // the device plugin's: kgpu.io/gpu containers' GPUs and limits
   std::string hostname;  // Hostname label; empty: no label (-n)
   gpu::DiscoverOptions discover;  // for re-discovery after a MIG re-partition
   bool replace_blanks_in_model_name = false;

@@ -6,6 +6,8 @@
 #include <set>
 #include <sstream>
 
+#include "cli/share_handoff.h"
+#include "deviceplugin/share_cdi.h"
 #include "exporter/counters.h"
 #include "common/strings.h"
 #include "exporter/exporter.h"
@@ -461,6 +463,112 @@ void SharedGpuGetsOneSeriesPerPod(const std::string& kind) {
 TEST(PodAttributionTest, SharedGpuGetsOneSeriesPerPod) { SharedGpuGetsOneSeriesPerPod("compute"); }
 // MPS clients (nvmlDeviceGetMPSComputeRunningProcesses) are attributed to their pods the same way.
 TEST(PodAttributionTest, MpsClientsGetOneSeriesPerPod) { SharedGpuGetsOneSeriesPerPod("mps"); }
+
+// kgpu.io/gpu slots are only a count: kubelet gave these containers slots of GPU 0, but their
+// allocation records put them on GPU 2 (hard, 4000 MiB) and GPU 2 (mps, 8000 MiB); the plugin's
+// CDI specs say so. Their processes, on GPU 2, are attributed there; a container whose spec is
+// not written yet (it has not started) is on no GPU.
+TEST(PodAttributionTest, KgpuSharesAreAttributedByTheirSpecNotTheirSlots) {
+  Fixture f("dgx-h100");
+  const std::string g0 = f.inv->gpus()[0].uuid, g2 = f.inv->gpus()[2].uuid;
+  const std::string dir = f.sim.dir();
+  const std::string cdi = dir + "/cdi";
+  std::filesystem::create_directories(cdi);
+  struct P {
+    unsigned pid;
+    const char* uid;
+    const char* pod;
+    std::string slot;
+    const char* mode;
+    int64_t limit_mib;
+    unsigned mem_mib;
+    bool started;
+  };
+  const std::vector<P> procs = {
+      {5101, "51515151-5151-5151-5151-515151515151", "a-0", g0 + "::0", "hard", 4000, 1500, true},
+      {5102, "52525252-5252-5252-5252-525252525252", "b-0", g0 + "::1", "mps", 8000, 2500, true},
+      {5103, "53535353-5353-5353-5353-535353535353", "c-0", g0 + "::2", "hard", 4000, 0, false},
+  };
+  v1::ListPodResourcesResponse list;
+  std::string entries;
+  for (const auto& p : procs) {
+    if (!entries.empty()) entries += ",";
+    entries += Cat(R"({"PodUID":")", p.uid, R"(","ContainerName":"main","ResourceName":"kgpu.io/gpu","DeviceIDs":{"-1":[")",
+                   p.slot, R"("]},"AllocResp":""})");
+    kgpu::testing::AddDevices(list, "ml", p.pod, "main", "kgpu.io/gpu", {p.slot});
+    if (!p.started) continue;
+    ASSERT_EQ(f.sim.Ctl(Cat("proc add 2 ", p.pid, " --mem ", p.mem_mib)), 0);
+    std::filesystem::create_directories(Cat(dir, "/proc/", p.pid));
+    std::ofstream(Cat(dir, "/proc/", p.pid, "/cgroup")) << "0::/kubepods/besteffort/pod" << p.uid << "/" << std::string(64, 'b') << "\n";
+    // The spec as the plugin's handoff writes it (its env from cli::ShareEnv of the record).
+    extender::RecordContainer rc{"main", "kgpu.io/gpu", p.mode, {{g2, "", "", p.limit_mib, 25}}};
+    const nlohmann::json spec = {{"cdiVersion", "0.5.0"},
+                                 {"kind", "kgpu.io/share"},
+                                 {"devices", {{{"name", deviceplugin::ShareCdiName({p.slot})},
+                                               {"containerEdits", {{"env", cli::ShareEnv(rc)}}}}}}};
+    std::ofstream(deviceplugin::ShareCdiSpecFile(cdi, deviceplugin::ShareCdiName({p.slot}))) << spec.dump();
+  }
+  std::ofstream(dir + "/checkpoint") << R"({"Data":{"PodDeviceEntries":[)" << entries
+                                     << R"(],"RegisteredDevices":{}},"Checksum":1})";
+  kgpu::testing::FakePodResources server(dir + "/pr.sock");
+  server.SetListResponse(list);
+  ASSERT_TRUE(server.Start().ok());
+  f.options.kubernetes = true;
+  f.options.pod_resources_socket = dir + "/pr.sock";
+  f.options.proc_root = dir + "/proc";
+  f.options.checkpoint_path = dir + "/checkpoint";
+  f.options.cdi_spec_dir = cdi;
+  f.options.address = "127.0.0.1:0";
+  f.options.interval = std::chrono::hours(1);
+  Exporter exporter(*f.lib, f.inv, f.options);
+  ASSERT_TRUE(exporter.Start().ok());
+  const std::string text = exporter.Scrape();
+  exporter.Stop();
+  auto series = [&](const std::string& family, const std::string& uuid, const std::string& pod) {
+    std::vector<std::string> out;
+    for (const auto& l : Family(text, family)) {
+      if (l.find(uuid) != std::string::npos && l.find("pod=\"" + pod + "\"") != std::string::npos) out.push_back(l);
+    }
+    return out;
+  };
+  const auto a = series("DCGM_FI_DEV_FB_USED", g2, "a-0"), b = series("DCGM_FI_DEV_FB_USED", g2, "b-0");
+  ASSERT_EQ(a.size(), 1u) << text;
+  ASSERT_EQ(b.size(), 1u) << text;
+  EXPECT_TRUE(a[0].ends_with("} 1500")) << a[0];
+  EXPECT_TRUE(b[0].ends_with("} 2500")) << b[0];
+  for (const char* pod : {"a-0", "b-0", "c-0"}) {
+    EXPECT_TRUE(series("DCGM_FI_DEV_FB_USED", g0, pod).empty()) << pod << " is not on its slots' GPU";
+  }
+  EXPECT_TRUE(series("DCGM_FI_DEV_FB_USED", g2, "c-0").empty());
+  const auto la = series("kgpu_pod_gpu_memory_limit_bytes", g2, "a-0");
+  const auto lb = series("kgpu_pod_gpu_memory_limit_bytes", g2, "b-0");
+  ASSERT_EQ(la.size(), 1u) << text;
+  ASSERT_EQ(lb.size(), 1u) << text;
+  EXPECT_NE(la[0].find("enforcement=\"hard\""), std::string::npos) << la[0];
+  EXPECT_TRUE(la[0].ends_with(Cat("} ", int64_t{4000} << 20))) << la[0];
+  EXPECT_NE(lb[0].find("enforcement=\"mps\""), std::string::npos) << lb[0];
+  EXPECT_TRUE(lb[0].ends_with(Cat("} ", int64_t{8000} << 20))) << lb[0];
+  EXPECT_TRUE(series("kgpu_pod_gpu_memory_limit_bytes", g2, "c-0").empty());
+}
+
+TEST(ParseShareSpecTest, ErrorsNameTheFileAndField) {
+  EXPECT_FALSE(ParseShareSpec("{", "s.json").ok());
+  auto none = ParseShareSpec(R"({"devices":[{"containerEdits":{"env":["A=1"]}}]})", "s.json");
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().message(), "s.json: no NVIDIA_VISIBLE_DEVICES in the container's env");
+  auto bad = ParseShareSpec(
+      R"({"devices":[{"containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=GPU-a","CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=3=1M"]}}]})", "s.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("names device 3 of 1"), std::string::npos);
+  auto ok = ParseShareSpec(
+      R"({"devices":[{"containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b","KGPU_ENFORCEMENT=hard",)"
+      R"("KGPU_CUDA_MEMORY_LIMIT=GPU-a=100Mi,GPU-b=200Mi","KGPU_GPU_CORES=30"]}}]})", "s.json");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->uuids, (std::vector<std::string>{"GPU-a", "GPU-b"}));
+  EXPECT_EQ(ok->enforcement, "hard");
+  EXPECT_EQ(ok->limit_mib.at("GPU-b"), 200);
+  EXPECT_EQ(ok->cores, 30);
+}
 
 TEST(PodAttributionTest, MissingPodResourcesSocketIsCountedNotFatal) {
   Fixture f("l4x4");

@@ -1,0 +1,30 @@
+#pragma once
+// How a kgpu.io/gpu container's CDI spec is named: written by the plugin's share handoff
+// (src/cli/share_handoff.cc) at PreStartContainer, read by the exporter to learn which GPUs and
+// limits the container really has (its slots are only a count: kubelet picks any free ones, the
+// allocation record decides the GPUs). Header-only, so the exporter needs no plugin library.
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace kgpu::deviceplugin {
+
+inline constexpr char kKgpuSharesResource[] = "kgpu.io/gpu";
+// The CDI device kind the handoff writes one spec per container for.
+inline constexpr char kKgpuShareCdiKind[] = "kgpu.io/share";
+
+// The CDI device name for a container holding slot `ids`: the lowest ID, with "::" as "_".
+inline std::string ShareCdiName(std::vector<std::string> ids) {
+  std::sort(ids.begin(), ids.end());
+  std::string name = ids.empty() ? std::string("none") : ids.front();
+  for (size_t at = name.find("::"); at != std::string::npos; at = name.find("::")) name.replace(at, 2, "_");
+  return name;
+}
+
+// The spec file of that device in the CDI spec directory.
+inline std::string ShareCdiSpecFile(const std::string& spec_dir, const std::string& cdi_name) {
+  return spec_dir + "/kgpu.io-share_" + cdi_name + ".json";
+}
+
+}  // namespace kgpu::deviceplugin
