@@ -28,6 +28,18 @@ void AddExtenderFlags(CLI::App* app, ExtenderFlags* f) {
   app->add_option("--lease-name", f->options.lease_name, "name of the leader Lease")->capture_default_str();
   app->add_option("--identity", f->options.identity, "this replica's identity in the Lease (default: host name)")
       ->envname("POD_NAME");
+  // kube-scheduler's flag names and defaults (15 s, 10 s, 2 s), in seconds.
+  app->add_option("--leader-elect-lease-duration", f->lease_duration_s,
+                  "seconds a non-leader waits after the last renewal before it takes the Lease")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app->add_option("--leader-elect-renew-deadline", f->renew_deadline_s,
+                  "seconds the leader keeps trying to renew before it stops leading (< lease duration)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app->add_option("--leader-elect-retry-period", f->retry_period_s, "seconds between attempts to acquire or renew")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 }
 
 int RunExtender(const ExtenderFlags& flags, const volatile std::sig_atomic_t* stop, std::ostream& err) {
@@ -36,6 +48,17 @@ int RunExtender(const ExtenderFlags& flags, const volatile std::sig_atomic_t* st
     err << "kgpu extender: " << cfg.status().message() << "\n";
     return 2;
   }
+  if (flags.renew_deadline_s >= flags.lease_duration_s || flags.retry_period_s >= flags.renew_deadline_s) {
+    err << "kgpu extender: --leader-elect-retry-period (" << flags.retry_period_s
+        << " s) < --leader-elect-renew-deadline (" << flags.renew_deadline_s << " s) < --leader-elect-lease-duration ("
+        << flags.lease_duration_s << " s) is required, as in kube-scheduler\n";
+    return 2;
+  }
+  auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  extender::ExtenderOptions options = flags.options;
+  options.lease_duration = ms(flags.lease_duration_s);
+  options.renew_deadline = ms(flags.renew_deadline_s);
+  options.retry_period = ms(flags.retry_period_s);
   cfg->qps = flags.qps;
   cfg->burst = flags.burst;
   auto client = k8s::Client::Create(*cfg);
@@ -43,7 +66,7 @@ int RunExtender(const ExtenderFlags& flags, const volatile std::sig_atomic_t* st
     err << "kgpu extender: " << client.status().message() << "\n";
     return 2;
   }
-  extender::Extender ext(**client, flags.options);
+  extender::Extender ext(**client, options);
   if (auto st = ext.Start(); !st.ok()) {
     err << "kgpu extender: " << st.message() << "\n";
     ext.Stop();

@@ -20,6 +20,7 @@ struct ExtenderFlags {
   // kube-scheduler's own for more throughput.
   double qps = 50;
   int burst = 100;
+  double lease_duration_s = 15, renew_deadline_s = 10, retry_period_s = 2;
   extender::ExtenderOptions options;
 };
 void AddExtenderFlags(CLI::App* app, ExtenderFlags* flags);

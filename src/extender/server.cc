@@ -254,6 +254,9 @@ absl::Status Extender::Start() {
     lc.ns = opts_.lease_namespace;
     lc.name = opts_.lease_name;
     lc.identity = opts_.identity.empty() ? HostName() : opts_.identity;
+    lc.lease_duration = opts_.lease_duration;
+    lc.renew_deadline = opts_.renew_deadline;
+    lc.retry_period = opts_.retry_period;
     lc.on_new_leader = [](const std::string& who) { Log("extender")->info("leader is now {}", who); };
     elector_ = std::make_unique<k8s::LeaderElector>(client_, lc);
     elector_thread_ = std::jthread([this](std::stop_token stop) {

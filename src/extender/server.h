@@ -20,6 +20,7 @@
 // Thread-safety: Start/Stop from the owner thread; handlers run on the server's pool.
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -52,6 +53,9 @@ struct ExtenderOptions {
   std::string lease_namespace = "kube-system";
   std::string lease_name = "kgpu-extender";
   std::string identity;  // default: the host name
+  // client-go's (and kube-scheduler's) defaults: a crashed leader is replaced after at most
+  // lease_duration + retry_period.
+  std::chrono::milliseconds lease_duration{15000}, renew_deadline{10000}, retry_period{2000};
 };
 
 class Extender {

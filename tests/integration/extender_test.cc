@@ -481,6 +481,92 @@ TEST_F(ExtenderTest, FullNodeListModeThroughTheScheduler) {
   EXPECT_EQ(s.node, "b");
 }
 
+// Two replicas with --leader-elect: only the Lease holder is ready and answers verbs; when it is
+// SIGKILLed (no release), the other takes the Lease once it expires, from a state rebuilt by its
+// own informers, and never hands out what the dead leader booked.
+TEST_F(ExtenderTest, TwoReplicasOneLeaderTakesOverAfterACrash) {
+  AddNode(TestNode("n", {ShareGpu(16000)}));
+  char dir[] = "/tmp/kgpu-ext-ha-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string kubeconfig = std::string(dir) + "/kubeconfig";
+  std::ofstream(kubeconfig) << api.Kubeconfig();
+  struct Replica {
+    std::string id, log;
+    pid_t pid = -1;
+    int port = 0;
+  };
+  std::vector<Replica> replicas = {{"replica-a", std::string(dir) + "/a.log"}, {"replica-b", std::string(dir) + "/b.log"}};
+  auto text = [](const std::string& path) {
+    std::stringstream t;
+    t << std::ifstream(path).rdbuf();
+    return t.str();
+  };
+  for (auto& r : replicas) {
+    testing::SpawnOptions so;
+    so.log = r.log;
+    r.pid = testing::Spawn({KGPU_BIN, "extender", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0", "--leader-elect",
+                            "--lease-namespace", "default", "--identity", r.id, "--leader-elect-lease-duration", "2",
+                            "--leader-elect-renew-deadline", "1.5", "--leader-elect-retry-period", "0.25"},
+                           so);
+    ASSERT_GT(r.pid, 0) << std::strerror(errno);
+    ASSERT_TRUE(WaitFor([&] {
+      const std::string content = text(r.log);
+      const size_t at = content.find("listening on port ");
+      if (at == std::string::npos) return false;
+      r.port = std::atoi(content.c_str() + at + std::strlen("listening on port "));
+      return r.port > 0;
+    })) << text(r.log);
+  }
+  auto ready = [&](const Replica& r, std::string* body = nullptr) {
+    httplib::Client http("127.0.0.1", r.port);
+    auto res = http.Get("/readyz");
+    if (res && body != nullptr) *body = res->body;
+    return res && res->status == 200;
+  };
+  int leader = -1;
+  ASSERT_TRUE(WaitFor([&] {
+    const bool a = ready(replicas[0]), b = ready(replicas[1]);
+    if (a == b) return false;
+    leader = a ? 0 : 1;
+    return true;
+  })) << text(replicas[0].log) << text(replicas[1].log);
+  Replica& first = replicas[static_cast<size_t>(leader)];
+  Replica& second = replicas[static_cast<size_t>(1 - leader)];
+  std::string why;
+  EXPECT_FALSE(ready(second, &why));
+  EXPECT_NE(why.find("not the leader"), std::string::npos) << why;
+  // The standby refuses verbs (kube-scheduler reaches the leader through the Service: readiness).
+  const json probe = CreatePod(TestPod("ns", "probe", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}));
+  {
+    httplib::Client http("127.0.0.1", second.port);
+    auto f = http.Post("/gpu/filter", EncodeExtenderArgs(probe, {"n"}), "application/json");
+    ASSERT_TRUE(f);
+    EXPECT_EQ(f->status, 503) << f->body;
+  }
+  StartScheduler("http://127.0.0.1:" + std::to_string(first.port));
+  auto one = Schedule(TestPod("ns", "one", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}}));
+  ASSERT_TRUE(one.bound) << one.message;
+  // The leader dies without releasing the Lease.
+  kill(first.pid, SIGKILL);
+  int status = 0;
+  waitpid(first.pid, &status, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(WaitFor([&] { return ready(second); })) << text(second.log);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, 20.0) << "lease 2 s, retry 0.25 s";
+  StartScheduler("http://127.0.0.1:" + std::to_string(second.port));
+  // The new leader booked "one" from its record: 10000 of 16000 MiB are taken.
+  auto two = Schedule(TestPod("ns", "two", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}}));
+  EXPECT_FALSE(two.bound) << "double allocation after the takeover";
+  EXPECT_NE(two.message.find("no single GPU with 10000 MiB free"), std::string::npos) << two.message;
+  auto three = Schedule(TestPod("ns", "three", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "6000"}}));
+  EXPECT_TRUE(three.bound) << three.message;
+  for (const auto& [gpu, use] : UseFromRecords()) EXPECT_LE(use.memory, 16000) << gpu;
+  kill(second.pid, SIGTERM);
+  waitpid(second.pid, &status, 0);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(ExtenderTest, TheKgpuExtenderProcess) {
   AddNode(TestNode("n", {ShareGpu()}));
   char dir[] = "/tmp/kgpu-ext-proc-XXXXXX";
