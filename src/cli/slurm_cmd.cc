@@ -282,6 +282,10 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
     stopper.request_stop();
   });
   log->info("slurm-bridge {} starting (dry-run {}, leader election {})", o.identity, f.dry_run, f.leader_elect);
+  // Watches wake the reconcile loop on events (a pending GPU pod, a reclaim request); the
+  // interval remains the fallback and the truth.
+  slurm::BridgeWatch events_watch(**client, bridge);
+  events_watch.Start();
   if (!f.leader_elect) {
     bridge.Run(stopper.get_token());
   } else {
@@ -302,6 +306,7 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
     while (!stopper.stop_requested()) elector.Run(stopper.get_token());
   }
   watcher.request_stop();
+  events_watch.Stop();
   if (http) {
     http->stop();
     http_thread.join();

@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <utility>
 
 #include "common/log.h"
 #include "common/sleep.h"
@@ -845,14 +846,13 @@ ReconcileResult Bridge::Reconcile() {
   }
 
   // Kubernetes demand: lend when no Slurm job is blocked.
-  const auto steady = std::chrono::steady_clock::now();
   if (any_unsched > 0) {
     had_demand_ = true;
   } else if (had_demand_) {
     had_demand_ = false;
-    demand_gone_since_ = steady;
+    demand_gone_since_ = now;
   }
-  if (any_unsched == 0 && in_flight > 0 && steady - demand_gone_since_ >= opts_.lend_hysteresis) {
+  if (any_unsched == 0 && in_flight > 0 && now - demand_gone_since_ >= opts_.lend_hysteresis.count()) {
     for (auto& f : facts) {
       if (f.lease.phase != Phase::kLendDraining) continue;
       f.cancel = true;
@@ -966,10 +966,60 @@ ReconcileResult Bridge::Reconcile() {
 }
 
 void Bridge::Run(std::stop_token stop) {
+  // Events come in bursts (a Deployment scaled up: many pods; our own lease write: a node
+  // event): one reconcile after a short pause answers the whole burst.
+  constexpr auto kDebounce = std::chrono::milliseconds(100);
   while (!stop.stop_requested()) {
     Reconcile();
-    if (!SleepFor(stop, opts_.interval)) break;
+    bool woken = false;
+    {
+      std::unique_lock lock(wake_mu_);
+      wake_cv_.wait_for(lock, stop, opts_.interval, [&] { return woken_; });
+      woken = std::exchange(woken_, false);
+    }
+    if (stop.stop_requested()) break;
+    if (woken) {
+      if (!SleepFor(stop, kDebounce)) break;
+      std::lock_guard lock(wake_mu_);
+      woken_ = false;  // what came during the pause is answered by this reconcile
+    }
   }
+}
+
+void Bridge::Wake() {
+  {
+    std::lock_guard lock(wake_mu_);
+    woken_ = true;
+  }
+  wake_cv_.notify_all();
+}
+
+BridgeWatch::BridgeWatch(k8s::Client& kube, Bridge& bridge) {
+  const k8s::Handlers wake{[&bridge](const nlohmann::json&) { bridge.Wake(); },
+                           [&bridge](const nlohmann::json&, const nlohmann::json&) { bridge.Wake(); },
+                           [&bridge](const nlohmann::json&) { bridge.Wake(); }};
+  k8s::InformerOptions po;
+  po.path = "/api/v1/pods";
+  po.field_selector = "status.phase=Pending";
+  pods_ = std::make_unique<k8s::Informer>(kube, po);
+  pods_->AddHandler(wake);
+  k8s::InformerOptions no;
+  no.path = "/api/v1/nodes";
+  no.label_selector = kPoolLabel;
+  nodes_ = std::make_unique<k8s::Informer>(kube, no);
+  nodes_->AddHandler(wake);
+}
+
+BridgeWatch::~BridgeWatch() { Stop(); }
+
+void BridgeWatch::Start() {
+  pods_->Start();
+  nodes_->Start();
+}
+
+void BridgeWatch::Stop() {
+  pods_->Stop();
+  nodes_->Stop();
 }
 
 ReconcileResult Bridge::Last() const {

@@ -19,7 +19,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <ostream>
@@ -31,6 +33,7 @@
 
 #include "k8s/client.h"
 #include "k8s/events.h"
+#include "k8s/informer.h"
 #include "slurm/client.h"
 #include "slurm/lease.h"
 
@@ -91,8 +94,12 @@ class Bridge {
   Bridge& operator=(const Bridge&) = delete;
 
   ReconcileResult Reconcile();
-  // Reconciles every interval until stop.
+  // Reconciles until stop: every interval, and soon after Wake().
   void Run(std::stop_token stop);
+  // Ends Run()'s wait (an event: a GPU pod went pending, a reclaim was requested, a node
+  // changed): the next reconcile starts after a short debounce instead of at the interval.
+  // Polling stays the truth; events only make it come sooner. Any thread.
+  void Wake();
   // Prometheus text exposition of the bridge's counters and gauges.
   std::string Metrics() const;
   ReconcileResult Last() const;
@@ -123,13 +130,33 @@ class Bridge {
   // Memory that may be lost (a restart only waits a little longer).
   std::map<std::string, std::chrono::steady_clock::time_point> empty_since_;  // L1 confirmation
   std::map<std::string, std::pair<std::chrono::steady_clock::time_point, std::chrono::milliseconds>> evict_backoff_;
-  std::chrono::steady_clock::time_point demand_gone_since_{};
+  int64_t demand_gone_since_ = 0;  // clock_() seconds: the bridge's one clock (injected in tests)
   bool had_demand_ = false;
+
+  std::mutex wake_mu_;
+  std::condition_variable_any wake_cv_;
+  bool woken_ = false;
 
   mutable std::mutex mu_;  // guards what Metrics()/Last() read
   std::map<std::string, double> counters_;  // "name{labels}" -> value
   std::map<std::string, double> gauges_;
   ReconcileResult last_;
+};
+
+// The events that wake a Bridge: watches of pending pods (status.phase=Pending: a GPU pod
+// kube-scheduler could not place) and of the bridge's nodes (label kgpu.io/pool: a reclaim
+// request, a cordon, a node coming or going). Only pending pods are cached, not every pod.
+class BridgeWatch {
+ public:
+  BridgeWatch(k8s::Client& kube, Bridge& bridge);
+  ~BridgeWatch();
+  BridgeWatch(const BridgeWatch&) = delete;
+  BridgeWatch& operator=(const BridgeWatch&) = delete;
+  void Start();
+  void Stop();
+
+ private:
+  std::unique_ptr<k8s::Informer> pods_, nodes_;
 };
 
 // Kubernetes side helpers (pure, on Node JSON).

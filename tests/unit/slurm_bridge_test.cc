@@ -264,6 +264,139 @@ TEST(LeaseTest, AdminCordonedRoundTrips) {
 
 // ------------------------------------------------------------------ item 1: reclaim requests
 
+// ------------------------------------------------------------------ the lending policy's knobs
+
+// Nodes lent or being lent.
+int Lent(const std::vector<std::string>& nodes, const std::function<Phase(const std::string&)>& phase) {
+  int n = 0;
+  for (const auto& name : nodes) n += phase(name) != Phase::kSlurm ? 1 : 0;
+  return n;
+}
+
+TEST_F(BridgeUnitTest, MaxLentAndMinKeptBoundTheLending) {
+  for (const char* n : {"node1", "node2", "node3"}) AddNode(n);
+  for (const char* p : {"p1", "p2", "p3"}) PendingGpuPod(p);  // 8 GPUs per node: 3 pods fit one node...
+  opts_.max_lent = 3;
+  opts_.min_kept = 2;
+  auto phase = [&](const std::string& n) { return PhaseOf(n); };
+  for (int i = 0; i < 5; ++i) Step();
+  EXPECT_EQ(Lent(names_, phase), 1) << "one node answers 3 one-GPU pods";
+  // 20 pods of one GPU want 3 nodes; min_kept 2 of 3 leaves one to lend.
+  for (int i = 4; i <= 20; ++i) PendingGpuPod(Cat("p", i));
+  for (int i = 0; i < 5; ++i) Step();
+  EXPECT_EQ(Lent(names_, phase), 1) << "Slurm keeps min_kept = 2 nodes";
+  // min_kept 0, max_lent 2: two nodes, never the third.
+  bridge_.reset();
+  opts_.min_kept = 0;
+  opts_.max_lent = 2;
+  for (int i = 0; i < 8; ++i) Step();
+  EXPECT_EQ(Lent(names_, phase), 2) << "at most max_lent = 2 lent or being lent";
+}
+
+TEST_F(BridgeUnitTest, LendWaitsForTheUnschedulableThreshold) {
+  AddNode("node1");
+  opts_.lend_threshold = std::chrono::seconds(30);
+  PendingGpuPod("p1");
+  for (int i = 0; i < 4; ++i) {
+    Step();
+    EXPECT_EQ(PhaseOf("node1"), Phase::kSlurm) << "the pod is unschedulable for less than 30 s";
+  }
+  offset_ += 31;
+  EXPECT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kLent; })) << PhaseName(PhaseOf("node1"));
+}
+
+TEST_F(BridgeUnitTest, CooldownKeepsANodeBackWithSlurmForAWhile) {
+  AddNode("node1");
+  opts_.cooldown = std::chrono::seconds(120);
+  Lend("node1", "p1");
+  RequestReclaim("node1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm && PodGone("p1"); }));
+  PendingGpuPod("p2");
+  for (int i = 0; i < 4; ++i) {
+    Step();
+    EXPECT_EQ(PhaseOf("node1"), Phase::kSlurm) << "back with Slurm less than the 120 s cooldown ago";
+  }
+  offset_ += 121;
+  EXPECT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kLent; })) << PhaseName(PhaseOf("node1"));
+}
+
+TEST_F(BridgeUnitTest, HysteresisCancelsADrainingLendOnlyAfterTheDemandStaysGone) {
+  AddNode("node1");
+  opts_.lend_hysteresis = std::chrono::seconds(60);
+  auto job = slurm_->StartJob({"node1"}, Now() + 600);
+  ASSERT_TRUE(job.ok());
+  PendingGpuPod("p1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kLendDraining; }));
+  // The demand goes away (the pod was deleted, or scheduled elsewhere).
+  ASSERT_TRUE(client_->Delete(k8s::FindResource("pods")->Path("infer", "p1")).ok());
+  ASSERT_TRUE(StepUntil([&] { return PodGone("p1"); }));
+  Step();  // the bridge sees the demand gone now: the hysteresis counts from here
+  offset_ += 30;
+  for (int i = 0; i < 3; ++i) {
+    Step();
+    EXPECT_EQ(PhaseOf("node1"), Phase::kLendDraining) << "within the 60 s hysteresis";
+  }
+  offset_ += 31;
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; })) << PhaseName(PhaseOf("node1"));
+  EXPECT_EQ(slurm_->State("node1"), "ALLOCATED") << "our drain is lifted, the job runs on";
+  EXPECT_FALSE(Events("node1", "LendCancelled").empty());
+  EXPECT_TRUE(slurm_->Ended().empty()) << "the job is never killed";
+}
+
+TEST_F(BridgeUnitTest, AForcedDeleteComesOnlyAfterItsDeadline) {
+  AddNode("node1");
+  opts_.force_delete_after = std::chrono::seconds(300);
+  Lend("node1", "p1");
+  json pdb = {{"apiVersion", "policy/v1"},
+              {"kind", "PodDisruptionBudget"},
+              {"metadata", {{"name", "infer"}, {"namespace", "infer"}}},
+              {"spec", {{"minAvailable", 1}, {"selector", {{"matchLabels", {{"app", "infer"}}}}}}}};
+  ASSERT_LT(api_->Create("poddisruptionbudgets", "infer", pdb).code, 300);
+  RequestReclaim("node1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kReclaimEvicting; })) << PhaseName(PhaseOf("node1"));
+  for (int i = 0; i < 4; ++i) {
+    Step();
+    EXPECT_FALSE(PodGone("p1")) << "the PDB refuses and the deadline is 300 s away";
+  }
+  offset_ += 301;
+  ASSERT_TRUE(StepUntil([&] { return PodGone("p1") && PhaseOf("node1") == Phase::kSlurm; })) << PhaseName(PhaseOf("node1"));
+  EXPECT_EQ(slurm_->State("node1"), "IDLE");
+}
+
+// Event-driven: with an hour between polls, a pending GPU pod and then a reclaim request are
+// acted on within seconds, through the watches (BridgeWatch) that wake Run().
+TEST_F(BridgeUnitTest, WatchEventsWakeTheLoopLongBeforeTheInterval) {
+  AddNode("node1");
+  opts_.interval = std::chrono::hours(1);
+  BridgeWatch watch(*client_, B());
+  watch.Start();
+  std::jthread loop([&](std::stop_token st) { B().Run(st); });
+  auto within = [](const std::function<bool()>& pred, std::chrono::seconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < end) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return pred();
+  };
+  PendingGpuPod("p1");
+  EXPECT_TRUE(within([&] { return PhaseOf("node1") == Phase::kLent; }, std::chrono::seconds(20)))
+      << PhaseName(PhaseOf("node1"));
+  RunPodOn("p1", "node1");
+  RequestReclaim("node1");
+  EXPECT_TRUE(within([&] { return PhaseOf("node1") == Phase::kSlurm && slurm_->State("node1") == "IDLE" && PodGone("p1"); },
+                     std::chrono::seconds(20)))
+      << PhaseName(PhaseOf("node1"));
+  // Settled: no write of ours wakes the loop again (it would spin on its own events).
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const int64_t rv = api_->ResourceVersion();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_EQ(api_->ResourceVersion(), rv) << "the bridge keeps writing while nothing changes";
+  loop.request_stop();
+  loop.join();
+  watch.Stop();
+}
+
 TEST_F(BridgeUnitTest, AReclaimRequestOnANodeThatIsNotLentIsRemovedWithAnEvent) {
   AddNode("node1");
   Step();
