@@ -430,13 +430,13 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       }
       const auto now = std::chrono::steady_clock::now();
       auto it = empty_since_.find(f.name);
-      if (it == empty_since_.end()) {
-        empty_since_[f.name] = now;
-        f.frozen = "drained and empty once; confirming";
-        return false;
-      }
+      if (it == empty_since_.end()) it = empty_since_.emplace(f.name, now).first;
       if (now - it->second < opts_.confirm_gap) {
         f.frozen = "drained and empty once; confirming";
+        // The second read is due confirm_gap after the first: Run() comes back then, not at
+        // the next interval.
+        const auto due = it->second + opts_.confirm_gap;
+        recheck_at_ = recheck_at_ ? std::min(*recheck_at_, due) : due;
         return false;
       }
       // The second read, at least confirm_gap later: scontrol's flags and squeue -w both.
@@ -651,6 +651,7 @@ ReconcileResult Bridge::Reconcile() {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t now = clock_();
   ReconcileResult result;
+  recheck_at_.reset();
   Count("kgpu_slurm_bridge_reconciles_total");
 
   // --- observe Slurm
@@ -974,7 +975,9 @@ void Bridge::Run(std::stop_token stop) {
     bool woken = false;
     {
       std::unique_lock lock(wake_mu_);
-      wake_cv_.wait_for(lock, stop, opts_.interval, [&] { return woken_; });
+      auto wait = std::chrono::duration_cast<std::chrono::steady_clock::duration>(opts_.interval);
+      if (recheck_at_) wait = std::min(wait, std::max(*recheck_at_ - std::chrono::steady_clock::now(), wait.zero()));
+      wake_cv_.wait_for(lock, stop, wait, [&] { return woken_; });
       woken = std::exchange(woken_, false);
     }
     if (stop.stop_requested()) break;

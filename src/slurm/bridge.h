@@ -24,6 +24,7 @@
 #include <memory>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <set>
 #include <stop_token>
@@ -131,6 +132,8 @@ class Bridge {
   std::map<std::string, std::chrono::steady_clock::time_point> empty_since_;  // L1 confirmation
   std::map<std::string, std::pair<std::chrono::steady_clock::time_point, std::chrono::milliseconds>> evict_backoff_;
   int64_t demand_gone_since_ = 0;  // clock_() seconds: the bridge's one clock (injected in tests)
+  // When the last reconcile wants the next one sooner than the interval (a second read due).
+  std::optional<std::chrono::steady_clock::time_point> recheck_at_;
   bool had_demand_ = false;
 
   std::mutex wake_mu_;

@@ -21,6 +21,7 @@
 #include "k8s/resources.h"
 #include "slurm/bridge.h"
 #include "slurm/lease.h"
+#include "testing/bridge_k8s.h"
 #include "testing/fake_apiserver.h"
 #include "testing/fake_slurm.h"
 
@@ -65,14 +66,7 @@ class BridgeUnitTest : public ::testing::Test {
   // when not fenced: an admin's `kubectl cordon`).
   void AddNode(const std::string& name, bool fenced = true, bool cordoned = false) {
     slurm_->AddNode(name);
-    json node = {{"apiVersion", "v1"},
-                 {"kind", "Node"},
-                 {"metadata", {{"name", name}, {"labels", {{kPoolLabel, "slurm"}}}}},
-                 {"spec", json::object()},
-                 {"status", {{"allocatable", {{"nvidia.com/gpu", "8"}, {"cpu", "64"}}}}}};
-    if (fenced) ApplyK8sFence(node);
-    if (cordoned) node["spec"]["unschedulable"] = true;
-    auto r = api_->Create("nodes", "", node);
+    auto r = api_->Create("nodes", "", testing::SlurmPoolNode(name, fenced, cordoned));
     ASSERT_EQ(r.code, 201) << r.body.dump();
     names_.push_back(name);
   }
@@ -132,36 +126,11 @@ class BridgeUnitTest : public ::testing::Test {
   }
 
   // An inference pod kube-scheduler could not place (GPUs requested, PodScheduled=False).
-  void PendingGpuPod(const std::string& name) {
-    json pod = {{"apiVersion", "v1"},
-                {"kind", "Pod"},
-                {"metadata", {{"name", name}, {"namespace", "infer"}, {"labels", {{"app", "infer"}}}}},
-                {"spec",
-                 {{"terminationGracePeriodSeconds", 0},
-                  {"containers",
-                   {{{"name", "server"}, {"image", "infer:1"}, {"resources", {{"limits", {{"nvidia.com/gpu", 1}}}}}}}}}}};
-    auto r = api_->Create("pods", "infer", pod);
-    ASSERT_EQ(r.code, 201) << r.body.dump();
-    json p = r.body;
-    p["status"] = {{"phase", "Pending"},
-                   {"conditions",
-                    {{{"type", "PodScheduled"},
-                      {"status", "False"},
-                      {"reason", "Unschedulable"},
-                      {"lastTransitionTime", k8s::NowRfc3339()}}}}};
-    ASSERT_EQ(api_->Update("pods", "infer", p).code, 200);
-  }
+  void PendingGpuPod(const std::string& name) { ASSERT_EQ(testing::PendingGpuPod(*api_, "infer", name), ""); }
   // kube-scheduler and kubelet: bind the pod to an accepting node and run it.
   void RunPodOn(const std::string& name, const std::string& node) {
     ASSERT_FALSE(Cordoned(node)) << node << " is cordoned";
-    auto bound = client_->Bind("infer", name, node);
-    ASSERT_TRUE(bound.ok()) << bound;
-    auto p = api_->Get("pods", "infer", name).body;
-    p["status"] = {{"phase", "Running"},
-                   {"conditions",
-                    {{{"type", "PodScheduled"}, {"status", "True"}, {"lastTransitionTime", k8s::NowRfc3339()}},
-                     {{"type", "Ready"}, {"status", "True"}, {"lastTransitionTime", k8s::NowRfc3339()}}}}};
-    ASSERT_EQ(api_->Update("pods", "infer", p).code, 200);
+    ASSERT_EQ(testing::RunPodOn(*api_, *client_, "infer", name, node), "");
   }
   bool PodGone(const std::string& name) const { return api_->Get("pods", "infer", name).code == 404; }
 
