@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -412,6 +413,36 @@ TEST_F(SlurmBridgeTest, SlurmctldStoppedMidReclaimFreezesThenFinishes) {
   ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kSlurm));
   EXPECT_TRUE(WaitFor([&] { return cluster_->State("node1") == "IDLE"; })) << cluster_->State("node1");
   const std::string job = Submit({"-w", "node1", "--wrap", "true"});
+  ExpectNoJobKilled();
+  ExpectInvariantsHeld();
+}
+
+// Two replicas with leader election: the Lease holder lends; it is SIGKILLed (no release) while
+// the node is LENT; the standby takes the Lease once it expires and carries out the reclaim an
+// operator then asks for, from the durable state alone.
+TEST_F(SlurmBridgeTest, ASecondReplicaTakesOverFromAKilledLeader) {
+  auto holder = [&] {
+    const json lease = api_->Get("leases", "default", "kgpu-slurm-bridge").body;
+    return lease.value("spec", json::object()).value("holderIdentity", "");
+  };
+  std::map<std::string, std::unique_ptr<BridgeProcess>> replicas;
+  for (const std::string id : {"bridge-a", "bridge-b"}) {
+    replicas[id] = std::make_unique<BridgeProcess>(cluster_->base() + "/" + id + ".log",
+                                                   BridgeArgs({"--nodes", "node1", "--identity", id}));
+  }
+  std::string leader;
+  ASSERT_TRUE(WaitFor([&] { return replicas.contains(leader = holder()); })) << leader;
+  const std::string standby = leader == "bridge-a" ? "bridge-b" : "bridge-a";
+  LendWithPod("node1", "ha-1");
+  replicas[leader]->Kill();
+  ASSERT_EQ(cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"}).exit_code, 0);
+  ASSERT_TRUE(WaitFor([&] { return holder() == standby; })) << holder() << "\n" << Tail(cluster_->base() + "/" + standby + ".log", 30);
+  ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kSlurm)) << slurm::PhaseName(PhaseOf("node1"));
+  ASSERT_TRUE(WaitFor([&] { return PodGone("ha-1"); }));
+  EXPECT_TRUE(WaitFor([&] { return cluster_->State("node1") == "IDLE"; })) << cluster_->State("node1");
+  EXPECT_TRUE(slurm::K8sFenced(Node("node1")));
+  const std::string after = Submit({"-w", "node1", "--wrap", "true"});
+  EXPECT_TRUE(WaitJob(after, "COMPLETED")) << "Slurm schedules on the reclaimed node";
   ExpectNoJobKilled();
   ExpectInvariantsHeld();
 }
