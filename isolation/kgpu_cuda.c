@@ -22,7 +22,7 @@
  *    instead (g_versioned).
  *
  * Hooked: cuMemAlloc(_v2), cuMemAllocPitch_v2 (charged at the returned pitch x height),
- * cuMemAllocManaged, cuMemAllocAsync(_ptsz), cuArrayCreate_v2, cuArray3DCreate_v2, cuMemCreate
+ * cuMemAllocManaged, cuMemAllocAsync(_ptsz), cuMemAllocFromPoolAsync(_ptsz), cuArrayCreate_v2, cuArray3DCreate_v2, cuMemCreate
  * (VMM) and their frees, cuMemGetInfo(_v2) and cuDeviceTotalMem(_v2) (they report the limit).
  * cuCtxDestroy(_v2), cuDevicePrimaryCtxReset(_v2) and cuDevicePrimaryCtxRelease(_v2) give back
  * the charges of the allocations the driver frees with the context.
@@ -86,6 +86,8 @@ static void* fn_to_ptr(any_fn f) {
   X(cuMemAllocManaged, CUresult, (CUdeviceptr*, size_t, unsigned int))                       \
   X(cuMemAllocAsync, CUresult, (CUdeviceptr*, size_t, CUstream))                             \
   X(cuMemAllocAsync_ptsz, CUresult, (CUdeviceptr*, size_t, CUstream))                        \
+  X(cuMemAllocFromPoolAsync, CUresult, (CUdeviceptr*, size_t, CUmemoryPool, CUstream))       \
+  X(cuMemAllocFromPoolAsync_ptsz, CUresult, (CUdeviceptr*, size_t, CUmemoryPool, CUstream))  \
   X(cuMemFreeAsync, CUresult, (CUdeviceptr, CUstream))                                       \
   X(cuMemFreeAsync_ptsz, CUresult, (CUdeviceptr, CUstream))                                  \
   X(cuArrayCreate_v2, CUresult, (CUarray*, const CUDA_ARRAY_DESCRIPTOR*))                    \
@@ -529,6 +531,30 @@ KGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t size, CUstre
   ALLOC_BODY(round_up(size), real.cuMemAllocAsync_ptsz(dptr, size, stream), *dptr, KIND_PTR);
 }
 
+/* From an explicit pool (cuMemPoolCreate, or the device's default one): charged like
+ * cuMemAllocAsync when handed out, returned by cuMemFreeAsync/cuMemFree. Memory a pool keeps
+ * after a free (its release threshold) is the driver's and is not counted. */
+KGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t size, CUmemoryPool pool,
+                                             CUstream stream) {
+  NOT_READY_GUARD;
+  if (real.cuMemAllocFromPoolAsync == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || size == 0)
+    return real.cuMemAllocFromPoolAsync(dptr, size, pool, stream);
+  ALLOC_BODY(round_up(size), real.cuMemAllocFromPoolAsync(dptr, size, pool, stream), *dptr, KIND_PTR);
+}
+
+KGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t size, CUmemoryPool pool,
+                                                  CUstream stream) {
+  NOT_READY_GUARD;
+  if (real.cuMemAllocFromPoolAsync_ptsz == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || size == 0)
+    return real.cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, stream);
+  ALLOC_BODY(round_up(size), real.cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, stream), *dptr,
+             KIND_PTR);
+}
+
 /* The pitch is only known after the call: the charge is first an estimate (rows padded to 512
  * bytes), then corrected to the returned pitch x height; if the correction does not fit, the
  * allocation is freed and OUT_OF_MEMORY returned. */
@@ -868,6 +894,8 @@ static const versioned_hook g_versioned[] = {
     {"cuMemAllocManaged", 0, 0, (any_fn)cuMemAllocManaged},
     {"cuMemAllocAsync", 0, 1, (any_fn)cuMemAllocAsync_ptsz},
     {"cuMemAllocAsync", 0, 0, (any_fn)cuMemAllocAsync},
+    {"cuMemAllocFromPoolAsync", 0, 1, (any_fn)cuMemAllocFromPoolAsync_ptsz},
+    {"cuMemAllocFromPoolAsync", 0, 0, (any_fn)cuMemAllocFromPoolAsync},
     {"cuMemFreeAsync", 0, 1, (any_fn)cuMemFreeAsync_ptsz},
     {"cuMemFreeAsync", 0, 0, (any_fn)cuMemFreeAsync},
     {"cuArrayCreate", 3020, 0, (any_fn)cuArrayCreate_v2},

@@ -822,6 +822,22 @@ CU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream)
 CU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream) {
   return cuMemAlloc_v2(dptr, bytesize);
 }
+// Pools: one default pool per device (a handle only); allocations from any pool are device
+// memory like cuMemAllocAsync's.
+CU_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  static int default_pool;
+  *pool = reinterpret_cast<CUmemoryPool>(&default_pool);
+  return CUDA_SUCCESS;
+}
+CU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return cuMemAlloc_v2(dptr, bytesize);
+}
+CU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return cuMemAlloc_v2(dptr, bytesize);
+}
 CU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream) {
   return Free(dptr, Kind::kPtr);
 }
@@ -962,6 +978,9 @@ const ProcEntry kProcs[] = {
     KGPU_PROC("cuMemAllocManaged", 6000, false, cuMemAllocManaged),
     KGPU_PROC("cuMemAllocAsync", 11020, false, cuMemAllocAsync),
     KGPU_PROC("cuMemAllocAsync", 11020, true, cuMemAllocAsync_ptsz),
+    KGPU_PROC("cuMemAllocFromPoolAsync", 11020, false, cuMemAllocFromPoolAsync),
+    KGPU_PROC("cuMemAllocFromPoolAsync", 11020, true, cuMemAllocFromPoolAsync_ptsz),
+    KGPU_PROC("cuDeviceGetDefaultMemPool", 11020, false, cuDeviceGetDefaultMemPool),
     KGPU_PROC("cuMemFreeAsync", 11020, false, cuMemFreeAsync),
     KGPU_PROC("cuMemFreeAsync", 11020, true, cuMemFreeAsync_ptsz),
     KGPU_PROC("cuArrayCreate", 3020, false, cuArrayCreate_v2),

@@ -16,6 +16,7 @@
  *         pitch WIDTH HEIGHT ok|oom   cuMemAllocPitch, 4-byte elements
  *         managed MIB ok|oom      cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)
  *         async MIB ok|oom        cuMemAllocAsync on the default stream
+ *         pool MIB ok|oom         cuMemAllocFromPoolAsync from the device's default pool
  *         array WIDTH HEIGHT ok|oom   cuArrayCreate, 1-channel float
  *         array3d W H D ok|oom    cuArray3DCreate, 4-channel 8-bit
  *         vmm MIB ok|oom          cuMemCreate, pinned memory on the device (freed by cuMemRelease)
@@ -56,6 +57,8 @@ static struct {
   CUresult (*MemAllocManaged)(CUdeviceptr*, size_t, unsigned int);
   CUresult (*MemAllocAsync)(CUdeviceptr*, size_t, CUstream);
   CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
+  CUresult (*MemAllocFromPoolAsync)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
+  CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool*, CUdevice);
   CUresult (*ArrayCreate)(CUarray*, const CUDA_ARRAY_DESCRIPTOR*);
   CUresult (*Array3DCreate)(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*);
   CUresult (*ArrayDestroy)(CUarray);
@@ -127,6 +130,8 @@ static void load_dlsym(void) {
   D(MemAllocManaged, "cuMemAllocManaged");
   D(MemAllocAsync, "cuMemAllocAsync");
   D(MemFreeAsync, "cuMemFreeAsync");
+  D(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync");
+  D(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
   D(ArrayCreate, "cuArrayCreate_v2");
   D(Array3DCreate, "cuArray3DCreate_v2");
   D(ArrayDestroy, "cuArrayDestroy");
@@ -153,6 +158,8 @@ static void load_direct(void) {
   A.MemAllocManaged = cuMemAllocManaged;
   A.MemAllocAsync = cuMemAllocAsync;
   A.MemFreeAsync = cuMemFreeAsync;
+  A.MemAllocFromPoolAsync = cuMemAllocFromPoolAsync;
+  A.DeviceGetDefaultMemPool = cuDeviceGetDefaultMemPool;
   A.ArrayCreate = cuArrayCreate_v2;
   A.Array3DCreate = cuArray3DCreate_v2;
   A.ArrayDestroy = cuArrayDestroy;
@@ -204,6 +211,8 @@ static void load_procaddr(int version) {
   P(MemAllocManaged, "cuMemAllocManaged", 0);
   P(MemAllocAsync, "cuMemAllocAsync", pt);
   P(MemFreeAsync, "cuMemFreeAsync", pt);
+  P(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", pt);
+  P(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 0);
   P(ArrayCreate, "cuArrayCreate", 0);
   P(Array3DCreate, "cuArray3DCreate", 0);
   P(ArrayDestroy, "cuArrayDestroy", 0);
@@ -327,7 +336,8 @@ int main(int argc, char** argv) {
         return 1;
       }
       printf("ok:   init device %d (pid %d)\n", (int)g_dev, (int)getpid());
-    } else if (strcmp(s, "alloc") == 0 || strcmp(s, "managed") == 0 || strcmp(s, "async") == 0) {
+    } else if (strcmp(s, "alloc") == 0 || strcmp(s, "managed") == 0 || strcmp(s, "async") == 0 ||
+               strcmp(s, "pool") == 0) {
       const size_t bytes = (size_t)strtoull(ARG(1), NULL, 10) << 20;
       CUdeviceptr p = 0;
       CUresult r;
@@ -336,6 +346,12 @@ int main(int argc, char** argv) {
         r = A.MemAlloc(&p, bytes);
       } else if (s[0] == 'm') {
         r = A.MemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
+      } else if (s[0] == 'p') {
+        CUmemoryPool pool = NULL;
+        r = A.DeviceGetDefaultMemPool(&pool, g_dev);
+        if (r == CUDA_SUCCESS)
+          r = A.MemAllocFromPoolAsync(&p, bytes, pool, NULL);
+        kind = K_ASYNC;
       } else {
         r = A.MemAllocAsync(&p, bytes, NULL);
         kind = K_ASYNC;

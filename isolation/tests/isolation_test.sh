@@ -49,10 +49,10 @@ for variant in direct dlsym procaddr cudart procaddr1 procaddr:internal cudart:i
   if out=$(KGPU_SIM_CUDA_PROC_INTERNAL=$internal run "$c" "$L512" $mode init info 512 512 totalmem 512 \
       alloc 400 ok alloc 200 oom info 512 112 \
       pitch 1000 120000 oom pitch 1000 100000 ok info 512 14 \
-      managed 100 oom array 4096 4096 oom array3d 256 256 256 oom async 100 oom alloc1 100 oom \
+      managed 100 oom array 4096 4096 oom array3d 256 256 256 oom async 100 oom pool 100 oom alloc1 100 oom \
       vmm 100 oom free free info 512 512 array3d 256 256 256 ok info 512 448 free \
       vmm 500 ok vmm 20 oom info 512 12 free \
-      managed 100 ok async 100 ok array 4096 4096 ok alloc1 200 ok alloc 100 oom \
+      managed 100 ok async 100 ok array 4096 4096 ok alloc1 200 ok alloc 100 oom free pool 200 ok alloc 100 oom \
       freeall info 512 512 alloc 512 ok alloc 2 oom freeall \
       alloc 400 ok reset info 512 512 alloc 300 ok ctx alloc 100 ok vmm 50 ok ctxdestroy info 512 162 free \
       release init info 512 512 alloc 512 ok rtldnext 2>&1); then
