@@ -50,6 +50,14 @@ CURLcode curl_easy_perform(CURL* curl) {
   return real != nullptr && curl != nullptr ? real(curl) : CURLE_FAILED_INIT;
 }
 
+// The signatures are libcurl's (an enum before the "..."), and so is va_start on that enum:
+// libcurl's own curl_easy_setopt does the same (lib/setopt.c). Clang flags it because an enum
+// undergoes promotion; both enums here are int-sized, passed in registers like an int.
+#if defined(__clang__)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wvarargs"
+#endif
+
 // The third argument's type follows from the option's number, as in libcurl itself:
 // CURLOPTTYPE_LONG, OBJECTPOINT (also STRINGPOINT, SLISTPOINT, CBPOINT), FUNCTIONPOINT, OFF_T,
 // BLOB (a struct curl_blob*).
@@ -85,6 +93,10 @@ CURLcode curl_easy_getinfo(CURL* curl, CURLINFO info, ...) {
   va_end(ap);
   return rc;
 }
+
+#if defined(__clang__)
+#pragma clang diagnostic pop
+#endif
 
 const char* curl_easy_strerror(CURLcode code) {
   static const auto real = KGPU_REAL(curl_easy_strerror);

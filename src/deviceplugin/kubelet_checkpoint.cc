@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/kubelet_checksum.h"
 #include "common/strings.h"
 
 namespace kgpu::deviceplugin {
@@ -12,6 +13,7 @@ absl::StatusOr<std::vector<std::string>> RegisteredResources(std::string_view js
   if (!doc.is_object() || !doc.contains("Data") || !doc["Data"].is_object()) {
     return absl::InvalidArgumentError(Cat(origin, ": no \"Data\" object (not a kubelet device-manager checkpoint)"));
   }
+  if (auto st = VerifyKubeletCheckpoint(doc, origin); !st.ok()) return st;
   const auto& data = doc["Data"];
   std::vector<std::string> out;
   if (!data.contains("RegisteredDevices") || data["RegisteredDevices"].is_null()) return out;

@@ -15,7 +15,8 @@
 
 namespace kgpu::deviceplugin {
 
-// Errors start with "<origin>: " and say what is wrong where.
+// Errors start with "<origin>: " and say what is wrong where; a checksum that does not match the
+// contents (common/kubelet_checksum.h) is one.
 absl::StatusOr<std::vector<std::string>> RegisteredResources(std::string_view json, std::string_view origin);
 
 }  // namespace kgpu::deviceplugin

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "absl/status/status.h"
+#include "common/kubelet_checksum.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "deviceplugin/share_cdi.h"
@@ -246,6 +247,8 @@ absl::StatusOr<std::vector<CheckpointEntry>> ParseCheckpoint(std::string_view js
     }
     if (!data->is_object())
       return fail(Cat("\"Data\": expected an object, got ", got(*data)));
+    if (auto st = VerifyKubeletCheckpoint(doc, origin); !st.ok())
+      return st;
     std::vector<CheckpointEntry> out;
     const auto entries = data->find("PodDeviceEntries");
     if (entries == data->end() || entries->is_null())

@@ -55,9 +55,9 @@ struct CheckpointEntry {
 // Parses kubelet's device-manager checkpoint (<kubelet dir>/device-plugins/
 // kubelet_internal_checkpoint): {"Data":{"PodDeviceEntries":[{"PodUID","ContainerName",
 // "ResourceName","DeviceIDs","AllocResp"}],"RegisteredDevices":{...}},"Checksum":N}. DeviceIDs is
-// a map NUMA node -> IDs (Kubernetes >= 1.20) or a plain list (older). The checksum is not
-// verified (kubelet's is a hash of Go's in-memory representation). Errors start with
-// "<origin>: " and say what is wrong where.
+// a map NUMA node -> IDs (Kubernetes >= 1.20) or a plain list (older). The checksum is verified
+// for the current layout (common/kubelet_checksum.h): a file whose contents do not match it is
+// refused, as kubelet refuses it. Errors start with "<origin>: " and say what is wrong where.
 [[nodiscard]] absl::StatusOr<std::vector<CheckpointEntry>> ParseCheckpoint(std::string_view json,
                                                                            std::string_view origin);
 

@@ -16,8 +16,9 @@
 #include <sstream>
 
 #include "testing/fake_kubelet.h"
-#include "testing/plugin_fixture.h"
 #include "testing/fake_podresources.h"
+#include "testing/kubelet_checkpoint.h"
+#include "testing/plugin_fixture.h"
 #include "testing/plugin_process.h"
 #include "testing/shell.h"
 #include "testing/sim_node.h"
@@ -205,7 +206,8 @@ TEST_F(MigMpsTest, MigApplyOnIdleGpusReRegistersAndRetiresVanishedResources) {
       << doctor.out;
   // A plugin restart still reports it with zero devices: kubelet's checkpoint remembers it.
   std::ofstream(sim_->dir() + "/kubelet_internal_checkpoint")
-      << R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/mig-2g.10gb":[],"nvidia.com/mig-1g.5gb":[]}},"Checksum":0})";
+      << kgpu::testing::SignedCheckpoint(
+             R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/mig-2g.10gb":[],"nvidia.com/mig-1g.5gb":[]}}})");
   p.Signal(SIGTERM);
   ASSERT_EQ(p.Wait(10s), 0) << p.Log();
   Plugin again(sim_->dir(), {"--config-file", cfg});

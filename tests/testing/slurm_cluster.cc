@@ -373,8 +373,9 @@ void StopDetachedCluster(const std::string& base) {
     }
     for (const auto& [m, p] : all) {
       if (m != munge_pass || p <= 0) continue;
-      if (!SlurmCluster::WaitFor([&] { return ::kill(p, 0) != 0; }, std::chrono::seconds(20), std::chrono::milliseconds(50))) {
-        ::kill(p, SIGKILL);
+      const pid_t pid = p;  // clang (C++20 as it implements it) cannot capture a structured binding
+      if (!SlurmCluster::WaitFor([&] { return ::kill(pid, 0) != 0; }, std::chrono::seconds(20), std::chrono::milliseconds(50))) {
+        ::kill(pid, SIGKILL);
       }
     }
   }

@@ -15,8 +15,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/strings.h"
+#include "deviceplugin/kubelet_checkpoint.h"
 #include "exporter/podresources.h"
 #include "testing/fake_podresources.h"
+#include "testing/kubelet_checkpoint.h"
 
 namespace kgpu::exporter {
 namespace {
@@ -174,8 +177,42 @@ std::string CheckpointNuma() {
          kGpu + R"(::0",")" + kGpu + R"(::1"]}},)" + R"("Checksum":1234567890})";
 }
 
+// Written by kubelets (Kubernetes 1.2x, NVIDIA's plugin), with the checksums they computed.
+const char* const kRealCheckpoints[] = {
+    R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/gpu":["GPU-0650a168-e770-3ea8-8ac3-8a1d419763e0"]}},"Checksum":3952659280})",
+    R"({"Data":{"PodDeviceEntries":[{"PodUID":"513cb897-0262-4868-826f-aa943ee45a38","ContainerName":"app","ResourceName":"nvidia.com/gpu","DeviceIDs":{"0":["GPU-77a702db-e37f-3a74-d46d-c5713f66058c"]},"AllocResp":"CkIKFk5WSURJQV9WSVNJQkxFX0RFVklDRVMSKEdQVS03N2E3MDJkYi1lMzdmLTNhNzQtZDQ2ZC1jNTcxM2Y2NjA1OGMaJAoOL2Rldi9udmlkaWFjdGwSDi9kZXYvbnZpZGlhY3RsGgJydxomCg8vZGV2L252aWRpYS11dm0SDy9kZXYvbnZpZGlhLXV2bRoCcncaMgoVL2Rldi9udmlkaWEtdXZtLXRvb2xzEhUvZGV2L252aWRpYS11dm0tdG9vbHMaAnJ3Gi4KEy9kZXYvbnZpZGlhLW1vZGVzZXQSEy9kZXYvbnZpZGlhLW1vZGVzZXQaAnJ3GiAKDC9kZXYvbnZpZGlhMBIML2Rldi9udmlkaWEwGgJydw=="}],"RegisteredDevices":{"nvidia.com/gpu":["GPU-77a702db-e37f-3a74-d46d-c5713f66058c","GPU-9b341c59-f96b-ba85-c137-78c3652fea65","GPU-c1e9f249-b37b-81c2-a8d9-ba5ca0294841"]}},"Checksum":133412836})",
+    R"({"Data":{"PodDeviceEntries":[{"PodUID":"513cb897-0262-4868-826f-aa943ee45a38","ContainerName":"app","ResourceName":"nvidia.com/gpu","DeviceIDs":{"0":["GPU-77a702db-e37f-3a74-d46d-c5713f66058c"]},"AllocResp":"CkIKFk5WSURJQV9WSVNJQkxFX0RFVklDRVMSKEdQVS03N2E3MDJkYi1lMzdmLTNhNzQtZDQ2ZC1jNTcxM2Y2NjA1OGMaJAoOL2Rldi9udmlkaWFjdGwSDi9kZXYvbnZpZGlhY3RsGgJydxomCg8vZGV2L252aWRpYS11dm0SDy9kZXYvbnZpZGlhLXV2bRoCcncaMgoVL2Rldi9udmlkaWEtdXZtLXRvb2xzEhUvZGV2L252aWRpYS11dm0tdG9vbHMaAnJ3Gi4KEy9kZXYvbnZpZGlhLW1vZGVzZXQSEy9kZXYvbnZpZGlhLW1vZGVzZXQaAnJ3GiAKDC9kZXYvbnZpZGlhMBIML2Rldi9udmlkaWEwGgJydw=="},{"PodUID":"94283d1b-ce5a-4797-bff8-0cf0c7143b2b","ContainerName":"app","ResourceName":"nvidia.com/gpu","DeviceIDs":{"1":["GPU-c1e9f249-b37b-81c2-a8d9-ba5ca0294841","GPU-9b341c59-f96b-ba85-c137-78c3652fea65"]},"AllocResp":"CmsKFk5WSURJQV9WSVNJQkxFX0RFVklDRVMSUUdQVS1jMWU5ZjI0OS1iMzdiLTgxYzItYThkOS1iYTVjYTAyOTQ4NDEsR1BVLTliMzQxYzU5LWY5NmItYmE4NS1jMTM3LTc4YzM2NTJmZWE2NRokCg4vZGV2L252aWRpYWN0bBIOL2Rldi9udmlkaWFjdGwaAnJ3GiYKDy9kZXYvbnZpZGlhLXV2bRIPL2Rldi9udmlkaWEtdXZtGgJydxoyChUvZGV2L252aWRpYS11dm0tdG9vbHMSFS9kZXYvbnZpZGlhLXV2bS10b29scxoCcncaLgoTL2Rldi9udmlkaWEtbW9kZXNldBITL2Rldi9udmlkaWEtbW9kZXNldBoCcncaIAoML2Rldi9udmlkaWExEgwvZGV2L252aWRpYTEaAnJ3GiAKDC9kZXYvbnZpZGlhMhIML2Rldi9udmlkaWEyGgJydw=="}],"RegisteredDevices":{"nvidia.com/gpu":["GPU-77a702db-e37f-3a74-d46d-c5713f66058c","GPU-9b341c59-f96b-ba85-c137-78c3652fea65","GPU-c1e9f249-b37b-81c2-a8d9-ba5ca0294841"]}},"Checksum":2442330366})",
+};
+
+// kubelet's checksum (FNV-32a of go-spew's "%#v" of Data) reproduced on files real kubelets
+// wrote; a file whose contents were changed afterwards is refused, naming it.
+TEST(AttributionCheckpointTest, KubeletChecksumIsVerified) {
+  for (const char* real : kRealCheckpoints) {
+    auto ok = ParseCheckpoint(real, "/cp");
+    EXPECT_TRUE(ok.ok()) << ok.status();
+    EXPECT_TRUE(deviceplugin::RegisteredResources(real, "/cp").ok());
+  }
+  std::string edited = kRealCheckpoints[2];
+  const size_t at = edited.find("GPU-c1e9f249");
+  ASSERT_NE(at, std::string::npos);
+  edited.replace(at, 12, "GPU-d1e9f249");  // a device moved to another container by hand
+  auto refused = ParseCheckpoint(edited, "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(std::string(refused.status().message())
+                .rfind("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint: checksum 2442330366 does not match its "
+                       "contents (",
+                       0),
+            0u)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("corrupt or was edited"), std::string::npos);
+  EXPECT_FALSE(deviceplugin::RegisteredResources(edited, "/cp").ok());
+  // The older layout (DeviceIDs a list) and a file without a checksum are not verified.
+  EXPECT_TRUE(ParseCheckpoint(R"({"Data":{"PodDeviceEntries":[{"PodUID":"u","ContainerName":"c","ResourceName":"r","DeviceIDs":["a"]}]},"Checksum":7})", "/cp").ok());
+  EXPECT_TRUE(ParseCheckpoint(R"({"Data":{"PodDeviceEntries":null}})", "/cp").ok());
+}
+
 TEST(AttributionCheckpointTest, NumaMapShape) {
-  auto entries = ParseCheckpoint(CheckpointNuma(), "/cp");
+  auto entries = ParseCheckpoint(kgpu::testing::SignedCheckpoint(CheckpointNuma()), "/cp");
   ASSERT_TRUE(entries.ok()) << entries.status();
   ASSERT_EQ(entries->size(), 2u);
   EXPECT_EQ((*entries)[0].pod_uid, kUidA);
@@ -201,7 +238,7 @@ TEST(AttributionCheckpointTest, OldListShapeAndEmptyForms) {
   for (const char* empty :
        {R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":1})",
         R"({"Data":{"PodDeviceEntries":[]},"Checksum":1})", R"({"Data":{}})"}) {
-    auto e = ParseCheckpoint(empty, "/cp");
+    auto e = ParseCheckpoint(kgpu::testing::SignedCheckpoint(empty), "/cp");
     ASSERT_TRUE(e.ok()) << empty << ": " << e.status();
     EXPECT_TRUE(e->empty());
   }
@@ -294,7 +331,7 @@ class PodAttributorTest : public ::testing::Test {
       json += R"(]},"AllocResp":"AA=="})";
     }
     json += R"(],"RegisteredDevices":{}},"Checksum":1})";
-    Write(options_.checkpoint_path, json);
+    Write(options_.checkpoint_path, kgpu::testing::SignedCheckpoint(json));
   }
   // What PodResources List would say for `allocs` (device IDs flattened).
   static std::vector<DeviceAllocation> Flat(const std::vector<Alloc>& allocs) {
@@ -543,9 +580,9 @@ TEST_F(PodResourcesTest, ListReadsTheServer) {
   const fs::path proc = dir_ / "proc";
   fs::create_directories(proc / "77");
   std::ofstream(proc / "77" / "cgroup") << CgroupV2Systemd(kUidB);
-  std::ofstream(dir_ / "cp") << R"({"Data":{"PodDeviceEntries":[{"PodUID":")" << kUidB
-                             << R"(","ContainerName":"jupyter","ResourceName":"nvidia.com/gpu",)"
-                             << R"("DeviceIDs":{"-1":[")" << g << R"(::1"]}}]},"Checksum":1})";
+  std::ofstream(dir_ / "cp") << kgpu::testing::SignedCheckpoint(Cat(R"({"Data":{"PodDeviceEntries":[{"PodUID":")", kUidB,
+                                                             R"(","ContainerName":"jupyter","ResourceName":"nvidia.com/gpu",)",
+                                                             R"("DeviceIDs":{"-1":[")", g, R"(::1"]}}]},"Checksum":1})"));
   PodAttributor attributor({.proc_root = proc.string(), .checkpoint_path = (dir_ / "cp").string()});
   attributor.Update(*std::move(list));
   EXPECT_EQ(attributor.Attribute(77, g, ""), (PodRef{"team-b", "notebook", "jupyter"}));

@@ -370,6 +370,7 @@ TEST(ExporterTest, MigSeriesFollowARepartition) {
 #include <fstream>
 
 #include "testing/fake_podresources.h"
+#include "testing/kubelet_checkpoint.h"
 
 namespace kgpu::exporter {
 namespace {
@@ -412,8 +413,8 @@ void SharedGpuGetsOneSeriesPerPod(const std::string& kind) {
                    R"(","ResourceName":"nvidia.com/gpu","DeviceIDs":{"-1":[")", p.device, R"("]},"AllocResp":""})");
     kgpu::testing::AddDevices(list, p.ns, p.pod, p.container, "nvidia.com/gpu", {p.device});
   }
-  std::ofstream(dir + "/checkpoint") << R"({"Data":{"PodDeviceEntries":[)" << entries
-                                     << R"(],"RegisteredDevices":{}},"Checksum":1})";
+  std::ofstream(dir + "/checkpoint") << kgpu::testing::SignedCheckpoint(
+      Cat(R"({"Data":{"PodDeviceEntries":[)", entries, R"(],"RegisteredDevices":{}},"Checksum":1})"));
   kgpu::testing::FakePodResources server(dir + "/pr.sock");
   server.SetListResponse(list);
   ASSERT_TRUE(server.Start().ok());
@@ -508,8 +509,8 @@ TEST(PodAttributionTest, KgpuSharesAreAttributedByTheirSpecNotTheirSlots) {
                                                {"containerEdits", {{"env", cli::ShareEnv(rc)}}}}}}};
     std::ofstream(deviceplugin::ShareCdiSpecFile(cdi, deviceplugin::ShareCdiName({p.slot}))) << spec.dump();
   }
-  std::ofstream(dir + "/checkpoint") << R"({"Data":{"PodDeviceEntries":[)" << entries
-                                     << R"(],"RegisteredDevices":{}},"Checksum":1})";
+  std::ofstream(dir + "/checkpoint") << kgpu::testing::SignedCheckpoint(
+      Cat(R"({"Data":{"PodDeviceEntries":[)", entries, R"(],"RegisteredDevices":{}},"Checksum":1})"));
   kgpu::testing::FakePodResources server(dir + "/pr.sock");
   server.SetListResponse(list);
   ASSERT_TRUE(server.Start().ok());

@@ -11,6 +11,7 @@
 #include "deviceplugin/kubelet_checkpoint.h"
 #include "deviceplugin/mps.h"
 #include "gpu/mig_layout.h"
+#include "testing/kubelet_checkpoint.h"
 #include "testing/sim_plan.h"
 
 namespace kgpu {
@@ -214,7 +215,8 @@ TEST(MigLayoutTest, FingerprintSeesARepartition) {
 
 TEST(KubeletCheckpointTest, RegisteredResources) {
   auto names = deviceplugin::RegisteredResources(
-      R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/mig-2g.10gb":["MIG-a"],"nvidia.com/gpu":[]}},"Checksum":1})",
+      kgpu::testing::SignedCheckpoint(
+          R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/mig-2g.10gb":["MIG-a"],"nvidia.com/gpu":[]}}})"),
       "cp");
   ASSERT_TRUE(names.ok()) << names.status();
   EXPECT_EQ(std::set<std::string>(names->begin(), names->end()),
