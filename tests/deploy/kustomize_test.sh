@@ -105,6 +105,22 @@ done
 step "kubectl kustomize (extender: $root/deploy/extender)"
 kubectl kustomize "$root/deploy/extender" >"$work/extender.yaml" || fail "kubectl kustomize $root/deploy/extender failed"
 grep -E '^kind: ' "$work/extender.yaml" | sort | uniq -c
+step "extender images: the Dockerfile's (localhost/kgpu:$version), kube-scheduler's from registry.k8s.io"
+python3 - "$work/extender.yaml" "$version" <<'PY' || fail "deploy/extender runs an image the Dockerfile does not build"
+import sys, yaml
+path, version = sys.argv[1:]
+bad = []
+for o in yaml.safe_load_all(open(path, encoding="utf-8")):
+    if not o or o.get("kind") not in ("Deployment", "DaemonSet"):
+        continue
+    for c in o["spec"]["template"]["spec"].get("containers", []):
+        image = c.get("image", "")
+        if not image.startswith("registry.k8s.io/kube-scheduler:") and image != f"localhost/kgpu:{version}":
+            bad.append(f"{o['kind']} {o['metadata']['name']} container {c['name']}: {image}")
+for b in bad:
+    print(f"  {b}")
+sys.exit(1 if bad else 0)
+PY
 # deploy/quota: the example team quotas (not a component of the install).
 step "kubectl kustomize (quota: $root/deploy/quota)"
 kubectl kustomize "$root/deploy/quota" >"$work/quota.yaml" || fail "kubectl kustomize $root/deploy/quota failed"
