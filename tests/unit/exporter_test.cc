@@ -375,6 +375,38 @@ TEST(ExporterTest, MigSeriesFollowARepartition) {
 namespace kgpu::exporter {
 namespace {
 
+// Writes kubelet's checkpoint of `entries` (PodDeviceEntries JSON) into the fixture's directory,
+// serves `list` as PodResources, and returns one scrape of an exporter with pod attribution.
+std::string ScrapeWithPods(Fixture& f, kgpu::testing::FakePodResources& server, const v1::ListPodResourcesResponse& list,
+                           const std::string& entries) {
+  const std::string dir = f.sim.dir();
+  std::ofstream(dir + "/checkpoint") << kgpu::testing::SignedCheckpoint(
+      Cat(R"({"Data":{"PodDeviceEntries":[)", entries, R"(],"RegisteredDevices":{}},"Checksum":1})"));
+  server.SetListResponse(list);
+  EXPECT_TRUE(server.Start().ok());
+  f.options.kubernetes = true;
+  f.options.pod_resources_socket = dir + "/pr.sock";
+  f.options.proc_root = dir + "/proc";
+  f.options.checkpoint_path = dir + "/checkpoint";
+  f.options.address = "127.0.0.1:0";
+  f.options.interval = std::chrono::hours(1);
+  Exporter exporter(*f.lib, f.inv, f.options);
+  EXPECT_TRUE(exporter.Start().ok());
+  const std::string text = exporter.Scrape();
+  exporter.Stop();
+  return text;
+}
+
+// The lines of `family` about GPU `uuid` that carry pod="<pod>".
+std::vector<std::string> PodSeries(const std::string& text, const std::string& family, const std::string& uuid,
+                                   const std::string& pod) {
+  std::vector<std::string> out;
+  for (const auto& l : Family(text, family)) {
+    if (l.find(uuid) != std::string::npos && l.find("pod=\"" + pod + "\"") != std::string::npos) out.push_back(l);
+  }
+  return out;
+}
+
 // A time-sliced (or MPS-shared) GPU 0 shared by three pods, and GPU 1 held by one pod; processes
 // on the simulated GPUs (MPS clients when `kind` is "mps"), a fake /proc with their cgroups,
 // kubelet's checkpoint and PodResources.
@@ -413,29 +445,10 @@ void SharedGpuGetsOneSeriesPerPod(const std::string& kind) {
                    R"(","ResourceName":"nvidia.com/gpu","DeviceIDs":{"-1":[")", p.device, R"("]},"AllocResp":""})");
     kgpu::testing::AddDevices(list, p.ns, p.pod, p.container, "nvidia.com/gpu", {p.device});
   }
-  std::ofstream(dir + "/checkpoint") << kgpu::testing::SignedCheckpoint(
-      Cat(R"({"Data":{"PodDeviceEntries":[)", entries, R"(],"RegisteredDevices":{}},"Checksum":1})"));
   kgpu::testing::FakePodResources server(dir + "/pr.sock");
-  server.SetListResponse(list);
-  ASSERT_TRUE(server.Start().ok());
-
-  f.options.kubernetes = true;
-  f.options.pod_resources_socket = dir + "/pr.sock";
-  f.options.proc_root = dir + "/proc";
-  f.options.checkpoint_path = dir + "/checkpoint";
-  f.options.address = "127.0.0.1:0";
-  f.options.interval = std::chrono::hours(1);
-  Exporter exporter(*f.lib, f.inv, f.options);
-  ASSERT_TRUE(exporter.Start().ok());
-  const std::string text = exporter.Scrape();
-  exporter.Stop();
-
+  const std::string text = ScrapeWithPods(f, server, list, entries);
   auto series = [&](const std::string& family, const std::string& uuid, const std::string& pod) {
-    std::vector<std::string> out;
-    for (const auto& l : Family(text, family)) {
-      if (l.find(uuid) != std::string::npos && l.find("pod=\"" + pod + "\"") != std::string::npos) out.push_back(l);
-    }
-    return out;
+    return PodSeries(text, family, uuid, pod);
   };
   // Three different per-pod figures on the shared GPU, from each pod's own processes.
   const auto train = series("DCGM_FI_DEV_FB_USED", g0, "train-0");
@@ -509,28 +522,11 @@ TEST(PodAttributionTest, KgpuSharesAreAttributedByTheirSpecNotTheirSlots) {
                                                {"containerEdits", {{"env", cli::ShareEnv(rc)}}}}}}};
     std::ofstream(deviceplugin::ShareCdiSpecFile(cdi, deviceplugin::ShareCdiName({p.slot}))) << spec.dump();
   }
-  std::ofstream(dir + "/checkpoint") << kgpu::testing::SignedCheckpoint(
-      Cat(R"({"Data":{"PodDeviceEntries":[)", entries, R"(],"RegisteredDevices":{}},"Checksum":1})"));
   kgpu::testing::FakePodResources server(dir + "/pr.sock");
-  server.SetListResponse(list);
-  ASSERT_TRUE(server.Start().ok());
-  f.options.kubernetes = true;
-  f.options.pod_resources_socket = dir + "/pr.sock";
-  f.options.proc_root = dir + "/proc";
-  f.options.checkpoint_path = dir + "/checkpoint";
   f.options.cdi_spec_dir = cdi;
-  f.options.address = "127.0.0.1:0";
-  f.options.interval = std::chrono::hours(1);
-  Exporter exporter(*f.lib, f.inv, f.options);
-  ASSERT_TRUE(exporter.Start().ok());
-  const std::string text = exporter.Scrape();
-  exporter.Stop();
+  const std::string text = ScrapeWithPods(f, server, list, entries);
   auto series = [&](const std::string& family, const std::string& uuid, const std::string& pod) {
-    std::vector<std::string> out;
-    for (const auto& l : Family(text, family)) {
-      if (l.find(uuid) != std::string::npos && l.find("pod=\"" + pod + "\"") != std::string::npos) out.push_back(l);
-    }
-    return out;
+    return PodSeries(text, family, uuid, pod);
   };
   const auto a = series("DCGM_FI_DEV_FB_USED", g2, "a-0"), b = series("DCGM_FI_DEV_FB_USED", g2, "b-0");
   ASSERT_EQ(a.size(), 1u) << text;

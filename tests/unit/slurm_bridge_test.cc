@@ -99,6 +99,25 @@ class BridgeUnitTest : public ::testing::Test {
     return pred();
   }
 
+  // A PodDisruptionBudget that refuses every eviction of the app=infer pods (minAvailable 1).
+  void RefusingPdb() {
+    json pdb = {{"apiVersion", "policy/v1"},
+                {"kind", "PodDisruptionBudget"},
+                {"metadata", {{"name", "infer"}, {"namespace", "infer"}}},
+                {"spec", {{"minAvailable", 1}, {"selector", {{"matchLabels", {{"app", "infer"}}}}}}}};
+    ASSERT_LT(api_->Create("poddisruptionbudgets", "infer", pdb).code, 300);
+  }
+
+  // Four reconciles leave `node` with Slurm (`why`); once the clock is `wait` seconds on, it is lent.
+  void ExpectLentOnlyAfter(const std::string& node, int64_t wait, const std::string& why) {
+    for (int i = 0; i < 4; ++i) {
+      Step();
+      EXPECT_EQ(PhaseOf(node), Phase::kSlurm) << why;
+    }
+    offset_ += wait;
+    EXPECT_TRUE(StepUntil([&] { return PhaseOf(node) == Phase::kLent; })) << PhaseName(PhaseOf(node));
+  }
+
   json Node(const std::string& name) const { return api_->Get("nodes", "", name).body; }
   Lease LeaseOn(const std::string& name) const { return LeaseOf(Node(name)); }
   Phase PhaseOf(const std::string& name) const { return LeaseOn(name).phase; }
@@ -266,12 +285,7 @@ TEST_F(BridgeUnitTest, LendWaitsForTheUnschedulableThreshold) {
   AddNode("node1");
   opts_.lend_threshold = std::chrono::seconds(30);
   PendingGpuPod("p1");
-  for (int i = 0; i < 4; ++i) {
-    Step();
-    EXPECT_EQ(PhaseOf("node1"), Phase::kSlurm) << "the pod is unschedulable for less than 30 s";
-  }
-  offset_ += 31;
-  EXPECT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kLent; })) << PhaseName(PhaseOf("node1"));
+  ExpectLentOnlyAfter("node1", 31, "the pod is unschedulable for less than 30 s");
 }
 
 TEST_F(BridgeUnitTest, CooldownKeepsANodeBackWithSlurmForAWhile) {
@@ -281,12 +295,7 @@ TEST_F(BridgeUnitTest, CooldownKeepsANodeBackWithSlurmForAWhile) {
   RequestReclaim("node1");
   ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm && PodGone("p1"); }));
   PendingGpuPod("p2");
-  for (int i = 0; i < 4; ++i) {
-    Step();
-    EXPECT_EQ(PhaseOf("node1"), Phase::kSlurm) << "back with Slurm less than the 120 s cooldown ago";
-  }
-  offset_ += 121;
-  EXPECT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kLent; })) << PhaseName(PhaseOf("node1"));
+  ExpectLentOnlyAfter("node1", 121, "back with Slurm less than the 120 s cooldown ago");
 }
 
 TEST_F(BridgeUnitTest, HysteresisCancelsADrainingLendOnlyAfterTheDemandStaysGone) {
@@ -316,11 +325,7 @@ TEST_F(BridgeUnitTest, AForcedDeleteComesOnlyAfterItsDeadline) {
   AddNode("node1");
   opts_.force_delete_after = std::chrono::seconds(300);
   Lend("node1", "p1");
-  json pdb = {{"apiVersion", "policy/v1"},
-              {"kind", "PodDisruptionBudget"},
-              {"metadata", {{"name", "infer"}, {"namespace", "infer"}}},
-              {"spec", {{"minAvailable", 1}, {"selector", {{"matchLabels", {{"app", "infer"}}}}}}}};
-  ASSERT_LT(api_->Create("poddisruptionbudgets", "infer", pdb).code, 300);
+  RefusingPdb();
   RequestReclaim("node1");
   ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kReclaimEvicting; })) << PhaseName(PhaseOf("node1"));
   for (int i = 0; i < 4; ++i) {
@@ -424,11 +429,7 @@ TEST_F(BridgeUnitTest, AReclaimRequestOnALentNodeIsRemovedOnceActedOn) {
 TEST_F(BridgeUnitTest, AReclaimRequestWhileAlreadyReclaimingIsRemoved) {
   AddNode("node1");
   Lend("node1", "p1");
-  json pdb = {{"apiVersion", "policy/v1"},
-              {"kind", "PodDisruptionBudget"},
-              {"metadata", {{"name", "infer"}, {"namespace", "infer"}}},
-              {"spec", {{"minAvailable", 1}, {"selector", {{"matchLabels", {{"app", "infer"}}}}}}}};
-  ASSERT_LT(api_->Create("poddisruptionbudgets", "infer", pdb).code, 300);
+  RefusingPdb();
   RequestReclaim("node1");
   ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kReclaimEvicting; }));
   Step();
