@@ -443,7 +443,7 @@ TEST_F(BridgeUnitTest, AReclaimRequestWhileAlreadyReclaimingIsRemoved) {
               notes[1].find("already being reclaimed") != std::string::npos)
       << notes[0] << " | " << notes[1];
   // The PDB allows it now; the reclaim finishes and nothing stale is left.
-  pdb = api_->Get("poddisruptionbudgets", "infer", "infer").body;
+  json pdb = api_->Get("poddisruptionbudgets", "infer", "infer").body;
   pdb["spec"]["minAvailable"] = 0;
   ASSERT_EQ(api_->Update("poddisruptionbudgets", "infer", pdb).code, 200);
   ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }, 200));
