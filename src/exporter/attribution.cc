@@ -25,7 +25,7 @@ namespace kgpu::exporter {
 namespace {
 
 constexpr size_t kMaxCgroupFile = size_t{64} * 1024;
-
+constexpr size_t kMaxShareSpecFile = size_t{64} * 1024;
 constexpr size_t kMaxCheckpointFile = size_t{64} * 1024 * 1024;
 
 bool IsHex(char c) {
@@ -394,9 +394,8 @@ struct PodAttributor::Snapshot {
   // Device UUID ("::<n>" stripped; a kgpu.io/gpu container's spec GPUs) -> containers holding
   // any ID of it, sorted, unique.
   std::unordered_map<std::string, std::vector<PodRef>> by_device;
-  // kgpu.io/gpu containers with a spec: CDI name -> spec, and the container -> CDI name.
+  // kgpu.io/gpu containers with a spec, by CDI name (ShareCdiName of their slot IDs).
   std::unordered_map<std::string, ShareSpec> shares;
-  std::map<HeldKey, std::string> share_of;
 
   // The GPUs a checkpoint entry's devices are on.
   bool OnDevice(const CheckpointEntry& e, const std::string& gpu_uuid, const std::string& mig_uuid) const {
@@ -496,7 +495,7 @@ void PodAttributor::Update(std::vector<DeviceAllocation> allocations) {
     if (std::get<3>(key) != deviceplugin::kKgpuSharesResource) continue;
     const std::string name = deviceplugin::ShareCdiName({ids.begin(), ids.end()});
     const std::string file = deviceplugin::ShareCdiSpecFile(options_.cdi_spec_dir, name);
-    auto text = ReadSmallFile(file, kMaxCgroupFile);
+    auto text = ReadSmallFile(file, kMaxShareSpecFile);
     if (!text.ok()) continue;  // not started yet (or the spec directory is not mounted)
     auto spec = ParseShareSpec(*text, file);
     if (!spec.ok()) {
@@ -508,7 +507,6 @@ void PodAttributor::Update(std::vector<DeviceAllocation> allocations) {
     pod.pod = std::get<1>(key);
     pod.container = std::get<2>(key);
     for (const auto& u : spec->uuids) next->by_device[u].push_back(pod);
-    next->share_of[key] = name;
     next->shares[name] = std::move(*spec);
   }
   for (auto& [uuid, pods] : next->by_device) {
@@ -557,10 +555,13 @@ std::vector<PodRef> PodAttributor::PodsOnDevice(const std::string& gpu_or_mig_uu
 
 std::optional<ShareSpec> PodAttributor::ShareOf(const PodRef& container) const {
   const auto snap = Current();
-  const auto it = snap->share_of.find(Held(container, deviceplugin::kKgpuSharesResource));
-  if (it == snap->share_of.end())
+  const auto held = snap->held.find(Held(container, deviceplugin::kKgpuSharesResource));
+  if (held == snap->held.end())
     return std::nullopt;
-  return snap->shares.at(it->second);
+  const auto it = snap->shares.find(deviceplugin::ShareCdiName({held->second.begin(), held->second.end()}));
+  if (it == snap->shares.end())
+    return std::nullopt;
+  return it->second;
 }
 
 std::optional<PodRef> PodAttributor::OwnerOf(const std::string& uuid) const {

@@ -254,8 +254,8 @@ std::string Collector::Collect() {
         pods.erase(std::unique(pods.begin(), pods.end()), pods.end());
         // kgpu.io/gpu containers on this GPU: the mode their CDI spec applies and the memory it
         // holds them to here (0: not limited, as with enforcement "none").
-        for (const auto& p : e.mig == nullptr ? pods : std::vector<PodRef>{}) {
-          const auto spec = attributor_->ShareOf(p);
+        for (const auto& p : pods) {
+          const auto spec = e.mig == nullptr ? attributor_->ShareOf(p) : std::nullopt;  // shares are never MIG
           if (!spec) continue;
           Attributes a;
           AppendPod(a, p);
@@ -511,12 +511,13 @@ void Exporter::CollectNow() {
   last_timestamp_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+std::shared_ptr<const std::string> Exporter::Buffer() {
+  std::lock_guard<std::mutex> lock(buffer_mu_);
+  return buffer_;
+}
+
 std::string Exporter::Scrape() {
-  std::shared_ptr<const std::string> buffer;
-  {
-    std::lock_guard<std::mutex> lock(buffer_mu_);
-    buffer = buffer_;
-  }
+  const auto buffer = Buffer();
   const std::string tail = OwnMetrics();
   std::string out;
   out.reserve(buffer->size() + tail.size());
@@ -526,11 +527,7 @@ std::string Exporter::Scrape() {
 }
 
 std::optional<std::string> Exporter::ScrapeGzip() {
-  std::shared_ptr<const std::string> buffer;
-  {
-    std::lock_guard<std::mutex> lock(buffer_mu_);
-    buffer = buffer_;
-  }
+  const auto buffer = Buffer();
   std::shared_ptr<const GzipBody> gz;
   {
     // The collection is deflated once, by the first scrape that asks for gzip after it; the

@@ -115,6 +115,7 @@ class Exporter {
  private:
   void RefreshPods();
   std::string OwnMetrics();  // the exporter's own series, counting this scrape
+  std::shared_ptr<const std::string> Buffer();  // the latest collection
 
   const nvml::Library& lib_;
   const std::shared_ptr<const gpu::Inventory> inventory_;

@@ -570,9 +570,10 @@ void State::UpsertPod(const json& pod) {
   };
   // spec.nodeName is never unset once a pod is bound (the apiserver refuses it), so an unbound
   // copy of a pod we booked is an event the watch delivers late: an update made before the
-  // binding (a label, an earlier record write), or the pod's creation, arriving after our binding was confirmed. Dropping the booking on it would
-  // free the GPUs of a bound pod until the binding's event comes, and a concurrent bind could
-  // take them (a double allocation, counted as a record conflict when the binding arrives).
+  // binding (a label, an earlier record write), or the pod's creation, arriving after our
+  // binding was confirmed. Dropping the booking on it would free the GPUs of a bound pod until
+  // the binding's event comes, and a concurrent bind could take them (a double allocation,
+  // counted as a record conflict when the binding arrives).
   if (it != pods_.end() && node.empty() && (it->second.bound || it->second.assumed) && phase != "Succeeded" &&
       phase != "Failed") {
     return;

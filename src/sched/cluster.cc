@@ -106,10 +106,13 @@ void Cluster::CountNode(const NodeState& n, int sign) {
     max_gpus_ = std::max(max_gpus_, static_cast<int>(n.gpus.size()));
   }
   for (const auto& g : n.gpus) {
-    if (!g.healthy) continue;
-    total_milli_ += sign * kMilli;
-    allocated_milli_ += sign * (kMilli - g.free_milli);
+    if (g.healthy) CountGpu(g, sign);
   }
+}
+
+void Cluster::CountGpu(const GpuState& g, int sign) {
+  total_milli_ += sign * kMilli;
+  allocated_milli_ += sign * (kMilli - g.free_milli);
 }
 
 void Cluster::Recount() {
@@ -118,17 +121,7 @@ void Cluster::Recount() {
   max_cpu_ = 0;
   max_gpus_ = 0;
   active_nodes_ = 0;
-  for (const auto& n : nodes_) {
-    if (!n.active) continue;
-    ++active_nodes_;
-    max_cpu_ = std::max(max_cpu_, n.cpu_total);
-    max_gpus_ = std::max(max_gpus_, static_cast<int>(n.gpus.size()));
-    for (const auto& g : n.gpus) {
-      if (!g.healthy) continue;
-      total_milli_ += kMilli;
-      allocated_milli_ += kMilli - g.free_milli;
-    }
-  }
+  for (const auto& n : nodes_) CountNode(n, +1);
 }
 
 absl::Status Cluster::RemoveNode(std::string_view name, std::vector<std::string>* evicted) {
@@ -164,9 +157,7 @@ absl::Status Cluster::SetGpuHealth(std::string_view node, int gpu, bool healthy)
   if (g.healthy != healthy && n.active) {
     // Only this GPU's share of the totals changes (the extender masks GPUs per request: a full
     // recount here cost O(nodes) per masked GPU).
-    const int sign = healthy ? 1 : -1;
-    total_milli_ += sign * kMilli;
-    allocated_milli_ += sign * (kMilli - g.free_milli);
+    CountGpu(g, healthy ? 1 : -1);
   }
   g.healthy = healthy;
   ++n.version;

@@ -120,6 +120,7 @@ class Cluster {
   int InternModel(const std::string& model);
   void Recount();
   void CountNode(const NodeState& n, int sign);  // add (+1) or take (-1) one node's share of the totals
+  void CountGpu(const GpuState& g, int sign);    // one healthy GPU's share of them
 
   std::vector<NodeState> nodes_;
   absl::flat_hash_map<std::string, int> node_index_;
