@@ -31,27 +31,28 @@ void AddExtenderFlags(CLI::App* app, ExtenderFlags* f) {
   // kube-scheduler's flag names and defaults (15 s, 10 s, 2 s), in seconds.
   app->add_option("--leader-elect-lease-duration", f->lease_duration_s,
                   "seconds a non-leader waits after the last renewal before it takes the Lease")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(0.01, 86400.0))
       ->capture_default_str();
   app->add_option("--leader-elect-renew-deadline", f->renew_deadline_s,
                   "seconds the leader keeps trying to renew before it stops leading (< lease duration)")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(0.01, 86400.0))
       ->capture_default_str();
   app->add_option("--leader-elect-retry-period", f->retry_period_s, "seconds between attempts to acquire or renew")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(0.01, 86400.0))
       ->capture_default_str();
 }
 
 int RunExtender(const ExtenderFlags& flags, const volatile std::sig_atomic_t* stop, std::ostream& err) {
-  auto cfg = k8s::DefaultConfig(flags.kubeconfig, flags.context);
-  if (!cfg.ok()) {
-    err << "kgpu extender: " << cfg.status().message() << "\n";
-    return 2;
-  }
+  // Flags first: a usage error is reported before the kubeconfig is read.
   if (flags.renew_deadline_s >= flags.lease_duration_s || flags.retry_period_s >= flags.renew_deadline_s) {
     err << "kgpu extender: --leader-elect-retry-period (" << flags.retry_period_s
         << " s) < --leader-elect-renew-deadline (" << flags.renew_deadline_s << " s) < --leader-elect-lease-duration ("
         << flags.lease_duration_s << " s) is required, as in kube-scheduler\n";
+    return 2;
+  }
+  auto cfg = k8s::DefaultConfig(flags.kubeconfig, flags.context);
+  if (!cfg.ok()) {
+    err << "kgpu extender: " << cfg.status().message() << "\n";
     return 2;
   }
   auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
