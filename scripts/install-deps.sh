@@ -4,9 +4,9 @@
 set -euo pipefail
 
 # What `make package` (and the Dockerfile's build stage) needs: compilers, CMake, the libraries,
-# dpkg-shlibdeps (dpkg-dev) and file (CPack DEB).
+# dpkg-shlibdeps (dpkg-dev), file (CPack DEB) and lld (the release link, cmake/static_deps.cmake).
 BUILD_PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config git dpkg-dev file
+  build-essential cmake ninja-build ccache pkg-config git dpkg-dev file lld
   libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libcurl4-openssl-dev libcpp-httplib-dev
