@@ -18,7 +18,7 @@ COPY scripts/install-deps.sh scripts/install-deps.sh
 RUN ./scripts/install-deps.sh --build
 COPY . .
 RUN cmake --preset release -DKGPU_BUILD_TESTS=OFF -DKGPU_BUILD_BENCH=OFF -DKGPU_GIT_COMMIT="${KGPU_GIT_COMMIT}" \
- && cmake --build --preset release --target kgpu kgpu-simctl kgpu_simnvml \
+ && cmake --build --preset release --target kgpu kgpu-simctl kgpu_simnvml kgpu_cuda_interposer \
  && cd build/release && cpack -G DEB
 
 FROM debian:12-slim

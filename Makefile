@@ -42,7 +42,7 @@ bench: deps
 # build/release/packages/.
 package: deps
 	cmake --preset release >/dev/null
-	cmake --build --preset release -j $(JOBS) --target kgpu kgpu-simctl kgpu_simnvml
+	cmake --build --preset release -j $(JOBS) --target kgpu kgpu-simctl kgpu_simnvml kgpu_cuda_interposer
 	rm -f build/release/packages/*.deb
 	cd build/release && cpack -G DEB
 	@ls -l build/release/packages/*.deb

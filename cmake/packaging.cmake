@@ -1,8 +1,10 @@
 # Install rules and the Debian packages (`make package`, CPack DEB). Included from the top-level
 # CMakeLists.txt after the targets exist.
 #
-#   kgpu       /usr/bin/kgpu and its documentation. Depends: computed by dpkg-shlibdeps from the
-#              binary (CPACK_DEBIAN_PACKAGE_SHLIBDEPS), so they follow how it was linked.
+#   kgpu       /usr/bin/kgpu and its documentation, and the CUDA memory interposer in a directory
+#              of its version (/usr/lib/kgpu/<version>/libkgpu-cuda.so, docs/isolation.md), which
+#              deploy/shares copies to the host. Depends: computed by dpkg-shlibdeps from the
+#              binaries (CPACK_DEBIAN_PACKAGE_SHLIBDEPS), so they follow how they were linked.
 #   kgpu-sim   the simulated NVML (/usr/lib/kgpu/sim/libnvidia-ml.so.1, outside the linker's path
 #              so that it never shadows a real driver's library) and kgpu-simctl, for demos and CI:
 #                KGPU_NVML_LIBRARY=/usr/lib/kgpu/sim/libnvidia-ml.so.1 kgpu devices
@@ -13,8 +15,9 @@ include(GNUInstallDirs)
 set(KGPU_SIM_LIBDIR lib/kgpu/sim)  # fixed, so that docs and tests can name it
 
 install(TARGETS kgpu RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT kgpu)
-install(FILES README.md docs/exporter.md docs/mig-mps.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT kgpu)
+install(FILES README.md docs/exporter.md docs/mig-mps.md docs/isolation.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT kgpu)
 install(DIRECTORY deploy/ DESTINATION ${CMAKE_INSTALL_DATADIR}/kgpu/deploy COMPONENT kgpu)
+install(TARGETS kgpu_cuda_interposer LIBRARY DESTINATION lib/kgpu/${PROJECT_VERSION} COMPONENT kgpu)
 
 install(TARGETS kgpu_simnvml LIBRARY DESTINATION ${KGPU_SIM_LIBDIR} NAMELINK_SKIP COMPONENT sim)
 install(TARGETS kgpu-simctl RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT sim)

@@ -16,19 +16,20 @@
 #include <unistd.h>
 
 #define KGPU_ACCT_MAGIC 0x4b47505543554131ULL /* "KGPUCUA1" */
-#define KGPU_ACCT_VERSION 1U
+#define KGPU_ACCT_VERSION 2U
 
 typedef struct {
   char uuid[KGPU_ACCT_UUID_LEN]; /* "" when unused */
   uint64_t limit;                /* as first recorded, bytes */
-  uint64_t used;                 /* sum of the slots' charges */
+  uint64_t used;                 /* sum of the slots' charges and extras */
 } acct_gpu;
 
 typedef struct {
   int32_t pid; /* 0: free */
   uint32_t pad;
   uint64_t start_time; /* /proc/<pid>/stat field 22; 0 when unreadable */
-  uint64_t used[KGPU_ACCT_MAX_GPUS];
+  uint64_t used[KGPU_ACCT_MAX_GPUS];  /* the allocations the hooks charged */
+  uint64_t extra[KGPU_ACCT_MAX_GPUS]; /* what NVML sees beyond them: contexts, modules */
 } acct_slot;
 
 typedef struct {
@@ -107,7 +108,7 @@ static void reap_locked(void) {
     uint64_t sum = 0;
     for (unsigned i = 0; i < KGPU_ACCT_MAX_SLOTS; ++i) {
       if (r->slots[i].pid != 0)
-        sum += r->slots[i].used[g];
+        sum += r->slots[i].used[g] + r->slots[i].extra[g];
     }
     r->gpus[g].used = sum;
   }
@@ -263,7 +264,8 @@ void kgpu_acct_detach(void) {
   acct_slot* s = &g_region->slots[g_slot];
   for (unsigned g = 0; g < KGPU_ACCT_MAX_GPUS; ++g) {
     acct_gpu* gpu = &g_region->gpus[g];
-    gpu->used -= gpu->used < s->used[g] ? gpu->used : s->used[g];
+    const uint64_t mine = s->used[g] + s->extra[g];
+    gpu->used -= gpu->used < mine ? gpu->used : mine;
   }
   memset(s, 0, sizeof *s);
   g_slot = -1;
@@ -341,5 +343,24 @@ void kgpu_acct_usage(int gi, uint64_t limit, uint64_t* used, uint64_t* eff) {
     reap_locked();
   *used = g_region->gpus[gi].used;
   *eff = effective_limit(gi, limit);
+  region_unlock();
+}
+
+uint64_t kgpu_acct_mine(int gi) {
+  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || g_region == NULL || g_slot < 0 || region_lock() != 0)
+    return 0;
+  const uint64_t mine = g_region->slots[g_slot].used[gi];
+  region_unlock();
+  return mine;
+}
+
+void kgpu_acct_set_extra(int gi, uint64_t bytes) {
+  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || kgpu_acct_attach() != 0 || region_lock() != 0)
+    return;
+  uint64_t* extra = &g_region->slots[g_slot].extra[gi];
+  acct_gpu* g = &g_region->gpus[gi];
+  g->used -= g->used < *extra ? g->used : *extra;
+  g->used += bytes;
+  *extra = bytes;
   region_unlock();
 }

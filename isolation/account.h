@@ -11,6 +11,10 @@
  * reused pid never inherits a dead process's charge. The file is created mode 0666 (whatever the
  * umask) so any UID in the container can join.
  *
+ * Besides the allocations the hooks charge, a slot holds an "extra" per GPU: the memory NVML
+ * reports for the process beyond those charges (its contexts and loaded modules), set by the
+ * interposer's reconciliation and counted in the totals like a charge.
+ *
  * Thread-safety: every function may be called from any thread of any process.
  */
 #ifndef KGPU_ISOLATION_ACCOUNT_H_
@@ -44,5 +48,11 @@ void kgpu_acct_uncharge(int gi, uint64_t bytes);
 /* The container's usage on GPU `gi` and the effective limit for a process whose own is `limit`.
  * Reaps dead processes first when the last reap is older than 100 ms. */
 void kgpu_acct_usage(int gi, uint64_t limit, uint64_t* used, uint64_t* effective_limit);
+
+/* This process's charged allocations on GPU `gi` (without its extra); 0 when not attached. */
+uint64_t kgpu_acct_mine(int gi);
+/* Sets this process's extra on GPU `gi` to `bytes` (replacing the previous one). It is memory the
+ * driver already holds, so it is recorded even beyond the limit: later allocations are refused. */
+void kgpu_acct_set_extra(int gi, uint64_t bytes);
 
 #endif /* KGPU_ISOLATION_ACCOUNT_H_ */

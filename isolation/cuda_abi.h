@@ -81,6 +81,26 @@ typedef struct CUDA_ARRAY3D_DESCRIPTOR_st { /* CUDA_ARRAY3D_DESCRIPTOR_v2 */
   unsigned int Flags;
 } CUDA_ARRAY3D_DESCRIPTOR;
 
+/* The legacy 32-bit descriptors (cuArrayCreate / cuArray3DCreate before CUDA 3.2). */
+typedef struct CUDA_ARRAY_DESCRIPTOR_v1_st {
+  unsigned int Width;
+  unsigned int Height;
+  CUarray_format Format;
+  unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR_v1;
+
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_v1_st {
+  unsigned int Width;
+  unsigned int Height;
+  unsigned int Depth;
+  CUarray_format Format;
+  unsigned int NumChannels;
+  unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR_v1;
+
+#define CUDA_ARRAY3D_LAYERED 0x01
+#define CUDA_ARRAY3D_CUBEMAP 0x04
+
 /* Bytes per channel of an array element of format `f`; 0 for a format this table does not know.
  * (Ours, shared by the interposer's accounting and the simulated driver.) */
 static inline unsigned kgpu_cu_format_bytes(CUarray_format f) {
@@ -98,6 +118,30 @@ static inline unsigned kgpu_cu_format_bytes(CUarray_format f) {
       return 4;
   }
   return 0;
+}
+
+/* The elements of a mipmapped array of `levels` levels: level l is max(1, Width >> l) x
+ * max(1, Height >> l) x max(1, Depth >> l) (a missing Height or Depth is 1; the depth of a layered
+ * or cubemap array is its layer count, which levels do not halve), times `elem` bytes per element.
+ * UINT64_MAX when the total does not fit in 64 bits. (Ours, shared like the table above.) */
+static inline unsigned long long kgpu_cu_mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR* d, unsigned levels,
+                                                      unsigned long long elem) {
+  const unsigned long long max = ~0ULL;
+  unsigned long long total = 0;
+  const int keep_depth = (d->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
+  for (unsigned l = 0; l < levels && l < 64; ++l) {
+    const unsigned long long w = d->Width >> l ? d->Width >> l : 1;
+    const unsigned long long h = d->Height == 0 ? 1 : (d->Height >> l ? d->Height >> l : 1);
+    const unsigned long long dep =
+        d->Depth == 0 ? 1 : keep_depth ? d->Depth : (d->Depth >> l ? d->Depth >> l : 1);
+    if (w > max / h || w * h > max / dep || w * h * dep > max / (elem ? elem : 1))
+      return max;
+    const unsigned long long level = w * h * dep * elem;
+    if (level > max - total)
+      return max;
+    total += level;
+  }
+  return total;
 }
 
 typedef enum CUmemAllocationType_enum {
@@ -183,6 +227,13 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
 CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* desc);
 CUresult cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* desc);
 CUresult cuArrayDestroy(CUarray handle);
+CUresult cuArrayCreate(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR_v1* desc);
+CUresult cuArray3DCreate(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1* desc);
+CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pPitch, unsigned int WidthInBytes,
+                         unsigned int Height, unsigned int ElementSizeBytes);
+CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* desc,
+                                unsigned int numMipmapLevels);
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray handle);
 
 /* virtual memory management (CUDA 10.2): physical allocations mapped separately */
 CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,

@@ -21,13 +21,15 @@
  *    by its hook; a driver that hands out internal entry points is matched by name and version
  *    instead (g_versioned).
  *
- * Hooked: cuMemAlloc(_v2), cuMemAllocPitch_v2 (charged at the returned pitch x height),
- * cuMemAllocManaged, cuMemAllocAsync(_ptsz), cuMemAllocFromPoolAsync(_ptsz), cuArrayCreate_v2, cuArray3DCreate_v2, cuMemCreate
- * (VMM) and their frees, cuMemGetInfo(_v2) and cuDeviceTotalMem(_v2) (they report the limit).
+ * Hooked: cuMemAlloc(_v2), cuMemAllocPitch(_v2) (charged at the returned pitch x height),
+ * cuMemAllocManaged, cuMemAllocAsync(_ptsz), cuMemAllocFromPoolAsync(_ptsz), cuArrayCreate(_v2),
+ * cuArray3DCreate(_v2), cuMipmappedArrayCreate (every level), cuMemCreate (VMM) and their frees, cuMemGetInfo(_v2) and cuDeviceTotalMem(_v2) (they report the limit).
  * cuCtxDestroy(_v2), cuDevicePrimaryCtxReset(_v2) and cuDevicePrimaryCtxRelease(_v2) give back
  * the charges of the allocations the driver frees with the context.
- * Not hooked yet: cuMemAllocFromPoolAsync and explicit pools, cuMipmappedArrayCreate, the legacy
- * 32-bit cuMemAllocPitch / cuArrayCreate / cuArray3DCreate, context and module memory.
+ * The driver's own memory for the process (contexts, modules) is taken from NVML's per-process
+ * figure (see "reconciliation with NVML" below).
+ * Not hooked: IPC imports (cuIpcOpenMemHandle, cuMemImportFromShareableHandle: the memory is
+ * charged to the process that allocated it).
  *
  * The real driver is opened with dlopen(KGPU_CUDA_REAL_LIBRARY or "libcuda.so.1",
  * RTLD_NOW | RTLD_LOCAL) and its functions are found with glibc's own dlsym on that handle.
@@ -52,6 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "account.h"
@@ -93,6 +96,13 @@ static void* fn_to_ptr(any_fn f) {
   X(cuArrayCreate_v2, CUresult, (CUarray*, const CUDA_ARRAY_DESCRIPTOR*))                    \
   X(cuArray3DCreate_v2, CUresult, (CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*))                \
   X(cuArrayDestroy, CUresult, (CUarray))                                                     \
+  X(cuMemAllocPitch, CUresult,                                                               \
+    (CUdeviceptr_v1*, unsigned int*, unsigned int, unsigned int, unsigned int))              \
+  X(cuArrayCreate, CUresult, (CUarray*, const CUDA_ARRAY_DESCRIPTOR_v1*))                    \
+  X(cuArray3DCreate, CUresult, (CUarray*, const CUDA_ARRAY3D_DESCRIPTOR_v1*))                \
+  X(cuMipmappedArrayCreate, CUresult,                                                        \
+    (CUmipmappedArray*, const CUDA_ARRAY3D_DESCRIPTOR*, unsigned int))                       \
+  X(cuMipmappedArrayDestroy, CUresult, (CUmipmappedArray))                                   \
   X(cuMemCreate, CUresult,                                                                   \
     (CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long)) \
   X(cuMemRelease, CUresult, (CUmemGenericAllocationHandle))                                  \
@@ -259,6 +269,7 @@ static struct {
   int state; /* 0 unknown, 1 resolved */
   int gi;    /* region index, -1: not limited */
   uint64_t limit;
+  char uuid[KGPU_ACCT_UUID_LEN];
 } g_dev[MAX_DEVICES];
 static pthread_mutex_t g_dev_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -293,23 +304,140 @@ static int device_gi(CUdevice dev, uint64_t* limit) {
   pthread_mutex_lock(&g_dev_mu);
   g_dev[dev].gi = gi;
   g_dev[dev].limit = lim;
+  memcpy(g_dev[dev].uuid, uuid, sizeof uuid);
   __atomic_store_n(&g_dev[dev].state, 1, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&g_dev_mu);
   *limit = lim;
   return gi;
 }
 
+/* ------------------------------------------------------------------ reconciliation with NVML
+ *
+ * The driver's own memory for a process (its contexts: local memory, printf and malloc heaps;
+ * its loaded modules) goes through no hooked call, yet it comes out of the GPU like an
+ * allocation. NVML's running-process list reports each process's whole use; what it reports
+ * for this process beyond the allocations the hooks charged becomes the slot's "extra"
+ * (account.h) and counts against the limit. Done at the first limited call on a GPU in the
+ * process, then at most every RECONCILE_NS on the allocation and query paths (one coarse clock
+ * read otherwise), and again after a context goes away. The process is found by its pid: a
+ * driver that reports host pids to a container with its own pid namespace (drivers before
+ * ~R560 do) lists no such pid, and the extra then stays 0 (docs/isolation.md). */
+
+#define RECONCILE_NS 200000000ULL
+#define NVML_PROCS_ON_STACK 64
+
+typedef int (*nvml_init_fn)(void);
+typedef int (*nvml_by_uuid_fn)(const char*, void**);
+typedef int (*nvml_procs_fn)(void*, unsigned int*, void*);
+static struct {
+  int ok;
+  int v1; /* only the v1 process query exists */
+  nvml_by_uuid_fn by_uuid;
+  nvml_procs_fn procs;
+} g_nv;
+static pthread_once_t g_nv_once = PTHREAD_ONCE_INIT;
+static uint64_t g_reconciled_ns[KGPU_ACCT_MAX_GPUS]; /* 0: due now */
+
+static void nv_once(void) {
+  const dlsym_fn rd = real_dlsym();
+  void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL || rd == NULL)
+    return;
+  void* init = rd(h, "nvmlInit_v2");
+  void* by_uuid = rd(h, "nvmlDeviceGetHandleByUUID");
+  void* procs = rd(h, "nvmlDeviceGetComputeRunningProcesses_v3");
+  if (procs == NULL)
+    procs = rd(h, "nvmlDeviceGetComputeRunningProcesses_v2");
+  if (procs == NULL) {
+    procs = rd(h, "nvmlDeviceGetComputeRunningProcesses");
+    g_nv.v1 = 1;
+  }
+  nvml_init_fn init_fn;
+  memcpy(&init_fn, &init, sizeof init_fn);
+  if (init_fn == NULL || by_uuid == NULL || procs == NULL || init_fn() != 0)
+    return;
+  memcpy(&g_nv.by_uuid, &by_uuid, sizeof by_uuid);
+  memcpy(&g_nv.procs, &procs, sizeof procs);
+  g_nv.ok = 1;
+}
+
+/* NVML's figure for this process on `dev` (bytes), or -1 when it has none. */
+static long long nvml_own_use(void* dev) {
+  const size_t esz = g_nv.v1 ? sizeof(kgpu_nvml_process_v1) : sizeof(kgpu_nvml_process_v2);
+  kgpu_nvml_process_v2 stack[NVML_PROCS_ON_STACK];
+  void* buf = stack;
+  unsigned int n = NVML_PROCS_ON_STACK;
+  int r = g_nv.procs(dev, &n, buf);
+  if (r == 7 /* NVML_ERROR_INSUFFICIENT_SIZE */ && n > 0 && n < 65536) {
+    n += 16; /* processes may come meanwhile */
+    buf = malloc(n * esz);
+    if (buf == NULL)
+      return -1;
+    r = g_nv.procs(dev, &n, buf);
+  }
+  long long use = -1;
+  const unsigned int pid = (unsigned int)getpid();
+  for (unsigned int i = 0; r == 0 && i < n; ++i) {
+    unsigned int p;
+    unsigned long long m;
+    if (g_nv.v1) {
+      p = ((const kgpu_nvml_process_v1*)buf)[i].pid;
+      m = ((const kgpu_nvml_process_v1*)buf)[i].usedGpuMemory;
+    } else {
+      p = ((const kgpu_nvml_process_v2*)buf)[i].pid;
+      m = ((const kgpu_nvml_process_v2*)buf)[i].usedGpuMemory;
+    }
+    if (p == pid && m != ~0ULL /* NVML_VALUE_NOT_AVAILABLE */ && m <= (unsigned long long)INT64_MAX)
+      use = (long long)m;
+  }
+  if (buf != stack)
+    free(buf);
+  return use;
+}
+
+static void reconcile(CUdevice dev, int gi) {
+  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || dev < 0 || dev >= MAX_DEVICES)
+    return;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  const uint64_t now = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec + 1;
+  uint64_t last = __atomic_load_n(&g_reconciled_ns[gi], __ATOMIC_RELAXED);
+  if (last != 0 && now - last < RECONCILE_NS)
+    return;
+  /* one thread reconciles; the others go on with the figure as it is */
+  if (!__atomic_compare_exchange_n(&g_reconciled_ns[gi], &last, now, 0, __ATOMIC_RELAXED,
+                                   __ATOMIC_RELAXED))
+    return;
+  pthread_once(&g_nv_once, nv_once);
+  void* handle = NULL;
+  if (!g_nv.ok || g_nv.by_uuid(g_dev[dev].uuid, &handle) != 0)
+    return;
+  const long long use = nvml_own_use(handle);
+  if (use < 0)
+    return;
+  const uint64_t mine = kgpu_acct_mine(gi);
+  kgpu_acct_set_extra(gi, (uint64_t)use > mine ? (uint64_t)use - mine : 0);
+}
+
+/* Makes the next limited call reconcile (a context went away with its memory). */
+static void reconcile_soon(void) {
+  for (unsigned g = 0; g < KGPU_ACCT_MAX_GPUS; ++g)
+    __atomic_store_n(&g_reconciled_ns[g], 0, __ATOMIC_RELAXED);
+}
+
 static int current_gi(uint64_t* limit) {
   CUdevice dev;
   if (real.cuCtxGetDevice == NULL || real.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
     return -1;
-  return device_gi(dev, limit);
+  const int gi = device_gi(dev, limit);
+  reconcile(dev, gi);
+  return gi;
 }
 
 /* ------------------------------------------------------------------ per-process allocation table
  */
 
-enum { KIND_PTR = 1, KIND_ARRAY = 2, KIND_VMM = 3 };
+enum { KIND_PTR = 1, KIND_ARRAY = 2, KIND_VMM = 3, KIND_MIPMAP = 4 };
 
 typedef struct entry {
   struct entry* next;
@@ -374,6 +502,7 @@ static void retrack(entry* e) {
 
 /* The driver freed every allocation made in context `ctx`: their charges go back. */
 static void sweep_context(uintptr_t ctx) {
+  reconcile_soon();
   if (ctx == 0)
     return;
   entry* gone = NULL;
@@ -558,41 +687,79 @@ KGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t size
 /* The pitch is only known after the call: the charge is first an estimate (rows padded to 512
  * bytes), then corrected to the returned pitch x height; if the correction does not fit, the
  * allocation is freed and OUT_OF_MEMORY returned. */
+static int pitch_args_ok(uint64_t width, uint64_t height) {
+  return width != 0 && height != 0 && width <= (1ULL << 40) && height <= (1ULL << 40);
+}
+
+static uint64_t pitch_estimate(uint64_t width, uint64_t height) {
+  return round_up((width + 511) / 512 * 512 * height);
+}
+
+/* After the real call `r` returned `key` with `pitch`: settles the charge of `estimate` made on
+ * `gi`. 1 when the allocation stands (or failed by itself), 0 when it was freed for the limit. */
+static int pitch_settle(CUresult r, int gi, uint64_t estimate, uint64_t pitch, uint64_t height,
+                        uint64_t key, int legacy) {
+  if (gi < 0)
+    return 1;
+  if (r != CUDA_SUCCESS) {
+    kgpu_acct_uncharge(gi, estimate);
+    return 1;
+  }
+  const uint64_t actual = round_up(pitch * height);
+  if (actual > estimate) {
+    uint64_t limit = KGPU_ACCT_NO_LIMIT;
+    (void)current_gi(&limit);
+    if (kgpu_acct_charge(gi, actual - estimate, limit) != 0) {
+      if (legacy && real.cuMemFree != NULL)
+        real.cuMemFree((CUdeviceptr_v1)key);
+      else if (!legacy && real.cuMemFree_v2 != NULL)
+        real.cuMemFree_v2(key);
+      kgpu_acct_uncharge(gi, estimate);
+      return 0;
+    }
+  } else if (actual < estimate) {
+    kgpu_acct_uncharge(gi, estimate - actual);
+  }
+  track(KIND_PTR, key, gi, actual);
+  return 1;
+}
+
 KGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
                                         size_t height, unsigned int elem) {
   NOT_READY_GUARD;
   if (real.cuMemAllocPitch_v2 == NULL)
     return CUDA_ERROR_NOT_SUPPORTED;
-  if (dptr == NULL || pitch == NULL || width == 0 || height == 0 || width > (1ULL << 40) ||
-      height > (1ULL << 40)) {
+  if (dptr == NULL || pitch == NULL || !pitch_args_ok(width, height))
     return real.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
-  }
-  const uint64_t estimate = round_up((uint64_t)((width + 511) / 512 * 512) * height);
+  const uint64_t estimate = pitch_estimate(width, height);
   int gi;
   if (reserve(estimate, &gi) != 0)
     return CUDA_ERROR_OUT_OF_MEMORY;
   const CUresult r = real.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
-  if (gi < 0)
-    return r;
-  if (r != CUDA_SUCCESS) {
-    kgpu_acct_uncharge(gi, estimate);
-    return r;
+  if (!pitch_settle(r, gi, estimate, *pitch, height, *dptr, 0)) {
+    *dptr = 0;
+    return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  const uint64_t actual = round_up((uint64_t)*pitch * height);
-  if (actual > estimate) {
-    uint64_t limit = KGPU_ACCT_NO_LIMIT;
-    (void)current_gi(&limit);
-    if (kgpu_acct_charge(gi, actual - estimate, limit) != 0) {
-      if (real.cuMemFree_v2 != NULL)
-        real.cuMemFree_v2(*dptr);
-      kgpu_acct_uncharge(gi, estimate);
-      *dptr = 0;
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-  } else if (actual < estimate) {
-    kgpu_acct_uncharge(gi, estimate - actual);
+  return r;
+}
+
+/* The legacy 32-bit form, charged the same way. */
+KGPU_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pitch, unsigned int width,
+                                     unsigned int height, unsigned int elem) {
+  NOT_READY_GUARD;
+  if (real.cuMemAllocPitch == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || pitch == NULL || !pitch_args_ok(width, height))
+    return real.cuMemAllocPitch(dptr, pitch, width, height, elem);
+  const uint64_t estimate = pitch_estimate(width, height);
+  int gi;
+  if (reserve(estimate, &gi) != 0)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  const CUresult r = real.cuMemAllocPitch(dptr, pitch, width, height, elem);
+  if (!pitch_settle(r, gi, estimate, *pitch, height, *dptr, 1)) {
+    *dptr = 0;
+    return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  track(KIND_PTR, *dptr, gi, actual);
   return r;
 }
 
@@ -631,34 +798,80 @@ static uint64_t format_bytes(CUarray_format f) {
   return b != 0 ? b : 16; /* a format the table does not know: the widest element (an upper bound) */
 }
 
+/* Bytes of an array of width x height x depth elements (0 means 1) of `channels` x the format's
+ * size; UINT64_MAX (refused) when that overflows. */
+static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, unsigned channels,
+                            CUarray_format f) {
+  const uint64_t per_row = w * (channels ? channels : 1) * format_bytes(f);
+  const uint64_t rows = (h ? h : 1) * (d ? d : 1);
+  return (rows != 0 && per_row > UINT64_MAX / rows) ? UINT64_MAX : per_row * rows;
+}
+
+static int array_args_ok(uint64_t w, uint64_t h, uint64_t d, unsigned channels) {
+  return w != 0 && w <= (1ULL << 32) && h <= (1ULL << 32) && d <= (1ULL << 32) && channels <= 4;
+}
+
 KGPU_EXPORT CUresult cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESCRIPTOR* d) {
   NOT_READY_GUARD;
   if (real.cuArrayCreate_v2 == NULL)
     return CUDA_ERROR_NOT_SUPPORTED;
-  if (handle == NULL || d == NULL || d->Width == 0 || d->Width > (1ULL << 32) ||
-      d->Height > (1ULL << 32) || d->NumChannels > 4) {
+  if (handle == NULL || d == NULL || !array_args_ok(d->Width, d->Height, 0, d->NumChannels))
     return real.cuArrayCreate_v2(handle, d);
-  }
-  const uint64_t bytes = (uint64_t)d->Width * (d->Height ? d->Height : 1) *
-                         (d->NumChannels ? d->NumChannels : 1) * format_bytes(d->Format);
-  ALLOC_BODY(round_up(bytes), real.cuArrayCreate_v2(handle, d), (uintptr_t)*handle, KIND_ARRAY);
+  ALLOC_BODY(round_up(array_bytes(d->Width, d->Height, 0, d->NumChannels, d->Format)),
+             real.cuArrayCreate_v2(handle, d), (uintptr_t)*handle, KIND_ARRAY);
 }
 
 KGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR* d) {
   NOT_READY_GUARD;
   if (real.cuArray3DCreate_v2 == NULL)
     return CUDA_ERROR_NOT_SUPPORTED;
-  if (handle == NULL || d == NULL || d->Width == 0 || d->Width > (1ULL << 32) ||
-      d->Height > (1ULL << 32) || d->Depth > (1ULL << 32) || d->NumChannels > 4) {
+  if (handle == NULL || d == NULL || !array_args_ok(d->Width, d->Height, d->Depth, d->NumChannels))
     return real.cuArray3DCreate_v2(handle, d);
-  }
-  /* Width x Height x Depth may still overflow 64 bits: then charge everything (refused). */
-  const uint64_t h = d->Height ? d->Height : 1, dep = d->Depth ? d->Depth : 1;
-  const uint64_t per_row =
-      (uint64_t)d->Width * (d->NumChannels ? d->NumChannels : 1) * format_bytes(d->Format);
-  const uint64_t bytes =
-      (h * dep != 0 && per_row > UINT64_MAX / (h * dep)) ? UINT64_MAX : per_row * h * dep;
-  ALLOC_BODY(round_up(bytes), real.cuArray3DCreate_v2(handle, d), (uintptr_t)*handle, KIND_ARRAY);
+  ALLOC_BODY(round_up(array_bytes(d->Width, d->Height, d->Depth, d->NumChannels, d->Format)),
+             real.cuArray3DCreate_v2(handle, d), (uintptr_t)*handle, KIND_ARRAY);
+}
+
+/* The legacy 32-bit descriptors: the same arrays. */
+KGPU_EXPORT CUresult cuArrayCreate(CUarray* handle, const CUDA_ARRAY_DESCRIPTOR_v1* d) {
+  NOT_READY_GUARD;
+  if (real.cuArrayCreate == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (handle == NULL || d == NULL || !array_args_ok(d->Width, d->Height, 0, d->NumChannels))
+    return real.cuArrayCreate(handle, d);
+  ALLOC_BODY(round_up(array_bytes(d->Width, d->Height, 0, d->NumChannels, d->Format)),
+             real.cuArrayCreate(handle, d), (uintptr_t)*handle, KIND_ARRAY);
+}
+
+KGPU_EXPORT CUresult cuArray3DCreate(CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR_v1* d) {
+  NOT_READY_GUARD;
+  if (real.cuArray3DCreate == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (handle == NULL || d == NULL || !array_args_ok(d->Width, d->Height, d->Depth, d->NumChannels))
+    return real.cuArray3DCreate(handle, d);
+  ALLOC_BODY(round_up(array_bytes(d->Width, d->Height, d->Depth, d->NumChannels, d->Format)),
+             real.cuArray3DCreate(handle, d), (uintptr_t)*handle, KIND_ARRAY);
+}
+
+/* Every level of a mipmapped array is allocated with it (cuMipmappedArrayGetLevel hands out
+ * views, destroyed with the whole): charged at the sum of the levels (kgpu_cu_mipmap_bytes). */
+KGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* handle, const CUDA_ARRAY3D_DESCRIPTOR* d,
+                                            unsigned int levels) {
+  NOT_READY_GUARD;
+  if (real.cuMipmappedArrayCreate == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (handle == NULL || d == NULL || levels == 0 ||
+      !array_args_ok(d->Width, d->Height, d->Depth, d->NumChannels))
+    return real.cuMipmappedArrayCreate(handle, d, levels);
+  const uint64_t elem = (uint64_t)(d->NumChannels ? d->NumChannels : 1) * format_bytes(d->Format);
+  ALLOC_BODY(round_up(kgpu_cu_mipmap_bytes(d, levels, elem)),
+             real.cuMipmappedArrayCreate(handle, d, levels), (uintptr_t)*handle, KIND_MIPMAP);
+}
+
+KGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) {
+  NOT_READY_GUARD;
+  if (real.cuMipmappedArrayDestroy == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  FREE_BODY(KIND_MIPMAP, (uintptr_t)a, real.cuMipmappedArrayDestroy(a));
 }
 
 KGPU_EXPORT CUresult cuArrayDestroy(CUarray a) {
@@ -684,6 +897,7 @@ KGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t si
   const int gi = device_gi(prop->location.id, &limit);
   if (gi == -1)
     return real.cuMemCreate(handle, size, prop, flags);
+  reconcile(prop->location.id, gi);
   const uint64_t charge = round_up(size);
   if (gi < 0 || kgpu_acct_charge(gi, charge, limit) != 0)
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -898,8 +1112,13 @@ static const versioned_hook g_versioned[] = {
     {"cuMemAllocFromPoolAsync", 0, 0, (any_fn)cuMemAllocFromPoolAsync},
     {"cuMemFreeAsync", 0, 1, (any_fn)cuMemFreeAsync_ptsz},
     {"cuMemFreeAsync", 0, 0, (any_fn)cuMemFreeAsync},
+    {"cuMemAllocPitch", 0, 0, (any_fn)cuMemAllocPitch},
     {"cuArrayCreate", 3020, 0, (any_fn)cuArrayCreate_v2},
+    {"cuArrayCreate", 0, 0, (any_fn)cuArrayCreate},
     {"cuArray3DCreate", 3020, 0, (any_fn)cuArray3DCreate_v2},
+    {"cuArray3DCreate", 0, 0, (any_fn)cuArray3DCreate},
+    {"cuMipmappedArrayCreate", 0, 0, (any_fn)cuMipmappedArrayCreate},
+    {"cuMipmappedArrayDestroy", 0, 0, (any_fn)cuMipmappedArrayDestroy},
     {"cuArrayDestroy", 0, 0, (any_fn)cuArrayDestroy},
     {"cuCtxDestroy", 4000, 0, (any_fn)cuCtxDestroy_v2},
     {"cuCtxDestroy", 0, 0, (any_fn)cuCtxDestroy},
@@ -1095,6 +1314,7 @@ KGPU_EXPORT void* dlsym(void* handle, const char* name) {
 
 static void after_fork_child(void) {
   /* CUDA state does not survive fork; the child starts with no slot and no allocations. */
+  reconcile_soon();
   for (unsigned i = 0; i < NBUCKETS; ++i) {
     entry* e = g_table[i];
     while (e != NULL) {

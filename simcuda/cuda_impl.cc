@@ -13,7 +13,10 @@
 //    of a private range and must not be dereferenced.
 //  - Contexts: the process appears in the GPU's process list while it holds a context on it;
 //    destroying a context, releasing the primary context to zero or resetting it frees its
-//    allocations, as the real driver does. Context memory itself is not simulated (0 bytes).
+//    allocations, as the real driver does. A context's own memory (the real driver's takes a few
+//    hundred MiB: its local memory, printf buffer, loaded modules) is KGPU_SIM_CUDA_CONTEXT_MIB
+//    (a knob of the simulator, default 0), charged to the process like an allocation while the
+//    context lives; a context that does not fit fails with CUDA_ERROR_OUT_OF_MEMORY.
 //  - Process exit: at a normal exit the library's destructor removes the process's entries; a
 //    process killed with SIGKILL is reaped by the next process that initialises the driver or
 //    runs out of memory (the pids the simulated driver registered are kept in a side file,
@@ -73,7 +76,7 @@ struct Arr {
   uint32_t magic = kArrMagic;
 };
 
-enum class Kind { kPtr, kArray, kVmm };
+enum class Kind { kPtr, kArray, kVmm, kMipmap };
 
 struct Alloc {
   unsigned gpu;  // physical index on the node
@@ -103,6 +106,7 @@ struct Driver {
   uint64_t next_va = 0x200000000000ULL;
   uint64_t next_va32 = 0x10000000ULL;
   uint64_t next_vmm = 0x1000ULL;  // VMM handles
+  uint64_t ctx_bytes = 0;         // each context's own memory (KGPU_SIM_CUDA_CONTEXT_MIB)
 };
 
 std::once_flag g_once;
@@ -339,6 +343,16 @@ void InitOnce() {
     Reap(*d, lock);
   }
   d->visible = VisibleGpus(*d->node);
+  if (const char* v = std::getenv("KGPU_SIM_CUDA_CONTEXT_MIB"); v != nullptr && *v != '\0') {  // NOLINT(concurrency-mt-unsafe)
+    char* end = nullptr;
+    const unsigned long long mib = std::strtoull(v, &end, 10);
+    if (*end != '\0' || mib > (1ULL << 24)) {
+      std::fprintf(stderr, "simulated libcuda: KGPU_SIM_CUDA_CONTEXT_MIB=%s is not a number of MiB (0-16777216)\n", v);
+      g_init_result = CUDA_ERROR_INVALID_VALUE;
+      return;
+    }
+    d->ctx_bytes = mib << 20;
+  }
   for (unsigned i = 0; i < kMaxGpus; ++i) {
     d->primary[i].dev = static_cast<int>(i);
     d->primary[i].primary = true;
@@ -439,7 +453,7 @@ void FreeAllocsOf(Driver& d, const Ctx* ctx) {
   for (auto it = d.allocs.begin(); it != d.allocs.end();) {
     if (it->second.ctx == ctx) {
       Uncharge(d, it->second.gpu, it->second.bytes);
-      if (it->second.kind == Kind::kArray)
+      if (it->second.kind == Kind::kArray || it->second.kind == Kind::kMipmap)
         delete reinterpret_cast<Arr*>(it->first);  // NOLINT(performance-no-int-to-ptr)
       it = d.allocs.erase(it);
     } else {
@@ -453,6 +467,8 @@ void FreeAllocsOf(Driver& d, const Ctx* ctx) {
 void DropContext(Driver& d, const Ctx* ctx, int dev) {
   const unsigned gpu = d.visible[static_cast<size_t>(dev)];
   FreeAllocsOf(d, ctx);
+  if (d.ctx_bytes > 0)
+    Uncharge(d, gpu, d.ctx_bytes);
   if (--d.ctx_count[dev] == 0) {
     Node::Locked lock(*d.node);
     SimProcess* p = FindProc(lock.gpu(gpu), static_cast<int32_t>(getpid()));
@@ -462,9 +478,15 @@ void DropContext(Driver& d, const Ctx* ctx, int dev) {
 }
 
 CUresult AddContext(Driver& d, int dev) {
-  Node::Locked lock(*d.node);
-  if (!EnsureProc(d, lock, d.visible[static_cast<size_t>(dev)]))
-    return CUDA_ERROR_OUT_OF_MEMORY;
+  const unsigned gpu = d.visible[static_cast<size_t>(dev)];
+  if (d.ctx_bytes > 0) {
+    if (CUresult r = Charge(d, gpu, d.ctx_bytes); r != CUDA_SUCCESS)
+      return r;
+  } else {
+    Node::Locked lock(*d.node);
+    if (!EnsureProc(d, lock, gpu))
+      return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   ++d.ctx_count[dev];
   return CUDA_SUCCESS;
 }
@@ -898,6 +920,81 @@ CU_EXPORT CUresult cuArrayDestroy(CUarray handle) {
   return r;
 }
 
+// The legacy 32-bit forms: the same arrays, and pitched memory below 4 GiB.
+CU_EXPORT CUresult cuArrayCreate(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR_v1* desc) {
+  if (desc == nullptr)
+    return CUDA_ERROR_INVALID_VALUE;
+  const CUDA_ARRAY_DESCRIPTOR d{desc->Width, desc->Height, desc->Format, desc->NumChannels};
+  return cuArrayCreate_v2(pHandle, &d);
+}
+CU_EXPORT CUresult cuArray3DCreate(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1* desc) {
+  if (desc == nullptr)
+    return CUDA_ERROR_INVALID_VALUE;
+  const CUDA_ARRAY3D_DESCRIPTOR d{desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, desc->Flags};
+  return cuArray3DCreate_v2(pHandle, &d);
+}
+CU_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pPitch, unsigned int WidthInBytes,
+                                   unsigned int Height, unsigned int ElementSizeBytes) {
+  if (dptr == nullptr || pPitch == nullptr || WidthInBytes == 0 || Height == 0 ||
+      (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const uint64_t pitch = RoundUp(WidthInBytes, 512);
+  if (pitch > UINT32_MAX || pitch * Height > UINT32_MAX)
+    return CUDA_ERROR_OUT_OF_MEMORY;  // beyond what a 32-bit pointer can address
+  uint64_t p = 0;
+  const CUresult r = Allocate(RoundUp(pitch * Height, kGranule), true, Kind::kPtr, &p, 0);
+  if (r == CUDA_SUCCESS) {
+    *dptr = static_cast<CUdeviceptr_v1>(p);
+    *pPitch = static_cast<unsigned int>(pitch);
+  }
+  return r;
+}
+
+// A mipmapped array: every level allocated at once (kgpu_cu_mipmap_bytes); at most
+// 1 + floor(log2(the largest extent)) levels, the depth of a layered or cubemap array not counted.
+CU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* desc,
+                                          unsigned int numMipmapLevels) {
+  if (pHandle == nullptr || desc == nullptr || desc->Width == 0 || kgpu_cu_format_bytes(desc->Format) == 0 ||
+      (desc->NumChannels != 1 && desc->NumChannels != 2 && desc->NumChannels != 4) ||
+      (desc->Depth != 0 && desc->Height == 0) || numMipmapLevels == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const bool keep_depth = (desc->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
+  uint64_t extent = std::max<uint64_t>(desc->Width, desc->Height);
+  if (!keep_depth)
+    extent = std::max<uint64_t>(extent, desc->Depth);
+  unsigned max_levels = 0;
+  for (; extent > 0; extent >>= 1)
+    ++max_levels;
+  if (numMipmapLevels > max_levels)
+    return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t bytes = kgpu_cu_mipmap_bytes(desc, numMipmapLevels,
+                                              uint64_t{desc->NumChannels} * kgpu_cu_format_bytes(desc->Format));
+  if (bytes > (uint64_t{1} << 50))
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  auto* a = new Arr;
+  uint64_t key = 0;
+  const CUresult r =
+      Allocate(RoundUp(bytes, kGranule), false, Kind::kMipmap, &key, reinterpret_cast<uint64_t>(a));
+  if (r != CUDA_SUCCESS) {
+    delete a;
+    return r;
+  }
+  *pHandle = reinterpret_cast<CUmipmappedArray>(a);
+  return CUDA_SUCCESS;
+}
+
+CU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray handle) {
+  auto* a = reinterpret_cast<Arr*>(handle);
+  if (a == nullptr)
+    return CUDA_ERROR_INVALID_HANDLE;
+  const CUresult r = Free(reinterpret_cast<uint64_t>(a), Kind::kMipmap);
+  if (r == CUDA_SUCCESS)
+    delete a;
+  return r;
+}
+
 // Physical memory of the virtual memory management API: pinned device memory on the device of
 // prop->location, `size` a multiple of the 2 MiB granularity; not tied to a context.
 CU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
@@ -986,6 +1083,11 @@ const ProcEntry kProcs[] = {
     KGPU_PROC("cuArrayCreate", 3020, false, cuArrayCreate_v2),
     KGPU_PROC("cuArray3DCreate", 3020, false, cuArray3DCreate_v2),
     KGPU_PROC("cuArrayDestroy", 2000, false, cuArrayDestroy),
+    KGPU_PROC("cuArrayCreate", 2000, false, cuArrayCreate),
+    KGPU_PROC("cuArray3DCreate", 2000, false, cuArray3DCreate),
+    KGPU_PROC("cuMemAllocPitch", 2000, false, cuMemAllocPitch),
+    KGPU_PROC("cuMipmappedArrayCreate", 5000, false, cuMipmappedArrayCreate),
+    KGPU_PROC("cuMipmappedArrayDestroy", 5000, false, cuMipmappedArrayDestroy),
     KGPU_PROC("cuMemCreate", 10020, false, cuMemCreate),
     KGPU_PROC("cuMemRelease", 10020, false, cuMemRelease),
     {"cuGetProcAddress", 11030, false, Fn(cuGetProcAddress)},

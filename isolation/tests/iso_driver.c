@@ -19,6 +19,10 @@
  *         pool MIB ok|oom         cuMemAllocFromPoolAsync from the device's default pool
  *         array WIDTH HEIGHT ok|oom   cuArrayCreate, 1-channel float
  *         array3d W H D ok|oom    cuArray3DCreate, 4-channel 8-bit
+ *         pitch1 | array1 | array3d1  the same with the legacy 32-bit cuMemAllocPitch /
+ *                                 cuArrayCreate / cuArray3DCreate (procaddr modes: version 3.0)
+ *         mipmap W H D LEVELS ok|oom  cuMipmappedArrayCreate, 1-channel float (freed by
+ *                                 cuMipmappedArrayDestroy)
  *         vmm MIB ok|oom          cuMemCreate, pinned memory on the device (freed by cuMemRelease)
  *         ctx | ctxdestroy        cuCtxCreate (linked) and makes it current | cuCtxDestroy, back to
  *                                 the primary context
@@ -62,6 +66,11 @@ static struct {
   CUresult (*ArrayCreate)(CUarray*, const CUDA_ARRAY_DESCRIPTOR*);
   CUresult (*Array3DCreate)(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*);
   CUresult (*ArrayDestroy)(CUarray);
+  CUresult (*MemAllocPitch1)(CUdeviceptr_v1*, unsigned int*, unsigned int, unsigned int, unsigned int);
+  CUresult (*ArrayCreate1)(CUarray*, const CUDA_ARRAY_DESCRIPTOR_v1*);
+  CUresult (*Array3DCreate1)(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR_v1*);
+  CUresult (*MipmappedArrayCreate)(CUmipmappedArray*, const CUDA_ARRAY3D_DESCRIPTOR*, unsigned int);
+  CUresult (*MipmappedArrayDestroy)(CUmipmappedArray);
   CUresult (*CtxDestroy)(CUcontext);
   CUresult (*PrimaryCtxReset)(CUdevice);
   CUresult (*PrimaryCtxRelease)(CUdevice);
@@ -72,7 +81,7 @@ static struct {
 } A;
 
 #define MAX_ALLOCS 4096
-enum { K_PTR, K_PTR1, K_ASYNC, K_ARRAY, K_VMM };
+enum { K_PTR, K_PTR1, K_ASYNC, K_ARRAY, K_VMM, K_MIPMAP };
 static struct {
   int kind;
   int in_ctx; /* made while the created context (step ctx) was current */
@@ -135,6 +144,11 @@ static void load_dlsym(void) {
   D(ArrayCreate, "cuArrayCreate_v2");
   D(Array3DCreate, "cuArray3DCreate_v2");
   D(ArrayDestroy, "cuArrayDestroy");
+  D(MemAllocPitch1, "cuMemAllocPitch");
+  D(ArrayCreate1, "cuArrayCreate");
+  D(Array3DCreate1, "cuArray3DCreate");
+  D(MipmappedArrayCreate, "cuMipmappedArrayCreate");
+  D(MipmappedArrayDestroy, "cuMipmappedArrayDestroy");
   D(CtxDestroy, "cuCtxDestroy_v2");
   D(PrimaryCtxReset, "cuDevicePrimaryCtxReset_v2");
   D(PrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
@@ -163,6 +177,11 @@ static void load_direct(void) {
   A.ArrayCreate = cuArrayCreate_v2;
   A.Array3DCreate = cuArray3DCreate_v2;
   A.ArrayDestroy = cuArrayDestroy;
+  A.MemAllocPitch1 = cuMemAllocPitch;
+  A.ArrayCreate1 = cuArrayCreate;
+  A.Array3DCreate1 = cuArray3DCreate;
+  A.MipmappedArrayCreate = cuMipmappedArrayCreate;
+  A.MipmappedArrayDestroy = cuMipmappedArrayDestroy;
   A.CtxDestroy = cuCtxDestroy_v2;
   A.PrimaryCtxReset = cuDevicePrimaryCtxReset_v2;
   A.PrimaryCtxRelease = cuDevicePrimaryCtxRelease_v2;
@@ -216,6 +235,8 @@ static void load_procaddr(int version) {
   P(ArrayCreate, "cuArrayCreate", 0);
   P(Array3DCreate, "cuArray3DCreate", 0);
   P(ArrayDestroy, "cuArrayDestroy", 0);
+  P(MipmappedArrayCreate, "cuMipmappedArrayCreate", 0);
+  P(MipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0);
   P(CtxDestroy, "cuCtxDestroy", 0);
   P(PrimaryCtxReset, "cuDevicePrimaryCtxReset", 0);
   P(PrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 0);
@@ -227,6 +248,12 @@ static void load_procaddr(int version) {
   SET(MemAlloc1, p);
   p = proc("cuMemFree", 3000, 0);
   SET(MemFree1, p);
+  p = proc("cuMemAllocPitch", 3000, 0);
+  SET(MemAllocPitch1, p);
+  p = proc("cuArrayCreate", 3000, 0);
+  SET(ArrayCreate1, p);
+  p = proc("cuArray3DCreate", 3000, 0);
+  SET(Array3DCreate1, p);
 #undef P
 }
 
@@ -272,6 +299,9 @@ static void pop(void) {
       break;
     case K_VMM:
       r = A.MemRelease(g_allocs[g_n].p);
+      break;
+    case K_MIPMAP:
+      r = A.MipmappedArrayDestroy((CUmipmappedArray)(void*)g_allocs[g_n].a);
       break;
     default:
       r = A.ArrayDestroy(g_allocs[g_n].a);
@@ -445,6 +475,64 @@ int main(int argc, char** argv) {
       if (r == CUDA_SUCCESS)
         push(K_ARRAY, 0, a);
       i += 4;
+    } else if (strcmp(s, "pitch1") == 0) {
+      CUdeviceptr_v1 p = 0;
+      unsigned int pitch = 0;
+      const CUresult r = A.MemAllocPitch1(&p, &pitch, (unsigned)strtoul(ARG(1), NULL, 10),
+                                          (unsigned)strtoul(ARG(2), NULL, 10), 4);
+      char arg[64];
+      snprintf(arg, sizeof arg, "%sx%s (pitch %u)", ARG(1), ARG(2), pitch);
+      expect(s, arg, r, ARG(3));
+      if (r == CUDA_SUCCESS)
+        push(K_PTR1, p, NULL);
+      i += 3;
+    } else if (strcmp(s, "array1") == 0) {
+      CUDA_ARRAY_DESCRIPTOR_v1 d;
+      memset(&d, 0, sizeof d);
+      d.Width = (unsigned)strtoul(ARG(1), NULL, 10);
+      d.Height = (unsigned)strtoul(ARG(2), NULL, 10);
+      d.Format = CU_AD_FORMAT_FLOAT;
+      d.NumChannels = 1;
+      CUarray a = NULL;
+      const CUresult r = A.ArrayCreate1(&a, &d);
+      char arg[64];
+      snprintf(arg, sizeof arg, "%sx%s", ARG(1), ARG(2));
+      expect(s, arg, r, ARG(3));
+      if (r == CUDA_SUCCESS)
+        push(K_ARRAY, 0, a);
+      i += 3;
+    } else if (strcmp(s, "array3d1") == 0) {
+      CUDA_ARRAY3D_DESCRIPTOR_v1 d;
+      memset(&d, 0, sizeof d);
+      d.Width = (unsigned)strtoul(ARG(1), NULL, 10);
+      d.Height = (unsigned)strtoul(ARG(2), NULL, 10);
+      d.Depth = (unsigned)strtoul(ARG(3), NULL, 10);
+      d.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+      d.NumChannels = 4;
+      CUarray a = NULL;
+      const CUresult r = A.Array3DCreate1(&a, &d);
+      char arg[96];
+      snprintf(arg, sizeof arg, "%sx%sx%s", ARG(1), ARG(2), ARG(3));
+      expect(s, arg, r, ARG(4));
+      if (r == CUDA_SUCCESS)
+        push(K_ARRAY, 0, a);
+      i += 4;
+    } else if (strcmp(s, "mipmap") == 0) {
+      CUDA_ARRAY3D_DESCRIPTOR d;
+      memset(&d, 0, sizeof d);
+      d.Width = strtoull(ARG(1), NULL, 10);
+      d.Height = strtoull(ARG(2), NULL, 10);
+      d.Depth = strtoull(ARG(3), NULL, 10);
+      d.Format = CU_AD_FORMAT_FLOAT;
+      d.NumChannels = 1;
+      CUmipmappedArray m = NULL;
+      const CUresult r = A.MipmappedArrayCreate(&m, &d, (unsigned)strtoul(ARG(4), NULL, 10));
+      char arg[128];
+      snprintf(arg, sizeof arg, "%sx%sx%s, %s levels", ARG(1), ARG(2), ARG(3), ARG(4));
+      expect(s, arg, r, ARG(5));
+      if (r == CUDA_SUCCESS)
+        push(K_MIPMAP, 0, (CUarray)(void*)m);
+      i += 5;
     } else if (strcmp(s, "free") == 0) {
       pop();
       printf("ok:   free\n");

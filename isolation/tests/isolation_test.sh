@@ -1,14 +1,17 @@
 #!/bin/bash
 # End-to-end tests of libkgpu-cuda.so (the memory interposer) against the simulated CUDA driver,
 # as processes of one "container" (one KGPU_CUDA_SHARED_DIR):
-#   isolation_test.sh ISO_DRIVER INTERPOSER_LIB [KGPU_SIMCTL [NVML_PROBE]]
+#   isolation_test.sh ISO_DRIVER INTERPOSER_LIB [KGPU_SIMCTL [NVML_PROBE [NVML_DIR]]]
 # ISO_DRIVER is isolation/tests/iso_driver (linked against the simulated libcuda.so.1); with
-# KGPU_SIMCTL the NVML side of the node state is checked too. Each case prints PASS or FAIL.
+# KGPU_SIMCTL the NVML side of the node state is checked too. NVML_DIR holds the (unsanitised)
+# simulated libnvidia-ml.so.1 that the interposer dlopen()s for its reconciliation, as it finds
+# the real one through the loader's cache on a GPU node. Each case prints PASS or FAIL.
 set -u
 DRIVER=$1
 LIB=$2
 SIMCTL=${3:-}
 PROBE=${4:-}
+[ -n "${5:-}" ] && export LD_LIBRARY_PATH=$5${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 WORK=$(mktemp -d /tmp/kgpu-iso-test.XXXXXX)
 chmod 755 "$WORK"
@@ -59,6 +62,24 @@ for variant in direct dlsym procaddr cudart procaddr1 procaddr:internal cudart:i
     pass "allocation paths via $variant"
   else
     fail "allocation paths via $variant"; echo "$out"
+  fi
+done
+
+# 1b. The legacy 32-bit pitch and array calls and mipmapped arrays (every level charged: 14
+# levels of 8192x8192 floats are 342 MiB, not the 256 of the first), reached every way.
+for variant in direct dlsym procaddr cudart procaddr1 procaddr:internal; do
+  mode=${variant%%:*}
+  internal=0
+  [ "$variant" != "$mode" ] && internal=1
+  c=$WORK/c1b-${variant/:/-}
+  if out=$(KGPU_SIM_CUDA_PROC_INTERNAL=$internal run "$c" "$L512" $mode init \
+      alloc 460 ok array1 4096 4096 oom array3d1 256 256 256 oom mipmap 4096 4096 0 1 oom free \
+      array1 4096 4096 ok array3d1 256 256 256 ok info 512 384 freeall \
+      alloc 400 ok pitch1 1000 120000 oom pitch1 1000 100000 ok info 512 14 freeall \
+      mipmap 8192 8192 0 14 ok info 512 170 mipmap 8192 8192 0 14 oom free info 512 512 2>&1); then
+    pass "legacy and mipmapped allocations via $variant"
+  else
+    fail "legacy and mipmapped allocations via $variant"; echo "$out"
   fi
 done
 
@@ -197,6 +218,28 @@ elif [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
   kill -9 $A; wait $A 2>/dev/null
 else
   echo "SKIP: random UID (needs root and setpriv)"
+fi
+
+# 10. The driver's own memory for a process (here each context takes 300 MiB, as a real
+# driver's context takes a few hundred) counts against the limit: NVML's figure for the process
+# beyond its allocations becomes its extra. A second context is seen within the reconciliation
+# period (200 ms); a destroyed or released one is given back at once.
+c=$WORK/c-context
+if out=$(KGPU_SIM_CUDA_CONTEXT_MIB=300 run "$c" "$L512" direct init info 512 212 alloc 300 oom alloc 200 ok \
+    info 512 12 ctx sleep 250 alloc 2 oom info 512 0 ctxdestroy info 512 12 free release init info 512 212 2>&1); then
+  pass "context memory counts against the limit"
+else
+  fail "context memory counts against the limit"; echo "$out"
+fi
+if [ -n "$PROBE" ]; then
+  KGPU_SIM_CUDA_CONTEXT_MIB=300 bgrun "$c-smi" "$L512" direct init alloc 100 ok touch "$c.held" pause
+  A=$!
+  wait_file "$c.held"
+  # what nvidia-smi in the container shows: the other process's context and allocation
+  out=$(KGPU_CUDA_SHARED_DIR=$c-smi KGPU_CUDA_MEMORY_LIMIT=$L512 LD_PRELOAD=$LIB timeout 30 "$PROBE" direct 0 2>&1)
+  kill -9 $A; wait $A 2>/dev/null
+  if grep -qx "v1 total=512 used=400 free=112" <<<"$out"; then pass "NVML in the container: used includes a process's context"; else
+    fail "NVML in the container with context memory"; echo "$out"; fi
 fi
 
 # 9. Without the interposer nothing is limited (the simulated driver alone).

@@ -21,6 +21,7 @@
 #include "extender/record.h"
 #include "gpu/inventory.h"
 #include "k8s/client.h"
+#include "deviceplugin/share_cdi.h"
 #include "k8s/events.h"
 
 namespace kgpu::cli {
@@ -38,8 +39,8 @@ struct ShareHandoffOptions {
 };
 
 // Where a `hard` share's container sees the interposer and its accounting directory.
-inline constexpr char kInterposerInContainer[] = "/usr/lib/kgpu/libkgpu-cuda.so";
-inline constexpr char kRegionInContainer[] = "/run/kgpu-cuda";
+using deviceplugin::kInterposerInContainer;
+using deviceplugin::kRegionInContainer;
 
 // The container's environment for a record entry (docs/sharing-model.md §6).
 std::vector<std::string> ShareEnv(const extender::RecordContainer& c);

@@ -1,12 +1,14 @@
 #include "deviceplugin/allocator.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <set>
 #include <tuple>
 
 #include "common/strings.h"
+#include "deviceplugin/share_cdi.h"
 
 namespace kgpu::deviceplugin {
 namespace {
@@ -226,6 +228,38 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
     }
     out.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = Join(limits, ",");
     out.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = std::to_string(percentage);
+  }
+  if (resource.hard_memory && any_replica) {
+    // kgpu: time-slicing with memoryIsolation hard. N replicas of a GPU are N shares of its memory,
+    // enforced by the CUDA interposer (docs/isolation.md): preloaded from the node's read-only,
+    // versioned copy, with one accounting region for the container's processes in a directory
+    // of its own under the shared root (0777: random-UID containers write it).
+    std::vector<std::string> limits;
+    std::set<unsigned> in_order;
+    for (const auto* d : devices) in_order.insert(d->gpu);
+    for (unsigned gpu : in_order) {
+      int asked = 0, replicas = 0;
+      for (const auto* d : devices) asked += d->gpu == gpu ? 1 : 0;
+      for (const auto& d : resource.devices) replicas += d.gpu == gpu ? 1 : 0;
+      const auto& g = plan.inventory->gpus()[gpu];
+      limits.push_back(Cat(g.uuid, "=", g.memory_mib * static_cast<uint64_t>(asked) / static_cast<uint64_t>(replicas), "Mi"));
+    }
+    if (config.cuda_interposer.empty()) {
+      return absl::FailedPreconditionError(Cat(resource.name, ": memoryIsolation hard without --cuda-interposer"));
+    }
+    const std::string region = Cat(config.cuda_shared_root, "/timeslicing/", annotation_id);
+    std::error_code mk;
+    std::filesystem::create_directories(region, mk);
+    if (!mk) std::filesystem::permissions(region, std::filesystem::perms::all, mk);
+    if (mk) {
+      return absl::UnavailableError(Cat("cannot create the accounting directory ", region, ": ", mk.message(),
+                                        " (check --cuda-shared-root)"));
+    }
+    out.envs["KGPU_CUDA_MEMORY_LIMIT"] = Join(limits, ",");
+    out.envs["LD_PRELOAD"] = kInterposerInContainer;
+    out.envs["KGPU_CUDA_SHARED_DIR"] = kRegionInContainer;
+    out.mounts.push_back({kInterposerInContainer, config.cuda_interposer, true});
+    out.mounts.push_back({kRegionInContainer, region, false});
   }
   if (config.gdrcopy_enabled) out.envs["NVIDIA_GDRCOPY"] = "enabled";
   if (config.gds_enabled) out.envs["NVIDIA_GDS"] = "enabled";

@@ -111,13 +111,28 @@ absl::StatusOr<std::set<uint64_t>> XidList(std::string_view origin, const YAML::
 absl::Status ParseSharing(std::string_view origin, const YAML::Node& node, std::string_view path,
                           bool mps, Sharing* out, bool* present) {
   KGPU_RETURN_IF_ERROR(CheckKeys(origin, node, path,
-                                 {"renameByDefault", "failRequestsGreaterThanOne", "resources"}));
+                                 {"renameByDefault", "failRequestsGreaterThanOne", "memoryIsolation", "resources"}));
   Sharing s;
   s.strategy = mps ? SharingStrategy::kMps : SharingStrategy::kTimeSlicing;
   s.fail_requests_greater_than_one = mps;  // NVIDIA: true for MPS when omitted
   KGPU_RETURN_IF_ERROR(Opt(origin, node, "renameByDefault", path, &s.rename_by_default));
   KGPU_RETURN_IF_ERROR(
       Opt(origin, node, "failRequestsGreaterThanOne", path, &s.fail_requests_greater_than_one));
+  if (const YAML::Node iso = node["memoryIsolation"]; iso) {
+    std::string mode;
+    KGPU_RETURN_IF_ERROR(Opt(origin, node, "memoryIsolation", path, &mode));
+    if (mps) {
+      return At(origin, iso.Mark(),
+                Cat(path, ".memoryIsolation is for timeSlicing; MPS limits each client's memory itself "
+                          "(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)"));
+    }
+    if (mode != "none" && mode != "hard") {
+      return At(origin, iso.Mark(),
+                Cat(path, ".memoryIsolation '", mode, "' is invalid: want none or hard (each replica held to the "
+                          "GPU's memory / replicas by the CUDA interposer, docs/isolation.md)"));
+    }
+    s.hard_memory = mode == "hard";
+  }
   const YAML::Node resources = node["resources"];
   if (!resources || !resources.IsSequence() || resources.size() == 0) {
     return At(origin, resources ? resources.Mark() : node.Mark(),
@@ -369,6 +384,9 @@ absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* 
     }
     if (has_mps) c->positions["sharing.mps"] = Position(origin, s["mps"].Mark());
     if (has_ts) c->positions["sharing.timeSlicing"] = Position(origin, s["timeSlicing"].Mark());
+    if (has_ts && s["timeSlicing"]["memoryIsolation"]) {
+      c->positions["sharing.timeSlicing.memoryIsolation"] = Position(origin, s["timeSlicing"]["memoryIsolation"].Mark());
+    }
     if (has_mps) {
       c->sharing = std::move(mps);
     } else if (has_ts) {
@@ -480,6 +498,11 @@ absl::Status Validate(const Config& c) {
   if (c.sharing.strategy == SharingStrategy::kMps) {
     if (c.mig_strategy == "mixed") return bad("sharing.mps", "using --mig-strategy=mixed is not supported with MPS");
     if (c.mps_root.empty()) return bad("sharing.mps", "MPS sharing needs --mps-root (MPS_ROOT, flags.mpsRoot)");
+  }
+  if (c.sharing.hard_memory && c.cuda_interposer.empty()) {
+    return bad("sharing.timeSlicing.memoryIsolation",
+               "memoryIsolation hard needs the CUDA interposer: --cuda-interposer (KGPU_CUDA_INTERPOSER), the host "
+               "path of libkgpu-cuda.so (docs/isolation.md)");
   }
   return absl::OkStatus();
 }

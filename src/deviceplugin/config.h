@@ -40,6 +40,9 @@ struct Sharing {
   SharingStrategy strategy = SharingStrategy::kNone;
   bool rename_by_default = false;
   bool fail_requests_greater_than_one = false;
+  // kgpu, timeSlicing only (memoryIsolation: hard): each replica's container is held to the GPU's
+  // memory / replicas by the CUDA interposer (--cuda-interposer, docs/isolation.md).
+  bool hard_memory = false;
   std::vector<ReplicatedResource> resources;
 };
 

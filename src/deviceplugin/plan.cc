@@ -217,6 +217,7 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
     Resource& res = resource(name);
     res.replicated = true;
     res.mps = sharing.strategy == SharingStrategy::kMps;
+    res.hard_memory = sharing.strategy == SharingStrategy::kTimeSlicing && sharing.hard_memory;
     res.fail_requests_greater_than_one = sharing.fail_requests_greater_than_one;
     for (int n = 0; n < r.replicas; ++n) {
       PluginDevice d = base;

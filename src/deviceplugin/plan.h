@@ -36,6 +36,7 @@ struct Resource {
   bool fail_requests_greater_than_one = false;
   bool mig = false;
   bool mps = false;      // replicas shared through an MPS control daemon
+  bool hard_memory = false;  // time-slicing replicas held to memory / replicas (CUDA interposer)
   bool retired = false;  // advertised before (an earlier MIG layout): served with zero devices
   // kgpu.io/gpu: the devices are slots, a count only; which GPUs a container gets comes from the
   // pod's allocation record at PreStartContainer (docs/sharing-model.md §5).

@@ -13,6 +13,10 @@ namespace kgpu::deviceplugin {
 inline constexpr char kKgpuSharesResource[] = "kgpu.io/gpu";
 // The CDI device kind the handoff writes one spec per container for.
 inline constexpr char kKgpuShareCdiKind[] = "kgpu.io/share";
+// Where a hard-isolated container finds the CUDA interposer (bind-mounted read-only from the
+// plugin's --cuda-interposer) and its accounting directory (KGPU_CUDA_SHARED_DIR).
+inline constexpr char kInterposerInContainer[] = "/usr/lib/kgpu/libkgpu-cuda.so";
+inline constexpr char kRegionInContainer[] = "/run/kgpu-cuda";
 
 // The CDI device name for a container holding slot `ids`: the lowest ID, with "::" as "_".
 inline std::string ShareCdiName(std::vector<std::string> ids) {

@@ -232,18 +232,20 @@ def main():
                 problem(f"{n}: ServiceAccount {s['name']} is not rendered")
 
     if variant == "shares":
-        check_shares(by_kind)
+        check_shares(by_kind, version)
     for p in problems:
         print(f"check_rendered ({variant}): {p}")
     print(f"check_rendered ({variant}): {len(objs)} objects, {len(problems)} problem(s)")
     return 1 if problems else 0
 
 
-def check_shares(by_kind):
+def check_shares(by_kind, version):
     """The shares variant gives the plugin what the kgpu.io/gpu handoff needs at PreStart
     (src/cli/share_handoff.cc): a token, --publish-labels (the extender reads the inventory
     annotation), kubelet's PodResources socket, the CDI spec directory, RBAC for the pod and its
-    Events, and a config that serves kgpu.io/gpu."""
+    Events, a config that serves kgpu.io/gpu, and the CUDA interposer of this version on the host
+    (an init container copies the kgpu package's into a directory of the version, mounted at the
+    same path, and KGPU_CUDA_INTERPOSER names it)."""
     ds = [d for d in by_kind.get("DaemonSet", []) if d["metadata"]["name"] == "kgpu-device-plugin"][0]
     spec = ds["spec"]["template"]["spec"]
     c = spec["containers"][0]
@@ -255,6 +257,17 @@ def check_shares(by_kind):
     for path in ("/var/lib/kubelet/pod-resources", "/var/run/cdi"):
         if path not in mounts:
             problem(f"shares: the device plugin does not mount {path}")
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    lib = env.get("KGPU_CUDA_INTERPOSER", "")
+    if lib != f"/var/lib/kgpu/isolation/{version}/libkgpu-cuda.so":
+        problem(f"shares: KGPU_CUDA_INTERPOSER is {lib!r}, not the host directory of version {version}")
+    host = {v["name"]: v.get("hostPath", {}).get("path") for v in spec.get("volumes", [])}
+    if not any(lib.startswith(m["mountPath"].rstrip("/") + "/") and host.get(m["name"]) == m["mountPath"]
+               for m in c.get("volumeMounts", [])):
+        problem(f"shares: {lib} is not under a host directory mounted at the same path")
+    if not any(f"/usr/lib/kgpu/{version}/libkgpu-cuda.so" in " ".join(i.get("command", []))
+               for i in spec.get("initContainers", [])):
+        problem(f"shares: no init container copies /usr/lib/kgpu/{version}/libkgpu-cuda.so to the host")
     rules = [r for cr in by_kind.get("ClusterRole", []) for r in cr.get("rules", [])
              if cr["metadata"]["name"].startswith("kgpu-device-plugin")]
     def allowed(group, resource, verb):

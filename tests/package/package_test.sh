@@ -65,6 +65,8 @@ grep -q ' ./usr/bin/kgpu-simctl$' <<<"$sim_files" || fail "kgpu-sim package has 
 grep -q ' ./usr/lib/kgpu/sim/libnvidia-ml.so.1$' <<<"$sim_files" ||
   fail "kgpu-sim package has no /usr/lib/kgpu/sim/libnvidia-ml.so.1"
 if grep -q 'libnvidia-ml' <<<"$kgpu_files"; then fail "the kgpu package must not ship an NVML library"; fi
+grep -q " ./usr/lib/kgpu/$version/libkgpu-cuda.so$" <<<"$kgpu_files" ||
+  fail "kgpu package has no /usr/lib/kgpu/$version/libkgpu-cuda.so (the CUDA interposer, deploy/shares copies it)"
 
 step "Debian 12 root (debootstrap --variant=minbase bookworm)"
 tarball="$cache/bookworm-minbase.tar"
@@ -101,6 +103,10 @@ dpkg -s kgpu kgpu-sim | grep -E '^(Package|Status|Version):'
 echo "== kgpu --version"
 kgpu --version | tee /tmp/version.txt
 grep -Eq "^kgpu $KGPU_EXPECT_VERSION \(commit ([0-9a-f]{12}(-dirty)?|unknown)\)$" /tmp/version.txt || fail "kgpu --version"
+echo "== the CUDA interposer loads into a process (LD_PRELOAD, as in a hard share container)"
+LD_PRELOAD=/usr/lib/kgpu/$KGPU_EXPECT_VERSION/libkgpu-cuda.so kgpu --version >/tmp/preload.txt 2>&1 ||
+  { cat /tmp/preload.txt; fail "kgpu --version under LD_PRELOAD of the interposer"; }
+if grep -q 'ERROR\|cannot' /tmp/preload.txt; then cat /tmp/preload.txt; fail "the preloaded interposer complained"; fi
 # The simulated node, as a demo or CI would use it: the library from kgpu-sim, a fixed profile.
 export KGPU_NVML_LIBRARY=/usr/lib/kgpu/sim/libnvidia-ml.so.1 KGPU_SIM_NODE=dgx-h100 KGPU_SIM_STATE=/tmp/sim.state
 echo "== kgpu devices"

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <sys/stat.h>
 #include <set>
 
 #include "deviceplugin/allocator.h"
@@ -226,6 +227,68 @@ TEST(KubeletCheckpointTest, RegisteredResources) {
   EXPECT_EQ(std::string(bad.status().message()),
             "cp: Data.RegisteredDevices is a array, expected an object of resource name -> device IDs");
   EXPECT_FALSE(deviceplugin::RegisteredResources("{", "cp").ok());
+}
+
+// ---------------------------------------------------------------- time-slicing, memoryIsolation hard
+
+// Each replica's container is held to the GPU's memory / replicas by the CUDA interposer: the
+// limit per GPU it asked replicas of, the library mounted read-only from the plugin's host path,
+// and an accounting directory of its own (0777) under the shared root.
+TEST(TimeSlicingHardTest, EachReplicaGetsItsShareOfMemory) {
+  Node n("dgx-h100");
+  auto plan = n.PlanFor("sharing:\n  timeSlicing:\n    memoryIsolation: hard\n"
+                        "    failRequestsGreaterThanOne: false\n    resources:\n    - {name: gpu, replicas: 4}\n");
+  ASSERT_NE(plan, nullptr);
+  const auto& r = plan->resources[0];
+  EXPECT_TRUE(r.hard_memory);
+  EXPECT_FALSE(r.mps);
+  const std::string root = ::testing::TempDir() + "/kgpu-ts-hard";
+  n.config.cuda_interposer = "/var/lib/kgpu/isolation/0.1.0/libkgpu-cuda.so";
+  n.config.cuda_shared_root = root;
+  const std::string u0 = n.inv->gpus()[0].uuid, u1 = n.inv->gpus()[1].uuid;
+  const uint64_t mib0 = n.inv->gpus()[0].memory_mib, mib1 = n.inv->gpus()[1].memory_mib;
+  auto a = deviceplugin::Allocate(*plan, r, n.config, {u1 + "::0", u0 + "::2", u0 + "::3"}, "c1");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->envs.at("KGPU_CUDA_MEMORY_LIMIT"),
+            u0 + "=" + std::to_string(mib0 * 2 / 4) + "Mi," + u1 + "=" + std::to_string(mib1 / 4) + "Mi");
+  EXPECT_EQ(a->envs.at("LD_PRELOAD"), "/usr/lib/kgpu/libkgpu-cuda.so");
+  EXPECT_EQ(a->envs.at("KGPU_CUDA_SHARED_DIR"), "/run/kgpu-cuda");
+  EXPECT_EQ(a->mounts, (std::vector<deviceplugin::MountSpec>{
+                           {"/usr/lib/kgpu/libkgpu-cuda.so", "/var/lib/kgpu/isolation/0.1.0/libkgpu-cuda.so", true},
+                           {"/run/kgpu-cuda", root + "/timeslicing/c1", false}}));
+  struct stat st {};
+  ASSERT_EQ(::stat((root + "/timeslicing/c1").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0777u);
+
+  // Without it, plain time-slicing changes nothing.
+  auto plain = n.PlanFor("sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 4}\n");
+  ASSERT_NE(plain, nullptr);
+  auto b = deviceplugin::Allocate(*plain, plain->resources[0], n.config, {u0 + "::1"}, "c2");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->envs.count("KGPU_CUDA_MEMORY_LIMIT"), 0u);
+  EXPECT_TRUE(b->mounts.empty());
+}
+
+TEST(TimeSlicingHardTest, BadInputNamesTheFileAndTheFix) {
+  auto mps = ParseConfig("sharing:\n  mps:\n    memoryIsolation: hard\n    resources: [{name: gpu, replicas: 2}]\n", "c.yaml");
+  ASSERT_FALSE(mps.ok());
+  EXPECT_EQ(std::string(mps.status().message()),
+            "c.yaml:3:22: sharing.mps.memoryIsolation is for timeSlicing; MPS limits each client's memory itself "
+            "(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)");
+  auto typo = ParseConfig("sharing:\n  timeSlicing:\n    memoryIsolation: hrad\n    resources: [{name: gpu, replicas: 2}]\n",
+                          "c.yaml");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(std::string(typo.status().message()).find("c.yaml:3:22: sharing.timeSlicing.memoryIsolation 'hrad' is invalid: want none or hard"),
+            std::string::npos)
+      << typo.status();
+  auto no_lib = ParseConfig("sharing:\n  timeSlicing:\n    memoryIsolation: hard\n    resources: [{name: gpu, replicas: 2}]\n",
+                            "c.yaml");
+  ASSERT_TRUE(no_lib.ok()) << no_lib.status();
+  EXPECT_EQ(std::string(deviceplugin::Validate(*no_lib).message()),
+            "c.yaml:3:22: memoryIsolation hard needs the CUDA interposer: --cuda-interposer (KGPU_CUDA_INTERPOSER), the "
+            "host path of libkgpu-cuda.so (docs/isolation.md)");
+  no_lib->cuda_interposer = "/lib/x.so";
+  EXPECT_TRUE(deviceplugin::Validate(*no_lib).ok());
 }
 
 // ---------------------------------------------------------------- MPS
