@@ -78,6 +78,9 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags) {
             "ask for hard memory limits (docs/isolation.md)");
   KGPU_FLAG("--cuda-shared-root", "KGPU_CUDA_SHARED_ROOT", cuda_shared_root,
             "host directory for the per-container accounting regions of --cuda-interposer");
+  KGPU_FLAG("--cuda-interposer-load", "KGPU_CUDA_INTERPOSER_LOAD", cuda_interposer_load,
+            "how --cuda-interposer enters a container: env (LD_PRELOAD) or ld.so.preload (a file mounted at "
+            "/etc/ld.so.preload: a process that clears LD_PRELOAD is still held)");
   KGPU_FLAG("--proc-root", "KGPU_PROC_ROOT", proc_root,
             "the host's procfs: the driver's driver/nvidia-caps/mig-minors is read under it (MIG device nodes)");
   app->add_option("--device-discovery-strategy", "auto or nvml (accepted for compatibility)")
@@ -117,6 +120,7 @@ void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags
   o.dev_root = config.dev_root.empty() ? config.driver_root : config.dev_root;
   o.cuda_interposer = config.cuda_interposer;
   o.cuda_shared_root = config.cuda_shared_root;
+  o.cuda_interposer_load = config.cuda_interposer_load;
   auto handoff = std::make_shared<ShareHandoff>(std::move(*client), std::move(inventory), o);
   manager.SetShareResolver([handoff](const std::vector<std::string>& ids, const std::string& name) {
     return handoff->Resolve(ids, name);

@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "common/strings.h"
+#include "deviceplugin/interposer.h"
 #include "deviceplugin/plan.h"
 #include "exporter/podresources.h"
 #include "extender/request.h"
@@ -126,20 +127,16 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
                    "(--cuda-interposer), so nothing would enforce them; delete the pod so that it is scheduled again "
                    "(kgpu extender offers hard only on nodes whose inventory lists it)"));
     }
-    const std::string region = Cat(opts_.cuda_shared_root, "/", meta.value("uid", "unknown-uid"), "/", owner->container);
-    std::error_code mk;
-    std::filesystem::create_directories(region, mk);
-    if (!mk) std::filesystem::permissions(region, std::filesystem::perms::all, mk);
-    if (mk) {
-      return absl::UnavailableError(Cat(who, ": cannot create the accounting directory ", region, ": ", mk.message(),
-                                        " (check --cuda-shared-root)"));
+    auto iso = deviceplugin::InterposerEditsFor(
+        opts_.cuda_interposer, opts_.cuda_interposer_load, opts_.cuda_shared_root,
+        Cat(opts_.cuda_shared_root, "/", meta.value("uid", "unknown-uid"), "/", owner->container));
+    if (!iso.ok()) return absl::Status(iso.status().code(), Cat(who, ": ", iso.status().message()));
+    for (const auto& [k, v] : iso->envs) edits["env"].push_back(Cat(k, "=", v));
+    edits["mounts"] = json::array();
+    for (const auto& m : iso->mounts) {
+      edits["mounts"].push_back({{"hostPath", m.host_path}, {"containerPath", m.container_path},
+                                 {"options", json::array({m.read_only ? "ro" : "rw", "nosuid", "nodev", "bind"})}});
     }
-    edits["env"].push_back(Cat("LD_PRELOAD=", kInterposerInContainer));
-    edits["env"].push_back(Cat("KGPU_CUDA_SHARED_DIR=", kRegionInContainer));
-    edits["mounts"] = json::array(
-        {{{"hostPath", opts_.cuda_interposer}, {"containerPath", kInterposerInContainer},
-          {"options", json::array({"ro", "nosuid", "nodev", "bind"})}},
-         {{"hostPath", region}, {"containerPath", kRegionInContainer}, {"options", json::array({"rw", "nosuid", "nodev", "bind"})}}});
   }
   const json spec = {{"cdiVersion", "0.5.0"},
                      {"kind", deviceplugin::kKgpuShareCdiKind},

@@ -36,6 +36,7 @@ struct ShareHandoffOptions {
   // per-container accounting directories (deviceplugin::Config has the same two).
   std::string cuda_interposer;
   std::string cuda_shared_root = "/var/lib/kgpu/cuda";
+  std::string cuda_interposer_load = "env";  // deviceplugin/interposer.h
 };
 
 // Where a `hard` share's container sees the interposer and its accounting directory.

@@ -1,14 +1,13 @@
 #include "deviceplugin/allocator.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <set>
 #include <tuple>
 
 #include "common/strings.h"
-#include "deviceplugin/share_cdi.h"
+#include "deviceplugin/interposer.h"
 
 namespace kgpu::deviceplugin {
 namespace {
@@ -247,19 +246,12 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
     if (config.cuda_interposer.empty()) {
       return absl::FailedPreconditionError(Cat(resource.name, ": memoryIsolation hard without --cuda-interposer"));
     }
-    const std::string region = Cat(config.cuda_shared_root, "/timeslicing/", annotation_id);
-    std::error_code mk;
-    std::filesystem::create_directories(region, mk);
-    if (!mk) std::filesystem::permissions(region, std::filesystem::perms::all, mk);
-    if (mk) {
-      return absl::UnavailableError(Cat("cannot create the accounting directory ", region, ": ", mk.message(),
-                                        " (check --cuda-shared-root)"));
-    }
+    auto edits = InterposerEditsFor(config.cuda_interposer, config.cuda_interposer_load, config.cuda_shared_root,
+                                    Cat(config.cuda_shared_root, "/timeslicing/", annotation_id));
+    if (!edits.ok()) return edits.status();
     out.envs["KGPU_CUDA_MEMORY_LIMIT"] = Join(limits, ",");
-    out.envs["LD_PRELOAD"] = kInterposerInContainer;
-    out.envs["KGPU_CUDA_SHARED_DIR"] = kRegionInContainer;
-    out.mounts.push_back({kInterposerInContainer, config.cuda_interposer, true});
-    out.mounts.push_back({kRegionInContainer, region, false});
+    for (const auto& [k, v] : edits->envs) out.envs[k] = v;
+    out.mounts.insert(out.mounts.end(), edits->mounts.begin(), edits->mounts.end());
   }
   if (config.gdrcopy_enabled) out.envs["NVIDIA_GDRCOPY"] = "enabled";
   if (config.gds_enabled) out.envs["NVIDIA_GDS"] = "enabled";

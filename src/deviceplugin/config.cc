@@ -499,6 +499,10 @@ absl::Status Validate(const Config& c) {
     if (c.mig_strategy == "mixed") return bad("sharing.mps", "using --mig-strategy=mixed is not supported with MPS");
     if (c.mps_root.empty()) return bad("sharing.mps", "MPS sharing needs --mps-root (MPS_ROOT, flags.mpsRoot)");
   }
+  if (c.cuda_interposer_load != "env" && c.cuda_interposer_load != "ld.so.preload") {
+    return absl::InvalidArgumentError(Printable(Cat("--cuda-interposer-load (KGPU_CUDA_INTERPOSER_LOAD) '",
+                                                    c.cuda_interposer_load, "' is invalid: use env or ld.so.preload")));
+  }
   if (c.sharing.hard_memory && c.cuda_interposer.empty()) {
     return bad("sharing.timeSlicing.memoryIsolation",
                "memoryIsolation hard needs the CUDA interposer: --cuda-interposer (KGPU_CUDA_INTERPOSER), the host "

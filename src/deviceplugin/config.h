@@ -103,6 +103,7 @@ struct Config {
   // this node offers no `hard` enforcement.
   std::string cuda_interposer;
   std::string cuda_shared_root = "/var/lib/kgpu/cuda";
+  std::string cuda_interposer_load = "env";  // env (LD_PRELOAD) or ld.so.preload (deviceplugin/interposer.h)
   // The host's procfs, where the driver's /proc/driver/nvidia and /proc/driver/nvidia-caps trees
   // are (kernel-global, so not under the driver root): MIG capability minors come from
   // <proc_root>/driver/nvidia-caps/mig-minors.

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <sys/stat.h>
 #include <set>
 
@@ -259,6 +261,26 @@ TEST(TimeSlicingHardTest, EachReplicaGetsItsShareOfMemory) {
   struct stat st {};
   ASSERT_EQ(::stat((root + "/timeslicing/c1").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0777u);
+
+  // --cuda-interposer-load ld.so.preload: a file naming the library is mounted at
+  // /etc/ld.so.preload instead of LD_PRELOAD (a process that clears its environment is still held).
+  n.config.cuda_interposer_load = "ld.so.preload";
+  auto f = deviceplugin::Allocate(*plan, r, n.config, {u0 + "::1"}, "c3");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->envs.count("LD_PRELOAD"), 0u);
+  EXPECT_EQ(f->envs.at("KGPU_CUDA_SHARED_DIR"), "/run/kgpu-cuda");
+  EXPECT_EQ(f->mounts, (std::vector<deviceplugin::MountSpec>{
+                           {"/usr/lib/kgpu/libkgpu-cuda.so", "/var/lib/kgpu/isolation/0.1.0/libkgpu-cuda.so", true},
+                           {"/etc/ld.so.preload", root + "/ld.so.preload", true},
+                           {"/run/kgpu-cuda", root + "/timeslicing/c3", false}}));
+  std::ifstream preload(root + "/ld.so.preload");
+  std::stringstream text;
+  text << preload.rdbuf();
+  EXPECT_EQ(text.str(), "/usr/lib/kgpu/libkgpu-cuda.so\n");
+  n.config.cuda_interposer_load = "envv";
+  EXPECT_EQ(std::string(deviceplugin::Validate(n.config).message()),
+            "--cuda-interposer-load (KGPU_CUDA_INTERPOSER_LOAD) 'envv' is invalid: use env or ld.so.preload");
+  n.config.cuda_interposer_load = "env";
 
   // Without it, plain time-slicing changes nothing.
   auto plain = n.PlanFor("sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 4}\n");
