@@ -397,32 +397,6 @@ int main(int argc, char** argv) {
       if (r == CUDA_SUCCESS)
         push(K_PTR1, p, NULL);
       i += 2;
-    } else if (strcmp(s, "pitch") == 0) {
-      CUdeviceptr p = 0;
-      size_t pitch = 0;
-      const CUresult r =
-          A.MemAllocPitch(&p, &pitch, strtoull(ARG(1), NULL, 10), strtoull(ARG(2), NULL, 10), 4);
-      char arg[64];
-      snprintf(arg, sizeof arg, "%sx%s (pitch %zu)", ARG(1), ARG(2), pitch);
-      expect(s, arg, r, ARG(3));
-      if (r == CUDA_SUCCESS)
-        push(K_PTR, p, NULL);
-      i += 3;
-    } else if (strcmp(s, "array") == 0) {
-      CUDA_ARRAY_DESCRIPTOR d;
-      memset(&d, 0, sizeof d);
-      d.Width = strtoull(ARG(1), NULL, 10);
-      d.Height = strtoull(ARG(2), NULL, 10);
-      d.Format = CU_AD_FORMAT_FLOAT;
-      d.NumChannels = 1;
-      CUarray a = NULL;
-      const CUresult r = A.ArrayCreate(&a, &d);
-      char arg[64];
-      snprintf(arg, sizeof arg, "%sx%s", ARG(1), ARG(2));
-      expect(s, arg, r, ARG(3));
-      if (r == CUDA_SUCCESS)
-        push(K_ARRAY, 0, a);
-      i += 3;
     } else if (strcmp(s, "ctx") == 0 || strcmp(s, "ctxdestroy") == 0 || strcmp(s, "reset") == 0 ||
                strcmp(s, "release") == 0) {
       CUresult r;
@@ -459,64 +433,58 @@ int main(int argc, char** argv) {
       if (r == CUDA_SUCCESS)
         push(K_VMM, h, NULL);
       i += 2;
-    } else if (strcmp(s, "array3d") == 0) {
-      CUDA_ARRAY3D_DESCRIPTOR d;
-      memset(&d, 0, sizeof d);
-      d.Width = strtoull(ARG(1), NULL, 10);
-      d.Height = strtoull(ARG(2), NULL, 10);
-      d.Depth = strtoull(ARG(3), NULL, 10);
-      d.Format = CU_AD_FORMAT_UNSIGNED_INT8;
-      d.NumChannels = 4;
-      CUarray a = NULL;
-      const CUresult r = A.Array3DCreate(&a, &d);
-      char arg[96];
-      snprintf(arg, sizeof arg, "%sx%sx%s", ARG(1), ARG(2), ARG(3));
-      expect(s, arg, r, ARG(4));
-      if (r == CUDA_SUCCESS)
-        push(K_ARRAY, 0, a);
-      i += 4;
-    } else if (strcmp(s, "pitch1") == 0) {
-      CUdeviceptr_v1 p = 0;
-      unsigned int pitch = 0;
-      const CUresult r = A.MemAllocPitch1(&p, &pitch, (unsigned)strtoul(ARG(1), NULL, 10),
-                                          (unsigned)strtoul(ARG(2), NULL, 10), 4);
+    } else if (strcmp(s, "pitch") == 0 || strcmp(s, "pitch1") == 0) {
+      const int legacy = s[5] == '1';
+      CUdeviceptr p = 0;
+      size_t pitch = 0;
+      CUresult r;
+      if (legacy) {
+        CUdeviceptr_v1 p1 = 0;
+        unsigned int pitch1 = 0;
+        r = A.MemAllocPitch1(&p1, &pitch1, (unsigned)strtoul(ARG(1), NULL, 10), (unsigned)strtoul(ARG(2), NULL, 10), 4);
+        p = p1;
+        pitch = pitch1;
+      } else {
+        r = A.MemAllocPitch(&p, &pitch, strtoull(ARG(1), NULL, 10), strtoull(ARG(2), NULL, 10), 4);
+      }
       char arg[64];
-      snprintf(arg, sizeof arg, "%sx%s (pitch %u)", ARG(1), ARG(2), pitch);
+      snprintf(arg, sizeof arg, "%sx%s (pitch %zu)", ARG(1), ARG(2), pitch);
       expect(s, arg, r, ARG(3));
       if (r == CUDA_SUCCESS)
-        push(K_PTR1, p, NULL);
+        push(legacy ? K_PTR1 : K_PTR, p, NULL);
       i += 3;
-    } else if (strcmp(s, "array1") == 0) {
-      CUDA_ARRAY_DESCRIPTOR_v1 d;
-      memset(&d, 0, sizeof d);
-      d.Width = (unsigned)strtoul(ARG(1), NULL, 10);
-      d.Height = (unsigned)strtoul(ARG(2), NULL, 10);
-      d.Format = CU_AD_FORMAT_FLOAT;
-      d.NumChannels = 1;
+    } else if (strncmp(s, "array", 5) == 0 &&
+               (strcmp(s + 5, "") == 0 || strcmp(s + 5, "1") == 0 || strcmp(s + 5, "3d") == 0 || strcmp(s + 5, "3d1") == 0)) {
+      /* array[1]: 1-channel float, W x H; array3d[1]: 4-channel 8-bit, W x H x D; "1": 32-bit */
+      const int three = s[5] == '3', legacy = s[strlen(s) - 1] == '1';
+      const unsigned long long w = strtoull(ARG(1), NULL, 10), h = strtoull(ARG(2), NULL, 10),
+                               dep = three ? strtoull(ARG(3), NULL, 10) : 0;
+      const CUarray_format f = three ? CU_AD_FORMAT_UNSIGNED_INT8 : CU_AD_FORMAT_FLOAT;
+      const unsigned ch = three ? 4 : 1;
       CUarray a = NULL;
-      const CUresult r = A.ArrayCreate1(&a, &d);
-      char arg[64];
-      snprintf(arg, sizeof arg, "%sx%s", ARG(1), ARG(2));
-      expect(s, arg, r, ARG(3));
-      if (r == CUDA_SUCCESS)
-        push(K_ARRAY, 0, a);
-      i += 3;
-    } else if (strcmp(s, "array3d1") == 0) {
-      CUDA_ARRAY3D_DESCRIPTOR_v1 d;
-      memset(&d, 0, sizeof d);
-      d.Width = (unsigned)strtoul(ARG(1), NULL, 10);
-      d.Height = (unsigned)strtoul(ARG(2), NULL, 10);
-      d.Depth = (unsigned)strtoul(ARG(3), NULL, 10);
-      d.Format = CU_AD_FORMAT_UNSIGNED_INT8;
-      d.NumChannels = 4;
-      CUarray a = NULL;
-      const CUresult r = A.Array3DCreate1(&a, &d);
+      CUresult r;
+      if (three && legacy) {
+        const CUDA_ARRAY3D_DESCRIPTOR_v1 d = {(unsigned)w, (unsigned)h, (unsigned)dep, f, ch, 0};
+        r = A.Array3DCreate1(&a, &d);
+      } else if (three) {
+        const CUDA_ARRAY3D_DESCRIPTOR d = {w, h, dep, f, ch, 0};
+        r = A.Array3DCreate(&a, &d);
+      } else if (legacy) {
+        const CUDA_ARRAY_DESCRIPTOR_v1 d = {(unsigned)w, (unsigned)h, f, ch};
+        r = A.ArrayCreate1(&a, &d);
+      } else {
+        const CUDA_ARRAY_DESCRIPTOR d = {w, h, f, ch};
+        r = A.ArrayCreate(&a, &d);
+      }
       char arg[96];
-      snprintf(arg, sizeof arg, "%sx%sx%s", ARG(1), ARG(2), ARG(3));
-      expect(s, arg, r, ARG(4));
+      if (three)
+        snprintf(arg, sizeof arg, "%sx%sx%s", ARG(1), ARG(2), ARG(3));
+      else
+        snprintf(arg, sizeof arg, "%sx%s", ARG(1), ARG(2));
+      expect(s, arg, r, ARG(three ? 4 : 3));
       if (r == CUDA_SUCCESS)
         push(K_ARRAY, 0, a);
-      i += 4;
+      i += three ? 4 : 3;
     } else if (strcmp(s, "mipmap") == 0) {
       CUDA_ARRAY3D_DESCRIPTOR d;
       memset(&d, 0, sizeof d);

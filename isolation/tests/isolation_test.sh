@@ -13,15 +13,7 @@ SIMCTL=${3:-}
 PROBE=${4:-}
 [ -n "${5:-}" ] && export LD_LIBRARY_PATH=$5${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
-WORK=$(mktemp -d /tmp/kgpu-iso-test.XXXXXX)
-chmod 755 "$WORK"
-trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$WORK"' EXIT
-export KGPU_SIM_NODE=dgx-h100 KGPU_SIM_NODE_NAME=iso-test KGPU_SIM_STATE=$WORK/node.state
-unset CUDA_VISIBLE_DEVICES KGPU_CUDA_MEMORY_LIMIT KGPU_CUDA_TESTHOOK_HOLD_LOCK_MS LD_PRELOAD
-
-failed=0
-fail() { echo "FAIL: $*"; failed=1; }
-pass() { echo "PASS: $*"; }
+. "$(dirname "$0")/sim_env.sh" iso-test
 # run NAME SHARED_DIR LIMIT STEPS...: the driver under the interposer in container SHARED_DIR
 run() {
   local dir=$1 limit=$2

@@ -9,14 +9,7 @@
 # the interposer (inside the "container") loads. Prints PASS or FAIL per case.
 set -u
 KGPU=$1 KUBELET=$2 DRIVER=$3 LIB=$4 SIMNVML=$5 PLAIN_NVML=$6
-WORK=$(mktemp -d /tmp/kgpu-ts-hard.XXXXXX)
-chmod 755 "$WORK"
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"' EXIT
-export KGPU_SIM_NODE=dgx-h100 KGPU_SIM_NODE_NAME=ts-hard KGPU_SIM_STATE=$WORK/node.state
-unset CUDA_VISIBLE_DEVICES KGPU_CUDA_MEMORY_LIMIT KGPU_CUDA_SHARED_DIR LD_PRELOAD
-failed=0
-fail() { echo "FAIL: $*"; failed=1; }
-pass() { echo "PASS: $*"; }
+. "$(dirname "$0")/sim_env.sh" ts-hard
 
 mkdir -p "$WORK/kubelet" "$WORK/cuda"
 cat >"$WORK/config.yaml" <<'YAML'
