@@ -163,6 +163,17 @@ else
   fail "kill -9 holding the lock"; echo "$out"
 fi
 
+# 6b. kill -9 in the middle of an allocation (every lock held 1 s: the kill lands inside the
+# allocation's first locked section): the next process is not blocked and gets the whole limit.
+c=$WORK/c-midalloc
+KGPU_CUDA_TESTHOOK_HOLD_LOCK_MS=1000 bgrun "$c" "$L512" direct init touch "$c.start" alloc 400 ok
+A=$!
+wait_file "$c.start"
+sleep 0.3
+kill -9 $A; wait $A 2>/dev/null
+if out=$(run "$c" "$L512" direct init alloc 500 ok info 512 12 2>&1); then pass "kill -9 during an allocation: no deadlock, nothing left charged"; else
+  fail "kill -9 during an allocation"; echo "$out"; fi
+
 # 7. A limit smaller than what is already used.
 #  a) by other processes on the GPU (outside the container): free = what the GPU has left.
 c=$WORK/c-full
