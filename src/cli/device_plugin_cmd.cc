@@ -121,6 +121,7 @@ void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags
   o.cuda_interposer = config.cuda_interposer;
   o.cuda_shared_root = config.cuda_shared_root;
   o.cuda_interposer_load = config.cuda_interposer_load;
+  if (config.sharing.strategy == deviceplugin::SharingStrategy::kMps) o.mps_root = config.mps_root;
   auto handoff = std::make_shared<ShareHandoff>(std::move(*client), std::move(inventory), o);
   manager.SetShareResolver([handoff](const std::vector<std::string>& ids, const std::string& name) {
     return handoff->Resolve(ids, name);

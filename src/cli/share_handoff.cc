@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "deviceplugin/interposer.h"
+#include "deviceplugin/mps.h"
 #include "deviceplugin/plan.h"
 #include "exporter/podresources.h"
 #include "extender/request.h"
@@ -22,6 +23,16 @@ namespace {
 using json = nlohmann::json;
 
 std::string Csv(const std::vector<std::string>& v) { return Join(v, ","); }
+
+// CDI containerEdits.mounts: bind mounts, never setuid or device files through them.
+json CdiMounts(const std::vector<deviceplugin::MountSpec>& mounts) {
+  json out = json::array();
+  for (const auto& m : mounts) {
+    out.push_back({{"hostPath", m.host_path}, {"containerPath", m.container_path},
+                   {"options", json::array({m.read_only ? "ro" : "rw", "nosuid", "nodev", "bind"})}});
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -132,11 +143,21 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
         Cat(opts_.cuda_shared_root, "/", meta.value("uid", "unknown-uid"), "/", owner->container));
     if (!iso.ok()) return absl::Status(iso.status().code(), Cat(who, ": ", iso.status().message()));
     for (const auto& [k, v] : iso->envs) edits["env"].push_back(Cat(k, "=", v));
-    edits["mounts"] = json::array();
-    for (const auto& m : iso->mounts) {
-      edits["mounts"].push_back({{"hostPath", m.host_path}, {"containerPath", m.container_path},
-                                 {"options", json::array({m.read_only ? "ro" : "rw", "nosuid", "nodev", "bind"})}});
+    edits["mounts"] = CdiMounts(iso->mounts);
+  }
+  if (mode == "mps") {
+    // A client of the GPU's MPS daemon (round 1's, one per GPU serving kgpu.io/gpu): the record's
+    // limits are its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+    // (ShareEnv), which the daemon enforces for this client.
+    if (opts_.mps_root.empty()) {
+      return absl::FailedPreconditionError(
+          Cat(who, ": the record asks for MPS limits, but no MPS daemon serves ", deviceplugin::kKgpuSharesResource,
+              " on this node (sharing.mps in the plugin's config); delete the pod so that it is scheduled again "
+              "(kgpu extender offers mps only on nodes whose inventory lists it)"));
     }
+    const auto client = deviceplugin::MpsClientFor(opts_.mps_root, deviceplugin::kKgpuSharesResource);
+    edits["env"].push_back(Cat("CUDA_MPS_PIPE_DIRECTORY=", client.pipe_dir));
+    edits["mounts"] = CdiMounts(client.mounts);
   }
   const json spec = {{"cdiVersion", "0.5.0"},
                      {"kind", deviceplugin::kKgpuShareCdiKind},

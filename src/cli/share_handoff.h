@@ -37,6 +37,9 @@ struct ShareHandoffOptions {
   std::string cuda_interposer;
   std::string cuda_shared_root = "/var/lib/kgpu/cuda";
   std::string cuda_interposer_load = "env";  // deviceplugin/interposer.h
+  // Non-empty when MPS daemons serve kgpu.io/gpu (sharing.mps): the plugin's mpsRoot. Shares in
+  // mps mode become clients of their GPU's daemon; without it such a record is refused.
+  std::string mps_root;
 };
 
 // Where a `hard` share's container sees the interposer and its accounting directory.

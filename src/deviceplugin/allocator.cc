@@ -8,6 +8,7 @@
 
 #include "common/strings.h"
 #include "deviceplugin/interposer.h"
+#include "deviceplugin/mps.h"
 
 namespace kgpu::deviceplugin {
 namespace {
@@ -204,10 +205,9 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
     if (cdi_cri) out.cdi_devices = names;
   }
   if (resource.mps && any_replica) {
-    const std::string pipe = Cat("/mps/", resource.name, "/pipe");
-    out.envs["CUDA_MPS_PIPE_DIRECTORY"] = pipe;
-    out.mounts.push_back({pipe, Cat(config.mps_root, "/", resource.name, "/pipe"), false});
-    out.mounts.push_back({"/dev/shm", Cat(config.mps_root, "/shm"), false});
+    const MpsClient client = MpsClientFor(config.mps_root, resource.name);
+    out.envs["CUDA_MPS_PIPE_DIRECTORY"] = client.pipe_dir;
+    out.mounts.insert(out.mounts.end(), client.mounts.begin(), client.mounts.end());
     // kgpu: N replicas are N shares of memory and threads, for this container's CUDA clients.
     // CUDA numbers a container's GPUs in PCI bus order (NVML's index order), whatever the order
     // of the request, so the ordinals follow the GPU index.

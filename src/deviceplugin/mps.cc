@@ -185,6 +185,14 @@ MpsDaemon::~MpsDaemon() { Stop(); }
 
 const std::string& MpsDaemon::resource_name() const { return plan_->resources[index_].name; }
 
+MpsClient MpsClientFor(const std::string& mps_root, const std::string& resource) {
+  MpsClient c;
+  c.pipe_dir = Cat("/mps/", resource, "/pipe");
+  c.mounts.push_back({c.pipe_dir, Cat(mps_root, "/", resource, "/pipe"), false});
+  c.mounts.push_back({"/dev/shm", Cat(mps_root, "/shm"), false});
+  return c;
+}
+
 std::string MpsDaemon::dir() const { return Cat(config_->mps_root, "/", resource_name()); }
 
 absl::Status MpsDaemon::Start() {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "deviceplugin/allocator.h"
 #include "deviceplugin/config.h"
 #include "deviceplugin/plan.h"
 #include "nvml/library.h"
@@ -45,6 +46,16 @@ struct MpsLimits {
   int thread_percentage = 100;
 };
 MpsLimits DaemonLimits(const Plan& plan, const Resource& resource);
+
+// What a client container of `resource`'s daemon gets, for MPS replicas (allocator.cc) and for
+// kgpu.io/gpu shares in mps mode (src/cli/share_handoff.cc): CUDA_MPS_PIPE_DIRECTORY = the
+// daemon's pipe directory, mounted at /mps/<resource>/pipe, and the host's <mpsRoot>/shm as
+// /dev/shm (the daemon and its clients share memory there).
+struct MpsClient {
+  std::string pipe_dir;  // in the container: the value of CUDA_MPS_PIPE_DIRECTORY
+  std::vector<MountSpec> mounts;
+};
+MpsClient MpsClientFor(const std::string& mps_root, const std::string& resource);
 
 class MpsDaemon {
  public:

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <signal.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -55,12 +57,13 @@ class ShareHandoffTest : public testing::PluginNodeTest {
     StartPlugin(true);
   }
   // The plugin, with the CUDA interposer (hard shares possible) or without.
-  void StartPlugin(bool interposer) {
+  void StartPlugin(bool interposer, const std::vector<std::string>& extra = {}) {
     const int before = kubelet_->Get("kgpu.io/gpu") ? kubelet_->Get("kgpu.io/gpu")->registrations : 0;
     plugin_.reset();
     std::vector<std::string> args = {"--config-file", config_, "--kubeconfig", kubeconfig_, "--node-name", "test-node",
                                      "--pod-resources-socket", pr_->SocketPath(), "--cdi-spec-dir", cdi_};
     if (interposer) args.insert(args.end(), {"--cuda-interposer", KGPU_CUDA_INTERPOSER, "--cuda-shared-root", cuda_root_});
+    args.insert(args.end(), extra.begin(), extra.end());
     plugin_ = std::make_unique<testing::Plugin>(sim_->dir(), args);
     ASSERT_TRUE(kubelet_->WaitFor("kgpu.io/gpu",
                                   [&](const testing::ResourceState& s) {
@@ -126,7 +129,8 @@ class ShareHandoffTest : public testing::PluginNodeTest {
 TEST_F(ShareHandoffTest, ManyPodsAtOnceInAnyOrderGetExactlyTheirRecords) {
   EXPECT_TRUE(kubelet_->Get("kgpu.io/gpu")->options.pre_start_required());
   EXPECT_FALSE(kubelet_->Get("nvidia.com/gpu")->options.pre_start_required());
-  const char* modes[] = {"hard", "mps", "none"};
+  // (mps needs a plugin whose MPS daemons serve kgpu.io/gpu: MpsSharesAreClientsOfTheGpuDaemon)
+  const char* modes[] = {"hard", "none"};
   struct Want {
     std::string pod, slot, gpu, mode;
     int64_t mem, cores;
@@ -135,7 +139,7 @@ TEST_F(ShareHandoffTest, ManyPodsAtOnceInAnyOrderGetExactlyTheirRecords) {
   for (int i = 0; i < 16; ++i) {
     // The record says GPU i%4; kubelet's slot is on GPU (i+1)%4: the record must win.
     Want w{"p" + std::to_string(i), Slots(static_cast<size_t>((i + 1) % 4))[static_cast<size_t>(i / 4)],
-           uuids_[static_cast<size_t>(i % 4)], modes[i % 3], 1000 + 100 * i, 5 + i};
+           uuids_[static_cast<size_t>(i % 4)], modes[i % 2], 1000 + 100 * i, 5 + i};
     CreatePod(w.pod, {"main", "kgpu.io/gpu", w.mode, {{w.gpu, "", "", w.mem, w.cores}}});
     pods.push_back(w);
   }
@@ -193,10 +197,6 @@ TEST_F(ShareHandoffTest, ManyPodsAtOnceInAnyOrderGetExactlyTheirRecords) {
     } else {
       EXPECT_FALSE(env.contains("LD_PRELOAD")) << w.pod;
       EXPECT_TRUE(Mounts(spec).empty()) << w.pod;
-    }
-    if (w.mode == "mps") {
-      EXPECT_EQ(env.at("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=" + std::to_string(w.mem) + "M");
-      EXPECT_EQ(env.at("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), std::to_string(w.cores));
     }
     if (w.mode == "none") {
       EXPECT_FALSE(env.contains("KGPU_CUDA_MEMORY_LIMIT"));
@@ -278,6 +278,64 @@ TEST_F(ShareHandoffTest, HardWithoutTheInterposerIsRefused) {
   EXPECT_EQ(bad.Wait(20s), 1) << bad.Log();
   EXPECT_NE(bad.Log().find("--cuda-interposer /nonexistent/libkgpu-cuda.so: No such file or directory"), std::string::npos)
       << bad.Log();
+}
+
+// MPS daemons serve kgpu.io/gpu (sharing.mps): a share in mps mode becomes a client of its GPU's
+// daemon, with the record's memory and cores as its per-client limits; a node without them
+// refuses such a record at PreStart.
+TEST_F(ShareHandoffTest, MpsSharesAreClientsOfTheGpuDaemon) {
+  const std::string root = sim_->dir() + "/mps";
+  config_ = WriteConfig("version: v1\nflags:\n  mpsRoot: " + root +
+                        "\nsharing:\n  mps:\n    failRequestsGreaterThanOne: false\n    resources:\n"
+                        "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: [0, 1, 2, 3]}\n");
+  StartPlugin(false, {"--mps-control", std::string(KGPU_FAKE_MPS_DIR) + "/nvidia-cuda-mps-control"});
+  struct StopDaemon {  // a plugin leaves its daemon running (the next one reuses it): stop it
+    std::string pidfile;
+    ~StopDaemon() {
+      std::ifstream in(pidfile);
+      int pid = 0;
+      if (in >> pid && pid > 0) ::kill(pid, SIGTERM);
+    }
+  } stop{root + "/kgpu.io/gpu/pipe/nvidia-cuda-mps-control.pid"};
+  const auto s2 = Slots(2);
+  CreatePod("client", {"main", "kgpu.io/gpu", "mps", {{uuids_[2], "", "", 4000, 30}}});
+  v1::ListPodResourcesResponse view;
+  testing::AddDevices(view, "ns", "client", "main", "kgpu.io/gpu", {s2[0]});
+  pr_->SetListResponse(view);
+  ASSERT_TRUE(kubelet_->Allocate("kgpu.io/gpu", {s2[0]}).ok());
+  ASSERT_TRUE(kubelet_->PreStartContainer("kgpu.io/gpu", {s2[0]}).ok()) << plugin_->Log();
+  const json spec = Spec(deviceplugin::ShareCdiName({s2[0]}));
+  const auto env = Env(spec);
+  EXPECT_EQ(env.at("KGPU_ENFORCEMENT"), "mps");
+  EXPECT_EQ(env.at("CUDA_MPS_PIPE_DIRECTORY"), "/mps/kgpu.io/gpu/pipe");
+  EXPECT_EQ(env.at("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=4000M");
+  EXPECT_EQ(env.at("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "30");
+  EXPECT_EQ(env.count("LD_PRELOAD"), 0u);
+  const json mounts = Mounts(spec);
+  ASSERT_EQ(mounts.size(), 2u) << mounts.dump();
+  EXPECT_EQ(mounts[0]["hostPath"], root + "/kgpu.io/gpu/pipe");
+  EXPECT_EQ(mounts[0]["containerPath"], "/mps/kgpu.io/gpu/pipe");
+  EXPECT_EQ(mounts[1]["hostPath"], root + "/shm");
+  EXPECT_EQ(mounts[1]["containerPath"], "/dev/shm");
+  // The daemon those mounts lead to runs.
+  EXPECT_TRUE(std::filesystem::exists(root + "/kgpu.io/gpu/pipe/control")) << plugin_->Log();
+
+  // The time-slicing plugin has no daemon: the same kind of record is refused, not run unlimited.
+  config_ = WriteConfig(
+      "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+      "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: [0, 1, 2, 3]}\n");
+  StartPlugin(true);
+  const auto s3 = Slots(3);
+  CreatePod("client2", {"main", "kgpu.io/gpu", "mps", {{uuids_[3], "", "", 4000, 30}}});
+  v1::ListPodResourcesResponse view2;
+  testing::AddDevices(view2, "ns", "client2", "main", "kgpu.io/gpu", {s3[0]});
+  pr_->SetListResponse(view2);
+  ASSERT_TRUE(kubelet_->Allocate("kgpu.io/gpu", {s3[0]}).ok());
+  auto refused = kubelet_->PreStartContainer("kgpu.io/gpu", {s3[0]});
+  EXPECT_NE(std::string(refused.message()).find("ns/client2 container main: the record asks for MPS limits, but no MPS "
+                                                "daemon serves kgpu.io/gpu on this node"),
+            std::string::npos)
+      << refused;
 }
 
 }  // namespace
