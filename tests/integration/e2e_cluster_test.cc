@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "deviceplugin/plan.h"
+#include "exporter/attribution.h"
 #include "extender/record.h"
 #include "extender/request.h"
 #include "k8s/client.h"
@@ -329,6 +330,20 @@ class E2eClusterTest : public ::testing::Test {
       ASSERT_EQ(it->second.containers.size(), 1u) << key;
       const auto& ac = it->second.containers[0];
       EXPECT_EQ(ac.resource, rc.resource) << key;
+      {
+        // kubelet's checkpoint on that node holds the container's devices, signed as kubelet signs
+        // it (the exporter's parser verifies the checksum).
+        const std::string path = NodeNamed(node).kubelet->Dir() + "/kubelet_internal_checkpoint";
+        auto entries = exporter::ParseCheckpoint(ReadFile(path), path);
+        ASSERT_TRUE(entries.ok()) << key << ": " << entries.status();
+        auto e = std::find_if(entries->begin(), entries->end(), [&](const exporter::CheckpointEntry& x) {
+          return x.pod_uid == it->first && x.container == ac.name && x.resource == ac.resource;
+        });
+        ASSERT_NE(e, entries->end()) << key << ": not in " << path;
+        EXPECT_EQ(std::set<std::string>(e->device_ids.begin(), e->device_ids.end()),
+                  std::set<std::string>(ac.ids.begin(), ac.ids.end()))
+            << key;
+      }
       ++checked;
       if (rc.resource == "kgpu.io/gpu") {
         EXPECT_TRUE(ac.pre_started) << key;

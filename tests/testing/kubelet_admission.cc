@@ -1,8 +1,12 @@
 #include "testing/kubelet_admission.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 #include <thread>
 
+#include "absl/strings/escaping.h"
+#include "common/kubelet_checksum.h"
 #include "k8s/quantity.h"
 
 namespace kgpu::testing {
@@ -90,6 +94,45 @@ void KubeletAdmission::Publish() {
     }
   }
   pod_resources_.SetListResponse(view);
+  WriteCheckpoint();
+}
+
+// kubelet's devicemanager writeCheckpoint: every container's devices (init containers too) grouped
+// by the NUMA nodes the plugin reported for them (-1: none), its Allocate response as protobuf
+// bytes (base64 in JSON), and each registered resource's healthy devices; signed as kubelet signs
+// it; written to a temporary file and renamed, so a reader never sees half of it.
+void KubeletAdmission::WriteCheckpoint() {
+  std::map<std::string, std::map<std::string, std::vector<int64_t>>> numa;  // resource -> id -> nodes
+  json registered = json::object();
+  for (const auto& resource : kubelet_.Resources()) {
+    const auto state = kubelet_.Get(resource);
+    if (!state) continue;
+    for (const auto& d : state->devices) numa[resource][d.id] = d.numa;
+    registered[resource] = state->connected ? state->HealthyIds() : std::vector<std::string>{};
+  }
+  json entries = json::array();
+  for (const auto& [uid, p] : admitted_) {
+    for (const auto& c : p.containers) {
+      std::map<int64_t, std::vector<std::string>> per_numa;
+      for (const auto& id : c.ids) {
+        const auto& nodes = numa[c.resource][id];
+        if (nodes.empty()) per_numa[-1].push_back(id);
+        for (int64_t n : nodes) per_numa[n].push_back(id);
+      }
+      json ids = json::object();
+      for (const auto& [n, list] : per_numa) ids[std::to_string(n)] = list;
+      entries.push_back({{"PodUID", uid}, {"ContainerName", c.name}, {"ResourceName", c.resource}, {"DeviceIDs", ids},
+                         {"AllocResp", absl::Base64Escape(c.response.SerializeAsString())}});
+    }
+  }
+  const json doc = WithKubeletChecksum(
+      {{"Data", {{"PodDeviceEntries", entries.empty() ? json(nullptr) : entries}, {"RegisteredDevices", registered}}}});
+  const std::string path = kubelet_.Dir() + "/kubelet_internal_checkpoint";
+  {
+    std::ofstream out(path + ".tmp", std::ios::trunc);
+    out << doc.dump();
+  }
+  std::rename((path + ".tmp").c_str(), path.c_str());
 }
 
 void KubeletAdmission::SetPhase(const AdmittedPod& p, const std::string& phase, const std::string& reason,

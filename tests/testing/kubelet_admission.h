@@ -16,7 +16,10 @@
 //    run concurrently;
 //  * an admitted pod is marked Running (pods/status); a pod whose Allocate or PreStart failed is
 //    marked Failed with kubelet's reason UnexpectedAdmissionError and keeps no devices;
-//  * pods deleted from the API give their devices back (and leave the PodResources view).
+//  * pods deleted from the API give their devices back (and leave the PodResources view);
+//  * after every change, kubelet's checkpoint (<kubelet dir>/kubelet_internal_checkpoint, signed
+//    with kubelet's checksum) holds every container's devices and Allocate response, as kubelet
+//    writes it and as the exporter and the plugin read it.
 //
 // Thread-safety: AdmitPending and the accessors from one thread at a time.
 
@@ -71,6 +74,7 @@ class KubeletAdmission {
   absl::StatusOr<std::vector<std::string>> Choose(const std::string& resource, int need,
                                                   const std::set<std::string>& reusable);
   void Publish();
+  void WriteCheckpoint();
   void SetPhase(const AdmittedPod& p, const std::string& phase, const std::string& reason, const std::string& message);
 
   FakeKubelet& kubelet_;
