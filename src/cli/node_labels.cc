@@ -53,6 +53,49 @@ json Islands(const gpu::Inventory& inv, const std::function<bool(unsigned, unsig
 
 }  // namespace
 
+// The kgpu.io/gpu slots GPU `g` serves (time-slicing or MPS renamed to kgpu.io/gpu); 0 for none.
+int SlotsOf(const gpu::Gpu& g, const deviceplugin::Config& config) {
+  if (g.mig_enabled) return 0;
+  for (const auto& r : config.sharing.resources) {
+    if ((r.rename.empty() ? r.name : r.rename) != deviceplugin::kKgpuSharesResource || r.name != "nvidia.com/gpu") continue;
+    if (r.devices.empty()) return r.replicas;
+    for (const auto& d : r.devices) {
+      if (d == g.uuid || d == std::to_string(g.index)) return r.replicas;
+    }
+  }
+  return 0;
+}
+
+std::map<std::string, int64_t> ShareCapacity(const gpu::Inventory& inv, const deviceplugin::Config& config) {
+  int64_t memory = 0, gpus = 0;
+  for (const auto& g : inv.gpus()) {
+    if (SlotsOf(g, config) == 0) continue;
+    memory += static_cast<int64_t>(g.memory_mib);
+    ++gpus;
+  }
+  if (gpus == 0) return {};
+  return {{"kgpu.io/gpu-memory", memory}, {"kgpu.io/gpu-cores", 100 * gpus}};
+}
+
+json CapacityPatch(const json& node, const std::map<std::string, int64_t>& capacity) {
+  const json status = node.value("status", json::object());
+  json patch = json::object();
+  for (const char* field : {"capacity", "allocatable"}) {
+    const json current = status.value(field, json::object());
+    json p = json::object();
+    for (const char* name : {"kgpu.io/gpu-memory", "kgpu.io/gpu-cores"}) {
+      const auto want = capacity.find(name);
+      if (want == capacity.end()) {
+        if (current.contains(name)) p[name] = nullptr;
+      } else if (current.value(name, json()) != json(std::to_string(want->second))) {
+        p[name] = std::to_string(want->second);
+      }
+    }
+    if (!p.empty()) patch["status"][field] = p;
+  }
+  return patch.empty() ? json() : patch;
+}
+
 std::string InventoryAnnotation(const gpu::Inventory& inv, const deviceplugin::Config& config, const LiveHealth* live) {
   // Discovery's verdict wins (a lost GPU is lost whatever was last served); else the plugin's.
   auto health = [&](const std::string& uuid, const char* discovered) -> const char* {
@@ -60,25 +103,13 @@ std::string InventoryAnnotation(const gpu::Inventory& inv, const deviceplugin::C
     const auto it = live->find(uuid);
     return it == live->end() || it->second ? "ok" : "unhealthy";
   };
-  // GPUs that serve kgpu.io/gpu shares (time-slicing or MPS renamed to kgpu.io/gpu): their slots.
-  auto slots_of = [&](const gpu::Gpu& g) {
-    if (g.mig_enabled) return 0;
-    for (const auto& r : config.sharing.resources) {
-      if ((r.rename.empty() ? r.name : r.rename) != deviceplugin::kKgpuSharesResource || r.name != "nvidia.com/gpu") continue;
-      if (r.devices.empty()) return r.replicas;
-      for (const auto& d : r.devices) {
-        if (d == g.uuid || d == std::to_string(g.index)) return r.replicas;
-      }
-    }
-    return 0;
-  };
   bool any_slots = false;
   json gpus = json::array();
   for (const auto& g : inv.gpus()) {
     const char* discovered = g.lost ? "lost" : !g.error.empty() ? "error" : "ok";
     json e = {{"i", g.index}, {"uuid", g.uuid}, {"model", g.name}, {"memMiB", g.memory_mib},
               {"numa", g.numa_node}, {"health", health(g.uuid, discovered)}};
-    if (const int slots = slots_of(g); slots > 0) {
+    if (const int slots = SlotsOf(g, config); slots > 0) {
       e["slots"] = slots;
       any_slots = true;
     }
@@ -144,22 +175,35 @@ json NodePatch(const json& node, const std::map<std::string, std::string>& label
 
 absl::StatusOr<PublishResult> PublishToNode(k8s::Client& client, const std::string& node_name,
                                             const std::map<std::string, std::string>& labels,
-                                            const std::string& annotation) {
+                                            const std::string& annotation, const std::map<std::string, int64_t>* capacity) {
   const std::string path = k8s::FindResource("nodes")->Path("", node_name);
   auto node = client.Get(path);
   if (!node.ok()) return node.status();
-  const json patch = NodePatch(*node, labels, annotation);
   PublishResult r;
-  if (patch.is_null()) return r;
-  if (patch["metadata"].contains("labels")) {
-    for (auto it = patch["metadata"]["labels"].begin(); it != patch["metadata"]["labels"].end(); ++it) {
-      ++(it->is_null() ? r.labels_removed : r.labels_set);
+  if (const json patch = NodePatch(*node, labels, annotation); !patch.is_null()) {
+    if (patch["metadata"].contains("labels")) {
+      for (auto it = patch["metadata"]["labels"].begin(); it != patch["metadata"]["labels"].end(); ++it) {
+        ++(it->is_null() ? r.labels_removed : r.labels_set);
+      }
+    }
+    r.annotation_changed = patch["metadata"].contains("annotations");
+    auto res = client.Patch(path, patch, "application/merge-patch+json");
+    if (!res.ok()) return res.status();
+    r.patched = true;
+  }
+  if (capacity != nullptr) {
+    // The status subresource: kubelet keeps extended resources it does not manage (and zeroes
+    // them only when it re-creates its Node, which the next publish repairs).
+    if (const json cp = CapacityPatch(*node, *capacity); !cp.is_null()) {
+      auto res = client.Patch(path + "/status", cp, "application/merge-patch+json");
+      if (!res.ok()) {
+        return absl::Status(res.status().code(),
+                            Cat("patch nodes/", node_name, "/status (the share capacity autoscalers read; the role needs ",
+                                "patch on nodes/status, deploy/shares/rbac.yaml): ", res.status().message()));
+      }
+      r.capacity_changed = r.patched = true;
     }
   }
-  r.annotation_changed = patch["metadata"].contains("annotations");
-  auto res = client.Patch(path, patch, "application/merge-patch+json");
-  if (!res.ok()) return res.status();
-  r.patched = true;
   return r;
 }
 
@@ -253,10 +297,12 @@ absl::Status NodeLabeller::Publish(const gpu::Inventory& inventory, const device
     log->info("wrote {} labels to {}", labels.size(), flags_.feature_file);
     return absl::OkStatus();
   }
-  auto r = PublishToNode(*client_, flags_.node_name, labels, InventoryAnnotation(inventory, config, live));
+  const auto capacity = ShareCapacity(inventory, config);
+  auto r = PublishToNode(*client_, flags_.node_name, labels, InventoryAnnotation(inventory, config, live), &capacity);
   if (!r.ok()) return r.status();
-  log->info("node {}: {} labels set, {} removed, inventory annotation {}", flags_.node_name, r->labels_set,
-            r->labels_removed, r->annotation_changed ? "updated" : "unchanged");
+  log->info("node {}: {} labels set, {} removed, inventory annotation {}, share capacity {}", flags_.node_name,
+            r->labels_set, r->labels_removed, r->annotation_changed ? "updated" : "unchanged",
+            r->capacity_changed ? "updated" : "unchanged");
   return absl::OkStatus();
 }
 

@@ -65,10 +65,27 @@ struct PublishResult {
   bool patched = false;
   size_t labels_set = 0, labels_removed = 0;
   bool annotation_changed = false;
+  bool capacity_changed = false;
 };
+
+// The node-level capacity of kgpu.io/gpu shares for cluster autoscalers (facts
+// schedulers-and-quota §7(b)9): kgpu.io/gpu-memory = the memory (MiB) and kgpu.io/gpu-cores = 100
+// per GPU that serves kgpu.io/gpu slots, whatever their health (a coarse upper bound: the extender
+// places each share on one GPU that fits it; kubelet's admission sums requests against it and so
+// never refuses what the extender placed). Empty when the node serves no shares.
+std::map<std::string, int64_t> ShareCapacity(const gpu::Inventory& inventory, const deviceplugin::Config& config);
+
+// The merge patch of the node's status that brings capacity and allocatable of kgpu.io/gpu-memory
+// and kgpu.io/gpu-cores to `capacity` (absent names are removed where present). Null when nothing
+// changes.
+nlohmann::json CapacityPatch(const nlohmann::json& node, const std::map<std::string, int64_t>& capacity);
+
+// Labels and annotation (one merge patch of metadata), then, with `capacity`, the share capacity
+// (one merge patch of nodes/status); each only when something changed.
 absl::StatusOr<PublishResult> PublishToNode(k8s::Client& client, const std::string& node_name,
                                             const std::map<std::string, std::string>& labels,
-                                            const std::string& inventory_annotation);
+                                            const std::string& inventory_annotation,
+                                            const std::map<std::string, int64_t>* capacity = nullptr);
 
 // Writes the NFD feature file atomically (temporary file, then rename).
 absl::Status WriteFeatureFile(const std::string& path, const std::map<std::string, std::string>& labels);

@@ -274,7 +274,7 @@ def check_shares(by_kind, version):
         return any(group in r.get("apiGroups", []) and resource in r.get("resources", [])
                    and verb in r.get("verbs", []) for r in rules)
     for group, resource, verb in (("", "pods", "get"), ("", "pods", "patch"), ("", "nodes", "get"),
-                                  ("", "nodes", "patch"), ("events.k8s.io", "events", "create"),
+                                  ("", "nodes", "patch"), ("", "nodes/status", "patch"), ("events.k8s.io", "events", "create"),
                                   ("events.k8s.io", "events", "patch")):
         if not allowed(group, resource, verb):
             problem(f"shares: the device plugin may not {verb} {resource} ({group or 'core'})")

@@ -197,6 +197,56 @@ TEST(PublishToNode, PatchesOnlyOwnedLabelsAndOnlyWhenChanged) {
   EXPECT_TRUE(k8s::IsApiNotFound(PublishToNode(*client, "missing", labels, ann).status()));
 }
 
+// The share capacity autoscalers read (facts schedulers-and-quota §7(b)9): on the status
+// subresource, capacity and allocatable alike, only when it changed, and removed when the node no
+// longer serves shares; GPUs 0-3 of 8 serve kgpu.io/gpu here.
+TEST(PublishToNode, ShareCapacityForAutoscalers) {
+  testing::SimGpus g("dgx-h100");
+  ASSERT_TRUE(g.inv);
+  kgpu::testing::FakeApiServer server;
+  ASSERT_TRUE(server.Start().ok());
+  ASSERT_EQ(server.Create("nodes", "", {{"metadata", {{"name", "n1"}}},
+                                        {"status", {{"capacity", {{"cpu", "64"}}}, {"allocatable", {{"cpu", "63"}}}}}})
+                .code,
+            201);
+  k8s::Config kc;
+  kc.server = server.url();
+  auto client = std::move(*k8s::Client::Create(kc));
+  Config c;
+  c.sharing.strategy = deviceplugin::SharingStrategy::kTimeSlicing;
+  c.sharing.resources = {{"nvidia.com/gpu", 16, "kgpu.io/gpu", {"0", "1", "2", "3"}, "", {}}};
+  const auto capacity = ShareCapacity(*g.inv, c);
+  const int64_t mib = static_cast<int64_t>(g.inv->gpus()[0].memory_mib);
+  EXPECT_EQ(capacity, (std::map<std::string, int64_t>{{"kgpu.io/gpu-memory", 4 * mib}, {"kgpu.io/gpu-cores", 400}}));
+  const auto labels = GfdLabels(*g.inv, c, Opts(false));
+  const std::string ann = InventoryAnnotation(*g.inv, c);
+  auto r = PublishToNode(*client, "n1", labels, ann, &capacity);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->capacity_changed);
+  json status = server.Get("nodes", "", "n1").body["status"];
+  for (const char* field : {"capacity", "allocatable"}) {
+    EXPECT_EQ(status[field]["kgpu.io/gpu-memory"], std::to_string(4 * mib)) << field;
+    EXPECT_EQ(status[field]["kgpu.io/gpu-cores"], "400") << field;
+  }
+  EXPECT_EQ(status["capacity"]["cpu"], "64") << "kubelet's figures untouched";
+  EXPECT_EQ(status["allocatable"]["cpu"], "63");
+  const int64_t rv = server.ResourceVersion();
+  auto again = PublishToNode(*client, "n1", labels, ann, &capacity);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->patched);
+  EXPECT_EQ(server.ResourceVersion(), rv);
+  // No shares any more: the figures go.
+  const std::map<std::string, int64_t> none = ShareCapacity(*g.inv, Config{});
+  EXPECT_TRUE(none.empty());
+  auto gone = PublishToNode(*client, "n1", labels, ann, &none);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_TRUE(gone->capacity_changed);
+  status = server.Get("nodes", "", "n1").body["status"];
+  EXPECT_FALSE(status["capacity"].contains("kgpu.io/gpu-memory"));
+  EXPECT_FALSE(status["allocatable"].contains("kgpu.io/gpu-cores"));
+  EXPECT_EQ(status["capacity"]["cpu"], "64");
+}
+
 TEST(InventoryAnnotation, LiveHealthIsThePlugins) {
   testing::SimGpus g("dgx-a100-mig");
   ASSERT_TRUE(g.inv);
