@@ -354,6 +354,24 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
       r["slurmFenced"] = by_name[name].Drain();
     }
     rows.push_back(r);
+    by_name.erase(name);
+  }
+  // LOST (slurm/bridge.h): our drain on a Slurm node that no managed Node names.
+  for (const auto& [name, sn] : by_name) {
+    if (!sn.Drain() || !slurm::IsOwnedReason(sn.reason)) continue;
+    rows.push_back({{"node", name},
+                    {"phase", "LOST"},
+                    {"owner", "none"},
+                    {"since", 0},
+                    {"generation", 0},
+                    {"op", sn.reason.substr(std::string_view(slurm::kOwnedReasonPrefix).size())},
+                    {"why", Cat("no Node object with ", slurm::kPoolLabel, ": Slurm's drain stays until it registers again "
+                                "(adopted) or an operator undrains it")},
+                    {"k8sFenced", false},
+                    {"pool", ""},
+                    {"slurmState", sn.state},
+                    {"slurmReason", sn.reason},
+                    {"slurmFenced", true}});
   }
   if (f.json) {
     out << nlohmann::json({{"slurmReachable", snodes.ok()},

@@ -947,6 +947,35 @@ ReconcileResult Bridge::Reconcile() {
     ++by_phase[PhaseName(f.lease.phase)];
     result.nodes.push_back(std::move(v));
   }
+  // LOST: our drain on a Slurm node that no managed Node object names any more.
+  int lost = 0;
+  if (result.slurm_ok) {
+    std::set<std::string> known;
+    for (const auto& f : facts) known.insert(f.name);
+    std::set<std::string> still_lost;
+    for (const auto& [name, sn] : snodes) {
+      if (known.count(name) || !sn.Drain() || !IsOwnedReason(sn.reason) || !Allowed(name)) continue;
+      NodeView v;
+      v.name = name;
+      v.lost = true;
+      v.slurm_state = sn.state;
+      v.slurm_reason = sn.reason;
+      v.slurm_fenced = true;
+      for (const auto& j : jobs) {
+        if (j.Holding() && std::find(j.nodes.begin(), j.nodes.end(), name) != j.nodes.end()) v.jobs.push_back(j.id);
+      }
+      v.frozen = Cat("no Node object with ", kPoolLabel, " is named ", name, ": Slurm's drain (", sn.reason,
+                     ") stays; a Node that registers again with ", kPoolLabel, "=slurm is adopted, or undrain it in Slurm "
+                     "if the machine is gone for good");
+      if (lost_logged_.insert(name).second) log->warn("{}: LOST: {}", name, v.frozen);
+      still_lost.insert(name);
+      ++lost;
+      result.nodes.push_back(std::move(v));
+    }
+    for (auto it = lost_logged_.begin(); it != lost_logged_.end();) {
+      it = still_lost.count(*it) ? std::next(it) : lost_logged_.erase(it);
+    }
+  }
   if (opts_.dry_run && dry_out_) {
     for (const auto& d : result.decisions) *dry_out_ << "[dry-run] decision: " << d << "\n";
   }
@@ -960,6 +989,7 @@ ReconcileResult Bridge::Reconcile() {
                         "R2_K8S_EVICTING", "R3_SLURM_UNFENCING"}) {
     gauges_[Cat("kgpu_slurm_bridge_nodes{phase=\"", p, "\"}")] = by_phase[p];
   }
+  gauges_["kgpu_slurm_bridge_nodes{phase=\"LOST\"}"] = lost;
   gauges_["kgpu_slurm_bridge_reconcile_seconds"] =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   last_ = result;

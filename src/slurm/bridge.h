@@ -76,7 +76,15 @@ struct NodeView {
   size_t pods = 0;             // non-DaemonSet, non-mirror, non-terminal pods bound to it
   std::vector<std::string> jobs;  // Slurm jobs holding it
   std::string frozen;          // why it could not move this time ("" when not frozen)
+  // LOST: Slurm holds our drain (kgpu-lend:<op>) but no Node with kgpu.io/pool has this name (it
+  // was deleted mid-lend, or relabelled). Not a lease phase: the lease lived on the Node. The
+  // drain stays, so Slurm schedules nothing there and nothing runs unfenced; a Node that comes
+  // back with kgpu.io/pool=slurm and no lease is adopted (fenced, the stale drain cleared).
+  bool lost = false;
 };
+
+// How status output names a node's state: the lease phase, or LOST.
+inline const char* ViewPhaseName(const NodeView& v) { return v.lost ? "LOST" : PhaseName(v.phase); }
 
 struct ReconcileResult {
   bool slurm_ok = false, k8s_ok = false;
@@ -131,6 +139,7 @@ class Bridge {
   // Memory that may be lost (a restart only waits a little longer).
   std::map<std::string, std::chrono::steady_clock::time_point> empty_since_;  // L1 confirmation
   std::map<std::string, std::pair<std::chrono::steady_clock::time_point, std::chrono::milliseconds>> evict_backoff_;
+  std::set<std::string> lost_logged_;  // LOST nodes already logged (once each, until they return)
   int64_t demand_gone_since_ = 0;  // clock_() seconds: the bridge's one clock (injected in tests)
   // When the last reconcile wants the next one sooner than the interval (a second read due).
   std::optional<std::chrono::steady_clock::time_point> recheck_at_;

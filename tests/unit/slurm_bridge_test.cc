@@ -281,6 +281,31 @@ TEST_F(BridgeUnitTest, MaxLentAndMinKeptBoundTheLending) {
   EXPECT_EQ(Lent(names_, phase), 2) << "at most max_lent = 2 lent or being lent";
 }
 
+// A lent node's Node object is deleted (an autoscaler, an operator): the lease went with it, so
+// the node is LOST — Slurm's drain stays (nothing runs there unfenced), status and the metric say
+// so — until the Node registers again, when it is adopted and given back to Slurm.
+TEST_F(BridgeUnitTest, ANodeWhoseObjectIsDeletedIsLostUntilItReturns) {
+  AddNode("node1");
+  Lend("node1", "p1");
+  ASSERT_EQ(api_->Delete("pods", "infer", "p1").code, 200);
+  ASSERT_EQ(api_->Delete("nodes", "", "node1").code, 200);
+  auto r = B().Reconcile();
+  auto lost = std::find_if(r.nodes.begin(), r.nodes.end(), [](const NodeView& v) { return v.name == "node1"; });
+  ASSERT_NE(lost, r.nodes.end());
+  EXPECT_TRUE(lost->lost);
+  EXPECT_STREQ(ViewPhaseName(*lost), "LOST");
+  EXPECT_NE(lost->frozen.find("no Node object with kgpu.io/pool is named node1"), std::string::npos) << lost->frozen;
+  EXPECT_TRUE(IsOwnedReason(slurm_->Reason("node1"))) << "the drain stays: " << slurm_->Reason("node1");
+  EXPECT_NE(B().Metrics().find("kgpu_slurm_bridge_nodes{phase=\"LOST\"} 1"), std::string::npos) << B().Metrics();
+  for (int i = 0; i < 3; ++i) B().Reconcile();
+  EXPECT_TRUE(IsOwnedReason(slurm_->Reason("node1"))) << "still drained while the Node is gone";
+  // It registers again (fenced, as deploy/slurm labels it): adopted, and Slurm gets it back.
+  ASSERT_EQ(api_->Create("nodes", "", testing::SlurmPoolNode("node1", true, false)).code, 201);
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm && !IsOwnedReason(slurm_->Reason("node1")); }))
+      << slurm_->State("node1") << " " << slurm_->Reason("node1");
+  EXPECT_NE(B().Metrics().find("kgpu_slurm_bridge_nodes{phase=\"LOST\"} 0"), std::string::npos);
+}
+
 TEST_F(BridgeUnitTest, LendWaitsForTheUnschedulableThreshold) {
   AddNode("node1");
   opts_.lend_threshold = std::chrono::seconds(30);
