@@ -11,12 +11,16 @@
 //        lend:    a GPU pod becomes unschedulable -> the node is uncordoned for Kubernetes;
 //        reclaim: `kgpu slurm-bridge reclaim` (what a ResumeProgram runs) -> Slurm's DRAIN is gone
 //                 (the node's pods evicted first).
-// Usage: slurm_bridge_bench [--nodes N] [--rounds R]
+//   3. with --real-slurm, figure 2 again through the CLI backend against a real Slurm 22.05
+//      (slurmctld and two slurmd started by the bench: tests/testing/slurm_cluster.h; needs root
+//      and Debian's slurmctld/slurmd/munge, else skipped), so slurmctld's latency is included.
+// Usage: slurm_bridge_bench [--nodes N] [--rounds R] [--real-slurm]
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +34,7 @@
 #include "testing/bridge_k8s.h"
 #include "testing/fake_apiserver.h"
 #include "testing/fake_slurm.h"
+#include "testing/slurm_cluster.h"
 
 namespace {
 using json = nlohmann::json;
@@ -88,17 +93,16 @@ int ReconcileCost(int nodes) {
   return 0;
 }
 
-int LendAndReclaim(int rounds) {
+// Lends and reclaims one of `nodes` `rounds` times through `slurm` (the node's Slurm state read
+// with `state`); the pod's node must be given back to Slurm before the next round.
+int LendAndReclaim(int rounds, slurm::SlurmClient& slurm, const std::vector<std::string>& nodes,
+                   const std::function<std::string(const std::string&)>& state) {
   testing::FakeApiServer api;
   if (!api.Start().ok()) return 1;
   auto client = ClientOf(api);
   if (!client) return 1;
-  testing::FakeSlurm slurm;
   api.Create("namespaces", "", {{"metadata", {{"name", "infer"}}}});
-  for (const char* n : {"gpu0", "gpu1"}) {
-    slurm.AddNode(n, 64);
-    api.Create("nodes", "", testing::SlurmPoolNode(n));
-  }
+  for (const auto& n : nodes) api.Create("nodes", "", testing::SlurmPoolNode(n));
   slurm::BridgeOptions o;  // the deployed defaults, but for the policy's deliberate waits
   o.lend_threshold = std::chrono::seconds(0);
   o.cooldown = std::chrono::seconds(0);
@@ -109,7 +113,7 @@ int LendAndReclaim(int rounds) {
   std::jthread loop([&](std::stop_token st) { bridge.Run(st); });
   auto node = [&](const std::string& n) { return api.Get("nodes", "", n).body; };
   auto lent_node = [&]() -> std::string {
-    for (const char* n : {"gpu0", "gpu1"}) {
+    for (const auto& n : nodes) {
       const json j = node(n);
       if (!j["spec"].value("unschedulable", false) && !slurm::K8sFenced(j)) return n;
     }
@@ -124,37 +128,46 @@ int LendAndReclaim(int rounds) {
     return false;
   };
   std::vector<double> lend_ms, reclaim_ms;
-  for (int r = 0; r < rounds; ++r) {
+  int rc = 0;
+  for (int r = 0; r < rounds && rc == 0; ++r) {
     const std::string pod = Cat("p", r);
     const int64_t t0 = bench::NowNs();
     if (const std::string err = testing::PendingGpuPod(api, "infer", pod); !err.empty()) {
       std::printf("  %s\n", err.c_str());
-      return 1;
+      rc = 1;
+      break;
     }
     std::string n;
     if (!wait([&] { return !(n = lent_node()).empty(); })) {
       std::printf("  round %d: no node lent within 60 s\n", r);
-      return 1;
+      rc = 1;
+      break;
     }
     lend_ms.push_back(static_cast<double>(bench::NowNs() - t0) / 1e6);
     if (const std::string err = testing::RunPodOn(api, *client, "infer", pod, n); !err.empty()) {
       std::printf("  %s\n", err.c_str());
-      return 1;
+      rc = 1;
+      break;
     }
     const int64_t t1 = bench::NowNs();
     auto req = client->Patch(k8s::FindResource("nodes")->Path("", n),
                              {{"metadata", {{"annotations", {{slurm::kReclaimAnnotation, Cat("bench at ", k8s::NowRfc3339())}}}}}},
                              k8s::kMergePatch);
-    if (!req.ok()) return 1;
-    if (!wait([&] { return slurm.State(n) == "IDLE"; })) {
-      std::printf("  round %d: %s not back with Slurm within 60 s (%s)\n", r, n.c_str(), slurm.State(n).c_str());
-      return 1;
+    if (!req.ok()) {
+      rc = 1;
+      break;
+    }
+    if (!wait([&] { return state(n) == "IDLE"; })) {
+      std::printf("  round %d: %s not back with Slurm within 60 s (%s)\n", r, n.c_str(), state(n).c_str());
+      rc = 1;
+      break;
     }
     reclaim_ms.push_back(static_cast<double>(bench::NowNs() - t1) / 1e6);
   }
   loop.request_stop();
   loop.join();
   watch.Stop();
+  if (rc != 0) return rc;
   Print("lend: pod unschedulable -> node uncordoned", bench::Summarize(lend_ms));
   Print("reclaim: request -> Slurm DRAIN gone", bench::Summarize(reclaim_ms));
   return 0;
@@ -164,11 +177,34 @@ int LendAndReclaim(int rounds) {
 
 int main(int argc, char** argv) {
   int nodes = 500, rounds = 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--nodes") == 0) nodes = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--rounds") == 0) rounds = std::atoi(argv[i + 1]);
+  bool real = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--real-slurm") == 0) real = true;
+    if (i + 1 < argc && std::strcmp(argv[i], "--nodes") == 0) nodes = std::atoi(argv[i + 1]);
+    if (i + 1 < argc && std::strcmp(argv[i], "--rounds") == 0) rounds = std::atoi(argv[i + 1]);
   }
   std::printf("== the controller against FakeSlurm and the API server stand-in\n");
   if (int rc = ReconcileCost(nodes); rc != 0) return rc;
-  return LendAndReclaim(rounds);
+  testing::FakeSlurm fake;
+  for (const char* n : {"gpu0", "gpu1"}) fake.AddNode(n, 64);
+  if (int rc = LendAndReclaim(rounds, fake, {"gpu0", "gpu1"}, [&](const std::string& n) { return fake.State(n); }); rc != 0) {
+    return rc;
+  }
+  if (!real) return 0;
+  // The same through the CLI backend against a real Slurm 22.05: slurmctld and two slurmd
+  // (tests/testing/slurm_cluster.h), so slurmctld's own latency is in the figures.
+  std::printf("== the controller against a real slurmctld (two slurmd, the CLI backend) and the API server stand-in\n");
+  if (const std::string why = testing::SlurmCluster::Unavailable(); !why.empty()) {
+    std::printf("  skipped: %s\n", why.c_str());
+    return 0;
+  }
+  testing::SlurmCluster cluster;
+  if (auto st = cluster.Start(); !st.ok()) {
+    std::printf("  cannot start Slurm: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  slurm::CliSlurmClient cli({"", cluster.conf(), std::chrono::milliseconds(10000)});
+  const int rc = LendAndReclaim(rounds, cli, cluster.nodes(), [&](const std::string& n) { return cluster.State(n); });
+  cluster.Stop();
+  return rc;
 }
