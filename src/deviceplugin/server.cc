@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -937,11 +938,25 @@ void Manager::WatchLoop(std::stop_token stop) {
   // since: a kubelet that restarts removes them first, so these servers already post-date it.
   bool reserved_after_removal = false;
   alignas(struct inotify_event) char buf[4096];
+  // The stop wakes the poll at once (an eventfd the stop callback writes), so that a SIGTERM does
+  // not wait for the poll's timeout.
+  struct Closer {
+    int fd;
+    ~Closer() {
+      if (fd >= 0) ::close(fd);
+    }
+  } wake_fd{eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)};  // closed after on_stop is gone
+  const int wake = wake_fd.fd;
+  std::stop_callback on_stop(stop, [wake] {
+    const uint64_t one = 1;
+    if (wake >= 0) (void)!::write(wake, &one, sizeof one);
+  });
   while (!stop.stop_requested()) {
-    struct pollfd p {fd, POLLIN, 0};
+    struct pollfd p[2] = {{fd, POLLIN, 0}, {wake, POLLIN, 0}};
     const bool pending = kubelet_created || ours_deleted;
-    const int n = ::poll(&p, 1, pending ? 30 : 200);  // a short quiet period batches a burst
-    if (n > 0) {
+    const int n = ::poll(p, wake >= 0 ? 2 : 1, pending ? 30 : 200);  // a short quiet period batches a burst
+    if (stop.stop_requested()) break;
+    if (n > 0 && (p[0].revents & POLLIN) != 0) {
       for (;;) {
         const ssize_t len = ::read(fd, buf, sizeof buf);
         if (len <= 0) break;
