@@ -320,8 +320,8 @@ static int device_gi(CUdevice dev, uint64_t* limit) {
  * (account.h) and counts against the limit. Done at the first limited call on a GPU in the
  * process, then at most every RECONCILE_NS on the allocation and query paths (one coarse clock
  * read otherwise), and again after a context goes away. The process is found by its pid: a
- * driver that reports host pids to a container with its own pid namespace (drivers before
- * ~R560 do) lists no such pid, and the extra then stays 0 (docs/isolation.md). */
+ * driver that reports host pids to a container with its own pid namespace (older drivers do;
+ * newer ones translate them for this query) lists no such pid, and the extra then stays 0 (docs/isolation.md). */
 
 #define RECONCILE_NS 200000000ULL
 #define NVML_PROCS_ON_STACK 64
