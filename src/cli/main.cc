@@ -115,6 +115,14 @@ int Main(int argc, char** argv) {
   kgpu::cli::AddDevicePluginFlags(node_labels, &dp_flags);
   kgpu::cli::AddNodeLabelsFlags(node_labels, &labels_flags);
 
+  std::string template_format = "yaml";
+  auto* node_template = app.add_subcommand(
+      "node-template", "what a node like this one advertises, for an autoscaler node group that scales from zero");
+  kgpu::cli::AddDevicePluginFlags(node_template, &dp_flags);
+  node_template->add_option("--format", template_format, "yaml, aws (ASG node-template tags) or json")
+      ->check(CLI::IsMember({"yaml", "aws", "json"}))
+      ->capture_default_str();
+
   kgpu::cli::ExtenderFlags extender_flags;
   auto* extender = app.add_subcommand(
       "extender", "kube-scheduler extender for GPU shares, whole GPUs and MIG (filter, prioritize, bind, preempt)");
@@ -192,6 +200,7 @@ int Main(int argc, char** argv) {
     if (node_cmd->parsed()) return kgpu::cli::RunNode(node, dp_flags, exp_flags, publish_flags);
     return kgpu::cli::RunDevicePlugin(node, dp_flags, publish_flags);
   }
+  if (node_template->parsed()) return kgpu::cli::RunNodeTemplate(node, dp_flags, template_format, std::cout);
   if (node_labels->parsed()) {
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);

@@ -451,4 +451,51 @@ int RunNodeLabels(const NodeOptions& node, const DevicePluginFlags& dp, const No
   return 0;
 }
 
+int RunNodeTemplate(const NodeOptions& node, const DevicePluginFlags& dp, const std::string& format, std::ostream& out) {
+  if (format != "yaml" && format != "aws" && format != "json") {
+    out << "kgpu node-template: --format " << Printable(format) << " is invalid: use yaml, aws or json\n";
+    return 2;
+  }
+  auto config = ResolveConfig(dp);
+  if (!config.ok()) {
+    out << "kgpu node-template: " << config.status().message() << "\n";
+    return 1;
+  }
+  auto session = OpenSession(node);
+  if (!session.ok()) {
+    out << "kgpu node-template: " << session.status().message() << "\n";
+    return 1;
+  }
+  auto plan = deviceplugin::BuildPlan(session->inventory, *config);
+  if (!plan.ok()) {
+    out << "kgpu node-template: " << plan.status().message() << "\n";
+    return 1;
+  }
+  std::map<std::string, int64_t> capacity = ShareCapacity(*session->inventory, *config);
+  for (const auto& r : (*plan)->resources) {
+    if (!r.retired && !r.devices.empty()) capacity[r.name] = static_cast<int64_t>(r.devices.size());
+  }
+  deviceplugin::GfdOptions go;
+  go.timestamp = false;  // a template describes every such node, not one moment
+  const auto labels = deviceplugin::GfdLabels(*session->inventory, *config, go);
+  if (format == "json") {
+    json c = json::object(), l = json::object();
+    for (const auto& [k, v] : capacity) c[k] = std::to_string(v);
+    for (const auto& [k, v] : labels) l[k] = v;
+    out << json({{"capacity", c}, {"labels", l}}).dump(2) << "\n";
+  } else if (format == "aws") {
+    for (const auto& [k, v] : capacity) out << "k8s.io/cluster-autoscaler/node-template/resources/" << k << "=" << v << "\n";
+    for (const auto& [k, v] : labels) out << "k8s.io/cluster-autoscaler/node-template/label/" << k << "=" << v << "\n";
+  } else {
+    out << "# kgpu node-template: what a node like this one advertises (every device healthy), for a\n"
+           "# cluster-autoscaler node group that scales from zero. kgpu.io/gpu-memory and kgpu.io/gpu-cores\n"
+           "# are what `kgpu device-plugin --publish-labels` writes into its Node's status.\n";
+    out << "capacity:\n";
+    for (const auto& [k, v] : capacity) out << "  " << k << ": \"" << v << "\"\n";
+    out << "labels:\n";
+    for (const auto& [k, v] : labels) out << "  " << k << ": " << json(v).dump() << "\n";
+  }
+  return 0;
+}
+
 }  // namespace kgpu::cli

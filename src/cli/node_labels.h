@@ -181,4 +181,12 @@ absl::StatusOr<std::unique_ptr<LabelPublisher>> MakeLabelPublisher(deviceplugin:
 int RunNodeLabels(const NodeOptions& node, const DevicePluginFlags& dp, const NodeLabelsFlags& flags,
                   const volatile std::sig_atomic_t* stop, std::ostream& out);
 
+// `kgpu node-template`: what a node like this one would advertise, for a cluster-autoscaler node
+// group that scales from zero (it has no node to copy): the device plugin's resources (with the
+// config's sharing and MIG strategy, every device healthy), the share capacity (ShareCapacity)
+// and the GPU Feature Discovery labels. format: yaml (capacity + labels), aws (the ASG tags
+// k8s.io/cluster-autoscaler/node-template/resources/<name> and .../label/<key>) or json.
+// Exit 0; 1 when NVML or the config fails; 2 for a bad format.
+int RunNodeTemplate(const NodeOptions& node, const DevicePluginFlags& dp, const std::string& format, std::ostream& out);
+
 }  // namespace kgpu::cli

@@ -298,5 +298,36 @@ TEST_F(InputErrorsTest, ExitCodesAreOneForBadInputAndTwoForUsage) {
   EXPECT_EQ(Kgpu("--help").code, 0);
 }
 
+// `kgpu node-template`: what a node like this one advertises, for an autoscaler node group that
+// scales from zero: the plugin's resources under the config, the share capacity the plugin
+// publishes, GFD's labels (without the timestamp); and a format it does not know is refused.
+TEST(NodeTemplateTest, CapacityAndLabelsOfANodeLikeThisOne) {
+  SimNode sim("dgx-h100");
+  const std::string cfg = sim.dir() + "/template.yaml";
+  std::ofstream(cfg) << "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+                        "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: [0, 1, 2, 3]}\n";
+  const std::string kgpu = std::string(KGPU_BIN) + " --nvml-library " + SimNode::LibraryPath() + " node-template ";
+  auto r = Shell(kgpu + "--config-file " + cfg + " --format json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto doc = nlohmann::json::parse(r.out);
+  const auto devices = Shell(std::string(KGPU_BIN) + " --nvml-library " + SimNode::LibraryPath() + " devices --json");
+  ASSERT_EQ(devices.code, 0) << devices.out;
+  const int64_t mib = nlohmann::json::parse(devices.out)["gpus"][0]["memoryMiB"];
+  EXPECT_EQ(doc["capacity"], nlohmann::json({{"kgpu.io/gpu", "64"},
+                                             {"nvidia.com/gpu", "4"},
+                                             {"kgpu.io/gpu-memory", std::to_string(4 * mib)},
+                                             {"kgpu.io/gpu-cores", "400"}}));
+  EXPECT_EQ(doc["labels"].value("nvidia.com/gpu.product", ""), "NVIDIA-H100-80GB-HBM3");
+  EXPECT_FALSE(doc["labels"].contains("nvidia.com/gfd.timestamp"));
+  auto aws = Shell(kgpu + "--config-file " + cfg + " --format aws");
+  ASSERT_EQ(aws.code, 0) << aws.out;
+  EXPECT_NE(aws.out.find("k8s.io/cluster-autoscaler/node-template/resources/kgpu.io/gpu-memory=" + std::to_string(4 * mib) + "\n"),
+            std::string::npos)
+      << aws.out;
+  auto bad = Shell(kgpu + "--format xml");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("--format: xml not in {yaml,aws,json}"), std::string::npos) << bad.out;
+}
+
 }  // namespace
 }  // namespace kgpu
