@@ -346,21 +346,14 @@ void kgpu_acct_usage(int gi, uint64_t limit, uint64_t* used, uint64_t* eff) {
   region_unlock();
 }
 
-uint64_t kgpu_acct_mine(int gi) {
-  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || g_region == NULL || g_slot < 0 || region_lock() != 0)
-    return 0;
-  const uint64_t mine = g_region->slots[g_slot].used[gi];
-  region_unlock();
-  return mine;
-}
-
-void kgpu_acct_set_extra(int gi, uint64_t bytes) {
+void kgpu_acct_reconcile(int gi, uint64_t driver_use) {
   if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || kgpu_acct_attach() != 0 || region_lock() != 0)
     return;
-  uint64_t* extra = &g_region->slots[g_slot].extra[gi];
+  acct_slot* s = &g_region->slots[g_slot];
+  const uint64_t extra = driver_use > s->used[gi] ? driver_use - s->used[gi] : 0;
   acct_gpu* g = &g_region->gpus[gi];
-  g->used -= g->used < *extra ? g->used : *extra;
-  g->used += bytes;
-  *extra = bytes;
+  g->used -= g->used < s->extra[gi] ? g->used : s->extra[gi];
+  g->used += extra;
+  s->extra[gi] = extra;
   region_unlock();
 }

@@ -49,10 +49,10 @@ void kgpu_acct_uncharge(int gi, uint64_t bytes);
  * Reaps dead processes first when the last reap is older than 100 ms. */
 void kgpu_acct_usage(int gi, uint64_t limit, uint64_t* used, uint64_t* effective_limit);
 
-/* This process's charged allocations on GPU `gi` (without its extra); 0 when not attached. */
-uint64_t kgpu_acct_mine(int gi);
-/* Sets this process's extra on GPU `gi` to `bytes` (replacing the previous one). It is memory the
- * driver already holds, so it is recorded even beyond the limit: later allocations are refused. */
-void kgpu_acct_set_extra(int gi, uint64_t bytes);
+/* Sets this process's extra on GPU `gi` from `driver_use`, what the driver (NVML) reports the
+ * process holds there: the part beyond its charged allocations (never below zero), in one locked
+ * step with the charges it is measured against. It is memory the driver already holds, so it is
+ * recorded even beyond the limit: later allocations are refused. */
+void kgpu_acct_reconcile(int gi, uint64_t driver_use);
 
 #endif /* KGPU_ISOLATION_ACCOUNT_H_ */

@@ -23,7 +23,8 @@
  *
  * Hooked: cuMemAlloc(_v2), cuMemAllocPitch(_v2) (charged at the returned pitch x height),
  * cuMemAllocManaged, cuMemAllocAsync(_ptsz), cuMemAllocFromPoolAsync(_ptsz), cuArrayCreate(_v2),
- * cuArray3DCreate(_v2), cuMipmappedArrayCreate (every level), cuMemCreate (VMM) and their frees, cuMemGetInfo(_v2) and cuDeviceTotalMem(_v2) (they report the limit).
+ * cuArray3DCreate(_v2), cuMipmappedArrayCreate (every level), cuMemCreate (VMM) and their frees,
+ * cuMemGetInfo(_v2) and cuDeviceTotalMem(_v2) (they report the limit).
  * cuCtxDestroy(_v2), cuDevicePrimaryCtxReset(_v2) and cuDevicePrimaryCtxRelease(_v2) give back
  * the charges of the allocations the driver frees with the context.
  * The driver's own memory for the process (contexts, modules) is taken from NVML's per-process
@@ -321,7 +322,8 @@ static int device_gi(CUdevice dev, uint64_t* limit) {
  * process, then at most every RECONCILE_NS on the allocation and query paths (one coarse clock
  * read otherwise), and again after a context goes away. The process is found by its pid: a
  * driver that reports host pids to a container with its own pid namespace (older drivers do;
- * newer ones translate them for this query) lists no such pid, and the extra then stays 0 (docs/isolation.md). */
+ * newer ones translate them for this query) lists no such pid, and the extra then stays 0
+ * (docs/isolation.md). */
 
 #define RECONCILE_NS 200000000ULL
 #define NVML_PROCS_ON_STACK 64
@@ -415,8 +417,7 @@ static void reconcile(CUdevice dev, int gi) {
   const long long use = nvml_own_use(handle);
   if (use < 0)
     return;
-  const uint64_t mine = kgpu_acct_mine(gi);
-  kgpu_acct_set_extra(gi, (uint64_t)use > mine ? (uint64_t)use - mine : 0);
+  kgpu_acct_reconcile(gi, (uint64_t)use);
 }
 
 /* Makes the next limited call reconcile (a context went away with its memory). */
