@@ -13,6 +13,32 @@
 namespace kgpu::deviceplugin {
 namespace {
 
+// One GPU of a request for replicas: how many of its replicas were asked, how many the resource
+// has, and its memory in that proportion (MiB).
+struct GpuShare {
+  unsigned gpu;
+  int asked, replicas;
+  uint64_t memory_mib;
+};
+
+// Per GPU the request's replicas are on, in GPU index order: CUDA numbers a container's GPUs in
+// PCI bus order (NVML's index order), whatever the order of the request.
+std::vector<GpuShare> SharesByGpu(const Plan& plan, const Resource& resource,
+                                  const std::vector<const PluginDevice*>& devices) {
+  std::set<unsigned> in_order;
+  for (const auto* d : devices) in_order.insert(d->gpu);
+  std::vector<GpuShare> out;
+  for (unsigned gpu : in_order) {
+    GpuShare s{gpu, 0, 0, 0};
+    for (const auto* d : devices) s.asked += d->gpu == gpu ? 1 : 0;
+    for (const auto& d : resource.devices) s.replicas += d.gpu == gpu ? 1 : 0;
+    s.memory_mib = plan.inventory->gpus()[gpu].memory_mib * static_cast<uint64_t>(s.asked) /
+                   static_cast<uint64_t>(s.replicas);
+    out.push_back(s);
+  }
+  return out;
+}
+
 bool Has(const std::vector<std::string>& v, const char* s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
@@ -208,22 +234,14 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
     const MpsClient client = MpsClientFor(config.mps_root, resource.name);
     out.envs["CUDA_MPS_PIPE_DIRECTORY"] = client.pipe_dir;
     out.mounts.insert(out.mounts.end(), client.mounts.begin(), client.mounts.end());
-    // kgpu: N replicas are N shares of memory and threads, for this container's CUDA clients.
-    // CUDA numbers a container's GPUs in PCI bus order (NVML's index order), whatever the order
-    // of the request, so the ordinals follow the GPU index.
-    std::set<unsigned> in_order;
-    for (const auto* d : devices) in_order.insert(d->gpu);
+    // kgpu: N replicas are N shares of memory and threads, for this container's CUDA clients;
+    // the ordinals follow the GPU index (SharesByGpu).
     std::vector<std::string> limits;
     int percentage = 100;
     size_t ordinal = 0;
-    for (unsigned gpu : in_order) {
-      int asked = 0, replicas = 0;
-      for (const auto* d : devices) asked += d->gpu == gpu ? 1 : 0;
-      for (const auto& d : resource.devices) replicas += d.gpu == gpu ? 1 : 0;
-      const uint64_t mib = plan.inventory->gpus()[gpu].memory_mib * static_cast<uint64_t>(asked) /
-                           static_cast<uint64_t>(replicas);
-      limits.push_back(Cat(ordinal++, "=", mib, "M"));
-      percentage = std::min(percentage, 100 * asked / replicas);
+    for (const GpuShare& s : SharesByGpu(plan, resource, devices)) {
+      limits.push_back(Cat(ordinal++, "=", s.memory_mib, "M"));
+      percentage = std::min(percentage, 100 * s.asked / s.replicas);
     }
     out.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = Join(limits, ",");
     out.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = std::to_string(percentage);
@@ -234,14 +252,8 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
     // versioned copy, with one accounting region for the container's processes in a directory
     // of its own under the shared root (0777: random-UID containers write it).
     std::vector<std::string> limits;
-    std::set<unsigned> in_order;
-    for (const auto* d : devices) in_order.insert(d->gpu);
-    for (unsigned gpu : in_order) {
-      int asked = 0, replicas = 0;
-      for (const auto* d : devices) asked += d->gpu == gpu ? 1 : 0;
-      for (const auto& d : resource.devices) replicas += d.gpu == gpu ? 1 : 0;
-      const auto& g = plan.inventory->gpus()[gpu];
-      limits.push_back(Cat(g.uuid, "=", g.memory_mib * static_cast<uint64_t>(asked) / static_cast<uint64_t>(replicas), "Mi"));
+    for (const GpuShare& s : SharesByGpu(plan, resource, devices)) {
+      limits.push_back(Cat(plan.inventory->gpus()[s.gpu].uuid, "=", s.memory_mib, "Mi"));
     }
     if (config.cuda_interposer.empty()) {
       return absl::FailedPreconditionError(Cat(resource.name, ": memoryIsolation hard without --cuda-interposer"));
