@@ -452,10 +452,6 @@ int RunNodeLabels(const NodeOptions& node, const DevicePluginFlags& dp, const No
 }
 
 int RunNodeTemplate(const NodeOptions& node, const DevicePluginFlags& dp, const std::string& format, std::ostream& out) {
-  if (format != "yaml" && format != "aws" && format != "json") {
-    out << "kgpu node-template: --format " << Printable(format) << " is invalid: use yaml, aws or json\n";
-    return 2;
-  }
   auto config = ResolveConfig(dp);
   if (!config.ok()) {
     out << "kgpu node-template: " << config.status().message() << "\n";

@@ -185,8 +185,8 @@ int RunNodeLabels(const NodeOptions& node, const DevicePluginFlags& dp, const No
 // group that scales from zero (it has no node to copy): the device plugin's resources (with the
 // config's sharing and MIG strategy, every device healthy), the share capacity (ShareCapacity)
 // and the GPU Feature Discovery labels. format: yaml (capacity + labels), aws (the ASG tags
-// k8s.io/cluster-autoscaler/node-template/resources/<name> and .../label/<key>) or json.
-// Exit 0; 1 when NVML or the config fails; 2 for a bad format.
+// k8s.io/cluster-autoscaler/node-template/resources/<name> and .../label/<key>) or json (main.cc
+// accepts only those three). Exit 0; 1 when NVML or the config fails.
 int RunNodeTemplate(const NodeOptions& node, const DevicePluginFlags& dp, const std::string& format, std::ostream& out);
 
 }  // namespace kgpu::cli

@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "deviceplugin/share_cdi.h"
 #include "extender/record.h"
 #include "gpu/inventory.h"
 #include "k8s/client.h"
-#include "deviceplugin/share_cdi.h"
 #include "k8s/events.h"
 
 namespace kgpu::cli {

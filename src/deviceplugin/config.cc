@@ -499,7 +499,7 @@ absl::Status Validate(const Config& c) {
     if (c.mig_strategy == "mixed") return bad("sharing.mps", "using --mig-strategy=mixed is not supported with MPS");
     if (c.mps_root.empty()) return bad("sharing.mps", "MPS sharing needs --mps-root (MPS_ROOT, flags.mpsRoot)");
   }
-  if (c.cuda_interposer_load != "env" && c.cuda_interposer_load != "ld.so.preload") {
+  if (c.cuda_interposer_load != kInterposerLoadEnv && c.cuda_interposer_load != kInterposerLoadFile) {
     return absl::InvalidArgumentError(Printable(Cat("--cuda-interposer-load (KGPU_CUDA_INTERPOSER_LOAD) '",
                                                     c.cuda_interposer_load, "' is invalid: use env or ld.so.preload")));
   }

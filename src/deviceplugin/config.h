@@ -69,6 +69,10 @@ struct MigConfig {
 // The layout `node` uses: the first `mig.nodes` glob that matches. NotFound when none does.
 absl::StatusOr<std::string> LayoutForNode(const MigConfig& mig, const std::string& node);
 
+// The values of --cuda-interposer-load (deviceplugin/interposer.h says what each does).
+inline constexpr char kInterposerLoadEnv[] = "env";
+inline constexpr char kInterposerLoadFile[] = "ld.so.preload";
+
 struct Config {
   // flags.* (NVIDIA)
   std::string mig_strategy = "none";
@@ -103,7 +107,7 @@ struct Config {
   // this node offers no `hard` enforcement.
   std::string cuda_interposer;
   std::string cuda_shared_root = "/var/lib/kgpu/cuda";
-  std::string cuda_interposer_load = "env";  // env (LD_PRELOAD) or ld.so.preload (deviceplugin/interposer.h)
+  std::string cuda_interposer_load = kInterposerLoadEnv;  // or kInterposerLoadFile (deviceplugin/interposer.h)
   // The host's procfs, where the driver's /proc/driver/nvidia and /proc/driver/nvidia-caps trees
   // are (kernel-global, so not under the driver root): MIG capability minors come from
   // <proc_root>/driver/nvidia-caps/mig-minors.

@@ -13,13 +13,11 @@
 
 namespace kgpu::deviceplugin {
 
-// How the library gets into the container's processes (--cuda-interposer-load):
+// How the library gets into the container's processes (--cuda-interposer-load, config.h):
 //   env            LD_PRELOAD names it; a process that clears LD_PRELOAD escapes
 //   ld.so.preload  a file naming it is mounted at /etc/ld.so.preload, which the dynamic loader
 //                  reads for every dynamically linked program whatever its environment (it hides
 //                  an /etc/ld.so.preload the image has); statically linked programs still escape
-inline constexpr char kInterposerLoadEnv[] = "env";
-inline constexpr char kInterposerLoadFile[] = "ld.so.preload";
 
 struct InterposerEdits {
   std::vector<std::pair<std::string, std::string>> envs;  // in this order
