@@ -365,8 +365,7 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
                     {"since", 0},
                     {"generation", 0},
                     {"op", sn.reason.substr(std::string_view(slurm::kOwnedReasonPrefix).size())},
-                    {"why", Cat("no Node object with ", slurm::kPoolLabel, ": Slurm's drain stays until it registers again "
-                                "(adopted) or an operator undrains it")},
+                    {"why", slurm::LostWhy(name, sn.reason)},
                     {"k8sFenced", false},
                     {"pool", ""},
                     {"slurmState", sn.state},

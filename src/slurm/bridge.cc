@@ -646,6 +646,11 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
   return false;
 }
 
+std::string LostWhy(std::string_view node, std::string_view reason) {
+  return Cat("no Node object with ", kPoolLabel, " is named ", node, ": Slurm's drain (", reason, ") stays; a Node that ",
+             "registers again with ", kPoolLabel, "=slurm is adopted, or undrain it in Slurm if the machine is gone for good");
+}
+
 ReconcileResult Bridge::Reconcile() {
   auto log = Log("slurm");
   const auto t0 = std::chrono::steady_clock::now();
@@ -742,7 +747,7 @@ ReconcileResult Bridge::Reconcile() {
       }
       f.slurm = it->second;
       for (const auto& j : jobs) {
-        if (j.Holding() && std::find(j.nodes.begin(), j.nodes.end(), name) != j.nodes.end()) f.jobs.push_back(j);
+        if (j.Holds(name)) f.jobs.push_back(j);
       }
     }
     f.pods = pods_on[name];
@@ -962,19 +967,17 @@ ReconcileResult Bridge::Reconcile() {
       v.slurm_reason = sn.reason;
       v.slurm_fenced = true;
       for (const auto& j : jobs) {
-        if (j.Holding() && std::find(j.nodes.begin(), j.nodes.end(), name) != j.nodes.end()) v.jobs.push_back(j.id);
+        if (j.Holds(name)) v.jobs.push_back(j.id);
       }
-      v.frozen = Cat("no Node object with ", kPoolLabel, " is named ", name, ": Slurm's drain (", sn.reason,
-                     ") stays; a Node that registers again with ", kPoolLabel, "=slurm is adopted, or undrain it in Slurm "
-                     "if the machine is gone for good");
+      v.frozen = LostWhy(name, sn.reason);
       if (lost_logged_.insert(name).second) log->warn("{}: LOST: {}", name, v.frozen);
       still_lost.insert(name);
-      ++lost;
       result.nodes.push_back(std::move(v));
     }
     for (auto it = lost_logged_.begin(); it != lost_logged_.end();) {
       it = still_lost.count(*it) ? std::next(it) : lost_logged_.erase(it);
     }
+    lost = static_cast<int>(still_lost.size());
   }
   if (opts_.dry_run && dry_out_) {
     for (const auto& d : result.decisions) *dry_out_ << "[dry-run] decision: " << d << "\n";

@@ -85,6 +85,8 @@ struct NodeView {
 
 // How status output names a node's state: the lease phase, or LOST.
 inline const char* ViewPhaseName(const NodeView& v) { return v.lost ? "LOST" : PhaseName(v.phase); }
+// Why node `node`, drained by Slurm with our `reason`, is LOST, and what ends it.
+std::string LostWhy(std::string_view node, std::string_view reason);
 
 struct ReconcileResult {
   bool slurm_ok = false, k8s_ok = false;

@@ -9,6 +9,7 @@
 //
 // Thread-safety: pure functions and plain values.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -58,6 +59,10 @@ struct SlurmJob {
   bool Holding() const {
     return state == "RUNNING" || state == "COMPLETING" || state == "CONFIGURING" || state == "SUSPENDED" ||
            state == "STOPPED";
+  }
+  // Holding `node` now.
+  bool Holds(std::string_view node) const {
+    return Holding() && std::find(nodes.begin(), nodes.end(), node) != nodes.end();
   }
 };
 
