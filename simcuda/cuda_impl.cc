@@ -867,6 +867,33 @@ CU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream) {
   return Free(dptr, Kind::kPtr);
 }
 
+namespace {
+// An array object (plain or mipmapped: `kind`) of `bytes`, rounded and charged; its handle in
+// *handle.
+CUresult NewArr(uint64_t bytes, Kind kind, void** handle) {
+  auto* a = new Arr;
+  uint64_t key = 0;
+  const CUresult r = Allocate(RoundUp(bytes, kGranule), false, kind, &key, reinterpret_cast<uint64_t>(a));
+  if (r != CUDA_SUCCESS) {
+    delete a;
+    return r;
+  }
+  *handle = a;
+  return CUDA_SUCCESS;
+}
+
+// Frees an array object made by NewArr with the same `kind`.
+CUresult DeleteArr(void* handle, Kind kind) {
+  auto* a = static_cast<Arr*>(handle);
+  if (a == nullptr)
+    return CUDA_ERROR_INVALID_HANDLE;
+  const CUresult r = Free(reinterpret_cast<uint64_t>(a), kind);
+  if (r == CUDA_SUCCESS)
+    delete a;
+  return r;
+}
+}  // namespace
+
 // A 1D or 2D array of Width x max(Height, 1) elements of NumChannels (1, 2 or 4) x the format's
 // size.
 CU_EXPORT CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* desc) {
@@ -876,16 +903,7 @@ CU_EXPORT CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTO
   }
   const uint64_t bytes = static_cast<uint64_t>(desc->Width) * std::max<size_t>(desc->Height, 1) *
                          desc->NumChannels * kgpu_cu_format_bytes(desc->Format);
-  auto* a = new Arr;
-  uint64_t key = 0;
-  const CUresult r =
-      Allocate(RoundUp(bytes, kGranule), false, Kind::kArray, &key, reinterpret_cast<uint64_t>(a));
-  if (r != CUDA_SUCCESS) {
-    delete a;
-    return r;
-  }
-  *pHandle = reinterpret_cast<CUarray>(a);
-  return CUDA_SUCCESS;
+  return NewArr(bytes, Kind::kArray, reinterpret_cast<void**>(pHandle));
 }
 
 // A 1D, 2D or 3D array: Width x max(Height, 1) x max(Depth, 1) elements.
@@ -898,26 +916,11 @@ CU_EXPORT CUresult cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCR
   const uint64_t bytes = static_cast<uint64_t>(desc->Width) * std::max<size_t>(desc->Height, 1) *
                          std::max<size_t>(desc->Depth, 1) * desc->NumChannels *
                          kgpu_cu_format_bytes(desc->Format);
-  auto* a = new Arr;
-  uint64_t key = 0;
-  const CUresult r =
-      Allocate(RoundUp(bytes, kGranule), false, Kind::kArray, &key, reinterpret_cast<uint64_t>(a));
-  if (r != CUDA_SUCCESS) {
-    delete a;
-    return r;
-  }
-  *pHandle = reinterpret_cast<CUarray>(a);
-  return CUDA_SUCCESS;
+  return NewArr(bytes, Kind::kArray, reinterpret_cast<void**>(pHandle));
 }
 
 CU_EXPORT CUresult cuArrayDestroy(CUarray handle) {
-  auto* a = reinterpret_cast<Arr*>(handle);
-  if (a == nullptr)
-    return CUDA_ERROR_INVALID_HANDLE;
-  const CUresult r = Free(reinterpret_cast<uint64_t>(a), Kind::kArray);
-  if (r == CUDA_SUCCESS)
-    delete a;
-  return r;
+  return DeleteArr(handle, Kind::kArray);
 }
 
 // The legacy 32-bit forms: the same arrays, and pitched memory below 4 GiB.
@@ -973,26 +976,11 @@ CU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_
                                               uint64_t{desc->NumChannels} * kgpu_cu_format_bytes(desc->Format));
   if (bytes > (uint64_t{1} << 50))
     return CUDA_ERROR_OUT_OF_MEMORY;
-  auto* a = new Arr;
-  uint64_t key = 0;
-  const CUresult r =
-      Allocate(RoundUp(bytes, kGranule), false, Kind::kMipmap, &key, reinterpret_cast<uint64_t>(a));
-  if (r != CUDA_SUCCESS) {
-    delete a;
-    return r;
-  }
-  *pHandle = reinterpret_cast<CUmipmappedArray>(a);
-  return CUDA_SUCCESS;
+  return NewArr(bytes, Kind::kMipmap, reinterpret_cast<void**>(pHandle));
 }
 
 CU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray handle) {
-  auto* a = reinterpret_cast<Arr*>(handle);
-  if (a == nullptr)
-    return CUDA_ERROR_INVALID_HANDLE;
-  const CUresult r = Free(reinterpret_cast<uint64_t>(a), Kind::kMipmap);
-  if (r == CUDA_SUCCESS)
-    delete a;
-  return r;
+  return DeleteArr(handle, Kind::kMipmap);
 }
 
 // Physical memory of the virtual memory management API: pinned device memory on the device of
