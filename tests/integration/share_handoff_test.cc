@@ -49,10 +49,7 @@ class ShareHandoffTest : public testing::PluginNodeTest {
       uuids_.push_back(g["uuid"]);
       minors_[g["uuid"]] = g["minor"];
     }
-    const std::string config = WriteConfig(
-        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-        "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: [0, 1, 2, 3]}\n");
-    config_ = config;
+    config_ = WriteConfig(kTimeSlicing);
     cuda_root_ = sim_->dir() + "/cuda";
     StartPlugin(true);
   }
@@ -77,6 +74,17 @@ class ShareHandoffTest : public testing::PluginNodeTest {
   void TearDown() override {
     plugin_.reset();
     pr_->Stop();
+  }
+  // GPUs 0-3 serve 16 kgpu.io/gpu slots each (time-slicing).
+  static constexpr char kTimeSlicing[] =
+      "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+      "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: [0, 1, 2, 3]}\n";
+  // A pod whose container "main" holds `slot` and nothing else in kubelet's PodResources view.
+  void PodHolding(const std::string& name, const extender::RecordContainer& rc, const std::string& slot) {
+    CreatePod(name, rc);
+    v1::ListPodResourcesResponse view;
+    testing::AddDevices(view, "ns", name, "main", "kgpu.io/gpu", {slot});
+    pr_->SetListResponse(view);
   }
   // A pod bound to test-node with a record for container "main".
   void CreatePod(const std::string& name, const extender::RecordContainer& rc) {
@@ -298,10 +306,7 @@ TEST_F(ShareHandoffTest, MpsSharesAreClientsOfTheGpuDaemon) {
     }
   } stop{root + "/kgpu.io/gpu/pipe/nvidia-cuda-mps-control.pid"};
   const auto s2 = Slots(2);
-  CreatePod("client", {"main", "kgpu.io/gpu", "mps", {{uuids_[2], "", "", 4000, 30}}});
-  v1::ListPodResourcesResponse view;
-  testing::AddDevices(view, "ns", "client", "main", "kgpu.io/gpu", {s2[0]});
-  pr_->SetListResponse(view);
+  PodHolding("client", {"main", "kgpu.io/gpu", "mps", {{uuids_[2], "", "", 4000, 30}}}, s2[0]);
   ASSERT_TRUE(kubelet_->Allocate("kgpu.io/gpu", {s2[0]}).ok());
   ASSERT_TRUE(kubelet_->PreStartContainer("kgpu.io/gpu", {s2[0]}).ok()) << plugin_->Log();
   const json spec = Spec(deviceplugin::ShareCdiName({s2[0]}));
@@ -321,15 +326,10 @@ TEST_F(ShareHandoffTest, MpsSharesAreClientsOfTheGpuDaemon) {
   EXPECT_TRUE(std::filesystem::exists(root + "/kgpu.io/gpu/pipe/control")) << plugin_->Log();
 
   // The time-slicing plugin has no daemon: the same kind of record is refused, not run unlimited.
-  config_ = WriteConfig(
-      "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-      "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: [0, 1, 2, 3]}\n");
+  config_ = WriteConfig(kTimeSlicing);
   StartPlugin(true);
   const auto s3 = Slots(3);
-  CreatePod("client2", {"main", "kgpu.io/gpu", "mps", {{uuids_[3], "", "", 4000, 30}}});
-  v1::ListPodResourcesResponse view2;
-  testing::AddDevices(view2, "ns", "client2", "main", "kgpu.io/gpu", {s3[0]});
-  pr_->SetListResponse(view2);
+  PodHolding("client2", {"main", "kgpu.io/gpu", "mps", {{uuids_[3], "", "", 4000, 30}}}, s3[0]);
   ASSERT_TRUE(kubelet_->Allocate("kgpu.io/gpu", {s3[0]}).ok());
   auto refused = kubelet_->PreStartContainer("kgpu.io/gpu", {s3[0]});
   EXPECT_NE(std::string(refused.message()).find("ns/client2 container main: the record asks for MPS limits, but no MPS "
