@@ -163,6 +163,14 @@ absl::StatusOr<Config> ResolveConfig(const DevicePluginFlags& flags) {
   return config;
 }
 
+absl::StatusOr<ConfiguredSession> OpenConfiguredSession(const NodeOptions& node, const DevicePluginFlags& flags) {
+  auto config = ResolveConfig(flags);
+  if (!config.ok()) return config.status();
+  auto session = OpenSession(node);
+  if (!session.ok()) return session.status();
+  return ConfiguredSession{std::move(*config), std::move(*session)};
+}
+
 namespace {
 
 sigset_t StopAndReloadSignals() {

@@ -41,6 +41,14 @@ void AddShareFlags(CLI::App* app, DevicePluginFlags* flags);
 // File (if any) < environment < flags; then DP_*_HEALTHCHECKS; then validation.
 absl::StatusOr<deviceplugin::Config> ResolveConfig(const DevicePluginFlags& flags);
 
+// For the one-shot commands that read the node as the plugin would (kgpu slurm gres, node-labels,
+// node-template): the config (ResolveConfig), then an NVML session (OpenSession); the first error.
+struct ConfiguredSession {
+  deviceplugin::Config config;
+  Session session;
+};
+absl::StatusOr<ConfiguredSession> OpenConfiguredSession(const NodeOptions& node, const DevicePluginFlags& flags);
+
 // Waits for signals: SIGHUP re-reads the config and reloads `manager` (a refused config keeps the
 // running one); SIGTERM/SIGINT/SIGQUIT return 0 (1 when a failed reload could restore nothing).
 // The caller stops the manager. The caller must have blocked SIGHUP, SIGTERM, SIGINT and SIGQUIT.

@@ -432,11 +432,9 @@ int RunNodeLabels(const NodeOptions& node, const DevicePluginFlags& dp, const No
   // Without a plugin to follow, each pass re-reads the config and re-discovers the GPUs (a MIG
   // re-partition or a config change shows at the next pass); health is discovery's.
   auto source = [&]() -> absl::StatusOr<LabelPublisher::Snapshot> {
-    auto config = ResolveConfig(dp);
-    if (!config.ok()) return config.status();
-    auto session = OpenSession(node);
-    if (!session.ok()) return session.status();
-    return LabelPublisher::Snapshot{session->inventory, std::make_shared<const deviceplugin::Config>(*config), {}};
+    auto cs = OpenConfiguredSession(node, dp);
+    if (!cs.ok()) return cs.status();
+    return LabelPublisher::Snapshot{cs->session.inventory, std::make_shared<const deviceplugin::Config>(cs->config), {}};
   };
   if (flags.oneshot || flags.interval_s == 0) {
     auto snap = source();
@@ -452,28 +450,25 @@ int RunNodeLabels(const NodeOptions& node, const DevicePluginFlags& dp, const No
 }
 
 int RunNodeTemplate(const NodeOptions& node, const DevicePluginFlags& dp, const std::string& format, std::ostream& out) {
-  auto config = ResolveConfig(dp);
-  if (!config.ok()) {
-    out << "kgpu node-template: " << config.status().message() << "\n";
+  auto cs = OpenConfiguredSession(node, dp);
+  if (!cs.ok()) {
+    out << "kgpu node-template: " << cs.status().message() << "\n";
     return 1;
   }
-  auto session = OpenSession(node);
-  if (!session.ok()) {
-    out << "kgpu node-template: " << session.status().message() << "\n";
-    return 1;
-  }
-  auto plan = deviceplugin::BuildPlan(session->inventory, *config);
+  const deviceplugin::Config& config = cs->config;
+  const auto& inventory = cs->session.inventory;
+  auto plan = deviceplugin::BuildPlan(inventory, config);
   if (!plan.ok()) {
     out << "kgpu node-template: " << plan.status().message() << "\n";
     return 1;
   }
-  std::map<std::string, int64_t> capacity = ShareCapacity(*session->inventory, *config);
+  std::map<std::string, int64_t> capacity = ShareCapacity(*inventory, config);
   for (const auto& r : (*plan)->resources) {
     if (!r.retired && !r.devices.empty()) capacity[r.name] = static_cast<int64_t>(r.devices.size());
   }
   deviceplugin::GfdOptions go;
   go.timestamp = false;  // a template describes every such node, not one moment
-  const auto labels = deviceplugin::GfdLabels(*session->inventory, *config, go);
+  const auto labels = deviceplugin::GfdLabels(*inventory, config, go);
   if (format == "json") {
     json c = json::object(), l = json::object();
     for (const auto& [k, v] : capacity) c[k] = std::to_string(v);

@@ -35,16 +35,12 @@ CLI::App* AddSlurmGresCommand(CLI::App* slurm, SlurmGresFlags* f) {
 }
 
 int RunSlurmGres(const NodeOptions& node, const DevicePluginFlags& dp, const SlurmGresFlags& flags, std::ostream& out) {
-  auto config = ResolveConfig(dp);
-  if (!config.ok()) {
-    out << "kgpu slurm gres: " << config.status().message() << "\n";
+  auto cs = OpenConfiguredSession(node, dp);
+  if (!cs.ok()) {
+    out << "kgpu slurm gres: " << cs.status().message() << "\n";
     return 1;
   }
-  auto session = OpenSession(node);
-  if (!session.ok()) {
-    out << "kgpu slurm gres: " << session.status().message() << "\n";
-    return 1;
-  }
+  const gpu::Inventory& inventory = *cs->session.inventory;
   slurm::GresOptions go;
   go.node_name = flags.node_name;
   if (go.node_name.empty()) {
@@ -66,10 +62,10 @@ int RunSlurmGres(const NodeOptions& node, const DevicePluginFlags& dp, const Slu
   go.real_memory_mib = flags.real_memory;
   if (flags.mps_count >= 0) {
     go.mps_count_per_gpu = static_cast<unsigned>(flags.mps_count);
-  } else if (config->sharing.strategy == deviceplugin::SharingStrategy::kMps) {
+  } else if (cs->config.sharing.strategy == deviceplugin::SharingStrategy::kMps) {
     go.mps_count_per_gpu = 100;
   }
-  const bool any_mig = std::any_of(session->inventory->gpus().begin(), session->inventory->gpus().end(),
+  const bool any_mig = std::any_of(inventory.gpus().begin(), inventory.gpus().end(),
                                    [](const gpu::Gpu& g) { return g.mig_enabled; });
   if (any_mig) {
     auto text = ReadInputFile(flags.mig_minors, "MIG minors file", "check --mig-minors");
@@ -84,7 +80,7 @@ int RunSlurmGres(const NodeOptions& node, const DevicePluginFlags& dp, const Slu
     }
     go.mig_minors = std::move(*minors);
   }
-  auto r = slurm::RenderGres(*session->inventory, go);
+  auto r = slurm::RenderGres(inventory, go);
   if (!r.ok()) {
     out << "kgpu slurm gres: " << r.status().message() << "\n";
     return 1;
