@@ -10,6 +10,8 @@
 //      time with its default node sample, then bind: one pods/binding carrying the record), with 1
 //      and 4 threads (4: binding cycles overlap the next scheduling cycles, as in kube-scheduler).
 // Usage: extender_bench [nodes...]   (default: 1000 5000)
+//        extender_bench --in-process ROUNDS [nodes]   (the in-process breakdown only, for a profiler)
+//        extender_bench --throughput-only [nodes]     (start-up and pods per second only)
 #include <httplib.h>
 
 #include <algorithm>
@@ -74,7 +76,20 @@ json BoundPod(int node, int k) {
   return pod;
 }
 
+bool g_skip_latency = false;  // --throughput-only
+
 void Print(const char* what, const bench::Stats& s);
+
+// The pods whose filter and prioritize latency is measured.
+std::vector<std::pair<const char*, json>> ProbeShapes() {
+  return {
+      {"share 1 x 8000 MiB", testing::TestPod("bench", "probe-share", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}})},
+      {"share 2 x 10000 MiB 30%", testing::TestPod("bench", "probe-share2", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "20000"},
+                                                                             {"kgpu.io/gpu-cores", "60"}})},
+      {"whole 4 GPUs", testing::TestPod("bench", "probe-whole", {{"nvidia.com/gpu", "4"}})},
+      {"MIG 1g.10gb", testing::TestPod("bench", "probe-mig", {{"nvidia.com/mig-1g.10gb", "1"}})},
+  };
+}
 
 // Where a filter's time goes, in process (no HTTP, one thread): decoding the request, the
 // device-level decision, encoding the reply.
@@ -178,21 +193,15 @@ int Run(int nodes) {
 
   std::vector<std::string> names;
   for (int i = 0; i < nodes; ++i) names.push_back(NodeName(i));
-  const std::vector<std::pair<const char*, json>> shapes = {
-      {"share 1 x 8000 MiB", testing::TestPod("bench", "probe-share", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}})},
-      {"share 2 x 10000 MiB 30%", testing::TestPod("bench", "probe-share2", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "20000"},
-                                                                             {"kgpu.io/gpu-cores", "60"}})},
-      {"whole 4 GPUs", testing::TestPod("bench", "probe-whole", {{"nvidia.com/gpu", "4"}})},
-      {"MIG 1g.10gb", testing::TestPod("bench", "probe-mig", {{"nvidia.com/mig-1g.10gb", "1"}})},
-  };
-  Breakdown(nodes, shapes, names);
+  const auto shapes = ProbeShapes();
+  if (!g_skip_latency) Breakdown(nodes, shapes, names);
   // kube-scheduler's default sample (percentageOfNodesToScore 0: 50 % - 1 % per 125 nodes, at
   // least 5 %, at least 100 nodes) of the nodes that pass its in-tree filters (those with the
   // shape's resource in allocatable): what it really sends to the extender.
   const int64_t pct = std::max<int64_t>(5, 50 - nodes / 125);
   const size_t sample = nodes < 100 ? static_cast<size_t>(nodes) : std::max<size_t>(100, static_cast<size_t>(nodes * pct / 100));
   const int kind_of_shape[] = {0, 0, 2, 3};  // i % 4 of the nodes that serve each shape (0 and 1 serve shares)
-  for (size_t k = 0; k < shapes.size(); ++k) {
+  for (size_t k = 0; k < (g_skip_latency ? 0 : shapes.size()); ++k) {
     const auto& [what, pod] = shapes[k];
     std::vector<std::string> some;
     for (int i = 0; i < nodes && some.size() < sample; ++i) {
@@ -227,8 +236,12 @@ int Run(int nodes) {
   testing::FakeSchedulerOptions so;
   so.url_prefix = "http://127.0.0.1:" + std::to_string(port) + "/gpu";
   testing::FakeScheduler sched(*client, so);
+  if (!sched.WaitForSync(std::chrono::seconds(60))) {
+    std::printf("  the scheduler stand-in's informers did not sync\n");
+    return 1;
+  }
   for (int threads : {1, 4}) {
-    const int count = 400;
+    const int count = 1000;
     std::vector<json> pods;
     for (int i = 0; i < count; ++i) {
       auto r = api.Create("pods", "bench",
@@ -280,7 +293,24 @@ int Run(int nodes) {
 int main(int argc, char** argv) {
   bench::InstallFatalSignalHandlers({SIGINT, SIGTERM, SIGSEGV, SIGABRT});
   std::vector<int> sizes;
-  for (int i = 1; i < argc; ++i) sizes.push_back(std::atoi(argv[i]));
+  int in_process_rounds = 0;  // --in-process N: only the in-process breakdown, N times (for a profiler)
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--throughput-only") == 0) {
+      g_skip_latency = true;
+    } else if (std::strcmp(argv[i], "--in-process") == 0 && i + 1 < argc) {
+      in_process_rounds = std::atoi(argv[++i]);
+    } else {
+      sizes.push_back(std::atoi(argv[i]));
+    }
+  }
+  if (in_process_rounds > 0) {
+    for (int n : sizes.empty() ? std::vector<int>{5000} : sizes) {
+      std::vector<std::string> names;
+      for (int i = 0; i < n; ++i) names.push_back(NodeName(i));
+      for (int r = 0; r < in_process_rounds; ++r) Breakdown(n, ProbeShapes(), names);
+    }
+    return 0;
+  }
   if (sizes.empty()) sizes = {1000, 5000};
   for (int n : sizes) {
     if (int rc = Run(n); rc != 0) return rc;

@@ -9,7 +9,7 @@ BUILD_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git dpkg-dev file lld
   libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libcurl4-openssl-dev libcpp-httplib-dev
+  libcurl4-openssl-dev libcpp-httplib-dev libsimdjson-dev
 )
 # And for the tests, the fuzz preset and the benchmarks: debootstrap for the package test,
 # nodejs/npm for the manifest schema test (kubernetes-models).

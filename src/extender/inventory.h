@@ -52,6 +52,10 @@ struct NodeInfo {
   std::vector<std::string> enforcement = {"hard"};
   std::string mig_strategy = "none";
   int engine_id = -1;  // set by the extender's State: the placement engine's id of this node
+  // What decides whether a pod could ever fit here, UUIDs aside (StaticShape), interned by the
+  // extender's State: nodes with equal shapes refuse a pod for the same reason, so a filter
+  // explains each shape once.
+  int shape_id = -1;
   const GpuInfo* FindUuid(const std::string& uuid) const;
   int IndexOfUuid(const std::string& uuid) const;  // position in gpus, -1 if none
 };
@@ -62,6 +66,9 @@ absl::StatusOr<NodeInfo> ParseNodeInventory(const nlohmann::json& node);
 absl::StatusOr<NodeInfo> ParseInventoryAnnotation(const std::string& node_name, const std::string& annotation);
 
 sched::NodeSpec ToNodeSpec(const NodeInfo& node);
+// The node's enforcement modes and, per GPU, whether it serves shares, its model, memory, health
+// and MIG profiles: everything but the UUIDs that a pod's static feasibility depends on.
+std::string StaticShape(const NodeInfo& node);
 // Compute slices of a MIG profile ("3g.40gb" -> 3; 0 when it does not parse).
 int MigSlices(const std::string& profile);
 

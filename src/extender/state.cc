@@ -203,7 +203,8 @@ sched::Policy& State::PolicyFor(const Compiled& c) {
   return engine_->policy();
 }
 
-std::string State::ExplainLocked(const Compiled& c, const std::string& name, bool* unresolvable, const char** category) {
+std::string State::ExplainLocked(const Compiled& c, const std::string& name, bool* unresolvable, const char** category,
+                                 RefusalMemo* memo) {
   *unresolvable = true;
   const char* unused = nullptr;
   const char*& cat = category != nullptr ? *category : unused;
@@ -221,8 +222,8 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
   const auto& ns = engine_->cluster().node(id);
   const ContainerRequest& g = *c.pod.gpu;
   const bool shares = g.kind == GpuKind::kShare;
-  if (shares) {
-    const std::string mode = c.pod.enforcement.empty() ? info.enforcement.front() : c.pod.enforcement;
+  if (shares && !c.pod.enforcement.empty()) {  // else the node's first mode, permitted by definition
+    const std::string& mode = c.pod.enforcement;
     if (std::find(info.enforcement.begin(), info.enforcement.end(), mode) == info.enforcement.end()) {
       cat = "enforcement";
       return Cat("enforcement '", mode, "' is not permitted on this node (it permits: ", Join(info.enforcement, ", "), ")");
@@ -233,6 +234,15 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
   if (c.pod.uuids.empty() && c.pod.uuids_deny.empty() && engine_->cluster().NodeFits(c.req, id)) {
     *unresolvable = false;
     return "";
+  }
+  // UUID lists make the answer depend on more than the shape.
+  if (memo != nullptr && !c.pod.uuids.empty()) memo = nullptr;
+  if (memo != nullptr && !c.pod.uuids_deny.empty()) memo = nullptr;
+  if (memo != nullptr) {
+    if (const auto m = memo->find(info.shape_id); m != memo->end()) {
+      cat = m->second.category;
+      return m->second.why;
+    }
   }
   const int need = g.kind == GpuKind::kMig ? 1 : g.count;
   const int64_t per_mem = shares ? g.MemoryPerGpu() : 0;
@@ -268,45 +278,49 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
     ++fit_ok;
     eligible.push_back(i);
   }
-  if (fit_ok < need) {
-    if (kind_ok < need) {
-      cat = "too_few_gpus";
+  if (fit_ok < need) {  // no capacity of the right kind here, used or not: preemption cannot help
+    std::string why = [&]() -> std::string {
+      if (kind_ok < need) {
+        cat = "too_few_gpus";
+        if (shares) {
+          return kind_ok == 0 ? Cat("no GPU on this node serves shares (", kShares, ")")
+                              : Cat("only ", kind_ok, " GPUs on this node serve shares (", kShares, "); the pod needs ", need,
+                                    " shares on different GPUs");
+        }
+        if (g.kind == GpuKind::kMig) return "no GPU on this node is in MIG mode";
+        return Cat("this node has ", kind_ok, " GPUs for whole-GPU pods (", kWholeGpu, "), the pod needs ", need);
+      }
+      if (model_ok < need) {
+        cat = "model";
+        std::set<std::string> node_models;
+        for (size_t i = 0; i < info.gpus.size() && i < ns.gpus.size(); ++i) {
+          if (right_kind(i)) node_models.insert(info.gpus[i].model);
+        }
+        return Cat("no ", need > 1 ? Cat(need, " GPUs") : std::string("GPU"), " of the pod's models here (this node has: ",
+                   Join(node_models, ", "), ")");
+      }
+      if (uuid_ok < need) {
+        cat = "uuid";
+        return Cat("the pod's GPU UUID lists leave ", uuid_ok, " GPUs on this node, it needs ", need);
+      }
+      cat = "unhealthy";
+      if (healthy_ok < need) return Cat(uuid_ok - healthy_ok, " GPUs on this node are unhealthy; ", need, " healthy ones needed");
+      cat = shares ? "gpu_too_small" : "no_mig_profile";
       if (shares) {
-        return kind_ok == 0 ? Cat("no GPU on this node serves shares (", kShares, ")")
-                            : Cat("only ", kind_ok, " GPUs on this node serve shares (", kShares, "); the pod needs ", need,
-                                  " shares on different GPUs");
+        if (need == 1) return Cat("no GPU on this node has ", per_mem, " MiB in total (largest: ", largest_total, " MiB)");
+        return Cat("only ", fit_ok, " GPUs on this node have ", per_mem, " MiB in total; the pod needs ", need,
+                   " shares on different GPUs");
       }
-      if (g.kind == GpuKind::kMig) return "no GPU on this node is in MIG mode";
-      return Cat("this node has ", kind_ok, " GPUs for whole-GPU pods (", kWholeGpu, "), the pod needs ", need);
-    }
-    if (model_ok < need) {
-      cat = "model";
-      std::set<std::string> node_models;
-      for (size_t i = 0; i < info.gpus.size() && i < ns.gpus.size(); ++i) {
-        if (right_kind(i)) node_models.insert(info.gpus[i].model);
+      std::map<std::string, int> mig_profiles;
+      for (size_t i : healthy) {
+        for (const auto& m : ns.gpus[i].mig) ++mig_profiles[m.profile];
       }
-      return Cat("no ", need > 1 ? Cat(need, " GPUs") : std::string("GPU"), " of the pod's models here (this node has: ",
-                 Join(node_models, ", "), ")");
-    }
-    if (uuid_ok < need) {
-      cat = "uuid";
-      return Cat("the pod's GPU UUID lists leave ", uuid_ok, " GPUs on this node, it needs ", need);
-    }
-    cat = "unhealthy";
-    if (healthy_ok < need) return Cat(uuid_ok - healthy_ok, " GPUs on this node are unhealthy; ", need, " healthy ones needed");
-    cat = shares ? "gpu_too_small" : "no_mig_profile";
-    if (shares) {
-      if (need == 1) return Cat("no GPU on this node has ", per_mem, " MiB in total (largest: ", largest_total, " MiB)");
-      return Cat("only ", fit_ok, " GPUs on this node have ", per_mem, " MiB in total; the pod needs ", need,
-                 " shares on different GPUs");
-    }
-    std::map<std::string, int> mig_profiles;
-    for (size_t i : healthy) {
-      for (const auto& m : ns.gpus[i].mig) ++mig_profiles[m.profile];
-    }
-    std::vector<std::string> have;
-    for (const auto& [p, n] : mig_profiles) have.push_back(Cat(p, " x", n));
-    return Cat("no MIG ", g.mig_profile, " instance on this node (it has: ", have.empty() ? std::string("none") : Join(have, ", "), ")");
+      std::vector<std::string> have;
+      for (const auto& [p, n] : mig_profiles) have.push_back(Cat(p, " x", n));
+      return Cat("no MIG ", g.mig_profile, " instance on this node (it has: ", have.empty() ? std::string("none") : Join(have, ", "), ")");
+    }();
+    if (memo != nullptr) memo->emplace(info.shape_id, StaticRefusal{why, cat});
+    return why;
   }
 
   // Capacity exists: is it free now?
@@ -383,10 +397,11 @@ FilterOutcome State::Filter(const json& pod, const std::vector<std::string>& nod
   FilterOutcome out;
   auto c = CompileLocked(pod);
   std::vector<std::pair<const char*, int>> reasons;  // few categories: a map per node cost more
+  RefusalMemo memo;
   for (const auto& n : nodes) {
     bool unres = false;
     const char* cat = nullptr;
-    std::string why = ExplainLocked(*c, n, &unres, &cat);
+    std::string why = ExplainLocked(*c, n, &unres, &cat, &memo);
     if (!why.empty()) {
       auto r = std::find_if(reasons.begin(), reasons.end(), [&](const auto& e) { return std::strcmp(e.first, cat) == 0; });
       if (r == reasons.end()) r = reasons.insert(reasons.end(), {cat, 0});
@@ -395,9 +410,9 @@ FilterOutcome State::Filter(const json& pod, const std::vector<std::string>& nod
     if (why.empty()) {
       out.passed.push_back(n);
     } else if (unres) {
-      out.unresolvable[n] = std::move(why);
+      out.unresolvable.Append(n, std::move(why));
     } else {
-      out.failed[n] = std::move(why);
+      out.failed.Append(n, std::move(why));
     }
   }
   for (const auto& [cat, count] : reasons) out.reasons[cat] += count;
@@ -531,6 +546,7 @@ void State::UpsertNode(const json& node) {
     return;
   }
   info->engine_id = *id;
+  info->shape_id = shape_ids_.try_emplace(StaticShape(*info), static_cast<int>(shape_ids_.size())).first->second;
   nodes_[name] = std::move(*info);
   RebookNodeLocked(name);
 }

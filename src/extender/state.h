@@ -41,8 +41,8 @@ struct StateOptions {
 
 struct FilterOutcome {
   std::vector<std::string> passed;
-  std::map<std::string, std::string> failed;        // preemption may help
-  std::map<std::string, std::string> unresolvable;  // it cannot
+  NodeReasons failed;        // preemption may help
+  NodeReasons unresolvable;  // it cannot
   std::map<std::string, int> reasons;               // failed nodes by reason category
 };
 
@@ -99,7 +99,14 @@ class State {
 
   absl::StatusOr<Compiled> CompileLocked(const nlohmann::json& pod) const;
   // Why `node` cannot take the pod: empty when it can; sets *unresolvable and the reason category.
-  std::string ExplainLocked(const Compiled& c, const std::string& node, bool* unresolvable, const char** category);
+  // A node's refusal that depends only on its StaticShape (never on what runs there), per shape.
+  struct StaticRefusal {
+    std::string why;
+    const char* category;
+  };
+  using RefusalMemo = absl::flat_hash_map<int, StaticRefusal>;  // keys: NodeInfo::shape_id
+  std::string ExplainLocked(const Compiled& c, const std::string& node, bool* unresolvable, const char** category,
+                            RefusalMemo* memo = nullptr);
   std::vector<int> MaskLocked(const Compiled& c, const std::string& node);
   void UnmaskLocked(const std::string& node, const std::vector<int>& masked);
   sched::Policy& PolicyFor(const Compiled& c);
@@ -112,6 +119,7 @@ class State {
   std::unique_ptr<sched::Engine> engine_;
   std::unique_ptr<sched::Policy> binpack_, spread_;
   absl::flat_hash_map<std::string, NodeInfo> nodes_;
+  absl::flat_hash_map<std::string, int> shape_ids_;  // StaticShape -> NodeInfo::shape_id (never shrinks: few shapes)
   absl::flat_hash_map<std::string, PodEntry> pods_;      // by UID
   std::map<std::string, std::set<std::string>> on_node_;  // node -> UIDs whose record names it
   uint64_t record_conflicts_ = 0, bad_records_ = 0, bad_inventories_ = 0;

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <stdexcept>
 
+#include "common/fast_json.h"
 #include "common/strings.h"
 
 namespace kgpu::extender {
@@ -18,13 +20,35 @@ bool EqualFold(std::string_view a, std::string_view b) {
   return true;
 }
 
-absl::StatusOr<json> ParseObject(std::string_view body, std::string_view type) {
-  json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
-    return absl::InvalidArgumentError(Cat(type, ": the request body is not valid JSON (", body.size(), " bytes)"));
+// The body through simdjson (ParseJsonFast); nlohmann parses again only a text simdjson rejects.
+absl::StatusOr<FastJson> ParseBody(std::string_view body, std::string_view type,
+                                   const std::function<bool(std::string_view)>& divert = {}) {
+  auto fast = ParseJsonFast(body, divert);
+  if (!fast) {
+    json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded()) {
+      return absl::InvalidArgumentError(Cat(type, ": the request body is not valid JSON (", body.size(), " bytes)"));
+    }
+    fast = FastJson{std::move(doc), {}};
   }
-  if (!doc.is_object()) return absl::InvalidArgumentError(Cat(type, ": expected a JSON object, got ", doc.type_name()));
-  return doc;
+  if (!fast->doc.is_object()) return absl::InvalidArgumentError(Cat(type, ": expected a JSON object, got ", fast->doc.type_name()));
+  return std::move(*fast);
+}
+
+absl::StatusOr<json> ParseObject(std::string_view body, std::string_view type) {
+  auto f = ParseBody(body, type);
+  if (!f.ok()) return f.status();
+  return std::move(f->doc);
+}
+
+// The field Go's encoding/json decodes into a struct field: the exact name, else the first
+// case-insensitive match.
+json::const_iterator FindField(const json& obj, std::string_view name) {
+  if (auto it = obj.find(std::string(name)); it != obj.end()) return it;
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (EqualFold(it.key(), name)) return it;
+  }
+  return obj.end();
 }
 
 std::string Where(std::string_view type, std::string_view field) { return Cat(type, ".", field); }
@@ -44,6 +68,23 @@ absl::StatusOr<std::optional<std::vector<std::string>>> OptStrings(const json& o
     out.push_back(e.get<std::string>());
   }
   return std::optional<std::vector<std::string>>(std::move(out));
+}
+
+constexpr std::string_view kNodeNames = "NodeNames";
+
+// An envelope with a NodeNames member (5,000 names from a large cluster's scheduler): those go
+// straight into strings, without a json value per name.
+absl::StatusOr<FastJson> ParseWithNodeNames(std::string_view body, std::string_view type) {
+  return ParseBody(body, type, [](std::string_view key) { return EqualFold(key, kNodeNames); });
+}
+
+absl::StatusOr<std::optional<std::vector<std::string>>> NodeNamesOf(FastJson& parsed, std::string_view type) {
+  if (const auto field = FindField(parsed.doc, kNodeNames); field != parsed.doc.end()) {
+    for (auto& [key, strings] : parsed.strings) {
+      if (key == field.key()) return std::optional<std::vector<std::string>>(std::move(strings));
+    }
+  }
+  return OptStrings(parsed.doc, type, kNodeNames);
 }
 
 absl::StatusOr<std::string> OptString(const json& obj, std::string_view type, std::string_view field) {
@@ -77,14 +118,14 @@ absl::StatusOr<std::optional<std::vector<json>>> OptNodeList(const json& obj, st
   return std::optional<std::vector<json>>(std::move(items));
 }
 
-absl::StatusOr<std::map<std::string, std::string>> StringMap(const json& obj, std::string_view type, std::string_view field) {
-  std::map<std::string, std::string> out;
+absl::StatusOr<NodeReasons> StringMap(const json& obj, std::string_view type, std::string_view field) {
+  NodeReasons out;
   const json* v = Field(obj, field);
   if (v == nullptr || v->is_null()) return out;
   if (!v->is_object()) return absl::InvalidArgumentError(Cat(Where(type, field), ": expected an object of strings or null"));
   for (auto it = v->begin(); it != v->end(); ++it) {
     if (!it->is_string()) return absl::InvalidArgumentError(Cat(Where(type, field), ".", it.key(), ": expected a string"));
-    out[it.key()] = it->get<std::string>();
+    out.Append(it.key(), it->get<std::string>());  // the keys of a json object are unique
   }
   return out;
 }
@@ -149,27 +190,49 @@ json NodeListJson(const std::vector<json>& nodes) {
 
 }  // namespace
 
-const json* Field(const json& obj, std::string_view name) {
-  if (!obj.is_object()) return nullptr;
-  if (auto it = obj.find(std::string(name)); it != obj.end()) return &*it;
-  for (auto it = obj.begin(); it != obj.end(); ++it) {
-    if (EqualFold(it.key(), name)) return &*it;
+const NodeReasons::Entry* NodeReasons::Find(std::string_view node) const {
+  for (const auto& e : entries_) {
+    if (e.first == node) return &e;
   }
   return nullptr;
 }
 
+std::string& NodeReasons::operator[](std::string_view node) {
+  if (const Entry* e = Find(node)) return const_cast<Entry*>(e)->second;
+  return entries_.emplace_back(std::string(node), std::string()).second;
+}
+
+const std::string& NodeReasons::at(std::string_view node) const {
+  if (const Entry* e = Find(node)) return e->second;
+  throw std::out_of_range(Cat("NodeReasons: no node ", node));
+}
+
+bool NodeReasons::operator==(const NodeReasons& o) const {
+  if (size() != o.size()) return false;
+  auto a = entries_, b = o.entries_;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  return a == b;
+}
+
+const json* Field(const json& obj, std::string_view name) {
+  if (!obj.is_object()) return nullptr;
+  const auto it = FindField(obj, name);
+  return it == obj.end() ? nullptr : &*it;
+}
+
 absl::StatusOr<ExtenderArgs> ParseExtenderArgs(std::string_view body) {
   constexpr std::string_view kType = "ExtenderArgs";
-  auto doc = ParseObject(body, kType);
-  if (!doc.ok()) return doc.status();
+  auto parsed = ParseWithNodeNames(body, kType);
+  if (!parsed.ok()) return parsed.status();
   ExtenderArgs a;
-  auto pod = PodOf(*doc, kType);
+  auto pod = PodOf(parsed->doc, kType);
   if (!pod.ok()) return pod.status();
   a.pod = std::move(*pod);
-  auto nodes = OptNodeList(*doc, kType);
+  auto nodes = OptNodeList(parsed->doc, kType);
   if (!nodes.ok()) return nodes.status();
   a.nodes = std::move(*nodes);
-  auto names = OptStrings(*doc, kType, "NodeNames");
+  auto names = NodeNamesOf(*parsed, kType);
   if (!names.ok()) return names.status();
   a.node_names = std::move(*names);
   return a;
@@ -218,13 +281,14 @@ absl::StatusOr<PreemptionArgs> ParsePreemptionArgs(std::string_view body) {
 
 absl::StatusOr<FilterResult> ParseFilterResult(std::string_view body) {
   constexpr std::string_view kType = "ExtenderFilterResult";
-  auto doc = ParseObject(body, kType);
-  if (!doc.ok()) return doc.status();
+  auto parsed = ParseWithNodeNames(body, kType);
+  if (!parsed.ok()) return parsed.status();
+  const json* doc = &parsed->doc;
   FilterResult r;
   auto nodes = OptNodeList(*doc, kType);
   if (!nodes.ok()) return nodes.status();
   r.nodes = std::move(*nodes);
-  auto names = OptStrings(*doc, kType, "NodeNames");
+  auto names = NodeNamesOf(*parsed, kType);
   if (!names.ok()) return names.status();
   r.node_names = std::move(*names);
   auto failed = StringMap(*doc, kType, "FailedNodes");
@@ -240,7 +304,14 @@ absl::StatusOr<FilterResult> ParseFilterResult(std::string_view body) {
 }
 
 absl::StatusOr<std::vector<HostPriority>> ParseHostPriorityList(std::string_view body) {
-  json doc = json::parse(body.begin(), body.end(), nullptr, false);
+  if (auto pairs = ParseStringIntArrayFast(body, "Host", "Score")) {  // the usual reply, 500 or 5,000 hosts
+    std::vector<HostPriority> out;
+    out.reserve(pairs->size());
+    for (auto& [host, score] : *pairs) out.push_back({std::move(host), score});
+    return out;
+  }
+  auto fast = ParseJsonFast(body);
+  json doc = fast ? std::move(fast->doc) : json::parse(body.begin(), body.end(), nullptr, false);
   if (doc.is_discarded()) return absl::InvalidArgumentError("HostPriorityList: not valid JSON");
   std::vector<HostPriority> out;
   if (doc.is_null()) return out;
@@ -282,7 +353,16 @@ void AppendString(std::string& out, std::string_view s) {
     return;
   }
   out += '"';
-  for (const char c : s) {
+  // Runs of characters that need no escape are appended whole (node names and reasons are such
+  // runs from end to end).
+  while (!s.empty()) {
+    const size_t run = static_cast<size_t>(std::find_if(s.begin(), s.end(), [](char c) {
+                                             return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20;
+                                           }) - s.begin());
+    out.append(s.data(), run);
+    if (run == s.size()) break;
+    const char c = s[run];
+    s.remove_prefix(run + 1);
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -292,19 +372,15 @@ void AppendString(std::string& out, std::string_view s) {
       case '\b': out += "\\b"; break;
       case '\f': out += "\\f"; break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-          out += buf;
-        } else {
-          out += c;
-        }
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+        out += buf;
     }
   }
   out += '"';
 }
 
-void AppendStringMap(std::string& out, const std::map<std::string, std::string>& m) {
+void AppendStringMap(std::string& out, const NodeReasons& m) {
   out += '{';
   bool first = true;
   for (const auto& [k, v] : m) {
@@ -319,7 +395,8 @@ void AppendStringMap(std::string& out, const std::map<std::string, std::string>&
 
 }  // namespace
 
-// Keys in nlohmann's (sorted) order, as before: the bytes are what json::dump wrote.
+// The envelope's keys in nlohmann's (sorted) order, as json::dump wrote them; the failed nodes in
+// the order they were added.
 std::string EncodeFilterResult(const FilterResult& r) {
   std::string out;
   size_t reserve = 128;
@@ -379,7 +456,16 @@ std::string EncodePreemptionResult(const std::map<std::string, MetaVictims>& vic
 }
 
 std::string EncodeExtenderArgs(const json& pod, const std::vector<std::string>& node_names) {
-  return json{{"Pod", pod}, {"Nodes", nullptr}, {"NodeNames", node_names}}.dump();
+  // Keys in nlohmann's order, as json::dump wrote them; the names without a json tree (5,000 of them).
+  std::string out = "{\"NodeNames\":[";
+  for (size_t i = 0; i < node_names.size(); ++i) {
+    if (i > 0) out += ',';
+    AppendString(out, node_names[i]);
+  }
+  out += "],\"Nodes\":null,\"Pod\":";
+  out += pod.dump();
+  out += '}';
+  return out;
 }
 
 std::string EncodeExtenderArgsFull(const json& pod, const std::vector<json>& nodes) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/string_view.h"
 #include "common/strings.h"
 
 namespace kgpu::sched {
@@ -37,7 +38,7 @@ int Cluster::ModelId(std::string_view model) const {
 }
 
 int Cluster::FindNode(std::string_view name) const {
-  auto it = node_index_.find(std::string(name));
+  auto it = node_index_.find(absl::string_view(name.data(), name.size()));  // no std::string built per lookup
   return it == node_index_.end() ? -1 : it->second;
 }
 

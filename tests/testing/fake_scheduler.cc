@@ -3,8 +3,12 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <deque>
+#include <optional>
 #include <set>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "common/strings.h"
 #include "extender/request.h"
@@ -72,9 +76,19 @@ std::map<std::string, int64_t> CountedRequests(const json& pod, const std::vecto
 // kube-scheduler's cache (pkg/scheduler/internal/cache): per node, its allocatable and the
 // counted requests of the pods bound or assumed there, kept up to date by the informers' events
 // and by assume/forget, so that a scheduling cycle never walks every pod.
+// Counted quantities by interned resource id (Impl::ResId): a scheduling cycle compares them for
+// a thousand nodes, where string-keyed maps cost more than the extender's whole decision.
+using Amounts = std::vector<int64_t>;
+int64_t At(const Amounts& a, int id) { return static_cast<size_t>(id) < a.size() ? a[static_cast<size_t>(id)] : 0; }
+void Add(Amounts& a, int id, int64_t v) {
+  if (a.size() <= static_cast<size_t>(id)) a.resize(static_cast<size_t>(id) + 1);
+  a[static_cast<size_t>(id)] += v;
+}
+using Counts = std::vector<std::pair<int, int64_t>>;  // resource id, quantity
+
 struct CachedPod {
   std::string node;
-  std::map<std::string, int64_t> requests;
+  Counts requests;
   int64_t priority = 0;
   bool assumed = false;
   json pod;
@@ -83,8 +97,8 @@ struct CachedPod {
 struct CachedNode {
   std::string name;
   json node;
-  std::map<std::string, int64_t> allocatable;
-  std::map<std::string, int64_t> used;
+  Amounts allocatable;
+  Amounts used;
   std::set<std::string> pods;  // pod keys
   bool unschedulable = false;
 };
@@ -103,21 +117,33 @@ struct FakeScheduler::Impl {
   std::vector<std::unique_ptr<httplib::Client>> clients;
   std::string base, path;
   std::vector<std::string> ignored;
+  std::deque<std::string> res_names;  // id -> name (a deque: the names never move)
+  std::unordered_map<std::string, int> res_ids;
 
+  int ResId(const std::string& name) {
+    const auto [it, added] = res_ids.try_emplace(name, static_cast<int>(res_names.size()));
+    if (added) res_names.push_back(name);
+    return it->second;
+  }
+  Counts Interned(const std::map<std::string, int64_t>& named) {
+    Counts out;
+    for (const auto& [k, v] : named) out.emplace_back(ResId(k), v);
+    return out;
+  }
   void RemovePodLocked(const std::string& key) {
     auto it = pod_cache.find(key);
     if (it == pod_cache.end()) return;
     if (auto n = node_cache.find(it->second.node); n != node_cache.end()) {
-      for (const auto& [k, v] : it->second.requests) n->second.used[k] -= v;
+      for (const auto& [k, v] : it->second.requests) Add(n->second.used, k, -v);
       n->second.pods.erase(key);
     }
     pod_cache.erase(it);
   }
   void AddPodLocked(const std::string& key, const std::string& node, const json& pod, bool assumed) {
     RemovePodLocked(key);
-    CachedPod c{node, CountedRequests(pod, ignored), Priority(pod), assumed, pod};
+    CachedPod c{node, Interned(CountedRequests(pod, ignored)), Priority(pod), assumed, pod};
     auto& n = node_cache[node];  // a pod may arrive before its node
-    for (const auto& [k, v] : c.requests) n.used[k] += v;
+    for (const auto& [k, v] : c.requests) Add(n.used, k, v);
     n.pods.insert(key);
     pod_cache[key] = std::move(c);
   }
@@ -145,7 +171,7 @@ struct FakeScheduler::Impl {
     const json alloc = n.value("status", json::object()).value("allocatable", json::object());
     for (auto a = alloc.begin(); a != alloc.end(); ++a) {
       if (!Counted(a.key(), ignored)) continue;
-      if (auto q = extender::WholeQuantity(*a, a.key()); q.ok()) c.allocatable[a.key()] = *q;
+      if (auto q = extender::WholeQuantity(*a, a.key()); q.ok()) Add(c.allocatable, ResId(a.key()), *q);
     }
   }
   void OnNodeGone(const json& n) {
@@ -184,6 +210,10 @@ FakeScheduler::FakeScheduler(k8s::Client& api, FakeSchedulerOptions options) : a
 FakeScheduler::~FakeScheduler() {
   impl_->pods->Stop();
   impl_->nodes->Stop();
+}
+
+bool FakeScheduler::WaitForSync(std::chrono::milliseconds timeout) {
+  return impl_->nodes->WaitForSync(timeout) && impl_->pods->WaitForSync(timeout);
 }
 
 uint64_t FakeScheduler::calls(const std::string& verb) const {
@@ -248,18 +278,17 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
     return absl::DeadlineExceededError("fake scheduler: informers did not sync");
   }
   ScheduleOutcome out;
-  const auto want = CountedRequests(pod, opts_.ignored);
+  const auto want_named = CountedRequests(pod, opts_.ignored);
+  Counts want;  // interned under cache_mu
   const int64_t prio = Priority(pod);
   // The resource a node lacks (nullptr: it has room).
-  auto lacks = [&](const CachedNode& n, const std::map<std::string, int64_t>& used) -> const std::string* {
+  auto lacks = [&](const CachedNode& n, const Amounts& used) -> const std::string* {
     for (const auto& [k, v] : want) {
-      const auto a = n.allocatable.find(k);
-      const auto u = used.find(k);
-      if ((a == n.allocatable.end() ? 0 : a->second) - (u == used.end() ? 0 : u->second) < v) return &k;
+      if (At(n.allocatable, k) - At(used, k) < v) return &impl_->res_names[static_cast<size_t>(k)];
     }
     return nullptr;
   };
-  auto fits = [&](const CachedNode& n, const std::map<std::string, int64_t>& used) -> std::string {
+  auto fits = [&](const CachedNode& n, const Amounts& used) -> std::string {
     const std::string* k = lacks(n, used);
     return k == nullptr ? "" : Cat("Insufficient ", *k);
   };
@@ -271,6 +300,7 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
   size_t all_nodes = 0;
   {
     std::lock_guard lock(impl_->cache_mu);
+    want = impl_->Interned(want_named);
     if (impl_->order_dirty) {
       impl_->node_order.clear();
       for (auto& [name, n] : impl_->node_cache) {
@@ -312,8 +342,16 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
     if (!fr->error.empty()) return absl::UnavailableError(fr->error);
     std::vector<std::string> passed;
     if (opts_.node_cache_capable && fr->node_names) {
+      // kube-scheduler checks every name against a set of the input; an extender that keeps the
+      // input's order (ours does) is checked by one walk, anything else through the set.
+      std::optional<std::unordered_set<std::string_view>> sent;
+      size_t at = 0;
       for (const auto& n : *fr->node_names) {
-        if (std::find(survivors.begin(), survivors.end(), n) == survivors.end()) {
+        while (!sent && at < survivors.size() && survivors[at] != n) ++at;
+        if (!sent && at == survivors.size()) sent.emplace(survivors.begin(), survivors.end());
+        if (!sent) {
+          ++at;
+        } else if (!sent->contains(n)) {
           return absl::InternalError(Cat("extender \"", opts_.url_prefix, "\" claims a filtered node \"", n,
                                          "\" which is not found in the input node list"));
         }
@@ -339,18 +377,36 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
       for (const auto& s : survivors) full.push_back(by_name[s]);
       return extender::EncodeExtenderArgsFull(pod, full);
     }());
-    std::map<std::string, int64_t> score;
+    std::vector<extender::HostPriority> list;
     if (reply.ok()) {  // prioritize errors are ignored
-      auto list = extender::ParseHostPriorityList(*reply);
-      if (list.ok()) {
-        for (const auto& h : *list) score[h.host] += h.score * opts_.weight * 10;
+      if (auto l = extender::ParseHostPriorityList(*reply); l.ok()) list = std::move(*l);
+    }
+    // Per survivor, its score x weight x 10: by position when the reply lists the survivors in
+    // their order (ours does), else by name.
+    std::vector<int64_t> score(survivors.size(), 0);
+    bool aligned = list.size() == survivors.size();
+    for (size_t i = 0; aligned && i < list.size(); ++i) aligned = list[i].host == survivors[i];
+    if (aligned) {
+      for (size_t i = 0; i < list.size(); ++i) score[i] = list[i].score * opts_.weight * 10;
+    } else {
+      std::unordered_map<std::string_view, int64_t> by_host;
+      for (const auto& h : list) by_host[h.host] += h.score * opts_.weight * 10;
+      for (size_t i = 0; i < survivors.size(); ++i) {
+        if (const auto it = by_host.find(survivors[i]); it != by_host.end()) score[i] = it->second;
       }
     }
-    std::sort(survivors.begin(), survivors.end());
-    out.node = survivors[0];
-    for (const auto& s : survivors) {
-      if (score[s] > score[out.node]) out.node = s;
+    // The highest total wins; ties go to the lexically first name.
+    const std::string* best = nullptr;
+    int64_t best_score = 0;
+    for (size_t i = 0; i < survivors.size(); ++i) {
+      const std::string& s = survivors[i];
+      const int64_t v = score[i];
+      if (best == nullptr || v > best_score || (v == best_score && s < *best)) {
+        best = &s;
+        best_score = v;
+      }
     }
+    out.node = *best;
     return out;
   }
   // No node: the FailedScheduling message as kube-scheduler writes it, and the nodes that
@@ -377,14 +433,14 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
     for (const auto& [n, why] : resolvable) {
       const auto ni = impl_->node_cache.find(n);
       if (ni == impl_->node_cache.end()) continue;
-      std::map<std::string, int64_t> used;
+      Amounts used;
       std::vector<const CachedPod*> lower;
       for (const auto& key : ni->second.pods) {
         const CachedPod& p = impl_->pod_cache.at(key);
         if (p.priority < prio) {
           lower.push_back(&p);
         } else {
-          for (const auto& [k, v] : p.requests) used[k] += v;
+          for (const auto& [k, v] : p.requests) Add(used, k, v);
         }
       }
       if (!fits(ni->second, used).empty()) continue;
@@ -392,7 +448,7 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
       extender::MetaVictims mv;
       for (const CachedPod* p : lower) {
         auto with = used;
-        for (const auto& [k, v] : p->requests) with[k] += v;
+        for (const auto& [k, v] : p->requests) Add(with, k, v);
         if (fits(ni->second, with).empty()) {  // reprieved
           used = std::move(with);
           continue;

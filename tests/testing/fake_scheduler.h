@@ -75,6 +75,9 @@ class FakeScheduler {
   void RunLoop(std::stop_token stop, std::chrono::milliseconds idle = std::chrono::milliseconds(100));
 
   uint64_t calls(const std::string& verb) const;
+  // Whether the Node and Pod informers listed within `timeout` (kube-scheduler schedules nothing
+  // before its caches have synced; a benchmark waits for this before it starts the clock).
+  bool WaitForSync(std::chrono::milliseconds timeout);
 
  private:
   absl::StatusOr<std::string> Post(const std::string& verb, const std::string& body);

@@ -211,6 +211,54 @@ class StateTest : public ::testing::Test {
   State state;
 };
 
+// A filter explains each node shape once (State's refusal memo): nodes alike get the same
+// refusal, and any difference that changes the answer (memory, health, model, MIG layout, UUID
+// lists) gets its own, in the order kube-scheduler sent the nodes.
+TEST_F(StateTest, NodesOfOneShapeShareTheirRefusalAndEveryDifferenceCounts) {
+  kgpu::testing::TestGpu sick = ShareGpu(16384);
+  sick.healthy = false;
+  state.UpsertNode(TestNode("w1", {WholeGpu(), WholeGpu()}));
+  state.UpsertNode(TestNode("s16a", {ShareGpu(16384), ShareGpu(16384)}));
+  state.UpsertNode(TestNode("s32", {ShareGpu(32768), ShareGpu(16384)}));
+  state.UpsertNode(TestNode("w2", {WholeGpu(), WholeGpu()}));
+  state.UpsertNode(TestNode("s16b", {ShareGpu(16384), ShareGpu(16384)}));
+  state.UpsertNode(TestNode("sick", {sick, sick}));
+  state.UpsertNode(TestNode("t4", {ShareGpu(16384, 16, "Tesla T4"), ShareGpu(16384, 16, "Tesla T4")}));
+  state.UpsertNode(TestNode("mig", {MigGpu({"3g.40gb", "3g.40gb"})}));
+  const std::vector<std::string> order = {"w1", "s16a", "s32", "w2", "s16b", "sick", "t4", "mig"};
+  auto out = state.Filter(WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}), "u-p"), order);
+  EXPECT_EQ(out.passed, std::vector<std::string>{"s32"});
+  const std::string too_small = "no GPU on this node has 20000 MiB in total (largest: 16384 MiB)";
+  const std::string no_shares = "no GPU on this node serves shares (kgpu.io/gpu)";
+  std::vector<std::pair<std::string, std::string>> got(out.unresolvable.begin(), out.unresolvable.end());
+  EXPECT_EQ(got, (std::vector<std::pair<std::string, std::string>>{{"w1", no_shares},
+                                                                     {"s16a", too_small},
+                                                                     {"w2", no_shares},
+                                                                     {"s16b", too_small},
+                                                                     {"sick", "2 GPUs on this node are unhealthy; 1 healthy ones needed"},
+                                                                     {"t4", too_small},
+                                                                     {"mig", no_shares}}));
+  EXPECT_TRUE(out.failed.empty());
+  EXPECT_EQ(out.reasons.at("too_few_gpus"), 3);
+  EXPECT_EQ(out.reasons.at("gpu_too_small"), 3);
+  // A model list: the T4 node refuses for its model now, the A100 nodes as before.
+  auto t4 = state.Filter(WithUid(TestPod("ns", "m", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "A100"}}), "u-m"), {"t4", "s16a", "s16b"});
+  EXPECT_EQ(t4.unresolvable.at("t4"), "no GPU of the pod's models here (this node has: Tesla T4)");
+  EXPECT_EQ(t4.passed, (std::vector<std::string>{"s16a", "s16b"}));
+  // UUID lists depend on more than the shape: two nodes alike answer differently.
+  auto pinned = state.Filter(WithUid(TestPod("ns", "u", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}},
+                                             {{"kgpu.io/gpu-uuid", TestGpuUuid("s32", 0)}}), "u-u"),
+                             {"s16a", "s32", "s16b"});
+  EXPECT_EQ(pinned.passed, std::vector<std::string>{"s32"});
+  EXPECT_EQ(pinned.unresolvable.at("s16a"), "the pod's GPU UUID lists leave 0 GPUs on this node, it needs 1");
+  EXPECT_EQ(pinned.unresolvable.at("s16b"), "the pod's GPU UUID lists leave 0 GPUs on this node, it needs 1");
+  // A node whose inventory changes takes its new shape's answer at once.
+  state.UpsertNode(TestNode("s16b", {ShareGpu(32768), ShareGpu(16384)}));
+  auto again = state.Filter(WithUid(TestPod("ns", "p2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}), "u-p2"), {"s16a", "s16b"});
+  EXPECT_EQ(again.passed, std::vector<std::string>{"s16b"});
+  EXPECT_EQ(again.unresolvable.at("s16a"), too_small);
+}
+
 TEST_F(StateTest, FilterReasonsSayWhatIsShortAndWhetherPreemptionHelps) {
   state.UpsertNode(TestNode("share", {ShareGpu(16384), ShareGpu(16384)}));
   state.UpsertNode(TestNode("whole", {WholeGpu(), WholeGpu()}));
