@@ -280,9 +280,12 @@ int Run(int nodes) {
   }
   const auto after = bench::ReadProcMem(pid);
   std::printf("  extender RSS after scheduling %.1f MB (HWM %.1f MB)\n", after.rss_mb, after.hwm_mb);
+  const int64_t term = bench::NowNs();
   kill(pid, SIGTERM);
   int status = 0;
   waitpid(pid, &status, 0);
+  std::printf("  SIGTERM -> exit %.0f ms (status %d)\n", static_cast<double>(bench::NowNs() - term) / 1e6,
+              WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status));
   bench::UntrackChild(pid);
   std::filesystem::remove_all(dir);
   return 0;

@@ -306,6 +306,7 @@ absl::Status Extender::Start() {
       const Reply r = (this->*f)(req.body);
       res.status = r.code;
       res.set_content(r.body, "application/json");
+      if (stopping_) res.set_header("Connection", "close");
     };
   };
   http_->Post(R"((.*)/filter)", verb(&Extender::Filter));
@@ -330,12 +331,18 @@ absl::Status Extender::Start() {
 }
 
 void Extender::Stop() {
-  if (http_) http_->stop();
-  if (http_thread_.joinable()) http_thread_.join();
+  // The Lease first: the standby takes over now, not after the HTTP drain below (this replica
+  // answers "not the leader" from here on). Every reply from now on closes its connection, so
+  // kube-scheduler reconnects through the Service to the replica that leads.
+  stopping_ = true;
   if (elector_thread_.joinable()) {
     elector_thread_.request_stop();
     elector_thread_.join();
   }
+  if (http_) http_->stop();
+  // Joining the listener waits for its workers: httplib lets an idle keep-alive connection sit for
+  // the keep-alive timeout (5 s) without noticing that the server stopped.
+  if (http_thread_.joinable()) http_thread_.join();
   if (pods_) pods_->Stop();
   if (nodes_) nodes_->Stop();
 }

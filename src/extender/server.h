@@ -99,6 +99,7 @@ class Extender {
   std::unique_ptr<httplib::Server> http_;
   std::thread http_thread_;
   int port_ = 0;
+  std::atomic<bool> stopping_{false};  // Stop() began: replies close their connections
 };
 
 // `%` doubled: kube-scheduler passes an Error through fmt.Errorf.

@@ -484,7 +484,7 @@ TEST_F(ExtenderTest, FullNodeListModeThroughTheScheduler) {
 // Two replicas with --leader-elect: only the Lease holder is ready and answers verbs; when it is
 // SIGKILLed (no release), the other takes the Lease once it expires, from a state rebuilt by its
 // own informers, and never hands out what the dead leader booked.
-TEST_F(ExtenderTest, TwoReplicasOneLeaderTakesOverAfterACrash) {
+TEST_F(ExtenderTest, TwoReplicasTheStandbyTakesOverAfterACrashAndAtOnceAfterAStop) {
   AddNode(TestNode("n", {ShareGpu(16000)}));
   char dir[] = "/tmp/kgpu-ext-ha-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
@@ -501,7 +501,7 @@ TEST_F(ExtenderTest, TwoReplicasOneLeaderTakesOverAfterACrash) {
     t << std::ifstream(path).rdbuf();
     return t.str();
   };
-  for (auto& r : replicas) {
+  auto start = [&](Replica& r) {
     testing::SpawnOptions so;
     so.log = r.log;
     r.pid = testing::Spawn({KGPU_BIN, "extender", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0", "--leader-elect",
@@ -516,6 +516,10 @@ TEST_F(ExtenderTest, TwoReplicasOneLeaderTakesOverAfterACrash) {
       r.port = std::atoi(content.c_str() + at + std::strlen("listening on port "));
       return r.port > 0;
     })) << text(r.log);
+  };
+  for (auto& r : replicas) {
+    start(r);
+    if (HasFatalFailure()) return;
   }
   auto ready = [&](const Replica& r, std::string* body = nullptr) {
     httplib::Client http("127.0.0.1", r.port);
@@ -562,8 +566,35 @@ TEST_F(ExtenderTest, TwoReplicasOneLeaderTakesOverAfterACrash) {
   auto three = Schedule(TestPod("ns", "three", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "6000"}}));
   EXPECT_TRUE(three.bound) << three.message;
   for (const auto& [gpu, use] : UseFromRecords()) EXPECT_LE(use.memory, 16000) << gpu;
+
+  // A stopped leader (SIGTERM: a rollout) hands over at once: it releases the Lease before it
+  // drains its HTTP connections, and closes each keep-alive connection after its next reply, so
+  // kube-scheduler reconnects through the Service to the new leader. A client holds a keep-alive
+  // connection open, which keeps the stopping replica's HTTP server draining for its keep-alive
+  // timeout: the standby must be ready before that replica has exited.
+  Replica third{"replica-c", std::string(dir) + "/c.log"};
+  start(third);
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_TRUE(WaitFor([&] { return !ready(third, &why) && why.find("not the leader") != std::string::npos; })) << why;
+  httplib::Client held("127.0.0.1", second.port);
+  held.set_keep_alive(true);
+  ASSERT_TRUE(held.Get("/healthz"));
   kill(second.pid, SIGTERM);
-  waitpid(second.pid, &status, 0);
+  bool exited_first = false;
+  ASSERT_TRUE(WaitFor([&] {
+    if (!exited_first && waitpid(second.pid, &status, WNOHANG) == second.pid) exited_first = true;
+    return ready(third);
+  })) << text(third.log);
+  EXPECT_FALSE(exited_first) << "the Lease was released only when the stopping leader exited";
+  // The held connection is still served (the drain has not ended, so the Lease went first): one
+  // more reply, "not the leader", marked to close.
+  auto r = held.Post("/gpu/filter", EncodeExtenderArgs(probe, {"n"}), "application/json");
+  ASSERT_TRUE(r) << "the held connection was closed before the standby took over: " << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_EQ(r->get_header_value("Connection"), "close");
+  if (!exited_first) waitpid(second.pid, &status, 0);
+  kill(third.pid, SIGTERM);
+  waitpid(third.pid, &status, 0);
   std::filesystem::remove_all(dir);
 }
 
