@@ -20,6 +20,11 @@ void AddExtenderFlags(CLI::App* app, ExtenderFlags* f) {
                   "placement policy: random, bestfit, packing, spread, ours (fgd needs a workload file: use kgpu sim)")
       ->envname("KGPU_EXTENDER_POLICY")
       ->capture_default_str();
+  app->add_option("--untracked-memory-tolerance-mib", f->options.state.untracked_tolerance_mib,
+                  "a GPU whose node reports this much more memory in use than its allocation records book has another "
+                  "user: that memory is not placed")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app->add_option("--kube-api-qps", f->qps, "API requests per second (kube-scheduler's default)")->capture_default_str();
   app->add_option("--kube-api-burst", f->burst, "API request burst")->capture_default_str();
   app->add_option("--threads", f->options.threads, "HTTP worker threads")->capture_default_str();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -96,7 +97,26 @@ json CapacityPatch(const json& node, const std::map<std::string, int64_t>& capac
   return patch.empty() ? json() : patch;
 }
 
-std::string InventoryAnnotation(const gpu::Inventory& inv, const deviceplugin::Config& config, const LiveHealth* live) {
+UsedMemoryMiB UsedMemory(const nvml::Library& lib, const gpu::Inventory& inventory, UsedMemoryMiB* last) {
+  UsedMemoryMiB out;
+  for (const auto& g : inventory.gpus()) {
+    if (g.lost || g.hung || !g.error.empty() || g.mig_enabled) continue;
+    auto m = lib.Memory(g.handle);
+    if (!m.ok()) continue;
+    const auto mib = static_cast<int64_t>(m->used >> 20);
+    if (last == nullptr) {
+      out[g.uuid] = mib;
+      continue;
+    }
+    auto [it, fresh] = last->try_emplace(g.uuid, mib);
+    if (!fresh && std::abs(mib - it->second) >= kUsedMemoryStepMiB) it->second = mib;
+    out[g.uuid] = it->second;
+  }
+  return out;
+}
+
+std::string InventoryAnnotation(const gpu::Inventory& inv, const deviceplugin::Config& config, const LiveHealth* live,
+                                const UsedMemoryMiB* used) {
   // Discovery's verdict wins (a lost GPU is lost whatever was last served); else the plugin's.
   auto health = [&](const std::string& uuid, const char* discovered) -> const char* {
     if (std::string_view(discovered) != "ok" || live == nullptr) return discovered;
@@ -112,6 +132,9 @@ std::string InventoryAnnotation(const gpu::Inventory& inv, const deviceplugin::C
     if (const int slots = SlotsOf(g, config); slots > 0) {
       e["slots"] = slots;
       any_slots = true;
+    }
+    if (used != nullptr) {
+      if (const auto u = used->find(g.uuid); u != used->end()) e["usedMiB"] = u->second;
     }
     if (g.mig_enabled) {
       json migs = json::array();
@@ -285,7 +308,7 @@ absl::StatusOr<std::unique_ptr<NodeLabeller>> NodeLabeller::Create(const NodeLab
 }
 
 absl::Status NodeLabeller::Publish(const gpu::Inventory& inventory, const deviceplugin::Config& config,
-                                   const LiveHealth* live) {
+                                   const LiveHealth* live, const UsedMemoryMiB* used) {
   auto log = Log("cli");
   deviceplugin::GfdOptions go;
   go.timestamp = !flags_.no_timestamp;
@@ -298,7 +321,7 @@ absl::Status NodeLabeller::Publish(const gpu::Inventory& inventory, const device
     return absl::OkStatus();
   }
   const auto capacity = ShareCapacity(inventory, config);
-  auto r = PublishToNode(*client_, flags_.node_name, labels, InventoryAnnotation(inventory, config, live), &capacity);
+  auto r = PublishToNode(*client_, flags_.node_name, labels, InventoryAnnotation(inventory, config, live, used), &capacity);
   if (!r.ok()) return r.status();
   log->info("node {}: {} labels set, {} removed, inventory annotation {}, share capacity {}", flags_.node_name,
             r->labels_set, r->labels_removed, r->annotation_changed ? "updated" : "unchanged",
@@ -382,7 +405,7 @@ void LabelPublisher::Loop(std::stop_token stop) {
     } else if (!snap->inventory || !snap->config) {
       skipped = true;  // not serving yet: the start notifies
     } else {
-      st = labeller_->Publish(*snap->inventory, *snap->config, &snap->healthy);
+      st = labeller_->Publish(*snap->inventory, *snap->config, &snap->healthy, &snap->used);
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -412,9 +435,11 @@ absl::StatusOr<std::unique_ptr<LabelPublisher>> MakeLabelPublisher(deviceplugin:
   if (!flags.publish) return std::unique_ptr<LabelPublisher>();
   auto labeller = NodeLabeller::Create(flags);
   if (!labeller.ok()) return absl::Status(labeller.status().code(), Cat("--publish-labels: ", labeller.status().message()));
-  auto source = [&manager]() -> absl::StatusOr<LabelPublisher::Snapshot> {
+  auto last = std::make_shared<UsedMemoryMiB>();  // the passes run on the publisher's one thread
+  auto source = [&manager, last]() -> absl::StatusOr<LabelPublisher::Snapshot> {
     auto a = manager.advertised();
-    return LabelPublisher::Snapshot{std::move(a.inventory), std::move(a.config), std::move(a.healthy)};
+    UsedMemoryMiB used = a.inventory ? UsedMemory(manager.lib(), *a.inventory, last.get()) : UsedMemoryMiB();
+    return LabelPublisher::Snapshot{std::move(a.inventory), std::move(a.config), std::move(a.healthy), std::move(used)};
   };
   auto p = std::make_unique<LabelPublisher>(std::move(*labeller), source, std::chrono::seconds(flags.interval_s));
   manager.SetOnChange(p->Notifier());
@@ -431,14 +456,17 @@ int RunNodeLabels(const NodeOptions& node, const DevicePluginFlags& dp, const No
   }
   // Without a plugin to follow, each pass re-reads the config and re-discovers the GPUs (a MIG
   // re-partition or a config change shows at the next pass); health is discovery's.
+  UsedMemoryMiB last;
   auto source = [&]() -> absl::StatusOr<LabelPublisher::Snapshot> {
     auto cs = OpenConfiguredSession(node, dp);
     if (!cs.ok()) return cs.status();
-    return LabelPublisher::Snapshot{cs->session.inventory, std::make_shared<const deviceplugin::Config>(cs->config), {}};
+    UsedMemoryMiB used = UsedMemory(*cs->session.lib, *cs->session.inventory, &last);
+    return LabelPublisher::Snapshot{cs->session.inventory, std::make_shared<const deviceplugin::Config>(cs->config), {},
+                                    std::move(used)};
   };
   if (flags.oneshot || flags.interval_s == 0) {
     auto snap = source();
-    absl::Status st = snap.ok() ? (*labeller)->Publish(*snap->inventory, *snap->config, nullptr) : snap.status();
+    absl::Status st = snap.ok() ? (*labeller)->Publish(*snap->inventory, *snap->config, nullptr, &snap->used) : snap.status();
     if (!st.ok()) out << "kgpu node-labels: " << st.message() << "\n";
     return st.ok() ? 0 : 1;
   }

@@ -52,8 +52,19 @@ using LiveHealth = std::map<std::string, bool>;
 // The annotation's value (format version 1). Per GPU (and MIG device) `health` is "lost" or
 // "error" when discovery says so, else, with `live`, "unhealthy" when the plugin serves any of its
 // devices Unhealthy, else "ok". Without `live` (or for a UUID it lacks) discovery's health.
+// With `used` (GPU UUID -> MiB in use, UsedMemory), each GPU it names also carries `usedMiB`: the
+// extender compares it with the allocation records to see untracked users (facts §7(b)6).
+using UsedMemoryMiB = std::map<std::string, int64_t>;
 std::string InventoryAnnotation(const gpu::Inventory& inventory, const deviceplugin::Config& config,
-                                const LiveHealth* live = nullptr);
+                                const LiveHealth* live = nullptr, const UsedMemoryMiB* used = nullptr);
+
+// The memory in use on each GPU that is not in MIG mode (NVML: every process and context, not
+// the driver's reservation where the v2 call reports it), per UUID, in steps: a reading replaces
+// the one in `*last` only when it moved by kUsedMemoryStepMiB or more, so that the annotation (and
+// every Node watcher) changes on real changes, not on every allocation. GPUs NVML cannot read are
+// left out.
+inline constexpr int64_t kUsedMemoryStepMiB = 512;
+UsedMemoryMiB UsedMemory(const nvml::Library& lib, const gpu::Inventory& inventory, UsedMemoryMiB* last);
 
 // The merge patch that brings `node` to the desired labels and annotation: owned labels not
 // desired become null, changed ones are set, others untouched; the annotation only when it
@@ -114,7 +125,8 @@ class NodeLabeller {
   static absl::StatusOr<std::unique_ptr<NodeLabeller>> Create(const NodeLabelsFlags& flags);
   // Publishes what `inventory` and `config` give (and the live health, when known). The log line
   // says what changed; an error is the API's or the file's.
-  absl::Status Publish(const gpu::Inventory& inventory, const deviceplugin::Config& config, const LiveHealth* live);
+  absl::Status Publish(const gpu::Inventory& inventory, const deviceplugin::Config& config, const LiveHealth* live,
+                       const UsedMemoryMiB* used = nullptr);
   const NodeLabelsFlags& flags() const { return flags_; }
 
  private:
@@ -133,6 +145,7 @@ class LabelPublisher {
     std::shared_ptr<const gpu::Inventory> inventory;
     std::shared_ptr<const deviceplugin::Config> config;
     LiveHealth healthy;
+    UsedMemoryMiB used;  // UsedMemory
   };
   // What to publish now; an error skips the pass (logged, retried with backoff). A snapshot
   // without a config (the plugin is not serving yet) skips it silently until the next Notify().

@@ -165,6 +165,7 @@ class Manager {
     std::map<std::string, bool> healthy;
   };
   Advertised advertised() const;
+  const nvml::Library& lib() const { return lib_; }
   // `fn` runs after what is advertised may have changed: a device's health, a MIG re-partition, a
   // reload (SIGHUP). It runs on the Manager's threads with their locks held: it must only record
   // and wake. Set before Start.

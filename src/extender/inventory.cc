@@ -95,6 +95,12 @@ absl::StatusOr<NodeInfo> ParseInventoryAnnotation(const std::string& name, const
     if (gi.memory_mib < 0) return Bad(name, where + ".memMiB", "must be >= 0");
     gi.healthy = *health == "ok";
     gi.slots = static_cast<int>(std::max<int64_t>(0, *slots));
+    if (g.contains("usedMiB")) {
+      if (!g["usedMiB"].is_number_integer() || g["usedMiB"].get<int64_t>() < 0) {
+        return Bad(name, where + ".usedMiB", "expected an integer >= 0");
+      }
+      gi.used_mib = g["usedMiB"].get<int64_t>();
+    }
     if (const auto mig = g.find("mig"); mig != g.end() && mig->is_array()) {
       for (const auto& m : *mig) {
         if (!m.is_object()) return Bad(name, where + ".mig", "expected objects");

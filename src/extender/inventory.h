@@ -41,6 +41,7 @@ struct GpuInfo {
   int64_t memory_mib = 0;
   bool healthy = true;
   int slots = 0;  // > 0: serves kgpu.io/gpu shares
+  int64_t used_mib = -1;  // memory in use by every user of the GPU, as its node last read NVML (-1: not reported)
   int island = -1;
   std::vector<MigInfo> mig;
 };

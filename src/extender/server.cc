@@ -227,6 +227,15 @@ std::string Extender::MetricsText() const {
   extra += "# HELP kgpu_extender_bad_records_total Allocation records that did not parse or name GPUs the node lacks.\n"
            "# TYPE kgpu_extender_bad_records_total counter\n";
   extra += Cat("kgpu_extender_bad_records_total ", s.bad_records, "\n");
+  extra += "# HELP kgpu_extender_gpus_reporting_usage GPUs whose node reports their memory in use (kgpu.io/gpu-inventory usedMiB).\n"
+           "# TYPE kgpu_extender_gpus_reporting_usage gauge\n";
+  extra += Cat("kgpu_extender_gpus_reporting_usage ", s.gpus_reporting_usage, "\n");
+  extra += "# HELP kgpu_extender_gpus_untracked_memory GPUs with memory in use beyond what the allocation records book there "
+           "(another user of the GPU, or a share over its record).\n# TYPE kgpu_extender_gpus_untracked_memory gauge\n";
+  extra += Cat("kgpu_extender_gpus_untracked_memory ", s.gpus_untracked, "\n");
+  extra += "# HELP kgpu_extender_gpu_untracked_memory_mib That memory in total (MiB), taken out of what the extender places.\n"
+           "# TYPE kgpu_extender_gpu_untracked_memory_mib gauge\n";
+  extra += Cat("kgpu_extender_gpu_untracked_memory_mib ", s.untracked_mib, "\n");
   extra += "# HELP kgpu_extender_ready 1 when the informers have synced (and this replica leads).\n# TYPE kgpu_extender_ready gauge\n";
   extra += Cat("kgpu_extender_ready ", NotReadyReason().empty() ? 1 : 0, "\n");
   return metrics_.Text(extra);

@@ -333,10 +333,13 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
   }
   *unresolvable = false;  // lower-priority pods hold it: preemption can help
   cat = "gpus_busy";
+  int64_t untracked = 0;  // memory of the eligible GPUs in use outside the records (its node's report)
+  for (size_t i : eligible) untracked += ns.gpus[i].untracked_mib;
+  const std::string outside = untracked > 0 ? Cat("; ", untracked, " MiB of their memory is in use outside kgpu's records") : "";
   if (g.kind == GpuKind::kWhole) {
     int free = 0;
     for (size_t i : eligible) free += ns.gpus[i].FullyFree() ? 1 : 0;
-    return Cat("only ", free, " of ", eligible.size(), " GPUs here are free; the pod needs ", need, " whole GPUs");
+    return Cat("only ", free, " of ", eligible.size(), " GPUs here are free; the pod needs ", need, " whole GPUs", outside);
   }
   if (g.kind == GpuKind::kMig) {
     cat = "mig_busy";
@@ -381,9 +384,9 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
   }
   if (mem_ok < need || (per_mem > 0 && all_ok < need && cores_ok >= need)) {
     cat = "memory";
-    if (need == 1) return Cat("no single GPU with ", per_mem, " MiB free (", largest, ")");
+    if (need == 1) return Cat("no single GPU with ", per_mem, " MiB free (", largest, ")", outside);
     return Cat("only ", std::min(mem_ok, all_ok), " GPUs here have ", per_mem, " MiB free; the pod needs ", need,
-               " on different GPUs (", largest, ")");
+               " on different GPUs (", largest, ")", outside);
   }
   cat = "cores";
   const int64_t pct = c.req.milli / 10;
@@ -549,6 +552,31 @@ void State::UpsertNode(const json& node) {
   info->shape_id = shape_ids_.try_emplace(StaticShape(*info), static_cast<int>(shape_ids_.size())).first->second;
   nodes_[name] = std::move(*info);
   RebookNodeLocked(name);
+  ApplyReportedUsageLocked(name);
+}
+
+void State::ApplyReportedUsageLocked(const std::string& node) {
+  const auto it = nodes_.find(node);
+  if (it == nodes_.end() || it->second.engine_id < 0) return;
+  auto& cluster = engine_->mutable_cluster();
+  const NodeInfo& info = it->second;
+  for (size_t i = 0; i < info.gpus.size() && i < cluster.node(info.engine_id).gpus.size(); ++i) {
+    const auto& gs = cluster.node(info.engine_id).gpus[i];
+    int64_t untracked = 0;
+    if (info.gpus[i].used_mib >= 0 && !gs.IsMig()) {
+      // A whole-GPU pod owns all of it; shares book their records' memory.
+      const int64_t booked = gs.pods > 0 && info.gpus[i].slots == 0 ? gs.memory_mib
+                                                                    : gs.memory_mib - gs.free_memory_mib - gs.untracked_mib;
+      untracked = info.gpus[i].used_mib - booked;
+      if (untracked < opts_.untracked_tolerance_mib) untracked = 0;
+    }
+    if (untracked == gs.untracked_mib) continue;
+    if (untracked > 0) {
+      Log("extender")->info("node {} GPU {}: {} MiB in use beyond what the allocation records book there (another user); "
+                            "not placed until its node reports it gone", node, info.gpus[i].uuid, untracked);
+    }
+    (void)cluster.SetGpuUntracked(node, static_cast<int>(i), untracked);
+  }
 }
 
 void State::RemoveNode(const std::string& name) {
@@ -783,6 +811,17 @@ StateStats State::Stats() const {
   s.record_conflicts = record_conflicts_;
   s.bad_records = bad_records_;
   s.bad_inventories = bad_inventories_;
+  const auto& cluster = engine_->cluster();
+  for (const auto& [n, info] : nodes_) {
+    if (info.engine_id < 0) continue;
+    const auto& gpus = cluster.node(info.engine_id).gpus;
+    for (size_t i = 0; i < info.gpus.size() && i < gpus.size(); ++i) {
+      if (info.gpus[i].used_mib < 0) continue;
+      ++s.gpus_reporting_usage;
+      s.gpus_untracked += gpus[i].untracked_mib > 0 ? 1 : 0;
+      s.untracked_mib += gpus[i].untracked_mib;
+    }
+  }
   return s;
 }
 

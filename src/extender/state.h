@@ -37,6 +37,10 @@ namespace kgpu::extender {
 struct StateOptions {
   std::string policy = "ours";  // the engine's policy (sched::PolicyNames())
   uint64_t seed = 42;
+  // A GPU whose node reports more memory in use than the records book there by at least this
+  // much has an untracked user (another process, a pod outside kgpu, a share exceeding its
+  // record): that memory is taken out of what the extender places. Below it: driver overhead.
+  int64_t untracked_tolerance_mib = 1024;
 };
 
 struct FilterOutcome {
@@ -55,6 +59,10 @@ struct Assumption {
 struct StateStats {
   size_t nodes = 0, gpu_nodes = 0, pods = 0, booked = 0;
   uint64_t record_conflicts = 0, bad_records = 0, bad_inventories = 0;
+  // Drift between the records and the nodes' NVML reports (facts §7(b)6).
+  size_t gpus_reporting_usage = 0;  // GPUs whose node reports the memory in use
+  size_t gpus_untracked = 0;        // of which used beyond their bookings (by the tolerance)
+  int64_t untracked_mib = 0;        // that memory, in total
 };
 
 class State {
@@ -113,6 +121,9 @@ class State {
   void BookLocked(const std::string& uid, PodEntry& e);
   void UnbookLocked(const std::string& uid, PodEntry& e);
   void RebookNodeLocked(const std::string& node);
+  // Takes each GPU's memory in use beyond its bookings (by the node's last report) out of what is
+  // placed there (sched::GpuState::untracked_mib).
+  void ApplyReportedUsageLocked(const std::string& node);
 
   StateOptions opts_;
   mutable std::mutex mu_;

@@ -165,6 +165,21 @@ absl::Status Cluster::SetGpuHealth(std::string_view node, int gpu, bool healthy)
   return absl::OkStatus();
 }
 
+absl::Status Cluster::SetGpuUntracked(std::string_view node, int gpu, int64_t mib) {
+  const int id = FindNode(node);
+  if (id < 0) return absl::NotFoundError(Cat("node ", node, ": not in the cluster"));
+  auto& n = nodes_[static_cast<size_t>(id)];
+  if (gpu < 0 || gpu >= static_cast<int>(n.gpus.size())) {
+    return absl::OutOfRangeError(Cat("node ", node, ": no GPU ", gpu, " (it has ", n.gpus.size(), ")"));
+  }
+  if (mib < 0) return absl::InvalidArgumentError(Cat("node ", node, ": GPU ", gpu, ": untracked memory must be >= 0"));
+  auto& g = n.gpus[static_cast<size_t>(gpu)];
+  g.free_memory_mib += g.untracked_mib - mib;
+  g.untracked_mib = mib;
+  ++n.version;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Request> Cluster::Compile(const PodRequest& pod) const {
   Request r;
   r.name = pod.name;
@@ -337,7 +352,7 @@ absl::Status Cluster::Release(std::string_view pod) {
       g.mig_used[static_cast<size_t>(rec.placement.mig_instance)] = 0;
     } else if (rec.req.whole) {
       std::fill(g.mig_used.begin(), g.mig_used.end(), 0);
-      g.free_memory_mib = g.memory_mib;
+      g.free_memory_mib = g.memory_mib - g.untracked_mib;
     } else {
       g.free_memory_mib += rec.req.gpu_memory;
     }

@@ -30,10 +30,13 @@ struct GpuState {
   int nvlink_island = -1;
   int pods = 0;                // pods using this GPU
   int max_shares = 0;          // 0: no limit
+  // Memory in use that no placement here accounts for (another user of the GPU, seen by its node's
+  // NVML report): out of free_memory_mib, and the GPU is not free for a whole-GPU pod.
+  int64_t untracked_mib = 0;
   std::vector<MigInstance> mig;
   std::vector<int> mig_used;   // per instance: 1 when taken
   bool IsMig() const { return !mig.empty(); }
-  bool FullyFree() const { return pods == 0 && free_milli == kMilli; }
+  bool FullyFree() const { return pods == 0 && free_milli == kMilli && untracked_mib == 0; }
 };
 
 struct NodeState {
@@ -77,6 +80,8 @@ class Cluster {
   absl::Status RemoveNode(std::string_view name, std::vector<std::string>* evicted = nullptr);
   // Health of one GPU; an unhealthy GPU takes no new pods (bound pods stay).
   absl::Status SetGpuHealth(std::string_view node, int gpu, bool healthy);
+  // Memory of one GPU in use outside the placements (GpuState::untracked_mib), replacing the last.
+  absl::Status SetGpuUntracked(std::string_view node, int gpu, int64_t mib);
 
   // Resolves a request: validates its form and turns model names into a mask.
   absl::StatusOr<Request> Compile(const PodRequest& pod) const;

@@ -15,6 +15,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "extender/inventory.h"
 #include "k8s/client.h"
 #include "testing/fake_apiserver.h"
 #include "testing/fake_kubelet_node.h"
@@ -155,6 +156,29 @@ TEST_F(NodeApiTest, DevicePluginPublishesLabelsAndLiveHealth) {
   EXPECT_TRUE(WaitFor([&] { return !served().empty() && Annotation(node())["gpus"][2]["health"] == served(); }))
       << served() << " " << Annotation(node())["gpus"][2] << p.Log();
   EXPECT_EQ(node()["metadata"]["labels"]["team"], "ml");
+  p.Signal(SIGTERM);
+  EXPECT_EQ(p.Wait(10s), 0) << p.Log();
+}
+
+// The node agent reports each GPU's memory in use with its inventory (facts §7(b)6): a process
+// that no kgpu allocation accounts for shows at the next pass, and the extender reads it.
+TEST_F(NodeApiTest, NodeAgentReportsMemoryInUse) {
+  Init("dgx-h100");
+  StartApi();
+  ASSERT_EQ(api_.Create("nodes", "", {{"metadata", {{"name", "sim-node"}}}}).code, 201);
+  const std::string cfg = WriteConfig("version: v1\n");
+  testing::Plugin p(sim_->dir(), {"--config-file", cfg, "--publish-labels", "--kubeconfig", kubeconfig_, "--node-name",
+                                  "sim-node", "--labels-interval", "1", "--labels-no-timestamp"});
+  auto node = [&] { return api_.Get("nodes", "", "sim-node").body; };
+  ASSERT_TRUE(WaitFor([&] { return Annotation(node())["gpus"].size() == 8u; })) << p.Log();
+  const int64_t base = Annotation(node())["gpus"][3].value("usedMiB", int64_t{-1});
+  ASSERT_GE(base, 0) << Annotation(node())["gpus"][3];
+  ASSERT_EQ(sim_->Ctl("proc add 3 31337 --mem 12000"), 0);
+  ASSERT_TRUE(WaitFor([&] { return Annotation(node())["gpus"][3].value("usedMiB", int64_t{-1}) == base + 12000; }))
+      << Annotation(node())["gpus"][3] << p.Log();
+  auto info = extender::ParseNodeInventory(node());
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->gpus[3].used_mib, base + 12000);
   p.Signal(SIGTERM);
   EXPECT_EQ(p.Wait(10s), 0) << p.Log();
 }

@@ -259,6 +259,51 @@ TEST_F(StateTest, NodesOfOneShapeShareTheirRefusalAndEveryDifferenceCounts) {
   EXPECT_EQ(again.unresolvable.at("s16a"), too_small);
 }
 
+// Drift (facts §7(b)6): a node reports each GPU's memory in use; what exceeds the records'
+// bookings there (by the tolerance) belongs to somebody kgpu does not know, and is not placed.
+TEST_F(StateTest, MemoryInUseBeyondTheRecordsIsNotPlacedAndIsCounted) {
+  auto reported = [](json node, const std::vector<int64_t>& used) {
+    auto& ann = node["metadata"]["annotations"]["kgpu.io/gpu-inventory"];
+    json inv = json::parse(ann.get<std::string>());
+    for (size_t i = 0; i < used.size(); ++i) inv["gpus"][i]["usedMiB"] = used[i];
+    ann = inv.dump();
+    return node;
+  };
+  state.UpsertNode(reported(TestNode("share", {ShareGpu(16384), ShareGpu(16384)}), {0, 0}));
+  state.UpsertNode(reported(TestNode("whole", {WholeGpu(), WholeGpu()}), {0, 0}));
+  Book(WithUid(TestPod("ns", "a", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("share", 0)}}), "u-a"), "share");
+  auto st = state.Stats();
+  EXPECT_EQ(st.gpus_reporting_usage, 4U);
+  EXPECT_EQ(st.gpus_untracked, 0U);
+  // The next report: GPU 0 runs pod a (3900 MiB of its 4000) and 10000 MiB of somebody else's;
+  // GPU 1 600 MiB of driver and contexts (under the 1024 MiB tolerance); whole GPU 1 a stray
+  // 2048 MiB process.
+  state.UpsertNode(reported(TestNode("share", {ShareGpu(16384), ShareGpu(16384)}), {13900, 600}));
+  state.UpsertNode(reported(TestNode("whole", {WholeGpu(), WholeGpu()}), {0, 2048}));
+  st = state.Stats();
+  EXPECT_EQ(st.gpus_untracked, 2U);
+  EXPECT_EQ(st.untracked_mib, 9900 + 2048);
+  // 16384 - 4000 booked - 9900 untracked = 2484 MiB free on GPU 0; GPU 1 is free but for 600.
+  const json p = WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}},
+                                 {{"kgpu.io/gpu-uuid", TestGpuUuid("share", 0)}}), "u-p");
+  auto out = state.Filter(p, {"share"});
+  EXPECT_EQ(out.failed.at("share"), "no single GPU with 8000 MiB free (largest free: 2484 MiB on " + TestGpuUuid("share", 0) +
+                                        "); 9900 MiB of their memory is in use outside kgpu's records");
+  EXPECT_EQ(state.Filter(WithUid(TestPod("ns", "q", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}), "u-q"), {"share"}).passed,
+            std::vector<std::string>{"share"});
+  // The whole GPU with a stray process is not handed out.
+  auto two = state.Filter(WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "2"}}), "u-w"), {"whole"});
+  EXPECT_EQ(two.failed.at("whole"),
+            "only 1 of 2 GPUs here are free; the pod needs 2 whole GPUs; 2048 MiB of their memory is in use outside kgpu's records");
+  auto one = state.Assume(WithUid(TestPod("ns", "w1", {{"nvidia.com/gpu", "1"}}), "u-w1"), "whole");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->record.containers[0].gpus[0].uuid, TestGpuUuid("whole", 0));
+  // The stray process goes: the next report frees the GPU.
+  state.UpsertNode(reported(TestNode("whole", {WholeGpu(), WholeGpu()}), {0, 0}));
+  EXPECT_EQ(state.Stats().gpus_untracked, 1U);
+  EXPECT_TRUE(state.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "1"}}), "u-w2"), {"whole"}).passed.size() == 1);
+}
+
 TEST_F(StateTest, FilterReasonsSayWhatIsShortAndWhetherPreemptionHelps) {
   state.UpsertNode(TestNode("share", {ShareGpu(16384), ShareGpu(16384)}));
   state.UpsertNode(TestNode("whole", {WholeGpu(), WholeGpu()}));

@@ -152,6 +152,34 @@ TEST(InventoryAnnotation, SharingGpusCarryTheirSlotsAndTheExtenderReadsThem) {
   EXPECT_FALSE(plain["sharing"].contains("kgpu"));
 }
 
+// Each GPU's memory in use (NVML) rides in the annotation for the extender's drift check, in
+// steps of kUsedMemoryStepMiB so that the Node changes on real changes only.
+TEST(InventoryAnnotation, MemoryInUseInStepsForTheExtender) {
+  testing::SimGpus g("dgx-h100");
+  ASSERT_TRUE(g.inv && g.lib);
+  UsedMemoryMiB last;
+  const auto base = UsedMemory(*g.lib, *g.inv, &last);
+  ASSERT_EQ(base.size(), g.inv->gpus().size());
+  const std::string uuid0 = g.inv->gpus()[0].uuid;
+  ASSERT_EQ(g.sim.Ctl("proc add 0 4242 --mem 20000"), 0);
+  const auto after = UsedMemory(*g.lib, *g.inv, &last);
+  EXPECT_EQ(after.at(uuid0), base.at(uuid0) + 20000);
+  // A small move stays at the published step.
+  ASSERT_EQ(g.sim.Ctl("proc add 0 4243 --mem 300"), 0);
+  EXPECT_EQ(UsedMemory(*g.lib, *g.inv, &last).at(uuid0), base.at(uuid0) + 20000);
+  ASSERT_EQ(g.sim.Ctl("proc add 0 4244 --mem 300"), 0);
+  EXPECT_EQ(UsedMemory(*g.lib, *g.inv, &last).at(uuid0), base.at(uuid0) + 20600);
+  const auto used = UsedMemory(*g.lib, *g.inv, &last);
+  auto node = extender::ParseInventoryAnnotation("n", InventoryAnnotation(*g.inv, Config{}, nullptr, &used));
+  ASSERT_TRUE(node.ok()) << node.status();
+  EXPECT_EQ(node->gpus[0].used_mib, base.at(uuid0) + 20600);
+  EXPECT_EQ(node->gpus[1].used_mib, base.at(g.inv->gpus()[1].uuid));
+  // Without readings the field is absent (an older node agent): the extender does not guess.
+  auto plain = extender::ParseInventoryAnnotation("n", InventoryAnnotation(*g.inv, Config{}));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->gpus[0].used_mib, -1);
+}
+
 TEST(PublishToNode, PatchesOnlyOwnedLabelsAndOnlyWhenChanged) {
   testing::SimGpus g("dgx-h100");
   ASSERT_TRUE(g.inv);
@@ -314,7 +342,7 @@ TEST(LabelPublisher, PublishesOnStartAndOnChangeAndRetries) {
       [&]() -> absl::StatusOr<LabelPublisher::Snapshot> {
         ++calls;
         std::lock_guard<std::mutex> lock(mu);
-        return LabelPublisher::Snapshot{g.inv, config, live};
+        return LabelPublisher::Snapshot{g.inv, config, live, {}};
       },
       std::chrono::seconds(0), std::chrono::milliseconds(50));
   auto notify = publisher.Notifier();
@@ -379,7 +407,7 @@ TEST(LabelPublisher, RelabelsOnTheInterval) {
       std::move(*labeller),
       [&]() -> absl::StatusOr<LabelPublisher::Snapshot> {
         std::lock_guard<std::mutex> lock(mu);
-        return LabelPublisher::Snapshot{g.inv, config, live};
+        return LabelPublisher::Snapshot{g.inv, config, live, {}};
       },
       std::chrono::seconds(1), std::chrono::milliseconds(50));
   publisher.Start();
