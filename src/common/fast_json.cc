@@ -66,18 +66,24 @@ std::optional<std::vector<std::string>> StringArray(dom::element e) {
 // of its own, so that one large request does not pin its memory for the thread's lifetime.
 constexpr size_t kKeepParserBytes = size_t{1} << 20;
 
+// `text` parsed into `*root`, which lives until this thread's next parse (or as long as `*own`,
+// the parser a large text gets). False when simdjson rejects the text.
+bool ParseRoot(std::string_view text, std::unique_ptr<dom::parser>* own, dom::element* root) {
+  thread_local dom::parser kept;
+  dom::parser* parser = &kept;
+  if (text.size() > kKeepParserBytes) {
+    *own = std::make_unique<dom::parser>();
+    parser = own->get();
+  }
+  return parser->parse(text.data(), text.size(), /*realloc_if_needed=*/true).get(*root) == simdjson::SUCCESS;
+}
+
 }  // namespace
 
 std::optional<FastJson> ParseJsonFast(std::string_view text, const std::function<bool(std::string_view)>& divert) {
-  thread_local dom::parser kept;
   std::unique_ptr<dom::parser> own;
-  dom::parser* parser = &kept;
-  if (text.size() > kKeepParserBytes) {
-    own = std::make_unique<dom::parser>();
-    parser = own.get();
-  }
   dom::element root;
-  if (parser->parse(text.data(), text.size(), /*realloc_if_needed=*/true).get(root) != simdjson::SUCCESS) return std::nullopt;
+  if (!ParseRoot(text, &own, &root)) return std::nullopt;
   FastJson out;
   if (root.type() != dom::element_type::OBJECT || !divert) {
     out.doc = Convert(root);
@@ -112,15 +118,9 @@ std::optional<std::vector<std::pair<std::string, int64_t>>> ParseStringIntArrayF
     }
     return true;
   };
-  thread_local dom::parser kept;
   std::unique_ptr<dom::parser> own;
-  dom::parser* parser = &kept;
-  if (text.size() > kKeepParserBytes) {
-    own = std::make_unique<dom::parser>();
-    parser = own.get();
-  }
   dom::element root;
-  if (parser->parse(text.data(), text.size(), /*realloc_if_needed=*/true).get(root) != simdjson::SUCCESS) return std::nullopt;
+  if (!ParseRoot(text, &own, &root)) return std::nullopt;
   dom::array items;
   if (root.get_array().get(items) != simdjson::SUCCESS) return std::nullopt;
   std::vector<std::pair<std::string, int64_t>> out;

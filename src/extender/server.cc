@@ -217,27 +217,25 @@ std::string Extender::BindPod(const BindingArgs& b) {
 std::string Extender::MetricsText() const {
   const auto s = state_.Stats();
   std::string extra;
-  extra += "# HELP kgpu_extender_nodes Nodes with a GPU inventory in the extender's cache.\n# TYPE kgpu_extender_nodes gauge\n";
-  extra += Cat("kgpu_extender_nodes ", s.nodes, "\n");
-  extra += "# HELP kgpu_extender_pods_booked Pods whose GPUs the extender books.\n# TYPE kgpu_extender_pods_booked gauge\n";
-  extra += Cat("kgpu_extender_pods_booked ", s.booked, "\n");
-  extra += "# HELP kgpu_extender_record_conflicts_total Allocation records that claim capacity another record holds.\n"
-           "# TYPE kgpu_extender_record_conflicts_total counter\n";
-  extra += Cat("kgpu_extender_record_conflicts_total ", s.record_conflicts, "\n");
-  extra += "# HELP kgpu_extender_bad_records_total Allocation records that did not parse or name GPUs the node lacks.\n"
-           "# TYPE kgpu_extender_bad_records_total counter\n";
-  extra += Cat("kgpu_extender_bad_records_total ", s.bad_records, "\n");
-  extra += "# HELP kgpu_extender_gpus_reporting_usage GPUs whose node reports their memory in use (kgpu.io/gpu-inventory usedMiB).\n"
-           "# TYPE kgpu_extender_gpus_reporting_usage gauge\n";
-  extra += Cat("kgpu_extender_gpus_reporting_usage ", s.gpus_reporting_usage, "\n");
-  extra += "# HELP kgpu_extender_gpus_untracked_memory GPUs with memory in use beyond what the allocation records book there "
-           "(another user of the GPU, or a share over its record).\n# TYPE kgpu_extender_gpus_untracked_memory gauge\n";
-  extra += Cat("kgpu_extender_gpus_untracked_memory ", s.gpus_untracked, "\n");
-  extra += "# HELP kgpu_extender_gpu_untracked_memory_mib That memory in total (MiB), taken out of what the extender places.\n"
-           "# TYPE kgpu_extender_gpu_untracked_memory_mib gauge\n";
-  extra += Cat("kgpu_extender_gpu_untracked_memory_mib ", s.untracked_mib, "\n");
-  extra += "# HELP kgpu_extender_ready 1 when the informers have synced (and this replica leads).\n# TYPE kgpu_extender_ready gauge\n";
-  extra += Cat("kgpu_extender_ready ", NotReadyReason().empty() ? 1 : 0, "\n");
+  auto metric = [&](const char* name, const char* type, const char* help, auto value) {
+    extra += Cat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, " ", value, "\n");
+  };
+  metric("kgpu_extender_nodes", "gauge", "Nodes with a GPU inventory in the extender's cache.", s.nodes);
+  metric("kgpu_extender_pods_booked", "gauge", "Pods whose GPUs the extender books.", s.booked);
+  metric("kgpu_extender_record_conflicts_total", "counter", "Allocation records that claim capacity another record holds.",
+         s.record_conflicts);
+  metric("kgpu_extender_bad_records_total", "counter", "Allocation records that did not parse or name GPUs the node lacks.",
+         s.bad_records);
+  metric("kgpu_extender_gpus_reporting_usage", "gauge",
+         "GPUs whose node reports their memory in use (kgpu.io/gpu-inventory usedMiB).", s.gpus_reporting_usage);
+  metric("kgpu_extender_gpus_untracked_memory", "gauge",
+         "GPUs with memory in use beyond what the allocation records book there (another user of the GPU, or a share over "
+         "its record).",
+         s.gpus_untracked);
+  metric("kgpu_extender_gpu_untracked_memory_mib", "gauge", "That memory in total (MiB), taken out of what the extender places.",
+         s.untracked_mib);
+  metric("kgpu_extender_ready", "gauge", "1 when the informers have synced (and this replica leads).",
+         NotReadyReason().empty() ? 1 : 0);
   return metrics_.Text(extra);
 }
 

@@ -147,14 +147,22 @@ absl::Status Cluster::RemoveNode(std::string_view name, std::vector<std::string>
   return absl::OkStatus();
 }
 
-absl::Status Cluster::SetGpuHealth(std::string_view node, int gpu, bool healthy) {
+absl::StatusOr<std::pair<NodeState*, GpuState*>> Cluster::FindGpu(std::string_view node, int gpu) {
   const int id = FindNode(node);
   if (id < 0) return absl::NotFoundError(Cat("node ", node, ": not in the cluster"));
   auto& n = nodes_[static_cast<size_t>(id)];
   if (gpu < 0 || gpu >= static_cast<int>(n.gpus.size())) {
     return absl::OutOfRangeError(Cat("node ", node, ": no GPU ", gpu, " (it has ", n.gpus.size(), ")"));
   }
-  auto& g = n.gpus[static_cast<size_t>(gpu)];
+  return std::make_pair(&n, &n.gpus[static_cast<size_t>(gpu)]);
+}
+
+absl::Status Cluster::SetGpuHealth(std::string_view node, int gpu, bool healthy) {
+  auto found = FindGpu(node, gpu);
+  if (!found.ok()) return found.status();
+  auto& [np, gp] = *found;
+  auto& n = *np;
+  auto& g = *gp;
   if (g.healthy != healthy && n.active) {
     // Only this GPU's share of the totals changes (the extender masks GPUs per request: a full
     // recount here cost O(nodes) per masked GPU).
@@ -166,17 +174,13 @@ absl::Status Cluster::SetGpuHealth(std::string_view node, int gpu, bool healthy)
 }
 
 absl::Status Cluster::SetGpuUntracked(std::string_view node, int gpu, int64_t mib) {
-  const int id = FindNode(node);
-  if (id < 0) return absl::NotFoundError(Cat("node ", node, ": not in the cluster"));
-  auto& n = nodes_[static_cast<size_t>(id)];
-  if (gpu < 0 || gpu >= static_cast<int>(n.gpus.size())) {
-    return absl::OutOfRangeError(Cat("node ", node, ": no GPU ", gpu, " (it has ", n.gpus.size(), ")"));
-  }
   if (mib < 0) return absl::InvalidArgumentError(Cat("node ", node, ": GPU ", gpu, ": untracked memory must be >= 0"));
-  auto& g = n.gpus[static_cast<size_t>(gpu)];
-  g.free_memory_mib += g.untracked_mib - mib;
-  g.untracked_mib = mib;
-  ++n.version;
+  auto found = FindGpu(node, gpu);
+  if (!found.ok()) return found.status();
+  auto& [n, g] = *found;
+  g->free_memory_mib += g->untracked_mib - mib;
+  g->untracked_mib = mib;
+  ++n->version;
   return absl::OkStatus();
 }
 

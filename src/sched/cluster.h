@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -123,6 +124,8 @@ class Cluster {
     int64_t milli = 0;  // GPU milli it took
   };
   int InternModel(const std::string& model);
+  // A node's GPU by node name and index; NotFound / OutOfRange naming what is missing.
+  absl::StatusOr<std::pair<NodeState*, GpuState*>> FindGpu(std::string_view node, int gpu);
   void Recount();
   void CountNode(const NodeState& n, int sign);  // add (+1) or take (-1) one node's share of the totals
   void CountGpu(const GpuState& g, int sign);    // one healthy GPU's share of them
