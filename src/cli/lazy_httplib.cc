@@ -55,6 +55,8 @@ Fn Real(const char* mangled) {
 #define KGPU_STOP "_ZN7httplib6Server4stopEv"
 #define KGPU_SET_CONTENT \
   "_ZN7httplib8Response11set_contentERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEES8_"
+#define KGPU_SET_HEADER \
+  "_ZN7httplib8Response10set_headerERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEES8_"
 #define KGPU_IS_RUNNING "_ZNK7httplib6Server10is_runningEv"
 // The extender's and the webhook's servers (src/extender/server.cc, webhook.cc).
 #define KGPU_POST                                                                                   \
@@ -84,6 +86,8 @@ void* KgpuHttplibGet(void* self, const void* pattern, void* handler) __asm__(KGP
 void KgpuHttplibStop(void* self) __asm__(KGPU_STOP);
 // void httplib::Response::set_content(const std::string& s, const std::string& content_type)
 void KgpuHttplibSetContent(void* self, const void* s, const void* content_type) __asm__(KGPU_SET_CONTENT);
+// void httplib::Response::set_header(const std::string& key, const std::string& val)
+void KgpuHttplibSetHeader(void* self, const void* key, const void* val) __asm__(KGPU_SET_HEADER);
 // bool httplib::Server::is_running() const
 bool KgpuHttplibIsRunning(const void* self) __asm__(KGPU_IS_RUNNING);
 // httplib::Server& httplib::Server::Post(const std::string& pattern, Handler handler)
@@ -133,6 +137,10 @@ void KgpuHttplibStop(void* self) {
 void KgpuHttplibSetContent(void* self, const void* s, const void* content_type) {
   static const auto real = Real<void (*)(void*, const void*, const void*)>(KGPU_SET_CONTENT);
   real(self, s, content_type);
+}
+void KgpuHttplibSetHeader(void* self, const void* key, const void* val) {
+  static const auto real = Real<void (*)(void*, const void*, const void*)>(KGPU_SET_HEADER);
+  real(self, key, val);
 }
 bool KgpuHttplibIsRunning(const void* self) {
   static const auto real = Real<bool (*)(const void*)>(KGPU_IS_RUNNING);
