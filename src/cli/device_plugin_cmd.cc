@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 
 #include "common/log.h"
@@ -101,16 +102,26 @@ void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags
                          const Config& config, std::shared_ptr<const gpu::Inventory> inventory) {
   const bool serves = std::any_of(config.sharing.resources.begin(), config.sharing.resources.end(),
                                   [](const auto& r) { return r.rename == deviceplugin::kKgpuSharesResource; });
-  if (!serves) return;
+  // A node that publishes its inventory is one kgpu extender places pods on: its whole-GPU and
+  // MIG records are made to say what kubelet gave (cli/share_handoff.h).
+  bool publishes = api.publish && api.output == "api";
+  if (publishes && !serves && !std::filesystem::exists(flags.shares.pod_resources_socket)) {
+    Log("deviceplugin")->info("whole-GPU and MIG allocation records keep the extender's choice, which kubelet's may differ "
+                              "from: kubelet's PodResources socket {} is not here (mount /var/lib/kubelet/pod-resources "
+                              "and grant get+patch on pods, as deploy/shares does)",
+                              flags.shares.pod_resources_socket);
+    publishes = false;
+  }
+  if (!serves && !publishes) return;
+  const char* what = serves ? deviceplugin::kKgpuSharesResource : "nvidia.com/gpu and MIG allocation records";
   auto cfg = k8s::ConfigFromFlags(api.kubeconfig, api.context, api.in_cluster);
   if (!cfg.ok()) {
-    Log("deviceplugin")->error("{} is served but allocation records cannot be read: {}", deviceplugin::kKgpuSharesResource,
-                               std::string(cfg.status().message()));
+    Log("deviceplugin")->error("{}: allocation records cannot be read: {}", what, std::string(cfg.status().message()));
     return;
   }
   auto client = k8s::Client::Create(*cfg);
   if (!client.ok()) {
-    Log("deviceplugin")->error("{}: {}", deviceplugin::kKgpuSharesResource, std::string(client.status().message()));
+    Log("deviceplugin")->error("{}: {}", what, std::string(client.status().message()));
     return;
   }
   ShareHandoffOptions o;
@@ -123,8 +134,17 @@ void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags
   o.cuda_interposer_load = config.cuda_interposer_load;
   if (config.sharing.strategy == deviceplugin::SharingStrategy::kMps) o.mps_root = config.mps_root;
   auto handoff = std::make_shared<ShareHandoff>(std::move(*client), std::move(inventory), o);
-  manager.SetShareResolver([handoff](const std::vector<std::string>& ids, const std::string& name) {
-    return handoff->Resolve(ids, name);
+  if (serves) {
+    manager.SetShareResolver([handoff](const std::vector<std::string>& ids, const std::string& name) {
+      return handoff->Resolve(ids, name);
+    });
+  }
+  manager.SetAssignmentReporter([handoff](const std::string& resource, const std::vector<std::string>& ids,
+                                          const std::vector<deviceplugin::AssignedDevice>& devices) {
+    if (auto st = handoff->RecordAssignment(resource, ids, devices); !st.ok()) {
+      Log("deviceplugin")->warn("{} {}: the allocation record may not say what the container has: {}", resource,
+                                Join(ids, ","), std::string(st.message()));
+    }
   });
 }
 

@@ -64,30 +64,97 @@ ShareHandoff::ShareHandoff(std::unique_ptr<k8s::Client> client, std::shared_ptr<
   events_ = std::make_unique<k8s::EventRecorder>(*client_, "kgpu-device-plugin", opts_.node_name);
 }
 
+absl::StatusOr<exporter::PodRef> ShareHandoff::Holder(const std::string& resource,
+                                                      const std::vector<std::string>& ids) const {
+  auto held = exporter::ListPodResources(opts_.pod_resources_socket, opts_.timeout);
+  if (!held.ok()) return absl::UnavailableError(Cat("PodResources: ", held.status().message()));
+  const std::set<std::string> want(ids.begin(), ids.end());
+  std::optional<exporter::PodRef> owner;
+  std::set<std::string> seen;
+  for (const auto& d : *held) {
+    if (d.resource != resource || !want.contains(d.device_id)) continue;
+    seen.insert(d.device_id);
+    if (owner && !(*owner == d.pod)) {
+      return absl::FailedPreconditionError(Cat(resource, " devices ", Csv(ids), " are held by two containers (",
+                                               owner->namespace_name, "/", owner->pod, "/", owner->container, " and ",
+                                               d.pod.namespace_name, "/", d.pod.pod, "/", d.pod.container,
+                                               "): kubelet's PodResources is inconsistent"));
+    }
+    owner = d.pod;
+  }
+  if (!owner) {
+    return absl::NotFoundError(Cat("no container holds ", resource, " devices ", Csv(ids), " in kubelet's PodResources yet"));
+  }
+  if (seen.size() != want.size()) {
+    return absl::FailedPreconditionError(Cat(owner->namespace_name, "/", owner->pod, " container ", owner->container, " holds ",
+                                             seen.size(), " of ", resource, " devices ", Csv(ids),
+                                             " in kubelet's PodResources; kubelet asked for all of them"));
+  }
+  return *owner;
+}
+
+absl::Status ShareHandoff::RecordAssignment(const std::string& resource, const std::vector<std::string>& ids,
+                                            const std::vector<deviceplugin::AssignedDevice>& devices) {
+  auto owner = Holder(resource, ids);
+  if (!owner.ok()) return owner.status();
+  const std::string who = Cat(owner->namespace_name, "/", owner->pod, " container ", owner->container);
+  const std::string path = k8s::FindResource("pods")->Path(owner->namespace_name, owner->pod);
+  std::vector<extender::RecordGpu> given;
+  for (const auto& d : devices) given.push_back({d.gpu_uuid, d.mig_uuid, d.profile, d.memory_mib, 0});
+  auto key = [](const extender::RecordGpu& g) { return g.mig.empty() ? g.uuid : g.mig; };
+  std::set<std::string> given_ids;
+  for (const auto& g : given) given_ids.insert(key(g));
+  for (int attempt = 0;; ++attempt) {
+    auto pod = client_->Get(path);
+    if (!pod.ok()) return absl::UnavailableError(Cat(who, ": ", pod.status().message()));
+    const json meta = pod->value("metadata", json::object());
+    const json ann = meta.value("annotations", json::object());
+    const auto it = ann.find(extender::kAnnotationAllocation);
+    if (it == ann.end() || !it->is_string()) return absl::OkStatus();  // not placed by kgpu extender
+    auto record = extender::ParseRecord(it->get<std::string>());
+    if (!record.ok()) return absl::FailedPreconditionError(Cat(who, ": ", record.status().message()));
+    if (!opts_.node_name.empty() && record->node != opts_.node_name) {
+      return absl::FailedPreconditionError(Cat(who, ": the record is for node ", record->node, ", this is ", opts_.node_name));
+    }
+    extender::RecordContainer* rc = nullptr;
+    for (auto& c : record->containers) {
+      if (c.name == owner->container && c.resource == resource) rc = &c;
+    }
+    if (rc == nullptr) return absl::OkStatus();  // the extender placed none of this resource here
+    std::set<std::string> chosen;
+    std::vector<std::string> chosen_list;
+    for (const auto& g : rc->gpus) {
+      chosen.insert(key(g));
+      chosen_list.push_back(key(g));
+    }
+    if (chosen == given_ids) return absl::OkStatus();
+    rc->gpus = given;
+    json patch = {{"metadata",
+                   {{"resourceVersion", meta.value("resourceVersion", "")},
+                    {"annotations", {{extender::kAnnotationAllocation, extender::EncodeRecord(*record)}}}}}};
+    auto p = client_->Patch(path, patch, "application/merge-patch+json");
+    if (absl::IsAborted(p.status()) && attempt < 4) continue;  // 409: the pod changed meanwhile
+    if (!p.ok()) return absl::UnavailableError(Cat(who, ": cannot correct the allocation record: ", p.status().message()));
+    std::vector<std::string> given_list;
+    for (const auto& g : given) given_list.push_back(key(g));
+    const std::string note = Cat("container ", owner->container, ": kubelet gave ", resource, " ", Csv(given_list),
+                                 " (the extender had chosen ", Csv(chosen_list),
+                                 "); the allocation record now says what the container has");
+    (void)events_->Record({"v1", "Pod", owner->namespace_name, owner->pod, meta.value("uid", "")}, "Normal",
+                          "GpuAssignmentRecorded", "Allocate", note);
+    Log("deviceplugin")->info("{}: {}", who, note);
+    return absl::OkStatus();
+  }
+}
+
 std::string ShareHandoff::SpecPath(const std::string& cdi_name) const {
   return deviceplugin::ShareCdiSpecFile(opts_.cdi_spec_dir, cdi_name);
 }
 
 absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const std::string& cdi_name) {
   // 1. Which container holds these slots: kubelet recorded it before calling PreStartContainer.
-  auto held = exporter::ListPodResources(opts_.pod_resources_socket, opts_.timeout);
-  if (!held.ok()) return absl::UnavailableError(Cat("PodResources: ", held.status().message()));
-  const std::set<std::string> want(ids.begin(), ids.end());
-  std::optional<exporter::PodRef> owner;
-  size_t seen = 0;
-  for (const auto& d : *held) {
-    if (d.resource != deviceplugin::kKgpuSharesResource || !want.contains(d.device_id)) continue;
-    ++seen;
-    if (owner && !(*owner == d.pod)) {
-      return absl::FailedPreconditionError(Cat("slots ", Csv(ids), " are held by two containers (", owner->namespace_name, "/",
-                                               owner->pod, "/", owner->container, " and ", d.pod.namespace_name, "/", d.pod.pod,
-                                               "/", d.pod.container, "): kubelet's PodResources is inconsistent"));
-    }
-    owner = d.pod;
-  }
-  if (!owner) {
-    return absl::NotFoundError(Cat("no container holds slots ", Csv(ids), " in kubelet's PodResources yet"));
-  }
+  auto owner = Holder(deviceplugin::kKgpuSharesResource, ids);
+  if (!owner.ok()) return owner.status();
   const std::string who = Cat(owner->namespace_name, "/", owner->pod, " container ", owner->container);
   // 2. The record the extender wrote for it.
   const std::string path = k8s::FindResource("pods")->Path(owner->namespace_name, owner->pod);
@@ -110,7 +177,7 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
     if (c.name == owner->container && c.resource == deviceplugin::kKgpuSharesResource) rc = &c;
   }
   if (rc == nullptr) return absl::FailedPreconditionError(Cat(who, ": the record has no kgpu.io/gpu entry for this container"));
-  if (rc->gpus.size() != ids.size() || seen != ids.size()) {
+  if (rc->gpus.size() != ids.size()) {
     return absl::FailedPreconditionError(Cat(who, ": the record names ", rc->gpus.size(), " GPUs but kubelet gave ", ids.size(),
                                              " slots"));
   }

@@ -9,8 +9,14 @@
 //     per container, named by its lowest slot: no two containers write the same file);
 //  4. the pod gets kgpu.io/enforcement-applied and an Event saying what was applied.
 //
-// Thread-safety: Resolve may be called from several gRPC threads at once; it shares nothing but
-// the API client (thread-safe) and the inventory (immutable).
+// Whole GPUs and MIG (RecordAssignment) go the other way round: kubelet chooses their device IDs
+// (through our GetPreferredAllocation, NVLink-aware) and is the authority on the node for them —
+// its checkpoint, PodResources, dcgm-exporter and every pod outside kgpu count on its choice — so
+// at PreStartContainer the node makes the pod's record say exactly what kubelet gave, when the
+// extender had chosen other devices of the same kind (docs/sharing-model.md §5).
+//
+// Thread-safety: Resolve and RecordAssignment may be called from several gRPC threads at once;
+// they share nothing but the API client (thread-safe) and the inventory (immutable).
 
 #include <chrono>
 #include <memory>
@@ -18,7 +24,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "deviceplugin/server.h"
 #include "deviceplugin/share_cdi.h"
+#include "exporter/podresources.h"
 #include "extender/record.h"
 #include "gpu/inventory.h"
 #include "k8s/client.h"
@@ -54,10 +62,19 @@ class ShareHandoff {
   ShareHandoff(std::unique_ptr<k8s::Client> client, std::shared_ptr<const gpu::Inventory> inventory,
                ShareHandoffOptions options);
   absl::Status Resolve(const std::vector<std::string>& ids, const std::string& cdi_name);
+  // Whole GPUs and MIG: makes the record of the container holding `ids` name `devices` (what
+  // kubelet gave it) when it names others; a pod without a record is left alone. A conflicting
+  // write (409) is retried on the pod as it is then. Returns what it did, for logs and tests:
+  // OK (nothing to do or corrected), or the error that left the record as it was.
+  absl::Status RecordAssignment(const std::string& resource, const std::vector<std::string>& ids,
+                                const std::vector<deviceplugin::AssignedDevice>& devices);
   // The CDI spec path for a device name.
   std::string SpecPath(const std::string& cdi_name) const;
 
  private:
+  // The one container that holds `ids` of `resource` in kubelet's PodResources.
+  absl::StatusOr<exporter::PodRef> Holder(const std::string& resource, const std::vector<std::string>& ids) const;
+
   std::unique_ptr<k8s::Client> client_;
   std::shared_ptr<const gpu::Inventory> inventory_;
   ShareHandoffOptions opts_;

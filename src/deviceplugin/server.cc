@@ -63,7 +63,7 @@ class ResourceServer::Service final : public v1beta1::DevicePlugin::Service {
 
   grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
                                       v1beta1::DevicePluginOptions* out) override {
-    out->set_pre_start_required(owner_.resource().kgpu_shares);
+    out->set_pre_start_required(owner_.PreStartRequired());
     out->set_get_preferred_allocation_available(true);
     return grpc::Status::OK;
   }
@@ -168,8 +168,11 @@ class ResourceServer::Service final : public v1beta1::DevicePlugin::Service {
 
   grpc::Status PreStartContainer(grpc::ServerContext*, const v1beta1::PreStartContainerRequest* req,
                                  v1beta1::PreStartContainerResponse*) override {
-    if (!owner_.resource().kgpu_shares) return grpc::Status::OK;
     const std::vector<std::string> ids(req->devices_ids().begin(), req->devices_ids().end());
+    if (!owner_.resource().kgpu_shares) {
+      if (owner_.PreStartRequired()) owner_.ReportAssignment(ids);
+      return grpc::Status::OK;
+    }
     ShareResolver resolve;
     {
       std::lock_guard<std::mutex> lock(owner_.mu_);
@@ -201,6 +204,34 @@ ResourceServer::ResourceServer(std::shared_ptr<const Plan> plan, size_t resource
 }
 
 ResourceServer::~ResourceServer() { Stop(); }
+
+bool ResourceServer::PreStartRequired() const {
+  const Resource& r = resource();
+  return r.kgpu_shares || (reporter_ && !r.replicated && !r.retired && !r.devices.empty());
+}
+
+void ResourceServer::ReportAssignment(const std::vector<std::string>& ids) const {
+  const Resource& r = resource();
+  std::vector<AssignedDevice> devices;
+  for (const auto& id : ids) {
+    const PluginDevice* d = r.Find(id);
+    if (d == nullptr || plan_->inventory == nullptr || d->gpu >= plan_->inventory->gpus().size()) {
+      Log("deviceplugin")->warn("{}: PreStartContainer names device {}, which this plugin does not serve", r.name, id);
+      return;
+    }
+    const gpu::Gpu& g = plan_->inventory->gpus()[d->gpu];
+    AssignedDevice a;
+    a.gpu_uuid = g.uuid;
+    if (d->mig >= 0 && static_cast<size_t>(d->mig) < g.migs.size()) {
+      const auto& m = g.migs[static_cast<size_t>(d->mig)];
+      a.mig_uuid = m.uuid;
+      a.profile = m.profile;
+      a.memory_mib = static_cast<int64_t>(m.memory_mib);
+    }
+    devices.push_back(std::move(a));
+  }
+  reporter_(r.name, ids, devices);
+}
 
 void ResourceServer::SetShareResolver(ShareResolver resolver) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -325,14 +356,15 @@ absl::StatusOr<std::vector<DeviceState>> ReadAdvertised(const std::string& socke
 }
 
 absl::Status RegisterWithKubelet(const std::string& kubelet_socket, const std::string& endpoint,
-                                 const std::string& resource, std::chrono::milliseconds timeout) {
+                                 const std::string& resource, bool pre_start_required,
+                                 std::chrono::milliseconds timeout) {
   auto channel = grpc::CreateChannel("unix:" + kubelet_socket, grpc::InsecureChannelCredentials());
   auto stub = v1beta1::Registration::NewStub(channel);
   v1beta1::RegisterRequest req;
   req.set_version("v1beta1");
   req.set_endpoint(endpoint);
   req.set_resource_name(resource);
-  req.mutable_options()->set_pre_start_required(resource == kKgpuSharesResource);
+  req.mutable_options()->set_pre_start_required(pre_start_required);
   req.mutable_options()->set_get_preferred_allocation_available(true);
   v1beta1::Empty resp;
   grpc::ClientContext ctx;
@@ -459,6 +491,7 @@ absl::Status Manager::StartServers() {
     auto server = std::make_unique<ResourceServer>(plan_, i, config_, Cat(config_->kubelet_dir, "/", r.socket));
     server->SetOnChange(on_change_);
     if (share_resolver_) server->SetShareResolver(share_resolver_);
+    if (reporter_) server->SetAssignmentReporter(reporter_);
     if (auto st = server->Start(); !st.ok()) {
       for (auto& s : servers_) s->Stop();
       servers_.clear();
@@ -871,6 +904,7 @@ void Manager::RegisterLoop(std::stop_token stop) {
   size_t cursor = 0;  // rotates, so one refused resource cannot hold the others back
   while (!stop.stop_requested()) {
     std::string name, endpoint;
+    bool pre_start = false;
     size_t index = 0;
     uint64_t generation = 0;
     {
@@ -893,9 +927,10 @@ void Manager::RegisterLoop(std::stop_token stop) {
       generation = generation_;
       name = servers_[index]->resource().name;
       endpoint = servers_[index]->resource().socket;
+      pre_start = servers_[index]->PreStartRequired();
     }
     const uint64_t inode = InodeOf(kubelet);  // the kubelet this registration reaches (if it does)
-    const absl::Status st = RegisterWithKubelet(kubelet, endpoint, name, std::chrono::seconds(5));
+    const absl::Status st = RegisterWithKubelet(kubelet, endpoint, name, pre_start, std::chrono::seconds(5));
     std::unique_lock<std::mutex> lock(mu_);
     if (st.ok()) {
       // Servers re-created meanwhile (a kubelet restart) need a registration of their own, and

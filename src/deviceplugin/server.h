@@ -52,6 +52,21 @@ struct DeviceState {
 // (cli/share_handoff.h). An error fails the container start; kubelet retries it.
 using ShareResolver = std::function<absl::Status(const std::vector<std::string>& ids, const std::string& cdi_name)>;
 
+// What kubelet gave a whole-GPU or MIG container, device by device, at PreStartContainer.
+struct AssignedDevice {
+  std::string gpu_uuid;     // the physical GPU
+  std::string mig_uuid;     // MIG devices: the instance's UUID
+  std::string profile;      // MIG devices: the profile
+  int64_t memory_mib = 0;   // MIG devices: the instance's memory
+  bool operator==(const AssignedDevice&) const = default;
+};
+// Told, at PreStartContainer of an nvidia.com/gpu or nvidia.com/mig-* container, which devices
+// kubelet gave it (kubelet chooses them; its choice is the truth on the node), so that the pod's
+// allocation record can be made to say exactly that (cli/share_handoff.h). Never fails the
+// container: whatever goes wrong is logged and the container starts on kubelet's devices.
+using AssignmentReporter = std::function<void(const std::string& resource, const std::vector<std::string>& ids,
+                                              const std::vector<AssignedDevice>& devices)>;
+
 class ResourceServer {
  public:
   ResourceServer(std::shared_ptr<const Plan> plan, size_t resource_index,
@@ -76,6 +91,11 @@ class ResourceServer {
   void SetOnChange(std::function<void()> fn) { on_change_ = std::move(fn); }
   // kgpu.io/gpu only: who resolves PreStartContainer (none: it fails, naming the missing flags).
   void SetShareResolver(ShareResolver resolver);
+  // Whole GPUs and MIG (not replicas): who is told kubelet's choice at PreStartContainer. Set
+  // before Start: it makes the resource ask for PreStartContainer.
+  void SetAssignmentReporter(AssignmentReporter reporter) { reporter_ = std::move(reporter); }
+  // Whether kubelet must call PreStartContainer (GetDevicePluginOptions and Register say so).
+  bool PreStartRequired() const;
 
   const Resource& resource() const { return plan_->resources[index_]; }
   const Plan& plan() const { return *plan_; }
@@ -96,6 +116,8 @@ class ResourceServer {
   static void Enqueue(Stream& stream, const std::vector<DeviceState>& devices);
   // devices_ from health_, available_ and drained_; pushes a ListAndWatch update on a change.
   void RecomputeLocked();
+  // Maps kubelet's device IDs to GPUs and MIG instances and tells reporter_.
+  void ReportAssignment(const std::vector<std::string>& ids) const;
 
   const std::shared_ptr<const Plan> plan_;
   const size_t index_;
@@ -114,6 +136,7 @@ class ResourceServer {
   std::atomic<uint64_t> allocations_{0};
   std::function<void()> on_change_;
   ShareResolver share_resolver_;  // guarded by mu_
+  AssignmentReporter reporter_;   // set before Start, then read-only
 };
 
 // `kgpu mig apply` marks a GPU it is about to re-partition with the file
@@ -130,7 +153,8 @@ absl::StatusOr<std::vector<DeviceState>> ReadAdvertised(const std::string& socke
 
 // Registers `resource` served at `<dir>/<endpoint>` with the kubelet at `kubelet_socket`.
 absl::Status RegisterWithKubelet(const std::string& kubelet_socket, const std::string& endpoint,
-                                 const std::string& resource, std::chrono::milliseconds timeout);
+                                 const std::string& resource, bool pre_start_required,
+                                 std::chrono::milliseconds timeout);
 
 class Manager {
  public:
@@ -149,6 +173,8 @@ class Manager {
   void Stop();
   // Before Start: resolves kgpu.io/gpu containers at PreStartContainer (every server gets it).
   void SetShareResolver(ShareResolver resolver) { share_resolver_ = std::move(resolver); }
+  // Before Start: told kubelet's choice for whole-GPU and MIG containers (every server gets it).
+  void SetAssignmentReporter(AssignmentReporter reporter) { reporter_ = std::move(reporter); }
 
   std::vector<std::string> ResourceNames() const;
   // Number of completed (re-)registrations, for tests and logs.
@@ -196,6 +222,7 @@ class Manager {
   const nvml::Library& lib_;
   const gpu::DiscoverOptions discover_;
   ShareResolver share_resolver_;
+  AssignmentReporter reporter_;
   std::shared_ptr<const gpu::Inventory> inventory_;  // guarded by mu_ after Start
   std::shared_ptr<const Config> config_;
   std::shared_ptr<const Plan> plan_;

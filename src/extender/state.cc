@@ -5,6 +5,7 @@
 #include <cstring>
 #include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "sched/policy.h"
@@ -456,12 +457,24 @@ std::vector<HostPriority> State::Prioritize(const json& pod, const std::vector<s
   return out;
 }
 
-void State::BookLocked(const std::string& uid, PodEntry& e) {
+void State::BookLocked(const std::string& uid, PodEntry& e, bool quiet) {
   if (e.booked || !e.record) return;
   const auto it = nodes_.find(e.node);
   const int id = engine_->cluster().FindNode(e.node);
   if (it == nodes_.end() || id < 0) return;  // booked when the node appears
   const NodeInfo& info = it->second;
+  // A record is a fact, not a placement: memory its node reports in use may be this very pod's
+  // (its report can arrive before the pod: a restarted extender, a record the node corrected), so
+  // untracked memory does not stand in its way; it is worked out again with the record booked.
+  auto& cluster = engine_->mutable_cluster();
+  std::vector<int64_t> before;
+  for (size_t g = 0; g < cluster.node(id).gpus.size(); ++g) {
+    before.push_back(cluster.node(id).gpus[g].untracked_mib);
+    if (before.back() != 0) (void)cluster.SetGpuUntracked(e.node, static_cast<int>(g), 0);
+  }
+  absl::Cleanup reapply = [&] {
+    if (std::any_of(before.begin(), before.end(), [](int64_t v) { return v != 0; })) ApplyReportedUsageLocked(e.node, &before);
+  };
   std::vector<std::string> done;
   for (const auto& rc : e.record->containers) {
     sched::Placement p;
@@ -488,7 +501,10 @@ void State::BookLocked(const std::string& uid, PodEntry& e) {
     absl::Status st = p.gpus.empty() ? absl::FailedPreconditionError("stale record")
                                      : engine_->Bind(EngineRequest(key, rc), p);
     if (!st.ok()) {
-      if (!p.gpus.empty()) {
+      if (quiet) {
+        Log("extender")->debug("pod {}/{}: allocation record on node {} waits for its GPUs ({})", e.ns, e.name, e.node,
+                               std::string(st.message()));
+      } else if (!p.gpus.empty()) {
         ++record_conflicts_;
         Log("extender")->warn("pod {}/{}: allocation record on node {} cannot be booked ({}): another record holds that capacity",
                     e.ns, e.name, e.node, std::string(st.message()));
@@ -517,6 +533,15 @@ void State::RebookNodeLocked(const std::string& node) {
     if (p == pods_.end()) continue;
     p->second.booked = false;  // the engine dropped them with the node
     if (p->second.bound || p->second.assumed) BookLocked(uid, p->second);
+  }
+}
+
+void State::BookWaitingLocked(const std::string& node) {
+  const auto it = on_node_.find(node);
+  if (it == on_node_.end()) return;
+  for (const auto& uid : it->second) {
+    auto p = pods_.find(uid);
+    if (p != pods_.end() && p->second.bound && !p->second.booked) BookLocked(uid, p->second, /*quiet=*/true);
   }
 }
 
@@ -555,7 +580,7 @@ void State::UpsertNode(const json& node) {
   ApplyReportedUsageLocked(name);
 }
 
-void State::ApplyReportedUsageLocked(const std::string& node) {
+void State::ApplyReportedUsageLocked(const std::string& node, const std::vector<int64_t>* before) {
   const auto it = nodes_.find(node);
   if (it == nodes_.end() || it->second.engine_id < 0) return;
   auto& cluster = engine_->mutable_cluster();
@@ -571,7 +596,8 @@ void State::ApplyReportedUsageLocked(const std::string& node) {
       if (untracked < opts_.untracked_tolerance_mib) untracked = 0;
     }
     if (untracked == gs.untracked_mib) continue;
-    if (untracked > 0) {
+    const bool was = before != nullptr && i < before->size() && (*before)[i] == untracked;  // only re-applied
+    if (untracked > 0 && !was) {
       Log("extender")->info("node {} GPU {}: {} MiB in use beyond what the allocation records book there (another user); "
                             "not placed until its node reports it gone", node, info.gpus[i].uuid, untracked);
     }
@@ -608,9 +634,11 @@ void State::UpsertPod(const json& pod) {
   auto it = pods_.find(uid);
   auto drop = [&] {
     if (it == pods_.end()) return;
+    const std::string was_on = it->second.node;
     UnbookLocked(uid, it->second);
-    if (auto o = on_node_.find(it->second.node); o != on_node_.end()) o->second.erase(uid);
+    if (auto o = on_node_.find(was_on); o != on_node_.end()) o->second.erase(uid);
     pods_.erase(it);
+    BookWaitingLocked(was_on);
   };
   // spec.nodeName is never unset once a pod is bound (the apiserver refuses it), so an unbound
   // copy of a pod we booked is an event the watch delivers late: an update made before the
@@ -647,6 +675,11 @@ void State::UpsertPod(const json& pod) {
     e.assumed = false;
     return;
   }
+  // A bound pod whose record changed on the same node: its node made the record say which whole
+  // GPUs or MIG instances kubelet gave (cli/share_handoff.h). Pods whose devices kubelet swapped
+  // are corrected one after the other, so the new devices may still be booked by the other's old
+  // record: that one waits, quietly, until the other's correction frees them.
+  const bool corrected = e.bound && e.record && e.node == node;
   UnbookLocked(uid, e);
   if (auto o = on_node_.find(e.node); o != on_node_.end()) o->second.erase(uid);
   e.record = std::move(rec);
@@ -654,7 +687,11 @@ void State::UpsertPod(const json& pod) {
   e.bound = true;
   e.assumed = false;
   on_node_[node].insert(uid);
-  BookLocked(uid, e);
+  BookLocked(uid, e, /*quiet=*/corrected);
+  if (corrected) {
+    BookWaitingLocked(node);
+    ApplyReportedUsageLocked(node);  // memory in use on the devices the record now names is booked
+  }
 }
 
 void State::RemovePod(const json& pod) {
@@ -662,9 +699,11 @@ void State::RemovePod(const json& pod) {
   std::lock_guard lock(mu_);
   auto it = pods_.find(uid);
   if (it == pods_.end()) return;
+  const std::string was_on = it->second.node;
   UnbookLocked(uid, it->second);
-  if (auto o = on_node_.find(it->second.node); o != on_node_.end()) o->second.erase(uid);
+  if (auto o = on_node_.find(was_on); o != on_node_.end()) o->second.erase(uid);
   pods_.erase(it);
+  BookWaitingLocked(was_on);
 }
 
 absl::StatusOr<Assumption> State::Assume(const json& pod, const std::string& node) {
@@ -748,9 +787,11 @@ void State::Forget(const std::string& uid) {
   std::lock_guard lock(mu_);
   auto it = pods_.find(uid);
   if (it == pods_.end() || it->second.bound) return;
+  const std::string was_on = it->second.node;
   UnbookLocked(uid, it->second);
-  if (auto o = on_node_.find(it->second.node); o != on_node_.end()) o->second.erase(uid);
+  if (auto o = on_node_.find(was_on); o != on_node_.end()) o->second.erase(uid);
   pods_.erase(it);
+  BookWaitingLocked(was_on);
 }
 
 void State::Confirm(const std::string& uid) {

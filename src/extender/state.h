@@ -118,12 +118,17 @@ class State {
   std::vector<int> MaskLocked(const Compiled& c, const std::string& node);
   void UnmaskLocked(const std::string& node, const std::vector<int>& masked);
   sched::Policy& PolicyFor(const Compiled& c);
-  void BookLocked(const std::string& uid, PodEntry& e);
+  // `quiet`: a record that cannot be booked yet is not counted as a conflict (a record the node
+  // corrected to kubelet's devices, whose old holder's correction has not arrived yet).
+  void BookLocked(const std::string& uid, PodEntry& e, bool quiet = false);
   void UnbookLocked(const std::string& uid, PodEntry& e);
   void RebookNodeLocked(const std::string& node);
+  // Books the bound pods on `node` whose records could not be booked (capacity was freed).
+  void BookWaitingLocked(const std::string& node);
   // Takes each GPU's memory in use beyond its bookings (by the node's last report) out of what is
   // placed there (sched::GpuState::untracked_mib).
-  void ApplyReportedUsageLocked(const std::string& node);
+  // `before`: the values it had before they were cleared for a booking (not logged again).
+  void ApplyReportedUsageLocked(const std::string& node, const std::vector<int64_t>* before = nullptr);
 
   StateOptions opts_;
   mutable std::mutex mu_;

@@ -411,6 +411,8 @@ class E2eClusterTest : public ::testing::Test {
           EXPECT_FALSE(kubelet_ids.contains(id)) << key << " and " << kubelet_ids[id] << " both got " << id;
           kubelet_ids[id] = key;
         }
+        // The node made the record say what kubelet gave (docs/sharing-model.md §5).
+        EXPECT_EQ(recorded, ids) << key << ": the record does not name the devices kubelet gave";
         whole_record_differs += recorded != ids;
       }
     }
@@ -428,9 +430,14 @@ class E2eClusterTest : public ::testing::Test {
       EXPECT_LE(s.holders, 16) << uuid;
       EXPECT_FALSE(kubelet_ids.contains(uuid)) << uuid << " shared and given whole to " << kubelet_ids[uuid];
     }
+    // How many whole/MIG records the nodes corrected to kubelet's choice (their Events).
+    int corrected = 0;
+    if (auto events = client_->Get("/apis/events.k8s.io/v1/events"); events.ok()) {
+      for (const auto& e : (*events)["items"]) corrected += e.value("reason", "") == "GpuAssignmentRecorded";
+    }
     std::cout << "checked " << checked << " bound pods (" << bound_ << " binds, " << quota_refused_
-              << " refused by quota); whole/MIG pods whose kubelet-chosen devices differ from their record: "
-              << whole_record_differs << "\n";
+              << " refused by quota); whole/MIG records their node corrected to kubelet's devices: " << corrected
+              << "; still differing: " << whole_record_differs << "\n";
     checked_ = checked;
   }
 

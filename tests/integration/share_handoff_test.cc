@@ -136,7 +136,8 @@ class ShareHandoffTest : public testing::PluginNodeTest {
 
 TEST_F(ShareHandoffTest, ManyPodsAtOnceInAnyOrderGetExactlyTheirRecords) {
   EXPECT_TRUE(kubelet_->Get("kgpu.io/gpu")->options.pre_start_required());
-  EXPECT_FALSE(kubelet_->Get("nvidia.com/gpu")->options.pre_start_required());
+  // Whole GPUs too: their records are made to say what kubelet gave (WholeGpuRecordsAreMadeToSayWhatKubeletGave).
+  EXPECT_TRUE(kubelet_->Get("nvidia.com/gpu")->options.pre_start_required());
   // (mps needs a plugin whose MPS daemons serve kgpu.io/gpu: MpsSharesAreClientsOfTheGpuDaemon)
   const char* modes[] = {"hard", "none"};
   struct Want {
@@ -256,7 +257,7 @@ TEST_F(ShareHandoffTest, MultiGpuShareAndRefusals) {
   auto shorter = kubelet_->PreStartContainer("kgpu.io/gpu", {s0[4], s0[5]});
   EXPECT_NE(std::string(shorter.message()).find("the record names 1 GPUs but kubelet gave 2 slots"), std::string::npos) << shorter;
   auto nobody = kubelet_->PreStartContainer("kgpu.io/gpu", {s0[9]});
-  EXPECT_NE(std::string(nobody.message()).find("no container holds slots"), std::string::npos) << nobody;
+  EXPECT_NE(std::string(nobody.message()).find("no container holds kgpu.io/gpu devices"), std::string::npos) << nobody;
 }
 
 // Without --cuda-interposer the node offers no hard limits: its inventory lists only none, and a
@@ -336,6 +337,69 @@ TEST_F(ShareHandoffTest, MpsSharesAreClientsOfTheGpuDaemon) {
                                                 "daemon serves kgpu.io/gpu on this node"),
             std::string::npos)
       << refused;
+}
+
+// Whole GPUs: kubelet chooses the device IDs (with our GetPreferredAllocation) and stays the
+// authority on the node; at PreStartContainer the plugin makes the pod's record say what kubelet
+// gave when the extender had chosen another GPU, and leaves every other record alone.
+TEST_F(ShareHandoffTest, WholeGpuRecordsAreMadeToSayWhatKubeletGave) {
+  const auto whole = kubelet_->Get("nvidia.com/gpu");
+  ASSERT_TRUE(whole);
+  EXPECT_TRUE(whole->options.pre_start_required()) << "a plugin with API access asks for PreStartContainer";
+  std::vector<std::string> ids;
+  for (const auto& d : whole->devices) ids.push_back(d.id);
+  std::sort(ids.begin(), ids.end());
+  ASSERT_EQ(ids.size(), 4U);
+  auto record = [](const std::vector<std::string>& gpus) {
+    extender::RecordContainer rc{"main", "nvidia.com/gpu", "", {}};
+    for (const auto& g : gpus) rc.gpus.push_back({g, "", "", 0, 0});
+    return rc;
+  };
+  CreatePod("moved", record({ids[0], ids[1]}));  // kubelet gives ids[1] and ids[2]
+  CreatePod("exact", record({ids[3]}));          // kubelet gives what the record says
+  json plain = {{"metadata", {{"name", "plain"}, {"namespace", "ns"}}},
+                {"spec", {{"nodeName", "test-node"}, {"containers", json::array({{{"name", "main"}, {"image", "cuda"}}})}}}};
+  ASSERT_EQ(api_.Create("pods", "ns", plain).code, 201);
+  v1::ListPodResourcesResponse view;
+  testing::AddDevices(view, "ns", "moved", "main", "nvidia.com/gpu", {ids[2], ids[1]});
+  testing::AddDevices(view, "ns", "exact", "main", "nvidia.com/gpu", {ids[3]});
+  testing::AddDevices(view, "ns", "plain", "main", "nvidia.com/gpu", {ids[0]});
+  pr_->SetListResponse(view);
+  auto rv = [&](const std::string& name) { return api_.Get("pods", "ns", name).body["metadata"].value("resourceVersion", ""); };
+  const std::string exact_rv = rv("exact"), plain_rv = rv("plain");
+  // All at once, as pod workers start containers.
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(4);
+  const std::vector<std::vector<std::string>> calls = {{ids[2], ids[1]}, {ids[3]}, {ids[0]}, {"GPU-nobody-holds-this"}};
+  for (size_t i = 0; i < calls.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = kubelet_->PreStartContainer("nvidia.com/gpu", calls[i]); });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < results.size(); ++i) EXPECT_TRUE(results[i].ok()) << i << ": " << results[i] << plugin_->Log();
+  auto moved = extender::ParseRecord(api_.Get("pods", "ns", "moved").body["metadata"]["annotations"].value("kgpu.io/allocation", ""));
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  ASSERT_EQ(moved->containers.size(), 1U);
+  std::vector<std::string> got;
+  for (const auto& g : moved->containers[0].gpus) got.push_back(g.uuid);
+  EXPECT_EQ(got, (std::vector<std::string>{ids[2], ids[1]}));
+  EXPECT_EQ(moved->node, "test-node");
+  EXPECT_EQ(rv("exact"), exact_rv) << "a record that says what kubelet gave is not written";
+  EXPECT_EQ(rv("plain"), plain_rv) << "a pod without a record is left alone";
+  EXPECT_NE(plugin_->Log().find("kubelet gave nvidia.com/gpu " + ids[2] + "," + ids[1] + " (the extender had chosen " +
+                                ids[0] + "," + ids[1] + ")"),
+            std::string::npos)
+      << plugin_->Log();
+  EXPECT_NE(plugin_->Log().find("PreStartContainer names device GPU-nobody-holds-this, which this plugin does not serve"),
+            std::string::npos)
+      << plugin_->Log();
+  // A device nobody holds in PodResources: the container still starts (on kubelet's device), and
+  // the log says why the record may be stale.
+  pr_->SetListResponse(v1::ListPodResourcesResponse());
+  EXPECT_TRUE(kubelet_->PreStartContainer("nvidia.com/gpu", {ids[0]}).ok());
+  EXPECT_NE(plugin_->Log().find("the allocation record may not say what the container has: no container holds "
+                                "nvidia.com/gpu devices " + ids[0] + " in kubelet's PodResources yet"),
+            std::string::npos)
+      << plugin_->Log();
 }
 
 }  // namespace

@@ -503,7 +503,7 @@ TEST(ListAndWatchTest, EveryUnhealthyEdgeReachesKubelet) {
   auto config = std::make_shared<const Config>(n.config);
   ResourceServer server(plan, 0, config, n.sim.dir() + "/nvidia-gpu.sock");
   ASSERT_TRUE(server.Start().ok());
-  ASSERT_TRUE(RegisterWithKubelet(kubelet.SocketPath(), "nvidia-gpu.sock", "nvidia.com/gpu", std::chrono::seconds(5)).ok());
+  ASSERT_TRUE(RegisterWithKubelet(kubelet.SocketPath(), "nvidia-gpu.sock", "nvidia.com/gpu", false, std::chrono::seconds(5)).ok());
   ASSERT_TRUE(kubelet.WaitFor("nvidia.com/gpu", [](const auto& s) { return s.connected && s.updates >= 1; },
                               std::chrono::seconds(10)));
   const std::string uuid = n.inv->gpus()[2].uuid;

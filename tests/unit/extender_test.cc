@@ -304,6 +304,90 @@ TEST_F(StateTest, MemoryInUseBeyondTheRecordsIsNotPlacedAndIsCounted) {
   EXPECT_TRUE(state.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "1"}}), "u-w2"), {"whole"}).passed.size() == 1);
 }
 
+// kubelet chooses whole GPUs itself, and the node makes each record say what kubelet gave
+// (cli/share_handoff.h): swapped devices are corrected one pod after the other, so the first
+// corrected record waits for the second without counting as a conflict, and memory in use on a
+// device that only the corrected record names stops counting as untracked.
+TEST_F(StateTest, RecordsCorrectedToKubeletsDevicesAreBookedWithoutConflicts) {
+  auto reported = [](const std::vector<int64_t>& used) {
+    json node = TestNode("whole", {WholeGpu(), WholeGpu(), WholeGpu(), WholeGpu()});
+    auto& ann = node["metadata"]["annotations"]["kgpu.io/gpu-inventory"];
+    json inv = json::parse(ann.get<std::string>());
+    for (size_t i = 0; i < used.size(); ++i) inv["gpus"][i]["usedMiB"] = used[i];
+    ann = inv.dump();
+    return node;
+  };
+  state.UpsertNode(reported({0, 0, 0, 0}));
+  std::map<std::string, json> pods;
+  std::map<std::string, AllocationRecord> records;
+  for (const char* name : {"a", "b", "c"}) {
+    pods[name] = WithUid(TestPod("ns", name, {{"nvidia.com/gpu", "1"}}), std::string("u-") + name);
+    auto a = state.Assume(pods[name], "whole");
+    ASSERT_TRUE(a.ok()) << a.status();
+    state.Confirm(a->uid);
+    records[name] = a->record;
+    state.UpsertPod(Bound(pods[name], "whole", a->record));
+  }
+  ASSERT_EQ(records["a"].containers[0].gpus[0].uuid, TestGpuUuid("whole", 0));
+  ASSERT_EQ(records["b"].containers[0].gpus[0].uuid, TestGpuUuid("whole", 1));
+  ASSERT_EQ(records["c"].containers[0].gpus[0].uuid, TestGpuUuid("whole", 2));
+  // kubelet gave a GPU 1, b GPU 0 (swapped) and c GPU 3; their processes use 20000 MiB each.
+  state.UpsertNode(reported({20000, 20000, 0, 20000}));
+  EXPECT_EQ(state.Stats().gpus_untracked, 1U);  // GPU 3: in use, booked by no record
+  auto corrected = [&](const char* name, int gpu) {
+    AllocationRecord r = records[name];
+    r.containers[0].gpus[0].uuid = TestGpuUuid("whole", gpu);
+    state.UpsertPod(Bound(pods[name], "whole", r));
+  };
+  corrected("a", 1);  // GPU 1 is still b's by b's old record: a waits
+  EXPECT_EQ(state.Stats().record_conflicts, 0U);
+  corrected("b", 0);  // frees GPU 1: a is booked there
+  corrected("c", 3);
+  const auto st = state.Stats();
+  EXPECT_EQ(st.record_conflicts, 0U);
+  EXPECT_EQ(st.gpus_untracked, 0U);
+  // Exactly GPU 2 is left, and the extender knows it.
+  auto two = state.Filter(WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "2"}}), "u-w"), {"whole"});
+  EXPECT_EQ(two.failed.at("whole"), "only 1 of 4 GPUs here are free; the pod needs 2 whole GPUs");
+  auto one = state.Assume(WithUid(TestPod("ns", "d", {{"nvidia.com/gpu", "1"}}), "u-d"), "whole");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->record.containers[0].gpus[0].uuid, TestGpuUuid("whole", 2));
+}
+
+// A restarted extender sees its nodes' reports before the pods: the memory those pods use must
+// not stand in the way of booking their records.
+TEST_F(StateTest, RecordsAreBookedWhenTheirNodesMemoryReportCameFirst) {
+  auto reported = [](json node, const std::vector<int64_t>& used) {
+    auto& ann = node["metadata"]["annotations"]["kgpu.io/gpu-inventory"];
+    json inv = json::parse(ann.get<std::string>());
+    for (size_t i = 0; i < used.size(); ++i) inv["gpus"][i]["usedMiB"] = used[i];
+    ann = inv.dump();
+    return node;
+  };
+  const json whole = TestNode("whole", {WholeGpu(), WholeGpu()});
+  const json share = TestNode("share", {ShareGpu(16384)});
+  state.UpsertNode(whole);
+  state.UpsertNode(share);
+  AllocationRecord w, s1, s2;
+  auto a = state.Assume(WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "1"}}), "u-w"), "whole");
+  auto b = state.Assume(WithUid(TestPod("ns", "s1", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "9000"}}), "u-s1"), "share");
+  auto c = state.Assume(WithUid(TestPod("ns", "s2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "7000"}}), "u-s2"), "share");
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  State fresh;
+  ASSERT_TRUE(fresh.Init().ok());
+  fresh.UpsertNode(reported(whole, {30000, 0}));
+  fresh.UpsertNode(reported(share, {15872}));
+  EXPECT_EQ(fresh.Stats().gpus_untracked, 2U);  // nothing booked yet
+  fresh.UpsertPod(Bound(WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "1"}}), "u-w"), "whole", a->record));
+  fresh.UpsertPod(Bound(WithUid(TestPod("ns", "s1", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "9000"}}), "u-s1"), "share", b->record));
+  fresh.UpsertPod(Bound(WithUid(TestPod("ns", "s2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "7000"}}), "u-s2"), "share", c->record));
+  const auto st = fresh.Stats();
+  EXPECT_EQ(st.record_conflicts, 0U);
+  EXPECT_EQ(st.gpus_untracked, 0U);
+  auto two = fresh.Filter(WithUid(TestPod("ns", "x", {{"nvidia.com/gpu", "2"}}), "u-x"), {"whole"});
+  EXPECT_EQ(two.failed.at("whole"), "only 1 of 2 GPUs here are free; the pod needs 2 whole GPUs");
+}
+
 TEST_F(StateTest, FilterReasonsSayWhatIsShortAndWhetherPreemptionHelps) {
   state.UpsertNode(TestNode("share", {ShareGpu(16384), ShareGpu(16384)}));
   state.UpsertNode(TestNode("whole", {WholeGpu(), WholeGpu()}));
