@@ -139,6 +139,8 @@ void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags
       return handoff->Resolve(ids, name);
     });
   }
+  manager.SetPreferenceAdvisor(
+      [handoff](const std::string& resource, size_t size) { return handoff->Pending(resource, size); });
   manager.SetAssignmentReporter([handoff](const std::string& resource, const std::vector<std::string>& ids,
                                           const std::vector<deviceplugin::AssignedDevice>& devices) {
     if (auto st = handoff->RecordAssignment(resource, ids, devices); !st.ok()) {

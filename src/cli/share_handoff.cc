@@ -147,6 +147,64 @@ absl::Status ShareHandoff::RecordAssignment(const std::string& resource, const s
   }
 }
 
+std::vector<std::vector<deviceplugin::AssignedDevice>> ShareHandoff::Pending(const std::string& resource,
+                                                                             size_t size) const {
+  if (opts_.node_name.empty()) return {};
+  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (now < list_refused_until_.load()) return {};
+  k8s::ListOptions lo;
+  lo.field_selector = Cat("spec.nodeName=", opts_.node_name);
+  auto pods = client_->List(k8s::FindResource("pods")->Path(""), lo);
+  if (!pods.ok()) {
+    if (absl::IsPermissionDenied(pods.status())) {
+      list_refused_until_ = now + std::chrono::nanoseconds(std::chrono::minutes(5)).count();
+      Log("deviceplugin")->warn("{}: kubelet is not steered to the extender's choice for 5 minutes (the allocation records "
+                                "are corrected to kubelet's choice instead): listing this node's pods was refused: {} "
+                                "(grant `list` on pods, as deploy/shares/rbac.yaml does)",
+                                resource, std::string(pods.status().message()));
+    } else {
+      Log("deviceplugin")->debug("{}: no preference from the allocation records: {}", resource,
+                                 std::string(pods.status().message()));
+    }
+    return {};
+  }
+  std::set<std::string> holding;  // ns/pod/container already holding `resource`
+  auto held = exporter::ListPodResources(opts_.pod_resources_socket, opts_.timeout);
+  if (!held.ok()) return {};
+  for (const auto& d : *held) {
+    if (d.resource == resource) holding.insert(Cat(d.pod.namespace_name, "/", d.pod.pod, "/", d.pod.container));
+  }
+  struct Candidate {
+    std::string created, name;
+    std::vector<deviceplugin::AssignedDevice> devices;
+  };
+  std::vector<Candidate> found;
+  for (const auto& pod : pods->value("items", json::array())) {
+    const json meta = pod.value("metadata", json::object());
+    const std::string phase = pod.value("status", json::object()).value("phase", "");
+    if (phase == "Succeeded" || phase == "Failed" || meta.contains("deletionTimestamp")) continue;
+    const json ann = meta.value("annotations", json::object());
+    const auto it = ann.find(extender::kAnnotationAllocation);
+    if (it == ann.end() || !it->is_string()) continue;
+    auto record = extender::ParseRecord(it->get<std::string>());
+    if (!record.ok() || record->node != opts_.node_name) continue;
+    const std::string ns = meta.value("namespace", ""), name = meta.value("name", "");
+    for (const auto& c : record->containers) {
+      if (c.resource != resource || c.gpus.size() != size || holding.contains(Cat(ns, "/", name, "/", c.name))) continue;
+      Candidate cand{meta.value("creationTimestamp", ""), Cat(ns, "/", name), {}};
+      for (const auto& g : c.gpus) cand.devices.push_back({g.uuid, g.mig, g.profile, g.memory_mib});
+      found.push_back(std::move(cand));
+    }
+  }
+  // kubelet admits pods oldest first (RFC 3339 timestamps sort as text).
+  std::sort(found.begin(), found.end(), [](const Candidate& a, const Candidate& b) {
+    return a.created != b.created ? a.created < b.created : a.name < b.name;
+  });
+  std::vector<std::vector<deviceplugin::AssignedDevice>> out;
+  for (auto& c : found) out.push_back(std::move(c.devices));
+  return out;
+}
+
 std::string ShareHandoff::SpecPath(const std::string& cdi_name) const {
   return deviceplugin::ShareCdiSpecFile(opts_.cdi_spec_dir, cdi_name);
 }

@@ -18,6 +18,7 @@
 // Thread-safety: Resolve and RecordAssignment may be called from several gRPC threads at once;
 // they share nothing but the API client (thread-safe) and the inventory (immutable).
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -68,6 +69,11 @@ class ShareHandoff {
   // OK (nothing to do or corrected), or the error that left the record as it was.
   absl::Status RecordAssignment(const std::string& resource, const std::vector<std::string>& ids,
                                 const std::vector<deviceplugin::AssignedDevice>& devices);
+  // Whole GPUs and MIG, at GetPreferredAllocation: what the records on this node choose for
+  // containers of `resource` asking for `size` devices that hold none in PodResources yet, oldest
+  // pod first (deviceplugin::PreferenceAdvisor). Empty when nothing is pending or the API or
+  // PodResources cannot be read (the plugin's own preference then stands).
+  std::vector<std::vector<deviceplugin::AssignedDevice>> Pending(const std::string& resource, size_t size) const;
   // The CDI spec path for a device name.
   std::string SpecPath(const std::string& cdi_name) const;
 
@@ -79,6 +85,9 @@ class ShareHandoff {
   std::shared_ptr<const gpu::Inventory> inventory_;
   ShareHandoffOptions opts_;
   std::unique_ptr<k8s::EventRecorder> events_;
+  // Pending() after the API refused to list pods (403: RBAC without `list`): not asked again
+  // before this time (steady clock, ns since epoch), so each admission does not pay a refusal.
+  mutable std::atomic<int64_t> list_refused_until_{0};
 };
 
 }  // namespace kgpu::cli

@@ -111,6 +111,11 @@ class ResourceServer::Service final : public v1beta1::DevicePlugin::Service {
     for (const auto& c : req->container_requests()) {
       const std::vector<std::string> available(c.available_deviceids().begin(), c.available_deviceids().end());
       const std::vector<std::string> must(c.must_include_deviceids().begin(), c.must_include_deviceids().end());
+      if (auto advised = owner_.Advised(available, must, static_cast<size_t>(c.allocation_size()))) {
+        auto* resp = out->add_container_responses();
+        for (const auto& id : *advised) resp->add_deviceids(id);
+        continue;
+      }
       auto ids = PreferredAllocation(*owner_.plan_, owner_.resource(), *owner_.config_, available, must,
                                      c.allocation_size());
       if (!ids.ok()) return ToGrpc(ids.status());
@@ -231,6 +236,37 @@ void ResourceServer::ReportAssignment(const std::vector<std::string>& ids) const
     devices.push_back(std::move(a));
   }
   reporter_(r.name, ids, devices);
+}
+
+std::string ResourceServer::DeviceIdOf(const AssignedDevice& a) const {
+  if (plan_->inventory == nullptr) return "";
+  const auto& gpus = plan_->inventory->gpus();
+  for (const auto& d : resource().devices) {
+    if (d.gpu >= gpus.size() || gpus[d.gpu].uuid != a.gpu_uuid) continue;
+    const bool mig = d.mig >= 0 && static_cast<size_t>(d.mig) < gpus[d.gpu].migs.size();
+    if (mig ? gpus[d.gpu].migs[static_cast<size_t>(d.mig)].uuid == a.mig_uuid : a.mig_uuid.empty()) return d.id;
+  }
+  return "";
+}
+
+std::optional<std::vector<std::string>> ResourceServer::Advised(const std::vector<std::string>& available,
+                                                                const std::vector<std::string>& must, size_t size) const {
+  const Resource& r = resource();
+  if (!advisor_ || r.kgpu_shares || r.replicated || r.retired || size == 0) return std::nullopt;
+  const std::set<std::string> free(available.begin(), available.end());
+  for (const auto& set : advisor_(r.name, size)) {
+    std::vector<std::string> ids;
+    for (const auto& d : set) {
+      const std::string id = DeviceIdOf(d);
+      if (id.empty() || !free.contains(id)) break;
+      ids.push_back(id);
+    }
+    if (ids.size() != size) continue;
+    const std::set<std::string> chosen(ids.begin(), ids.end());
+    if (chosen.size() != size) continue;
+    if (std::all_of(must.begin(), must.end(), [&](const std::string& m) { return chosen.contains(m); })) return ids;
+  }
+  return std::nullopt;
 }
 
 void ResourceServer::SetShareResolver(ShareResolver resolver) {
@@ -492,6 +528,7 @@ absl::Status Manager::StartServers() {
     server->SetOnChange(on_change_);
     if (share_resolver_) server->SetShareResolver(share_resolver_);
     if (reporter_) server->SetAssignmentReporter(reporter_);
+    if (advisor_) server->SetPreferenceAdvisor(advisor_);
     if (auto st = server->Start(); !st.ok()) {
       for (auto& s : servers_) s->Stop();
       servers_.clear();

@@ -3,7 +3,8 @@
 //
 // ResourceServer: one gRPC DevicePlugin server per resource on its own unix socket in the kubelet
 // directory. ListAndWatch sends the full list at once and again on every health change and never
-// ends while the server lives; Allocate and GetPreferredAllocation read only the immutable plan.
+// ends while the server lives; Allocate and GetPreferredAllocation read only the immutable plan
+// (and, for whole GPUs and MIG, ask the PreferenceAdvisor, which reads the allocation records).
 //
 // Manager: builds the plan, serves and registers every resource, re-serves and re-registers
 // when kubelet restarts (inotify on the kubelet directory) or its socket disappears, retries with
@@ -25,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -66,6 +68,12 @@ struct AssignedDevice {
 // container: whatever goes wrong is logged and the container starts on kubelet's devices.
 using AssignmentReporter = std::function<void(const std::string& resource, const std::vector<std::string>& ids,
                                               const std::vector<AssignedDevice>& devices)>;
+// Asked at GetPreferredAllocation of a whole-GPU or MIG resource (not replicas): the device sets
+// that allocation records on this node choose for containers of this resource and size that hold
+// none yet, the likeliest first (kubelet admits pods oldest first). kubelet is steered to the first
+// of them it can give; with none, the plugin's own (NVLink-aware) preference stands. A wrong guess
+// costs nothing but a correction: the record follows kubelet at PreStartContainer.
+using PreferenceAdvisor = std::function<std::vector<std::vector<AssignedDevice>>(const std::string& resource, size_t size)>;
 
 class ResourceServer {
  public:
@@ -94,6 +102,8 @@ class ResourceServer {
   // Whole GPUs and MIG (not replicas): who is told kubelet's choice at PreStartContainer. Set
   // before Start: it makes the resource ask for PreStartContainer.
   void SetAssignmentReporter(AssignmentReporter reporter) { reporter_ = std::move(reporter); }
+  // Whole GPUs and MIG: who suggests the extender's choice at GetPreferredAllocation. Before Start.
+  void SetPreferenceAdvisor(PreferenceAdvisor advisor) { advisor_ = std::move(advisor); }
   // Whether kubelet must call PreStartContainer (GetDevicePluginOptions and Register say so).
   bool PreStartRequired() const;
 
@@ -137,6 +147,12 @@ class ResourceServer {
   std::function<void()> on_change_;
   ShareResolver share_resolver_;  // guarded by mu_
   AssignmentReporter reporter_;   // set before Start, then read-only
+  PreferenceAdvisor advisor_;     // set before Start, then read-only
+  // The device ID standing for a GPU or MIG instance in this resource ("" when it has none).
+  std::string DeviceIdOf(const AssignedDevice& d) const;
+  // The advisor's first set that kubelet can give (all available, the must-include ones in it).
+  std::optional<std::vector<std::string>> Advised(const std::vector<std::string>& available,
+                                                  const std::vector<std::string>& must, size_t size) const;
 };
 
 // `kgpu mig apply` marks a GPU it is about to re-partition with the file
@@ -175,6 +191,7 @@ class Manager {
   void SetShareResolver(ShareResolver resolver) { share_resolver_ = std::move(resolver); }
   // Before Start: told kubelet's choice for whole-GPU and MIG containers (every server gets it).
   void SetAssignmentReporter(AssignmentReporter reporter) { reporter_ = std::move(reporter); }
+  void SetPreferenceAdvisor(PreferenceAdvisor advisor) { advisor_ = std::move(advisor); }
 
   std::vector<std::string> ResourceNames() const;
   // Number of completed (re-)registrations, for tests and logs.
@@ -223,6 +240,7 @@ class Manager {
   const gpu::DiscoverOptions discover_;
   ShareResolver share_resolver_;
   AssignmentReporter reporter_;
+  PreferenceAdvisor advisor_;
   std::shared_ptr<const gpu::Inventory> inventory_;  // guarded by mu_ after Start
   std::shared_ptr<const Config> config_;
   std::shared_ptr<const Plan> plan_;

@@ -273,12 +273,14 @@ def check_shares(by_kind, version):
     def allowed(group, resource, verb):
         return any(group in r.get("apiGroups", []) and resource in r.get("resources", [])
                    and verb in r.get("verbs", []) for r in rules)
-    for group, resource, verb in (("", "pods", "get"), ("", "pods", "patch"), ("", "nodes", "get"),
+    # list pods: its node's pods (fieldSelector spec.nodeName), to steer kubelet to the records'
+    # whole GPUs at GetPreferredAllocation (docs/sharing-model.md §5).
+    for group, resource, verb in (("", "pods", "get"), ("", "pods", "list"), ("", "pods", "patch"), ("", "nodes", "get"),
                                   ("", "nodes", "patch"), ("", "nodes/status", "patch"), ("events.k8s.io", "events", "create"),
                                   ("events.k8s.io", "events", "patch")):
         if not allowed(group, resource, verb):
             problem(f"shares: the device plugin may not {verb} {resource} ({group or 'core'})")
-    for group, resource, verb in (("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "delete")):
+    for group, resource, verb in (("", "pods", "watch"), ("", "pods", "delete")):
         if allowed(group, resource, verb):
             problem(f"shares: the device plugin may {verb} {resource}: more than it needs")
     cm = [m for m in by_kind.get("ConfigMap", []) if m["metadata"]["name"] == "kgpu-device-plugin-config"][0]

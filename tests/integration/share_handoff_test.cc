@@ -402,5 +402,53 @@ TEST_F(ShareHandoffTest, WholeGpuRecordsAreMadeToSayWhatKubeletGave) {
       << plugin_->Log();
 }
 
+// kubelet is steered to the extender's whole-GPU choice: GetPreferredAllocation answers with the
+// devices a record on this node chooses for a container that holds none yet, when kubelet can
+// give them (all available, the must-include ones among them); otherwise the plugin's own choice.
+TEST_F(ShareHandoffTest, KubeletIsSteeredToTheRecordsWholeGpus) {
+  const auto whole = kubelet_->Get("nvidia.com/gpu");
+  ASSERT_TRUE(whole);
+  std::vector<std::string> ids;
+  for (const auto& d : whole->devices) ids.push_back(d.id);
+  std::sort(ids.begin(), ids.end());
+  ASSERT_EQ(ids.size(), 4U);
+  auto record = [](const std::vector<std::string>& gpus) {
+    extender::RecordContainer rc{"main", "nvidia.com/gpu", "", {}};
+    for (const auto& g : gpus) rc.gpus.push_back({g, "", "", 0, 0});
+    return rc;
+  };
+  const auto own = kubelet_->GetPreferredAllocation("nvidia.com/gpu", ids, {}, 1);
+  ASSERT_TRUE(own.ok()) << own.status();
+  // The plugin's own choice for one GPU, and a record choosing another.
+  const std::string other = (*own)[0] == ids[2] ? ids[1] : ids[2];
+  CreatePod("one", record({other}));
+  auto got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", ids, {}, 1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, std::vector<std::string>{other});
+  // Once the container holds a GPU, its record no longer steers.
+  v1::ListPodResourcesResponse view;
+  testing::AddDevices(view, "ns", "one", "main", "nvidia.com/gpu", {other});
+  pr_->SetListResponse(view);
+  got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", ids, {}, 1);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, *own);
+  // Two GPUs: the record's pair, unless kubelet must include a device outside it.
+  std::vector<std::string> rest;
+  for (const auto& id : ids) {
+    if (id != other) rest.push_back(id);
+  }
+  CreatePod("two", record({rest[2], rest[0]}));
+  got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", rest, {}, 2);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, (std::vector<std::string>{rest[2], rest[0]}));
+  got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", rest, {rest[1]}, 2);
+  ASSERT_TRUE(got.ok());
+  EXPECT_NE(std::find(got->begin(), got->end(), rest[1]), got->end());
+  // A record's GPU kubelet does not offer (held elsewhere): not suggested.
+  got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", {rest[0], rest[1]}, {}, 2);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(std::set<std::string>(got->begin(), got->end()), (std::set<std::string>{rest[0], rest[1]}));
+}
+
 }  // namespace
 }  // namespace kgpu
