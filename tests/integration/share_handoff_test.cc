@@ -103,6 +103,21 @@ class ShareHandoffTest : public testing::PluginNodeTest {
     std::sort(out.begin(), out.end());
     return out;
   }
+  // nvidia.com/gpu device IDs (GPUs 4-7), sorted.
+  std::vector<std::string> WholeIds() {
+    std::vector<std::string> ids;
+    if (const auto whole = kubelet_->Get("nvidia.com/gpu")) {
+      for (const auto& d : whole->devices) ids.push_back(d.id);
+    }
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  }
+  // A record entry giving container "main" these whole GPUs.
+  static extender::RecordContainer WholeRecord(const std::vector<std::string>& gpus) {
+    extender::RecordContainer rc{"main", "nvidia.com/gpu", "", {}};
+    for (const auto& g : gpus) rc.gpus.push_back({g, "", "", 0, 0});
+    return rc;
+  }
   json Spec(const std::string& cdi_name) {
     std::ifstream in(cdi_ + "/kgpu.io-share_" + cdi_name + ".json");
     std::stringstream s;
@@ -343,20 +358,11 @@ TEST_F(ShareHandoffTest, MpsSharesAreClientsOfTheGpuDaemon) {
 // authority on the node; at PreStartContainer the plugin makes the pod's record say what kubelet
 // gave when the extender had chosen another GPU, and leaves every other record alone.
 TEST_F(ShareHandoffTest, WholeGpuRecordsAreMadeToSayWhatKubeletGave) {
-  const auto whole = kubelet_->Get("nvidia.com/gpu");
-  ASSERT_TRUE(whole);
-  EXPECT_TRUE(whole->options.pre_start_required()) << "a plugin with API access asks for PreStartContainer";
-  std::vector<std::string> ids;
-  for (const auto& d : whole->devices) ids.push_back(d.id);
-  std::sort(ids.begin(), ids.end());
+  EXPECT_TRUE(kubelet_->Get("nvidia.com/gpu")->options.pre_start_required()) << "a plugin with API access asks for PreStartContainer";
+  const std::vector<std::string> ids = WholeIds();
   ASSERT_EQ(ids.size(), 4U);
-  auto record = [](const std::vector<std::string>& gpus) {
-    extender::RecordContainer rc{"main", "nvidia.com/gpu", "", {}};
-    for (const auto& g : gpus) rc.gpus.push_back({g, "", "", 0, 0});
-    return rc;
-  };
-  CreatePod("moved", record({ids[0], ids[1]}));  // kubelet gives ids[1] and ids[2]
-  CreatePod("exact", record({ids[3]}));          // kubelet gives what the record says
+  CreatePod("moved", WholeRecord({ids[0], ids[1]}));  // kubelet gives ids[1] and ids[2]
+  CreatePod("exact", WholeRecord({ids[3]}));          // kubelet gives what the record says
   json plain = {{"metadata", {{"name", "plain"}, {"namespace", "ns"}}},
                 {"spec", {{"nodeName", "test-node"}, {"containers", json::array({{{"name", "main"}, {"image", "cuda"}}})}}}};
   ASSERT_EQ(api_.Create("pods", "ns", plain).code, 201);
@@ -406,22 +412,13 @@ TEST_F(ShareHandoffTest, WholeGpuRecordsAreMadeToSayWhatKubeletGave) {
 // devices a record on this node chooses for a container that holds none yet, when kubelet can
 // give them (all available, the must-include ones among them); otherwise the plugin's own choice.
 TEST_F(ShareHandoffTest, KubeletIsSteeredToTheRecordsWholeGpus) {
-  const auto whole = kubelet_->Get("nvidia.com/gpu");
-  ASSERT_TRUE(whole);
-  std::vector<std::string> ids;
-  for (const auto& d : whole->devices) ids.push_back(d.id);
-  std::sort(ids.begin(), ids.end());
+  const std::vector<std::string> ids = WholeIds();
   ASSERT_EQ(ids.size(), 4U);
-  auto record = [](const std::vector<std::string>& gpus) {
-    extender::RecordContainer rc{"main", "nvidia.com/gpu", "", {}};
-    for (const auto& g : gpus) rc.gpus.push_back({g, "", "", 0, 0});
-    return rc;
-  };
   const auto own = kubelet_->GetPreferredAllocation("nvidia.com/gpu", ids, {}, 1);
   ASSERT_TRUE(own.ok()) << own.status();
   // The plugin's own choice for one GPU, and a record choosing another.
   const std::string other = (*own)[0] == ids[2] ? ids[1] : ids[2];
-  CreatePod("one", record({other}));
+  CreatePod("one", WholeRecord({other}));
   auto got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", ids, {}, 1);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, std::vector<std::string>{other});
@@ -437,7 +434,7 @@ TEST_F(ShareHandoffTest, KubeletIsSteeredToTheRecordsWholeGpus) {
   for (const auto& id : ids) {
     if (id != other) rest.push_back(id);
   }
-  CreatePod("two", record({rest[2], rest[0]}));
+  CreatePod("two", WholeRecord({rest[2], rest[0]}));
   got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", rest, {}, 2);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(*got, (std::vector<std::string>{rest[2], rest[0]}));

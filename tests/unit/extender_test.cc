@@ -29,6 +29,15 @@ json WithUid(json pod, const std::string& uid) {
 }
 
 // A pod as the informer sees it once bound with a record.
+// The node as its agent reports it, with each GPU's memory in use (usedMiB).
+json Reported(json node, const std::vector<int64_t>& used) {
+  auto& ann = node["metadata"]["annotations"]["kgpu.io/gpu-inventory"];
+  json inv = json::parse(ann.get<std::string>());
+  for (size_t i = 0; i < used.size(); ++i) inv["gpus"][i]["usedMiB"] = used[i];
+  ann = inv.dump();
+  return node;
+}
+
 json Bound(json pod, const std::string& node, const AllocationRecord& r) {
   pod["spec"]["nodeName"] = node;
   pod["metadata"]["annotations"][kAnnotationAllocation] = EncodeRecord(r);
@@ -262,15 +271,8 @@ TEST_F(StateTest, NodesOfOneShapeShareTheirRefusalAndEveryDifferenceCounts) {
 // Drift (facts §7(b)6): a node reports each GPU's memory in use; what exceeds the records'
 // bookings there (by the tolerance) belongs to somebody kgpu does not know, and is not placed.
 TEST_F(StateTest, MemoryInUseBeyondTheRecordsIsNotPlacedAndIsCounted) {
-  auto reported = [](json node, const std::vector<int64_t>& used) {
-    auto& ann = node["metadata"]["annotations"]["kgpu.io/gpu-inventory"];
-    json inv = json::parse(ann.get<std::string>());
-    for (size_t i = 0; i < used.size(); ++i) inv["gpus"][i]["usedMiB"] = used[i];
-    ann = inv.dump();
-    return node;
-  };
-  state.UpsertNode(reported(TestNode("share", {ShareGpu(16384), ShareGpu(16384)}), {0, 0}));
-  state.UpsertNode(reported(TestNode("whole", {WholeGpu(), WholeGpu()}), {0, 0}));
+  state.UpsertNode(Reported(TestNode("share", {ShareGpu(16384), ShareGpu(16384)}), {0, 0}));
+  state.UpsertNode(Reported(TestNode("whole", {WholeGpu(), WholeGpu()}), {0, 0}));
   Book(WithUid(TestPod("ns", "a", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("share", 0)}}), "u-a"), "share");
   auto st = state.Stats();
   EXPECT_EQ(st.gpus_reporting_usage, 4U);
@@ -278,8 +280,8 @@ TEST_F(StateTest, MemoryInUseBeyondTheRecordsIsNotPlacedAndIsCounted) {
   // The next report: GPU 0 runs pod a (3900 MiB of its 4000) and 10000 MiB of somebody else's;
   // GPU 1 600 MiB of driver and contexts (under the 1024 MiB tolerance); whole GPU 1 a stray
   // 2048 MiB process.
-  state.UpsertNode(reported(TestNode("share", {ShareGpu(16384), ShareGpu(16384)}), {13900, 600}));
-  state.UpsertNode(reported(TestNode("whole", {WholeGpu(), WholeGpu()}), {0, 2048}));
+  state.UpsertNode(Reported(TestNode("share", {ShareGpu(16384), ShareGpu(16384)}), {13900, 600}));
+  state.UpsertNode(Reported(TestNode("whole", {WholeGpu(), WholeGpu()}), {0, 2048}));
   st = state.Stats();
   EXPECT_EQ(st.gpus_untracked, 2U);
   EXPECT_EQ(st.untracked_mib, 9900 + 2048);
@@ -299,7 +301,7 @@ TEST_F(StateTest, MemoryInUseBeyondTheRecordsIsNotPlacedAndIsCounted) {
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(one->record.containers[0].gpus[0].uuid, TestGpuUuid("whole", 0));
   // The stray process goes: the next report frees the GPU.
-  state.UpsertNode(reported(TestNode("whole", {WholeGpu(), WholeGpu()}), {0, 0}));
+  state.UpsertNode(Reported(TestNode("whole", {WholeGpu(), WholeGpu()}), {0, 0}));
   EXPECT_EQ(state.Stats().gpus_untracked, 1U);
   EXPECT_TRUE(state.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "1"}}), "u-w2"), {"whole"}).passed.size() == 1);
 }
@@ -310,12 +312,7 @@ TEST_F(StateTest, MemoryInUseBeyondTheRecordsIsNotPlacedAndIsCounted) {
 // device that only the corrected record names stops counting as untracked.
 TEST_F(StateTest, RecordsCorrectedToKubeletsDevicesAreBookedWithoutConflicts) {
   auto reported = [](const std::vector<int64_t>& used) {
-    json node = TestNode("whole", {WholeGpu(), WholeGpu(), WholeGpu(), WholeGpu()});
-    auto& ann = node["metadata"]["annotations"]["kgpu.io/gpu-inventory"];
-    json inv = json::parse(ann.get<std::string>());
-    for (size_t i = 0; i < used.size(); ++i) inv["gpus"][i]["usedMiB"] = used[i];
-    ann = inv.dump();
-    return node;
+    return Reported(TestNode("whole", {WholeGpu(), WholeGpu(), WholeGpu(), WholeGpu()}), used);
   };
   state.UpsertNode(reported({0, 0, 0, 0}));
   std::map<std::string, json> pods;
@@ -357,13 +354,6 @@ TEST_F(StateTest, RecordsCorrectedToKubeletsDevicesAreBookedWithoutConflicts) {
 // A restarted extender sees its nodes' reports before the pods: the memory those pods use must
 // not stand in the way of booking their records.
 TEST_F(StateTest, RecordsAreBookedWhenTheirNodesMemoryReportCameFirst) {
-  auto reported = [](json node, const std::vector<int64_t>& used) {
-    auto& ann = node["metadata"]["annotations"]["kgpu.io/gpu-inventory"];
-    json inv = json::parse(ann.get<std::string>());
-    for (size_t i = 0; i < used.size(); ++i) inv["gpus"][i]["usedMiB"] = used[i];
-    ann = inv.dump();
-    return node;
-  };
   const json whole = TestNode("whole", {WholeGpu(), WholeGpu()});
   const json share = TestNode("share", {ShareGpu(16384)});
   state.UpsertNode(whole);
@@ -375,8 +365,8 @@ TEST_F(StateTest, RecordsAreBookedWhenTheirNodesMemoryReportCameFirst) {
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   State fresh;
   ASSERT_TRUE(fresh.Init().ok());
-  fresh.UpsertNode(reported(whole, {30000, 0}));
-  fresh.UpsertNode(reported(share, {15872}));
+  fresh.UpsertNode(Reported(whole, {30000, 0}));
+  fresh.UpsertNode(Reported(share, {15872}));
   EXPECT_EQ(fresh.Stats().gpus_untracked, 2U);  // nothing booked yet
   fresh.UpsertPod(Bound(WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "1"}}), "u-w"), "whole", a->record));
   fresh.UpsertPod(Bound(WithUid(TestPod("ns", "s1", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "9000"}}), "u-s1"), "share", b->record));
