@@ -14,6 +14,7 @@
 //   --xid-samples N   XID samples per injection method (default 30)
 //   --restarts N      kubelet restarts for the re-registration figure (default 100)
 //   --start-only      only figures 1, 2 and 6 (start, RSS, re-registration)
+//   --steered-only    only the steered GetPreferredAllocation figure (4)
 //   --keep            keep the temp dir (plugin logs) and print its path
 //
 // Figures, one line each:
@@ -27,7 +28,12 @@
 //   3. Allocate latency of 1 GPU (the ID cycles over the 8), around each FakeKubelet::Allocate call;
 //      with it, for scale, the same round trip with an RPC that does nothing (GetDevicePluginOptions).
 //   4. GetPreferredAllocation latency, 8 whole GPUs (size 4, size 2), and time-slicing replicas 4
-//      (32 IDs, size 3).
+//      (32 IDs, size 3). Then steered by allocation records (docs/sharing-model.md §5): the plugin
+//      with --publish-labels, the API server stand-in holding 110 pods bound to the node (kubelet's
+//      default maxPods) with records, 109 of them holding their GPUs in the PodResources stand-in
+//      and one pending: each call lists the node's pods and PodResources, and answers with the
+//      pending record's pair (checked); at most 400 calls, one every 25 ms (under the plugin's API
+//      budget of 50 requests a second).
 //   5. XID -> ListAndWatch: from just before the injection until the FakeKubelet's stream thread
 //      has the list with that GPU Unhealthy. Injected (a) by fork/exec of `kgpu-simctl xid G 48`,
 //      (b) in this process through kgpu::sim::Node::PushEvent. The plugin runs with
@@ -88,7 +94,10 @@
 #include "bench_util.h"
 #include "deviceplugin_v1beta1.grpc.pb.h"
 #include "node.h"
+#include "extender/record.h"
+#include "testing/fake_apiserver.h"
 #include "testing/fake_kubelet.h"
+#include "testing/fake_podresources.h"
 
 #ifndef KGPU_BIN
 #error "KGPU_BIN (path of the kgpu binary) must be defined by the build"
@@ -141,6 +150,9 @@ constexpr double kPreviousRssMb = 21.4;
 constexpr double kPreviousReregisterMs = 33;
 constexpr double kTargetAllocateP99Us = 300;
 constexpr double kTargetPreferredP99Us = 1000;
+// Steered by the records: two reads (the node's pods from the API, PodResources) on the admission
+// of a whole-GPU container, whose start takes seconds; kubelet sets no deadline on the call.
+constexpr double kTargetSteeredP99Us = 20000;
 constexpr double kTargetXidMs = 50;
 
 double RealtimeMs() {
@@ -365,6 +377,7 @@ struct Options {
   int xid_samples = 30;
   int restarts = 100;
   bool start_only = false;
+  bool steered_only = false;
   bool keep = false;
 };
 
@@ -400,7 +413,11 @@ class Bench {
   bool StartToRegistered();
   bool AllocateLatency();
   bool NoopRpcLatency();
-  bool PreferredLatency(const std::string& what, size_t count, int size, double* p99_out);
+  bool PreferredLatency(const std::string& what, size_t count, int size, double* p99_out,
+                        const std::vector<std::string>& expect = {}, int calls = 0,
+                        std::chrono::milliseconds pause = std::chrono::milliseconds(0),
+                        double target_us = kTargetPreferredP99Us);
+  bool SteeredPreferredLatency();
   bool XidLatency(bool direct);
   bool RestartLatency();
 
@@ -639,13 +656,17 @@ bool Bench::NoopRpcLatency() {
 }
 
 // 4.
-bool Bench::PreferredLatency(const std::string& what, size_t count, int size, double* p99_out) {
+bool Bench::PreferredLatency(const std::string& what, size_t count, int size, double* p99_out,
+                             const std::vector<std::string>& expect, int calls, std::chrono::milliseconds pause,
+                             double target_us) {
   const auto ids = Ids();
   if (ids.size() != count) return Fail("expected " + std::to_string(count) + " IDs, got " + std::to_string(ids.size()));
   std::vector<double> us;
-  us.reserve(static_cast<size_t>(opt_.calls));
-  const int total = static_cast<int>(kWarmupCalls) + opt_.calls;
+  if (calls <= 0) calls = opt_.calls;
+  us.reserve(static_cast<size_t>(calls));
+  const int total = static_cast<int>(kWarmupCalls) + calls;
   for (int i = 0; i < total; ++i) {
+    if (pause.count() > 0) std::this_thread::sleep_for(pause);
     const int64_t t0 = NowNs();
     auto r = kubelet_->GetPreferredAllocation(kResource, ids, {}, size);
     const int64_t t1 = NowNs();
@@ -653,15 +674,59 @@ bool Bench::PreferredLatency(const std::string& what, size_t count, int size, do
     if (r->size() != static_cast<size_t>(size)) {
       return Fail("GetPreferredAllocation(" + what + ") returned " + std::to_string(r->size()) + " IDs");
     }
+    if (!expect.empty() && *r != expect) return Fail("GetPreferredAllocation(" + what + ") was not steered to the record");
     if (i >= static_cast<int>(kWarmupCalls)) us.push_back(static_cast<double>(t1 - t0) / 1e3);
   }
   const Stats s = Summarize(us);
   std::printf("GetPreferredAllocation %s, %zu calls: p50 %.0f us, p90 %.0f us, p99 %.0f us, max %.0f us "
               "(mean %.0f) -- p99 %s\n",
               what.c_str(), s.n, s.p50, s.p90, s.p99, s.max, s.mean,
-              Verdict(s.p99, kTargetPreferredP99Us, "us").c_str());
+              Verdict(s.p99, target_us, "us").c_str());
   if (p99_out != nullptr) *p99_out = s.p99;
   return true;
+}
+
+// 4, steered by allocation records.
+bool Bench::SteeredPreferredLatency() {
+  kgpu::testing::FakeApiServer api;
+  if (auto st = api.Start(); !st.ok()) return Fail("FakeApiServer::Start: " + std::string(st.message()));
+  kgpu::testing::FakePodResources pr(dir_ + "/pod-resources.sock");
+  if (auto st = pr.Start(); !st.ok()) return Fail("FakePodResources::Start: " + std::string(st.message()));
+  const std::string kubeconfig = WriteFile("kubeconfig", api.Kubeconfig());
+  api.Create("namespaces", "", {{"metadata", {{"name", "ns"}}}});
+  api.Create("nodes", "", {{"metadata", {{"name", kNodeName}}}});
+  int64_t took = 0;
+  if (!StartPlugin(&plugin_, {"--publish-labels", "--kubeconfig", kubeconfig, "--node-name", kNodeName,
+                              "--pod-resources-socket", pr.SocketPath()},
+                   dir_ + "/steered.log", kGpus, &took, nullptr)) {
+    return false;
+  }
+  const auto ids = Ids();  // the GPUs, in the order the plugin lists them
+  v1::ListPodResourcesResponse view;
+  constexpr int kPods = 110;
+  for (int i = 0; i < kPods; ++i) {
+    const std::string name = "p" + std::to_string(i);
+    kgpu::extender::AllocationRecord r{kNodeName, {{"main", kResource, "", {}}}};
+    const bool pending = i == kPods - 1;
+    // Pending: GPUs 5 and 2 (not the plugin's own pick); the others nominally on GPU i % 8.
+    for (size_t g : pending ? std::vector<size_t>{5, 2} : std::vector<size_t>{static_cast<size_t>(i) % kGpus}) {
+      r.containers[0].gpus.push_back({ids[g], "", "", 0, 0});
+    }
+    nlohmann::json pod = {
+        {"metadata", {{"name", name}, {"namespace", "ns"}, {"annotations", {{"kgpu.io/allocation", kgpu::extender::EncodeRecord(r)}}}}},
+        {"spec", {{"nodeName", kNodeName}, {"containers", nlohmann::json::array({{{"name", "main"}, {"image", "cuda"}}})}}}};
+    if (api.Create("pods", "ns", pod).code != 201) return Fail("cannot create pod " + name);
+    if (!pending) kgpu::testing::AddDevices(view, "ns", name, "main", kResource, {ids[static_cast<size_t>(i) % kGpus]});
+  }
+  pr.SetListResponse(view);
+  // One call every 25 ms: the plugin's API budget is 50 requests a second (burst 100), and each
+  // call makes one; admissions come one pod at a time, not back to back.
+  const bool ok = PreferredLatency("8 whole GPUs, size 2, steered by 110 pods' records (a call every 25 ms)", kGpus, 2,
+                                   nullptr, {ids[5], ids[2]}, std::min(opt_.calls, 400), std::chrono::milliseconds(25),
+                                   kTargetSteeredP99Us);
+  StopPlugin(&plugin_, nullptr);
+  pr.Stop();
+  return ok;
 }
 
 // 5.
@@ -799,6 +864,7 @@ int Bench::Run() {
               cpus, g_kgpu.c_str(), dir_.c_str());
   std::fflush(stdout);
 
+  if (opt_.steered_only) return SteeredPreferredLatency() ? 0 : 1;
   // 1, 2.
   if (!StartToRegistered()) return 1;
   std::fflush(stdout);
@@ -832,6 +898,8 @@ int Bench::Run() {
   if (!PreferredLatency("time-slicing replicas 4 (32 IDs), size 3", 4 * kGpus, 3, nullptr)) return 1;
   std::fflush(stdout);
   if (!StopPlugin(&plugin_, nullptr)) return 1;
+  if (!SteeredPreferredLatency()) return 1;
+  std::fflush(stdout);
 
   // 5.
   const std::string health = WriteFile("health.yaml", "version: v1\nhealth: {recoverAfter: 0s, probeInterval: 50ms}\n");
@@ -886,12 +954,14 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--start-only") {
       opt.start_only = true;
+    } else if (a == "--steered-only") {
+      opt.steered_only = true;
     } else if (a == "--keep") {
       opt.keep = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--kgpu PATH] [--runs N] [--calls N] [--xid-samples N] [--restarts N] [--start-only] "
-                   "[--keep]\n",
+                   "[--steered-only] [--keep]\n",
                    argv[0]);
       return a == "-h" || a == "--help" ? 0 : 2;
     }

@@ -119,6 +119,11 @@ void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags
     Log("deviceplugin")->error("{}: allocation records cannot be read: {}", what, std::string(cfg.status().message()));
     return;
   }
+  // kubelet's own API budget (kubeAPIQPS 50, kubeAPIBurst 100), not client-go's 5/10: a burst of
+  // admissions costs a LIST (GetPreferredAllocation) and a GET (PreStartContainer) per container,
+  // and at 5 per second each would wait 200 ms for its token.
+  cfg->qps = 50;
+  cfg->burst = 100;
   auto client = k8s::Client::Create(*cfg);
   if (!client.ok()) {
     Log("deviceplugin")->error("{}: {}", what, std::string(client.status().message()));
