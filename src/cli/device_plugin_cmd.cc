@@ -138,7 +138,12 @@ void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags
   o.cuda_shared_root = config.cuda_shared_root;
   o.cuda_interposer_load = config.cuda_interposer_load;
   if (config.sharing.strategy == deviceplugin::SharingStrategy::kMps) o.mps_root = config.mps_root;
-  auto handoff = std::make_shared<ShareHandoff>(std::move(*client), std::move(inventory), o);
+  // GetPreferredAllocation's LIST: on kubelet's admission path, so a short deadline.
+  k8s::Config list_cfg = *cfg;
+  list_cfg.timeout = std::chrono::milliseconds(2000);
+  auto list_client = k8s::Client::Create(list_cfg);
+  auto handoff = std::make_shared<ShareHandoff>(std::move(*client), std::move(inventory), o,
+                                                list_client.ok() ? std::move(*list_client) : nullptr);
   if (serves) {
     manager.SetShareResolver([handoff](const std::vector<std::string>& ids, const std::string& name) {
       return handoff->Resolve(ids, name);
@@ -148,10 +153,7 @@ void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags
       [handoff](const std::string& resource, size_t size) { return handoff->Pending(resource, size); });
   manager.SetAssignmentReporter([handoff](const std::string& resource, const std::vector<std::string>& ids,
                                           const std::vector<deviceplugin::AssignedDevice>& devices) {
-    if (auto st = handoff->RecordAssignment(resource, ids, devices); !st.ok()) {
-      Log("deviceplugin")->warn("{} {}: the allocation record may not say what the container has: {}", resource,
-                                Join(ids, ","), std::string(st.message()));
-    }
+    handoff->RecordAssignmentLater(resource, ids, devices);
   });
 }
 

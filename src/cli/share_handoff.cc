@@ -59,8 +59,11 @@ std::vector<std::string> ShareEnv(const extender::RecordContainer& c) {
 }
 
 ShareHandoff::ShareHandoff(std::unique_ptr<k8s::Client> client, std::shared_ptr<const gpu::Inventory> inventory,
-                           ShareHandoffOptions options)
-    : client_(std::move(client)), inventory_(std::move(inventory)), opts_(std::move(options)) {
+                           ShareHandoffOptions options, std::unique_ptr<k8s::Client> list_client)
+    : client_(std::move(client)),
+      list_client_(std::move(list_client)),
+      inventory_(std::move(inventory)),
+      opts_(std::move(options)) {
   events_ = std::make_unique<k8s::EventRecorder>(*client_, "kgpu-device-plugin", opts_.node_name);
 }
 
@@ -91,6 +94,42 @@ absl::StatusOr<exporter::PodRef> ShareHandoff::Holder(const std::string& resourc
                                              " in kubelet's PodResources; kubelet asked for all of them"));
   }
   return *owner;
+}
+
+ShareHandoff::~ShareHandoff() {
+  if (reports_worker_.joinable()) {
+    reports_worker_.request_stop();
+    reports_cv_.notify_all();
+    reports_worker_.join();
+  }
+}
+
+void ShareHandoff::RecordAssignmentLater(std::string resource, std::vector<std::string> ids,
+                                         std::vector<deviceplugin::AssignedDevice> devices) {
+  std::lock_guard lock(reports_mu_);
+  if (reports_.size() >= 1024) {
+    Log("deviceplugin")->warn("{} {}: the allocation record is not checked against kubelet's choice (1024 checks wait "
+                              "already: is the API server reachable?)",
+                              resource, Join(ids, ","));
+    return;
+  }
+  reports_.push_back({std::move(resource), std::move(ids), std::move(devices)});
+  if (!reports_worker_.joinable()) {
+    reports_worker_ = std::jthread([this](std::stop_token stop) {
+      std::unique_lock held(reports_mu_);
+      while (reports_cv_.wait(held, stop, [this] { return !reports_.empty(); })) {
+        Report r = std::move(reports_.front());
+        reports_.pop_front();
+        held.unlock();
+        if (auto st = RecordAssignment(r.resource, r.ids, r.devices); !st.ok()) {
+          Log("deviceplugin")->warn("{} {}: the allocation record may not say what the container has: {}", r.resource,
+                                    Join(r.ids, ","), std::string(st.message()));
+        }
+        held.lock();
+      }
+    });
+  }
+  reports_cv_.notify_one();
 }
 
 absl::Status ShareHandoff::RecordAssignment(const std::string& resource, const std::vector<std::string>& ids,
@@ -149,23 +188,25 @@ absl::Status ShareHandoff::RecordAssignment(const std::string& resource, const s
 
 std::vector<std::vector<deviceplugin::AssignedDevice>> ShareHandoff::Pending(const std::string& resource,
                                                                              size_t size) const {
-  if (opts_.node_name.empty()) return {};
+  if (opts_.node_name.empty() || list_client_ == nullptr) return {};
   const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
   if (now < list_refused_until_.load()) return {};
-  k8s::ListOptions lo;
-  lo.field_selector = Cat("spec.nodeName=", opts_.node_name);
-  auto pods = client_->List(k8s::FindResource("pods")->Path(""), lo);
+  // kubelet waits for this answer with no deadline while it admits the node's pods one by one, so
+  // it is one attempt with a short deadline, from the apiserver's watch cache (resourceVersion 0:
+  // no quorum read of every pod in etcd), and a failure pauses the steering for a while.
+  const k8s::ListOptions lo{.label_selector = "",
+                            .field_selector = Cat("spec.nodeName=", opts_.node_name),
+                            .limit = 0,
+                            .resource_version = std::string(1, '0')};  // "0": GCC 12's -Wrestrict misfires on the literal
+  auto pods = list_client_->List(k8s::FindResource("pods")->Path(""), lo);
   if (!pods.ok()) {
-    if (absl::IsPermissionDenied(pods.status())) {
-      list_refused_until_ = now + std::chrono::nanoseconds(std::chrono::minutes(5)).count();
-      Log("deviceplugin")->warn("{}: kubelet is not steered to the extender's choice for 5 minutes (the allocation records "
-                                "are corrected to kubelet's choice instead): listing this node's pods was refused: {} "
-                                "(grant `list` on pods, as deploy/shares/rbac.yaml does)",
-                                resource, std::string(pods.status().message()));
-    } else {
-      Log("deviceplugin")->debug("{}: no preference from the allocation records: {}", resource,
-                                 std::string(pods.status().message()));
-    }
+    const bool refused = absl::IsPermissionDenied(pods.status());
+    const auto pause = refused ? std::chrono::minutes(5) : std::chrono::minutes(1);
+    list_refused_until_ = now + std::chrono::nanoseconds(pause).count();
+    Log("deviceplugin")->warn("{}: kubelet is not steered to the extender's choice for {} minute(s) (the allocation "
+                              "records are corrected to kubelet's choice instead): listing this node's pods failed: {}{}",
+                              resource, refused ? 5 : 1, std::string(pods.status().message()),
+                              refused ? " (grant `list` on pods, as deploy/shares/rbac.yaml does)" : "");
     return {};
   }
   std::set<std::string> holding;  // ns/pod/container already holding `resource`

@@ -20,8 +20,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -60,8 +64,10 @@ std::vector<std::string> ShareEnv(const extender::RecordContainer& c);
 
 class ShareHandoff {
  public:
+  // `list_client`: for Pending()'s LIST on kubelet's admission path (a short deadline, no
+  // retries); without it, Pending() suggests nothing.
   ShareHandoff(std::unique_ptr<k8s::Client> client, std::shared_ptr<const gpu::Inventory> inventory,
-               ShareHandoffOptions options);
+               ShareHandoffOptions options, std::unique_ptr<k8s::Client> list_client = nullptr);
   absl::Status Resolve(const std::vector<std::string>& ids, const std::string& cdi_name);
   // Whole GPUs and MIG: makes the record of the container holding `ids` name `devices` (what
   // kubelet gave it) when it names others; a pod without a record is left alone. A conflicting
@@ -69,6 +75,12 @@ class ShareHandoff {
   // OK (nothing to do or corrected), or the error that left the record as it was.
   absl::Status RecordAssignment(const std::string& resource, const std::vector<std::string>& ids,
                                 const std::vector<deviceplugin::AssignedDevice>& devices);
+  // The same on this object's worker thread, so that PreStartContainer returns at once: kubelet
+  // gives that call 30 s, and a slow API server must never fail a whole-GPU container's start.
+  // Failures are logged. At most 1024 wait; beyond that a report is dropped with a warning.
+  void RecordAssignmentLater(std::string resource, std::vector<std::string> ids,
+                             std::vector<deviceplugin::AssignedDevice> devices);
+  ~ShareHandoff();
   // Whole GPUs and MIG, at GetPreferredAllocation: what the records on this node choose for
   // containers of `resource` asking for `size` devices that hold none in PodResources yet, oldest
   // pod first (deviceplugin::PreferenceAdvisor). Empty when nothing is pending or the API or
@@ -82,12 +94,22 @@ class ShareHandoff {
   absl::StatusOr<exporter::PodRef> Holder(const std::string& resource, const std::vector<std::string>& ids) const;
 
   std::unique_ptr<k8s::Client> client_;
+  std::unique_ptr<k8s::Client> list_client_;
   std::shared_ptr<const gpu::Inventory> inventory_;
   ShareHandoffOptions opts_;
   std::unique_ptr<k8s::EventRecorder> events_;
   // Pending() after the API refused to list pods (403: RBAC without `list`): not asked again
   // before this time (steady clock, ns since epoch), so each admission does not pay a refusal.
   mutable std::atomic<int64_t> list_refused_until_{0};
+  struct Report {
+    std::string resource;
+    std::vector<std::string> ids;
+    std::vector<deviceplugin::AssignedDevice> devices;
+  };
+  std::mutex reports_mu_;
+  std::condition_variable_any reports_cv_;
+  std::deque<Report> reports_;   // guarded by reports_mu_
+  std::jthread reports_worker_;  // started by the first report; last member: joined first
 };
 
 }  // namespace kgpu::cli

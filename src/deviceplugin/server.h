@@ -64,8 +64,9 @@ struct AssignedDevice {
 };
 // Told, at PreStartContainer of an nvidia.com/gpu or nvidia.com/mig-* container, which devices
 // kubelet gave it (kubelet chooses them; its choice is the truth on the node), so that the pod's
-// allocation record can be made to say exactly that (cli/share_handoff.h). Never fails the
-// container: whatever goes wrong is logged and the container starts on kubelet's devices.
+// allocation record can be made to say exactly that (cli/share_handoff.h). It must return at once
+// (the work goes to a queue: kubelet gives PreStartContainer 30 s) and never fails the container:
+// whatever goes wrong later is logged, and the container starts on kubelet's devices.
 using AssignmentReporter = std::function<void(const std::string& resource, const std::vector<std::string>& ids,
                                               const std::vector<AssignedDevice>& devices)>;
 // Asked at GetPreferredAllocation of a whole-GPU or MIG resource (not replicas): the device sets

@@ -224,6 +224,10 @@ std::string Extender::MetricsText() const {
   metric("kgpu_extender_pods_booked", "gauge", "Pods whose GPUs the extender books.", s.booked);
   metric("kgpu_extender_record_conflicts_total", "counter", "Allocation records that claim capacity another record holds.",
          s.record_conflicts);
+  metric("kgpu_extender_records_waiting", "gauge",
+         "Bound pods whose allocation records wait for GPUs another record holds (a node's correction to kubelet's "
+         "devices not yet complete, or the later of two conflicting records).",
+         s.records_waiting);
   metric("kgpu_extender_bad_records_total", "counter", "Allocation records that did not parse or name GPUs the node lacks.",
          s.bad_records);
   metric("kgpu_extender_gpus_reporting_usage", "gauge",

@@ -482,9 +482,11 @@ void State::BookLocked(const std::string& uid, PodEntry& e, bool quiet) {
     for (const auto& rg : rc.gpus) {
       const int idx = info.IndexOfUuid(rg.uuid);
       if (idx < 0) {
-        ++bad_records_;
-        Log("extender")->warn("pod {}/{}: allocation record names GPU {} which node {} does not have (a stale record)", e.ns,
-                    e.name, rg.uuid, e.node);
+        if (!quiet) {
+          ++bad_records_;
+          Log("extender")->warn("pod {}/{}: allocation record names GPU {} which node {} does not have (a stale record)",
+                                e.ns, e.name, rg.uuid, e.node);
+        }
         p.gpus.clear();
         break;
       }
@@ -501,20 +503,26 @@ void State::BookLocked(const std::string& uid, PodEntry& e, bool quiet) {
     absl::Status st = p.gpus.empty() ? absl::FailedPreconditionError("stale record")
                                      : engine_->Bind(EngineRequest(key, rc), p);
     if (!st.ok()) {
-      if (quiet) {
-        Log("extender")->debug("pod {}/{}: allocation record on node {} waits for its GPUs ({})", e.ns, e.name, e.node,
-                               std::string(st.message()));
-      } else if (!p.gpus.empty()) {
-        ++record_conflicts_;
-        Log("extender")->warn("pod {}/{}: allocation record on node {} cannot be booked ({}): another record holds that capacity",
-                    e.ns, e.name, e.node, std::string(st.message()));
+      if (!p.gpus.empty() && !e.waiting) {
+        if (quiet) {
+          Log("extender")->info("pod {}/{}: allocation record on node {} waits for its GPUs, which another record still "
+                                "holds ({}); booked when they are released",
+                                e.ns, e.name, e.node, std::string(st.message()));
+        } else {
+          ++record_conflicts_;
+          Log("extender")->warn("pod {}/{}: allocation record on node {} cannot be booked ({}): another record holds that "
+                                "capacity; booked if it is released",
+                                e.ns, e.name, e.node, std::string(st.message()));
+        }
       }
+      e.waiting = !p.gpus.empty() && e.bound;
       for (const auto& k : done) (void)engine_->Release(k);
       return;
     }
     done.push_back(key);
   }
   e.booked = true;
+  e.waiting = false;
 }
 
 void State::UnbookLocked(const std::string& uid, PodEntry& e) {
@@ -528,11 +536,15 @@ void State::UnbookLocked(const std::string& uid, PodEntry& e) {
 void State::RebookNodeLocked(const std::string& node) {
   const auto it = on_node_.find(node);
   if (it == on_node_.end()) return;
-  for (const auto& uid : it->second) {
-    auto p = pods_.find(uid);
-    if (p == pods_.end()) continue;
-    p->second.booked = false;  // the engine dropped them with the node
-    if (p->second.bound || p->second.assumed) BookLocked(uid, p->second);
+  // Those that were booked first, then those that waited (quietly): a record waiting for its
+  // node's next correction must not take the GPUs from the record that still holds them.
+  for (const bool waiting : {false, true}) {
+    for (const auto& uid : it->second) {
+      auto p = pods_.find(uid);
+      if (p == pods_.end() || p->second.waiting != waiting) continue;
+      p->second.booked = false;  // the engine dropped them with the node
+      if (p->second.bound || p->second.assumed) BookLocked(uid, p->second, /*quiet=*/waiting);
+    }
   }
 }
 
@@ -723,9 +735,11 @@ absl::StatusOr<Assumption> State::Assume(const json& pod, const std::string& nod
       a.already_bound = e.bound;
       return a;
     }
+    const std::string was_on = e.node;
     UnbookLocked(c->uid, e);  // an earlier attempt elsewhere that never bound
-    if (auto o = on_node_.find(e.node); o != on_node_.end()) o->second.erase(c->uid);
+    if (auto o = on_node_.find(was_on); o != on_node_.end()) o->second.erase(c->uid);
     pods_.erase(it);
+    BookWaitingLocked(was_on);
   }
   bool unres = false;
   const std::string why = ExplainLocked(*c, node, &unres, nullptr);
@@ -848,7 +862,10 @@ StateStats State::Stats() const {
   s.nodes = nodes_.size();
   for (const auto& [n, info] : nodes_) s.gpu_nodes += info.gpus.empty() ? 0 : 1;
   s.pods = pods_.size();
-  for (const auto& [uid, e] : pods_) s.booked += e.booked ? 1 : 0;
+  for (const auto& [uid, e] : pods_) {
+    s.booked += e.booked ? 1 : 0;
+    s.records_waiting += e.waiting ? 1 : 0;
+  }
   s.record_conflicts = record_conflicts_;
   s.bad_records = bad_records_;
   s.bad_inventories = bad_inventories_;

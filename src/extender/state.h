@@ -59,6 +59,7 @@ struct Assumption {
 struct StateStats {
   size_t nodes = 0, gpu_nodes = 0, pods = 0, booked = 0;
   uint64_t record_conflicts = 0, bad_records = 0, bad_inventories = 0;
+  size_t records_waiting = 0;  // bound pods whose records wait for GPUs another record holds
   // Drift between the records and the nodes' NVML reports (facts §7(b)6).
   size_t gpus_reporting_usage = 0;  // GPUs whose node reports the memory in use
   size_t gpus_untracked = 0;        // of which used beyond their bookings (by the tolerance)
@@ -101,6 +102,11 @@ class State {
     bool bound = false;      // spec.nodeName is set (or the binding was confirmed)
     bool assumed = false;    // booked by Assume, binding not yet seen
     bool booked = false;     // in the engine
+    // Bound, its record not booked because another record holds those GPUs: a record its node
+    // corrected to kubelet's devices whose old holder's correction has not arrived (or, after a
+    // split brain, the later of two conflicting records). Retried whenever bookings on its node
+    // are released (BookWaitingLocked).
+    bool waiting = false;
     int64_t priority = 0;
   };
   struct Compiled;

@@ -397,10 +397,26 @@ class E2eClusterTest : public ::testing::Test {
                                   ? ac.response.envs().at("NVIDIA_VISIBLE_DEVICES") : "");
         for (std::string v; std::getline(env, v, ',');) visible.insert(v);
         EXPECT_EQ(visible, ids) << key;
-        std::set<std::string> recorded;
-        for (const auto& g : rc.gpus) {
+        // The node makes the record say what kubelet gave (docs/sharing-model.md §5), after
+        // PreStartContainer has returned: give a correction in flight a moment.
+        auto ids_of = [](const extender::RecordContainer& x) {
+          std::set<std::string> out;
+          for (const auto& g : x.gpus) out.insert(g.mig.empty() ? g.uuid : g.mig);
+          return out;
+        };
+        extender::RecordContainer cur = rc;
+        if (ids_of(cur) != ids) {
+          WaitFor([&] {
+            const auto again = extender::ParseRecord(
+                api_.Get("pods", c.ns, c.name).body["metadata"]["annotations"].value(extender::kAnnotationAllocation, ""));
+            if (!again.ok() || again->containers.empty()) return false;
+            cur = again->containers[0];
+            return ids_of(cur) == ids;
+          }, std::chrono::seconds(10));
+        }
+        const std::set<std::string> recorded = ids_of(cur);
+        for (const auto& g : cur.gpus) {
           const std::string id = g.mig.empty() ? g.uuid : g.mig;
-          recorded.insert(id);
           EXPECT_FALSE(exclusive.contains(id)) << "records of " << key << " and " << exclusive[id] << " both hold " << id;
           exclusive[id] = key;
           if (!g.profile.empty()) {
@@ -411,7 +427,6 @@ class E2eClusterTest : public ::testing::Test {
           EXPECT_FALSE(kubelet_ids.contains(id)) << key << " and " << kubelet_ids[id] << " both got " << id;
           kubelet_ids[id] = key;
         }
-        // The node made the record say what kubelet gave (docs/sharing-model.md §5).
         EXPECT_EQ(recorded, ids) << key << ": the record does not name the devices kubelet gave";
         whole_record_differs += recorded != ids;
       }

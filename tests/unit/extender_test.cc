@@ -338,10 +338,16 @@ TEST_F(StateTest, RecordsCorrectedToKubeletsDevicesAreBookedWithoutConflicts) {
   };
   corrected("a", 1);  // GPU 1 is still b's by b's old record: a waits
   EXPECT_EQ(state.Stats().record_conflicts, 0U);
+  EXPECT_EQ(state.Stats().records_waiting, 1U);
+  // A node report between the two corrections rebooks the node: b's booking stays first.
+  state.UpsertNode(reported({20500, 20000, 0, 20000}));
+  EXPECT_EQ(state.Stats().record_conflicts, 0U);
+  EXPECT_EQ(state.Stats().records_waiting, 1U);
   corrected("b", 0);  // frees GPU 1: a is booked there
   corrected("c", 3);
   const auto st = state.Stats();
   EXPECT_EQ(st.record_conflicts, 0U);
+  EXPECT_EQ(st.records_waiting, 0U);
   EXPECT_EQ(st.gpus_untracked, 0U);
   // Exactly GPU 2 is left, and the extender knows it.
   auto two = state.Filter(WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "2"}}), "u-w"), {"whole"});
