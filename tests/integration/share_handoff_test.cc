@@ -374,6 +374,8 @@ TEST_F(ShareHandoffTest, WholeGpuRecordsAreMadeToSayWhatKubeletGave) {
   pr_->SetListResponse(view);
   auto rv = [&](const std::string& name) { return api_.Get("pods", "ns", name).body["metadata"].value("resourceVersion", ""); };
   const std::string exact_rv = rv("exact"), plain_rv = rv("plain");
+  // The first write of the correction meets a conflict (409): it reads the pod again and retries.
+  api_.FailNext(1, 409, "/namespaces/ns/pods/moved", "PATCH");
   // All at once, as pod workers start containers.
   std::vector<std::thread> threads;
   std::vector<absl::Status> results(4);
@@ -431,22 +433,42 @@ TEST_F(ShareHandoffTest, KubeletIsSteeredToTheRecordsWholeGpus) {
   got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", ids, {}, 1);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(*got, *own);
-  // Two GPUs: the record's pair, unless kubelet must include a device outside it.
+  // Two GPUs: the record's pair (one GPU outside the plugin's own pair), unless kubelet must
+  // include a device outside it.
   std::vector<std::string> rest;
   for (const auto& id : ids) {
     if (id != other) rest.push_back(id);
   }
-  CreatePod("two", WholeRecord({rest[2], rest[0]}));
+  const auto own2 = kubelet_->GetPreferredAllocation("nvidia.com/gpu", rest, {}, 2);
+  ASSERT_TRUE(own2.ok() && own2->size() == 2U);
+  const std::set<std::string> own_pair(own2->begin(), own2->end());
+  std::string outside;
+  for (const auto& id : rest) {
+    if (!own_pair.contains(id)) outside = id;
+  }
+  const std::vector<std::string> pair = {outside, (*own2)[0]};
+  CreatePod("two", WholeRecord(pair));
   got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", rest, {}, 2);
   ASSERT_TRUE(got.ok());
-  EXPECT_EQ(*got, (std::vector<std::string>{rest[2], rest[0]}));
-  got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", rest, {rest[1]}, 2);
+  EXPECT_EQ(*got, pair);
+  got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", rest, {(*own2)[1]}, 2);
   ASSERT_TRUE(got.ok());
-  EXPECT_NE(std::find(got->begin(), got->end(), rest[1]), got->end());
+  EXPECT_NE(std::find(got->begin(), got->end(), (*own2)[1]), got->end());
   // A record's GPU kubelet does not offer (held elsewhere): not suggested.
-  got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", {rest[0], rest[1]}, {}, 2);
+  got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", *own2, {}, 2);
   ASSERT_TRUE(got.ok());
-  EXPECT_EQ(std::set<std::string>(got->begin(), got->end()), (std::set<std::string>{rest[0], rest[1]}));
+  EXPECT_EQ(std::set<std::string>(got->begin(), got->end()), own_pair);
+  // A refused LIST (RBAC without `list`) pauses the steering, with a warning: the plugin's own
+  // choice, also on the next call although the API would now answer.
+  api_.FailNext(1, 403, "/api/v1/pods", "GET");
+  for (int i = 0; i < 2; ++i) {
+    got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", rest, {}, 2);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(std::set<std::string>(got->begin(), got->end()), own_pair) << i;
+  }
+  EXPECT_NE(plugin_->Log().find("kubelet is not steered to the extender's choice for 5 minute(s)"), std::string::npos)
+      << plugin_->Log();
+  EXPECT_NE(plugin_->Log().find("grant `list` on pods"), std::string::npos) << plugin_->Log();
 }
 
 }  // namespace
