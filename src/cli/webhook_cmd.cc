@@ -25,6 +25,10 @@ void AddWebhookFlags(CLI::App* app, extender::WebhookOptions* o) {
   app->add_option("--largest-gpu-memory-mib", o->largest_gpu_memory_mib,
                   "memory of the largest GPU in the cluster: larger shares are refused (0: unknown)")
       ->check(CLI::NonNegativeNumber);
+  app->add_option("--kubeconfig", o->kubeconfig,
+                  "read the GPU sizes not given above from the nodes' kgpu.io/gpu-inventory (list+watch nodes)");
+  app->add_option("--context", o->context, "kubeconfig context");
+  app->add_flag("--in-cluster", o->in_cluster, "the same through the pod's service account");
 }
 
 int RunWebhook(const extender::WebhookOptions& options, const volatile std::sig_atomic_t* stop, std::ostream& err) {

@@ -10,7 +10,11 @@
 #include "absl/strings/escaping.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "extender/inventory.h"
 #include "extender/request.h"
+#include "k8s/config.h"
+#include "k8s/informer.h"
+#include "k8s/resources.h"
 
 namespace kgpu::extender {
 namespace {
@@ -307,6 +311,49 @@ absl::StatusOr<json> Review(std::string_view body, bool mutate, const WebhookOpt
 Webhook::Webhook(WebhookOptions options) : opts_(std::move(options)) {}
 Webhook::~Webhook() { Stop(); }
 
+WebhookOptions Webhook::Effective() const {
+  WebhookOptions o = opts_;
+  std::lock_guard lock(sizes_mu_);
+  if (o.smallest_gpu_memory_mib <= 0) o.smallest_gpu_memory_mib = smallest_;
+  if (o.largest_gpu_memory_mib <= 0) o.largest_gpu_memory_mib = largest_;
+  return o;
+}
+
+void Webhook::NodeChanged(const json& node, bool removed) {
+  const std::string name = node.value("metadata", json::object()).value("name", "");
+  std::optional<std::pair<int64_t, int64_t>> sizes;
+  if (!removed) {
+    auto info = ParseNodeInventory(node);
+    if (info.ok()) {
+      for (const auto& g : info->gpus) {
+        if (g.slots <= 0 || g.memory_mib <= 0) continue;  // only GPUs that serve shares
+        if (!sizes) sizes.emplace(g.memory_mib, g.memory_mib);
+        sizes->first = std::min(sizes->first, g.memory_mib);
+        sizes->second = std::max(sizes->second, g.memory_mib);
+      }
+    } else if (!absl::IsNotFound(info.status())) {
+      Log("webhook")->warn("{} (its GPUs are left out of the share sizes)", std::string(info.status().message()));
+    }
+  }
+  std::lock_guard lock(sizes_mu_);
+  if (sizes) {
+    node_sizes_[name] = *sizes;
+  } else {
+    node_sizes_.erase(name);
+  }
+  int64_t lo = 0, hi = 0;
+  for (const auto& [n, s] : node_sizes_) {
+    lo = lo == 0 ? s.first : std::min(lo, s.first);
+    hi = std::max(hi, s.second);
+  }
+  if (lo != smallest_ || hi != largest_) {
+    Log("webhook")->info("GPUs serving shares in the cluster: smallest {} MiB, largest {} MiB ({} nodes)", lo, hi,
+                         node_sizes_.size());
+  }
+  smallest_ = lo;
+  largest_ = hi;
+}
+
 absl::Status Webhook::Start() {
   const auto colon = opts_.address.rfind(':');
   if (colon == std::string::npos) {
@@ -342,9 +389,23 @@ absl::Status Webhook::Start() {
   // delayed ACK add 40 ms to every review (the extender's server has the measurement).
   http_->set_tcp_nodelay(true);
   http_->set_keep_alive_max_count(1000);
+  if (!opts_.kubeconfig.empty() || opts_.in_cluster) {
+    auto cfg = k8s::ConfigFromFlags(opts_.kubeconfig, opts_.context, opts_.in_cluster);
+    if (!cfg.ok()) return absl::InvalidArgumentError(cfg.status().message());
+    auto client = k8s::Client::Create(*cfg);
+    if (!client.ok()) return client.status();
+    client_ = std::move(*client);
+    k8s::InformerOptions no;
+    no.path = k8s::FindResource("nodes")->Path("");
+    nodes_ = std::make_unique<k8s::Informer>(*client_, no);
+    nodes_->AddHandler({[this](const json& n) { NodeChanged(n, false); },
+                        [this](const json&, const json& n) { NodeChanged(n, false); },
+                        [this](const json& n) { NodeChanged(n, true); }});
+    nodes_->Start();
+  }
   auto handler = [this](bool mutate) {
     return [this, mutate](const httplib::Request& req, httplib::Response& res) {
-      auto out = Review(req.body, mutate, opts_);
+      auto out = Review(req.body, mutate, Effective());
       if (!out.ok()) {
         Log("webhook")->warn("{}: {}", mutate ? "/mutate" : "/validate", std::string(out.status().message()));
         res.status = 400;
@@ -367,6 +428,7 @@ absl::Status Webhook::Start() {
 void Webhook::Stop() {
   if (http_) http_->stop();
   if (http_thread_.joinable()) http_thread_.join();
+  if (nodes_) nodes_->Stop();
 }
 
 }  // namespace kgpu::extender

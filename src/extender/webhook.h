@@ -26,12 +26,19 @@
 // largest GPU (--largest-gpu-memory-mib), a privileged container asking for shares, and anything
 // the extender's request model (request.h) rejects.
 //
-// Thread-safety: the functions are pure; Webhook: Start/Stop from the owner thread.
+// GPU sizes: the flags, else (with --kubeconfig, or in a pod with a service account) the smallest
+// and largest memory of the GPUs that serve shares, from the nodes' kgpu.io/gpu-inventory
+// annotations (an informer on nodes); unknown until it has synced or while no node serves shares.
+//
+// Thread-safety: the functions are pure; Webhook: Start/Stop from the owner thread; the handlers
+// read the sizes under a lock.
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -43,6 +50,11 @@
 namespace httplib {
 class Server;
 }
+
+namespace kgpu::k8s {
+class Client;
+class Informer;
+}  // namespace kgpu::k8s
 
 namespace kgpu::extender {
 
@@ -59,6 +71,10 @@ struct WebhookOptions {
   bool translate_hami = false;  // nvidia.com/gpu alone is HAMi's vGPU count
   int64_t smallest_gpu_memory_mib = 0;  // 0 = unknown: no cores default, no gpumem-percentage
   int64_t largest_gpu_memory_mib = 0;   // 0 = unknown: share size not checked
+  // Non-empty: the API server to read the nodes' GPU inventories (kgpu.io/gpu-inventory) from, so
+  // that the two sizes above, where not given, follow the GPUs that serve shares (list+watch nodes).
+  std::string kubeconfig, context;
+  bool in_cluster = false;  // the pod's service account instead of a kubeconfig
 };
 
 struct Decision {
@@ -88,7 +104,16 @@ class Webhook {
   int port() const { return port_; }
 
  private:
+  // opts_ with the GPU sizes the inventories give where the flags gave none.
+  WebhookOptions Effective() const;
+  void NodeChanged(const nlohmann::json& node, bool removed);
+
   WebhookOptions opts_;
+  std::unique_ptr<k8s::Client> client_;
+  std::unique_ptr<k8s::Informer> nodes_;
+  mutable std::mutex sizes_mu_;
+  std::map<std::string, std::pair<int64_t, int64_t>> node_sizes_;  // node -> smallest, largest share GPU
+  int64_t smallest_ = 0, largest_ = 0;                             // over node_sizes_ (guarded by sizes_mu_)
   std::unique_ptr<httplib::Server> http_;
   std::thread http_thread_;
   int port_ = 0;

@@ -20,6 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
+#include "testing/fake_apiserver.h"
+#include "testing/gpu_nodes.h"
 #include "testing/spawn.h"
 
 namespace {
@@ -69,6 +71,11 @@ json Review(const std::string& uid, const json& pod) {
 class WebhookProcess : public ::testing::Test {
  protected:
   void SetUp() override {
+    MakeCertificate();
+    Launch({"--smallest-gpu-memory-mib", "40960", "--largest-gpu-memory-mib", "81920"});
+  }
+  // A temp dir with a self-signed certificate for 127.0.0.1.
+  void MakeCertificate() {
     char tmpl[] = "/tmp/kgpu-webhook-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
@@ -79,13 +86,16 @@ class WebhookProcess : public ::testing::Test {
                        dir_ + "/openssl.log"),
               0)
         << Slurp(dir_ + "/openssl.log");
+  }
+  // `kgpu webhook` over HTTPS with the fixture's certificate and these flags.
+  void Launch(const std::vector<std::string>& flags) {
     log_ = dir_ + "/webhook.log";
     kgpu::testing::SpawnOptions so;
     so.log = log_;
-    pid_ = kgpu::testing::Spawn({KGPU_BIN, "webhook", "--address", "127.0.0.1:0", "--tls-cert-file", cert_,
-                                 "--tls-key-file", key_, "--scheduler-name", "kgpu-scheduler",
-                                 "--smallest-gpu-memory-mib", "40960", "--largest-gpu-memory-mib", "81920"},
-                                so);
+    std::vector<std::string> argv = {KGPU_BIN, "webhook", "--address", "127.0.0.1:0", "--tls-cert-file", cert_,
+                                     "--tls-key-file", key_, "--scheduler-name", "kgpu-scheduler"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    pid_ = kgpu::testing::Spawn(argv, so);
     ASSERT_GT(pid_, 0) << std::strerror(errno);
     ASSERT_TRUE(WaitFor([&] {
       const std::string content = Slurp(log_);
@@ -184,6 +194,55 @@ TEST(WebhookFlags, PlainHttpOnlyWhenAsked) {
   EXPECT_EQ(RunToEnd({KGPU_BIN, "webhook", "--address", "127.0.0.1:0"}, log), 2);
   EXPECT_NE(Slurp(log).find("--tls-cert-file and --tls-key-file are required"), std::string::npos) << Slurp(log);
   std::filesystem::remove_all(tmpl);
+}
+
+// Without the size flags, and with --kubeconfig: the sizes come from the GPUs that serve shares
+// in the nodes' inventories (a whole-GPU node's larger GPUs do not count), and follow them.
+class WebhookFromInventory : public WebhookProcess {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(api_.Start().ok());
+    ASSERT_EQ(api_.Create("nodes", "", kgpu::testing::TestNode("small", {kgpu::testing::ShareGpu(16384)})).code, 201);
+    ASSERT_EQ(api_.Create("nodes", "", kgpu::testing::TestNode("big", {kgpu::testing::ShareGpu(81920),
+                                                                         kgpu::testing::ShareGpu(40960)})).code,
+              201);
+    ASSERT_EQ(api_.Create("nodes", "", kgpu::testing::TestNode("whole", {kgpu::testing::WholeGpu("NVIDIA H200", 143771)})).code,
+              201);
+    MakeCertificate();
+    const std::string kubeconfig = dir_ + "/kubeconfig";
+    std::ofstream(kubeconfig) << api_.Kubeconfig();
+    Launch({"--kubeconfig", kubeconfig});
+    ASSERT_TRUE(WaitFor([&] { return Slurp(log_).find("smallest 16384 MiB, largest 81920 MiB (2 nodes)") != std::string::npos; }))
+        << Slurp(log_);
+  }
+  json Validate(int64_t memory) {
+    const json pod = {{"apiVersion", "v1"},
+                      {"kind", "Pod"},
+                      {"metadata", {{"name", "p"}, {"namespace", "team-a"}}},
+                      {"spec",
+                       {{"containers",
+                         json::array({{{"name", "main"},
+                                       {"image", "cuda"},
+                                       {"resources",
+                                        {{"limits", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", std::to_string(memory)}}},
+                                         {"requests", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", std::to_string(memory)}}}}}}})}}}};
+    return Post("/validate", Review("22222222-2222-3333-4444-555555555555", pod));
+  }
+  kgpu::testing::FakeApiServer api_;
+};
+
+TEST_F(WebhookFromInventory, ShareSizesFollowTheNodesInventories) {
+  EXPECT_EQ(Validate(81920)["response"]["allowed"], true);
+  const json big = Validate(100000);
+  EXPECT_EQ(big["response"]["allowed"], false);
+  EXPECT_NE(big["response"]["status"].value("message", "").find("more than the largest GPU in the cluster has (81920 MiB)"),
+            std::string::npos)
+      << big.dump();
+  // The largest share GPU leaves: 40960 MiB is now the largest.
+  ASSERT_EQ(api_.Delete("nodes", "", "big").code, 200);
+  ASSERT_TRUE(WaitFor([&] { return Slurp(log_).find("smallest 16384 MiB, largest 16384 MiB (1 nodes)") != std::string::npos; }))
+      << Slurp(log_);
+  EXPECT_EQ(Validate(40960)["response"]["allowed"], false);
 }
 
 }  // namespace
