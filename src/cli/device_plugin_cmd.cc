@@ -119,9 +119,10 @@ void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags
     Log("deviceplugin")->error("{}: allocation records cannot be read: {}", what, std::string(cfg.status().message()));
     return;
   }
-  // kubelet's own API budget (kubeAPIQPS 50, kubeAPIBurst 100), not client-go's 5/10: a burst of
-  // admissions costs a LIST (GetPreferredAllocation) and a GET (PreStartContainer) per container,
-  // and at 5 per second each would wait 200 ms for its token.
+  // kubelet's own API budget (kubeAPIQPS 50, kubeAPIBurst 100) for each of the two clients, not
+  // client-go's 5/10: a burst of admissions costs a LIST (GetPreferredAllocation) and a GET, a
+  // PATCH and an Event (PreStartContainer) per container, and at 5 per second each would wait
+  // 200 ms for its token.
   cfg->qps = 50;
   cfg->burst = 100;
   auto client = k8s::Client::Create(*cfg);
@@ -138,10 +139,15 @@ void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags
   o.cuda_shared_root = config.cuda_shared_root;
   o.cuda_interposer_load = config.cuda_interposer_load;
   if (config.sharing.strategy == deviceplugin::SharingStrategy::kMps) o.mps_root = config.mps_root;
-  // GetPreferredAllocation's LIST: on kubelet's admission path, so a short deadline.
+  // GetPreferredAllocation's LIST: on kubelet's admission path, so one try with a short deadline.
   k8s::Config list_cfg = *cfg;
   list_cfg.timeout = std::chrono::milliseconds(2000);
+  list_cfg.max_tries = 1;
   auto list_client = k8s::Client::Create(list_cfg);
+  if (!list_client.ok()) {
+    Log("deviceplugin")->warn("kubelet is not steered to the extender's whole-GPU choice: {}",
+                              std::string(list_client.status().message()));
+  }
   auto handoff = std::make_shared<ShareHandoff>(std::move(*client), std::move(inventory), o,
                                                 list_client.ok() ? std::move(*list_client) : nullptr);
   if (serves) {

@@ -117,7 +117,8 @@ void ShareHandoff::RecordAssignmentLater(std::string resource, std::vector<std::
   if (!reports_worker_.joinable()) {
     reports_worker_ = std::jthread([this](std::stop_token stop) {
       std::unique_lock held(reports_mu_);
-      while (reports_cv_.wait(held, stop, [this] { return !reports_.empty(); })) {
+      // wait() answers the predicate once a stop is asked for: leave then, whatever still waits.
+      while (reports_cv_.wait(held, stop, [this] { return !reports_.empty(); }) && !stop.stop_requested()) {
         Report r = std::move(reports_.front());
         reports_.pop_front();
         held.unlock();
@@ -126,6 +127,9 @@ void ShareHandoff::RecordAssignmentLater(std::string resource, std::vector<std::
                                     Join(r.ids, ","), std::string(st.message()));
         }
         held.lock();
+      }
+      if (!reports_.empty()) {
+        Log("deviceplugin")->warn("stopping: {} allocation record(s) not checked against kubelet's choice", reports_.size());
       }
     });
   }
@@ -189,10 +193,11 @@ absl::Status ShareHandoff::RecordAssignment(const std::string& resource, const s
 std::vector<std::vector<deviceplugin::AssignedDevice>> ShareHandoff::Pending(const std::string& resource,
                                                                              size_t size) const {
   if (opts_.node_name.empty() || list_client_ == nullptr) return {};
-  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
   if (now < list_refused_until_.load()) return {};
   // kubelet waits for this answer with no deadline while it admits the node's pods one by one, so
-  // it is one attempt with a short deadline, from the apiserver's watch cache (resourceVersion 0:
+  // it is one try with a short deadline (list_client_), from the apiserver's watch cache (resourceVersion 0:
   // no quorum read of every pod in etcd), and a failure pauses the steering for a while.
   const k8s::ListOptions lo{.label_selector = "",
                             .field_selector = Cat("spec.nodeName=", opts_.node_name),

@@ -461,7 +461,10 @@ void State::BookLocked(const std::string& uid, PodEntry& e, bool quiet) {
   if (e.booked || !e.record) return;
   const auto it = nodes_.find(e.node);
   const int id = engine_->cluster().FindNode(e.node);
-  if (it == nodes_.end() || id < 0) return;  // booked when the node appears
+  if (it == nodes_.end() || id < 0) {  // booked when the node appears
+    e.waiting = false;
+    return;
+  }
   const NodeInfo& info = it->second;
   // A record is a fact, not a placement: memory its node reports in use may be this very pod's
   // (its report can arrive before the pod: a restarted extender, a record the node corrected), so
@@ -482,11 +485,9 @@ void State::BookLocked(const std::string& uid, PodEntry& e, bool quiet) {
     for (const auto& rg : rc.gpus) {
       const int idx = info.IndexOfUuid(rg.uuid);
       if (idx < 0) {
-        if (!quiet) {
-          ++bad_records_;
-          Log("extender")->warn("pod {}/{}: allocation record names GPU {} which node {} does not have (a stale record)",
-                                e.ns, e.name, rg.uuid, e.node);
-        }
+        ++bad_records_;
+        Log("extender")->warn("pod {}/{}: allocation record names GPU {} which node {} does not have (a stale record)", e.ns,
+                              e.name, rg.uuid, e.node);
         p.gpus.clear();
         break;
       }
@@ -553,7 +554,7 @@ void State::BookWaitingLocked(const std::string& node) {
   if (it == on_node_.end()) return;
   for (const auto& uid : it->second) {
     auto p = pods_.find(uid);
-    if (p != pods_.end() && p->second.bound && !p->second.booked) BookLocked(uid, p->second, /*quiet=*/true);
+    if (p != pods_.end() && p->second.waiting && !p->second.booked) BookLocked(uid, p->second, /*quiet=*/true);
   }
 }
 

@@ -129,7 +129,7 @@ class State {
   void BookLocked(const std::string& uid, PodEntry& e, bool quiet = false);
   void UnbookLocked(const std::string& uid, PodEntry& e);
   void RebookNodeLocked(const std::string& node);
-  // Books the bound pods on `node` whose records could not be booked (capacity was freed).
+  // Books the waiting pods on `node` (capacity was freed).
   void BookWaitingLocked(const std::string& node);
   // Takes each GPU's memory in use beyond its bookings (by the node's last report) out of what is
   // placed there (sched::GpuState::untracked_mib).

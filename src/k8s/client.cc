@@ -277,9 +277,9 @@ absl::StatusOr<Client::Response> Client::Do(std::string_view method, const std::
   const std::string url = config_.server + path_and_query;
   auto h = Acquire();
   std::chrono::milliseconds backoff{100};
-  constexpr int kMaxTries = 5;
+  const int max_tries = std::max(1, config_.max_tries);
   absl::StatusOr<Response> r;
-  for (int attempt = 1; attempt <= kMaxTries; ++attempt) {
+  for (int attempt = 1; attempt <= max_tries; ++attempt) {
     r = DoOnce(*h, method, url, body, content_type);
     bool retry = false;
     std::chrono::milliseconds wait = Jitter(backoff);
@@ -292,7 +292,7 @@ absl::StatusOr<Client::Response> Client::Do(std::string_view method, const std::
     } else if (r->status >= 500 && Idempotent(method)) {
       retry = true;
     }
-    if (!retry || attempt == kMaxTries) break;
+    if (!retry || attempt == max_tries) break;
     Log("k8s")->debug("{} {}: {}; retrying in {} ms", method, path_and_query,
                       r.ok() ? Cat("HTTP ", r->status) : std::string(r.status().message()), wait.count());
     std::this_thread::sleep_for(wait);

@@ -39,6 +39,7 @@ struct Config {
   double qps = 5;
   int burst = 10;
   std::chrono::milliseconds timeout{30000};  // every request but watches
+  int max_tries = 5;                         // per request, retries included (1: no retry)
   std::string user_agent;                    // "kgpu/<version>" when empty
 };
 

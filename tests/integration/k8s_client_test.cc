@@ -318,6 +318,12 @@ TEST_F(K8sClientTest, ServerErrorsAreRetriedAndTimeoutsBite) {
   EXPECT_EQ(slow.status().code(), absl::StatusCode::kDeadlineExceeded) << slow.status();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1400ms);
   EXPECT_TRUE(WaitFor([&] { return slow_client->Get(R("namespaces").Path("", "default")).ok(); }));
+  // max_tries 1: a GET is not retried (a caller on someone else's clock, e.g. kubelet's).
+  c.max_tries = 1;
+  auto once = std::move(*Client::Create(c));
+  srv->FailNext(1, 500);
+  EXPECT_EQ(HttpStatus(once->Get(R("namespaces").Path("", "default")).status()), 500);
+  EXPECT_TRUE(once->Get(R("namespaces").Path("", "default")).ok());
 }
 
 TEST_F(K8sClientTest, WatchStreamsAndResumes) {

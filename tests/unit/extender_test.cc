@@ -355,6 +355,13 @@ TEST_F(StateTest, RecordsCorrectedToKubeletsDevicesAreBookedWithoutConflicts) {
   auto one = state.Assume(WithUid(TestPod("ns", "d", {{"nvidia.com/gpu", "1"}}), "u-d"), "whole");
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(one->record.containers[0].gpus[0].uuid, TestGpuUuid("whole", 2));
+  // A corrected record that names a GPU the node does not have is a stale record, counted as
+  // such, not a waiting one.
+  corrected("c", 9);
+  EXPECT_EQ(state.Stats().bad_records, 1U);
+  EXPECT_EQ(state.Stats().records_waiting, 0U);
+  corrected("c", 3);
+  EXPECT_EQ(state.Stats().booked, 4U);
 }
 
 // A restarted extender sees its nodes' reports before the pods: the memory those pods use must
