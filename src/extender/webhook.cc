@@ -311,6 +311,17 @@ absl::StatusOr<json> Review(std::string_view body, bool mutate, const WebhookOpt
 Webhook::Webhook(WebhookOptions options) : opts_(std::move(options)) {}
 Webhook::~Webhook() { Stop(); }
 
+namespace {
+std::string InventoryOf(const json& node) {
+  const auto meta = node.find("metadata");
+  if (meta == node.end() || !meta->is_object()) return "";
+  const auto ann = meta->find("annotations");
+  if (ann == meta->end() || !ann->is_object()) return "";
+  const auto inv = ann->find(kInventoryAnnotation);
+  return inv != ann->end() && inv->is_string() ? inv->get<std::string>() : "";
+}
+}  // namespace
+
 WebhookOptions Webhook::Effective() const {
   WebhookOptions o = opts_;
   std::lock_guard lock(sizes_mu_);
@@ -332,7 +343,9 @@ void Webhook::NodeChanged(const json& node, bool removed) {
         sizes->second = std::max(sizes->second, g.memory_mib);
       }
     } else if (!absl::IsNotFound(info.status())) {
-      Log("webhook")->warn("{} (its GPUs are left out of the share sizes)", std::string(info.status().message()));
+      // As the extender does: a broken inventory keeps the node's previous GPUs.
+      Log("webhook")->warn("{} (the node keeps its previous GPUs in the share sizes)", std::string(info.status().message()));
+      return;
     }
   }
   std::lock_guard lock(sizes_mu_);
@@ -399,7 +412,10 @@ absl::Status Webhook::Start() {
     no.path = k8s::FindResource("nodes")->Path("");
     nodes_ = std::make_unique<k8s::Informer>(*client_, no);
     nodes_->AddHandler({[this](const json& n) { NodeChanged(n, false); },
-                        [this](const json&, const json& n) { NodeChanged(n, false); },
+                        [this](const json& old_node, const json& n) {
+                          // Status updates (heartbeats) leave the inventory as it was.
+                          if (InventoryOf(old_node) != InventoryOf(n)) NodeChanged(n, false);
+                        },
                         [this](const json& n) { NodeChanged(n, true); }});
     nodes_->Start();
   }
