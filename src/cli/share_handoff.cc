@@ -143,43 +143,38 @@ absl::Status ShareHandoff::RecordAssignment(const std::string& resource, const s
   const std::string who = Cat(owner->namespace_name, "/", owner->pod, " container ", owner->container);
   const std::string path = k8s::FindResource("pods")->Path(owner->namespace_name, owner->pod);
   std::vector<extender::RecordGpu> given;
-  for (const auto& d : devices) given.push_back({d.gpu_uuid, d.mig_uuid, d.profile, d.memory_mib, 0});
-  auto key = [](const extender::RecordGpu& g) { return g.mig.empty() ? g.uuid : g.mig; };
-  std::set<std::string> given_ids;
-  for (const auto& g : given) given_ids.insert(key(g));
+  std::vector<std::string> given_list;
+  for (const auto& d : devices) {
+    given.push_back({d.gpu_uuid, d.mig_uuid, d.profile, d.memory_mib, 0});
+    given_list.push_back(given.back().Device());
+  }
+  const std::set<std::string> given_ids(given_list.begin(), given_list.end());
   for (int attempt = 0;; ++attempt) {
     auto pod = client_->Get(path);
     if (!pod.ok()) return absl::UnavailableError(Cat(who, ": ", pod.status().message()));
     const json meta = pod->value("metadata", json::object());
-    const json ann = meta.value("annotations", json::object());
-    const auto it = ann.find(extender::kAnnotationAllocation);
-    if (it == ann.end() || !it->is_string()) return absl::OkStatus();  // not placed by kgpu extender
-    auto record = extender::ParseRecord(it->get<std::string>());
-    if (!record.ok()) return absl::FailedPreconditionError(Cat(who, ": ", record.status().message()));
-    if (!opts_.node_name.empty() && record->node != opts_.node_name) {
-      return absl::FailedPreconditionError(Cat(who, ": the record is for node ", record->node, ", this is ", opts_.node_name));
+    auto on_pod = extender::RecordOnPod(*pod);
+    if (!on_pod.ok()) return absl::FailedPreconditionError(Cat(who, ": ", on_pod.status().message()));
+    if (!on_pod->has_value()) return absl::OkStatus();  // not placed by kgpu extender
+    auto& record = **on_pod;
+    if (!opts_.node_name.empty() && record.node != opts_.node_name) {
+      return absl::FailedPreconditionError(Cat(who, ": the record is for node ", record.node, ", this is ", opts_.node_name));
     }
     extender::RecordContainer* rc = nullptr;
-    for (auto& c : record->containers) {
+    for (auto& c : record.containers) {
       if (c.name == owner->container && c.resource == resource) rc = &c;
     }
     if (rc == nullptr) return absl::OkStatus();  // the extender placed none of this resource here
-    std::set<std::string> chosen;
     std::vector<std::string> chosen_list;
-    for (const auto& g : rc->gpus) {
-      chosen.insert(key(g));
-      chosen_list.push_back(key(g));
-    }
-    if (chosen == given_ids) return absl::OkStatus();
+    for (const auto& g : rc->gpus) chosen_list.push_back(g.Device());
+    if (std::set<std::string>(chosen_list.begin(), chosen_list.end()) == given_ids) return absl::OkStatus();
     rc->gpus = given;
     json patch = {{"metadata",
                    {{"resourceVersion", meta.value("resourceVersion", "")},
-                    {"annotations", {{extender::kAnnotationAllocation, extender::EncodeRecord(*record)}}}}}};
+                    {"annotations", {{extender::kAnnotationAllocation, extender::EncodeRecord(record)}}}}}};
     auto p = client_->Patch(path, patch, "application/merge-patch+json");
     if (absl::IsAborted(p.status()) && attempt < 4) continue;  // 409: the pod changed meanwhile
     if (!p.ok()) return absl::UnavailableError(Cat(who, ": cannot correct the allocation record: ", p.status().message()));
-    std::vector<std::string> given_list;
-    for (const auto& g : given) given_list.push_back(key(g));
     const std::string note = Cat("container ", owner->container, ": kubelet gave ", resource, " ", Csv(given_list),
                                  " (the extender had chosen ", Csv(chosen_list),
                                  "); the allocation record now says what the container has");
@@ -195,7 +190,7 @@ std::vector<std::vector<deviceplugin::AssignedDevice>> ShareHandoff::Pending(con
   if (opts_.node_name.empty() || list_client_ == nullptr) return {};
   const int64_t now =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  if (now < list_refused_until_.load()) return {};
+  if (now < list_paused_until_.load()) return {};
   // kubelet waits for this answer with no deadline while it admits the node's pods one by one, so
   // it is one try with a short deadline (list_client_), from the apiserver's watch cache (resourceVersion 0:
   // no quorum read of every pod in etcd), and a failure pauses the steering for a while.
@@ -207,7 +202,7 @@ std::vector<std::vector<deviceplugin::AssignedDevice>> ShareHandoff::Pending(con
   if (!pods.ok()) {
     const bool refused = absl::IsPermissionDenied(pods.status());
     const auto pause = refused ? std::chrono::minutes(5) : std::chrono::minutes(1);
-    list_refused_until_ = now + std::chrono::nanoseconds(pause).count();
+    list_paused_until_ = now + std::chrono::nanoseconds(pause).count();
     Log("deviceplugin")->warn("{}: kubelet is not steered to the extender's choice for {} minute(s) (the allocation "
                               "records are corrected to kubelet's choice instead): listing this node's pods failed: {}{}",
                               resource, refused ? 5 : 1, std::string(pods.status().message()),
@@ -229,13 +224,11 @@ std::vector<std::vector<deviceplugin::AssignedDevice>> ShareHandoff::Pending(con
     const json meta = pod.value("metadata", json::object());
     const std::string phase = pod.value("status", json::object()).value("phase", "");
     if (phase == "Succeeded" || phase == "Failed" || meta.contains("deletionTimestamp")) continue;
-    const json ann = meta.value("annotations", json::object());
-    const auto it = ann.find(extender::kAnnotationAllocation);
-    if (it == ann.end() || !it->is_string()) continue;
-    auto record = extender::ParseRecord(it->get<std::string>());
-    if (!record.ok() || record->node != opts_.node_name) continue;
+    auto on_pod = extender::RecordOnPod(pod);
+    if (!on_pod.ok() || !on_pod->has_value() || (*on_pod)->node != opts_.node_name) continue;
+    const auto& record = **on_pod;
     const std::string ns = meta.value("namespace", ""), name = meta.value("name", "");
-    for (const auto& c : record->containers) {
+    for (const auto& c : record.containers) {
       if (c.resource != resource || c.gpus.size() != size || holding.contains(Cat(ns, "/", name, "/", c.name))) continue;
       Candidate cand{meta.value("creationTimestamp", ""), Cat(ns, "/", name), {}};
       for (const auto& g : c.gpus) cand.devices.push_back({g.uuid, g.mig, g.profile, g.memory_mib});
@@ -265,19 +258,18 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
   auto pod = client_->Get(path);
   if (!pod.ok()) return absl::UnavailableError(Cat(who, ": ", pod.status().message()));
   const json meta = pod->value("metadata", json::object());
-  const json ann = meta.value("annotations", json::object());
-  const auto it = ann.find(extender::kAnnotationAllocation);
-  if (it == ann.end() || !it->is_string()) {
+  auto on_pod = extender::RecordOnPod(*pod);
+  if (!on_pod.ok()) return absl::FailedPreconditionError(Cat(who, ": ", on_pod.status().message()));
+  if (!on_pod->has_value()) {
     return absl::FailedPreconditionError(Cat(who, ": the pod has no ", extender::kAnnotationAllocation,
                                              " record (was it scheduled by kgpu extender? check its schedulerName)"));
   }
-  auto record = extender::ParseRecord(it->get<std::string>());
-  if (!record.ok()) return absl::FailedPreconditionError(Cat(who, ": ", record.status().message()));
-  if (!opts_.node_name.empty() && record->node != opts_.node_name) {
-    return absl::FailedPreconditionError(Cat(who, ": the record is for node ", record->node, ", this is ", opts_.node_name));
+  auto& record = **on_pod;
+  if (!opts_.node_name.empty() && record.node != opts_.node_name) {
+    return absl::FailedPreconditionError(Cat(who, ": the record is for node ", record.node, ", this is ", opts_.node_name));
   }
   const extender::RecordContainer* rc = nullptr;
-  for (const auto& c : record->containers) {
+  for (const auto& c : record.containers) {
     if (c.name == owner->container && c.resource == deviceplugin::kKgpuSharesResource) rc = &c;
   }
   if (rc == nullptr) return absl::FailedPreconditionError(Cat(who, ": the record has no kgpu.io/gpu entry for this container"));

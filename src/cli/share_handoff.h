@@ -98,9 +98,10 @@ class ShareHandoff {
   std::shared_ptr<const gpu::Inventory> inventory_;
   ShareHandoffOptions opts_;
   std::unique_ptr<k8s::EventRecorder> events_;
-  // Pending() after the API refused to list pods (403: RBAC without `list`): not asked again
-  // before this time (steady clock, ns since epoch), so each admission does not pay a refusal.
-  mutable std::atomic<int64_t> list_refused_until_{0};
+  // Pending() after its LIST failed (5 minutes after a 403, RBAC without `list`; 1 minute after
+  // anything else): not asked again before this time (steady clock, ns since epoch), so each
+  // admission does not pay for the failure again.
+  mutable std::atomic<int64_t> list_paused_until_{0};
   struct Report {
     std::string resource;
     std::vector<std::string> ids;

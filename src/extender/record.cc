@@ -32,6 +32,18 @@ absl::StatusOr<int64_t> Int(const json& o, const char* key, const std::string& w
 
 }  // namespace
 
+absl::StatusOr<std::optional<AllocationRecord>> RecordOnPod(const json& pod) {
+  const auto meta = pod.find("metadata");
+  if (meta == pod.end() || !meta->is_object()) return std::nullopt;
+  const auto ann = meta->find("annotations");
+  if (ann == meta->end() || !ann->is_object()) return std::nullopt;
+  const auto it = ann->find(std::string(kWhere));
+  if (it == ann->end() || !it->is_string()) return std::nullopt;
+  auto r = ParseRecord(it->get<std::string>());
+  if (!r.ok()) return r.status();
+  return std::optional<AllocationRecord>(std::move(*r));
+}
+
 std::string EncodeRecord(const AllocationRecord& r) {
   json containers = json::array();
   for (const auto& c : r.containers) {

@@ -15,7 +15,10 @@
 //
 // Thread-safety: value types and pure functions.
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +33,8 @@ struct RecordGpu {
   std::string profile;     // MIG profile (MIG records only)
   int64_t memory_mib = 0;  // shares: per GPU; MIG: the instance's memory; whole: 0
   int64_t cores = 0;       // shares: percent of this GPU; else 0
+  // The device the container holds: the MIG device for MIG records, else the GPU.
+  const std::string& Device() const { return mig.empty() ? uuid : mig; }
   bool operator==(const RecordGpu&) const = default;
 };
 
@@ -50,5 +55,8 @@ struct AllocationRecord {
 std::string EncodeRecord(const AllocationRecord& r);
 // Errors name the field ("kgpu.io/allocation: containers[0].gpus[1].uuid: missing").
 absl::StatusOr<AllocationRecord> ParseRecord(std::string_view text);
+// The record on a Pod object (its kgpu.io/allocation annotation): nullopt when it has none (or
+// the annotation is not a string), ParseRecord's error when it does not parse.
+absl::StatusOr<std::optional<AllocationRecord>> RecordOnPod(const nlohmann::json& pod);
 
 }  // namespace kgpu::extender

@@ -207,7 +207,7 @@ std::string Extender::BindPod(const BindingArgs& b) {
   state_.Confirm(uid);
   if (!a->record.containers.empty()) {
     std::vector<std::string> gpus;
-    for (const auto& g : a->record.containers[0].gpus) gpus.push_back(g.mig.empty() ? g.uuid : g.mig);
+    for (const auto& g : a->record.containers[0].gpus) gpus.push_back(g.Device());
     Log("extender")->info("bound {}/{} to {}: {} {}", ns, b.pod_name, b.node, a->record.containers[0].resource,
                           Join(gpus, ","));
   }

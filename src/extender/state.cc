@@ -633,16 +633,12 @@ void State::UpsertPod(const json& pod) {
   const std::string phase = pod.value("status", json::object()).value("phase", "");
   const std::string node = spec.value("nodeName", "");
   std::optional<AllocationRecord> rec;
-  const json ann = meta.value("annotations", json::object());
   std::lock_guard lock(mu_);
-  if (auto a = ann.find(kAnnotationAllocation); a != ann.end() && a->is_string()) {
-    auto r = ParseRecord(a->get<std::string>());
-    if (r.ok()) {
-      rec = std::move(*r);
-    } else {
-      ++bad_records_;
-      Log("extender")->warn("pod {}/{}: {} (ignored)", meta.value("namespace", ""), meta.value("name", ""), std::string(r.status().message()));
-    }
+  if (auto r = RecordOnPod(pod); r.ok()) {
+    rec = std::move(*r);
+  } else {
+    ++bad_records_;
+    Log("extender")->warn("pod {}/{}: {} (ignored)", meta.value("namespace", ""), meta.value("name", ""), std::string(r.status().message()));
   }
   auto it = pods_.find(uid);
   auto drop = [&] {

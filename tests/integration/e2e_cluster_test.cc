@@ -401,7 +401,7 @@ class E2eClusterTest : public ::testing::Test {
         // PreStartContainer has returned: give a correction in flight a moment.
         auto ids_of = [](const extender::RecordContainer& x) {
           std::set<std::string> out;
-          for (const auto& g : x.gpus) out.insert(g.mig.empty() ? g.uuid : g.mig);
+          for (const auto& g : x.gpus) out.insert(g.Device());
           return out;
         };
         extender::RecordContainer cur = rc;
@@ -416,7 +416,7 @@ class E2eClusterTest : public ::testing::Test {
         }
         const std::set<std::string> recorded = ids_of(cur);
         for (const auto& g : cur.gpus) {
-          const std::string id = g.mig.empty() ? g.uuid : g.mig;
+          const std::string id = g.Device();
           EXPECT_FALSE(exclusive.contains(id)) << "records of " << key << " and " << exclusive[id] << " both hold " << id;
           exclusive[id] = key;
           if (!g.profile.empty()) {

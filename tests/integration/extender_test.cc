@@ -119,7 +119,7 @@ class ExtenderTest : public ::testing::Test {
       EXPECT_EQ(r->node, p["spec"]["nodeName"]) << p["metadata"]["name"];
       for (const auto& c : r->containers) {
         for (const auto& g : c.gpus) {
-          auto& u = use[g.mig.empty() ? g.uuid : g.mig];
+          auto& u = use[g.Device()];
           u.memory += g.memory_mib;
           u.cores += g.cores;
           ++u.holders;

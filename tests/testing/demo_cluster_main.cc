@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
     const auto& rc = rec->containers[0];
     std::string gpus;
     for (const auto& g : rc.gpus) {
-      gpus += (gpus.empty() ? "" : " ") + Short(g.mig.empty() ? g.uuid : g.mig);
+      gpus += (gpus.empty() ? "" : " ") + Short(g.Device());
       if (rc.resource == "kgpu.io/gpu") gpus += "(" + std::to_string(g.memory_mib) + "," + std::to_string(g.cores) + ")";
     }
     // What kubelet's Allocate gave the container: NVIDIA_VISIBLE_DEVICES, or the share's CDI device.

@@ -165,6 +165,22 @@ TEST(Request, RefusesWhatCanNeverBeScheduled) {
                       "GPU work into one container)");
 }
 
+TEST(Record, OnAPodItsAnnotationOrNoneOrTheParseError) {
+  AllocationRecord r{"node-a", {{"main", "nvidia.com/mig-1g.10gb", "", {{"GPU-1", "MIG-1", "1g.10gb", 9984, 0}}}}};
+  auto got = RecordOnPod(Bound(TestPod("ns", "p", {{"nvidia.com/mig-1g.10gb", "1"}}), "node-a", r));
+  ASSERT_TRUE(got.ok() && got->has_value()) << got.status();
+  EXPECT_EQ(**got, r);
+  EXPECT_EQ((**got).containers[0].gpus[0].Device(), "MIG-1");
+  auto none = RecordOnPod(json{{"metadata", {{"name", "p"}}}});
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  auto number = RecordOnPod(json{{"metadata", {{"annotations", {{"kgpu.io/allocation", 5}}}}}});
+  ASSERT_TRUE(number.ok());
+  EXPECT_FALSE(number->has_value());
+  auto bad = RecordOnPod(json{{"metadata", {{"annotations", {{"kgpu.io/allocation", "{"}}}}}});
+  EXPECT_FALSE(bad.ok());
+}
+
 TEST(Record, RoundTripsAndNamesBadFields) {
   AllocationRecord r{"node-a",
                      {{"main", "kgpu.io/gpu", "hard", {{"GPU-1", "", "", 4000, 25}, {"GPU-2", "", "", 4000, 25}}}}};
@@ -214,7 +230,7 @@ class StateTest : public ::testing::Test {
     if (!a.ok()) return "";
     state.Confirm(a->uid);
     std::vector<std::string> gpus;
-    for (const auto& g : a->record.containers[0].gpus) gpus.push_back(g.mig.empty() ? g.uuid : g.mig);
+    for (const auto& g : a->record.containers[0].gpus) gpus.push_back(g.Device());
     return gpus.empty() ? "" : gpus[0];
   }
   State state;
