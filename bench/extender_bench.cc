@@ -88,6 +88,11 @@ std::vector<std::pair<const char*, json>> ProbeShapes() {
                                                                              {"kgpu.io/gpu-cores", "60"}})},
       {"whole 4 GPUs", testing::TestPod("bench", "probe-whole", {{"nvidia.com/gpu", "4"}})},
       {"MIG 1g.10gb", testing::TestPod("bench", "probe-mig", {{"nvidia.com/mig-1g.10gb", "1"}})},
+      // Three GPU containers: two placed on trial per node, the init container on its target's.
+      {"shares 8000 + sidecar 2000 + init", testing::WithContainer(
+           testing::WithContainer(testing::TestPod("bench", "probe-multi", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}),
+                                  "initContainers", "warmup", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}),
+           "initContainers", "metrics", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "2000"}}, true)},
   };
 }
 

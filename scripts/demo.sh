@@ -184,6 +184,8 @@ echo "the quota refusing team-a's third share, a share no GPU can hold left pend
 echo "and per pod its allocation record next to what kubelet's Allocate gave the container (for shares the"
 echo "node turns the record into the container's GPUs and limits; for whole and MIG devices the plugin steers"
 echo "kubelet to the record's choice and, where kubelet picks otherwise, rewrites the record: the two columns agree)."
+echo "team-b/server has three GPU containers: one row each for the server and its sidecar, each with a share of its"
+echo "own; its warm-up init container has no row: it runs on the server's share, which kubelet hands on to the server."
 echo "The sharing node runs its plugin with --cuda-interposer, so shares there get hard memory limits: the"
 echo "container preloads libkgpu-cuda.so, which holds it to KGPU_CUDA_MEMORY_LIMIT (docs/isolation.md)."
 echo "\$ kgpu-demo-cluster"

@@ -1,13 +1,17 @@
 #include "cli/share_handoff.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/strings.h"
@@ -165,6 +169,10 @@ absl::Status ShareHandoff::RecordAssignment(const std::string& resource, const s
       if (c.name == owner->container && c.resource == resource) rc = &c;
     }
     if (rc == nullptr) return absl::OkStatus();  // the extender placed none of this resource here
+    // A regular init container's devices, which kubelet hands on to this container (it holds them
+    // in PodResources, which lists no init containers): fewer than the container gets. Its own
+    // PreStartContainer checks the record against all of them.
+    if (rc->gpus.size() != ids.size()) return absl::OkStatus();
     std::vector<std::string> chosen_list;
     for (const auto& g : rc->gpus) chosen_list.push_back(g.Device());
     if (std::set<std::string>(chosen_list.begin(), chosen_list.end()) == given_ids) return absl::OkStatus();
@@ -235,8 +243,9 @@ std::vector<std::vector<deviceplugin::AssignedDevice>> ShareHandoff::Pending(con
       found.push_back(std::move(cand));
     }
   }
-  // kubelet admits pods oldest first (RFC 3339 timestamps sort as text).
-  std::sort(found.begin(), found.end(), [](const Candidate& a, const Candidate& b) {
+  // kubelet admits pods oldest first (RFC 3339 timestamps sort as text), and a pod's containers in
+  // its order, which is the record's (a stable sort keeps it).
+  std::stable_sort(found.begin(), found.end(), [](const Candidate& a, const Candidate& b) {
     return a.created != b.created ? a.created < b.created : a.name < b.name;
   });
   std::vector<std::vector<deviceplugin::AssignedDevice>> out;
@@ -328,7 +337,10 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
   std::error_code ec;
   std::filesystem::create_directories(opts_.cdi_spec_dir, ec);
   const std::string file = SpecPath(cdi_name);
-  const std::string tmp = file + ".tmp";
+  // A temporary name of its own: an init container and the container it hands its slots on to
+  // have the same spec, which two PreStartContainer calls may write at once.
+  static std::atomic<uint64_t> writes{0};
+  const std::string tmp = Cat(file, ".", getpid(), ".", writes.fetch_add(1), ".tmp");
   {
     std::ofstream out(tmp);
     out << spec.dump(2) << "\n";
@@ -349,9 +361,34 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
                                " preloaded into the container: docs/isolation.md)")
           : mode == "mps" ? " (MPS per-client limits)"
                           : " (time-slicing without isolation)");
-  json patch = {{"metadata", {{"annotations", {{extender::kAnnotationEnforcementApplied, Cat(owner->container, "=", mode)}}}}}};
-  if (auto p = client_->Patch(path, patch, "application/merge-patch+json"); !p.ok()) {
-    Log("deviceplugin")->warn("{}: cannot annotate the applied enforcement: {}", who, std::string(p.status().message()));
+  // "<container>=<mode>" for each share container of the pod, comma-separated in name order; the
+  // pod's other containers are handed off concurrently, so the write is a compare-and-swap.
+  json current = *pod;
+  for (int attempt = 0;; ++attempt) {
+    const json cur_meta = current.value("metadata", json::object());
+    std::map<std::string, std::string> applied;
+    const json ann = cur_meta.value("annotations", json::object());
+    if (const auto a = ann.find(extender::kAnnotationEnforcementApplied); a != ann.end() && a->is_string()) {
+      for (const auto& item : extender::SplitList(a->get<std::string>())) {
+        const auto eq = item.find('=');
+        if (eq != std::string::npos) applied[item.substr(0, eq)] = item.substr(eq + 1);
+      }
+    }
+    if (applied[owner->container] == mode && attempt > 0) break;
+    applied[owner->container] = mode;
+    std::vector<std::string> items;
+    for (const auto& [c, m] : applied) items.push_back(Cat(c, "=", m));
+    json patch = {{"metadata",
+                   {{"resourceVersion", cur_meta.value("resourceVersion", "")},
+                    {"annotations", {{extender::kAnnotationEnforcementApplied, Join(items, ",")}}}}}};
+    auto p = client_->Patch(path, patch, "application/merge-patch+json");
+    if (p.ok()) break;
+    auto again = absl::IsAborted(p.status()) && attempt < 4 ? client_->Get(path) : absl::StatusOr<json>(p.status());
+    if (!again.ok()) {
+      Log("deviceplugin")->warn("{}: cannot annotate the applied enforcement: {}", who, std::string(again.status().message()));
+      break;
+    }
+    current = std::move(*again);
   }
   (void)events_->Record({"v1", "Pod", owner->namespace_name, owner->pod, meta.value("uid", "")}, "Normal", "GpuShareAssigned",
                         "Allocate", note);

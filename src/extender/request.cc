@@ -37,6 +37,49 @@ absl::StatusOr<std::map<std::string, int64_t>> GpuResources(const json& c, const
   return out;
 }
 
+
+// kubelet's device manager gives a regular init container's devices to the next containers that
+// ask for the same resource (devicesToReuse): later init containers, then the first sidecar or
+// app container, which keeps them. That container is the init container's target; the init
+// container must fit in what the target gets, or its devices would stay with it, held but not
+// booked (whole GPUs, MIG), or its share would run with no limits of its own (the node finds a
+// share's container through PodResources, which lists no init containers, so it hands the init
+// container its target's share).
+absl::Status HandOnInitContainers(std::vector<ContainerRequest>& gpus) {
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    auto& init = gpus[i];
+    if (!init.init) continue;
+    const std::string resource = init.Resource();
+    for (size_t k = i + 1; k < gpus.size() && init.target < 0; ++k) {
+      if (!gpus[k].init && gpus[k].Resource() == resource) init.target = static_cast<int>(k);
+    }
+    if (init.target < 0) {
+      return absl::InvalidArgumentError(
+          Cat("init container ", init.name, ": asks for ", resource,
+              " but no later container does; kubelet hands an init container's devices on to the first later "
+              "container asking for the same resource, which the extender places for both (ask for it in the app "
+              "container too, or run the GPU work in a sidecar: an init container with restartPolicy: Always)"));
+    }
+    const auto& t = gpus[static_cast<size_t>(init.target)];
+    const bool shares = init.kind == GpuKind::kShare;
+    if (shares ? init.count != t.count : init.count > t.count) {
+      return absl::InvalidArgumentError(
+          Cat("init container ", init.name, ": asks for ", init.count, " ", resource, ", container ", t.name,
+              " (which kubelet hands its devices on to) asks for ", t.count, "; ",
+              shares ? "an init container's shares must be as many as its" : "an init container may ask for at most as many as its",
+              " (ask for ", shares ? Cat(t.count) : Cat("at most ", t.count), ")"));
+    }
+    if (shares && (init.memory_mib_total > t.memory_mib_total || init.cores_total > t.cores_total)) {
+      return absl::InvalidArgumentError(Cat("init container ", init.name, ": asks for ", init.memory_mib_total, " ",
+                                            kShareMemory, " and ", init.cores_total, " ", kShareCores, ", more than container ",
+                                            t.name, " (", t.memory_mib_total, " and ", t.cores_total,
+                                            "), whose shares it runs on (kubelet hands its devices on to it); ask for at "
+                                            "most as much"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<std::string> SplitList(std::string_view s) {
@@ -77,6 +120,23 @@ absl::StatusOr<int64_t> WholeQuantity(const json& value, std::string_view what) 
   return q->Value();
 }
 
+std::string ContainerRequest::Resource() const {
+  switch (kind) {
+    case GpuKind::kWhole: return kWholeGpu;
+    case GpuKind::kMig: return std::string(kMigPrefix) + mig_profile;
+    case GpuKind::kShare: return kShares;
+  }
+  return kWholeGpu;
+}
+
+std::vector<const ContainerRequest*> PodRequest::Placed() const {
+  std::vector<const ContainerRequest*> out;
+  for (const auto& c : gpus) {
+    if (!c.init) out.push_back(&c);
+  }
+  return out;
+}
+
 absl::StatusOr<PodRequest> ParsePodRequest(const json& pod) {
   PodRequest r;
   const json meta = pod.value("metadata", json::object());
@@ -105,7 +165,6 @@ absl::StatusOr<PodRequest> ParsePodRequest(const json& pod) {
                                           "' is not a placement (use binpack or spread)"));
   }
 
-  std::vector<std::string> gpu_containers;
   for (const char* section : {"initContainers", "containers"}) {
     const auto list = spec.find(section);
     if (list == spec.end() || !list->is_array()) continue;
@@ -141,7 +200,9 @@ absl::StatusOr<PodRequest> ParsePodRequest(const json& pod) {
       }
       ContainerRequest cr;
       cr.name = cname;
-      cr.init = std::string_view(section) == "initContainers";
+      // A restartable init container (restartPolicy: Always) is a sidecar: it runs beside the app
+      // containers and keeps its devices, as they do.
+      cr.init = std::string_view(section) == "initContainers" && c.value("restartPolicy", "") != "Always";
       if (whole > 0) {
         cr.kind = GpuKind::kWhole;
         cr.count = static_cast<int>(std::min<int64_t>(whole, 1 << 20));
@@ -183,17 +244,12 @@ absl::StatusOr<PodRequest> ParsePodRequest(const json& pod) {
         cr.memory_mib_total = memory;
         cr.cores_total = cores;
       }
-      gpu_containers.push_back(cname);
-      if (r.gpu) {
-        return absl::InvalidArgumentError(Cat("containers ", r.gpu->name, " and ", cname,
-                                              " both ask for GPUs; the extender places one GPU container per pod "
-                                              "(move the GPU work into one container)"));
-      }
       const json sc = c.value("securityContext", json::object());
-      if (sc.value("privileged", false)) r.privileged = true;
-      r.gpu = std::move(cr);
+      cr.privileged = sc.is_object() && sc.value("privileged", false);
+      r.gpus.push_back(std::move(cr));
     }
   }
+  if (auto st = HandOnInitContainers(r.gpus); !st.ok()) return st;
   return r;
 }
 

@@ -49,12 +49,20 @@ enum class GpuKind { kWhole, kMig, kShare };
 
 struct ContainerRequest {
   std::string name;
+  // A regular init container (not a restartable sidecar): it runs alone before the app
+  // containers, and kubelet hands its devices on to the first later container asking for the
+  // same resource (its `target`, an index into PodRequest::gpus), so it is placed and enforced
+  // as that container: it has no booking and no entry of its own in the allocation record.
   bool init = false;
+  int target = -1;
+  bool privileged = false;
   GpuKind kind = GpuKind::kWhole;
   int count = 0;                 // whole GPUs, MIG instances or shares
   std::string mig_profile;       // kMig: "1g.10gb"
   int64_t memory_mib_total = 0;  // kShares
   int64_t cores_total = 0;       // kShares, percent of one GPU
+  // kgpu.io/gpu, nvidia.com/gpu or nvidia.com/mig-<profile>
+  std::string Resource() const;
   int64_t MemoryPerGpu() const { return count > 0 ? memory_mib_total / count : 0; }
   int64_t CoresPerGpu() const { return count > 0 ? cores_total / count : 0; }
 };
@@ -62,8 +70,10 @@ struct ContainerRequest {
 struct PodRequest {
   std::string ns, name, uid;
   int64_t priority = 0;
-  bool privileged = false;  // a container asking for GPUs runs privileged
-  std::optional<ContainerRequest> gpu;  // the container that asks for GPUs; none: a pod without
+  // The containers that ask for GPUs, in kubelet's admission order (init containers, then app
+  // containers); empty for a pod without. Placed() are those with a booking of their own.
+  std::vector<ContainerRequest> gpus;
+  std::vector<const ContainerRequest*> Placed() const;
   std::vector<std::string> models, models_deny, uuids, uuids_deny;
   std::string enforcement;  // "" = the node's default
   std::string placement;    // "" | "binpack" | "spread"
@@ -73,7 +83,8 @@ struct PodRequest {
 // Reads the pod's GPU request. InvalidArgument (a message for the user) for what can never be
 // scheduled: both nvidia.com/gpu and kgpu.io/gpu in one container, memory or cores without
 // kgpu.io/gpu, totals that do not split evenly, more than 100% cores per share, an unknown
-// enforcement or placement value, more than one container asking for GPUs.
+// enforcement or placement value, a regular init container whose devices kubelet would not hand
+// on to a later container that asks for at least as much (see ContainerRequest::init).
 absl::StatusOr<PodRequest> ParsePodRequest(const nlohmann::json& pod);
 
 // An extended-resource quantity as a whole number ("8k" -> 8000). InvalidArgument naming `what`.

@@ -206,10 +206,13 @@ std::string Extender::BindPod(const BindingArgs& b) {
   }
   state_.Confirm(uid);
   if (!a->record.containers.empty()) {
-    std::vector<std::string> gpus;
-    for (const auto& g : a->record.containers[0].gpus) gpus.push_back(g.Device());
-    Log("extender")->info("bound {}/{} to {}: {} {}", ns, b.pod_name, b.node, a->record.containers[0].resource,
-                          Join(gpus, ","));
+    std::vector<std::string> what;
+    for (const auto& rc : a->record.containers) {
+      std::vector<std::string> gpus;
+      for (const auto& g : rc.gpus) gpus.push_back(g.Device());
+      what.push_back(Cat(a->record.containers.size() > 1 ? Cat(rc.name, ": ") : "", rc.resource, " ", Join(gpus, ",")));
+    }
+    Log("extender")->info("bound {}/{} to {}: {}", ns, b.pod_name, b.node, Join(what, "; "));
   }
   return "";
 }

@@ -40,15 +40,6 @@ bool ModelTakes(const std::string& m, GpuKind kind) {
   return false;
 }
 
-std::string ResourceName(const ContainerRequest& c) {
-  switch (c.kind) {
-    case GpuKind::kWhole: return kWholeGpu;
-    case GpuKind::kMig: return std::string(kMigPrefix) + c.mig_profile;
-    case GpuKind::kShare: return kShares;
-  }
-  return kWholeGpu;
-}
-
 int64_t MilliOf(int64_t memory_each, int64_t cores_each) {
   // A share with neither memory nor cores still takes one slot (and a token of the GPU's time),
   // never a whole GPU (the engine reads milli 0 with memory 0 as "whole").
@@ -77,13 +68,22 @@ sched::PodRequest EngineRequest(const std::string& key, const RecordContainer& c
   return p;
 }
 
+// One container with a booking of its own (PodRequest::Placed).
+struct State::Part {
+  size_t index = 0;  // into Compiled::pod.gpus
+  sched::PodRequest ereq;
+  sched::Request req;
+};
+
 struct State::Compiled {
   PodRequest pod;
   std::string uid;
   bool wants_gpu = false;
-  sched::PodRequest ereq;
-  sched::Request req;
+  // In the order they are placed: whole GPUs, then MIG, then shares, the largest first within
+  // each (what is hardest to place goes where there is still a choice).
+  std::vector<Part> parts;
   std::string pod_error;  // every node is unresolvable with this message
+  const ContainerRequest& Gpu(const Part& p) const { return pod.gpus[p.index]; }
 };
 
 State::State(StateOptions options) : opts_(std::move(options)) {}
@@ -110,68 +110,82 @@ absl::StatusOr<State::Compiled> State::CompileLocked(const json& pod) const {
     return c;
   }
   c.pod = std::move(*pr);
-  if (!c.pod.gpu) return c;
+  const auto placed = c.pod.Placed();
+  if (placed.empty()) return c;
   c.wants_gpu = true;
-  const ContainerRequest& g = *c.pod.gpu;
-  if (g.kind == GpuKind::kShare && c.pod.privileged) {
-    c.pod_error = Cat("container ", g.name,
-                      " is privileged: a privileged container sees every GPU of the node, so a share cannot be "
-                      "enforced (drop privileged, or ask for whole GPUs with ",
-                      kWholeGpu, ")");
-    return c;
-  }
-  c.ereq.name = EngineKey(c.uid, g.name);
-  switch (g.kind) {
-    case GpuKind::kWhole:
-      c.ereq.num_gpus = g.count;
-      c.ereq.gpu_milli = sched::kMilli;
-      break;
-    case GpuKind::kMig:
-      c.ereq.mig_profile = g.mig_profile;
-      c.ereq.num_gpus = 1;
-      break;
-    case GpuKind::kShare:
-      c.ereq.num_gpus = g.count;
-      c.ereq.gpu_memory_mib = g.MemoryPerGpu();
-      c.ereq.gpu_milli = static_cast<int>(MilliOf(g.MemoryPerGpu(), g.CoresPerGpu()));
-      break;
-  }
   const auto& cluster = engine_->cluster();
-  std::set<std::string> seen;
-  for (const auto& m : cluster.models()) {
-    if (!ModelTakes(m, g.kind)) continue;
-    const std::string base = BaseModel(m);
-    seen.insert(base);
-    if (!c.pod.models.empty() &&
-        std::none_of(c.pod.models.begin(), c.pod.models.end(), [&](const auto& p) { return ModelMatches(p, base); })) {
-      continue;
+  for (const ContainerRequest* gp : placed) {
+    const ContainerRequest& g = *gp;
+    // A pod with one GPU container keeps the messages it always had; with several, each names its container.
+    const std::string who = placed.size() > 1 ? Cat("container ", g.name, ": ") : std::string();
+    if (g.kind == GpuKind::kShare && g.privileged) {
+      c.pod_error = Cat("container ", g.name,
+                        " is privileged: a privileged container sees every GPU of the node, so a share cannot be "
+                        "enforced (drop privileged, or ask for whole GPUs with ",
+                        kWholeGpu, ")");
+      return c;
     }
-    if (std::any_of(c.pod.models_deny.begin(), c.pod.models_deny.end(),
-                    [&](const auto& p) { return ModelMatches(p, base); })) {
-      continue;
+    Part part;
+    part.index = static_cast<size_t>(gp - c.pod.gpus.data());
+    part.ereq.name = EngineKey(c.uid, g.name);
+    switch (g.kind) {
+      case GpuKind::kWhole:
+        part.ereq.num_gpus = g.count;
+        part.ereq.gpu_milli = sched::kMilli;
+        break;
+      case GpuKind::kMig:
+        part.ereq.mig_profile = g.mig_profile;
+        part.ereq.num_gpus = 1;
+        break;
+      case GpuKind::kShare:
+        part.ereq.num_gpus = g.count;
+        part.ereq.gpu_memory_mib = g.MemoryPerGpu();
+        part.ereq.gpu_milli = static_cast<int>(MilliOf(g.MemoryPerGpu(), g.CoresPerGpu()));
+        break;
     }
-    c.ereq.allowed_models.push_back(m);
-  }
-  if (c.ereq.allowed_models.empty()) {
-    const char* what = g.kind == GpuKind::kShare ? "serves shares (kgpu.io/gpu)"
-                       : g.kind == GpuKind::kMig  ? "is in MIG mode (nvidia.com/mig-*)"
-                                                  : "takes whole-GPU pods (nvidia.com/gpu)";
-    if (seen.empty()) {
-      c.pod_error = Cat("no GPU in the cluster ", what);
-    } else {
-      c.pod_error = Cat("no GPU in the cluster that ", what, " matches the pod's models (",
-                        c.pod.models.empty() ? std::string("any") : Join(c.pod.models, ","),
-                        c.pod.models_deny.empty() ? std::string() : Cat(" except ", Join(c.pod.models_deny, ",")),
-                        "; models here: ", Join(seen, ", "), ")");
+    std::set<std::string> seen;
+    for (const auto& m : cluster.models()) {
+      if (!ModelTakes(m, g.kind)) continue;
+      const std::string base = BaseModel(m);
+      seen.insert(base);
+      if (!c.pod.models.empty() &&
+          std::none_of(c.pod.models.begin(), c.pod.models.end(), [&](const auto& p) { return ModelMatches(p, base); })) {
+        continue;
+      }
+      if (std::any_of(c.pod.models_deny.begin(), c.pod.models_deny.end(),
+                      [&](const auto& p) { return ModelMatches(p, base); })) {
+        continue;
+      }
+      part.ereq.allowed_models.push_back(m);
     }
-    return c;
+    if (part.ereq.allowed_models.empty()) {
+      const char* what = g.kind == GpuKind::kShare ? "serves shares (kgpu.io/gpu)"
+                         : g.kind == GpuKind::kMig  ? "is in MIG mode (nvidia.com/mig-*)"
+                                                    : "takes whole-GPU pods (nvidia.com/gpu)";
+      if (seen.empty()) {
+        c.pod_error = Cat(who, "no GPU in the cluster ", what);
+      } else {
+        c.pod_error = Cat(who, "no GPU in the cluster that ", what, " matches the pod's models (",
+                          c.pod.models.empty() ? std::string("any") : Join(c.pod.models, ","),
+                          c.pod.models_deny.empty() ? std::string() : Cat(" except ", Join(c.pod.models_deny, ",")),
+                          "; models here: ", Join(seen, ", "), ")");
+      }
+      return c;
+    }
+    auto req = cluster.Compile(part.ereq);
+    if (!req.ok()) {
+      c.pod_error = Cat(who, req.status().message());
+      return c;
+    }
+    part.req = std::move(*req);
+    c.parts.push_back(std::move(part));
   }
-  auto req = cluster.Compile(c.ereq);
-  if (!req.ok()) {
-    c.pod_error = std::string(req.status().message());
-    return c;
-  }
-  c.req = std::move(*req);
+  auto rank = [&](const Part& p) {
+    const GpuKind k = c.Gpu(p).kind;
+    return std::pair<int, int64_t>(k == GpuKind::kWhole ? 2 : k == GpuKind::kMig ? 1 : 0,
+                                   static_cast<int64_t>(p.ereq.num_gpus) * std::max(1, p.ereq.gpu_milli));
+  };
+  std::stable_sort(c.parts.begin(), c.parts.end(), [&](const Part& a, const Part& b) { return rank(a) > rank(b); });
   return c;
 }
 
@@ -220,9 +234,7 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
   cat = "no_inventory";
   if (it == nodes_.end() || id < 0) return Cat("node has no ", kInventoryAnnotation, " annotation (run kgpu node-labels on it)");
   const NodeInfo& info = it->second;
-  const auto& ns = engine_->cluster().node(id);
-  const ContainerRequest& g = *c.pod.gpu;
-  const bool shares = g.kind == GpuKind::kShare;
+  const bool shares = std::any_of(c.parts.begin(), c.parts.end(), [&](const Part& p) { return c.Gpu(p).kind == GpuKind::kShare; });
   if (shares && !c.pod.enforcement.empty()) {  // else the node's first mode, permitted by definition
     const std::string& mode = c.pod.enforcement;
     if (std::find(info.enforcement.begin(), info.enforcement.end(), mode) == info.enforcement.end()) {
@@ -230,9 +242,71 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
       return Cat("enforcement '", mode, "' is not permitted on this node (it permits: ", Join(info.enforcement, ", "), ")");
     }
   }
+  if (c.parts.size() == 1) return ExplainPartLocked(c, c.parts[0], name, info, id, unresolvable, cat, memo);
+
+  // Several GPU containers: each must fit with those before it booked (a trial, undone).
+  const auto& ns = engine_->cluster().node(id);
+  int whole_needed = 0, whole_here = 0;
+  for (const auto& p : c.parts) whole_needed += c.Gpu(p).kind == GpuKind::kWhole ? c.Gpu(p).count : 0;
+  for (size_t i = 0; i < info.gpus.size() && i < ns.gpus.size(); ++i) {
+    whole_here += info.gpus[i].slots == 0 && ns.gpus[i].mig.empty() ? 1 : 0;
+  }
+  if (whole_needed > whole_here) {
+    cat = "too_few_gpus";
+    return Cat("the pod's containers ask for ", whole_needed, " whole GPUs (", kWholeGpu, ") together, this node has ",
+               whole_here);
+  }
+  const auto masked = MaskLocked(c, name);
+  std::vector<std::string> placed;
+  std::string why;
+  for (const auto& part : c.parts) {
+    why = ExplainPartLocked(c, part, name, info, id, unresolvable, cat, nullptr);
+    if (!why.empty()) {
+      why = Cat("container ", c.Gpu(part).name, ": ", why,
+                placed.empty() ? std::string() : Cat(" (with the pod's other GPU containers placed)"));
+      break;
+    }
+    if (!TryPlacePartLocked(c, part, id, Cat("?", part.ereq.name), &placed, nullptr)) {
+      *unresolvable = false;
+      cat = "gpus_busy";
+      why = Cat("container ", c.Gpu(part).name, ": no GPUs left for it once the pod's other GPU containers are placed");
+      break;
+    }
+  }
+  for (const auto& key : placed) (void)engine_->Release(key);
+  UnmaskLocked(name, masked);
+  return why;
+}
+
+bool State::TryPlacePartLocked(const Compiled& c, const Part& part, int id, const std::string& key,
+                               std::vector<std::string>* placed, double* score) {
+  auto& cluster = engine_->cluster();
+  if (!cluster.NodeFits(part.req, id)) return false;
+  sched::Candidate cand;
+  sched::Placement p;
+  if (PolicyFor(c).Evaluate(cluster, part.req, id, &cand) && cand.placement.ok()) {
+    p = cand.placement;
+    if (score != nullptr) *score += cand.score;
+  } else {
+    p.gpus = cluster.PickGpuSet(part.req, cluster.node(id));
+  }
+  p.node = id;
+  sched::PodRequest er = part.ereq;
+  er.name = key;
+  if (!engine_->Bind(er, p).ok()) return false;
+  placed->push_back(key);
+  return true;
+}
+
+std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const std::string& name, const NodeInfo& info,
+                                     int id, bool* unresolvable, const char*& cat, RefusalMemo* memo) {
+  *unresolvable = true;
+  const auto& ns = engine_->cluster().node(id);
+  const ContainerRequest& g = c.Gpu(part);
+  const bool shares = g.kind == GpuKind::kShare;
   // The common case first: the node takes the pod now. NodeFits checks the kind (the engine's
   // model names carry it), models, health and free capacity; only the UUID lists need masking.
-  if (c.pod.uuids.empty() && c.pod.uuids_deny.empty() && engine_->cluster().NodeFits(c.req, id)) {
+  if (c.pod.uuids.empty() && c.pod.uuids_deny.empty() && engine_->cluster().NodeFits(part.req, id)) {
     *unresolvable = false;
     return "";
   }
@@ -259,7 +333,7 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
     const auto& gs = ns.gpus[i];
     if (!right_kind(i)) continue;
     ++kind_ok;
-    if (gs.model < 0 || ((c.req.models >> gs.model) & 1U) == 0) continue;
+    if (gs.model < 0 || ((part.req.models >> gs.model) & 1U) == 0) continue;
     ++model_ok;
     const bool allowed = c.pod.uuids.empty() || std::find(c.pod.uuids.begin(), c.pod.uuids.end(), gi.uuid) != c.pod.uuids.end();
     const bool denied = std::find(c.pod.uuids_deny.begin(), c.pod.uuids_deny.end(), gi.uuid) != c.pod.uuids_deny.end();
@@ -326,7 +400,7 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
 
   // Capacity exists: is it free now?
   const auto masked = MaskLocked(c, name);
-  const bool fits = engine_->cluster().NodeFits(c.req, id);
+  const bool fits = engine_->cluster().NodeFits(part.req, id);
   UnmaskLocked(name, masked);
   if (fits) {
     *unresolvable = false;
@@ -361,7 +435,7 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
   for (size_t i : eligible) {
     const auto& gs = ns.gpus[i];
     const bool m = gs.free_memory_mib >= per_mem;
-    const bool k = gs.free_milli >= c.req.milli;
+    const bool k = gs.free_milli >= part.req.milli;
     const bool s = gs.max_shares == 0 || gs.pods < gs.max_shares;
     mem_ok += m;
     cores_ok += k;
@@ -390,7 +464,7 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
                " on different GPUs (", largest, ")", outside);
   }
   cat = "cores";
-  const int64_t pct = c.req.milli / 10;
+  const int64_t pct = part.req.milli / 10;
   if (need == 1) return Cat("no single GPU with ", pct, "% of its cores free (", most, ")");
   return Cat("only ", std::min(cores_ok, all_ok), " GPUs here have ", pct, "% of their cores free; the pod needs ", need,
              " on different GPUs (", most, ")");
@@ -436,8 +510,20 @@ std::vector<HostPriority> State::Prioritize(const json& pod, const std::vector<s
       const int id = cluster.FindNode(nodes[i]);
       if (id < 0) continue;
       const auto masked = MaskLocked(*c, nodes[i]);
-      sched::Candidate cand;
-      if (cluster.NodeFits(c->req, id) && policy.Evaluate(cluster, c->req, id, &cand)) raw[i] = cand.score;
+      if (c->parts.size() == 1) {
+        const Part& part = c->parts[0];
+        sched::Candidate cand;
+        if (cluster.NodeFits(part.req, id) && policy.Evaluate(cluster, part.req, id, &cand)) raw[i] = cand.score;
+      } else {  // the sum of the containers' scores, each placed (on trial) after those before it
+        std::vector<std::string> placed;
+        double score = 0;
+        bool all = true;
+        for (const auto& part : c->parts) {
+          all = all && TryPlacePartLocked(*c, part, id, Cat("?", part.ereq.name), &placed, &score);
+        }
+        for (const auto& key : placed) (void)engine_->Release(key);
+        if (all) raw[i] = score;
+      }
       UnmaskLocked(nodes[i], masked);
     }
   }
@@ -743,44 +829,45 @@ absl::StatusOr<Assumption> State::Assume(const json& pod, const std::string& nod
   if (!why.empty()) return absl::FailedPreconditionError(Cat("node ", node, ": ", why));
   const int id = engine_->cluster().FindNode(node);
   const NodeInfo& info = nodes_.at(node);
-  const ContainerRequest& g = *c->pod.gpu;
   const auto masked = MaskLocked(*c, node);
-  sched::Candidate cand;
-  sched::Placement p;
-  if (PolicyFor(*c).Evaluate(engine_->cluster(), c->req, id, &cand) && cand.placement.ok()) {
-    p = cand.placement;
-  } else {
-    p.node = id;
-    p.gpus = engine_->cluster().PickGpuSet(c->req, engine_->cluster().node(id));
-  }
-  p.node = id;
-  absl::Status st = engine_->Bind(c->ereq, p);
-  UnmaskLocked(node, masked);
-  if (!st.ok()) return absl::FailedPreconditionError(Cat("node ", node, ": ", st.message()));
-  engine_->policy().Observe(c->req);
-  const sched::Placement* got = engine_->cluster().FindPod(c->ereq.name);
-  RecordContainer rc;
-  rc.name = g.name;
-  rc.resource = ResourceName(g);
-  if (g.kind == GpuKind::kShare) rc.enforcement = c->pod.enforcement.empty() ? info.enforcement.front() : c->pod.enforcement;
-  for (int idx : got->gpus) {
-    const GpuInfo& gi = info.gpus[static_cast<size_t>(idx)];
-    RecordGpu rg;
-    rg.uuid = gi.uuid;
-    if (g.kind == GpuKind::kShare) {
-      rg.memory_mib = g.MemoryPerGpu();
-      rg.cores = g.CoresPerGpu();
-    } else if (g.kind == GpuKind::kMig && got->mig_instance >= 0 &&
-               got->mig_instance < static_cast<int>(gi.mig.size())) {
-      const MigInfo& m = gi.mig[static_cast<size_t>(got->mig_instance)];
-      rg.mig = m.uuid;
-      rg.profile = m.profile;
-      rg.memory_mib = m.memory_mib;
+  std::vector<std::string> placed;
+  for (const auto& part : c->parts) {
+    if (!TryPlacePartLocked(*c, part, id, part.ereq.name, &placed, nullptr)) {
+      for (const auto& key : placed) (void)engine_->Release(key);
+      UnmaskLocked(node, masked);
+      return absl::FailedPreconditionError(Cat("node ", node, ": ", c->parts.size() > 1 ? Cat("container ", c->Gpu(part).name, ": ") : "",
+                                               "the GPUs it would take are no longer free"));
     }
-    rc.gpus.push_back(std::move(rg));
   }
+  UnmaskLocked(node, masked);
+  for (const auto& part : c->parts) engine_->policy().Observe(part.req);
   a.record.node = node;
-  a.record.containers.push_back(std::move(rc));
+  // In the pod's container order, as the node reads it.
+  for (const ContainerRequest* g : c->pod.Placed()) {
+    const sched::Placement* got = engine_->cluster().FindPod(EngineKey(c->uid, g->name));
+    if (got == nullptr) continue;  // cannot happen: placed above
+    RecordContainer rc;
+    rc.name = g->name;
+    rc.resource = g->Resource();
+    if (g->kind == GpuKind::kShare) rc.enforcement = c->pod.enforcement.empty() ? info.enforcement.front() : c->pod.enforcement;
+    for (int idx : got->gpus) {
+      const GpuInfo& gi = info.gpus[static_cast<size_t>(idx)];
+      RecordGpu rg;
+      rg.uuid = gi.uuid;
+      if (g->kind == GpuKind::kShare) {
+        rg.memory_mib = g->MemoryPerGpu();
+        rg.cores = g->CoresPerGpu();
+      } else if (g->kind == GpuKind::kMig && got->mig_instance >= 0 &&
+                 got->mig_instance < static_cast<int>(gi.mig.size())) {
+        const MigInfo& m = gi.mig[static_cast<size_t>(got->mig_instance)];
+        rg.mig = m.uuid;
+        rg.profile = m.profile;
+        rg.memory_mib = m.memory_mib;
+      }
+      rc.gpus.push_back(std::move(rg));
+    }
+    a.record.containers.push_back(std::move(rc));
+  }
   PodEntry e;
   e.ns = a.ns;
   e.name = a.name;
@@ -837,9 +924,7 @@ std::map<std::string, MetaVictims> State::Preempt(const json& pod, const std::ma
       UnbookLocked(uid, it->second);
       removed.push_back(uid);
     }
-    const auto masked = MaskLocked(*c, node);
-    const bool fits = engine_->cluster().NodeFits(c->req, id);
-    UnmaskLocked(node, masked);
+    const bool fits = ExplainLocked(*c, node, &unres, nullptr).empty();
     for (const auto& uid : removed) BookLocked(uid, pods_.at(uid));
     if (fits) out[node] = mv;
   }

@@ -110,6 +110,7 @@ class State {
     int64_t priority = 0;
   };
   struct Compiled;
+  struct Part;
 
   absl::StatusOr<Compiled> CompileLocked(const nlohmann::json& pod) const;
   // Why `node` cannot take the pod: empty when it can; sets *unresolvable and the reason category.
@@ -121,6 +122,13 @@ class State {
   using RefusalMemo = absl::flat_hash_map<int, StaticRefusal>;  // keys: NodeInfo::shape_id
   std::string ExplainLocked(const Compiled& c, const std::string& node, bool* unresolvable, const char** category,
                             RefusalMemo* memo = nullptr);
+  // One GPU container's refusal on a node (the node is known and has an inventory).
+  std::string ExplainPartLocked(const Compiled& c, const Part& part, const std::string& node, const NodeInfo& info, int id,
+                                bool* unresolvable, const char*& category, RefusalMemo* memo);
+  // Books one GPU container on node `id` under engine key `key` where the pod's policy puts it;
+  // false when it does not fit. Appends the key to *placed; adds the policy's score to *score.
+  bool TryPlacePartLocked(const Compiled& c, const Part& part, int id, const std::string& key,
+                          std::vector<std::string>* placed, double* score);
   std::vector<int> MaskLocked(const Compiled& c, const std::string& node);
   void UnmaskLocked(const std::string& node, const std::vector<int>& masked);
   sched::Policy& PolicyFor(const Compiled& c);

@@ -270,6 +270,21 @@ class E2eClusterTest : public ::testing::Test {
       case 1:
         *kind = "mig";
         return testing::TestPod(ns, name, {{"nvidia.com/mig-" + migs[static_cast<size_t>(i / 8 % 4)], "1"}});
+      case 5:
+        // Several GPU containers: a sidecar and an init container beside the main one; the init
+        // container runs on what kubelet hands on to main.
+        if (i / 8 % 2 == 0) {
+          *kind = "multi-share";
+          json pod = testing::TestPod(ns, name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", std::to_string(3000 + 1000 * (i % 5))},
+                                                 {"kgpu.io/gpu-cores", "10"}});
+          pod = testing::WithContainer(pod, "initContainers", "proxy", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}, true);
+          return testing::WithContainer(pod, "initContainers", "warmup",
+                                        {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "2000"}, {"kgpu.io/gpu-cores", "5"}});
+        }
+        *kind = "multi-whole";
+        return testing::WithContainer(
+            testing::WithContainer(testing::TestPod(ns, name, {{"nvidia.com/gpu", "1"}}), "containers", "side", {{"nvidia.com/gpu", "1"}}),
+            "initContainers", "fetch", {{"nvidia.com/gpu", "1"}});
       case 2:
         *kind = "share";  // two shares on two GPUs, totals
         return testing::TestPod(ns, name, {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", std::to_string(2 * (3000 + 500 * (i % 5)))},
@@ -321,114 +336,152 @@ class E2eClusterTest : public ::testing::Test {
       auto rec = extender::ParseRecord(pod["metadata"]["annotations"].value(extender::kAnnotationAllocation, ""));
       ASSERT_TRUE(rec.ok()) << key << ": " << rec.status();
       EXPECT_EQ(rec->node, node) << key;
-      ASSERT_EQ(rec->containers.size(), 1u) << key;
-      const auto& rc = rec->containers[0];
       EXPECT_EQ(pod["status"].value("phase", ""), "Running") << key;
       const auto& admitted = NodeNamed(node).admission->Admitted();
       auto it = admitted.find(pod["metadata"]["uid"]);
       ASSERT_NE(it, admitted.end()) << key << " bound to " << node << " but not admitted there";
-      ASSERT_EQ(it->second.containers.size(), 1u) << key;
-      const auto& ac = it->second.containers[0];
-      EXPECT_EQ(ac.resource, rc.resource) << key;
-      {
-        // kubelet's checkpoint on that node holds the container's devices, signed as kubelet signs
-        // it (the exporter's parser verifies the checksum).
-        const std::string path = NodeNamed(node).kubelet->Dir() + "/kubelet_internal_checkpoint";
-        auto entries = exporter::ParseCheckpoint(ReadFile(path), path);
-        ASSERT_TRUE(entries.ok()) << key << ": " << entries.status();
-        auto e = std::find_if(entries->begin(), entries->end(), [&](const exporter::CheckpointEntry& x) {
-          return x.pod_uid == it->first && x.container == ac.name && x.resource == ac.resource;
+      size_t placed = 0;
+      std::vector<std::string> applied;  // kgpu.io/enforcement-applied, as the node writes it
+      for (const auto& ac : it->second.containers) {
+        if (!ac.init) {
+          ++placed;
+          continue;
+        }
+        // A regular init container: kubelet handed its devices on to a container the record names.
+        const bool handed_on = std::any_of(it->second.containers.begin(), it->second.containers.end(), [&](const auto& x) {
+          return !x.init && x.resource == ac.resource &&
+                 std::all_of(ac.ids.begin(), ac.ids.end(), [&](const std::string& id) {
+                   return std::find(x.ids.begin(), x.ids.end(), id) != x.ids.end();
+                 });
         });
-        ASSERT_NE(e, entries->end()) << key << ": not in " << path;
-        EXPECT_EQ(std::set<std::string>(e->device_ids.begin(), e->device_ids.end()),
-                  std::set<std::string>(ac.ids.begin(), ac.ids.end()))
-            << key;
+        EXPECT_TRUE(handed_on) << key << " init container " << ac.name;
+        EXPECT_TRUE(ac.pre_started || ac.resource != "kgpu.io/gpu") << key << " init container " << ac.name;
+        ++init_handed_on_;
       }
+      ASSERT_EQ(rec->containers.size(), placed) << key;
       ++checked;
-      if (rc.resource == "kgpu.io/gpu") {
-        EXPECT_TRUE(ac.pre_started) << key;
-        ASSERT_EQ(ac.ids.size(), rc.gpus.size()) << key;
-        const std::string cdi_name = deviceplugin::ShareCdiName(ac.ids);
-        ASSERT_EQ(ac.response.cdi_devices_size(), 1) << key;
-        EXPECT_EQ(ac.response.cdi_devices(0).name(), "kgpu.io/share=" + cdi_name) << key;
-        const std::string text = ReadFile(NodeNamed(node).cdi + "/kgpu.io-share_" + cdi_name + ".json");
-        ASSERT_FALSE(text.empty()) << key << ": no CDI spec " << cdi_name;
-        const json spec = json::parse(text);
-        std::map<std::string, std::string> env;
-        for (const auto& e : spec["devices"][0]["containerEdits"]["env"]) {
-          const std::string kv = e;
-          env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+      multi_ += placed > 1;
+      for (const auto& rc : rec->containers) {
+        const auto ac_it = std::find_if(it->second.containers.begin(), it->second.containers.end(),
+                                        [&](const auto& x) { return !x.init && x.name == rc.name; });
+        ASSERT_NE(ac_it, it->second.containers.end()) << key << ": container " << rc.name << " not admitted";
+        const auto& ac = *ac_it;
+        EXPECT_EQ(ac.resource, rc.resource) << key;
+        {
+          // kubelet's checkpoint on that node holds the container's devices, signed as kubelet signs
+          // it (the exporter's parser verifies the checksum).
+          const std::string path = NodeNamed(node).kubelet->Dir() + "/kubelet_internal_checkpoint";
+          auto entries = exporter::ParseCheckpoint(ReadFile(path), path);
+          ASSERT_TRUE(entries.ok()) << key << ": " << entries.status();
+          auto e = std::find_if(entries->begin(), entries->end(), [&](const exporter::CheckpointEntry& x) {
+            return x.pod_uid == it->first && x.container == ac.name && x.resource == ac.resource;
+          });
+          ASSERT_NE(e, entries->end()) << key << ": not in " << path;
+          EXPECT_EQ(std::set<std::string>(e->device_ids.begin(), e->device_ids.end()),
+                    std::set<std::string>(ac.ids.begin(), ac.ids.end()))
+              << key;
         }
-        std::string uuids, limits;
-        for (const auto& g : rc.gpus) {
-          uuids += (uuids.empty() ? "" : ",") + g.uuid;
-          limits += (limits.empty() ? "" : ",") + g.uuid + "=" + std::to_string(g.memory_mib) + "Mi";
-          auto& s = shares[g.uuid];
-          s.memory += g.memory_mib;
-          s.cores += g.cores;
-          ++s.holders;
-          EXPECT_FALSE(exclusive.contains(g.uuid)) << key << " shares " << g.uuid << " held whole by " << exclusive[g.uuid];
-        }
-        EXPECT_EQ(env["NVIDIA_VISIBLE_DEVICES"], uuids) << key;
-        EXPECT_EQ(env["KGPU_ENFORCEMENT"], rc.enforcement) << key;
-        EXPECT_EQ(env["KGPU_GPU_CORES"], std::to_string(rc.gpus[0].cores)) << key;
-        if (rc.enforcement == "hard") {
-          EXPECT_EQ(env["KGPU_CUDA_MEMORY_LIMIT"], limits) << key;
-          EXPECT_EQ(env["LD_PRELOAD"], "/usr/lib/kgpu/libkgpu-cuda.so") << key;
-          ++hard_;
+        if (rc.resource == "kgpu.io/gpu") {
+          EXPECT_TRUE(ac.pre_started) << key;
+          ASSERT_EQ(ac.ids.size(), rc.gpus.size()) << key;
+          const std::string cdi_name = deviceplugin::ShareCdiName(ac.ids);
+          ASSERT_EQ(ac.response.cdi_devices_size(), 1) << key;
+          EXPECT_EQ(ac.response.cdi_devices(0).name(), "kgpu.io/share=" + cdi_name) << key;
+          const std::string text = ReadFile(NodeNamed(node).cdi + "/kgpu.io-share_" + cdi_name + ".json");
+          ASSERT_FALSE(text.empty()) << key << ": no CDI spec " << cdi_name;
+          const json spec = json::parse(text);
+          std::map<std::string, std::string> env;
+          for (const auto& e : spec["devices"][0]["containerEdits"]["env"]) {
+            const std::string kv = e;
+            env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+          }
+          std::string uuids, limits;
+          for (const auto& g : rc.gpus) {
+            uuids += (uuids.empty() ? "" : ",") + g.uuid;
+            limits += (limits.empty() ? "" : ",") + g.uuid + "=" + std::to_string(g.memory_mib) + "Mi";
+            auto& s = shares[g.uuid];
+            s.memory += g.memory_mib;
+            s.cores += g.cores;
+            ++s.holders;
+            EXPECT_FALSE(exclusive.contains(g.uuid)) << key << " shares " << g.uuid << " held whole by " << exclusive[g.uuid];
+          }
+          EXPECT_EQ(env["NVIDIA_VISIBLE_DEVICES"], uuids) << key;
+          EXPECT_EQ(env["KGPU_ENFORCEMENT"], rc.enforcement) << key;
+          EXPECT_EQ(env["KGPU_GPU_CORES"], std::to_string(rc.gpus[0].cores)) << key;
+          if (rc.enforcement == "hard") {
+            EXPECT_EQ(env["KGPU_CUDA_MEMORY_LIMIT"], limits) << key;
+            EXPECT_EQ(env["LD_PRELOAD"], "/usr/lib/kgpu/libkgpu-cuda.so") << key;
+            ++hard_;
+          } else {
+            EXPECT_EQ(rc.enforcement, "none") << key;
+            EXPECT_EQ(node, "share") << key << ": only the node without the interposer gives none";
+            EXPECT_FALSE(env.contains("LD_PRELOAD")) << key;
+            ++none_;
+          }
+          size_t gpu_nodes = 0;
+          for (const auto& d : spec["devices"][0]["containerEdits"]["deviceNodes"]) {
+            const std::string p = d["path"];
+            gpu_nodes += p.rfind("/dev/nvidia", 0) == 0 && p.find_first_of("0123456789") != std::string::npos;
+          }
+          EXPECT_EQ(gpu_nodes, rc.gpus.size()) << key;
+          applied.push_back(rc.name + "=" + rc.enforcement);
         } else {
-          EXPECT_EQ(rc.enforcement, "none") << key;
-          EXPECT_EQ(node, "share") << key << ": only the node without the interposer gives none";
-          EXPECT_FALSE(env.contains("LD_PRELOAD")) << key;
-          ++none_;
+          // Whole GPUs and MIG: kubelet picked the device IDs; the container sees exactly those.
+          ASSERT_EQ(ac.ids.size(), rc.gpus.size()) << key;
+          std::set<std::string> ids(ac.ids.begin(), ac.ids.end()), visible;
+          std::stringstream env(ac.response.envs().contains("NVIDIA_VISIBLE_DEVICES")
+                                    ? ac.response.envs().at("NVIDIA_VISIBLE_DEVICES") : "");
+          for (std::string v; std::getline(env, v, ',');) visible.insert(v);
+          EXPECT_EQ(visible, ids) << key;
+          // The node makes the record say what kubelet gave (docs/sharing-model.md §5), after
+          // PreStartContainer has returned: give a correction in flight a moment.
+          auto ids_of = [](const extender::RecordContainer& x) {
+            std::set<std::string> out;
+            for (const auto& g : x.gpus) out.insert(g.Device());
+            return out;
+          };
+          extender::RecordContainer cur = rc;
+          if (ids_of(cur) != ids) {
+            WaitFor([&] {
+              const auto again = extender::ParseRecord(
+                  api_.Get("pods", c.ns, c.name).body["metadata"]["annotations"].value(extender::kAnnotationAllocation, ""));
+              if (!again.ok()) return false;
+              for (const auto& x : again->containers) {
+                if (x.name == rc.name) cur = x;
+              }
+              return ids_of(cur) == ids;
+            }, std::chrono::seconds(10));
+          }
+          const std::set<std::string> recorded = ids_of(cur);
+          for (const auto& g : cur.gpus) {
+            const std::string id = g.Device();
+            EXPECT_FALSE(exclusive.contains(id)) << "records of " << key << " and " << exclusive[id] << " both hold " << id;
+            exclusive[id] = key;
+            if (!g.profile.empty()) {
+              EXPECT_EQ(rc.resource, "nvidia.com/mig-" + g.profile) << key;
+            }
+          }
+          for (const auto& id : ac.ids) {
+            EXPECT_FALSE(kubelet_ids.contains(id)) << key << " and " << kubelet_ids[id] << " both got " << id;
+            kubelet_ids[id] = key;
+          }
+          EXPECT_EQ(recorded, ids) << key << ": the record does not name the devices kubelet gave";
+          whole_record_differs += recorded != ids;
         }
-        size_t gpu_nodes = 0;
-        for (const auto& d : spec["devices"][0]["containerEdits"]["deviceNodes"]) {
-          const std::string p = d["path"];
-          gpu_nodes += p.rfind("/dev/nvidia", 0) == 0 && p.find_first_of("0123456789") != std::string::npos;
-        }
-        EXPECT_EQ(gpu_nodes, rc.gpus.size()) << key;
-        EXPECT_EQ(pod["metadata"]["annotations"].value("kgpu.io/enforcement-applied", ""), "main=" + rc.enforcement) << key;
-      } else {
-        // Whole GPUs and MIG: kubelet picked the device IDs; the container sees exactly those.
-        ASSERT_EQ(ac.ids.size(), rc.gpus.size()) << key;
-        std::set<std::string> ids(ac.ids.begin(), ac.ids.end()), visible;
-        std::stringstream env(ac.response.envs().contains("NVIDIA_VISIBLE_DEVICES")
-                                  ? ac.response.envs().at("NVIDIA_VISIBLE_DEVICES") : "");
-        for (std::string v; std::getline(env, v, ',');) visible.insert(v);
-        EXPECT_EQ(visible, ids) << key;
-        // The node makes the record say what kubelet gave (docs/sharing-model.md §5), after
-        // PreStartContainer has returned: give a correction in flight a moment.
-        auto ids_of = [](const extender::RecordContainer& x) {
-          std::set<std::string> out;
-          for (const auto& g : x.gpus) out.insert(g.Device());
-          return out;
-        };
-        extender::RecordContainer cur = rc;
-        if (ids_of(cur) != ids) {
+      }
+      if (!applied.empty()) {
+        std::sort(applied.begin(), applied.end());
+        std::string want;
+        for (const auto& x : applied) want += (want.empty() ? "" : ",") + x;
+        // The node annotates after PreStartContainer returned: give the last write a moment.
+        std::string said = pod["metadata"]["annotations"].value("kgpu.io/enforcement-applied", "");
+        if (said != want) {
           WaitFor([&] {
-            const auto again = extender::ParseRecord(
-                api_.Get("pods", c.ns, c.name).body["metadata"]["annotations"].value(extender::kAnnotationAllocation, ""));
-            if (!again.ok() || again->containers.empty()) return false;
-            cur = again->containers[0];
-            return ids_of(cur) == ids;
+            said = api_.Get("pods", c.ns, c.name).body["metadata"]["annotations"].value("kgpu.io/enforcement-applied", "");
+            return said == want;
           }, std::chrono::seconds(10));
         }
-        const std::set<std::string> recorded = ids_of(cur);
-        for (const auto& g : cur.gpus) {
-          const std::string id = g.Device();
-          EXPECT_FALSE(exclusive.contains(id)) << "records of " << key << " and " << exclusive[id] << " both hold " << id;
-          exclusive[id] = key;
-          if (!g.profile.empty()) {
-            EXPECT_EQ(rc.resource, "nvidia.com/mig-" + g.profile) << key;
-          }
-        }
-        for (const auto& id : ac.ids) {
-          EXPECT_FALSE(kubelet_ids.contains(id)) << key << " and " << kubelet_ids[id] << " both got " << id;
-          kubelet_ids[id] = key;
-        }
-        EXPECT_EQ(recorded, ids) << key << ": the record does not name the devices kubelet gave";
-        whole_record_differs += recorded != ids;
+        EXPECT_EQ(said, want) << key;
       }
     }
     // Nothing over-committed: shares per GPU within its memory and cores (the NVML processes were
@@ -452,7 +505,8 @@ class E2eClusterTest : public ::testing::Test {
     }
     std::cout << "checked " << checked << " bound pods (" << bound_ << " binds, " << quota_refused_
               << " refused by quota); whole/MIG records their node corrected to kubelet's devices: " << corrected
-              << "; still differing: " << whole_record_differs << "\n";
+              << "; still differing: " << whole_record_differs << "; pods with several GPU containers: " << multi_
+              << " (init containers handed on: " << init_handed_on_ << ")\n";
     checked_ = checked;
   }
 
@@ -474,7 +528,8 @@ class E2eClusterTest : public ::testing::Test {
   std::unique_ptr<testing::FakeScheduler> sched_;
   std::vector<Created> created_;
   std::map<std::string, int> pids_;
-  int next_pid_ = 100000, bound_ = 0, quota_refused_ = 0, checked_ = 0, hard_ = 0, none_ = 0;
+  int next_pid_ = 100000, bound_ = 0, quota_refused_ = 0, checked_ = 0, hard_ = 0, none_ = 0, multi_ = 0,
+      init_handed_on_ = 0;
 };
 
 TEST_F(E2eClusterTest, MixedPodsOnFourNodesThroughTheExtender) {
@@ -580,6 +635,8 @@ TEST_F(E2eClusterTest, MixedPodsOnFourNodesThroughTheExtender) {
   EXPECT_GT(checked_, kPods / 2) << "too few pods bound to say anything";
   EXPECT_GT(hard_, 0) << "no share with hard limits (the H200 node's default)";
   EXPECT_GT(none_, 0) << "no share without isolation (the other sharing node's only mode)";
+  EXPECT_GT(multi_, 0) << "no pod with several GPU containers was bound";
+  EXPECT_GT(init_handed_on_, 0) << "no GPU init container was admitted";
   // The restarted extender booked every record and found no conflict (a double allocation would be one).
   k8s::Config mc;
   mc.server = extender_url_;

@@ -65,6 +65,14 @@ struct Want {
   std::map<std::string, std::string> resources;
   std::map<std::string, std::string> annotations;
   enum { kRuns, kQuota, kUnschedulable } expect = kRuns;
+  // More containers: {section, name, resources, sidecar} (t::WithContainer).
+  struct More {
+    const char* section;
+    std::string name;
+    std::map<std::string, std::string> resources;
+    bool sidecar = false;
+  };
+  std::vector<More> more = {};
 };
 
 // "GPU-1f0e…" -> "GPU-1f0e"; MIG UUIDs likewise.
@@ -223,6 +231,10 @@ int main(int argc, char** argv) {
       {"team-b", "serve", "2 shares of 50000 MiB on two GPUs, binpacked",
        {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "100000"}, {"kgpu.io/gpu-cores", "50"}},
        {{"kgpu.io/placement", "binpack"}}},
+      {"team-b", "server", "a share of 16000 MiB, a sidecar with 2000 MiB of its own, a warm-up init container on the server's share",
+       {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "16000"}, {"kgpu.io/gpu-cores", "50"}}, {}, Want::kRuns,
+       {{"initContainers", "metrics", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "2000"}}, true},
+        {"initContainers", "warmup", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}}}},
       {"team-b", "huge", "a share of 200000 MiB (more than any GPU has)",
        {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "200000"}}, {}, Want::kUnschedulable},
   };
@@ -230,7 +242,8 @@ int main(int argc, char** argv) {
   std::vector<const Want*> bound;
   for (const auto& w : wants) {
     std::cout << w.ns << "/" << w.name << " asks for " << w.what << "\n";
-    const json pod = t::TestPod(w.ns, w.name, w.resources, w.annotations);
+    json pod = t::TestPod(w.ns, w.name, w.resources, w.annotations);
+    for (const auto& m : w.more) pod = t::WithContainer(pod, m.section, m.name, m.resources, m.sidecar);
     auto r = api.Create("pods", w.ns, pod);
     if (r.code != 201) {
       const std::string msg = r.body.value("message", r.body.dump());
@@ -277,7 +290,8 @@ int main(int argc, char** argv) {
       ++failures;
       continue;
     }
-    const auto& rc = rec->containers[0];
+    if (phase != "Running") ++failures;
+    for (const auto& rc : rec->containers) {  // one row per container the record names
     std::string gpus;
     for (const auto& g : rc.gpus) {
       gpus += (gpus.empty() ? "" : " ") + Short(g.Device());
@@ -292,8 +306,14 @@ int main(int argc, char** argv) {
     if (n != nullptr) {
       const auto& admitted = n->admission->Admitted();
       auto it = admitted.find(pod["metadata"].value("uid", ""));
-      if (it != admitted.end() && !it->second.containers.empty()) {
-        const auto& ac = it->second.containers[0];
+      const t::AdmittedContainer* found = nullptr;
+      if (it != admitted.end()) {
+        for (const auto& x : it->second.containers) {
+          if (!x.init && x.name == rc.name) found = &x;
+        }
+      }
+      if (found != nullptr) {
+        const auto& ac = *found;
         if (ac.response.cdi_devices_size() > 0) {
           // The share's CDI spec: the GPUs of the record and the limits.
           const std::string cdi = ac.response.cdi_devices(0).name();
@@ -332,9 +352,10 @@ int main(int argc, char** argv) {
         }
       }
     }
-    if (phase != "Running") ++failures;
-    std::printf("  %-16s %-6s %-9s %-22s %-40s %s\n", (w->ns + "/" + w->name).c_str(), node.c_str(), phase.c_str(),
-                rc.resource.c_str(), gpus.c_str(), sees.c_str());
+    const std::string who = w->ns + "/" + w->name + (rec->containers.size() > 1 ? "/" + rc.name : "");
+    std::printf("  %-16s %-6s %-9s %-22s %-40s %s\n", who.c_str(), node.c_str(), phase.c_str(), rc.resource.c_str(),
+                gpus.c_str(), sees.c_str());
+    }
   }
   // The quota as the API server counts it.
   const json quota = api.Get("resourcequotas", "team-a", "gpu").body;

@@ -81,30 +81,42 @@ void DefaultLimitRange(json& lr) {
 }
 
 json PodQuotaUsage(const json& pod) {
-  // Per resource: max(sum over app containers, max over init containers).
-  std::map<std::string, Quantity> req_sum, lim_sum, req_init, lim_init;
+  // Per resource, as component-helpers' AggregateContainerRequests (and limits) with sidecars:
+  // the app containers' sum plus every restartable init container (sidecar), or the largest
+  // need while an init container runs (it plus the sidecars started before it), whichever is
+  // more.
+  std::map<std::string, Quantity> req_sum, lim_sum;
   const json spec = pod.value("spec", json::object());
-  for (const auto& list : ContainerLists()) {
-    if (!spec.contains(list) || !spec[list].is_array()) continue;
-    const bool init = list == "initContainers";
-    for (const auto& c : spec[list]) {
+  auto add = [](std::map<std::string, Quantity>& to, const json& list) {
+    if (!list.is_object()) return;
+    for (auto it = list.begin(); it != list.end(); ++it) to[it.key()] = to[it.key()] + Q(*it);
+  };
+  if (spec.contains("containers") && spec["containers"].is_array()) {
+    for (const auto& c : spec["containers"]) {
       const json res = c.value("resources", json::object());
-      for (const char* kind : {"requests", "limits"}) {
-        if (!res.contains(kind) || !res[kind].is_object()) continue;
-        auto& sum = std::string(kind) == "requests" ? (init ? req_init : req_sum) : (init ? lim_init : lim_sum);
-        for (auto it = res[kind].begin(); it != res[kind].end(); ++it) {
-          const Quantity q = Q(*it);
-          if (init) {
-            sum[it.key()] = std::max(sum[it.key()], q);
-          } else {
-            sum[it.key()] = sum[it.key()] + q;
-          }
-        }
-      }
+      add(req_sum, res.value("requests", json::object()));
+      add(lim_sum, res.value("limits", json::object()));
     }
   }
-  for (const auto& [k, v] : req_init) req_sum[k] = std::max(req_sum[k], v);
-  for (const auto& [k, v] : lim_init) lim_sum[k] = std::max(lim_sum[k], v);
+  for (const char* kind : {"requests", "limits"}) {
+    auto& sum = std::string(kind) == "requests" ? req_sum : lim_sum;
+    std::map<std::string, Quantity> sidecars, init_max;
+    if (!spec.contains("initContainers") || !spec["initContainers"].is_array()) continue;
+    for (const auto& c : spec["initContainers"]) {
+      const json own = c.value("resources", json::object()).value(kind, json::object());
+      std::map<std::string, Quantity> need;
+      if (c.value("restartPolicy", "") == "Always") {
+        add(sum, own);
+        add(sidecars, own);
+        need = sidecars;
+      } else {
+        add(need, own);
+        for (const auto& [k, v] : sidecars) need[k] = need[k] + v;
+      }
+      for (const auto& [k, v] : need) init_max[k] = std::max(init_max[k], v);
+    }
+    for (const auto& [k, v] : init_max) sum[k] = std::max(sum[k], v);
+  }
   json usage = {{"pods", "1"}, {"count/pods", "1"}};
   for (const auto& [k, v] : req_sum) {
     if (k == "cpu" || k == "memory" || k == "ephemeral-storage") {

@@ -117,4 +117,18 @@ inline nlohmann::json TestPod(const std::string& ns, const std::string& name,
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", meta}, {"spec", spec}};
 }
 
+// `pod` with one more container `name` asking for `resources` (limits), appended to
+// spec.<section> ("containers" or "initContainers"); a sidecar is an init container with
+// restartPolicy: Always.
+inline nlohmann::json WithContainer(nlohmann::json pod, const char* section, const std::string& name,
+                                    const std::map<std::string, std::string>& resources, bool sidecar = false) {
+  using json = nlohmann::json;
+  json c = {{"name", name}, {"image", "cuda:12"}, {"resources", {{"limits", json::object()}}}};
+  for (const auto& [k, v] : resources) c["resources"]["limits"][k] = v;
+  if (sidecar) c["restartPolicy"] = "Always";
+  if (!pod["spec"].contains(section)) pod["spec"][section] = json::array();
+  pod["spec"][section].push_back(c);
+  return pod;
+}
+
 }  // namespace kgpu::testing

@@ -46,44 +46,59 @@ KubeletAdmission::KubeletAdmission(FakeKubelet& kubelet, FakePodResources& pod_r
                                    std::string node, uint32_t seed)
     : kubelet_(kubelet), pod_resources_(pod_resources), api_(api), node_(std::move(node)), rng_(seed) {}
 
+// kubelet's podDevices.devices(): every container's devices, init containers' too (kubelet keeps
+// them for the pod until it ends, whether or not a later container reused them).
 std::map<std::string, std::set<std::string>> KubeletAdmission::InUse() const {
   std::map<std::string, std::set<std::string>> out;
   for (const auto& [uid, p] : admitted_) {
-    for (const auto& c : p.containers) {
-      if (!c.init) out[c.resource].insert(c.ids.begin(), c.ids.end());
-    }
+    for (const auto& c : p.containers) out[c.resource].insert(c.ids.begin(), c.ids.end());
   }
   return out;
 }
 
+// kubelet's devicesToAllocate: the pod's reusable devices (its init containers') first; then, when
+// more are needed and there is a choice, GetPreferredAllocation with the reused ones as
+// must-include, its answer checked and otherwise kubelet's own pick.
 absl::StatusOr<std::vector<std::string>> KubeletAdmission::Choose(const std::string& resource, int need,
                                                                   const std::set<std::string>& reusable) {
   const auto state = kubelet_.Get(resource);
   if (!state || !state->connected) return absl::FailedPreconditionError(resource + ": no plugin serving it");
+  const auto healthy_ids = state->HealthyIds();
+  const std::set<std::string> healthy(healthy_ids.begin(), healthy_ids.end());
+  std::vector<std::string> taken;
+  for (const auto& id : reusable) {
+    if (static_cast<int>(taken.size()) < need && healthy.contains(id)) taken.push_back(id);
+  }
+  if (static_cast<int>(taken.size()) == need) return taken;
+  const int needed = need - static_cast<int>(taken.size());
   const auto used = InUse()[resource];
   std::vector<std::string> free;
-  for (const auto& id : state->HealthyIds()) {
-    if (!used.contains(id) || reusable.contains(id)) free.push_back(id);
+  for (const auto& id : healthy) {
+    if (!used.contains(id)) free.push_back(id);
   }
-  std::sort(free.begin(), free.end());
-  if (static_cast<int>(free.size()) < need) {
+  if (static_cast<int>(free.size()) < needed) {
     return absl::ResourceExhaustedError("Requested: " + std::to_string(need) + ", Available: " +
                                         std::to_string(free.size()) + " of " + resource);
   }
-  if (static_cast<int>(free.size()) > need && state->options.get_preferred_allocation_available()) {
-    auto pref = kubelet_.GetPreferredAllocation(resource, free, {}, need);
+  if (static_cast<int>(free.size()) > needed && state->options.get_preferred_allocation_available()) {
+    std::vector<std::string> available = free;
+    available.insert(available.end(), taken.begin(), taken.end());
+    std::sort(available.begin(), available.end());
+    auto pref = kubelet_.GetPreferredAllocation(resource, available, taken, need);
     if (!pref.ok()) return absl::Status(pref.status().code(), "GetPreferredAllocation rpc failed: " + std::string(pref.status().message()));
     // kubelet keeps the answer only when it is a valid choice, else picks by itself.
     std::set<std::string> chosen(pref->begin(), pref->end());
     const bool valid = static_cast<int>(chosen.size()) == need &&
                        std::all_of(chosen.begin(), chosen.end(),
-                                   [&](const std::string& id) { return std::binary_search(free.begin(), free.end(), id); });
+                                   [&](const std::string& id) { return std::binary_search(available.begin(), available.end(), id); }) &&
+                       std::all_of(taken.begin(), taken.end(), [&](const std::string& id) { return chosen.contains(id); });
     if (valid) return *pref;
   }
   // kubelet's own pick: a random subset (its map iteration order), here from the seeded rng.
   std::shuffle(free.begin(), free.end(), rng_);
-  free.resize(static_cast<size_t>(need));
-  return free;
+  free.resize(static_cast<size_t>(needed));
+  taken.insert(taken.end(), free.begin(), free.end());
+  return taken;
 }
 
 void KubeletAdmission::Publish() {
@@ -168,10 +183,11 @@ absl::StatusOr<std::vector<AdmittedPod>> KubeletAdmission::AdmitPending() {
   for (const auto& pod : pending) {
     AdmittedPod p{pod["metadata"]["namespace"], pod["metadata"]["name"], pod["metadata"]["uid"], {}, absl::OkStatus()};
     std::map<std::string, std::set<std::string>> from_init;  // devices init containers used, reusable
-    std::vector<std::pair<const json*, bool>> order;
+    std::vector<std::pair<const json*, bool>> order;  // container, regular init container
     const json& spec = pod["spec"];
     if (spec.contains("initContainers")) {
-      for (const auto& c : spec["initContainers"]) order.emplace_back(&c, true);
+      // A restartable init container (sidecar) keeps its devices as an app container does.
+      for (const auto& c : spec["initContainers"]) order.emplace_back(&c, c.value("restartPolicy", "") != "Always");
     }
     for (const auto& c : spec["containers"]) order.emplace_back(&c, false);
     for (const auto& [c, init] : order) {
@@ -193,7 +209,15 @@ absl::StatusOr<std::vector<AdmittedPod>> KubeletAdmission::AdmitPending() {
           break;
         }
         AdmittedContainer ac{(*c)["name"], init, resource, *ids, a->container_responses(0), false};
-        if (init) from_init[resource].insert(ids->begin(), ids->end());
+        // kubelet's devicesToReuse: a regular init container's devices go on to the next
+        // containers; a sidecar or app container that took them keeps them.
+        for (const auto& id : *ids) {
+          if (init) {
+            from_init[resource].insert(id);
+          } else {
+            from_init[resource].erase(id);
+          }
+        }
         p.containers.push_back(std::move(ac));
       }
       if (!p.status.ok()) break;

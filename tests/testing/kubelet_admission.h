@@ -8,9 +8,12 @@
 //    names a resource a device plugin registered: kubelet picks the device IDs from the healthy
 //    devices no live container holds (GetPreferredAllocation when the plugin offers it and there
 //    is a choice, its answer checked and otherwise kubelet's own pick), then calls Allocate with
-//    exactly one ContainerAllocateRequest; devices of init containers are given back for the app
-//    containers (kubelet reuses them);
-//  * the allocations go into kubelet's PodResources view (what List answers), then
+//    exactly one ContainerAllocateRequest; a regular init container's devices are reused first by
+//    the pod's next containers asking for the resource (kubelet's devicesToReuse: passed on by
+//    later init containers, kept by the first sidecar or app container that takes them, and
+//    given to GetPreferredAllocation as must-include), and stay held until the pod ends;
+//  * the allocations go into kubelet's PodResources view (what List answers: sidecars and app
+//    containers, never a regular init container, as kubelet's List), then
 //    PreStartContainer is called for every container whose plugin set pre_start_required — the
 //    containers of all pods of the round at once, on their own threads, as kubelet's pod workers
 //    run concurrently;
@@ -42,7 +45,7 @@ namespace kgpu::testing {
 
 struct AdmittedContainer {
   std::string name;
-  bool init = false;
+  bool init = false;  // a regular init container (not a restartable sidecar)
   std::string resource;
   std::vector<std::string> ids;  // the device IDs kubelet chose
   v1beta1::ContainerAllocateResponse response;

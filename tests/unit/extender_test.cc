@@ -22,6 +22,7 @@ using testing::WholeGpu;
 using testing::TestGpuUuid;
 using testing::TestNode;
 using testing::TestPod;
+using testing::WithContainer;
 
 json WithUid(json pod, const std::string& uid) {
   pod["metadata"]["uid"] = uid;
@@ -127,20 +128,63 @@ TEST(Request, ReadsEveryQuantityForm) {
   EXPECT_FALSE(WholeQuantity(json("lots"), "q").ok());
   auto r = ParsePodRequest(TestPod("ns", "p", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "8k"}, {"kgpu.io/gpu-cores", "60"}}));
   ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_TRUE(r->gpu.has_value());
-  EXPECT_EQ(r->gpu->kind, GpuKind::kShare);
-  EXPECT_EQ(r->gpu->count, 2);
-  EXPECT_EQ(r->gpu->MemoryPerGpu(), 4000);
-  EXPECT_EQ(r->gpu->CoresPerGpu(), 30);
+  ASSERT_EQ(r->gpus.size(), 1u);
+  EXPECT_EQ(r->gpus[0].kind, GpuKind::kShare);
+  EXPECT_EQ(r->gpus[0].count, 2);
+  EXPECT_EQ(r->gpus[0].MemoryPerGpu(), 4000);
+  EXPECT_EQ(r->gpus[0].CoresPerGpu(), 30);
   auto w = ParsePodRequest(TestPod("ns", "w", {{"nvidia.com/gpu", "4"}}));
   ASSERT_TRUE(w.ok());
-  EXPECT_EQ(w->gpu->kind, GpuKind::kWhole);
+  EXPECT_EQ(w->gpus.at(0).kind, GpuKind::kWhole);
   auto m = ParsePodRequest(TestPod("ns", "m", {{"nvidia.com/mig-1g.10gb", "1"}}));
   ASSERT_TRUE(m.ok());
-  EXPECT_EQ(m->gpu->mig_profile, "1g.10gb");
+  EXPECT_EQ(m->gpus.at(0).mig_profile, "1g.10gb");
   auto none = ParsePodRequest(TestPod("ns", "cpu", {{"cpu", "2"}}));
   ASSERT_TRUE(none.ok());
-  EXPECT_FALSE(none->gpu.has_value());
+  EXPECT_TRUE(none->gpus.empty());
+}
+
+TEST(Request, SeveralGpuContainersAndInitContainersHandedOn) {
+  // Two app containers and a sidecar, each with its own GPUs.
+  json pod = TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}});
+  pod = WithContainer(pod, "containers", "side", {{"nvidia.com/gpu", "1"}});
+  pod = WithContainer(pod, "initContainers", "proxy", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}, true);
+  auto r = ParsePodRequest(pod);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->gpus.size(), 3u);
+  EXPECT_EQ(r->gpus[0].name, "proxy");  // kubelet's order: init containers first
+  EXPECT_FALSE(r->gpus[0].init);        // a sidecar keeps its devices
+  EXPECT_EQ(r->Placed().size(), 3u);
+  // A regular init container runs on the devices kubelet hands on to the first later container
+  // asking for the same resource.
+  json warm = WithContainer(pod, "initContainers", "warmup", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "2000"}});
+  auto w = ParsePodRequest(warm);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_EQ(w->gpus.size(), 4u);
+  EXPECT_EQ(w->gpus[1].name, "warmup");
+  EXPECT_TRUE(w->gpus[1].init);
+  EXPECT_EQ(w->gpus[1].target, 2);  // main (the sidecar came before it)
+  EXPECT_EQ(w->Placed().size(), 3u);
+  json whole = WithContainer(TestPod("ns", "p", {{"nvidia.com/gpu", "2"}}), "initContainers", "fetch", {{"nvidia.com/gpu", "1"}});
+  auto h = ParsePodRequest(whole);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->gpus[0].target, 1);
+
+  auto msg = [](const json& p) { return std::string(ParsePodRequest(p).status().message()); };
+  EXPECT_EQ(msg(WithContainer(TestPod("ns", "p", {{"cpu", "1"}}), "initContainers", "fetch", {{"nvidia.com/gpu", "1"}})),
+            "init container fetch: asks for nvidia.com/gpu but no later container does; kubelet hands an init container's "
+            "devices on to the first later container asking for the same resource, which the extender places for both (ask "
+            "for it in the app container too, or run the GPU work in a sidecar: an init container with restartPolicy: Always)");
+  EXPECT_EQ(msg(WithContainer(TestPod("ns", "p", {{"nvidia.com/gpu", "1"}}), "initContainers", "fetch", {{"nvidia.com/gpu", "2"}})),
+            "init container fetch: asks for 2 nvidia.com/gpu, container main (which kubelet hands its devices on to) asks "
+            "for 1; an init container may ask for at most as many as its (ask for at most 1)");
+  EXPECT_EQ(msg(WithContainer(TestPod("ns", "p", {{"kgpu.io/gpu", "2"}}), "initContainers", "fetch", {{"kgpu.io/gpu", "1"}})),
+            "init container fetch: asks for 1 kgpu.io/gpu, container main (which kubelet hands its devices on to) asks for 2; "
+            "an init container's shares must be as many as its (ask for 2)");
+  EXPECT_EQ(msg(WithContainer(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}), "initContainers",
+                              "fetch", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "2000"}})),
+            "init container fetch: asks for 2000 kgpu.io/gpu-memory and 0 kgpu.io/gpu-cores, more than container main (1000 "
+            "and 0), whose shares it runs on (kubelet hands its devices on to it); ask for at most as much");
 }
 
 TEST(Request, RefusesWhatCanNeverBeScheduled) {
@@ -157,12 +201,6 @@ TEST(Request, RefusesWhatCanNeverBeScheduled) {
             "container main: kgpu.io/gpu-cores 150 over 1 shares is 150% of one GPU per share (at most 100; ask for more shares)");
   EXPECT_EQ(msg(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/enforcement", "soft"}})),
             "annotation kgpu.io/enforcement: 'soft' is not a mode (use hard, mps or none)");
-  json two = TestPod("ns", "p", {{"kgpu.io/gpu", "1"}});
-  json side = two["spec"]["containers"][0];
-  side["name"] = "side";
-  two["spec"]["containers"].push_back(side);
-  EXPECT_EQ(msg(two), "containers main and side both ask for GPUs; the extender places one GPU container per pod (move the "
-                      "GPU work into one container)");
 }
 
 TEST(Record, OnAPodItsAnnotationOrNoneOrTheParseError) {
@@ -642,6 +680,67 @@ TEST_F(StateTest, PrioritizeScoresFeasibleNodesZeroToTen) {
                                                  {{"kgpu.io/placement", "spread"}}), "us"),
                                  {"busy", "idle"});
   EXPECT_GT(spread[1].score, spread[0].score) << "spread prefers the idle node";
+}
+
+// A pod with several GPU containers: a sidecar, two app containers (a share and a whole GPU) and
+// an init container that runs on its target's share. Each placed container books its own GPUs,
+// the record names them in the pod's order, a fresh extender rebuilds the same bookings, and a
+// refusal names the container that does not fit.
+TEST_F(StateTest, SeveralGpuContainersArePlacedTogetherAndRebuilt) {
+  const json node = TestNode("mix", {ShareGpu(16000), ShareGpu(16000), WholeGpu(), WholeGpu()});
+  state.UpsertNode(node);
+  json pod = WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}), "u-p");
+  pod = WithContainer(pod, "containers", "side", {{"nvidia.com/gpu", "1"}});
+  pod = WithContainer(pod, "initContainers", "proxy", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "6000"}}, true);
+  pod = WithContainer(pod, "initContainers", "warmup", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}});
+  auto a = state.Assume(pod, "mix");
+  ASSERT_TRUE(a.ok()) << a.status();
+  state.Confirm(a->uid);
+  ASSERT_EQ(a->record.containers.size(), 3u) << "warmup runs on main's share: no entry of its own";
+  EXPECT_EQ(a->record.containers[0].name, "proxy");
+  EXPECT_EQ(a->record.containers[1].name, "main");
+  EXPECT_EQ(a->record.containers[2].name, "side");
+  EXPECT_EQ(a->record.containers[0].gpus.at(0).memory_mib, 6000);
+  EXPECT_EQ(a->record.containers[1].gpus.at(0).memory_mib, 8000);
+  EXPECT_EQ(a->record.containers[2].resource, "nvidia.com/gpu");
+  const std::string whole = a->record.containers[2].gpus.at(0).uuid;
+  EXPECT_TRUE(whole == TestGpuUuid("mix", 2) || whole == TestGpuUuid("mix", 3)) << whole;
+  for (int i : {0, 1}) {
+    const std::string share = a->record.containers[static_cast<size_t>(i)].gpus.at(0).uuid;
+    EXPECT_TRUE(share == TestGpuUuid("mix", 0) || share == TestGpuUuid("mix", 1)) << share;
+  }
+  // 18000 MiB of shares left on two GPUs, one whole GPU: two containers of 10000 MiB do not fit
+  // together (only one GPU can have 10000 free), and the refusal names the second one.
+  json two = WithUid(TestPod("ns", "q", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}}), "u-q");
+  two = WithContainer(two, "containers", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}});
+  auto f = state.Filter(two, {"mix"});
+  ASSERT_EQ(f.passed.size(), 0u);
+  EXPECT_EQ(f.failed.at("mix").rfind("container b: no single GPU with 10000 MiB free (largest free: ", 0), 0u) << f.failed.at("mix");
+  json wide = WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "1"}}), "u-w");
+  wide = WithContainer(wide, "containers", "b", {{"nvidia.com/gpu", "2"}});
+  EXPECT_EQ(state.Filter(wide, {"mix"}).unresolvable.at("mix"),
+            "the pod's containers ask for 3 whole GPUs (nvidia.com/gpu) together, this node has 2");
+  json fits = WithUid(TestPod("ns", "s", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}), "u-s");
+  fits = WithContainer(fits, "containers", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}});
+  EXPECT_EQ(state.Filter(fits, {"mix"}).passed.size(), 1u);
+  const auto scores = state.Prioritize(fits, {"mix"});
+  ASSERT_EQ(scores.size(), 1u);
+  EXPECT_EQ(scores[0].score, 10);
+  // A fresh extender books the same GPUs from the record.
+  State fresh;
+  ASSERT_TRUE(fresh.Init().ok());
+  fresh.UpsertNode(node);
+  fresh.UpsertPod(Bound(pod, "mix", a->record));
+  EXPECT_EQ(fresh.Stats().booked, 1u);
+  EXPECT_EQ(fresh.Stats().record_conflicts, 0u);
+  EXPECT_EQ(*fresh.RecordOf("u-p"), a->record);
+  EXPECT_EQ(fresh.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "2"}}), "u-w2"), {"mix"}).failed.at("mix"),
+            "only 1 of 2 GPUs here are free; the pod needs 2 whole GPUs");
+  // Gone: every container's GPUs come back.
+  fresh.RemovePod(pod);
+  EXPECT_EQ(fresh.Filter(wide, {"mix"}).unresolvable.at("mix"),
+            "the pod's containers ask for 3 whole GPUs (nvidia.com/gpu) together, this node has 2");
+  EXPECT_EQ(fresh.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "2"}}), "u-w2"), {"mix"}).passed.size(), 1u);
 }
 
 TEST_F(StateTest, PreemptKeepsOnlyNodesWhereTheVictimsMakeRoom) {

@@ -371,6 +371,26 @@ TEST(Admission, QuotaExceededMessage) {
   EXPECT_EQ(used["limits.nvidia.com/gpu"], "0");
 }
 
+// A pod's usage as component-helpers' AggregateContainerRequests counts it: app containers and
+// sidecars (restartable init containers) summed; a regular init container counts with the
+// sidecars started before it, and the larger of the two totals is the pod's.
+TEST(Admission, QuotaCountsInitContainersAndSidecarsAsTheApiserver) {
+  auto container = [](const std::string& name, const std::string& mib, bool sidecar) {
+    json c = {{"name", name}, {"image", "x"}, {"resources", {{"requests", {{"kgpu.io/gpu-memory", mib}}}}}};
+    if (sidecar) c["restartPolicy"] = "Always";
+    return c;
+  };
+  json pod = {{"metadata", {{"name", "p"}, {"namespace", "ns"}}},
+              {"spec",
+               {{"initContainers", json::array({container("side", "512", true), container("warm", "6000", false)})},
+                {"containers", json::array({container("main", "16000", false)})}}}};
+  EXPECT_EQ(PodQuotaUsage(pod)["requests.kgpu.io/gpu-memory"], "16512");
+  pod["spec"]["initContainers"][1]["resources"]["requests"]["kgpu.io/gpu-memory"] = "20000";
+  EXPECT_EQ(PodQuotaUsage(pod)["requests.kgpu.io/gpu-memory"], "20512") << "the init container with the sidecar before it";
+  pod["spec"]["initContainers"] = json::array({container("warm", "20000", false), container("side", "512", true)});
+  EXPECT_EQ(PodQuotaUsage(pod)["requests.kgpu.io/gpu-memory"], "20000") << "the sidecar starts after it";
+}
+
 TEST(Admission, QuotaValidationAsTheApiserver) {
   auto errors = [](const std::string& spec, const json* old = nullptr) {
     std::vector<std::string> out;
