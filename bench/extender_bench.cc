@@ -91,8 +91,8 @@ std::vector<std::pair<const char*, json>> ProbeShapes() {
       // Three GPU containers: two placed on trial per node, the init container on its target's.
       {"shares 8000 + sidecar 2000 + init", testing::WithContainer(
            testing::WithContainer(testing::TestPod("bench", "probe-multi", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}),
-                                  "initContainers", "warmup", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}),
-           "initContainers", "metrics", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "2000"}}, true)},
+                                  "initContainers", "metrics", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "2000"}}, true),
+           "initContainers", "warmup", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}})},
   };
 }
 
@@ -127,6 +127,9 @@ void Breakdown(int nodes, const std::vector<std::pair<const char*, json>>& shape
       decide.push_back(static_cast<double>(c - b) / 1e6);
       encode.push_back(static_cast<double>(d - c) / 1e6);
       prio.push_back(static_cast<double>(e - d) / 1e6);
+    }
+    if (nodes > 0 && st.Filter(pod, names).passed.empty()) {  // a probe must measure placing, not a refusal
+      std::printf("  in process, %s: fits no node: the probe is wrong\n", what);
     }
     std::printf("  in process, %s: decode %.3f ms, filter %.3f ms, encode %.3f ms, prioritize %.3f ms (p50)\n", what,
                 bench::Summarize(parse).p50, bench::Summarize(decide).p50, bench::Summarize(encode).p50,
@@ -205,7 +208,12 @@ int Run(int nodes) {
   // shape's resource in allocatable): what it really sends to the extender.
   const int64_t pct = std::max<int64_t>(5, 50 - nodes / 125);
   const size_t sample = nodes < 100 ? static_cast<size_t>(nodes) : std::max<size_t>(100, static_cast<size_t>(nodes * pct / 100));
-  const int kind_of_shape[] = {0, 0, 2, 3};  // i % 4 of the nodes that serve each shape (0 and 1 serve shares)
+  // i % 4 of the nodes that serve each shape of ProbeShapes() (0 and 1 serve shares).
+  const std::vector<int> kind_of_shape = {0, 0, 2, 3, 0};
+  if (kind_of_shape.size() != shapes.size()) {
+    std::printf("  kind_of_shape does not cover every probe shape\n");
+    return 1;
+  }
   for (size_t k = 0; k < (g_skip_latency ? 0 : shapes.size()); ++k) {
     const auto& [what, pod] = shapes[k];
     std::vector<std::string> some;
