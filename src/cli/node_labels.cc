@@ -234,14 +234,8 @@ absl::Status WriteFeatureFile(const std::string& path, const std::map<std::strin
   std::error_code ec;
   const auto dir = std::filesystem::path(path).parent_path();
   if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << deviceplugin::NfdFeatureFile(labels);
-    if (!out) return absl::UnavailableError(Cat(tmp, ": cannot write the feature file"));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(Cat(path, ": cannot rename ", tmp, " into place"));
+  if (auto st = WriteFileAtomically(path, deviceplugin::NfdFeatureFile(labels)); !st.ok()) {
+    return absl::UnavailableError(Cat("the feature file: ", st.message()));
   }
   return absl::OkStatus();
 }

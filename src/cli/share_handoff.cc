@@ -1,8 +1,8 @@
 #include "cli/share_handoff.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -11,8 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include <unistd.h>
-
+#include "common/files.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "deviceplugin/interposer.h"
@@ -236,10 +235,33 @@ std::vector<std::vector<deviceplugin::AssignedDevice>> ShareHandoff::Pending(con
     if (!on_pod.ok() || !on_pod->has_value() || (*on_pod)->node != opts_.node_name) continue;
     const auto& record = **on_pod;
     const std::string ns = meta.value("namespace", ""), name = meta.value("name", "");
-    for (const auto& c : record.containers) {
-      if (c.resource != resource || c.gpus.size() != size || holding.contains(Cat(ns, "/", name, "/", c.name))) continue;
+    // The pod's GPU containers in kubelet's order. A regular init container is allocated first
+    // and hands its devices on to its target (the record's entry), so it is steered to the first
+    // of the target's devices; the target then gets the rest with those as must-include.
+    std::vector<std::pair<std::string, size_t>> order;  // record entry, devices
+    if (auto req = extender::ParsePodRequest(pod); req.ok()) {
+      for (const auto& g : req->gpus) {
+        if (g.Resource() != resource) continue;
+        const std::string& entry = g.init ? req->gpus[static_cast<size_t>(g.target)].name : g.name;
+        order.emplace_back(entry, g.init ? static_cast<size_t>(g.count) : SIZE_MAX);
+      }
+    }
+    for (const auto& c : record.containers) {  // entries the spec did not name (a pod that does not parse)
+      if (std::none_of(order.begin(), order.end(), [&](const auto& o) { return o.first == c.name; })) {
+        order.emplace_back(c.name, SIZE_MAX);
+      }
+    }
+    for (const auto& [entry, count] : order) {
+      const auto c = std::find_if(record.containers.begin(), record.containers.end(), [&](const extender::RecordContainer& x) {
+        return x.name == entry && x.resource == resource;
+      });
+      if (c == record.containers.end() || holding.contains(Cat(ns, "/", name, "/", entry))) continue;
+      if (std::min(count, c->gpus.size()) != size) continue;
       Candidate cand{meta.value("creationTimestamp", ""), Cat(ns, "/", name), {}};
-      for (const auto& g : c.gpus) cand.devices.push_back({g.uuid, g.mig, g.profile, g.memory_mib});
+      for (size_t k = 0; k < size; ++k) {
+        const auto& g = c->gpus[k];
+        cand.devices.push_back({g.uuid, g.mig, g.profile, g.memory_mib});
+      }
       found.push_back(std::move(cand));
     }
   }
@@ -337,20 +359,10 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
   std::error_code ec;
   std::filesystem::create_directories(opts_.cdi_spec_dir, ec);
   const std::string file = SpecPath(cdi_name);
-  // A temporary name of its own: an init container and the container it hands its slots on to
-  // have the same spec, which two PreStartContainer calls may write at once.
-  static std::atomic<uint64_t> writes{0};
-  const std::string tmp = Cat(file, ".", getpid(), ".", writes.fetch_add(1), ".tmp");
-  {
-    std::ofstream out(tmp);
-    out << spec.dump(2) << "\n";
-    if (!out) {
-      return absl::UnavailableError(Cat("cannot write the CDI spec ", tmp, ": ", std::strerror(errno),
-                                        " (mount the CDI spec directory, or change --cdi-spec-dir)"));
-    }
-  }
-  if (std::rename(tmp.c_str(), file.c_str()) != 0) {
-    return absl::UnavailableError(Cat("cannot rename ", tmp, " to ", file, ": ", std::strerror(errno)));
+  // An init container and the container it hands its slots on to have the same spec, which two
+  // PreStartContainer calls may write at once: each through a temporary file of its own.
+  if (auto st = WriteFileAtomically(file, spec.dump(2) + "\n"); !st.ok()) {
+    return absl::UnavailableError(Cat("the CDI spec: ", st.message(), " (mount the CDI spec directory, or change --cdi-spec-dir)"));
   }
   // 4. Say what was applied, on the pod.
   std::vector<std::string> what;

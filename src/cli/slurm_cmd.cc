@@ -87,17 +87,8 @@ int RunSlurmGres(const NodeOptions& node, const DevicePluginFlags& dp, const Slu
   }
   for (const auto& w : r->warnings) std::cerr << "kgpu slurm gres: warning: " << w << "\n";
   if (!flags.write_gres_conf.empty()) {
-    const std::string tmp = flags.write_gres_conf + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << r->gres_conf;
-      if (!f) {
-        out << "kgpu slurm gres: cannot write " << Printable(tmp) << " (check --write-gres-conf)\n";
-        return 1;
-      }
-    }
-    if (std::rename(tmp.c_str(), flags.write_gres_conf.c_str()) != 0) {
-      out << "kgpu slurm gres: cannot rename " << Printable(tmp) << " to " << Printable(flags.write_gres_conf) << "\n";
+    if (auto st = WriteFileAtomically(flags.write_gres_conf, r->gres_conf); !st.ok()) {
+      out << "kgpu slurm gres: " << st.message() << " (check --write-gres-conf)\n";
       return 1;
     }
   }

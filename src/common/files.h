@@ -3,9 +3,13 @@
 //
 // Thread-safety: reentrant.
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -13,10 +17,42 @@
 #include <string_view>
 #include <system_error>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/strings.h"
 
 namespace kgpu {
+
+// Writes `contents` to `path` so that a reader sees the old file or the new one, never half of
+// either: a temporary file of its own next to it (mkstemps: concurrent writers of the same path
+// never share one), with `mode`, renamed over `path`; the temporary file is removed when a step
+// fails. Errors name the file and the step ("cannot write <tmp>: <why>", "cannot rename <tmp> to
+// <path>: <why>"); callers append the fix.
+inline absl::Status WriteFileAtomically(const std::string& path, std::string_view contents, mode_t mode = 0644) {
+  std::string tmp = path + ".XXXXXX.tmp";
+  const int fd = ::mkstemps(tmp.data(), 4);
+  if (fd < 0) return absl::UnavailableError(Cat("cannot write ", Printable(tmp), ": ", std::strerror(errno)));
+  auto fail = [&](std::string_view step) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    return absl::UnavailableError(Cat("cannot ", step, ": ", why));
+  };
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      return fail(Cat("write ", Printable(tmp)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const bool mode_set = ::fchmod(fd, mode) == 0;
+  const bool closed = ::close(fd) == 0;
+  if (!mode_set || !closed) return fail(Cat("write ", Printable(tmp)));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return fail(Cat("rename ", Printable(tmp), " to ", Printable(path)));
+  return absl::OkStatus();
+}
 
 // The whole content of a file, or nullopt when it cannot be read.
 inline std::optional<std::string> ReadFile(const std::string& path) {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/files.h"
 #include "common/strings.h"
 #include "deviceplugin/allocator.h"
 
@@ -53,17 +54,8 @@ absl::StatusOr<std::string> WriteCdiSpec(const Plan& plan, const Config& config)
   std::error_code ec;
   std::filesystem::create_directories(config.cdi_spec_dir, ec);
   const std::string path = Cat(config.cdi_spec_dir, "/", kCdiVendor, "-gpu.json");
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << CdiSpecJson(plan, config);
-    if (!out) {
-      return absl::UnavailableError(Cat("cannot write the CDI spec ", tmp, ": ", std::strerror(errno),
-                                        " (mount the CDI spec directory, or change --cdi-spec-dir)"));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(Cat("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)));
+  if (auto st = WriteFileAtomically(path, CdiSpecJson(plan, config)); !st.ok()) {
+    return absl::UnavailableError(Cat("the CDI spec: ", st.message(), " (mount the CDI spec directory, or change --cdi-spec-dir)"));
   }
   return path;
 }

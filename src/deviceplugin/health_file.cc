@@ -73,21 +73,7 @@ absl::StatusOr<std::vector<ServedHealth>> ParseHealthFile(const std::string& tex
 
 absl::Status WriteHealthFile(const std::string& kubelet_dir, const std::vector<ServedHealth>& devices) {
   const std::string path = Cat(kubelet_dir, "/", kHealthFileName);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << HealthFileJson(devices);
-    out.flush();
-    if (!out) {
-      return absl::UnavailableError(Cat("cannot write ", tmp, ": ", std::strerror(errno)));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(Cat("cannot rename ", tmp, " to ", path, ": ", why));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, HealthFileJson(devices));
 }
 
 absl::StatusOr<std::vector<ServedHealth>> ReadHealthFile(const std::string& kubelet_dir) {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/files.h"
 #include "common/strings.h"
 #include "deviceplugin/share_cdi.h"
 
@@ -24,19 +25,8 @@ absl::StatusOr<std::string> PreloadFile(const std::string& shared_root) {
     have << in.rdbuf();
     if (in && have.str() == want) return file;
   }
-  const std::string tmp = Cat(file, ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << want;
-    if (!out) {
-      return absl::UnavailableError(Cat("cannot write ", tmp, ": ", std::strerror(errno), " (check --cuda-shared-root)"));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::permissions(tmp, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
-                                        std::filesystem::perms::group_read | std::filesystem::perms::others_read, ec);
-  if (std::rename(tmp.c_str(), file.c_str()) != 0) {
-    return absl::UnavailableError(Cat("cannot rename ", tmp, " to ", file, ": ", std::strerror(errno)));
+  if (auto st = WriteFileAtomically(file, want, 0644); !st.ok()) {
+    return absl::UnavailableError(Cat(st.message(), " (check --cuda-shared-root)"));
   }
   return file;
 }

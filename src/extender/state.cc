@@ -113,18 +113,20 @@ absl::StatusOr<State::Compiled> State::CompileLocked(const json& pod) const {
   const auto placed = c.pod.Placed();
   if (placed.empty()) return c;
   c.wants_gpu = true;
-  const auto& cluster = engine_->cluster();
-  for (const ContainerRequest* gp : placed) {
-    const ContainerRequest& g = *gp;
-    // A pod with one GPU container keeps the messages it always had; with several, each names its container.
-    const std::string who = placed.size() > 1 ? Cat("container ", g.name, ": ") : std::string();
+  for (const auto& g : c.pod.gpus) {  // init containers too: they run on their target's share
     if (g.kind == GpuKind::kShare && g.privileged) {
-      c.pod_error = Cat("container ", g.name,
+      c.pod_error = Cat(g.init ? "init container " : "container ", g.name,
                         " is privileged: a privileged container sees every GPU of the node, so a share cannot be "
                         "enforced (drop privileged, or ask for whole GPUs with ",
                         kWholeGpu, ")");
       return c;
     }
+  }
+  const auto& cluster = engine_->cluster();
+  for (const ContainerRequest* gp : placed) {
+    const ContainerRequest& g = *gp;
+    // A pod with one GPU container keeps the messages it always had; with several, each names its container.
+    const std::string who = placed.size() > 1 ? Cat("container ", g.name, ": ") : std::string();
     Part part;
     part.index = static_cast<size_t>(gp - c.pod.gpus.data());
     part.ereq.name = EngineKey(c.uid, g.name);
@@ -287,6 +289,8 @@ bool State::TryPlacePartLocked(const Compiled& c, const Part& part, int id, cons
   if (PolicyFor(c).Evaluate(cluster, part.req, id, &cand) && cand.placement.ok()) {
     p = cand.placement;
     if (score != nullptr) *score += cand.score;
+  } else if (score != nullptr) {
+    return false;  // as for one container: a node the policy would not use gets no score
   } else {
     p.gpus = cluster.PickGpuSet(part.req, cluster.node(id));
   }

@@ -126,7 +126,8 @@ class State {
   std::string ExplainPartLocked(const Compiled& c, const Part& part, const std::string& node, const NodeInfo& info, int id,
                                 bool* unresolvable, const char*& category, RefusalMemo* memo);
   // Books one GPU container on node `id` under engine key `key` where the pod's policy puts it;
-  // false when it does not fit. Appends the key to *placed; adds the policy's score to *score.
+  // false when it does not fit. Appends the key to *placed; adds the policy's score to *score
+  // (when scoring, a node the policy would not use is false too).
   bool TryPlacePartLocked(const Compiled& c, const Part& part, int id, const std::string& key,
                           std::vector<std::string>* placed, double* score);
   std::vector<int> MaskLocked(const Compiled& c, const std::string& node);

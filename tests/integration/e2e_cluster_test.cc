@@ -283,7 +283,7 @@ class E2eClusterTest : public ::testing::Test {
         }
         *kind = "multi-whole";
         return testing::WithContainer(
-            testing::WithContainer(testing::TestPod(ns, name, {{"nvidia.com/gpu", "1"}}), "containers", "side", {{"nvidia.com/gpu", "1"}}),
+            testing::WithContainer(testing::TestPod(ns, name, {{"nvidia.com/gpu", "2"}}), "containers", "side", {{"nvidia.com/gpu", "1"}}),
             "initContainers", "fetch", {{"nvidia.com/gpu", "1"}});
       case 2:
         *kind = "share";  // two shares on two GPUs, totals
@@ -501,7 +501,11 @@ class E2eClusterTest : public ::testing::Test {
     // How many whole/MIG records the nodes corrected to kubelet's choice (their Events).
     int corrected = 0;
     if (auto events = client_->Get("/apis/events.k8s.io/v1/events"); events.ok()) {
-      for (const auto& e : (*events)["items"]) corrected += e.value("reason", "") == "GpuAssignmentRecorded";
+      for (const auto& e : (*events)["items"]) {
+        if (e.value("reason", "") != "GpuAssignmentRecorded") continue;
+        ++corrected;
+        std::cout << "  corrected: " << e["regarding"].value("name", "") << ": " << e.value("note", "") << "\n";
+      }
     }
     std::cout << "checked " << checked << " bound pods (" << bound_ << " binds, " << quota_refused_
               << " refused by quota); whole/MIG records their node corrected to kubelet's devices: " << corrected

@@ -458,6 +458,31 @@ TEST_F(ShareHandoffTest, KubeletIsSteeredToTheRecordsWholeGpus) {
   got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", *own2, {}, 2);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(std::set<std::string>(got->begin(), got->end()), own_pair);
+  // A pod whose init container (1 GPU) hands its device on to main (2 GPUs): kubelet allocates the
+  // init container first, and it is steered to the first GPU of main's record, so that main can
+  // then be given its pair with that one as must-include.
+  const auto own1 = kubelet_->GetPreferredAllocation("nvidia.com/gpu", rest, {}, 1);
+  ASSERT_TRUE(own1.ok() && own1->size() == 1U);
+  std::vector<std::string> warm_pair;
+  for (const auto& id : rest) {
+    if (id != (*own1)[0] && warm_pair.empty()) warm_pair.push_back(id);
+  }
+  warm_pair.push_back((*own1)[0]);
+  {
+    extender::AllocationRecord r{"test-node", {WholeRecord(warm_pair)}};
+    json pod = {{"metadata", {{"name", "warm"}, {"namespace", "ns"}, {"annotations", {{"kgpu.io/allocation", extender::EncodeRecord(r)}}}}},
+                {"spec",
+                 {{"nodeName", "test-node"},
+                  {"initContainers", json::array({{{"name", "fetch"}, {"image", "cuda"},
+                                                   {"resources", {{"limits", {{"nvidia.com/gpu", "1"}}}}}}})},
+                  {"containers", json::array({{{"name", "main"}, {"image", "cuda"},
+                                               {"resources", {{"limits", {{"nvidia.com/gpu", "2"}}}}}}})}}}};
+    ASSERT_EQ(api_.Create("pods", "ns", pod).code, 201);
+  }
+  got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", rest, {}, 1);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, std::vector<std::string>{warm_pair[0]}) << "the init container: the first of its target's GPUs";
+  ASSERT_EQ(api_.Delete("pods", "ns", "warm").code, 200);
   // A refused LIST (RBAC without `list`) pauses the steering, with a warning: the plugin's own
   // choice, also on the next call although the API would now answer.
   api_.FailNext(1, 403, "/api/v1/pods", "GET");

@@ -743,6 +743,51 @@ TEST_F(StateTest, SeveralGpuContainersArePlacedTogetherAndRebuilt) {
   EXPECT_EQ(fresh.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "2"}}), "u-w2"), {"mix"}).passed.size(), 1u);
 }
 
+// Trials leave nothing behind (the same pod filtered and scored again, then bound), UUID lists
+// hold for every container, preemption counts every container, and a privileged init container
+// with a share is refused like any other.
+TEST_F(StateTest, SeveralGpuContainersTrialsUuidListsAndPreemption) {
+  state.UpsertNode(TestNode("a", {ShareGpu(16000), ShareGpu(16000)}));
+  auto two = [](const std::string& name, const std::string& mib, const std::map<std::string, std::string>& ann = {}) {
+    json p = WithUid(TestPod("ns", name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", mib}}, ann, 1000), "u-" + name);
+    return WithContainer(p, "containers", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", mib}});
+  };
+  const json pod = two("p", "9000");
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(state.Filter(pod, {"a"}).passed.size(), 1u) << i;
+    EXPECT_EQ(state.Prioritize(pod, {"a"}).size(), 1u);
+  }
+  EXPECT_EQ(state.Stats().booked, 0u);
+  auto a = state.Assume(pod, "a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->record.containers.size(), 2u);
+  EXPECT_NE(a->record.containers[0].gpus[0].uuid, a->record.containers[1].gpus[0].uuid) << "9000 + 9000 > 16000";
+  state.Confirm(a->uid);
+  state.RemovePod(pod);
+  // Both containers held to one GPU by the pod's UUID list: 2 x 9000 do not fit there, 2 x 8000 do.
+  const std::map<std::string, std::string> only0 = {{"kgpu.io/gpu-uuid", TestGpuUuid("a", 0)}};
+  EXPECT_EQ(state.Filter(two("q", "9000", only0), {"a"}).failed.at("a").rfind("container b: ", 0), 0u);
+  auto q = state.Assume(two("r", "8000", only0), "a");
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->record.containers[0].gpus[0].uuid, TestGpuUuid("a", 0));
+  EXPECT_EQ(q->record.containers[1].gpus[0].uuid, TestGpuUuid("a", 0));
+  state.Confirm(q->uid);
+  // Preemption: r fills GPU 0; a 12000 + 12000 pod needs both GPUs empty: r is a sufficient victim
+  // only if it frees GPU 0 (it does), and no victims leave it short.
+  const json big = two("big", "12000");
+  EXPECT_EQ(state.Filter(big, {"a"}).failed.size(), 1u);
+  EXPECT_TRUE(state.Preempt(big, {{"a", {{"u-r"}, 0}}}).contains("a"));
+  EXPECT_FALSE(state.Preempt(big, {{"a", {{"nobody"}, 0}}}).contains("a"));
+  EXPECT_TRUE(state.RecordOf("u-r").has_value()) << "the victims are booked again";
+  // A privileged init container on its target's share sees every GPU: refused.
+  json priv = WithUid(TestPod("ns", "priv", {{"kgpu.io/gpu", "1"}}), "u-priv");
+  priv = WithContainer(priv, "initContainers", "warm", {{"kgpu.io/gpu", "1"}});
+  priv["spec"]["initContainers"][0]["securityContext"] = {{"privileged", true}};
+  EXPECT_EQ(state.Filter(priv, {"a"}).unresolvable.at("a"),
+            "init container warm is privileged: a privileged container sees every GPU of the node, so a share cannot be "
+            "enforced (drop privileged, or ask for whole GPUs with nvidia.com/gpu)");
+}
+
 TEST_F(StateTest, PreemptKeepsOnlyNodesWhereTheVictimsMakeRoom) {
   state.UpsertNode(TestNode("a", {ShareGpu(16000)}));
   state.UpsertNode(TestNode("b", {ShareGpu(16000)}));

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/files.h"
 #include "common/log_once.h"
 #include "common/strings.h"
 #include "common/yaml_util.h"
@@ -406,6 +407,36 @@ TEST(ConditionLogTest, ExporterLogsAMissingPodResourcesSocketOnce) {
   }
   EXPECT_EQ(captured.Count("PodResources: kubelet answers again"), 1u) << captured.Text();
   exp.Stop();
+}
+
+// Files the node writes for others to read (CDI specs, the health file, NFD features, gres.conf):
+// all at once, world-readable, through a temporary file of each writer's own that never stays.
+TEST(Files, WrittenAtomicallyAndNoTemporaryFileStays) {
+  const auto dir = std::filesystem::temp_directory_path() / ("kgpu-files-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "spec.json").string();
+  ASSERT_TRUE(WriteFileAtomically(path, "old").ok());
+  std::vector<std::thread> writers;
+  for (int i = 0; i < 8; ++i) {
+    writers.emplace_back([&, i] { EXPECT_TRUE(WriteFileAtomically(path, "new " + std::to_string(i)).ok()); });
+  }
+  for (auto& t : writers) t.join();
+  EXPECT_EQ(ReadFile(path)->rfind("new ", 0), 0u);
+  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write | std::filesystem::perms::group_read |
+                std::filesystem::perms::others_read);
+  // Renaming onto a directory fails: the error names both files, the temporary one is gone.
+  std::filesystem::create_directories(dir / "taken");
+  const auto st = WriteFileAtomically((dir / "taken").string(), "x");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(std::string(st.message()).find("cannot rename "), std::string::npos) << st;
+  EXPECT_NE(std::string(st.message()).find((dir / "taken").string()), std::string::npos) << st;
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(files, 1u) << "only spec.json";
+  EXPECT_NE(WriteFileAtomically((dir / "missing" / "f").string(), "x").message().find("cannot write "), std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
