@@ -3,9 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <iostream>
-#include <fstream>
 
 #include "common/files.h"
 #include "common/strings.h"

@@ -3,12 +3,12 @@
 //
 // Thread-safety: reentrant.
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -32,25 +32,23 @@ inline absl::Status WriteFileAtomically(const std::string& path, std::string_vie
   std::string tmp = path + ".XXXXXX.tmp";
   const int fd = ::mkstemps(tmp.data(), 4);
   if (fd < 0) return absl::UnavailableError(Cat("cannot write ", Printable(tmp), ": ", std::strerror(errno)));
-  auto fail = [&](std::string_view step) {
-    const std::string why = std::strerror(errno);
+  // `err`: the errno of the step that failed, taken before close() or unlink() can change it.
+  auto fail = [&](std::string_view step, int err) {
     ::unlink(tmp.c_str());
-    return absl::UnavailableError(Cat("cannot ", step, ": ", why));
+    return absl::UnavailableError(Cat("cannot ", step, ": ", std::strerror(err)));
   };
   size_t done = 0;
-  while (done < contents.size()) {
+  int err = 0;
+  while (done < contents.size() && err == 0) {
     const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ::close(fd);
-      return fail(Cat("write ", Printable(tmp)));
-    }
-    done += static_cast<size_t>(n);
+    if (n <= 0) err = n < 0 ? errno : EIO;
+    done += n > 0 ? static_cast<size_t>(n) : 0;
   }
-  const bool mode_set = ::fchmod(fd, mode) == 0;
-  const bool closed = ::close(fd) == 0;
-  if (!mode_set || !closed) return fail(Cat("write ", Printable(tmp)));
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return fail(Cat("rename ", Printable(tmp), " to ", Printable(path)));
+  if (err == 0 && ::fchmod(fd, mode) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) return fail(Cat("write ", Printable(tmp)), err);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return fail(Cat("rename ", Printable(tmp), " to ", Printable(path)), errno);
   return absl::OkStatus();
 }
 

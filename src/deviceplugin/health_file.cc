@@ -2,10 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 
 #include "common/files.h"
 #include "common/strings.h"

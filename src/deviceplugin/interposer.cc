@@ -1,8 +1,5 @@
 #include "deviceplugin/interposer.h"
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>

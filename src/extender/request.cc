@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
 
 #include "common/strings.h"
 #include "k8s/quantity.h"
@@ -36,7 +37,6 @@ absl::StatusOr<std::map<std::string, int64_t>> GpuResources(const json& c, const
   }
   return out;
 }
-
 
 // kubelet's device manager gives a regular init container's devices to the next containers that
 // ask for the same resource (devicesToReuse): later init containers, then the first sidecar or
