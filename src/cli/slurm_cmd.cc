@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "common/files.h"
+#include "common/http_listen.h"
 #include "common/strings.h"
 #include "slurm/client.h"
 #include "slurm/gres.h"
@@ -258,7 +259,7 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
       out << "kgpu slurm-bridge run: cannot listen on " << Printable(f.metrics_listen) << "\n";
       return 1;
     }
-    http_thread = std::thread([&] { http->listen_after_bind(); });
+    http_thread = ListenOnThread(*http);
   }
 
   std::stop_source stopper;

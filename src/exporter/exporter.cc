@@ -11,6 +11,7 @@
 #include <string_view>
 #include <tuple>
 
+#include "common/http_listen.h"
 #include "common/log.h"
 #include "common/sleep.h"
 #include "common/strings.h"
@@ -661,9 +662,7 @@ absl::Status Exporter::Start() {
     return absl::UnavailableError(Cat("cannot listen on ", options_.address,
                                       ": the port is in use or not permitted (change -a / DCGM_EXPORTER_LISTEN)"));
   }
-  http_thread_ = std::jthread([this](std::stop_token) { http_->listen_after_bind(); });
-  // Until the server loop runs, stop() would be lost: wait for it (a few ms at most).
-  for (int i = 0; i < 2000 && !http_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  http_thread_ = ListenOnThread<httplib::Server, std::jthread>(*http_);
   log->info("serving /metrics on {}:{} ({} GPU families, collection every {} ms)", host, port_,
             options_.counters.size(), options_.interval.count());
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <set>
 
+#include "common/http_listen.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "k8s/resources.h"
@@ -338,7 +339,7 @@ absl::Status Extender::Start() {
   });
   port_ = port == 0 ? http_->bind_to_any_port(host.c_str()) : (http_->bind_to_port(host.c_str(), port) ? port : -1);
   if (port_ <= 0) return absl::UnavailableError(Cat("--address ", opts_.address, ": cannot listen there (in use?)"));
-  http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+  http_thread_ = ListenOnThread(*http_);
   Log("extender")->info("serving {} on {}:{} (policy {})", http_->is_valid() ? (opts_.tls_cert_file.empty() ? "HTTP" : "HTTPS") : "?",
                         host, port_, opts_.state.policy);
   return absl::OkStatus();

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "absl/strings/escaping.h"
+#include "common/http_listen.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "extender/inventory.h"
@@ -436,7 +437,7 @@ absl::Status Webhook::Start() {
   http_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
   port_ = port == 0 ? http_->bind_to_any_port(host.c_str()) : (http_->bind_to_port(host.c_str(), port) ? port : -1);
   if (port_ <= 0) return absl::UnavailableError(Cat("--address ", opts_.address, ": cannot listen there (in use?)"));
-  http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+  http_thread_ = ListenOnThread(*http_);
   Log("webhook")->info("serving {} on {}:{}", opts_.tls_cert_file.empty() ? "HTTP" : "HTTPS", host, port_);
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "common/files.h"
+#include "common/http_listen.h"
 #include "common/strings.h"
 #include "k8s/patch.h"
 #include "k8s/resources.h"
@@ -332,7 +333,7 @@ absl::Status FakeApiServer::Start() {
     port_ = http_->bind_to_port(opts_.host.c_str(), opts_.port) ? opts_.port : -1;
   }
   if (port_ <= 0) return absl::UnavailableError(Cat("cannot listen on ", opts_.host, ":", opts_.port));
-  server_thread_ = std::thread([this] { http_->listen_after_bind(); });
+  server_thread_ = ListenOnThread(*http_);
   if (opts_.reap_terminating_pods) reaper_ = std::jthread([this](std::stop_token st) { ReapLoop(st); });
   return absl::OkStatus();
 }
