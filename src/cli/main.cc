@@ -174,6 +174,7 @@ int Main(int argc, char** argv) {
   if (slurm_gres->parsed()) return kgpu::cli::RunSlurmGres(node, dp_flags, gres_flags, std::cout);
   if (bridge.status->parsed()) return kgpu::cli::RunSlurmBridgeStatus(bridge_flags, std::cout);
   if (bridge.reclaim->parsed()) return kgpu::cli::RunSlurmBridgeReclaim(bridge_flags, std::cout);
+  if (bridge.hook->parsed()) return kgpu::cli::RunSlurmBridgeHook(bridge_flags, std::cout);
   if (bridge.run->parsed()) {
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);

@@ -1,10 +1,12 @@
 #include "cli/slurm_cmd.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <iostream>
 
+#include "absl/strings/str_split.h"
 #include "common/files.h"
 #include "common/http_listen.h"
 #include "common/strings.h"
@@ -190,6 +192,19 @@ SlurmBridgeCommands AddSlurmBridgeCommands(CLI::App* app, SlurmBridgeFlags* f) {
   c.run->add_option("--renew-deadline-ms", f->renew_deadline_ms, "leader renew deadline")->capture_default_str();
   c.run->add_option("--retry-period-ms", f->retry_period_ms, "leader retry period")->capture_default_str();
   c.run->add_option("--metrics-listen", f->metrics_listen, "serve /metrics and /healthz on host:port (default: off)");
+  c.run->add_option("--lend-via", f->lend_via,
+                    "drain: the Slurm fence is DRAIN; power-save: State=POWER_DOWN_ASAP, and Slurm asks for the node "
+                    "back through ResumeProgram (needs --resume-command and power saving in slurm.conf)")
+      ->check(CLI::IsMember({"drain", "power-save"}))
+      ->capture_default_str();
+  c.run->add_option("--resume-command", f->resume_command,
+                    "power-save: run once Kubernetes is empty so that the node's slurmd registers as rebooted "
+                    "(slurmd -b); split on spaces, no shell, {node} replaced")
+      ->envname("KGPU_RESUME_COMMAND");
+  c.run->add_option("--resume-retry", f->resume_retry_s, "power-save: seconds before the resume command runs again")
+      ->capture_default_str();
+  c.run->add_option("--resume-timeout", f->resume_timeout_s, "power-save: deadline of one run of the resume command")
+      ->capture_default_str();
   c.run->add_option("--crash-at", f->crash_at, "fault injection: exit with code 86 at this point (tests)")
       ->check(CLI::IsMember(slurm::kCrashPoints));
   c.status = bridge->add_subcommand("status", "each managed node's phase, owner, since when and why");
@@ -200,6 +215,13 @@ SlurmBridgeCommands AddSlurmBridgeCommands(CLI::App* app, SlurmBridgeFlags* f) {
   c.reclaim->add_option("nodes", f->reclaim_nodes, "node names or Slurm hostlists (n[1-3]), as a ResumeProgram gets them")
       ->required();
   c.reclaim->add_option("--reason", f->reclaim_reason, "who asks, recorded in the lease")->capture_default_str();
+  c.hook = bridge->add_subcommand(
+      "hook", "Slurm's SuspendProgram (hook suspend) and ResumeProgram (hook resume): wake the controller and exit");
+  AddCommonBridgeFlags(c.hook, f);
+  c.hook->add_option("event", f->hook_event, "suspend (the node is empty) or resume (Slurm wants it back)")
+      ->check(CLI::IsMember({"suspend", "resume"}))
+      ->required();
+  c.hook->add_option("nodes", f->reclaim_nodes, "the hostlist Slurm passes (n[1-3])")->required();
   return c;
 }
 
@@ -232,6 +254,16 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
   o.gpu_resources = f.gpu_resources;
   o.dry_run = f.dry_run;
   o.crash_at = f.crash_at;
+  o.power_save = f.lend_via == "power-save";
+  o.resume_command = absl::StrSplit(f.resume_command, ' ', absl::SkipEmpty());
+  o.resume_retry = std::chrono::seconds(std::max(1u, f.resume_retry_s));
+  o.resume_timeout = std::chrono::seconds(std::max(1u, f.resume_timeout_s));
+  if (o.power_save && o.resume_command.empty()) {
+    out << "kgpu slurm-bridge run: --lend-via power-save needs --resume-command: the command that makes a node's slurmd "
+           "register as rebooted once Kubernetes has left it (e.g. 'ssh {node} systemctl restart slurmd', with "
+           "SLURMD_OPTIONS=-b); without it a job given the node would wait in CONFIGURING until ResumeTimeout\n";
+    return 2;
+  }
   k8s::EventRecorder events(**client, "kgpu-slurm-bridge", o.identity);
   slurm::Bridge bridge(slurm_cli, **client, o, &events, &out);
   if (f.once) {
@@ -383,35 +415,62 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
   return 0;
 }
 
-int RunSlurmBridgeReclaim(const SlurmBridgeFlags& f, std::ostream& out) {
+namespace {
+
+// Sets annotation `key` to "<value> at <now>" on each node of the hostlists (a merge patch: no
+// read-modify-write, nothing of the controller's overwritten). `cmd` names the command in errors.
+int AnnotateNodes(const SlurmBridgeFlags& f, const std::string& cmd, const std::string& key, const std::string& value,
+                  std::ostream& out) {
   auto client = KubeClient(f);
   if (!client.ok()) {
-    out << "kgpu slurm-bridge reclaim: " << client.status().message() << "\n";
+    out << cmd << ": " << client.status().message() << "\n";
     return 2;
   }
   std::vector<std::string> names;
   for (const auto& expr : f.reclaim_nodes) {
     auto hosts = slurm::ExpandHostlist(expr);
     if (!hosts.ok()) {
-      out << "kgpu slurm-bridge reclaim: " << hosts.status().message() << "\n";
+      out << cmd << ": " << hosts.status().message() << "\n";
       return 2;
     }
     names.insert(names.end(), hosts->begin(), hosts->end());
   }
   int rc = 0;
   for (const auto& name : names) {
-    const std::string value = Cat(f.reclaim_reason, " at ", k8s::NowRfc3339());
     auto r = (*client)->Patch(k8s::FindResource("nodes")->Path("", name),
-                              {{"metadata", {{"annotations", {{slurm::kReclaimAnnotation, value}}}}}}, k8s::kMergePatch);
+                              {{"metadata", {{"annotations", {{key, Cat(value, " at ", k8s::NowRfc3339())}}}}}},
+                              k8s::kMergePatch);
     if (!r.ok()) {
-      out << "kgpu slurm-bridge reclaim: " << name << ": " << r.status().message() << "\n";
+      out << cmd << ": " << name << ": " << r.status().message() << "\n";
       rc = 1;
       continue;
     }
     const auto lease = slurm::LeaseOf(*r);
-    out << name << ": reclaim requested (now " << slurm::PhaseName(lease.phase) << ")\n";
+    out << name << ": " << (key == slurm::kReclaimAnnotation ? "reclaim requested" : "controller woken") << " (now "
+        << slurm::PhaseName(lease.phase) << ")\n";
   }
   return rc;
+}
+
+}  // namespace
+
+int RunSlurmBridgeReclaim(const SlurmBridgeFlags& f, std::ostream& out) {
+  return AnnotateNodes(f, "kgpu slurm-bridge reclaim", slurm::kReclaimAnnotation, f.reclaim_reason, out);
+}
+
+int RunSlurmBridgeHook(const SlurmBridgeFlags& f, std::ostream& out) {
+  // slurmctld may start its hooks with stdin/stdout/stderr closed: a socket opened now would take
+  // one of those numbers and receive our log lines. Fill them with /dev/null first.
+  for (int fd = ::open("/dev/null", O_RDWR); fd >= 0; fd = ::open("/dev/null", O_RDWR)) {
+    if (fd > 2) {
+      ::close(fd);
+      break;
+    }
+  }
+  if (f.hook_event == "resume") {
+    return AnnotateNodes(f, "kgpu slurm-bridge hook resume", slurm::kReclaimAnnotation, slurm::kResumeProgramRequest, out);
+  }
+  return AnnotateNodes(f, "kgpu slurm-bridge hook suspend", slurm::kSuspendedAnnotation, "SuspendProgram", out);
 }
 
 }  // namespace kgpu::cli

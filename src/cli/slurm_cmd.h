@@ -1,6 +1,6 @@
 #pragma once
 // `kgpu slurm gres` (gres.conf and the slurm.conf node line from this node's inventory) and
-// `kgpu slurm-bridge` (run, status, reclaim): flag wiring for src/slurm.
+// `kgpu slurm-bridge` (run, status, reclaim, hook): flag wiring for src/slurm.
 //
 // Thread-safety: set-up code, single-threaded.
 
@@ -54,18 +54,26 @@ struct SlurmBridgeFlags {
   std::string metrics_listen;  // host:port; empty: no metrics server
   std::string crash_at;
   bool json = false;           // status
-  std::vector<std::string> reclaim_nodes;  // reclaim: node names or hostlists
+  std::vector<std::string> reclaim_nodes;  // reclaim, hook: node names or hostlists
   std::string reclaim_reason = "operator";
+  std::string lend_via = "drain";          // drain | power-save
+  std::string resume_command;              // power-save: split on spaces, no shell, {node} replaced
+  unsigned resume_retry_s = 20, resume_timeout_s = 60;
+  std::string hook_event;                  // hook: suspend | resume
 };
 
 struct SlurmBridgeCommands {
   CLI::App* run = nullptr;
   CLI::App* status = nullptr;
   CLI::App* reclaim = nullptr;
+  CLI::App* hook = nullptr;
 };
 SlurmBridgeCommands AddSlurmBridgeCommands(CLI::App* app, SlurmBridgeFlags* flags);
 int RunSlurmBridge(const SlurmBridgeFlags& flags, const volatile std::sig_atomic_t* stop, std::ostream& out);
 int RunSlurmBridgeStatus(const SlurmBridgeFlags& flags, std::ostream& out);
 int RunSlurmBridgeReclaim(const SlurmBridgeFlags& flags, std::ostream& out);
+// Slurm's SuspendProgram/ResumeProgram (`hook suspend|resume HOSTLIST`): one annotation per node,
+// then exit; never blocks slurmctld long and never starts a daemon.
+int RunSlurmBridgeHook(const SlurmBridgeFlags& flags, std::ostream& out);
 
 }  // namespace kgpu::cli

@@ -15,6 +15,7 @@
 #include "common/sleep.h"
 #include "common/strings.h"
 #include "k8s/resources.h"
+#include "slurm/process.h"
 
 namespace kgpu::slurm {
 
@@ -213,6 +214,19 @@ struct Bridge::Facts {
   std::string cancel_why;
   bool Ours() const { return slurm && slurm->Drain() && IsOwnedReason(slurm->reason); }
   bool Foreign() const { return slurm && slurm->Drain() && !IsOwnedReason(slurm->reason); }
+  // Our power-down (the power-save lend): requested, in progress or done, with our reason.
+  bool PowerFenced() const {
+    return slurm && IsOwnedReason(slurm->reason) &&
+           (slurm->PowerDownRequested() || slurm->PoweringDown() || slurm->PoweredDown());
+  }
+  bool SlurmFenced() const { return Ours() || PowerFenced(); }
+  // The power-save lend: Slurm gave the powered-down node to a job (MIXED+POWERED_DOWN, then
+  // POWERING_UP once ResumeProgram ran; 22.05 clears the reason) or was told POWER_UP: it wants
+  // the node back. The job waits in CONFIGURING until slurmd registers. A DRAIN now would requeue
+  // it ("DRAIN/FAIL request for node ... being powered up. Requeuing jobs"): never drain then.
+  bool SlurmWantsBack() const {
+    return slurm && (slurm->PoweringUp() || (slurm->PoweredDown() && (slurm->Busy() || !jobs.empty())));
+  }
 };
 
 Bridge::Bridge(SlurmClient& slurm, k8s::Client& kube, BridgeOptions options, k8s::EventRecorder* events,
@@ -314,6 +328,48 @@ bool Bridge::WriteNode(Facts& f, const Lease& lease, const std::function<void(js
   return true;
 }
 
+bool Bridge::SlurmWantsItBack(Facts& f) {
+  Lease l = NextLease(f, Phase::kReclaimUnfencing,
+                      Cat("lend cancelled: Slurm wants it back (gave it to a job; State=", f.slurm->state, ")"));
+  l.requested_by = "slurm-resume";
+  if (!WriteNode(f, l, ApplyK8sFence, "cancel the lend (Slurm powers it up)")) return false;
+  Event(f, "Normal", "LendCancelled", l.why);
+  return true;
+}
+
+void Bridge::RunResumeCommand(Facts& f) {
+  if (opts_.resume_command.empty()) return;  // the node registers on its own (a real power-on)
+  const auto now = std::chrono::steady_clock::now();
+  if (auto it = resumed_at_.find(f.name); it != resumed_at_.end() && now - it->second < opts_.resume_retry) return;
+  std::vector<std::string> argv = opts_.resume_command;
+  for (auto& a : argv) {
+    for (size_t at = a.find("{node}"); at != std::string::npos; at = a.find("{node}", at + f.name.size())) {
+      a.replace(at, 6, f.name);
+    }
+  }
+  if (opts_.dry_run) {
+    if (dry_out_) *dry_out_ << "[dry-run] " << f.name << ": would run " << CommandLine(argv) << "\n";
+    return;
+  }
+  resumed_at_[f.name] = now;
+  ProcessOptions po;
+  po.timeout = opts_.resume_timeout;
+  auto r = RunProcess(argv, po);
+  const bool ok = r.ok() && r->exit_code == 0 && !r->timed_out;
+  Count("kgpu_slurm_bridge_resume_commands_total", ok ? "result=\"ok\"" : "result=\"failed\"");
+  std::string detail;
+  if (!r.ok()) {
+    detail = Cat(": cannot run it: ", r.status().message());
+  } else if (!ok) {
+    std::string err = r->err.size() > 300 ? r->err.substr(r->err.size() - 300) : r->err;
+    while (!err.empty() && (err.back() == '\n' || err.back() == ' ')) err.pop_back();
+    detail = r->timed_out ? Cat(": no exit within ", opts_.resume_timeout.count(), " s")
+                          : Cat(": exit ", r->exit_code, err.empty() ? "" : Cat(": ", Printable(err)));
+  }
+  Event(f, ok ? "Normal" : "Warning", ok ? "ResumeCommand" : "ResumeCommandFailed",
+        Cat(CommandLine(argv), detail, ok ? " (Kubernetes is empty: slurmd may register)" : Cat("; again in ", opts_.resume_retry.count(), " s")));
+}
+
 // One idempotent step for one node, chosen from its lease and what both systems say now.
 // Returns true when something changed (the caller steps again).
 bool Bridge::Step(Facts& f, ReconcileResult& result) {
@@ -371,6 +427,14 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       if (!Annotation(f.node, kReclaimAnnotation).empty()) {
         return WriteNode(f, NextLease(f, Phase::kSlurm, f.lease.why), nullptr, "remove a reclaim request (not lent)");
       }
+      if (f.PowerFenced() && !f.Ours() && f.pods.empty() && f.lease.generation > 0) {
+        // Our power-down with no lend in progress: Kubernetes is fenced and empty; R3 powers it up.
+        Lease l = NextLease(f, Phase::kReclaimUnfencing,
+                            Cat("a kgpu-lend power-down without a lend in progress (State=", f.slurm->state, "): powering it up"));
+        if (!WriteNode(f, l, nullptr, "bring a stale power-down back")) return false;
+        Event(f, "Warning", "StaleDrainCleared", l.why);
+        return true;
+      }
       if (f.Ours() && f.pods.empty() && f.lease.generation > 0) {
         // Our drain with no lend in progress (a lease edited by hand, or lost): Kubernetes is
         // fenced and empty, so Slurm may have the node back.
@@ -389,12 +453,23 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         f.frozen = "Slurm unreachable: lend frozen";
         return false;
       }
+      if (f.SlurmWantsBack()) return SlurmWantsItBack(f);
       if (f.Foreign()) {
         Lease l = NextLease(f, Phase::kSlurm, Cat("lend cancelled: an admin drained it ('", f.slurm->reason, "')"));
         l.prev_slurm_reason = f.slurm->reason;
         l.admin_drained = true;
         if (!WriteNode(f, l, ApplyK8sFence, "cancel the lend (foreign drain)")) return false;
         Event(f, "Warning", "ForeignDrain", l.why);
+        return true;
+      }
+      if (f.cancel && f.PowerFenced()) {
+        // Slurm 22.05 cannot cancel POWER_DOWN_ASAP (RESUME is refused; UNDRAIN leaves the
+        // power-down pending, and the node powers down when its jobs end): R3 powers it up again
+        // once it is down. Kubernetes stays fenced.
+        Lease l = NextLease(f, Phase::kReclaimUnfencing, Cat("lend cancelled: ", f.cancel_why, " (powered up again once down)"));
+        if (!WriteNode(f, l, ApplyK8sFence, "cancel the lend (power-save)")) return false;
+        Event(f, "Normal", "LendCancelled", l.why);
+        f.cancel = false;
         return true;
       }
       if (f.cancel) {
@@ -410,10 +485,14 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         f.cancel = false;
         return true;
       }
-      if (!f.slurm->Drain() || f.slurm->reason != reason) {
-        if (!slurm_write(Cat("drain (Reason=", reason, ")"), [&] { return slurm_.Drain(f.name, reason, kOwnedReasonPrefix); })) {
-          return false;
-        }
+      if (opts_.power_save ? !f.PowerFenced() || f.slurm->reason != reason
+                           : !f.slurm->Drain() || f.slurm->reason != reason) {
+        const bool ok =
+            opts_.power_save
+                ? slurm_write(Cat("power down (State=POWER_DOWN_ASAP Reason=", reason, ")"),
+                              [&] { return slurm_.PowerDown(f.name, reason, kOwnedReasonPrefix); })
+                : slurm_write(Cat("drain (Reason=", reason, ")"), [&] { return slurm_.Drain(f.name, reason, kOwnedReasonPrefix); });
+        if (!ok) return false;
         CrashPoint("lend-drained");
         return true;
       }
@@ -426,6 +505,13 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       if (f.slurm->Busy() || !f.jobs.empty()) {
         empty_since_.erase(f.name);
         f.frozen = Cat("waiting for ", f.jobs.size(), " Slurm job(s) to end on their own (State=", f.slurm->state, ")");
+        return false;
+      }
+      if (opts_.power_save && !f.slurm->PoweringDown() && !f.slurm->PoweredDown()) {
+        // Slurm says the node is empty by powering it down (SuspendProgram), about 1 s after its
+        // last job: that, not our own reading of squeue, starts the confirmation.
+        empty_since_.erase(f.name);
+        f.frozen = Cat("empty; waiting for Slurm to power it down (State=", f.slurm->state, ")");
         return false;
       }
       const auto now = std::chrono::steady_clock::now();
@@ -447,7 +533,7 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         return false;
       }
       f.slurm = *again;
-      if (!f.Ours() || f.slurm->Busy() || !on->empty()) {
+      if (!f.SlurmFenced() || f.slurm->Busy() || !on->empty()) {
         empty_since_.erase(f.name);
         return false;
       }
@@ -472,7 +558,8 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         Event(f, "Warning", "ForeignDrain", l.why);
         return true;
       }
-      if (!f.slurm->Drain() || f.slurm->Busy() || !f.jobs.empty()) {
+      if (f.SlurmWantsBack()) return SlurmWantsItBack(f);
+      if (!f.SlurmFenced() || f.slurm->Busy() || !f.jobs.empty()) {
         return WriteNode(f, NextLease(f, Phase::kLendDraining, Cat("Slurm is not drained and empty any more (State=",
                                                                      f.slurm->state, "): draining again")),
                          nullptr, "go back to draining");
@@ -484,7 +571,8 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
                      "unfence it for Kubernetes (remove the taint, uncordon, pool=lent)")) {
         return false;
       }
-      Event(f, "Normal", "Lent", Cat("lent to Kubernetes; Slurm keeps DRAIN Reason=", reason));
+      Event(f, "Normal", "Lent",
+            Cat("lent to Kubernetes; Slurm keeps ", f.PowerFenced() ? "it powered down with" : "DRAIN", " Reason=", reason));
       CrashPoint("lend-unfenced");
       return true;
     }
@@ -507,7 +595,12 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         return true;
       }
       if (!f.slurm) return false;  // LENT stays LENT: Slurm's DRAIN is durable
-      if (!f.slurm->Drain()) {
+      // Slurm gave the powered-down node to a job: the policy reclaims it now, and slurmd registers
+      // only when R3 runs the resume command, after Kubernetes is empty. Powered down (whatever the
+      // reason says) it runs no job: only a node that is neither drained nor powered down needs
+      // our drain back.
+      if (f.SlurmWantsBack()) return false;
+      if (!f.slurm->Drain() && !f.slurm->PowerSaving()) {
         if (!slurm_write("restore the Slurm drain", [&] { return slurm_.Drain(f.name, reason, kOwnedReasonPrefix); })) {
           return false;
         }
@@ -614,6 +707,28 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         f.frozen = "Slurm unreachable: reclaim frozen (Slurm keeps its drain)";
         return false;
       }
+      if (f.slurm->PowerSaving()) {
+        if (f.slurm->PoweringUp()) {
+          // Kubernetes is empty and fenced: now slurmd may register (as rebooted) and the job start.
+          RunResumeCommand(f);
+          f.frozen = Cat("waiting for slurmd to register as rebooted (State=", f.slurm->state, ")");
+          return false;
+        }
+        if (!f.slurm->PoweredDown()) {
+          f.frozen = Cat("waiting for Slurm to finish powering it down before the power-up (State=", f.slurm->state, ")");
+          return false;
+        }
+        // A drain of ours would outlive the power-up with its reason cleared (22.05 clears
+        // Reason= on POWER_UP), and look like an admin's: lift it first; the power-down fences.
+        if (f.Ours() && !slurm_write("undrain before the power-up", [&] { return slurm_.Undrain(f.name, kOwnedReasonPrefix); })) {
+          return false;
+        }
+        if (!slurm_write("power up (State=POWER_UP: Slurm runs ResumeProgram)", [&] { return slurm_.PowerUp(f.name); })) {
+          return false;
+        }
+        return f.slurm->PoweringUp();
+      }
+      resumed_at_.erase(f.name);
       if (f.Foreign() || (f.lease.admin_drained && f.slurm->Drain())) {
         Lease l = NextLease(f, Phase::kSlurm,
                             Cat("back with Slurm, left drained for the admin ('", f.slurm->reason, "')"));
@@ -773,7 +888,10 @@ ReconcileResult Bridge::Reconcile() {
   result.blocked_slurm_jobs = static_cast<int>(blocked.size());
   // --min-kept counts every node Slurm has undrained, the ones --nodes does not let us lend too.
   const auto kept = static_cast<int>(
-      std::count_if(snodes.begin(), snodes.end(), [](const auto& kv) { return !kv.second.Drain(); }));
+      std::count_if(snodes.begin(), snodes.end(), [](const auto& kv) {
+        const SlurmNode& n = kv.second;
+        return !n.Drain() && !(n.PowerSaving() && IsOwnedReason(n.reason));  // our power-down is a fence too
+      }));
   int idle_usable = 0, lent = 0, in_flight = 0;
   int64_t last_lent_at = 0;
   for (const auto& f : facts) {
@@ -810,7 +928,11 @@ ReconcileResult Bridge::Reconcile() {
     }
     if (!lentish) continue;
     if (!req.empty()) {
-      reclaims.emplace_back(&f, Cat("operator asked (", req, ")"));
+      reclaims.emplace_back(&f, req.rfind(kResumeProgramRequest, 0) == 0 ? Cat("Slurm asked for it back (", req, ")")
+                                                                          : Cat("operator asked (", req, ")"));
+    } else if (f.SlurmWantsBack()) {
+      reclaims.emplace_back(&f, Cat("Slurm asked for it back (gave it to a job", f.jobs.empty() ? "" : Cat(" ", f.jobs.front().id),
+                                    "; State=", f.slurm->state, ")"));
     } else if (f.lease.lent_until > 0 && now >= f.lease.lent_until) {
       reclaims.emplace_back(&f, "the lease ended");
     } else if (wanted_back.count(f.name)) {
@@ -836,7 +958,10 @@ ReconcileResult Bridge::Reconcile() {
       continue;
     }
     Lease l = NextLease(*f, Phase::kReclaimFencing, why);
-    l.requested_by = why.rfind("operator", 0) == 0 ? "operator" : why == "the lease ended" ? "lease-expired" : "slurm-demand";
+    l.requested_by = why.rfind("operator", 0) == 0           ? "operator"
+                     : why == "the lease ended"               ? "lease-expired"
+                     : why.rfind("Slurm asked", 0) == 0       ? "slurm-resume"
+                                                              : "slurm-demand";
     result.decisions.push_back(Cat("reclaim ", f->name, ": ", why));
     if (WriteNode(*f, l, nullptr, Cat("start the reclaim (", why, ")"))) {
       Event(*f, "Normal", "ReclaimStarted", why);
@@ -871,7 +996,10 @@ ReconcileResult Bridge::Reconcile() {
     std::vector<Facts*> candidates;
     int64_t per_node = 0;
     for (auto& f : facts) {
-      if (f.lease.phase != Phase::kSlurm || !f.slurm || f.slurm->Drain() || !f.slurm->Responding()) continue;
+      if (f.lease.phase != Phase::kSlurm || !f.slurm || f.slurm->Drain() || !f.slurm->Responding() ||
+          f.slurm->PowerSaving()) {
+        continue;
+      }
       if (!f.lease.op.empty() && now - f.lease.since < opts_.cooldown.count()) continue;  // just came back
       if (!f.pods.empty()) continue;
       if (f.lease.admin_cordoned) continue;  // an admin's cordon: lending would lift it

@@ -55,6 +55,16 @@ struct BridgeOptions {
   std::chrono::milliseconds interval{2000};
   std::chrono::milliseconds confirm_gap{1000}; // "empty" must hold on two reads this far apart
   std::vector<std::string> gpu_resources = {"nvidia.com/gpu"};  // resource names (prefix match) that make a GPU pod
+  // The power-save lend (--lend-via power-save; docs/slurm.md, "Power-save lending"): the Slurm
+  // fence is State=POWER_DOWN_ASAP, then POWERED_DOWN, instead of DRAIN. Slurm keeps the node in
+  // its inventory and asks for it back by giving it to a job and running ResumeProgram (`kgpu
+  // slurm-bridge hook resume`: the reclaim's event). Once Kubernetes is empty, resume_command
+  // ({node} replaced; no shell) makes the node's slurmd register as rebooted (slurmd -b), and the
+  // job starts. Empty resume_command: the node is expected to register on its own.
+  bool power_save = false;
+  std::vector<std::string> resume_command;
+  std::chrono::seconds resume_retry{20};    // run it again when slurmd has not registered by then
+  std::chrono::seconds resume_timeout{60};  // deadline of one run of it
   bool dry_run = false;
   // Fault injection for the crash tests: the process exits (code 86) when it reaches this point
   // (see kCrashPoints); empty: never.
@@ -130,6 +140,10 @@ class Bridge {
   void CrashPoint(const std::string& point);
   bool Allowed(const std::string& node) const;
   void Count(const std::string& metric, const std::string& labels = "");
+  // L1/L2 of a power-save lend when Slurm powers the node up (it gave it to a job): off to R3.
+  bool SlurmWantsItBack(Facts& f);
+  // R3 of a power-save reclaim: resume_command for the node, at most once per resume_retry.
+  void RunResumeCommand(Facts& f);
 
   SlurmClient& slurm_;
   k8s::Client& kube_;
@@ -141,6 +155,7 @@ class Bridge {
   // Memory that may be lost (a restart only waits a little longer).
   std::map<std::string, std::chrono::steady_clock::time_point> empty_since_;  // L1 confirmation
   std::map<std::string, std::pair<std::chrono::steady_clock::time_point, std::chrono::milliseconds>> evict_backoff_;
+  std::map<std::string, std::chrono::steady_clock::time_point> resumed_at_;  // resume_command last run
   std::set<std::string> lost_logged_;  // LOST nodes already logged (once each, until they return)
   int64_t demand_gone_since_ = 0;  // clock_() seconds: the bridge's one clock (injected in tests)
   // When the last reconcile wants the next one sooner than the interval (a second read due).

@@ -18,6 +18,11 @@ absl::Status ValidateNodeName(const std::string& name) {
   return absl::OkStatus();
 }
 
+absl::Status NotDrainedByOthers(const SlurmNode& n, const std::string& owned_prefix) {
+  if (!n.Drain() || n.reason.rfind(owned_prefix, 0) == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(Cat("node ", n.name, " is drained for '", Printable(n.reason), "' (not ours): left alone"));
+}
+
 std::string CliSlurmClient::Bin(const std::string& name) const {
   return options_.bin_dir.empty() ? name : options_.bin_dir + "/" + name;
 }
@@ -86,14 +91,19 @@ absl::StatusOr<std::vector<SlurmJob>> CliSlurmClient::JobsOnNode(const std::stri
   return ParseSqueue(*out);
 }
 
+absl::StatusOr<SlurmNode> SlurmClient::PowerDown(const std::string& node, const std::string&, const std::string&) {
+  return absl::UnimplementedError(Cat("this Slurm backend cannot power node ", node, " down"));
+}
+
+absl::StatusOr<SlurmNode> SlurmClient::PowerUp(const std::string& node) {
+  return absl::UnimplementedError(Cat("this Slurm backend cannot power node ", node, " up"));
+}
+
 absl::StatusOr<SlurmNode> CliSlurmClient::Drain(const std::string& node, const std::string& reason,
                                                 const std::string& owned_prefix) {
   auto before = Node(node);
   if (!before.ok()) return before.status();
-  if (before->Drain() && before->reason.rfind(owned_prefix, 0) != 0) {
-    return absl::FailedPreconditionError(
-        Cat("node ", node, " is drained for '", Printable(before->reason), "' (not ours): left alone"));
-  }
+  if (auto s = NotDrainedByOthers(*before, owned_prefix); !s.ok()) return s;
   if (!(before->Drain() && before->reason == reason)) {
     auto w = Run({Bin("scontrol"), "update", Cat("NodeName=", node), "State=DRAIN", Cat("Reason=", reason)});
     if (!w.ok()) return w.status();
@@ -105,11 +115,35 @@ absl::StatusOr<SlurmNode> CliSlurmClient::Undrain(const std::string& node, const
   auto before = Node(node);
   if (!before.ok()) return before.status();
   if (!before->Drain()) return before;
-  if (before->reason.rfind(owned_prefix, 0) != 0) {
-    return absl::FailedPreconditionError(
-        Cat("node ", node, " is drained for '", Printable(before->reason), "' (not ours): left alone"));
-  }
+  if (auto s = NotDrainedByOthers(*before, owned_prefix); !s.ok()) return s;
   auto w = Run({Bin("scontrol"), "update", Cat("NodeName=", node), "State=UNDRAIN"}, /*allow_invalid_state=*/true);
+  if (!w.ok()) return w.status();
+  return Node(node);
+}
+
+absl::StatusOr<SlurmNode> CliSlurmClient::PowerDown(const std::string& node, const std::string& reason,
+                                                    const std::string& owned_prefix) {
+  auto before = Node(node);
+  if (!before.ok()) return before.status();
+  if (auto s = NotDrainedByOthers(*before, owned_prefix); !s.ok()) return s;
+  if (before->PowerSaving() && before->reason == reason) return before;  // already asked (or done)
+  // Slurm 22.05 answers "Invalid node state specified" when power saving is not configured
+  // (no SuspendProgram/ResumeProgram, or SuspendTime=INFINITE) and still sets the reason: say so.
+  auto w = Run({Bin("scontrol"), "update", Cat("NodeName=", node), "State=POWER_DOWN_ASAP", Cat("Reason=", reason)});
+  if (!w.ok()) {
+    if (w.status().message().find("Invalid node state specified") == std::string::npos) return w.status();
+    return absl::FailedPreconditionError(
+        Cat(w.status().message(), ": Slurm's power saving is off; --lend-via power-save needs SuspendProgram, "
+                                  "ResumeProgram and a finite SuspendTime in slurm.conf (docs/slurm.md)"));
+  }
+  return Node(node);
+}
+
+absl::StatusOr<SlurmNode> CliSlurmClient::PowerUp(const std::string& node) {
+  auto before = Node(node);
+  if (!before.ok()) return before.status();
+  if (!before->PoweredDown()) return before;  // powering up already, or not powered down
+  auto w = Run({Bin("scontrol"), "update", Cat("NodeName=", node), "State=POWER_UP"});
   if (!w.ok()) return w.status();
   return Node(node);
 }

@@ -43,6 +43,15 @@ class SlurmClient {
   // Clears DRAIN (State=UNDRAIN) when the reason starts with `owned_prefix`; a node that is not
   // drained is left as is; a foreign reason is FailedPrecondition. Returns the re-read node.
   virtual absl::StatusOr<SlurmNode> Undrain(const std::string& node, const std::string& owned_prefix) = 0;
+  // The power-save lend (needs SuspendProgram/ResumeProgram in slurm.conf): State=POWER_DOWN_ASAP
+  // with `reason` — Slurm drains the node, and once its jobs have ended runs SuspendProgram and
+  // marks it POWERED_DOWN — with Drain's guard against a reason that is not ours. Returns the
+  // re-read node. A backend that cannot (the default) answers Unimplemented.
+  virtual absl::StatusOr<SlurmNode> PowerDown(const std::string& node, const std::string& reason,
+                                              const std::string& owned_prefix);
+  // State=POWER_UP on a POWERED_DOWN node: Slurm runs ResumeProgram and waits ResumeTimeout for
+  // slurmd to register as rebooted. Returns the re-read node.
+  virtual absl::StatusOr<SlurmNode> PowerUp(const std::string& node);
 };
 
 struct CliOptions {
@@ -62,6 +71,9 @@ class CliSlurmClient : public SlurmClient {
   absl::StatusOr<SlurmNode> Drain(const std::string& node, const std::string& reason,
                                   const std::string& owned_prefix) override;
   absl::StatusOr<SlurmNode> Undrain(const std::string& node, const std::string& owned_prefix) override;
+  absl::StatusOr<SlurmNode> PowerDown(const std::string& node, const std::string& reason,
+                                      const std::string& owned_prefix) override;
+  absl::StatusOr<SlurmNode> PowerUp(const std::string& node) override;
 
   uint64_t Calls() const { return calls_; }
   uint64_t Failures() const { return failures_; }
@@ -74,6 +86,10 @@ class CliSlurmClient : public SlurmClient {
   CliOptions options_;
   std::atomic<uint64_t> calls_{0}, failures_{0};
 };
+
+// The guard every write of the bridge keeps: FailedPrecondition when `n` is drained for a reason
+// that does not start with `owned_prefix` (never overwrite or clear an admin's drain).
+absl::Status NotDrainedByOthers(const SlurmNode& n, const std::string& owned_prefix);
 
 // Node names must be plain Slurm node names (letters, digits, '-', '_', '.'): they go into
 // command lines as one argument each, but "NodeName=<x>" must not smuggle a second key.

@@ -25,6 +25,11 @@ inline constexpr char kOwnerTaintValue[] = "slurm";
 inline constexpr char kPoolLabel[] = "kgpu.io/pool";
 inline constexpr char kLeaseAnnotation[] = "kgpu.io/slurm-lease";
 inline constexpr char kReclaimAnnotation[] = "kgpu.io/slurm-reclaim";
+// The reclaim request that `kgpu slurm-bridge hook resume` (Slurm's ResumeProgram) writes starts
+// with this; an operator's `kgpu slurm-bridge reclaim` writes its --reason.
+inline constexpr char kResumeProgramRequest[] = "ResumeProgram";
+// `kgpu slurm-bridge hook suspend` (Slurm's SuspendProgram) writes the time here: a wake-up only.
+inline constexpr char kSuspendedAnnotation[] = "kgpu.io/slurm-suspended";
 inline constexpr char kScaleDownDisabled[] = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
 inline constexpr char kKarpenterDoNotDisrupt[] = "karpenter.sh/do-not-disrupt";
 

@@ -36,6 +36,16 @@ struct SlurmNode {
   bool Drain() const { return Has("DRAIN"); }
   // Jobs may hold the node: allocated, mixed or completing (the authoritative "busy" signal).
   bool Busy() const { return base == "ALLOCATED" || base == "MIXED" || Has("COMPLETING"); }
+  // Power saving (the power-save lend, docs/slurm.md): POWER_DOWN is requested and waits for the
+  // node's jobs (State=POWER_DOWN_ASAP also sets DRAIN); POWERING_DOWN: the node was empty and
+  // Slurm ran SuspendProgram; POWERED_DOWN: done (the DRAIN flag is gone, the reason stays);
+  // POWERING_UP: Slurm ran ResumeProgram (it gave the node to a job, or State=POWER_UP) and waits
+  // ResumeTimeout for slurmd to register as rebooted (the reason is cleared then).
+  bool PowerDownRequested() const { return Has("POWER_DOWN"); }
+  bool PoweringDown() const { return Has("POWERING_DOWN"); }
+  bool PoweredDown() const { return Has("POWERED_DOWN"); }
+  bool PoweringUp() const { return Has("POWERING_UP"); }
+  bool PowerSaving() const { return PowerDownRequested() || PoweringDown() || PoweredDown() || PoweringUp(); }
   // slurmd has registered and answers (not UNKNOWN, not NOT_RESPONDING, not powering up).
   bool Responding() const {
     return base != "UNKNOWN" && !Has("NOT_RESPONDING") && !Has("POWERING_UP") && base != "DOWN";

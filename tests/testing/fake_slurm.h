@@ -13,7 +13,14 @@
 //  - a drained node keeps running its jobs; a job that ends leaves squeue at once and leaves the
 //    node COMPLETING until CompletingDone() (as the epilog does, ≈0.2 s in the trial);
 //  - slurmctld down: every call fails Unavailable with scontrol's message;
-//  - unknown node: NotFound with "Invalid node name specified".
+//  - unknown node: NotFound with "Invalid node name specified";
+//  - power saving, as observed on 22.05.8 (docs/slurm.md, "Power-save lending"): POWER_DOWN_ASAP
+//    sets DRAIN, the reason and a pending POWER_DOWN; once the node is empty Slurm runs
+//    SuspendProgram (POWERING_DOWN, DRAIN gone, reason kept), then POWERED_DOWN — the test moves
+//    it along with AdvancePower(); a job given a powered-down node waits in CONFIGURING while the
+//    node is POWERING_UP+NOT_RESPONDING with its reason cleared, until RegisterRebooted() (slurmd
+//    -b); POWER_UP does the same without a job; UNDRAIN leaves a pending power-down in place; a
+//    DRAIN on a node powering up for a job requeues the job (Requeued()).
 // The bridge-facing Drain/Undrain keep the CLI backend's guard (read first; never overwrite or
 // clear a reason that does not start with owned_prefix; re-read afterwards).
 //
@@ -100,6 +107,56 @@ class FakeSlurm : public slurm::SlurmClient {
     std::lock_guard lock(mu_);
     if (auto* n = Find(node)) n->not_responding = !responding;
   }
+  // Slurm's power-saving clock for `node`: a pending power-down of an empty node starts
+  // (SuspendProgram runs: POWERING_DOWN), or one under way ends (POWERED_DOWN). False when there
+  // is nothing to advance (jobs still on it, or no power-down).
+  bool AdvancePower(const std::string& node) {
+    std::lock_guard lock(mu_);
+    auto* n = Find(node);
+    if (n == nullptr) return false;
+    if (n->power == Power::kDownRequested && AllocCpus(*n) == 0 && !n->completing) {
+      n->power = Power::kPoweringDown;
+      n->drain = false;
+      return true;
+    }
+    if (n->power == Power::kPoweringDown) {
+      n->power = Power::kPoweredDown;
+      return true;
+    }
+    return false;
+  }
+  // Slurm gives a powered-down node to a job: the job CONFIGURING, the node powering up
+  // (ResumeProgram ran), its reason cleared. Returns the job id.
+  absl::StatusOr<std::string> StartJobOnPoweredDown(const std::string& node) {
+    std::lock_guard lock(mu_);
+    auto* n = Find(node);
+    if (n == nullptr) return NoNode(node);
+    if (n->power != Power::kPoweredDown || n->drain) return absl::InvalidArgumentError(node + " is not powered down");
+    PowerUpLocked(*n);
+    FakeJob j;
+    j.id = std::to_string(next_id_++);
+    j.state = "CONFIGURING";
+    j.nodes = {node};
+    j.submit_time = now_();
+    jobs_.push_back(j);
+    return j.id;
+  }
+  // slurmd on a POWERING_UP node registers as rebooted (slurmd -b): the node is back, and jobs
+  // waiting in CONFIGURING run.
+  void RegisterRebooted(const std::string& node) {
+    std::lock_guard lock(mu_);
+    auto* n = Find(node);
+    if (n == nullptr || n->power != Power::kPoweringUp) return;
+    n->power = Power::kNone;
+    n->not_responding = false;
+    for (auto& j : jobs_) {
+      if (j.state == "CONFIGURING" && std::find(j.nodes.begin(), j.nodes.end(), node) != j.nodes.end()) j.state = "RUNNING";
+    }
+  }
+  std::vector<std::string> Requeued() const {
+    std::lock_guard lock(mu_);
+    return requeued_;
+  }
   // Starts a job now on `nodes` (the test is the scheduler; a drained node gets no new job, as in
   // Slurm: InvalidArgument). Returns the job id.
   absl::StatusOr<std::string> StartJob(const std::vector<std::string>& nodes, int64_t end_time = 0,
@@ -108,7 +165,9 @@ class FakeSlurm : public slurm::SlurmClient {
     for (const auto& name : nodes) {
       auto* n = Find(name);
       if (n == nullptr) return NoNode(name);
-      if (n->drain || n->down) return absl::InvalidArgumentError("node " + name + " is drained or down: no new job");
+      if (n->drain || n->down || n->power != Power::kNone) {
+        return absl::InvalidArgumentError("node " + name + " is drained, down or powered down: no new job");
+      }
     }
     FakeJob j;
     j.id = std::to_string(next_id_++);
@@ -225,16 +284,48 @@ class FakeSlurm : public slurm::SlurmClient {
     std::lock_guard lock(mu_);
     auto before = NodeLocked(node);
     if (!before.ok()) return before.status();
-    if (before->Drain() && before->reason.rfind(owned_prefix, 0) != 0) {
-      return absl::FailedPreconditionError("node " + node + " is drained for '" + before->reason + "' (not ours): left alone");
-    }
+    if (auto s = slurm::NotDrainedByOthers(*before, owned_prefix); !s.ok()) return s;
     if (!(before->Drain() && before->reason == reason)) {
       if (auto s = Call(); !s.ok()) return s;
       auto& n = nodes_.at(node);
       n.drain = true;
       SetReason(n, reason, "root");
       writes_.push_back("DRAIN " + node + " " + reason);
+      if (n.power == Power::kPoweringUp) {
+        // "DRAIN/FAIL request for node ... which is allocated and being powered up. Requeuing jobs"
+        for (auto& j : jobs_) {
+          if (j.state != "CONFIGURING" || std::find(j.nodes.begin(), j.nodes.end(), node) == j.nodes.end()) continue;
+          j.state = "PENDING";
+          j.nodes.clear();
+          requeued_.push_back(j.id);
+        }
+      }
     }
+    return NodeLocked(node);
+  }
+  absl::StatusOr<slurm::SlurmNode> PowerDown(const std::string& node, const std::string& reason,
+                                             const std::string& owned_prefix) override {
+    std::lock_guard lock(mu_);
+    auto before = NodeLocked(node);
+    if (!before.ok()) return before.status();
+    if (auto s = slurm::NotDrainedByOthers(*before, owned_prefix); !s.ok()) return s;
+    if (before->PowerSaving() && before->reason == reason) return before;
+    if (auto s = Call(); !s.ok()) return s;
+    auto& n = nodes_.at(node);
+    n.drain = true;
+    SetReason(n, reason, "root");
+    if (n.power == Power::kNone) n.power = Power::kDownRequested;
+    writes_.push_back("POWER_DOWN_ASAP " + node + " " + reason);
+    return NodeLocked(node);
+  }
+  absl::StatusOr<slurm::SlurmNode> PowerUp(const std::string& node) override {
+    std::lock_guard lock(mu_);
+    auto before = NodeLocked(node);
+    if (!before.ok()) return before.status();
+    if (!before->PoweredDown()) return before;
+    if (auto s = Call(); !s.ok()) return s;
+    PowerUpLocked(nodes_.at(node));
+    writes_.push_back("POWER_UP " + node + " ");
     return NodeLocked(node);
   }
   absl::StatusOr<slurm::SlurmNode> Undrain(const std::string& node, const std::string& owned_prefix) override {
@@ -242,9 +333,7 @@ class FakeSlurm : public slurm::SlurmClient {
     auto before = NodeLocked(node);
     if (!before.ok()) return before.status();
     if (!before->Drain()) return before;
-    if (before->reason.rfind(owned_prefix, 0) != 0) {
-      return absl::FailedPreconditionError("node " + node + " is drained for '" + before->reason + "' (not ours): left alone");
-    }
+    if (auto s = slurm::NotDrainedByOthers(*before, owned_prefix); !s.ok()) return s;
     if (auto s = Call(); !s.ok()) return s;
     auto& n = nodes_.at(node);
     n.drain = false;
@@ -254,11 +343,19 @@ class FakeSlurm : public slurm::SlurmClient {
   }
 
  private:
+  enum class Power { kNone, kDownRequested, kPoweringDown, kPoweredDown, kPoweringUp };
   struct NodeRec {
     std::string name, gres, reason, reason_user, reason_time;
     int cpus = 2;
     bool drain = false, down = false, completing = false, not_responding = false;
+    Power power = Power::kNone;
   };
+  // ResumeProgram runs; 22.05 clears the reason and waits for slurmd.
+  static void PowerUpLocked(NodeRec& n) {
+    n.power = Power::kPoweringUp;
+    n.not_responding = true;
+    n.reason.clear();
+  }
 
   absl::Status Call() {
     ++calls_;
@@ -303,6 +400,8 @@ class FakeSlurm : public slurm::SlurmClient {
     if (n.completing) s += "+COMPLETING";
     if (n.drain) s += "+DRAIN";
     if (n.not_responding) s += "+NOT_RESPONDING";
+    static constexpr const char* kPowerFlag[] = {"", "+POWER_DOWN", "+POWERING_DOWN", "+POWERED_DOWN", "+POWERING_UP"};
+    s += kPowerFlag[static_cast<int>(n.power)];
     return s;
   }
   static std::string Time(int64_t t) {
@@ -337,7 +436,7 @@ class FakeSlurm : public slurm::SlurmClient {
   std::map<std::string, NodeRec> nodes_;
   std::vector<std::string> order_;
   std::vector<FakeJob> jobs_;
-  std::vector<std::string> writes_, ended_;
+  std::vector<std::string> writes_, ended_, requeued_;
   bool reachable_ = true;
   int next_id_ = 1;
   uint64_t calls_ = 0;

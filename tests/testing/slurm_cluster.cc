@@ -334,12 +334,15 @@ absl::Status SlurmCluster::StopSlurmd(const std::string& node) {
   return absl::OkStatus();
 }
 
-absl::Status SlurmCluster::StartSlurmd(const std::string& node) {
-  if (Spawn("slurmd-" + node, {"slurmd", "-D", "-N", node}) <= 0) return absl::InternalError("cannot start slurmd");
+absl::Status SlurmCluster::StartSlurmd(const std::string& node, bool as_rebooted) {
+  std::vector<std::string> argv = {"slurmd", "-D", "-N", node};
+  if (as_rebooted) argv.insert(argv.begin() + 2, "-b");
+  if (Spawn("slurmd-" + node, argv) <= 0) return absl::InternalError("cannot start slurmd");
   const bool ok = WaitFor(
       [&] {
         const std::string s = State(node);
-        return !s.empty() && s.find("NOT_RESPONDING") == std::string::npos && s.find("UNKNOWN") == std::string::npos;
+        return !s.empty() && s.find("NOT_RESPONDING") == std::string::npos && s.find("UNKNOWN") == std::string::npos &&
+               s.find("POWERING_UP") == std::string::npos;
       },
       options_.deadline, std::chrono::milliseconds(200));
   return ok ? absl::OkStatus() : absl::DeadlineExceededError(Cat("slurmd ", node, " did not register\n", Logs()));

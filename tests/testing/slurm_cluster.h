@@ -62,7 +62,9 @@ class SlurmCluster {
   // Starts slurmctld again on the same state and waits until it answers a ping.
   absl::Status StartController();
   absl::Status StopSlurmd(const std::string& node);
-  absl::Status StartSlurmd(const std::string& node);
+  // as_rebooted: `slurmd -b`, which registers as a node that rebooted (what a node powered up
+  // through ResumeProgram must do before Slurm counts it as resumed).
+  absl::Status StartSlurmd(const std::string& node, bool as_rebooted = false);
 
   const std::string& base() const { return base_; }
   std::string conf() const { return base_ + "/etc/slurm.conf"; }

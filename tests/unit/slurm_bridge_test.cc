@@ -7,7 +7,11 @@
 // thresholds and cooldowns are 0, so nothing here waits on a timer.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <ctime>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -80,7 +84,9 @@ class BridgeUnitTest : public ::testing::Test {
   ReconcileResult Step() {
     auto r = B().Reconcile();
     for (const auto& n : names_) {
-      const bool slurm_fenced = slurm_->State(n).find("DRAIN") != std::string::npos;
+      // DRAIN, or a power-down requested, under way or done, or a power-up waiting for slurmd.
+      const std::string st = slurm_->State(n);
+      const bool slurm_fenced = st.find("DRAIN") != std::string::npos || st.find("POWER") != std::string::npos;
       const bool k8s_fenced = K8sFenced(Node(n));
       EXPECT_TRUE(slurm_fenced || k8s_fenced)
           << "F violated on " << n << ": Slurm " << slurm_->State(n) << ", lease " << Annotation(n, kLeaseAnnotation);
@@ -748,5 +754,114 @@ TEST_F(BridgeUnitTest, AStaleWriterLosesTheCompareAndSwap) {
   EXPECT_EQ(Annotation("node1", kReclaimAnnotation), "");
 }
 
+
+// ------------------------------------------------------------------ the power-save lend
+
+class PowerSaveUnitTest : public BridgeUnitTest {
+ protected:
+  void SetUp() override {
+    BridgeUnitTest::SetUp();
+    opts_.power_save = true;
+    marker_ = ::testing::TempDir() + "kgpu-resume-" + std::to_string(::getpid());
+    std::remove((marker_ + "-node1").c_str());
+    opts_.resume_command = {"touch", marker_ + "-{node}"};
+    opts_.resume_retry = std::chrono::seconds(3600);
+  }
+  void TearDown() override {
+    std::remove((marker_ + "-node1").c_str());
+    BridgeUnitTest::TearDown();
+  }
+  bool ResumeCommandRan(const std::string& node) const { return std::ifstream(marker_ + "-" + node).good(); }
+  // Lends `node` the power-save way: the bridge asks for the power-down, Slurm (the test) runs
+  // SuspendProgram and finishes it, and only then does Kubernetes get the node.
+  void PowerLend(const std::string& node, const std::string& pod) {
+    PendingGpuPod(pod);
+    ASSERT_TRUE(StepUntil([&] { return slurm_->State(node) == "IDLE+DRAIN+POWER_DOWN"; })) << slurm_->State(node);
+    for (int i = 0; i < 3; ++i) Step();
+    EXPECT_EQ(PhaseOf(node), Phase::kLendDraining) << "lent before Slurm powered it down";
+    ASSERT_TRUE(slurm_->AdvancePower(node));  // SuspendProgram: IDLE+POWERING_DOWN
+    ASSERT_TRUE(StepUntil([&] { return PhaseOf(node) == Phase::kLent; })) << PhaseName(PhaseOf(node));
+    ASSERT_TRUE(slurm_->AdvancePower(node));  // SuspendTimeout later: IDLE+POWERED_DOWN, reason kept
+    EXPECT_EQ(slurm_->State(node), "IDLE+POWERED_DOWN");
+    Step();
+    EXPECT_EQ(PhaseOf(node), Phase::kLent);
+    EXPECT_TRUE(IsOwnedReason(slurm_->Reason(node))) << slurm_->Reason(node);
+    RunPodOn(pod, node);
+  }
+  std::string marker_;
+};
+
+TEST_F(PowerSaveUnitTest, SlurmsJobOnTheLentNodeReclaimsItWithoutADrainAndTheJobRunsAfterThePods) {
+  AddNode("node1");
+  PowerLend("node1", "p1");
+  auto job = slurm_->StartJobOnPoweredDown("node1");  // Slurm's demand: ResumeProgram runs
+  ASSERT_TRUE(job.ok()) << job.status();
+  const size_t writes_before = slurm_->Writes().size();
+  ASSERT_TRUE(StepUntil([&] { return ResumeCommandRan("node1"); })) << PhaseName(PhaseOf("node1"));
+  EXPECT_TRUE(PodGone("p1")) << "slurmd let in before the pods left";
+  EXPECT_EQ(PhaseOf("node1"), Phase::kReclaimUnfencing);
+  for (int i = 0; i < 3; ++i) Step();
+  EXPECT_EQ(PhaseOf("node1"), Phase::kReclaimUnfencing) << "back before slurmd registered";
+  slurm_->RegisterRebooted("node1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
+  EXPECT_EQ(LeaseOn("node1").requested_by, "slurm-resume") << LeaseOn("node1").why;
+  const auto writes = slurm_->Writes();
+  EXPECT_EQ(std::vector<std::string>(writes.begin() + static_cast<long>(writes_before), writes.end()), std::vector<std::string>{})
+      << "Slurm asked for the node itself: no DRAIN (it would requeue the job), no POWER_UP";
+  EXPECT_TRUE(slurm_->Requeued().empty());
+  EXPECT_EQ(slurm_->State("node1"), "ALLOCATED");
+  EXPECT_TRUE(K8sFenced(Node("node1")));
+}
+
+TEST_F(PowerSaveUnitTest, AnOperatorsReclaimPowersTheNodeUpAfterThePodsLeft) {
+  AddNode("node1");
+  PowerLend("node1", "p1");
+  RequestReclaim("node1");
+  ASSERT_TRUE(StepUntil([&] { return slurm_->State("node1").find("POWERING_UP") != std::string::npos; }));
+  EXPECT_TRUE(PodGone("p1"));
+  EXPECT_EQ(slurm_->Writes().back(), "POWER_UP node1 ");
+  ASSERT_TRUE(StepUntil([&] { return ResumeCommandRan("node1"); }));
+  slurm_->RegisterRebooted("node1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
+  EXPECT_EQ(LeaseOn("node1").requested_by, "operator");
+  EXPECT_EQ(slurm_->State("node1"), "IDLE");
+  EXPECT_EQ(Events("node1", "ResumeCommand").size(), 1u);
+}
+
+TEST_F(PowerSaveUnitTest, AResumeProgramRequestIsRecordedAsSlurmsDemand) {
+  AddNode("node1");
+  PowerLend("node1", "p1");
+  RequestReclaim("node1", kResumeProgramRequest);  // what `kgpu slurm-bridge hook resume` writes
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kReclaimUnfencing; }));
+  EXPECT_EQ(LeaseOn("node1").requested_by, "slurm-resume");
+  const auto started = Events("node1", "ReclaimStarted");
+  ASSERT_EQ(started.size(), 1u);
+  EXPECT_NE(started[0].find("Slurm asked for it back"), std::string::npos) << started[0];
+}
+
+TEST_F(PowerSaveUnitTest, ACancelledLendWaitsForTheJobAndThePowerDownThenPowersUp) {
+  AddNode("node1");
+  auto job = slurm_->StartJob({"node1"});
+  ASSERT_TRUE(job.ok());
+  PendingGpuPod("p1");
+  ASSERT_TRUE(StepUntil([&] { return slurm_->State("node1") == "ALLOCATED+DRAIN+POWER_DOWN"; })) << slurm_->State("node1");
+  RequestReclaim("node1");  // cancel: 22.05 cannot undo POWER_DOWN_ASAP
+  ASSERT_LT(api_->Delete("pods", "infer", "p1").code, 300);  // and the demand is gone (no lend again)
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kReclaimUnfencing; }));
+  for (int i = 0; i < 3; ++i) Step();
+  EXPECT_EQ(PhaseOf("node1"), Phase::kReclaimUnfencing);
+  EXPECT_TRUE(slurm_->Ended().empty()) << "the job was not left to end on its own";
+  slurm_->EndJob(*job, /*completing=*/false);
+  ASSERT_TRUE(slurm_->AdvancePower("node1"));
+  ASSERT_TRUE(slurm_->AdvancePower("node1"));
+  ASSERT_TRUE(StepUntil([&] { return ResumeCommandRan("node1"); })) << slurm_->State("node1");
+  slurm_->RegisterRebooted("node1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
+  EXPECT_EQ(slurm_->State("node1"), "IDLE");
+  EXPECT_TRUE(K8sFenced(Node("node1")));
+  EXPECT_EQ(Events("node1", "LendCancelled").size(), 1u);
+}
+
 }  // namespace
 }  // namespace kgpu::slurm
+
