@@ -260,8 +260,9 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
   o.resume_timeout = std::chrono::seconds(std::max(1u, f.resume_timeout_s));
   if (o.power_save && o.resume_command.empty()) {
     out << "kgpu slurm-bridge run: --lend-via power-save needs --resume-command: the command that makes a node's slurmd "
-           "register as rebooted once Kubernetes has left it (e.g. 'ssh {node} systemctl restart slurmd', with "
-           "SLURMD_OPTIONS=-b); without it a job given the node would wait in CONFIGURING until ResumeTimeout\n";
+           "register as rebooted once Kubernetes has left it (a one-off restart with slurmd -b, e.g. 'ssh {node} "
+           "/usr/local/sbin/slurmd-rejoin'); without it a job given the node would wait in CONFIGURING until "
+           "ResumeTimeout\n";
     return 2;
   }
   k8s::EventRecorder events(**client, "kgpu-slurm-bridge", o.identity);
@@ -369,14 +370,14 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
     if (by_name.count(name)) {
       r["slurmState"] = by_name[name].state;
       r["slurmReason"] = by_name[name].reason;
-      r["slurmFenced"] = by_name[name].Drain();
+      r["slurmFenced"] = by_name[name].Drain() || slurm::SlurmFencedByUs(by_name[name]);
     }
     rows.push_back(r);
     by_name.erase(name);
   }
   // LOST (slurm/bridge.h): our drain on a Slurm node that no managed Node names.
   for (const auto& [name, sn] : by_name) {
-    if (!sn.Drain() || !slurm::IsOwnedReason(sn.reason)) continue;
+    if (!slurm::SlurmFencedByUs(sn)) continue;
     rows.push_back({{"node", name},
                     {"phase", "LOST"},
                     {"owner", "none"},

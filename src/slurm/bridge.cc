@@ -140,6 +140,10 @@ std::vector<std::string> NamedUnavailable(const std::string& reason) {
 
 }  // namespace
 
+bool SlurmFencedByUs(const SlurmNode& n) {
+  return IsOwnedReason(n.reason) && (n.Drain() || n.PowerDownRequested() || n.PoweringDown() || n.PoweredDown());
+}
+
 const json& Field(const json& j, std::string_view key) {
   static const json kEmpty = json::object();
   if (!j.is_object()) return kEmpty;
@@ -219,7 +223,7 @@ struct Bridge::Facts {
     return slurm && IsOwnedReason(slurm->reason) &&
            (slurm->PowerDownRequested() || slurm->PoweringDown() || slurm->PoweredDown());
   }
-  bool SlurmFenced() const { return Ours() || PowerFenced(); }
+  bool SlurmFenced() const { return slurm && SlurmFencedByUs(*slurm); }
   // The power-save lend: Slurm gave the powered-down node to a job (MIXED+POWERED_DOWN, then
   // POWERING_UP once ResumeProgram ran; 22.05 clears the reason) or was told POWER_UP: it wants
   // the node back. The job waits in CONFIGURING until slurmd registers. A DRAIN now would requeue
@@ -347,11 +351,11 @@ void Bridge::RunResumeCommand(Facts& f) {
       a.replace(at, 6, f.name);
     }
   }
+  resumed_at_[f.name] = now;
   if (opts_.dry_run) {
     if (dry_out_) *dry_out_ << "[dry-run] " << f.name << ": would run " << CommandLine(argv) << "\n";
     return;
   }
-  resumed_at_[f.name] = now;
   ProcessOptions po;
   po.timeout = opts_.resume_timeout;
   auto r = RunProcess(argv, po);
@@ -427,10 +431,19 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       if (!Annotation(f.node, kReclaimAnnotation).empty()) {
         return WriteNode(f, NextLease(f, Phase::kSlurm, f.lease.why), nullptr, "remove a reclaim request (not lent)");
       }
-      if (f.PowerFenced() && !f.Ours() && f.pods.empty() && f.lease.generation > 0) {
+      if (opts_.power_save && f.slurm && f.slurm->PoweringUp() && f.pods.empty()) {
+        // Powered up while Slurm's (an admin's POWER_UP, or a job given a node whose power-down
+        // outlived its lend): Kubernetes is fenced and empty, so slurmd may register.
+        RunResumeCommand(f);
+        f.frozen = Cat("Slurm is powering it up (State=", f.slurm->state, "): waiting for slurmd to register");
+        return false;
+      }
+      if (opts_.power_save && f.slurm && f.slurm->PowerSaving() && SlurmFencedByUs(*f.slurm) && f.pods.empty() &&
+          f.lease.generation > 0) {
         // Our power-down with no lend in progress: Kubernetes is fenced and empty; R3 powers it up.
         Lease l = NextLease(f, Phase::kReclaimUnfencing,
                             Cat("a kgpu-lend power-down without a lend in progress (State=", f.slurm->state, "): powering it up"));
+        if (l.op.empty()) l.op = f.slurm->reason.substr(std::string_view(kOwnedReasonPrefix).size());  // R3 needs one
         if (!WriteNode(f, l, nullptr, "bring a stale power-down back")) return false;
         Event(f, "Warning", "StaleDrainCleared", l.why);
         return true;
@@ -453,7 +466,7 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         f.frozen = "Slurm unreachable: lend frozen";
         return false;
       }
-      if (f.SlurmWantsBack()) return SlurmWantsItBack(f);
+      if (opts_.power_save && f.SlurmWantsBack()) return SlurmWantsItBack(f);
       if (f.Foreign()) {
         Lease l = NextLease(f, Phase::kSlurm, Cat("lend cancelled: an admin drained it ('", f.slurm->reason, "')"));
         l.prev_slurm_reason = f.slurm->reason;
@@ -558,7 +571,7 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         Event(f, "Warning", "ForeignDrain", l.why);
         return true;
       }
-      if (f.SlurmWantsBack()) return SlurmWantsItBack(f);
+      if (opts_.power_save && f.SlurmWantsBack()) return SlurmWantsItBack(f);
       if (!f.SlurmFenced() || f.slurm->Busy() || !f.jobs.empty()) {
         return WriteNode(f, NextLease(f, Phase::kLendDraining, Cat("Slurm is not drained and empty any more (State=",
                                                                      f.slurm->state, "): draining again")),
@@ -599,8 +612,8 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       // only when R3 runs the resume command, after Kubernetes is empty. Powered down (whatever the
       // reason says) it runs no job: only a node that is neither drained nor powered down needs
       // our drain back.
-      if (f.SlurmWantsBack()) return false;
-      if (!f.slurm->Drain() && !f.slurm->PowerSaving()) {
+      if (opts_.power_save && f.SlurmWantsBack()) return false;
+      if (!f.slurm->Drain() && !(opts_.power_save && f.slurm->PowerSaving())) {
         if (!slurm_write("restore the Slurm drain", [&] { return slurm_.Drain(f.name, reason, kOwnedReasonPrefix); })) {
           return false;
         }
@@ -620,6 +633,7 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         Lease l = NextLease(f, Phase::kLent, Cat("lent; an admin drained it meanwhile ('", f.slurm->reason,
                                                  "'): the reclaim will leave it drained"));
         l.admin_drained = true;
+        l.prev_slurm_reason = f.slurm->reason;
         l.since = f.lease.since;
         if (!WriteNode(f, l, nullptr, "note the admin's drain")) return false;
         Event(f, "Warning", "ForeignDrain", l.why);
@@ -707,7 +721,20 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         f.frozen = "Slurm unreachable: reclaim frozen (Slurm keeps its drain)";
         return false;
       }
-      if (f.slurm->PowerSaving()) {
+      if (f.Foreign() || (f.lease.admin_drained && f.slurm->Drain())) {
+        Lease l = NextLease(f, Phase::kSlurm,
+                            Cat("back with Slurm, left drained for the admin ('", f.slurm->reason, "')"));
+        l.admin_drained = true;
+        if (!WriteNode(f, l, nullptr, "hand it back to Slurm (admin drain kept)")) return false;
+        Event(f, "Warning", "ReclaimedAdminDrain", l.why);
+        return true;
+      }
+      if (opts_.power_save && f.slurm->PowerSaving() && !f.Foreign() && !(f.lease.admin_drained && f.slurm->Drain())) {
+        if (f.slurm->PoweredDown() && (f.slurm->Busy() || !f.jobs.empty())) {
+          // Slurm gave it to a job and runs ResumeProgram in a moment: no POWER_UP of ours.
+          f.frozen = Cat("Slurm gave it to a job (State=", f.slurm->state, "): waiting for its ResumeProgram");
+          return false;
+        }
         if (f.slurm->PoweringUp()) {
           // Kubernetes is empty and fenced: now slurmd may register (as rebooted) and the job start.
           RunResumeCommand(f);
@@ -723,20 +750,12 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         if (f.Ours() && !slurm_write("undrain before the power-up", [&] { return slurm_.Undrain(f.name, kOwnedReasonPrefix); })) {
           return false;
         }
-        if (!slurm_write("power up (State=POWER_UP: Slurm runs ResumeProgram)", [&] { return slurm_.PowerUp(f.name); })) {
+        if (!slurm_write("power up (State=POWER_UP: Slurm runs ResumeProgram)", [&] { return slurm_.PowerUp(f.name, kOwnedReasonPrefix); })) {
           return false;
         }
         return f.slurm->PoweringUp();
       }
       resumed_at_.erase(f.name);
-      if (f.Foreign() || (f.lease.admin_drained && f.slurm->Drain())) {
-        Lease l = NextLease(f, Phase::kSlurm,
-                            Cat("back with Slurm, left drained for the admin ('", f.slurm->reason, "')"));
-        l.admin_drained = true;
-        if (!WriteNode(f, l, nullptr, "hand it back to Slurm (admin drain kept)")) return false;
-        Event(f, "Warning", "ReclaimedAdminDrain", l.why);
-        return true;
-      }
       if (!f.slurm->Drain()) {
         Lease l = NextLease(f, Phase::kSlurm, "returned to Slurm");
         l.admin_drained = false;
@@ -930,7 +949,7 @@ ReconcileResult Bridge::Reconcile() {
     if (!req.empty()) {
       reclaims.emplace_back(&f, req.rfind(kResumeProgramRequest, 0) == 0 ? Cat("Slurm asked for it back (", req, ")")
                                                                           : Cat("operator asked (", req, ")"));
-    } else if (f.SlurmWantsBack()) {
+    } else if (opts_.power_save && f.SlurmWantsBack()) {
       reclaims.emplace_back(&f, Cat("Slurm asked for it back (gave it to a job", f.jobs.empty() ? "" : Cat(" ", f.jobs.front().id),
                                     "; State=", f.slurm->state, ")"));
     } else if (f.lease.lent_until > 0 && now >= f.lease.lent_until) {
@@ -1064,7 +1083,7 @@ ReconcileResult Bridge::Reconcile() {
     if (f.slurm) {
       v.slurm_state = f.slurm->state;
       v.slurm_reason = f.slurm->reason;
-      v.slurm_fenced = f.slurm->Drain();
+      v.slurm_fenced = f.slurm->Drain() || SlurmFencedByUs(*f.slurm);
     }
     v.k8s_fenced = K8sFenced(f.node);
     v.pods = f.pods.size();
@@ -1087,7 +1106,7 @@ ReconcileResult Bridge::Reconcile() {
     for (const auto& f : facts) known.insert(f.name);
     std::set<std::string> still_lost;
     for (const auto& [name, sn] : snodes) {
-      if (known.count(name) || !sn.Drain() || !IsOwnedReason(sn.reason) || !Allowed(name)) continue;
+      if (known.count(name) || !SlurmFencedByUs(sn) || !Allowed(name)) continue;
       NodeView v;
       v.name = name;
       v.lost = true;

@@ -60,7 +60,8 @@ struct BridgeOptions {
   // its inventory and asks for it back by giving it to a job and running ResumeProgram (`kgpu
   // slurm-bridge hook resume`: the reclaim's event). Once Kubernetes is empty, resume_command
   // ({node} replaced; no shell) makes the node's slurmd register as rebooted (slurmd -b), and the
-  // job starts. Empty resume_command: the node is expected to register on its own.
+  // job starts. `kgpu slurm-bridge run` requires one; empty here (tests), nothing is run and the
+  // node is expected to register on its own.
   bool power_save = false;
   std::vector<std::string> resume_command;
   std::chrono::seconds resume_retry{20};    // run it again when slurmd has not registered by then
@@ -193,6 +194,8 @@ class BridgeWatch {
 // operator[] on a missing key is undefined behaviour in nlohmann::json).
 const nlohmann::json& Field(const nlohmann::json& j, std::string_view key);
 bool K8sFenced(const nlohmann::json& node);
+// Slurm side: drained, or powered down (requested, under way or done), with a kgpu-lend reason.
+bool SlurmFencedByUs(const SlurmNode& node);
 void ApplyK8sFence(nlohmann::json& node);
 // Lifts the bridge's fence (taint, cordon, autoscaler annotations; pool=lent). keep_cordon
 // leaves spec.unschedulable as it is (an admin's cordon).

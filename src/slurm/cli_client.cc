@@ -95,7 +95,7 @@ absl::StatusOr<SlurmNode> SlurmClient::PowerDown(const std::string& node, const 
   return absl::UnimplementedError(Cat("this Slurm backend cannot power node ", node, " down"));
 }
 
-absl::StatusOr<SlurmNode> SlurmClient::PowerUp(const std::string& node) {
+absl::StatusOr<SlurmNode> SlurmClient::PowerUp(const std::string& node, const std::string&) {
   return absl::UnimplementedError(Cat("this Slurm backend cannot power node ", node, " up"));
 }
 
@@ -139,10 +139,11 @@ absl::StatusOr<SlurmNode> CliSlurmClient::PowerDown(const std::string& node, con
   return Node(node);
 }
 
-absl::StatusOr<SlurmNode> CliSlurmClient::PowerUp(const std::string& node) {
+absl::StatusOr<SlurmNode> CliSlurmClient::PowerUp(const std::string& node, const std::string& owned_prefix) {
   auto before = Node(node);
   if (!before.ok()) return before.status();
   if (!before->PoweredDown()) return before;  // powering up already, or not powered down
+  if (auto s = NotDrainedByOthers(*before, owned_prefix); !s.ok()) return s;
   auto w = Run({Bin("scontrol"), "update", Cat("NodeName=", node), "State=POWER_UP"});
   if (!w.ok()) return w.status();
   return Node(node);

@@ -50,8 +50,9 @@ class SlurmClient {
   virtual absl::StatusOr<SlurmNode> PowerDown(const std::string& node, const std::string& reason,
                                               const std::string& owned_prefix);
   // State=POWER_UP on a POWERED_DOWN node: Slurm runs ResumeProgram and waits ResumeTimeout for
-  // slurmd to register as rebooted. Returns the re-read node.
-  virtual absl::StatusOr<SlurmNode> PowerUp(const std::string& node);
+  // slurmd to register as rebooted. 22.05 clears the reason, even a drained node's, so a drain
+  // that is not ours is FailedPrecondition. Returns the re-read node.
+  virtual absl::StatusOr<SlurmNode> PowerUp(const std::string& node, const std::string& owned_prefix);
 };
 
 struct CliOptions {
@@ -73,7 +74,7 @@ class CliSlurmClient : public SlurmClient {
   absl::StatusOr<SlurmNode> Undrain(const std::string& node, const std::string& owned_prefix) override;
   absl::StatusOr<SlurmNode> PowerDown(const std::string& node, const std::string& reason,
                                       const std::string& owned_prefix) override;
-  absl::StatusOr<SlurmNode> PowerUp(const std::string& node) override;
+  absl::StatusOr<SlurmNode> PowerUp(const std::string& node, const std::string& owned_prefix) override;
 
   uint64_t Calls() const { return calls_; }
   uint64_t Failures() const { return failures_; }

@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <map>
 
@@ -108,15 +110,23 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, c
   const auto deadline = start + options.timeout;
   bool out_open = true, err_open = true;
   char buf[8192];
+  // The program has exited (reaped here): what is still in the pipes is read without waiting,
+  // because a daemon it started may hold them open for ever (a resume command that starts slurmd).
+  bool exited = false;
+  int status = 0;
   while (out_open || err_open) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
-      result.timed_out = true;
-      ::kill(pid, SIGKILL);
+      if (!exited) {
+        result.timed_out = true;
+        ::kill(pid, SIGKILL);
+      }
       break;
     }
-    const int wait_ms = static_cast<int>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1);
+    const int wait_ms =
+        exited ? 0
+               : static_cast<int>(std::min<int64_t>(
+                     50, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1));
     pollfd fds[2];
     int n = 0;
     int out_idx = -1, err_idx = -1;
@@ -131,9 +141,10 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, c
     const int pr = ::poll(fds, static_cast<nfds_t>(n), wait_ms);
     if (pr < 0) {
       if (errno == EINTR) continue;
-      ::kill(pid, SIGKILL);
+      if (!exited) ::kill(pid, SIGKILL);
       break;
     }
+    if (pr == 0 && exited) break;  // exited, and nothing left to read now
     auto drain = [&](int idx, Fd& fd, std::string& into, bool& open) {
       if (idx < 0 || !(fds[idx].revents & (POLLIN | POLLHUP | POLLERR))) return;
       const ssize_t r = ::read(fd.fd, buf, sizeof(buf));
@@ -146,9 +157,9 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, c
     };
     drain(out_idx, out_r, result.out, out_open);
     drain(err_idx, err_r, result.err, err_open);
+    if (!exited && ::waitpid(pid, &status, WNOHANG) == pid) exited = true;
   }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  while (!exited && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (WIFEXITED(status)) {
     result.exit_code = WEXITSTATUS(status);

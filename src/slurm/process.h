@@ -1,6 +1,7 @@
 #pragma once
 // Runs a program without a shell (posix_spawnp, argv as given), with extra environment
-// variables, a wall-clock deadline (SIGKILL when it passes) and its stdout and stderr captured.
+// variables, a wall-clock deadline (SIGKILL when it passes) and its stdout and stderr captured
+// until it exits (what a daemon it started writes later, holding the pipes, is not waited for).
 // The child starts with no signals blocked and default dispositions, whatever the caller's mask
 // is (a daemon that blocks SIGTERM for sigwait would otherwise pass that on).
 //

@@ -140,10 +140,20 @@ class SlurmBridgeTest : public ::testing::Test {
         const std::string request = Cat(cluster_->base(), "/resume-", n);
         if (!fs::exists(request)) continue;
         fs::remove(request);
+        std::vector<std::string> names;
+        {
+          std::lock_guard lock(mu_);
+          names = pod_names_;
+        }
+        int pods = 0;  // the bridge asks only once Kubernetes has left the node
+        for (const auto& name : names) {
+          auto r = api_->Get("pods", "infer", name);
+          if (r.code == 200 && r.body["spec"].value("nodeName", "") == n) ++pods;
+        }
         (void)cluster_->StopSlurmd(n);
         auto s = cluster_->StartSlurmd(n, /*as_rebooted=*/true);
         std::lock_guard lock(mu_);
-        resumes_.push_back(s.ok() ? n : Cat(n, ": ", s.message()));
+        resumes_.push_back(!s.ok() ? Cat(n, ": ", s.message()) : pods > 0 ? Cat(n, " with ", pods, " pod(s) still on it") : n);
       }
       std::this_thread::sleep_for(milliseconds(100));
     }
@@ -281,9 +291,13 @@ class SlurmBridgeTest : public ::testing::Test {
         const std::string state = cluster_->State(n);  // "" while slurmctld is down
         const json node = Node(n);
         const bool k8s_fenced = slurm::K8sFenced(node);
-        // DRAIN, or (the power-save lend) a power-down requested, under way or done, or a power-up
-        // that waits for slurmd to register: no job runs there before the bridge lets it.
-        const bool slurm_fenced = state.find("DRAIN") != std::string::npos || state.find("POWER") != std::string::npos;
+        // DRAIN; or (the power-save lend) powered down or powering up — no job runs there until
+        // slurmd registers as rebooted, which only the bridge's resume command makes happen (22.05
+        // clears the reason once it gives the node to a job) — or our power-down under way.
+        const bool going_down = state.find("+POWER_DOWN") != std::string::npos || state.find("POWERING_DOWN") != std::string::npos;
+        const bool slurm_fenced = state.find("DRAIN") != std::string::npos || state.find("POWERED_DOWN") != std::string::npos ||
+                                  state.find("POWERING_UP") != std::string::npos ||
+                                  (going_down && cluster_->Reason(n).rfind(slurm::kOwnedReasonPrefix, 0) == 0);
         std::lock_guard lock(mu_);
         ++checks_;
         if (state.empty()) continue;  // Slurm unknown now: its fence is durable, judged on the next read

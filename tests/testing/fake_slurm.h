@@ -125,14 +125,14 @@ class FakeSlurm : public slurm::SlurmClient {
     }
     return false;
   }
-  // Slurm gives a powered-down node to a job: the job CONFIGURING, the node powering up
-  // (ResumeProgram ran), its reason cleared. Returns the job id.
+  // Slurm gives a powered-down node to a job: the job CONFIGURING, the node still POWERED_DOWN
+  // (ALLOCATED+POWERED_DOWN, its reason cleared) until RunResumeProgram(). Returns the job id.
   absl::StatusOr<std::string> StartJobOnPoweredDown(const std::string& node) {
     std::lock_guard lock(mu_);
     auto* n = Find(node);
     if (n == nullptr) return NoNode(node);
     if (n->power != Power::kPoweredDown || n->drain) return absl::InvalidArgumentError(node + " is not powered down");
-    PowerUpLocked(*n);
+    n->reason.clear();  // as 22.05 does at the allocation (MIXED+POWERED_DOWN, no Reason=)
     FakeJob j;
     j.id = std::to_string(next_id_++);
     j.state = "CONFIGURING";
@@ -140,6 +140,12 @@ class FakeSlurm : public slurm::SlurmClient {
     j.submit_time = now_();
     jobs_.push_back(j);
     return j.id;
+  }
+  // About a second after the allocation Slurm runs ResumeProgram: POWERING_UP+NOT_RESPONDING,
+  // the reason cleared.
+  void RunResumeProgram(const std::string& node) {
+    std::lock_guard lock(mu_);
+    if (auto* n = Find(node); n != nullptr && n->power == Power::kPoweredDown) PowerUpLocked(*n);
   }
   // slurmd on a POWERING_UP node registers as rebooted (slurmd -b): the node is back, and jobs
   // waiting in CONFIGURING run.
@@ -318,11 +324,12 @@ class FakeSlurm : public slurm::SlurmClient {
     writes_.push_back("POWER_DOWN_ASAP " + node + " " + reason);
     return NodeLocked(node);
   }
-  absl::StatusOr<slurm::SlurmNode> PowerUp(const std::string& node) override {
+  absl::StatusOr<slurm::SlurmNode> PowerUp(const std::string& node, const std::string& owned_prefix) override {
     std::lock_guard lock(mu_);
     auto before = NodeLocked(node);
     if (!before.ok()) return before.status();
     if (!before->PoweredDown()) return before;
+    if (auto s = slurm::NotDrainedByOthers(*before, owned_prefix); !s.ok()) return s;
     if (auto s = Call(); !s.ok()) return s;
     PowerUpLocked(nodes_.at(node));
     writes_.push_back("POWER_UP " + node + " ");

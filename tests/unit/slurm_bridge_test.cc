@@ -84,9 +84,12 @@ class BridgeUnitTest : public ::testing::Test {
   ReconcileResult Step() {
     auto r = B().Reconcile();
     for (const auto& n : names_) {
-      // DRAIN, or a power-down requested, under way or done, or a power-up waiting for slurmd.
+      // DRAIN; powered down or powering up (no job runs before slurmd registers as rebooted); or
+      // our power-down under way (as tests/integration/slurm_bridge_test.cc counts it).
       const std::string st = slurm_->State(n);
-      const bool slurm_fenced = st.find("DRAIN") != std::string::npos || st.find("POWER") != std::string::npos;
+      const bool going_down = st.find("+POWER_DOWN") != std::string::npos || st.find("POWERING_DOWN") != std::string::npos;
+      const bool slurm_fenced = st.find("DRAIN") != std::string::npos || st.find("POWERED_DOWN") != std::string::npos ||
+                                st.find("POWERING_UP") != std::string::npos || (going_down && IsOwnedReason(slurm_->Reason(n)));
       const bool k8s_fenced = K8sFenced(Node(n));
       EXPECT_TRUE(slurm_fenced || k8s_fenced)
           << "F violated on " << n << ": Slurm " << slurm_->State(n) << ", lease " << Annotation(n, kLeaseAnnotation);
@@ -794,9 +797,14 @@ class PowerSaveUnitTest : public BridgeUnitTest {
 TEST_F(PowerSaveUnitTest, SlurmsJobOnTheLentNodeReclaimsItWithoutADrainAndTheJobRunsAfterThePods) {
   AddNode("node1");
   PowerLend("node1", "p1");
-  auto job = slurm_->StartJobOnPoweredDown("node1");  // Slurm's demand: ResumeProgram runs
-  ASSERT_TRUE(job.ok()) << job.status();
   const size_t writes_before = slurm_->Writes().size();
+  auto job = slurm_->StartJobOnPoweredDown("node1");  // Slurm's demand: ALLOCATED+POWERED_DOWN
+  ASSERT_TRUE(job.ok()) << job.status();
+  // Before ResumeProgram runs the reclaim may already be under way; it must not power the node up
+  // itself nor drain it.
+  for (int i = 0; i < 3; ++i) Step();
+  EXPECT_EQ(slurm_->Writes().size(), writes_before) << slurm_->Writes().back();
+  slurm_->RunResumeProgram("node1");  // MIXED+NOT_RESPONDING+POWERING_UP, reason cleared
   ASSERT_TRUE(StepUntil([&] { return ResumeCommandRan("node1"); })) << PhaseName(PhaseOf("node1"));
   EXPECT_TRUE(PodGone("p1")) << "slurmd let in before the pods left";
   EXPECT_EQ(PhaseOf("node1"), Phase::kReclaimUnfencing);
@@ -850,7 +858,7 @@ TEST_F(PowerSaveUnitTest, ACancelledLendWaitsForTheJobAndThePowerDownThenPowersU
   ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kReclaimUnfencing; }));
   for (int i = 0; i < 3; ++i) Step();
   EXPECT_EQ(PhaseOf("node1"), Phase::kReclaimUnfencing);
-  EXPECT_TRUE(slurm_->Ended().empty()) << "the job was not left to end on its own";
+  EXPECT_TRUE(slurm_->Ended().empty()) << "the job ended before the test ended it";
   slurm_->EndJob(*job, /*completing=*/false);
   ASSERT_TRUE(slurm_->AdvancePower("node1"));
   ASSERT_TRUE(slurm_->AdvancePower("node1"));
@@ -860,6 +868,48 @@ TEST_F(PowerSaveUnitTest, ACancelledLendWaitsForTheJobAndThePowerDownThenPowersU
   EXPECT_EQ(slurm_->State("node1"), "IDLE");
   EXPECT_TRUE(K8sFenced(Node("node1")));
   EXPECT_EQ(Events("node1", "LendCancelled").size(), 1u);
+}
+
+TEST_F(PowerSaveUnitTest, AnAdminDrainOfALentNodeKeepsItsReasonThroughTheReclaim) {
+  AddNode("node1");
+  PowerLend("node1", "p1");
+  ASSERT_TRUE(slurm_->AdminDrain("node1", "maint: bad DIMM").ok());  // IDLE+DRAIN+POWERED_DOWN
+  Step();
+  EXPECT_TRUE(LeaseOn("node1").admin_drained);
+  RequestReclaim("node1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; })) << PhaseName(PhaseOf("node1"));
+  EXPECT_TRUE(PodGone("p1"));
+  // No POWER_UP: 22.05 would clear the admin's reason. The node goes back to Slurm powered down
+  // and drained for the admin, Kubernetes fenced.
+  EXPECT_EQ(slurm_->Reason("node1"), "maint: bad DIMM");
+  EXPECT_EQ(slurm_->State("node1"), "IDLE+DRAIN+POWERED_DOWN");
+  for (const auto& w : slurm_->Writes()) EXPECT_NE(w.rfind("POWER_UP", 0), 0u) << w;
+  EXPECT_TRUE(K8sFenced(Node("node1")));
+  EXPECT_EQ(Events("node1", "ReclaimedAdminDrain").size(), 1u);
+  // The admin resumes and powers it up later: Kubernetes is fenced and empty, the resume command
+  // lets slurmd register.
+  ASSERT_TRUE(slurm_->AdminResume("node1").ok());
+  ASSERT_TRUE(slurm_->PowerUp("node1", "").ok());
+  ASSERT_TRUE(StepUntil([&] { return ResumeCommandRan("node1"); })) << slurm_->State("node1");
+}
+
+TEST_F(PowerSaveUnitTest, APowerDownWhoseLeaseIsLostIsBroughtBack) {
+  AddNode("node1");
+  PendingGpuPod("p1");
+  ASSERT_TRUE(StepUntil([&] { return slurm_->State("node1") == "IDLE+DRAIN+POWER_DOWN"; })) << slurm_->State("node1");
+  ASSERT_LT(api_->Delete("pods", "infer", "p1").code, 300);
+  json n = Node("node1");
+  n["metadata"]["annotations"].erase(kLeaseAnnotation);  // the lease lost (edited by hand)
+  ASSERT_EQ(api_->Update("nodes", "", n).code, 200);
+  // Re-adopted as Slurm's; our pending power-down is not merely undrained (22.05 would leave it
+  // pending with no owner) but taken through R3.
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kReclaimUnfencing; })) << PhaseName(PhaseOf("node1"));
+  ASSERT_TRUE(slurm_->AdvancePower("node1"));
+  ASSERT_TRUE(slurm_->AdvancePower("node1"));
+  ASSERT_TRUE(StepUntil([&] { return ResumeCommandRan("node1"); })) << slurm_->State("node1");
+  slurm_->RegisterRebooted("node1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
+  EXPECT_EQ(slurm_->State("node1"), "IDLE");
 }
 
 }  // namespace
