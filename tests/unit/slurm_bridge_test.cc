@@ -791,6 +791,16 @@ class PowerSaveUnitTest : public BridgeUnitTest {
     EXPECT_TRUE(IsOwnedReason(slurm_->Reason(node))) << slurm_->Reason(node);
     RunPodOn(pod, node);
   }
+  // In R3 with our power-down pending: Slurm finishes it (SuspendProgram, then POWERED_DOWN), the
+  // bridge powers the node up and runs the resume command, slurmd registers, and Slurm has it back.
+  void FinishPowerDownThenRejoin(const std::string& node) {
+    ASSERT_TRUE(slurm_->AdvancePower(node));
+    ASSERT_TRUE(slurm_->AdvancePower(node));
+    ASSERT_TRUE(StepUntil([&] { return ResumeCommandRan(node); })) << slurm_->State(node);
+    slurm_->RegisterRebooted(node);
+    ASSERT_TRUE(StepUntil([&] { return PhaseOf(node) == Phase::kSlurm; }));
+    EXPECT_EQ(slurm_->State(node), "IDLE");
+  }
   std::string marker_;
 };
 
@@ -860,12 +870,7 @@ TEST_F(PowerSaveUnitTest, ACancelledLendWaitsForTheJobAndThePowerDownThenPowersU
   EXPECT_EQ(PhaseOf("node1"), Phase::kReclaimUnfencing);
   EXPECT_TRUE(slurm_->Ended().empty()) << "the job ended before the test ended it";
   slurm_->EndJob(*job, /*completing=*/false);
-  ASSERT_TRUE(slurm_->AdvancePower("node1"));
-  ASSERT_TRUE(slurm_->AdvancePower("node1"));
-  ASSERT_TRUE(StepUntil([&] { return ResumeCommandRan("node1"); })) << slurm_->State("node1");
-  slurm_->RegisterRebooted("node1");
-  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
-  EXPECT_EQ(slurm_->State("node1"), "IDLE");
+  FinishPowerDownThenRejoin("node1");
   EXPECT_TRUE(K8sFenced(Node("node1")));
   EXPECT_EQ(Events("node1", "LendCancelled").size(), 1u);
 }
@@ -904,12 +909,7 @@ TEST_F(PowerSaveUnitTest, APowerDownWhoseLeaseIsLostIsBroughtBack) {
   // Re-adopted as Slurm's; our pending power-down is not merely undrained (22.05 would leave it
   // pending with no owner) but taken through R3.
   ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kReclaimUnfencing; })) << PhaseName(PhaseOf("node1"));
-  ASSERT_TRUE(slurm_->AdvancePower("node1"));
-  ASSERT_TRUE(slurm_->AdvancePower("node1"));
-  ASSERT_TRUE(StepUntil([&] { return ResumeCommandRan("node1"); })) << slurm_->State("node1");
-  slurm_->RegisterRebooted("node1");
-  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
-  EXPECT_EQ(slurm_->State("node1"), "IDLE");
+  FinishPowerDownThenRejoin("node1");
 }
 
 }  // namespace
