@@ -753,6 +753,7 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         if (!slurm_write("power up (State=POWER_UP: Slurm runs ResumeProgram)", [&] { return slurm_.PowerUp(f.name, kOwnedReasonPrefix); })) {
           return false;
         }
+        CrashPoint("reclaim-undrained");  // the power-save lend's Slurm unfence
         return f.slurm->PoweringUp();
       }
       resumed_at_.erase(f.name);

@@ -328,6 +328,11 @@ class SlurmBridgeTest : public ::testing::Test {
     pod_names_.push_back(name);
   }
 
+  void KillAtEveryPhaseBoundary(const std::vector<std::string>& mode);
+  std::vector<std::string> PowerSaveArgs() const {
+    return {"--lend-via", "power-save", "--resume-command", Cat("touch ", cluster_->base(), "/resume-{node}")};
+  }
+
   // Lends `node` (idle) on a pending GPU pod and places the pod there.
   void LendWithPod(const std::string& node, const std::string& pod) {
     AddPod(pod);
@@ -505,7 +510,14 @@ TEST_F(SlurmBridgeTest, ASecondReplicaTakesOverFromAKilledLeader) {
   ExpectInvariantsHeld();
 }
 
-TEST_F(SlurmBridgeTest, KilledAtEveryPhaseBoundaryItRestartsConsistent) {
+// Kills the bridge at every crash point in turn (lend points while lending node1 on a pending pod,
+// reclaim points during an operator's reclaim) and restarts it; each round must end with node1
+// back with Slurm, the pod gone, and the job on node2 untouched. `mode`: extra bridge flags.
+void SlurmBridgeTest::KillAtEveryPhaseBoundary(const std::vector<std::string>& mode) {
+  auto with = [&](std::vector<std::string> args) {
+    args.insert(args.end(), mode.begin(), mode.end());
+    return args;
+  };
   // A job on node2 the whole time: lending node1 must never touch it.
   const std::string steady = Submit({"-w", "node2", "--wrap", "sleep 300"});
   ASSERT_TRUE(WaitJob(steady, "RUNNING"));
@@ -516,24 +528,24 @@ TEST_F(SlurmBridgeTest, KilledAtEveryPhaseBoundaryItRestartsConsistent) {
     const std::string pod = Cat("crash-", round++);
     AddPod(pod);
     // Lend (crashing at `point` when it is a lend point, then restarted).
-    StartBridge({"--nodes", "node1", "--crash-at", lend_point ? point : std::string("reclaim-decided")});
+    StartBridge(with({"--nodes", "node1", "--crash-at", lend_point ? point : std::string("reclaim-decided")}));
     if (lend_point) {
       PendingGpuPod(pod);
       ASSERT_EQ(bridge_->Wait(kDeadline), 86) << "never reached " << point;
-      StartBridge({"--nodes", "node1"});
+      StartBridge(with({"--nodes", "node1"}));
       ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kLent)) << slurm::PhaseName(PhaseOf("node1"));
       SchedulePod(pod, "node1");
       // Reclaim without a crash.
       ASSERT_EQ(cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"}).exit_code, 0);
     } else {
       bridge_.reset();
-      StartBridge({"--nodes", "node1"});
+      StartBridge(with({"--nodes", "node1"}));
       LendWithPod("node1", pod);
       bridge_.reset();  // killed while LENT (a boundary too)
-      StartBridge({"--nodes", "node1", "--crash-at", point});
+      StartBridge(with({"--nodes", "node1", "--crash-at", point}));
       ASSERT_EQ(cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"}).exit_code, 0);
       ASSERT_EQ(bridge_->Wait(kDeadline), 86) << "never reached " << point;
-      StartBridge({"--nodes", "node1"});
+      StartBridge(with({"--nodes", "node1"}));
     }
     ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kSlurm)) << slurm::PhaseName(PhaseOf("node1"));
     ASSERT_TRUE(WaitFor([&] { return PodGone(pod); }));
@@ -551,6 +563,8 @@ TEST_F(SlurmBridgeTest, KilledAtEveryPhaseBoundaryItRestartsConsistent) {
   ExpectNoJobKilled();
   ExpectInvariantsHeld();
 }
+
+TEST_F(SlurmBridgeTest, KilledAtEveryPhaseBoundaryItRestartsConsistent) { KillAtEveryPhaseBoundary({}); }
 
 // The power-save lend (--lend-via power-save): the Slurm fence is State=POWER_DOWN_ASAP, Slurm's
 // SuspendProgram says the node is empty, and Slurm asks for the node back itself: it gives it to a
@@ -571,8 +585,9 @@ TEST_F(SlurmBridgePowerSaveTest, SuspendProgramLendsAndResumeProgramReclaims) {
   resumer_ = std::jthread([this](std::stop_token st) { ServeResumeRequests(st); });
   // A blocked job must pend 10 minutes before the bridge's own polling reclaims for it: here only
   // Slurm's ResumeProgram (or the POWERING_UP state it leaves) can start the reclaim.
-  StartBridge({"--lend-via", "power-save", "--resume-command", Cat("touch ", cluster_->base(), "/resume-{node}"),
-               "--reclaim-threshold", "600"});
+  auto args = PowerSaveArgs();
+  args.insert(args.end(), {"--reclaim-threshold", "600"});
+  StartBridge(args);
   ASSERT_TRUE(WaitFor([&] { return slurm::K8sFenced(Node("node1")) && slurm::K8sFenced(Node("node2")); }));
 
   LendWithPod("node2", "ps-1");
@@ -621,6 +636,15 @@ TEST_F(SlurmBridgePowerSaveTest, SuspendProgramLendsAndResumeProgramReclaims) {
             << " ms (the last wait is slurmctld's periodic job_time_limit check, up to ~30 s)\n";
   ExpectNoJobKilled();
   ExpectInvariantsHeld();
+}
+
+// The same crash points with the power-save lend: the Slurm-side steps are POWER_DOWN_ASAP and
+// POWER_UP plus the resume command instead of DRAIN and UNDRAIN.
+TEST_F(SlurmBridgePowerSaveTest, KilledAtEveryPhaseBoundaryItRestartsConsistent) {
+  resumer_ = std::jthread([this](std::stop_token st) { ServeResumeRequests(st); });
+  KillAtEveryPhaseBoundary(PowerSaveArgs());
+  std::lock_guard lock(mu_);
+  for (const auto& r : resumes_) EXPECT_EQ(r, "node1") << "a resume request for another node, or with pods still there";
 }
 
 }  // namespace
