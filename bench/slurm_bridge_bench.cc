@@ -13,13 +13,29 @@
 //                 (the node's pods evicted first).
 //   3. with --real-slurm, figure 2 again through the CLI backend against a real Slurm 22.05
 //      (slurmctld and two slurmd started by the bench: tests/testing/slurm_cluster.h; needs root
-//      and Debian's slurmctld/slurmd/munge, else skipped), so slurmctld's latency is included.
+//      and Debian's slurmctld/slurmd/munge, else skipped), so slurmctld's latency is included;
+//   4. with --real-slurm, the power-save lend (--lend-via power-save) on a second real cluster with
+//      SuspendProgram/ResumeProgram running `kgpu slurm-bridge hook` and a resume command the bench
+//      serves by restarting that node's slurmd with -b:
+//        lend:            a GPU pod becomes unschedulable -> the node is uncordoned (Slurm has
+//                         powered it down: SuspendProgram ran);
+//        reclaim, ops:    `kgpu slurm-bridge reclaim` on the powered-down node -> slurmd
+//                         registered and the node IDLE (POWER_UP, resume command, registration);
+//        reclaim, Slurm:  `sbatch -w NODE` -> slurmd registered for the job (Slurm's allocation of
+//                         the powered-down node and its ResumeProgram, the eviction, the resume
+//                         command, the registration; the job's start after slurmctld's periodic
+//                         check is not in it).
 // Usage: slurm_bridge_bench [--nodes N] [--rounds R] [--real-slurm]
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -173,6 +189,141 @@ int LendAndReclaim(int rounds, slurm::SlurmClient& slurm, const std::vector<std:
   return 0;
 }
 
+int PowerSaveRounds(int rounds) {
+  testing::SlurmCluster cluster;
+  const std::string base = cluster.base();
+  const std::string kubeconfig = base + "/kubeconfig";
+  const std::string kgpu = std::filesystem::read_symlink("/proc/self/exe").parent_path().string() + "/kgpu";
+  std::filesystem::create_directories(base + "/hooks");
+  for (const std::string event : {"suspend", "resume"}) {
+    const std::string path = Cat(base, "/hooks/", event);
+    std::ofstream(path) << "#!/bin/sh\nexec " << kgpu << " slurm-bridge hook " << event << " --kubeconfig " << kubeconfig
+                        << " \"$1\" >>" << base << "/hooks/hooks.log 2>&1\n";
+    std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  }
+  cluster.mutable_options().extra_conf += Cat("SuspendProgram=", base, "/hooks/suspend\nResumeProgram=", base,
+                                              "/hooks/resume\nSuspendTime=3600\nSuspendExcNodes=node1,node2\n"
+                                              "SuspendTimeout=5\nResumeTimeout=90\n");
+  if (auto st = cluster.Start(); !st.ok()) {
+    std::printf("  cannot start Slurm: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  testing::FakeApiServer api;
+  if (!api.Start().ok()) return 1;
+  std::ofstream(kubeconfig) << api.Kubeconfig();
+  auto client = ClientOf(api);
+  if (!client) return 1;
+  api.Create("namespaces", "", {{"metadata", {{"name", "infer"}}}});
+  for (const auto& n : cluster.nodes()) api.Create("nodes", "", testing::SlurmPoolNode(n));
+  slurm::CliSlurmClient cli({"", cluster.conf(), std::chrono::milliseconds(10000)});
+  slurm::BridgeOptions o;
+  o.lend_threshold = std::chrono::seconds(0);
+  o.cooldown = std::chrono::seconds(0);
+  o.min_kept = 1;
+  o.power_save = true;
+  o.resume_command = {"touch", base + "/resume-{node}"};
+  slurm::Bridge bridge(cli, *client, o);
+  slurm::BridgeWatch watch(*client, bridge);
+  watch.Start();
+  std::jthread loop([&](std::stop_token st) { bridge.Run(st); });
+  // The node side of the resume command: slurmd restarted with -b.
+  std::jthread resumer([&](std::stop_token st) {
+    while (!st.stop_requested()) {
+      for (const auto& n : cluster.nodes()) {
+        const std::string request = Cat(base, "/resume-", n);
+        if (!std::filesystem::exists(request)) continue;
+        std::filesystem::remove(request);
+        (void)cluster.StopSlurmd(n);
+        if (auto s2 = cluster.StartSlurmd(n, /*as_rebooted=*/true); !s2.ok()) std::printf("  %s\n", std::string(s2.message()).c_str());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  auto wait = [](const std::function<bool()>& pred) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+    while (std::chrono::steady_clock::now() < end) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  };
+  auto lent_node = [&]() -> std::string {
+    for (const auto& n : cluster.nodes()) {
+      const json j = api.Get("nodes", "", n).body;
+      if (!j["spec"].value("unschedulable", false) && !slurm::K8sFenced(j)) return n;
+    }
+    return "";
+  };
+  auto registered = [&](const std::string& n) {
+    const std::string st = cluster.State(n);
+    return !st.empty() && st.find("POWER") == std::string::npos && st.find("NOT_RESPONDING") == std::string::npos;
+  };
+  std::vector<double> lend_ms, ops_ms, slurm_ms;
+  int rc = 0;
+  for (int r = 0; r < rounds && rc == 0; ++r) {
+    const std::string pod = Cat("ps", r);
+    const int64_t t0 = bench::NowNs();
+    if (const std::string err = testing::PendingGpuPod(api, "infer", pod); !err.empty()) {
+      rc = 1;
+      break;
+    }
+    std::string n;
+    if (!wait([&] { return !(n = lent_node()).empty(); })) {
+      std::printf("  round %d: no node lent within 90 s\n", r);
+      rc = 1;
+      break;
+    }
+    lend_ms.push_back(static_cast<double>(bench::NowNs() - t0) / 1e6);
+    if (const std::string err = testing::RunPodOn(api, *client, "infer", pod, n); !err.empty()) {
+      std::printf("  %s\n", err.c_str());
+      rc = 1;
+      break;
+    }
+    // Steady lent state first (SuspendTimeout later): the reclaim is timed from a powered-down node.
+    if (!wait([&] { return cluster.State(n).find("POWERED_DOWN") != std::string::npos; })) {
+      rc = 1;
+      break;
+    }
+    const int64_t t1 = bench::NowNs();
+    std::string job;
+    if (r % 2 == 0) {
+      auto req = client->Patch(k8s::FindResource("nodes")->Path("", n),
+                               {{"metadata", {{"annotations", {{slurm::kReclaimAnnotation, Cat("bench at ", k8s::NowRfc3339())}}}}}},
+                               k8s::kMergePatch);
+      if (!req.ok()) {
+        rc = 1;
+        break;
+      }
+    } else {
+      job = cluster.Submit({"-w", n, "--wrap", "true"});
+    }
+    if (!wait([&] { return registered(n); })) {
+      std::printf("  round %d: %s not back with Slurm within 90 s (%s)\n", r, n.c_str(), cluster.State(n).c_str());
+      rc = 1;
+      break;
+    }
+    (r % 2 == 0 ? ops_ms : slurm_ms).push_back(static_cast<double>(bench::NowNs() - t1) / 1e6);
+    // The next round starts from an idle node owned by Slurm.
+    if (!wait([&] { return cluster.State(n) == "IDLE" && slurm::LeaseOf(api.Get("nodes", "", n).body).phase == slurm::Phase::kSlurm; })) {
+      std::printf("  round %d: %s not idle with Slurm (%s)\n", r, n.c_str(), cluster.State(n).c_str());
+      rc = 1;
+      break;
+    }
+    (void)job;
+  }
+  loop.request_stop();
+  loop.join();
+  watch.Stop();
+  resumer.request_stop();
+  resumer.join();
+  cluster.Stop();
+  if (rc != 0) return rc;
+  Print("lend: pod unschedulable -> uncordoned", bench::Summarize(lend_ms));
+  Print("reclaim, ops: request -> slurmd registered", bench::Summarize(ops_ms));
+  Print("reclaim, Slurm: sbatch -> slurmd registered", bench::Summarize(slurm_ms));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -204,7 +355,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   slurm::CliSlurmClient cli({"", cluster.conf(), std::chrono::milliseconds(10000)});
-  const int rc = LendAndReclaim(rounds, cli, cluster.nodes(), [&](const std::string& n) { return cluster.State(n); });
+  int rc = LendAndReclaim(rounds, cli, cluster.nodes(), [&](const std::string& n) { return cluster.State(n); });
   cluster.Stop();
+  if (rc != 0) return rc;
+  std::printf("== the power-save lend (--lend-via power-save) against a real slurmctld with SuspendProgram/ResumeProgram\n");
+  rc = PowerSaveRounds(std::max(2, rounds / 2));
   return rc;
 }

@@ -745,6 +745,10 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
           f.frozen = Cat("waiting for Slurm to finish powering it down before the power-up (State=", f.slurm->state, ")");
           return false;
         }
+        if (f.slurm->PowerUpRequested()) {
+          f.frozen = Cat("POWER_UP asked for: waiting for Slurm to run ResumeProgram (State=", f.slurm->state, ")");
+          return false;
+        }
         // A drain of ours would outlive the power-up with its reason cleared (22.05 clears
         // Reason= on POWER_UP), and look like an admin's: lift it first; the power-down fences.
         if (f.Ours() && !slurm_write("undrain before the power-up", [&] { return slurm_.Undrain(f.name, kOwnedReasonPrefix); })) {
@@ -754,7 +758,7 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
           return false;
         }
         CrashPoint("reclaim-undrained");  // the power-save lend's Slurm unfence
-        return f.slurm->PoweringUp();
+        return f.slurm->PoweringUp();  // else POWER_UP is pending: waited for above, never asked again
       }
       resumed_at_.erase(f.name);
       if (!f.slurm->Drain()) {

@@ -142,7 +142,7 @@ absl::StatusOr<SlurmNode> CliSlurmClient::PowerDown(const std::string& node, con
 absl::StatusOr<SlurmNode> CliSlurmClient::PowerUp(const std::string& node, const std::string& owned_prefix) {
   auto before = Node(node);
   if (!before.ok()) return before.status();
-  if (!before->PoweredDown()) return before;  // powering up already, or not powered down
+  if (!before->PoweredDown() || before->PowerUpRequested()) return before;  // asked already, or not powered down
   if (auto s = NotDrainedByOthers(*before, owned_prefix); !s.ok()) return s;
   auto w = Run({Bin("scontrol"), "update", Cat("NodeName=", node), "State=POWER_UP"});
   if (!w.ok()) return w.status();

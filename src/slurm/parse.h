@@ -45,6 +45,10 @@ struct SlurmNode {
   bool PoweringDown() const { return Has("POWERING_DOWN"); }
   bool PoweredDown() const { return Has("POWERED_DOWN"); }
   bool PoweringUp() const { return Has("POWERING_UP"); }
+  // State=POWER_UP asked for and not yet acted on (Slurm's power thread runs ResumeProgram within
+  // a second or so). A second POWER_UP in that window leaves the flag on a node that is already
+  // up ("IDLE+POWER_UP", seen in a test run): never repeat one.
+  bool PowerUpRequested() const { return Has("POWER_UP"); }
   bool PowerSaving() const { return PowerDownRequested() || PoweringDown() || PoweredDown() || PoweringUp(); }
   // slurmd has registered and answers (not UNKNOWN, not NOT_RESPONDING, not powering up).
   bool Responding() const {

@@ -328,7 +328,7 @@ class FakeSlurm : public slurm::SlurmClient {
     std::lock_guard lock(mu_);
     auto before = NodeLocked(node);
     if (!before.ok()) return before.status();
-    if (!before->PoweredDown()) return before;
+    if (!before->PoweredDown() || before->PowerUpRequested()) return before;
     if (auto s = slurm::NotDrainedByOthers(*before, owned_prefix); !s.ok()) return s;
     if (auto s = Call(); !s.ok()) return s;
     PowerUpLocked(nodes_.at(node));
