@@ -109,6 +109,58 @@ int ReconcileCost(int nodes) {
   return 0;
 }
 
+bool WaitUntil(const std::function<bool()>& pred, std::chrono::seconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return false;
+}
+
+// One lend: `pod` becomes an unschedulable GPU pod; once one of `nodes` is uncordoned for
+// Kubernetes (its time appended to lend_ms) the pod runs there. The node, or "" (said why).
+std::string LendOnePod(testing::FakeApiServer& api, k8s::Client& client, const std::vector<std::string>& nodes,
+                       const std::string& pod, std::chrono::seconds limit, std::vector<double>* lend_ms) {
+  const int64_t t0 = bench::NowNs();
+  if (const std::string err = testing::PendingGpuPod(api, "infer", pod); !err.empty()) {
+    std::printf("  %s\n", err.c_str());
+    return "";
+  }
+  std::string n;
+  const bool lent = WaitUntil(
+      [&] {
+        for (const auto& c : nodes) {
+          const json j = api.Get("nodes", "", c).body;
+          if (!j["spec"].value("unschedulable", false) && !slurm::K8sFenced(j)) {
+            n = c;
+            return true;
+          }
+        }
+        return false;
+      },
+      limit);
+  if (!lent) {
+    std::printf("  %s: no node lent within %lld s\n", pod.c_str(), static_cast<long long>(limit.count()));
+    return "";
+  }
+  lend_ms->push_back(static_cast<double>(bench::NowNs() - t0) / 1e6);
+  if (const std::string err = testing::RunPodOn(api, client, "infer", pod, n); !err.empty()) {
+    std::printf("  %s\n", err.c_str());
+    return "";
+  }
+  return n;
+}
+
+// What `kgpu slurm-bridge reclaim NODE` writes.
+bool RequestReclaim(k8s::Client& client, const std::string& node) {
+  return client
+      .Patch(k8s::FindResource("nodes")->Path("", node),
+             {{"metadata", {{"annotations", {{slurm::kReclaimAnnotation, Cat("bench at ", k8s::NowRfc3339())}}}}}},
+             k8s::kMergePatch)
+      .ok();
+}
+
 // Lends and reclaims one of `nodes` `rounds` times through `slurm` (the node's Slurm state read
 // with `state`); the pod's node must be given back to Slurm before the next round.
 int LendAndReclaim(int rounds, slurm::SlurmClient& slurm, const std::vector<std::string>& nodes,
@@ -127,53 +179,16 @@ int LendAndReclaim(int rounds, slurm::SlurmClient& slurm, const std::vector<std:
   slurm::BridgeWatch watch(*client, bridge);
   watch.Start();
   std::jthread loop([&](std::stop_token st) { bridge.Run(st); });
-  auto node = [&](const std::string& n) { return api.Get("nodes", "", n).body; };
-  auto lent_node = [&]() -> std::string {
-    for (const auto& n : nodes) {
-      const json j = node(n);
-      if (!j["spec"].value("unschedulable", false) && !slurm::K8sFenced(j)) return n;
-    }
-    return "";
-  };
-  auto wait = [](const std::function<bool()>& pred) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (std::chrono::steady_clock::now() < end) {
-      if (pred()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return false;
-  };
   std::vector<double> lend_ms, reclaim_ms;
   int rc = 0;
   for (int r = 0; r < rounds && rc == 0; ++r) {
-    const std::string pod = Cat("p", r);
-    const int64_t t0 = bench::NowNs();
-    if (const std::string err = testing::PendingGpuPod(api, "infer", pod); !err.empty()) {
-      std::printf("  %s\n", err.c_str());
-      rc = 1;
-      break;
-    }
-    std::string n;
-    if (!wait([&] { return !(n = lent_node()).empty(); })) {
-      std::printf("  round %d: no node lent within 60 s\n", r);
-      rc = 1;
-      break;
-    }
-    lend_ms.push_back(static_cast<double>(bench::NowNs() - t0) / 1e6);
-    if (const std::string err = testing::RunPodOn(api, *client, "infer", pod, n); !err.empty()) {
-      std::printf("  %s\n", err.c_str());
-      rc = 1;
-      break;
-    }
+    const std::string n = LendOnePod(api, *client, nodes, Cat("p", r), std::chrono::seconds(60), &lend_ms);
     const int64_t t1 = bench::NowNs();
-    auto req = client->Patch(k8s::FindResource("nodes")->Path("", n),
-                             {{"metadata", {{"annotations", {{slurm::kReclaimAnnotation, Cat("bench at ", k8s::NowRfc3339())}}}}}},
-                             k8s::kMergePatch);
-    if (!req.ok()) {
+    if (n.empty() || !RequestReclaim(*client, n)) {
       rc = 1;
       break;
     }
-    if (!wait([&] { return state(n) == "IDLE"; })) {
+    if (!WaitUntil([&] { return state(n) == "IDLE"; }, std::chrono::seconds(60))) {
       std::printf("  round %d: %s not back with Slurm within 60 s (%s)\n", r, n.c_str(), state(n).c_str());
       rc = 1;
       break;
@@ -239,21 +254,7 @@ int PowerSaveRounds(int rounds) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   });
-  auto wait = [](const std::function<bool()>& pred) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-    while (std::chrono::steady_clock::now() < end) {
-      if (pred()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return false;
-  };
-  auto lent_node = [&]() -> std::string {
-    for (const auto& n : cluster.nodes()) {
-      const json j = api.Get("nodes", "", n).body;
-      if (!j["spec"].value("unschedulable", false) && !slurm::K8sFenced(j)) return n;
-    }
-    return "";
-  };
+  auto wait = [](const std::function<bool()>& pred) { return WaitUntil(pred, std::chrono::seconds(90)); };
   auto registered = [&](const std::string& n) {
     const std::string st = cluster.State(n);
     return !st.empty() && st.find("POWER") == std::string::npos && st.find("NOT_RESPONDING") == std::string::npos;
@@ -261,21 +262,8 @@ int PowerSaveRounds(int rounds) {
   std::vector<double> lend_ms, ops_ms, slurm_ms;
   int rc = 0;
   for (int r = 0; r < rounds && rc == 0; ++r) {
-    const std::string pod = Cat("ps", r);
-    const int64_t t0 = bench::NowNs();
-    if (const std::string err = testing::PendingGpuPod(api, "infer", pod); !err.empty()) {
-      rc = 1;
-      break;
-    }
-    std::string n;
-    if (!wait([&] { return !(n = lent_node()).empty(); })) {
-      std::printf("  round %d: no node lent within 90 s\n", r);
-      rc = 1;
-      break;
-    }
-    lend_ms.push_back(static_cast<double>(bench::NowNs() - t0) / 1e6);
-    if (const std::string err = testing::RunPodOn(api, *client, "infer", pod, n); !err.empty()) {
-      std::printf("  %s\n", err.c_str());
+    const std::string n = LendOnePod(api, *client, cluster.nodes(), Cat("ps", r), std::chrono::seconds(90), &lend_ms);
+    if (n.empty()) {
       rc = 1;
       break;
     }
@@ -285,17 +273,16 @@ int PowerSaveRounds(int rounds) {
       break;
     }
     const int64_t t1 = bench::NowNs();
-    std::string job;
     if (r % 2 == 0) {
-      auto req = client->Patch(k8s::FindResource("nodes")->Path("", n),
-                               {{"metadata", {{"annotations", {{slurm::kReclaimAnnotation, Cat("bench at ", k8s::NowRfc3339())}}}}}},
-                               k8s::kMergePatch);
-      if (!req.ok()) {
+      if (!RequestReclaim(*client, n)) {
         rc = 1;
         break;
       }
     } else {
-      job = cluster.Submit({"-w", n, "--wrap", "true"});
+      if (cluster.Submit({"-w", n, "--wrap", "true"}).empty()) {
+        rc = 1;
+        break;
+      }
     }
     if (!wait([&] { return registered(n); })) {
       std::printf("  round %d: %s not back with Slurm within 90 s (%s)\n", r, n.c_str(), cluster.State(n).c_str());
@@ -309,7 +296,6 @@ int PowerSaveRounds(int rounds) {
       rc = 1;
       break;
     }
-    (void)job;
   }
   loop.request_stop();
   loop.join();
