@@ -41,6 +41,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "bench_util.h"
 #include "common/strings.h"
 #include "k8s/client.h"
@@ -209,16 +210,7 @@ int PowerSaveRounds(int rounds) {
   const std::string base = cluster.base();
   const std::string kubeconfig = base + "/kubeconfig";
   const std::string kgpu = std::filesystem::read_symlink("/proc/self/exe").parent_path().string() + "/kgpu";
-  std::filesystem::create_directories(base + "/hooks");
-  for (const std::string event : {"suspend", "resume"}) {
-    const std::string path = Cat(base, "/hooks/", event);
-    std::ofstream(path) << "#!/bin/sh\nexec " << kgpu << " slurm-bridge hook " << event << " --kubeconfig " << kubeconfig
-                        << " \"$1\" >>" << base << "/hooks/hooks.log 2>&1\n";
-    std::filesystem::permissions(path, std::filesystem::perms::owner_all);
-  }
-  cluster.mutable_options().extra_conf += Cat("SuspendProgram=", base, "/hooks/suspend\nResumeProgram=", base,
-                                              "/hooks/resume\nSuspendTime=3600\nSuspendExcNodes=node1,node2\n"
-                                              "SuspendTimeout=5\nResumeTimeout=90\n");
+  cluster.EnablePowerSave(kgpu, kubeconfig);
   if (auto st = cluster.Start(); !st.ok()) {
     std::printf("  cannot start Slurm: %s\n", std::string(st.message()).c_str());
     return 1;
@@ -236,7 +228,7 @@ int PowerSaveRounds(int rounds) {
   o.cooldown = std::chrono::seconds(0);
   o.min_kept = 1;
   o.power_save = true;
-  o.resume_command = {"touch", base + "/resume-{node}"};
+  o.resume_command = absl::StrSplit(cluster.ResumeCommand(), ' ');
   slurm::Bridge bridge(cli, *client, o);
   slurm::BridgeWatch watch(*client, bridge);
   watch.Start();
@@ -244,12 +236,8 @@ int PowerSaveRounds(int rounds) {
   // The node side of the resume command: slurmd restarted with -b.
   std::jthread resumer([&](std::stop_token st) {
     while (!st.stop_requested()) {
-      for (const auto& n : cluster.nodes()) {
-        const std::string request = Cat(base, "/resume-", n);
-        if (!std::filesystem::exists(request)) continue;
-        std::filesystem::remove(request);
-        (void)cluster.StopSlurmd(n);
-        if (auto s2 = cluster.StartSlurmd(n, /*as_rebooted=*/true); !s2.ok()) std::printf("  %s\n", std::string(s2.message()).c_str());
+      for (const auto& [n, s2] : cluster.ServeResumeRequests()) {
+        if (!s2.ok()) std::printf("  %s: %s\n", n.c_str(), std::string(s2.message()).c_str());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }

@@ -141,7 +141,7 @@ std::vector<std::string> NamedUnavailable(const std::string& reason) {
 }  // namespace
 
 bool SlurmFencedByUs(const SlurmNode& n) {
-  return IsOwnedReason(n.reason) && (n.Drain() || n.PowerDownRequested() || n.PoweringDown() || n.PoweredDown());
+  return IsOwnedReason(n.reason) && (n.Drain() || n.PowerDownAskedOrDone());
 }
 
 const json& Field(const json& j, std::string_view key) {
@@ -219,10 +219,7 @@ struct Bridge::Facts {
   bool Ours() const { return slurm && slurm->Drain() && IsOwnedReason(slurm->reason); }
   bool Foreign() const { return slurm && slurm->Drain() && !IsOwnedReason(slurm->reason); }
   // Our power-down (the power-save lend): requested, in progress or done, with our reason.
-  bool PowerFenced() const {
-    return slurm && IsOwnedReason(slurm->reason) &&
-           (slurm->PowerDownRequested() || slurm->PoweringDown() || slurm->PoweredDown());
-  }
+  bool PowerFenced() const { return slurm && IsOwnedReason(slurm->reason) && slurm->PowerDownAskedOrDone(); }
   bool SlurmFenced() const { return slurm && SlurmFencedByUs(*slurm); }
   // The power-save lend: Slurm gave the powered-down node to a job (MIXED+POWERED_DOWN, then
   // POWERING_UP once ResumeProgram ran; 22.05 clears the reason) or was told POWER_UP: it wants
@@ -438,8 +435,7 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         f.frozen = Cat("Slurm is powering it up (State=", f.slurm->state, "): waiting for slurmd to register");
         return false;
       }
-      if (opts_.power_save && f.slurm && f.slurm->PowerSaving() && SlurmFencedByUs(*f.slurm) && f.pods.empty() &&
-          f.lease.generation > 0) {
+      if (opts_.power_save && f.PowerFenced() && f.pods.empty() && f.lease.generation > 0) {
         // Our power-down with no lend in progress: Kubernetes is fenced and empty; R3 powers it up.
         Lease l = NextLease(f, Phase::kReclaimUnfencing,
                             Cat("a kgpu-lend power-down without a lend in progress (State=", f.slurm->state, "): powering it up"));

@@ -49,7 +49,9 @@ struct SlurmNode {
   // a second or so). A second POWER_UP in that window leaves the flag on a node that is already
   // up ("IDLE+POWER_UP", seen in a test run): never repeat one.
   bool PowerUpRequested() const { return Has("POWER_UP"); }
-  bool PowerSaving() const { return PowerDownRequested() || PoweringDown() || PoweredDown() || PoweringUp(); }
+  // A power-down asked for, under way or done.
+  bool PowerDownAskedOrDone() const { return PowerDownRequested() || PoweringDown() || PoweredDown(); }
+  bool PowerSaving() const { return PowerDownAskedOrDone() || PoweringUp(); }
   // slurmd has registered and answers (not UNKNOWN, not NOT_RESPONDING, not powering up).
   bool Responding() const {
     return base != "UNKNOWN" && !Has("NOT_RESPONDING") && !Has("POWERING_UP") && base != "DOWN";

@@ -96,7 +96,7 @@ class SlurmBridgeTest : public ::testing::Test {
     ASSERT_TRUE(api_->Start().ok());
     kubeconfig_ = cluster_->base() + "/kubeconfig";
     std::ofstream(kubeconfig_) << api_->Kubeconfig();
-    if (power_save_) ConfigurePowerSave();
+    if (power_save_) cluster_->EnablePowerSave(KGPU_BIN, kubeconfig_);
     auto s = cluster_->Start();
     ASSERT_TRUE(s.ok()) << s.message();
     for (const auto& n : cluster_->nodes()) {
@@ -114,46 +114,25 @@ class SlurmBridgeTest : public ::testing::Test {
     checker_ = std::jthread([this](std::stop_token st) { CheckLoop(st); });
   }
 
-  // Slurm's power saving with kgpu's hooks, as docs/slurm.md asks a site to set it up: the bridged
-  // nodes out of automatic suspension (SuspendExcNodes), SuspendProgram and ResumeProgram calling
-  // `kgpu slurm-bridge hook`, ResumeTimeout above the reclaim's duration.
-  void ConfigurePowerSave() {
-    const std::string hooks = cluster_->base() + "/hooks";
-    fs::create_directories(hooks);
-    for (const std::string event : {"suspend", "resume"}) {
-      const std::string path = Cat(hooks, "/", event);
-      std::ofstream(path) << "#!/bin/sh\nexec " << KGPU_BIN << " slurm-bridge hook " << event << " --kubeconfig " << kubeconfig_
-                          << " \"$1\" >>" << hooks << "/hooks.log 2>&1\n";
-      fs::permissions(path, fs::perms::owner_all);
-    }
-    std::string nodes;
-    for (const auto& n : cluster_->nodes()) nodes += (nodes.empty() ? "" : ",") + n;
-    cluster_->mutable_options().extra_conf += Cat("SuspendProgram=", hooks, "/suspend\nResumeProgram=", hooks,
-                                                  "/resume\nSuspendTime=3600\nSuspendExcNodes=", nodes,
-                                                  "\nSuspendTimeout=5\nResumeTimeout=90\n");
-  }
-  // What the site's resume command stands for here: the bridge's --resume-command touches
-  // <base>/resume-<node>; this restarts that node's slurmd with -b (registers as rebooted).
+  // The node side of the bridge's resume command (SlurmCluster::ServeResumeRequests), recording
+  // each request and whether pods were still on the node when it came.
   void ServeResumeRequests(std::stop_token st) {
     while (!st.stop_requested()) {
-      for (const auto& n : cluster_->nodes()) {
-        const std::string request = Cat(cluster_->base(), "/resume-", n);
-        if (!fs::exists(request)) continue;
-        fs::remove(request);
+      std::map<std::string, int> pods;  // the bridge asks only once Kubernetes has left the node
+      auto count_pods = [&](const std::string& n) {
         std::vector<std::string> names;
         {
           std::lock_guard lock(mu_);
           names = pod_names_;
         }
-        int pods = 0;  // the bridge asks only once Kubernetes has left the node
         for (const auto& name : names) {
           auto r = api_->Get("pods", "infer", name);
-          if (r.code == 200 && r.body["spec"].value("nodeName", "") == n) ++pods;
+          if (r.code == 200 && r.body["spec"].value("nodeName", "") == n) ++pods[n];
         }
-        (void)cluster_->StopSlurmd(n);
-        auto s = cluster_->StartSlurmd(n, /*as_rebooted=*/true);
+      };
+      for (const auto& [n, s] : cluster_->ServeResumeRequests(count_pods)) {
         std::lock_guard lock(mu_);
-        resumes_.push_back(!s.ok() ? Cat(n, ": ", s.message()) : pods > 0 ? Cat(n, " with ", pods, " pod(s) still on it") : n);
+        resumes_.push_back(!s.ok() ? Cat(n, ": ", s.message()) : pods[n] > 0 ? Cat(n, " with ", pods[n], " pod(s) still on it") : n);
       }
       std::this_thread::sleep_for(milliseconds(100));
     }
@@ -330,7 +309,7 @@ class SlurmBridgeTest : public ::testing::Test {
 
   void KillAtEveryPhaseBoundary(const std::vector<std::string>& mode);
   std::vector<std::string> PowerSaveArgs() const {
-    return {"--lend-via", "power-save", "--resume-command", Cat("touch ", cluster_->base(), "/resume-{node}")};
+    return {"--lend-via", "power-save", "--resume-command", cluster_->ResumeCommand()};
   }
 
   // Lends `node` (idle) on a pending GPU pod and places the pod there.

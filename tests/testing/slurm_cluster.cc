@@ -348,6 +348,35 @@ absl::Status SlurmCluster::StartSlurmd(const std::string& node, bool as_rebooted
   return ok ? absl::OkStatus() : absl::DeadlineExceededError(Cat("slurmd ", node, " did not register\n", Logs()));
 }
 
+void SlurmCluster::EnablePowerSave(const std::string& kgpu, const std::string& kubeconfig) {
+  const std::string hooks = base_ + "/hooks";
+  fs::create_directories(hooks);
+  for (const std::string event : {"suspend", "resume"}) {
+    const std::string path = Cat(hooks, "/", event);
+    std::ofstream(path) << "#!/bin/sh\nexec " << kgpu << " slurm-bridge hook " << event << " --kubeconfig " << kubeconfig
+                        << " \"$1\" >>" << hooks << "/hooks.log 2>&1\n";
+    fs::permissions(path, fs::perms::owner_all);
+  }
+  std::string nodes;
+  for (const auto& n : options_.nodes) nodes += (nodes.empty() ? "" : ",") + n;
+  options_.extra_conf += Cat("SuspendProgram=", hooks, "/suspend\nResumeProgram=", hooks,
+                             "/resume\nSuspendTime=3600\nSuspendExcNodes=", nodes, "\nSuspendTimeout=5\nResumeTimeout=90\n");
+}
+
+std::vector<std::pair<std::string, absl::Status>> SlurmCluster::ServeResumeRequests(
+    const std::function<void(const std::string&)>& before) {
+  std::vector<std::pair<std::string, absl::Status>> served;
+  for (const auto& n : options_.nodes) {
+    const std::string request = Cat(base_, "/resume-", n);
+    std::error_code ec;
+    if (!fs::remove(request, ec)) continue;
+    if (before) before(n);
+    (void)StopSlurmd(n);
+    served.emplace_back(n, StartSlurmd(n, /*as_rebooted=*/true));
+  }
+  return served;
+}
+
 void SlurmCluster::Stop() {
   if (base_.empty()) return;
   std::vector<std::string> daemons, rest;

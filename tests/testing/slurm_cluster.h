@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -65,6 +66,18 @@ class SlurmCluster {
   // as_rebooted: `slurmd -b`, which registers as a node that rebooted (what a node powered up
   // through ResumeProgram must do before Slurm counts it as resumed).
   absl::Status StartSlurmd(const std::string& node, bool as_rebooted = false);
+
+  // Slurm's power saving with kgpu's hooks, as docs/slurm.md asks a site to set it up (call before
+  // Start()): SuspendProgram/ResumeProgram run `<kgpu> slurm-bridge hook suspend|resume
+  // --kubeconfig <kubeconfig> "$1"` (output in <base>/hooks/hooks.log), every node in
+  // SuspendExcNodes (no automatic suspension), SuspendTimeout=5, ResumeTimeout=90.
+  void EnablePowerSave(const std::string& kgpu, const std::string& kubeconfig);
+  // A bridge --resume-command that asks ServeResumeRequests() (it touches <base>/resume-<node>).
+  std::string ResumeCommand() const { return "touch " + base_ + "/resume-{node}"; }
+  // The node side of that command, once: for each node asked for, `before(node)` (may be empty),
+  // then its slurmd restarted with -b (registers as rebooted). Returns each node served and how.
+  std::vector<std::pair<std::string, absl::Status>> ServeResumeRequests(
+      const std::function<void(const std::string&)>& before = {});
 
   const std::string& base() const { return base_; }
   std::string conf() const { return base_ + "/etc/slurm.conf"; }
