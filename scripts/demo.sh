@@ -188,6 +188,8 @@ echo "team-b/server has three GPU containers: one row each for the server and it
 echo "own; its warm-up init container has no row: it runs on the server's share, which kubelet hands on to the server."
 echo "The sharing node runs its plugin with --cuda-interposer, so shares there get hard memory limits: the"
 echo "container preloads libkgpu-cuda.so, which holds it to KGPU_CUDA_MEMORY_LIMIT (docs/isolation.md)."
+echo "Last, preemption for GPU memory: kube-scheduler does not count it, so its own preemption finds no victim;"
+echo "the extender evicts the lower-priority share itself (Eviction API), holds the GPU, and the pod binds there."
 echo "\$ kgpu-demo-cluster"
 "$bin/kgpu-demo-cluster" | sed 's/^/  /'
 step "GPU quota: a pod over quota refused by the apiserver, shares charged exactly, kgpu quota and kgpu quota plan"

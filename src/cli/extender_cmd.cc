@@ -25,6 +25,15 @@ void AddExtenderFlags(CLI::App* app, ExtenderFlags* f) {
                   "user: that memory is not placed")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app->add_flag("--preemption,!--no-preemption", f->options.preemption,
+                "preempt lower-priority GPU pods for pods short of what only the extender counts (share memory and "
+                "cores), which kube-scheduler's own preemption cannot see")
+      ->capture_default_str();
+  app->add_option("--preemption-hold", f->preemption_hold_s,
+                  "seconds the node of such a preemption is held for the preemptor against GPU pods of lower or equal "
+                  "priority (until it is bound)")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
   app->add_option("--kube-api-qps", f->qps, "API requests per second (kube-scheduler's default)")->capture_default_str();
   app->add_option("--kube-api-burst", f->burst, "API request burst")->capture_default_str();
   app->add_option("--threads", f->options.threads, "HTTP worker threads")->capture_default_str();
@@ -65,6 +74,7 @@ int RunExtender(const ExtenderFlags& flags, const volatile std::sig_atomic_t* st
   options.lease_duration = ms(flags.lease_duration_s);
   options.renew_deadline = ms(flags.renew_deadline_s);
   options.retry_period = ms(flags.retry_period_s);
+  options.state.preemption_hold = ms(flags.preemption_hold_s);
   cfg->qps = flags.qps;
   cfg->burst = flags.burst;
   auto client = k8s::Client::Create(*cfg);

@@ -21,6 +21,7 @@ struct ExtenderFlags {
   double qps = 50;
   int burst = 100;
   double lease_duration_s = 15, renew_deadline_s = 10, retry_period_s = 2;
+  double preemption_hold_s = 60;
   extender::ExtenderOptions options;
 };
 void AddExtenderFlags(CLI::App* app, ExtenderFlags* flags);

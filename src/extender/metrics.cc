@@ -13,6 +13,9 @@ const std::map<std::string, std::string>& Help() {
       {"kgpu_extender_binds_total", "Bind results: bound, already_bound, failed."},
       {"kgpu_extender_failures_total", "Verb requests that failed, by reason."},
       {"kgpu_extender_preempt_nodes_total", "Preempt candidates: kept (their victims make the pod fit) or dropped."},
+      {"kgpu_extender_preemptions_total",
+       "The extender's own preemptions (shortfalls kube-scheduler cannot see): started, or blocked (an eviction refused)."},
+      {"kgpu_extender_preemption_victims_total", "Pods evicted by the extender's own preemptions."},
   };
   return help;
 }

@@ -46,7 +46,10 @@ std::string EscapePercent(std::string_view s) {
 }
 
 Extender::Extender(k8s::Client& client, ExtenderOptions options)
-    : client_(client), opts_(std::move(options)), state_(opts_.state) {}
+    : client_(client),
+      opts_(std::move(options)),
+      state_(opts_.state),
+      events_(client_, "kgpu.io/extender", opts_.identity.empty() ? HostName() : opts_.identity) {}
 
 Extender::~Extender() { Stop(); }
 
@@ -86,7 +89,8 @@ Extender::Reply Extender::Filter(std::string_view body) {
       for (const auto& n : *args->nodes) state_.UpsertNode(n);  // nodeCacheCapable: false
     }
     std::vector<std::string> scratch;
-    auto out = state_.Filter(args->pod, NamesOf(*args, scratch));
+    const std::vector<std::string>& names = NamesOf(*args, scratch);
+    auto out = state_.Filter(args->pod, names);
     FilterResult r;
     const size_t passed = out.passed.size();
     if (args->node_names) {
@@ -100,6 +104,20 @@ Extender::Reply Extender::Filter(std::string_view body) {
         }
       }
       r.nodes = std::move(keep);
+    }
+    if (opts_.preemption && passed == 0 && !out.failed.empty()) {
+      // Every node kube-scheduler passed on is refused for what it cannot see: its own
+      // preemption would find no victim there (facts §1.4), so the extender preempts.
+      if (auto plan = state_.PlanPreemption(args->pod, names); plan) {
+        std::vector<std::string> victims;
+        for (const auto& v : plan->victims) victims.push_back(Cat(v.ns, "/", v.name));
+        std::string& why = out.failed[plan->node];
+        why += Cat("; preempting ", plan->victims.size(), " lower-priority pod(s) here: ", Join(victims, ", "));
+        metrics_.Count("kgpu_extender_preemptions_total", {{"result", "started"}});
+        std::lock_guard lock(preempt_mu_);
+        preempt_queue_.push_back(std::move(*plan));
+        preempt_cv_.notify_one();
+      }
     }
     r.failed_nodes = std::move(out.failed);
     r.failed_and_unresolvable = std::move(out.unresolvable);
@@ -218,6 +236,35 @@ std::string Extender::BindPod(const BindingArgs& b) {
   return "";
 }
 
+void Extender::CarryOut(const PreemptionPlan& plan) {
+  const k8s::ObjectRef preemptor{"v1", "Pod", plan.ns, plan.name, plan.uid};
+  std::vector<std::string> names;
+  for (const auto& v : plan.victims) names.push_back(Cat(v.ns, "/", v.name));
+  Log("extender")->info("preempting for {}/{} (priority {}) on {}: evicting {}", plan.ns, plan.name, plan.priority,
+                        plan.node, Join(names, ", "));
+  (void)events_.Record(preemptor, "Normal", "Preempting", "Preempt",
+                       Cat("Preempting ", Join(names, ", "), " on node ", plan.node,
+                           ": lower-priority pods holding the GPU memory or cores this pod needs"));
+  k8s::EvictOptions eo;
+  eo.max_wait = opts_.eviction_wait;
+  for (const auto& v : plan.victims) {
+    const k8s::ObjectRef victim{"v1", "Pod", v.ns, v.name, v.uid};
+    if (absl::Status st = client_.Evict(v.ns, v.name, eo); !st.ok()) {
+      state_.PreemptionFailed(plan.uid);
+      metrics_.Count("kgpu_extender_preemptions_total", {{"result", "blocked"}});
+      const std::string note = Cat("Cannot preempt ", v.ns, "/", v.name, " on node ", plan.node, ": ", st.message(),
+                                   " (a PodDisruptionBudget forbids it now, or the API failed); tried again later");
+      Log("extender")->warn("preemption for {}/{}: {}", plan.ns, plan.name, note);
+      (void)events_.Record(preemptor, "Warning", "PreemptionBlocked", "Preempt", note);
+      return;
+    }
+    metrics_.Count("kgpu_extender_preemption_victims_total", {});
+    (void)events_.Record(victim, "Normal", "Preempted", "Preempt",
+                         Cat("Preempted by pod ", plan.ns, "/", plan.name, " (priority ", plan.priority, ") on node ",
+                             plan.node, " (kgpu extender: GPU memory or cores)"));
+  }
+}
+
 std::string Extender::MetricsText() const {
   const auto s = state_.Stats();
   std::string extra;
@@ -264,6 +311,18 @@ absl::Status Extender::Start() {
   // Nodes first, so that pods find their nodes (a pod whose node comes later is booked then).
   nodes_->Start();
   pods_->Start();
+  preemption_thread_ = std::jthread([this](std::stop_token stop) {
+    while (true) {
+      PreemptionPlan plan;
+      {
+        std::unique_lock lock(preempt_mu_);
+        if (!preempt_cv_.wait(lock, stop, [&] { return !preempt_queue_.empty(); })) return;
+        plan = std::move(preempt_queue_.front());
+        preempt_queue_.pop_front();
+      }
+      CarryOut(plan);
+    }
+  });
   if (opts_.leader_elect) {
     k8s::LeaderElectionConfig lc;
     lc.ns = opts_.lease_namespace;
@@ -355,6 +414,10 @@ void Extender::Stop() {
     elector_thread_.join();
   }
   if (http_) http_->stop();
+  if (preemption_thread_.joinable()) {
+    preemption_thread_.request_stop();
+    preemption_thread_.join();
+  }
   // Joining the listener waits for its workers: httplib lets an idle keep-alive connection sit for
   // the keep-alive timeout (5 s) without noticing that the server stopped.
   if (http_thread_.joinable()) http_thread_.join();

@@ -8,6 +8,10 @@
 //                              resourceVersion: a concurrent change is a 409 and is retried on the
 //                              fresh pod), then creates pods/binding; any failure forgets the booking
 //   POST <prefix>/preempt      ExtenderPreemptionArgs -> ExtenderPreemptionResult
+//                              (and, for what kube-scheduler's preemption cannot see, the
+//                              extender's own: a filter that refuses every node starts it,
+//                              State::PlanPreemption picks the victims, a worker evicts them
+//                              through the Eviction API, honouring PodDisruptionBudgets)
 //   GET  /healthz              200 while the process serves
 //   GET  /readyz               200 once the Node and Pod informers have synced (and, with leader
 //                              election, while this replica leads); 503 with the reason otherwise
@@ -21,7 +25,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -30,6 +37,7 @@
 #include "extender/metrics.h"
 #include "extender/state.h"
 #include "k8s/client.h"
+#include "k8s/events.h"
 #include "k8s/informer.h"
 #include "k8s/leader.h"
 
@@ -56,6 +64,12 @@ struct ExtenderOptions {
   // client-go's (and kube-scheduler's) defaults: a crashed leader is replaced after at most
   // lease_duration + retry_period.
   std::chrono::milliseconds lease_duration{15000}, renew_deadline{10000}, retry_period{2000};
+  // The extender's own preemption for shortfalls kube-scheduler cannot see (share memory and
+  // cores): off, pods short only of those wait until capacity frees up by itself.
+  bool preemption = true;
+  // How long one victim's eviction may be refused (429: a PodDisruptionBudget) before the
+  // preemption gives up (State::PreemptionFailed).
+  std::chrono::milliseconds eviction_wait{10000};
 };
 
 class Extender {
@@ -88,6 +102,8 @@ class Extender {
  private:
   Reply Timed(const std::string& verb, const std::function<Reply()>& f);
   std::string BindPod(const BindingArgs& args);
+  // Evicts the plan's victims one after the other (on preemption_thread_).
+  void CarryOut(const PreemptionPlan& plan);
 
   k8s::Client& client_;
   ExtenderOptions opts_;
@@ -100,6 +116,11 @@ class Extender {
   std::thread http_thread_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};  // Stop() began: replies close their connections
+  k8s::EventRecorder events_;
+  std::mutex preempt_mu_;
+  std::condition_variable_any preempt_cv_;
+  std::deque<PreemptionPlan> preempt_queue_;
+  std::jthread preemption_thread_;
 };
 
 // `%` doubled: kube-scheduler passes an Error through fmt.Errorf.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <tuple>
 
 #include "absl/cleanup/cleanup.h"
 #include "common/log.h"
@@ -482,8 +483,9 @@ FilterOutcome State::Filter(const json& pod, const std::vector<std::string>& nod
   RefusalMemo memo;
   for (const auto& n : nodes) {
     bool unres = false;
-    const char* cat = nullptr;
-    std::string why = ExplainLocked(*c, n, &unres, &cat, &memo);
+    const char* cat = "held";
+    std::string why = HeldLocked(*c, n);
+    if (why.empty()) why = ExplainLocked(*c, n, &unres, &cat, &memo);
     if (!why.empty()) {
       auto r = std::find_if(reasons.begin(), reasons.end(), [&](const auto& e) { return std::strcmp(e.first, cat) == 0; });
       if (r == reasons.end()) r = reasons.insert(reasons.end(), {cat, 0});
@@ -724,6 +726,7 @@ void State::UpsertPod(const json& pod) {
   const std::string node = spec.value("nodeName", "");
   std::optional<AllocationRecord> rec;
   std::lock_guard lock(mu_);
+  if (!node.empty() || phase == "Succeeded" || phase == "Failed") holds_.erase(uid);  // the preemptor got its place
   if (auto r = RecordOnPod(pod); r.ok()) {
     rec = std::move(*r);
   } else {
@@ -769,6 +772,7 @@ void State::UpsertPod(const json& pod) {
   e.ns = meta.value("namespace", "default");
   e.name = meta.value("name", "");
   if (spec.contains("priority") && spec["priority"].is_number_integer()) e.priority = spec["priority"].get<int64_t>();
+  e.terminating = meta.contains("deletionTimestamp") && !meta["deletionTimestamp"].is_null();
   if (e.booked && e.record == rec && e.node == node) {
     e.bound = true;
     e.assumed = false;
@@ -796,6 +800,7 @@ void State::UpsertPod(const json& pod) {
 void State::RemovePod(const json& pod) {
   const std::string uid = UidOf(pod);
   std::lock_guard lock(mu_);
+  holds_.erase(uid);
   auto it = pods_.find(uid);
   if (it == pods_.end()) return;
   const std::string was_on = it->second.node;
@@ -829,7 +834,8 @@ absl::StatusOr<Assumption> State::Assume(const json& pod, const std::string& nod
     BookWaitingLocked(was_on);
   }
   bool unres = false;
-  const std::string why = ExplainLocked(*c, node, &unres, nullptr);
+  std::string why = HeldLocked(*c, node);
+  if (why.empty()) why = ExplainLocked(*c, node, &unres, nullptr);
   if (!why.empty()) return absl::FailedPreconditionError(Cat("node ", node, ": ", why));
   const int id = engine_->cluster().FindNode(node);
   const NodeInfo& info = nodes_.at(node);
@@ -898,6 +904,7 @@ void State::Forget(const std::string& uid) {
 
 void State::Confirm(const std::string& uid) {
   std::lock_guard lock(mu_);
+  holds_.erase(uid);  // a preemptor got its place
   auto it = pods_.find(uid);
   if (it == pods_.end()) return;
   it->second.bound = true;
@@ -910,6 +917,10 @@ std::map<std::string, MetaVictims> State::Preempt(const json& pod, const std::ma
   auto c = CompileLocked(pod);
   if (!c->pod_error.empty()) return out;
   if (!c->wants_gpu) return victims;
+  if (auto h = holds_.find(c->uid);
+      h != holds_.end() && !h->second.failed && h->second.until > std::chrono::steady_clock::now()) {
+    return out;  // our own preemption for it is under way
+  }
   for (const auto& [node, mv] : victims) {
     const int id = engine_->cluster().FindNode(node);
     if (id < 0) continue;
@@ -933,6 +944,125 @@ std::map<std::string, MetaVictims> State::Preempt(const json& pod, const std::ma
     if (fits) out[node] = mv;
   }
   return out;
+}
+
+std::string State::HeldLocked(const Compiled& c, const std::string& node) {
+  if (holds_.empty() || !c.wants_gpu || !c.pod_error.empty()) return "";
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = holds_.begin(); it != holds_.end();) {
+    const Hold& h = it->second;
+    if (h.until <= now) {
+      it = holds_.erase(it);
+      continue;
+    }
+    if (!h.failed && h.node == node && it->first != c.uid && h.priority >= c.pod.priority) {
+      return Cat("the node's GPUs are held for pod ", h.ns, "/", h.name, " (priority ", h.priority,
+                 "), which is preempting lower-priority pods here");
+    }
+    ++it;
+  }
+  return "";
+}
+
+std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::vector<std::string>& nodes) {
+  std::lock_guard lock(mu_);
+  auto c = CompileLocked(pod);
+  if (!c->pod_error.empty() || !c->wants_gpu) return std::nullopt;
+  const json spec = pod.value("spec", json::object());
+  if (spec.value("preemptionPolicy", "") == "Never") return std::nullopt;
+  if (!pod.value("status", json::object()).value("nominatedNodeName", "").empty()) return std::nullopt;
+  const auto now = std::chrono::steady_clock::now();
+  if (auto h = holds_.find(c->uid); h != holds_.end()) {
+    if (h->second.until > now) return std::nullopt;  // under way, or backing off after a failure
+    holds_.erase(h);
+  }
+  struct Choice {
+    PreemptionPlan plan;
+    int64_t highest = 0, sum = 0;
+  };
+  std::optional<Choice> best;
+  bool unres = false;
+  for (const auto& node : nodes) {
+    if (!HeldLocked(*c, node).empty()) continue;
+    const std::string why = ExplainLocked(*c, node, &unres, nullptr);
+    if (why.empty()) return std::nullopt;  // it fits: nothing to preempt
+    if (unres) continue;
+    auto on = on_node_.find(node);
+    if (on == on_node_.end()) continue;
+    // What leaves anyway (terminating pods) and what may be preempted (lower priority).
+    std::vector<std::string> leaving, lower;
+    for (const auto& uid : on->second) {
+      auto it = pods_.find(uid);
+      if (it == pods_.end() || !it->second.booked || it->second.node != node) continue;
+      if (it->second.terminating) {
+        leaving.push_back(uid);
+      } else if (it->second.priority < c->pod.priority) {
+        lower.push_back(uid);
+      }
+    }
+    for (const auto& uid : leaving) UnbookLocked(uid, pods_.at(uid));
+    const bool fits_once_they_left = !leaving.empty() && ExplainLocked(*c, node, &unres, nullptr).empty();
+    std::vector<std::string> victims;
+    if (!fits_once_they_left && !lower.empty()) {
+      for (const auto& uid : lower) UnbookLocked(uid, pods_.at(uid));
+      if (ExplainLocked(*c, node, &unres, nullptr).empty()) {
+        // Reprieve the most important first; whoever the pod cannot fit beside stays a victim.
+        std::sort(lower.begin(), lower.end(), [&](const std::string& a, const std::string& b) {
+          const PodEntry &ea = pods_.at(a), &eb = pods_.at(b);
+          if (ea.priority != eb.priority) return ea.priority > eb.priority;
+          return std::tie(ea.ns, ea.name) < std::tie(eb.ns, eb.name);
+        });
+        for (const auto& uid : lower) {
+          PodEntry& e = pods_.at(uid);
+          BookLocked(uid, e);
+          if (!ExplainLocked(*c, node, &unres, nullptr).empty()) {
+            UnbookLocked(uid, e);
+            victims.push_back(uid);
+          }
+        }
+      }
+      for (const auto& uid : lower) {
+        PodEntry& e = pods_.at(uid);
+        if (!e.booked) BookLocked(uid, e);
+      }
+    }
+    for (const auto& uid : leaving) BookLocked(uid, pods_.at(uid));
+    if (fits_once_they_left) return std::nullopt;  // wait for them, as kube-scheduler does
+    if (victims.empty()) continue;
+    Choice ch;
+    ch.plan.node = node;
+    for (auto v = victims.rbegin(); v != victims.rend(); ++v) {  // lowest priority first
+      const PodEntry& e = pods_.at(*v);
+      ch.plan.victims.push_back({*v, e.ns, e.name, e.priority});
+      ch.sum += e.priority;
+    }
+    ch.highest = ch.plan.victims.back().priority;
+    auto key = [](const Choice& x) { return std::make_tuple(x.highest, x.sum, x.plan.victims.size(), x.plan.node); };
+    if (!best || key(ch) < key(*best)) best = std::move(ch);
+  }
+  if (!best) return std::nullopt;
+  PreemptionPlan plan = std::move(best->plan);
+  plan.uid = c->uid;
+  plan.ns = c->pod.ns;
+  plan.name = c->pod.name;
+  plan.priority = c->pod.priority;
+  holds_[c->uid] = Hold{plan.ns, plan.name, plan.node, plan.priority, false, now + opts_.preemption_hold};
+  return plan;
+}
+
+void State::PreemptionFailed(const std::string& uid) {
+  std::lock_guard lock(mu_);
+  auto it = holds_.find(uid);
+  if (it == holds_.end()) return;
+  it->second.failed = true;
+  it->second.until = std::chrono::steady_clock::now() + opts_.preemption_backoff;
+}
+
+std::string State::PreemptingOn(const std::string& uid) const {
+  std::lock_guard lock(mu_);
+  auto it = holds_.find(uid);
+  if (it == holds_.end() || it->second.failed || it->second.until <= std::chrono::steady_clock::now()) return "";
+  return it->second.node;
 }
 
 std::optional<AllocationRecord> State::RecordOf(const std::string& uid) const {

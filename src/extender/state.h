@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -41,6 +42,11 @@ struct StateOptions {
   // much has an untracked user (another process, a pod outside kgpu, a share exceeding its
   // record): that memory is taken out of what the extender places. Below it: driver overhead.
   int64_t untracked_tolerance_mib = 1024;
+  // The extender's own preemption (PlanPreemption): the node it preempts on is held for the
+  // preemptor against GPU pods of lower or equal priority until the preemptor is bound or
+  // deleted, or for this long at most; after a preemption that could not be carried out
+  // (PreemptionFailed), the pod is not planned for again for `preemption_backoff`.
+  std::chrono::milliseconds preemption_hold{60000}, preemption_backoff{30000};
 };
 
 struct FilterOutcome {
@@ -54,6 +60,22 @@ struct Assumption {
   std::string uid, ns, name, node;
   AllocationRecord record;
   bool already_bound = false;  // the pod was bound there with this record before (a retry)
+};
+
+// A preemption kube-scheduler cannot carry out itself: a pod short only of what the extender
+// alone counts (share memory and cores, ignoredByScheduler; or GPUs the extender refuses, e.g.
+// an untracked user) passed kube-scheduler's own filters everywhere, so its dry run finds no
+// victim and never calls the extender's preempt (facts §1.4). The extender picks the victims as
+// kube-scheduler's DefaultPreemption does and evicts them itself.
+struct PreemptionPlan {
+  std::string uid, ns, name;  // the preemptor
+  int64_t priority = 0;
+  std::string node;
+  struct Victim {
+    std::string uid, ns, name;
+    int64_t priority = 0;
+  };
+  std::vector<Victim> victims;  // lowest priority first
 };
 
 struct StateStats {
@@ -88,7 +110,26 @@ class State {
   // The binding was created: the booking stays until the pod goes away.
   void Confirm(const std::string& uid);
   // Per node: the victims that must go for the pod to fit (nodes where none do are dropped).
+  // Empty while the extender's own preemption for the pod is under way (PlanPreemption), so that
+  // kube-scheduler never preempts a second time for it elsewhere.
   std::map<std::string, MetaVictims> Preempt(const nlohmann::json& pod, const std::map<std::string, MetaVictims>& victims);
+
+  // For a pod that none of `nodes` (those that passed kube-scheduler's own filters) can take:
+  // the node and the fewest lower-priority GPU pods whose removal lets it fit there, chosen as
+  // kube-scheduler's DefaultPreemption chooses (every lower-priority pod removed, then reprieved
+  // highest priority first while the pod still fits; among nodes the lowest highest victim
+  // priority, then the lowest sum of priorities, then the fewest victims, then the name). The
+  // node is held for the pod from now on (Filter and Assume refuse it to GPU pods of lower or
+  // equal priority). None when the pod may not preempt (spec.preemptionPolicy: Never, or
+  // kube-scheduler's own preemption is under way: status.nominatedNodeName), when a preemption
+  // of ours for it is under way or backing off, when pods already terminating will make room,
+  // or when no set of victims does.
+  std::optional<PreemptionPlan> PlanPreemption(const nlohmann::json& pod, const std::vector<std::string>& nodes);
+  // Evicting a victim failed (a PodDisruptionBudget, an API error): the hold ends, and the pod
+  // is not planned for again for opts.preemption_backoff.
+  void PreemptionFailed(const std::string& uid);
+  // The node held for the pod by a preemption of ours (empty when none).
+  std::string PreemptingOn(const std::string& uid) const;
 
   // The record booked for a pod (by UID), if any.
   std::optional<AllocationRecord> RecordOf(const std::string& uid) const;
@@ -107,7 +148,16 @@ class State {
     // split brain, the later of two conflicting records). Retried whenever bookings on its node
     // are released (BookWaitingLocked).
     bool waiting = false;
+    bool terminating = false;  // metadata.deletionTimestamp is set: its GPUs are freed soon
     int64_t priority = 0;
+  };
+  // A preemption of ours: the node it holds for the preemptor until `until`; a failed one only
+  // keeps the pod from being planned for again before `until`.
+  struct Hold {
+    std::string ns, name, node;
+    int64_t priority = 0;
+    bool failed = false;
+    std::chrono::steady_clock::time_point until;
   };
   struct Compiled;
   struct Part;
@@ -132,6 +182,8 @@ class State {
                           std::vector<std::string>* placed, double* score);
   std::vector<int> MaskLocked(const Compiled& c, const std::string& node);
   void UnmaskLocked(const std::string& node, const std::vector<int>& masked);
+  // Why `node` is held for another pod's preemption against this one (empty when it is not).
+  std::string HeldLocked(const Compiled& c, const std::string& node);
   sched::Policy& PolicyFor(const Compiled& c);
   // `quiet`: a record that cannot be booked yet is not counted as a conflict (a record the node
   // corrected to kubelet's devices, whose old holder's correction has not arrived yet).
@@ -153,6 +205,7 @@ class State {
   absl::flat_hash_map<std::string, int> shape_ids_;  // StaticShape -> NodeInfo::shape_id (never shrinks: few shapes)
   absl::flat_hash_map<std::string, PodEntry> pods_;      // by UID
   std::map<std::string, std::set<std::string>> on_node_;  // node -> UIDs whose record names it
+  std::map<std::string, Hold> holds_;                      // preemptor UID -> its hold
   uint64_t record_conflicts_ = 0, bad_records_ = 0, bad_inventories_ = 0;
 };
 

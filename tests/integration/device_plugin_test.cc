@@ -233,11 +233,17 @@ TEST_F(DevicePluginTest, WaitsForAnAbsentKubelet) {
   kubelet_->Stop();
   std::filesystem::remove(sim_->dir() + "/kubelet.sock");
   Plugin p(sim_->dir(), {});
-  std::this_thread::sleep_for(500ms);  // let it fail a few registrations
+  // Let it fail a registration first: a fixed sleep was shorter than a sanitized plugin's start on
+  // a busy machine, and the kubelet was back before the plugin first tried.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (p.Log().find("registering nvidia.com/gpu with kubelet at") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_NE(p.Log().find("registering nvidia.com/gpu with kubelet at"), std::string::npos) << p.Log();
   kubelet_ = std::make_unique<FakeKubelet>(sim_->dir());
   ASSERT_TRUE(kubelet_->Start().ok());
   ASSERT_TRUE(WaitDevices("nvidia.com/gpu", 4, 4)) << p.Log();
-  EXPECT_NE(p.Log().find("registering nvidia.com/gpu with kubelet at"), std::string::npos);
 }
 
 TEST_F(DevicePluginTest, BrokenConfigDoesNotStart) {

@@ -24,6 +24,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -202,7 +203,11 @@ TEST_F(ExtenderTest, EveryVerbOnTheWire) {
   AddNode(TestNode("node-a", {ShareGpu(16384)}));
   AddNode(TestNode("node-b", {ShareGpu(8192)}));
   AddNode(TestNode("node-c", {WholeGpu("Tesla T4", 15360)}));
-  StartExtender();
+  // The extender's own preemption is off: the filter below that refuses q's only node would start
+  // it, and preempt would then answer nothing for q (TheExtenderPreemptsForMemoryShortfalls...).
+  ExtenderOptions o;
+  o.preemption = false;
+  StartExtender(o);
   httplib::Client http("127.0.0.1", ext->port());
   const json pod = CreatePod(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10k"}}));
   const std::string uid = pod["metadata"]["uid"];
@@ -349,7 +354,7 @@ TEST_F(ExtenderTest, MixedPodsThroughTheSchedulerWithQuota) {
   }
 }
 
-TEST_F(ExtenderTest, PreemptionIsReachedForWholeGpusButNotForMemoryOnlyShortfalls) {
+TEST_F(ExtenderTest, KubeSchedulerPreemptsForWholeGpusButCannotSeeMemoryShortfalls) {
   AddNode(TestNode("dgx", {WholeGpu(), WholeGpu()}));
   AddNode(TestNode("share", {ShareGpu(16000)}));
   StartExtender();
@@ -375,11 +380,97 @@ TEST_F(ExtenderTest, PreemptionIsReachedForWholeGpusButNotForMemoryOnlyShortfall
   })) << last;
   // A high-priority share short only of memory (ignoredByScheduler): the in-tree dry run finds
   // no victim (a slot is free), so preempt is never called — what kube-scheduler does (facts §1.4).
+  // The extender's own preemption takes over (TheExtenderPreemptsForMemoryShortfalls...).
   auto mem = Schedule(TestPod("ns", "hi-share", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}, {}, 1000));
   EXPECT_FALSE(mem.bound);
   EXPECT_FALSE(mem.preempt_called);
   EXPECT_NE(mem.message.find("expected at least one victim pod on node"), std::string::npos) << mem.message;
   EXPECT_NE(mem.message.find("no single GPU with 8000 MiB free"), std::string::npos) << mem.message;
+}
+
+// What kube-scheduler cannot do for shares, the extender does: it picks the victims as
+// DefaultPreemption would, evicts them through the Eviction API (PodDisruptionBudgets honoured),
+// holds the node for the preemptor, and the preemptor binds there once they are gone.
+TEST_F(ExtenderTest, TheExtenderPreemptsForMemoryShortfallsThroughTheEvictionApi) {
+  AddNode(TestNode("share", {ShareGpu(16000)}));
+  ExtenderOptions o;
+  o.eviction_wait = std::chrono::milliseconds(500);
+  StartExtender(o);
+  StartScheduler(Url());
+  auto share = [](const std::string& name, const std::string& mib, int64_t prio, const std::string& app) {
+    json p = TestPod("ns", name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", mib}}, {}, prio);
+    p["metadata"]["labels"] = {{"app", app}};
+    p["spec"]["terminationGracePeriodSeconds"] = 1;
+    return p;
+  };
+  auto running = [&](const std::string& name) {  // what kubelet would report
+    auto st = client->Patch("/api/v1/namespaces/ns/pods/" + name + "/status",
+                            {{"status", {{"phase", "Running"}, {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}}}},
+                            "application/merge-patch+json");
+    ASSERT_TRUE(st.ok()) << st.status();
+  };
+  ASSERT_TRUE(Schedule(share("low", "12000", 10, "low")).bound);
+  running("low");
+  ASSERT_TRUE(Schedule(share("peer", "2000", 1000, "peer")).bound);  // same priority as hi: never a victim
+  ASSERT_TRUE(WaitFor([&] { return ext->state().Stats().booked == 2; }));
+  // kube-scheduler's dry run finds no victim (a slot is free) and never calls preempt; the
+  // extender's filter starts its own preemption and says so in the FailedScheduling text.
+  auto hi = Schedule(share("hi", "8000", 1000, "hi"));
+  EXPECT_FALSE(hi.bound);
+  EXPECT_FALSE(hi.preempt_called);
+  EXPECT_NE(hi.message.find("no single GPU with 8000 MiB free (largest free: 2000 MiB"), std::string::npos) << hi.message;
+  EXPECT_NE(hi.message.find("preempting 1 lower-priority pod(s) here: ns/low"), std::string::npos) << hi.message;
+  // The victim is evicted (Terminating for its grace period, then gone); meanwhile nothing of
+  // lower priority takes the node, and the preemptor binds there.
+  ASSERT_TRUE(WaitFor([&] { return GetPod("ns", "low")["metadata"].contains("deletionTimestamp") || GetPod("ns", "low")["code"] == 404; }));
+  auto sneaky = Schedule(share("sneaky", "1000", 5, "sneaky"));
+  EXPECT_FALSE(sneaky.bound);
+  EXPECT_NE(sneaky.message.find("held for pod ns/hi (priority 1000)"), std::string::npos) << sneaky.message;
+  std::string last;
+  EXPECT_TRUE(WaitFor([&] {
+    auto retry = sched->ScheduleOne(GetPod("ns", "hi"));
+    if (!retry.ok()) return last = retry.status().ToString(), false;
+    last = retry->message;
+    return retry->bound;
+  })) << last;
+  EXPECT_EQ(GetPod("ns", "hi")["spec"]["nodeName"], "share");
+  EXPECT_EQ(GetPod("ns", "peer")["spec"]["nodeName"], "share");  // untouched
+  EXPECT_EQ(ext->state().PreemptingOn(GetPod("ns", "hi")["metadata"]["uid"]), "");
+  for (const auto& [id, u] : UseFromRecords()) EXPECT_LE(u.memory, 16000) << id;
+  // Events on both sides.
+  auto events = client->List("/apis/events.k8s.io/v1/namespaces/ns/events");
+  ASSERT_TRUE(events.ok()) << events.status();
+  std::set<std::pair<std::string, std::string>> seen;
+  for (const auto& e : (*events)["items"]) seen.insert({e.value("reason", ""), e["regarding"].value("name", "")});
+  EXPECT_TRUE(seen.contains({"Preempting", "hi"}));
+  EXPECT_TRUE(seen.contains({"Preempted", "low"}));
+
+  // A PodDisruptionBudget that forbids the eviction: the preemption stops, says why, and the
+  // hold ends (the guarded pod keeps running, others may use the node again).
+  ASSERT_TRUE(Schedule(share("guarded", "4000", 10, "guarded")).bound);
+  running("guarded");
+  ASSERT_EQ(api.Create("poddisruptionbudgets", "ns",
+                       {{"apiVersion", "policy/v1"}, {"kind", "PodDisruptionBudget"},
+                        {"metadata", {{"name", "guard"}, {"namespace", "ns"}}},
+                        {"spec", {{"minAvailable", 1}, {"selector", {{"matchLabels", {{"app", "guarded"}}}}}}}})
+                .code,
+            201);
+  auto hi2 = Schedule(share("hi2", "4000", 1000, "hi2"));
+  EXPECT_FALSE(hi2.bound);
+  EXPECT_NE(hi2.message.find("preempting 1 lower-priority pod(s) here: ns/guarded"), std::string::npos) << hi2.message;
+  EXPECT_TRUE(WaitFor([&] { return ext->MetricsText().find("kgpu_extender_preemptions_total{result=\"blocked\"} 1") != std::string::npos; }));
+  EXPECT_FALSE(GetPod("ns", "guarded")["metadata"].contains("deletionTimestamp"));
+  EXPECT_EQ(ext->state().PreemptingOn(GetPod("ns", "hi2")["metadata"]["uid"]), "");
+  auto after = client->List("/apis/events.k8s.io/v1/namespaces/ns/events");
+  ASSERT_TRUE(after.ok());
+  bool blocked = false;
+  for (const auto& e : (*after)["items"]) {
+    if (e.value("reason", "") == "PreemptionBlocked" && e["regarding"].value("name", "") == "hi2") {
+      blocked = true;
+      EXPECT_NE(e.value("note", "").find("Cannot preempt ns/guarded on node share"), std::string::npos) << e.dump();
+    }
+  }
+  EXPECT_TRUE(blocked);
 }
 
 TEST_F(ExtenderTest, SixteenConcurrentBindsToOneNode) {

@@ -24,11 +24,13 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "extender/inventory.h"
 #include "extender/record.h"
 #include "extender/request.h"
 #include "k8s/client.h"
@@ -361,6 +363,72 @@ int main(int argc, char** argv) {
   const json quota = api.Get("resourcequotas", "team-a", "gpu").body;
   std::cout << "\nteam-a's quota: used " << quota["status"]["used"].dump() << " of hard " << quota["status"]["hard"].dump()
             << "\n";
+
+  // Preemption for what kube-scheduler cannot see: a low-priority share fills a GPU nobody uses,
+  // a high-priority share pinned there is short only of memory (ignoredByScheduler).
+  std::set<std::string> used;
+  auto all_pods = client.List("/api/v1/pods");
+  if (!all_pods.ok()) return Fail(std::string(all_pods.status().message()));
+  for (const auto& p : (*all_pods)["items"]) {
+    auto rec = kgpu::extender::ParseRecord(p["metadata"].value("annotations", json::object()).value(kgpu::extender::kAnnotationAllocation, ""));
+    if (!rec.ok()) continue;
+    for (const auto& rc : rec->containers) {
+      for (const auto& g : rc.gpus) used.insert(g.uuid);
+    }
+  }
+  auto inv = kgpu::extender::ParseNodeInventory(api.Get("nodes", "", "share").body);
+  if (!inv.ok()) return Fail(std::string(inv.status().message()));
+  const kgpu::extender::GpuInfo* free_gpu = nullptr;
+  for (const auto& g : inv->gpus) {
+    if (free_gpu == nullptr && !used.contains(g.uuid)) free_gpu = &g;
+  }
+  if (free_gpu == nullptr) return Fail("no unused GPU on the sharing node for the preemption scene");
+  const std::string pin = free_gpu->uuid;
+  const std::string fill = std::to_string(free_gpu->memory_mib - 10000);
+  std::cout << "\npreemption for GPU memory, which kube-scheduler does not count (ignoredByScheduler):\n";
+  auto create = [&](const std::string& name, const std::string& mib, int64_t prio) {
+    json pod = t::TestPod("team-b", name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", mib}}, {{"kgpu.io/gpu-uuid", pin}}, prio);
+    pod["spec"]["terminationGracePeriodSeconds"] = 1;
+    return api.Create("pods", "team-b", pod).code == 201;
+  };
+  std::cout << "team-b/batch (priority 10) asks for a share of " << fill << " MiB on " << Short(pin) << "\n";
+  if (!create("batch", fill, 10)) return Fail("cannot create team-b/batch");
+  auto batch = sched.ScheduleOne(api.Get("pods", "team-b", "batch").body);
+  if (!batch.ok() || !batch->bound) return Fail("team-b/batch was not scheduled");
+  std::cout << "  bound to " << batch->node << "\n";
+  std::cout << "team-b/realtime (priority 1000) asks for a share of 20000 MiB on the same GPU (10000 MiB free)\n";
+  if (!create("realtime", "20000", 1000)) return Fail("cannot create team-b/realtime");
+  auto rt = sched.ScheduleOne(api.Get("pods", "team-b", "realtime").body);
+  if (!rt.ok()) return Fail(std::string(rt.status().message()));
+  std::cout << "  not scheduled: " << rt->message << "\n";
+  if (rt->bound || rt->message.find("preempting 1 lower-priority pod(s) here: team-b/batch") == std::string::npos) ++failures;
+  const bool gone = WaitFor([&] { return api.Get("pods", "team-b", "batch").code == 404; }, std::chrono::seconds(20));
+  std::cout << "  the extender evicted team-b/batch through the Eviction API: " << (gone ? "it is gone" : "it is STILL THERE")
+            << "\n";
+  if (!gone) ++failures;
+  bool placed = false;
+  WaitFor([&] {
+    auto again = sched.ScheduleOne(api.Get("pods", "team-b", "realtime").body);
+    placed = again.ok() && again->bound;
+    return placed;
+  }, std::chrono::seconds(20));
+  const json rtpod = api.Get("pods", "team-b", "realtime").body;
+  auto rtrec = kgpu::extender::ParseRecord(rtpod["metadata"].value("annotations", json::object()).value(kgpu::extender::kAnnotationAllocation, ""));
+  if (placed && rtrec.ok() && !rtrec->containers.empty() && !rtrec->containers[0].gpus.empty()) {
+    const auto& g = rtrec->containers[0].gpus[0];
+    std::cout << "  team-b/realtime bound to " << rtpod["spec"].value("nodeName", "") << ": " << Short(g.uuid) << " ("
+              << g.memory_mib << " MiB)\n";
+  } else {
+    std::cout << "  team-b/realtime was NOT scheduled after the preemption\n";
+    ++failures;
+  }
+  auto events = client.List("/apis/events.k8s.io/v1/namespaces/team-b/events");
+  for (const auto& e : events.ok() ? (*events)["items"] : json::array()) {
+    const std::string reason = e.value("reason", "");
+    if (reason == "Preempting" || reason == "Preempted") {
+      std::cout << "  Event " << reason << " on " << e["regarding"].value("name", "") << ": " << e.value("note", "") << "\n";
+    }
+  }
   if (failures > 0) return Fail(std::to_string(failures) + " pod(s) did not end as expected (logs in " + root + ")");
   if (keep.empty()) std::filesystem::remove_all(root);
   return 0;

@@ -271,7 +271,19 @@ class StateTest : public ::testing::Test {
     for (const auto& g : a->record.containers[0].gpus) gpus.push_back(g.Device());
     return gpus.empty() ? "" : gpus[0];
   }
+  // A one-share pod "ns/<name>" (UID "u<name>") of `mib` MiB at priority `prio`.
+  static json Share(const std::string& name, const std::string& mib, int64_t prio) {
+    return WithUid(TestPod("ns", name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", mib}}, {}, prio), "u" + name);
+  }
+  // Binds `pod` to `node` as the extender would and feeds the bound pod back (kept in `bound`).
+  void Run(const json& pod, const std::string& node) {
+    auto a = state.Assume(pod, node);
+    ASSERT_TRUE(a.ok()) << a.status();
+    bound_[a->name] = Bound(pod, node, a->record);
+    state.UpsertPod(bound_[a->name]);
+  }
   State state;
+  std::map<std::string, json> bound_;
 };
 
 // A filter explains each node shape once (State's refusal memo): nodes alike get the same
@@ -813,6 +825,103 @@ TEST_F(StateTest, PreemptKeepsOnlyNodesWhereTheVictimsMakeRoom) {
   const json bigger = WithUid(TestPod("ns", "hi2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "14000"}}, {}, 1000), "uhi2");
   EXPECT_FALSE(state.Preempt(bigger, {{"b", {{"ub1"}, 0}}}).contains("b"));
   EXPECT_TRUE(state.Preempt(bigger, {{"b", {{"ub1", "ub2"}, 0}}}).contains("b"));
+}
+
+// The extender's own preemption, for what kube-scheduler's cannot see (share memory): victims
+// chosen as DefaultPreemption chooses them, the node held for the preemptor.
+TEST_F(StateTest, PlanPreemptionPicksTheFewestLowestPriorityVictimsAndHoldsTheNode) {
+  state.UpsertNode(TestNode("a", {ShareGpu(16000)}));
+  state.UpsertNode(TestNode("b", {ShareGpu(16000)}));
+  Run(Share("a1", "6000", 10), "a");
+  Run(Share("a2", "6000", 10), "a");
+  Run(Share("a3", "2000", 500), "a");   // a: 2000 MiB free
+  Run(Share("b1", "12000", 500), "b");
+  Run(Share("b2", "2000", 10), "b");    // b: 2000 MiB free
+  const json hi = Share("hi", "8000", 1000);
+  ASSERT_TRUE(state.Filter(hi, {"a", "b"}).passed.empty());
+  // a: a3 (500) is reprieved first, then a1; a2 must go. b: b1 (500) must go. The lower highest
+  // victim priority wins: a, with one victim.
+  auto plan = state.PlanPreemption(hi, {"a", "b"});
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(plan->node, "a");
+  ASSERT_EQ(plan->victims.size(), 1u);
+  EXPECT_EQ(plan->victims[0].name, "a2");
+  EXPECT_EQ(plan->victims[0].priority, 10);
+  EXPECT_EQ(plan->name, "hi");
+  EXPECT_EQ(plan->priority, 1000);
+  // Nothing was unbooked by the trial.
+  EXPECT_EQ(state.Stats().booked, 5u);
+  EXPECT_EQ(state.PreemptingOn("uhi"), "a");
+  // Under way: no second plan, and kube-scheduler's preempt gets no node for it.
+  EXPECT_FALSE(state.PlanPreemption(hi, {"a", "b"}).has_value());
+  EXPECT_TRUE(state.Preempt(hi, {{"b", {{"ub1"}, 0}}}).empty());
+  // The node is held against GPU pods of lower or equal priority, not against higher ones.
+  auto low = state.Filter(Share("low", "1000", 10), {"a", "b"});
+  EXPECT_EQ(low.passed, std::vector<std::string>{"b"});
+  EXPECT_EQ(low.failed.at("a"),
+            "the node's GPUs are held for pod ns/hi (priority 1000), which is preempting lower-priority pods here");
+  EXPECT_EQ(low.reasons.at("held"), 1);
+  EXPECT_EQ(state.Filter(Share("same", "1000", 1000), {"a"}).passed.size(), 0u);
+  EXPECT_EQ(state.Filter(Share("higher", "1000", 2000), {"a"}).passed, std::vector<std::string>{"a"});
+  EXPECT_FALSE(state.Assume(Share("low2", "1000", 10), "a").ok());
+  // The victim leaves: the preemptor fits there (its own hold does not stop it) and binds.
+  state.RemovePod(bound_["a2"]);
+  EXPECT_EQ(state.Filter(hi, {"a", "b"}).passed, std::vector<std::string>{"a"});
+  Run(hi, "a");
+  EXPECT_EQ(state.PreemptingOn("uhi"), "");
+  EXPECT_EQ(state.Filter(Share("low3", "1000", 10), {"a"}).failed.at("a").rfind("no single GPU with 1000 MiB free", 0), 0u);
+}
+
+TEST_F(StateTest, NoPreemptionWhereItMustNotOrCannotHelp) {
+  state.UpsertNode(TestNode("a", {ShareGpu(16000)}));
+  Run(Share("same", "8000", 100), "a");
+  Run(Share("low", "6000", 10), "a");  // 2000 MiB free
+  // Only pods of lower priority are victims: `low` alone frees too little.
+  EXPECT_FALSE(state.PlanPreemption(Share("p", "12000", 100), {"a"}).has_value());
+  // A pod that fits needs none; one too big for the GPU cannot get any.
+  EXPECT_FALSE(state.PlanPreemption(Share("fits", "1000", 1000), {"a"}).has_value());
+  EXPECT_FALSE(state.PlanPreemption(Share("huge", "20000", 1000), {"a"}).has_value());
+  // preemptionPolicy: Never, and kube-scheduler's own preemption under way (nominatedNodeName).
+  json never = Share("never", "8000", 1000);
+  never["spec"]["preemptionPolicy"] = "Never";
+  EXPECT_FALSE(state.PlanPreemption(never, {"a"}).has_value());
+  json nominated = Share("nom", "8000", 1000);
+  nominated["status"]["nominatedNodeName"] = "a";
+  EXPECT_FALSE(state.PlanPreemption(nominated, {"a"}).has_value());
+  // A pod already terminating will make room: wait for it rather than preempt another.
+  json going = bound_["low"];
+  going["metadata"]["deletionTimestamp"] = "2026-12-05T00:00:00Z";
+  state.UpsertPod(going);
+  EXPECT_FALSE(state.PlanPreemption(Share("wait", "8000", 1000), {"a"}).has_value());
+  // A failed preemption backs off; the hold is gone at once.
+  state.UpsertPod(bound_["low"]);
+  const json hi = Share("hi", "8000", 1000);
+  ASSERT_TRUE(state.PlanPreemption(hi, {"a"}).has_value());
+  state.PreemptionFailed("uhi");
+  EXPECT_EQ(state.PreemptingOn("uhi"), "");
+  EXPECT_FALSE(state.PlanPreemption(hi, {"a"}).has_value());
+  EXPECT_EQ(state.Filter(Share("tiny", "1000", 10), {"a"}).passed, std::vector<std::string>{"a"});
+}
+
+TEST(StateHold, EndsAfterItsTime) {
+  StateOptions o;
+  o.preemption_hold = std::chrono::milliseconds(50);
+  o.preemption_backoff = std::chrono::milliseconds(50);
+  State state(o);
+  ASSERT_TRUE(state.Init().ok());
+  state.UpsertNode(TestNode("a", {ShareGpu(16000)}));
+  const json low = WithUid(TestPod("ns", "low", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}}, {}, 1), "ulow");
+  auto a = state.Assume(low, "a");
+  ASSERT_TRUE(a.ok());
+  state.UpsertPod(Bound(low, "a", a->record));
+  const json hi = WithUid(TestPod("ns", "hi", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}}, {}, 9), "uhi");
+  ASSERT_TRUE(state.PlanPreemption(hi, {"a"}).has_value());
+  const json other = WithUid(TestPod("ns", "o", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}), "uo");
+  EXPECT_TRUE(state.Filter(other, {"a"}).passed.empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  EXPECT_EQ(state.PreemptingOn("uhi"), "");
+  EXPECT_EQ(state.Filter(other, {"a"}).passed, std::vector<std::string>{"a"});
+  EXPECT_TRUE(state.PlanPreemption(hi, {"a"}).has_value());  // planned again once the hold ended
 }
 
 }  // namespace
