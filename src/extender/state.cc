@@ -563,7 +563,7 @@ void State::BookLocked(const std::string& uid, PodEntry& e, bool quiet) {
   // untracked memory does not stand in its way; it is worked out again with the record booked.
   auto& cluster = engine_->mutable_cluster();
   std::vector<int64_t> before;
-  for (size_t g = 0; g < cluster.node(id).gpus.size(); ++g) {
+  for (size_t g = 0; g < cluster.node(id).gpus.size() && !trial_; ++g) {
     before.push_back(cluster.node(id).gpus[g].untracked_mib);
     if (before.back() != 0) (void)cluster.SetGpuUntracked(e.node, static_cast<int>(g), 0);
   }
@@ -932,6 +932,8 @@ std::map<std::string, MetaVictims> State::Preempt(const json& pod, const std::ma
     }
     if (unres) continue;  // no victims can make room
     // Take the victims we book off the node, see whether the pod fits, put them back.
+    trial_ = true;
+    absl::Cleanup end_trial = [&] { trial_ = false; };
     std::vector<std::string> removed;
     for (const auto& uid : mv.pod_uids) {
       auto it = pods_.find(uid);
@@ -990,6 +992,8 @@ std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::
     auto on = on_node_.find(node);
     if (on == on_node_.end()) continue;
     // What leaves anyway (terminating pods) and what may be preempted (lower priority).
+    trial_ = true;
+    absl::Cleanup end_trial = [&] { trial_ = false; };
     std::vector<std::string> leaving, lower;
     for (const auto& uid : on->second) {
       auto it = pods_.find(uid);

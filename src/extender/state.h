@@ -206,6 +206,10 @@ class State {
   absl::flat_hash_map<std::string, PodEntry> pods_;      // by UID
   std::map<std::string, std::set<std::string>> on_node_;  // node -> UIDs whose record names it
   std::map<std::string, Hold> holds_;                      // preemptor UID -> its hold
+  // Inside a preemption trial (victims taken off and put back): bookings leave each GPU's
+  // untracked memory as it was. Recomputed there, the victims' memory, still reported in use,
+  // would count as another user's, and the trial would pick more victims than needed.
+  bool trial_ = false;
   uint64_t record_conflicts_ = 0, bad_records_ = 0, bad_inventories_ = 0;
 };
 

@@ -872,6 +872,23 @@ TEST_F(StateTest, PlanPreemptionPicksTheFewestLowestPriorityVictimsAndHoldsTheNo
   EXPECT_EQ(state.Filter(Share("low3", "1000", 10), {"a"}).failed.at("a").rfind("no single GPU with 1000 MiB free", 0), 0u);
 }
 
+// On a node that reports its memory in use, with another user holding 2000 MiB: taking the
+// victims off on trial must not make their memory (still in use) look like another user's.
+TEST_F(StateTest, PreemptionTrialsLeaveUntrackedMemoryAlone) {
+  state.UpsertNode(Reported(TestNode("a", {ShareGpu(16000)}), {0}));
+  Run(Share("x", "2000", 500), "a");
+  Run(Share("y", "6000", 10), "a");
+  state.UpsertNode(Reported(TestNode("a", {ShareGpu(16000)}), {10000}));  // x + y + 2000 of somebody else's
+  ASSERT_EQ(state.Stats().untracked_mib, 2000);
+  // 6000 MiB free; y must go (then 12000), x stays.
+  auto plan = state.PlanPreemption(Share("hi", "8000", 1000), {"a"});
+  ASSERT_TRUE(plan.has_value());
+  ASSERT_EQ(plan->victims.size(), 1u);
+  EXPECT_EQ(plan->victims[0].name, "y");
+  EXPECT_EQ(state.Stats().untracked_mib, 2000);
+  EXPECT_EQ(state.Stats().booked, 2u);
+}
+
 TEST_F(StateTest, NoPreemptionWhereItMustNotOrCannotHelp) {
   state.UpsertNode(TestNode("a", {ShareGpu(16000)}));
   Run(Share("same", "8000", 100), "a");
