@@ -236,7 +236,7 @@ std::string Extender::BindPod(const BindingArgs& b) {
   return "";
 }
 
-void Extender::CarryOut(const PreemptionPlan& plan) {
+void Extender::CarryOut(const PreemptionPlan& plan, std::stop_token stop) {
   const k8s::ObjectRef preemptor{"v1", "Pod", plan.ns, plan.name, plan.uid};
   std::vector<std::string> names;
   for (const auto& v : plan.victims) names.push_back(Cat(v.ns, "/", v.name));
@@ -247,9 +247,31 @@ void Extender::CarryOut(const PreemptionPlan& plan) {
                            ": lower-priority pods holding the GPU memory or cores this pod needs"));
   k8s::EvictOptions eo;
   eo.max_wait = opts_.eviction_wait;
+  eo.stop = stop;
   for (const auto& v : plan.victims) {
+    // The plan may be stale by now: the preemptor bound or gone, the hold over, leadership lost.
+    std::string why;
+    if (stop.stop_requested()) {
+      why = "the extender is stopping";
+    } else if (!NotReadyReason().empty()) {
+      why = NotReadyReason();
+    } else if (state_.PreemptingOn(plan.uid) != plan.node) {
+      why = "its hold on the node ended (the pod was bound or deleted, or the hold expired)";
+    }
+    if (!why.empty()) {
+      Log("extender")->info("preemption for {}/{} stopped before evicting {}/{}: {}", plan.ns, plan.name, v.ns, v.name, why);
+      return;
+    }
     const k8s::ObjectRef victim{"v1", "Pod", v.ns, v.name, v.uid};
-    if (absl::Status st = client_.Evict(v.ns, v.name, eo); !st.ok()) {
+    eo.uid = v.uid;
+    absl::Status st = client_.Evict(v.ns, v.name, eo);
+    if (k8s::IsApiConflict(st)) {  // a successor of the same name: the victim itself is gone
+      Log("extender")->info("preemption for {}/{}: {}/{} was replaced by a new pod of that name (not evicted)", plan.ns,
+                            plan.name, v.ns, v.name);
+      continue;
+    }
+    if (!st.ok()) {
+      if (absl::IsCancelled(st)) return;
       state_.PreemptionFailed(plan.uid);
       metrics_.Count("kgpu_extender_preemptions_total", {{"result", "blocked"}});
       const std::string note = Cat("Cannot preempt ", v.ns, "/", v.name, " on node ", plan.node, ": ", st.message(),
@@ -320,7 +342,8 @@ absl::Status Extender::Start() {
         plan = std::move(preempt_queue_.front());
         preempt_queue_.pop_front();
       }
-      CarryOut(plan);
+      if (stop.stop_requested()) return;  // plans left in the queue are dropped: their holds expire
+      CarryOut(plan, stop);
     }
   });
   if (opts_.leader_elect) {

@@ -102,8 +102,9 @@ class Extender {
  private:
   Reply Timed(const std::string& verb, const std::function<Reply()>& f);
   std::string BindPod(const BindingArgs& args);
-  // Evicts the plan's victims one after the other (on preemption_thread_).
-  void CarryOut(const PreemptionPlan& plan);
+  // Evicts the plan's victims one after the other (on preemption_thread_), each only while this
+  // replica leads and the plan's hold stands.
+  void CarryOut(const PreemptionPlan& plan, std::stop_token stop);
 
   k8s::Client& client_;
   ExtenderOptions opts_;

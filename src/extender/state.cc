@@ -924,6 +924,7 @@ std::map<std::string, MetaVictims> State::Preempt(const json& pod, const std::ma
   for (const auto& [node, mv] : victims) {
     const int id = engine_->cluster().FindNode(node);
     if (id < 0) continue;
+    if (!HeldLocked(*c, node).empty()) continue;  // held for a preemption of ours: no second one there
     bool unres = false;
     const std::string why = ExplainLocked(*c, node, &unres, nullptr);
     if (why.empty()) {
@@ -974,8 +975,10 @@ std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::
   if (spec.value("preemptionPolicy", "") == "Never") return std::nullopt;
   if (!pod.value("status", json::object()).value("nominatedNodeName", "").empty()) return std::nullopt;
   const auto now = std::chrono::steady_clock::now();
+  std::string held_before;  // the node of this pod's hold that ran out (not of a failed one)
   if (auto h = holds_.find(c->uid); h != holds_.end()) {
     if (h->second.until > now) return std::nullopt;  // under way, or backing off after a failure
+    if (!h->second.failed) held_before = h->second.node;
     holds_.erase(h);
   }
   struct Choice {
@@ -1031,7 +1034,13 @@ std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::
       }
     }
     for (const auto& uid : leaving) BookLocked(uid, pods_.at(uid));
-    if (fits_once_they_left) return std::nullopt;  // wait for them, as kube-scheduler does
+    if (fits_once_they_left) {  // wait for them, as kube-scheduler does
+      // Our victims are still terminating (a long grace period): the hold goes on.
+      if (node == held_before) {
+        holds_[c->uid] = Hold{c->pod.ns, c->pod.name, node, c->pod.priority, false, now + opts_.preemption_hold};
+      }
+      return std::nullopt;
+    }
     if (victims.empty()) continue;
     Choice ch;
     ch.plan.node = node;

@@ -440,9 +440,10 @@ absl::Status Client::Bind(std::string_view ns, std::string_view pod, std::string
 }
 
 absl::Status Client::Evict(std::string_view ns, std::string_view pod, const EvictOptions& opts) {
-  const nlohmann::json eviction = {{"apiVersion", "policy/v1"},
-                                   {"kind", "Eviction"},
-                                   {"metadata", {{"name", pod}, {"namespace", ns}}}};
+  nlohmann::json eviction = {{"apiVersion", "policy/v1"},
+                             {"kind", "Eviction"},
+                             {"metadata", {{"name", pod}, {"namespace", ns}}}};
+  if (!opts.uid.empty()) eviction["deleteOptions"] = {{"preconditions", {{"uid", opts.uid}}}};
   const std::string path = FindResource("pods")->Path(ns, pod, "eviction");
   const auto deadline = std::chrono::steady_clock::now() + opts.max_wait;
   std::chrono::milliseconds backoff = opts.initial_backoff;
@@ -457,7 +458,12 @@ absl::Status Client::Evict(std::string_view ns, std::string_view pod, const Evic
     }
     Log("k8s")->info("eviction of {}/{} refused for now ({}); retrying in {} ms", ns, pod, std::string(r.status().message()),
                      backoff.count());
-    std::this_thread::sleep_for(Jitter(backoff));
+    const auto until = std::chrono::steady_clock::now() + Jitter(backoff);
+    while (std::chrono::steady_clock::now() < until) {
+      if (opts.stop.stop_requested()) return absl::CancelledError(Cat("eviction of ", ns, "/", pod, ": stopped"));
+      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(until - std::chrono::steady_clock::now(),
+                                                                      std::chrono::milliseconds(50)));
+    }
     backoff = std::min(backoff * 2, opts.max_backoff);
   }
 }

@@ -87,6 +87,9 @@ struct EvictOptions {
   std::chrono::milliseconds max_wait{60000};     // give up after this long of 429s
   std::chrono::milliseconds initial_backoff{200};
   std::chrono::milliseconds max_backoff{5000};
+  // deleteOptions.preconditions.uid: only this pod, not a successor of the same name (409).
+  std::string uid;
+  std::stop_token stop;  // ends a backoff at once (Cancelled)
 };
 
 class Client {

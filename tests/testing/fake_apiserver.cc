@@ -822,10 +822,13 @@ FakeApiServer::Result FakeApiServer::DoBinding(const std::string& ns, const std:
   return {201, {{"kind", "Status"}, {"apiVersion", "v1"}, {"metadata", json::object()}, {"status", "Success"}, {"code", 201}}};
 }
 
-FakeApiServer::Result FakeApiServer::DoEviction(const std::string& ns, const std::string& name, const json& /*eviction*/) {
+FakeApiServer::Result FakeApiServer::DoEviction(const std::string& ns, const std::string& name, const json& eviction) {
   const k8s::Resource* pods = k8s::FindResource("pods");
   const std::string pdb_key = RKey(*k8s::FindResource("poddisruptionbudgets"));
-  json delete_opts = json::object();
+  // The Eviction's deleteOptions (preconditions, grace period) go to the pod's deletion.
+  json delete_opts = eviction.is_object() && eviction.contains("deleteOptions") && eviction["deleteOptions"].is_object()
+                         ? eviction["deleteOptions"]
+                         : json::object();
   {
     std::lock_guard lock(mu_);
     json* pod = FindLocked(RKey(*pods), ns, name);

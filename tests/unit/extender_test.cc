@@ -864,6 +864,9 @@ TEST_F(StateTest, PlanPreemptionPicksTheFewestLowestPriorityVictimsAndHoldsTheNo
   EXPECT_EQ(state.Filter(Share("same", "1000", 1000), {"a"}).passed.size(), 0u);
   EXPECT_EQ(state.Filter(Share("higher", "1000", 2000), {"a"}).passed, std::vector<std::string>{"a"});
   EXPECT_FALSE(state.Assume(Share("low2", "1000", 10), "a").ok());
+  // kube-scheduler's own preemption for another pod is not given the held node either.
+  EXPECT_TRUE(state.Preempt(Share("other", "1000", 10), {{"a", {{"ua1"}, 0}}}).empty());
+  EXPECT_TRUE(state.Preempt(Share("other", "1000", 10), {{"b", {{"ub2"}, 0}}}).contains("b"));
   // The victim leaves: the preemptor fits there (its own hold does not stop it) and binds.
   state.RemovePod(bound_["a2"]);
   EXPECT_EQ(state.Filter(hi, {"a", "b"}).passed, std::vector<std::string>{"a"});
@@ -939,6 +942,14 @@ TEST(StateHold, EndsAfterItsTime) {
   EXPECT_EQ(state.PreemptingOn("uhi"), "");
   EXPECT_EQ(state.Filter(other, {"a"}).passed, std::vector<std::string>{"a"});
   EXPECT_TRUE(state.PlanPreemption(hi, {"a"}).has_value());  // planned again once the hold ended
+  // Its victim terminates with a grace period longer than the hold: the hold goes on.
+  json going = Bound(low, "a", a->record);
+  going["metadata"]["deletionTimestamp"] = "2026-12-05T00:00:00Z";
+  state.UpsertPod(going);
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  EXPECT_FALSE(state.PlanPreemption(hi, {"a"}).has_value());  // it waits for the victim
+  EXPECT_EQ(state.PreemptingOn("uhi"), "a");
+  EXPECT_TRUE(state.Filter(other, {"a"}).passed.empty());
 }
 
 }  // namespace
