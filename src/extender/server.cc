@@ -34,6 +34,13 @@ const std::vector<std::string>& NamesOf(const ExtenderArgs& a, std::vector<std::
   return scratch;
 }
 
+// "ns/name, ns/name" of a plan's victims.
+std::string VictimNames(const PreemptionPlan& plan) {
+  std::vector<std::string> names;
+  for (const auto& v : plan.victims) names.push_back(Cat(v.ns, "/", v.name));
+  return Join(names, ", ");
+}
+
 }  // namespace
 
 std::string EscapePercent(std::string_view s) {
@@ -109,10 +116,8 @@ Extender::Reply Extender::Filter(std::string_view body) {
       // Every node kube-scheduler passed on is refused for what it cannot see: its own
       // preemption would find no victim there (facts §1.4), so the extender preempts.
       if (auto plan = state_.PlanPreemption(args->pod, names); plan) {
-        std::vector<std::string> victims;
-        for (const auto& v : plan->victims) victims.push_back(Cat(v.ns, "/", v.name));
         std::string& why = out.failed[plan->node];
-        why += Cat("; preempting ", plan->victims.size(), " lower-priority pod(s) here: ", Join(victims, ", "));
+        why += Cat("; preempting ", plan->victims.size(), " lower-priority pod(s) here: ", VictimNames(*plan));
         metrics_.Count("kgpu_extender_preemptions_total", {{"result", "started"}});
         std::lock_guard lock(preempt_mu_);
         preempt_queue_.push_back(std::move(*plan));
@@ -238,24 +243,19 @@ std::string Extender::BindPod(const BindingArgs& b) {
 
 void Extender::CarryOut(const PreemptionPlan& plan, std::stop_token stop) {
   const k8s::ObjectRef preemptor{"v1", "Pod", plan.ns, plan.name, plan.uid};
-  std::vector<std::string> names;
-  for (const auto& v : plan.victims) names.push_back(Cat(v.ns, "/", v.name));
+  const std::string names = VictimNames(plan);
   Log("extender")->info("preempting for {}/{} (priority {}) on {}: evicting {}", plan.ns, plan.name, plan.priority,
-                        plan.node, Join(names, ", "));
+                        plan.node, names);
   (void)events_.Record(preemptor, "Normal", "Preempting", "Preempt",
-                       Cat("Preempting ", Join(names, ", "), " on node ", plan.node,
+                       Cat("Preempting ", names, " on node ", plan.node,
                            ": lower-priority pods holding the GPU memory or cores this pod needs"));
   k8s::EvictOptions eo;
   eo.max_wait = opts_.eviction_wait;
   eo.stop = stop;
   for (const auto& v : plan.victims) {
     // The plan may be stale by now: the preemptor bound or gone, the hold over, leadership lost.
-    std::string why;
-    if (stop.stop_requested()) {
-      why = "the extender is stopping";
-    } else if (!NotReadyReason().empty()) {
-      why = NotReadyReason();
-    } else if (state_.PreemptingOn(plan.uid) != plan.node) {
+    std::string why = stop.stop_requested() ? "the extender is stopping" : NotReadyReason();
+    if (why.empty() && state_.PreemptingOn(plan.uid) != plan.node) {
       why = "its hold on the node ended (the pod was bound or deleted, or the hold expired)";
     }
     if (!why.empty()) {

@@ -917,8 +917,7 @@ std::map<std::string, MetaVictims> State::Preempt(const json& pod, const std::ma
   auto c = CompileLocked(pod);
   if (!c->pod_error.empty()) return out;
   if (!c->wants_gpu) return victims;
-  if (auto h = holds_.find(c->uid);
-      h != holds_.end() && !h->second.failed && h->second.until > std::chrono::steady_clock::now()) {
+  if (auto h = holds_.find(c->uid); h != holds_.end() && h->second.Active(std::chrono::steady_clock::now())) {
     return out;  // our own preemption for it is under way
   }
   for (const auto& [node, mv] : victims) {
@@ -958,7 +957,7 @@ std::string State::HeldLocked(const Compiled& c, const std::string& node) {
       it = holds_.erase(it);
       continue;
     }
-    if (!h.failed && h.node == node && it->first != c.uid && h.priority >= c.pod.priority) {
+    if (h.Active(now) && h.node == node && it->first != c.uid && h.priority >= c.pod.priority) {
       return Cat("the node's GPUs are held for pod ", h.ns, "/", h.name, " (priority ", h.priority,
                  "), which is preempting lower-priority pods here");
     }
@@ -986,6 +985,9 @@ std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::
     int64_t highest = 0, sum = 0;
   };
   std::optional<Choice> best;
+  auto hold = [&](const std::string& node) {
+    holds_[c->uid] = Hold{c->pod.ns, c->pod.name, node, c->pod.priority, false, now + opts_.preemption_hold};
+  };
   bool unres = false;
   for (const auto& node : nodes) {
     if (!HeldLocked(*c, node).empty()) continue;
@@ -1036,9 +1038,7 @@ std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::
     for (const auto& uid : leaving) BookLocked(uid, pods_.at(uid));
     if (fits_once_they_left) {  // wait for them, as kube-scheduler does
       // Our victims are still terminating (a long grace period): the hold goes on.
-      if (node == held_before) {
-        holds_[c->uid] = Hold{c->pod.ns, c->pod.name, node, c->pod.priority, false, now + opts_.preemption_hold};
-      }
+      if (node == held_before) hold(node);
       return std::nullopt;
     }
     if (victims.empty()) continue;
@@ -1059,7 +1059,7 @@ std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::
   plan.ns = c->pod.ns;
   plan.name = c->pod.name;
   plan.priority = c->pod.priority;
-  holds_[c->uid] = Hold{plan.ns, plan.name, plan.node, plan.priority, false, now + opts_.preemption_hold};
+  hold(plan.node);
   return plan;
 }
 
@@ -1074,8 +1074,7 @@ void State::PreemptionFailed(const std::string& uid) {
 std::string State::PreemptingOn(const std::string& uid) const {
   std::lock_guard lock(mu_);
   auto it = holds_.find(uid);
-  if (it == holds_.end() || it->second.failed || it->second.until <= std::chrono::steady_clock::now()) return "";
-  return it->second.node;
+  return it != holds_.end() && it->second.Active(std::chrono::steady_clock::now()) ? it->second.node : "";
 }
 
 std::optional<AllocationRecord> State::RecordOf(const std::string& uid) const {

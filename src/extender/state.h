@@ -158,6 +158,8 @@ class State {
     int64_t priority = 0;
     bool failed = false;
     std::chrono::steady_clock::time_point until;
+    // Holding the node now (a failed one only backs off).
+    bool Active(std::chrono::steady_clock::time_point now) const { return !failed && until > now; }
   };
   struct Compiled;
   struct Part;

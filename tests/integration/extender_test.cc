@@ -97,6 +97,20 @@ class ExtenderTest : public ::testing::Test {
     EXPECT_TRUE(out.ok()) << out.status();
     return out.ok() ? *out : testing::ScheduleOutcome{};
   }
+  // Runs scheduling cycles for an existing pod until one binds it (as kube-scheduler retries an
+  // unschedulable pod); on failure the last cycle's message or error.
+  ::testing::AssertionResult RescheduleUntilBound(const std::string& ns, const std::string& name) {
+    std::string last;
+    if (WaitFor([&] {
+          auto retry = sched->ScheduleOne(GetPod(ns, name));
+          if (!retry.ok()) return last = retry.status().ToString(), false;
+          last = retry->message;
+          return retry->bound;
+        })) {
+      return ::testing::AssertionSuccess();
+    }
+    return ::testing::AssertionFailure() << ns << "/" << name << " never bound: " << last;
+  }
   std::optional<AllocationRecord> RecordOn(const json& pod) {
     const json ann = pod["metadata"].value("annotations", json::object());
     if (!ann.contains(kAnnotationAllocation)) return std::nullopt;
@@ -371,13 +385,7 @@ TEST_F(ExtenderTest, KubeSchedulerPreemptsForWholeGpusButCannotSeeMemoryShortfal
   ASSERT_TRUE(WaitFor([&] { return ext->state().Stats().booked == 1; }));
   // The stand-in's pod informer may not have seen the deletion yet: its next cycle then finds the
   // victim still there, as kube-scheduler's would, and tries again later.
-  std::string last;
-  EXPECT_TRUE(WaitFor([&] {
-    auto retry = sched->ScheduleOne(GetPod("ns", "hi-whole"));
-    if (!retry.ok()) return last = retry.status().ToString(), false;
-    last = retry->message;
-    return retry->bound;
-  })) << last;
+  EXPECT_TRUE(RescheduleUntilBound("ns", "hi-whole"));
   // A high-priority share short only of memory (ignoredByScheduler): the in-tree dry run finds
   // no victim (a slot is free), so preempt is never called — what kube-scheduler does (facts §1.4).
   // The extender's own preemption takes over (TheExtenderPreemptsForMemoryShortfalls...).
@@ -426,13 +434,7 @@ TEST_F(ExtenderTest, TheExtenderPreemptsForMemoryShortfallsThroughTheEvictionApi
   auto sneaky = Schedule(share("sneaky", "1000", 5, "sneaky"));
   EXPECT_FALSE(sneaky.bound);
   EXPECT_NE(sneaky.message.find("held for pod ns/hi (priority 1000)"), std::string::npos) << sneaky.message;
-  std::string last;
-  EXPECT_TRUE(WaitFor([&] {
-    auto retry = sched->ScheduleOne(GetPod("ns", "hi"));
-    if (!retry.ok()) return last = retry.status().ToString(), false;
-    last = retry->message;
-    return retry->bound;
-  })) << last;
+  EXPECT_TRUE(RescheduleUntilBound("ns", "hi"));
   EXPECT_EQ(GetPod("ns", "hi")["spec"]["nodeName"], "share");
   EXPECT_EQ(GetPod("ns", "peer")["spec"]["nodeName"], "share");  // untouched
   EXPECT_EQ(ext->state().PreemptingOn(GetPod("ns", "hi")["metadata"]["uid"]), "");
