@@ -41,13 +41,13 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_split.h"
 #include "bench_util.h"
 #include "common/strings.h"
 #include "k8s/client.h"
 #include "k8s/config.h"
 #include "k8s/patch.h"
 #include "slurm/bridge.h"
+#include "slurm/process.h"
 #include "testing/bridge_k8s.h"
 #include "testing/fake_apiserver.h"
 #include "testing/fake_slurm.h"
@@ -228,7 +228,7 @@ int PowerSaveRounds(int rounds) {
   o.cooldown = std::chrono::seconds(0);
   o.min_kept = 1;
   o.power_save = true;
-  o.resume_command = absl::StrSplit(cluster.ResumeCommand(), ' ');
+  o.resume_command = *slurm::SplitCommandLine(cluster.ResumeCommand(), "resume command");
   slurm::Bridge bridge(cli, *client, o);
   slurm::BridgeWatch watch(*client, bridge);
   watch.Start();

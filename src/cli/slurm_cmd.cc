@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <iostream>
 
-#include "absl/strings/str_split.h"
 #include "common/files.h"
 #include "common/http_listen.h"
 #include "common/strings.h"
@@ -117,6 +116,7 @@ int RunSlurmGres(const NodeOptions& node, const DevicePluginFlags& dp, const Slu
 #include "k8s/patch.h"
 #include "k8s/resources.h"
 #include "slurm/bridge.h"
+#include "slurm/process.h"
 
 namespace kgpu::cli {
 namespace {
@@ -199,7 +199,7 @@ SlurmBridgeCommands AddSlurmBridgeCommands(CLI::App* app, SlurmBridgeFlags* f) {
       ->capture_default_str();
   c.run->add_option("--resume-command", f->resume_command,
                     "power-save: run once Kubernetes is empty so that the node's slurmd registers as rebooted "
-                    "(slurmd -b); split on spaces, no shell, {node} replaced")
+                    "(slurmd -b); split into words as a shell would (quotes, backslashes), but no shell runs it; {node} replaced")
       ->envname("KGPU_RESUME_COMMAND");
   c.run->add_option("--resume-retry", f->resume_retry_s, "power-save: seconds before the resume command runs again")
       ->capture_default_str();
@@ -227,6 +227,23 @@ SlurmBridgeCommands AddSlurmBridgeCommands(CLI::App* app, SlurmBridgeFlags* f) {
 
 int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* stop, std::ostream& out) {
   auto log = Log("slurm");
+  // Flags first: a bad one is reported before anything is contacted.
+  std::vector<std::string> resume_command;
+  if (!f.resume_command.empty()) {
+    auto argv = slurm::SplitCommandLine(f.resume_command, "--resume-command");
+    if (!argv.ok()) {
+      out << "kgpu slurm-bridge run: " << argv.status().message() << "\n";
+      return 2;
+    }
+    resume_command = std::move(*argv);
+  }
+  if (f.lend_via == "power-save" && resume_command.empty()) {
+    out << "kgpu slurm-bridge run: --lend-via power-save needs --resume-command: the command that makes a node's slurmd "
+           "register as rebooted once Kubernetes has left it (a one-off restart with slurmd -b, e.g. 'ssh {node} "
+           "/usr/local/sbin/slurmd-rejoin'); without it a job given the node would wait in CONFIGURING until "
+           "ResumeTimeout\n";
+    return 2;
+  }
   auto client = KubeClient(f);
   if (!client.ok()) {
     out << "kgpu slurm-bridge run: " << client.status().message() << "\n";
@@ -255,16 +272,9 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
   o.dry_run = f.dry_run;
   o.crash_at = f.crash_at;
   o.power_save = f.lend_via == "power-save";
-  o.resume_command = absl::StrSplit(f.resume_command, ' ', absl::SkipEmpty());
+  o.resume_command = std::move(resume_command);
   o.resume_retry = std::chrono::seconds(std::max(1u, f.resume_retry_s));
   o.resume_timeout = std::chrono::seconds(std::max(1u, f.resume_timeout_s));
-  if (o.power_save && o.resume_command.empty()) {
-    out << "kgpu slurm-bridge run: --lend-via power-save needs --resume-command: the command that makes a node's slurmd "
-           "register as rebooted once Kubernetes has left it (a one-off restart with slurmd -b, e.g. 'ssh {node} "
-           "/usr/local/sbin/slurmd-rejoin'); without it a job given the node would wait in CONFIGURING until "
-           "ResumeTimeout\n";
-    return 2;
-  }
   k8s::EventRecorder events(**client, "kgpu-slurm-bridge", o.identity);
   slurm::Bridge bridge(slurm_cli, **client, o, &events, &out);
   if (f.once) {

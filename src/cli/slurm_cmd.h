@@ -57,7 +57,7 @@ struct SlurmBridgeFlags {
   std::vector<std::string> reclaim_nodes;  // reclaim, hook: node names or hostlists
   std::string reclaim_reason = "operator";
   std::string lend_via = "drain";          // drain | power-save
-  std::string resume_command;              // power-save: split on spaces, no shell, {node} replaced
+  std::string resume_command;              // power-save: split as a shell would (SplitCommandLine), no shell, {node} replaced
   unsigned resume_retry_s = 20, resume_timeout_s = 60;
   std::string hook_event;                  // hook: suspend | resume
 };

@@ -340,6 +340,8 @@ bool Bridge::SlurmWantsItBack(Facts& f) {
 
 void Bridge::RunResumeCommand(Facts& f) {
   if (opts_.resume_command.empty()) return;  // the node registers on its own (a real power-on)
+  ReapResumeCommand(f);
+  if (resume_runs_.contains(f.name)) return;  // still running
   const auto now = std::chrono::steady_clock::now();
   if (auto it = resumed_at_.find(f.name); it != resumed_at_.end() && now - it->second < opts_.resume_retry) return;
   std::vector<std::string> argv = opts_.resume_command;
@@ -355,7 +357,16 @@ void Bridge::RunResumeCommand(Facts& f) {
   }
   ProcessOptions po;
   po.timeout = opts_.resume_timeout;
-  auto r = RunProcess(argv, po);
+  Log("slurm")->info("{}: running the resume command {} (Kubernetes is empty)", f.name, CommandLine(argv));
+  resume_runs_[f.name] = {argv, std::async(std::launch::async, [argv, po] { return RunProcess(argv, po); })};
+}
+
+void Bridge::ReapResumeCommand(const Facts& f) {
+  auto run = resume_runs_.find(f.name);
+  if (run == resume_runs_.end() || run->second.done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+  const std::vector<std::string> argv = std::move(run->second.argv);
+  const absl::StatusOr<ProcessResult> r = run->second.done.get();
+  resume_runs_.erase(run);
   const bool ok = r.ok() && r->exit_code == 0 && !r->timed_out;
   Count("kgpu_slurm_bridge_resume_commands_total", ok ? "result=\"ok\"" : "result=\"failed\"");
   std::string detail;
@@ -367,6 +378,7 @@ void Bridge::RunResumeCommand(Facts& f) {
     detail = r->timed_out ? Cat(": no exit within ", opts_.resume_timeout.count(), " s")
                           : Cat(": exit ", r->exit_code, err.empty() ? "" : Cat(": ", Printable(err)));
   }
+  if (!ok) Log("slurm")->warn("{}: the resume command {} failed{}", f.name, CommandLine(argv), detail);
   Event(f, ok ? "Normal" : "Warning", ok ? "ResumeCommand" : "ResumeCommandFailed",
         Cat(CommandLine(argv), detail, ok ? " (Kubernetes is empty: slurmd may register)" : Cat("; again in ", opts_.resume_retry.count(), " s")));
 }
@@ -893,7 +905,10 @@ ReconcileResult Bridge::Reconcile() {
     for (int i = 0; i < 8 && Step(f, result); ++i) {
     }
   };
-  for (auto& f : facts) step_all(f);
+  for (auto& f : facts) {
+    ReapResumeCommand(f);
+    step_all(f);
+  }
 
   // --- policy
   // Slurm demand: blocked pending jobs (old enough); named unavailable nodes; jobs on lent nodes.

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <future>
 #include <memory>
 #include <map>
 #include <mutex>
@@ -37,6 +38,7 @@
 #include "k8s/informer.h"
 #include "slurm/client.h"
 #include "slurm/lease.h"
+#include "slurm/process.h"
 
 namespace kgpu::slurm {
 
@@ -143,8 +145,14 @@ class Bridge {
   void Count(const std::string& metric, const std::string& labels = "");
   // L1/L2 of a power-save lend when Slurm powers the node up (it gave it to a job): off to R3.
   bool SlurmWantsItBack(Facts& f);
-  // R3 of a power-save reclaim: resume_command for the node, at most once per resume_retry.
+  // R3 of a power-save reclaim: starts resume_command for the node in the background, at most
+  // once per resume_retry and never twice at once, so one slow node does not hold up the
+  // reconcile of the others (a run may take up to resume_timeout).
   void RunResumeCommand(Facts& f);
+  // A finished run of resume_command for the node: its metric and Event (Normal ResumeCommand,
+  // or Warning ResumeCommandFailed with the exit status and stderr). Called for every node each
+  // reconcile, so the outcome is reported even when the node has moved on meanwhile.
+  void ReapResumeCommand(const Facts& f);
 
   SlurmClient& slurm_;
   k8s::Client& kube_;
@@ -157,6 +165,12 @@ class Bridge {
   std::map<std::string, std::chrono::steady_clock::time_point> empty_since_;  // L1 confirmation
   std::map<std::string, std::pair<std::chrono::steady_clock::time_point, std::chrono::milliseconds>> evict_backoff_;
   std::map<std::string, std::chrono::steady_clock::time_point> resumed_at_;  // resume_command last run
+  struct ResumeRun {
+    std::vector<std::string> argv;
+    std::future<absl::StatusOr<ProcessResult>> done;  // std::async's: the destructor waits for the run
+  };
+  std::map<std::string, ResumeRun> resume_runs_;  // by node: runs not reaped yet (a run touches
+                                                  // nothing of the bridge's)
   std::set<std::string> lost_logged_;  // LOST nodes already logged (once each, until they return)
   int64_t demand_gone_since_ = 0;  // clock_() seconds: the bridge's one clock (injected in tests)
   // When the last reconcile wants the next one sooner than the interval (a second read due).

@@ -33,11 +33,18 @@ struct Fd {
 
 }  // namespace
 
+namespace {
+// What makes CommandLine quote an argument: blanks, quotes, backslash and what a shell would
+// treat as an operator or an expansion (SplitCommandLine refuses those unquoted).
+constexpr std::string_view kShellOperators = "|&;<>()$`";
+constexpr const char* kQuoteWorthy = " \t\n\r\"'\\|&;<>()$`";
+}  // namespace
+
 std::string CommandLine(const std::vector<std::string>& argv) {
   std::string out;
   for (const auto& a : argv) {
     if (!out.empty()) out += ' ';
-    if (a.empty() || a.find_first_of(" \t\"'\\$") != std::string::npos) {
+    if (a.empty() || a.find_first_of(kQuoteWorthy) != std::string::npos) {
       out += '\'';
       for (char c : a) {
         if (c == '\'') {
@@ -52,6 +59,69 @@ std::string CommandLine(const std::vector<std::string>& argv) {
     }
   }
   return out;
+}
+
+absl::StatusOr<std::vector<std::string>> SplitCommandLine(std::string_view line, std::string_view what) {
+  const std::string shown = Printable(line);
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;  // a word has started (so '' is an empty argument)
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+      if (in_word) words.push_back(std::move(word));
+      word.clear();
+      in_word = false;
+      continue;
+    }
+    if (c == '\\' && i + 1 < line.size() && line[i + 1] == '\n') {  // a line continuation: removed
+      ++i;
+      continue;
+    }
+    in_word = true;
+    if (c == '\\') {
+      if (i + 1 == line.size()) {
+        return absl::InvalidArgumentError(Cat(what, ": '", shown, "' ends in a backslash: remove it or quote it ('\\\\')"));
+      }
+      word += line[++i];
+    } else if (c == '\'') {
+      const size_t end = line.find('\'', i + 1);
+      if (end == std::string_view::npos) {
+        return absl::InvalidArgumentError(Cat(what, ": '", shown, "' has a ' at offset ", i, " that is never closed"));
+      }
+      word.append(line.substr(i + 1, end - i - 1));
+      i = end;
+    } else if (c == '"') {
+      size_t j = i + 1;
+      for (; j < line.size() && line[j] != '"'; ++j) {
+        if (line[j] == '\\' && j + 1 < line.size() && line[j + 1] == '\n') {
+          ++j;  // a line continuation: removed
+          continue;
+        }
+        if (line[j] == '\\' && j + 1 < line.size() && std::string_view("$`\"\\").find(line[j + 1]) != std::string_view::npos) {
+          ++j;
+        } else if (line[j] == '$' || line[j] == '`') {
+          return absl::InvalidArgumentError(Cat(what, ": '", shown, "' has ", line[j], " inside \"...\" at offset ", j,
+                                                ": nothing is expanded (no shell runs it); write \\", line[j],
+                                                " for the character, or run sh -c '...' for a shell"));
+        }
+        word += line[j];
+      }
+      if (j == line.size()) {
+        return absl::InvalidArgumentError(Cat(what, ": '", shown, "' has a \" at offset ", i, " that is never closed"));
+      }
+      i = j;
+    } else if (kShellOperators.find(c) != std::string_view::npos) {
+      return absl::InvalidArgumentError(Cat(what, ": '", shown, "' has an unquoted ", c, " at offset ", i,
+                                            ": no shell runs the command, so quote it ('", c,
+                                            "') to pass it as an argument, or run sh -c '...' for a shell"));
+    } else {
+      word += c;
+    }
+  }
+  if (in_word) words.push_back(std::move(word));
+  if (words.empty()) return absl::InvalidArgumentError(Cat(what, ": empty command"));
+  return words;
 }
 
 absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, const ProcessOptions& options) {

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -33,7 +34,16 @@ struct ProcessOptions {
 // runs and fails is an OK result with its exit code.
 absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, const ProcessOptions& options = {});
 
-// "argv[0] arg1 ..." for messages (arguments with spaces quoted).
+// "argv[0] arg1 ..." for messages, quoted as a POSIX shell reads it (an argument with a blank,
+// a quote, a backslash or a shell operator in '...'), so SplitCommandLine gives argv back.
 std::string CommandLine(const std::vector<std::string>& argv);
+
+// A command line as a POSIX shell splits it into words, without running a shell: blanks separate
+// words; '...' is literal; "..." is literal but for \ before $ ` " \ or a newline; a backslash
+// outside quotes takes the next character literally. Nothing is expanded, so an unquoted shell
+// operator or expansion (| & ; < > ( ) $ `) is an error that says to quote it or to run sh -c;
+// so are an unterminated quote, a trailing backslash and an empty line. `what` names the input
+// in errors (e.g. "--resume-command").
+absl::StatusOr<std::vector<std::string>> SplitCommandLine(std::string_view line, std::string_view what);
 
 }  // namespace kgpu::slurm

@@ -3,7 +3,9 @@
 // annotation (src/slurm/lease.cc), all of which come from outside the process. Properties: nothing
 // crashes; every error names what it parsed; an accepted node record has a name and a state whose
 // base and flags rebuild it; a hostlist never expands past its limit; hostlist expansion agrees
-// with the squeue parser's node lists; an accepted lease round-trips.
+// with the squeue parser's node lists; an accepted lease round-trips; a command line
+// (--resume-command) that splits into words is written back by CommandLine as one that splits into
+// the same words.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -11,6 +13,7 @@
 
 #include "slurm/lease.h"
 #include "slurm/parse.h"
+#include "slurm/process.h"
 
 namespace {
 void Expect(bool ok) {
@@ -64,6 +67,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   (void)ParseSlurmTime(first);
+
+  auto words = SplitCommandLine(text, "--resume-command");
+  if (words.ok()) {
+    Expect(!words->empty());
+    auto again = SplitCommandLine(CommandLine(*words), "--resume-command");
+    Expect(again.ok() && *again == *words);
+  } else {
+    Expect(Starts(words.status(), "--resume-command: "));
+  }
 
   auto lease = ParseLease(text);
   if (lease.ok()) {

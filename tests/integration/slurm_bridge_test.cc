@@ -27,6 +27,7 @@
 #include "k8s/resources.h"
 #include "slurm/bridge.h"
 #include "slurm/lease.h"
+#include "slurm/process.h"
 #include "testing/fake_apiserver.h"
 #include "testing/slurm_cluster.h"
 #include "testing/spawn.h"
@@ -331,6 +332,26 @@ class SlurmBridgeTest : public ::testing::Test {
   std::vector<std::string> jobs_, pod_names_, violations_;
   uint64_t checks_ = 0;
 };
+
+// A resume command that only a shell could run, or none for the power-save lend, is refused at
+// start with the fix, before anything (API server, Slurm) is contacted. No Slurm needed.
+TEST(SlurmBridgeFlags, AResumeCommandIsCheckedBeforeAnythingIsContacted) {
+  slurm::ProcessOptions po;
+  po.timeout = seconds(30);
+  auto r = slurm::RunProcess({KGPU_BIN, "slurm-bridge", "run", "--kubeconfig", "/nonexistent/kubeconfig", "--lend-via",
+                              "power-save", "--resume-command", "ssh {node} rejoin | logger"},
+                             po);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 2) << r->out << r->err;
+  EXPECT_NE(r->out.find("--resume-command: 'ssh {node} rejoin | logger' has an unquoted | at offset 18"), std::string::npos)
+      << r->out;
+  r = slurm::RunProcess({KGPU_BIN, "slurm-bridge", "run", "--kubeconfig", "/nonexistent/kubeconfig", "--lend-via",
+                         "power-save"},
+                        po);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 2);
+  EXPECT_NE(r->out.find("--lend-via power-save needs --resume-command"), std::string::npos) << r->out;
+}
 
 TEST_F(SlurmBridgeTest, BurstLendsTheIdleNodeAndLeavesTheBusyOne) {
   const std::string busy = Submit({"-w", "node1", "--wrap", "sleep 12"});

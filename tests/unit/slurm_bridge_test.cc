@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -25,6 +26,7 @@
 #include "k8s/resources.h"
 #include "slurm/bridge.h"
 #include "slurm/lease.h"
+#include "slurm/process.h"
 #include "testing/bridge_k8s.h"
 #include "testing/fake_apiserver.h"
 #include "testing/fake_slurm.h"
@@ -843,7 +845,39 @@ TEST_F(PowerSaveUnitTest, AnOperatorsReclaimPowersTheNodeUpAfterThePodsLeft) {
   ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
   EXPECT_EQ(LeaseOn("node1").requested_by, "operator");
   EXPECT_EQ(slurm_->State("node1"), "IDLE");
+  // The run's outcome is reported by the reconcile that finds it finished.
+  EXPECT_TRUE(StepUntil([&] { return Events("node1", "ResumeCommand").size() == 1; }));
   EXPECT_EQ(Events("node1", "ResumeCommand").size(), 1u);
+}
+
+// The resume command runs in the background: a slow one (an ssh to a node that answers late)
+// holds up neither this reconcile nor the other nodes', is never started twice at once, and its
+// outcome is reported when it ends.
+TEST_F(PowerSaveUnitTest, ASlowResumeCommandDoesNotHoldUpTheReconcile) {
+  const std::string release = marker_ + "-release";
+  std::remove(release.c_str());
+  opts_.resume_command = {"sh", "-c", "echo run >> '" + marker_ + "-{node}'; until [ -e '" + release + "' ]; do sleep 0.02; done; echo slow >&2; exit 3"};
+  opts_.resume_timeout = std::chrono::seconds(120);
+  opts_.resume_retry = std::chrono::seconds(0);  // due again at once: only the run in flight stops a second one
+  AddNode("node1");
+  PowerLend("node1", "p1");
+  RequestReclaim("node1");
+  ASSERT_TRUE(StepUntil([&] { return slurm_->State("node1").find("POWERING_UP") != std::string::npos; }));
+  ASSERT_TRUE(StepUntil([&] { return ResumeCommandRan("node1"); }));
+  // The command is still running (it waits for `release`), yet reconciles go on.
+  for (int i = 0; i < 5; ++i) Step();
+  EXPECT_EQ(PhaseOf("node1"), Phase::kReclaimUnfencing);
+  EXPECT_TRUE(Events("node1", "ResumeCommand").empty());
+  EXPECT_TRUE(Events("node1", "ResumeCommandFailed").empty()) << Events("node1", "ResumeCommandFailed")[0];
+  std::ifstream runs(marker_ + "-node1");
+  std::string all((std::istreambuf_iterator<char>(runs)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(all, "run\n") << "started again while the first run was in flight";
+  std::ofstream(release).put('x');
+  ASSERT_TRUE(StepUntil([&] { return !Events("node1", "ResumeCommandFailed").empty(); }));
+  const std::string note = Events("node1", "ResumeCommandFailed")[0];
+  EXPECT_NE(note.find("exit 3: slow"), std::string::npos) << note;
+  EXPECT_NE(note.find("sh -c"), std::string::npos) << note;
+  std::remove(release.c_str());
 }
 
 TEST_F(PowerSaveUnitTest, AResumeProgramRequestIsRecordedAsSlurmsDemand) {
@@ -910,6 +944,45 @@ TEST_F(PowerSaveUnitTest, APowerDownWhoseLeaseIsLostIsBroughtBack) {
   // pending with no owner) but taken through R3.
   ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kReclaimUnfencing; })) << PhaseName(PhaseOf("node1"));
   FinishPowerDownThenRejoin("node1");
+}
+
+// ------------------------------------------------------------------ --resume-command's words
+
+TEST(SplitCommandLine, SplitsAsAShellWouldWithoutExpandingAnything) {
+  auto words = [](std::string_view line) {
+    auto w = SplitCommandLine(line, "--resume-command");
+    EXPECT_TRUE(w.ok()) << w.status();
+    return w.ok() ? *w : std::vector<std::string>{};
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(words("ssh {node} /usr/local/sbin/slurmd-rejoin"), (V{"ssh", "{node}", "/usr/local/sbin/slurmd-rejoin"}));
+  EXPECT_EQ(words("  ssh\t-o 'ConnectTimeout 5'  {node} "), (V{"ssh", "-o", "ConnectTimeout 5", "{node}"}));
+  EXPECT_EQ(words("sh -c 'systemctl restart slurmd && echo ok | logger'"),
+            (V{"sh", "-c", "systemctl restart slurmd && echo ok | logger"}));
+  EXPECT_EQ(words(R"(echo "a \"b\" \$HOME \\ \x" it\'s '' "")"), (V{"echo", R"(a "b" $HOME \ \x)", "it's", "", ""}));
+  EXPECT_EQ(words("a\\\nb c"), (V{"ab", "c"})) << "a backslash-newline continues the line";
+  EXPECT_EQ(words("x 'it'\\''s'"), (V{"x", "it's"}));
+  // CommandLine, which writes commands into Events and logs, reads back as the same words.
+  const V odd = {"sh", "-c", "a|b; c && $d `e` (f) <g> 'h' \"i\" \\j", "", "tab\there", "new\nline"};
+  EXPECT_EQ(words(CommandLine(odd)), odd) << CommandLine(odd);
+}
+
+TEST(SplitCommandLine, RefusesWhatOnlyAShellWouldDoAndSaysHow) {
+  auto error = [](std::string_view line) {
+    auto w = SplitCommandLine(line, "--resume-command");
+    EXPECT_FALSE(w.ok()) << line;
+    return w.ok() ? std::string() : std::string(w.status().message());
+  };
+  EXPECT_EQ(error("ssh {node} 'rejoin"), "--resume-command: 'ssh {node} 'rejoin' has a ' at offset 11 that is never closed");
+  EXPECT_NE(error(R"(echo "x)").find("has a \" at offset 5 that is never closed"), std::string::npos);
+  EXPECT_NE(error("echo x\\").find("ends in a backslash"), std::string::npos);
+  const std::string pipe = error("ssh {node} rejoin | logger");
+  EXPECT_NE(pipe.find("has an unquoted | at offset 18"), std::string::npos) << pipe;
+  EXPECT_NE(pipe.find("run sh -c '...'"), std::string::npos) << pipe;
+  EXPECT_NE(error("ssh $NODE").find("unquoted $"), std::string::npos);
+  EXPECT_NE(error(R"(echo "$HOME")").find("inside \"...\""), std::string::npos);
+  EXPECT_EQ(error("   "), "--resume-command: empty command");
+  EXPECT_EQ(error("a\x1b[2J 'b").find('\x1b'), std::string::npos) << "echoed raw";
 }
 
 }  // namespace
