@@ -96,6 +96,12 @@ void AddShareFlags(CLI::App* app, DevicePluginFlags* flags) {
                   "kgpu.io/gpu: kubelet's PodResources socket")
       ->envname("KGPU_POD_RESOURCES_SOCKET")
       ->capture_default_str();
+  app->add_option("--cuda-accounting-sweep", flags->shares.accounting_sweep_s,
+                  "kgpu.io/gpu hard shares: every this many seconds, remove the accounting directories "
+                  "(--cuda-shared-root/<pod UID>) of pods no longer on this node (0: never)")
+      ->envname("KGPU_CUDA_ACCOUNTING_SWEEP")
+      ->check(CLI::Range(0u, 86400u))
+      ->capture_default_str();
 }
 
 void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags& flags, const NodeLabelsFlags& api,
@@ -138,6 +144,7 @@ void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags
   o.cuda_interposer = config.cuda_interposer;
   o.cuda_shared_root = config.cuda_shared_root;
   o.cuda_interposer_load = config.cuda_interposer_load;
+  o.accounting_sweep = std::chrono::seconds(flags.shares.accounting_sweep_s);
   if (config.sharing.strategy == deviceplugin::SharingStrategy::kMps) o.mps_root = config.mps_root;
   // GetPreferredAllocation's LIST: on kubelet's admission path, so one try with a short deadline.
   k8s::Config list_cfg = *cfg;

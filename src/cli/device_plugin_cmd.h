@@ -27,6 +27,7 @@ struct DevicePluginFlags {
   // --node-name), shared with --publish-labels.
   struct Shares {
     std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+    unsigned accounting_sweep_s = 600;  // --cuda-accounting-sweep: 0 = never
   } shares;
   std::string config_file;
   bool allow_empty_config = false;  // --allow-empty-config

@@ -1,6 +1,8 @@
 #include "cli/share_handoff.h"
 
 #include <algorithm>
+#include <cctype>
+#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -64,6 +66,80 @@ ShareHandoff::ShareHandoff(std::unique_ptr<k8s::Client> client, std::shared_ptr<
       inventory_(std::move(inventory)),
       opts_(std::move(options)) {
   events_ = std::make_unique<k8s::EventRecorder>(*client_, "kgpu-device-plugin", opts_.node_name);
+  if (!opts_.cuda_interposer.empty() && opts_.accounting_sweep.count() > 0) {
+    sweeper_ = std::jthread([this](std::stop_token stop) {
+      std::mutex mu;
+      std::condition_variable_any cv;
+      for (;;) {
+        std::unique_lock lock(mu);
+        if (cv.wait_for(lock, stop, opts_.accounting_sweep, [] { return false; }) || stop.stop_requested()) return;
+        auto n = SweepAccounting();
+        if (!n.ok()) {
+          Log("deviceplugin")->warn("accounting directories under {} not swept: {}", opts_.cuda_shared_root,
+                                    std::string(n.status().message()));
+        }
+      }
+    });
+  }
+}
+
+namespace {
+// A Kubernetes object UID as the API server writes it (RFC 4122 text: 8-4-4-4-12 hex digits).
+bool LooksLikeUid(std::string_view s) {
+  if (s.size() != 36) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+    if (dash ? s[i] != '-' : !std::isxdigit(static_cast<unsigned char>(s[i]))) return false;
+  }
+  return true;
+}
+}  // namespace
+
+absl::StatusOr<int> ShareHandoff::SweepAccounting() {
+  namespace fs = std::filesystem;
+  auto log = Log("deviceplugin");
+  // The directories first: a pod admitted after this read has its UID in the list below.
+  std::vector<std::pair<std::string, fs::file_time_type>> dirs;
+  std::error_code ec;
+  for (fs::directory_iterator it(opts_.cuda_shared_root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code tec;
+    if (!LooksLikeUid(name) || !it->is_directory(tec)) continue;
+    const auto mtime = fs::last_write_time(it->path(), tec);
+    if (!tec) dirs.emplace_back(name, mtime);
+  }
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    return absl::UnavailableError(Cat("cannot read --cuda-shared-root ", opts_.cuda_shared_root, ": ", ec.message()));
+  }
+  if (dirs.empty()) return 0;
+  const k8s::ListOptions lo{.label_selector = "", .field_selector = Cat("spec.nodeName=", opts_.node_name), .limit = 0,
+                            .resource_version = ""};
+  auto pods = client_->List(k8s::FindResource("pods")->Path(""), lo);
+  if (!pods.ok()) {
+    return absl::Status(pods.status().code(), Cat("the pods on node ", opts_.node_name, ": ", pods.status().message()));
+  }
+  std::set<std::string> live;
+  for (const auto& p : pods->value("items", json::array())) {
+    const std::string phase = p.value("status", json::object()).value("phase", "");
+    if (phase == "Succeeded" || phase == "Failed") continue;  // its containers are gone for good
+    live.insert(p.value("metadata", json::object()).value("uid", ""));
+  }
+  const auto now = fs::file_time_type::clock::now();
+  int removed = 0;
+  for (const auto& [uid, mtime] : dirs) {
+    if (live.contains(uid) || now - mtime < opts_.accounting_grace) continue;
+    const fs::path dir = fs::path(opts_.cuda_shared_root) / uid;
+    std::error_code rec;
+    fs::remove_all(dir, rec);
+    if (rec) {
+      log->warn("cannot remove the accounting directory {} (its pod is no longer on this node): {}", dir.string(),
+                rec.message());
+      continue;
+    }
+    log->info("removed the accounting directory {}: pod UID {} is no longer on this node", dir.string(), uid);
+    ++removed;
+  }
+  return removed;
 }
 
 absl::StatusOr<exporter::PodRef> ShareHandoff::Holder(const std::string& resource,

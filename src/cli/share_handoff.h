@@ -50,6 +50,10 @@ struct ShareHandoffOptions {
   std::string cuda_interposer;
   std::string cuda_shared_root = "/var/lib/kgpu/cuda";
   std::string cuda_interposer_load = "env";  // deviceplugin/interposer.h
+  // SweepAccounting's period on a thread of its own (0: never; nor without cuda_interposer), and
+  // how old a directory must be before it may go.
+  std::chrono::seconds accounting_sweep{600};
+  std::chrono::seconds accounting_grace{120};
   // Non-empty when MPS daemons serve kgpu.io/gpu (sharing.mps): the plugin's mpsRoot. Shares in
   // mps mode become clients of their GPU's daemon; without it such a record is refused.
   std::string mps_root;
@@ -88,6 +92,13 @@ class ShareHandoff {
   std::vector<std::vector<deviceplugin::AssignedDevice>> Pending(const std::string& resource, size_t size) const;
   // The CDI spec path for a device name.
   std::string SpecPath(const std::string& cdi_name) const;
+  // `hard` shares leave an accounting directory (cuda_shared_root/<pod UID>/<container>, one
+  // ~280 KB region each) that nothing else removes. This removes those whose pod is no longer on
+  // this node, as the API says now: gone, bound elsewhere, or Succeeded/Failed. The directories
+  // are read before the pods, so a pod admitted meanwhile is in the list; a directory younger
+  // than accounting_grace is left too. An API or directory error removes nothing. Returns how
+  // many went. Other entries under the root (timeslicing/, ld.so.preload) are not touched.
+  absl::StatusOr<int> SweepAccounting();
 
  private:
   // The one container that holds `ids` of `resource` in kubelet's PodResources.
@@ -110,7 +121,8 @@ class ShareHandoff {
   std::mutex reports_mu_;
   std::condition_variable_any reports_cv_;
   std::deque<Report> reports_;   // guarded by reports_mu_
-  std::jthread reports_worker_;  // started by the first report; last member: joined first
+  std::jthread reports_worker_;  // started by the first report
+  std::jthread sweeper_;         // SweepAccounting every accounting_sweep; last member: joined first
 };
 
 }  // namespace kgpu::cli

@@ -81,17 +81,20 @@ class ShareHandoffTest : public testing::PluginNodeTest {
       "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
       "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: [0, 1, 2, 3]}\n";
   // A pod whose container "main" holds `slot` and nothing else in kubelet's PodResources view.
-  void PodHolding(const std::string& name, const extender::RecordContainer& rc, const std::string& slot) {
-    CreatePod(name, rc);
+  void PodHolding(const std::string& name, const extender::RecordContainer& rc, const std::string& slot,
+                  int64_t grace_s = 30) {
+    CreatePod(name, rc, grace_s);
     v1::ListPodResourcesResponse view;
     testing::AddDevices(view, "ns", name, "main", "kgpu.io/gpu", {slot});
     pr_->SetListResponse(view);
   }
   // A pod bound to test-node with a record for container "main".
-  void CreatePod(const std::string& name, const extender::RecordContainer& rc) {
+  void CreatePod(const std::string& name, const extender::RecordContainer& rc, int64_t grace_s = 30) {
     extender::AllocationRecord r{"test-node", {rc}};
     json pod = {{"metadata", {{"name", name}, {"namespace", "ns"}, {"annotations", {{"kgpu.io/allocation", extender::EncodeRecord(r)}}}}},
-                {"spec", {{"nodeName", "test-node"}, {"containers", json::array({{{"name", "main"}, {"image", "cuda"}}})}}}};
+                {"spec", {{"nodeName", "test-node"},
+                          {"terminationGracePeriodSeconds", grace_s},
+                          {"containers", json::array({{{"name", "main"}, {"image", "cuda"}}})}}}};
     ASSERT_EQ(api_.Create("pods", "ns", pod).code, 201);
   }
   // Slot IDs of GPU `gpu` (kubelet's view).
@@ -274,6 +277,50 @@ TEST_F(ShareHandoffTest, MultiGpuShareAndRefusals) {
   EXPECT_NE(std::string(shorter.message()).find("the record names 1 GPUs but kubelet gave 2 slots"), std::string::npos) << shorter;
   auto nobody = kubelet_->PreStartContainer("kgpu.io/gpu", {s0[9]});
   EXPECT_NE(std::string(nobody.message()).find("no container holds kgpu.io/gpu devices"), std::string::npos) << nobody;
+}
+
+// A hard share's accounting directory (<--cuda-shared-root>/<pod UID>/<container>) goes once its
+// pod has left the node: deleted, or Succeeded/Failed. A running pod's stays, and so do a fresh
+// directory (younger than the grace period), the time-slicing directories and anything else.
+TEST_F(ShareHandoffTest, AccountingDirectoriesOfPodsThatLeftTheNodeAreRemoved) {
+  StartPlugin(true, {"--cuda-accounting-sweep", "1"});
+  namespace fs = std::filesystem;
+  const auto s0 = Slots(0);
+  const std::vector<std::string> names = {"runs", "ends", "goes"};
+  std::map<std::string, fs::path> dir;
+  for (size_t i = 0; i < names.size(); ++i) {
+    PodHolding(names[i], {"main", "kgpu.io/gpu", "hard", {{uuids_[0], "", "", 1000, 0}}}, s0[i], 1);
+    ASSERT_TRUE(kubelet_->Allocate("kgpu.io/gpu", {s0[i]}).ok());
+    ASSERT_TRUE(kubelet_->PreStartContainer("kgpu.io/gpu", {s0[i]}).ok()) << plugin_->Log();
+    const std::string uid = api_.Get("pods", "ns", names[i]).body["metadata"]["uid"];
+    dir[names[i]] = fs::path(cuda_root_) / uid;
+    ASSERT_TRUE(fs::is_directory(dir[names[i]] / "main")) << dir[names[i]];
+    // Older than the grace period (120 s).
+    fs::last_write_time(dir[names[i]], fs::file_time_type::clock::now() - std::chrono::hours(1));
+  }
+  const fs::path fresh = fs::path(cuda_root_) / "00000000-0000-4000-8000-0000000f7e57";  // no pod, but new
+  const fs::path timeslicing = fs::path(cuda_root_) / "timeslicing" / "0123456789abcdef";
+  fs::create_directories(fresh / "main");
+  fs::create_directories(timeslicing);
+  // "ends" finishes; "goes" is deleted (1 s of grace, then the stand-in removes it as kubelet would).
+  json ends = api_.Get("pods", "ns", "ends").body;
+  ends["status"]["phase"] = "Succeeded";
+  ASSERT_EQ(api_.Update("pods", "ns", ends).code, 200);
+  json goes = api_.Get("pods", "ns", "goes").body;
+  ASSERT_EQ(api_.Delete("pods", "ns", "goes").code, 200);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while ((fs::exists(dir["ends"]) || fs::exists(dir["goes"])) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_FALSE(fs::exists(dir["ends"])) << plugin_->Log();
+  EXPECT_FALSE(fs::exists(dir["goes"])) << plugin_->Log();
+  EXPECT_TRUE(fs::is_directory(dir["runs"] / "main"));
+  EXPECT_TRUE(fs::is_directory(fresh / "main"));
+  EXPECT_TRUE(fs::is_directory(timeslicing));
+  EXPECT_NE(plugin_->Log().find("removed the accounting directory " + dir["goes"].string() + ": pod UID " +
+                                goes["metadata"]["uid"].get<std::string>() + " is no longer on this node"),
+            std::string::npos)
+      << plugin_->Log();
 }
 
 // Without --cuda-interposer the node offers no hard limits: its inventory lists only none, and a
