@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <tuple>
 
@@ -277,8 +278,67 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
     }
   }
   for (const auto& key : placed) (void)engine_->Release(key);
+  placed.clear();
+  // The policy's choice for one container may take the only GPU that fits another: before
+  // refusing for what the containers do to each other, look for an arrangement that fits.
+  if (!why.empty() && c.parts.size() > 1 && SearchPartsLocked(c, id, "?", &placed)) {
+    for (const auto& key : placed) (void)engine_->Release(key);
+    why.clear();
+    *unresolvable = false;
+  }
   UnmaskLocked(name, masked);
   return why;
+}
+
+bool State::SearchPartsLocked(const Compiled& c, int id, const std::string& prefix, std::vector<std::string>* placed) {
+  auto& cluster = engine_->cluster();
+  int budget = 4096;
+  std::function<bool(size_t)> place_from = [&](size_t i) -> bool {
+    if (i == c.parts.size()) return true;
+    const Part& part = c.parts[i];
+    if (!cluster.NodeFits(part.req, id)) return false;
+    const sched::NodeState& ns = cluster.node(id);
+    std::vector<sched::Placement> choices;
+    if (part.req.Share() && part.req.num_gpus == 1) {
+      std::vector<int> gpus;
+      for (int g = 0; g < static_cast<int>(ns.gpus.size()); ++g) {
+        if (cluster.GpuFits(part.req, ns, g)) gpus.push_back(g);
+      }
+      // The fullest first: what is left large stays for the containers still to come.
+      std::stable_sort(gpus.begin(), gpus.end(), [&](int a, int b) {
+        const auto& ga = ns.gpus[static_cast<size_t>(a)];
+        const auto& gb = ns.gpus[static_cast<size_t>(b)];
+        return std::tie(ga.free_memory_mib, ga.free_milli) < std::tie(gb.free_memory_mib, gb.free_milli);
+      });
+      for (int g : gpus) {
+        sched::Placement p;
+        p.gpus = {g};
+        choices.push_back(std::move(p));
+      }
+    } else {
+      sched::Candidate cand;
+      if (PolicyFor(c).Evaluate(cluster, part.req, id, &cand) && cand.placement.ok()) {
+        choices.push_back(cand.placement);
+      } else {
+        sched::Placement p;
+        p.gpus = cluster.PickGpuSet(part.req, ns);
+        if (!p.gpus.empty()) choices.push_back(std::move(p));
+      }
+    }
+    for (auto& p : choices) {
+      if (--budget < 0) return false;
+      p.node = id;
+      sched::PodRequest er = part.ereq;
+      er.name = Cat(prefix, part.ereq.name);
+      if (!engine_->Bind(er, p).ok()) continue;
+      placed->push_back(er.name);
+      if (place_from(i + 1)) return true;
+      (void)engine_->Release(er.name);
+      placed->pop_back();
+    }
+    return false;
+  };
+  return place_from(0);
 }
 
 bool State::TryPlacePartLocked(const Compiled& c, const Part& part, int id, const std::string& key,
@@ -844,6 +904,8 @@ absl::StatusOr<Assumption> State::Assume(const json& pod, const std::string& nod
   for (const auto& part : c->parts) {
     if (!TryPlacePartLocked(*c, part, id, part.ereq.name, &placed, nullptr)) {
       for (const auto& key : placed) (void)engine_->Release(key);
+      placed.clear();
+      if (c->parts.size() > 1 && SearchPartsLocked(*c, id, "", &placed)) break;  // another arrangement fits
       UnmaskLocked(node, masked);
       return absl::FailedPreconditionError(Cat("node ", node, ": ", c->parts.size() > 1 ? Cat("container ", c->Gpu(part).name, ": ") : "",
                                                "the GPUs it would take are no longer free"));

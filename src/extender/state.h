@@ -182,6 +182,12 @@ class State {
   // (when scoring, a node the policy would not use is false too).
   bool TryPlacePartLocked(const Compiled& c, const Part& part, int id, const std::string& key,
                           std::vector<std::string>* placed, double* score);
+  // Every GPU container of `c` on node `id` (engine keys prefix + container), for when placing
+  // them one after the other where the policy puts each found no room for one: a depth-first
+  // search, in Compiled::parts order, over every GPU that fits each single-GPU share (the fullest
+  // first) and the policy's choice for the others, at most 4096 placements tried. True with
+  // every part placed (keys in *placed); false with nothing left placed.
+  bool SearchPartsLocked(const Compiled& c, int id, const std::string& prefix, std::vector<std::string>* placed);
   std::vector<int> MaskLocked(const Compiled& c, const std::string& node);
   void UnmaskLocked(const std::string& node, const std::vector<int>& masked);
   // Why `node` is held for another pod's preemption against this one (empty when it is not).

@@ -755,6 +755,35 @@ TEST_F(StateTest, SeveralGpuContainersArePlacedTogetherAndRebuilt) {
   EXPECT_EQ(fresh.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "2"}}), "u-w2"), {"mix"}).passed.size(), 1u);
 }
 
+// Placed one after the other where the policy puts each, one container may take the only GPU
+// that fits another; filter and bind then search for an arrangement that fits. Here only main on
+// the 8000 MiB GPU and b on the 16000 MiB one do, whatever the policy would pick for main first.
+TEST_F(StateTest, SeveralGpuContainersFindTheArrangementThatFits) {
+  for (const std::string placement : {"spread", "binpack", ""}) {
+    State st;
+    ASSERT_TRUE(st.Init().ok());
+    st.UpsertNode(TestNode("m", {ShareGpu(16000), ShareGpu(8000)}));
+    std::map<std::string, std::string> ann;
+    if (!placement.empty()) ann["kgpu.io/placement"] = placement;
+    json pod = WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}, {"kgpu.io/gpu-cores", "50"}}, ann),
+                       "u-p");
+    pod = WithContainer(pod, "containers", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}, {"kgpu.io/gpu-cores", "10"}});
+    const auto f = st.Filter(pod, {"m"});
+    EXPECT_EQ(f.passed.size(), 1u) << placement << ": " << (f.failed.empty() ? "" : f.failed.begin()->second);
+    EXPECT_EQ(st.Stats().booked, 0u);
+    auto a = st.Assume(pod, "m");
+    ASSERT_TRUE(a.ok()) << placement << ": " << a.status();
+    ASSERT_EQ(a->record.containers.size(), 2u);
+    EXPECT_EQ(a->record.containers[0].name, "main");
+    EXPECT_EQ(a->record.containers[0].gpus.at(0).uuid, TestGpuUuid("m", 1)) << placement;
+    EXPECT_EQ(a->record.containers[1].gpus.at(0).uuid, TestGpuUuid("m", 0)) << placement;
+    // Full now: a third container of any size finds nothing, and says which.
+    json more = WithUid(TestPod("ns", "q", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}), "u-q");
+    more = WithContainer(more, "containers", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}});
+    EXPECT_EQ(st.Filter(more, {"m"}).passed.size(), 0u);
+  }
+}
+
 // Trials leave nothing behind (the same pod filtered and scored again, then bound), UUID lists
 // hold for every container, preemption counts every container, and a privileged init container
 // with a share is refused like any other.
