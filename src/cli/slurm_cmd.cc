@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <memory>
 
 #include "common/files.h"
 #include "common/http_listen.h"
@@ -117,6 +118,7 @@ int RunSlurmGres(const NodeOptions& node, const DevicePluginFlags& dp, const Slu
 #include "k8s/resources.h"
 #include "slurm/bridge.h"
 #include "slurm/process.h"
+#include "slurm/rest.h"
 
 namespace kgpu::cli {
 namespace {
@@ -127,6 +129,15 @@ void AddCommonBridgeFlags(CLI::App* c, SlurmBridgeFlags* f) {
   c->add_option("--slurm-bin-dir", f->slurm_bin_dir, "directory of scontrol and squeue (default: PATH)");
   c->add_option("--slurm-conf", f->slurm_conf, "SLURM_CONF for the Slurm commands")->envname("SLURM_CONF");
   c->add_option("--slurm-timeout-ms", f->slurm_timeout_ms, "deadline of each Slurm command")->capture_default_str();
+  c->add_option("--slurm-rest-url", f->slurm_rest_url,
+                "talk to slurmrestd's REST API v0.0.39 (Slurm 23.02 or later) instead of running scontrol and squeue: "
+                "http(s)://host:6820, or unix:/path/to/slurmrestd.sock (rest_auth/local)")
+      ->envname("KGPU_SLURM_REST_URL");
+  c->add_option("--slurm-rest-user", f->slurm_rest_user, "X-SLURM-USER-NAME for slurmrestd's rest_auth/jwt")
+      ->envname("SLURM_USER_NAME");
+  c->add_option("--slurm-rest-token-file", f->slurm_rest_token_file,
+                "file holding the JWT (`scontrol token`), re-read for each request; or the token itself in $SLURM_JWT");
+  c->add_option("--slurm-rest-token", f->slurm_rest_token, "")->envname("SLURM_JWT")->group("");
 }
 
 absl::StatusOr<std::unique_ptr<k8s::Client>> KubeClient(const SlurmBridgeFlags& f) {
@@ -137,8 +148,19 @@ absl::StatusOr<std::unique_ptr<k8s::Client>> KubeClient(const SlurmBridgeFlags& 
   return k8s::Client::Create(*cfg);
 }
 
-slurm::CliSlurmClient SlurmCli(const SlurmBridgeFlags& f) {
-  return slurm::CliSlurmClient({f.slurm_bin_dir, f.slurm_conf, std::chrono::milliseconds(f.slurm_timeout_ms)});
+// The REST backend when --slurm-rest-url is given, else the CLI one.
+std::unique_ptr<slurm::SlurmClient> SlurmCli(const SlurmBridgeFlags& f) {
+  if (!f.slurm_rest_url.empty()) {
+    slurm::RestOptions o;
+    o.url = f.slurm_rest_url;
+    o.user = f.slurm_rest_user;
+    o.token = f.slurm_rest_token;
+    o.token_file = f.slurm_rest_token_file;
+    o.timeout = std::chrono::milliseconds(f.slurm_timeout_ms);
+    return std::make_unique<slurm::RestSlurmClient>(o);
+  }
+  return std::make_unique<slurm::CliSlurmClient>(
+      slurm::CliOptions{f.slurm_bin_dir, f.slurm_conf, std::chrono::milliseconds(f.slurm_timeout_ms)});
 }
 
 std::string Ago(int64_t since) {
@@ -237,6 +259,12 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
     }
     resume_command = std::move(*argv);
   }
+  if (f.lend_via == "power-save" && !f.slurm_rest_url.empty()) {
+    out << "kgpu slurm-bridge run: --lend-via power-save needs the CLI backend (drop --slurm-rest-url): its fence is "
+           "State=POWER_DOWN_ASAP, two flags (POWER_DOWN and POWER_DRAIN) that scontrol sets in one update and "
+           "slurmrestd's v0.0.39 node update cannot\n";
+    return 2;
+  }
   if (f.lend_via == "power-save" && resume_command.empty()) {
     out << "kgpu slurm-bridge run: --lend-via power-save needs --resume-command: the command that makes a node's slurmd "
            "register as rebooted once Kubernetes has left it (a one-off restart with slurmd -b, e.g. 'ssh {node} "
@@ -276,7 +304,7 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
   o.resume_retry = std::chrono::seconds(std::max(1u, f.resume_retry_s));
   o.resume_timeout = std::chrono::seconds(std::max(1u, f.resume_timeout_s));
   k8s::EventRecorder events(**client, "kgpu-slurm-bridge", o.identity);
-  slurm::Bridge bridge(slurm_cli, **client, o, &events, &out);
+  slurm::Bridge bridge(*slurm_cli, **client, o, &events, &out);
   if (f.once) {
     const auto r = bridge.Reconcile();
     for (const auto& d : r.decisions) out << "decision: " << d << "\n";
@@ -358,7 +386,7 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
     out << "kgpu slurm-bridge status: the API server: " << nodes.status().message() << "\n";
     return 1;
   }
-  auto snodes = slurm_cli.Nodes();
+  auto snodes = slurm_cli->Nodes();
   std::map<std::string, slurm::SlurmNode> by_name;
   if (snodes.ok()) {
     for (auto& n : *snodes) by_name[n.name] = n;

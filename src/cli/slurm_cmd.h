@@ -39,6 +39,8 @@ namespace kgpu::cli {
 struct SlurmBridgeFlags {
   std::string kubeconfig, context;
   std::string slurm_bin_dir, slurm_conf;
+  // The REST backend (Slurm >= 23.02's slurmrestd, v0.0.39) instead of scontrol/squeue when set.
+  std::string slurm_rest_url, slurm_rest_user, slurm_rest_token_file, slurm_rest_token;
   unsigned slurm_timeout_ms = 10000;
   double kube_qps = 50;
   std::vector<std::string> nodes;

@@ -3,7 +3,8 @@
 // implements it for every Slurm release (the only one that can drain on 22.05, whose REST API
 // has no node update): `scontrol`, `squeue` spawned without a shell, each with a deadline,
 // machine-readable output, and every write followed by a re-read (never acting on an exit code
-// alone: on 22.05 a RESUME right after a slurmctld restart fails and still clears DRAIN).
+// alone: on 22.05 a RESUME right after a slurmctld restart fails and still clears DRAIN). The
+// REST backend for Slurm >= 23.02 is in slurm/rest.h.
 //
 // Errors: Unavailable when slurmctld cannot be reached (the command timed out, or said "Unable
 // to contact slurm controller") — callers freeze transitions on it; FailedPrecondition when a

@@ -5,7 +5,9 @@
 // base and flags rebuild it; a hostlist never expands past its limit; hostlist expansion agrees
 // with the squeue parser's node lists; an accepted lease round-trips; a command line
 // (--resume-command) that splits into words is written back by CommandLine as one that splits into
-// the same words.
+// the same words; slurmrestd's v0.0.39 answers (nodes, jobs, errors) either parse into nodes with a
+// name and a state that starts with their base, and jobs that are pending or hold nodes, or name
+// what was wrong.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -14,6 +16,7 @@
 #include "slurm/lease.h"
 #include "slurm/parse.h"
 #include "slurm/process.h"
+#include "slurm/rest.h"
 
 namespace {
 void Expect(bool ok) {
@@ -76,6 +79,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     Expect(Starts(words.status(), "--resume-command: "));
   }
+
+  auto rest_nodes = ParseRestNodes(text);
+  if (rest_nodes.ok()) {
+    for (const auto& n : *rest_nodes) Expect(!n.name.empty() && !n.base.empty() && n.state.rfind(n.base, 0) == 0);
+  } else {
+    Expect(Starts(rest_nodes.status(), "slurmrestd nodes: "));
+  }
+  auto rest_jobs = ParseRestJobs(text);
+  if (rest_jobs.ok()) {
+    for (const auto& j : *rest_jobs) Expect(!j.id.empty() && (j.Pending() || j.Holding()));
+  } else {
+    Expect(Starts(rest_jobs.status(), "slurmrestd jobs: "));
+  }
+  bool controller_down = false;
+  (void)RestErrors(text, &controller_down);
 
   auto lease = ParseLease(text);
   if (lease.ok()) {

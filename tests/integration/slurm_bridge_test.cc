@@ -29,6 +29,7 @@
 #include "slurm/lease.h"
 #include "slurm/process.h"
 #include "testing/fake_apiserver.h"
+#include "testing/fake_slurmrestd.h"
 #include "testing/slurm_cluster.h"
 #include "testing/spawn.h"
 
@@ -351,6 +352,47 @@ TEST(SlurmBridgeFlags, AResumeCommandIsCheckedBeforeAnythingIsContacted) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->exit_code, 2);
   EXPECT_NE(r->out.find("--lend-via power-save needs --resume-command"), std::string::npos) << r->out;
+}
+
+// The REST backend from the command line: `status` reads Slurm through slurmrestd's v0.0.39 API
+// (the stand-in over a fake Slurm: Debian's slurmrestd 22.05 cannot update nodes), and the
+// power-save lend, which the REST API cannot fence, is refused at start with the reason.
+TEST(SlurmBridgeFlags, TheRestBackendFromTheCommandLine) {
+  testing::FakeApiServer api;
+  ASSERT_TRUE(api.Start().ok());
+  const std::string kubeconfig = ::testing::TempDir() + "kgpu-rest-kubeconfig-" + std::to_string(::getpid());
+  std::ofstream(kubeconfig) << api.Kubeconfig();
+  testing::FakeSlurm slurm;
+  slurm.AddNode("node1");
+  ASSERT_TRUE(slurm.AdminDrain("node1", "maint: fan").ok());
+  testing::FakeSlurmrestd restd(slurm, "jwt-cli");
+  ASSERT_TRUE(restd.ok());
+  slurm::ProcessOptions po;
+  po.timeout = seconds(30);
+  po.env = {{"SLURM_JWT", "jwt-cli"}};
+  auto r = slurm::RunProcess({KGPU_BIN, "slurm-bridge", "status", "--json", "--kubeconfig", kubeconfig, "--slurm-rest-url",
+                              restd.Url(), "--slurm-rest-user", "slurm"},
+                             po);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 0) << r->out << r->err;
+  const json status = json::parse(r->out, nullptr, false);
+  ASSERT_FALSE(status.is_discarded()) << r->out;
+  EXPECT_TRUE(status.value("slurmReachable", false)) << r->out;
+  EXPECT_GT(restd.requests(), 0);
+  // A wrong token: Slurm is reported unreachable with slurmrestd's answer.
+  po.env = {{"SLURM_JWT", "stale"}};
+  r = slurm::RunProcess({KGPU_BIN, "slurm-bridge", "status", "--json", "--kubeconfig", kubeconfig, "--slurm-rest-url",
+                         restd.Url(), "--slurm-rest-user", "slurm"},
+                        po);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->out.find("HTTP 401 Authentication failure"), std::string::npos) << r->out;
+  r = slurm::RunProcess({KGPU_BIN, "slurm-bridge", "run", "--kubeconfig", kubeconfig, "--slurm-rest-url", restd.Url(),
+                         "--lend-via", "power-save", "--resume-command", "true"},
+                        po);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->exit_code, 2);
+  EXPECT_NE(r->out.find("--lend-via power-save needs the CLI backend (drop --slurm-rest-url)"), std::string::npos) << r->out;
+  std::remove(kubeconfig.c_str());
 }
 
 TEST_F(SlurmBridgeTest, BurstLendsTheIdleNodeAndLeavesTheBusyOne) {

@@ -36,6 +36,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+#include <utility>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "slurm/client.h"
@@ -293,19 +296,7 @@ class FakeSlurm : public slurm::SlurmClient {
     if (auto s = slurm::NotDrainedByOthers(*before, owned_prefix); !s.ok()) return s;
     if (!(before->Drain() && before->reason == reason)) {
       if (auto s = Call(); !s.ok()) return s;
-      auto& n = nodes_.at(node);
-      n.drain = true;
-      SetReason(n, reason, "root");
-      writes_.push_back("DRAIN " + node + " " + reason);
-      if (n.power == Power::kPoweringUp) {
-        // "DRAIN/FAIL request for node ... which is allocated and being powered up. Requeuing jobs"
-        for (auto& j : jobs_) {
-          if (j.state != "CONFIGURING" || std::find(j.nodes.begin(), j.nodes.end(), node) == j.nodes.end()) continue;
-          j.state = "PENDING";
-          j.nodes.clear();
-          requeued_.push_back(j.id);
-        }
-      }
+      if (auto s = UpdateLocked(node, "DRAIN", reason); !s.ok()) return s;
     }
     return NodeLocked(node);
   }
@@ -331,8 +322,7 @@ class FakeSlurm : public slurm::SlurmClient {
     if (!before->PoweredDown() || before->PowerUpRequested()) return before;
     if (auto s = slurm::NotDrainedByOthers(*before, owned_prefix); !s.ok()) return s;
     if (auto s = Call(); !s.ok()) return s;
-    PowerUpLocked(nodes_.at(node));
-    writes_.push_back("POWER_UP " + node + " ");
+    if (auto s = UpdateLocked(node, "POWER_UP", ""); !s.ok()) return s;
     return NodeLocked(node);
   }
   absl::StatusOr<slurm::SlurmNode> Undrain(const std::string& node, const std::string& owned_prefix) override {
@@ -342,21 +332,134 @@ class FakeSlurm : public slurm::SlurmClient {
     if (!before->Drain()) return before;
     if (auto s = slurm::NotDrainedByOthers(*before, owned_prefix); !s.ok()) return s;
     if (auto s = Call(); !s.ok()) return s;
-    auto& n = nodes_.at(node);
-    n.drain = false;
-    if (!n.down) n.reason.clear();
-    writes_.push_back("UNDRAIN " + node + " ");
+    if (auto s = UpdateLocked(node, "UNDRAIN", ""); !s.ok()) return s;
     return NodeLocked(node);
+  }
+
+  // ------------------------------------------------------------------ slurmrestd v0.0.39 (fake_slurmrestd.h)
+  // What slurmrestd 23.02's v0.0.39 handlers answer from this state (the schema: src/slurm/rest.h):
+  // the HTTP status and the JSON body. slurmctld unreachable: 500 with its error.
+  std::pair<int, nlohmann::json> RestNodes(const std::string& only = "") {
+    std::lock_guard lock(mu_);
+    nlohmann::json out = RestEnvelope();
+    if (auto s = Call(); !s.ok()) return RestControllerDown(out);
+    out["nodes"] = nlohmann::json::array();
+    for (const auto& name : order_) {
+      if (!only.empty() && name != only) continue;
+      const NodeRec& n = nodes_.at(name);
+      nlohmann::json state = nlohmann::json::array();
+      const std::string printed = StateOf(n);
+      for (size_t at = 0; at <= printed.size();) {
+        const size_t plus = std::min(printed.find('+', at), printed.size());
+        state.push_back(printed.substr(at, plus - at));
+        at = plus + 1;
+      }
+      out["nodes"].push_back({{"name", n.name}, {"state", state}, {"reason", n.reason},
+                              {"reason_set_by_user", n.reason.empty() ? "" : n.reason_user},
+                              {"reason_changed_at", n.reason.empty() ? 0 : n.reason_at}, {"gres", n.gres},
+                              {"cpus", n.cpus}, {"alloc_cpus", AllocCpus(n)}, {"partitions", {"batch"}},
+                              {"free_mem", {{"set", true}, {"infinite", false}, {"number", 20479}}}});
+    }
+    // An unknown name is no 404: no node, and an error entry without a number.
+    if (!only.empty() && out["nodes"].empty()) {
+      out["errors"].push_back({{"description", "Failure to query node " + only}, {"source", "slurm_load_node_single"}});
+    }
+    return {200, out};
+  }
+  std::pair<int, nlohmann::json> RestJobs() {
+    std::lock_guard lock(mu_);
+    nlohmann::json out = RestEnvelope();
+    if (auto s = Call(); !s.ok()) return RestControllerDown(out);
+    out["jobs"] = nlohmann::json::array();
+    for (const auto& j : jobs_) {
+      std::string nodes;
+      for (const auto& n : j.nodes) nodes += (nodes.empty() ? "" : ",") + n;
+      out["jobs"].push_back({{"job_id", std::stoll(j.id)}, {"job_state", j.state}, {"nodes", nodes},
+                             {"node_count", {{"set", true}, {"infinite", false}, {"number", j.node_count}}},
+                             {"state_reason", j.reason}, {"end_time", j.end_time}, {"submit_time", j.submit_time},
+                             {"partition", j.partition}});
+    }
+    return {200, out};
+  }
+  // POST node/{name}: the body's state (a string or an array, of which slurmrestd's parser keeps
+  // the last) and reason, applied as slurmctld applies `scontrol update` (no guard here).
+  std::pair<int, nlohmann::json> RestUpdate(const std::string& node, const nlohmann::json& body) {
+    std::lock_guard lock(mu_);
+    nlohmann::json out = RestEnvelope();
+    if (auto s = Call(); !s.ok()) return RestControllerDown(out);
+    std::string state;
+    if (body.contains("state") && body["state"].is_string()) state = body["state"];
+    if (body.contains("state") && body["state"].is_array() && !body["state"].empty() && body["state"].back().is_string()) {
+      state = body["state"].back();
+    }
+    const std::string reason = body.contains("reason") && body["reason"].is_string() ? body["reason"].get<std::string>() : "";
+    absl::Status st = Find(node) == nullptr ? absl::NotFoundError("Invalid node name specified")
+                                            : UpdateLocked(node, state, reason);
+    if (st.ok()) return {200, out};
+    out["errors"].push_back({{"error", std::string(st.message())},
+                             {"description", "slurm_update_node() failed"},
+                             {"source", "update_node"}});
+    return {500, out};
   }
 
  private:
   enum class Power { kNone, kDownRequested, kPoweringDown, kPoweredDown, kPoweringUp };
   struct NodeRec {
     std::string name, gres, reason, reason_user, reason_time;
+    int64_t reason_at = 0;  // reason_time in unix seconds (slurmrestd's reason_changed_at)
     int cpus = 2;
     bool drain = false, down = false, completing = false, not_responding = false;
     Power power = Power::kNone;
   };
+  // `scontrol update NodeName=<node> State=<state> [Reason=<reason>]` as slurmctld applies it,
+  // without the bridge's guard: DRAIN (with a reason), UNDRAIN, POWER_UP.
+  absl::Status UpdateLocked(const std::string& node, const std::string& state, const std::string& reason) {
+    auto* n = Find(node);
+    if (n == nullptr) return NoNode(node);
+    if (state == "DRAIN") {
+      if (reason.empty()) return absl::InvalidArgumentError("You must specify a reason when DOWNING or DRAINING a node.");
+      n->drain = true;
+      SetReason(*n, reason, "root");
+      writes_.push_back("DRAIN " + node + " " + reason);
+      if (n->power == Power::kPoweringUp) {
+        // "DRAIN/FAIL request for node ... which is allocated and being powered up. Requeuing jobs"
+        for (auto& j : jobs_) {
+          if (j.state != "CONFIGURING" || std::find(j.nodes.begin(), j.nodes.end(), node) == j.nodes.end()) continue;
+          j.state = "PENDING";
+          j.nodes.clear();
+          requeued_.push_back(j.id);
+        }
+      }
+      return absl::OkStatus();
+    }
+    if (state == "UNDRAIN") {
+      if (!n->drain) return absl::InternalError("slurm_update error: Invalid node state specified");
+      n->drain = false;
+      if (!n->down) n->reason.clear();
+      writes_.push_back("UNDRAIN " + node + " ");
+      return absl::OkStatus();
+    }
+    if (state == "POWER_UP") {
+      PowerUpLocked(*n);
+      writes_.push_back("POWER_UP " + node + " ");
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError("Invalid node state specified");
+  }
+  static nlohmann::json RestEnvelope() {
+    return {{"meta",
+             {{"plugin", {{"type", "openapi/v0.0.39"}, {"name", "Slurm OpenAPI v0.0.39"}, {"data_parser", "v0.0.39"}}},
+              {"Slurm", {{"version", {{"major", 23}, {"minor", 2}, {"micro", 7}}}, {"release", "23.02.7"}}}}},
+            {"errors", nlohmann::json::array()},
+            {"warnings", nlohmann::json::array()}};
+  }
+  static std::pair<int, nlohmann::json> RestControllerDown(nlohmann::json out) {
+    out["errors"].push_back({{"error_number", 1800},
+                             {"error", "Unable to contact slurm controller (connect failure)"},
+                             {"description", "slurm_load_node() failed"},
+                             {"source", "slurm_load_node"}});
+    return {500, out};
+  }
   // ResumeProgram runs; 22.05 clears the reason and waits for slurmd.
   static void PowerUpLocked(NodeRec& n) {
     n.power = Power::kPoweringUp;
@@ -391,7 +494,8 @@ class FakeSlurm : public slurm::SlurmClient {
   void SetReason(NodeRec& n, const std::string& reason, const std::string& user) {
     n.reason = reason;
     n.reason_user = user;
-    n.reason_time = Time(now_());
+    n.reason_at = now_();
+    n.reason_time = Time(n.reason_at);
   }
   int AllocCpus(const NodeRec& n) const {
     int alloc = 0;

@@ -13,6 +13,7 @@
 #include <ctime>
 #include <fstream>
 #include <iterator>
+#include <tuple>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -27,9 +28,11 @@
 #include "slurm/bridge.h"
 #include "slurm/lease.h"
 #include "slurm/process.h"
+#include "slurm/rest.h"
 #include "testing/bridge_k8s.h"
 #include "testing/fake_apiserver.h"
 #include "testing/fake_slurm.h"
+#include "testing/fake_slurmrestd.h"
 
 namespace kgpu::slurm {
 namespace {
@@ -48,6 +51,16 @@ class BridgeUnitTest : public ::testing::Test {
     client_ = std::move(*c);
     events_ = std::make_unique<k8s::EventRecorder>(*client_, "kgpu-slurm-bridge", "unit");
     slurm_ = std::make_unique<testing::FakeSlurm>([this] { return Now(); });
+    if (rest_mode_) {
+      // The REST backend against slurmrestd's v0.0.39 over the same fake Slurm.
+      restd_ = std::make_unique<testing::FakeSlurmrestd>(*slurm_, "jwt-unit");
+      ASSERT_TRUE(restd_->ok());
+      RestOptions ro;
+      ro.url = restd_->Url();
+      ro.user = "slurm";
+      ro.token = "jwt-unit";
+      rest_ = std::make_unique<RestSlurmClient>(ro);
+    }
     ASSERT_LT(api_->Create("namespaces", "", {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", "infer"}}}})
                   .code,
               300);
@@ -61,6 +74,9 @@ class BridgeUnitTest : public ::testing::Test {
     opts_.interval = std::chrono::milliseconds(10);
   }
   void TearDown() override {
+    if (restd_) {
+      EXPECT_GT(restd_->requests(), 0) << "the REST backend was not used";
+    }
     bridge_.reset();
     if (api_) api_->Stop();
   }
@@ -78,7 +94,8 @@ class BridgeUnitTest : public ::testing::Test {
   }
 
   Bridge& B() {
-    if (!bridge_) bridge_ = std::make_unique<Bridge>(*slurm_, *client_, opts_, events_.get(), &dry_, [this] { return Now(); });
+    SlurmClient& backend = rest_ ? static_cast<SlurmClient&>(*rest_) : *slurm_;
+    if (!bridge_) bridge_ = std::make_unique<Bridge>(backend, *client_, opts_, events_.get(), &dry_, [this] { return Now(); });
     return *bridge_;
   }
 
@@ -188,12 +205,28 @@ class BridgeUnitTest : public ::testing::Test {
   std::unique_ptr<k8s::Client> client_;
   std::unique_ptr<k8s::EventRecorder> events_;
   std::unique_ptr<testing::FakeSlurm> slurm_;
+  bool rest_mode_ = false;  // the bridge talks to slurm_ through slurmrestd's REST API
+  std::unique_ptr<testing::FakeSlurmrestd> restd_;
+  std::unique_ptr<RestSlurmClient> rest_;
   std::unique_ptr<Bridge> bridge_;
   BridgeOptions opts_;
   std::ostringstream dry_;
   std::vector<std::string> names_;
   int64_t offset_ = 0;
 };
+
+// The bridge's scenarios, each run twice: against FakeSlurm as a SlurmClient (what the CLI
+// backend reads, rendered as scontrol/squeue text) and through the REST backend against
+// slurmrestd's v0.0.39 API over the same fake.
+class BridgeTest : public BridgeUnitTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    rest_mode_ = GetParam() == "rest";
+    BridgeUnitTest::SetUp();
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Backends, BridgeTest, ::testing::Values("cli", "rest"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 // ------------------------------------------------------------------ the fake itself
 
@@ -272,7 +305,7 @@ int Lent(const std::vector<std::string>& nodes, const std::function<Phase(const 
   return n;
 }
 
-TEST_F(BridgeUnitTest, MaxLentAndMinKeptBoundTheLending) {
+TEST_P(BridgeTest, MaxLentAndMinKeptBoundTheLending) {
   for (const char* n : {"node1", "node2", "node3"}) AddNode(n);
   for (const char* p : {"p1", "p2", "p3"}) PendingGpuPod(p);  // 8 GPUs per node: 3 pods fit one node...
   opts_.max_lent = 3;
@@ -295,7 +328,7 @@ TEST_F(BridgeUnitTest, MaxLentAndMinKeptBoundTheLending) {
 // A lent node's Node object is deleted (an autoscaler, an operator): the lease went with it, so
 // the node is LOST — Slurm's drain stays (nothing runs there unfenced), status and the metric say
 // so — until the Node registers again, when it is adopted and given back to Slurm.
-TEST_F(BridgeUnitTest, ANodeWhoseObjectIsDeletedIsLostUntilItReturns) {
+TEST_P(BridgeTest, ANodeWhoseObjectIsDeletedIsLostUntilItReturns) {
   AddNode("node1");
   Lend("node1", "p1");
   ASSERT_EQ(api_->Delete("pods", "infer", "p1").code, 200);
@@ -317,14 +350,14 @@ TEST_F(BridgeUnitTest, ANodeWhoseObjectIsDeletedIsLostUntilItReturns) {
   EXPECT_NE(B().Metrics().find("kgpu_slurm_bridge_nodes{phase=\"LOST\"} 0"), std::string::npos);
 }
 
-TEST_F(BridgeUnitTest, LendWaitsForTheUnschedulableThreshold) {
+TEST_P(BridgeTest, LendWaitsForTheUnschedulableThreshold) {
   AddNode("node1");
   opts_.lend_threshold = std::chrono::seconds(30);
   PendingGpuPod("p1");
   ExpectLentOnlyAfter("node1", 31, "the pod is unschedulable for less than 30 s");
 }
 
-TEST_F(BridgeUnitTest, CooldownKeepsANodeBackWithSlurmForAWhile) {
+TEST_P(BridgeTest, CooldownKeepsANodeBackWithSlurmForAWhile) {
   AddNode("node1");
   opts_.cooldown = std::chrono::seconds(120);
   Lend("node1", "p1");
@@ -334,7 +367,7 @@ TEST_F(BridgeUnitTest, CooldownKeepsANodeBackWithSlurmForAWhile) {
   ExpectLentOnlyAfter("node1", 121, "back with Slurm less than the 120 s cooldown ago");
 }
 
-TEST_F(BridgeUnitTest, HysteresisCancelsADrainingLendOnlyAfterTheDemandStaysGone) {
+TEST_P(BridgeTest, HysteresisCancelsADrainingLendOnlyAfterTheDemandStaysGone) {
   AddNode("node1");
   opts_.lend_hysteresis = std::chrono::seconds(60);
   auto job = slurm_->StartJob({"node1"}, Now() + 600);
@@ -357,7 +390,7 @@ TEST_F(BridgeUnitTest, HysteresisCancelsADrainingLendOnlyAfterTheDemandStaysGone
   EXPECT_TRUE(slurm_->Ended().empty()) << "the job is never killed";
 }
 
-TEST_F(BridgeUnitTest, AForcedDeleteComesOnlyAfterItsDeadline) {
+TEST_P(BridgeTest, AForcedDeleteComesOnlyAfterItsDeadline) {
   AddNode("node1");
   opts_.force_delete_after = std::chrono::seconds(300);
   Lend("node1", "p1");
@@ -375,7 +408,7 @@ TEST_F(BridgeUnitTest, AForcedDeleteComesOnlyAfterItsDeadline) {
 
 // Event-driven: with an hour between polls, a pending GPU pod and then a reclaim request are
 // acted on within seconds, through the watches (BridgeWatch) that wake Run().
-TEST_F(BridgeUnitTest, WatchEventsWakeTheLoopLongBeforeTheInterval) {
+TEST_P(BridgeTest, WatchEventsWakeTheLoopLongBeforeTheInterval) {
   AddNode("node1");
   opts_.interval = std::chrono::hours(1);
   BridgeWatch watch(*client_, B());
@@ -407,7 +440,7 @@ TEST_F(BridgeUnitTest, WatchEventsWakeTheLoopLongBeforeTheInterval) {
   watch.Stop();
 }
 
-TEST_F(BridgeUnitTest, AReclaimRequestOnANodeThatIsNotLentIsRemovedWithAnEvent) {
+TEST_P(BridgeTest, AReclaimRequestOnANodeThatIsNotLentIsRemovedWithAnEvent) {
   AddNode("node1");
   Step();
   ASSERT_EQ(PhaseOf("node1"), Phase::kSlurm);
@@ -423,7 +456,7 @@ TEST_F(BridgeUnitTest, AReclaimRequestOnANodeThatIsNotLentIsRemovedWithAnEvent) 
   EXPECT_TRUE(Events("node1", "LendCancelled").empty());
 }
 
-TEST_F(BridgeUnitTest, AReclaimRequestThatCancelsALendIsRemovedSoTheNextLendGoesThrough) {
+TEST_P(BridgeTest, AReclaimRequestThatCancelsALendIsRemovedSoTheNextLendGoesThrough) {
   AddNode("node1");
   auto job = slurm_->StartJob({"node1"}, Now() + 600);
   ASSERT_TRUE(job.ok());
@@ -447,7 +480,7 @@ TEST_F(BridgeUnitTest, AReclaimRequestThatCancelsALendIsRemovedSoTheNextLendGoes
   EXPECT_EQ(slurm_->Ended(), std::vector<std::string>{*job});
 }
 
-TEST_F(BridgeUnitTest, AReclaimRequestOnALentNodeIsRemovedOnceActedOn) {
+TEST_P(BridgeTest, AReclaimRequestOnALentNodeIsRemovedOnceActedOn) {
   AddNode("node1");
   Lend("node1", "p1");
   RequestReclaim("node1");
@@ -462,7 +495,7 @@ TEST_F(BridgeUnitTest, AReclaimRequestOnALentNodeIsRemovedOnceActedOn) {
   EXPECT_EQ(PhaseOf("node1"), Phase::kLent);
 }
 
-TEST_F(BridgeUnitTest, AReclaimRequestWhileAlreadyReclaimingIsRemoved) {
+TEST_P(BridgeTest, AReclaimRequestWhileAlreadyReclaimingIsRemoved) {
   AddNode("node1");
   Lend("node1", "p1");
   RefusingPdb();
@@ -487,7 +520,7 @@ TEST_F(BridgeUnitTest, AReclaimRequestWhileAlreadyReclaimingIsRemoved) {
   EXPECT_TRUE(PodGone("p1"));
 }
 
-TEST_F(BridgeUnitTest, DryRunLeavesTheReclaimRequestInPlace) {
+TEST_P(BridgeTest, DryRunLeavesTheReclaimRequestInPlace) {
   AddNode("node1");
   Step();
   RequestReclaim("node1");
@@ -500,7 +533,7 @@ TEST_F(BridgeUnitTest, DryRunLeavesTheReclaimRequestInPlace) {
 
 // ------------------------------------------------------------------ item 2: an admin's cordon and drain
 
-TEST_F(BridgeUnitTest, AnAdminCordonBeforeAdoptionIsRecordedAndNeverLifted) {
+TEST_P(BridgeTest, AnAdminCordonBeforeAdoptionIsRecordedAndNeverLifted) {
   AddNode("node1", /*fenced=*/false, /*cordoned=*/true);  // kubectl cordon node1
   Step();
   auto lease = LeaseOn("node1");
@@ -523,14 +556,14 @@ TEST_F(BridgeUnitTest, AnAdminCordonBeforeAdoptionIsRecordedAndNeverLifted) {
   EXPECT_FALSE(Cordoned("node1"));
 }
 
-TEST_F(BridgeUnitTest, TheSeparatedPoolsFenceIsNotMistakenForAnAdminCordon) {
+TEST_P(BridgeTest, TheSeparatedPoolsFenceIsNotMistakenForAnAdminCordon) {
   AddNode("node1", /*fenced=*/true);
   Step();
   EXPECT_FALSE(LeaseOn("node1").admin_cordoned);
   Lend("node1", "p1");
 }
 
-TEST_F(BridgeUnitTest, AnAdminCordonOfALentNodeSurvivesTheReclaimAndBlocksTheNextLend) {
+TEST_P(BridgeTest, AnAdminCordonOfALentNodeSurvivesTheReclaimAndBlocksTheNextLend) {
   AddNode("node1");
   Lend("node1", "p1");
   SetCordon("node1", true);  // kubectl cordon on the lent node
@@ -548,7 +581,7 @@ TEST_F(BridgeUnitTest, AnAdminCordonOfALentNodeSurvivesTheReclaimAndBlocksTheNex
   EXPECT_TRUE(Cordoned("node1"));
 }
 
-TEST_F(BridgeUnitTest, AnAdminCordonOfALentNodeThatIsLiftedIsForgotten) {
+TEST_P(BridgeTest, AnAdminCordonOfALentNodeThatIsLiftedIsForgotten) {
   AddNode("node1");
   Lend("node1", "p1");
   SetCordon("node1", true);
@@ -560,7 +593,7 @@ TEST_F(BridgeUnitTest, AnAdminCordonOfALentNodeThatIsLiftedIsForgotten) {
   EXPECT_EQ(Events("node1", "AdminCordonLifted").size(), 1u);
 }
 
-TEST_F(BridgeUnitTest, AnAdminDrainBeforeAdoptionIsRecordedAndLeftAlone) {
+TEST_P(BridgeTest, AnAdminDrainBeforeAdoptionIsRecordedAndLeftAlone) {
   AddNode("node1");
   ASSERT_TRUE(slurm_->AdminDrain("node1", "admin: PSU swap").ok());
   PendingGpuPod("p1");
@@ -573,7 +606,7 @@ TEST_F(BridgeUnitTest, AnAdminDrainBeforeAdoptionIsRecordedAndLeftAlone) {
   EXPECT_EQ(slurm_->BridgeWrites("node1"), 0u);
 }
 
-TEST_F(BridgeUnitTest, AnAdminDrainOfALentNodeIsNeverResumed) {
+TEST_P(BridgeTest, AnAdminDrainOfALentNodeIsNeverResumed) {
   AddNode("node1");
   Lend("node1", "p1");
   ASSERT_TRUE(slurm_->AdminDrain("node1", "admin: bad fan").ok());
@@ -589,7 +622,7 @@ TEST_F(BridgeUnitTest, AnAdminDrainOfALentNodeIsNeverResumed) {
   EXPECT_TRUE(K8sFenced(Node("node1")));
 }
 
-TEST_F(BridgeUnitTest, AnAdminDrainThatTheAdminResumesIsForgottenWhileLent) {
+TEST_P(BridgeTest, AnAdminDrainThatTheAdminResumesIsForgottenWhileLent) {
   AddNode("node1");
   Lend("node1", "p1");
   ASSERT_TRUE(slurm_->AdminDrain("node1", "admin: quick check").ok());
@@ -607,7 +640,7 @@ TEST_F(BridgeUnitTest, AnAdminDrainThatTheAdminResumesIsForgottenWhileLent) {
 
 // ------------------------------------------------------------------ the failure table (§C)
 
-TEST_F(BridgeUnitTest, ABusyNodeIsLentOnlyAfterItsJobEndsAndTheNodeLeavesCompleting) {
+TEST_P(BridgeTest, ABusyNodeIsLentOnlyAfterItsJobEndsAndTheNodeLeavesCompleting) {
   AddNode("node1");
   auto job = slurm_->StartJob({"node1"}, Now() + 300, 1);
   ASSERT_TRUE(job.ok());
@@ -630,7 +663,7 @@ TEST_F(BridgeUnitTest, ABusyNodeIsLentOnlyAfterItsJobEndsAndTheNodeLeavesComplet
   EXPECT_EQ(slurm_->Ended(), std::vector<std::string>{*job});
 }
 
-TEST_F(BridgeUnitTest, IdleNodesAndEarliestEndingJobsAreLentFirst) {
+TEST_P(BridgeTest, IdleNodesAndEarliestEndingJobsAreLentFirst) {
   AddNode("node1");
   AddNode("node2");
   AddNode("node3");
@@ -644,7 +677,7 @@ TEST_F(BridgeUnitTest, IdleNodesAndEarliestEndingJobsAreLentFirst) {
   EXPECT_EQ(PhaseOf("node3"), Phase::kSlurm);
 }
 
-TEST_F(BridgeUnitTest, AForeignDrainMidLendCancelsItAndKeepsTheAdminReason) {
+TEST_P(BridgeTest, AForeignDrainMidLendCancelsItAndKeepsTheAdminReason) {
   AddNode("node1");
   auto job = slurm_->StartJob({"node1"}, Now() + 300);
   ASSERT_TRUE(job.ok());
@@ -661,7 +694,7 @@ TEST_F(BridgeUnitTest, AForeignDrainMidLendCancelsItAndKeepsTheAdminReason) {
   EXPECT_TRUE(slurm_->Ended().empty()) << "the job is never killed";
 }
 
-TEST_F(BridgeUnitTest, SlurmUnreachableFreezesEveryTransitionThatNeedsIt) {
+TEST_P(BridgeTest, SlurmUnreachableFreezesEveryTransitionThatNeedsIt) {
   AddNode("node1");
   AddNode("node2");
   Lend("node1", "p1");
@@ -691,7 +724,7 @@ TEST_F(BridgeUnitTest, SlurmUnreachableFreezesEveryTransitionThatNeedsIt) {
   EXPECT_TRUE(slurm_->Ended().empty());
 }
 
-TEST_F(BridgeUnitTest, ReclaimWaitsForSlurmdBeforeTheUndrain) {
+TEST_P(BridgeTest, ReclaimWaitsForSlurmdBeforeTheUndrain) {
   AddNode("node1");
   Lend("node1", "p1");
   slurm_->SetResponding("node1", false);  // slurmd stopped while Kubernetes uses the host
@@ -708,7 +741,7 @@ TEST_F(BridgeUnitTest, ReclaimWaitsForSlurmdBeforeTheUndrain) {
   EXPECT_EQ(slurm_->State("node1"), "IDLE");
 }
 
-TEST_F(BridgeUnitTest, ALentNodeThatLostItsDrainIsDrainedAgain) {
+TEST_P(BridgeTest, ALentNodeThatLostItsDrainIsDrainedAgain) {
   AddNode("node1");
   Lend("node1", "p1");
   ASSERT_TRUE(slurm_->AdminResume("node1").ok());  // someone "returned" it to Slurm by hand
@@ -718,7 +751,7 @@ TEST_F(BridgeUnitTest, ALentNodeThatLostItsDrainIsDrainedAgain) {
   EXPECT_EQ(PhaseOf("node1"), Phase::kLent);
 }
 
-TEST_F(BridgeUnitTest, ABlockedSlurmJobReclaimsALentNode) {
+TEST_P(BridgeTest, ABlockedSlurmJobReclaimsALentNode) {
   AddNode("node1");
   AddNode("node2");
   Lend("node1", "p1");
@@ -729,7 +762,7 @@ TEST_F(BridgeUnitTest, ABlockedSlurmJobReclaimsALentNode) {
   EXPECT_EQ(LeaseOn("node1").requested_by, "slurm-demand");
 }
 
-TEST_F(BridgeUnitTest, TheApiServerDownChangesNothingAnywhere) {
+TEST_P(BridgeTest, TheApiServerDownChangesNothingAnywhere) {
   AddNode("node1");
   Lend("node1", "p1");
   const auto writes = slurm_->Writes().size();
@@ -743,7 +776,7 @@ TEST_F(BridgeUnitTest, TheApiServerDownChangesNothingAnywhere) {
   EXPECT_EQ(PhaseOf("node1"), Phase::kLent);
 }
 
-TEST_F(BridgeUnitTest, AStaleWriterLosesTheCompareAndSwap) {
+TEST_P(BridgeTest, AStaleWriterLosesTheCompareAndSwap) {
   AddNode("node1");
   Step();
   // Someone else writes the Node between our read and our write: the write is a 409 and the
@@ -944,6 +977,150 @@ TEST_F(PowerSaveUnitTest, APowerDownWhoseLeaseIsLostIsBroughtBack) {
   // pending with no owner) but taken through R3.
   ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kReclaimUnfencing; })) << PhaseName(PhaseOf("node1"));
   FinishPowerDownThenRejoin("node1");
+}
+
+// ------------------------------------------------------------------ the REST backend itself
+
+// The REST backend reads what the CLI backend reads (the same SlurmNode and SlurmJob values, as
+// FakeSlurm parses its scontrol/squeue text), and its writes keep the same guard.
+TEST(RestSlurmClient, ReadsWhatTheCliBackendReadsAndKeepsTheGuard) {
+  testing::FakeSlurm slurm;
+  slurm.AddNode("n1", 4);
+  slurm.AddNode("n2", 4);
+  ASSERT_TRUE(slurm.StartJob({"n1", "n2"}, 2000000000, 2).ok());
+  slurm.SubmitPending(3, "Resources");
+  ASSERT_TRUE(slurm.AdminDrain("n2", "maint: bad DIMM").ok());
+  testing::FakeSlurmrestd restd(slurm);
+  ASSERT_TRUE(restd.ok());
+  RestSlurmClient rest(RestOptions{.url = restd.Url(), .user = "", .token = "", .token_file = "", .timeout = std::chrono::seconds(5)});
+  auto nodes = rest.Nodes();
+  auto want = slurm.Nodes();
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  ASSERT_TRUE(want.ok());
+  ASSERT_EQ(nodes->size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const SlurmNode &a = (*nodes)[i], &b = (*want)[i];
+    EXPECT_EQ(std::tie(a.name, a.state, a.base, a.flags, a.reason, a.reason_user, a.reason_time, a.gres, a.cpu_alloc, a.cpu_total),
+              std::tie(b.name, b.state, b.base, b.flags, b.reason, b.reason_user, b.reason_time, b.gres, b.cpu_alloc, b.cpu_total))
+        << a.state << " / " << b.state;
+  }
+  EXPECT_EQ((*nodes)[1].state, "MIXED+DRAIN");
+  auto jobs = rest.Jobs();
+  auto want_jobs = slurm.Jobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const SlurmJob &a = (*jobs)[i], &b = (*want_jobs)[i];
+    EXPECT_EQ(std::tie(a.id, a.state, a.nodes, a.node_count, a.reason, a.end_time, a.partition, a.submit_time),
+              std::tie(b.id, b.state, b.nodes, b.node_count, b.reason, b.end_time, b.partition, b.submit_time))
+        << a.id;
+  }
+  auto on = rest.JobsOnNode("n2");
+  ASSERT_TRUE(on.ok());
+  ASSERT_EQ(on->size(), 1u);
+  EXPECT_EQ(on->front().id, "1");
+  // Unknown node: NotFound, although slurmrestd answers 200.
+  auto none = rest.Node("n9");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound) << none.status();
+  EXPECT_NE(std::string(none.status().message()).find("Failure to query node n9"), std::string::npos) << none.status();
+  // The guard: an admin's drain is neither overwritten nor cleared; ours comes and goes.
+  EXPECT_EQ(rest.Drain("n2", "kgpu-lend:op-1", "kgpu-lend:").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rest.Undrain("n2", "kgpu-lend:").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(slurm.Reason("n2"), "maint: bad DIMM");
+  auto drained = rest.Drain("n1", "kgpu-lend:op-1", "kgpu-lend:");
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(drained->state, "MIXED+DRAIN");
+  EXPECT_EQ(drained->reason, "kgpu-lend:op-1");
+  auto undrained = rest.Undrain("n1", "kgpu-lend:");
+  ASSERT_TRUE(undrained.ok()) << undrained.status();
+  EXPECT_EQ(undrained->state, "MIXED");
+  EXPECT_EQ(slurm.Writes(), (std::vector<std::string>{"admin DRAIN n2 maint: bad DIMM", "DRAIN n1 kgpu-lend:op-1", "UNDRAIN n1 "}));
+  // POWER_DOWN_ASAP is two flags slurmrestd cannot set in one update: not offered.
+  EXPECT_EQ(rest.PowerDown("n1", "kgpu-lend:op-2", "kgpu-lend:").status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// Each failure says what failed and how to fix it, in the classes the bridge acts on:
+// Unavailable (freeze), Unauthenticated, FailedPrecondition (an older slurmrestd).
+TEST(RestSlurmClient, FailuresAreClassifiedAndSayTheFix) {
+  testing::FakeSlurm slurm;
+  slurm.AddNode("n1");
+  const std::string socket = ::testing::TempDir() + "kgpu-restd-" + std::to_string(::getpid()) + ".sock";
+  std::remove(socket.c_str());
+  testing::FakeSlurmrestd restd(slurm, "jwt-1", socket);
+  ASSERT_TRUE(restd.ok());
+  RestOptions o;
+  o.url = restd.Url();
+  EXPECT_EQ(o.url.rfind("unix:", 0), 0u);
+  // No token: 401.
+  auto denied = RestSlurmClient(o).Nodes();
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_NE(std::string(denied.status().message()).find("HTTP 401 Authentication failure (a JWT from `scontrol token`"),
+            std::string::npos)
+      << denied.status();
+  // The token from a file, re-read each call, over the unix socket.
+  const std::string token_file = ::testing::TempDir() + "kgpu-jwt-" + std::to_string(::getpid());
+  std::ofstream(token_file) << "jwt-1\n";
+  o.user = "slurm";
+  o.token_file = token_file;
+  RestSlurmClient rest(o);
+  auto nodes = rest.Nodes();
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_EQ(nodes->at(0).name, "n1");
+  // slurmctld down: Unavailable with its message.
+  slurm.SetReachable(false);
+  auto down = rest.Jobs();
+  EXPECT_EQ(down.status().code(), absl::StatusCode::kUnavailable) << down.status();
+  EXPECT_NE(std::string(down.status().message())
+                .find("jobs: Unable to contact slurm controller (connect failure) (slurm_load_node() failed) [1800]"),
+            std::string::npos)
+      << down.status();
+  slurm.SetReachable(true);
+  // slurmrestd itself gone: Unavailable, naming where it was looked for.
+  RestOptions gone = o;
+  gone.url = "unix:" + socket + ".missing";
+  auto nobody = RestSlurmClient(gone).Nodes();
+  EXPECT_EQ(nobody.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(std::string(nobody.status().message()).find("is slurmrestd running at unix:"), std::string::npos) << nobody.status();
+  // A slurmrestd without v0.0.39 (Slurm 22.05): 404, and the fix.
+  httplib::Server old;
+  const int port = old.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  auto t = ListenOnThread(old);
+  RestOptions o22;
+  o22.url = "http://127.0.0.1:" + std::to_string(port);
+  auto v38 = RestSlurmClient(o22).Nodes();
+  old.stop();
+  t.join();
+  EXPECT_EQ(v38.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(v38.status().message()).find("does not serve v0.0.39 (Slurm 23.02 or later"), std::string::npos)
+      << v38.status();
+  std::remove(token_file.c_str());
+}
+
+TEST(RestSlurmClient, MalformedAnswersAreErrorsNamingWhatWasWrong) {
+  auto nodes = [](const std::string& body) { return std::string(ParseRestNodes(body).status().message()); };
+  EXPECT_EQ(nodes("<html>"), "slurmrestd nodes: the answer is not JSON");
+  EXPECT_EQ(nodes("{}"), "slurmrestd nodes: the answer has no \"nodes\" array");
+  EXPECT_EQ(nodes(R"({"nodes":[{"name":"n1","state":"IDLE"}]})"),
+            "slurmrestd nodes: node n1: \"state\" is not a non-empty array of strings");
+  EXPECT_EQ(nodes(R"({"nodes":[{"state":["IDLE"]}]})"), "slurmrestd nodes: node 0 has no name");
+  EXPECT_EQ(nodes(R"({"nodes":[{"name":"n1","state":["IDLE"],"cpus":"4"}]})"),
+            "slurmrestd nodes: node n1: \"cpus\" is not an integer");
+  auto jobs = [](const std::string& body) { return std::string(ParseRestJobs(body).status().message()); };
+  EXPECT_EQ(jobs(R"({"jobs":[{"job_id":7,"job_state":"RUNNING","nodes":"n[1-"}]})").rfind("slurmrestd jobs: job 7: hostlist 'n[1-'", 0), 0u);
+  EXPECT_EQ(jobs(R"({"jobs":[{"job_state":"RUNNING"}]})"), "slurmrestd jobs: job 0 has no job_id");
+  // Ended jobs are left out; *_NO_VAL objects and plain integers both read.
+  auto ok = ParseRestJobs(R"({"jobs":[{"job_id":1,"job_state":"COMPLETED","nodes":"n1"},
+      {"job_id":2,"job_state":"RUNNING","nodes":"n[1-2]","node_count":{"set":true,"infinite":false,"number":2},"end_time":0},
+      {"job_id":3,"job_state":"PENDING","nodes":"","node_count":4,"state_reason":"Priority","submit_time":1700000000}]})");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ(ok->size(), 2u);
+  EXPECT_EQ((*ok)[0].nodes, (std::vector<std::string>{"n1", "n2"}));
+  EXPECT_EQ((*ok)[0].node_count, 2);
+  EXPECT_FALSE((*ok)[0].end_time.has_value());
+  EXPECT_EQ((*ok)[1].node_count, 4);
+  EXPECT_EQ((*ok)[1].reason, "Priority");
+  EXPECT_EQ((*ok)[1].submit_time, 1700000000);
 }
 
 // ------------------------------------------------------------------ --resume-command's words
