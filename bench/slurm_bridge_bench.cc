@@ -4,6 +4,7 @@
 // parses), so the figures are the controller's own, without slurmctld's latency:
 //   1. the cost of one reconcile with N nodes (default 500), half of them running Slurm jobs,
 //      and 2,000 pods elsewhere in the cluster: nothing to decide, p50/p99 over 100 reconciles;
+//      then the same through the REST backend (slurmrestd v0.0.39's stand-in over the fake);
 //   2. the time from the triggering event to the node being usable on the other side, per
 //      direction, over repeated lends and reclaims of one node, with the deployed defaults
 //      (interval 2 s, "empty" confirmed on two reads 1 s apart) and the watches that wake the
@@ -48,9 +49,11 @@
 #include "k8s/patch.h"
 #include "slurm/bridge.h"
 #include "slurm/process.h"
+#include "slurm/rest.h"
 #include "testing/bridge_k8s.h"
 #include "testing/fake_apiserver.h"
 #include "testing/fake_slurm.h"
+#include "testing/fake_slurmrestd.h"
 #include "testing/slurm_cluster.h"
 
 namespace {
@@ -69,7 +72,8 @@ std::unique_ptr<k8s::Client> ClientOf(testing::FakeApiServer& api) {
   return c.ok() ? std::move(*c) : nullptr;
 }
 
-int ReconcileCost(int nodes) {
+// `rest`: through the REST backend and slurmrestd's v0.0.39 (the stand-in over the same fake).
+int ReconcileCost(int nodes, bool rest) {
   testing::FakeApiServerOptions ao;
   ao.history_window = 1000000;
   testing::FakeApiServer api(ao);
@@ -94,7 +98,16 @@ int ReconcileCost(int nodes) {
   }
   slurm::BridgeOptions o;
   o.min_kept = 0;
-  slurm::Bridge bridge(slurm, *client, o);
+  std::unique_ptr<testing::FakeSlurmrestd> restd;
+  std::unique_ptr<slurm::RestSlurmClient> rest_client;
+  if (rest) {
+    restd = std::make_unique<testing::FakeSlurmrestd>(slurm);
+    if (!restd->ok()) return 1;
+    slurm::RestOptions ro;
+    ro.url = restd->Url();
+    rest_client = std::make_unique<slurm::RestSlurmClient>(ro);
+  }
+  slurm::Bridge bridge(rest ? static_cast<slurm::SlurmClient&>(*rest_client) : slurm, *client, o);
   std::vector<double> ms;
   for (int i = 0; i < 110; ++i) {
     const int64_t t0 = bench::NowNs();
@@ -106,7 +119,8 @@ int ReconcileCost(int nodes) {
     }
     if (i >= 10) ms.push_back(static_cast<double>(t1 - t0) / 1e6);
   }
-  Print(Cat("reconcile, ", nodes, " Slurm nodes + 2,000 other pods").c_str(), bench::Summarize(ms));
+  Print(Cat("reconcile", rest ? " (REST backend)" : "", ", ", nodes, " Slurm nodes + 2,000 other pods").c_str(),
+        bench::Summarize(ms));
   return 0;
 }
 
@@ -228,7 +242,7 @@ int PowerSaveRounds(int rounds) {
   o.cooldown = std::chrono::seconds(0);
   o.min_kept = 1;
   o.power_save = true;
-  o.resume_command = *slurm::SplitCommandLine(cluster.ResumeCommand(), "resume command");
+  o.resume_command = slurm::SplitCommandLine(cluster.ResumeCommand(), "resume command").value();
   slurm::Bridge bridge(cli, *client, o);
   slurm::BridgeWatch watch(*client, bridge);
   watch.Start();
@@ -309,7 +323,8 @@ int main(int argc, char** argv) {
     if (i + 1 < argc && std::strcmp(argv[i], "--rounds") == 0) rounds = std::atoi(argv[i + 1]);
   }
   std::printf("== the controller against FakeSlurm and the API server stand-in\n");
-  if (int rc = ReconcileCost(nodes); rc != 0) return rc;
+  if (int rc = ReconcileCost(nodes, false); rc != 0) return rc;
+  if (int rc = ReconcileCost(nodes, true); rc != 0) return rc;
   testing::FakeSlurm fake;
   for (const char* n : {"gpu0", "gpu1"}) fake.AddNode(n, 64);
   if (int rc = LendAndReclaim(rounds, fake, {"gpu0", "gpu1"}, [&](const std::string& n) { return fake.State(n); }); rc != 0) {

@@ -1,5 +1,12 @@
 #include "cli/share_handoff.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include <algorithm>
 #include <cctype>
 #include <condition_variable>
@@ -66,7 +73,8 @@ ShareHandoff::ShareHandoff(std::unique_ptr<k8s::Client> client, std::shared_ptr<
       inventory_(std::move(inventory)),
       opts_(std::move(options)) {
   events_ = std::make_unique<k8s::EventRecorder>(*client_, "kgpu-device-plugin", opts_.node_name);
-  if (!opts_.cuda_interposer.empty() && opts_.accounting_sweep.count() > 0) {
+  // Without this node's name the pods on it cannot be listed: every directory would look orphaned.
+  if (!opts_.cuda_interposer.empty() && opts_.accounting_sweep.count() > 0 && !opts_.node_name.empty()) {
     sweeper_ = std::jthread([this](std::stop_token stop) {
       std::mutex mu;
       std::condition_variable_any cv;
@@ -84,6 +92,50 @@ ShareHandoff::ShareHandoff(std::unique_ptr<k8s::Client> client, std::shared_ptr<
 }
 
 namespace {
+// Removes `dir` and everything under it without following a symbolic link anywhere (each level
+// opened with O_NOFOLLOW relative to its parent, links unlinked as entries): the directories are
+// writable from containers (0777), which must not turn root's removal into one elsewhere.
+absl::Status ErrnoStatus(int e, const std::string& what) {
+  return absl::Status(absl::ErrnoToStatusCode(e), Cat(what, ": ", std::strerror(e)));
+}
+
+absl::Status RemoveUnder(int parent, const char* name, int depth) {
+  if (depth > 16) return absl::FailedPreconditionError(Cat(name, ": nested too deep"));
+  const int fd = ::openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOTDIR || errno == ELOOP) {  // a file or a link: the entry itself goes
+      return ::unlinkat(parent, name, 0) == 0 || errno == ENOENT ? absl::OkStatus()
+                                                                  : ErrnoStatus(errno, Cat("unlink ", name));
+    }
+    return errno == ENOENT ? absl::OkStatus() : ErrnoStatus(errno, Cat("open ", name));
+  }
+  DIR* d = ::fdopendir(fd);
+  if (d == nullptr) {
+    ::close(fd);
+    return ErrnoStatus(errno, Cat("read ", name));
+  }
+  absl::Status st;
+  while (dirent* e = ::readdir(d)) {
+    const std::string_view entry = e->d_name;
+    if (entry == "." || entry == "..") continue;
+    if (auto sub = RemoveUnder(::dirfd(d), e->d_name, depth + 1); !sub.ok() && st.ok()) st = sub;
+  }
+  ::closedir(d);
+  if (!st.ok()) return st;
+  return ::unlinkat(parent, name, AT_REMOVEDIR) == 0 || errno == ENOENT ? absl::OkStatus()
+                                                                         : ErrnoStatus(errno, Cat("rmdir ", name));
+}
+
+absl::Status RemoveTreeNoFollow(const std::string& dir) {
+  const std::string parent = std::filesystem::path(dir).parent_path().string();
+  const std::string leaf = std::filesystem::path(dir).filename().string();
+  const int pfd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (pfd < 0) return ErrnoStatus(errno, Cat("open ", parent));
+  absl::Status st = RemoveUnder(pfd, leaf.c_str(), 0);
+  ::close(pfd);
+  return st;
+}
+
 // A Kubernetes object UID as the API server writes it (RFC 4122 text: 8-4-4-4-12 hex digits).
 bool LooksLikeUid(std::string_view s) {
   if (s.size() != 36) return false;
@@ -98,6 +150,9 @@ bool LooksLikeUid(std::string_view s) {
 absl::StatusOr<int> ShareHandoff::SweepAccounting() {
   namespace fs = std::filesystem;
   auto log = Log("deviceplugin");
+  if (opts_.node_name.empty()) {
+    return absl::FailedPreconditionError("no node name (--node-name or $NODE_NAME): the pods on this node cannot be listed");
+  }
   // The directories first: a pod admitted after this read has its UID in the list below.
   std::vector<std::pair<std::string, fs::file_time_type>> dirs;
   std::error_code ec;
@@ -129,11 +184,9 @@ absl::StatusOr<int> ShareHandoff::SweepAccounting() {
   for (const auto& [uid, mtime] : dirs) {
     if (live.contains(uid) || now - mtime < opts_.accounting_grace) continue;
     const fs::path dir = fs::path(opts_.cuda_shared_root) / uid;
-    std::error_code rec;
-    fs::remove_all(dir, rec);
-    if (rec) {
+    if (auto rm = RemoveTreeNoFollow(dir.string()); !rm.ok()) {
       log->warn("cannot remove the accounting directory {} (its pod is no longer on this node): {}", dir.string(),
-                rec.message());
+                std::string(rm.message()));
       continue;
     }
     log->info("removed the accounting directory {}: pod UID {} is no longer on this node", dir.string(), uid);

@@ -259,6 +259,12 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
     }
     resume_command = std::move(*argv);
   }
+  if (!f.slurm_rest_url.empty()) {
+    if (auto v = slurm::ValidateRestUrl(f.slurm_rest_url); !v.ok()) {
+      out << "kgpu slurm-bridge run: " << v.message() << "\n";
+      return 2;
+    }
+  }
   if (f.lend_via == "power-save" && !f.slurm_rest_url.empty()) {
     out << "kgpu slurm-bridge run: --lend-via power-save needs the CLI backend (drop --slurm-rest-url): its fence is "
            "State=POWER_DOWN_ASAP, two flags (POWER_DOWN and POWER_DRAIN) that scontrol sets in one update and "

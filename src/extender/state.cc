@@ -263,13 +263,16 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
   const auto masked = MaskLocked(c, name);
   std::vector<std::string> placed;
   std::string why;
+  bool beside_others = false;  // the refusal came with some of the pod's containers placed
   for (const auto& part : c.parts) {
     why = ExplainPartLocked(c, part, name, info, id, unresolvable, cat, nullptr);
     if (!why.empty()) {
+      beside_others = !placed.empty();
       why = Cat("container ", c.Gpu(part).name, ": ", why,
                 placed.empty() ? std::string() : Cat(" (with the pod's other GPU containers placed)"));
       break;
     }
+    beside_others = !placed.empty();
     if (!TryPlacePartLocked(c, part, id, Cat("?", part.ereq.name), &placed, nullptr)) {
       *unresolvable = false;
       cat = "gpus_busy";
@@ -281,7 +284,7 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
   placed.clear();
   // The policy's choice for one container may take the only GPU that fits another: before
   // refusing for what the containers do to each other, look for an arrangement that fits.
-  if (!why.empty() && c.parts.size() > 1 && SearchPartsLocked(c, id, "?", &placed)) {
+  if (!why.empty() && beside_others && SearchPartsLocked(c, id, "?", &placed)) {
     for (const auto& key : placed) (void)engine_->Release(key);
     why.clear();
     *unresolvable = false;
@@ -300,9 +303,17 @@ bool State::SearchPartsLocked(const Compiled& c, int id, const std::string& pref
     const sched::NodeState& ns = cluster.node(id);
     std::vector<sched::Placement> choices;
     if (part.req.Share() && part.req.num_gpus == 1) {
+      // One GPU of each kind: GPUs alike in everything a later container's fit depends on lead to
+      // the same outcomes, so trying one of them is enough.
+      auto kind = [&](int g) {
+        const auto& x = ns.gpus[static_cast<size_t>(g)];
+        return std::make_tuple(x.model, x.memory_mib, x.free_milli, x.free_memory_mib, x.pods, x.max_shares,
+                               x.untracked_mib, x.healthy, x.nvlink_island);
+      };
       std::vector<int> gpus;
       for (int g = 0; g < static_cast<int>(ns.gpus.size()); ++g) {
-        if (cluster.GpuFits(part.req, ns, g)) gpus.push_back(g);
+        if (!cluster.GpuFits(part.req, ns, g)) continue;
+        if (std::none_of(gpus.begin(), gpus.end(), [&](int h) { return kind(h) == kind(g); })) gpus.push_back(g);
       }
       // The fullest first: what is left large stays for the containers still to come.
       std::stable_sort(gpus.begin(), gpus.end(), [&](int a, int b) {
@@ -903,9 +914,10 @@ absl::StatusOr<Assumption> State::Assume(const json& pod, const std::string& nod
   std::vector<std::string> placed;
   for (const auto& part : c->parts) {
     if (!TryPlacePartLocked(*c, part, id, part.ereq.name, &placed, nullptr)) {
+      const bool beside_others = !placed.empty();
       for (const auto& key : placed) (void)engine_->Release(key);
       placed.clear();
-      if (c->parts.size() > 1 && SearchPartsLocked(*c, id, "", &placed)) break;  // another arrangement fits
+      if (beside_others && SearchPartsLocked(*c, id, "", &placed)) break;  // another arrangement fits
       UnmaskLocked(node, masked);
       return absl::FailedPreconditionError(Cat("node ", node, ": ", c->parts.size() > 1 ? Cat("container ", c->Gpu(part).name, ": ") : "",
                                                "the GPUs it would take are no longer free"));

@@ -185,7 +185,8 @@ class State {
   // Every GPU container of `c` on node `id` (engine keys prefix + container), for when placing
   // them one after the other where the policy puts each found no room for one: a depth-first
   // search, in Compiled::parts order, over every GPU that fits each single-GPU share (the fullest
-  // first) and the policy's choice for the others, at most 4096 placements tried. True with
+  // first, one of each kind) and the policy's choice for the others, at most 4096 placements
+  // tried. Called only when a container found no room beside the others already placed. True with
   // every part placed (keys in *placed); false with nothing left placed.
   bool SearchPartsLocked(const Compiled& c, int id, const std::string& prefix, std::vector<std::string>* placed);
   std::vector<int> MaskLocked(const Compiled& c, const std::string& node);

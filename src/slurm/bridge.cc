@@ -357,8 +357,14 @@ void Bridge::RunResumeCommand(Facts& f) {
   }
   ProcessOptions po;
   po.timeout = opts_.resume_timeout;
+  po.cancel = stopping_.get();
   Log("slurm")->info("{}: running the resume command {} (Kubernetes is empty)", f.name, CommandLine(argv));
-  resume_runs_[f.name] = {argv, std::async(std::launch::async, [argv, po] { return RunProcess(argv, po); })};
+  resume_runs_[f.name] = {argv, std::async(std::launch::async, [argv, po, keep = stopping_] { return RunProcess(argv, po); })};
+}
+
+Bridge::~Bridge() {
+  stopping_->store(true);
+  resume_runs_.clear();  // each future waits for its run, killed now
 }
 
 void Bridge::ReapResumeCommand(const Facts& f) {
@@ -367,6 +373,7 @@ void Bridge::ReapResumeCommand(const Facts& f) {
   const std::vector<std::string> argv = std::move(run->second.argv);
   const absl::StatusOr<ProcessResult> r = run->second.done.get();
   resume_runs_.erase(run);
+  resumed_at_[f.name] = std::chrono::steady_clock::now();  // --resume-retry counts from the end of a run
   const bool ok = r.ok() && r->exit_code == 0 && !r->timed_out;
   Count("kgpu_slurm_bridge_resume_commands_total", ok ? "result=\"ok\"" : "result=\"failed\"");
   std::string detail;
@@ -908,6 +915,18 @@ ReconcileResult Bridge::Reconcile() {
   for (auto& f : facts) {
     ReapResumeCommand(f);
     step_all(f);
+  }
+  // A finished resume command of a node no longer managed (unlabelled, deleted): logged only.
+  for (auto it = resume_runs_.begin(); it != resume_runs_.end();) {
+    const bool managed = std::any_of(facts.begin(), facts.end(), [&](const Facts& f) { return f.name == it->first; });
+    if (managed || it->second.done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      ++it;
+      continue;
+    }
+    const auto r = it->second.done.get();
+    log->info("{}: the resume command {} ended ({}) after the node left the bridge's care", it->first,
+              CommandLine(it->second.argv), r.ok() ? Cat("exit ", r->exit_code) : std::string(r.status().message()));
+    it = resume_runs_.erase(it);
   }
 
   // --- policy

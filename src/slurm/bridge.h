@@ -112,6 +112,8 @@ struct ReconcileResult {
 class Bridge {
  public:
   using Clock = std::function<int64_t()>;  // unix seconds
+  // Kills a resume command still running (its run is waited for, a moment).
+  ~Bridge();
   Bridge(SlurmClient& slurm, k8s::Client& kube, BridgeOptions options, k8s::EventRecorder* events = nullptr,
          std::ostream* dry_run_out = nullptr, Clock clock = {});
   Bridge(const Bridge&) = delete;
@@ -169,6 +171,7 @@ class Bridge {
     std::vector<std::string> argv;
     std::future<absl::StatusOr<ProcessResult>> done;  // std::async's: the destructor waits for the run
   };
+  std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);  // kills resume runs
   std::map<std::string, ResumeRun> resume_runs_;  // by node: runs not reaped yet (a run touches
                                                   // nothing of the bridge's)
   std::set<std::string> lost_logged_;  // LOST nodes already logged (once each, until they return)

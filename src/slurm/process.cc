@@ -36,8 +36,8 @@ struct Fd {
 namespace {
 // What makes CommandLine quote an argument: blanks, quotes, backslash and what a shell would
 // treat as an operator or an expansion (SplitCommandLine refuses those unquoted).
-constexpr std::string_view kShellOperators = "|&;<>()$`";
-constexpr const char* kQuoteWorthy = " \t\n\r\"'\\|&;<>()$`";
+constexpr std::string_view kShellOperators = "|&;<>()$`*?[";
+constexpr const char* kQuoteWorthy = " \t\n\r\"'\\|&;<>()$`*?[#~";
 }  // namespace
 
 std::string CommandLine(const std::vector<std::string>& argv) {
@@ -63,11 +63,23 @@ std::string CommandLine(const std::vector<std::string>& argv) {
 
 absl::StatusOr<std::vector<std::string>> SplitCommandLine(std::string_view line, std::string_view what) {
   const std::string shown = Printable(line);
+  if (const size_t nul = line.find('\0'); nul != std::string_view::npos) {
+    return absl::InvalidArgumentError(Cat(what, ": '", shown, "' has a NUL byte at offset ", nul));
+  }
   std::vector<std::string> words;
   std::string word;
   bool in_word = false;  // a word has started (so '' is an empty argument)
   for (size_t i = 0; i < line.size(); ++i) {
     const char c = line[i];
+    if ((c == '\n' || c == '\r') && line.find_first_not_of(" \t\r\n", i) != std::string_view::npos) {
+      return absl::InvalidArgumentError(Cat(what, ": '", shown, "' has a line break at offset ", i,
+                                            ": one command only (a shell would run the rest as another)"));
+    }
+    if (!in_word && (c == '#' || c == '~')) {
+      return absl::InvalidArgumentError(Cat(what, ": '", shown, "' has an unquoted ", c, " at the start of a word (offset ", i,
+                                            "): a shell would read a ", c == '#' ? "comment" : "home directory",
+                                            ", this is no shell; quote it ('", c, "')"));
+    }
     if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
       if (in_word) words.push_back(std::move(word));
       word.clear();
@@ -186,9 +198,10 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, c
   int status = 0;
   while (out_open || err_open) {
     const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) {
+    const bool cancelled = options.cancel != nullptr && options.cancel->load();
+    if (now >= deadline || cancelled) {
       if (!exited) {
-        result.timed_out = true;
+        (cancelled ? result.cancelled : result.timed_out) = true;
         ::kill(pid, SIGKILL);
       }
       break;

@@ -7,6 +7,7 @@
 //
 // Thread-safety: reentrant; each call is its own process.
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <string_view>
@@ -20,6 +21,7 @@ namespace kgpu::slurm {
 struct ProcessResult {
   int exit_code = -1;       // exit status; 128+N when killed by signal N
   bool timed_out = false;   // killed because the deadline passed
+  bool cancelled = false;   // killed because ProcessOptions::cancel was set
   std::string out, err;
   std::chrono::milliseconds elapsed{0};
 };
@@ -28,6 +30,9 @@ struct ProcessOptions {
   std::vector<std::pair<std::string, std::string>> env;  // added to (or replacing in) the caller's
   std::chrono::milliseconds timeout{10000};
   size_t max_output = 16 << 20;  // bytes kept per stream; the rest is read and dropped
+  // Set (by another thread) to kill the program now (SIGKILL), as when its deadline passes; the
+  // result then says cancelled. Null: never.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // Errors only when the program cannot be started (not found, not executable); a program that
@@ -40,10 +45,11 @@ std::string CommandLine(const std::vector<std::string>& argv);
 
 // A command line as a POSIX shell splits it into words, without running a shell: blanks separate
 // words; '...' is literal; "..." is literal but for \ before $ ` " \ or a newline; a backslash
-// outside quotes takes the next character literally. Nothing is expanded, so an unquoted shell
-// operator or expansion (| & ; < > ( ) $ `) is an error that says to quote it or to run sh -c;
-// so are an unterminated quote, a trailing backslash and an empty line. `what` names the input
-// in errors (e.g. "--resume-command").
+// outside quotes takes the next character literally. Nothing is expanded, so what only a shell
+// would act on is an error that says to quote it or to run sh -c: an unquoted operator or
+// expansion (| & ; < > ( ) $ ` * ? [), # or ~ starting a word, $ or ` inside "...", a line break
+// before more text (a second command), a NUL byte, an unterminated quote, a trailing backslash,
+// an empty line. `what` names the input in errors (e.g. "--resume-command").
 absl::StatusOr<std::vector<std::string>> SplitCommandLine(std::string_view line, std::string_view what);
 
 }  // namespace kgpu::slurm

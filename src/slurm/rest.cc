@@ -2,6 +2,7 @@
 
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <ctime>
 #include <optional>
 
@@ -29,8 +30,8 @@ absl::StatusOr<std::optional<int64_t>> Int(const json& o, const char* key, std::
   if (v.is_number_integer()) return std::optional<int64_t>(v.get<int64_t>());
   if (v.is_number_unsigned()) return std::optional<int64_t>(static_cast<int64_t>(v.get<uint64_t>()));
   if (v.is_object()) {
-    const bool set = v.value("set", false), infinite = v.value("infinite", false);
-    if (infinite || !set) return std::optional<int64_t>();
+    auto flag = [&](const char* k) { return v.contains(k) && v[k].is_boolean() && v[k].get<bool>(); };
+    if (flag("infinite") || !flag("set")) return std::optional<int64_t>();
     if (v.contains("number") && v["number"].is_number_integer()) return std::optional<int64_t>(v["number"].get<int64_t>());
   }
   return absl::InvalidArgumentError(Cat(what, ": \"", key, "\" is not an integer"));
@@ -157,18 +158,45 @@ std::string RestErrors(std::string_view body, bool* controller_down) {
   std::vector<std::string> out;
   for (const json& e : doc["errors"]) {
     if (!e.is_object()) continue;
-    const std::string error = e.value("error", ""), description = e.value("description", "");
+    auto text = [&](const char* k) { return e.contains(k) && e[k].is_string() ? e[k].get<std::string>() : std::string(); };
+    const std::string error = text("error"), description = text("description");
     const int64_t number = e.contains("error_number") && e["error_number"].is_number_integer() ? e["error_number"].get<int64_t>() : 0;
-    // 1800-1803: SLURMCTLD_COMMUNICATIONS_{CONNECTION,SEND,RECEIVE,SHUTDOWN}_ERROR.
-    if ((number >= 1800 && number <= 1803) || error.find("Unable to contact slurm controller") != std::string::npos) {
-      *controller_down = true;
+    // 1800-1803: SLURMCTLD_COMMUNICATIONS_{CONNECTION,SEND,RECEIVE,SHUTDOWN}_ERROR; the texts as
+    // the CLI backend matches them in scontrol's stderr.
+    for (const char* down : {"Unable to contact slurm controller", "Socket timed out", "Connection refused"}) {
+      if (error.find(down) != std::string::npos || description.find(down) != std::string::npos) *controller_down = true;
     }
+    if (number >= 1800 && number <= 1803) *controller_down = true;
     std::string one = error.empty() ? description : description.empty() ? error : Cat(error, " (", description, ")");
     if (number != 0) one = Cat(one, " [", number, "]");
     if (!one.empty()) out.push_back(Printable(one));
   }
   return Join(out, "; ");
 }
+
+absl::Status ValidateRestUrl(const std::string& url) {
+  if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0 || url.rfind("unix:/", 0) == 0) {
+    if (url.find_first_of(" \t\r\n") == std::string::npos) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(Cat("--slurm-rest-url '", Printable(url),
+                                        "': not http://host:port, https://host:port or unix:/path/to/slurmrestd.sock"));
+}
+
+namespace {
+// The most of an answer kept (a nodes list of a large cluster is a few MiB).
+constexpr size_t kMaxAnswer = 64u << 20;
+
+size_t KeepAnswer(char* p, size_t size, size_t n, void* user) {
+  auto* out = static_cast<std::string*>(user);
+  if (out->size() + size * n > kMaxAnswer) return 0;  // CURLE_WRITE_ERROR
+  out->append(p, size * n);
+  return size * n;
+}
+
+bool HasControl(std::string_view s) {
+  return std::any_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
+}
+}  // namespace
 
 absl::StatusOr<std::string> RestSlurmClient::Call(const std::string& method, const std::string& path,
                                                   const std::string& body) {
@@ -177,6 +205,8 @@ absl::StatusOr<std::string> RestSlurmClient::Call(const std::string& method, con
     ++failures_;
     return s;
   };
+  const std::string what = Cat("slurmrestd ", method, " ", ApiPath(path));
+  if (auto v = ValidateRestUrl(options_.url); !v.ok()) return fail(v);
   std::string base = options_.url, socket;
   if (base.rfind("unix:", 0) == 0) {
     socket = base.substr(5);
@@ -184,46 +214,75 @@ absl::StatusOr<std::string> RestSlurmClient::Call(const std::string& method, con
   }
   while (!base.empty() && base.back() == '/') base.pop_back();
   const std::string url = base + ApiPath(path);
-  const std::string what = Cat("slurmrestd ", method, " ", ApiPath(path));
   std::string token = options_.token;
   if (!options_.token_file.empty()) {
     auto t = ReadFile(options_.token_file);
     if (!t) return fail(absl::UnauthenticatedError(Cat(what, ": cannot read the token file ", options_.token_file)));
     token = *t;
-    while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  }
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (HasControl(token) || HasControl(options_.user)) {
+    return fail(absl::InvalidArgumentError(Cat(what, ": the Slurm user name or token holds a control character")));
   }
   CURL* c = curl_easy_init();
-  if (c == nullptr) return fail(absl::UnavailableError(Cat(what, ": ", curl_easy_strerror(CURLE_FAILED_INIT))));
+  if (c == nullptr) {
+    return fail(absl::FailedPreconditionError(Cat(what, ": ", curl_easy_strerror(CURLE_FAILED_INIT))));
+  }
   std::string answer;
   curl_slist* headers = nullptr;
-  headers = curl_slist_append(headers, "Accept: application/json");
-  if (!body.empty()) headers = curl_slist_append(headers, "Content-Type: application/json");
-  if (!options_.user.empty()) headers = curl_slist_append(headers, Cat("X-SLURM-USER-NAME: ", options_.user).c_str());
-  if (!token.empty()) headers = curl_slist_append(headers, Cat("X-SLURM-USER-TOKEN: ", token).c_str());
+  bool headers_ok = true;
+  auto add = [&](const std::string& h) {
+    curl_slist* next = curl_slist_append(headers, h.c_str());
+    if (next == nullptr) headers_ok = false;
+    else headers = next;
+  };
+  add("Accept: application/json");
+  if (!body.empty()) add("Content-Type: application/json");
+  if (!options_.user.empty()) add(Cat("X-SLURM-USER-NAME: ", options_.user));
+  if (!token.empty()) add(Cat("X-SLURM-USER-TOKEN: ", token));
+  if (!headers_ok) {
+    curl_slist_free_all(headers);
+    curl_easy_cleanup(c);
+    return fail(absl::ResourceExhaustedError(Cat(what, ": out of memory")));
+  }
+  const long timeout_ms = std::max<long>(1, static_cast<long>(options_.timeout.count()));
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   if (!socket.empty()) curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, socket.c_str());
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_PROXY, "");
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(options_.timeout.count()));
-  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.timeout.count()));
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
   curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method.c_str());
   if (!body.empty()) {
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
   }
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, +[](char* p, size_t size, size_t n, void* user) {
-    static_cast<std::string*>(user)->append(p, size * n);
-    return size * n;
-  });
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &KeepAnswer);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &answer);
   const CURLcode rc = curl_easy_perform(c);
   long code = 0;
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
   curl_slist_free_all(headers);
   curl_easy_cleanup(c);
-  if (rc != CURLE_OK) {
-    return fail(absl::UnavailableError(Cat(what, ": ", curl_easy_strerror(rc), " (is slurmrestd running at ", options_.url, "?)")));
+  switch (rc) {
+    case CURLE_OK:
+      break;
+    case CURLE_URL_MALFORMAT:
+    case CURLE_UNSUPPORTED_PROTOCOL:
+      return fail(absl::InvalidArgumentError(Cat(what, ": --slurm-rest-url ", options_.url, ": ", curl_easy_strerror(rc))));
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CONNECT_ERROR:
+      return fail(absl::FailedPreconditionError(
+          Cat(what, ": TLS with ", options_.url, ": ", curl_easy_strerror(rc), " (the system's CA bundle must trust slurmrestd's certificate)")));
+    case CURLE_WRITE_ERROR:
+      return fail(absl::ResourceExhaustedError(Cat(what, ": the answer is larger than ", kMaxAnswer >> 20, " MiB")));
+    case CURLE_FAILED_INIT:
+      return fail(absl::FailedPreconditionError(Cat(what, ": ", curl_easy_strerror(rc))));
+    default:
+      return fail(absl::UnavailableError(Cat(what, ": ", curl_easy_strerror(rc), " (is slurmrestd running at ", options_.url, "?)")));
   }
   bool controller_down = false;
   const std::string errors = RestErrors(answer, &controller_down);
@@ -231,7 +290,9 @@ absl::StatusOr<std::string> RestSlurmClient::Call(const std::string& method, con
   std::string text = answer.size() > 300 ? answer.substr(0, 300) : answer;
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   const std::string detail = errors.empty() ? Printable(text) : errors;
-  if (controller_down) return fail(absl::UnavailableError(Cat(what, ": ", detail)));
+  if (controller_down || code == 502 || code == 503 || code == 504) {
+    return fail(absl::UnavailableError(Cat(what, ": ", code == 200 || code == 500 ? "" : Cat("HTTP ", code, " "), detail)));
+  }
   if (code == 401) {
     return fail(absl::UnauthenticatedError(
         Cat(what, ": HTTP 401 ", detail, " (a JWT from `scontrol token` in --slurm-rest-token-file, and --slurm-rest-user)")));
@@ -241,6 +302,7 @@ absl::StatusOr<std::string> RestSlurmClient::Call(const std::string& method, con
                                                   " (Slurm 23.02 or later, openapi/", kRestApiVersion,
                                                   " plugin); use the CLI backend (no --slurm-rest-url)")));
   }
+  if (errors.find("Invalid node name") != std::string::npos) return fail(absl::NotFoundError(Cat(what, ": ", detail)));
   if (code == 200) return answer;  // errors beside an answer: the caller decides (an unknown node)
   return fail(absl::InternalError(Cat(what, ": HTTP ", code, ": ", detail)));
 }
@@ -308,7 +370,10 @@ absl::StatusOr<SlurmNode> RestSlurmClient::Undrain(const std::string& node, cons
   if (auto s = NotDrainedByOthers(*before, owned_prefix); !s.ok()) return s;
   // A failed UNDRAIN is judged by the re-read (slurmctld answers "Invalid node state specified"
   // when the drain went meanwhile), as the CLI backend does.
-  if (auto s = Update(node, "UNDRAIN", ""); !s.ok() && s.code() != absl::StatusCode::kInternal) return s;
+  if (auto s = Update(node, "UNDRAIN", "");
+      !s.ok() && std::string(s.message()).find("Invalid node state specified") == std::string::npos) {
+    return s;
+  }
   return Node(node);
 }
 

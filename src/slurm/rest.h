@@ -47,6 +47,9 @@ absl::StatusOr<std::vector<SlurmJob>> ParseRestJobs(std::string_view body);
 // slurmctld cannot be reached.
 std::string RestErrors(std::string_view body, bool* controller_down);
 
+// --slurm-rest-url's forms: http://host:port, https://host:port, unix:/path.
+absl::Status ValidateRestUrl(const std::string& url);
+
 struct RestOptions {
   // http://host:6820, https://host:6820, or unix:/run/slurmrestd.sock (rest_auth/local: the
   // socket's peer credentials say who calls; no token).

@@ -910,7 +910,22 @@ TEST_F(PowerSaveUnitTest, ASlowResumeCommandDoesNotHoldUpTheReconcile) {
   const std::string note = Events("node1", "ResumeCommandFailed")[0];
   EXPECT_NE(note.find("exit 3: slow"), std::string::npos) << note;
   EXPECT_NE(note.find("sh -c"), std::string::npos) << note;
+  bridge_.reset();  // runs started after the release end at once; none is left waiting for it
   std::remove(release.c_str());
+}
+
+// A stopping bridge kills a resume command still running rather than waiting up to
+// --resume-timeout for it (longer than Kubernetes' 30 s grace period). Were it waited for, the
+// reset below would block for the 600 s here and ctest's timeout would fail the test.
+TEST_F(PowerSaveUnitTest, AStoppingBridgeKillsItsRunningResumeCommand) {
+  opts_.resume_command = {"sh", "-c", "echo run >> '" + marker_ + "-{node}'; exec sleep 600"};
+  opts_.resume_timeout = std::chrono::seconds(600);
+  AddNode("node1");
+  PowerLend("node1", "p1");
+  RequestReclaim("node1");
+  ASSERT_TRUE(StepUntil([&] { return ResumeCommandRan("node1"); }));
+  bridge_.reset();
+  EXPECT_TRUE(ResumeCommandRan("node1"));
 }
 
 TEST_F(PowerSaveUnitTest, AResumeProgramRequestIsRecordedAsSlurmsDemand) {
@@ -1044,7 +1059,7 @@ TEST(RestSlurmClient, ReadsWhatTheCliBackendReadsAndKeepsTheGuard) {
 TEST(RestSlurmClient, FailuresAreClassifiedAndSayTheFix) {
   testing::FakeSlurm slurm;
   slurm.AddNode("n1");
-  const std::string socket = ::testing::TempDir() + "kgpu-restd-" + std::to_string(::getpid()) + ".sock";
+  const std::string socket = "/tmp/kgpu-restd-" + std::to_string(::getpid()) + ".sock";  // well under sun_path's 108
   std::remove(socket.c_str());
   testing::FakeSlurmrestd restd(slurm, "jwt-1", socket);
   ASSERT_TRUE(restd.ok());
@@ -1095,6 +1110,7 @@ TEST(RestSlurmClient, FailuresAreClassifiedAndSayTheFix) {
   EXPECT_NE(std::string(v38.status().message()).find("does not serve v0.0.39 (Slurm 23.02 or later"), std::string::npos)
       << v38.status();
   std::remove(token_file.c_str());
+  std::remove(socket.c_str());
 }
 
 TEST(RestSlurmClient, MalformedAnswersAreErrorsNamingWhatWasWrong) {
@@ -1140,7 +1156,7 @@ TEST(SplitCommandLine, SplitsAsAShellWouldWithoutExpandingAnything) {
   EXPECT_EQ(words("a\\\nb c"), (V{"ab", "c"})) << "a backslash-newline continues the line";
   EXPECT_EQ(words("x 'it'\\''s'"), (V{"x", "it's"}));
   // CommandLine, which writes commands into Events and logs, reads back as the same words.
-  const V odd = {"sh", "-c", "a|b; c && $d `e` (f) <g> 'h' \"i\" \\j", "", "tab\there", "new\nline"};
+  const V odd = {"sh", "-c", "a|b; c && $d `e` (f) <g> 'h' \"i\" \\j", "", "tab\there", "new\nline", "#x", "~y", "*.pid", "a[1]?"};
   EXPECT_EQ(words(CommandLine(odd)), odd) << CommandLine(odd);
 }
 
@@ -1149,6 +1165,11 @@ TEST(SplitCommandLine, RefusesWhatOnlyAShellWouldDoAndSaysHow) {
     auto w = SplitCommandLine(line, "--resume-command");
     EXPECT_FALSE(w.ok()) << line;
     return w.ok() ? std::string() : std::string(w.status().message());
+  };
+  auto words_ok = [](std::string_view line) {
+    auto w = SplitCommandLine(line, "--resume-command");
+    EXPECT_TRUE(w.ok()) << w.status();
+    return w.ok() ? w->size() : 0u;
   };
   EXPECT_EQ(error("ssh {node} 'rejoin"), "--resume-command: 'ssh {node} 'rejoin' has a ' at offset 11 that is never closed");
   EXPECT_NE(error(R"(echo "x)").find("has a \" at offset 5 that is never closed"), std::string::npos);
@@ -1159,6 +1180,14 @@ TEST(SplitCommandLine, RefusesWhatOnlyAShellWouldDoAndSaysHow) {
   EXPECT_NE(error("ssh $NODE").find("unquoted $"), std::string::npos);
   EXPECT_NE(error(R"(echo "$HOME")").find("inside \"...\""), std::string::npos);
   EXPECT_EQ(error("   "), "--resume-command: empty command");
+  EXPECT_NE(error("ssh {node} rejoin\nrm -rf /").find("has a line break at offset 17: one command only"), std::string::npos);
+  EXPECT_EQ(words_ok("ssh {node} rejoin\n"), 3u) << "a trailing line break is a blank";
+  EXPECT_NE(error("ssh {node} rejoin #why").find("unquoted # at the start of a word (offset 18): a shell would read a comment"),
+            std::string::npos);
+  EXPECT_NE(error("~/bin/rejoin {node}").find("unquoted ~ at the start of a word"), std::string::npos);
+  EXPECT_NE(error("rm /var/run/*.pid").find("has an unquoted * at offset 12"), std::string::npos);
+  EXPECT_EQ(words_ok("echo a#b 'x*y' \\~"), 4u) << "# and ~ inside a word, quoted globs, escaped ~";
+  EXPECT_NE(error(std::string("a\0b", 3)).find("has a NUL byte at offset 1"), std::string::npos);
   EXPECT_EQ(error("a\x1b[2J 'b").find('\x1b'), std::string::npos) << "echoed raw";
 }
 
