@@ -439,11 +439,15 @@ TEST_F(ExtenderTest, TheExtenderPreemptsForMemoryShortfallsThroughTheEvictionApi
   EXPECT_EQ(GetPod("ns", "peer")["spec"]["nodeName"], "share");  // untouched
   EXPECT_EQ(ext->state().PreemptingOn(GetPod("ns", "hi")["metadata"]["uid"]), "");
   for (const auto& [id, u] : UseFromRecords()) EXPECT_LE(u.memory, 16000) << id;
-  // Events on both sides.
-  auto events = client->List("/apis/events.k8s.io/v1/namespaces/ns/events");
-  ASSERT_TRUE(events.ok()) << events.status();
+  // Events on both sides (the recorder writes them on its own thread).
   std::set<std::pair<std::string, std::string>> seen;
-  for (const auto& e : (*events)["items"]) seen.insert({e.value("reason", ""), e["regarding"].value("name", "")});
+  WaitFor([&] {
+    auto events = client->List("/apis/events.k8s.io/v1/namespaces/ns/events");
+    if (events.ok()) {
+      for (const auto& e : (*events)["items"]) seen.insert({e.value("reason", ""), e["regarding"].value("name", "")});
+    }
+    return seen.contains({"Preempting", "hi"}) && seen.contains({"Preempted", "low"});
+  });
   EXPECT_TRUE(seen.contains({"Preempting", "hi"}));
   EXPECT_TRUE(seen.contains({"Preempted", "low"}));
 
@@ -463,16 +467,19 @@ TEST_F(ExtenderTest, TheExtenderPreemptsForMemoryShortfallsThroughTheEvictionApi
   EXPECT_TRUE(WaitFor([&] { return ext->MetricsText().find("kgpu_extender_preemptions_total{result=\"blocked\"} 1") != std::string::npos; }));
   EXPECT_FALSE(GetPod("ns", "guarded")["metadata"].contains("deletionTimestamp"));
   EXPECT_EQ(ext->state().PreemptingOn(GetPod("ns", "hi2")["metadata"]["uid"]), "");
-  auto after = client->List("/apis/events.k8s.io/v1/namespaces/ns/events");
-  ASSERT_TRUE(after.ok());
-  bool blocked = false;
-  for (const auto& e : (*after)["items"]) {
-    if (e.value("reason", "") == "PreemptionBlocked" && e["regarding"].value("name", "") == "hi2") {
-      blocked = true;
-      EXPECT_NE(e.value("note", "").find("Cannot preempt ns/guarded on node share"), std::string::npos) << e.dump();
+  // The Event is written by the recorder after the metric is counted: wait for it.
+  json blocked;
+  EXPECT_TRUE(WaitFor([&] {
+    auto after = client->List("/apis/events.k8s.io/v1/namespaces/ns/events");
+    if (!after.ok()) return false;
+    for (const auto& e : (*after)["items"]) {
+      if (e.value("reason", "") == "PreemptionBlocked" && e["regarding"].value("name", "") == "hi2") blocked = e;
     }
+    return !blocked.is_null();
+  }));
+  if (blocked.is_object()) {
+    EXPECT_NE(blocked.value("note", "").find("Cannot preempt ns/guarded on node share"), std::string::npos) << blocked.dump();
   }
-  EXPECT_TRUE(blocked);
 }
 
 TEST_F(ExtenderTest, SixteenConcurrentBindsToOneNode) {
