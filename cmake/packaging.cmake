@@ -70,6 +70,8 @@ function(kgpu_dlopen_depends out)
 endfunction()
 kgpu_dlopen_depends(CPACK_DEBIAN_KGPU_PACKAGE_DEPENDS libcurl.so.4 libcpp-httplib.so.0.11)
 message(STATUS "packaging: kgpu Depends (dlopened libraries) ${CPACK_DEBIAN_KGPU_PACKAGE_DEPENDS} + dpkg-shlibdeps")
+# Only `kgpu sim --plot FILE.png` loads librsvg (src/cli/svg_png.h): suggested, not required.
+set(CPACK_DEBIAN_KGPU_PACKAGE_SUGGESTS "librsvg2-2")
 set(CPACK_DEBIAN_SIM_PACKAGE_NAME kgpu-sim)
 set(CPACK_COMPONENT_KGPU_DESCRIPTION
   "GPU node stack for Kubernetes\n kgpu is one binary that advertises NVIDIA GPUs to kubelet (a drop-in for NVIDIA's\n device plugin: whole GPUs, time-slicing, MIG, MPS), exports GPU metrics per pod\n (dcgm-exporter compatible) and checks a node (kgpu doctor). It loads the driver's\n libnvidia-ml.so.1 at run time.")

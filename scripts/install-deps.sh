@@ -18,6 +18,7 @@ PACKAGES=(
   clang libclang-rt-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-yaml procps curl
+  librsvg2-2
   prometheus
   debootstrap nodejs slurmctld slurmd slurm-client munge
 )

@@ -9,6 +9,7 @@
 #include <map>
 #include <thread>
 
+#include "cli/svg_png.h"
 #include "common/files.h"
 #include "common/strings.h"
 #include "nlohmann/json.hpp"
@@ -26,6 +27,18 @@ namespace {
 constexpr int kReportAt[] = {100, 110, 120, 130};
 constexpr const char* kNodesFile = "openb_node_list_gpu_node.csv";
 constexpr const char* kPodsFile = "openb_pod_list_default.csv";
+constexpr double kPngScale = 2;  // --plot FILE.png: twice the SVG's 820x520, sharp on a high-DPI screen
+
+// The file name's extension, compared without case.
+bool HasExtension(const std::string& path, std::string_view ext) {
+  if (path.size() < ext.size()) return false;
+  for (size_t i = 0; i < ext.size(); ++i) {
+    const char c = path[path.size() - ext.size() + i];
+    if ((c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c) != ext[i]) return false;
+  }
+  return true;
+}
+bool PlotIsPng(const std::string& path) { return HasExtension(path, ".png"); }
 
 // The default trace: $KGPU_SIM_DATA_DIR, ./data/alibaba-gpu-v2023, then the source tree's copy.
 std::string DefaultDataFile(const char* name) {
@@ -151,7 +164,9 @@ void AddSimFlags(CLI::App* sim, SimFlags* f) {
   sim->add_option("--placements", f->placements,
                   "write every arrival as CSV pod_name,node_sn,gpu_indices,gpu_milli_each; {policy} and {seed} "
                   "in the name are replaced");
-  sim->add_option("--plot", f->plot, "draw the allocation curves into this SVG file");
+  sim->add_option("--plot", f->plot,
+                  "draw the allocation curves into this file: FILE.svg, or FILE.png (drawn at twice the SVG's "
+                  "size; needs librsvg, Debian package librsvg2-2)");
   sim->add_flag("--json", f->json, "one JSON object instead of the table");
   sim->add_option("--jobs", f->jobs, "replays run at once (default: every core)");
   sim->add_flag("--departures", f->departures,
@@ -190,12 +205,16 @@ std::string RenderSvg(const std::vector<PolicyRuns>& results, int gpus, bool dep
   const double ylo = std::max(0.0, std::floor(ymin / 10) * 10 - (ymin < 1 ? 0 : 0)), yhi = 100;
   const double W = 820, H = 520, L = 70, R = 210, T = 50, B = 60;
   auto px = [&](double x) { return L + (x - xlo) / (xhi - xlo) * (W - L - R); };
-  auto py = [&](double y) { return T + (yhi - std::clamp(y, ylo, yhi)) / (yhi - ylo) * (H - T - B); };
+  // Unclamped: the curves are clipped to the plot area (below its floor they are not drawn, rather
+  // than drawn flat along it).
+  auto py = [&](double y) { return T + (yhi - y) / (yhi - ylo) * (H - T - B); };
   std::string s;
   s += Cat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", static_cast<int>(W), "\" height=\"",
            static_cast<int>(H), "\" viewBox=\"0 0 ", static_cast<int>(W), " ", static_cast<int>(H),
            "\" font-family=\"sans-serif\" font-size=\"12\">\n");
   s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  s += Cat("<clipPath id=\"area\"><rect x=\"", Fixed(L, 1), "\" y=\"", Fixed(T, 1), "\" width=\"", Fixed(W - L - R, 1),
+           "\" height=\"", Fixed(H - T - B, 1), "\"/></clipPath>\n");
   s += Cat("<text x=\"", static_cast<int>(L), "\" y=\"28\" font-size=\"15\">GPU allocation ratio vs ",
            departures ? "time" : "arrived GPU demand", " (", gpus, " GPUs, mean over seeds)</text>\n");
   // Grid and axes.
@@ -230,7 +249,8 @@ std::string RenderSvg(const std::vector<PolicyRuns>& results, int gpus, bool dep
       if (std::isnan(y)) continue;
       pts += Cat(Fixed(px(x), 1), ",", Fixed(py(y), 1), " ");
     }
-    s += Cat("<polyline fill=\"none\" stroke=\"", color, "\" stroke-width=\"1.8\" points=\"", pts, "\"/>\n");
+    s += Cat("<polyline fill=\"none\" stroke=\"", color, "\" stroke-width=\"1.8\" clip-path=\"url(#area)\" points=\"", pts,
+             "\"/>\n");
     const double at = departures ? MeanOf(results[i], [](const sched::ReplayResult& r) { return r.mean_alloc; })
                                  : MeanOf(results[i], [](const sched::ReplayResult& r) { return r.AllocAt(130); });
     const double ly = T + 14 + 20 * static_cast<double>(i);
@@ -300,11 +320,15 @@ int RunSim(const SimFlags& flags, std::ostream& out, std::ostream& err) {
                                                  " seeds would write one file; put {seed} in the name")));
     }
   }
+  const bool png = PlotIsPng(flags.plot);
   if (!flags.plot.empty()) {
-    const auto& p = flags.plot;
-    if (p.size() < 4 || p.compare(p.size() - 4, 4, ".svg") != 0) {
+    if (!png && !HasExtension(flags.plot, ".svg")) {
       return fail(absl::InvalidArgumentError(
-          Cat("--plot ", Printable(p), ": only SVG is drawn; name a .svg file (a browser or rsvg-convert shows it)")));
+          Cat("--plot ", Printable(flags.plot), ": name a .svg or a .png file (the name says which is drawn)")));
+    }
+    // Before the replays: a missing library must not cost a long run.
+    if (png) {
+      if (auto st = PngAvailable(); !st.ok()) return fail(absl::FailedPreconditionError(Cat("--plot: ", st.message())));
     }
   }
 
@@ -359,10 +383,15 @@ int RunSim(const SimFlags& flags, std::ostream& out, std::ostream& err) {
   }
   const int gpus = results.front().runs.front().gpus;
   if (!flags.plot.empty()) {
-    std::ofstream f(flags.plot, std::ios::trunc);
-    f << RenderSvg(results, gpus, flags.departures);
-    f.close();
-    if (!f) return fail(absl::PermissionDeniedError(Cat(Printable(flags.plot), ": cannot write the plot (check --plot)")));
+    const std::string svg = RenderSvg(results, gpus, flags.departures);
+    if (png) {
+      if (auto st = WriteSvgAsPng(svg, flags.plot, kPngScale); !st.ok()) return fail(st);
+    } else {
+      std::ofstream f(flags.plot, std::ios::trunc);
+      f << svg;
+      f.close();
+      if (!f) return fail(absl::PermissionDeniedError(Cat(Printable(flags.plot), ": cannot write the plot (check --plot)")));
+    }
   }
 
   auto unalloc = [&](double pct) { return std::isnan(pct) ? NAN : static_cast<double>(gpus) * (1 - pct / 100); };

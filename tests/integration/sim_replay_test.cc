@@ -18,12 +18,14 @@
 //     100..130 % and the whole curve) equals the KPI recomputed from the log by the facts file's
 //     formula: mean of round(alloc %, 2) over the arrivals whose round(arrived %) is x.
 
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -284,6 +286,108 @@ TEST(SimReplay, DefaultTraceOursSeed42PlacementLogChecksOut) {
               100.0 * static_cast<double>(alloc_milli) / static_cast<double>(total_milli), 1e-4);
   EXPECT_NEAR(policy.at("unallocated_gpus_at_130").get<double>(),
               6212.0 * (1 - buckets.at(130).first / static_cast<double>(buckets.at(130).second) / 100), 1e-2);
+  fs::remove_all(dir);
+}
+
+// --plot: the same curves as SVG and as PNG (librsvg, loaded by kgpu on demand), on a small trace.
+// The SVG is checked as text; the PNG is read back with cairo (loaded here the same way) and
+// checked pixel by pixel: its size, the white background, and each policy's colour drawn.
+struct Cairo {
+  void* lib = dlopen("libcairo.so.2", RTLD_NOW | RTLD_LOCAL);
+  template <typename F>
+  F Fn(const char* name) const {
+    return reinterpret_cast<F>(dlsym(lib, name));
+  }
+};
+
+// Pixels of the ARGB32 picture whose colour is within 12 of 0xRRGGBB in every channel.
+int64_t CountColour(const uint8_t* data, int w, int h, int stride, uint32_t rgb) {
+  int64_t n = 0;
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      uint32_t px = 0;
+      std::memcpy(&px, data + static_cast<ptrdiff_t>(y) * stride + static_cast<ptrdiff_t>(x) * 4, 4);
+      bool near = true;
+      for (int shift = 0; shift < 24; shift += 8) {
+        const int a = static_cast<int>((px >> shift) & 0xff), b = static_cast<int>((rgb >> shift) & 0xff);
+        near = near && std::abs(a - b) <= 12;
+      }
+      n += near ? 1 : 0;
+    }
+  }
+  return n;
+}
+
+TEST(SimPlot, TheCurvesAsSvgAndAsPng) {
+  const fs::path dir = fs::temp_directory_path() / ("kgpu-sim-plot-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream nodes(dir / "nodes.csv");
+    nodes << "sn,cpu_milli,memory_mib,gpu,model\n";
+    for (int i = 0; i < 6; ++i) nodes << "n" << i << ",32000,131072,4,T4\n";
+    std::ofstream pods(dir / "pods.csv");
+    pods << "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n";
+    const int milli[] = {1000, 500, 300, 700, 1000, 250, 1000, 600};
+    for (int i = 0; i < 40; ++i) pods << "p" << i << ",2000,4096,1," << milli[i % 8] << "\n";
+  }
+  const std::string base = Quote(KGPU_BIN) + " sim --nodes " + Quote((dir / "nodes.csv").string()) + " --pods " +
+                           Quote((dir / "pods.csv").string()) + " --policy bestfit,ours --seeds 42-43 --jobs 1";
+  const std::string svg_path = (dir / "curves.svg").string(), png_path = (dir / "curves.PNG").string();
+  auto r = Shell(base + " --plot " + Quote(svg_path));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string svg = Slurp(svg_path);
+  ASSERT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"820\" height=\"520\"", 0), 0U) << svg;
+  EXPECT_NE(svg.find("</svg>\n"), std::string::npos);
+  EXPECT_NE(svg.find("stroke=\"#1f77b4\" stroke-width=\"1.8\" clip-path=\"url(#area)\""), std::string::npos) << svg;
+  EXPECT_NE(svg.find("stroke=\"#d62728\" stroke-width=\"1.8\" clip-path=\"url(#area)\""), std::string::npos) << svg;
+  EXPECT_NE(svg.find(">bestfit ("), std::string::npos);
+  EXPECT_NE(svg.find(">ours ("), std::string::npos);
+
+  r = Shell(base + " --plot " + Quote(png_path));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("plot: " + png_path), std::string::npos) << r.out;
+  const std::string png = Slurp(png_path);
+  ASSERT_GT(png.size(), 24U);
+  ASSERT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  for (const auto& e : fs::directory_iterator(dir)) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << "left behind: " << e.path();
+  }
+
+  Cairo cairo;
+  ASSERT_NE(cairo.lib, nullptr) << "libcairo.so.2: " << dlerror() << " (scripts/install-deps.sh installs librsvg2-2)";
+  auto from_png = cairo.Fn<void* (*)(const char*)>("cairo_image_surface_create_from_png");
+  auto status = cairo.Fn<int (*)(void*)>("cairo_surface_status");
+  auto width = cairo.Fn<int (*)(void*)>("cairo_image_surface_get_width");
+  auto height = cairo.Fn<int (*)(void*)>("cairo_image_surface_get_height");
+  auto stride = cairo.Fn<int (*)(void*)>("cairo_image_surface_get_stride");
+  auto data = cairo.Fn<uint8_t* (*)(void*)>("cairo_image_surface_get_data");
+  auto destroy = cairo.Fn<void (*)(void*)>("cairo_surface_destroy");
+  ASSERT_TRUE(from_png && status && width && height && stride && data && destroy);
+  void* surface = from_png(png_path.c_str());
+  ASSERT_EQ(status(surface), 0);
+  const int w = width(surface), h = height(surface);
+  EXPECT_EQ(w, 1640);  // twice the SVG's size
+  EXPECT_EQ(h, 1040);
+  const uint8_t* pixels = data(surface);
+  const int64_t white = CountColour(pixels, w, h, stride(surface), 0xffffff);
+  EXPECT_GT(white, int64_t{w} * h / 2) << "the background is not white";
+  // The curves and legend keys: bestfit's blue and ours' red (kColors[0], kColors[1]).
+  EXPECT_GT(CountColour(pixels, w, h, stride(surface), 0x1f77b4), 500);
+  EXPECT_GT(CountColour(pixels, w, h, stride(surface), 0xd62728), 500);
+  // Text (the title, axes, legend) is drawn: dark pixels beyond the frame's.
+  EXPECT_GT(CountColour(pixels, w, h, stride(surface), 0x000000), 5000);
+  destroy(surface);
+
+  // A name that is neither .svg nor .png, and a directory that does not exist, are refused, and the
+  // latter names the path.
+  r = Shell(base + " --plot " + Quote((dir / "curves.gif").string()));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("name a .svg or a .png file"), std::string::npos) << r.out;
+  const std::string missing = (dir / "no-such-dir" / "curves.png").string();
+  r = Shell(base + " --plot " + Quote(missing));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find(missing + ": cannot write the PNG"), std::string::npos) << r.out;
   fs::remove_all(dir);
 }
 

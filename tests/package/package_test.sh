@@ -58,6 +58,7 @@ kgpu_depends=$(dpkg-deb -f "$kgpu_deb" Depends)
 for dep in libcurl4 libcpp-httplib0.11; do
   grep -Eq "(^|, )$dep \(>= [^)]+\)" <<<"$kgpu_depends" || fail "kgpu: Depends has no $dep (>= ...), which it dlopens"
 done
+[ "$(dpkg-deb -f "$kgpu_deb" Suggests)" = "librsvg2-2" ] || fail "kgpu: Suggests is not librsvg2-2 (kgpu sim --plot FILE.png)"
 # The listings in variables: `dpkg-deb -c | grep -q` would die of SIGPIPE under pipefail.
 kgpu_files=$(dpkg-deb -c "$kgpu_deb") sim_files=$(dpkg-deb -c "$sim_deb")
 grep -q ' ./usr/bin/kgpu$' <<<"$kgpu_files" || fail "kgpu package has no /usr/bin/kgpu"
