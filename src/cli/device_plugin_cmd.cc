@@ -97,8 +97,10 @@ void AddShareFlags(CLI::App* app, DevicePluginFlags* flags) {
       ->envname("KGPU_POD_RESOURCES_SOCKET")
       ->capture_default_str();
   app->add_option("--cuda-accounting-sweep", flags->shares.accounting_sweep_s,
-                  "kgpu.io/gpu hard shares: every this many seconds, remove the accounting directories "
-                  "(--cuda-shared-root/<pod UID>) of pods no longer on this node (0: never)")
+                  "memory held by --cuda-interposer: every this many seconds, remove the accounting directories "
+                  "of containers that are gone (kgpu.io/gpu hard shares: --cuda-shared-root/<pod UID> of pods "
+                  "no longer on this node; time-slicing replicas: --cuda-shared-root/timeslicing/<id> that no "
+                  "container in kubelet's checkpoint mounts; 0: never)")
       ->envname("KGPU_CUDA_ACCOUNTING_SWEEP")
       ->check(CLI::Range(0u, 86400u))
       ->capture_default_str();
@@ -180,6 +182,7 @@ absl::StatusOr<Config> ResolveConfig(const DevicePluginFlags& flags) {
   for (const auto& [option, apply] : flags.given) {
     if (option->count() > 0) apply(flags.values, &config);
   }
+  config.cuda_accounting_sweep = std::chrono::seconds(flags.shares.accounting_sweep_s);
   if (auto st = deviceplugin::ApplyHealthcheckEnv(Env("DP_DISABLE_HEALTHCHECKS"), Env("DP_ENABLE_HEALTHCHECKS"),
                                                   &config.health);
       !st.ok()) {

@@ -259,7 +259,7 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
       return absl::FailedPreconditionError(Cat(resource.name, ": memoryIsolation hard without --cuda-interposer"));
     }
     auto edits = InterposerEditsFor(config.cuda_interposer, config.cuda_interposer_load, config.cuda_shared_root,
-                                    Cat(config.cuda_shared_root, "/timeslicing/", annotation_id));
+                                    TimeslicingRegion(config.cuda_shared_root, annotation_id));
     if (!edits.ok()) return edits.status();
     out.envs["KGPU_CUDA_MEMORY_LIMIT"] = Join(limits, ",");
     for (const auto& [k, v] : edits->envs) out.envs[k] = v;

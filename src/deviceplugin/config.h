@@ -108,6 +108,11 @@ struct Config {
   std::string cuda_interposer;
   std::string cuda_shared_root = "/var/lib/kgpu/cuda";
   std::string cuda_interposer_load = kInterposerLoadEnv;  // or kInterposerLoadFile (deviceplugin/interposer.h)
+  // Every this often, the accounting directories of time-slicing replicas that no container
+  // mounts any more are removed (SweepTimeslicingRegions, interposer.h; 0: never), once older than
+  // cuda_accounting_grace. Flag --cuda-accounting-sweep, which also sweeps kgpu.io/gpu's.
+  std::chrono::seconds cuda_accounting_sweep{600};
+  std::chrono::seconds cuda_accounting_grace{120};
   // The host's procfs, where the driver's /proc/driver/nvidia and /proc/driver/nvidia-caps trees
   // are (kernel-global, so not under the driver root): MIG capability minors come from
   // <proc_root>/driver/nvidia-caps/mig-minors.

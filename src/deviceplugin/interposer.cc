@@ -1,11 +1,16 @@
 #include "deviceplugin/interposer.h"
 
 #include <filesystem>
+#include <set>
+#include <vector>
 #include <fstream>
 #include <sstream>
 
 #include "common/files.h"
+#include "common/log.h"
+#include "common/remove_tree.h"
 #include "common/strings.h"
+#include "deviceplugin/kubelet_checkpoint.h"
 #include "deviceplugin/share_cdi.h"
 
 namespace kgpu::deviceplugin {
@@ -51,6 +56,55 @@ absl::StatusOr<InterposerEdits> InterposerEditsFor(const std::string& interposer
   e.envs.emplace_back("KGPU_CUDA_SHARED_DIR", kRegionInContainer);
   e.mounts.push_back({kRegionInContainer, region, false});
   return e;
+}
+
+std::string TimeslicingRegion(const std::string& shared_root, const std::string& allocation_id) {
+  return Cat(shared_root, "/timeslicing/", allocation_id);
+}
+
+absl::StatusOr<int> SweepTimeslicingRegions(const std::string& shared_root, const std::string& checkpoint_path,
+                                            std::chrono::seconds grace) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(shared_root) / "timeslicing";
+  // The directories before the checkpoint: one created after this listing is not judged.
+  std::vector<std::pair<std::string, fs::file_time_type>> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code tec;
+    if (!it->is_directory(tec) || it->is_symlink(tec)) continue;
+    const auto mtime = fs::last_write_time(it->path(), tec);
+    if (!tec) found.emplace_back(it->path().filename().string(), mtime);
+  }
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    return absl::UnavailableError(Cat("cannot read ", dir.string(), ": ", ec.message(), " (check --cuda-shared-root)"));
+  }
+  if (found.empty()) return 0;
+  auto text = ReadInputFile(checkpoint_path, "kubelet device-manager checkpoint", "check --kubelet-dir");
+  if (!text.ok()) return text.status();
+  auto mounted = CheckpointedMountSources(*text, checkpoint_path);
+  if (!mounted.ok()) return mounted.status();
+  // Matched by the last two path elements (timeslicing/<allocation id>), so that a shared root
+  // spelled differently when the container was admitted (a trailing slash, a link) still matches.
+  std::set<std::string> held;
+  for (const auto& m : *mounted) {
+    const fs::path p = fs::path(m).lexically_normal();
+    const fs::path leaf = p.has_filename() ? p : p.parent_path();
+    if (leaf.parent_path().filename() == "timeslicing") held.insert(leaf.filename().string());
+  }
+  const auto now = fs::file_time_type::clock::now();
+  int removed = 0;
+  for (const auto& [id, mtime] : found) {
+    if (held.contains(id) || now - mtime < grace) continue;
+    const std::string path = (dir / id).string();
+    if (auto st = RemoveTreeNoFollow(path); !st.ok()) {
+      Log("deviceplugin")->warn("cannot remove the accounting directory {} (no container mounts it): {}", path,
+                                std::string(st.message()));
+      continue;
+    }
+    Log("deviceplugin")->info("removed the accounting directory {}: no container kubelet keeps mounts it", path);
+    ++removed;
+  }
+  return removed;
 }
 
 }  // namespace kgpu::deviceplugin

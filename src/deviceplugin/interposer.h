@@ -4,6 +4,7 @@
 #ifndef KGPU_DEVICEPLUGIN_INTERPOSER_H_
 #define KGPU_DEVICEPLUGIN_INTERPOSER_H_
 
+#include <chrono>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +30,20 @@ struct InterposerEdits {
 // file mounted (<shared_root>/ld.so.preload) is written too when it is missing or differs.
 absl::StatusOr<InterposerEdits> InterposerEditsFor(const std::string& interposer, const std::string& load,
                                                    const std::string& shared_root, const std::string& region);
+
+// Where Allocate puts the accounting directory of a time-slicing replica container.
+std::string TimeslicingRegion(const std::string& shared_root, const std::string& allocation_id);
+
+// Removes the accounting directories of time-slicing replicas (<shared_root>/timeslicing/*) that
+// no container mounts any more, and returns how many went. Allocate names no pod, so the owner of
+// a directory is whichever container's Allocate response, as kubelet keeps it in its checkpoint
+// (`checkpoint_path`, kubelet_checkpoint.h), mounts it: a directory that none mounts and that is
+// older than `grace` (Allocate creates it before kubelet writes the response) goes, without
+// following links (common/remove_tree.h). kubelet forgets a pod's responses once the pod is no
+// longer active, at its next admission of any pod. A checkpoint that is missing or cannot be
+// parsed removes nothing (the error says which).
+absl::StatusOr<int> SweepTimeslicingRegions(const std::string& shared_root, const std::string& checkpoint_path,
+                                            std::chrono::seconds grace);
 
 }  // namespace kgpu::deviceplugin
 

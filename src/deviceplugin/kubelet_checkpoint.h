@@ -5,8 +5,11 @@
 // node's capacity across a plugin restart. The device plugin serves the ones it no longer has
 // with zero devices, so they drop to 0 instead of lingering (NVIDIA issue #240).
 //
-// Thread-safety: a pure function.
+// Also the host paths its containers mount, from the Allocate responses it keeps (below).
+//
+// Thread-safety: pure functions.
 
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,5 +21,12 @@ namespace kgpu::deviceplugin {
 // Errors start with "<origin>: " and say what is wrong where; a checksum that does not match the
 // contents (common/kubelet_checksum.h) is one.
 absl::StatusOr<std::vector<std::string>> RegisteredResources(std::string_view json, std::string_view origin);
+
+// Every Mounts[].HostPath of every Data.PodDeviceEntries[].AllocResp: the ContainerAllocateResponse
+// a device plugin returned for a container (base64 in the JSON), which kubelet keeps while the
+// pod is active and replays when the container restarts. Errors as RegisteredResources' (and an
+// AllocResp that is not base64 of a ContainerAllocateResponse is one): a caller that removes what
+// no container mounts must then remove nothing.
+absl::StatusOr<std::set<std::string>> CheckpointedMountSources(std::string_view json, std::string_view origin);
 
 }  // namespace kgpu::deviceplugin

@@ -22,6 +22,7 @@
 #include "deviceplugin/allocator.h"
 #include "deviceplugin/cdi.h"
 #include "deviceplugin/health_file.h"
+#include "deviceplugin/interposer.h"
 #include "deviceplugin/kubelet_checkpoint.h"
 #include "deviceplugin/kubelet_dir.h"
 #include "deviceplugin/mps.h"
@@ -853,8 +854,24 @@ bool Manager::Rediscover() {
 void Manager::MaintenanceLoop(std::stop_token stop) {
   auto next_rescan = std::chrono::steady_clock::now() + config_->mig.rescan_interval;
   auto next_mps = std::chrono::steady_clock::now();
+  // Time-slicing replicas held by the CUDA interposer leave an accounting directory each.
+  bool sweeps = !config_->cuda_interposer.empty() && config_->cuda_accounting_sweep.count() > 0;
+  if (sweeps) {
+    std::lock_guard<std::mutex> lock(mu_);
+    sweeps = std::any_of(plan_->resources.begin(), plan_->resources.end(), [](const Resource& r) { return r.hard_memory; });
+  }
+  auto next_sweep = std::chrono::steady_clock::now() + config_->cuda_accounting_sweep;
   while (!stop.stop_requested()) {
     const auto now = std::chrono::steady_clock::now();
+    if (sweeps && now >= next_sweep) {
+      const std::string checkpoint = Cat(config_->kubelet_dir, "/kubelet_internal_checkpoint");
+      auto n = SweepTimeslicingRegions(config_->cuda_shared_root, checkpoint, config_->cuda_accounting_grace);
+      if (!n.ok()) {
+        Log("deviceplugin")->warn("time-slicing accounting directories under {} not swept: {}", config_->cuda_shared_root,
+                                  std::string(n.status().message()));
+      }
+      next_sweep = now + config_->cuda_accounting_sweep;
+    }
     bool event = false;
     {
       std::lock_guard<std::mutex> lock(wake_mu_);
@@ -882,7 +899,8 @@ void Manager::MaintenanceLoop(std::stop_token stop) {
     }
     // Until the next timer, or at once when NVML reports a MIG change (the timer is the fallback
     // for drivers without MIG events).
-    const auto wake = mps_.empty() ? next_rescan : std::min(next_rescan, next_mps);
+    auto wake = mps_.empty() ? next_rescan : std::min(next_rescan, next_mps);
+    if (sweeps) wake = std::min(wake, next_sweep);
     std::unique_lock<std::mutex> lock(wake_mu_);
     wake_cv_.wait_until(lock, stop, wake + std::chrono::milliseconds(1), [&] { return rescan_now_; });
   }

@@ -14,7 +14,9 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
+#include "absl/strings/escaping.h"
 #include "testing/fake_kubelet.h"
 #include "testing/fake_podresources.h"
 #include "testing/kubelet_checkpoint.h"
@@ -292,6 +294,53 @@ TEST_F(MigMpsTest, MigApplyRefusesABusyGpuAndChangesNothing) {
   pods2.SetListResponse(list);
   r = Shell(Kgpu(apply + " --gpu 1"));
   EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// Time-slicing with memoryIsolation hard: each replica container gets an accounting directory
+// (<--cuda-shared-root>/timeslicing/<id>) in its Allocate response. The plugin removes the ones no
+// container in kubelet's checkpoint mounts any more (every --cuda-accounting-sweep seconds, once
+// older than two minutes), and keeps those that kubelet still replays.
+TEST_F(MigMpsTest, TimeSlicingHardDirectoriesGoWhenKubeletForgetsTheirContainer) {
+  namespace fs = std::filesystem;
+  Init("dgx-h100");
+  const std::string config = WriteConfig(
+      "version: v1\nsharing:\n  timeSlicing:\n    memoryIsolation: hard\n    resources:\n    - {name: gpu, replicas: 4}\n");
+  const std::string root = sim_->dir() + "/cuda";
+  Plugin p(sim_->dir(), {"--config-file", config, "--cuda-interposer", KGPU_CUDA_INTERPOSER, "--cuda-shared-root", root,
+                         "--cuda-accounting-sweep", "1"});
+  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.connected && s.Healthy() == 32; },
+                                20s))
+      << p.Log();
+  const auto ids = kubelet_->Get("nvidia.com/gpu")->HealthyIds();
+  std::vector<std::string> dirs, resp;
+  for (size_t i = 0; i < 2; ++i) {
+    auto a = kubelet_->Allocate("nvidia.com/gpu", {ids[i]});
+    ASSERT_TRUE(a.ok()) << a.status() << p.Log();
+    const auto& c = a->container_responses(0);
+    std::string dir;
+    for (const auto& m : c.mounts()) {
+      if (m.container_path() == "/run/kgpu-cuda") dir = m.host_path();
+    }
+    ASSERT_EQ(fs::path(dir).parent_path(), fs::path(root + "/timeslicing")) << c.DebugString();
+    ASSERT_TRUE(fs::is_directory(dir));
+    fs::last_write_time(dir, fs::file_time_type::clock::now() - std::chrono::hours(1));  // past the grace period
+    dirs.push_back(dir);
+    resp.push_back(absl::Base64Escape(c.SerializeAsString()));
+  }
+  // kubelet keeps the first container (its pod runs); the second one's pod is gone.
+  const nlohmann::json entry = {{"PodUID", "0f5a-runs"}, {"ContainerName", "main"}, {"ResourceName", "nvidia.com/gpu"},
+                                {"DeviceIDs", {{"-1", {ids[0]}}}}, {"AllocResp", resp[0]}};
+  std::ofstream(sim_->dir() + "/kubelet_internal_checkpoint")
+      << testing::SignedCheckpoint(
+             nlohmann::json{{"Data", {{"PodDeviceEntries", {entry}}, {"RegisteredDevices", {{"nvidia.com/gpu", ids}}}}}}
+                 .dump());
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (fs::exists(dirs[1]) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(fs::exists(dirs[1])) << p.Log();
+  EXPECT_TRUE(fs::is_directory(dirs[0])) << p.Log();
+  EXPECT_NE(p.Log().find("removed the accounting directory " + dirs[1] + ": no container kubelet keeps mounts it"),
+            std::string::npos)
+      << p.Log();
 }
 
 // MPS with the fake control daemon: the daemon's layout and commands, then Allocate of 1 and 3

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -11,8 +12,11 @@
 
 #include "deviceplugin/allocator.h"
 #include "deviceplugin/config.h"
+#include "deviceplugin/interposer.h"
 #include "deviceplugin/kubelet_checkpoint.h"
 #include "deviceplugin/mps.h"
+#include "absl/strings/escaping.h"
+#include "deviceplugin_v1beta1.pb.h"
 #include "gpu/mig_layout.h"
 #include "testing/kubelet_checkpoint.h"
 #include "testing/sim_plan.h"
@@ -289,6 +293,103 @@ TEST(TimeSlicingHardTest, EachReplicaGetsItsShareOfMemory) {
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->envs.count("KGPU_CUDA_MEMORY_LIMIT"), 0u);
   EXPECT_TRUE(b->mounts.empty());
+}
+
+// The accounting directories of replicas go once no container in kubelet's checkpoint mounts
+// them (Allocate names no pod: the checkpoint's Allocate responses are the link), once older than
+// the grace period; a checkpoint that is missing or broken removes nothing; links are not followed.
+TEST(TimeSlicingHardTest, DirectoriesNoContainerMountsAreSwept) {
+  namespace fs = std::filesystem;
+  Node n("dgx-h100");
+  auto plan = n.PlanFor("sharing:\n  timeSlicing:\n    memoryIsolation: hard\n"
+                        "    failRequestsGreaterThanOne: false\n    resources:\n    - {name: gpu, replicas: 4}\n");
+  ASSERT_NE(plan, nullptr);
+  const std::string root = ::testing::TempDir() + "/kgpu-ts-sweep";
+  fs::remove_all(root);
+  n.config.cuda_interposer = "/var/lib/kgpu/isolation/0.1.0/libkgpu-cuda.so";
+  n.config.cuda_shared_root = root;
+  const std::string u0 = n.inv->gpus()[0].uuid;
+  // Three containers; kubelet's checkpoint keeps the responses of "kept" and "slash" (its root
+  // spelled with a trailing slash when it was admitted), not that of "gone".
+  std::map<std::string, std::string> resp;
+  for (const std::string id : {"kept", "slash", "gone"}) {
+    Config c = n.config;
+    if (id == "slash") c.cuda_shared_root = root + "/";
+    auto a = deviceplugin::Allocate(*plan, plan->resources[0], c, {u0 + "::0"}, id);
+    ASSERT_TRUE(a.ok()) << a.status();
+    v1beta1::ContainerAllocateResponse r;
+    for (const auto& m : a->mounts) {
+      auto* mount = r.add_mounts();
+      mount->set_container_path(m.container_path);
+      mount->set_host_path(m.host_path);
+      mount->set_read_only(m.read_only);
+    }
+    resp[id] = absl::Base64Escape(r.SerializeAsString());
+    ASSERT_TRUE(fs::is_directory(root + "/timeslicing/" + id));
+    std::ofstream(root + "/timeslicing/" + id + "/region") << "x";
+  }
+  // In "gone", a link a container planted to a directory outside; beside them, a link to another.
+  const std::string outside = ::testing::TempDir() + "/kgpu-ts-outside";
+  fs::create_directories(outside);
+  std::ofstream(outside + "/keep") << "x";
+  fs::create_directory_symlink(outside, root + "/timeslicing/gone/escape");
+  fs::create_directory_symlink(outside, root + "/timeslicing/link");
+  const auto entry = [&](const std::string& id) {
+    return nlohmann::json{{"PodUID", "uid-" + id}, {"ContainerName", "main"}, {"ResourceName", "nvidia.com/gpu"},
+                          {"DeviceIDs", {{"0", {u0 + "::0"}}}}, {"AllocResp", resp[id]}};
+  };
+  const nlohmann::json doc = {
+      {"Data", {{"PodDeviceEntries", {entry("kept"), entry("slash")}}, {"RegisteredDevices", nlohmann::json::object()}}}};
+  const std::string cp = root + "/kubelet_internal_checkpoint";
+
+  // Missing, unparsable, or with a checksum kubelet would refuse: nothing goes.
+  auto missing = deviceplugin::SweepTimeslicingRegions(root, cp, std::chrono::seconds(0));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(std::string(missing.status().message()).find(cp + ": the kubelet device-manager checkpoint does not exist"),
+            std::string::npos)
+      << missing.status();
+  nlohmann::json edited = nlohmann::json::parse(testing::SignedCheckpoint(doc.dump()));
+  edited["Data"]["PodDeviceEntries"].erase(1);  // edited after kubelet signed it
+  std::ofstream(cp) << edited.dump();
+  auto corrupt = deviceplugin::SweepTimeslicingRegions(root, cp, std::chrono::seconds(0));
+  ASSERT_FALSE(corrupt.ok());
+  EXPECT_NE(std::string(corrupt.status().message()).find("does not match its contents"), std::string::npos)
+      << corrupt.status();
+  nlohmann::json garbled = doc;
+  garbled["Data"]["PodDeviceEntries"][0]["AllocResp"] = "not base64!";
+  std::ofstream(cp) << testing::SignedCheckpoint(garbled.dump());
+  auto bad = deviceplugin::SweepTimeslicingRegions(root, cp, std::chrono::seconds(0));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(std::string(bad.status().message()), cp + ": Data.PodDeviceEntries[0].AllocResp is not base64");
+  EXPECT_TRUE(fs::is_directory(root + "/timeslicing/gone"));
+
+  // Younger than the grace period: kept.
+  std::ofstream(cp) << testing::SignedCheckpoint(doc.dump());
+  auto young = deviceplugin::SweepTimeslicingRegions(root, cp, std::chrono::seconds(3600));
+  ASSERT_TRUE(young.ok()) << young.status();
+  EXPECT_EQ(*young, 0);
+  // Older: "gone" goes (its link unlinked, not followed); the mounted ones and the link stay.
+  auto swept = deviceplugin::SweepTimeslicingRegions(root, cp, std::chrono::seconds(0));
+  ASSERT_TRUE(swept.ok()) << swept.status();
+  EXPECT_EQ(*swept, 1);
+  EXPECT_FALSE(fs::exists(root + "/timeslicing/gone"));
+  EXPECT_TRUE(fs::exists(root + "/timeslicing/kept/region"));
+  EXPECT_TRUE(fs::exists(root + "/timeslicing/slash/region"));
+  EXPECT_TRUE(fs::is_symlink(root + "/timeslicing/link"));
+  EXPECT_TRUE(fs::exists(outside + "/keep"));
+
+  // kubelet forgets the pods: an empty checkpoint (null entries, as kubelet writes it) frees all.
+  std::ofstream(cp) << testing::SignedCheckpoint(
+      R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}}})");
+  auto all = deviceplugin::SweepTimeslicingRegions(root, cp, std::chrono::seconds(0));
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(*all, 2);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(root + "/timeslicing")) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"link"});
+  EXPECT_TRUE(fs::exists(outside + "/keep"));
+  fs::remove_all(root);
+  fs::remove_all(outside);
 }
 
 TEST(TimeSlicingHardTest, BadInputNamesTheFileAndTheFix) {
