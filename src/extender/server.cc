@@ -252,6 +252,30 @@ void Extender::CarryOut(const PreemptionPlan& plan, std::stop_token stop) {
   k8s::EvictOptions eo;
   eo.max_wait = opts_.eviction_wait;
   eo.stop = stop;
+  auto blocked = [&](const PreemptionPlan::Victim& v, const absl::Status& st, std::string_view when) {
+    state_.PreemptionFailed(plan.uid);
+    metrics_.Count("kgpu_extender_preemptions_total", {{"result", "blocked"}});
+    const std::string note = Cat("Cannot preempt ", v.ns, "/", v.name, " on node ", plan.node, when, ": ", st.message(),
+                                 " (a PodDisruptionBudget forbids it now, or the API failed); tried again later");
+    Log("extender")->warn("preemption for {}/{}: {}", plan.ns, plan.name, note);
+    (void)events_.Record(preemptor, "Warning", "PreemptionBlocked", "Preempt", note);
+  };
+  // Each victim's eviction asked as a dry run first: a PodDisruptionBudget that forbids one of
+  // them now stops the preemption before any victim is evicted for nothing. (Each is asked alone:
+  // a budget that allows fewer disruptions than the victims it covers still stops the evictions
+  // partway, below.)
+  if (plan.victims.size() > 1) {
+    k8s::EvictOptions dry = eo;
+    dry.dry_run = true;
+    for (const auto& v : plan.victims) {
+      if (stop.stop_requested()) return;
+      dry.uid = v.uid;
+      absl::Status st = client_.Evict(v.ns, v.name, dry);
+      if (st.ok() || k8s::IsApiConflict(st)) continue;
+      blocked(v, st, " (asked as a dry run, nothing evicted)");
+      return;
+    }
+  }
   for (const auto& v : plan.victims) {
     // The plan may be stale by now: the preemptor bound or gone, the hold over, leadership lost.
     std::string why = stop.stop_requested() ? "the extender is stopping" : NotReadyReason();
@@ -272,12 +296,7 @@ void Extender::CarryOut(const PreemptionPlan& plan, std::stop_token stop) {
     }
     if (!st.ok()) {
       if (absl::IsCancelled(st)) return;
-      state_.PreemptionFailed(plan.uid);
-      metrics_.Count("kgpu_extender_preemptions_total", {{"result", "blocked"}});
-      const std::string note = Cat("Cannot preempt ", v.ns, "/", v.name, " on node ", plan.node, ": ", st.message(),
-                                   " (a PodDisruptionBudget forbids it now, or the API failed); tried again later");
-      Log("extender")->warn("preemption for {}/{}: {}", plan.ns, plan.name, note);
-      (void)events_.Record(preemptor, "Warning", "PreemptionBlocked", "Preempt", note);
+      blocked(v, st, "");
       return;
     }
     metrics_.Count("kgpu_extender_preemption_victims_total", {});

@@ -444,13 +444,13 @@ absl::Status Client::Evict(std::string_view ns, std::string_view pod, const Evic
                              {"kind", "Eviction"},
                              {"metadata", {{"name", pod}, {"namespace", ns}}}};
   if (!opts.uid.empty()) eviction["deleteOptions"] = {{"preconditions", {{"uid", opts.uid}}}};
-  const std::string path = FindResource("pods")->Path(ns, pod, "eviction");
+  const std::string path = FindResource("pods")->Path(ns, pod, "eviction") + (opts.dry_run ? "?dryRun=All" : "");
   const auto deadline = std::chrono::steady_clock::now() + opts.max_wait;
   std::chrono::milliseconds backoff = opts.initial_backoff;
   for (;;) {
     auto r = Create(path, eviction);
     if (r.ok() || IsApiNotFound(r.status())) return absl::OkStatus();
-    if (HttpStatus(r.status()) != 429) return r.status();
+    if (HttpStatus(r.status()) != 429 || opts.dry_run) return r.status();
     // 429: a PodDisruptionBudget allows no disruption now; the apiserver sends no Retry-After
     // (kubernetes/kubernetes#36409), so back off ourselves.
     if (std::chrono::steady_clock::now() + backoff > deadline) {

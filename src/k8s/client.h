@@ -90,6 +90,9 @@ struct EvictOptions {
   // deleteOptions.preconditions.uid: only this pod, not a successor of the same name (409).
   std::string uid;
   std::stop_token stop;  // ends a backoff at once (Cancelled)
+  // ?dryRun=All: the apiserver runs the PodDisruptionBudget check and evicts nothing. Asked once:
+  // a 429 comes back as it is (the budget forbids it now), with no backoff.
+  bool dry_run = false;
 };
 
 class Client {

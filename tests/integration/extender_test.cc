@@ -482,6 +482,77 @@ TEST_F(ExtenderTest, TheExtenderPreemptsForMemoryShortfallsThroughTheEvictionApi
   }
 }
 
+// Several victims, the second guarded by a PodDisruptionBudget that forbids its eviction: every
+// eviction is first asked as a dry run (?dryRun=All), so the first victim is not evicted for a
+// preemption that cannot complete. The dry run itself changes nothing (pod and budget as they were).
+TEST_F(ExtenderTest, APreemptionThatABudgetWouldStopEvictsNoVictim) {
+  AddNode(TestNode("share", {ShareGpu(16000)}));
+  ExtenderOptions o;
+  o.eviction_wait = std::chrono::milliseconds(500);
+  StartExtender(o);
+  StartScheduler(Url());
+  auto share = [&](const std::string& name, const std::string& mib, int64_t prio) {
+    json p = TestPod("ns", name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", mib}}, {}, prio);
+    p["metadata"]["labels"] = {{"app", name}};
+    p["spec"]["terminationGracePeriodSeconds"] = 1;
+    ASSERT_TRUE(Schedule(p).bound) << name;
+    auto st = client->Patch("/api/v1/namespaces/ns/pods/" + name + "/status",
+                            {{"status", {{"phase", "Running"}, {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}}}},
+                            "application/merge-patch+json");
+    ASSERT_TRUE(st.ok()) << st.status();
+  };
+  share("first", "6000", 10);
+  share("guarded", "6000", 20);
+  ASSERT_EQ(api.Create("poddisruptionbudgets", "ns",
+                       {{"apiVersion", "policy/v1"}, {"kind", "PodDisruptionBudget"},
+                        {"metadata", {{"name", "guard"}, {"namespace", "ns"}}},
+                        {"spec", {{"minAvailable", 1}, {"selector", {{"matchLabels", {{"app", "guarded"}}}}}}}})
+                .code,
+            201);
+  ASSERT_TRUE(WaitFor([&] { return ext->state().Stats().booked == 2; }));
+
+  // The stand-in's dry run, as the apiserver's: the budget's verdict, nothing stored or deleted.
+  k8s::EvictOptions dry;
+  dry.dry_run = true;
+  const auto refused = client->Evict("ns", "guarded", dry);
+  EXPECT_EQ(k8s::HttpStatus(refused), 429) << refused;
+  EXPECT_TRUE(client->Evict("ns", "first", dry).ok());
+  EXPECT_FALSE(GetPod("ns", "first")["metadata"].contains("deletionTimestamp"));
+  auto bad = client->Create("/api/v1/namespaces/ns/pods/first/eviction?dryRun=Some",
+                            {{"apiVersion", "policy/v1"}, {"kind", "Eviction"}, {"metadata", {{"name", "first"}}}});
+  EXPECT_EQ(k8s::HttpStatus(bad.status()), 400) << bad.status();
+
+  // 14000 MiB fits only with both gone: the plan names both, the dry run stops it before either.
+  auto hi = Schedule([&] {
+    json p = TestPod("ns", "hi", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "14000"}}, {}, 1000);
+    return p;
+  }());
+  EXPECT_FALSE(hi.bound);
+  EXPECT_NE(hi.message.find("preempting 2 lower-priority pod(s) here: ns/first, ns/guarded"), std::string::npos)
+      << hi.message;
+  EXPECT_TRUE(WaitFor([&] {
+    return ext->MetricsText().find("kgpu_extender_preemptions_total{result=\"blocked\"} 1") != std::string::npos;
+  }));
+  EXPECT_EQ(ext->state().PreemptingOn(GetPod("ns", "hi")["metadata"]["uid"]), "");
+  EXPECT_FALSE(GetPod("ns", "first")["metadata"].contains("deletionTimestamp"));
+  EXPECT_FALSE(GetPod("ns", "guarded")["metadata"].contains("deletionTimestamp"));
+  EXPECT_EQ(ext->MetricsText().find("kgpu_extender_preemption_victims_total 1"), std::string::npos);
+  json blocked;
+  EXPECT_TRUE(WaitFor([&] {
+    auto events = client->List("/apis/events.k8s.io/v1/namespaces/ns/events");
+    if (!events.ok()) return false;
+    for (const auto& e : (*events)["items"]) {
+      if (e.value("reason", "") == "PreemptionBlocked" && e["regarding"].value("name", "") == "hi") blocked = e;
+    }
+    return !blocked.is_null();
+  }));
+  if (blocked.is_object()) {
+    EXPECT_NE(blocked.value("note", "").find("Cannot preempt ns/guarded on node share (asked as a dry run, nothing evicted)"),
+              std::string::npos)
+        << blocked.dump();
+  }
+}
+
 TEST_F(ExtenderTest, SixteenConcurrentBindsToOneNode) {
   AddNode(TestNode("n", {ShareGpu(40000), ShareGpu(40000)}));
   StartExtender();

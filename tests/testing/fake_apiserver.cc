@@ -822,7 +822,8 @@ FakeApiServer::Result FakeApiServer::DoBinding(const std::string& ns, const std:
   return {201, {{"kind", "Status"}, {"apiVersion", "v1"}, {"metadata", json::object()}, {"status", "Success"}, {"code", 201}}};
 }
 
-FakeApiServer::Result FakeApiServer::DoEviction(const std::string& ns, const std::string& name, const json& eviction) {
+FakeApiServer::Result FakeApiServer::DoEviction(const std::string& ns, const std::string& name, const json& eviction,
+                                                bool dry_run) {
   const k8s::Resource* pods = k8s::FindResource("pods");
   const std::string pdb_key = RKey(*k8s::FindResource("poddisruptionbudgets"));
   // The Eviction's deleteOptions (preconditions, grace period) go to the pod's deletion.
@@ -889,7 +890,7 @@ FakeApiServer::Result FakeApiServer::DoEviction(const std::string& ns, const std
         pdb["status"]["disruptionsAllowed"] = allowed;
         const std::string pdb_name = pdb["metadata"].value("name", "");
         if (allowed <= 0) {
-          StoreLocked(pdb_key, "MODIFIED", pdb);
+          if (!dry_run) StoreLocked(pdb_key, "MODIFIED", pdb);
           return Err(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
                      {{"causes",
                        {{{"reason", "DisruptionBudget"},
@@ -897,9 +898,13 @@ FakeApiServer::Result FakeApiServer::DoEviction(const std::string& ns, const std
                                          healthy, " currently")}}}}});
         }
         pdb["status"]["disruptionsAllowed"] = allowed - 1;
-        StoreLocked(pdb_key, "MODIFIED", pdb);
+        if (!dry_run) StoreLocked(pdb_key, "MODIFIED", pdb);
       }
     }
+  }
+  // eviction.go: a dry run stops after the budget's check (the deletion would be a dry run too).
+  if (dry_run) {
+    return {201, {{"kind", "Status"}, {"apiVersion", "v1"}, {"metadata", json::object()}, {"status", "Success"}, {"code", 201}}};
   }
   auto del = DoDelete(RKey(*pods), ns, name, delete_opts);
   if (del.code >= 300) return del;
@@ -1407,6 +1412,21 @@ void FakeApiServer::Serve(Request& r, const httplib::Request& req, httplib::Resp
     }
     return j;
   };
+  // dryRun=All (the only value the apiserver accepts): run the request's checks, persist nothing.
+  // The stand-in does it where kgpu asks for it, on pods/eviction, and says so elsewhere.
+  bool dry_run = false;
+  if (req.has_param("dryRun")) {
+    const std::string v = req.get_param_value("dryRun");
+    if (v != "All") {
+      send(Err(400, "BadRequest", Cat("Unsupported value: \"", v, "\": supported values: \"All\"")));
+      return;
+    }
+    if (!(r.verb == "create" && r.sub == "eviction")) {
+      send(Err(400, "BadRequest", "the stand-in supports dryRun only on pods/eviction"));
+      return;
+    }
+    dry_run = true;
+  }
   if (r.verb == "watch") {
     ServeWatch(r, req, res);
     return;
@@ -1461,7 +1481,7 @@ void FakeApiServer::Serve(Request& r, const httplib::Request& req, httplib::Resp
     if (r.sub == "binding") {
       send(DoBinding(r.ns, r.name, *body));
     } else if (r.sub == "eviction") {
-      send(DoEviction(r.ns, r.name, *body));
+      send(DoEviction(r.ns, r.name, *body, dry_run));
     } else if (!r.name.empty()) {
       send(Err(405, "MethodNotAllowed", "the server does not allow this method on the requested resource"));
     } else {

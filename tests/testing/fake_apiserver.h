@@ -161,7 +161,8 @@ class FakeApiServer {
                                     std::vector<std::string>* warnings) const;
   Result DoDelete(const std::string& rkey, const std::string& ns, const std::string& name, const nlohmann::json& opts);
   Result DoBinding(const std::string& ns, const std::string& name, const nlohmann::json& binding);
-  Result DoEviction(const std::string& ns, const std::string& name, const nlohmann::json& eviction);
+  // dry_run (?dryRun=All): the budget's verdict only; nothing is stored or deleted.
+  Result DoEviction(const std::string& ns, const std::string& name, const nlohmann::json& eviction, bool dry_run);
   Result List(const std::string& rkey, const std::string& ns, const httplib::Request& req);
 
   // Under mu_.
