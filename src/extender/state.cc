@@ -386,6 +386,13 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
     *unresolvable = false;
     return "";
   }
+  // NVIDIA's `single` MIG strategy advertises each MIG device as nvidia.com/gpu: kubelet counts
+  // them as GPUs, and the extender does not place such devices (it books MIG as nvidia.com/mig-*).
+  if (info.mig_strategy == "single") {
+    cat = "mig_strategy_single";
+    return "this node's device plugin runs migStrategy single (its MIG devices are nvidia.com/gpu), which kgpu "
+           "extender does not place; run it with migStrategy mixed (nvidia.com/mig-<profile>)";
+  }
   // UUID lists make the answer depend on more than the shape.
   if (memo != nullptr && !c.pod.uuids.empty()) memo = nullptr;
   if (memo != nullptr && !c.pod.uuids_deny.empty()) memo = nullptr;

@@ -90,6 +90,20 @@ class ExtenderTest : public ::testing::Test {
     return r.body;
   }
   json GetPod(const std::string& ns, const std::string& name) { return api.Get("pods", ns, name).body; }
+  // The Event with this reason about pod ns/`name`, waited for (the recorder writes Events on its
+  // own thread, after the metrics are counted); null when none came.
+  json WaitForEvent(const std::string& reason, const std::string& name) {
+    json found;
+    WaitFor([&] {
+      auto events = client->List("/apis/events.k8s.io/v1/namespaces/ns/events");
+      if (!events.ok()) return false;
+      for (const auto& e : (*events)["items"]) {
+        if (e.value("reason", "") == reason && e["regarding"].value("name", "") == name) found = e;
+      }
+      return !found.is_null();
+    });
+    return found;
+  }
   // Schedules `pod` (created first) and returns the outcome.
   testing::ScheduleOutcome Schedule(const json& pod) {
     const json created = CreatePod(pod);
@@ -467,16 +481,8 @@ TEST_F(ExtenderTest, TheExtenderPreemptsForMemoryShortfallsThroughTheEvictionApi
   EXPECT_TRUE(WaitFor([&] { return ext->MetricsText().find("kgpu_extender_preemptions_total{result=\"blocked\"} 1") != std::string::npos; }));
   EXPECT_FALSE(GetPod("ns", "guarded")["metadata"].contains("deletionTimestamp"));
   EXPECT_EQ(ext->state().PreemptingOn(GetPod("ns", "hi2")["metadata"]["uid"]), "");
-  // The Event is written by the recorder after the metric is counted: wait for it.
-  json blocked;
-  EXPECT_TRUE(WaitFor([&] {
-    auto after = client->List("/apis/events.k8s.io/v1/namespaces/ns/events");
-    if (!after.ok()) return false;
-    for (const auto& e : (*after)["items"]) {
-      if (e.value("reason", "") == "PreemptionBlocked" && e["regarding"].value("name", "") == "hi2") blocked = e;
-    }
-    return !blocked.is_null();
-  }));
+  const json blocked = WaitForEvent("PreemptionBlocked", "hi2");
+  EXPECT_TRUE(blocked.is_object());
   if (blocked.is_object()) {
     EXPECT_NE(blocked.value("note", "").find("Cannot preempt ns/guarded on node share"), std::string::npos) << blocked.dump();
   }
@@ -537,15 +543,8 @@ TEST_F(ExtenderTest, APreemptionThatABudgetWouldStopEvictsNoVictim) {
   EXPECT_FALSE(GetPod("ns", "first")["metadata"].contains("deletionTimestamp"));
   EXPECT_FALSE(GetPod("ns", "guarded")["metadata"].contains("deletionTimestamp"));
   EXPECT_EQ(ext->MetricsText().find("kgpu_extender_preemption_victims_total 1"), std::string::npos);
-  json blocked;
-  EXPECT_TRUE(WaitFor([&] {
-    auto events = client->List("/apis/events.k8s.io/v1/namespaces/ns/events");
-    if (!events.ok()) return false;
-    for (const auto& e : (*events)["items"]) {
-      if (e.value("reason", "") == "PreemptionBlocked" && e["regarding"].value("name", "") == "hi") blocked = e;
-    }
-    return !blocked.is_null();
-  }));
+  const json blocked = WaitForEvent("PreemptionBlocked", "hi");
+  EXPECT_TRUE(blocked.is_object());
   if (blocked.is_object()) {
     EXPECT_NE(blocked.value("note", "").find("Cannot preempt ns/guarded on node share (asked as a dry run, nothing evicted)"),
               std::string::npos)

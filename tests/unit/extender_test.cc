@@ -521,6 +521,18 @@ TEST_F(StateTest, WholeMigAndUuidLists) {
   EXPECT_EQ(m3.unresolvable.at("dgx"), "no GPU on this node is in MIG mode");
   auto p7 = state.Filter(WithUid(TestPod("ns", "m7", {{"nvidia.com/mig-7g.80gb", "1"}}), "u-m7"), {"mig"});
   EXPECT_EQ(p7.unresolvable.at("mig"), "no MIG 7g.80gb instance on this node (it has: 1g.10gb x2, 3g.40gb x1)");
+  // A node whose plugin runs migStrategy single (MIG devices as nvidia.com/gpu) says so instead of
+  // claiming it has no GPUs.
+  json single = TestNode("single", {MigGpu({"1g.10gb", "1g.10gb"})});
+  json inv = json::parse(single["metadata"]["annotations"]["kgpu.io/gpu-inventory"].get<std::string>());
+  inv["migStrategy"] = "single";
+  single["metadata"]["annotations"]["kgpu.io/gpu-inventory"] = inv.dump();
+  state.UpsertNode(single);
+  auto on_single = state.Filter(WithUid(TestPod("ns", "s1", {{"nvidia.com/gpu", "1"}}), "u-s1"), {"single", "dgx"});
+  EXPECT_EQ(on_single.unresolvable.at("single"),
+            "this node's device plugin runs migStrategy single (its MIG devices are nvidia.com/gpu), which kgpu extender "
+            "does not place; run it with migStrategy mixed (nvidia.com/mig-<profile>)");
+  EXPECT_EQ(on_single.passed, std::vector<std::string>{"dgx"});
   // UUID allow list: only GPU 1; deny list: not GPU 0.
   auto only1 = state.Assume(
       WithUid(TestPod("ns", "u1", {{"nvidia.com/gpu", "1"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("dgx", 1)}}), "u-u1"), "dgx");
