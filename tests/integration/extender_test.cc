@@ -90,6 +90,20 @@ class ExtenderTest : public ::testing::Test {
     return r.body;
   }
   json GetPod(const std::string& ns, const std::string& name) { return api.Get("pods", ns, name).body; }
+  // The preemption tests' pods: one share of `mib`, label app=`app`, a 1 s grace period.
+  static json SharePod(const std::string& name, const std::string& mib, int64_t prio, const std::string& app) {
+    json p = TestPod("ns", name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", mib}}, {}, prio);
+    p["metadata"]["labels"] = {{"app", app}};
+    p["spec"]["terminationGracePeriodSeconds"] = 1;
+    return p;
+  }
+  // What kubelet would report for a started pod: Running and Ready (budgets count it healthy).
+  void MarkRunning(const std::string& name) {
+    auto st = client->Patch("/api/v1/namespaces/ns/pods/" + name + "/status",
+                            {{"status", {{"phase", "Running"}, {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}}}},
+                            "application/merge-patch+json");
+    ASSERT_TRUE(st.ok()) << st.status();
+  }
   // The Event with this reason about pod ns/`name`, waited for (the recorder writes Events on its
   // own thread, after the metrics are counted); null when none came.
   json WaitForEvent(const std::string& reason, const std::string& name) {
@@ -419,18 +433,8 @@ TEST_F(ExtenderTest, TheExtenderPreemptsForMemoryShortfallsThroughTheEvictionApi
   o.eviction_wait = std::chrono::milliseconds(500);
   StartExtender(o);
   StartScheduler(Url());
-  auto share = [](const std::string& name, const std::string& mib, int64_t prio, const std::string& app) {
-    json p = TestPod("ns", name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", mib}}, {}, prio);
-    p["metadata"]["labels"] = {{"app", app}};
-    p["spec"]["terminationGracePeriodSeconds"] = 1;
-    return p;
-  };
-  auto running = [&](const std::string& name) {  // what kubelet would report
-    auto st = client->Patch("/api/v1/namespaces/ns/pods/" + name + "/status",
-                            {{"status", {{"phase", "Running"}, {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}}}},
-                            "application/merge-patch+json");
-    ASSERT_TRUE(st.ok()) << st.status();
-  };
+  auto share = SharePod;
+  auto running = [&](const std::string& name) { MarkRunning(name); };
   ASSERT_TRUE(Schedule(share("low", "12000", 10, "low")).bound);
   running("low");
   ASSERT_TRUE(Schedule(share("peer", "2000", 1000, "peer")).bound);  // same priority as hi: never a victim
@@ -498,14 +502,8 @@ TEST_F(ExtenderTest, APreemptionThatABudgetWouldStopEvictsNoVictim) {
   StartExtender(o);
   StartScheduler(Url());
   auto share = [&](const std::string& name, const std::string& mib, int64_t prio) {
-    json p = TestPod("ns", name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", mib}}, {}, prio);
-    p["metadata"]["labels"] = {{"app", name}};
-    p["spec"]["terminationGracePeriodSeconds"] = 1;
-    ASSERT_TRUE(Schedule(p).bound) << name;
-    auto st = client->Patch("/api/v1/namespaces/ns/pods/" + name + "/status",
-                            {{"status", {{"phase", "Running"}, {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}}}},
-                            "application/merge-patch+json");
-    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_TRUE(Schedule(SharePod(name, mib, prio, name)).bound) << name;
+    MarkRunning(name);
   };
   share("first", "6000", 10);
   share("guarded", "6000", 20);
