@@ -1,12 +1,5 @@
 #include "cli/share_handoff.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-
 #include <algorithm>
 #include <cctype>
 #include <condition_variable>

@@ -1,10 +1,10 @@
 #include "deviceplugin/interposer.h"
 
 #include <filesystem>
-#include <set>
-#include <vector>
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <vector>
 
 #include "common/files.h"
 #include "common/log.h"

@@ -418,10 +418,13 @@ absl::Status RegisterWithKubelet(const std::string& kubelet_socket, const std::s
 
 namespace {
 
+// kubelet's device-manager checkpoint in its device-plugin directory (kubelet_checkpoint.h).
+std::string CheckpointPath(const Config& config) { return Cat(config.kubelet_dir, "/kubelet_internal_checkpoint"); }
+
 // Resource names kubelet's checkpoint remembers from earlier runs (Data.RegisteredDevices keys)
 // that kgpu could have advertised: nvidia.com/gpu[.shared], nvidia.com/mig-*, configured renames.
 std::vector<std::string> CheckpointedResources(const Config& config) {
-  const std::string path = Cat(config.kubelet_dir, "/kubelet_internal_checkpoint");
+  const std::string path = CheckpointPath(config);
   const auto text = ReadFile(path);
   if (!text) return {};
   auto names = RegisteredResources(*text, path);
@@ -864,8 +867,7 @@ void Manager::MaintenanceLoop(std::stop_token stop) {
   while (!stop.stop_requested()) {
     const auto now = std::chrono::steady_clock::now();
     if (sweeps && now >= next_sweep) {
-      const std::string checkpoint = Cat(config_->kubelet_dir, "/kubelet_internal_checkpoint");
-      auto n = SweepTimeslicingRegions(config_->cuda_shared_root, checkpoint, config_->cuda_accounting_grace);
+      auto n = SweepTimeslicingRegions(config_->cuda_shared_root, CheckpointPath(*config_), config_->cuda_accounting_grace);
       if (!n.ok()) {
         Log("deviceplugin")->warn("time-slicing accounting directories under {} not swept: {}", config_->cuda_shared_root,
                                   std::string(n.status().message()));
