@@ -105,6 +105,9 @@ class Extender {
   // Evicts the plan's victims one after the other (on preemption_thread_), each only while this
   // replica leads and the plan's hold stands.
   void CarryOut(const PreemptionPlan& plan, std::stop_token stop);
+  // A PodDisruptionBudget that guards more of the plan's victims than it allows disruptions now
+  // (each dry run asks for one disruption only): "" when none, else which budget and victims.
+  std::string BudgetShortfall(const PreemptionPlan& plan);
 
   k8s::Client& client_;
   ExtenderOptions opts_;

@@ -550,6 +550,67 @@ TEST_F(ExtenderTest, APreemptionThatABudgetWouldStopEvictsNoVictim) {
   }
 }
 
+// Two victims under one budget that allows one disruption: each dry run passes (it asks for one),
+// so the extender reads the budget's status and stops the plan before evicting either. The
+// stand-in keeps that status as the disruption controller does. With the budget raised to two,
+// a new preemptor's plan goes through.
+TEST_F(ExtenderTest, ABudgetGuardingSeveralVictimsStopsThePlanBeforeAnyEviction) {
+  AddNode(TestNode("share", {ShareGpu(16000)}));
+  ExtenderOptions o;
+  o.eviction_wait = std::chrono::milliseconds(500);
+  StartExtender(o);
+  StartScheduler(Url());
+  for (const auto& [name, prio] : std::vector<std::pair<std::string, int64_t>>{{"one", 10}, {"two", 20}}) {
+    ASSERT_TRUE(Schedule(SharePod(name, "6000", prio, "batch")).bound) << name;
+    MarkRunning(name);
+  }
+  json budget = {{"apiVersion", "policy/v1"}, {"kind", "PodDisruptionBudget"},
+                 {"metadata", {{"name", "batch"}, {"namespace", "ns"}}},
+                 {"spec", {{"maxUnavailable", 1}, {"selector", {{"matchLabels", {{"app", "batch"}}}}}}}};
+  ASSERT_EQ(api.Create("poddisruptionbudgets", "ns", budget).code, 201);
+  ASSERT_TRUE(WaitFor([&] { return ext->state().Stats().booked == 2; }));
+  const json status = api.Get("poddisruptionbudgets", "ns", "batch").body["status"];
+  EXPECT_EQ(status.value("expectedPods", -1), 2) << status.dump();
+  EXPECT_EQ(status.value("currentHealthy", -1), 2) << status.dump();
+  EXPECT_EQ(status.value("desiredHealthy", -1), 1) << status.dump();
+  EXPECT_EQ(status.value("disruptionsAllowed", -1), 1) << status.dump();
+  k8s::EvictOptions dry;
+  dry.dry_run = true;
+  EXPECT_TRUE(client->Evict("ns", "one", dry).ok());
+  EXPECT_TRUE(client->Evict("ns", "two", dry).ok());
+
+  auto hi = Schedule(TestPod("ns", "hi", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "14000"}}, {}, 1000));
+  EXPECT_FALSE(hi.bound);
+  EXPECT_NE(hi.message.find("preempting 2 lower-priority pod(s) here: ns/one, ns/two"), std::string::npos) << hi.message;
+  EXPECT_TRUE(WaitFor([&] {
+    return ext->MetricsText().find("kgpu_extender_preemptions_total{result=\"blocked\"} 1") != std::string::npos;
+  }));
+  EXPECT_FALSE(GetPod("ns", "one")["metadata"].contains("deletionTimestamp"));
+  EXPECT_FALSE(GetPod("ns", "two")["metadata"].contains("deletionTimestamp"));
+  EXPECT_EQ(ext->state().PreemptingOn(GetPod("ns", "hi")["metadata"]["uid"]), "");
+  const json blocked = WaitForEvent("PreemptionBlocked", "hi");
+  EXPECT_TRUE(blocked.is_object());
+  if (blocked.is_object()) {
+    EXPECT_NE(blocked.value("note", "").find("Cannot preempt ns/one, ns/two on node share: PodDisruptionBudget ns/batch "
+                                             "allows 1 disruption(s) now and guards 2 of the victims"),
+              std::string::npos)
+        << blocked.dump();
+  }
+
+  // Raised to two: the status follows, and the next preemptor evicts both and binds.
+  budget = api.Get("poddisruptionbudgets", "ns", "batch").body;
+  budget["spec"]["maxUnavailable"] = 2;
+  ASSERT_EQ(api.Update("poddisruptionbudgets", "ns", budget).code, 200);
+  EXPECT_EQ(api.Get("poddisruptionbudgets", "ns", "batch").body["status"].value("disruptionsAllowed", -1), 2);
+  ASSERT_EQ(api.Delete("pods", "ns", "hi").code, 200);
+  auto hi2 = Schedule(TestPod("ns", "hi2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "14000"}}, {}, 1000));
+  EXPECT_FALSE(hi2.bound);
+  EXPECT_NE(hi2.message.find("preempting 2 lower-priority pod(s) here"), std::string::npos) << hi2.message;
+  EXPECT_TRUE(RescheduleUntilBound("ns", "hi2"));
+  EXPECT_EQ(GetPod("ns", "one")["code"], 404);
+  EXPECT_EQ(GetPod("ns", "two")["code"], 404);
+}
+
 TEST_F(ExtenderTest, SixteenConcurrentBindsToOneNode) {
   AddNode(TestNode("n", {ShareGpu(40000), ShareGpu(40000)}));
   StartExtender();

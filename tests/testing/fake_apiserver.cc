@@ -248,6 +248,15 @@ bool PodTerminal(const json& pod) {
   return phase == "Succeeded" || phase == "Failed";
 }
 
+// The pods a budget guards, as pkg/registry/core/pod/storage/eviction.go matches them: a
+// budget whose selector is missing, empty or invalid guards no pod.
+std::optional<k8s::LabelSelector> BudgetSelector(const json& pdb) {
+  if (!pdb.contains("spec") || !pdb["spec"].contains("selector")) return std::nullopt;
+  auto sel = k8s::LabelSelector::FromJson(pdb["spec"]["selector"]);
+  if (!sel.ok() || sel->Empty()) return std::nullopt;
+  return *std::move(sel);
+}
+
 }  // namespace
 
 // What a request is about, parsed from its path.
@@ -469,6 +478,76 @@ void FakeApiServer::RecomputeQuotasLocked(const std::string& ns) {
   for (auto& q : changed) StoreLocked(qkey, "MODIFIED", std::move(q));
 }
 
+void FakeApiServer::RunControllersLocked(const std::string& ns) {
+  RecomputeQuotasLocked(ns);
+  RecomputeBudgetsLocked(ns);
+}
+
+json FakeApiServer::BudgetStatusLocked(const json& pdb) {
+  // pkg/controller/disruption: expected = the selected pods not finished; healthy = those
+  // Running and Ready and not being deleted; desired from minAvailable, or expected less
+  // maxUnavailable (a percentage of expected, rounded up).
+  const std::string ns = pdb["metadata"].value("namespace", "");
+  const auto sel = BudgetSelector(pdb);
+  int64_t expected = 0, healthy = 0;
+  if (sel) {
+    for (const auto& [k, p] : objects_[pods_rkey_]) {
+      if (p["metadata"].value("namespace", "") != ns || !sel->Matches(p["metadata"].value("labels", json::object()))) continue;
+      if (PodTerminal(p)) continue;
+      ++expected;
+      bool ready = p.contains("status") && p["status"].value("phase", "") == "Running" &&
+                   !p["metadata"].contains("deletionTimestamp");
+      if (ready) {
+        for (const auto& c : p["status"].value("conditions", json::array())) {
+          if (c.value("type", "") == "Ready" && c.value("status", "") != "True") ready = false;
+        }
+      }
+      if (ready) ++healthy;
+    }
+  }
+  auto count = [&](const json& v) -> int64_t {
+    if (v.is_number()) return v.get<int64_t>();
+    if (v.is_string()) {
+      const std::string s = v.get<std::string>();
+      if (!s.empty() && s.back() == '%') {
+        const int64_t pct = std::atoll(s.c_str());
+        return (pct * expected + 99) / 100;  // rounded up, as GetScaledValueFromIntOrPercent
+      }
+      return std::atoll(s.c_str());
+    }
+    return 0;
+  };
+  int64_t desired = 0;
+  const json spec = pdb.value("spec", json::object());
+  if (spec.contains("minAvailable")) {
+    desired = count(spec["minAvailable"]);
+  } else if (spec.contains("maxUnavailable")) {
+    desired = std::max<int64_t>(0, expected - count(spec["maxUnavailable"]));
+  }
+  json status = pdb.value("status", json::object());
+  status["currentHealthy"] = healthy;
+  status["desiredHealthy"] = desired;
+  status["expectedPods"] = expected;
+  status["disruptionsAllowed"] = std::max<int64_t>(0, healthy - desired);
+  if (pdb["metadata"].contains("generation")) status["observedGeneration"] = pdb["metadata"]["generation"];
+  return status;
+}
+
+void FakeApiServer::RecomputeBudgetsLocked(const std::string& ns) {
+  const std::string bkey = RKey(*k8s::FindResource("poddisruptionbudgets"));
+  std::vector<json> changed;
+  for (const auto& [k, b] : objects_[bkey]) {
+    if (b["metadata"].value("namespace", "") != ns) continue;
+    json status = BudgetStatusLocked(b);
+    if (b.value("status", json()) != status) {
+      json copy = b;
+      copy["status"] = std::move(status);
+      changed.push_back(std::move(copy));
+    }
+  }
+  for (auto& b : changed) StoreLocked(bkey, "MODIFIED", std::move(b));
+}
+
 FakeApiServer::Result FakeApiServer::DoCreate(const std::string& rkey, const std::string& ns, json obj,
                                               const std::string& /*user_name*/) {
   const k8s::Resource* r = ByKey(rkey);
@@ -550,7 +629,7 @@ FakeApiServer::Result FakeApiServer::DoCreate(const std::string& rkey, const std
     obj["status"] = {{"disruptionsAllowed", 0}, {"currentHealthy", 0}, {"desiredHealthy", 0}, {"expectedPods", 0}};
   }
   StoreLocked(rkey, "ADDED", obj);
-  if (r->kind == "Pod" || r->kind == "ResourceQuota") RecomputeQuotasLocked(this_ns);
+  if (r->kind == "Pod" || r->kind == "ResourceQuota" || r->kind == "PodDisruptionBudget") RunControllersLocked(this_ns);
   return {201, *FindLocked(rkey, this_ns, name)};
 }
 
@@ -620,7 +699,7 @@ FakeApiServer::Result FakeApiServer::DoUpdate(const std::string& rkey, const std
   }
   if (next == *cur) return {200, *cur};  // a no-op write does not bump the resourceVersion
   StoreLocked(rkey, "MODIFIED", next);
-  if (r->kind == "Pod" || r->kind == "ResourceQuota") RecomputeQuotasLocked(ns);
+  if (r->kind == "Pod" || r->kind == "ResourceQuota" || r->kind == "PodDisruptionBudget") RunControllersLocked(ns);
   return {200, *FindLocked(rkey, ns, name)};
 }
 
@@ -763,7 +842,7 @@ FakeApiServer::Result FakeApiServer::DoDelete(const std::string& rkey, const std
       for (const auto& [vns, vname] : victims) RemoveLocked(k, vns, vname);
     }
   }
-  if (r->kind == "Pod") RecomputeQuotasLocked(ns);
+  if (r->kind == "Pod") RunControllersLocked(ns);
   // The apiserver answers a completed delete of most kinds with a Success Status... but pods
   // and most core kinds return the object; kubectl handles both.
   return {200, gone};
@@ -842,9 +921,8 @@ FakeApiServer::Result FakeApiServer::DoEviction(const std::string& ns, const std
       std::vector<std::string> matching;
       for (const auto& [k, pdb] : objects_[pdb_key]) {
         if (pdb["metadata"].value("namespace", "") != ns) continue;
-        auto sel = k8s::LabelSelector::FromJson(pdb["spec"].value("selector", json::object()));
-        if (!sel.ok() || sel->Empty()) continue;
-        if (sel->Matches((*pod)["metadata"].value("labels", json::object()))) matching.push_back(k);
+        auto sel = BudgetSelector(pdb);
+        if (sel && sel->Matches((*pod)["metadata"].value("labels", json::object()))) matching.push_back(k);
       }
       if (matching.size() > 1) {
         return Err(500, "InternalError",
@@ -852,45 +930,15 @@ FakeApiServer::Result FakeApiServer::DoEviction(const std::string& ns, const std
       }
       if (matching.size() == 1) {
         json pdb = objects_[pdb_key][matching[0]];
-        // The disruption controller's arithmetic: healthy = running and Ready pods.
-        auto sel = k8s::LabelSelector::FromJson(pdb["spec"].value("selector", json::object()));
-        int64_t expected = 0, healthy = 0;
-        for (const auto& [k, p] : objects_[RKey(*pods)]) {
-          if (p["metadata"].value("namespace", "") != ns || !sel->Matches(p["metadata"].value("labels", json::object()))) continue;
-          if (PodTerminal(p)) continue;
-          ++expected;
-          bool ready = p["status"].value("phase", "") == "Running" && !p["metadata"].contains("deletionTimestamp");
-          for (const auto& c : p["status"].value("conditions", json::array())) {
-            if (c.value("type", "") == "Ready" && c.value("status", "") != "True") ready = false;
-          }
-          if (ready) ++healthy;
-        }
-        auto count = [&](const json& v) -> int64_t {
-          if (v.is_number()) return v.get<int64_t>();
-          if (v.is_string()) {
-            const std::string s = v.get<std::string>();
-            if (!s.empty() && s.back() == '%') {
-              const int64_t pct = std::atoll(s.c_str());
-              return (pct * expected + 99) / 100;  // rounded up, as GetScaledValueFromIntOrPercent
-            }
-            return std::atoll(s.c_str());
-          }
-          return 0;
-        };
-        int64_t desired = 0;
-        if (pdb["spec"].contains("minAvailable")) {
-          desired = count(pdb["spec"]["minAvailable"]);
-        } else if (pdb["spec"].contains("maxUnavailable")) {
-          desired = std::max<int64_t>(0, expected - count(pdb["spec"]["maxUnavailable"]));
-        }
-        const int64_t allowed = std::max<int64_t>(0, healthy - desired);
-        pdb["status"]["currentHealthy"] = healthy;
-        pdb["status"]["desiredHealthy"] = desired;
-        pdb["status"]["expectedPods"] = expected;
-        pdb["status"]["disruptionsAllowed"] = allowed;
+        // The disruption controller keeps the budget's status current (RunControllersLocked);
+        // it is read fresh here, as if the controller had just run.
+        pdb["status"] = BudgetStatusLocked(pdb);
+        const int64_t allowed = pdb["status"].value("disruptionsAllowed", int64_t{0});
+        const int64_t desired = pdb["status"].value("desiredHealthy", int64_t{0});
+        const int64_t healthy = pdb["status"].value("currentHealthy", int64_t{0});
         const std::string pdb_name = pdb["metadata"].value("name", "");
         if (allowed <= 0) {
-          if (!dry_run) StoreLocked(pdb_key, "MODIFIED", pdb);
+          if (!dry_run && pdb != objects_[pdb_key][matching[0]]) StoreLocked(pdb_key, "MODIFIED", pdb);
           return Err(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
                      {{"causes",
                        {{{"reason", "DisruptionBudget"},
@@ -930,7 +978,7 @@ void FakeApiServer::ReapLoop(std::stop_token stop) {
       }
       for (const auto& [ns, name] : due) {
         RemoveLocked(pkey, ns, name);
-        RecomputeQuotasLocked(ns);
+        RunControllersLocked(ns);
       }
     }
   }

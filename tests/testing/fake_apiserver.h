@@ -170,7 +170,13 @@ class FakeApiServer {
   void StoreLocked(const std::string& rkey, const std::string& type, nlohmann::json obj);
   void RemoveLocked(const std::string& rkey, const std::string& ns, const std::string& name);
   absl::Status AdmitPodLocked(nlohmann::json& pod, Result& refusal);
+  // The controllers that follow a namespace's pods: the quota controller (ResourceQuota
+  // status.used) and the disruption controller (PodDisruptionBudget status), at once.
+  void RunControllersLocked(const std::string& ns);
   void RecomputeQuotasLocked(const std::string& ns);
+  void RecomputeBudgetsLocked(const std::string& ns);
+  // The disruption controller's status of a budget from the pods as they are now.
+  nlohmann::json BudgetStatusLocked(const nlohmann::json& pdb);
   void ReapLoop(std::stop_token stop);
 
   FakeApiServerOptions opts_;
