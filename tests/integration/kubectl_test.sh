@@ -136,6 +136,8 @@ expect 'poddisruptionbudget.policy/pdb created' K create pdb pdb -n team-a --sel
 expect '^trainer 1$' K get pdb pdb -n team-a -o 'jsonpath={.spec.selector.matchLabels.app} {.spec.minAvailable}'
 expect '^1 5$' K get quota gpu-quota -n team-a -o 'jsonpath={.spec.hard.requests\.nvidia\.com/gpu} {.spec.hard.pods}'
 expect 'pdb +1 +N/A' K get pdb -n team-a
+# The disruption controller's status: the pending pod "first" is expected, not healthy.
+expect '^1 0 1 0$' K get pdb pdb -n team-a -o 'jsonpath={.status.expectedPods} {.status.currentHealthy} {.status.desiredHealthy} {.status.disruptionsAllowed}'
 
 # A wrong token: 401.
 sed -i 's/token: kubectl-token/token: wrong/' "$KUBECONFIG"
