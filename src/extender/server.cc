@@ -298,8 +298,12 @@ std::string Extender::BudgetShortfall(const PreemptionPlan& plan) {
 void Extender::CarryOut(const PreemptionPlan& plan, std::stop_token stop) {
   const k8s::ObjectRef preemptor{"v1", "Pod", plan.ns, plan.name, plan.uid};
   const std::string names = VictimNames(plan);
-  Log("extender")->info("preempting for {}/{} (priority {}) on {}: evicting {}", plan.ns, plan.name, plan.priority,
-                        plan.node, names);
+  Log("extender")->info("preempting for {}/{} (priority {}) on {}: evicting {}{}", plan.ns, plan.name, plan.priority,
+                        plan.node, names,
+                        plan.pdb_violations > 0
+                            ? Cat(" (", plan.pdb_violations, " of them guarded by a PodDisruptionBudget that allows no "
+                                  "more disruptions now; no node's plan breaks fewer)")
+                            : "");
   (void)events_.Record(preemptor, "Normal", "Preempting", "Preempt",
                        Cat("Preempting ", names, " on node ", plan.node,
                            ": lower-priority pods holding the GPU memory or cores this pod needs"));
@@ -410,9 +414,16 @@ absl::Status Extender::Start() {
   pods_->AddHandler({[this](const json& p) { state_.UpsertPod(p); },
                      [this](const json&, const json& p) { state_.UpsertPod(p); },
                      [this](const json& p) { state_.RemovePod(p); }});
+  k8s::InformerOptions bo;
+  bo.path = k8s::FindResource("poddisruptionbudgets")->Path();
+  budgets_ = std::make_unique<k8s::Informer>(client_, bo);
+  budgets_->AddHandler({[this](const json& b) { state_.UpsertBudget(b); },
+                        [this](const json&, const json& b) { state_.UpsertBudget(b); },
+                        [this](const json& b) { state_.RemoveBudget(b); }});
   // Nodes first, so that pods find their nodes (a pod whose node comes later is booked then).
   nodes_->Start();
   pods_->Start();
+  budgets_->Start();
   preemption_thread_ = std::jthread([this](std::stop_token stop) {
     while (true) {
       PreemptionPlan plan;
@@ -524,6 +535,7 @@ void Extender::Stop() {
   // Joining the listener waits for its workers: httplib lets an idle keep-alive connection sit for
   // the keep-alive timeout (5 s) without noticing that the server stopped.
   if (http_thread_.joinable()) http_thread_.join();
+  if (budgets_) budgets_->Stop();
   if (pods_) pods_->Stop();
   if (nodes_) nodes_->Stop();
 }

@@ -114,6 +114,9 @@ class Extender {
   State state_;
   Metrics metrics_;
   std::unique_ptr<k8s::Informer> nodes_, pods_;
+  // PodDisruptionBudgets, for the preemption planner; not needed to be ready (without them the
+  // planner weighs no budget, and the evictions still honour them).
+  std::unique_ptr<k8s::Informer> budgets_;
   std::unique_ptr<k8s::LeaderElector> elector_;
   std::jthread elector_thread_;
   std::unique_ptr<httplib::Server> http_;

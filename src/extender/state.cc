@@ -851,6 +851,7 @@ void State::UpsertPod(const json& pod) {
   e.name = meta.value("name", "");
   if (spec.contains("priority") && spec["priority"].is_number_integer()) e.priority = spec["priority"].get<int64_t>();
   e.terminating = meta.contains("deletionTimestamp") && !meta["deletionTimestamp"].is_null();
+  e.labels = meta.contains("labels") && meta["labels"].is_object() ? meta["labels"] : json::object();
   if (e.booked && e.record == rec && e.node == node) {
     e.bound = true;
     e.assumed = false;
@@ -1047,6 +1048,46 @@ std::string State::HeldLocked(const Compiled& c, const std::string& node) {
   return "";
 }
 
+std::set<std::string> State::BudgetViolationsLocked(const std::vector<std::string>& uids) const {
+  // kube-scheduler's filterPodsWithPDBViolation: in the given order, each pod takes one of the
+  // disruptions allowed by every budget of its namespace that selects it; a pod for which some
+  // budget has none left violates it.
+  std::set<std::string> out;
+  if (budgets_.empty()) return out;
+  std::map<std::string, int64_t> left;
+  for (const auto& uid : uids) {
+    const PodEntry& e = pods_.at(uid);
+    for (const auto& [key, b] : budgets_) {
+      if (b.ns != e.ns || !b.selector || !b.selector->Matches(e.labels)) continue;
+      auto it = left.try_emplace(key, b.allowed).first;
+      if (--it->second < 0) out.insert(uid);
+    }
+  }
+  return out;
+}
+
+void State::UpsertBudget(const json& pdb) {
+  const json meta = pdb.value("metadata", json::object());
+  Budget b;
+  b.ns = meta.value("namespace", "default");
+  const json spec = pdb.value("spec", json::object());
+  if (spec.contains("selector") && spec["selector"].is_object()) {
+    if (auto sel = k8s::LabelSelector::FromJson(spec["selector"]); sel.ok() && !sel->Empty()) b.selector = *std::move(sel);
+  }
+  const json status = pdb.value("status", json::object());
+  if (status.contains("disruptionsAllowed") && status["disruptionsAllowed"].is_number_integer()) {
+    b.allowed = status["disruptionsAllowed"].get<int64_t>();
+  }
+  std::lock_guard lock(mu_);
+  budgets_[Cat(b.ns, "/", meta.value("name", ""))] = std::move(b);
+}
+
+void State::RemoveBudget(const json& pdb) {
+  const json meta = pdb.value("metadata", json::object());
+  std::lock_guard lock(mu_);
+  budgets_.erase(Cat(meta.value("namespace", "default"), "/", meta.value("name", "")));
+}
+
 std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::vector<std::string>& nodes) {
   std::lock_guard lock(mu_);
   auto c = CompileLocked(pod);
@@ -1093,6 +1134,7 @@ std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::
     for (const auto& uid : leaving) UnbookLocked(uid, pods_.at(uid));
     const bool fits_once_they_left = !leaving.empty() && ExplainLocked(*c, node, &unres, nullptr).empty();
     std::vector<std::string> victims;
+    int violations = 0;
     if (!fits_once_they_left && !lower.empty()) {
       for (const auto& uid : lower) UnbookLocked(uid, pods_.at(uid));
       if (ExplainLocked(*c, node, &unres, nullptr).empty()) {
@@ -1102,12 +1144,17 @@ std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::
           if (ea.priority != eb.priority) return ea.priority > eb.priority;
           return std::tie(ea.ns, ea.name) < std::tie(eb.ns, eb.name);
         });
+        // As kube-scheduler's selectVictimsOnNode: those whose eviction a budget would refuse
+        // are reprieved first, each group from the highest priority down.
+        const std::set<std::string> violating = BudgetViolationsLocked(lower);
+        std::stable_partition(lower.begin(), lower.end(), [&](const std::string& uid) { return violating.contains(uid); });
         for (const auto& uid : lower) {
           PodEntry& e = pods_.at(uid);
           BookLocked(uid, e);
           if (!ExplainLocked(*c, node, &unres, nullptr).empty()) {
             UnbookLocked(uid, e);
             victims.push_back(uid);
+            violations += violating.contains(uid) ? 1 : 0;
           }
         }
       }
@@ -1123,15 +1170,26 @@ std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::
       return std::nullopt;
     }
     if (victims.empty()) continue;
+    // Reprieved in priority order within each group, the victims are listed by priority again.
+    std::sort(victims.begin(), victims.end(), [&](const std::string& a, const std::string& b) {
+      const PodEntry &ea = pods_.at(a), &eb = pods_.at(b);
+      if (ea.priority != eb.priority) return ea.priority > eb.priority;
+      return std::tie(ea.ns, ea.name) < std::tie(eb.ns, eb.name);
+    });
     Choice ch;
     ch.plan.node = node;
+    ch.plan.pdb_violations = violations;
     for (auto v = victims.rbegin(); v != victims.rend(); ++v) {  // lowest priority first
       const PodEntry& e = pods_.at(*v);
       ch.plan.victims.push_back({*v, e.ns, e.name, e.priority});
       ch.sum += e.priority;
     }
     ch.highest = ch.plan.victims.back().priority;
-    auto key = [](const Choice& x) { return std::make_tuple(x.highest, x.sum, x.plan.victims.size(), x.plan.node); };
+    // kube-scheduler's pickOneNodeForPreemption: the fewest budget violations, then the lowest
+    // highest victim priority, the lowest sum of priorities, the fewest victims.
+    auto key = [](const Choice& x) {
+      return std::make_tuple(x.plan.pdb_violations, x.highest, x.sum, x.plan.victims.size(), x.plan.node);
+    };
     if (!best || key(ch) < key(*best)) best = std::move(ch);
   }
   if (!best) return std::nullopt;

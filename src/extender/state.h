@@ -31,6 +31,7 @@
 #include "extender/record.h"
 #include "extender/request.h"
 #include "extender/wire.h"
+#include "k8s/selector.h"
 #include "sched/engine.h"
 
 namespace kgpu::extender {
@@ -76,6 +77,9 @@ struct PreemptionPlan {
     int64_t priority = 0;
   };
   std::vector<Victim> victims;  // lowest priority first
+  // Victims whose eviction a PodDisruptionBudget would refuse now (as kube-scheduler counts
+  // them): the plan with the fewest is chosen, so this is 0 where any node allows it.
+  int pdb_violations = 0;
 };
 
 struct StateStats {
@@ -99,6 +103,9 @@ class State {
   void RemoveNode(const std::string& name);
   void UpsertPod(const nlohmann::json& pod);
   void RemovePod(const nlohmann::json& pod);
+  // PodDisruptionBudgets: the preemption planner prefers victims that no budget protects.
+  void UpsertBudget(const nlohmann::json& pdb);
+  void RemoveBudget(const nlohmann::json& pdb);
 
   FilterOutcome Filter(const nlohmann::json& pod, const std::vector<std::string>& nodes);
   std::vector<HostPriority> Prioritize(const nlohmann::json& pod, const std::vector<std::string>& nodes);
@@ -150,6 +157,14 @@ class State {
     bool waiting = false;
     bool terminating = false;  // metadata.deletionTimestamp is set: its GPUs are freed soon
     int64_t priority = 0;
+    nlohmann::json labels = nlohmann::json::object();  // metadata.labels (budgets select by them)
+  };
+  // A PodDisruptionBudget as the planner reads it: no selector (or an empty or invalid one)
+  // guards no pod, as the Eviction API matches them.
+  struct Budget {
+    std::string ns;
+    std::optional<k8s::LabelSelector> selector;
+    int64_t allowed = 0;  // status.disruptionsAllowed
   };
   // A preemption of ours: the node it holds for the preemptor until `until`; a failed one only
   // keeps the pod from being planned for again before `until`.
@@ -193,6 +208,8 @@ class State {
   void UnmaskLocked(const std::string& node, const std::vector<int>& masked);
   // Why `node` is held for another pod's preemption against this one (empty when it is not).
   std::string HeldLocked(const Compiled& c, const std::string& node);
+  // Of these pods (in this order), those a PodDisruptionBudget would not let go.
+  std::set<std::string> BudgetViolationsLocked(const std::vector<std::string>& uids) const;
   sched::Policy& PolicyFor(const Compiled& c);
   // `quiet`: a record that cannot be booked yet is not counted as a conflict (a record the node
   // corrected to kubelet's devices, whose old holder's correction has not arrived yet).
@@ -215,6 +232,7 @@ class State {
   absl::flat_hash_map<std::string, PodEntry> pods_;      // by UID
   std::map<std::string, std::set<std::string>> on_node_;  // node -> UIDs whose record names it
   std::map<std::string, Hold> holds_;                      // preemptor UID -> its hold
+  std::map<std::string, Budget> budgets_;                  // "ns/name" -> PodDisruptionBudget
   // Inside a preemption trial (victims taken off and put back): bookings leave each GPU's
   // untracked memory as it was. Recomputed there, the victims' memory, still reported in use,
   // would count as another user's, and the trial would pick more victims than needed.

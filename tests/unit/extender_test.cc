@@ -916,6 +916,84 @@ TEST_F(StateTest, PlanPreemptionPicksTheFewestLowestPriorityVictimsAndHoldsTheNo
   EXPECT_EQ(state.Filter(Share("low3", "1000", 10), {"a"}).failed.at("a").rfind("no single GPU with 1000 MiB free", 0), 0u);
 }
 
+// PodDisruptionBudgets weigh as in kube-scheduler's DefaultPreemption: on a node, a victim a
+// budget protects is reprieved before one it does not; across nodes, the plan breaking the fewest
+// budgets wins before priorities are compared.
+TEST_F(StateTest, PlanPreemptionAvoidsVictimsABudgetProtects) {
+  auto labelled = [](json pod, const std::string& app) {
+    pod["metadata"]["labels"] = {{"app", app}};
+    return pod;
+  };
+  auto budget = [](const std::string& name, const std::string& app, int allowed) {
+    return json{{"apiVersion", "policy/v1"},
+                {"kind", "PodDisruptionBudget"},
+                {"metadata", {{"name", name}, {"namespace", "ns"}}},
+                {"spec", {{"minAvailable", 1}, {"selector", {{"matchLabels", {{"app", app}}}}}}},
+                {"status", {{"disruptionsAllowed", allowed}}}};
+  };
+  state.UpsertNode(TestNode("a", {ShareGpu(16000)}));
+  state.UpsertNode(TestNode("b", {ShareGpu(16000)}));
+  // a: either of two 7000 MiB pods frees enough; the lower-priority one is guarded.
+  Run(labelled(Share("a-guarded", "7000", 5), "db"), "a");
+  Run(labelled(Share("a-free", "7000", 10), "web"), "a");
+  // b: one victim of priority 50, unguarded.
+  Run(labelled(Share("b-free", "14000", 50), "web"), "b");
+  const json hi = Share("hi", "8000", 1000);
+  ASSERT_TRUE(state.Filter(hi, {"a", "b"}).passed.empty());
+
+  // No budget known: the lowest victim priority wins (a, a-guarded at 5).
+  auto plan = state.PlanPreemption(hi, {"a", "b"});
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(plan->node, "a");
+  ASSERT_EQ(plan->victims.size(), 1u);
+  EXPECT_EQ(plan->victims[0].name, "a-guarded");
+  EXPECT_EQ(plan->pdb_violations, 0);
+  state.PreemptionFailed("uhi");
+
+  // A budget on app=db that allows no disruption: on a, a-guarded is reprieved and a-free goes.
+  state.UpsertBudget(budget("db", "db", 0));
+  const json hi2 = Share("hi2", "8000", 1000);
+  plan = state.PlanPreemption(hi2, {"a", "b"});
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(plan->node, "a");
+  ASSERT_EQ(plan->victims.size(), 1u);
+  EXPECT_EQ(plan->victims[0].name, "a-free");
+  EXPECT_EQ(plan->pdb_violations, 0);
+  state.PreemptionFailed("uhi2");
+
+  // Both pods of a under the db budget (no disruption allowed), and a 14000 MiB preemptor: a's plan breaks
+  // the budget, b's does not, so b wins although its victim's priority is higher.
+  state.UpsertBudget(budget("db", "db", 0));
+  state.UpsertBudget(budget("web", "web", 1));
+  state.RemovePod(bound_["a-free"]);
+  Run(labelled(Share("a-db2", "7000", 10), "db"), "a");
+  plan = state.PlanPreemption(Share("big", "14000", 1000), {"a", "b"});
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(plan->node, "b");
+  ASSERT_EQ(plan->victims.size(), 1u);
+  EXPECT_EQ(plan->victims[0].name, "b-free");
+  EXPECT_EQ(plan->pdb_violations, 0);
+  state.PreemptionFailed("ubig");
+
+  // Every node breaks a budget: the fewest violations, and the plan says so.
+  state.UpsertBudget(budget("web", "web", 0));
+  plan = state.PlanPreemption(Share("big2", "14000", 1000), {"a", "b"});
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(plan->node, "b");
+  EXPECT_EQ(plan->pdb_violations, 1);
+  state.PreemptionFailed("ubig2");
+
+  // A budget gone, or one without a selector, guards nothing.
+  state.RemoveBudget(budget("web", "web", 0));
+  json no_selector = budget("all", "x", 0);
+  no_selector["spec"].erase("selector");
+  state.UpsertBudget(no_selector);
+  plan = state.PlanPreemption(Share("big3", "14000", 1000), {"a", "b"});
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(plan->node, "b");
+  EXPECT_EQ(plan->pdb_violations, 0);
+}
+
 // On a node that reports its memory in use, with another user holding 2000 MiB: taking the
 // victims off on trial must not make their memory (still in use) look like another user's.
 TEST_F(StateTest, PreemptionTrialsLeaveUntrackedMemoryAlone) {
