@@ -97,6 +97,15 @@ class ExtenderTest : public ::testing::Test {
     p["spec"]["terminationGracePeriodSeconds"] = 1;
     return p;
   }
+  // The preemption tests' cluster: node "share" with one 16000 MiB share GPU, the extender (a
+  // refused eviction gives up after 500 ms) and the kube-scheduler stand-in calling it.
+  void StartForPreemption() {
+    AddNode(TestNode("share", {ShareGpu(16000)}));
+    ExtenderOptions o;
+    o.eviction_wait = std::chrono::milliseconds(500);
+    StartExtender(o);
+    StartScheduler(Url());
+  }
   // What kubelet would report for a started pod: Running and Ready (budgets count it healthy).
   void MarkRunning(const std::string& name) {
     auto st = client->Patch("/api/v1/namespaces/ns/pods/" + name + "/status",
@@ -428,11 +437,7 @@ TEST_F(ExtenderTest, KubeSchedulerPreemptsForWholeGpusButCannotSeeMemoryShortfal
 // DefaultPreemption would, evicts them through the Eviction API (PodDisruptionBudgets honoured),
 // holds the node for the preemptor, and the preemptor binds there once they are gone.
 TEST_F(ExtenderTest, TheExtenderPreemptsForMemoryShortfallsThroughTheEvictionApi) {
-  AddNode(TestNode("share", {ShareGpu(16000)}));
-  ExtenderOptions o;
-  o.eviction_wait = std::chrono::milliseconds(500);
-  StartExtender(o);
-  StartScheduler(Url());
+  StartForPreemption();
   auto share = SharePod;
   auto running = [&](const std::string& name) { MarkRunning(name); };
   ASSERT_TRUE(Schedule(share("low", "12000", 10, "low")).bound);
@@ -496,11 +501,7 @@ TEST_F(ExtenderTest, TheExtenderPreemptsForMemoryShortfallsThroughTheEvictionApi
 // eviction is first asked as a dry run (?dryRun=All), so the first victim is not evicted for a
 // preemption that cannot complete. The dry run itself changes nothing (pod and budget as they were).
 TEST_F(ExtenderTest, APreemptionThatABudgetWouldStopEvictsNoVictim) {
-  AddNode(TestNode("share", {ShareGpu(16000)}));
-  ExtenderOptions o;
-  o.eviction_wait = std::chrono::milliseconds(500);
-  StartExtender(o);
-  StartScheduler(Url());
+  StartForPreemption();
   auto share = [&](const std::string& name, const std::string& mib, int64_t prio) {
     ASSERT_TRUE(Schedule(SharePod(name, mib, prio, name)).bound) << name;
     MarkRunning(name);
@@ -555,11 +556,7 @@ TEST_F(ExtenderTest, APreemptionThatABudgetWouldStopEvictsNoVictim) {
 // stand-in keeps that status as the disruption controller does. With the budget raised to two,
 // a new preemptor's plan goes through.
 TEST_F(ExtenderTest, ABudgetGuardingSeveralVictimsStopsThePlanBeforeAnyEviction) {
-  AddNode(TestNode("share", {ShareGpu(16000)}));
-  ExtenderOptions o;
-  o.eviction_wait = std::chrono::milliseconds(500);
-  StartExtender(o);
-  StartScheduler(Url());
+  StartForPreemption();
   for (const auto& [name, prio] : std::vector<std::pair<std::string, int64_t>>{{"one", 10}, {"two", 20}}) {
     ASSERT_TRUE(Schedule(SharePod(name, "6000", prio, "batch")).bound) << name;
     MarkRunning(name);

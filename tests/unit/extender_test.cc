@@ -938,60 +938,41 @@ TEST_F(StateTest, PlanPreemptionAvoidsVictimsABudgetProtects) {
   Run(labelled(Share("a-free", "7000", 10), "web"), "a");
   // b: one victim of priority 50, unguarded.
   Run(labelled(Share("b-free", "14000", 50), "web"), "b");
-  const json hi = Share("hi", "8000", 1000);
-  ASSERT_TRUE(state.Filter(hi, {"a", "b"}).passed.empty());
+  ASSERT_TRUE(state.Filter(Share("hi", "8000", 1000), {"a", "b"}).passed.empty());
+  // Plans for a new preemptor (name, MiB) and checks the node, the one victim and the
+  // violations; the preemption is then called off, leaving the pods as they were.
+  auto expect_plan = [&](const std::string& name, const std::string& mib, const std::string& node,
+                         const std::string& victim, int violations) {
+    auto plan = state.PlanPreemption(Share(name, mib, 1000), {"a", "b"});
+    ASSERT_TRUE(plan.has_value()) << name;
+    EXPECT_EQ(plan->node, node) << name;
+    ASSERT_EQ(plan->victims.size(), 1u) << name;
+    EXPECT_EQ(plan->victims[0].name, victim) << name;
+    EXPECT_EQ(plan->pdb_violations, violations) << name;
+    state.PreemptionFailed("u" + name);
+  };
 
   // No budget known: the lowest victim priority wins (a, a-guarded at 5).
-  auto plan = state.PlanPreemption(hi, {"a", "b"});
-  ASSERT_TRUE(plan.has_value());
-  EXPECT_EQ(plan->node, "a");
-  ASSERT_EQ(plan->victims.size(), 1u);
-  EXPECT_EQ(plan->victims[0].name, "a-guarded");
-  EXPECT_EQ(plan->pdb_violations, 0);
-  state.PreemptionFailed("uhi");
-
+  expect_plan("hi", "8000", "a", "a-guarded", 0);
   // A budget on app=db that allows no disruption: on a, a-guarded is reprieved and a-free goes.
   state.UpsertBudget(budget("db", "db", 0));
-  const json hi2 = Share("hi2", "8000", 1000);
-  plan = state.PlanPreemption(hi2, {"a", "b"});
-  ASSERT_TRUE(plan.has_value());
-  EXPECT_EQ(plan->node, "a");
-  ASSERT_EQ(plan->victims.size(), 1u);
-  EXPECT_EQ(plan->victims[0].name, "a-free");
-  EXPECT_EQ(plan->pdb_violations, 0);
-  state.PreemptionFailed("uhi2");
+  expect_plan("hi2", "8000", "a", "a-free", 0);
 
-  // Both pods of a under the db budget (no disruption allowed), and a 14000 MiB preemptor: a's plan breaks
-  // the budget, b's does not, so b wins although its victim's priority is higher.
-  state.UpsertBudget(budget("db", "db", 0));
+  // Both pods of a under the db budget, and a 14000 MiB preemptor: a's plan breaks the budget
+  // twice, b's (web allows one) not at all, so b wins although its victim's priority is higher.
   state.UpsertBudget(budget("web", "web", 1));
   state.RemovePod(bound_["a-free"]);
   Run(labelled(Share("a-db2", "7000", 10), "db"), "a");
-  plan = state.PlanPreemption(Share("big", "14000", 1000), {"a", "b"});
-  ASSERT_TRUE(plan.has_value());
-  EXPECT_EQ(plan->node, "b");
-  ASSERT_EQ(plan->victims.size(), 1u);
-  EXPECT_EQ(plan->victims[0].name, "b-free");
-  EXPECT_EQ(plan->pdb_violations, 0);
-  state.PreemptionFailed("ubig");
-
+  expect_plan("big", "14000", "b", "b-free", 0);
   // Every node breaks a budget: the fewest violations, and the plan says so.
   state.UpsertBudget(budget("web", "web", 0));
-  plan = state.PlanPreemption(Share("big2", "14000", 1000), {"a", "b"});
-  ASSERT_TRUE(plan.has_value());
-  EXPECT_EQ(plan->node, "b");
-  EXPECT_EQ(plan->pdb_violations, 1);
-  state.PreemptionFailed("ubig2");
-
+  expect_plan("big2", "14000", "b", "b-free", 1);
   // A budget gone, or one without a selector, guards nothing.
   state.RemoveBudget(budget("web", "web", 0));
   json no_selector = budget("all", "x", 0);
   no_selector["spec"].erase("selector");
   state.UpsertBudget(no_selector);
-  plan = state.PlanPreemption(Share("big3", "14000", 1000), {"a", "b"});
-  ASSERT_TRUE(plan.has_value());
-  EXPECT_EQ(plan->node, "b");
-  EXPECT_EQ(plan->pdb_violations, 0);
+  expect_plan("big3", "14000", "b", "b-free", 0);
 }
 
 // On a node that reports its memory in use, with another user holding 2000 MiB: taking the
