@@ -53,8 +53,9 @@ struct ExtenderOptions {
   StateOptions state;
   // HTTP workers. The server gives each connection a worker until it has been idle for the
   // keep-alive timeout, and kube-scheduler keeps one connection per concurrent binding cycle alive:
-  // with fewer workers than its connections, a call waits for an idle one to time out (5 s) and
-  // meets kube-scheduler's own 5 s httpTimeout first (seen with 16 binds at once, e2e_cluster_test).
+  // with fewer workers than its connections, a call waits for an idle one to time out (then 5 s,
+  // now 1 s) and met kube-scheduler's own 5 s httpTimeout first (seen with 16 binds at once,
+  // e2e_cluster_test).
   int threads = 64;
   // Two or more replicas: only the Lease holder answers verbs and reports ready.
   bool leader_elect = false;

@@ -125,15 +125,15 @@ void Informer::Start() {
   }
 }
 
+void Informer::RequestStop() {
+  resync_thread_.request_stop();
+  thread_.request_stop();
+}
+
 void Informer::Stop() {
-  if (resync_thread_.joinable()) {
-    resync_thread_.request_stop();
-    resync_thread_.join();
-  }
-  if (thread_.joinable()) {
-    thread_.request_stop();
-    thread_.join();
-  }
+  RequestStop();
+  if (resync_thread_.joinable()) resync_thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 bool Informer::WaitForSync(std::chrono::milliseconds timeout) {

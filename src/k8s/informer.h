@@ -81,6 +81,9 @@ class Informer {
   void AddHandler(Handlers h);
   void AddIndexer(const std::string& name, Store::IndexFunc f) { store_.AddIndexer(name, std::move(f)); }
   void Start();
+  // Asks the threads to stop without waiting: a watch notices within about a second (libcurl's
+  // progress callback), so an owner of several informers asks them all before it Stop()s each.
+  void RequestStop();
   void Stop();
   bool HasSynced() const { return synced_; }
   // Waits until synced or the timeout; true when synced.

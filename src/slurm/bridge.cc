@@ -1236,6 +1236,8 @@ void BridgeWatch::Start() {
 }
 
 void BridgeWatch::Stop() {
+  pods_->RequestStop();  // both watches wind down together
+  nodes_->RequestStop();
   pods_->Stop();
   nodes_->Stop();
 }
