@@ -1053,13 +1053,14 @@ std::set<std::string> State::BudgetViolationsLocked(const std::vector<std::strin
   // disruptions allowed by every budget of its namespace that selects it; a pod for which some
   // budget has none left violates it.
   std::set<std::string> out;
-  if (budgets_.empty()) return out;
-  std::map<std::string, int64_t> left;
+  std::map<const Budget*, int64_t> left;
   for (const auto& uid : uids) {
     const PodEntry& e = pods_.at(uid);
-    for (const auto& [key, b] : budgets_) {
-      if (b.ns != e.ns || !b.selector || !b.selector->Matches(e.labels)) continue;
-      auto it = left.try_emplace(key, b.allowed).first;
+    const auto in_ns = budgets_.find(e.ns);
+    if (in_ns == budgets_.end()) continue;
+    for (const auto& [name, b] : in_ns->second) {
+      if (!b.selector || !b.selector->Matches(e.labels)) continue;
+      auto it = left.try_emplace(&b, b.allowed).first;
       if (--it->second < 0) out.insert(uid);
     }
   }
@@ -1069,7 +1070,6 @@ std::set<std::string> State::BudgetViolationsLocked(const std::vector<std::strin
 void State::UpsertBudget(const json& pdb) {
   const json meta = pdb.value("metadata", json::object());
   Budget b;
-  b.ns = meta.value("namespace", "default");
   const json spec = pdb.value("spec", json::object());
   if (spec.contains("selector") && spec["selector"].is_object()) {
     if (auto sel = k8s::LabelSelector::FromJson(spec["selector"]); sel.ok() && !sel->Empty()) b.selector = *std::move(sel);
@@ -1079,13 +1079,16 @@ void State::UpsertBudget(const json& pdb) {
     b.allowed = status["disruptionsAllowed"].get<int64_t>();
   }
   std::lock_guard lock(mu_);
-  budgets_[Cat(b.ns, "/", meta.value("name", ""))] = std::move(b);
+  budgets_[meta.value("namespace", "default")][meta.value("name", "")] = std::move(b);
 }
 
 void State::RemoveBudget(const json& pdb) {
   const json meta = pdb.value("metadata", json::object());
   std::lock_guard lock(mu_);
-  budgets_.erase(Cat(meta.value("namespace", "default"), "/", meta.value("name", "")));
+  auto in_ns = budgets_.find(meta.value("namespace", "default"));
+  if (in_ns == budgets_.end()) return;
+  in_ns->second.erase(meta.value("name", ""));
+  if (in_ns->second.empty()) budgets_.erase(in_ns);
 }
 
 std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::vector<std::string>& nodes) {

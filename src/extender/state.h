@@ -162,7 +162,6 @@ class State {
   // A PodDisruptionBudget as the planner reads it: no selector (or an empty or invalid one)
   // guards no pod, as the Eviction API matches them.
   struct Budget {
-    std::string ns;
     std::optional<k8s::LabelSelector> selector;
     int64_t allowed = 0;  // status.disruptionsAllowed
   };
@@ -232,7 +231,8 @@ class State {
   absl::flat_hash_map<std::string, PodEntry> pods_;      // by UID
   std::map<std::string, std::set<std::string>> on_node_;  // node -> UIDs whose record names it
   std::map<std::string, Hold> holds_;                      // preemptor UID -> its hold
-  std::map<std::string, Budget> budgets_;                  // "ns/name" -> PodDisruptionBudget
+  // PodDisruptionBudgets by namespace, then name (a pod is matched only against its namespace's).
+  std::map<std::string, std::map<std::string, Budget>> budgets_;
   // Inside a preemption trial (victims taken off and put back): bookings leave each GPU's
   // untracked memory as it was. Recomputed there, the victims' memory, still reported in use,
   // would count as another user's, and the trial would pick more victims than needed.
