@@ -271,9 +271,8 @@ std::string Extender::BudgetShortfall(const PreemptionPlan& plan) {
       guarded.emplace_back(v->name, meta.value("labels", nlohmann::json::object()));
     }
     for (const auto& pdb : (*list)["items"]) {
-      if (!pdb.contains("spec") || !pdb["spec"].contains("selector")) continue;  // guards no pod
-      auto sel = k8s::LabelSelector::FromJson(pdb["spec"]["selector"]);
-      if (!sel.ok() || sel->Empty()) continue;
+      const auto sel = k8s::BudgetSelector(pdb);
+      if (!sel) continue;  // guards no pod
       std::vector<std::string> covered;
       for (const auto& [name, labels] : guarded) {
         if (sel->Matches(labels)) covered.push_back(Cat(ns, "/", name));

@@ -1070,10 +1070,7 @@ std::set<std::string> State::BudgetViolationsLocked(const std::vector<std::strin
 void State::UpsertBudget(const json& pdb) {
   const json meta = pdb.value("metadata", json::object());
   Budget b;
-  const json spec = pdb.value("spec", json::object());
-  if (spec.contains("selector") && spec["selector"].is_object()) {
-    if (auto sel = k8s::LabelSelector::FromJson(spec["selector"]); sel.ok() && !sel->Empty()) b.selector = *std::move(sel);
-  }
+  b.selector = k8s::BudgetSelector(pdb);
   const json status = pdb.value("status", json::object());
   if (status.contains("disruptionsAllowed") && status["disruptionsAllowed"].is_number_integer()) {
     b.allowed = status["disruptionsAllowed"].get<int64_t>();
@@ -1113,6 +1110,13 @@ std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::
   auto hold = [&](const std::string& node) {
     holds_[c->uid] = Hold{c->pod.ns, c->pod.name, node, c->pod.priority, false, now + opts_.preemption_hold};
   };
+  // Higher priority first, then by namespace and name (kube-scheduler's MoreImportantPod, with
+  // a stable tie-break in place of start times).
+  auto more_important = [&](const std::string& a, const std::string& b) {
+    const PodEntry &ea = pods_.at(a), &eb = pods_.at(b);
+    if (ea.priority != eb.priority) return ea.priority > eb.priority;
+    return std::tie(ea.ns, ea.name) < std::tie(eb.ns, eb.name);
+  };
   bool unres = false;
   for (const auto& node : nodes) {
     if (!HeldLocked(*c, node).empty()) continue;
@@ -1142,11 +1146,7 @@ std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::
       for (const auto& uid : lower) UnbookLocked(uid, pods_.at(uid));
       if (ExplainLocked(*c, node, &unres, nullptr).empty()) {
         // Reprieve the most important first; whoever the pod cannot fit beside stays a victim.
-        std::sort(lower.begin(), lower.end(), [&](const std::string& a, const std::string& b) {
-          const PodEntry &ea = pods_.at(a), &eb = pods_.at(b);
-          if (ea.priority != eb.priority) return ea.priority > eb.priority;
-          return std::tie(ea.ns, ea.name) < std::tie(eb.ns, eb.name);
-        });
+        std::sort(lower.begin(), lower.end(), more_important);
         // As kube-scheduler's selectVictimsOnNode: those whose eviction a budget would refuse
         // are reprieved first, each group from the highest priority down.
         const std::set<std::string> violating = BudgetViolationsLocked(lower);
@@ -1174,11 +1174,7 @@ std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::
     }
     if (victims.empty()) continue;
     // Reprieved in priority order within each group, the victims are listed by priority again.
-    std::sort(victims.begin(), victims.end(), [&](const std::string& a, const std::string& b) {
-      const PodEntry &ea = pods_.at(a), &eb = pods_.at(b);
-      if (ea.priority != eb.priority) return ea.priority > eb.priority;
-      return std::tie(ea.ns, ea.name) < std::tie(eb.ns, eb.name);
-    });
+    std::sort(victims.begin(), victims.end(), more_important);
     Choice ch;
     ch.plan.node = node;
     ch.plan.pdb_violations = violations;

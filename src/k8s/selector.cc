@@ -137,6 +137,15 @@ absl::StatusOr<LabelSelector> LabelSelector::FromJson(const nlohmann::json& sele
   return sel;
 }
 
+std::optional<LabelSelector> BudgetSelector(const nlohmann::json& pdb) {
+  if (!pdb.is_object() || !pdb.contains("spec") || !pdb["spec"].is_object() || !pdb["spec"].contains("selector")) {
+    return std::nullopt;
+  }
+  auto sel = LabelSelector::FromJson(pdb["spec"]["selector"]);
+  if (!sel.ok() || sel->Empty()) return std::nullopt;
+  return *std::move(sel);
+}
+
 bool LabelSelector::Matches(const nlohmann::json& labels) const {
   for (const auto& r : reqs_) {
     const bool has = labels.is_object() && labels.contains(r.key) && labels[r.key].is_string();

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,6 +49,11 @@ class FieldSelector {
   };
   std::vector<Term> terms_;
 };
+
+// The pods a PodDisruptionBudget guards, as the Eviction API (pkg/registry/core/pod/storage/
+// eviction.go) matches them: its spec.selector, where a missing, empty or invalid selector
+// guards no pod (nullopt).
+std::optional<LabelSelector> BudgetSelector(const nlohmann::json& pdb);
 
 // The string value at a dotted path ("" when absent), as field selectors compare it.
 std::string FieldValue(const nlohmann::json& object, std::string_view dotted_path);

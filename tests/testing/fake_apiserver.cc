@@ -248,15 +248,6 @@ bool PodTerminal(const json& pod) {
   return phase == "Succeeded" || phase == "Failed";
 }
 
-// The pods a budget guards, as pkg/registry/core/pod/storage/eviction.go matches them: a
-// budget whose selector is missing, empty or invalid guards no pod.
-std::optional<k8s::LabelSelector> BudgetSelector(const json& pdb) {
-  if (!pdb.contains("spec") || !pdb["spec"].contains("selector")) return std::nullopt;
-  auto sel = k8s::LabelSelector::FromJson(pdb["spec"]["selector"]);
-  if (!sel.ok() || sel->Empty()) return std::nullopt;
-  return *std::move(sel);
-}
-
 }  // namespace
 
 // What a request is about, parsed from its path.
@@ -488,7 +479,7 @@ json FakeApiServer::BudgetStatusLocked(const json& pdb) {
   // Running and Ready and not being deleted; desired from minAvailable, or expected less
   // maxUnavailable (a percentage of expected, rounded up).
   const std::string ns = pdb["metadata"].value("namespace", "");
-  const auto sel = BudgetSelector(pdb);
+  const auto sel = k8s::BudgetSelector(pdb);
   int64_t expected = 0, healthy = 0;
   if (sel) {
     for (const auto& [k, p] : objects_[pods_rkey_]) {
@@ -921,7 +912,7 @@ FakeApiServer::Result FakeApiServer::DoEviction(const std::string& ns, const std
       std::vector<std::string> matching;
       for (const auto& [k, pdb] : objects_[pdb_key]) {
         if (pdb["metadata"].value("namespace", "") != ns) continue;
-        auto sel = BudgetSelector(pdb);
+        auto sel = k8s::BudgetSelector(pdb);
         if (sel && sel->Matches((*pod)["metadata"].value("labels", json::object()))) matching.push_back(k);
       }
       if (matching.size() > 1) {

@@ -128,6 +128,15 @@ TEST(Selector, LabelsAndFields) {
   ASSERT_TRUE(pdb.ok());
   EXPECT_TRUE(pdb->Matches({{"a", "1"}, {"b", "x"}}));
   EXPECT_FALSE(pdb->Matches({{"a", "1"}}));
+  // A PodDisruptionBudget's selector as eviction applies it: missing, empty or invalid guards none.
+  auto budget = BudgetSelector(json::parse(R"({"spec":{"selector":{"matchLabels":{"app":"db"}}}})"));
+  ASSERT_TRUE(budget.has_value());
+  EXPECT_TRUE(budget->Matches({{"app", "db"}}));
+  EXPECT_FALSE(budget->Matches({{"app", "web"}}));
+  EXPECT_FALSE(BudgetSelector(json::parse(R"({"spec":{"minAvailable":1}})")).has_value());
+  EXPECT_FALSE(BudgetSelector(json::parse(R"({"spec":{"selector":{}}})")).has_value());
+  EXPECT_FALSE(BudgetSelector(json::parse(R"({"spec":{"selector":{"matchLabels":{"app":1}}}})")).has_value());
+  EXPECT_FALSE(BudgetSelector(json::parse(R"({"metadata":{"name":"x"}})")).has_value());
 }
 
 TEST(Quantity, ParseAndFormat) {
