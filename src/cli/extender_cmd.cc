@@ -27,7 +27,8 @@ void AddExtenderFlags(CLI::App* app, ExtenderFlags* f) {
       ->capture_default_str();
   app->add_flag("--preemption,!--no-preemption", f->options.preemption,
                 "preempt lower-priority GPU pods for pods short of what only the extender counts (share memory and "
-                "cores), which kube-scheduler's own preemption cannot see (default: on)");
+                "cores), which kube-scheduler's own preemption cannot see; victims leave through the Eviction API, "
+                "PodDisruptionBudgets honoured (default: on)");
   app->add_option("--preemption-hold", f->preemption_hold_s,
                   "seconds the node of such a preemption is held for the preemptor against GPU pods of lower or equal "
                   "priority (until it is bound)")
