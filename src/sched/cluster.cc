@@ -114,11 +114,22 @@ void Cluster::CountNode(const NodeState& n, int sign) {
 void Cluster::CountGpu(const GpuState& g, int sign) {
   total_milli_ += sign * kMilli;
   allocated_milli_ += sign * (kMilli - g.free_milli);
+  if (!g.IsMig()) free_counts_[static_cast<size_t>(g.free_milli)] += sign;
+}
+
+void Cluster::CountFreeChange(const NodeState& n, const GpuState& g, int delta) {
+  if (!n.active || !g.healthy) return;  // as Recount counts: healthy GPUs of active nodes only
+  allocated_milli_ -= delta;
+  if (!g.IsMig()) {
+    --free_counts_[static_cast<size_t>(g.free_milli)];
+    ++free_counts_[static_cast<size_t>(g.free_milli + delta)];
+  }
 }
 
 void Cluster::Recount() {
   total_milli_ = 0;
   allocated_milli_ = 0;
+  std::fill(free_counts_.begin(), free_counts_.end(), 0);
   max_cpu_ = 0;
   max_gpus_ = 0;
   active_nodes_ = 0;
@@ -328,11 +339,11 @@ absl::Status Cluster::Bind(const Request& req, const Placement& p) {
     } else {
       g.free_memory_mib -= req.gpu_memory;
     }
+    CountFreeChange(n, g, -take);
     g.free_milli -= take;
     ++g.pods;
     rec.placement.milli_each = take;
     rec.milli += take;
-    if (n.active && g.healthy) allocated_milli_ += take;  // as Recount counts: healthy GPUs only
   }
   n.cpu_free -= req.cpu;
   n.memory_free -= req.memory;
@@ -349,7 +360,7 @@ absl::Status Cluster::Release(std::string_view pod) {
   auto& n = nodes_[static_cast<size_t>(rec.placement.node)];
   for (int gi : rec.placement.gpus) {
     auto& g = n.gpus[static_cast<size_t>(gi)];
-    if (n.active && g.healthy) allocated_milli_ -= rec.placement.milli_each;
+    CountFreeChange(n, g, rec.placement.milli_each);
     g.free_milli += rec.placement.milli_each;
     --g.pods;
     if (rec.req.Mig()) {

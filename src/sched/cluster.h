@@ -113,6 +113,9 @@ class Cluster {
   int64_t TotalGpuMilli() const { return total_milli_; }
   int64_t AllocatedGpuMilli() const { return allocated_milli_; }
   int64_t MaxNodeCpu() const { return max_cpu_; }
+  // How many healthy GPUs without MIG on active nodes have each amount of free milli (index
+  // 0..kMilli): the leftovers that shares can still use, kept up to date by every change.
+  const std::vector<int64_t>& FreeMilliCounts() const { return free_counts_; }
   int MaxNodeGpus() const { return max_gpus_; }
   size_t PodCount() const { return pods_.size(); }
   size_t ActiveNodes() const { return active_nodes_; }
@@ -129,12 +132,16 @@ class Cluster {
   void Recount();
   void CountNode(const NodeState& n, int sign);  // add (+1) or take (-1) one node's share of the totals
   void CountGpu(const GpuState& g, int sign);    // one healthy GPU's share of them
+  // Moves one GPU's free milli by `delta` in the totals it counts in (when it counts: a healthy GPU
+  // of an active node), before the change is applied to the GPU.
+  void CountFreeChange(const NodeState& n, const GpuState& g, int delta);
 
   std::vector<NodeState> nodes_;
   absl::flat_hash_map<std::string, int> node_index_;
   absl::flat_hash_map<std::string, PodRecord> pods_;
   std::vector<std::string> models_;
   int64_t total_milli_ = 0, allocated_milli_ = 0, max_cpu_ = 0;
+  std::vector<int64_t> free_counts_ = std::vector<int64_t>(kMilli + 1, 0);
   int max_gpus_ = 0;
   size_t active_nodes_ = 0;
 };

@@ -266,8 +266,8 @@ class FgdPolicy : public FragPolicyBase {
 };
 
 // ours: FGD's fragmentation measure on a workload learned online from the arrived pods (every
-// shape, decaying), plus the GPU capacity a node strands for lack of CPU or memory; exact scores,
-// ties to the busiest node.
+// shape, decaying), plus the GPU capacity a node strands for lack of CPU or memory, plus a balance
+// of the cluster's leftovers; exact scores, ties to the busiest node.
 //
 // Stranded capacity: the pods that will come ask, on average, rho milli-CPU and sigma MiB of
 // memory per milli-GPU (learned from the arrived GPU pods, with the same decay). A node whose
@@ -276,6 +276,17 @@ class FgdPolicy : public FragPolicyBase {
 // the change of fragmentation plus the change of stranded milli (both in milli-GPU): a CPU-heavy
 // pod goes where CPU is plentiful, a CPU-light one where CPU is short, which FGD alone only sees
 // once a typical pod no longer fits.
+//
+// Balance of leftovers (the Sum-of-Squares rule of online bin packing, Csirik et al., "On the
+// Sum-of-Squares algorithm for bin packing", J. ACM 2006): N(h) is the number of the cluster's
+// GPUs with exactly h milli free, 0 < h < 1000. A share that turns a leftover of h into one of
+// h - s changes sum_h W(h) N(h)^2; the cost adds that change, times kBalanceWeight / (number of
+// GPUs). Leftovers of one size piling up while other sizes are missing is what leaves the pods
+// that arrive later without a GPU that fits them exactly; FGD's measure looks at one node at a
+// time and cannot see it. W(h) = min(1, F(h) / kLiveShare), F(h) the learned fraction of GPU pods
+// that a leftover of h could take: a leftover almost no arriving pod can use (the 60 milli beside
+// two 470s) must not count fully, or the rule would refuse the best pairs to avoid making more of
+// it.
 class OursPolicy : public FragPolicyBase {
  public:
   OursPolicy(std::vector<Shape> shapes, double half_life)
@@ -318,7 +329,8 @@ class OursPolicy : public FragPolicyBase {
         const int v = n.gpus[g].free_milli;
         if (std::find(seen_.begin(), seen_.end(), v) != seen_.end()) continue;
         seen_.push_back(v);
-        const double d = Quantize(After(c, req, n, static_cast<int>(g), nullptr) - before);
+        const double d =
+            Quantize(After(c, req, n, static_cast<int>(g), nullptr) - before) + Balance(c, v, v - req.milli);
         if (best_gpu < 0 || d < best || (d == best && v < n.gpus[static_cast<size_t>(best_gpu)].free_milli)) {
           best = d;
           best_gpu = static_cast<int>(g);
@@ -344,16 +356,43 @@ class OursPolicy : public FragPolicyBase {
 
  private:
   static constexpr size_t kMaxLearnedShapes = 200;
+  // See the class comment; measured on the default trace and the derived workloads of
+  // bench/sim_workloads.py (docs/sim.md), not tuned per workload.
+  static constexpr double kBalanceWeight = 200000;
+  static constexpr double kLiveShare = 0.01;
+  double Live(int h) const {
+    return h > 0 && h < kMilli ? std::min(1.0, fits_[static_cast<size_t>(h)] / kLiveShare) : 0.0;
+  }
+  // The cost of turning one leftover of `from` milli into one of `to` (1000: a free GPU, 0: full).
+  double Balance(const Cluster& c, int from, int to) const {
+    const auto gpus = static_cast<double>(c.TotalGpuMilli() / kMilli);
+    if (gpus <= 0) return 0;
+    const auto& count = c.FreeMilliCounts();
+    double d = 0;
+    d += Live(to) * (2.0 * static_cast<double>(count[static_cast<size_t>(to)]) + 1);
+    d -= Live(from) * (2.0 * static_cast<double>(count[static_cast<size_t>(from)]) - 1);
+    return Quantize(kBalanceWeight * d / gpus);
+  }
   // Equal costs computed along different paths must compare equal.
   static double Quantize(double d) { return std::round(d * 1e6) / 1e6; }
+  // rho_, and fits_: fits_[h] is the fraction of the GPU shapes' weight whose pods a GPU with h
+  // milli free could take.
   void UpdateCpuRatio() {
-    double cpu = 0, milli = 0;
+    double cpu = 0, milli = 0, gpu_weight = 0;
+    std::fill(fits_.begin(), fits_.end(), 0.0);
     for (const auto& sh : model_.shapes()) {
       if (sh.num_gpus == 0) continue;
       cpu += sh.weight * static_cast<double>(sh.cpu);
       milli += sh.weight * static_cast<double>(sh.milli) * sh.num_gpus;
+      gpu_weight += sh.weight;
+      if (sh.milli > 0 && sh.milli <= kMilli) fits_[static_cast<size_t>(sh.milli)] += sh.weight;
     }
     rho_ = milli > 0 ? cpu / milli : 0;
+    double sum = 0;
+    for (auto& f : fits_) {
+      sum += f;
+      f = gpu_weight > 0 ? sum / gpu_weight : 0;
+    }
   }
   double Stranded(double gpu_free, double cpu_free, double memory_free) const {
     if (rho_ <= 0) return 0;
@@ -365,6 +404,7 @@ class OursPolicy : public FragPolicyBase {
   ShapeEstimator estimator_;
   double decay_;
   double rho_ = 0;    // milli-CPU per milli-GPU of the GPU shapes
+  std::vector<double> fits_ = std::vector<double>(kMilli + 1, 0.0);
   double sigma_ = 0;  // MiB per milli-GPU of the arrived GPU pods (decayed)
   double memory_sum_ = 0, milli_sum_ = 0;
 };

@@ -308,7 +308,8 @@ TEST(OursPolicy, StrandedCapacityAvoidsTheCpuPoorNode) {
   // "lean" (6000 mCPU, 2 GPUs) can carry only 1500 of its 2000 free milli: 500 stranded. After a
   // pod of 4000 mCPU x 500 milli it has 1500 milli and 2000 mCPU (carries 500): 1000 stranded, a
   // cost of +500, while fragmentation does not change (the shape still fits). On "rich" nothing is
-  // stranded before or after: cost 0.
+  // stranded before or after: cost 0. Both make the cluster's first 500 leftover, which the balance
+  // of leftovers prices alike: (2 * 0 + 1) * 200000 / 4 GPUs.
   Engine e(MustPolicy("ours", {GpuShape(2000, 1, 500, 1.0)}), 5);
   ASSERT_TRUE(e.AddNode(Node("lean", 6000, 262144, 2)).ok());
   ASSERT_TRUE(e.AddNode(Node("rich", 64000, 262144, 2)).ok());
@@ -317,8 +318,8 @@ TEST(OursPolicy, StrandedCapacityAvoidsTheCpuPoorNode) {
   ASSERT_TRUE(s.ok());
   std::map<std::string, double> by_node;
   for (const auto& [id, c] : *s) by_node[e.cluster().node(id).name] = c.score;
-  EXPECT_DOUBLE_EQ(by_node["lean"], -500);
-  EXPECT_DOUBLE_EQ(by_node["rich"], 0);
+  EXPECT_DOUBLE_EQ(by_node["lean"], -500 - 50000);
+  EXPECT_DOUBLE_EQ(by_node["rich"], -50000);
   auto p = e.Schedule(pod);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(NodeOf(e, *p), "rich");
@@ -331,6 +332,64 @@ TEST(OursPolicy, StrandedCapacityAvoidsTheCpuPoorNode) {
   ASSERT_EQ(fs->size(), 2u);
   EXPECT_EQ((*fs)[0].second.score, 50);
   EXPECT_EQ((*fs)[1].second.score, 50);
+}
+
+TEST(OursPolicy, BalanceOfLeftoversKeepsSizesTheWorkloadNeeds) {
+  // The workload: shares of 300 and of 700 milli, half each (no CPU). Two GPUs already have 300
+  // left ("p1", "p2", a 700 on each; their nodes have no CPU left for the pod that arrives), none
+  // has 700 left. A 300 arrives: best fit, FGD and the
+  // fragmentation alone take "x" (600 left, leaving a third 300), but the 700s to come then each
+  // need a GPU of their own; "y" (free) keeps a 700 leftover for one of them.
+  //   fragmentation: x 600 -> 300: the 700 shape loses 600 * 0.5 = 300 before, 300 * 0.5 = 150
+  //   after: -150; y 1000 -> 700: 0 -> 0.
+  //   balance (4 GPUs, every leftover of 300 or more counts fully, W = 1): x turns a 600 (N = 1)
+  //   into a 300 (N = 2): (2 * 2 + 1) - (2 * 1 - 1) = 4; y makes the first 700: 2 * 0 + 1 = 1;
+  //   each times 200000 / 4 GPUs.
+  const std::vector<Shape> shapes = {GpuShape(0, 1, 300, 0.5), GpuShape(0, 1, 700, 0.5)};
+  auto setup = [](Engine& e) {
+    for (const std::string n : {"p1", "p2"}) ASSERT_TRUE(e.AddNode(Node(n, 8000, 262144, 1)).ok());
+    for (const std::string n : {"x", "y"}) ASSERT_TRUE(e.AddNode(Node(n, 64000, 262144, 1)).ok());
+    BindAt(e, Pod("seven1", 8000, 0, 1, 700), "p1", {0});
+    BindAt(e, Pod("seven2", 8000, 0, 1, 700), "p2", {0});
+    BindAt(e, Pod("four", 0, 0, 1, 400), "x", {0});
+  };
+  Engine e(MustPolicy("ours", shapes), 5);
+  setup(e);
+  const auto& counts = e.cluster().FreeMilliCounts();
+  EXPECT_EQ(counts[300], 2);
+  EXPECT_EQ(counts[600], 1);
+  EXPECT_EQ(counts[1000], 1);
+  const PodRequest pod = Pod("three", 1000, 0, 1, 300);
+  auto s = e.Scores(pod);
+  ASSERT_TRUE(s.ok());
+  std::map<std::string, double> by_node;
+  for (const auto& [id, c] : *s) by_node[e.cluster().node(id).name] = c.score;
+  EXPECT_DOUBLE_EQ(by_node["x"], -(-150 + 4 * 200000.0 / 4));
+  EXPECT_DOUBLE_EQ(by_node["y"], -(0 + 1 * 200000.0 / 4));
+  auto p = e.Schedule(pod);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(NodeOf(e, *p), "y");
+  EXPECT_EQ(counts[700], 1);
+  EXPECT_EQ(counts[1000], 0);
+  for (const std::string other : {"bestfit", "fgd"}) {
+    SCOPED_TRACE(other);
+    Engine f(MustPolicy(other, shapes), 5);
+    setup(f);
+    auto q = f.Schedule(pod);
+    ASSERT_TRUE(q.ok());
+    EXPECT_EQ(NodeOf(f, *q), "x");
+  }
+  // A leftover that few arriving pods can use counts in proportion, W = min(1, F / 1 %): with the
+  // 300s 0.4 % of the workload, leftovers from 300 to 699 have W = 0.4 and x's balance is
+  // 0.4 * 5 - 0.4 * 1 = 1.6; its fragmentation change is -(600 - 300) * 0.996 for the 700s.
+  Engine w(MustPolicy("ours", {GpuShape(0, 1, 300, 0.004), GpuShape(0, 1, 700, 0.996)}), 5);
+  setup(w);
+  auto ws = w.Scores(pod);
+  ASSERT_TRUE(ws.ok());
+  by_node.clear();
+  for (const auto& [id, c] : *ws) by_node[w.cluster().node(id).name] = c.score;
+  EXPECT_NEAR(by_node["x"], -(-300 * 0.996 + 1.6 * 200000.0 / 4), 1e-6);
+  EXPECT_NEAR(by_node["y"], -(0 + 1 * 200000.0 / 4), 1e-6);
 }
 
 TEST(OursPolicy, OnlineLearnsFromArrivals) {
@@ -631,6 +690,11 @@ TEST(Invariants, RandomArrivalsAndDeparturesStayWithinCapacity) {
         ASSERT_EQ(n.pods, pods[id]);
       }
       ASSERT_EQ(e.cluster().AllocatedGpuMilli(), total) << "step " << step;
+      std::vector<int64_t> by_free(1001, 0);
+      for (const auto& n : e.cluster().nodes()) {
+        for (const auto& g : n.gpus) ++by_free[static_cast<size_t>(g.free_milli)];
+      }
+      ASSERT_EQ(e.cluster().FreeMilliCounts(), by_free) << "step " << step;
       ASSERT_EQ(e.cluster().PodCount(), ledger.size());
     }
     // The workload overloads the cluster: both outcomes and departures really happened.
