@@ -16,5 +16,5 @@ echo "at 100-130 % arrived GPU demand, the GPUs left unallocated at 130 %, and t
 echo "The plot $plot draws the allocation curve of each policy against arrived demand: every curve"
 echo "follows the diagonal while all that arrives fits (to about 90 %), then bends flat where pods start to"
 echo "fail: bestfit first, near 93 %; fgd (given the whole trace's pod shapes in advance) near 95.4 %; ours"
-echo "(learning the shapes online from the pods that have arrived) a little higher. The legend gives each"
-echo "policy's ratio at 130 %. Open it in a browser."
+echo "(learning the shapes online from the pods that have arrived) near 96.1 %, some 40 GPUs more than fgd."
+echo "The legend gives each policy's ratio at 130 %. Open it in a browser."

@@ -12,8 +12,10 @@
 //            a workload distribution given in advance (the trace's typical pods)
 //   ours     the default: the same fragmentation measure on a distribution learned online from
 //            the pods that have arrived (every shape, with decay), plus the GPU capacity a node
-//            strands for lack of CPU or memory at the learned CPU and memory per GPU; exact
-//            rather than integer scores, ties broken towards the busiest node
+//            strands for lack of CPU or memory at the learned CPU and memory per GPU, plus, for
+//            a share, the balance of the cluster's leftovers (Sum-of-Squares over the count of
+//            GPUs by free milli, Cluster::FreeMilliCounts); exact rather than integer scores,
+//            ties broken towards the busiest node
 //
 // Thread-safety: a policy belongs to one Engine.
 
