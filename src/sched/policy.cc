@@ -294,7 +294,7 @@ class OursPolicy : public FragPolicyBase {
         estimator_(half_life, /*coverage=*/1.0, /*max_shapes=*/kMaxLearnedShapes),
         decay_(half_life > 0 ? std::exp2(-1.0 / half_life) : 1.0) {
     model_.SetShapes(std::move(shapes));
-    UpdateCpuRatio();
+    UpdateWorkloadFigures();
   }
   std::string_view Name() const override { return "ours"; }
   void Observe(const Request& req) override {
@@ -310,7 +310,7 @@ class OursPolicy : public FragPolicyBase {
     // Often while the estimate is young, then every 256 arrivals (each refresh clears the memo).
     if ((k & (k - 1)) == 0 || k % 256 == 0) {
       model_.SetShapes(estimator_.Snapshot());
-      UpdateCpuRatio();
+      UpdateWorkloadFigures();
     }
   }
   bool Evaluate(const Cluster& c, const Request& req, int node, Candidate* out) override {
@@ -360,7 +360,8 @@ class OursPolicy : public FragPolicyBase {
   // bench/sim_workloads.py (docs/sim.md), not tuned per workload.
   static constexpr double kBalanceWeight = 200000;
   static constexpr double kLiveShare = 0.01;
-  double Live(int h) const {
+  // W(h) of the class comment.
+  double LeftoverWeight(int h) const {
     return h > 0 && h < kMilli ? std::min(1.0, fits_[static_cast<size_t>(h)] / kLiveShare) : 0.0;
   }
   // The cost of turning one leftover of `from` milli into one of `to` (1000: a free GPU, 0: full).
@@ -369,15 +370,15 @@ class OursPolicy : public FragPolicyBase {
     if (gpus <= 0) return 0;
     const auto& count = c.FreeMilliCounts();
     double d = 0;
-    d += Live(to) * (2.0 * static_cast<double>(count[static_cast<size_t>(to)]) + 1);
-    d -= Live(from) * (2.0 * static_cast<double>(count[static_cast<size_t>(from)]) - 1);
+    d += LeftoverWeight(to) * (2.0 * static_cast<double>(count[static_cast<size_t>(to)]) + 1);
+    d -= LeftoverWeight(from) * (2.0 * static_cast<double>(count[static_cast<size_t>(from)]) - 1);
     return Quantize(kBalanceWeight * d / gpus);
   }
   // Equal costs computed along different paths must compare equal.
   static double Quantize(double d) { return std::round(d * 1e6) / 1e6; }
   // rho_, and fits_: fits_[h] is the fraction of the GPU shapes' weight whose pods a GPU with h
   // milli free could take.
-  void UpdateCpuRatio() {
+  void UpdateWorkloadFigures() {
     double cpu = 0, milli = 0, gpu_weight = 0;
     std::fill(fits_.begin(), fits_.end(), 0.0);
     for (const auto& sh : model_.shapes()) {

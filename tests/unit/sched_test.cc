@@ -74,6 +74,16 @@ void BindAt(Engine& e, const PodRequest& pod, const std::string& node, std::vect
 
 std::string NodeOf(const Engine& e, const Placement& p) { return e.cluster().node(p.node).name; }
 
+// Each feasible node's score for a pod, by node name.
+std::map<std::string, double> ScoresByNode(Engine& e, const PodRequest& pod) {
+  std::map<std::string, double> out;
+  auto s = e.Scores(pod);
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return out;
+  for (const auto& [id, c] : *s) out[e.cluster().node(id).name] = c.score;
+  return out;
+}
+
 // ------------------------------------------------------------------ fragmentation
 // One node, 4 GPUs with free milli {1000, 500, 200, 0} (total 1700), and the workload
 //   A: 1 GPU x 500 milli, 4000 mCPU, weight 0.5
@@ -272,13 +282,6 @@ class FragPolicies : public ::testing::Test {
     BindAt(e, Pod("prior", 0, 0, 1, 500), "half", {0});
     return e;
   }
-  static std::map<std::string, double> ScoresByNode(Engine& e, const PodRequest& pod) {
-    std::map<std::string, double> out;
-    auto s = e.Scores(pod);
-    EXPECT_TRUE(s.ok());
-    for (const auto& [id, c] : *s) out[e.cluster().node(id).name] = c.score;
-    return out;
-  }
 };
 
 TEST_F(FragPolicies, FgdScoresAreTheSigmoidOfTheFragmentationChange) {
@@ -314,10 +317,8 @@ TEST(OursPolicy, StrandedCapacityAvoidsTheCpuPoorNode) {
   ASSERT_TRUE(e.AddNode(Node("lean", 6000, 262144, 2)).ok());
   ASSERT_TRUE(e.AddNode(Node("rich", 64000, 262144, 2)).ok());
   const PodRequest pod = Pod("p", 4000, 0, 1, 500);
-  auto s = e.Scores(pod);
-  ASSERT_TRUE(s.ok());
-  std::map<std::string, double> by_node;
-  for (const auto& [id, c] : *s) by_node[e.cluster().node(id).name] = c.score;
+  auto by_node = ScoresByNode(e, pod);
+  ASSERT_EQ(by_node.size(), 2u);
   EXPECT_DOUBLE_EQ(by_node["lean"], -500 - 50000);
   EXPECT_DOUBLE_EQ(by_node["rich"], -50000);
   auto p = e.Schedule(pod);
@@ -337,9 +338,9 @@ TEST(OursPolicy, StrandedCapacityAvoidsTheCpuPoorNode) {
 TEST(OursPolicy, BalanceOfLeftoversKeepsSizesTheWorkloadNeeds) {
   // The workload: shares of 300 and of 700 milli, half each (no CPU). Two GPUs already have 300
   // left ("p1", "p2", a 700 on each; their nodes have no CPU left for the pod that arrives), none
-  // has 700 left. A 300 arrives: best fit, FGD and the
-  // fragmentation alone take "x" (600 left, leaving a third 300), but the 700s to come then each
-  // need a GPU of their own; "y" (free) keeps a 700 leftover for one of them.
+  // has 700 left. A 300 arrives: best fit, FGD and the fragmentation alone take "x" (600 left,
+  // leaving a third 300), but the 700s to come then each need a GPU of their own; "y" (free) keeps
+  // a 700 leftover for one of them.
   //   fragmentation: x 600 -> 300: the 700 shape loses 600 * 0.5 = 300 before, 300 * 0.5 = 150
   //   after: -150; y 1000 -> 700: 0 -> 0.
   //   balance (4 GPUs, every leftover of 300 or more counts fully, W = 1): x turns a 600 (N = 1)
@@ -360,10 +361,8 @@ TEST(OursPolicy, BalanceOfLeftoversKeepsSizesTheWorkloadNeeds) {
   EXPECT_EQ(counts[600], 1);
   EXPECT_EQ(counts[1000], 1);
   const PodRequest pod = Pod("three", 1000, 0, 1, 300);
-  auto s = e.Scores(pod);
-  ASSERT_TRUE(s.ok());
-  std::map<std::string, double> by_node;
-  for (const auto& [id, c] : *s) by_node[e.cluster().node(id).name] = c.score;
+  auto by_node = ScoresByNode(e, pod);
+  ASSERT_EQ(by_node.size(), 2u);  // x and y: p1 and p2 have no CPU left
   EXPECT_DOUBLE_EQ(by_node["x"], -(-150 + 4 * 200000.0 / 4));
   EXPECT_DOUBLE_EQ(by_node["y"], -(0 + 1 * 200000.0 / 4));
   auto p = e.Schedule(pod);
@@ -384,10 +383,8 @@ TEST(OursPolicy, BalanceOfLeftoversKeepsSizesTheWorkloadNeeds) {
   // 0.4 * 5 - 0.4 * 1 = 1.6; its fragmentation change is -(600 - 300) * 0.996 for the 700s.
   Engine w(MustPolicy("ours", {GpuShape(0, 1, 300, 0.004), GpuShape(0, 1, 700, 0.996)}), 5);
   setup(w);
-  auto ws = w.Scores(pod);
-  ASSERT_TRUE(ws.ok());
-  by_node.clear();
-  for (const auto& [id, c] : *ws) by_node[w.cluster().node(id).name] = c.score;
+  by_node = ScoresByNode(w, pod);
+  ASSERT_EQ(by_node.size(), 2u);
   EXPECT_NEAR(by_node["x"], -(-300 * 0.996 + 1.6 * 200000.0 / 4), 1e-6);
   EXPECT_NEAR(by_node["y"], -(0 + 1 * 200000.0 / 4), 1e-6);
 }
