@@ -3,8 +3,13 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := build
 PRESET ?= dev
 JOBS ?= $(shell nproc)
+# ccache (CMakeLists.txt uses it when installed) hits across checkouts: CI builds a fresh clone in
+# another folder, so paths under the tree are hashed relative to it and the build directory is not
+# hashed (debug info may then name the first checkout's paths; nothing reads them but debuggers).
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
 
-.PHONY: deps build test demo bench fuzz package format clean
+.PHONY: deps build test test-quick demo bench bench-smoke fuzz package format check-format clean
 
 deps:
 	@./scripts/install-deps.sh
@@ -19,6 +24,13 @@ test: deps
 	cmake --build --preset asan -j $(JOBS)
 	ctest --preset asan -j $(JOBS)
 
+# The same without the tests labelled slow (minutes each: the Slurm bridge, the end-to-end cluster,
+# the replay): a quick local loop. `make test` and CI run everything.
+test-quick: deps
+	cmake --preset asan >/dev/null
+	cmake --build --preset asan -j $(JOBS)
+	ctest --preset asan -j $(JOBS) -LE 'gpu|slow|package'
+
 demo: deps
 	cmake --preset dev >/dev/null
 	cmake --build --preset dev -j $(JOBS) --target kgpu kgpu-simctl kgpu_simnvml kgpu-fake-kubelet kgpu-fake-apiserver \
@@ -27,7 +39,7 @@ demo: deps
 
 bench: deps
 	cmake --preset release >/dev/null
-	cmake --build --preset release -j $(JOBS) --target inventory_bench event_latency device_plugin_bench exporter_bench mig_mps_bench k8s_bench sched_bench extender_bench
+	cmake --build --preset release -j $(JOBS) --target $(BENCH_TARGETS)
 	build/release/bin/inventory_bench
 	build/release/bin/event_latency
 	build/release/bin/device_plugin_bench
@@ -37,6 +49,15 @@ bench: deps
 	build/release/bin/k8s_bench
 	build/release/bin/sched_bench
 	build/release/bin/extender_bench 1000 5000
+	build/release/bin/slurm_bridge_bench
+
+# Every bench once at a tiny size (seconds): that each still runs to its end. CI runs it.
+BENCH_TARGETS := inventory_bench event_latency device_plugin_bench exporter_bench mig_mps_bench k8s_bench sched_bench \
+  extender_bench slurm_bridge_bench
+bench-smoke: deps
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS) --target $(BENCH_TARGETS)
+	./bench/smoke.sh build/release
 
 # Debian packages kgpu and kgpu-sim (release preset, CPack DEB, Depends from dpkg-shlibdeps) in
 # build/release/packages/.
@@ -59,6 +80,9 @@ fuzz: deps
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h' '*.c')
+
+check-format:
+	./scripts/check-format.sh
 
 clean:
 	rm -rf build

@@ -12,14 +12,6 @@
 // fork() the child makes only async-signal-safe calls). Everything else is a pure function or
 // reads /proc and files, safe from any thread.
 
-#include <fcntl.h>
-#include <signal.h>
-#include <stdlib.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -36,6 +28,14 @@
 #include <string>
 #include <system_error>
 #include <vector>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 namespace kgpu::bench {
 
@@ -136,8 +136,7 @@ inline pid_t Spawn(const std::vector<std::string>& args, char** envp, const std:
   std::vector<char*> argv;
   for (auto& a : copy) argv.push_back(a.data());
   argv.push_back(nullptr);
-  const int fd = ::open(log.empty() ? "/dev/null" : log.c_str(),
-                        O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const int fd = ::open(log.empty() ? "/dev/null" : log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return -1;
   const pid_t parent = getpid();
   const pid_t pid = fork();
@@ -159,8 +158,7 @@ inline pid_t Spawn(const std::vector<std::string>& args, char** envp, const std:
 // Memory figures of a process, in MB (-1: not read): /proc/<pid>/status and smaps_rollup.
 struct ProcMem {
   double rss_mb = -1, hwm_mb = -1, anon_mb = -1, file_mb = -1, shmem_mb = -1, vsz_mb = -1;
-  double pss_mb = -1, private_dirty_mb = -1, private_clean_mb = -1, shared_clean_mb = -1,
-         shared_dirty_mb = -1;
+  double pss_mb = -1, private_dirty_mb = -1, private_clean_mb = -1, shared_clean_mb = -1, shared_dirty_mb = -1;
   int threads = -1;
 };
 
@@ -222,42 +220,28 @@ inline void RemoveTree(const std::string& dir) {
 // /proc/<pid>/smaps grouped by what is mapped (the executable, each library family, the heap,
 // anonymous mappings): which group a mapping belongs to, the sums, and a print-out.
 inline std::string MappingGroup(const std::string& path, const std::string& exe) {
-  if (path.empty())
-    return "anon mmap (malloc arenas, thread stacks)";
-  if (path == "[heap]")
-    return "[heap] (main malloc arena)";
-  if (path == "[stack]")
-    return "[stack] (main thread)";
-  if (path[0] == '[')
-    return "vdso/vvar/other";
-  if (path == exe)
-    return "executable";
-  if (path.find("sim.state") != std::string::npos)
-    return "simulated node state (shared file)";
+  if (path.empty()) return "anon mmap (malloc arenas, thread stacks)";
+  if (path == "[heap]") return "[heap] (main malloc arena)";
+  if (path == "[stack]") return "[stack] (main thread)";
+  if (path[0] == '[') return "vdso/vvar/other";
+  if (path == exe) return "executable";
+  if (path.find("sim.state") != std::string::npos) return "simulated node state (shared file)";
   const std::string base = std::filesystem::path(path).filename().string();
   auto starts = [&](const char* p) { return base.rfind(p, 0) == 0; };
-  if (starts("libgrpc") || starts("libgpr") || starts("libupb") || starts("libaddress_sorting") ||
-      starts("libcares") || starts("libre2")) {
+  if (starts("libgrpc") || starts("libgpr") || starts("libupb") || starts("libaddress_sorting") || starts("libcares") ||
+      starts("libre2")) {
     return "gRPC (+upb, c-ares, re2)";
   }
-  if (starts("libprotobuf"))
-    return "protobuf";
-  if (starts("libabsl_"))
-    return "abseil";
-  if (starts("libspdlog") || starts("libfmt"))
-    return "spdlog+fmt";
-  if (starts("libssl") || starts("libcrypto"))
-    return "OpenSSL (via cpp-httplib)";
-  if (starts("libcpp-httplib") || starts("libz.") || starts("libbrotli"))
-    return "cpp-httplib+zlib+brotli";
-  if (starts("libyaml-cpp"))
-    return "yaml-cpp";
-  if (starts("libstdc++") || starts("libc.") || starts("libm.") || starts("libgcc_s") ||
-      starts("ld-linux")) {
+  if (starts("libprotobuf")) return "protobuf";
+  if (starts("libabsl_")) return "abseil";
+  if (starts("libspdlog") || starts("libfmt")) return "spdlog+fmt";
+  if (starts("libssl") || starts("libcrypto")) return "OpenSSL (via cpp-httplib)";
+  if (starts("libcpp-httplib") || starts("libz.") || starts("libbrotli")) return "cpp-httplib+zlib+brotli";
+  if (starts("libyaml-cpp")) return "yaml-cpp";
+  if (starts("libstdc++") || starts("libc.") || starts("libm.") || starts("libgcc_s") || starts("ld-linux")) {
     return "libc+libm+libstdc+++libgcc";
   }
-  if (starts("libnvidia-ml"))
-    return "simulated libnvidia-ml";
+  if (starts("libnvidia-ml")) return "simulated libnvidia-ml";
   return "other files (" + base + ")";
 }
 
@@ -272,8 +256,7 @@ inline std::map<std::string, GroupMem> SmapsByGroup(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/smaps");
   std::string line, group;
   while (std::getline(in, line)) {
-    if (line.empty())
-      continue;
+    if (line.empty()) continue;
     // A mapping header: "start-end perms offset dev inode [path]"; field lines are "Key: value".
     const auto colon = line.find(':');
     const auto space = line.find(' ');
@@ -284,15 +267,13 @@ inline std::map<std::string, GroupMem> SmapsByGroup(pid_t pid) {
       s >> range >> perms >> offset >> dev >> inode;
       std::getline(s, path);
       path.erase(0, path.find_first_not_of(' '));
-      if (path.ends_with(" (deleted)"))
-        path.resize(path.size() - 10);
+      if (path.ends_with(" (deleted)")) path.resize(path.size() - 10);
       group = MappingGroup(path, exe);
       continue;
     }
     auto kb = [&](const char* key, double* v) {
       const size_t n = std::strlen(key);
-      if (line.compare(0, n, key) == 0)
-        *v += std::strtod(line.c_str() + n, nullptr);
+      if (line.compare(0, n, key) == 0) *v += std::strtod(line.c_str() + n, nullptr);
     };
     GroupMem& g = out[group];
     kb("Rss:", &g.rss_kb);
@@ -305,8 +286,7 @@ inline std::map<std::string, GroupMem> SmapsByGroup(pid_t pid) {
 inline void PrintSmaps(const std::string& title, pid_t pid) {
   auto groups = SmapsByGroup(pid);
   std::vector<std::pair<std::string, GroupMem>> v(groups.begin(), groups.end());
-  std::sort(v.begin(), v.end(),
-            [](const auto& a, const auto& b) { return a.second.rss_kb > b.second.rss_kb; });
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.rss_kb > b.second.rss_kb; });
   GroupMem total;
   for (const auto& [name, g] : v) {
     total.rss_kb += g.rss_kb;
@@ -318,10 +298,9 @@ inline void PrintSmaps(const std::string& title, pid_t pid) {
       "%.1f\n",
       title.c_str(), total.rss_kb / 1024, total.pss_kb / 1024, total.private_dirty_kb / 1024);
   for (const auto& [name, g] : v) {
-    if (g.rss_kb < 64)
-      continue;
-    std::printf("       %-44s %6.2f / %6.2f / %6.2f\n", name.c_str(), g.rss_kb / 1024,
-                g.pss_kb / 1024, g.private_dirty_kb / 1024);
+    if (g.rss_kb < 64) continue;
+    std::printf("       %-44s %6.2f / %6.2f / %6.2f\n", name.c_str(), g.rss_kb / 1024, g.pss_kb / 1024,
+                g.private_dirty_kb / 1024);
   }
 }
 

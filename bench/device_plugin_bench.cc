@@ -57,14 +57,6 @@
 // Exit status: 0 when every step worked (whatever the figures are); 1 when something failed;
 // 2 on bad usage.
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -89,12 +81,19 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "api/record.h"
 #include "bench_util.h"
 #include "deviceplugin_v1beta1.grpc.pb.h"
 #include "node.h"
-#include "extender/record.h"
 #include "testing/fake_apiserver.h"
 #include "testing/fake_kubelet.h"
 #include "testing/fake_podresources.h"
@@ -115,8 +114,6 @@ namespace {
 
 std::string g_kgpu = KGPU_BIN;  // --kgpu
 
-using kgpu::testing::FakeKubelet;
-using kgpu::testing::FakeKubeletEvent;
 using kgpu::bench::FileTail;
 using kgpu::bench::InstallFatalSignalHandlers;
 using kgpu::bench::KillAllChildren;
@@ -130,14 +127,16 @@ using kgpu::bench::Spawn;
 using kgpu::bench::Stats;
 using kgpu::bench::Summarize;
 using kgpu::bench::UntrackChild;
+using kgpu::testing::FakeKubelet;
+using kgpu::testing::FakeKubeletEvent;
 
 constexpr char kProfile[] = "dgx-h100";
 constexpr char kNodeName[] = "bench-node";
 constexpr char kResource[] = "nvidia.com/gpu";
 constexpr unsigned kGpus = 8;
 constexpr unsigned kWarmupCalls = 100;
-constexpr uint64_t kXidCode = 48;     // double-bit ECC: fatal (not in the default ignore list)
-constexpr uint64_t kEventXid = 0x8;   // nvmlEventTypeXidCriticalError
+constexpr uint64_t kXidCode = 48;    // double-bit ECC: fatal (not in the default ignore list)
+constexpr uint64_t kEventXid = 0x8;  // nvmlEventTypeXidCriticalError
 
 // Targets from the issue (2-core machine), printed next to the figures.
 constexpr double kTargetStartMs = 15;
@@ -247,8 +246,8 @@ class Plugin {
   ~Plugin() { Kill(); }
 
   // t0 is taken just before fork().
-  bool Start(const std::string& kubelet_dir, const std::vector<std::string>& extra, char** envp,
-             const std::string& log, int64_t* t0) {
+  bool Start(const std::string& kubelet_dir, const std::vector<std::string>& extra, char** envp, const std::string& log,
+             int64_t* t0) {
     std::vector<std::string> args = {g_kgpu, "device-plugin", "--kubelet-dir", kubelet_dir};
     args.insert(args.end(), extra.begin(), extra.end());
     log_ = log;
@@ -270,8 +269,7 @@ class Plugin {
     auto st = WaitExit(pid_, timeout_ms);
     if (took_ms != nullptr) *took_ms = static_cast<double>(NowNs() - t0) / 1e6;
     if (!st) {
-      std::fprintf(stderr, "device_plugin_bench: plugin %d ignored SIGTERM for %d ms; SIGKILL\n", pid_,
-                   timeout_ms);
+      std::fprintf(stderr, "device_plugin_bench: plugin %d ignored SIGTERM for %d ms; SIGKILL\n", pid_, timeout_ms);
       Kill();
       return -1;
     }
@@ -317,7 +315,13 @@ struct Record {
 class Recorder {
  public:
   void Add(const FakeKubeletEvent& e) {
-    Record r{NowNs(), e.kind, e.resource, e.state.registrations, e.state.updates, e.state.connected, {},
+    Record r{NowNs(),
+             e.kind,
+             e.resource,
+             e.state.registrations,
+             e.state.updates,
+             e.state.connected,
+             {},
              e.state.devices.size()};
     for (const auto& d : e.state.devices) r.healthy[d.id] = d.health == kgpu::testing::kHealthy;
     {
@@ -332,8 +336,7 @@ class Recorder {
   }
   // The first record at or after *cursor that satisfies pred, within timeout_ms; advances *cursor
   // past it.
-  std::optional<Record> WaitFor(size_t* cursor, const std::function<bool(const Record&)>& pred,
-                                int timeout_ms) {
+  std::optional<Record> WaitFor(size_t* cursor, const std::function<bool(const Record&)>& pred, int timeout_ms) {
     std::unique_lock<std::mutex> lock(mu_);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
@@ -363,8 +366,8 @@ std::string Verdict(double value, double target, const char* unit) {
   } else if (value <= target) {
     std::snprintf(buf, sizeof buf, "OK (target <= %g %s)", target, unit);
   } else {
-    std::snprintf(buf, sizeof buf, "MISSES the target (<= %g %s) by %.3g %s (%.2fx)", target, unit,
-                  value - target, unit, value / target);
+    std::snprintf(buf, sizeof buf, "MISSES the target (<= %g %s) by %.3g %s (%.2fx)", target, unit, value - target,
+                  unit, value / target);
   }
   return buf;
 }
@@ -403,9 +406,8 @@ class Bench {
   }
   // Starts a plugin and waits until the FakeKubelet has the first list of `devices` devices after
   // a new registration. *took_ns: t0 (before fork) -> that list; *reg_ns: t0 -> Register done.
-  bool StartPlugin(Plugin* p, const std::vector<std::string>& args, const std::string& log,
-                   size_t devices, int64_t* took_ns, int64_t* reg_ns,
-                   const std::map<std::string, std::string>& extra_env = {});
+  bool StartPlugin(Plugin* p, const std::vector<std::string>& args, const std::string& log, size_t devices,
+                   int64_t* took_ns, int64_t* reg_ns, const std::map<std::string, std::string>& extra_env = {});
   bool StopPlugin(Plugin* p, double* took_ms);
   std::vector<std::string> Ids() const;
   void PrintRss(const char* when, pid_t pid);
@@ -451,8 +453,8 @@ bool Bench::Setup() {
   if (!node.ok()) return Fail("kgpu::sim::Node::Open: " + std::string(node.status().message()));
   node_ = std::move(*node);
   if (node_->gpu_count() != kGpus) {
-    return Fail("profile " + std::string(kProfile) + " has " + std::to_string(node_->gpu_count()) +
-                " GPUs, expected " + std::to_string(kGpus));
+    return Fail("profile " + std::string(kProfile) + " has " + std::to_string(node_->gpu_count()) + " GPUs, expected " +
+                std::to_string(kGpus));
   }
 
   kubelet_ = std::make_unique<FakeKubelet>(dir_);
@@ -472,22 +474,27 @@ void Bench::Cleanup() {
   dir_.clear();
 }
 
-bool Bench::StartPlugin(Plugin* p, const std::vector<std::string>& args, const std::string& log,
-                        size_t devices, int64_t* took_ns, int64_t* reg_ns,
-                        const std::map<std::string, std::string>& extra_env) {
+bool Bench::StartPlugin(Plugin* p, const std::vector<std::string>& args, const std::string& log, size_t devices,
+                        int64_t* took_ns, int64_t* reg_ns, const std::map<std::string, std::string>& extra_env) {
   size_t cursor = rec_.Cursor();
   const int prev = registrations_;
   char** envp = env_.Build(extra_env);
   int64_t t0 = 0;
   if (!p->Start(dir_, args, envp, log, &t0)) return Fail("cannot start " + g_kgpu);
-  auto reg = rec_.WaitFor(&cursor, [&](const Record& r) {
-    return r.kind == FakeKubeletEvent::Kind::kRegistered && r.resource == kResource && r.registrations > prev;
-  }, 15000);
+  auto reg = rec_.WaitFor(
+      &cursor,
+      [&](const Record& r) {
+        return r.kind == FakeKubeletEvent::Kind::kRegistered && r.resource == kResource && r.registrations > prev;
+      },
+      15000);
   std::optional<Record> list;
   if (reg) {
-    list = rec_.WaitFor(&cursor, [&](const Record& r) {
-      return r.kind == FakeKubeletEvent::Kind::kUpdate && r.resource == kResource && r.connected;
-    }, 15000);
+    list = rec_.WaitFor(
+        &cursor,
+        [&](const Record& r) {
+          return r.kind == FakeKubeletEvent::Kind::kUpdate && r.resource == kResource && r.connected;
+        },
+        15000);
   }
   if (!reg || !list) {
     auto exited = p->Exited();
@@ -510,9 +517,9 @@ bool Bench::StopPlugin(Plugin* p, double* took_ms) {
     return Fail("plugin on SIGTERM " + DescribeStatus(st) + "; its log:\n" + p->LogTail());
   }
   // Its stream must have ended (kubelet marks the resource disconnected) before the next start.
-  auto gone = rec_.WaitFor(&cursor, [](const Record& r) {
-    return r.kind == FakeKubeletEvent::Kind::kDisconnected && r.resource == kResource;
-  }, 5000);
+  auto gone = rec_.WaitFor(
+      &cursor,
+      [](const Record& r) { return r.kind == FakeKubeletEvent::Kind::kDisconnected && r.resource == kResource; }, 5000);
   if (!gone && kubelet_->Get(kResource)->connected) return Fail("the FakeKubelet still sees the plugin connected");
   return true;
 }
@@ -527,10 +534,11 @@ std::vector<std::string> Bench::Ids() const {
 
 void Bench::PrintRss(const char* when, pid_t pid) {
   const ProcMem s = ReadProcMem(pid);
-  std::printf("plugin RSS %s: VmRSS %.2f MB (before issue 9: %.1f MB), VmHWM %.2f MB (anon %.2f + file %.2f + "
-              "shmem %.2f MB; PSS %.2f MB; VmSize %.0f MB, %d threads) -- VmRSS %s\n",
-              when, s.rss_mb, kPreviousRssMb, s.hwm_mb, s.anon_mb, s.file_mb, s.shmem_mb, s.pss_mb, s.vsz_mb,
-              s.threads, Verdict(s.rss_mb, kTargetRssMb, "MB").c_str());
+  std::printf(
+      "plugin RSS %s: VmRSS %.2f MB (before issue 9: %.1f MB), VmHWM %.2f MB (anon %.2f + file %.2f + "
+      "shmem %.2f MB; PSS %.2f MB; VmSize %.0f MB, %d threads) -- VmRSS %s\n",
+      when, s.rss_mb, kPreviousRssMb, s.hwm_mb, s.anon_mb, s.file_mb, s.shmem_mb, s.pss_mb, s.vsz_mb, s.threads,
+      Verdict(s.rss_mb, kTargetRssMb, "MB").c_str());
 }
 
 // 1 and 2.
@@ -580,21 +588,24 @@ bool Bench::StartToRegistered() {
   }
   const Stats s = Summarize(start_ms), r = Summarize(reg_ms), t = Summarize(stop_ms), sv = Summarize(serving_ms),
               h = Summarize(bare_ms);
-  std::printf("start->registered (fork/exec -> first ListAndWatch list at the FakeKubelet), %zu runs: "
-              "median %.2f ms, max %.2f ms (min %.2f ms) -- %s\n",
-              s.n, s.p50, s.max, s.min, Verdict(s.p50, kTargetStartMs, "ms").c_str());
-  std::printf("  of which fork/exec -> Register done (kubelet dialled back, GetDevicePluginOptions): "
-              "median %.2f ms, max %.2f ms; first (cold) run, not counted: %.2f ms to the list, %.2f ms "
-              "to Register\n",
-              r.p50, r.max, cold_ms, cold_reg_ms);
-  std::printf("  of which fork/exec -> the plugin's 'serving' log line (exec, dynamic linking, NVML, discovery, "
-              "health monitor, gRPC server up; log has 1 ms resolution): median %.1f ms, max %.1f ms\n",
-              sv.p50, sv.max);
-  std::printf("  for scale: fork/exec -> exit of `kgpu` without arguments (exec, dynamic linking, static "
-              "initialisers, CLI set-up, usage error, exit), %zu runs: median %.2f ms, max %.2f ms\n",
-              h.n, h.p50, h.max);
-  std::printf("  SIGTERM -> plugin exited (status 0), %zu runs: median %.1f ms, max %.1f ms\n", t.n, t.p50,
-              t.max);
+  std::printf(
+      "start->registered (fork/exec -> first ListAndWatch list at the FakeKubelet), %zu runs: "
+      "median %.2f ms, max %.2f ms (min %.2f ms) -- %s\n",
+      s.n, s.p50, s.max, s.min, Verdict(s.p50, kTargetStartMs, "ms").c_str());
+  std::printf(
+      "  of which fork/exec -> Register done (kubelet dialled back, GetDevicePluginOptions): "
+      "median %.2f ms, max %.2f ms; first (cold) run, not counted: %.2f ms to the list, %.2f ms "
+      "to Register\n",
+      r.p50, r.max, cold_ms, cold_reg_ms);
+  std::printf(
+      "  of which fork/exec -> the plugin's 'serving' log line (exec, dynamic linking, NVML, discovery, "
+      "health monitor, gRPC server up; log has 1 ms resolution): median %.1f ms, max %.1f ms\n",
+      sv.p50, sv.max);
+  std::printf(
+      "  for scale: fork/exec -> exit of `kgpu` without arguments (exec, dynamic linking, static "
+      "initialisers, CLI set-up, usage error, exit), %zu runs: median %.2f ms, max %.2f ms\n",
+      h.n, h.p50, h.max);
+  std::printf("  SIGTERM -> plugin exited (status 0), %zu runs: median %.1f ms, max %.1f ms\n", t.n, t.p50, t.max);
   return true;
 }
 
@@ -619,9 +630,10 @@ bool Bench::AllocateLatency() {
     if (i >= static_cast<int>(kWarmupCalls)) us.push_back(static_cast<double>(t1 - t0) / 1e3);
   }
   const Stats s = Summarize(us);
-  std::printf("Allocate (1 GPU, ID cycling over 8), %zu calls over the socket: p50 %.0f us, p90 %.0f us, "
-              "p99 %.0f us, max %.0f us (mean %.0f, min %.0f) -- p99 %s\n",
-              s.n, s.p50, s.p90, s.p99, s.max, s.mean, s.min, Verdict(s.p99, kTargetAllocateP99Us, "us").c_str());
+  std::printf(
+      "Allocate (1 GPU, ID cycling over 8), %zu calls over the socket: p50 %.0f us, p90 %.0f us, "
+      "p99 %.0f us, max %.0f us (mean %.0f, min %.0f) -- p99 %s\n",
+      s.n, s.p50, s.p90, s.p99, s.max, s.mean, s.min, Verdict(s.p99, kTargetAllocateP99Us, "us").c_str());
   return true;
 }
 
@@ -631,7 +643,8 @@ bool Bench::NoopRpcLatency() {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, "localhost");
-  auto channel = grpc::CreateCustomChannel("unix:" + dir_ + "/nvidia-gpu.sock", grpc::InsecureChannelCredentials(), args);
+  auto channel =
+      grpc::CreateCustomChannel("unix:" + dir_ + "/nvidia-gpu.sock", grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(5))) {
     return Fail("cannot connect to " + dir_ + "/nvidia-gpu.sock");
   }
@@ -649,9 +662,10 @@ bool Bench::NoopRpcLatency() {
     if (i >= static_cast<int>(kWarmupCalls)) us.push_back(static_cast<double>(t1 - t0) / 1e3);
   }
   const Stats s = Summarize(us);
-  std::printf("  for scale: GetDevicePluginOptions (no work in the plugin: the gRPC round trip alone), %zu calls: "
-              "p50 %.0f us, p90 %.0f us, p99 %.0f us, max %.0f us (mean %.0f)\n",
-              s.n, s.p50, s.p90, s.p99, s.max, s.mean);
+  std::printf(
+      "  for scale: GetDevicePluginOptions (no work in the plugin: the gRPC round trip alone), %zu calls: "
+      "p50 %.0f us, p90 %.0f us, p99 %.0f us, max %.0f us (mean %.0f)\n",
+      s.n, s.p50, s.p90, s.p99, s.max, s.mean);
   return true;
 }
 
@@ -674,14 +688,15 @@ bool Bench::PreferredLatency(const std::string& what, size_t count, int size, do
     if (r->size() != static_cast<size_t>(size)) {
       return Fail("GetPreferredAllocation(" + what + ") returned " + std::to_string(r->size()) + " IDs");
     }
-    if (!expect.empty() && *r != expect) return Fail("GetPreferredAllocation(" + what + ") was not steered to the record");
+    if (!expect.empty() && *r != expect)
+      return Fail("GetPreferredAllocation(" + what + ") was not steered to the record");
     if (i >= static_cast<int>(kWarmupCalls)) us.push_back(static_cast<double>(t1 - t0) / 1e3);
   }
   const Stats s = Summarize(us);
-  std::printf("GetPreferredAllocation %s, %zu calls: p50 %.0f us, p90 %.0f us, p99 %.0f us, max %.0f us "
-              "(mean %.0f) -- p99 %s\n",
-              what.c_str(), s.n, s.p50, s.p90, s.p99, s.max, s.mean,
-              Verdict(s.p99, target_us, "us").c_str());
+  std::printf(
+      "GetPreferredAllocation %s, %zu calls: p50 %.0f us, p90 %.0f us, p99 %.0f us, max %.0f us "
+      "(mean %.0f) -- p99 %s\n",
+      what.c_str(), s.n, s.p50, s.p90, s.p99, s.max, s.mean, Verdict(s.p99, target_us, "us").c_str());
   if (p99_out != nullptr) *p99_out = s.p99;
   return true;
 }
@@ -696,8 +711,9 @@ bool Bench::SteeredPreferredLatency() {
   api.Create("namespaces", "", {{"metadata", {{"name", "ns"}}}});
   api.Create("nodes", "", {{"metadata", {{"name", kNodeName}}}});
   int64_t took = 0;
-  if (!StartPlugin(&plugin_, {"--publish-labels", "--kubeconfig", kubeconfig, "--node-name", kNodeName,
-                              "--pod-resources-socket", pr.SocketPath()},
+  if (!StartPlugin(&plugin_,
+                   {"--publish-labels", "--kubeconfig", kubeconfig, "--node-name", kNodeName, "--pod-resources-socket",
+                    pr.SocketPath()},
                    dir_ + "/steered.log", kGpus, &took, nullptr)) {
     return false;
   }
@@ -706,24 +722,26 @@ bool Bench::SteeredPreferredLatency() {
   constexpr int kPods = 110;
   for (int i = 0; i < kPods; ++i) {
     const std::string name = "p" + std::to_string(i);
-    kgpu::extender::AllocationRecord r{kNodeName, {{"main", kResource, "", {}}}};
+    kgpu::api::AllocationRecord r{kNodeName, {{"main", kResource, "", {}}}};
     const bool pending = i == kPods - 1;
     // Pending: GPUs 5 and 2 (not the plugin's own pick); the others nominally on GPU i % 8.
     for (size_t g : pending ? std::vector<size_t>{5, 2} : std::vector<size_t>{static_cast<size_t>(i) % kGpus}) {
       r.containers[0].gpus.push_back({ids[g], "", "", 0, 0});
     }
     nlohmann::json pod = {
-        {"metadata", {{"name", name}, {"namespace", "ns"}, {"annotations", {{"kgpu.io/allocation", kgpu::extender::EncodeRecord(r)}}}}},
-        {"spec", {{"nodeName", kNodeName}, {"containers", nlohmann::json::array({{{"name", "main"}, {"image", "cuda"}}})}}}};
+        {"metadata",
+         {{"name", name}, {"namespace", "ns"}, {"annotations", {{"kgpu.io/allocation", kgpu::api::EncodeRecord(r)}}}}},
+        {"spec",
+         {{"nodeName", kNodeName}, {"containers", nlohmann::json::array({{{"name", "main"}, {"image", "cuda"}}})}}}};
     if (api.Create("pods", "ns", pod).code != 201) return Fail("cannot create pod " + name);
     if (!pending) kgpu::testing::AddDevices(view, "ns", name, "main", kResource, {ids[static_cast<size_t>(i) % kGpus]});
   }
   pr.SetListResponse(view);
   // One call every 25 ms: the plugin's API budget is 50 requests a second (burst 100), and each
   // call makes one; admissions come one pod at a time, not back to back.
-  const bool ok = PreferredLatency("8 whole GPUs, size 2, steered by 110 pods' records (a call every 25 ms)", kGpus, 2,
-                                   nullptr, {ids[5], ids[2]}, std::min(opt_.calls, 400), std::chrono::milliseconds(25),
-                                   kTargetSteeredP99Us);
+  const bool ok =
+      PreferredLatency("8 whole GPUs, size 2, steered by 110 pods' records (a call every 25 ms)", kGpus, 2, nullptr,
+                       {ids[5], ids[2]}, std::min(opt_.calls, 400), std::chrono::milliseconds(25), kTargetSteeredP99Us);
   StopPlugin(&plugin_, nullptr);
   pr.Stop();
   return ok;
@@ -747,8 +765,9 @@ bool Bench::XidLatency(bool direct) {
     ++injected;
     // Everything Healthy (the last list), then a random pause.
     if (kubelet_->Get(kResource)->Healthy() != static_cast<int>(kGpus) &&
-        !kubelet_->WaitFor(kResource, [](const auto& s) { return s.connected && s.Healthy() == static_cast<int>(kGpus); },
-                           std::chrono::seconds(5))) {
+        !kubelet_->WaitFor(
+            kResource, [](const auto& s) { return s.connected && s.Healthy() == static_cast<int>(kGpus); },
+            std::chrono::seconds(5))) {
       return Fail("the GPUs did not come back Healthy within 5 s; plugin log:\n" + plugin_.LogTail());
     }
     SleepMs(jitter(rng_));
@@ -767,11 +786,14 @@ bool Bench::XidLatency(bool direct) {
       ctl = Spawn({KGPU_SIMCTL, "xid", std::to_string(gpu), std::to_string(kXidCode)}, envp, dir_ + "/simctl.log");
       if (ctl < 0) return Fail("cannot start " KGPU_SIMCTL);
     }
-    auto bad = rec_.WaitFor(&cursor, [&](const Record& r) {
-      if (r.kind != FakeKubeletEvent::Kind::kUpdate || r.resource != kResource) return false;
-      const auto it = r.healthy.find(uuid);
-      return it != r.healthy.end() && !it->second;
-    }, 2000);
+    auto bad = rec_.WaitFor(
+        &cursor,
+        [&](const Record& r) {
+          if (r.kind != FakeKubeletEvent::Kind::kUpdate || r.resource != kResource) return false;
+          const auto it = r.healthy.find(uuid);
+          return it != r.healthy.end() && !it->second;
+        },
+        2000);
     if (ctl > 0) {
       auto st = WaitExit(ctl, 5000);
       if (!st || !WIFEXITED(*st) || WEXITSTATUS(*st) != 0) {
@@ -797,18 +819,21 @@ bool Bench::XidLatency(bool direct) {
     }
   }
   const Stats s = Summarize(ms);
-  std::printf("XID %llu -> ListAndWatch Unhealthy at the FakeKubelet, injected %s, %zu samples%s: "
-              "p50 %.2f ms, p99 %.2f ms, max %.2f ms (min %.2f ms) -- p99 %s\n",
-              static_cast<unsigned long long>(kXidCode),
-              direct ? "in-process via kgpu::sim::Node::PushEvent (no fork/exec)"
-                     : "by fork/exec of `kgpu-simctl xid G 48` (includes its start-up)",
-              s.n, missed > 0 ? (" (" + std::to_string(missed) + " more injected, never seen Unhealthy, excluded)").c_str() : "",
-              s.p50, s.p99, s.max, s.min, Verdict(s.p99, kTargetXidMs, "ms").c_str());
+  std::printf(
+      "XID %llu -> ListAndWatch Unhealthy at the FakeKubelet, injected %s, %zu samples%s: "
+      "p50 %.2f ms, p99 %.2f ms, max %.2f ms (min %.2f ms) -- p99 %s\n",
+      static_cast<unsigned long long>(kXidCode),
+      direct ? "in-process via kgpu::sim::Node::PushEvent (no fork/exec)"
+             : "by fork/exec of `kgpu-simctl xid G 48` (includes its start-up)",
+      s.n,
+      missed > 0 ? (" (" + std::to_string(missed) + " more injected, never seen Unhealthy, excluded)").c_str() : "",
+      s.p50, s.p99, s.max, s.min, Verdict(s.p99, kTargetXidMs, "ms").c_str());
   if (missed > 0) {
-    std::printf("  note: %d of %d injected XIDs never reached the FakeKubelet as Unhealthy (waited 2 s each; "
-                "excluded, and replaced by further injections): with recoverAfter 0s the next 50 ms probe cleared "
-                "the fault before the plugin sent a list with it (ListAndWatch carries a level, not an edge)\n",
-                missed, injected);
+    std::printf(
+        "  note: %d of %d injected XIDs never reached the FakeKubelet as Unhealthy (waited 2 s each; "
+        "excluded, and replaced by further injections): with recoverAfter 0s the next 50 ms probe cleared "
+        "the fault before the plugin sent a list with it (ListAndWatch carries a level, not an edge)\n",
+        missed, injected);
   }
   if (static_cast<int>(ms.size()) < opt_.xid_samples) {
     return Fail("only " + std::to_string(ms.size()) + " of " + std::to_string(injected) + " XIDs were seen");
@@ -824,17 +849,22 @@ bool Bench::RestartLatency() {
     size_t cursor = rec_.Cursor();
     const int prev = registrations_;
     if (auto st = kubelet_->Restart(); !st.ok()) return Fail("FakeKubelet::Restart: " + std::string(st.message()));
-    auto restarted = rec_.WaitFor(&cursor, [](const Record& r) {
-      return r.kind == FakeKubeletEvent::Kind::kRestarted;
-    }, 5000);
-    auto reg = rec_.WaitFor(&cursor, [&](const Record& r) {
-      return r.kind == FakeKubeletEvent::Kind::kRegistered && r.resource == kResource && r.registrations > prev;
-    }, 15000);
+    auto restarted = rec_.WaitFor(
+        &cursor, [](const Record& r) { return r.kind == FakeKubeletEvent::Kind::kRestarted; }, 5000);
+    auto reg = rec_.WaitFor(
+        &cursor,
+        [&](const Record& r) {
+          return r.kind == FakeKubeletEvent::Kind::kRegistered && r.resource == kResource && r.registrations > prev;
+        },
+        15000);
     std::optional<Record> list;
     if (reg) {
-      list = rec_.WaitFor(&cursor, [&](const Record& r) {
-        return r.kind == FakeKubeletEvent::Kind::kUpdate && r.resource == kResource && r.connected;
-      }, 15000);
+      list = rec_.WaitFor(
+          &cursor,
+          [&](const Record& r) {
+            return r.kind == FakeKubeletEvent::Kind::kUpdate && r.resource == kResource && r.connected;
+          },
+          15000);
     }
     if (!restarted || !reg || !list) {
       return Fail("kubelet restart " + std::to_string(i + 1) + ": the plugin did not register " + kResource +
@@ -846,11 +876,12 @@ bool Bench::RestartLatency() {
     std::this_thread::sleep_for(std::chrono::microseconds(pause_us(rng_)));
   }
   const Stats r = Summarize(reg_ms), l = Summarize(list_ms);
-  std::printf("re-registration after a kubelet restart (sockets deleted, kubelet.sock re-created -> Register at "
-              "the FakeKubelet), %zu restarts: p50 %.2f ms, p99 %.2f ms, max %.2f ms (min %.2f ms; before issue "
-              "9: %.0f ms at p50 and p99) -- p50 %s, p99 %s\n",
-              r.n, r.p50, r.p99, r.max, r.min, kPreviousReregisterMs,
-              Verdict(r.p50, kTargetReregisterP50Ms, "ms").c_str(), Verdict(r.p99, kTargetReregisterP99Ms, "ms").c_str());
+  std::printf(
+      "re-registration after a kubelet restart (sockets deleted, kubelet.sock re-created -> Register at "
+      "the FakeKubelet), %zu restarts: p50 %.2f ms, p99 %.2f ms, max %.2f ms (min %.2f ms; before issue "
+      "9: %.0f ms at p50 and p99) -- p50 %s, p99 %s\n",
+      r.n, r.p50, r.p99, r.max, r.min, kPreviousReregisterMs, Verdict(r.p50, kTargetReregisterP50Ms, "ms").c_str(),
+      Verdict(r.p99, kTargetReregisterP99Ms, "ms").c_str());
   std::printf("  to the first list on the new stream: p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", l.p50, l.p99, l.max);
   return true;
 }
@@ -858,10 +889,11 @@ bool Bench::RestartLatency() {
 int Bench::Run() {
   if (!Setup()) return 1;
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  std::printf("device_plugin_bench: node %s (%u x %s), %ld CPUs online, plugin %s, kubelet stand-in in-process, "
-              "dir %s\n",
-              kProfile, node_->gpu_count(), node_->profile().gpus.empty() ? "?" : node_->profile().gpus[0].model->key.c_str(),
-              cpus, g_kgpu.c_str(), dir_.c_str());
+  std::printf(
+      "device_plugin_bench: node %s (%u x %s), %ld CPUs online, plugin %s, kubelet stand-in in-process, "
+      "dir %s\n",
+      kProfile, node_->gpu_count(), node_->profile().gpus.empty() ? "?" : node_->profile().gpus[0].model->key.c_str(),
+      cpus, g_kgpu.c_str(), dir_.c_str());
   std::fflush(stdout);
 
   if (opt_.steered_only) return SteeredPreferredLatency() ? 0 : 1;

@@ -18,15 +18,6 @@
 // Exit status: 0 when every event came back; 1 when an event was lost or mismatched, or the child
 // failed or died; 2 on bad usage.
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <stdlib.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
@@ -39,6 +30,15 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "bench_util.h"
 #include "node.h"
@@ -56,11 +56,11 @@ using kgpu::bench::Percentile;
 using kgpu::sim::Node;
 
 constexpr unsigned kDefaultSamples = 2000;
-constexpr unsigned kWarmup = 20;              // not counted in the figures (still checked)
-constexpr int kReplyTimeoutMs = 2000;         // an event not back by then is lost
-constexpr unsigned kWaitMs = 5000;            // the child's EventSet::Wait timeout
-constexpr unsigned kChildIdleLimitMs = 60000; // the child gives up after this long without events
-constexpr uint64_t kSentinel = ~uint64_t{0};  // event data that tells the child to finish
+constexpr unsigned kWarmup = 20;               // not counted in the figures (still checked)
+constexpr int kReplyTimeoutMs = 2000;          // an event not back by then is lost
+constexpr unsigned kWaitMs = 5000;             // the child's EventSet::Wait timeout
+constexpr unsigned kChildIdleLimitMs = 60000;  // the child gives up after this long without events
+constexpr uint64_t kSentinel = ~uint64_t{0};   // event data that tells the child to finish
 // Real XID codes, cycled through; the sample id goes in the bits above them.
 constexpr uint64_t kXids[] = {13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95};
 
@@ -242,8 +242,7 @@ void Sleep1ms() {
 
 int main(int argc, char** argv) {
   unsigned samples = kDefaultSamples;
-  if (argc > 2 || (argc == 2 && (std::strcmp(argv[1], "-h") == 0 ||
-                                 std::strcmp(argv[1], "--help") == 0))) {
+  if (argc > 2 || (argc == 2 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0))) {
     std::fprintf(stderr, "usage: %s [SAMPLES]   (default %u)\n", argv[0], kDefaultSamples);
     return 2;
   }
@@ -252,8 +251,7 @@ int main(int argc, char** argv) {
     errno = 0;
     const unsigned long v = std::strtoul(argv[1], &end, 10);
     if (errno != 0 || end == argv[1] || *end != '\0' || v == 0 || v > 10000000) {
-      std::fprintf(stderr, "event_latency: SAMPLES must be a number from 1 to 10000000, not '%s'\n",
-                   argv[1]);
+      std::fprintf(stderr, "event_latency: SAMPLES must be a number from 1 to 10000000, not '%s'\n", argv[1]);
       return 2;
     }
     samples = static_cast<unsigned>(v);
@@ -276,8 +274,7 @@ int main(int argc, char** argv) {
   // Open (and so create) the node's state before the child maps it.
   auto node_or = Node::Open(kgpu::sim::ReadEnvironment());
   if (!node_or.ok()) {
-    std::fprintf(stderr, "event_latency: Node::Open: %s\n",
-                 std::string(node_or.status().message()).c_str());
+    std::fprintf(stderr, "event_latency: Node::Open: %s\n", std::string(node_or.status().message()).c_str());
     cleanup_files();
     return 1;
   }
@@ -322,8 +319,7 @@ int main(int argc, char** argv) {
       fail(eof ? "the child died before it was ready" : "the child was not ready within 30 s");
     }
   } else if (ready->gpu != gpus) {
-    fail("the child sees " + std::to_string(ready->gpu) + " GPUs, the node has " +
-         std::to_string(gpus));
+    fail("the child sees " + std::to_string(ready->gpu) + " GPUs, the node has " + std::to_string(gpus));
   }
 
   std::vector<double> lat_us;
@@ -342,8 +338,8 @@ int main(int argc, char** argv) {
     auto reply = ReadMsg(rfd, kReplyTimeoutMs, &eof);
     if (!reply) {
       fail(eof ? "the child died (pipe closed) while event " + std::to_string(i) + " was in flight"
-               : "event " + std::to_string(i) + " (GPU " + std::to_string(gpu) +
-                     ") lost: no wake-up within " + std::to_string(kReplyTimeoutMs) + " ms");
+               : "event " + std::to_string(i) + " (GPU " + std::to_string(gpu) + ") lost: no wake-up within " +
+                     std::to_string(kReplyTimeoutMs) + " ms");
       break;
     }
     if (reply->kind == Kind::kError) {
@@ -390,21 +386,22 @@ int main(int argc, char** argv) {
   cleanup_files();
 
   if (lat_us.size() != samples) {
-    std::fprintf(stderr, "event_latency: FAILED after %u of %u events (%u warm-up)\n", sent, total,
-                 kWarmup);
+    std::fprintf(stderr, "event_latency: FAILED after %u of %u events (%u warm-up)\n", sent, total, kWarmup);
     return 1;
   }
   std::vector<double> sorted = lat_us;
   std::sort(sorted.begin(), sorted.end());
   double sum = 0;
   for (const double v : sorted) sum += v;
-  std::printf("event_latency: node %s (%u GPUs), child pid %d, %u samples 1 ms apart after %u "
-              "warm-up, XID events round-robin over the GPUs\n",
-              node_name.c_str(), gpus, child, samples, kWarmup);
-  std::printf("inject->wake latency over %u events (cross-process): p50 %.1f us, p90 %.1f us, "
-              "p99 %.1f us, max %.1f us, mean %.1f us (min %.1f us)\n",
-              samples, Percentile(sorted, 50), Percentile(sorted, 90), Percentile(sorted, 99),
-              sorted.back(), sum / static_cast<double>(sorted.size()), sorted.front());
+  std::printf(
+      "event_latency: node %s (%u GPUs), child pid %d, %u samples 1 ms apart after %u "
+      "warm-up, XID events round-robin over the GPUs\n",
+      node_name.c_str(), gpus, child, samples, kWarmup);
+  std::printf(
+      "inject->wake latency over %u events (cross-process): p50 %.1f us, p90 %.1f us, "
+      "p99 %.1f us, max %.1f us, mean %.1f us (min %.1f us)\n",
+      samples, Percentile(sorted, 50), Percentile(sorted, 90), Percentile(sorted, 99), sorted.back(),
+      sum / static_cast<double>(sorted.size()), sorted.front());
   if (failed) return 1;
   return 0;
 }

@@ -76,6 +76,7 @@
 #include <fcntl.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -90,6 +91,7 @@
 #include "exporter/counters.h"
 #include "exporter/exporter.h"
 #include "gpu/inventory.h"
+#include "kubelet/checksum.h"
 #include "nvml/library.h"
 #include "testing/fake_podresources.h"
 
@@ -154,30 +156,24 @@ Summary Summarize(std::vector<double> v) {
 // ---------------------------------------------------------------- children and cleanup
 
 // Our environment plus `extra`, as an envp (the strings live in *storage).
-std::vector<char*> BuildEnv(const std::map<std::string, std::string>& extra,
-                            std::vector<std::string>* storage) {
+std::vector<char*> BuildEnv(const std::map<std::string, std::string>& extra, std::vector<std::string>* storage) {
   std::map<std::string, std::string> all;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;
     const auto eq = kv.find('=');
-    if (eq != std::string::npos)
-      all[kv.substr(0, eq)] = kv.substr(eq + 1);
+    if (eq != std::string::npos) all[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
-  for (const auto& [k, v] : extra)
-    all[k] = v;
+  for (const auto& [k, v] : extra) all[k] = v;
   storage->clear();
-  for (const auto& [k, v] : all)
-    storage->push_back(k + "=" + v);
+  for (const auto& [k, v] : all) storage->push_back(k + "=" + v);
   std::vector<char*> ptrs;
-  for (auto& s : *storage)
-    ptrs.push_back(s.data());
+  for (auto& s : *storage) ptrs.push_back(s.data());
   ptrs.push_back(nullptr);
   return ptrs;
 }
 
 void KillChild(pid_t pid) {
-  if (pid <= 0)
-    return;
+  if (pid <= 0) return;
   kill(pid, SIGTERM);
   for (int i = 0; i < 3000; ++i) {  // 3 s, then SIGKILL
     if (waitpid(pid, nullptr, WNOHANG) == pid) {
@@ -198,8 +194,7 @@ bool Alive(pid_t pid) {
 // A free TCP port on 127.0.0.1 (bound and released; the child binds it right after).
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return -1;
+  if (fd < 0) return -1;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -222,8 +217,8 @@ std::string DescribeMem(const ProcMem& m) {
                 "VmRSS %.1f MB, VmHWM %.1f MB (anon %.1f, file %.1f, shmem %.1f; Pss %.1f; "
                 "Private_Dirty %.1f, "
                 "Private_Clean %.1f, Shared_Clean %.1f, Shared_Dirty %.1f; %d threads)",
-                m.rss_mb, m.hwm_mb, m.anon_mb, m.file_mb, m.shmem_mb, m.pss_mb, m.private_dirty_mb,
-                m.private_clean_mb, m.shared_clean_mb, m.shared_dirty_mb, m.threads);
+                m.rss_mb, m.hwm_mb, m.anon_mb, m.file_mb, m.shmem_mb, m.pss_mb, m.private_dirty_mb, m.private_clean_mb,
+                m.shared_clean_mb, m.shared_dirty_mb, m.threads);
   return buf;
 }
 
@@ -234,8 +229,7 @@ double TasksSchedSeconds(pid_t pid) {
   for (const auto& e : std::filesystem::directory_iterator(Cat("/proc/", pid, "/task"), ec)) {
     std::ifstream in(e.path() / "schedstat");
     unsigned long long ns = 0;
-    if (in >> ns)
-      total += static_cast<double>(ns) / 1e9;
+    if (in >> ns) total += static_cast<double>(ns) / 1e9;
   }
   return total;
 }
@@ -265,10 +259,8 @@ size_t CountSeries(const std::string& text, const std::string& must_contain = ""
   size_t n = 0;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#')
-      continue;
-    if (!must_contain.empty() && line.find(must_contain) == std::string::npos)
-      continue;
+    if (line.empty() || line[0] == '#') continue;
+    if (!must_contain.empty() && line.find(must_contain) == std::string::npos) continue;
     ++n;
   }
   return n;
@@ -277,8 +269,7 @@ size_t CountSeries(const std::string& text, const std::string& must_contain = ""
 std::optional<double> MetricValue(const std::string& text, const std::string& name) {
   const std::string key = "\n" + name + " ";
   const auto at = text.find(key);
-  if (at == std::string::npos)
-    return std::nullopt;
+  if (at == std::string::npos) return std::nullopt;
   return std::strtod(text.c_str() + at + key.size(), nullptr);
 }
 
@@ -290,8 +281,7 @@ struct ScrapeRun {
   std::string last_body;
   int connections = 0;
   int failures = 0;
-  long minflt =
-      0;  // minor page faults of this process during the counted GETs (client + in-process server)
+  long minflt = 0;  // minor page faults of this process during the counted GETs (client + in-process server)
 };
 
 // `n` GETs of `path` after `warmup` uncounted ones. keep_alive: one client for all; otherwise a new
@@ -316,8 +306,7 @@ ScrapeRun HttpScrapes(int port, const std::string& path, int warmup, int n, bool
       base = connections->load();
       faults0 = MinorFaults();
     }
-    if (!keep_alive)
-      client = make();
+    if (!keep_alive) client = make();
     const int64_t t0 = NowNs();
     auto res = client->Get(path, headers);
     const int64_t t1 = NowNs();
@@ -328,8 +317,7 @@ ScrapeRun HttpScrapes(int port, const std::string& path, int warmup, int n, bool
     if (i >= warmup) {
       run.ms.push_back(Ms(t1 - t0));
       run.bytes = res->body.size();
-      if (i + 1 == warmup + n)
-        run.last_body = std::move(res->body);
+      if (i + 1 == warmup + n) run.last_body = std::move(res->body);
     }
   }
   run.connections = connections->load() - base;
@@ -354,8 +342,7 @@ struct PodSpec {
 
 std::string PodUid(unsigned i) {
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%08x-%04x-4%03x-8%03x-%012x", 0x5eed0000U + i, i * 37U, i, i * 3U,
-                i * 7919U);
+  std::snprintf(buf, sizeof buf, "%08x-%04x-4%03x-8%03x-%012x", 0x5eed0000U + i, i * 37U, i, i * 3U, i * 7919U);
   return buf;
 }
 
@@ -369,8 +356,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     auto num = [&](int* v) {
-      if (i + 1 >= argc)
-        return false;
+      if (i + 1 >= argc) return false;
       *v = std::atoi(argv[++i]);
       return *v >= 0;
     };
@@ -396,10 +382,9 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else
       ok = false;
     if (!ok) {
-      std::fprintf(
-          stderr,
-          "usage: exporter_bench [--scrapes N] [--gzip-scrapes N] [--fresh-scrapes N] [--calls N]\n"
-          "                      [--collections N] [--child-scrapes N] [--window-s S] [--keep]\n");
+      std::fprintf(stderr,
+                   "usage: exporter_bench [--scrapes N] [--gzip-scrapes N] [--fresh-scrapes N] [--calls N]\n"
+                   "                      [--collections N] [--child-scrapes N] [--window-s S] [--keep]\n");
       return false;
     }
   }
@@ -421,13 +406,11 @@ struct ChildFigures {
 class Child {
  public:
   ~Child() { KillChild(pid_); }
-  bool Start(const std::vector<std::string>& args, char** envp, const std::string& log, int port,
-             double* start_ms) {
+  bool Start(const std::vector<std::string>& args, char** envp, const std::string& log, int port, double* start_ms) {
     log_ = log;
     const int64_t t0 = NowNs();
     pid_ = Spawn(args, envp, log);
-    if (pid_ <= 0)
-      return false;
+    if (pid_ <= 0) return false;
     httplib::Client c("127.0.0.1", port);
     c.set_connection_timeout(0, 200000);
     for (;;) {
@@ -436,10 +419,8 @@ class Child {
         pid_ = -1;
         return false;
       }
-      if (auto r = c.Get("/health"); r && r->status == 200)
-        break;
-      if (NowNs() - t0 > 15'000'000'000LL)
-        return false;
+      if (auto r = c.Get("/health"); r && r->status == 200) break;
+      if (NowNs() - t0 > 15'000'000'000LL) return false;
       usleep(2000);
     }
     *start_ms = Ms(NowNs() - t0);
@@ -457,8 +438,7 @@ class Child {
 
 int main(int argc, char** argv) {
   Args args;
-  if (!ParseArgs(argc, argv, &args))
-    return 2;
+  if (!ParseArgs(argc, argv, &args)) return 2;
   if (args.idle) {  // the libraries only: a baseline for RSS
     pause();
     return 0;
@@ -498,8 +478,7 @@ int main(int argc, char** argv) {
     }
     auto inv = kgpu::gpu::Inventory::Discover(**lib, {dir});
     if (!inv.ok() || (*inv)->gpus().size() != kGpus) {
-      fail("inventory: " +
-           (inv.ok() ? Cat((*inv)->gpus().size(), " GPUs") : std::string(inv.status().message())));
+      fail("inventory: " + (inv.ok() ? Cat((*inv)->gpus().size(), " GPUs") : std::string(inv.status().message())));
       break;
     }
 
@@ -525,18 +504,16 @@ int main(int argc, char** argv) {
     const int64_t t_simctl = NowNs();
     bool ok = true;
     for (const auto& p : pods) {
-      const std::string cmd = Cat(KGPU_SIMCTL, " proc add ", p.gpu, " ", p.pid, " --mem ",
-                                  p.mem_mib, " --util ", p.util, " >/dev/null");
-      const int st =
-          std::system(cmd.c_str());  // NOLINT(concurrency-mt-unsafe): single-threaded here
+      const std::string cmd =
+          Cat(KGPU_SIMCTL, " proc add ", p.gpu, " ", p.pid, " --mem ", p.mem_mib, " --util ", p.util, " >/dev/null");
+      const int st = std::system(cmd.c_str());  // NOLINT(concurrency-mt-unsafe): single-threaded here
       if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         fail("failed: " + cmd);
         ok = false;
         break;
       }
     }
-    if (!ok)
-      break;
+    if (!ok) break;
     const double simctl_ms = Ms(NowNs() - t_simctl);
 
     // The fake /proc: one cgroup file per process (systemd and cgroupfs drivers, half each).
@@ -544,14 +521,13 @@ int main(int argc, char** argv) {
       const std::string pdir = Cat(dir, "/proc/", p.pid);
       std::filesystem::create_directories(pdir);
       char cid[65];
-      std::snprintf(cid, sizeof cid, "%016x%016x%016x%016x", p.pid, p.pid * 31, p.pid * 131,
-                    p.pid * 521);
+      std::snprintf(cid, sizeof cid, "%016x%016x%016x%016x", p.pid, p.pid * 31, p.pid * 131, p.pid * 521);
       std::string underscored_uid = p.uid;
       std::replace(underscored_uid.begin(), underscored_uid.end(), '-', '_');
       std::ofstream out(pdir + "/cgroup");
       if (p.pid % 2 == 0) {
-        out << "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
-            << underscored_uid << ".slice/cri-containerd-" << cid << ".scope\n";
+        out << "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" << underscored_uid
+            << ".slice/cri-containerd-" << cid << ".scope\n";
       } else {
         out << "12:pids:/kubepods/besteffort/pod" << p.uid << "/" << cid << "\n"
             << "11:memory:/kubepods/besteffort/pod" << p.uid << "/" << cid << "\n"
@@ -565,24 +541,22 @@ int main(int argc, char** argv) {
                                    'Q');  // base64 of an AllocateResponse, size of an envvar one
       std::string entries, registered;
       for (const auto& p : pods) {
-        if (!entries.empty())
-          entries += ",";
-        entries += Cat(R"({"PodUID":")", p.uid, R"(","ContainerName":")", p.container,
-                       R"(","ResourceName":")", kResource, R"(","DeviceIDs":{"0":[")", p.device_id,
-                       R"("]},"AllocResp":")", alloc_resp, R"("})");
-        if (!registered.empty())
-          registered += ",";
+        if (!entries.empty()) entries += ",";
+        entries += Cat(R"({"PodUID":")", p.uid, R"(","ContainerName":")", p.container, R"(","ResourceName":")",
+                       kResource, R"(","DeviceIDs":{"0":[")", p.device_id, R"("]},"AllocResp":")", alloc_resp, R"("})");
+        if (!registered.empty()) registered += ",";
         registered += Cat("\"", p.device_id, "\"");
       }
-      std::ofstream(dir + "/checkpoint")
-          << R"({"Data":{"PodDeviceEntries":[)" << entries << R"(],"RegisteredDevices":{")"
-          << kResource << R"(":[)" << registered << R"(]}},"Checksum":1234567890})";
+      // With the checksum kubelet would write: the exporter verifies it and refuses a wrong one.
+      const auto doc =
+          nlohmann::json::parse(Cat(R"({"Data":{"PodDeviceEntries":[)", entries, R"(],"RegisteredDevices":{")",
+                                    kResource, R"(":[)", registered, R"(]}},"Checksum":0})"));
+      std::ofstream(dir + "/checkpoint") << kgpu::kubelet::WithKubeletChecksum(doc).dump();
     }
 
     // PodResources: 64 pods, one container, one replica each.
     v1::ListPodResourcesResponse list;
-    for (const auto& p : pods)
-      kgpu::testing::AddDevices(list, p.ns, p.pod, p.container, kResource, {p.device_id}, 0);
+    for (const auto& p : pods) kgpu::testing::AddDevices(list, p.ns, p.pod, p.container, kResource, {p.device_id}, 0);
     kgpu::testing::FakePodResources server(dir + "/pr.sock");
     server.SetListResponse(list);
     if (auto st = server.Start(); !st.ok()) {
@@ -592,8 +566,7 @@ int main(int argc, char** argv) {
 
     // The exporter, in process.
     std::vector<std::string> skipped;
-    auto counters = kgpu::exporter::ParseCounters(kgpu::exporter::DefaultCountersCsv(),
-                                                  "<default counters>", &skipped);
+    auto counters = kgpu::exporter::ParseCounters(kgpu::exporter::DefaultCountersCsv(), "<default counters>", &skipped);
     if (!counters.ok()) {
       fail(Cat("counters: ", counters.status().message()));
       break;
@@ -623,18 +596,14 @@ int main(int argc, char** argv) {
       size_t pod_fb = 0, right = 0;
       std::istringstream in(text);
       for (std::string line; std::getline(in, line);) {
-        if (line.rfind("DCGM_FI_DEV_FB_USED{", 0) != 0 || line.find("pod=\"") == std::string::npos)
-          continue;
+        if (line.rfind("DCGM_FI_DEV_FB_USED{", 0) != 0 || line.find("pod=\"") == std::string::npos) continue;
         ++pod_fb;
         for (const auto& p : pods) {
-          if (line.find("pod=\"" + p.pod + "\"") != std::string::npos &&
-              line.ends_with(Cat("} ", p.mem_mib)))
-            ++right;
+          if (line.find("pod=\"" + p.pod + "\"") != std::string::npos && line.ends_with(Cat("} ", p.mem_mib))) ++right;
         }
       }
       if (pod_fb != kPods || right != kPods) {
-        fail(Cat("expected ", kPods,
-                 " per-pod DCGM_FI_DEV_FB_USED series with each pod's memory, got ", pod_fb,
+        fail(Cat("expected ", kPods, " per-pod DCGM_FI_DEV_FB_USED series with each pod's memory, got ", pod_fb,
                  " series, ", right, " right; first 3000 chars:\n", text.substr(0, 3000)));
         break;
       }
@@ -667,8 +636,7 @@ int main(int argc, char** argv) {
         "     series: %zu with pod labels (%u per-pod FB_USED + %u per-pod GPU_UTIL), %zu "
         "device-level, "
         "%zu exporter's own\n",
-        pod_series, kPods, kPods,
-        series - pod_series - CountSeries(http.last_body, "kgpu_exporter_"),
+        pod_series, kPods, kPods, series - pod_series - CountSeries(http.last_body, "kgpu_exporter_"),
         CountSeries(http.last_body, "kgpu_exporter_"));
     PrintLatency("keep-alive, identity:", http);
     {
@@ -702,13 +670,10 @@ int main(int argc, char** argv) {
       ref.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
         res.set_content(exporter->Scrape(), "text/plain; version=0.0.4; charset=utf-8");
       });
-      ref.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-        res.set_content("OK", "text/plain");
-      });
+      ref.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("OK", "text/plain"); });
       const int ref_port = ref.bind_to_any_port("127.0.0.1");
       std::thread t([&] { ref.listen_after_bind(); });
-      for (int i = 0; i < 2000 && !ref.is_running(); ++i)
-        usleep(1000);
+      for (int i = 0; i < 2000 && !ref.is_running(); ++i) usleep(1000);
       PrintLatency("[ref. server +TCP_NODELAY] keep-alive, gzip:",
                    HttpScrapes(ref_port, "/metrics", 10, args.gzip_scrapes, true, gzip));
       PrintLatency("[ref. server +TCP_NODELAY] /health:",
@@ -724,14 +689,12 @@ int main(int argc, char** argv) {
     size_t sink = 0;
     long scrape_faults = 0;
     for (int i = 0; i < kWarmup + args.calls; ++i) {
-      if (i == kWarmup)
-        scrape_faults = MinorFaults();
+      if (i == kWarmup) scrape_faults = MinorFaults();
       const int64_t t0 = NowNs();
       const std::string text = exporter->Scrape();
       const int64_t t1 = NowNs();
       sink += text.size();
-      if (i >= kWarmup)
-        scrape_us.push_back(Us(t1 - t0));
+      if (i >= kWarmup) scrape_us.push_back(Us(t1 - t0));
     }
     scrape_faults = MinorFaults() - scrape_faults;
     const Summary ss = Summarize(scrape_us);
@@ -752,8 +715,7 @@ int main(int argc, char** argv) {
       exporter->CollectNow();
       const int64_t t1 = NowNs();
       const double c1 = ThreadCpuSeconds(), k1 = ThreadClockSeconds();
-      if (i < 2)
-        continue;  // warm-up
+      if (i < 2) continue;  // warm-up
       cpu_ms.push_back((c1 - c0) * 1e3);
       clock_ms.push_back((k1 - k0) * 1e3);
       wall_ms.push_back(Ms(t1 - t0));
@@ -811,11 +773,9 @@ int main(int argc, char** argv) {
                                               "--kubelet-checkpoint",
                                               dir + "/checkpoint"};
       std::string cmdline;
-      for (const auto& a : cargs)
-        cmdline += (cmdline.empty() ? "" : " ") + a;
+      for (const auto& a : cargs) cmdline += (cmdline.empty() ? "" : " ") + a;
       if (!child.Start(cargs, envp.data(), dir + "/exporter-k.log", child_port, &k.start_ms)) {
-        fail("kgpu exporter -k did not serve /health within 15 s: " + cmdline + "\n" +
-             child.LogTail());
+        fail("kgpu exporter -k did not serve /health within 15 s: " + cmdline + "\n" + child.LogTail());
         break;
       }
       const double cpu0 = ProcCpuSeconds(child.Pid()), sched0 = TasksSchedSeconds(child.Pid());
@@ -835,10 +795,8 @@ int main(int argc, char** argv) {
       k.gzip_scrapes = HttpScrapes(child_port, "/metrics", 0, args.child_scrapes / 2, false, gzip);
       const double gcpu1 = ProcCpuSeconds(child.Pid()), gsched1 = TasksSchedSeconds(child.Pid());
       if (!k.gzip_scrapes.ms.empty()) {
-        k.gzip_cpu_per_scrape_us =
-            (gcpu1 - gcpu0) * 1e6 / static_cast<double>(k.gzip_scrapes.ms.size());
-        k.gzip_sched_per_scrape_us =
-            (gsched1 - gsched0) * 1e6 / static_cast<double>(k.gzip_scrapes.ms.size());
+        k.gzip_cpu_per_scrape_us = (gcpu1 - gcpu0) * 1e6 / static_cast<double>(k.gzip_scrapes.ms.size());
+        k.gzip_sched_per_scrape_us = (gsched1 - gsched0) * 1e6 / static_cast<double>(k.gzip_scrapes.ms.size());
       }
 
       // Idle window: CPU per collection (everything the process does, amortised over collections).
@@ -875,15 +833,12 @@ int main(int argc, char** argv) {
           k.mem_after_scrapes.rss_mb, k.mem_after_scrapes.hwm_mb, ks.n, kTargetRssMb,
           k.mem_after_scrapes.rss_mb <= kTargetRssMb ? "met" : "MISSED");
       std::printf("     command: %s\n", cmdline.c_str());
-      std::printf("     fork -> serving /health %.1f ms; %zu series, %zu B\n", k.start_ms, k.series,
-                  k.scrapes.bytes);
+      std::printf("     fork -> serving /health %.1f ms; %zu series, %zu B\n", k.start_ms, k.series, k.scrapes.bytes);
       std::printf("     after scrapes: %s\n", DescribeMem(k.mem_after_scrapes).c_str());
-      std::printf("     after the %.0f s window: %s\n", k.window_s,
-                  DescribeMem(k.mem_after_window).c_str());
+      std::printf("     after the %.0f s window: %s\n", k.window_s, DescribeMem(k.mem_after_window).c_str());
       PrintLatency("child scrapes, keep-alive, identity:", k.scrapes);
-      std::printf(
-          "     child CPU per scrape: %.1f us (utime+stime), %.1f us (schedstat of live threads)\n",
-          k.cpu_per_scrape_us, k.sched_per_scrape_us);
+      std::printf("     child CPU per scrape: %.1f us (utime+stime), %.1f us (schedstat of live threads)\n",
+                  k.cpu_per_scrape_us, k.sched_per_scrape_us);
       PrintLatency("child scrapes, new connection, gzip:", k.gzip_scrapes);
       std::printf(
           "     child CPU per gzip scrape: %.1f us (utime+stime), %.1f us (schedstat of live "
@@ -896,8 +851,7 @@ int main(int argc, char** argv) {
           "idle window / "
           "%.0f collections at -c 1000); %.2f ms by schedstat; %.2f%% of one CPU; last collection "
           "took %.2f ms\n",
-          per, k.cpu_s, k.window_s, k.collections, per_sched, 100.0 * k.sched_s / k.window_s,
-          k.last_duration_ms);
+          per, k.cpu_s, k.window_s, k.collections, per_sched, 100.0 * k.sched_s / k.window_s, k.last_duration_ms);
       PrintSmaps("kgpu exporter -k", child.Pid());
       std::fflush(stdout);
     }
@@ -908,14 +862,12 @@ int main(int argc, char** argv) {
       const int child_port = FreePort();
       Child child;
       double start_ms = 0;
-      const std::vector<std::string> cargs = {
-          KGPU_BIN, "exporter", "-a", Cat("127.0.0.1:", child_port), "-c", "1000"};
+      const std::vector<std::string> cargs = {KGPU_BIN, "exporter", "-a", Cat("127.0.0.1:", child_port), "-c", "1000"};
       if (!child.Start(cargs, envp.data(), dir + "/exporter-nok.log", child_port, &start_ms)) {
         fail("kgpu exporter (no -k) did not serve\n" + child.LogTail());
         break;
       }
-      ScrapeRun r =
-          HttpScrapes(child_port, "/metrics", 0, std::min(args.child_scrapes, 200), true, identity);
+      ScrapeRun r = HttpScrapes(child_port, "/metrics", 0, std::min(args.child_scrapes, 200), true, identity);
       const ProcMem m = ReadProcMem(child.Pid());
       std::printf(
           "baseline `kgpu exporter` without -k (no PodResources, no gRPC runtime), after %zu "
@@ -953,19 +905,17 @@ int main(int argc, char** argv) {
         fail("kgpu exporter -k (MALLOC_ARENA_MAX=1) did not serve\n" + child.LogTail());
         break;
       }
-      ScrapeRun r =
-          HttpScrapes(child_port, "/metrics", 0, std::min(args.child_scrapes, 200), true, identity);
+      ScrapeRun r = HttpScrapes(child_port, "/metrics", 0, std::min(args.child_scrapes, 200), true, identity);
       std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // a couple of collections
       const ProcMem m = ReadProcMem(child.Pid());
-      std::printf("`kgpu exporter -k` with MALLOC_ARENA_MAX=1, after %zu scrapes and 2.5 s: %s\n",
-                  r.ms.size(), DescribeMem(m).c_str());
+      std::printf("`kgpu exporter -k` with MALLOC_ARENA_MAX=1, after %zu scrapes and 2.5 s: %s\n", r.ms.size(),
+                  DescribeMem(m).c_str());
     }
     {
       char self[4096] = {};
       const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
       if (n > 0) {
-        const pid_t pid = Spawn({std::string(self, static_cast<size_t>(n)), "--idle"}, envp.data(),
-                                dir + "/idle.log");
+        const pid_t pid = Spawn({std::string(self, static_cast<size_t>(n)), "--idle"}, envp.data(), dir + "/idle.log");
         usleep(300000);
         if (pid > 0 && Alive(pid)) {
           const ProcMem m = ReadProcMem(pid);
@@ -983,16 +933,14 @@ int main(int argc, char** argv) {
         "Accept-Encoding: "
         "gzip as Prometheus sends it: p99 %.3f ms keep-alive (%s), %.3f ms new connection (%s)\n",
         hs.p99, kTargetScrapeP99Ms, hs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED", gzs.p99,
-        gzs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED", fgzs.p99,
-        fgzs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED");
+        gzs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED", fgzs.p99, fgzs.p99 <= kTargetScrapeP99Ms ? "met" : "MISSED");
     std::printf(
         "summary: `kgpu exporter -k` VmRSS %.1f MB (target <= %.0f MB: %s, %+.1f MB), VmHWM %.1f "
         "MB, "
         "Private_Dirty %.1f MB, Pss %.1f MB\n",
-        k.mem_after_window.rss_mb, kTargetRssMb,
-        k.mem_after_window.rss_mb <= kTargetRssMb ? "met" : "MISSED",
-        k.mem_after_window.rss_mb - kTargetRssMb, k.mem_after_window.hwm_mb,
-        k.mem_after_window.private_dirty_mb, k.mem_after_window.pss_mb);
+        k.mem_after_window.rss_mb, kTargetRssMb, k.mem_after_window.rss_mb <= kTargetRssMb ? "met" : "MISSED",
+        k.mem_after_window.rss_mb - kTargetRssMb, k.mem_after_window.hwm_mb, k.mem_after_window.private_dirty_mb,
+        k.mem_after_window.pss_mb);
     server.Stop();
   } while (false);
 

@@ -12,8 +12,6 @@
 // Usage: extender_bench [nodes...]   (default: 1000 5000)
 //        extender_bench --in-process ROUNDS [nodes]   (the in-process breakdown only, for a profiler)
 //        extender_bench --throughput-only [nodes]     (start-up and pods per second only)
-#include <httplib.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -24,8 +22,10 @@
 #include <thread>
 #include <vector>
 
+#include <httplib.h>
+
+#include "api/record.h"
 #include "bench_util.h"
-#include "extender/record.h"
 #include "extender/state.h"
 #include "extender/wire.h"
 #include "k8s/client.h"
@@ -51,27 +51,37 @@ std::vector<testing::TestGpu> GpusFor(int i) {
   return g;
 }
 
-std::string NodeName(int i) { return "gpu-node-" + std::to_string(i); }
+std::string NodeName(int i) {
+  return "gpu-node-" + std::to_string(i);
+}
 
 json BoundPod(int node, int k) {
   const std::string n = NodeName(node);
   json pod;
-  extender::AllocationRecord r;
+  api::AllocationRecord r;
   r.node = n;
   if (node % 4 < 2) {
-    pod = testing::TestPod("bench", n + "-" + std::to_string(k), {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}});
-    r.containers.push_back({"main", "kgpu.io/gpu", "hard", {{testing::TestGpuUuid(n, static_cast<size_t>(k)), "", "", 20000, 0}}});
+    pod =
+        testing::TestPod("bench", n + "-" + std::to_string(k), {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}});
+    r.containers.push_back(
+        {"main", "kgpu.io/gpu", "hard", {{testing::TestGpuUuid(n, static_cast<size_t>(k)), "", "", 20000, 0}}});
   } else if (node % 4 == 2) {
     pod = testing::TestPod("bench", n + "-" + std::to_string(k), {{"nvidia.com/gpu", "2"}});
-    r.containers.push_back({"main", "nvidia.com/gpu", "", {{testing::TestGpuUuid(n, static_cast<size_t>(2 * k)), "", "", 0, 0},
-                                                           {testing::TestGpuUuid(n, static_cast<size_t>(2 * k + 1)), "", "", 0, 0}}});
+    r.containers.push_back({"main",
+                            "nvidia.com/gpu",
+                            "",
+                            {{testing::TestGpuUuid(n, static_cast<size_t>(2 * k)), "", "", 0, 0},
+                             {testing::TestGpuUuid(n, static_cast<size_t>(2 * k + 1)), "", "", 0, 0}}});
   } else {
     pod = testing::TestPod("bench", n + "-" + std::to_string(k), {{"nvidia.com/mig-1g.10gb", "1"}});
-    r.containers.push_back({"main", "nvidia.com/mig-1g.10gb", "",
-                            {{testing::TestGpuUuid(n, 0), "MIG-" + n + "-0-" + std::to_string(k), "1g.10gb", 9984, 0}}});
+    r.containers.push_back(
+        {"main",
+         "nvidia.com/mig-1g.10gb",
+         "",
+         {{testing::TestGpuUuid(n, 0), "MIG-" + n + "-0-" + std::to_string(k), "1g.10gb", 9984, 0}}});
   }
   pod["spec"]["nodeName"] = n;
-  pod["metadata"]["annotations"]["kgpu.io/allocation"] = extender::EncodeRecord(r);
+  pod["metadata"]["annotations"]["kgpu.io/allocation"] = api::EncodeRecord(r);
   pod["status"]["phase"] = "Running";
   return pod;
 }
@@ -83,22 +93,27 @@ void Print(const char* what, const bench::Stats& s);
 // The pods whose filter and prioritize latency is measured.
 std::vector<std::pair<const char*, json>> ProbeShapes() {
   return {
-      {"share 1 x 8000 MiB", testing::TestPod("bench", "probe-share", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}})},
-      {"share 2 x 10000 MiB 30%", testing::TestPod("bench", "probe-share2", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "20000"},
-                                                                             {"kgpu.io/gpu-cores", "60"}})},
+      {"share 1 x 8000 MiB",
+       testing::TestPod("bench", "probe-share", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}})},
+      {"share 2 x 10000 MiB 30%",
+       testing::TestPod("bench", "probe-share2",
+                        {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "20000"}, {"kgpu.io/gpu-cores", "60"}})},
       {"whole 4 GPUs", testing::TestPod("bench", "probe-whole", {{"nvidia.com/gpu", "4"}})},
       {"MIG 1g.10gb", testing::TestPod("bench", "probe-mig", {{"nvidia.com/mig-1g.10gb", "1"}})},
       // Three GPU containers: two placed on trial per node, the init container on its target's.
-      {"shares 8000 + sidecar 2000 + init", testing::WithContainer(
-           testing::WithContainer(testing::TestPod("bench", "probe-multi", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}),
-                                  "initContainers", "metrics", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "2000"}}, true),
+      {"shares 8000 + sidecar 2000 + init",
+       testing::WithContainer(
+           testing::WithContainer(
+               testing::TestPod("bench", "probe-multi", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}),
+               "initContainers", "metrics", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "2000"}}, true),
            "initContainers", "warmup", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}})},
   };
 }
 
 // Where a filter's time goes, in process (no HTTP, one thread): decoding the request, the
 // device-level decision, encoding the reply.
-void Breakdown(int nodes, const std::vector<std::pair<const char*, json>>& shapes, const std::vector<std::string>& names) {
+void Breakdown(int nodes, const std::vector<std::pair<const char*, json>>& shapes,
+               const std::vector<std::string>& names) {
   extender::State st;
   if (!st.Init().ok()) return;
   for (int i = 0; i < nodes; ++i) st.UpsertNode(testing::TestNode(NodeName(i), GpusFor(i)));
@@ -194,7 +209,8 @@ int Run(int nodes) {
     return 1;
   }
   auto m = http.Get("/metrics");
-  const bool all_booked = m && m->body.find("kgpu_extender_pods_booked " + std::to_string(nodes * 2)) != std::string::npos;
+  const bool all_booked =
+      m && m->body.find("kgpu_extender_pods_booked " + std::to_string(nodes * 2)) != std::string::npos;
   const auto mem = bench::ReadProcMem(pid);
   std::printf("  ready after %.2f s (records booked: %s), RSS %.1f MB (HWM %.1f MB)\n",
               static_cast<double>(bench::NowNs() - t0) / 1e9, all_booked ? "all" : "NOT ALL", mem.rss_mb, mem.hwm_mb);
@@ -207,7 +223,8 @@ int Run(int nodes) {
   // least 5 %, at least 100 nodes) of the nodes that pass its in-tree filters (those with the
   // shape's resource in allocatable): what it really sends to the extender.
   const int64_t pct = std::max<int64_t>(5, 50 - nodes / 125);
-  const size_t sample = nodes < 100 ? static_cast<size_t>(nodes) : std::max<size_t>(100, static_cast<size_t>(nodes * pct / 100));
+  const size_t sample =
+      nodes < 100 ? static_cast<size_t>(nodes) : std::max<size_t>(100, static_cast<size_t>(nodes * pct / 100));
   // i % 4 of the nodes that serve each shape of ProbeShapes() (0 and 1 serve shares).
   const std::vector<int> kind_of_shape = {0, 0, 2, 3, 0};
   if (kind_of_shape.size() != shapes.size()) {
@@ -235,7 +252,9 @@ int Run(int nodes) {
           }
           if (i >= 10) ms.push_back(static_cast<double>(e - s) / 1e6);
         }
-        Print((std::string(verb) + " " + what + (list == &names ? " (all " : " (sample ") + std::to_string(list->size()) + ")").c_str(),
+        Print((std::string(verb) + " " + what + (list == &names ? " (all " : " (sample ") +
+               std::to_string(list->size()) + ")")
+                  .c_str(),
               bench::Summarize(ms));
       }
     }
@@ -257,9 +276,10 @@ int Run(int nodes) {
     const int count = 1000;
     std::vector<json> pods;
     for (int i = 0; i < count; ++i) {
-      auto r = api.Create("pods", "bench",
-                          testing::TestPod("bench", "s" + std::to_string(threads) + "-" + std::to_string(i),
-                                           {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "5"}}));
+      auto r = api.Create(
+          "pods", "bench",
+          testing::TestPod("bench", "s" + std::to_string(threads) + "-" + std::to_string(i),
+                           {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "5"}}));
       pods.push_back(r.body);
     }
     std::atomic<int> next{0}, bound{0};
@@ -283,8 +303,8 @@ int Run(int nodes) {
     for (auto& t : ts) t.join();
     const double secs = static_cast<double>(bench::NowNs() - s) / 1e9;
     const double cpu = bench::ProcCpuSeconds(pid) - cpu0;
-    std::printf("  scheduler stand-in, %d thread(s): %d/%d pods bound in %.2f s = %.0f pods/s\n", threads, bound.load(), count,
-                secs, bound.load() / secs);
+    std::printf("  scheduler stand-in, %d thread(s): %d/%d pods bound in %.2f s = %.0f pods/s\n", threads, bound.load(),
+                count, secs, bound.load() / secs);
     // The stand-in, the API server and the extender share this machine's cores: the extender's
     // own CPU per pod says how many pods per second one core of extender serves.
     std::printf("    extender CPU %.2f s = %.2f ms per pod (%.0f pods/s per core of extender)\n", cpu,

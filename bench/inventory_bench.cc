@@ -15,16 +15,16 @@
 // kgpu's own per-start cost (dlopen call, _vN symbol probing, init/shutdown, discovery), not the
 // first mmap of the node state.
 
-#include <benchmark/benchmark.h>
-#include <dirent.h>
-#include <stdlib.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
+
+#include <benchmark/benchmark.h>
+#include <dirent.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "gpu/inventory.h"
 #include "nvml/library.h"
@@ -47,7 +47,9 @@ std::string& StateDir() {
   return dir;
 }
 
-std::string StatePath(const std::string& profile) { return StateDir() + "/" + profile + ".state"; }
+std::string StatePath(const std::string& profile) {
+  return StateDir() + "/" + profile + ".state";
+}
 
 // Points the simulated NVML at `profile`, with a state file private to this process. The library
 // reads the environment on an nvmlInit that finds no other open client.
@@ -100,15 +102,14 @@ size_t MigCount(const Inventory& inv) {
 }
 
 // Cheap per-iteration check: discovery succeeded and found the node's 8 GPUs.
-bool Usable(benchmark::State& state,
-            const absl::StatusOr<std::shared_ptr<const Inventory>>& inv) {
+bool Usable(benchmark::State& state, const absl::StatusOr<std::shared_ptr<const Inventory>>& inv) {
   if (!inv.ok()) {
     state.SkipWithError(("Inventory::Discover: " + std::string(inv.status().message())).c_str());
     return false;
   }
   if ((*inv)->gpus().size() != kWantGpus) {
-    state.SkipWithError(("Inventory::Discover found " + std::to_string((*inv)->gpus().size()) +
-                         " GPUs, want " + std::to_string(kWantGpus))
+    state.SkipWithError(("Inventory::Discover found " + std::to_string((*inv)->gpus().size()) + " GPUs, want " +
+                         std::to_string(kWantGpus))
                             .c_str());
     return false;
   }
@@ -124,8 +125,8 @@ bool Complete(benchmark::State& state, const Inventory& inv, size_t want_migs) {
     }
   }
   if (MigCount(inv) != want_migs) {
-    state.SkipWithError(("Inventory::Discover found " + std::to_string(MigCount(inv)) +
-                         " MIG devices, want " + std::to_string(want_migs))
+    state.SkipWithError(("Inventory::Discover found " + std::to_string(MigCount(inv)) + " MIG devices, want " +
+                         std::to_string(want_migs))
                             .c_str());
     return false;
   }

@@ -4,16 +4,16 @@
 // and after, then watch-event throughput: the child modifies N pods as fast as it can and we
 // time until the informer's handler has seen every MODIFIED event.
 //   k8s_bench [--nodes N] [--pods N] [--events N]
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "bench_util.h"
 #include "k8s/client.h"
@@ -26,17 +26,27 @@ using Clock = std::chrono::steady_clock;
 
 json Node(int i) {
   const std::string name = "node-" + std::to_string(i);
-  return {{"metadata", {{"name", name}, {"labels", {{"kubernetes.io/hostname", name}, {"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"}, {"nvidia.com/gpu.count", "8"}}}}},
+  return {{"metadata",
+           {{"name", name},
+            {"labels",
+             {{"kubernetes.io/hostname", name},
+              {"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"},
+              {"nvidia.com/gpu.count", "8"}}}}},
           {"spec", {{"podCIDR", "10.0.0.0/24"}}},
-          {"status", {{"capacity", {{"cpu", "64"}, {"memory", "512Gi"}, {"nvidia.com/gpu", "8"}, {"pods", "110"}}},
-                      {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}}}};
+          {"status",
+           {{"capacity", {{"cpu", "64"}, {"memory", "512Gi"}, {"nvidia.com/gpu", "8"}, {"pods", "110"}}},
+            {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}}}};
 }
 
 json Pod(int i, int nodes) {
-  return {{"metadata", {{"name", "pod-" + std::to_string(i)}, {"labels", {{"app", "train-" + std::to_string(i % 100)}}}}},
-          {"spec", {{"nodeName", "node-" + std::to_string(i % nodes)},
-                    {"containers", {{{"name", "main"}, {"image", "registry.example.com/train:1"},
-                                     {"resources", {{"limits", {{"nvidia.com/gpu", "1"}}}}}}}}}}};
+  return {
+      {"metadata", {{"name", "pod-" + std::to_string(i)}, {"labels", {{"app", "train-" + std::to_string(i % 100)}}}}},
+      {"spec",
+       {{"nodeName", "node-" + std::to_string(i % nodes)},
+        {"containers",
+         {{{"name", "main"},
+           {"image", "registry.example.com/train:1"},
+           {"resources", {{"limits", {{"nvidia.com/gpu", "1"}}}}}}}}}}};
 }
 
 }  // namespace
@@ -110,8 +120,8 @@ int main(int argc, char** argv) {
   const auto after_nodes = kgpu::bench::ReadProcMem(getpid());
   auto [pod_inf, pod_s] = sync("/api/v1/pods", pod_updates);
   const auto after_pods = kgpu::bench::ReadProcMem(getpid());
-  std::printf("informer sync: %zu nodes in %.2f s, %zu pods in %.2f s (%.0f objects/s)\n", node_inf->store().Size(), node_s,
-              pod_inf->store().Size(), pod_s, static_cast<double>(pod_inf->store().Size()) / pod_s);
+  std::printf("informer sync: %zu nodes in %.2f s, %zu pods in %.2f s (%.0f objects/s)\n", node_inf->store().Size(),
+              node_s, pod_inf->store().Size(), pod_s, static_cast<double>(pod_inf->store().Size()) / pod_s);
   std::printf("RSS: %.1f MiB before, %.1f MiB with nodes, %.1f MiB with nodes and pods (+%.1f MiB, %.1f KiB/pod)\n",
               before.rss_mb, after_nodes.rss_mb, after_pods.rss_mb, after_pods.rss_mb - before.rss_mb,
               (after_pods.rss_mb - after_nodes.rss_mb) * 1024.0 / std::max(1, pods));

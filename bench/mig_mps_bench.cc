@@ -19,9 +19,6 @@
 //
 // Exit status: 0 when every step worked, 1 when something failed, 2 on bad usage.
 
-#include <signal.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +29,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <signal.h>
+#include <unistd.h>
 
 #include "bench_util.h"
 #include "deviceplugin/allocator.h"
@@ -144,8 +144,8 @@ int main(int argc, char** argv) {
 
     // 3. The plugin process follows; the kubelet stand-in sees the new lists.
     {
-      std::ofstream(dir + "/plugin.yaml") << "version: v1\nflags:\n  migStrategy: mixed\nmig:\n  rescanInterval: "
-                                          << rescan_ms << "ms\n";
+      std::ofstream(dir + "/plugin.yaml")
+          << "version: v1\nflags:\n  migStrategy: mixed\nmig:\n  rescanInterval: " << rescan_ms << "ms\n";
       std::filesystem::create_directories(dir + "/kubelet");
       kgpu::testing::FakeKubelet kubelet(dir + "/kubelet");
       if (!kubelet.Start().ok()) return 1;

@@ -26,15 +26,15 @@
 // order and all kept; the VmRSS growth over each build (both engines, their pods and caches) is
 // printed per node. Linear in cluster size means about the same bytes per node at every size.
 
-#include <benchmark/benchmark.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <deque>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <benchmark/benchmark.h>
+#include <unistd.h>
 
 #include "bench_util.h"
 #include "common/files.h"
@@ -52,8 +52,8 @@ namespace {
 
 using namespace kgpu::sched;  // NOLINT(google-build-using-namespace): a benchmark driver
 
-constexpr double kFill = 0.80;       // GPU milli allocated before timing
-constexpr int kIterations = 2000;    // timed Choose calls per case
+constexpr double kFill = 0.80;     // GPU milli allocated before timing
+constexpr int kIterations = 2000;  // timed Choose calls per case
 constexpr int kSizes[] = {1250, 2500, 5000};
 
 std::vector<PodRequest>& TracePods() {
@@ -140,7 +140,9 @@ std::map<int, std::unique_ptr<State>>& States() {
   return states;
 }
 
-double RssMb() { return kgpu::bench::ReadProcMem(getpid()).rss_mb; }
+double RssMb() {
+  return kgpu::bench::ReadProcMem(getpid()).rss_mb;
+}
 
 std::unique_ptr<State> Build(int count) {
   auto st = std::make_unique<State>();
@@ -219,10 +221,11 @@ void BM_Choose(benchmark::State& state, std::string policy, std::string kind) {
   state.counters["max_us"] = sum.max;
   state.counters["fit_%"] = 100.0 * static_cast<double>(fitted) / static_cast<double>(us.size());
   state.counters["gpu_fill_%"] = 100.0 * side.Fill();
-  std::printf("%-6s %-5s %5d nodes (%5d GPUs, %.1f %% GPU milli allocated): p50 %.0f us, p99 %.0f us, max %.0f us "
-              "over %zu pods -- p99 %s the 2 ms target\n",
-              policy.c_str(), kind.c_str(), nodes, nodes * 8, 100.0 * side.Fill(), sum.p50, sum.p99, sum.max,
-              us.size(), sum.p99 <= 2000 ? "within" : "ABOVE");
+  std::printf(
+      "%-6s %-5s %5d nodes (%5d GPUs, %.1f %% GPU milli allocated): p50 %.0f us, p99 %.0f us, max %.0f us "
+      "over %zu pods -- p99 %s the 2 ms target\n",
+      policy.c_str(), kind.c_str(), nodes, nodes * 8, 100.0 * side.Fill(), sum.p50, sum.p99, sum.max, us.size(),
+      sum.p99 <= 2000 ? "within" : "ABOVE");
 }
 
 }  // namespace
@@ -242,20 +245,35 @@ int main(int argc, char** argv) {
   for (const auto& t : *pods) TracePods().push_back(t.request);
 
   benchmark::Initialize(&argc, argv);
+  // --smoke (after Google Benchmark's own flags are taken out): one small cluster and few calls, so
+  // a CI step can see the bench run to its end in seconds (bench/smoke.sh). No figure to keep.
+  std::vector<int> sizes(std::begin(kSizes), std::end(kSizes));
+  int iterations = kIterations;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--smoke") {
+      sizes = {100};
+      iterations = 20;
+    } else {
+      std::fprintf(stderr, "sched_bench: unknown argument %s (Google Benchmark's --benchmark_* flags, or --smoke)\n",
+                   argv[i]);
+      return 2;
+    }
+  }
   std::printf("sched_bench: clusters of 8-GPU nodes filled to %.0f %% GPU milli by `ours` with pods drawn from %s\n",
               kFill * 100, trace_path.c_str());
   std::printf("memory (VmRSS growth while building each cluster: both engines, %zu trace pods' shapes, bound pods):\n",
               TracePods().size());
-  for (int n : kSizes) {
+  for (int n : sizes) {
     const double before = RssMb();
     const int64_t t0 = kgpu::bench::NowNs();
     auto st = Build(n);
     st->build_s = static_cast<double>(kgpu::bench::NowNs() - t0) * 1e-9;
     st->rss_growth_mb = RssMb() - before;
-    std::printf("  %5d nodes / %5d GPUs: +%.2f MB (%.0f bytes per node), %zu pods bound per engine, %.2f %% GPU "
-                "milli allocated, built in %.1f s\n",
-                n, n * 8, st->rss_growth_mb, st->rss_growth_mb * 1048576.0 / n, st->ours.background.size(),
-                100.0 * st->ours.Fill(), st->build_s);
+    std::printf(
+        "  %5d nodes / %5d GPUs: +%.2f MB (%.0f bytes per node), %zu pods bound per engine, %.2f %% GPU "
+        "milli allocated, built in %.1f s\n",
+        n, n * 8, st->rss_growth_mb, st->rss_growth_mb * 1048576.0 / n, st->ours.background.size(),
+        100.0 * st->ours.Fill(), st->build_s);
     std::fflush(stdout);
     States()[n] = std::move(st);
   }
@@ -263,8 +281,8 @@ int main(int argc, char** argv) {
     for (const char* kind : {"share", "gpu1", "gpu4"}) {
       auto* b = benchmark::RegisterBenchmark((std::string("BM_Choose/") + policy + "/" + kind).c_str(), BM_Choose,
                                              std::string(policy), std::string(kind));
-      for (int n : kSizes) b->Arg(n);
-      b->Iterations(kIterations)->UseManualTime()->Unit(benchmark::kMicrosecond);
+      for (int n : sizes) b->Arg(n);
+      b->Iterations(iterations)->UseManualTime()->Unit(benchmark::kMicrosecond);
     }
   }
   benchmark::RunSpecifiedBenchmarks();

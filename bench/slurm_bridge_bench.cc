@@ -27,8 +27,6 @@
 //                         command, the registration; the job's start after slurmctld's periodic
 //                         check is not in it).
 // Usage: slurm_bridge_bench [--nodes N] [--rounds R] [--real-slurm]
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -41,6 +39,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "bench_util.h"
 #include "common/strings.h"
@@ -61,7 +61,8 @@ using json = nlohmann::json;
 using namespace kgpu;
 
 void Print(const char* what, const bench::Stats& s, const char* unit = "ms") {
-  std::printf("  %-44s n=%-4zu p50 %8.2f %s  p99 %8.2f %s  max %8.2f %s\n", what, s.n, s.p50, unit, s.p99, unit, s.max, unit);
+  std::printf("  %-44s n=%-4zu p50 %8.2f %s  p99 %8.2f %s  max %8.2f %s\n", what, s.n, s.p50, unit, s.p99, unit, s.max,
+              unit);
 }
 
 std::unique_ptr<k8s::Client> ClientOf(testing::FakeApiServer& api) {
@@ -293,7 +294,10 @@ int PowerSaveRounds(int rounds) {
     }
     (r % 2 == 0 ? ops_ms : slurm_ms).push_back(static_cast<double>(bench::NowNs() - t1) / 1e6);
     // The next round starts from an idle node owned by Slurm.
-    if (!wait([&] { return cluster.State(n) == "IDLE" && slurm::LeaseOf(api.Get("nodes", "", n).body).phase == slurm::Phase::kSlurm; })) {
+    if (!wait([&] {
+          return cluster.State(n) == "IDLE" &&
+                 slurm::LeaseOf(api.Get("nodes", "", n).body).phase == slurm::Phase::kSlurm;
+        })) {
       std::printf("  round %d: %s not idle with Slurm (%s)\n", r, n.c_str(), cluster.State(n).c_str());
       rc = 1;
       break;
@@ -327,7 +331,8 @@ int main(int argc, char** argv) {
   if (int rc = ReconcileCost(nodes, true); rc != 0) return rc;
   testing::FakeSlurm fake;
   for (const char* n : {"gpu0", "gpu1"}) fake.AddNode(n, 64);
-  if (int rc = LendAndReclaim(rounds, fake, {"gpu0", "gpu1"}, [&](const std::string& n) { return fake.State(n); }); rc != 0) {
+  if (int rc = LendAndReclaim(rounds, fake, {"gpu0", "gpu1"}, [&](const std::string& n) { return fake.State(n); });
+      rc != 0) {
     return rc;
   }
   if (!real) return 0;
@@ -347,7 +352,8 @@ int main(int argc, char** argv) {
   int rc = LendAndReclaim(rounds, cli, cluster.nodes(), [&](const std::string& n) { return cluster.State(n); });
   cluster.Stop();
   if (rc != 0) return rc;
-  std::printf("== the power-save lend (--lend-via power-save) against a real slurmctld with SuspendProgram/ResumeProgram\n");
+  std::printf(
+      "== the power-save lend (--lend-via power-save) against a real slurmctld with SuspendProgram/ResumeProgram\n");
   rc = PowerSaveRounds(std::max(2, rounds / 2));
   return rc;
 }

@@ -27,7 +27,7 @@ typedef struct {
 typedef struct {
   int32_t pid; /* 0: free */
   uint32_t pad;
-  uint64_t start_time; /* /proc/<pid>/stat field 22; 0 when unreadable */
+  uint64_t start_time;                /* /proc/<pid>/stat field 22; 0 when unreadable */
   uint64_t used[KGPU_ACCT_MAX_GPUS];  /* the allocations the hooks charged */
   uint64_t extra[KGPU_ACCT_MAX_GPUS]; /* what NVML sees beyond them: contexts, modules */
 } acct_slot;
@@ -62,26 +62,21 @@ static int64_t start_time(int32_t pid) {
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    if (errno == ENOENT)
-      return -1;
+    if (errno == ENOENT) return -1;
     return (kill(pid, 0) != 0 && errno == ESRCH) ? -1 : 0;
   }
   ssize_t n = read(fd, buf, sizeof buf - 1);
   close(fd);
-  if (n <= 0)
-    return 0;
+  if (n <= 0) return 0;
   buf[n] = '\0';
   const char* p = strrchr(buf, ')'); /* the command name may contain spaces and ')' */
-  if (p == NULL)
-    return 0;
+  if (p == NULL) return 0;
   /* after ") ": field 3 (state) ... field 22 (starttime): skip 19 more fields */
   p += 2;
-  if (*p == 'Z' || *p == 'X')
-    return -1; /* a zombie has exited: the driver freed its memory */
+  if (*p == 'Z' || *p == 'X') return -1; /* a zombie has exited: the driver freed its memory */
   for (int field = 3; field < 22 && *p != '\0'; ++field) {
     p = strchr(p, ' ');
-    if (p == NULL)
-      return 0;
+    if (p == NULL) return 0;
     ++p;
   }
   return (int64_t)strtoull(p, NULL, 10);
@@ -89,8 +84,7 @@ static int64_t start_time(int32_t pid) {
 
 static int slot_alive(const acct_slot* s) {
   const int64_t st = start_time(s->pid);
-  if (st < 0)
-    return 0;
+  if (st < 0) return 0;
   return st == 0 || s->start_time == 0 || (uint64_t)st == s->start_time;
 }
 
@@ -99,16 +93,13 @@ static void reap_locked(void) {
   acct_region* r = g_region;
   for (unsigned i = 0; i < KGPU_ACCT_MAX_SLOTS; ++i) {
     acct_slot* s = &r->slots[i];
-    if (s->pid == 0 || (int)i == g_slot)
-      continue;
-    if (!slot_alive(s))
-      memset(s, 0, sizeof *s);
+    if (s->pid == 0 || (int)i == g_slot) continue;
+    if (!slot_alive(s)) memset(s, 0, sizeof *s);
   }
   for (unsigned g = 0; g < KGPU_ACCT_MAX_GPUS; ++g) {
     uint64_t sum = 0;
     for (unsigned i = 0; i < KGPU_ACCT_MAX_SLOTS; ++i) {
-      if (r->slots[i].pid != 0)
-        sum += r->slots[i].used[g] + r->slots[i].extra[g];
+      if (r->slots[i].pid != 0) sum += r->slots[i].used[g] + r->slots[i].extra[g];
     }
     r->gpus[g].used = sum;
   }
@@ -126,14 +117,12 @@ static int region_lock(void) {
     rc = 0;
   }
   if (rc != 0) {
-    fprintf(stderr, "kgpu-cuda: the accounting lock is unusable (%s); allocations are refused\n",
-            strerror(rc));
+    fprintf(stderr, "kgpu-cuda: the accounting lock is unusable (%s); allocations are refused\n", strerror(rc));
     return -1;
   }
   /* TEST HOOK (KGPU_CUDA_TESTHOOK_HOLD_LOCK_MS): hold the lock this long on every lock, so that a
    * test can kill a process while it holds it. Unset in production. */
-  if (g_hold_ms != 0)
-    usleep(g_hold_ms * 1000U);
+  if (g_hold_ms != 0) usleep(g_hold_ms * 1000U);
   return 0;
 }
 
@@ -145,26 +134,22 @@ static void mkdir_parents(const char* dir) {
   char path[4096];
   snprintf(path, sizeof path, "%s/", dir);
   for (char* p = path + 1; *p != '\0'; ++p) {
-    if (*p != '/')
-      continue;
+    if (*p != '/') continue;
     *p = '\0';
-    if (mkdir(path, 01777) == 0)
-      chmod(path, 01777); /* any UID may create the region, none may delete another's */
+    if (mkdir(path, 01777) == 0) chmod(path, 01777); /* any UID may create the region, none may delete another's */
     *p = '/';
   }
 }
 
 static acct_region* open_region(void) {
   const char* dir = getenv("KGPU_CUDA_SHARED_DIR");
-  if (dir == NULL || *dir == '\0')
-    dir = "/tmp/kgpu-cuda";
+  if (dir == NULL || *dir == '\0') dir = "/tmp/kgpu-cuda";
   char path[4096];
   snprintf(path, sizeof path, "%s/kgpu-cuda.region", dir);
   mkdir_parents(dir);
   int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
   if (fd < 0) {
-    fprintf(stderr, "kgpu-cuda: cannot open %s: %s; allocations are refused\n", path,
-            strerror(errno));
+    fprintf(stderr, "kgpu-cuda: cannot open %s: %s; allocations are refused\n", path, strerror(errno));
     return NULL;
   }
   /* flock is dropped by the kernel when its holder dies, so initialisation cannot wedge. */
@@ -173,15 +158,13 @@ static acct_region* open_region(void) {
     return NULL;
   }
   struct stat st;
-  if (fstat(fd, &st) != 0 ||
-      (st.st_size != (off_t)sizeof(acct_region) && ftruncate(fd, sizeof(acct_region)) != 0)) {
+  if (fstat(fd, &st) != 0 || (st.st_size != (off_t)sizeof(acct_region) && ftruncate(fd, sizeof(acct_region)) != 0)) {
     fprintf(stderr, "kgpu-cuda: cannot size %s: %s\n", path, strerror(errno));
     flock(fd, LOCK_UN);
     close(fd);
     return NULL;
   }
-  if (st.st_uid == geteuid())
-    fchmod(fd, 0666); /* the umask must not lock other UIDs out */
+  if (st.st_uid == geteuid()) fchmod(fd, 0666); /* the umask must not lock other UIDs out */
   void* mem = mmap(NULL, sizeof(acct_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (mem == MAP_FAILED) {
     flock(fd, LOCK_UN);
@@ -189,8 +172,7 @@ static acct_region* open_region(void) {
     return NULL;
   }
   acct_region* r = mem;
-  if (r->magic != KGPU_ACCT_MAGIC || r->version != KGPU_ACCT_VERSION ||
-      r->size != sizeof(acct_region)) {
+  if (r->magic != KGPU_ACCT_MAGIC || r->version != KGPU_ACCT_VERSION || r->size != sizeof(acct_region)) {
     memset(r, 0, sizeof *r);
     pthread_mutexattr_t attr;
     pthread_mutexattr_init(&attr);
@@ -210,8 +192,7 @@ static acct_region* open_region(void) {
 int kgpu_acct_attach(void) {
   pthread_mutex_lock(&g_attach_mu);
   int rc = 0;
-  if (g_slot >= 0)
-    goto out;
+  if (g_slot >= 0) goto out;
   if (g_region == NULL) {
     const char* hold = getenv("KGPU_CUDA_TESTHOOK_HOLD_LOCK_MS");
     g_hold_ms = hold != NULL ? (unsigned)strtoul(hold, NULL, 10) : 0;
@@ -231,8 +212,7 @@ int kgpu_acct_attach(void) {
         memset(s, 0, sizeof *s);
         reap_locked();
       }
-      if (s->pid == 0 && free_slot < 0)
-        free_slot = i;
+      if (s->pid == 0 && free_slot < 0) free_slot = i;
     }
     if (free_slot >= 0) {
       acct_slot* s = &g_region->slots[free_slot];
@@ -246,8 +226,7 @@ int kgpu_acct_attach(void) {
   }
   region_unlock();
   if (g_slot < 0) {
-    fprintf(stderr,
-            "kgpu-cuda: all %d process slots of the container are taken; allocations are refused\n",
+    fprintf(stderr, "kgpu-cuda: all %d process slots of the container are taken; allocations are refused\n",
             KGPU_ACCT_MAX_SLOTS);
     rc = -1;
   }
@@ -257,10 +236,8 @@ out:
 }
 
 void kgpu_acct_detach(void) {
-  if (g_region == NULL || g_slot < 0)
-    return;
-  if (region_lock() != 0)
-    return;
+  if (g_region == NULL || g_slot < 0) return;
+  if (region_lock() != 0) return;
   acct_slot* s = &g_region->slots[g_slot];
   for (unsigned g = 0; g < KGPU_ACCT_MAX_GPUS; ++g) {
     acct_gpu* gpu = &g_region->gpus[g];
@@ -279,8 +256,7 @@ void kgpu_acct_after_fork(void) {
 }
 
 int kgpu_acct_gpu(const char* uuid, uint64_t limit) {
-  if (kgpu_acct_attach() != 0 || region_lock() != 0)
-    return -1;
+  if (kgpu_acct_attach() != 0 || region_lock() != 0) return -1;
   int found = -1;
   for (unsigned g = 0; g < KGPU_ACCT_MAX_GPUS && found < 0; ++g) {
     acct_gpu* e = &g_region->gpus[g];
@@ -304,8 +280,7 @@ static uint64_t effective_limit(int gi, uint64_t limit) {
 }
 
 int kgpu_acct_charge(int gi, uint64_t bytes, uint64_t limit) {
-  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || kgpu_acct_attach() != 0 || region_lock() != 0)
-    return -1;
+  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || kgpu_acct_attach() != 0 || region_lock() != 0) return -1;
   int rc = 1;
   for (int attempt = 0; attempt < 2; ++attempt) {
     acct_gpu* g = &g_region->gpus[gi];
@@ -316,16 +291,14 @@ int kgpu_acct_charge(int gi, uint64_t bytes, uint64_t limit) {
       rc = 0;
       break;
     }
-    if (attempt == 0)
-      reap_locked(); /* a dead process's memory may be what stands in the way */
+    if (attempt == 0) reap_locked(); /* a dead process's memory may be what stands in the way */
   }
   region_unlock();
   return rc;
 }
 
 void kgpu_acct_uncharge(int gi, uint64_t bytes) {
-  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || g_region == NULL || g_slot < 0 || region_lock() != 0)
-    return;
+  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || g_region == NULL || g_slot < 0 || region_lock() != 0) return;
   uint64_t* mine = &g_region->slots[g_slot].used[gi];
   const uint64_t take = *mine < bytes ? *mine : bytes;
   *mine -= take;
@@ -337,18 +310,15 @@ void kgpu_acct_uncharge(int gi, uint64_t bytes) {
 void kgpu_acct_usage(int gi, uint64_t limit, uint64_t* used, uint64_t* eff) {
   *used = 0;
   *eff = limit;
-  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || kgpu_acct_attach() != 0 || region_lock() != 0)
-    return;
-  if (now_ns() - g_region->last_reap_ns > 100000000ULL)
-    reap_locked();
+  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || kgpu_acct_attach() != 0 || region_lock() != 0) return;
+  if (now_ns() - g_region->last_reap_ns > 100000000ULL) reap_locked();
   *used = g_region->gpus[gi].used;
   *eff = effective_limit(gi, limit);
   region_unlock();
 }
 
 void kgpu_acct_reconcile(int gi, uint64_t driver_use) {
-  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || kgpu_acct_attach() != 0 || region_lock() != 0)
-    return;
+  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || kgpu_acct_attach() != 0 || region_lock() != 0) return;
   acct_slot* s = &g_region->slots[g_slot];
   const uint64_t extra = driver_use > s->used[gi] ? driver_use - s->used[gi] : 0;
   acct_gpu* g = &g_region->gpus[gi];

@@ -132,13 +132,10 @@ static inline unsigned long long kgpu_cu_mipmap_bytes(const CUDA_ARRAY3D_DESCRIP
   for (unsigned l = 0; l < levels && l < 64; ++l) {
     const unsigned long long w = d->Width >> l ? d->Width >> l : 1;
     const unsigned long long h = d->Height == 0 ? 1 : (d->Height >> l ? d->Height >> l : 1);
-    const unsigned long long dep =
-        d->Depth == 0 ? 1 : keep_depth ? d->Depth : (d->Depth >> l ? d->Depth >> l : 1);
-    if (w > max / h || w * h > max / dep || w * h * dep > max / (elem ? elem : 1))
-      return max;
+    const unsigned long long dep = d->Depth == 0 ? 1 : keep_depth ? d->Depth : (d->Depth >> l ? d->Depth >> l : 1);
+    if (w > max / h || w * h > max / dep || w * h * dep > max / (elem ? elem : 1)) return max;
     const unsigned long long level = w * h * dep * elem;
-    if (level > max - total)
-      return max;
+    if (level > max - total) return max;
     total += level;
   }
   return total;
@@ -229,15 +226,15 @@ CUresult cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* des
 CUresult cuArrayDestroy(CUarray handle);
 CUresult cuArrayCreate(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR_v1* desc);
 CUresult cuArray3DCreate(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1* desc);
-CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pPitch, unsigned int WidthInBytes,
-                         unsigned int Height, unsigned int ElementSizeBytes);
+CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pPitch, unsigned int WidthInBytes, unsigned int Height,
+                         unsigned int ElementSizeBytes);
 CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* desc,
                                 unsigned int numMipmapLevels);
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray handle);
 
 /* virtual memory management (CUDA 10.2): physical allocations mapped separately */
-CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
-                     const CUmemAllocationProp* prop, unsigned long long flags);
+CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                     unsigned long long flags);
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
 
 /* legacy 32-bit memory ABI (still exported by the driver) */

@@ -79,45 +79,41 @@ static void* fn_to_ptr(any_fn f) {
   return p;
 }
 
-#define KGPU_HOOKED(X)                                                                       \
-  X(cuMemAlloc_v2, CUresult, (CUdeviceptr*, size_t))                                         \
-  X(cuMemAlloc, CUresult, (CUdeviceptr_v1*, unsigned int))                                   \
-  X(cuMemAllocPitch_v2, CUresult, (CUdeviceptr*, size_t*, size_t, size_t, unsigned int))     \
-  X(cuMemFree_v2, CUresult, (CUdeviceptr))                                                   \
-  X(cuMemFree, CUresult, (CUdeviceptr_v1))                                                   \
-  X(cuMemGetInfo_v2, CUresult, (size_t*, size_t*))                                           \
-  X(cuMemGetInfo, CUresult, (unsigned int*, unsigned int*))                                  \
-  X(cuMemAllocManaged, CUresult, (CUdeviceptr*, size_t, unsigned int))                       \
-  X(cuMemAllocAsync, CUresult, (CUdeviceptr*, size_t, CUstream))                             \
-  X(cuMemAllocAsync_ptsz, CUresult, (CUdeviceptr*, size_t, CUstream))                        \
-  X(cuMemAllocFromPoolAsync, CUresult, (CUdeviceptr*, size_t, CUmemoryPool, CUstream))       \
-  X(cuMemAllocFromPoolAsync_ptsz, CUresult, (CUdeviceptr*, size_t, CUmemoryPool, CUstream))  \
-  X(cuMemFreeAsync, CUresult, (CUdeviceptr, CUstream))                                       \
-  X(cuMemFreeAsync_ptsz, CUresult, (CUdeviceptr, CUstream))                                  \
-  X(cuArrayCreate_v2, CUresult, (CUarray*, const CUDA_ARRAY_DESCRIPTOR*))                    \
-  X(cuArray3DCreate_v2, CUresult, (CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*))                \
-  X(cuArrayDestroy, CUresult, (CUarray))                                                     \
-  X(cuMemAllocPitch, CUresult,                                                               \
-    (CUdeviceptr_v1*, unsigned int*, unsigned int, unsigned int, unsigned int))              \
-  X(cuArrayCreate, CUresult, (CUarray*, const CUDA_ARRAY_DESCRIPTOR_v1*))                    \
-  X(cuArray3DCreate, CUresult, (CUarray*, const CUDA_ARRAY3D_DESCRIPTOR_v1*))                \
-  X(cuMipmappedArrayCreate, CUresult,                                                        \
-    (CUmipmappedArray*, const CUDA_ARRAY3D_DESCRIPTOR*, unsigned int))                       \
-  X(cuMipmappedArrayDestroy, CUresult, (CUmipmappedArray))                                   \
-  X(cuMemCreate, CUresult,                                                                   \
-    (CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long)) \
-  X(cuMemRelease, CUresult, (CUmemGenericAllocationHandle))                                  \
-  X(cuCtxDestroy_v2, CUresult, (CUcontext))                                                  \
-  X(cuCtxDestroy, CUresult, (CUcontext))                                                     \
-  X(cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice))                                      \
-  X(cuDevicePrimaryCtxRelease, CUresult, (CUdevice))                                         \
-  X(cuDevicePrimaryCtxReset_v2, CUresult, (CUdevice))                                        \
-  X(cuDevicePrimaryCtxReset, CUresult, (CUdevice))                                           \
-  X(cuDeviceTotalMem_v2, CUresult, (size_t*, CUdevice))                                      \
-  X(cuDeviceTotalMem, CUresult, (unsigned int*, CUdevice))                                   \
-  X(cuGetProcAddress, CUresult, (const char*, void**, int, cuuint64_t))                      \
-  X(cuGetProcAddress_v2, CUresult,                                                           \
-    (const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*))
+#define KGPU_HOOKED(X)                                                                                              \
+  X(cuMemAlloc_v2, CUresult, (CUdeviceptr*, size_t))                                                                \
+  X(cuMemAlloc, CUresult, (CUdeviceptr_v1*, unsigned int))                                                          \
+  X(cuMemAllocPitch_v2, CUresult, (CUdeviceptr*, size_t*, size_t, size_t, unsigned int))                            \
+  X(cuMemFree_v2, CUresult, (CUdeviceptr))                                                                          \
+  X(cuMemFree, CUresult, (CUdeviceptr_v1))                                                                          \
+  X(cuMemGetInfo_v2, CUresult, (size_t*, size_t*))                                                                  \
+  X(cuMemGetInfo, CUresult, (unsigned int*, unsigned int*))                                                         \
+  X(cuMemAllocManaged, CUresult, (CUdeviceptr*, size_t, unsigned int))                                              \
+  X(cuMemAllocAsync, CUresult, (CUdeviceptr*, size_t, CUstream))                                                    \
+  X(cuMemAllocAsync_ptsz, CUresult, (CUdeviceptr*, size_t, CUstream))                                               \
+  X(cuMemAllocFromPoolAsync, CUresult, (CUdeviceptr*, size_t, CUmemoryPool, CUstream))                              \
+  X(cuMemAllocFromPoolAsync_ptsz, CUresult, (CUdeviceptr*, size_t, CUmemoryPool, CUstream))                         \
+  X(cuMemFreeAsync, CUresult, (CUdeviceptr, CUstream))                                                              \
+  X(cuMemFreeAsync_ptsz, CUresult, (CUdeviceptr, CUstream))                                                         \
+  X(cuArrayCreate_v2, CUresult, (CUarray*, const CUDA_ARRAY_DESCRIPTOR*))                                           \
+  X(cuArray3DCreate_v2, CUresult, (CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*))                                       \
+  X(cuArrayDestroy, CUresult, (CUarray))                                                                            \
+  X(cuMemAllocPitch, CUresult, (CUdeviceptr_v1*, unsigned int*, unsigned int, unsigned int, unsigned int))          \
+  X(cuArrayCreate, CUresult, (CUarray*, const CUDA_ARRAY_DESCRIPTOR_v1*))                                           \
+  X(cuArray3DCreate, CUresult, (CUarray*, const CUDA_ARRAY3D_DESCRIPTOR_v1*))                                       \
+  X(cuMipmappedArrayCreate, CUresult, (CUmipmappedArray*, const CUDA_ARRAY3D_DESCRIPTOR*, unsigned int))            \
+  X(cuMipmappedArrayDestroy, CUresult, (CUmipmappedArray))                                                          \
+  X(cuMemCreate, CUresult, (CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long)) \
+  X(cuMemRelease, CUresult, (CUmemGenericAllocationHandle))                                                         \
+  X(cuCtxDestroy_v2, CUresult, (CUcontext))                                                                         \
+  X(cuCtxDestroy, CUresult, (CUcontext))                                                                            \
+  X(cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice))                                                             \
+  X(cuDevicePrimaryCtxRelease, CUresult, (CUdevice))                                                                \
+  X(cuDevicePrimaryCtxReset_v2, CUresult, (CUdevice))                                                               \
+  X(cuDevicePrimaryCtxReset, CUresult, (CUdevice))                                                                  \
+  X(cuDeviceTotalMem_v2, CUresult, (size_t*, CUdevice))                                                             \
+  X(cuDeviceTotalMem, CUresult, (unsigned int*, CUdevice))                                                          \
+  X(cuGetProcAddress, CUresult, (const char*, void**, int, cuuint64_t))                                             \
+  X(cuGetProcAddress_v2, CUresult, (const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*))
 
 /* Driver functions the hooks call but do not replace. */
 #define KGPU_USED(X)                                                       \
@@ -160,27 +156,22 @@ static struct {
   uint64_t bytes;
 } g_limits[MAX_LIMITS];
 static int g_nlimits;
-static int
-    g_limits_broken; /* a malformed KGPU_CUDA_MEMORY_LIMIT: fail closed (every GPU limited to 0) */
+static int g_limits_broken; /* a malformed KGPU_CUDA_MEMORY_LIMIT: fail closed (every GPU limited to 0) */
 
 /* Parses "<GPU-UUID>=<N>[Ki|Mi|Gi|Ti][,...]". 0 on success. */
 static int parse_limits(const char* s) {
   while (*s != '\0') {
     const char* eq = strchr(s, '=');
     const char* comma = strchr(s, ',');
-    if (comma == NULL)
-      comma = s + strlen(s);
-    if (eq == NULL || eq > comma || eq == s || (size_t)(eq - s) >= KGPU_ACCT_UUID_LEN ||
-        g_nlimits == MAX_LIMITS) {
+    if (comma == NULL) comma = s + strlen(s);
+    if (eq == NULL || eq > comma || eq == s || (size_t)(eq - s) >= KGPU_ACCT_UUID_LEN || g_nlimits == MAX_LIMITS) {
       return -1;
     }
     const char* p = eq + 1;
-    if (*p < '0' || *p > '9')
-      return -1;
+    if (*p < '0' || *p > '9') return -1;
     uint64_t n = 0;
     for (; *p >= '0' && *p <= '9'; ++p) {
-      if (n > UINT64_MAX / 10)
-        return -1;
+      if (n > UINT64_MAX / 10) return -1;
       n = n * 10 + (uint64_t)(*p - '0');
     }
     unsigned shift = 0;
@@ -203,8 +194,7 @@ static int parse_limits(const char* s) {
       }
       p += 2;
     }
-    if (p != comma || (shift != 0 && n > (UINT64_MAX >> shift)))
-      return -1;
+    if (p != comma || (shift != 0 && n > (UINT64_MAX >> shift))) return -1;
     memcpy(g_limits[g_nlimits].uuid, s, (size_t)(eq - s));
     g_limits[g_nlimits].uuid[eq - s] = '\0';
     g_limits[g_nlimits].bytes = n << shift;
@@ -215,11 +205,9 @@ static int parse_limits(const char* s) {
 }
 
 static uint64_t limit_for(const char* uuid) {
-  if (g_limits_broken)
-    return 0;
+  if (g_limits_broken) return 0;
   for (int i = 0; i < g_nlimits; ++i) {
-    if (strcasecmp(g_limits[i].uuid, uuid) == 0)
-      return g_limits[i].bytes;
+    if (strcasecmp(g_limits[i].uuid, uuid) == 0) return g_limits[i].bytes;
   }
   return KGPU_ACCT_NO_LIMIT;
 }
@@ -241,8 +229,7 @@ static void init_once(void) {
   pthread_once(&g_limits_once, limits_once);
   dlsym_fn sym = real_dlsym();
   const char* path = getenv("KGPU_CUDA_REAL_LIBRARY");
-  if (path == NULL || *path == '\0')
-    path = "libcuda.so.1";
+  if (path == NULL || *path == '\0') path = "libcuda.so.1";
   g_real_handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (g_real_handle == NULL || sym == NULL) {
     fprintf(stderr, "kgpu-cuda: cannot load the CUDA driver %s: %s\n", path, dlerror());
@@ -276,31 +263,24 @@ static pthread_mutex_t g_dev_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* The region index and limit of device `dev`; -1 when it is not limited (or unknown). */
 static int device_gi(CUdevice dev, uint64_t* limit) {
-  if (dev < 0 || dev >= MAX_DEVICES)
-    return -1;
+  if (dev < 0 || dev >= MAX_DEVICES) return -1;
   if (__atomic_load_n(&g_dev[dev].state, __ATOMIC_ACQUIRE) == 1) {
     *limit = g_dev[dev].limit;
     return g_dev[dev].gi;
   }
   CUuuid u;
-  CUresult r =
-      real.cuDeviceGetUuid_v2 != NULL ? real.cuDeviceGetUuid_v2(&u, dev) : CUDA_ERROR_NOT_FOUND;
-  if (r != CUDA_SUCCESS && real.cuDeviceGetUuid != NULL)
-    r = real.cuDeviceGetUuid(&u, dev);
-  if (r != CUDA_SUCCESS)
-    return g_limits_broken ? -2 : -1;
+  CUresult r = real.cuDeviceGetUuid_v2 != NULL ? real.cuDeviceGetUuid_v2(&u, dev) : CUDA_ERROR_NOT_FOUND;
+  if (r != CUDA_SUCCESS && real.cuDeviceGetUuid != NULL) r = real.cuDeviceGetUuid(&u, dev);
+  if (r != CUDA_SUCCESS) return g_limits_broken ? -2 : -1;
   const unsigned char* b = (const unsigned char*)u.bytes;
   char uuid[KGPU_ACCT_UUID_LEN];
-  snprintf(uuid, sizeof uuid,
-           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-           b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
-           b[15]);
+  snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+           b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
   const uint64_t lim = limit_for(uuid);
   int gi = -1;
   if (lim != KGPU_ACCT_NO_LIMIT) {
     gi = kgpu_acct_gpu(uuid, lim);
-    if (gi < 0)
-      gi = -2; /* limited but the region is unusable: refuse */
+    if (gi < 0) gi = -2; /* limited but the region is unusable: refuse */
   }
   pthread_mutex_lock(&g_dev_mu);
   g_dev[dev].gi = gi;
@@ -343,21 +323,18 @@ static uint64_t g_reconciled_ns[KGPU_ACCT_MAX_GPUS]; /* 0: due now */
 static void nv_once(void) {
   const dlsym_fn rd = real_dlsym();
   void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (h == NULL || rd == NULL)
-    return;
+  if (h == NULL || rd == NULL) return;
   void* init = rd(h, "nvmlInit_v2");
   void* by_uuid = rd(h, "nvmlDeviceGetHandleByUUID");
   void* procs = rd(h, "nvmlDeviceGetComputeRunningProcesses_v3");
-  if (procs == NULL)
-    procs = rd(h, "nvmlDeviceGetComputeRunningProcesses_v2");
+  if (procs == NULL) procs = rd(h, "nvmlDeviceGetComputeRunningProcesses_v2");
   if (procs == NULL) {
     procs = rd(h, "nvmlDeviceGetComputeRunningProcesses");
     g_nv.v1 = 1;
   }
   nvml_init_fn init_fn;
   memcpy(&init_fn, &init, sizeof init_fn);
-  if (init_fn == NULL || by_uuid == NULL || procs == NULL || init_fn() != 0)
-    return;
+  if (init_fn == NULL || by_uuid == NULL || procs == NULL || init_fn() != 0) return;
   memcpy(&g_nv.by_uuid, &by_uuid, sizeof by_uuid);
   memcpy(&g_nv.procs, &procs, sizeof procs);
   g_nv.ok = 1;
@@ -373,8 +350,7 @@ static long long nvml_own_use(void* dev) {
   if (r == 7 /* NVML_ERROR_INSUFFICIENT_SIZE */ && n > 0 && n < 65536) {
     n += 16; /* processes may come meanwhile */
     buf = malloc(n * esz);
-    if (buf == NULL)
-      return -1;
+    if (buf == NULL) return -1;
     r = g_nv.procs(dev, &n, buf);
   }
   long long use = -1;
@@ -389,47 +365,37 @@ static long long nvml_own_use(void* dev) {
       p = ((const kgpu_nvml_process_v2*)buf)[i].pid;
       m = ((const kgpu_nvml_process_v2*)buf)[i].usedGpuMemory;
     }
-    if (p == pid && m != ~0ULL /* NVML_VALUE_NOT_AVAILABLE */ && m <= (unsigned long long)INT64_MAX)
-      use = (long long)m;
+    if (p == pid && m != ~0ULL /* NVML_VALUE_NOT_AVAILABLE */ && m <= (unsigned long long)INT64_MAX) use = (long long)m;
   }
-  if (buf != stack)
-    free(buf);
+  if (buf != stack) free(buf);
   return use;
 }
 
 static void reconcile(CUdevice dev, int gi) {
-  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || dev < 0 || dev >= MAX_DEVICES)
-    return;
+  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || dev < 0 || dev >= MAX_DEVICES) return;
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   const uint64_t now = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec + 1;
   uint64_t last = __atomic_load_n(&g_reconciled_ns[gi], __ATOMIC_RELAXED);
-  if (last != 0 && now - last < RECONCILE_NS)
-    return;
+  if (last != 0 && now - last < RECONCILE_NS) return;
   /* one thread reconciles; the others go on with the figure as it is */
-  if (!__atomic_compare_exchange_n(&g_reconciled_ns[gi], &last, now, 0, __ATOMIC_RELAXED,
-                                   __ATOMIC_RELAXED))
-    return;
+  if (!__atomic_compare_exchange_n(&g_reconciled_ns[gi], &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return;
   pthread_once(&g_nv_once, nv_once);
   void* handle = NULL;
-  if (!g_nv.ok || g_nv.by_uuid(g_dev[dev].uuid, &handle) != 0)
-    return;
+  if (!g_nv.ok || g_nv.by_uuid(g_dev[dev].uuid, &handle) != 0) return;
   const long long use = nvml_own_use(handle);
-  if (use < 0)
-    return;
+  if (use < 0) return;
   kgpu_acct_reconcile(gi, (uint64_t)use);
 }
 
 /* Makes the next limited call reconcile (a context went away with its memory). */
 static void reconcile_soon(void) {
-  for (unsigned g = 0; g < KGPU_ACCT_MAX_GPUS; ++g)
-    __atomic_store_n(&g_reconciled_ns[g], 0, __ATOMIC_RELAXED);
+  for (unsigned g = 0; g < KGPU_ACCT_MAX_GPUS; ++g) __atomic_store_n(&g_reconciled_ns[g], 0, __ATOMIC_RELAXED);
 }
 
 static int current_gi(uint64_t* limit) {
   CUdevice dev;
-  if (real.cuCtxGetDevice == NULL || real.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
-    return -1;
+  if (real.cuCtxGetDevice == NULL || real.cuCtxGetDevice(&dev) != CUDA_SUCCESS) return -1;
   const int gi = device_gi(dev, limit);
   reconcile(dev, gi);
   return gi;
@@ -444,8 +410,7 @@ typedef struct entry {
   struct entry* next;
   uint64_t key;
   uint64_t bytes;
-  uintptr_t
-      ctx; /* the context it was made in (0: none, VMM): the driver frees it with the context */
+  uintptr_t ctx; /* the context it was made in (0: none, VMM): the driver frees it with the context */
   int kind;
   int gi;
 } entry;
@@ -461,12 +426,9 @@ static unsigned bucket(uint64_t key, int kind) {
 
 static void track(int kind, uint64_t key, int gi, uint64_t bytes) {
   entry* e = malloc(sizeof *e);
-  if (e == NULL)
-    return; /* the charge stays until the process exits: over-counts, never under */
+  if (e == NULL) return; /* the charge stays until the process exits: over-counts, never under */
   CUcontext ctx = NULL;
-  if (kind != KIND_VMM && real.cuCtxGetCurrent != NULL &&
-      real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS)
-    ctx = NULL;
+  if (kind != KIND_VMM && real.cuCtxGetCurrent != NULL && real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = NULL;
   e->key = key;
   e->kind = kind;
   e->gi = gi;
@@ -484,11 +446,9 @@ static entry* untrack(int kind, uint64_t key) {
   const unsigned b = bucket(key, kind);
   pthread_mutex_lock(&g_table_mu);
   entry** pp = &g_table[b];
-  while (*pp != NULL && ((*pp)->key != key || (*pp)->kind != kind))
-    pp = &(*pp)->next;
+  while (*pp != NULL && ((*pp)->key != key || (*pp)->kind != kind)) pp = &(*pp)->next;
   entry* e = *pp;
-  if (e != NULL)
-    *pp = e->next;
+  if (e != NULL) *pp = e->next;
   pthread_mutex_unlock(&g_table_mu);
   return e;
 }
@@ -504,8 +464,7 @@ static void retrack(entry* e) {
 /* The driver freed every allocation made in context `ctx`: their charges go back. */
 static void sweep_context(uintptr_t ctx) {
   reconcile_soon();
-  if (ctx == 0)
-    return;
+  if (ctx == 0) return;
   entry* gone = NULL;
   pthread_mutex_lock(&g_table_mu);
   for (unsigned b = 0; b < NBUCKETS; ++b) {
@@ -550,8 +509,7 @@ static uintptr_t primary_context(CUdevice dev) {
 static int primary_active(CUdevice dev) {
   unsigned int flags = 0;
   int active = 1;
-  if (real.cuDevicePrimaryCtxGetState == NULL ||
-      real.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
+  if (real.cuDevicePrimaryCtxGetState == NULL || real.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
     return 1;
   return active;
 }
@@ -564,16 +522,13 @@ static uint64_t round_up(uint64_t v) {
 static int reserve(uint64_t bytes, int* gi) {
   uint64_t limit = KGPU_ACCT_NO_LIMIT;
   *gi = current_gi(&limit);
-  if (*gi == -1)
-    return 0;
-  if (*gi < 0)
-    return -1;
+  if (*gi == -1) return 0;
+  if (*gi < 0) return -1;
   return kgpu_acct_charge(*gi, bytes, limit) == 0 ? 0 : -1;
 }
 
 static void settle_free(entry* e) {
-  if (e == NULL)
-    return;
+  if (e == NULL) return;
   kgpu_acct_uncharge(e->gi, e->bytes);
   free(e);
 }
@@ -581,25 +536,22 @@ static void settle_free(entry* e) {
 /* ------------------------------------------------------------------ the hooks */
 
 #define NOT_READY_GUARD \
-  if (!ready())         \
-  return CUDA_ERROR_NOT_INITIALIZED
+  if (!ready()) return CUDA_ERROR_NOT_INITIALIZED
 
 /* Allocation through `call` (which fills *key) charged at `bytes`. */
-#define ALLOC_BODY(bytes_expr, call_expr, key_expr, kind) \
-  do {                                                    \
-    const uint64_t charge_ = (bytes_expr);                \
-    int gi_;                                              \
-    if (reserve(charge_, &gi_) != 0)                      \
-      return CUDA_ERROR_OUT_OF_MEMORY;                    \
-    const CUresult r_ = (call_expr);                      \
-    if (gi_ < 0)                                          \
-      return r_;                                          \
-    if (r_ != CUDA_SUCCESS) {                             \
-      kgpu_acct_uncharge(gi_, charge_);                   \
-      return r_;                                          \
-    }                                                     \
-    track((kind), (uint64_t)(key_expr), gi_, charge_);    \
-    return r_;                                            \
+#define ALLOC_BODY(bytes_expr, call_expr, key_expr, kind)             \
+  do {                                                                \
+    const uint64_t charge_ = (bytes_expr);                            \
+    int gi_;                                                          \
+    if (reserve(charge_, &gi_) != 0) return CUDA_ERROR_OUT_OF_MEMORY; \
+    const CUresult r_ = (call_expr);                                  \
+    if (gi_ < 0) return r_;                                           \
+    if (r_ != CUDA_SUCCESS) {                                         \
+      kgpu_acct_uncharge(gi_, charge_);                               \
+      return r_;                                                      \
+    }                                                                 \
+    track((kind), (uint64_t)(key_expr), gi_, charge_);                \
+    return r_;                                                        \
   } while (0)
 
 /* Free of (kind, key) through `call`: the entry leaves the table first, so that a new allocation
@@ -618,71 +570,54 @@ static void settle_free(entry* e) {
 
 KGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t size) {
   NOT_READY_GUARD;
-  if (real.cuMemAlloc_v2 == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
-  if (dptr == NULL || size == 0)
-    return real.cuMemAlloc_v2(dptr, size);
+  if (real.cuMemAlloc_v2 == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || size == 0) return real.cuMemAlloc_v2(dptr, size);
   ALLOC_BODY(round_up(size), real.cuMemAlloc_v2(dptr, size), *dptr, KIND_PTR);
 }
 
 KGPU_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int size) {
   NOT_READY_GUARD;
-  if (real.cuMemAlloc == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
-  if (dptr == NULL || size == 0)
-    return real.cuMemAlloc(dptr, size);
+  if (real.cuMemAlloc == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || size == 0) return real.cuMemAlloc(dptr, size);
   ALLOC_BODY(round_up(size), real.cuMemAlloc(dptr, size), *dptr, KIND_PTR);
 }
 
 KGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t size, unsigned int flags) {
   NOT_READY_GUARD;
-  if (real.cuMemAllocManaged == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
-  if (dptr == NULL || size == 0)
-    return real.cuMemAllocManaged(dptr, size, flags);
+  if (real.cuMemAllocManaged == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || size == 0) return real.cuMemAllocManaged(dptr, size, flags);
   ALLOC_BODY(round_up(size), real.cuMemAllocManaged(dptr, size, flags), *dptr, KIND_PTR);
 }
 
 KGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t size, CUstream stream) {
   NOT_READY_GUARD;
-  if (real.cuMemAllocAsync == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
-  if (dptr == NULL || size == 0)
-    return real.cuMemAllocAsync(dptr, size, stream);
+  if (real.cuMemAllocAsync == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || size == 0) return real.cuMemAllocAsync(dptr, size, stream);
   ALLOC_BODY(round_up(size), real.cuMemAllocAsync(dptr, size, stream), *dptr, KIND_PTR);
 }
 
 KGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t size, CUstream stream) {
   NOT_READY_GUARD;
-  if (real.cuMemAllocAsync_ptsz == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
-  if (dptr == NULL || size == 0)
-    return real.cuMemAllocAsync_ptsz(dptr, size, stream);
+  if (real.cuMemAllocAsync_ptsz == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || size == 0) return real.cuMemAllocAsync_ptsz(dptr, size, stream);
   ALLOC_BODY(round_up(size), real.cuMemAllocAsync_ptsz(dptr, size, stream), *dptr, KIND_PTR);
 }
 
 /* From an explicit pool (cuMemPoolCreate, or the device's default one): charged like
  * cuMemAllocAsync when handed out, returned by cuMemFreeAsync/cuMemFree. Memory a pool keeps
  * after a free (its release threshold) is the driver's and is not counted. */
-KGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t size, CUmemoryPool pool,
-                                             CUstream stream) {
+KGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t size, CUmemoryPool pool, CUstream stream) {
   NOT_READY_GUARD;
-  if (real.cuMemAllocFromPoolAsync == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
-  if (dptr == NULL || size == 0)
-    return real.cuMemAllocFromPoolAsync(dptr, size, pool, stream);
+  if (real.cuMemAllocFromPoolAsync == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || size == 0) return real.cuMemAllocFromPoolAsync(dptr, size, pool, stream);
   ALLOC_BODY(round_up(size), real.cuMemAllocFromPoolAsync(dptr, size, pool, stream), *dptr, KIND_PTR);
 }
 
-KGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t size, CUmemoryPool pool,
-                                                  CUstream stream) {
+KGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t size, CUmemoryPool pool, CUstream stream) {
   NOT_READY_GUARD;
-  if (real.cuMemAllocFromPoolAsync_ptsz == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
-  if (dptr == NULL || size == 0)
-    return real.cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, stream);
-  ALLOC_BODY(round_up(size), real.cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, stream), *dptr,
-             KIND_PTR);
+  if (real.cuMemAllocFromPoolAsync_ptsz == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  if (dptr == NULL || size == 0) return real.cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, stream);
+  ALLOC_BODY(round_up(size), real.cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, stream), *dptr, KIND_PTR);
 }
 
 /* The pitch is only known after the call: the charge is first an estimate (rows padded to 512
@@ -698,10 +633,9 @@ static uint64_t pitch_estimate(uint64_t width, uint64_t height) {
 
 /* After the real call `r` returned `key` with `pitch`: settles the charge of `estimate` made on
  * `gi`. 1 when the allocation stands (or failed by itself), 0 when it was freed for the limit. */
-static int pitch_settle(CUresult r, int gi, uint64_t estimate, uint64_t pitch, uint64_t height,
-                        uint64_t key, int legacy) {
-  if (gi < 0)
-    return 1;
+static int pitch_settle(CUresult r, int gi, uint64_t estimate, uint64_t pitch, uint64_t height, uint64_t key,
+                        int legacy) {
+  if (gi < 0) return 1;
   if (r != CUDA_SUCCESS) {
     kgpu_acct_uncharge(gi, estimate);
     return 1;
@@ -725,17 +659,15 @@ static int pitch_settle(CUresult r, int gi, uint64_t estimate, uint64_t pitch, u
   return 1;
 }
 
-KGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
-                                        size_t height, unsigned int elem) {
+KGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
+                                        unsigned int elem) {
   NOT_READY_GUARD;
-  if (real.cuMemAllocPitch_v2 == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuMemAllocPitch_v2 == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   if (dptr == NULL || pitch == NULL || !pitch_args_ok(width, height))
     return real.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
   const uint64_t estimate = pitch_estimate(width, height);
   int gi;
-  if (reserve(estimate, &gi) != 0)
-    return CUDA_ERROR_OUT_OF_MEMORY;
+  if (reserve(estimate, &gi) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
   const CUresult r = real.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
   if (!pitch_settle(r, gi, estimate, *pitch, height, *dptr, 0)) {
     *dptr = 0;
@@ -745,17 +677,15 @@ KGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t
 }
 
 /* The legacy 32-bit form, charged the same way. */
-KGPU_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pitch, unsigned int width,
-                                     unsigned int height, unsigned int elem) {
+KGPU_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pitch, unsigned int width, unsigned int height,
+                                     unsigned int elem) {
   NOT_READY_GUARD;
-  if (real.cuMemAllocPitch == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuMemAllocPitch == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   if (dptr == NULL || pitch == NULL || !pitch_args_ok(width, height))
     return real.cuMemAllocPitch(dptr, pitch, width, height, elem);
   const uint64_t estimate = pitch_estimate(width, height);
   int gi;
-  if (reserve(estimate, &gi) != 0)
-    return CUDA_ERROR_OUT_OF_MEMORY;
+  if (reserve(estimate, &gi) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
   const CUresult r = real.cuMemAllocPitch(dptr, pitch, width, height, elem);
   if (!pitch_settle(r, gi, estimate, *pitch, height, *dptr, 1)) {
     *dptr = 0;
@@ -766,15 +696,13 @@ KGPU_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pitch, 
 
 KGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
   NOT_READY_GUARD;
-  if (real.cuMemFree_v2 == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuMemFree_v2 == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   FREE_BODY(KIND_PTR, p, real.cuMemFree_v2(p));
 }
 
 KGPU_EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) {
   NOT_READY_GUARD;
-  if (real.cuMemFree == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuMemFree == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   FREE_BODY(KIND_PTR, p, real.cuMemFree(p));
 }
 
@@ -782,15 +710,13 @@ KGPU_EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) {
  * allocation may briefly see more free than the device has (the driver then reports OOM). */
 KGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
   NOT_READY_GUARD;
-  if (real.cuMemFreeAsync == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuMemFreeAsync == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   FREE_BODY(KIND_PTR, p, real.cuMemFreeAsync(p, s));
 }
 
 KGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
   NOT_READY_GUARD;
-  if (real.cuMemFreeAsync_ptsz == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuMemFreeAsync_ptsz == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   FREE_BODY(KIND_PTR, p, real.cuMemFreeAsync_ptsz(p, s));
 }
 
@@ -801,8 +727,7 @@ static uint64_t format_bytes(CUarray_format f) {
 
 /* Bytes of an array of width x height x depth elements (0 means 1) of `channels` x the format's
  * size; UINT64_MAX (refused) when that overflows. */
-static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, unsigned channels,
-                            CUarray_format f) {
+static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, unsigned channels, CUarray_format f) {
   const uint64_t per_row = w * (channels ? channels : 1) * format_bytes(f);
   const uint64_t rows = (h ? h : 1) * (d ? d : 1);
   return (rows != 0 && per_row > UINT64_MAX / rows) ? UINT64_MAX : per_row * rows;
@@ -814,18 +739,16 @@ static int array_args_ok(uint64_t w, uint64_t h, uint64_t d, unsigned channels) 
 
 KGPU_EXPORT CUresult cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESCRIPTOR* d) {
   NOT_READY_GUARD;
-  if (real.cuArrayCreate_v2 == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuArrayCreate_v2 == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   if (handle == NULL || d == NULL || !array_args_ok(d->Width, d->Height, 0, d->NumChannels))
     return real.cuArrayCreate_v2(handle, d);
-  ALLOC_BODY(round_up(array_bytes(d->Width, d->Height, 0, d->NumChannels, d->Format)),
-             real.cuArrayCreate_v2(handle, d), (uintptr_t)*handle, KIND_ARRAY);
+  ALLOC_BODY(round_up(array_bytes(d->Width, d->Height, 0, d->NumChannels, d->Format)), real.cuArrayCreate_v2(handle, d),
+             (uintptr_t)*handle, KIND_ARRAY);
 }
 
 KGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR* d) {
   NOT_READY_GUARD;
-  if (real.cuArray3DCreate_v2 == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuArray3DCreate_v2 == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   if (handle == NULL || d == NULL || !array_args_ok(d->Width, d->Height, d->Depth, d->NumChannels))
     return real.cuArray3DCreate_v2(handle, d);
   ALLOC_BODY(round_up(array_bytes(d->Width, d->Height, d->Depth, d->NumChannels, d->Format)),
@@ -835,18 +758,16 @@ KGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_DESC
 /* The legacy 32-bit descriptors: the same arrays. */
 KGPU_EXPORT CUresult cuArrayCreate(CUarray* handle, const CUDA_ARRAY_DESCRIPTOR_v1* d) {
   NOT_READY_GUARD;
-  if (real.cuArrayCreate == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuArrayCreate == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   if (handle == NULL || d == NULL || !array_args_ok(d->Width, d->Height, 0, d->NumChannels))
     return real.cuArrayCreate(handle, d);
-  ALLOC_BODY(round_up(array_bytes(d->Width, d->Height, 0, d->NumChannels, d->Format)),
-             real.cuArrayCreate(handle, d), (uintptr_t)*handle, KIND_ARRAY);
+  ALLOC_BODY(round_up(array_bytes(d->Width, d->Height, 0, d->NumChannels, d->Format)), real.cuArrayCreate(handle, d),
+             (uintptr_t)*handle, KIND_ARRAY);
 }
 
 KGPU_EXPORT CUresult cuArray3DCreate(CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR_v1* d) {
   NOT_READY_GUARD;
-  if (real.cuArray3DCreate == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuArray3DCreate == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   if (handle == NULL || d == NULL || !array_args_ok(d->Width, d->Height, d->Depth, d->NumChannels))
     return real.cuArray3DCreate(handle, d);
   ALLOC_BODY(round_up(array_bytes(d->Width, d->Height, d->Depth, d->NumChannels, d->Format)),
@@ -858,50 +779,42 @@ KGPU_EXPORT CUresult cuArray3DCreate(CUarray* handle, const CUDA_ARRAY3D_DESCRIP
 KGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* handle, const CUDA_ARRAY3D_DESCRIPTOR* d,
                                             unsigned int levels) {
   NOT_READY_GUARD;
-  if (real.cuMipmappedArrayCreate == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
-  if (handle == NULL || d == NULL || levels == 0 ||
-      !array_args_ok(d->Width, d->Height, d->Depth, d->NumChannels))
+  if (real.cuMipmappedArrayCreate == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  if (handle == NULL || d == NULL || levels == 0 || !array_args_ok(d->Width, d->Height, d->Depth, d->NumChannels))
     return real.cuMipmappedArrayCreate(handle, d, levels);
   const uint64_t elem = (uint64_t)(d->NumChannels ? d->NumChannels : 1) * format_bytes(d->Format);
-  ALLOC_BODY(round_up(kgpu_cu_mipmap_bytes(d, levels, elem)),
-             real.cuMipmappedArrayCreate(handle, d, levels), (uintptr_t)*handle, KIND_MIPMAP);
+  ALLOC_BODY(round_up(kgpu_cu_mipmap_bytes(d, levels, elem)), real.cuMipmappedArrayCreate(handle, d, levels),
+             (uintptr_t)*handle, KIND_MIPMAP);
 }
 
 KGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) {
   NOT_READY_GUARD;
-  if (real.cuMipmappedArrayDestroy == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuMipmappedArrayDestroy == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   FREE_BODY(KIND_MIPMAP, (uintptr_t)a, real.cuMipmappedArrayDestroy(a));
 }
 
 KGPU_EXPORT CUresult cuArrayDestroy(CUarray a) {
   NOT_READY_GUARD;
-  if (real.cuArrayDestroy == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuArrayDestroy == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   FREE_BODY(KIND_ARRAY, (uintptr_t)a, real.cuArrayDestroy(a));
 }
 
 /* Physical memory of the VMM API, charged to the device it is created on (prop->location) when
  * the handle is created, taken back at cuMemRelease. (The driver frees it when the last mapping
  * is also gone: memory released while still mapped is uncounted until then.) */
-KGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
-                                 const CUmemAllocationProp* prop, unsigned long long flags) {
+KGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                                 unsigned long long flags) {
   NOT_READY_GUARD;
-  if (real.cuMemCreate == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
-  if (handle == NULL || prop == NULL || size == 0 ||
-      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+  if (real.cuMemCreate == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  if (handle == NULL || prop == NULL || size == 0 || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
     return real.cuMemCreate(handle, size, prop, flags);
   }
   uint64_t limit = KGPU_ACCT_NO_LIMIT;
   const int gi = device_gi(prop->location.id, &limit);
-  if (gi == -1)
-    return real.cuMemCreate(handle, size, prop, flags);
+  if (gi == -1) return real.cuMemCreate(handle, size, prop, flags);
   reconcile(prop->location.id, gi);
   const uint64_t charge = round_up(size);
-  if (gi < 0 || kgpu_acct_charge(gi, charge, limit) != 0)
-    return CUDA_ERROR_OUT_OF_MEMORY;
+  if (gi < 0 || kgpu_acct_charge(gi, charge, limit) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
   const CUresult r = real.cuMemCreate(handle, size, prop, flags);
   if (r != CUDA_SUCCESS) {
     kgpu_acct_uncharge(gi, charge);
@@ -913,8 +826,7 @@ KGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t si
 
 KGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
   NOT_READY_GUARD;
-  if (real.cuMemRelease == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuMemRelease == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   FREE_BODY(KIND_VMM, h, real.cuMemRelease(h));
 }
 
@@ -922,21 +834,17 @@ KGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
  * every allocation made in it (cudaDeviceReset does the reset): the charges go back too. */
 KGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
   NOT_READY_GUARD;
-  if (real.cuCtxDestroy_v2 == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuCtxDestroy_v2 == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   const CUresult r = real.cuCtxDestroy_v2(ctx);
-  if (r == CUDA_SUCCESS)
-    sweep_context((uintptr_t)ctx);
+  if (r == CUDA_SUCCESS) sweep_context((uintptr_t)ctx);
   return r;
 }
 
 KGPU_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
   NOT_READY_GUARD;
-  if (real.cuCtxDestroy == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuCtxDestroy == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   const CUresult r = real.cuCtxDestroy(ctx);
-  if (r == CUDA_SUCCESS)
-    sweep_context((uintptr_t)ctx);
+  if (r == CUDA_SUCCESS) sweep_context((uintptr_t)ctx);
   return r;
 }
 
@@ -944,45 +852,39 @@ KGPU_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
   do {                                          \
     const uintptr_t pc_ = primary_context(dev); \
     const CUresult r_ = (call_expr);            \
-    if (r_ == CUDA_SUCCESS)                     \
-      sweep_context(pc_);                       \
+    if (r_ == CUDA_SUCCESS) sweep_context(pc_); \
     return r_;                                  \
   } while (0)
 
-#define PRIMARY_RELEASE_BODY(call_expr)             \
-  do {                                              \
-    const uintptr_t pc_ = primary_context(dev);     \
-    const CUresult r_ = (call_expr);                \
-    if (r_ == CUDA_SUCCESS && !primary_active(dev)) \
-      sweep_context(pc_);                           \
-    return r_;                                      \
+#define PRIMARY_RELEASE_BODY(call_expr)                                 \
+  do {                                                                  \
+    const uintptr_t pc_ = primary_context(dev);                         \
+    const CUresult r_ = (call_expr);                                    \
+    if (r_ == CUDA_SUCCESS && !primary_active(dev)) sweep_context(pc_); \
+    return r_;                                                          \
   } while (0)
 
 KGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   NOT_READY_GUARD;
-  if (real.cuDevicePrimaryCtxReset_v2 == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuDevicePrimaryCtxReset_v2 == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   PRIMARY_RESET_BODY(real.cuDevicePrimaryCtxReset_v2(dev));
 }
 
 KGPU_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
   NOT_READY_GUARD;
-  if (real.cuDevicePrimaryCtxReset == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuDevicePrimaryCtxReset == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   PRIMARY_RESET_BODY(real.cuDevicePrimaryCtxReset(dev));
 }
 
 KGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   NOT_READY_GUARD;
-  if (real.cuDevicePrimaryCtxRelease_v2 == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuDevicePrimaryCtxRelease_v2 == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   PRIMARY_RELEASE_BODY(real.cuDevicePrimaryCtxRelease_v2(dev));
 }
 
 KGPU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
   NOT_READY_GUARD;
-  if (real.cuDevicePrimaryCtxRelease == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuDevicePrimaryCtxRelease == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   PRIMARY_RELEASE_BODY(real.cuDevicePrimaryCtxRelease(dev));
 }
 
@@ -991,10 +893,8 @@ static void clamp_info(int gi, uint64_t limit, uint64_t* free_b, uint64_t* total
   uint64_t used, eff;
   kgpu_acct_usage(gi, limit, &used, &eff);
   const uint64_t left = used < eff ? eff - used : 0;
-  if (eff < *total_b)
-    *total_b = eff;
-  if (left < *free_b)
-    *free_b = left;
+  if (eff < *total_b) *total_b = eff;
+  if (left < *free_b) *free_b = left;
 }
 
 /* The driver's free and total memory of the current device, as the container may use them:
@@ -1002,8 +902,7 @@ static void clamp_info(int gi, uint64_t limit, uint64_t* free_b, uint64_t* total
 static void limited_info(uint64_t* f, uint64_t* t) {
   uint64_t limit;
   const int gi = current_gi(&limit);
-  if (gi == -1)
-    return;
+  if (gi == -1) return;
   if (gi < 0) {
     *f = *t = 0;
   } else {
@@ -1013,11 +912,9 @@ static void limited_info(uint64_t* f, uint64_t* t) {
 
 KGPU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_b, size_t* total_b) {
   NOT_READY_GUARD;
-  if (real.cuMemGetInfo_v2 == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuMemGetInfo_v2 == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   const CUresult r = real.cuMemGetInfo_v2(free_b, total_b);
-  if (r != CUDA_SUCCESS)
-    return r;
+  if (r != CUDA_SUCCESS) return r;
   uint64_t f = *free_b, t = *total_b;
   limited_info(&f, &t);
   *free_b = f;
@@ -1027,11 +924,9 @@ KGPU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_b, size_t* total_b) {
 
 KGPU_EXPORT CUresult cuMemGetInfo(unsigned int* free_b, unsigned int* total_b) {
   NOT_READY_GUARD;
-  if (real.cuMemGetInfo == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuMemGetInfo == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   const CUresult r = real.cuMemGetInfo(free_b, total_b);
-  if (r != CUDA_SUCCESS)
-    return r;
+  if (r != CUDA_SUCCESS) return r;
   uint64_t f = *free_b, t = *total_b;
   limited_info(&f, &t);
   *free_b = (unsigned int)f;
@@ -1041,23 +936,19 @@ KGPU_EXPORT CUresult cuMemGetInfo(unsigned int* free_b, unsigned int* total_b) {
 
 KGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
   NOT_READY_GUARD;
-  if (real.cuDeviceTotalMem_v2 == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuDeviceTotalMem_v2 == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   const CUresult r = real.cuDeviceTotalMem_v2(bytes, dev);
   uint64_t limit;
-  if (r == CUDA_SUCCESS && device_gi(dev, &limit) != -1 && limit < *bytes)
-    *bytes = limit;
+  if (r == CUDA_SUCCESS && device_gi(dev, &limit) != -1 && limit < *bytes) *bytes = limit;
   return r;
 }
 
 KGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int* bytes, CUdevice dev) {
   NOT_READY_GUARD;
-  if (real.cuDeviceTotalMem == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuDeviceTotalMem == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   const CUresult r = real.cuDeviceTotalMem(bytes, dev);
   uint64_t limit;
-  if (r == CUDA_SUCCESS && device_gi(dev, &limit) != -1 && limit < *bytes)
-    *bytes = (unsigned int)limit;
+  if (r == CUDA_SUCCESS && device_gi(dev, &limit) != -1 && limit < *bytes) *bytes = (unsigned int)limit;
   return r;
 }
 
@@ -1076,13 +967,11 @@ static const hook_entry g_hooks[] = {KGPU_HOOKED(HOOK_ENTRY)};
 
 /* The hook that stands for the real driver's function `fn`, or NULL. */
 static void* hook_for_real(void* fn) {
-  if (fn == NULL || !ready())
-    return NULL;
+  if (fn == NULL || !ready()) return NULL;
   for (size_t i = 0; i < NHOOKS; ++i) {
     void* r;
     memcpy(&r, g_hooks[i].real_slot, sizeof r);
-    if (r == fn)
-      return fn_to_ptr(g_hooks[i].hook);
+    if (r == fn) return fn_to_ptr(g_hooks[i].hook);
   }
   return NULL;
 }
@@ -1136,13 +1025,11 @@ static const versioned_hook g_versioned[] = {
 };
 
 static void* hook_for_symbol(const char* symbol, int version, cuuint64_t flags) {
-  if (symbol == NULL)
-    return NULL;
+  if (symbol == NULL) return NULL;
   const int ptsz = flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
   for (size_t i = 0; i < sizeof g_versioned / sizeof g_versioned[0]; ++i) {
     const versioned_hook* v = &g_versioned[i];
-    if ((v->ptsz && !ptsz) || version < v->since || strcmp(v->symbol, symbol) != 0)
-      continue;
+    if ((v->ptsz && !ptsz) || version < v->since || strcmp(v->symbol, symbol) != 0) continue;
     return fn_to_ptr(v->hook); /* the table lists the newest version and the ptsz variant first */
   }
   return NULL;
@@ -1150,34 +1037,26 @@ static void* hook_for_symbol(const char* symbol, int version, cuuint64_t flags) 
 
 /* The driver answers; an answer that is a hooked function is replaced by its hook. */
 static void substitute(const char* symbol, void** pfn, int version, cuuint64_t flags) {
-  if (pfn == NULL || *pfn == NULL)
-    return;
+  if (pfn == NULL || *pfn == NULL) return;
   void* h = hook_for_real(*pfn);
-  if (h == NULL)
-    h = hook_for_symbol(symbol, version, flags);
-  if (h != NULL)
-    *pfn = h;
+  if (h == NULL) h = hook_for_symbol(symbol, version, flags);
+  if (h != NULL) *pfn = h;
 }
 
-KGPU_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version,
-                                      cuuint64_t flags) {
+KGPU_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
   NOT_READY_GUARD;
-  if (real.cuGetProcAddress == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuGetProcAddress == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   const CUresult r = real.cuGetProcAddress(symbol, pfn, version, flags);
-  if (r == CUDA_SUCCESS)
-    substitute(symbol, pfn, version, flags);
+  if (r == CUDA_SUCCESS) substitute(symbol, pfn, version, flags);
   return r;
 }
 
-KGPU_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version,
-                                         cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
+KGPU_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                                         CUdriverProcAddressQueryResult* status) {
   NOT_READY_GUARD;
-  if (real.cuGetProcAddress_v2 == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (real.cuGetProcAddress_v2 == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   const CUresult r = real.cuGetProcAddress_v2(symbol, pfn, version, flags, status);
-  if (r == CUDA_SUCCESS)
-    substitute(symbol, pfn, version, flags);
+  if (r == CUDA_SUCCESS) substitute(symbol, pfn, version, flags);
   return r;
 }
 
@@ -1200,25 +1079,21 @@ static void* nvml_real(void** slot, const char* name) {
   if (p == NULL) {
     const dlsym_fn rd = real_dlsym();
     p = rd != NULL ? rd(RTLD_NEXT, name) : NULL;
-    if (p != NULL)
-      __atomic_store_n(slot, p, __ATOMIC_RELEASE);
+    if (p != NULL) __atomic_store_n(slot, p, __ATOMIC_RELEASE);
   }
   return p;
 }
 
 /* Adjusts a device's memory figures to the container's limit; 0 when the GPU is not limited. */
-static int nvml_limited(void* dev, unsigned long long* total, unsigned long long* free_b,
-                        unsigned long long* used) {
+static int nvml_limited(void* dev, unsigned long long* total, unsigned long long* free_b, unsigned long long* used) {
   pthread_once(&g_limits_once, limits_once); /* the limits only: an NVML client need not load CUDA */
   void* up = nvml_real(&g_nvml_uuid, "nvmlDeviceGetUUID");
   nvml_uuid_fn uuid_of;
   memcpy(&uuid_of, &up, sizeof uuid_of);
   char uuid[96];
-  if (uuid_of == NULL || uuid_of(dev, uuid, sizeof uuid) != 0)
-    return 0;
+  if (uuid_of == NULL || uuid_of(dev, uuid, sizeof uuid) != 0) return 0;
   const uint64_t limit = limit_for(uuid);
-  if (limit == KGPU_ACCT_NO_LIMIT)
-    return 0;
+  if (limit == KGPU_ACCT_NO_LIMIT) return 0;
   uint64_t mine = 0, effective = limit;
   const int gi = kgpu_acct_attach() == 0 ? kgpu_acct_gpu(uuid, limit) : -1;
   if (gi >= 0) {
@@ -1226,13 +1101,11 @@ static int nvml_limited(void* dev, unsigned long long* total, unsigned long long
   } else {
     mine = effective = 0; /* the region is unusable: nothing can be allocated, say so */
   }
-  if (mine > effective)
-    mine = effective;
+  if (mine > effective) mine = effective;
   const unsigned long long left = (unsigned long long)(effective - mine);
   *total = effective;
   *used = mine;
-  if (left < *free_b)
-    *free_b = left;
+  if (left < *free_b) *free_b = left;
   return 1;
 }
 
@@ -1240,11 +1113,9 @@ KGPU_EXPORT int nvmlDeviceGetMemoryInfo(void* dev, kgpu_nvml_memory* m) {
   void* p = nvml_real(&g_nvml_mem, "nvmlDeviceGetMemoryInfo");
   nvml_mem_fn f;
   memcpy(&f, &p, sizeof f);
-  if (f == NULL)
-    return 3; /* NVML_ERROR_NOT_SUPPORTED */
+  if (f == NULL) return 3; /* NVML_ERROR_NOT_SUPPORTED */
   const int r = f(dev, m);
-  if (r == 0 && m != NULL)
-    nvml_limited(dev, &m->total, &m->free, &m->used);
+  if (r == 0 && m != NULL) nvml_limited(dev, &m->total, &m->free, &m->used);
   return r;
 }
 
@@ -1252,8 +1123,7 @@ KGPU_EXPORT int nvmlDeviceGetMemoryInfo_v2(void* dev, kgpu_nvml_memory_v2* m) {
   void* p = nvml_real(&g_nvml_mem2, "nvmlDeviceGetMemoryInfo_v2");
   nvml_mem2_fn f;
   memcpy(&f, &p, sizeof f);
-  if (f == NULL)
-    return 3; /* NVML_ERROR_NOT_SUPPORTED */
+  if (f == NULL) return 3; /* NVML_ERROR_NOT_SUPPORTED */
   const int r = f(dev, m);
   if (r == 0 && m != NULL && nvml_limited(dev, &m->total, &m->free, &m->used))
     m->reserved = 0; /* the driver's reservation is outside the container's limit */
@@ -1267,22 +1137,18 @@ static void* nvml_dlsym(void* handle, const char* name, dlsym_fn rd) {
                 : strcmp(name, "nvmlDeviceGetMemoryInfo_v2") == 0 ? &g_nvml_mem2
                                                                   : NULL;
   void* p = rd(handle, name);
-  if (slot == NULL || p == NULL)
-    return p;
+  if (slot == NULL || p == NULL) return p;
   void* u = rd(handle, "nvmlDeviceGetUUID");
-  if (u != NULL)
-    __atomic_store_n(&g_nvml_uuid, u, __ATOMIC_RELEASE);
+  if (u != NULL) __atomic_store_n(&g_nvml_uuid, u, __ATOMIC_RELEASE);
   __atomic_store_n(slot, p, __ATOMIC_RELEASE);
   const any_fn hook = slot == &g_nvml_mem ? (any_fn)nvmlDeviceGetMemoryInfo : (any_fn)nvmlDeviceGetMemoryInfo_v2;
   return fn_to_ptr(hook);
 }
 
 static int hooked_name(const char* name) {
-  if (name == NULL || name[0] != 'c' || name[1] != 'u')
-    return 0;
+  if (name == NULL || name[0] != 'c' || name[1] != 'u') return 0;
   for (size_t i = 0; i < NHOOKS; ++i) {
-    if (strcmp(g_hooks[i].name, name) == 0)
-      return 1;
+    if (strcmp(g_hooks[i].name, name) == 0) return 1;
   }
   return 0;
 }

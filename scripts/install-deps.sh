@@ -15,7 +15,7 @@ BUILD_PACKAGES=(
 # nodejs/npm for the manifest schema test (kubernetes-models).
 PACKAGES=(
   "${BUILD_PACKAGES[@]}"
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-yaml procps curl
   librsvg2-2

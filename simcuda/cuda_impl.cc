@@ -121,17 +121,14 @@ uint64_t RoundUp(uint64_t v, uint64_t g) {
 // Whether `pid` still runs: a zombie (state Z or X in /proc/<pid>/stat) has exited, and the
 // driver frees a process's memory at exit, not when its parent reaps it.
 bool PidAlive(int32_t pid) {
-  if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH))
-    return false;
+  if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH)) return false;
   char path[64], buf[512];
   std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return true;
+  if (fd < 0) return true;
   const ssize_t n = ::read(fd, buf, sizeof buf - 1);
   ::close(fd);
-  if (n <= 0)
-    return true;
+  if (n <= 0) return true;
   buf[n] = '\0';
   const char* p = std::strrchr(buf, ')');
   return p == nullptr || p[1] == '\0' || (p[2] != 'Z' && p[2] != 'X');
@@ -141,8 +138,7 @@ bool PidAlive(int32_t pid) {
 
 uint64_t UsedBytes(const SimGpu& g) {
   uint64_t sum = g.mem_used_base;
-  for (unsigned i = 0; i < g.nproc && i < kMaxProcs; ++i)
-    sum += g.procs[i].mem_bytes;
+  for (unsigned i = 0; i < g.nproc && i < kMaxProcs; ++i) sum += g.procs[i].mem_bytes;
   return sum;
 }
 
@@ -153,8 +149,7 @@ uint64_t UsableBytes(const Node& node, unsigned gpu) {
 
 SimProcess* FindProc(SimGpu& g, int32_t pid) {
   for (unsigned i = 0; i < g.nproc && i < kMaxProcs; ++i) {
-    if (static_cast<int32_t>(g.procs[i].pid) == pid && g.procs[i].gi == kNoId)
-      return &g.procs[i];
+    if (static_cast<int32_t>(g.procs[i].pid) == pid && g.procs[i].gi == kNoId) return &g.procs[i];
   }
   return nullptr;
 }
@@ -174,23 +169,18 @@ void RemoveProc(SimGpu& g, int32_t pid) {
 void RegisterPid(PidTable& t, int32_t pid) {
   unsigned free_slot = kPidSlots;
   for (unsigned i = 0; i < kPidSlots; ++i) {
-    if (t.slots[i].pid == pid)
-      return;
-    if (t.slots[i].pid == 0 && free_slot == kPidSlots)
-      free_slot = i;
+    if (t.slots[i].pid == pid) return;
+    if (t.slots[i].pid == 0 && free_slot == kPidSlots) free_slot = i;
   }
-  if (free_slot < kPidSlots)
-    t.slots[free_slot].pid = pid;
+  if (free_slot < kPidSlots) t.slots[free_slot].pid = pid;
 }
 
 // Removes the entries of registered processes that no longer exist (the real driver frees a
 // dead process's memory when the kernel tears its file descriptors down).
 void Reap(const Driver& d, const Node::Locked& lock) {
   for (auto& s : d.pids->slots) {
-    if (s.pid == 0 || PidAlive(s.pid))
-      continue;
-    for (unsigned gpu = 0; gpu < d.node->gpu_count(); ++gpu)
-      RemoveProc(lock.gpu(gpu), s.pid);
+    if (s.pid == 0 || PidAlive(s.pid)) continue;
+    for (unsigned gpu = 0; gpu < d.node->gpu_count(); ++gpu) RemoveProc(lock.gpu(gpu), s.pid);
     s.pid = 0;
   }
 }
@@ -199,10 +189,8 @@ void Reap(const Driver& d, const Node::Locked& lock) {
 bool EnsureProc(const Driver& d, const Node::Locked& lock, unsigned gpu) {
   SimGpu& g = lock.gpu(gpu);
   const auto pid = static_cast<int32_t>(getpid());
-  if (FindProc(g, pid) != nullptr)
-    return true;
-  if (g.nproc >= kMaxProcs)
-    return false;
+  if (FindProc(g, pid) != nullptr) return true;
+  if (g.nproc >= kMaxProcs) return false;
   SimProcess p{};
   p.pid = static_cast<uint32_t>(pid);
   p.gi = p.ci = kNoId;
@@ -229,16 +217,14 @@ CUresult Charge(Driver& d, unsigned gpu, uint64_t bytes) {
 void Uncharge(Driver& d, unsigned gpu, uint64_t bytes) {
   Node::Locked lock(*d.node);
   SimProcess* p = FindProc(lock.gpu(gpu), static_cast<int32_t>(getpid()));
-  if (p != nullptr)
-    p->mem_bytes -= std::min(p->mem_bytes, bytes);
+  if (p != nullptr) p->mem_bytes -= std::min(p->mem_bytes, bytes);
 }
 
 // ---- set-up ----
 
 PidTable* OpenPidTable(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  if (fd < 0)
-    return nullptr;
+  if (fd < 0) return nullptr;
   fchmod(fd, 0666);
   flock(fd, LOCK_EX);
   struct stat st {};
@@ -259,11 +245,9 @@ PidTable* OpenPidTable(const std::string& path) {
 }
 
 bool StartsWithNoCase(const std::string& s, const std::string& prefix) {
-  if (prefix.size() > s.size())
-    return false;
+  if (prefix.size() > s.size()) return false;
   for (size_t i = 0; i < prefix.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(s[i])) !=
-        std::tolower(static_cast<unsigned char>(prefix[i]))) {
+    if (std::tolower(static_cast<unsigned char>(s[i])) != std::tolower(static_cast<unsigned char>(prefix[i]))) {
       return false;
     }
   }
@@ -275,34 +259,27 @@ std::vector<unsigned> VisibleGpus(const Node& node) {
   {
     Node::Locked lock(node);
     for (unsigned i = 0; i < node.gpu_count(); ++i) {
-      if (lock.gpu(i).mig_current == 0)
-        all.push_back(i);
+      if (lock.gpu(i).mig_current == 0) all.push_back(i);
     }
   }
   const char* env = std::getenv("CUDA_VISIBLE_DEVICES");  // NOLINT(concurrency-mt-unsafe)
-  if (env == nullptr)
-    return all;
+  if (env == nullptr) return all;
   std::vector<unsigned> out;
   std::string list(env);
   size_t pos = 0;
   while (pos <= list.size()) {
     size_t end = list.find(',', pos);
-    if (end == std::string::npos)
-      end = list.size();
+    if (end == std::string::npos) end = list.size();
     std::string tok = list.substr(pos, end - pos);
     pos = end + 1;
-    while (!tok.empty() && std::isspace(static_cast<unsigned char>(tok.front())))
-      tok.erase(0, 1);
-    while (!tok.empty() && std::isspace(static_cast<unsigned char>(tok.back())))
-      tok.pop_back();
+    while (!tok.empty() && std::isspace(static_cast<unsigned char>(tok.front()))) tok.erase(0, 1);
+    while (!tok.empty() && std::isspace(static_cast<unsigned char>(tok.back()))) tok.pop_back();
     int found = -1;
-    if (!tok.empty() && std::all_of(tok.begin(), tok.end(), [](char c) {
-          return std::isdigit(static_cast<unsigned char>(c));
-        })) {
+    if (!tok.empty() &&
+        std::all_of(tok.begin(), tok.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
       const unsigned long idx = std::strtoul(tok.c_str(), nullptr, 10);
       for (unsigned i : all) {
-        if (i == idx)
-          found = static_cast<int>(i);
+        if (i == idx) found = static_cast<int>(i);
       }
     } else if (StartsWithNoCase(tok, "GPU-") && tok.size() > 4) {
       for (unsigned i : all) {
@@ -315,8 +292,7 @@ std::vector<unsigned> VisibleGpus(const Node& node) {
         }
       }
     }
-    if (found < 0 || std::find(out.begin(), out.end(), static_cast<unsigned>(found)) != out.end())
-      break;
+    if (found < 0 || std::find(out.begin(), out.end(), static_cast<unsigned>(found)) != out.end()) break;
     out.push_back(static_cast<unsigned>(found));
   }
   return out;
@@ -333,8 +309,7 @@ void InitOnce() {
   d->node = opened->release();
   d->pids = OpenPidTable(d->node->environment().state_path + ".cuda-pids");
   if (d->pids == nullptr) {
-    std::fprintf(stderr, "simulated libcuda: cannot open %s.cuda-pids\n",
-                 d->node->environment().state_path.c_str());
+    std::fprintf(stderr, "simulated libcuda: cannot open %s.cuda-pids\n", d->node->environment().state_path.c_str());
     g_init_result = CUDA_ERROR_NO_DEVICE;
     return;
   }
@@ -343,7 +318,8 @@ void InitOnce() {
     Reap(*d, lock);
   }
   d->visible = VisibleGpus(*d->node);
-  if (const char* v = std::getenv("KGPU_SIM_CUDA_CONTEXT_MIB"); v != nullptr && *v != '\0') {  // NOLINT(concurrency-mt-unsafe)
+  if (const char* v = std::getenv("KGPU_SIM_CUDA_CONTEXT_MIB");
+      v != nullptr && *v != '\0') {  // NOLINT(concurrency-mt-unsafe)
     char* end = nullptr;
     const unsigned long long mib = std::strtoull(v, &end, 10);
     if (*end != '\0' || mib > (1ULL << 24)) {
@@ -364,15 +340,12 @@ void InitOnce() {
 // At a normal exit the process's memory goes back, as with the real driver.
 struct ExitCleanup {
   ~ExitCleanup() {
-    if (g_drv == nullptr)
-      return;
+    if (g_drv == nullptr) return;
     Node::Locked lock(*g_drv->node);
     const auto pid = static_cast<int32_t>(getpid());
-    for (unsigned gpu = 0; gpu < g_drv->node->gpu_count(); ++gpu)
-      RemoveProc(lock.gpu(gpu), pid);
+    for (unsigned gpu = 0; gpu < g_drv->node->gpu_count(); ++gpu) RemoveProc(lock.gpu(gpu), pid);
     for (auto& s : g_drv->pids->slots) {
-      if (s.pid == pid)
-        s.pid = 0;
+      if (s.pid == pid) s.pid = 0;
     }
   }
 } g_exit_cleanup;
@@ -388,27 +361,22 @@ bool ValidDev(const Driver& d, CUdevice dev) {
 // The current context's device, or an error.
 CUresult CurrentGpu(const Driver& d, unsigned* gpu, const Ctx** ctx) {
   const Ctx* c = t_current;
-  if (c == nullptr || c->magic != kCtxMagic || !ValidDev(d, c->dev))
-    return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr || c->magic != kCtxMagic || !ValidDev(d, c->dev)) return CUDA_ERROR_INVALID_CONTEXT;
   *gpu = d.visible[static_cast<size_t>(c->dev)];
-  if (ctx != nullptr)
-    *ctx = c;
+  if (ctx != nullptr) *ctx = c;
   return CUDA_SUCCESS;
 }
 
 // Charges `bytes` (already rounded) on ordinal `dev`'s GPU (-1: the current context's) and
 // records the allocation under a new device address (kPtr), a new handle (kVmm) or `given_key`
 // (kArray).
-CUresult Allocate(uint64_t bytes, bool low32, Kind kind, uint64_t* key_out, uint64_t given_key,
-                  int dev = -1) {
+CUresult Allocate(uint64_t bytes, bool low32, Kind kind, uint64_t* key_out, uint64_t given_key, int dev = -1) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
+  if (d == nullptr) return g_init_result;
   unsigned gpu = 0;
   const Ctx* ctx = nullptr;
   if (dev >= 0) {
-    if (!ValidDev(*d, dev))
-      return CUDA_ERROR_INVALID_DEVICE;
+    if (!ValidDev(*d, dev)) return CUDA_ERROR_INVALID_DEVICE;
     gpu = d->visible[static_cast<size_t>(dev)];
   } else if (CUresult r = CurrentGpu(*d, &gpu, &ctx); r != CUDA_SUCCESS) {
     return r;
@@ -417,18 +385,14 @@ CUresult Allocate(uint64_t bytes, bool low32, Kind kind, uint64_t* key_out, uint
   uint64_t key = given_key;
   if (kind == Kind::kPtr) {
     uint64_t& next = low32 ? d->next_va32 : d->next_va;
-    if (low32 && next + bytes > 0xF0000000ULL)
-      return CUDA_ERROR_OUT_OF_MEMORY;
+    if (low32 && next + bytes > 0xF0000000ULL) return CUDA_ERROR_OUT_OF_MEMORY;
     key = next;
   } else if (kind == Kind::kVmm) {
     key = d->next_vmm;
   }
-  if (CUresult r = Charge(*d, gpu, bytes); r != CUDA_SUCCESS)
-    return r;
-  if (kind == Kind::kPtr)
-    (low32 ? d->next_va32 : d->next_va) += bytes;
-  if (kind == Kind::kVmm)
-    ++d->next_vmm;
+  if (CUresult r = Charge(*d, gpu, bytes); r != CUDA_SUCCESS) return r;
+  if (kind == Kind::kPtr) (low32 ? d->next_va32 : d->next_va) += bytes;
+  if (kind == Kind::kVmm) ++d->next_vmm;
   d->allocs[key] = Alloc{gpu, bytes, ctx, kind};
   *key_out = key;
   return CUDA_SUCCESS;
@@ -436,8 +400,7 @@ CUresult Allocate(uint64_t bytes, bool low32, Kind kind, uint64_t* key_out, uint
 
 CUresult Free(uint64_t key, Kind kind) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
+  if (d == nullptr) return g_init_result;
   std::lock_guard<std::mutex> lock(d->mu);
   auto it = d->allocs.find(key);
   if (it == d->allocs.end() || it->second.kind != kind) {
@@ -467,25 +430,21 @@ void FreeAllocsOf(Driver& d, const Ctx* ctx) {
 void DropContext(Driver& d, const Ctx* ctx, int dev) {
   const unsigned gpu = d.visible[static_cast<size_t>(dev)];
   FreeAllocsOf(d, ctx);
-  if (d.ctx_bytes > 0)
-    Uncharge(d, gpu, d.ctx_bytes);
+  if (d.ctx_bytes > 0) Uncharge(d, gpu, d.ctx_bytes);
   if (--d.ctx_count[dev] == 0) {
     Node::Locked lock(*d.node);
     SimProcess* p = FindProc(lock.gpu(gpu), static_cast<int32_t>(getpid()));
-    if (p != nullptr && p->mem_bytes == 0)
-      RemoveProc(lock.gpu(gpu), static_cast<int32_t>(getpid()));
+    if (p != nullptr && p->mem_bytes == 0) RemoveProc(lock.gpu(gpu), static_cast<int32_t>(getpid()));
   }
 }
 
 CUresult AddContext(Driver& d, int dev) {
   const unsigned gpu = d.visible[static_cast<size_t>(dev)];
   if (d.ctx_bytes > 0) {
-    if (CUresult r = Charge(d, gpu, d.ctx_bytes); r != CUDA_SUCCESS)
-      return r;
+    if (CUresult r = Charge(d, gpu, d.ctx_bytes); r != CUDA_SUCCESS) return r;
   } else {
     Node::Locked lock(*d.node);
-    if (!EnsureProc(d, lock, gpu))
-      return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!EnsureProc(d, lock, gpu)) return CUDA_ERROR_OUT_OF_MEMORY;
   }
   ++d.ctx_count[dev];
   return CUDA_SUCCESS;
@@ -493,11 +452,9 @@ CUresult AddContext(Driver& d, int dev) {
 
 CUresult MemInfo(uint64_t* free_bytes, uint64_t* total_bytes) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
+  if (d == nullptr) return g_init_result;
   unsigned gpu = 0;
-  if (CUresult r = CurrentGpu(*d, &gpu, nullptr); r != CUDA_SUCCESS)
-    return r;
+  if (CUresult r = CurrentGpu(*d, &gpu, nullptr); r != CUDA_SUCCESS) return r;
   Node::Locked lock(*d->node);
   const uint64_t used = UsedBytes(lock.gpu(gpu));
   const uint64_t usable = UsableBytes(*d->node, gpu);
@@ -516,53 +473,42 @@ using namespace kgpu::simcuda;  // NOLINT(google-build-using-namespace): entry p
 
 // ---------------------------------------------------------------- initialisation and devices
 CU_EXPORT CUresult cuInit(unsigned int flags) {
-  if (flags != 0)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   std::call_once(g_once, InitOnce);
   return g_init_result;
 }
 
 CU_EXPORT CUresult cuDriverGetVersion(int* version) {
-  if (version == nullptr)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
   // Callable before cuInit, as with the real driver: the version comes from the node's profile.
   auto profile = kgpu::sim::LoadProfile(kgpu::sim::ReadEnvironment().profile_spec);
-  if (!profile.ok())
-    return CUDA_ERROR_NO_DEVICE;
+  if (!profile.ok()) return CUDA_ERROR_NO_DEVICE;
   *version = profile->cuda_version;
   return CUDA_SUCCESS;
 }
 
 CU_EXPORT CUresult cuDeviceGetCount(int* count) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
-  if (count == nullptr)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (d == nullptr) return g_init_result;
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *count = static_cast<int>(d->visible.size());
   return CUDA_SUCCESS;
 }
 
 CU_EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
-  if (device == nullptr)
-    return CUDA_ERROR_INVALID_VALUE;
-  if (!ValidDev(*d, ordinal))
-    return CUDA_ERROR_INVALID_DEVICE;
+  if (d == nullptr) return g_init_result;
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDev(*d, ordinal)) return CUDA_ERROR_INVALID_DEVICE;
   *device = ordinal;
   return CUDA_SUCCESS;
 }
 
 CU_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
-  if (name == nullptr || len <= 0)
-    return CUDA_ERROR_INVALID_VALUE;
-  if (!ValidDev(*d, dev))
-    return CUDA_ERROR_INVALID_DEVICE;
+  if (d == nullptr) return g_init_result;
+  if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDev(*d, dev)) return CUDA_ERROR_INVALID_DEVICE;
   std::snprintf(name, static_cast<size_t>(len), "%s",
                 d->node->profile().gpus[d->visible[static_cast<size_t>(dev)]].model->name.c_str());
   return CUDA_SUCCESS;
@@ -570,12 +516,9 @@ CU_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
 
 CU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
-  if (bytes == nullptr)
-    return CUDA_ERROR_INVALID_VALUE;
-  if (!ValidDev(*d, dev))
-    return CUDA_ERROR_INVALID_DEVICE;
+  if (d == nullptr) return g_init_result;
+  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDev(*d, dev)) return CUDA_ERROR_INVALID_DEVICE;
   *bytes = d->node->profile().gpus[d->visible[static_cast<size_t>(dev)]].model->memory_mib << 20;
   return CUDA_SUCCESS;
 }
@@ -583,19 +526,15 @@ CU_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
 CU_EXPORT CUresult cuDeviceTotalMem(unsigned int* bytes, CUdevice dev) {
   size_t b = 0;
   const CUresult r = cuDeviceTotalMem_v2(&b, dev);
-  if (r == CUDA_SUCCESS)
-    *bytes = static_cast<unsigned int>(std::min<size_t>(b, 0xFFFFFFFFU));
+  if (r == CUDA_SUCCESS) *bytes = static_cast<unsigned int>(std::min<size_t>(b, 0xFFFFFFFFU));
   return r;
 }
 
 CU_EXPORT CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
-  if (uuid == nullptr)
-    return CUDA_ERROR_INVALID_VALUE;
-  if (!ValidDev(*d, dev))
-    return CUDA_ERROR_INVALID_DEVICE;
+  if (d == nullptr) return g_init_result;
+  if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDev(*d, dev)) return CUDA_ERROR_INVALID_DEVICE;
   const std::string& s = d->node->uuid(d->visible[static_cast<size_t>(dev)]);  // GPU-8-4-4-4-12
   unsigned n = 0;
   for (size_t i = 4; i + 1 < s.size() && n < 16;) {
@@ -617,15 +556,11 @@ CU_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
 // ---------------------------------------------------------------- contexts
 CU_EXPORT CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
-  if (pctx == nullptr || flags > 0x1F)
-    return CUDA_ERROR_INVALID_VALUE;
-  if (!ValidDev(*d, dev))
-    return CUDA_ERROR_INVALID_DEVICE;
+  if (d == nullptr) return g_init_result;
+  if (pctx == nullptr || flags > 0x1F) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDev(*d, dev)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard<std::mutex> lock(d->mu);
-  if (CUresult r = AddContext(*d, dev); r != CUDA_SUCCESS)
-    return r;
+  if (CUresult r = AddContext(*d, dev); r != CUDA_SUCCESS) return r;
   auto* c = new Ctx;
   c->dev = dev;
   t_current = c;
@@ -635,15 +570,12 @@ CU_EXPORT CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice 
 
 CU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
+  if (d == nullptr) return g_init_result;
   auto* c = reinterpret_cast<Ctx*>(ctx);
-  if (c == nullptr || c->magic != kCtxMagic || c->primary)
-    return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr || c->magic != kCtxMagic || c->primary) return CUDA_ERROR_INVALID_CONTEXT;
   std::lock_guard<std::mutex> lock(d->mu);
   DropContext(*d, c, c->dev);
-  if (t_current == c)
-    t_current = nullptr;
+  if (t_current == c) t_current = nullptr;
   c->magic = 0;
   delete c;
   return CUDA_SUCCESS;
@@ -651,49 +583,38 @@ CU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
 
 CU_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
+  if (d == nullptr) return g_init_result;
   auto* c = reinterpret_cast<Ctx*>(ctx);
-  if (c != nullptr && c->magic != kCtxMagic)
-    return CUDA_ERROR_INVALID_CONTEXT;
+  if (c != nullptr && c->magic != kCtxMagic) return CUDA_ERROR_INVALID_CONTEXT;
   t_current = c;
   return CUDA_SUCCESS;
 }
 
 CU_EXPORT CUresult cuCtxGetCurrent(CUcontext* pctx) {
-  if (Drv() == nullptr)
-    return g_init_result;
-  if (pctx == nullptr)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (Drv() == nullptr) return g_init_result;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *pctx = reinterpret_cast<CUcontext>(t_current);
   return CUDA_SUCCESS;
 }
 
 CU_EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
-  if (device == nullptr)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (d == nullptr) return g_init_result;
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const Ctx* c = t_current;
-  if (c == nullptr || c->magic != kCtxMagic)
-    return CUDA_ERROR_INVALID_CONTEXT;
+  if (c == nullptr || c->magic != kCtxMagic) return CUDA_ERROR_INVALID_CONTEXT;
   *device = c->dev;
   return CUDA_SUCCESS;
 }
 
 CU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
-  if (pctx == nullptr)
-    return CUDA_ERROR_INVALID_VALUE;
-  if (!ValidDev(*d, dev))
-    return CUDA_ERROR_INVALID_DEVICE;
+  if (d == nullptr) return g_init_result;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDev(*d, dev)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard<std::mutex> lock(d->mu);
   if (d->primary_refs[dev] == 0) {
-    if (CUresult r = AddContext(*d, dev); r != CUDA_SUCCESS)
-      return r;
+    if (CUresult r = AddContext(*d, dev); r != CUDA_SUCCESS) return r;
   }
   ++d->primary_refs[dev];
   d->primary[dev].magic = kCtxMagic;
@@ -703,15 +624,11 @@ CU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
 
 CU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
-  if (!ValidDev(*d, dev))
-    return CUDA_ERROR_INVALID_DEVICE;
+  if (d == nullptr) return g_init_result;
+  if (!ValidDev(*d, dev)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard<std::mutex> lock(d->mu);
-  if (d->primary_refs[dev] == 0)
-    return CUDA_ERROR_INVALID_CONTEXT;
-  if (--d->primary_refs[dev] == 0)
-    DropContext(*d, &d->primary[dev], dev);  // destroyed at zero
+  if (d->primary_refs[dev] == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (--d->primary_refs[dev] == 0) DropContext(*d, &d->primary[dev], dev);  // destroyed at zero
   return CUDA_SUCCESS;
 }
 
@@ -721,12 +638,9 @@ CU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
 
 CU_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
-  if (flags == nullptr || active == nullptr)
-    return CUDA_ERROR_INVALID_VALUE;
-  if (!ValidDev(*d, dev))
-    return CUDA_ERROR_INVALID_DEVICE;
+  if (d == nullptr) return g_init_result;
+  if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDev(*d, dev)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard<std::mutex> lock(d->mu);
   *flags = 0;
   *active = d->primary_refs[dev] > 0 ? 1 : 0;
@@ -737,10 +651,8 @@ CU_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags,
 // kept) and starts afresh.
 CU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   Driver* d = Drv();
-  if (d == nullptr)
-    return g_init_result;
-  if (!ValidDev(*d, dev))
-    return CUDA_ERROR_INVALID_DEVICE;
+  if (d == nullptr) return g_init_result;
+  if (!ValidDev(*d, dev)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard<std::mutex> lock(d->mu);
   FreeAllocsOf(*d, &d->primary[dev]);
   return CUDA_SUCCESS;
@@ -756,28 +668,24 @@ CU_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
 
 // ---------------------------------------------------------------- memory
 CU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
-  if (dptr == nullptr || bytesize == 0)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
   uint64_t p = 0;
   const CUresult r = Allocate(RoundUp(bytesize, kGranule), false, Kind::kPtr, &p, 0);
-  if (r == CUDA_SUCCESS)
-    *dptr = p;
+  if (r == CUDA_SUCCESS) *dptr = p;
   return r;
 }
 
 CU_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize) {
-  if (dptr == nullptr || bytesize == 0)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
   uint64_t p = 0;
   const CUresult r = Allocate(RoundUp(bytesize, kGranule), true, Kind::kPtr, &p, 0);
-  if (r == CUDA_SUCCESS)
-    *dptr = static_cast<CUdeviceptr_v1>(p);
+  if (r == CUDA_SUCCESS) *dptr = static_cast<CUdeviceptr_v1>(p);
   return r;
 }
 
 // Rows are padded to 512 bytes (the simulated device's pitch alignment).
-CU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
-                                      size_t Height, unsigned int ElementSizeBytes) {
+CU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes, size_t Height,
+                                      unsigned int ElementSizeBytes) {
   if (dptr == nullptr || pPitch == nullptr || WidthInBytes == 0 || Height == 0 ||
       (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -800,8 +708,7 @@ CU_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr) {
 }
 
 CU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
-  if (free_bytes == nullptr || total_bytes == nullptr)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (free_bytes == nullptr || total_bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
   uint64_t f = 0, t = 0;
   const CUresult r = MemInfo(&f, &t);
   if (r == CUDA_SUCCESS) {
@@ -812,8 +719,7 @@ CU_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
 }
 
 CU_EXPORT CUresult cuMemGetInfo(unsigned int* free_bytes, unsigned int* total_bytes) {
-  if (free_bytes == nullptr || total_bytes == nullptr)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (free_bytes == nullptr || total_bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
   uint64_t f = 0, t = 0;
   const CUresult r = MemInfo(&f, &t);
   if (r == CUDA_SUCCESS) {
@@ -825,14 +731,12 @@ CU_EXPORT CUresult cuMemGetInfo(unsigned int* free_bytes, unsigned int* total_by
 
 // Managed memory is charged to the current context's GPU at its full size.
 CU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
-  if (dptr == nullptr || bytesize == 0 ||
-      (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)) {
+  if (dptr == nullptr || bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   uint64_t p = 0;
   const CUresult r = Allocate(RoundUp(bytesize, kGranule), false, Kind::kPtr, &p, 0);
-  if (r == CUDA_SUCCESS)
-    *dptr = p;
+  if (r == CUDA_SUCCESS) *dptr = p;
   return r;
 }
 
@@ -885,11 +789,9 @@ CUresult NewArr(uint64_t bytes, Kind kind, void** handle) {
 // Frees an array object made by NewArr with the same `kind`.
 CUresult DeleteArr(void* handle, Kind kind) {
   auto* a = static_cast<Arr*>(handle);
-  if (a == nullptr)
-    return CUDA_ERROR_INVALID_HANDLE;
+  if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   const CUresult r = Free(reinterpret_cast<uint64_t>(a), kind);
-  if (r == CUDA_SUCCESS)
-    delete a;
+  if (r == CUDA_SUCCESS) delete a;
   return r;
 }
 }  // namespace
@@ -901,8 +803,8 @@ CU_EXPORT CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTO
       (desc->NumChannels != 1 && desc->NumChannels != 2 && desc->NumChannels != 4)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  const uint64_t bytes = static_cast<uint64_t>(desc->Width) * std::max<size_t>(desc->Height, 1) *
-                         desc->NumChannels * kgpu_cu_format_bytes(desc->Format);
+  const uint64_t bytes = static_cast<uint64_t>(desc->Width) * std::max<size_t>(desc->Height, 1) * desc->NumChannels *
+                         kgpu_cu_format_bytes(desc->Format);
   return NewArr(bytes, Kind::kArray, reinterpret_cast<void**>(pHandle));
 }
 
@@ -914,8 +816,7 @@ CU_EXPORT CUresult cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCR
     return CUDA_ERROR_INVALID_VALUE;
   }
   const uint64_t bytes = static_cast<uint64_t>(desc->Width) * std::max<size_t>(desc->Height, 1) *
-                         std::max<size_t>(desc->Depth, 1) * desc->NumChannels *
-                         kgpu_cu_format_bytes(desc->Format);
+                         std::max<size_t>(desc->Depth, 1) * desc->NumChannels * kgpu_cu_format_bytes(desc->Format);
   return NewArr(bytes, Kind::kArray, reinterpret_cast<void**>(pHandle));
 }
 
@@ -925,14 +826,12 @@ CU_EXPORT CUresult cuArrayDestroy(CUarray handle) {
 
 // The legacy 32-bit forms: the same arrays, and pitched memory below 4 GiB.
 CU_EXPORT CUresult cuArrayCreate(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR_v1* desc) {
-  if (desc == nullptr)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const CUDA_ARRAY_DESCRIPTOR d{desc->Width, desc->Height, desc->Format, desc->NumChannels};
   return cuArrayCreate_v2(pHandle, &d);
 }
 CU_EXPORT CUresult cuArray3DCreate(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1* desc) {
-  if (desc == nullptr)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const CUDA_ARRAY3D_DESCRIPTOR d{desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, desc->Flags};
   return cuArray3DCreate_v2(pHandle, &d);
 }
@@ -965,17 +864,13 @@ CU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_
   }
   const bool keep_depth = (desc->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
   uint64_t extent = std::max<uint64_t>(desc->Width, desc->Height);
-  if (!keep_depth)
-    extent = std::max<uint64_t>(extent, desc->Depth);
+  if (!keep_depth) extent = std::max<uint64_t>(extent, desc->Depth);
   unsigned max_levels = 0;
-  for (; extent > 0; extent >>= 1)
-    ++max_levels;
-  if (numMipmapLevels > max_levels)
-    return CUDA_ERROR_INVALID_VALUE;
-  const uint64_t bytes = kgpu_cu_mipmap_bytes(desc, numMipmapLevels,
-                                              uint64_t{desc->NumChannels} * kgpu_cu_format_bytes(desc->Format));
-  if (bytes > (uint64_t{1} << 50))
-    return CUDA_ERROR_OUT_OF_MEMORY;
+  for (; extent > 0; extent >>= 1) ++max_levels;
+  if (numMipmapLevels > max_levels) return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t bytes =
+      kgpu_cu_mipmap_bytes(desc, numMipmapLevels, uint64_t{desc->NumChannels} * kgpu_cu_format_bytes(desc->Format));
+  if (bytes > (uint64_t{1} << 50)) return CUDA_ERROR_OUT_OF_MEMORY;
   return NewArr(bytes, Kind::kMipmap, reinterpret_cast<void**>(pHandle));
 }
 
@@ -985,17 +880,15 @@ CU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray handle) {
 
 // Physical memory of the virtual memory management API: pinned device memory on the device of
 // prop->location, `size` a multiple of the 2 MiB granularity; not tied to a context.
-CU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
-                               const CUmemAllocationProp* prop, unsigned long long flags) {
+CU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                               unsigned long long flags) {
   if (handle == nullptr || prop == nullptr || size == 0 || size % kGranule != 0 || flags != 0 ||
-      prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
-      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+      prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   uint64_t key = 0;
   const CUresult r = Allocate(size, false, Kind::kVmm, &key, 0, prop->location.id);
-  if (r == CUDA_SUCCESS)
-    *handle = key;
+  if (r == CUDA_SUCCESS) *handle = key;
   return r;
 }
 
@@ -1084,31 +977,25 @@ const ProcEntry kProcs[] = {
 
 CUresult ProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags,
                      CUdriverProcAddressQueryResult* status) {
-  if (symbol == nullptr || pfn == nullptr ||
-      flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+  if (symbol == nullptr || pfn == nullptr || flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   *pfn = nullptr;
   const bool ptsz = flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
   bool known = false, has_ptsz = false;
   for (const auto& e : kProcs) {
-    if (std::strcmp(e.name, symbol) == 0 && e.ptsz)
-      has_ptsz = true;
+    if (std::strcmp(e.name, symbol) == 0 && e.ptsz) has_ptsz = true;
   }
   const ProcEntry* best = nullptr;
   for (const auto& e : kProcs) {
-    if (std::strcmp(e.name, symbol) != 0)
-      continue;
+    if (std::strcmp(e.name, symbol) != 0) continue;
     known = true;
-    if (e.ptsz != (ptsz && has_ptsz) || e.since > version)
-      continue;
-    if (best == nullptr || e.since > best->since)
-      best = &e;
+    if (e.ptsz != (ptsz && has_ptsz) || e.since > version) continue;
+    if (best == nullptr || e.since > best->since) best = &e;
   }
   if (best == nullptr) {
     if (status != nullptr) {
-      *status =
-          known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+      *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     }
     return CUDA_ERROR_NOT_FOUND;
   }
@@ -1119,21 +1006,18 @@ CUresult ProcAddress(const char* symbol, void** pfn, int version, cuuint64_t fla
     return v != nullptr && std::strcmp(v, "1") == 0;
   }();
   *pfn = internal && best->internal != nullptr ? best->internal : best->fn;
-  if (status != nullptr)
-    *status = CU_GET_PROC_ADDRESS_SUCCESS;
+  if (status != nullptr) *status = CU_GET_PROC_ADDRESS_SUCCESS;
   return CUDA_SUCCESS;
 }
 
 }  // namespace
 }  // namespace kgpu::simcuda
 
-CU_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
-                                    cuuint64_t flags) {
+CU_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
   return ProcAddress(symbol, pfn, cudaVersion, flags, nullptr);
 }
 
-CU_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
-                                       cuuint64_t flags,
+CU_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
                                        CUdriverProcAddressQueryResult* symbolStatus) {
   return ProcAddress(symbol, pfn, cudaVersion, flags, symbolStatus);
 }

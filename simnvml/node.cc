@@ -1,14 +1,5 @@
 #include "node.h"
 
-#include <fcntl.h>
-#include <linux/futex.h>
-#include <sys/file.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -18,6 +9,15 @@
 #include <cstring>
 #include <system_error>
 #include <thread>
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common/strings.h"
 
@@ -102,8 +102,7 @@ Environment ReadEnvironment() {
   for (char& c : profile_tag) {
     if (c == '/' || c == '.') c = '_';
   }
-  env.state_path = EnvOr("KGPU_SIM_STATE", Cat(base, "/kgpu-sim/", env.node_name, ".",
-                                                        profile_tag, ".state"));
+  env.state_path = EnvOr("KGPU_SIM_STATE", Cat(base, "/kgpu-sim/", env.node_name, ".", profile_tag, ".state"));
   return env;
 }
 
@@ -133,9 +132,8 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const Environment& env) {
   MkdirParents(env.state_path);
   const int fd = ::open(env.state_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   if (fd < 0) {
-    return absl::PermissionDeniedError(Cat(
-        env.state_path, ": cannot open the simulated node's state file: ", std::strerror(errno),
-        " (set KGPU_SIM_STATE to a writable path)"));
+    return absl::PermissionDeniedError(Cat(env.state_path, ": cannot open the simulated node's state file: ",
+                                           std::strerror(errno), " (set KGPU_SIM_STATE to a writable path)"));
   }
   node->fd_ = fd;
   if (flock(fd, LOCK_EX) != 0) {
@@ -143,8 +141,7 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const Environment& env) {
   }
   struct stat st {};
   fstat(fd, &st);
-  if (static_cast<size_t>(st.st_size) != sizeof(SharedState) &&
-      ftruncate(fd, sizeof(SharedState)) != 0) {
+  if (static_cast<size_t>(st.st_size) != sizeof(SharedState) && ftruncate(fd, sizeof(SharedState)) != 0) {
     flock(fd, LOCK_UN);
     return absl::InternalError(Cat(env.state_path, ": ftruncate: ", std::strerror(errno)));
   }
@@ -226,10 +223,11 @@ Node::Locked::Locked(const Node& node) : state_(node.state_) {
   }
 }
 
-Node::Locked::~Locked() { pthread_mutex_unlock(&state_->mutex); }
+Node::Locked::~Locked() {
+  pthread_mutex_unlock(&state_->mutex);
+}
 
-void Node::PushEvent(const Locked& lock, unsigned gpu, uint64_t type, uint64_t data, uint32_t gi,
-                     uint32_t ci) const {
+void Node::PushEvent(const Locked& lock, unsigned gpu, uint64_t type, uint64_t data, uint32_t gi, uint32_t ci) const {
   SharedState& s = lock.state();
   const uint64_t seq = s.event_head + 1;
   SimEvent& e = s.ring[seq % kEventRing];
@@ -244,10 +242,12 @@ void Node::PushEvent(const Locked& lock, unsigned gpu, uint64_t type, uint64_t d
   Futex(&s.futex_word, FUTEX_WAKE, 0x7fffffff, nullptr);
 }
 
-uint64_t Node::EventHead() const { return __atomic_load_n(&state_->event_head, __ATOMIC_ACQUIRE); }
+uint64_t Node::EventHead() const {
+  return __atomic_load_n(&state_->event_head, __ATOMIC_ACQUIRE);
+}
 
-bool Node::WaitEvent(uint64_t* cursor, const uint64_t* masks, const uint64_t* since,
-                     unsigned timeout_ms, SimEvent* out) const {
+bool Node::WaitEvent(uint64_t* cursor, const uint64_t* masks, const uint64_t* since, unsigned timeout_ms,
+                     SimEvent* out) const {
   const int64_t deadline = MonotonicNs() + static_cast<int64_t>(timeout_ms) * 1000000LL;
   for (;;) {
     const uint32_t word = __atomic_load_n(&state_->futex_word, __ATOMIC_SEQ_CST);
@@ -333,8 +333,8 @@ int Node::DestroyGpuInstance(const Locked& lock, unsigned gpu, unsigned slot) co
   return 0;
 }
 
-int Node::CreateComputeInstance(const Locked& lock, unsigned gpu, unsigned gi_slot,
-                                unsigned ci_profile_index, unsigned* ci_slot) const {
+int Node::CreateComputeInstance(const Locked& lock, unsigned gpu, unsigned gi_slot, unsigned ci_profile_index,
+                                unsigned* ci_slot) const {
   SimGpu& g = lock.gpu(gpu);
   if (gi_slot >= kMaxGis || g.gis[gi_slot].used == 0) return 2;
   SimGi& gi = g.gis[gi_slot];
@@ -363,11 +363,9 @@ int Node::CreateComputeInstance(const Locked& lock, unsigned gpu, unsigned gi_sl
   return 0;
 }
 
-int Node::DestroyComputeInstance(const Locked& lock, unsigned gpu, unsigned gi_slot,
-                                 unsigned ci_slot) const {
+int Node::DestroyComputeInstance(const Locked& lock, unsigned gpu, unsigned gi_slot, unsigned ci_slot) const {
   SimGpu& g = lock.gpu(gpu);
-  if (gi_slot >= kMaxGis || ci_slot >= kMaxCis || g.gis[gi_slot].used == 0 ||
-      g.gis[gi_slot].cis[ci_slot].used == 0) {
+  if (gi_slot >= kMaxGis || ci_slot >= kMaxCis || g.gis[gi_slot].used == 0 || g.gis[gi_slot].cis[ci_slot].used == 0) {
     return 2;
   }
   SimGi& gi = g.gis[gi_slot];
@@ -402,23 +400,24 @@ uint64_t UsableBytes(const GpuModel& m) {
   return (m.memory_mib > m.reserved_mib ? m.memory_mib - m.reserved_mib : 0) * kMiB;
 }
 
-#define KGPU_LIVE(key, member, scale, help, min_value, max_expr)                                           \
-  LiveField {                                                                                        \
-    key, help, scale, [](const SimGpu& g) { return static_cast<uint64_t>(g.member); },              \
-        [](SimGpu& g, uint64_t v) { g.member = static_cast<decltype(g.member)>(v); },                \
-        [](const GpuModel& m, const SimGpu& g) -> uint64_t {                                         \
-          (void)m;                                                                                   \
-          (void)g;                                                                                   \
-          return max_expr;                                                                           \
-        },                                                                                           \
-        min_value                                                                                    \
+#define KGPU_LIVE(key, member, scale, help, min_value, max_expr)                       \
+  LiveField {                                                                          \
+    key, help, scale, [](const SimGpu& g) { return static_cast<uint64_t>(g.member); }, \
+        [](SimGpu& g, uint64_t v) { g.member = static_cast<decltype(g.member)>(v); },  \
+        [](const GpuModel& m, const SimGpu& g) -> uint64_t {                           \
+          (void)m;                                                                     \
+          (void)g;                                                                     \
+          return max_expr;                                                             \
+        },                                                                             \
+        min_value                                                                      \
   }
 
 }  // namespace
 
 const std::vector<LiveField>& LiveFields() {
   static const std::vector<LiveField> fields = {
-      KGPU_LIVE("util", util_gpu, 1, "GPU utilisation besides the listed processes' (served: sum of both, at most 100), %", 0, 100),
+      KGPU_LIVE("util", util_gpu, 1,
+                "GPU utilisation besides the listed processes' (served: sum of both, at most 100), %", 0, 100),
       KGPU_LIVE("memutil", util_mem, 1, "memory-copy utilisation, %", 0, 100),
       KGPU_LIVE("encutil", util_enc, 1, "encoder utilisation, %", 0, 100),
       KGPU_LIVE("decutil", util_dec, 1, "decoder utilisation, %", 0, 100),
@@ -482,7 +481,8 @@ absl::Status SetLiveValue(SimGpu& g, const GpuModel& model, std::string_view key
   const std::string given = Cat(key, "=", Printable(value));
   uint64_t v = 0;
   const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-  if (value.empty() || ptr != value.data() + value.size() || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
+  if (value.empty() || ptr != value.data() + value.size() ||
+      (ec != std::errc() && ec != std::errc::result_out_of_range)) {
     return absl::InvalidArgumentError(Cat(given, ": ", range));
   }
   if (ec == std::errc::result_out_of_range || v < f->min || v > max) {

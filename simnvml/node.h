@@ -10,10 +10,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <pthread.h>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <pthread.h>
 
 #include "absl/status/statusor.h"
 #include "profile.h"
@@ -31,7 +32,7 @@ struct SimProcess {
   uint32_t pid;
   uint32_t gi, ci;  // kNoId when not on a MIG instance
   uint32_t sm_util, mem_util;
-  uint32_t kind;    // 0 compute, 1 graphics, 2 MPS client
+  uint32_t kind;  // 0 compute, 1 graphics, 2 MPS client
   uint64_t mem_bytes;
   uint64_t sample_us;  // time of the last utilisation sample
 };
@@ -135,26 +136,23 @@ class Node {
   };
 
   // Appends an event and wakes every waiter (caller holds Locked).
-  void PushEvent(const Locked& lock, unsigned gpu, uint64_t type, uint64_t data, uint32_t gi,
-                 uint32_t ci) const;
+  void PushEvent(const Locked& lock, unsigned gpu, uint64_t type, uint64_t data, uint32_t gi, uint32_t ci) const;
   // Waits up to timeout_ms for an event newer than *cursor on a GPU whose mask (masks[gpu])
   // selects its type and that happened after the GPU was registered (seq > since[gpu]).
   // Advances *cursor. Returns true and fills *out when one arrived.
-  bool WaitEvent(uint64_t* cursor, const uint64_t* masks, const uint64_t* since,
-                 unsigned timeout_ms, SimEvent* out) const;
+  bool WaitEvent(uint64_t* cursor, const uint64_t* masks, const uint64_t* since, unsigned timeout_ms,
+                 SimEvent* out) const;
   uint64_t EventHead() const;
 
   // Resets the live state to the profile's initial state.
   void Reset() const;
 
   // MIG (caller holds Locked). Return an NVML return code (0 on success).
-  int CreateGpuInstance(const Locked& lock, unsigned gpu, const MigProfile& profile, int start,
-                        unsigned* slot) const;
+  int CreateGpuInstance(const Locked& lock, unsigned gpu, const MigProfile& profile, int start, unsigned* slot) const;
   int DestroyGpuInstance(const Locked& lock, unsigned gpu, unsigned slot) const;
-  int CreateComputeInstance(const Locked& lock, unsigned gpu, unsigned gi_slot,
-                            unsigned ci_profile_index, unsigned* ci_slot) const;
-  int DestroyComputeInstance(const Locked& lock, unsigned gpu, unsigned gi_slot,
-                             unsigned ci_slot) const;
+  int CreateComputeInstance(const Locked& lock, unsigned gpu, unsigned gi_slot, unsigned ci_profile_index,
+                            unsigned* ci_slot) const;
+  int DestroyComputeInstance(const Locked& lock, unsigned gpu, unsigned gi_slot, unsigned ci_slot) const;
 
   // Blocks while a hang is injected on `gpu` (see SimGpu::hang_until_ns).
   void WaitWhileHung(unsigned gpu) const;
@@ -179,13 +177,13 @@ uint64_t RealtimeUs();
 // outside it (a state file written by something else) but fails the call with NVML_ERROR_UNKNOWN.
 struct LiveField {
   const char* key;
-  const char* help;  // what and the unit, e.g. "GPU temperature, degrees C"
-  uint64_t scale;    // stored = given * scale (power: W given, mW stored)
-  uint64_t (*get)(const SimGpu&);     // stored units
-  void (*set)(SimGpu&, uint64_t);     // stored units
+  const char* help;                // what and the unit, e.g. "GPU temperature, degrees C"
+  uint64_t scale;                  // stored = given * scale (power: W given, mW stored)
+  uint64_t (*get)(const SimGpu&);  // stored units
+  void (*set)(SimGpu&, uint64_t);  // stored units
   // The largest value accepted, in given units (may depend on the model and on the other values).
   uint64_t (*max)(const GpuModel&, const SimGpu&);
-  uint64_t min;      // in given units
+  uint64_t min;  // in given units
 };
 const std::vector<LiveField>& LiveFields();
 const LiveField* FindLiveField(std::string_view key);

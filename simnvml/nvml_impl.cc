@@ -122,7 +122,9 @@ nvmlReturn_t Init() {
   return NVML_SUCCESS;
 }
 
-nvmlDevice_t GpuHandle(unsigned gpu) { return reinterpret_cast<nvmlDevice_t>(&H().gpus[gpu]); }
+nvmlDevice_t GpuHandle(unsigned gpu) {
+  return reinterpret_cast<nvmlDevice_t>(&H().gpus[gpu]);
+}
 
 const DevHandle* FromDevice(nvmlDevice_t d) {
   const auto* h = reinterpret_cast<const DevHandle*>(d);
@@ -143,9 +145,7 @@ struct Dev {
   SimGi& gi() const { return g.gis[gi_slot]; }
   SimCi& ci() const { return g.gis[gi_slot].cis[ci_slot]; }
   const MigProfile& gi_profile() const { return *FindMigProfileByIndex(model(), gi().profile_index); }
-  std::string uuid() const {
-    return mig() ? MigUuid(node.uuid(gpu), gi().id, ci().id) : node.uuid(gpu);
-  }
+  std::string uuid() const { return mig() ? MigUuid(node.uuid(gpu), gi().id, ci().id) : node.uuid(gpu); }
   // Processes on this device (on the parent: every process).
   bool Owns(const SimProcess& p) const { return !mig() || (p.gi == gi().id && p.ci == ci().id); }
 };
@@ -162,8 +162,8 @@ nvmlReturn_t OnDevice(nvmlDevice_t device, F&& f, Lost lost = Lost::kFail) {
   Node::Locked lock(*node);
   SimGpu& g = lock.gpu(h->gpu);
   if (g.lost != 0 && lost == Lost::kFail) return NVML_ERROR_GPU_IS_LOST;
-  if (h->gi_slot >= 0 && (g.mig_current == 0 || g.gis[h->gi_slot].used == 0 ||
-                          g.gis[h->gi_slot].cis[h->ci_slot].used == 0)) {
+  if (h->gi_slot >= 0 &&
+      (g.mig_current == 0 || g.gis[h->gi_slot].used == 0 || g.gis[h->gi_slot].cis[h->ci_slot].used == 0)) {
     return NVML_ERROR_INVALID_ARGUMENT;  // the MIG device behind this handle is gone
   }
   return f(Dev{*node, lock, g, h->gpu, h->gi_slot, h->ci_slot});
@@ -190,8 +190,8 @@ bool AnyNull(P*... p) {
   return ((p == nullptr) || ...);
 }
 
-void FillPci(const std::string& bus_id, unsigned domain, unsigned bus, unsigned device_id,
-             unsigned subsys, nvmlPciInfo_t* pci) {
+void FillPci(const std::string& bus_id, unsigned domain, unsigned bus, unsigned device_id, unsigned subsys,
+             nvmlPciInfo_t* pci) {
   std::memset(pci, 0, sizeof *pci);
   std::snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:00.0", domain & 0xffff, bus);
   std::snprintf(pci->busId, sizeof pci->busId, "%s", bus_id.c_str());
@@ -233,8 +233,7 @@ struct MemoryFigures {
 };
 MemoryFigures Memory(const Dev& d) {
   if (d.mig()) return {d.gi_profile().memory_mib << 20, 0, ProcessMemory(d)};
-  return {d.model().memory_mib << 20, d.model().reserved_mib << 20,
-          d.g.mem_used_base + ProcessMemory(d)};
+  return {d.model().memory_mib << 20, d.model().reserved_mib << 20, d.g.mem_used_base + ProcessMemory(d)};
 }
 
 // Pair level as nvmlDeviceGetTopologyCommonAncestor reports it.
@@ -249,13 +248,12 @@ nvmlGpuTopologyLevel_t Level(const Node& node, unsigned a, unsigned b) {
 }
 
 uint64_t SupportedEvents(const GpuModel& m) {
-  return nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError |
-         nvmlEventTypeXidCriticalError | (m.max_mig_devices > 0 ? nvmlEventMigConfigChange : 0);
+  return nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypeXidCriticalError |
+         (m.max_mig_devices > 0 ? nvmlEventMigConfigChange : 0);
 }
 
 template <typename Info>
-nvmlReturn_t RunningProcesses(nvmlDevice_t device, unsigned kind, unsigned* count, Info* infos,
-                              bool with_instances) {
+nvmlReturn_t RunningProcesses(nvmlDevice_t device, unsigned kind, unsigned* count, Info* infos, bool with_instances) {
   if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnDevice(device, [&](const Dev& d) -> nvmlReturn_t {
     std::vector<const SimProcess*> found;
@@ -314,8 +312,12 @@ nvmlReturn_t WaitImpl(nvmlEventSet_t set, nvmlEventData_t* data, unsigned timeou
 }
 
 // MIG instance handle helpers.
-InstHandle* GiHandle(unsigned gpu, unsigned slot) { return &H().gis[gpu][slot]; }
-InstHandle* CiHandle(unsigned gpu, unsigned gi, unsigned ci) { return &H().cis[gpu][gi][ci]; }
+InstHandle* GiHandle(unsigned gpu, unsigned slot) {
+  return &H().gis[gpu][slot];
+}
+InstHandle* CiHandle(unsigned gpu, unsigned gi, unsigned ci) {
+  return &H().cis[gpu][gi][ci];
+}
 
 template <typename F>
 nvmlReturn_t OnInstance(const void* handle, uint32_t magic, F&& f) {
@@ -332,7 +334,9 @@ nvmlReturn_t OnInstance(const void* handle, uint32_t magic, F&& f) {
   });
 }
 
-unsigned CiSize(unsigned ci_profile_index) { return ci_profile_index == 4 ? 7 : ci_profile_index + 1; }
+unsigned CiSize(unsigned ci_profile_index) {
+  return ci_profile_index == 4 ? 7 : ci_profile_index + 1;
+}
 
 // How many more instances of `p` fit on the GPU now (greedy over the placement starts).
 unsigned GiRemaining(const Dev& d, const MigProfile& p) {
@@ -361,9 +365,15 @@ unsigned GiRemaining(const Dev& d, const MigProfile& p) {
 using namespace kgpu::sim;  // NOLINT(google-build-using-namespace): C entry points below
 
 // ---------------------------------------------------------------- init, errors, system
-NVML_EXPORT nvmlReturn_t nvmlInit_v2(void) { return Init(); }
-NVML_EXPORT nvmlReturn_t nvmlInit(void) { return Init(); }
-NVML_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int /*flags*/) { return Init(); }
+NVML_EXPORT nvmlReturn_t nvmlInit_v2(void) {
+  return Init();
+}
+NVML_EXPORT nvmlReturn_t nvmlInit(void) {
+  return Init();
+}
+NVML_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int /*flags*/) {
+  return Init();
+}
 
 NVML_EXPORT nvmlReturn_t nvmlShutdown(void) {
   Library& lib = Lib();
@@ -381,40 +391,71 @@ NVML_EXPORT const char* nvmlErrorString(nvmlReturn_t result) {
     if (lib.init_error != nullptr) return lib.init_error;
   }
   switch (result) {
-    case NVML_SUCCESS: return "Success";
-    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
-    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
-    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
-    case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
-    case NVML_ERROR_NOT_FOUND: return "Not Found";
-    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
-    case NVML_ERROR_INSUFFICIENT_POWER: return "Insufficient External Power";
-    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
-    case NVML_ERROR_TIMEOUT: return "Timeout";
-    case NVML_ERROR_IRQ_ISSUE: return "Interrupt Request Issue";
-    case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
-    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
-    case NVML_ERROR_CORRUPTED_INFOROM: return "Corrupted infoROM";
-    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
-    case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
-    case NVML_ERROR_OPERATING_SYSTEM: return "The operating system has blocked the request.";
-    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
-    case NVML_ERROR_IN_USE: return "In use by another client";
-    case NVML_ERROR_MEMORY: return "Insufficient Memory";
-    case NVML_ERROR_NO_DATA: return "No data";
+    case NVML_SUCCESS:
+      return "Success";
+    case NVML_ERROR_UNINITIALIZED:
+      return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT:
+      return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED:
+      return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION:
+      return "Insufficient Permissions";
+    case NVML_ERROR_ALREADY_INITIALIZED:
+      return "Already Initialized";
+    case NVML_ERROR_NOT_FOUND:
+      return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE:
+      return "Insufficient Size";
+    case NVML_ERROR_INSUFFICIENT_POWER:
+      return "Insufficient External Power";
+    case NVML_ERROR_DRIVER_NOT_LOADED:
+      return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT:
+      return "Timeout";
+    case NVML_ERROR_IRQ_ISSUE:
+      return "Interrupt Request Issue";
+    case NVML_ERROR_LIBRARY_NOT_FOUND:
+      return "NVML Shared Library Not Found";
+    case NVML_ERROR_FUNCTION_NOT_FOUND:
+      return "Function Not Found";
+    case NVML_ERROR_CORRUPTED_INFOROM:
+      return "Corrupted infoROM";
+    case NVML_ERROR_GPU_IS_LOST:
+      return "GPU is lost";
+    case NVML_ERROR_RESET_REQUIRED:
+      return "GPU requires restart";
+    case NVML_ERROR_OPERATING_SYSTEM:
+      return "The operating system has blocked the request.";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+      return "RM has detected an NVML/RM version mismatch.";
+    case NVML_ERROR_IN_USE:
+      return "In use by another client";
+    case NVML_ERROR_MEMORY:
+      return "Insufficient Memory";
+    case NVML_ERROR_NO_DATA:
+      return "No data";
     case NVML_ERROR_VGPU_ECC_NOT_SUPPORTED:
       return "The requested vgpu operation is not available on target device, because ECC is "
              "enabled";
-    case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Insufficient resources for request";
-    case NVML_ERROR_FREQ_NOT_SUPPORTED: return "Frequency not supported";
-    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
-    case NVML_ERROR_DEPRECATED: return "Deprecated";
-    case NVML_ERROR_NOT_READY: return "Not Ready";
-    case NVML_ERROR_GPU_NOT_FOUND: return "GPU not found";
-    case NVML_ERROR_INVALID_STATE: return "Invalid state";
-    case NVML_ERROR_RESET_TYPE_NOT_SUPPORTED: return "Reset type not supported";
-    default: return "Unknown Error";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES:
+      return "Insufficient resources for request";
+    case NVML_ERROR_FREQ_NOT_SUPPORTED:
+      return "Frequency not supported";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+      return "Argument version mismatch";
+    case NVML_ERROR_DEPRECATED:
+      return "Deprecated";
+    case NVML_ERROR_NOT_READY:
+      return "Not Ready";
+    case NVML_ERROR_GPU_NOT_FOUND:
+      return "GPU not found";
+    case NVML_ERROR_INVALID_STATE:
+      return "Invalid state";
+    case NVML_ERROR_RESET_TYPE_NOT_SUPPORTED:
+      return "Reset type not supported";
+    default:
+      return "Unknown Error";
   }
 }
 
@@ -468,7 +509,9 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* count) {
   *count = node->gpu_count();
   return NVML_SUCCESS;
 }
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int* count) { return nvmlDeviceGetCount_v2(count); }
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int* count) {
+  return nvmlDeviceGetCount_v2(count);
+}
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* device) {
   const Node* node = Current();
@@ -500,8 +543,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_
     const nvmlReturn_t rc = OnDevice(GpuHandle(i), [&](const Dev& d) {
       for (unsigned s = 0; s < kMaxGis; ++s) {
         for (unsigned c = 0; c < kMaxCis && d.g.gis[s].used != 0; ++c) {
-          if (d.g.gis[s].cis[c].used != 0 &&
-              MigUuid(node->uuid(i), d.g.gis[s].id, d.g.gis[s].cis[c].id) == want) {
+          if (d.g.gis[s].cis[c].used != 0 && MigUuid(node->uuid(i), d.g.gis[s].id, d.g.gis[s].cis[c].id) == want) {
             *device = reinterpret_cast<nvmlDevice_t>(&H().migs[i][s][c]);
             found = NVML_SUCCESS;
           }
@@ -562,8 +604,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned 
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name, unsigned int length) {
   return OnDevice(device, [&](const Dev& d) {
-    return CopyString(d.mig() ? d.model().name + " MIG " + d.gi_profile().name : d.model().name,
-                      name, length);
+    return CopyString(d.mig() ? d.model().name + " MIG " + d.gi_profile().name : d.model().name, name, length);
   });
 }
 
@@ -575,18 +616,15 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char* serial, 
   return OnGpu(device, [&](const Dev& d) { return CopyString(d.node.serial(d.gpu), serial, length); });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetBoardPartNumber(nvmlDevice_t device, char* part,
-                                                      unsigned int length) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetBoardPartNumber(nvmlDevice_t device, char* part, unsigned int length) {
   return OnGpu(device, [&](const Dev& d) { return CopyString(d.model().part_number, part, length); });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t device, char* version,
-                                                   unsigned int length) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t device, char* version, unsigned int length) {
   return OnGpu(device, [&](const Dev& d) { return CopyString(d.model().vbios, version, length); });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t device, char* version,
-                                                          unsigned int length) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t device, char* version, unsigned int length) {
   return OnGpu(device, [&](const Dev& d) {
     return CopyString("G" + d.model().part_number.substr(5, 8) + ".00.05", version, length);
   });
@@ -624,8 +662,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, nvmlDevi
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major,
-                                                            int* minor) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major, int* minor) {
   if (AnyNull(major, minor)) return NVML_ERROR_INVALID_ARGUMENT;
   return OnDevice(device, [&](const Dev& d) {
     *major = d.model().cc_major;
@@ -653,8 +690,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryBusWidth(nvmlDevice_t device, unsign
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t* pci) {
   if (pci == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
-    FillPci(d.node.BusId(d.gpu), 0, d.spec().bus, d.model().pci_device_id,
-            d.model().pci_subsystem_id, pci);
+    FillPci(d.node.BusId(d.gpu), 0, d.spec().bus, d.model().pci_device_id, d.model().pci_subsystem_id, pci);
     return NVML_SUCCESS;
   });
 }
@@ -700,8 +736,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, nvmlPc
     return NVML_ERROR_INVALID_ARGUMENT;
   }
   return GpuUint(device, v, [&](const Dev& d) {
-    return static_cast<unsigned>(counter == NVML_PCIE_UTIL_TX_BYTES ? d.g.pcie_tx_kbs
-                                                                    : d.g.pcie_rx_kbs);
+    return static_cast<unsigned>(counter == NVML_PCIE_UTIL_TX_BYTES ? d.g.pcie_tx_kbs : d.g.pcie_rx_kbs);
   });
 }
 
@@ -717,9 +752,8 @@ nvmlReturn_t GpuEnum(nvmlDevice_t device, T* out, F&& value) {
 }  // namespace
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t* mode) {
-  return GpuEnum(device, mode, [](const Dev& d) {
-    return d.g.persistence != 0 ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
-  });
+  return GpuEnum(device, mode,
+                 [](const Dev& d) { return d.g.persistence != 0 ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED; });
 }
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t device, nvmlEnableState_t* mode) {
   return GpuEnum(device, mode, [](const Dev&) { return NVML_FEATURE_DISABLED; });
@@ -800,18 +834,26 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemp
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device,
-                                                           nvmlTemperatureThresholds_t type,
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, nvmlTemperatureThresholds_t type,
                                                            unsigned int* temp) {
   if (temp == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) -> nvmlReturn_t {
     unsigned v = 0;
     switch (type) {
-      case NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: v = d.model().temp_shutdown; break;
-      case NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: v = d.model().temp_slowdown; break;
-      case NVML_TEMPERATURE_THRESHOLD_MEM_MAX: v = d.model().temp_mem_max; break;
-      case NVML_TEMPERATURE_THRESHOLD_GPU_MAX: v = d.model().temp_gpu_max; break;
-      default: return NVML_ERROR_NOT_SUPPORTED;
+      case NVML_TEMPERATURE_THRESHOLD_SHUTDOWN:
+        v = d.model().temp_shutdown;
+        break;
+      case NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
+        v = d.model().temp_slowdown;
+        break;
+      case NVML_TEMPERATURE_THRESHOLD_MEM_MAX:
+        v = d.model().temp_mem_max;
+        break;
+      case NVML_TEMPERATURE_THRESHOLD_GPU_MAX:
+        v = d.model().temp_gpu_max;
+        break;
+      default:
+        return NVML_ERROR_NOT_SUPPORTED;
     }
     if (v == 0) return NVML_ERROR_NOT_SUPPORTED;
     *temp = v;
@@ -840,8 +882,7 @@ uint64_t Energy(const Dev& d) {
 }
 }  // namespace
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device,
-                                                             unsigned long long* energy) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long* energy) {
   if (energy == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
     *energy = Energy(d);
@@ -858,12 +899,10 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int* limit) {
   return GpuUint(device, limit, [](const Dev& d) { return d.g.power_limit_mw; });
 }
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device,
-                                                                  unsigned int* limit) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device, unsigned int* limit) {
   return GpuUint(device, limit, [](const Dev& d) { return d.model().power_limit_w * 1000; });
 }
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device,
-                                                                      unsigned int* min_limit,
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device, unsigned int* min_limit,
                                                                       unsigned int* max_limit) {
   if (AnyNull(min_limit, max_limit)) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
@@ -878,21 +917,26 @@ nvmlReturn_t ClockOf(const Dev& d, nvmlClockType_t type, bool max, unsigned* out
   const GpuModel& m = d.model();
   switch (type) {
     case NVML_CLOCK_GRAPHICS:
-    case NVML_CLOCK_SM: *out = max ? m.max_sm_mhz : d.g.sm_clock; return NVML_SUCCESS;
-    case NVML_CLOCK_MEM: *out = max ? m.max_mem_mhz : d.g.mem_clock; return NVML_SUCCESS;
-    case NVML_CLOCK_VIDEO: *out = (max ? m.max_sm_mhz : d.g.sm_clock) * 9 / 10; return NVML_SUCCESS;
-    default: return NVML_ERROR_INVALID_ARGUMENT;
+    case NVML_CLOCK_SM:
+      *out = max ? m.max_sm_mhz : d.g.sm_clock;
+      return NVML_SUCCESS;
+    case NVML_CLOCK_MEM:
+      *out = max ? m.max_mem_mhz : d.g.mem_clock;
+      return NVML_SUCCESS;
+    case NVML_CLOCK_VIDEO:
+      *out = (max ? m.max_sm_mhz : d.g.sm_clock) * 9 / 10;
+      return NVML_SUCCESS;
+    default:
+      return NVML_ERROR_INVALID_ARGUMENT;
   }
 }
 }  // namespace
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type,
-                                                unsigned int* clock) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int* clock) {
   if (clock == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) { return ClockOf(d, type, false, clock); });
 }
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type,
-                                                   unsigned int* clock) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int* clock) {
   if (clock == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) { return ClockOf(d, type, true, clock); });
 }
@@ -905,8 +949,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t device, nvm
                                                         unsigned int* clock) {
   return nvmlDeviceGetMaxClockInfo(device, type, clock);
 }
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t device,
-                                                               nvmlClockType_t type,
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t device, nvmlClockType_t type,
                                                                unsigned int* clock) {
   return nvmlDeviceGetMaxClockInfo(device, type, clock);
 }
@@ -915,21 +958,17 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMaxCustomerBoostClock(nvmlDevice_t device,
   return nvmlDeviceGetMaxClockInfo(device, type, clock);
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
-                                                                unsigned long long* reasons) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long* reasons) {
   if (reasons == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
-    *reasons = (GpuUtilisation(d.g) == 0 ? 0x1ULL : 0ULL) |
-               (d.g.temp_c >= d.model().temp_slowdown ? 0x20ULL : 0ULL);
+    *reasons = (GpuUtilisation(d.g) == 0 ? 0x1ULL : 0ULL) | (d.g.temp_c >= d.model().temp_slowdown ? 0x20ULL : 0ULL);
     return NVML_SUCCESS;
   });
 }
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device,
-                                                                   unsigned long long* reasons) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long* reasons) {
   return nvmlDeviceGetCurrentClocksEventReasons(device, reasons);
 }
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t device,
-                                                                     unsigned long long* reasons) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t device, unsigned long long* reasons) {
   if (reasons == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev&) {
     *reasons = 0x1ULL | 0x2ULL | 0x4ULL | 0x8ULL | 0x20ULL | 0x40ULL | 0x80ULL | 0x100ULL;
@@ -988,8 +1027,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetDefaultEccMode(nvmlDevice_t device, nvmlEn
 }
 
 namespace {
-nvmlReturn_t EccCount(const Dev& d, nvmlMemoryErrorType_t type, nvmlEccCounterType_t counter,
-                      unsigned long long* out) {
+nvmlReturn_t EccCount(const Dev& d, nvmlMemoryErrorType_t type, nvmlEccCounterType_t counter, unsigned long long* out) {
   if (type > NVML_MEMORY_ERROR_TYPE_UNCORRECTED || counter > NVML_AGGREGATE_ECC) {
     return NVML_ERROR_INVALID_ARGUMENT;
   }
@@ -1004,15 +1042,13 @@ nvmlReturn_t EccCount(const Dev& d, nvmlMemoryErrorType_t type, nvmlEccCounterTy
 }  // namespace
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t type,
-                                                     nvmlEccCounterType_t counter,
-                                                     unsigned long long* count) {
+                                                     nvmlEccCounterType_t counter, unsigned long long* count) {
   if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) { return EccCount(d, type, counter, count); });
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t device, nvmlMemoryErrorType_t type,
-                                                         nvmlEccCounterType_t counter,
-                                                         nvmlMemoryLocation_t location,
+                                                         nvmlEccCounterType_t counter, nvmlMemoryLocation_t location,
                                                          unsigned long long* count) {
   if (count == nullptr || location > NVML_MEMORY_LOCATION_SRAM) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
@@ -1024,9 +1060,8 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t device, nv
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int* corr,
-                                                   unsigned int* unc, unsigned int* pending,
-                                                   unsigned int* failure) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int* corr, unsigned int* unc,
+                                                   unsigned int* pending, unsigned int* failure) {
   if (AnyNull(corr, unc, pending, failure)) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
     *corr = d.g.remapped_cor;
@@ -1037,8 +1072,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count,
-                                                  nvmlFieldValue_t* values) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldValue_t* values) {
   if (values == nullptr || count <= 0) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
     const auto now = static_cast<long long>(RealtimeUs());
@@ -1051,30 +1085,58 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count
       unsigned long long v = 0;
       switch (f.fieldId) {
         case NVML_FI_DEV_ECC_CURRENT:
-        case NVML_FI_DEV_ECC_PENDING: v = 1; break;
-        case NVML_FI_DEV_ECC_SBE_VOL_TOTAL: v = d.g.ecc_sbe_vol; break;
-        case NVML_FI_DEV_ECC_DBE_VOL_TOTAL: v = d.g.ecc_dbe_vol; break;
-        case NVML_FI_DEV_ECC_SBE_AGG_TOTAL: v = d.g.ecc_sbe_agg; break;
-        case NVML_FI_DEV_ECC_DBE_AGG_TOTAL: v = d.g.ecc_dbe_agg; break;
+        case NVML_FI_DEV_ECC_PENDING:
+          v = 1;
+          break;
+        case NVML_FI_DEV_ECC_SBE_VOL_TOTAL:
+          v = d.g.ecc_sbe_vol;
+          break;
+        case NVML_FI_DEV_ECC_DBE_VOL_TOTAL:
+          v = d.g.ecc_dbe_vol;
+          break;
+        case NVML_FI_DEV_ECC_SBE_AGG_TOTAL:
+          v = d.g.ecc_sbe_agg;
+          break;
+        case NVML_FI_DEV_ECC_DBE_AGG_TOTAL:
+          v = d.g.ecc_dbe_agg;
+          break;
         case NVML_FI_DEV_MEMORY_TEMP:
           if (d.model().temp_mem_max == 0) f.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
           v = d.g.mem_temp_c;
           break;
-        case NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: v = Energy(d); break;
-        case NVML_FI_DEV_NVLINK_LINK_COUNT: v = d.node.profile().nvlink == "none" ? 0 : d.model().nvlinks; break;
-        case NVML_FI_DEV_PCIE_REPLAY_COUNTER: v = d.g.pcie_replay; break;
+        case NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
+          v = Energy(d);
+          break;
+        case NVML_FI_DEV_NVLINK_LINK_COUNT:
+          v = d.node.profile().nvlink == "none" ? 0 : d.model().nvlinks;
+          break;
+        case NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+          v = d.g.pcie_replay;
+          break;
         case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
         case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
           if (d.node.profile().nvlink == "none" || d.model().nvlinks == 0) f.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
           v = f.fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? d.g.nvlink_tx_kib : d.g.nvlink_rx_kib;
           break;
-        case NVML_FI_DEV_REMAPPED_COR: v = d.g.remapped_cor; break;
-        case NVML_FI_DEV_REMAPPED_UNC: v = d.g.remapped_unc; break;
-        case NVML_FI_DEV_REMAPPED_PENDING: v = d.g.remapped_pending; break;
-        case NVML_FI_DEV_REMAPPED_FAILURE: v = d.g.remapped_failure; break;
+        case NVML_FI_DEV_REMAPPED_COR:
+          v = d.g.remapped_cor;
+          break;
+        case NVML_FI_DEV_REMAPPED_UNC:
+          v = d.g.remapped_unc;
+          break;
+        case NVML_FI_DEV_REMAPPED_PENDING:
+          v = d.g.remapped_pending;
+          break;
+        case NVML_FI_DEV_REMAPPED_FAILURE:
+          v = d.g.remapped_failure;
+          break;
         case NVML_FI_DEV_POWER_AVERAGE:
-        case NVML_FI_DEV_POWER_INSTANT: v = d.g.power_mw; break;
-        default: f.nvmlReturn = NVML_ERROR_NOT_SUPPORTED; break;
+        case NVML_FI_DEV_POWER_INSTANT:
+          v = d.g.power_mw;
+          break;
+        default:
+          f.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+          break;
       }
       f.value.ullVal = v;
     }
@@ -1120,10 +1182,8 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t de
   return RunningProcesses(device, 2, count, infos, false);
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
-                                                         nvmlProcessUtilizationSample_t* samples,
-                                                         unsigned int* count,
-                                                         unsigned long long last_seen) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t* samples,
+                                                         unsigned int* count, unsigned long long last_seen) {
   if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) -> nvmlReturn_t {
     std::vector<const SimProcess*> found;
@@ -1160,7 +1220,9 @@ nvmlReturn_t OnPair(nvmlDevice_t d1, nvmlDevice_t d2, F&& f) {
   return OnDevice(d2, [&](const Dev& d) { return f(d.node, a, d.gpu); });
 }
 
-bool HasNvLink(const Dev& d) { return d.node.profile().nvlink == "nvswitch" && d.model().nvlinks > 0; }
+bool HasNvLink(const Dev& d) {
+  return d.node.profile().nvlink == "nvswitch" && d.model().nvlinks > 0;
+}
 
 template <typename F>
 nvmlReturn_t OnLink(nvmlDevice_t device, unsigned link, F&& f) {
@@ -1199,13 +1261,11 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t device, n
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t d1, nvmlDevice_t d2,
-                                                nvmlGpuP2PCapsIndex_t /*index*/,
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t d1, nvmlDevice_t d2, nvmlGpuP2PCapsIndex_t /*index*/,
                                                 nvmlGpuP2PStatus_t* status) {
   if (status == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnPair(d1, d2, [&](const Node& node, unsigned a, unsigned b) {
-    const bool ok = a != b && (node.profile().nvlink == "nvswitch" ||
-                               Level(node, a, b) <= NVML_TOPOLOGY_HOSTBRIDGE);
+    const bool ok = a != b && (node.profile().nvlink == "nvswitch" || Level(node, a, b) <= NVML_TOPOLOGY_HOSTBRIDGE);
     *status = ok ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
     return NVML_SUCCESS;
   });
@@ -1219,8 +1279,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceOnSameBoard(nvmlDevice_t d1, nvmlDevice_t d2,
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int size,
-                                                  unsigned long* cpus) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int size, unsigned long* cpus) {
   if (cpus == nullptr || size == 0) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
     constexpr unsigned kCpusPerNuma = 56;  // a 2-socket, 56-core-per-socket host
@@ -1233,8 +1292,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned 
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
-                                                  nvmlEnableState_t* active) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t* active) {
   if (active == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnLink(device, link, [&](const Dev&, unsigned) {
     *active = NVML_FEATURE_ENABLED;
@@ -1242,8 +1300,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned 
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int link,
-                                                    unsigned int* version) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int link, unsigned int* version) {
   if (version == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnLink(device, link, [&](const Dev& d, unsigned) {
     *version = d.model().nvlink_version;
@@ -1261,8 +1318,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device
     return NVML_SUCCESS;
   });
 }
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link,
-                                                          nvmlPciInfo_t* pci) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t* pci) {
   return nvmlDeviceGetNvLinkRemotePciInfo_v2(device, link, pci);
 }
 
@@ -1295,8 +1351,7 @@ NVML_EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
   return NVML_SUCCESS;
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
-                                                          unsigned long long* types) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long* types) {
   if (types == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
     *types = SupportedEvents(d.model());
@@ -1304,8 +1359,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types,
-                                                  nvmlEventSet_t set) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types, nvmlEventSet_t set) {
   auto* es = reinterpret_cast<EventSet*>(set);
   if (es == nullptr || es->magic != kSetMagic) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
@@ -1317,13 +1371,11 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned 
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data,
-                                             unsigned int timeout_ms) {
+NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeout_ms) {
   return WaitImpl(set, data, timeout_ms);
 }
 
-NVML_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_v1_t* data,
-                                          unsigned int timeout_ms) {
+NVML_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_v1_t* data, unsigned int timeout_ms) {
   if (data == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   nvmlEventData_t full{};
   const nvmlReturn_t rc = WaitImpl(set, &full, timeout_ms);
@@ -1336,8 +1388,7 @@ NVML_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_v1_t
 }
 
 // ---------------------------------------------------------------- MIG
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int* current,
-                                              unsigned int* pending) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int* current, unsigned int* pending) {
   if (AnyNull(current, pending)) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
     if (d.model().max_mig_devices == 0) return NVML_ERROR_NOT_SUPPORTED;
@@ -1347,8 +1398,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int*
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode,
-                                              nvmlReturn_t* activation) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode, nvmlReturn_t* activation) {
   if (activation == nullptr || mode > 1) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
     if (d.model().max_mig_devices == 0) return NVML_ERROR_NOT_SUPPORTED;
@@ -1394,8 +1444,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig,
-                                                                      nvmlDevice_t* device) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig, nvmlDevice_t* device) {
   if (device == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnDevice(mig, [&](const Dev& d) {
     if (!d.mig()) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1506,9 +1555,9 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t devic
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(
-    nvmlDevice_t device, unsigned int profile_id, nvmlGpuInstancePlacement_t* placements,
-    unsigned int* count) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device, unsigned int profile_id,
+                                                                       nvmlGpuInstancePlacement_t* placements,
+                                                                       unsigned int* count) {
   if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnMigGpu(device, [&](const Dev& d) {
     const MigProfile* p = FindMigProfileById(d.model(), profile_id);
@@ -1523,14 +1572,13 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(
     return NVML_SUCCESS;
   });
 }
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements(
-    nvmlDevice_t device, unsigned int profile_id, nvmlGpuInstancePlacement_t* placements,
-    unsigned int* count) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements(nvmlDevice_t device, unsigned int profile_id,
+                                                                    nvmlGpuInstancePlacement_t* placements,
+                                                                    unsigned int* count) {
   return nvmlDeviceGetGpuInstancePossiblePlacements_v2(device, profile_id, placements, count);
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device,
-                                                                   unsigned int profile_id,
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device, unsigned int profile_id,
                                                                    unsigned int* count) {
   if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnMigGpu(device, [&](const Dev& d) {
@@ -1560,9 +1608,9 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsign
   return CreateGi(device, profile_id, -1, gi);
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(
-    nvmlDevice_t device, unsigned int profile_id, const nvmlGpuInstancePlacement_t* placement,
-    nvmlGpuInstance_t* gi) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device, unsigned int profile_id,
+                                                                  const nvmlGpuInstancePlacement_t* placement,
+                                                                  nvmlGpuInstance_t* gi) {
   if (placement == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return CreateGi(device, profile_id, static_cast<int>(placement->start), gi);
 }
@@ -1573,8 +1621,8 @@ NVML_EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) {
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profile_id,
-                                                   nvmlGpuInstance_t* gis, unsigned int* count) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profile_id, nvmlGpuInstance_t* gis,
+                                                   unsigned int* count) {
   if (AnyNull(gis, count)) return NVML_ERROR_INVALID_ARGUMENT;
   return OnMigGpu(device, [&](const Dev& d) {
     const MigProfile* p = FindMigProfileById(d.model(), profile_id);
@@ -1591,8 +1639,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
-                                                      nvmlGpuInstance_t* gi) {
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t* gi) {
   if (gi == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnMigGpu(device, [&](const Dev& d) {
     if (d.g.mig_current == 0) return NVML_ERROR_NOT_SUPPORTED;
@@ -1618,9 +1665,9 @@ NVML_EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gi, nvmlGpuIns
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(
-    nvmlGpuInstance_t gi, unsigned int profile, unsigned int eng_profile,
-    nvmlComputeInstanceProfileInfo_t* info) {
+NVML_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gi, unsigned int profile,
+                                                                      unsigned int eng_profile,
+                                                                      nvmlComputeInstanceProfileInfo_t* info) {
   if (info == nullptr || profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT) {
     return NVML_ERROR_INVALID_ARGUMENT;
   }
@@ -1678,8 +1725,7 @@ NVML_EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ci) {
 }
 
 NVML_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gi, unsigned int profile_id,
-                                                            nvmlComputeInstance_t* cis,
-                                                            unsigned int* count) {
+                                                            nvmlComputeInstance_t* cis, unsigned int* count) {
   if (AnyNull(cis, count)) return NVML_ERROR_INVALID_ARGUMENT;
   return OnInstance(gi, kGiMagic, [&](const Dev& d, unsigned slot, int) {
     unsigned n = 0;
@@ -1708,8 +1754,7 @@ NVML_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t ci,
-                                                       nvmlComputeInstanceInfo_t* info) {
+NVML_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t ci, nvmlComputeInstanceInfo_t* info) {
   if (info == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnInstance(ci, kCiMagic, [&](const Dev& d, unsigned slot, int ci_slot) {
     const SimCi& c = d.g.gis[slot].cis[ci_slot];
@@ -1722,8 +1767,7 @@ NVML_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t ci,
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t ci,
-                                                    nvmlComputeInstanceInfo_v1_t* info) {
+NVML_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t ci, nvmlComputeInstanceInfo_v1_t* info) {
   if (info == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   nvmlComputeInstanceInfo_t full{};
   const nvmlReturn_t rc = nvmlComputeInstanceGetInfo_v2(ci, &full);

@@ -1,12 +1,12 @@
 #include "profile.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
+
+#include <yaml-cpp/yaml.h>
 
 #include "common/files.h"
 #include "common/strings.h"
@@ -20,8 +20,8 @@ namespace {
 // One MIG row: index, id, name, compute slices, memory slices, max instances, starts, MiB,
 // SMs, copy engines, decoders, jpegs, ofas.
 MigProfile Mig(unsigned index, unsigned id, std::string name, unsigned cs, unsigned ms, unsigned max,
-               std::vector<unsigned> starts, uint64_t mib, unsigned sms, unsigned ce, unsigned dec,
-               unsigned jpg, unsigned ofa) {
+               std::vector<unsigned> starts, uint64_t mib, unsigned sms, unsigned ce, unsigned dec, unsigned jpg,
+               unsigned ofa) {
   MigProfile p;
   p.index = index;
   p.id = id;
@@ -41,10 +41,10 @@ MigProfile Mig(unsigned index, unsigned id, std::string name, unsigned cs, unsig
 
 // The GA100/GH100 placement table is the same for every part; names and sizes differ.
 struct MigSizes {
-  const char* g1;   // 1 memory slice
-  const char* g2;   // 2 memory slices
-  const char* g4;   // 4 memory slices
-  const char* g8;   // 8 memory slices
+  const char* g1;  // 1 memory slice
+  const char* g2;  // 2 memory slices
+  const char* g4;  // 4 memory slices
+  const char* g8;  // 8 memory slices
   uint64_t m1, m2, m4, m8;
   unsigned sm1, sm2, sm3, sm4, sm7;
   unsigned dec1, dec7, jpg7;
@@ -96,8 +96,8 @@ std::vector<GpuModel> BuildModels() {
     m.vbios = "96.00.74.00.0F";
     m.part_number = "692-2G520-0200-000";
     m.max_mig_devices = 7;
-    m.mig_profiles = MigTable({"10gb", "20gb", "40gb", "80gb", 9984, 20096, 40320, 81408, 16, 32,
-                               60, 64, 132, 1, 7, 7});
+    m.mig_profiles =
+        MigTable({"10gb", "20gb", "40gb", "80gb", 9984, 20096, 40320, 81408, 16, 32, 60, 64, 132, 1, 7, 7});
     models.push_back(m);
   }
   {
@@ -131,8 +131,7 @@ std::vector<GpuModel> BuildModels() {
     m.vbios = "92.00.45.00.03";
     m.part_number = "692-2G506-0200-003";
     m.max_mig_devices = 7;
-    m.mig_profiles = MigTable({"5gb", "10gb", "20gb", "40gb", 4864, 9856, 19968, 40192, 14, 28, 42,
-                               56, 98, 0, 5, 1});
+    m.mig_profiles = MigTable({"5gb", "10gb", "20gb", "40gb", 4864, 9856, 19968, 40192, 14, 28, 42, 56, 98, 0, 5, 1});
     models.push_back(m);
   }
   {
@@ -166,8 +165,8 @@ std::vector<GpuModel> BuildModels() {
     m.vbios = "96.00.A5.00.01";
     m.part_number = "692-2G520-0280-000";
     m.max_mig_devices = 7;
-    m.mig_profiles = MigTable({"18gb", "35gb", "71gb", "141gb", 17920, 35840, 71808, 143616, 16, 32,
-                               60, 64, 132, 1, 7, 7});
+    m.mig_profiles =
+        MigTable({"18gb", "35gb", "71gb", "141gb", 17920, 35840, 71808, 143616, 16, 32, 60, 64, 132, 1, 7, 7});
     models.push_back(m);
   }
   {
@@ -280,10 +279,8 @@ absl::StatusOr<int> ParseCudaVersion(std::string_view origin, const YAML::Node& 
   if (!text.ok()) return text.status();
   unsigned major = 0, minor = 0;
   char tail = 0;
-  if (std::sscanf(text->c_str(), "%u.%u%c", &major, &minor, &tail) != 2 || major == 0 ||
-      major > 99 || minor > 9) {
-    return At(origin, node.Mark(),
-              Cat("cudaVersion must look like \"12.4\" (got '", *text, "')"));
+  if (std::sscanf(text->c_str(), "%u.%u%c", &major, &minor, &tail) != 2 || major == 0 || major > 99 || minor > 9) {
+    return At(origin, node.Mark(), Cat("cudaVersion must look like \"12.4\" (got '", *text, "')"));
   }
   return static_cast<int>(major * 1000 + minor * 10);
 }
@@ -301,8 +298,7 @@ absl::Status PlaceMig(std::string_view origin, const YAML::Mark& mark, const Gpu
       std::vector<std::string> names;
       for (const auto& mp : model.mig_profiles) names.push_back(mp.name);
       return At(origin, mark,
-                Cat("unknown MIG profile '", inst.profile, "' for ", model.key,
-                             " (known: ", Join(names, ", "), ")"));
+                Cat("unknown MIG profile '", inst.profile, "' for ", model.key, " (known: ", Join(names, ", "), ")"));
     }
     auto mask_at = [&](unsigned start) { return ((1U << p->memory_slices) - 1U) << start; };
     if (inst.start < 0) {
@@ -315,16 +311,14 @@ absl::Status PlaceMig(std::string_view origin, const YAML::Mark& mark, const Gpu
       if (inst.start < 0) {
         return At(origin, mark, Cat("no free placement left for ", inst.profile));
       }
-    } else if (std::find(p->starts.begin(), p->starts.end(), static_cast<unsigned>(inst.start)) ==
-               p->starts.end()) {
+    } else if (std::find(p->starts.begin(), p->starts.end(), static_cast<unsigned>(inst.start)) == p->starts.end()) {
       return At(origin, mark,
                 Cat(inst.profile, " cannot start at memory slice ", inst.start,
-                             " (valid starts: ", Join(p->starts, ", "), ")"));
+                    " (valid starts: ", Join(p->starts, ", "), ")"));
     }
     const unsigned mask = mask_at(static_cast<unsigned>(inst.start));
     if ((used_mem & mask) != 0) {
-      return At(origin, mark,
-                Cat(inst.profile, "@", inst.start, " overlaps another instance"));
+      return At(origin, mark, Cat(inst.profile, "@", inst.start, " overlaps another instance"));
     }
     used_mem |= mask;
     compute += p->compute_slices;
@@ -332,8 +326,7 @@ absl::Status PlaceMig(std::string_view origin, const YAML::Mark& mark, const Gpu
       return At(origin, mark, "MIG layout needs more than the 7 compute slices of a GPU");
     }
     if (++per_profile[p->index] > p->max_instances) {
-      return At(origin, mark,
-                Cat("at most ", p->max_instances, " instances of ", inst.profile));
+      return At(origin, mark, Cat("at most ", p->max_instances, " instances of ", inst.profile));
     }
   }
   return absl::OkStatus();
@@ -344,8 +337,8 @@ absl::StatusOr<NodeProfile> ParseRoot(std::string_view origin, const YAML::Node&
     return At(origin, root.Mark(), "a node profile must be a YAML mapping");
   }
   if (auto s = CheckKeys(origin, root, "the profile",
-                         {"version", "name", "driverVersion", "cudaVersion", "nvlink",
-                          "nvswitches", "numaNodes", "pcieSwitchGroup", "gpus", "mig"});
+                         {"version", "name", "driverVersion", "cudaVersion", "nvlink", "nvswitches", "numaNodes",
+                          "pcieSwitchGroup", "gpus", "mig"});
       !s.ok()) {
     return s;
   }
@@ -354,8 +347,7 @@ absl::StatusOr<NodeProfile> ParseRoot(std::string_view origin, const YAML::Node&
   auto version = Scalar<std::string>(origin, root["version"], "version");
   if (!version.ok()) return version.status();
   if (*version != "v1") {
-    return At(origin, root["version"].Mark(),
-              Cat("unsupported version '", *version, "' (expected v1)"));
+    return At(origin, root["version"].Mark(), Cat("unsupported version '", *version, "' (expected v1)"));
   }
   if (!root["name"]) return At(origin, root.Mark(), "missing 'name'");
   auto name = Scalar<std::string>(origin, root["name"], "name");
@@ -379,8 +371,7 @@ absl::StatusOr<NodeProfile> ParseRoot(std::string_view origin, const YAML::Node&
     auto v = Scalar<std::string>(origin, root["nvlink"], "nvlink");
     if (!v.ok()) return v.status();
     if (*v != "nvswitch" && *v != "none") {
-      return At(origin, root["nvlink"].Mark(),
-                Cat("nvlink must be 'nvswitch' or 'none' (got '", *v, "')"));
+      return At(origin, root["nvlink"].Mark(), Cat("nvlink must be 'nvswitch' or 'none' (got '", *v, "')"));
     }
     profile.nvlink = *v;
   }
@@ -408,8 +399,7 @@ absl::StatusOr<NodeProfile> ParseRoot(std::string_view origin, const YAML::Node&
 
   const YAML::Node gpus = root["gpus"];
   if (!gpus || !gpus.IsSequence() || gpus.size() == 0) {
-    return At(origin, gpus ? gpus.Mark() : root.Mark(),
-              "'gpus' must be a non-empty list of {model, count}");
+    return At(origin, gpus ? gpus.Mark() : root.Mark(), "'gpus' must be a non-empty list of {model, count}");
   }
   std::set<unsigned> buses;
   for (const auto& group : gpus) {
@@ -423,9 +413,7 @@ absl::StatusOr<NodeProfile> ParseRoot(std::string_view origin, const YAML::Node&
     if (model == nullptr) {
       std::vector<std::string> keys;
       for (const auto& m : Models()) keys.push_back(m.key);
-      return At(origin, group["model"].Mark(),
-                Cat("unknown GPU model '", *key, "' (known: ", Join(keys, ", "),
-                             ")"));
+      return At(origin, group["model"].Mark(), Cat("unknown GPU model '", *key, "' (known: ", Join(keys, ", "), ")"));
     }
     unsigned count = 1;
     if (group["count"]) {
@@ -473,8 +461,7 @@ absl::StatusOr<NodeProfile> ParseRoot(std::string_view origin, const YAML::Node&
       auto index = Scalar<unsigned>(origin, entry["gpu"], "gpu");
       if (!index.ok()) return index.status();
       if (*index >= total) {
-        return At(origin, entry["gpu"].Mark(),
-                  Cat("gpu ", *index, " does not exist (the node has ", total, " GPUs)"));
+        return At(origin, entry["gpu"].Mark(), Cat("gpu ", *index, " does not exist (the node has ", total, " GPUs)"));
       }
       GpuSpec& gpu = profile.gpus[*index];
       if (gpu.model->max_mig_devices == 0) {
@@ -501,8 +488,7 @@ absl::StatusOr<NodeProfile> ParseRoot(std::string_view origin, const YAML::Node&
               spec.start = std::stoi(text->substr(at + 1), &used);
               if (used != text->size() - at - 1 || spec.start < 0) throw std::invalid_argument("");
             } catch (const std::exception&) {
-              return At(origin, inst.Mark(),
-                        Cat("'", *text, "': the start after '@' must be a slice number"));
+              return At(origin, inst.Mark(), Cat("'", *text, "': the start after '@' must be a slice number"));
             }
           }
           gpu.mig.push_back(spec);
@@ -578,17 +564,15 @@ absl::StatusOr<NodeProfile> LoadProfile(std::string_view spec) {
   if (const char* yaml = BuiltinProfileYaml(spec); yaml != nullptr) {
     return ParseProfile(yaml, Cat("<built-in ", spec, ">"));
   }
-  const bool looks_like_path = spec.find('/') != std::string_view::npos ||
-                               spec.ends_with(".yaml") || spec.ends_with(".yml");
+  const bool looks_like_path =
+      spec.find('/') != std::string_view::npos || spec.ends_with(".yaml") || spec.ends_with(".yml");
   if (!looks_like_path) {
-    return absl::NotFoundError(Cat("unknown node profile '", spec, "' (known: ",
-                                            Join(BuiltinProfileNames(), ", "),
-                                            "; or give the path of a profile YAML file)"));
+    return absl::NotFoundError(Cat("unknown node profile '", spec, "' (known: ", Join(BuiltinProfileNames(), ", "),
+                                   "; or give the path of a profile YAML file)"));
   }
   const auto text = kgpu::ReadFile(std::string(spec));
   if (!text) {
-    return absl::NotFoundError(
-        Cat(spec, ": cannot read the node profile file (check the path in KGPU_SIM_NODE)"));
+    return absl::NotFoundError(Cat(spec, ": cannot read the node profile file (check the path in KGPU_SIM_NODE)"));
   }
   return ParseProfile(*text, spec);
 }
@@ -616,8 +600,7 @@ std::string FormatUuid(uint64_t hi, uint64_t lo) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(hi >> 32),
                 static_cast<unsigned>((hi >> 16) & 0xffff), static_cast<unsigned>(hi & 0xffff),
-                static_cast<unsigned>(lo >> 48),
-                static_cast<unsigned long long>(lo & 0xffffffffffffULL));
+                static_cast<unsigned>(lo >> 48), static_cast<unsigned long long>(lo & 0xffffffffffffULL));
   return buf;
 }
 }  // namespace

@@ -15,11 +15,11 @@ namespace kgpu::sim {
 
 // One GPU-instance profile of a MIG-capable model (a row of `nvidia-smi mig -lgip`).
 struct MigProfile {
-  unsigned index = 0;          // NVML_GPU_INSTANCE_PROFILE_* index
-  unsigned id = 0;             // nvidia-smi profile id (nvmlGpuInstanceProfileInfo_t.id)
-  std::string name;            // "1g.5gb", "1g.5gb+me"
-  unsigned compute_slices = 0; // of 7
-  unsigned memory_slices = 0;  // of 8
+  unsigned index = 0;           // NVML_GPU_INSTANCE_PROFILE_* index
+  unsigned id = 0;              // nvidia-smi profile id (nvmlGpuInstanceProfileInfo_t.id)
+  std::string name;             // "1g.5gb", "1g.5gb+me"
+  unsigned compute_slices = 0;  // of 7
+  unsigned memory_slices = 0;   // of 8
   unsigned max_instances = 0;
   std::vector<unsigned> starts;  // valid placement starts (in memory slices)
   uint64_t memory_mib = 0;
@@ -63,7 +63,7 @@ struct MigInstanceSpec {
 
 struct GpuSpec {
   const GpuModel* model = nullptr;
-  unsigned bus = 0;      // PCI bus number
+  unsigned bus = 0;  // PCI bus number
   int numa_node = 0;
   bool mig_enabled = false;
   std::vector<MigInstanceSpec> mig;  // initial layout when mig_enabled
@@ -74,12 +74,12 @@ struct NodeProfile {
   std::string driver_version;
   int cuda_version = 0;  // 12040 for 12.4
   std::string nvml_version;
-  std::string nvlink;    // "nvswitch" or "none"
+  std::string nvlink;  // "nvswitch" or "none"
   unsigned nvswitches = 0;
   int numa_nodes = 1;
   unsigned pcie_switch_group = 1;  // GPUs per PCIe switch
   std::vector<GpuSpec> gpus;
-  std::string source;    // the YAML text the profile was parsed from
+  std::string source;  // the YAML text the profile was parsed from
 };
 
 // Parses a profile from YAML. `origin` names the input in errors, which read

@@ -3,17 +3,17 @@
 // KGPU_SIM_NODE_NAME) so every process using that node sees the change, and injected events
 // wake waiters in nvmlEventSetWait at once.
 
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
-#include <cstdio>
 #include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "common/strings.h"
 #include "node.h"
@@ -42,8 +42,12 @@ bool ResolveGpu(const Node& node, const std::string& spec, unsigned* gpu) {
 // The driver's MIG capability numbering (nvidia-caps): config 1, monitor 2, then per GPU (by minor
 // number) 15 GPU instances of 1 + 8 compute-instance minors: gpu0/gi1/access is 12.
 constexpr unsigned kGisPerGpu = 15, kCisPerGi = 8;
-unsigned GiMinor(unsigned gpu_minor, unsigned gi) { return 3 + (gpu_minor * kGisPerGpu + gi) * (1 + kCisPerGi); }
-unsigned CiMinor(unsigned gpu_minor, unsigned gi, unsigned ci) { return GiMinor(gpu_minor, gi) + 1 + ci; }
+unsigned GiMinor(unsigned gpu_minor, unsigned gi) {
+  return 3 + (gpu_minor * kGisPerGpu + gi) * (1 + kCisPerGi);
+}
+unsigned CiMinor(unsigned gpu_minor, unsigned gi, unsigned ci) {
+  return GiMinor(gpu_minor, gi) + 1 + ci;
+}
 
 // /proc/driver/nvidia-caps/mig-minors: every capability the driver can create, whether or not
 // the instance exists now.
@@ -53,7 +57,8 @@ std::string MigMinorsText(const Node& node) {
   for (unsigned g = 0; g < node.gpu_count(); ++g) {  // the simulated GPU's minor is its index
     for (unsigned i = 0; i < kGisPerGpu; ++i) {
       out << "gpu" << g << "/gi" << i << "/access " << GiMinor(g, i) << "\n";
-      for (unsigned c = 0; c < kCisPerGi; ++c) out << "gpu" << g << "/gi" << i << "/ci" << c << "/access " << CiMinor(g, i, c) << "\n";
+      for (unsigned c = 0; c < kCisPerGi; ++c)
+        out << "gpu" << g << "/gi" << i << "/ci" << c << "/access " << CiMinor(g, i, c) << "\n";
     }
   }
   return out.str();
@@ -84,8 +89,9 @@ int WriteProcfs(const Node& node, const std::string& dir) {
   std::error_code ec;
   fs::remove_all(nv / "capabilities", ec);  // instances destroyed since the last call go away
   bool ok = WriteText(fs::path(dir) / "driver/nvidia-caps/mig-minors", MigMinorsText(node));
-  ok = ok && WriteText(nv / "version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  " + node.profile().driver_version +
-                                           "  (kgpu simulated node " + node.profile().name + ")\n");
+  ok = ok &&
+       WriteText(nv / "version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  " + node.profile().driver_version +
+                                     "  (kgpu simulated node " + node.profile().name + ")\n");
   ok = ok && WriteText(nv / "capabilities/mig/config", CapabilityText(1, 256));
   ok = ok && WriteText(nv / "capabilities/mig/monitor", CapabilityText(2, 292));
   Node::Locked lock(node);
@@ -107,11 +113,13 @@ int WriteProcfs(const Node& node, const std::string& dir) {
     const SimGpu& gpu = lock.gpu(g);
     for (const auto& gi : gpu.gis) {
       if (gi.used == 0 || gi.id >= kGisPerGpu) continue;
-      const fs::path gi_dir = nv / "capabilities" / ("gpu" + std::to_string(g)) / "mig" / ("gi" + std::to_string(gi.id));
+      const fs::path gi_dir =
+          nv / "capabilities" / ("gpu" + std::to_string(g)) / "mig" / ("gi" + std::to_string(gi.id));
       ok = ok && WriteText(gi_dir / "access", CapabilityText(GiMinor(g, gi.id), 292));
       for (const auto& ci : gi.cis) {
         if (ci.used == 0 || ci.id >= kCisPerGi) continue;
-        ok = ok && WriteText(gi_dir / ("ci" + std::to_string(ci.id)) / "access", CapabilityText(CiMinor(g, gi.id, ci.id), 292));
+        ok = ok && WriteText(gi_dir / ("ci" + std::to_string(ci.id)) / "access",
+                             CapabilityText(CiMinor(g, gi.id, ci.id), 292));
       }
     }
   }
@@ -183,13 +191,14 @@ int Run(int argc, char** argv) {
       "mig-minors", "write the driver's MIG capability minors file (proc/driver/nvidia-caps/mig-minors)");
   mig_minors->add_option("file", minors_path, "where to write it")->required();
   std::string procfs_dir;
-  auto* procfs = app.add_subcommand(
-      "procfs", "write the driver's procfs trees for this node: DIR/driver/nvidia (gpus/<bus id>/information, "
-                "capabilities/...) and DIR/driver/nvidia-caps/mig-minors");
+  auto* procfs =
+      app.add_subcommand("procfs",
+                         "write the driver's procfs trees for this node: DIR/driver/nvidia (gpus/<bus id>/information, "
+                         "capabilities/...) and DIR/driver/nvidia-caps/mig-minors");
   procfs->add_option("dir", procfs_dir, "root of the tree (give it to kgpu device-plugin as --proc-root)")->required();
   std::string sysfs_dir;
-  auto* sysfs = app.add_subcommand(
-      "sysfs", "write a sysfs tree with the GPUs' NUMA nodes (DIR/bus/pci/devices/<bdf>/numa_node)");
+  auto* sysfs =
+      app.add_subcommand("sysfs", "write a sysfs tree with the GPUs' NUMA nodes (DIR/bus/pci/devices/<bdf>/numa_node)");
   sysfs->add_option("dir", sysfs_dir, "root of the tree (give it to kgpu as --sysfs-root)")->required();
 
   std::string gpu_spec;
@@ -300,8 +309,8 @@ int Run(int argc, char** argv) {
   unsigned g = 0;
   if (!ResolveGpu(node, gpu_spec, &g)) {
     return Fail("no GPU '" + gpu_spec + "' on node " + node.profile().name + " (it has " +
-                std::to_string(node.gpu_count()) + " GPUs: use 0.." +
-                std::to_string(node.gpu_count() - 1) + ", a UUID or a bus id)");
+                std::to_string(node.gpu_count()) + " GPUs: use 0.." + std::to_string(node.gpu_count() - 1) +
+                ", a UUID or a bus id)");
   }
   Node::Locked lock(node);
   SimGpu& gpu = lock.gpu(g);
@@ -313,8 +322,9 @@ int Run(int argc, char** argv) {
     for (const auto& x : gpu.gis) {
       for (const auto& y : x.cis) found = found || (x.used && y.used && x.id == gi_id && y.id == ci_id);
     }
-    if (!found) return Fail("GPU " + std::to_string(g) + " has no MIG instance gi=" +
-                            std::to_string(gi) + " ci=" + std::to_string(ci));
+    if (!found)
+      return Fail("GPU " + std::to_string(g) + " has no MIG instance gi=" + std::to_string(gi) +
+                  " ci=" + std::to_string(ci));
   }
 
   if (set->parsed()) {
@@ -323,7 +333,8 @@ int Run(int argc, char** argv) {
     SimGpu next = gpu;
     for (const auto& a : assignments) {
       const auto eq = a.find('=');
-      if (eq == std::string::npos) return Fail("'" + kgpu::Printable(a) + "' is not key=value (kgpu-simctl set --help)");
+      if (eq == std::string::npos)
+        return Fail("'" + kgpu::Printable(a) + "' is not key=value (kgpu-simctl set --help)");
       if (auto st = SetLiveValue(next, *node.profile().gpus[g].model, a.substr(0, eq), a.substr(eq + 1)); !st.ok()) {
         return Fail("GPU " + std::to_string(g) + ": " + std::string(st.message()) + "; nothing was changed");
       }

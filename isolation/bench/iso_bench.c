@@ -53,8 +53,7 @@ int main(int argc, char** argv) {
   uint64_t* a = calloc(n, sizeof *a);
   uint64_t* f = calloc(n, sizeof *f);
   uint64_t* g = calloc(n, sizeof *g);
-  if (a == NULL || f == NULL || g == NULL || n < 100)
-    return 2;
+  if (a == NULL || f == NULL || g == NULL || n < 100) return 2;
   init();
   for (size_t i = 0; i < n; ++i) {
     CUdeviceptr p;
@@ -73,20 +72,17 @@ int main(int argc, char** argv) {
     f[i] = t2 - t1;
     g[i] = t3 - t2;
   }
-  printf("interposer: %s\n",
-         getenv("LD_PRELOAD") != NULL && strstr(getenv("LD_PRELOAD"), "kgpu-cuda") ? "yes" : "no");
+  printf("interposer: %s\n", getenv("LD_PRELOAD") != NULL && strstr(getenv("LD_PRELOAD"), "kgpu-cuda") ? "yes" : "no");
   report("cuMemAlloc_v2", a, n);
   report("cuMemFree_v2", f, n);
   report("cuMemGetInfo_v2", g, n);
 
-  if (getenv("KGPU_CUDA_MEMORY_LIMIT") == NULL)
-    return 0;
+  if (getenv("KGPU_CUDA_MEMORY_LIMIT") == NULL) return 0;
   char hold[32];
   snprintf(hold, sizeof hold, "%zu", recovery_mib);
   setenv("KGPU_BENCH_HOLD_MIB", hold, 1);
   int ready[2];
-  if (pipe(ready) != 0)
-    return 2;
+  if (pipe(ready) != 0) return 2;
   const pid_t child = fork();
   if (child == 0) {
     /* a fresh process image, as a new CUDA process would be */
@@ -117,8 +113,8 @@ int main(int argc, char** argv) {
     }
   }
   const uint64_t t1 = now_ns();
-  printf("recovery after kill -9 of a process holding %zu MiB: %.3f ms (%u failed tries)\n",
-         recovery_mib, (double)(t1 - t0) / 1e6, tries);
+  printf("recovery after kill -9 of a process holding %zu MiB: %.3f ms (%u failed tries)\n", recovery_mib,
+         (double)(t1 - t0) / 1e6, tries);
   cuMemFree_v2(p);
   (void)tot;
   return 0;
@@ -126,17 +122,13 @@ int main(int argc, char** argv) {
 
 /* The child of the recovery measurement: allocates RECOVERY_MIB and waits to be killed. */
 __attribute__((constructor)) static void hold_mode(int argc, char** argv) {
-  if (argc != 3 || strcmp(argv[1], "--hold") != 0)
-    return;
+  if (argc != 3 || strcmp(argv[1], "--hold") != 0) return;
   init();
   CUdeviceptr p;
   const char* mib = getenv("KGPU_BENCH_HOLD_MIB");
   const size_t bytes = (mib != NULL ? strtoul(mib, NULL, 10) : 256) << 20;
-  if (cuMemAlloc_v2(&p, bytes) != CUDA_SUCCESS)
-    _exit(1);
+  if (cuMemAlloc_v2(&p, bytes) != CUDA_SUCCESS) _exit(1);
   const int fd = atoi(argv[2]);
-  if (write(fd, "x", 1) != 1)
-    _exit(1);
-  for (;;)
-    pause();
+  if (write(fd, "x", 1) != 1) _exit(1);
+  for (;;) pause();
 }

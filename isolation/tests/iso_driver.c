@@ -74,8 +74,7 @@ static struct {
   CUresult (*CtxDestroy)(CUcontext);
   CUresult (*PrimaryCtxReset)(CUdevice);
   CUresult (*PrimaryCtxRelease)(CUdevice);
-  CUresult (*MemCreate)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
-                        unsigned long long);
+  CUresult (*MemCreate)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
   CUresult (*MemRelease)(CUmemGenericAllocationHandle);
   CUresult (*DeviceTotalMem)(size_t*, CUdevice);
 } A;
@@ -96,8 +95,7 @@ static CUcontext g_primary, g_ctx;
 static void forget(int in_ctx) {
   int k = 0;
   for (int j = 0; j < g_n; ++j) {
-    if (g_allocs[j].in_ctx != in_ctx)
-      g_allocs[k++] = g_allocs[j];
+    if (g_allocs[j].in_ctx != in_ctx) g_allocs[k++] = g_allocs[j];
   }
   g_n = k;
 }
@@ -120,8 +118,7 @@ static void* need_sym(void* h, const char* name) {
 
 static void load_dlsym(void) {
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (h == NULL)
-    die(dlerror());
+  if (h == NULL) die(dlerror());
   void* p;
 #define D(field, name)   \
   p = need_sym(h, name); \
@@ -201,8 +198,7 @@ static void* proc(const char* name, int version, cuuint64_t flags) {
   if (g_gpa2 != NULL) {
     CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     r = g_gpa2(name, &p, version, flags, &st);
-    if (r == CUDA_SUCCESS && st != CU_GET_PROC_ADDRESS_SUCCESS)
-      r = CUDA_ERROR_UNKNOWN;
+    if (r == CUDA_SUCCESS && st != CU_GET_PROC_ADDRESS_SUCCESS) r = CUDA_ERROR_UNKNOWN;
   } else {
     r = g_gpa1(name, &p, version, flags);
   }
@@ -263,8 +259,7 @@ static void expect(const char* step, const char* arg, CUresult r, const char* wa
   const int ok = strcmp(want, "any") == 0  ? (r == CUDA_SUCCESS || r == CUDA_ERROR_OUT_OF_MEMORY)
                  : strcmp(want, "ok") == 0 ? r == CUDA_SUCCESS
                                            : r == CUDA_ERROR_OUT_OF_MEMORY;
-  printf("%s %s %s: %s (%d)\n", ok ? "ok:  " : "FAIL:", step, arg,
-         r == CUDA_SUCCESS ? "allocated" : "refused", (int)r);
+  printf("%s %s %s: %s (%d)\n", ok ? "ok:  " : "FAIL:", step, arg, r == CUDA_SUCCESS ? "allocated" : "refused", (int)r);
   fflush(stdout);
   if (!ok) {
     failures = 1;
@@ -273,8 +268,7 @@ static void expect(const char* step, const char* arg, CUresult r, const char* wa
 }
 
 static void push(int kind, CUdeviceptr p, CUarray a) {
-  if (g_n == MAX_ALLOCS)
-    die("too many allocations");
+  if (g_n == MAX_ALLOCS) die("too many allocations");
   g_allocs[g_n].kind = kind;
   g_allocs[g_n].in_ctx = g_ctx != NULL && kind != K_VMM;
   g_allocs[g_n].p = p;
@@ -283,8 +277,7 @@ static void push(int kind, CUdeviceptr p, CUarray a) {
 }
 
 static void pop(void) {
-  if (g_n == 0)
-    die("free: nothing allocated");
+  if (g_n == 0) die("free: nothing allocated");
   --g_n;
   CUresult r;
   switch (g_allocs[g_n].kind) {
@@ -323,8 +316,7 @@ static void check_mib(const char* what, const char* want, size_t got) {
 }
 
 int main(int argc, char** argv) {
-  if (argc < 2)
-    die("usage: iso_driver MODE STEP...");
+  if (argc < 2) die("usage: iso_driver MODE STEP...");
   const char* mode = argv[1];
   if (strcmp(mode, "direct") == 0) {
     load_direct();
@@ -335,8 +327,7 @@ int main(int argc, char** argv) {
     load_procaddr(12040);
   } else if (strcmp(mode, "cudart") == 0) {
     void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (h == NULL)
-      die(dlerror());
+    if (h == NULL) die(dlerror());
     void* p = need_sym(h, "cuGetProcAddress_v2");
     memcpy(&g_gpa2, &p, sizeof p);
     load_procaddr(12040);
@@ -352,15 +343,11 @@ int main(int argc, char** argv) {
 #define ARG(k) (i + (k) < argc ? argv[i + (k)] : (die("missing argument"), ""))
     if (strcmp(s, "init") == 0) {
       int ordinal = 0;
-      if (i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9')
-        ordinal = atoi(argv[++i]);
+      if (i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9') ordinal = atoi(argv[++i]);
       CUresult r = A.Init(0);
-      if (r == CUDA_SUCCESS)
-        r = A.DeviceGet(&g_dev, ordinal);
-      if (r == CUDA_SUCCESS)
-        r = A.PrimaryCtxRetain(&g_primary, g_dev);
-      if (r == CUDA_SUCCESS)
-        r = A.CtxSetCurrent(g_primary);
+      if (r == CUDA_SUCCESS) r = A.DeviceGet(&g_dev, ordinal);
+      if (r == CUDA_SUCCESS) r = A.PrimaryCtxRetain(&g_primary, g_dev);
+      if (r == CUDA_SUCCESS) r = A.CtxSetCurrent(g_primary);
       if (r != CUDA_SUCCESS) {
         printf("FAIL: init: %d\n", (int)r);
         return 1;
@@ -379,23 +366,20 @@ int main(int argc, char** argv) {
       } else if (s[0] == 'p') {
         CUmemoryPool pool = NULL;
         r = A.DeviceGetDefaultMemPool(&pool, g_dev);
-        if (r == CUDA_SUCCESS)
-          r = A.MemAllocFromPoolAsync(&p, bytes, pool, NULL);
+        if (r == CUDA_SUCCESS) r = A.MemAllocFromPoolAsync(&p, bytes, pool, NULL);
         kind = K_ASYNC;
       } else {
         r = A.MemAllocAsync(&p, bytes, NULL);
         kind = K_ASYNC;
       }
       expect(s, ARG(1), r, ARG(2));
-      if (r == CUDA_SUCCESS)
-        push(kind, p, NULL);
+      if (r == CUDA_SUCCESS) push(kind, p, NULL);
       i += 2;
     } else if (strcmp(s, "alloc1") == 0) {
       CUdeviceptr_v1 p = 0;
       const CUresult r = A.MemAlloc1(&p, (unsigned int)strtoul(ARG(1), NULL, 10) << 20);
       expect(s, ARG(1), r, ARG(2));
-      if (r == CUDA_SUCCESS)
-        push(K_PTR1, p, NULL);
+      if (r == CUDA_SUCCESS) push(K_PTR1, p, NULL);
       i += 2;
     } else if (strcmp(s, "ctx") == 0 || strcmp(s, "ctxdestroy") == 0 || strcmp(s, "reset") == 0 ||
                strcmp(s, "release") == 0) {
@@ -403,8 +387,7 @@ int main(int argc, char** argv) {
       if (s[0] == 'r' && s[2] == 's') { /* reset: the primary context's allocations are gone */
         r = A.PrimaryCtxReset(g_dev);
         forget(0);
-      } else if (s[0] ==
-                 'r') { /* release of the only reference: the primary context is destroyed */
+      } else if (s[0] == 'r') { /* release of the only reference: the primary context is destroyed */
         r = A.PrimaryCtxRelease(g_dev);
         forget(0);
       } else if (strcmp(s, "ctx") == 0) {
@@ -413,8 +396,7 @@ int main(int argc, char** argv) {
         r = A.CtxDestroy(g_ctx);
         g_ctx = NULL;
         forget(1);
-        if (r == CUDA_SUCCESS)
-          r = A.CtxSetCurrent(g_primary);
+        if (r == CUDA_SUCCESS) r = A.CtxSetCurrent(g_primary);
       }
       if (r != CUDA_SUCCESS) {
         printf("FAIL: %s: %d\n", s, (int)r);
@@ -430,8 +412,7 @@ int main(int argc, char** argv) {
       CUmemGenericAllocationHandle h = 0;
       const CUresult r = A.MemCreate(&h, (size_t)strtoull(ARG(1), NULL, 10) << 20, &prop, 0);
       expect(s, ARG(1), r, ARG(2));
-      if (r == CUDA_SUCCESS)
-        push(K_VMM, h, NULL);
+      if (r == CUDA_SUCCESS) push(K_VMM, h, NULL);
       i += 2;
     } else if (strcmp(s, "pitch") == 0 || strcmp(s, "pitch1") == 0) {
       const int legacy = s[5] == '1';
@@ -450,11 +431,10 @@ int main(int argc, char** argv) {
       char arg[64];
       snprintf(arg, sizeof arg, "%sx%s (pitch %zu)", ARG(1), ARG(2), pitch);
       expect(s, arg, r, ARG(3));
-      if (r == CUDA_SUCCESS)
-        push(legacy ? K_PTR1 : K_PTR, p, NULL);
+      if (r == CUDA_SUCCESS) push(legacy ? K_PTR1 : K_PTR, p, NULL);
       i += 3;
-    } else if (strncmp(s, "array", 5) == 0 &&
-               (strcmp(s + 5, "") == 0 || strcmp(s + 5, "1") == 0 || strcmp(s + 5, "3d") == 0 || strcmp(s + 5, "3d1") == 0)) {
+    } else if (strncmp(s, "array", 5) == 0 && (strcmp(s + 5, "") == 0 || strcmp(s + 5, "1") == 0 ||
+                                               strcmp(s + 5, "3d") == 0 || strcmp(s + 5, "3d1") == 0)) {
       /* array[1]: 1-channel float, W x H; array3d[1]: 4-channel 8-bit, W x H x D; "1": 32-bit */
       const int three = s[5] == '3', legacy = s[strlen(s) - 1] == '1';
       const unsigned long long w = strtoull(ARG(1), NULL, 10), h = strtoull(ARG(2), NULL, 10),
@@ -482,8 +462,7 @@ int main(int argc, char** argv) {
       else
         snprintf(arg, sizeof arg, "%sx%s", ARG(1), ARG(2));
       expect(s, arg, r, ARG(three ? 4 : 3));
-      if (r == CUDA_SUCCESS)
-        push(K_ARRAY, 0, a);
+      if (r == CUDA_SUCCESS) push(K_ARRAY, 0, a);
       i += three ? 4 : 3;
     } else if (strcmp(s, "mipmap") == 0) {
       CUDA_ARRAY3D_DESCRIPTOR d;
@@ -498,15 +477,13 @@ int main(int argc, char** argv) {
       char arg[128];
       snprintf(arg, sizeof arg, "%sx%sx%s, %s levels", ARG(1), ARG(2), ARG(3), ARG(4));
       expect(s, arg, r, ARG(5));
-      if (r == CUDA_SUCCESS)
-        push(K_MIPMAP, 0, (CUarray)(void*)m);
+      if (r == CUDA_SUCCESS) push(K_MIPMAP, 0, (CUarray)(void*)m);
       i += 5;
     } else if (strcmp(s, "free") == 0) {
       pop();
       printf("ok:   free\n");
     } else if (strcmp(s, "freeall") == 0) {
-      while (g_n > 0)
-        pop();
+      while (g_n > 0) pop();
       printf("ok:   freeall\n");
     } else if (strcmp(s, "info") == 0) {
       size_t f = 0, t = 0;
@@ -541,20 +518,17 @@ int main(int argc, char** argv) {
         return 1;
       }
       const unsigned char* b = (const unsigned char*)u.bytes;
-      printf("GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", b[0],
-             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-             b[14], b[15]);
+      printf("GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", b[0], b[1], b[2], b[3], b[4],
+             b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
     } else if (strcmp(s, "touch") == 0) {
       FILE* f = fopen(ARG(1), "w");
-      if (f != NULL)
-        fclose(f);
+      if (f != NULL) fclose(f);
       ++i;
     } else if (strcmp(s, "waitfile") == 0) {
       struct stat st;
       int waited = 0;
       while (stat(ARG(1), &st) != 0) {
-        if (++waited > 2000)
-          die("waitfile: timed out");
+        if (++waited > 2000) die("waitfile: timed out");
         usleep(10000);
       }
       ++i;
@@ -562,8 +536,7 @@ int main(int argc, char** argv) {
       usleep((useconds_t)strtoul(ARG(1), NULL, 10) * 1000U);
       ++i;
     } else if (strcmp(s, "pause") == 0) {
-      for (;;)
-        pause();
+      for (;;) pause();
     } else {
       fprintf(stderr, "iso_driver: unknown step %s\n", s);
       return 2;

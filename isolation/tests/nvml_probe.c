@@ -32,8 +32,7 @@ typedef int (*mem2_fn)(nvmlDevice_t, nvml_memory_v2*);
 
 static void* must(void* lib, const char* name) {
   void* p = dlsym(lib, name);
-  if (p == NULL)
-    fprintf(stderr, "nvml_probe: %s: %s\n", name, dlerror());
+  if (p == NULL) fprintf(stderr, "nvml_probe: %s: %s\n", name, dlerror());
   return p;
 }
 

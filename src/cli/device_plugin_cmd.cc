@@ -1,8 +1,5 @@
 #include "cli/device_plugin_cmd.h"
 
-#include <signal.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -10,14 +7,17 @@
 #include <filesystem>
 #include <iostream>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include "cli/share_handoff.h"
 #include "common/log.h"
 #include "common/strings.h"
-#include "cli/share_handoff.h"
 #include "deviceplugin/kubelet_dir.h"
 #include "deviceplugin/plan.h"
-#include "k8s/config.h"
 #include "deviceplugin/server.h"
 #include "gpu/inventory.h"
+#include "k8s/config.h"
 #include "nvml/library.h"
 
 namespace kgpu::cli {
@@ -33,16 +33,15 @@ std::string Env(const char* name) {
 }  // namespace
 
 // Each flag: NVIDIA's name(s), its environment variable(s), and how it overrides the file.
-#define KGPU_FLAG(names, env, member, help)                                                       \
-  flags->given.emplace_back(app->add_option(names, flags->values.member, help)->envname(env),      \
+#define KGPU_FLAG(names, env, member, help)                                                   \
+  flags->given.emplace_back(app->add_option(names, flags->values.member, help)->envname(env), \
                             [](const Config& from, Config* to) { to->member = from.member; })
-#define KGPU_BOOL(names, env, member, help)                                                       \
-  flags->given.emplace_back(app->add_flag(names, flags->values.member, help)->envname(env),        \
+#define KGPU_BOOL(names, env, member, help)                                                 \
+  flags->given.emplace_back(app->add_flag(names, flags->values.member, help)->envname(env), \
                             [](const Config& from, Config* to) { to->member = from.member; })
 
 void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags) {
-  app->add_option("--config-file", flags->config_file, "NVIDIA v1 config file (YAML or JSON)")
-      ->envname("CONFIG_FILE");
+  app->add_option("--config-file", flags->config_file, "NVIDIA v1 config file (YAML or JSON)")->envname("CONFIG_FILE");
   app->add_flag("--allow-empty-config", flags->allow_empty_config,
                 "accept an empty --config-file (every setting at its default) instead of refusing it")
       ->envname("KGPU_ALLOW_EMPTY_CONFIG");
@@ -69,8 +68,8 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags) {
   KGPU_FLAG("--mps-root", "MPS_ROOT", mps_root, "MPS root directory");
   KGPU_FLAG("--mps-control", "MPS_CONTROL", mps_control,
             "nvidia-cuda-mps-control binary (default: found on PATH; e.g. /driver-root/usr/bin/...)");
-  KGPU_FLAG("--shared-devices-allocation-policy", "SHARED_DEVICES_ALLOCATION_POLICY",
-            shared_devices_allocation_policy, "distributed or packed");
+  KGPU_FLAG("--shared-devices-allocation-policy", "SHARED_DEVICES_ALLOCATION_POLICY", shared_devices_allocation_policy,
+            "distributed or packed");
   KGPU_FLAG("--kubelet-socket", "KUBELET_SOCKET", kubelet_socket, "kubelet registration socket");
   KGPU_FLAG("--kubelet-dir", "KGPU_KUBELET_DIR", kubelet_dir, "kubelet device-plugin directory");
   KGPU_FLAG("--cdi-spec-dir", "KGPU_CDI_SPEC_DIR", cdi_spec_dir, "where the CDI spec is written");
@@ -109,19 +108,21 @@ void AddShareFlags(CLI::App* app, DevicePluginFlags* flags) {
 void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags& flags, const NodeLabelsFlags& api,
                          const Config& config, std::shared_ptr<const gpu::Inventory> inventory) {
   const bool serves = std::any_of(config.sharing.resources.begin(), config.sharing.resources.end(),
-                                  [](const auto& r) { return r.rename == deviceplugin::kKgpuSharesResource; });
+                                  [](const auto& r) { return r.rename == api::kShares; });
   // A node that publishes its inventory is one kgpu extender places pods on: its whole-GPU and
   // MIG records are made to say what kubelet gave (cli/share_handoff.h).
   bool publishes = api.publish && api.output == "api";
   if (publishes && !serves && !std::filesystem::exists(flags.shares.pod_resources_socket)) {
-    Log("deviceplugin")->info("whole-GPU and MIG allocation records keep the extender's choice, which kubelet's may differ "
-                              "from: kubelet's PodResources socket {} is not here (mount /var/lib/kubelet/pod-resources "
-                              "and grant get+patch on pods, as deploy/shares does)",
-                              flags.shares.pod_resources_socket);
+    Log("deviceplugin")
+        ->info(
+            "whole-GPU and MIG allocation records keep the extender's choice, which kubelet's may differ "
+            "from: kubelet's PodResources socket {} is not here (mount /var/lib/kubelet/pod-resources "
+            "and grant get+patch on pods, as deploy/shares does)",
+            flags.shares.pod_resources_socket);
     publishes = false;
   }
   if (!serves && !publishes) return;
-  const char* what = serves ? deviceplugin::kKgpuSharesResource : "nvidia.com/gpu and MIG allocation records";
+  const char* what = serves ? api::kShares : "nvidia.com/gpu and MIG allocation records";
   auto cfg = k8s::ConfigFromFlags(api.kubeconfig, api.context, api.in_cluster);
   if (!cfg.ok()) {
     Log("deviceplugin")->error("{}: allocation records cannot be read: {}", what, std::string(cfg.status().message()));
@@ -154,8 +155,9 @@ void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags
   list_cfg.max_tries = 1;
   auto list_client = k8s::Client::Create(list_cfg);
   if (!list_client.ok()) {
-    Log("deviceplugin")->warn("kubelet is not steered to the extender's whole-GPU choice: {}",
-                              std::string(list_client.status().message()));
+    Log("deviceplugin")
+        ->warn("kubelet is not steered to the extender's whole-GPU choice: {}",
+               std::string(list_client.status().message()));
   }
   auto handoff = std::make_shared<ShareHandoff>(std::move(*client), std::move(inventory), o,
                                                 list_client.ok() ? std::move(*list_client) : nullptr);
@@ -191,11 +193,11 @@ absl::StatusOr<Config> ResolveConfig(const DevicePluginFlags& flags) {
   if (!config.cuda_interposer.empty()) {
     // Checked at start and on every reload: a hard share must never start without its limit.
     if (config.cuda_interposer.front() != '/' || access(config.cuda_interposer.c_str(), R_OK) != 0) {
-      return absl::InvalidArgumentError(Cat("--cuda-interposer ", Printable(config.cuda_interposer), ": ",
-                                            config.cuda_interposer.front() != '/' ? "not an absolute path"
-                                                                                  : std::strerror(errno),
-                                            " (the host path of libkgpu-cuda.so, e.g. "
-                                            "/var/lib/kgpu/isolation/<version>/libkgpu-cuda.so)"));
+      return absl::InvalidArgumentError(
+          Cat("--cuda-interposer ", Printable(config.cuda_interposer), ": ",
+              config.cuda_interposer.front() != '/' ? "not an absolute path" : std::strerror(errno),
+              " (the host path of libkgpu-cuda.so, e.g. "
+              "/var/lib/kgpu/isolation/<version>/libkgpu-cuda.so)"));
     }
   }
   if (auto st = deviceplugin::Validate(config); !st.ok()) {

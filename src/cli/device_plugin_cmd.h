@@ -4,11 +4,11 @@
 //
 // Thread-safety: AddDevicePluginFlags/ResolveConfig are single-threaded set-up code.
 
-#include <CLI/CLI.hpp>
-
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "absl/status/statusor.h"
 #include "cli/commands.h"
@@ -31,7 +31,7 @@ struct DevicePluginFlags {
   } shares;
   std::string config_file;
   bool allow_empty_config = false;  // --allow-empty-config
-  deviceplugin::Config values;  // what flags/env carried (only those whose Option* was given)
+  deviceplugin::Config values;      // what flags/env carried (only those whose Option* was given)
   std::vector<std::pair<CLI::Option*, void (*)(const deviceplugin::Config&, deviceplugin::Config*)>> given;
 };
 

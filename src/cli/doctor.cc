@@ -1,12 +1,11 @@
-#include <sys/stat.h>
-#include <sys/statfs.h>
-
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <filesystem>
 #include <map>
 #include <set>
+
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 
 #include "cli/commands.h"
 #include "cli/doctor_cluster.h"
@@ -22,9 +21,12 @@ namespace {
 
 const char* VerdictName(Verdict v) {
   switch (v) {
-    case Verdict::kPass: return "PASS";
-    case Verdict::kWarn: return "WARN";
-    case Verdict::kFail: return "FAIL";
+    case Verdict::kPass:
+      return "PASS";
+    case Verdict::kWarn:
+      return "WARN";
+    case Verdict::kFail:
+      return "FAIL";
   }
   return "?";
 }
@@ -83,7 +85,8 @@ bool CheckPlugins(const NodeOptions& options, std::vector<Check>* checks) {
     if (name.rfind(deviceplugin::kDrainPrefix, 0) == 0) drains.push_back(e.path().string());
   }
   if (!drains.empty()) {
-    checks->push_back({"MIG re-partitioning", Verdict::kWarn, Cat("GPUs marked as being re-partitioned: ", Join(drains, ", ")),
+    checks->push_back({"MIG re-partitioning", Verdict::kWarn,
+                       Cat("GPUs marked as being re-partitioned: ", Join(drains, ", ")),
                        "their devices are Unhealthy while the marker exists; if no `kgpu mig apply` is running (it "
                        "removes its markers when it ends), delete the files"});
   }
@@ -119,7 +122,8 @@ void CheckMps(const NodeOptions& options, std::vector<Check>* checks) {
   }
   std::sort(dirs.begin(), dirs.end());
   if (dirs.empty()) {
-    checks->push_back({"MPS daemons", Verdict::kPass, Cat("MPS not in use (no daemon started under ", options.mps_root, ")"), ""});
+    checks->push_back(
+        {"MPS daemons", Verdict::kPass, Cat("MPS not in use (no daemon started under ", options.mps_root, ")"), ""});
     return;
   }
   std::vector<std::string> down, up;
@@ -135,12 +139,14 @@ void CheckMps(const NodeOptions& options, std::vector<Check>* checks) {
     }
   }
   if (!down.empty()) {
-    checks->push_back({"MPS daemons", Verdict::kFail, Cat("not ready: ", Join(down, "; ")),
-                       Cat("kgpu device-plugin starts and restarts the daemons (sharing.mps): check its log and ",
-                           options.mps_root, "/<resource>/log/control.log; until a daemon answers, its resource's "
-                           "devices are Unhealthy")});
+    checks->push_back(
+        {"MPS daemons", Verdict::kFail, Cat("not ready: ", Join(down, "; ")),
+         Cat("kgpu device-plugin starts and restarts the daemons (sharing.mps): check its log and ", options.mps_root,
+             "/<resource>/log/control.log; until a daemon answers, its resource's "
+             "devices are Unhealthy")});
   } else if (!std::filesystem::exists(options.mps_root + "/.ready")) {
-    checks->push_back({"MPS daemons", Verdict::kWarn, Cat(Join(up, ", "), " answer, but ", options.mps_root, "/.ready is missing"),
+    checks->push_back({"MPS daemons", Verdict::kWarn,
+                       Cat(Join(up, ", "), " answer, but ", options.mps_root, "/.ready is missing"),
                        "the plugin writes .ready when every daemon is up; check its log"});
   } else {
     checks->push_back({"MPS daemons", Verdict::kPass, Cat("ready: ", Join(up, ", ")), ""});
@@ -177,10 +183,9 @@ std::vector<Check> DoctorChecks(const NodeOptions& options) {
     checks.push_back({"Driver version", Verdict::kWarn, no_nvml, "fix the NVML library check first"});
   } else if (auto driver = lib->DriverVersion(); driver.ok()) {
     auto cuda = lib->CudaDriverVersion();
-    checks.push_back({"Driver version", Verdict::kPass,
-                      Cat(*driver, cuda.ok() ? Cat(" (CUDA ", *cuda / 1000, ".", (*cuda % 1000) / 10, ")")
-                                             : std::string()),
-                      ""});
+    checks.push_back(
+        {"Driver version", Verdict::kPass,
+         Cat(*driver, cuda.ok() ? Cat(" (CUDA ", *cuda / 1000, ".", (*cuda % 1000) / 10, ")") : std::string()), ""});
   } else {
     checks.push_back({"Driver version", Verdict::kWarn, std::string(driver.status().message()),
                       "the driver and libnvidia-ml.so.1 may be from different releases: reinstall "
@@ -191,8 +196,9 @@ std::vector<Check> DoctorChecks(const NodeOptions& options) {
   if (!lib) {
     checks.push_back({"GPUs enumerable", Verdict::kFail, no_nvml, "fix the NVML library check first"});
   } else {
-    auto inv = options.nvml_deadline.count() > 0 ? gpu::Inventory::Discover(lib, {options.sysfs_root}, options.nvml_deadline)
-                                                 : gpu::Inventory::Discover(*lib, {options.sysfs_root});
+    auto inv = options.nvml_deadline.count() > 0
+                   ? gpu::Inventory::Discover(lib, {options.sysfs_root}, options.nvml_deadline)
+                   : gpu::Inventory::Discover(*lib, {options.sysfs_root});
     if (!inv.ok() || (*inv)->gpus().empty()) {
       checks.push_back({"GPUs enumerable", Verdict::kFail,
                         inv.ok() ? "NVML reports 0 GPUs" : std::string(inv.status().message()),
@@ -213,7 +219,8 @@ std::vector<Check> DoctorChecks(const NodeOptions& options) {
   for (const auto& g : gpus) {
     if (g.error.empty()) nodes.push_back(Cat(options.dev_root, "/nvidia", g.minor));
   }
-  const std::string per_gpu = inventory ? std::string() : "; the per-GPU nodes (/dev/nvidiaN) not checked: no GPU was enumerated";
+  const std::string per_gpu =
+      inventory ? std::string() : "; the per-GPU nodes (/dev/nvidiaN) not checked: no GPU was enumerated";
   std::vector<std::string> missing, not_char;
   CheckNodes(nodes, &missing, &not_char);
   if (!missing.empty()) {
@@ -221,12 +228,11 @@ std::vector<Check> DoctorChecks(const NodeOptions& options) {
                       "load the kernel modules and create the nodes (`nvidia-modprobe -c 0 -u`, or "
                       "`nvidia-smi` once as root); in a container, mount the host's /dev"});
   } else if (!not_char.empty()) {
-    checks.push_back({"Device nodes", Verdict::kWarn,
-                      Cat("not character devices: ", Join(not_char, ", "), per_gpu),
+    checks.push_back({"Device nodes", Verdict::kWarn, Cat("not character devices: ", Join(not_char, ", "), per_gpu),
                       "these paths exist but are not device nodes; pods given them cannot reach the GPU"});
   } else {
-    checks.push_back({"Device nodes", inventory ? Verdict::kPass : Verdict::kWarn, Cat(nodes.size(), " present", per_gpu),
-                      inventory ? "" : "fix the GPU checks above first"});
+    checks.push_back({"Device nodes", inventory ? Verdict::kPass : Verdict::kWarn,
+                      Cat(nodes.size(), " present", per_gpu), inventory ? "" : "fix the GPU checks above first"});
   }
 
   // The plugin's checks run now (their output follows "GPUs healthy"): GPU health comes from NVML
@@ -246,8 +252,9 @@ std::vector<Check> DoctorChecks(const NodeOptions& options) {
   auto uuid_of = [&](const gpu::Gpu& g) -> std::string {
     if (!g.uuid.empty()) return g.uuid;
     const auto it = served_uuid.find(g.index);
-    return it != served_uuid.end() ? it->second
-                                   : Cat("unknown (NVML did not answer; no kgpu device plugin state in ", options.kubelet_dir, ")");
+    return it != served_uuid.end()
+               ? it->second
+               : Cat("unknown (NVML did not answer; no kgpu device plugin state in ", options.kubelet_dir, ")");
   };
   std::vector<std::string> bad, pending;
   std::set<std::string> named;  // device IDs already reported from NVML
@@ -280,8 +287,7 @@ std::vector<Check> DoctorChecks(const NodeOptions& options) {
                       "GPU that stays lost or hung needs a hardware check; `kgpu health` shows the faults as they "
                       "happen"});
   } else if (!pending.empty()) {
-    checks.push_back({"GPUs healthy", Verdict::kWarn,
-                      Cat("MIG mode change pending a reset on ", Join(pending, ", ")),
+    checks.push_back({"GPUs healthy", Verdict::kWarn, Cat("MIG mode change pending a reset on ", Join(pending, ", ")),
                       "stop the GPU's workloads and reset it (`nvidia-smi -r -i <index>`) to apply "
                       "the MIG mode"});
   } else if (!inventory) {
@@ -312,8 +318,7 @@ int RunDoctor(const NodeOptions& options, bool json, std::ostream& out) {
   for (const auto& c : checks) {
     failed = failed || c.verdict == Verdict::kFail;
     if (json) {
-      j.push_back({{"check", c.name}, {"result", VerdictName(c.verdict)}, {"detail", c.detail},
-                   {"fix", c.fix}});
+      j.push_back({{"check", c.name}, {"result", VerdictName(c.verdict)}, {"detail", c.detail}, {"fix", c.fix}});
       continue;
     }
     out << "[" << VerdictName(c.verdict) << "] " << c.name;

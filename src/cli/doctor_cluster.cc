@@ -1,9 +1,9 @@
 #include "cli/doctor_cluster.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <ctime>
+
+#include <unistd.h>
 
 #include "common/strings.h"
 #include "deviceplugin/server.h"
@@ -16,7 +16,8 @@ using json = nlohmann::json;
 
 int64_t Count(const json& list, const std::string& resource) {
   if (!list.is_object() || !list.contains(resource)) return -1;
-  const auto q = k8s::Quantity::Parse(list[resource].is_string() ? list[resource].get<std::string>() : list[resource].dump());
+  const auto q =
+      k8s::Quantity::Parse(list[resource].is_string() ? list[resource].get<std::string>() : list[resource].dump());
   return q ? q->Value() : -1;
 }
 
@@ -31,7 +32,8 @@ std::map<std::string, Served> ServedResources(const std::string& kubelet_dir) {
     if (!devices.ok()) continue;
     Served v;
     v.devices = devices->size();
-    v.healthy = static_cast<size_t>(std::count_if(devices->begin(), devices->end(), [](const auto& d) { return d.healthy; }));
+    v.healthy =
+        static_cast<size_t>(std::count_if(devices->begin(), devices->end(), [](const auto& d) { return d.healthy; }));
     out[resource] = v;
   }
   return out;
@@ -43,18 +45,20 @@ std::vector<Check> ClusterChecks(k8s::Client& client, const std::string& node_na
   auto node = client.Get(k8s::FindResource("nodes")->Path("", node_name));
   if (!node.ok()) {
     if (k8s::IsApiNotFound(node.status())) {
-      checks.push_back({"Node object", Verdict::kFail, Cat("no Node named \"", node_name, "\" in ", client.config().server),
+      checks.push_back({"Node object", Verdict::kFail,
+                        Cat("no Node named \"", node_name, "\" in ", client.config().server),
                         "pass --node-name (or NODE_NAME) with the name kubelet registered (kubectl get nodes)"});
     } else {
-      checks.push_back({"Node object", Verdict::kFail, std::string(node.status().message()),
-                        k8s::HttpStatus(node.status()) == 403
-                            ? "grant this identity get on nodes (deploy/device-plugin/rbac.yaml, ClusterRole kgpu-device-plugin)"
-                            : "check the kubeconfig (server, credentials) or the in-cluster service account"});
+      checks.push_back(
+          {"Node object", Verdict::kFail, std::string(node.status().message()),
+           k8s::HttpStatus(node.status()) == 403
+               ? "grant this identity get on nodes (deploy/device-plugin/rbac.yaml, ClusterRole kgpu-device-plugin)"
+               : "check the kubeconfig (server, credentials) or the in-cluster service account"});
     }
     return checks;
   }
-  checks.push_back({"Node object", Verdict::kPass, Cat(node_name, " (resourceVersion ",
-                                                       (*node)["metadata"].value("resourceVersion", ""), ")"), ""});
+  checks.push_back({"Node object", Verdict::kPass,
+                    Cat(node_name, " (resourceVersion ", (*node)["metadata"].value("resourceVersion", ""), ")"), ""});
   const json status = node->value("status", json::object());
   const json capacity = status.value("capacity", json::object());
   const json allocatable = status.value("allocatable", json::object());
@@ -66,16 +70,18 @@ std::vector<Check> ClusterChecks(k8s::Client& client, const std::string& node_na
     }
   }
   if (served.empty()) {
-    checks.push_back({"Node allocatable", Verdict::kWarn, "no local device plugin to compare with",
-                      "run kgpu device-plugin on this node; the Node shows nvidia.com/gpu only once a plugin registers"});
+    checks.push_back(
+        {"Node allocatable", Verdict::kWarn, "no local device plugin to compare with",
+         "run kgpu device-plugin on this node; the Node shows nvidia.com/gpu only once a plugin registers"});
   }
   for (const auto& [resource, s] : served) {
     const int64_t cap = Count(capacity, resource);
     const int64_t alloc = Count(allocatable, resource);
     const std::string name = Cat("Node ", resource);
     if (cap < 0) {
-      std::string why = "the plugin serves it but kubelet has not put it on the Node: the plugin did not register "
-                        "(or kubelet restarted and it has not re-registered yet)";
+      std::string why =
+          "the plugin serves it but kubelet has not put it on the Node: the plugin did not register "
+          "(or kubelet restarted and it has not re-registered yet)";
       if (!foreign.empty()) why += Cat("; the Node shows ", Join(foreign, ", "), " instead (a renamed resource?)");
       checks.push_back({name, Verdict::kFail, why,
                         "check the plugin log for \"registered with kubelet\"; restart the kgpu device-plugin pod; if "
@@ -121,9 +127,10 @@ std::vector<Check> ClusterChecks(k8s::Client& client, const std::string& node_na
   // GFD labels.
   const json labels = (*node)["metadata"].value("labels", json::object());
   if (!labels.contains("nvidia.com/gpu.product") || !labels.contains("nvidia.com/gpu.count")) {
-    checks.push_back({"GFD labels", Verdict::kWarn, "nvidia.com/gpu.product / nvidia.com/gpu.count are not on the Node",
-                      "run kgpu node-labels (or GPU Feature Discovery) on this node; selectors on GPU models match nothing "
-                      "until then"});
+    checks.push_back(
+        {"GFD labels", Verdict::kWarn, "nvidia.com/gpu.product / nvidia.com/gpu.count are not on the Node",
+         "run kgpu node-labels (or GPU Feature Discovery) on this node; selectors on GPU models match nothing "
+         "until then"});
   } else {
     const std::string count = labels.value("nvidia.com/gpu.count", "");
     const std::string ts = labels.value("nvidia.com/gfd.timestamp", "");
@@ -136,9 +143,9 @@ std::vector<Check> ClusterChecks(k8s::Client& client, const std::string& node_na
       checks.push_back({"GFD labels", Verdict::kWarn, Cat("last relabelled ", age, " s ago (nvidia.com/gfd.timestamp)"),
                         "the labeller relabels every 60 s: check that it still runs"});
     } else {
-      checks.push_back({"GFD labels", Verdict::kPass,
-                        Cat(labels.value("nvidia.com/gpu.product", ""), " x", count, age >= 0 ? Cat(", ", age, " s old") : ""),
-                        ""});
+      checks.push_back(
+          {"GFD labels", Verdict::kPass,
+           Cat(labels.value("nvidia.com/gpu.product", ""), " x", count, age >= 0 ? Cat(", ", age, " s old") : ""), ""});
     }
   }
   return checks;
@@ -152,13 +159,15 @@ std::vector<Check> ClusterChecks(const NodeOptions& options, size_t gpus) {
   }
   cfg->timeout = std::chrono::seconds(10);
   auto client = k8s::Client::Create(*cfg);
-  if (!client.ok()) return {{"Kubernetes API", Verdict::kFail, std::string(client.status().message()), "fix the kubeconfig"}};
+  if (!client.ok())
+    return {{"Kubernetes API", Verdict::kFail, std::string(client.status().message()), "fix the kubeconfig"}};
   std::string node = options.node_name;
   if (node.empty()) {
     char host[256] = {0};
     if (gethostname(host, sizeof host - 1) == 0) node = host;
   }
-  return ClusterChecks(**client, node, ServedResources(options.kubelet_dir), gpus, static_cast<int64_t>(std::time(nullptr)));
+  return ClusterChecks(**client, node, ServedResources(options.kubelet_dir), gpus,
+                       static_cast<int64_t>(std::time(nullptr)));
 }
 
 }  // namespace kgpu::cli

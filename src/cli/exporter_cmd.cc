@@ -1,11 +1,12 @@
 #include "cli/exporter_cmd.h"
 
-#include <signal.h>
-#include <unistd.h>
-
 #include <cstdlib>
 #include <iostream>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include "common/duration.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "deviceplugin/kubelet_dir.h"
@@ -72,6 +73,19 @@ void AddExporterFlags(CLI::App* app, ExporterFlags* f) {
   app->add_flag("-n,--no-hostname", f->no_hostname, "omit the Hostname label")->envname("DCGM_EXPORTER_NO_HOSTNAME");
   app->add_flag("--replace-blanks-in-model-name", f->replace_blanks, "modelName with '-' for blanks")
       ->envname("DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME");
+  // `kgpu node` takes health.recoverAfter from the plugin's config file: one setting, one place.
+  if (app->get_option_no_throw("--config-file") == nullptr) {
+    app->add_option("--health-recover-after", f->health_recover_after,
+                    "how long after its last fault (an XID, a lost GPU) a GPU is up again, as the device plugin's "
+                    "health.recoverAfter: a duration (5m, 30s) or never")
+        ->envname("KGPU_HEALTH_RECOVER_AFTER")
+        ->check([](const std::string& v) {
+          if (v == "never") return std::string();
+          auto d = ParseGoDuration("--health-recover-after", v);
+          return d.ok() ? std::string() : std::string(d.status().message());
+        })
+        ->capture_default_str();
+  }
   app->add_option("-d,--devices", f->devices, "device selector (kgpu supports f: all GPUs, or GPU instances)")
       ->envname("DCGM_EXPORTER_DEVICES_STR");
 }
@@ -100,9 +114,15 @@ absl::StatusOr<exporter::ExporterOptions> ResolveExporterOptions(const ExporterF
   o.cdi_spec_dir = f.cdi_spec_dir;
   o.hostname = f.no_hostname ? "" : Hostname();
   o.replace_blanks_in_model_name = f.replace_blanks;
+  if (f.health_recover_after == "never") {
+    o.health_recover_after.reset();
+  } else if (auto d = ParseGoDuration("--health-recover-after", f.health_recover_after); d.ok()) {
+    o.health_recover_after = std::chrono::duration_cast<std::chrono::milliseconds>(*d);
+  } else {
+    return d.status();
+  }
   return o;
 }
-
 
 int RunExporter(const NodeOptions& node, const ExporterFlags& flags) {
   auto options = ResolveExporterOptions(flags);
@@ -119,7 +139,7 @@ int RunExporter(const NodeOptions& node, const ExporterFlags& flags) {
   exporter::Exporter exp(*session->lib, session->inventory, std::move(*options));
   if (auto st = exp.Start(); !st.ok()) {
     std::cerr << "kgpu exporter: " << st.message() << "\n";
-    return 1;
+    return absl::IsInvalidArgument(st) ? 2 : 1;  // a malformed -a is usage; a port in use, a failure
   }
   WaitForStop();
   exp.Stop();
@@ -142,7 +162,7 @@ int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const Expo
     std::cerr << "kgpu node: " << options.status().message() << "\n";
     return 1;
   }
-  options->proc_root = config->proc_root;  // one --proc-root for both halves
+  options->proc_root = config->proc_root;        // one --proc-root for both halves
   options->cdi_spec_dir = config->cdi_spec_dir;  // the specs the plugin half writes
   auto session = OpenSession(node);
   if (!session.ok()) {
@@ -156,16 +176,23 @@ int RunNode(const NodeOptions& node, const DevicePluginFlags& plugin, const Expo
     return 1;
   }
   InstallShareHandoff(manager, plugin, labels, *config, session->inventory);
+  // One health source for the node agent: the device plugin's monitor, which kubelet is served
+  // from, also sets kgpu_gpu_up and feeds the exporter's XID counts (one NVML event loop). With
+  // health checks disabled in the plugin's config the exporter keeps its own, as when alone.
+  options->discover = {node.sysfs_root};
+  if (!config->health.disabled) options->health = [&manager] { return manager.HealthSnapshot(); };
+  exporter::Exporter exp(*session->lib, session->inventory, std::move(*options));
+  if (!config->health.disabled) {
+    manager.SetXidObserver([&exp](unsigned g, unsigned gi, unsigned long long xid) { exp.RecordXid(g, gi, xid); });
+  }
   if (auto st = manager.Start(*config); !st.ok()) {
     std::cerr << "kgpu node: " << st.message() << "\n";
     return 1;
   }
-  options->discover = {node.sysfs_root};
-  exporter::Exporter exp(*session->lib, session->inventory, std::move(*options));
   if (auto st = exp.Start(); !st.ok()) {
     std::cerr << "kgpu node: " << st.message() << "\n";
     manager.Stop();
-    return 1;
+    return absl::IsInvalidArgument(st) ? 2 : 1;
   }
   Log("node")->info("device plugin ({}) and exporter (port {}) share one NVML session",
                     Join(manager.ResourceNames(), ", "), exp.port());

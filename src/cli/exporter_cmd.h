@@ -4,9 +4,9 @@
 //
 // Thread-safety: set-up code, single-threaded.
 
-#include <CLI/CLI.hpp>
-
 #include <string>
+
+#include <CLI/CLI.hpp>
 
 #include "absl/status/statusor.h"
 #include "cli/commands.h"
@@ -29,6 +29,9 @@ struct ExporterFlags {
   bool no_hostname = false;
   bool replace_blanks = false;
   std::string devices = "f";
+  // The exporter's own health monitor (`kgpu exporter`; `kgpu node` follows the plugin's config):
+  // how long after its last fault a GPU is up again, a duration or "never".
+  std::string health_recover_after = "5m";
 };
 
 void AddExporterFlags(CLI::App* app, ExporterFlags* flags);

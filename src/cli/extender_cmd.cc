@@ -13,7 +13,9 @@ void AddExtenderFlags(CLI::App* app, ExtenderFlags* f) {
   app->add_option("--kubeconfig", f->kubeconfig, "kubeconfig (default: $KUBECONFIG, ~/.kube/config, else in-cluster)")
       ->envname("KUBECONFIG");
   app->add_option("--context", f->context, "kubeconfig context");
-  app->add_option("--address", f->options.address, "listen on host:port")->envname("KGPU_EXTENDER_ADDRESS")->capture_default_str();
+  app->add_option("--address", f->options.address, "listen on host:port")
+      ->envname("KGPU_EXTENDER_ADDRESS")
+      ->capture_default_str();
   app->add_option("--tls-cert-file", f->options.tls_cert_file, "serve HTTPS with this certificate (PEM)");
   app->add_option("--tls-key-file", f->options.tls_key_file, "and this key (PEM)");
   app->add_option("--policy", f->options.state.policy,
@@ -34,11 +36,14 @@ void AddExtenderFlags(CLI::App* app, ExtenderFlags* f) {
                   "priority (until it is bound)")
       ->check(CLI::Range(1.0, 3600.0))
       ->capture_default_str();
-  app->add_option("--kube-api-qps", f->qps, "API requests per second (kube-scheduler's default)")->capture_default_str();
+  app->add_option("--kube-api-qps", f->qps, "API requests per second (kube-scheduler's default)")
+      ->capture_default_str();
   app->add_option("--kube-api-burst", f->burst, "API request burst")->capture_default_str();
   app->add_option("--threads", f->options.threads, "HTTP worker threads")->capture_default_str();
-  app->add_flag("--leader-elect", f->options.leader_elect, "run as one of several replicas: only the Lease holder serves");
-  app->add_option("--lease-namespace", f->options.lease_namespace, "namespace of the leader Lease")->capture_default_str();
+  app->add_flag("--leader-elect", f->options.leader_elect,
+                "run as one of several replicas: only the Lease holder serves");
+  app->add_option("--lease-namespace", f->options.lease_namespace, "namespace of the leader Lease")
+      ->capture_default_str();
   app->add_option("--lease-name", f->options.lease_name, "name of the leader Lease")->capture_default_str();
   app->add_option("--identity", f->options.identity, "this replica's identity in the Lease (default: host name)")
       ->envname("POD_NAME");

@@ -3,11 +3,11 @@
 //
 // Thread-safety: RunExtender is called once from main.
 
-#include <CLI/CLI.hpp>
-
 #include <csignal>
 #include <ostream>
 #include <string>
+
+#include <CLI/CLI.hpp>
 
 #include "extender/server.h"
 

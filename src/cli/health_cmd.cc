@@ -45,8 +45,7 @@ int RunHealth(const NodeOptions& options, unsigned seconds, unsigned probe_ms, i
       }
       out << "device: " << id << (h.healthy ? " Healthy" : " Unhealthy: " + h.reason) << "\n";
     }
-    out << "watching (" << (seconds == 0 ? std::string("until interrupted") : std::to_string(seconds) + " s")
-        << ")\n";
+    out << "watching (" << (seconds == 0 ? std::string("until interrupted") : std::to_string(seconds) + " s") << ")\n";
     out.flush();
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);

@@ -4,9 +4,9 @@
 // curl_easy_strerror() of that code says which library is missing and which package has it, so
 // the Kubernetes client's error message names the fix.
 
-#include <curl/curl.h>
-
 #include <cstdarg>
+
+#include <curl/curl.h>
 
 #include "cli/lazy_lib.h"
 

@@ -43,23 +43,21 @@ Fn Real(const char* mangled) {
 
 // The mangled names, each used twice: as the symbol defined here and as the one looked up.
 #define KGPU_SERVER_CTOR "_ZN7httplib6ServerC1Ev"
-#define KGPU_BIND_TO_PORT \
-  "_ZN7httplib6Server12bind_to_portERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEEii"
+#define KGPU_BIND_TO_PORT "_ZN7httplib6Server12bind_to_portERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEEii"
 #define KGPU_SET_TCP_NODELAY "_ZN7httplib6Server15set_tcp_nodelayEb"
+#define KGPU_SET_SOCKET_OPTIONS "_ZN7httplib6Server18set_socket_optionsESt8functionIFviEE"
 #define KGPU_BIND_TO_ANY_PORT \
   "_ZN7httplib6Server16bind_to_any_portERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEEi"
 #define KGPU_LISTEN_AFTER_BIND "_ZN7httplib6Server17listen_after_bindEv"
-#define KGPU_GET                                                                                   \
+#define KGPU_GET                                                                                     \
   "_ZN7httplib6Server3GetERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEESt8functionIFvRKNS_" \
   "7RequestERNS_8ResponseEEE"
 #define KGPU_STOP "_ZN7httplib6Server4stopEv"
-#define KGPU_SET_CONTENT \
-  "_ZN7httplib8Response11set_contentERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEES8_"
-#define KGPU_SET_HEADER \
-  "_ZN7httplib8Response10set_headerERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEES8_"
+#define KGPU_SET_CONTENT "_ZN7httplib8Response11set_contentERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEES8_"
+#define KGPU_SET_HEADER "_ZN7httplib8Response10set_headerERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEES8_"
 #define KGPU_IS_RUNNING "_ZNK7httplib6Server10is_runningEv"
 // The extender's and the webhook's servers (src/extender/server.cc, webhook.cc).
-#define KGPU_POST                                                                                   \
+#define KGPU_POST                                                                                     \
   "_ZN7httplib6Server4PostERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEESt8functionIFvRKNS_" \
   "7RequestERNS_8ResponseEEE"
 #define KGPU_SET_KEEP_ALIVE_TIMEOUT "_ZN7httplib6Server22set_keep_alive_timeoutEl"
@@ -76,6 +74,8 @@ void KgpuHttplibServerCtor(void* self) __asm__(KGPU_SERVER_CTOR);
 bool KgpuHttplibBindToPort(void* self, const void* host, int port, int flags) __asm__(KGPU_BIND_TO_PORT);
 // httplib::Server& httplib::Server::set_tcp_nodelay(bool on)
 void* KgpuHttplibSetTcpNodelay(void* self, bool on) __asm__(KGPU_SET_TCP_NODELAY);
+// httplib::Server& httplib::Server::set_socket_options(SocketOptions socket_options)
+void* KgpuHttplibSetSocketOptions(void* self, void* options) __asm__(KGPU_SET_SOCKET_OPTIONS);
 // int httplib::Server::bind_to_any_port(const std::string& host, int socket_flags)
 int KgpuHttplibBindToAnyPort(void* self, const void* host, int flags) __asm__(KGPU_BIND_TO_ANY_PORT);
 // bool httplib::Server::listen_after_bind()
@@ -117,6 +117,10 @@ bool KgpuHttplibBindToPort(void* self, const void* host, int port, int flags) {
 void* KgpuHttplibSetTcpNodelay(void* self, bool on) {
   static const auto real = Real<void* (*)(void*, bool)>(KGPU_SET_TCP_NODELAY);
   return real(self, on);
+}
+void* KgpuHttplibSetSocketOptions(void* self, void* options) {
+  static const auto real = Real<void* (*)(void*, void*)>(KGPU_SET_SOCKET_OPTIONS);
+  return real(self, options);
 }
 int KgpuHttplibBindToAnyPort(void* self, const void* host, int flags) {
   static const auto real = Real<int (*)(void*, const void*, int)>(KGPU_BIND_TO_ANY_PORT);

@@ -1,32 +1,75 @@
-// kgpu: one binary, many jobs. This file only wires subcommands to their implementations.
-
-#include <CLI/CLI.hpp>
-
-#include <malloc.h>
-#include <pthread.h>
+// kgpu: one binary, many jobs. This file only declares the subcommands with their flags and runs the
+// one the command line names, from one command table.
 
 #include <csignal>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <malloc.h>
+#include <pthread.h>
 
 #include "cli/commands.h"
 #include "cli/device_plugin_cmd.h"
 #include "cli/exporter_cmd.h"
 #include "cli/extender_cmd.h"
-#include "cli/webhook_cmd.h"
 #include "cli/mig_cmd.h"
 #include "cli/node_labels.h"
 #include "cli/quota_cmd.h"
 #include "cli/sim_cmd.h"
 #include "cli/slurm_cmd.h"
+#include "cli/webhook_cmd.h"
 #include "common/log.h"
 #include "kgpu_version.h"
 
 namespace {
 
 volatile std::sig_atomic_t g_stop = 0;
-void OnSignal(int) { g_stop = 1; }
+void OnSignal(int) {
+  g_stop = 1;
+}
+
+// How a command takes signals, set up once before it runs.
+enum class Signals {
+  kDefault,         // a short command: the default dispositions
+  kStopFlag,        // SIGINT/SIGTERM set g_stop, which the command polls
+  kStopFlagServer,  // the same, and a client that goes away gives EPIPE, not the end of the process
+  kNodeDaemon,      // a node daemon: the signals are taken by sigwait() (blocked before any thread)
+};
+
+struct Command {
+  CLI::App* app;
+  Signals signals;
+  std::function<int()> run;
+};
+
+void TakeSignals(Signals s) {
+  switch (s) {
+    case Signals::kDefault:
+      return;
+    case Signals::kStopFlag:
+    case Signals::kStopFlagServer:
+      std::signal(SIGINT, OnSignal);
+      std::signal(SIGTERM, OnSignal);
+      if (s == Signals::kStopFlagServer) std::signal(SIGPIPE, SIG_IGN);
+      return;
+    case Signals::kNodeDaemon: {
+      sigset_t signals;
+      sigemptyset(&signals);
+      for (int sig : {SIGHUP, SIGTERM, SIGINT, SIGQUIT}) sigaddset(&signals, sig);
+      pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+      // A long-running node daemon with a handful of threads: two malloc arenas are plenty
+      // (glibc's default of 8 per core costs megabytes of RSS).
+      mallopt(M_ARENA_MAX, 2);
+      // A peer that goes away (a kubelet, an MPS client) must give EPIPE, not end the daemon.
+      std::signal(SIGPIPE, SIG_IGN);
+      return;
+    }
+  }
+}
 
 int Main(int argc, char** argv) {
   CLI::App app{"kgpu: the GPU node stack for Kubernetes (device plugin, exporter, node checks)"};
@@ -35,11 +78,9 @@ int Main(int argc, char** argv) {
                        "print the version and the git commit it was built from");
   kgpu::cli::NodeOptions node;
   std::string log_level = "info";
-  app.add_option("--nvml-library", node.nvml_library,
-                 "path of libnvidia-ml.so.1 (default: found by soname)")
+  app.add_option("--nvml-library", node.nvml_library, "path of libnvidia-ml.so.1 (default: found by soname)")
       ->envname("KGPU_NVML_LIBRARY");
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
-      ->envname("KGPU_LOG_LEVEL");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")->envname("KGPU_LOG_LEVEL");
   app.add_option("--sysfs-root", node.sysfs_root, "root of sysfs, for NUMA nodes")
       ->envname("KGPU_SYSFS_ROOT")
       ->capture_default_str();
@@ -61,8 +102,8 @@ int Main(int argc, char** argv) {
   devices->add_option("--kubelet-dir", node.kubelet_dir, "device-plugin directory (the plugin's health state)")
       ->envname("KGPU_KUBELET_DIR")
       ->capture_default_str();
-  auto* doctor = app.add_subcommand(
-      "doctor", "check why nvidia.com/gpu is or is not usable on this node (exit 1 on FAIL)");
+  auto* doctor =
+      app.add_subcommand("doctor", "check why nvidia.com/gpu is or is not usable on this node (exit 1 on FAIL)");
   doctor->add_flag("--json", json, "JSON instead of text");
   deadline_flag(doctor);
   doctor->add_option("--kubelet-dir", node.kubelet_dir, "device-plugin directory (plugin sockets)")
@@ -86,8 +127,10 @@ int Main(int argc, char** argv) {
   unsigned probe_ms = 1000;
   health->add_option("--probe-interval-ms", probe_ms, "liveness probe period")->capture_default_str();
   int recover_after_ms = -1;
-  health->add_option("--recover-after-ms", recover_after_ms,
-                     "a faulty device turns healthy again this long after its last fault (-1: never, as the plugin's default)")
+  health
+      ->add_option(
+          "--recover-after-ms", recover_after_ms,
+          "a faulty device turns healthy again this long after its last fault (-1: never, as the plugin's default)")
       ->check(CLI::Range(-1, 86400000))
       ->capture_default_str();
   auto* version = app.add_subcommand("version", "print the version");
@@ -97,11 +140,11 @@ int Main(int argc, char** argv) {
   kgpu::cli::AddDevicePluginFlags(device_plugin, &dp_flags);
   kgpu::cli::AddShareFlags(device_plugin, &dp_flags);
   kgpu::cli::ExporterFlags exp_flags;
-  auto* exporter = app.add_subcommand(
-      "exporter", "dcgm-exporter-compatible GPU metrics on :9400/metrics, with per-pod attribution");
+  auto* exporter =
+      app.add_subcommand("exporter", "dcgm-exporter-compatible GPU metrics on :9400/metrics, with per-pod attribution");
   kgpu::cli::AddExporterFlags(exporter, &exp_flags);
-  auto* node_cmd = app.add_subcommand(
-      "node", "device plugin and exporter in one process (one NVML session, one inventory)");
+  auto* node_cmd =
+      app.add_subcommand("node", "device plugin and exporter in one process (one NVML session, one inventory)");
   kgpu::cli::AddDevicePluginFlags(node_cmd, &dp_flags);
   kgpu::cli::AddShareFlags(node_cmd, &dp_flags);
   kgpu::cli::AddExporterFlags(node_cmd, &exp_flags);
@@ -164,65 +207,51 @@ int Main(int argc, char** argv) {
               << "' (use trace, debug, info, warn, error or off)\n";
     return 2;
   }
-  if (version->parsed()) {
-    std::cout << "kgpu " KGPU_VERSION " (commit " KGPU_GIT_COMMIT ")\n";
-    return 0;
-  }
-  if (devices->parsed() || doctor->parsed()) node.nvml_deadline = std::chrono::milliseconds(nvml_deadline_ms);
-  if (devices->parsed()) return kgpu::cli::RunDevices(node, json, std::cout);
-  if (doctor->parsed()) return kgpu::cli::RunDoctor(node, json, std::cout);
-  if (slurm_gres->parsed()) return kgpu::cli::RunSlurmGres(node, dp_flags, gres_flags, std::cout);
-  if (bridge.status->parsed()) return kgpu::cli::RunSlurmBridgeStatus(bridge_flags, std::cout);
-  if (bridge.reclaim->parsed()) return kgpu::cli::RunSlurmBridgeReclaim(bridge_flags, std::cout);
-  if (bridge.hook->parsed()) return kgpu::cli::RunSlurmBridgeHook(bridge_flags, std::cout);
-  if (bridge.run->parsed()) {
-    std::signal(SIGINT, OnSignal);
-    std::signal(SIGTERM, OnSignal);
-    std::signal(SIGPIPE, SIG_IGN);
-    return kgpu::cli::RunSlurmBridge(bridge_flags, &g_stop, std::cout);
-  }
-  if (quota.plan->parsed()) return kgpu::cli::RunQuotaPlan(quota_flags, std::cout, std::cerr);
-  if (quota.show->parsed()) return kgpu::cli::RunQuota(quota_flags, std::cout, std::cerr);
-  if (mig_show->parsed()) return kgpu::cli::RunMigShow(node, mig_flags, std::cout);
-  if (mig_apply->parsed()) return kgpu::cli::RunMigApply(node, mig_flags, std::cout);
-  if (sim->parsed()) return kgpu::cli::RunSim(sim_flags, std::cout, std::cerr);
-  if (device_plugin->parsed() || exporter->parsed() || node_cmd->parsed()) {
-    // Signals are taken by sigwait(): block them before any thread starts.
-    sigset_t signals;
-    sigemptyset(&signals);
-    for (int s : {SIGHUP, SIGTERM, SIGINT, SIGQUIT}) sigaddset(&signals, s);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-    // A long-running node daemon with a handful of threads: two malloc arenas are plenty
-    // (glibc's default of 8 per core costs megabytes of RSS).
-    mallopt(M_ARENA_MAX, 2);
-    // A peer that goes away (a kubelet, an MPS client) must give EPIPE, not end the daemon.
-    std::signal(SIGPIPE, SIG_IGN);
-    if (exporter->parsed()) return kgpu::cli::RunExporter(node, exp_flags);
-    if (node_cmd->parsed()) return kgpu::cli::RunNode(node, dp_flags, exp_flags, publish_flags);
-    return kgpu::cli::RunDevicePlugin(node, dp_flags, publish_flags);
-  }
-  if (node_template->parsed()) return kgpu::cli::RunNodeTemplate(node, dp_flags, template_format, std::cout);
-  if (node_labels->parsed()) {
-    std::signal(SIGINT, OnSignal);
-    std::signal(SIGTERM, OnSignal);
-    return kgpu::cli::RunNodeLabels(node, dp_flags, labels_flags, &g_stop, std::cout);
-  }
-  if (extender->parsed()) {
-    std::signal(SIGINT, OnSignal);
-    std::signal(SIGTERM, OnSignal);
-    std::signal(SIGPIPE, SIG_IGN);
-    return kgpu::cli::RunExtender(extender_flags, &g_stop, std::cerr);
-  }
-  if (webhook->parsed()) {
-    std::signal(SIGINT, OnSignal);
-    std::signal(SIGTERM, OnSignal);
-    std::signal(SIGPIPE, SIG_IGN);
-    return kgpu::cli::RunWebhook(webhook_options, &g_stop, std::cerr);
-  }
-  if (health->parsed()) {
-    std::signal(SIGINT, OnSignal);
-    std::signal(SIGTERM, OnSignal);
-    return kgpu::cli::RunHealth(node, seconds, probe_ms, recover_after_ms, &g_stop, std::cout);
+  // The command table: every runnable command, how it takes signals, and what runs it. The
+  // commands' names, help and flags are declared above, next to the flags' storage.
+  const std::vector<Command> commands = {
+      {version, Signals::kDefault,
+       [] {
+         std::cout << "kgpu " KGPU_VERSION " (commit " KGPU_GIT_COMMIT ")\n";
+         return 0;
+       }},
+      {devices, Signals::kDefault,
+       [&] {
+         node.nvml_deadline = std::chrono::milliseconds(nvml_deadline_ms);
+         return kgpu::cli::RunDevices(node, json, std::cout);
+       }},
+      {doctor, Signals::kDefault,
+       [&] {
+         node.nvml_deadline = std::chrono::milliseconds(nvml_deadline_ms);
+         return kgpu::cli::RunDoctor(node, json, std::cout);
+       }},
+      {health, Signals::kStopFlag,
+       [&] { return kgpu::cli::RunHealth(node, seconds, probe_ms, recover_after_ms, &g_stop, std::cout); }},
+      {slurm_gres, Signals::kDefault, [&] { return kgpu::cli::RunSlurmGres(node, dp_flags, gres_flags, std::cout); }},
+      {bridge.status, Signals::kDefault, [&] { return kgpu::cli::RunSlurmBridgeStatus(bridge_flags, std::cout); }},
+      {bridge.reclaim, Signals::kDefault, [&] { return kgpu::cli::RunSlurmBridgeReclaim(bridge_flags, std::cout); }},
+      {bridge.hook, Signals::kDefault, [&] { return kgpu::cli::RunSlurmBridgeHook(bridge_flags, std::cout); }},
+      {bridge.run, Signals::kStopFlagServer,
+       [&] { return kgpu::cli::RunSlurmBridge(bridge_flags, &g_stop, std::cout); }},
+      {quota.plan, Signals::kDefault, [&] { return kgpu::cli::RunQuotaPlan(quota_flags, std::cout, std::cerr); }},
+      {quota.show, Signals::kDefault, [&] { return kgpu::cli::RunQuota(quota_flags, std::cout, std::cerr); }},
+      {mig_show, Signals::kDefault, [&] { return kgpu::cli::RunMigShow(node, mig_flags, std::cout); }},
+      {mig_apply, Signals::kDefault, [&] { return kgpu::cli::RunMigApply(node, mig_flags, std::cout); }},
+      {sim, Signals::kDefault, [&] { return kgpu::cli::RunSim(sim_flags, std::cout, std::cerr); }},
+      {device_plugin, Signals::kNodeDaemon, [&] { return kgpu::cli::RunDevicePlugin(node, dp_flags, publish_flags); }},
+      {exporter, Signals::kNodeDaemon, [&] { return kgpu::cli::RunExporter(node, exp_flags); }},
+      {node_cmd, Signals::kNodeDaemon, [&] { return kgpu::cli::RunNode(node, dp_flags, exp_flags, publish_flags); }},
+      {node_template, Signals::kDefault,
+       [&] { return kgpu::cli::RunNodeTemplate(node, dp_flags, template_format, std::cout); }},
+      {node_labels, Signals::kStopFlag,
+       [&] { return kgpu::cli::RunNodeLabels(node, dp_flags, labels_flags, &g_stop, std::cout); }},
+      {extender, Signals::kStopFlagServer, [&] { return kgpu::cli::RunExtender(extender_flags, &g_stop, std::cerr); }},
+      {webhook, Signals::kStopFlagServer, [&] { return kgpu::cli::RunWebhook(webhook_options, &g_stop, std::cerr); }},
+  };
+  for (const Command& c : commands) {
+    if (!c.app->parsed()) continue;
+    TakeSignals(c.signals);
+    return c.run();
   }
   return 2;
 }

@@ -1,23 +1,22 @@
 #include "cli/mig_cmd.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 #include <cerrno>
-#include <cstring>
-
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
 #include <thread>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include "common/strings.h"
 #include "deviceplugin/config.h"
 #include "deviceplugin/server.h"
-#include "exporter/podresources.h"
 #include "gpu/mig_layout.h"
+#include "kubelet/podresources.h"
 
 namespace kgpu::cli {
 namespace {
@@ -36,7 +35,7 @@ std::string Physical(const std::string& id) {
 
 // Who holds GPU `g` or one of its MIG devices: pods (from kubelet) and processes (from NVML).
 std::vector<std::string> Holders(const nvml::Library& lib, const gpu::Gpu& g,
-                                 const std::vector<exporter::DeviceAllocation>& allocations) {
+                                 const std::vector<kubelet::DeviceAllocation>& allocations) {
   std::vector<std::string> out;
   std::map<std::string, std::string> ours{{g.uuid, "the whole GPU"}};
   for (const auto& m : g.migs) ours[m.uuid] = Cat("MIG ", m.profile, " (GI ", m.gi, ")");
@@ -44,8 +43,8 @@ std::vector<std::string> Holders(const nvml::Library& lib, const gpu::Gpu& g,
     auto it = ours.find(Physical(a.device_id));
     if (it == ours.end()) continue;
     out.push_back(Cat("pod ", a.pod.namespace_name, "/", a.pod.pod,
-                      a.pod.container.empty() ? "" : Cat(" container ", a.pod.container), " holds ", a.device_id,
-                      " (", a.resource, ", ", it->second, ")"));
+                      a.pod.container.empty() ? "" : Cat(" container ", a.pod.container), " holds ", a.device_id, " (",
+                      a.resource, ", ", it->second, ")"));
   }
   std::vector<nvml::Device> handles{g.handle};
   for (const auto& m : g.migs) handles.push_back(m.handle);
@@ -54,7 +53,8 @@ std::vector<std::string> Holders(const nvml::Library& lib, const gpu::Gpu& g,
     if (!procs.ok()) {
       // MIG handles of some drivers do not list processes (the GPU's list has them); without the
       // GPU's own list nobody can say the GPU is idle.
-      if (h == g.handle) out.push_back(Cat("unknown: NVML cannot list the GPU's processes (", procs.status().message(), ")"));
+      if (h == g.handle)
+        out.push_back(Cat("unknown: NVML cannot list the GPU's processes (", procs.status().message(), ")"));
       continue;
     }
     for (const auto& p : *procs) {
@@ -101,13 +101,15 @@ absl::StatusOr<Loaded> LoadLayouts(const MigFlags& flags, bool need_layout) {
   if (l.config.mig.layouts.count(l.layout_name) == 0) {
     std::vector<std::string> names;
     for (const auto& [n, layout] : l.config.mig.layouts) names.push_back(n);
-    return absl::InvalidArgumentError(Cat(flags.config_file, ": no MIG layout '", l.layout_name, "' (declared: ",
-                                          Join(names, ", "), ")"));
+    return absl::InvalidArgumentError(
+        Cat(flags.config_file, ": no MIG layout '", l.layout_name, "' (declared: ", Join(names, ", "), ")"));
   }
   return l;
 }
 
-std::string Instances(const std::vector<std::string>& names) { return gpu::DescribeInstances(names); }
+std::string Instances(const std::vector<std::string>& names) {
+  return gpu::DescribeInstances(names);
+}
 
 // Until every plugin serving in `kubelet_dir` reports the devices in `ids` Unhealthy (up to 5 s).
 // No plugin running: nothing to wait for.
@@ -151,19 +153,20 @@ std::pair<CLI::App*, CLI::App*> AddMigCommands(CLI::App* mig, MigFlags* flags) {
   apply->add_option("--node-name", flags->node_name, "this node's name for mig.nodes (default: host name)")
       ->envname("NODE_NAME");
   apply->add_option("--gpu", flags->gpus, "apply only to these GPU indices (repeatable)");
-  flags->pod_resources_socket = exporter::kPodResourcesSocket;
+  flags->pod_resources_socket = kubelet::kPodResourcesSocket;
   apply->add_option("--pod-resources-socket", flags->pod_resources_socket, "kubelet's PodResources socket")
       ->envname("KGPU_POD_RESOURCES_SOCKET")
       ->capture_default_str();
   apply->add_flag("--no-kubelet-check", flags->no_kubelet_check,
                   "do not ask kubelet which pods hold GPUs (only when kubelet is stopped on purpose)");
   apply->add_flag("--dry-run", flags->dry_run, "print what would change, change nothing");
-  apply->add_option("--kubelet-dir", flags->kubelet_dir,
-                    "kubelet's device-plugin directory: the plugin stops offering a GPU marked here while it changes")
+  apply
+      ->add_option("--kubelet-dir", flags->kubelet_dir,
+                   "kubelet's device-plugin directory: the plugin stops offering a GPU marked here while it changes")
       ->envname("KGPU_KUBELET_DIR")
       ->capture_default_str();
-  flags->lock_file = std::filesystem::is_directory("/run/lock") ? "/run/lock/kgpu-mig-apply.lock"
-                                                                : "/tmp/kgpu-mig-apply.lock";
+  flags->lock_file =
+      std::filesystem::is_directory("/run/lock") ? "/run/lock/kgpu-mig-apply.lock" : "/tmp/kgpu-mig-apply.lock";
   apply->add_option("--lock-file", flags->lock_file, "held while applying: one apply at a time per node")
       ->envname("KGPU_MIG_LOCK_FILE")
       ->capture_default_str();
@@ -182,8 +185,8 @@ int RunMigShow(const NodeOptions& node, const MigFlags& flags, std::ostream& out
       out << "  MIG: not supported\n";
       continue;
     }
-    out << "  MIG: " << (g.mig_enabled ? "enabled" : "disabled") << (g.mig_pending ? " (change pending a GPU reset)" : "")
-        << "\n";
+    out << "  MIG: " << (g.mig_enabled ? "enabled" : "disabled")
+        << (g.mig_pending ? " (change pending a GPU reset)" : "") << "\n";
     std::vector<std::string> instances;
     for (const auto& m : g.migs) instances.push_back(m.profile);
     if (g.mig_enabled) out << "  instances: " << Instances(instances) << "\n";
@@ -252,8 +255,8 @@ int RunMigApply(const NodeOptions& node, const MigFlags& flags, std::ostream& ou
   const gpu::Inventory& inv = *session->inventory;
   const gpu::MigLayout& layout = loaded->config.mig.layouts.at(loaded->layout_name);
   const auto pos = loaded->config.mig.positions.find(loaded->layout_name);
-  const std::vector<std::string> positions = pos != loaded->config.mig.positions.end() ? pos->second
-                                                                                         : std::vector<std::string>{};
+  const std::vector<std::string> positions =
+      pos != loaded->config.mig.positions.end() ? pos->second : std::vector<std::string>{};
   auto targets = gpu::ResolveMigLayout(layout, inv, loaded->layout_name, positions);
   // "file:line:col: " of the entry that selects GPU `index` (entries select disjoint GPUs).
   auto entry_at = [&](unsigned index) -> std::string {
@@ -269,8 +272,8 @@ int RunMigApply(const NodeOptions& node, const MigFlags& flags, std::ostream& ou
   }
   for (unsigned index : flags.gpus) {
     if (std::none_of(targets->begin(), targets->end(), [&](const gpu::MigTarget& t) { return t.gpu == index; })) {
-      out << "kgpu mig apply: --gpu " << index << ": layout '" << loaded->layout_name << "' does not cover GPU " << index
-          << "\n";
+      out << "kgpu mig apply: --gpu " << index << ": layout '" << loaded->layout_name << "' does not cover GPU "
+          << index << "\n";
       return 1;
     }
   }
@@ -319,9 +322,9 @@ int RunMigApply(const NodeOptions& node, const MigFlags& flags, std::ostream& ou
     WaitForDrain(flags.kubelet_dir, draining, out);
   }
   // Busy check: kubelet's view (pods holding devices) and NVML's (processes).
-  std::vector<exporter::DeviceAllocation> allocations;
+  std::vector<kubelet::DeviceAllocation> allocations;
   if (!flags.no_kubelet_check) {
-    auto listed = exporter::ListPodResources(flags.pod_resources_socket, std::chrono::seconds(5));
+    auto listed = kubelet::ListPodResources(flags.pod_resources_socket, std::chrono::seconds(5));
     if (!listed.ok()) {
       out << "kgpu mig apply: refused: cannot tell which pods hold GPUs: " << listed.status().message()
           << "\n  (pass --no-kubelet-check only when kubelet is stopped on purpose)\n";

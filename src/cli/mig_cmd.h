@@ -11,11 +11,11 @@
 //
 // Thread-safety: single-threaded CLI code.
 
-#include <CLI/CLI.hpp>
-
 #include <ostream>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
 
@@ -24,13 +24,13 @@ namespace kgpu::cli {
 struct MigFlags {
   std::string config_file;  // the device plugin's config file (CONFIG_FILE)
   bool allow_empty_config = false;
-  std::string layout;       // --layout: overrides mig.nodes
-  std::string node_name;    // --node-name / NODE_NAME; default: the host name
+  std::string layout;          // --layout: overrides mig.nodes
+  std::string node_name;       // --node-name / NODE_NAME; default: the host name
   std::vector<unsigned> gpus;  // --gpu: only these GPUs of the layout
   std::string pod_resources_socket;
   bool no_kubelet_check = false;
   bool dry_run = false;
-  std::string lock_file;  // --lock-file: one apply at a time per node
+  std::string lock_file;                                        // --lock-file: one apply at a time per node
   std::string kubelet_dir = "/var/lib/kubelet/device-plugins";  // drain markers, plugin sockets
 };
 

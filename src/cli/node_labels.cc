@@ -8,13 +8,15 @@
 #include <set>
 #include <thread>
 
+#include "api/inventory.h"
+#include "api/names.h"
+#include "cli/device_plugin_cmd.h"
 #include "common/files.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "deviceplugin/gfd_labels.h"
-#include "cli/device_plugin_cmd.h"
-#include "deviceplugin/server.h"
 #include "deviceplugin/plan.h"
+#include "deviceplugin/server.h"
 #include "k8s/config.h"
 
 namespace kgpu::cli {
@@ -22,10 +24,11 @@ namespace {
 using json = nlohmann::json;
 
 // Connected components of GPUs under `linked`.
-json Islands(const gpu::Inventory& inv, const std::function<bool(unsigned, unsigned)>& linked) {
+std::vector<std::vector<int>> Islands(const gpu::Inventory& inv,
+                                      const std::function<bool(unsigned, unsigned)>& linked) {
   const unsigned n = static_cast<unsigned>(inv.gpus().size());
   std::vector<int> comp(n, -1);
-  json out = json::array();
+  std::vector<std::vector<int>> out;
   for (unsigned s = 0; s < n; ++s) {
     if (comp[s] >= 0) continue;
     std::vector<unsigned> stack{s}, members;
@@ -43,9 +46,9 @@ json Islands(const gpu::Inventory& inv, const std::function<bool(unsigned, unsig
     }
     if (members.size() < 2) continue;  // a lone GPU is no island
     std::sort(members.begin(), members.end());
-    json ids = json::array();
-    for (unsigned m : members) ids.push_back(inv.gpus()[m].index);
-    out.push_back(ids);
+    std::vector<int> ids;
+    for (unsigned m : members) ids.push_back(static_cast<int>(inv.gpus()[m].index));
+    out.push_back(std::move(ids));
   }
   return out;
 }
@@ -56,7 +59,7 @@ json Islands(const gpu::Inventory& inv, const std::function<bool(unsigned, unsig
 int SlotsOf(const gpu::Gpu& g, const deviceplugin::Config& config) {
   if (g.mig_enabled) return 0;
   for (const auto& r : config.sharing.resources) {
-    if ((r.rename.empty() ? r.name : r.rename) != deviceplugin::kKgpuSharesResource || r.name != "nvidia.com/gpu") continue;
+    if ((r.rename.empty() ? r.name : r.rename) != api::kShares || r.name != "nvidia.com/gpu") continue;
     if (r.devices.empty()) return r.replicas;
     for (const auto& d : r.devices) {
       if (d == g.uuid || d == std::to_string(g.index)) return r.replicas;
@@ -73,7 +76,7 @@ std::map<std::string, int64_t> ShareCapacity(const gpu::Inventory& inv, const de
     ++gpus;
   }
   if (gpus == 0) return {};
-  return {{"kgpu.io/gpu-memory", memory}, {"kgpu.io/gpu-cores", 100 * gpus}};
+  return {{api::kShareMemory, memory}, {api::kShareCores, 100 * gpus}};
 }
 
 json CapacityPatch(const json& node, const std::map<std::string, int64_t>& capacity) {
@@ -82,7 +85,7 @@ json CapacityPatch(const json& node, const std::map<std::string, int64_t>& capac
   for (const char* field : {"capacity", "allocatable"}) {
     const json current = status.value(field, json::object());
     json p = json::object();
-    for (const char* name : {"kgpu.io/gpu-memory", "kgpu.io/gpu-cores"}) {
+    for (const char* name : {api::kShareMemory, api::kShareCores}) {
       const auto want = capacity.find(name);
       if (want == capacity.end()) {
         if (current.contains(name)) p[name] = nullptr;
@@ -121,58 +124,52 @@ std::string InventoryAnnotation(const gpu::Inventory& inv, const deviceplugin::C
     const auto it = live->find(uuid);
     return it == live->end() || it->second ? "ok" : "unhealthy";
   };
+  api::NodeInventory out;  // encoded by api::EncodeInventory, the parser's neighbour
   bool any_slots = false;
-  json gpus = json::array();
   for (const auto& g : inv.gpus()) {
     const char* discovered = g.lost ? "lost" : !g.error.empty() ? "error" : "ok";
-    json e = {{"i", g.index}, {"uuid", g.uuid}, {"model", g.name}, {"memMiB", g.memory_mib},
-              {"numa", g.numa_node}, {"health", health(g.uuid, discovered)}};
-    if (const int slots = SlotsOf(g, config); slots > 0) {
-      e["slots"] = slots;
-      any_slots = true;
-    }
+    api::InventoryGpu e;
+    e.index = static_cast<int>(g.index);
+    e.uuid = g.uuid;
+    e.model = g.name;
+    e.memory_mib = static_cast<int64_t>(g.memory_mib);
+    e.numa = g.numa_node;
+    e.health = health(g.uuid, discovered);
+    e.slots = std::max(0, SlotsOf(g, config));
+    any_slots = any_slots || e.slots > 0;
     if (used != nullptr) {
-      if (const auto u = used->find(g.uuid); u != used->end()) e["usedMiB"] = u->second;
+      if (const auto u = used->find(g.uuid); u != used->end()) e.used_mib = u->second;
     }
+    e.mig_enabled = g.mig_enabled;
     if (g.mig_enabled) {
-      json migs = json::array();
       for (const auto& m : g.migs) {
-        migs.push_back({{"uuid", m.uuid}, {"profile", m.profile}, {"gi", m.gi}, {"ci", m.ci}, {"memMiB", m.memory_mib},
-                        {"health", health(m.uuid, discovered)}});
+        e.mig.push_back({m.uuid, m.profile, static_cast<int>(m.gi), static_cast<int>(m.ci),
+                         static_cast<int64_t>(m.memory_mib), health(m.uuid, discovered)});
       }
-      e["mig"] = migs;
     }
-    gpus.push_back(e);
+    out.gpus.push_back(std::move(e));
   }
-  json sharing = {{"mode", config.sharing.strategy == deviceplugin::SharingStrategy::kMps           ? "mps"
-                           : config.sharing.strategy == deviceplugin::SharingStrategy::kTimeSlicing ? "time-slicing"
-                                                                                                    : "none"}};
-  json slots = json::object();
+  out.sharing_mode = config.sharing.strategy == deviceplugin::SharingStrategy::kMps           ? "mps"
+                     : config.sharing.strategy == deviceplugin::SharingStrategy::kTimeSlicing ? "time-slicing"
+                                                                                              : "none";
   for (const auto& r : config.sharing.resources) {
-    if (r.replicas > 1) slots[r.rename.empty() ? r.name : r.rename] = r.replicas;
+    if (r.replicas > 1) out.replicas[r.rename.empty() ? r.name : r.rename] = r.replicas;
   }
-  if (!slots.empty()) sharing["replicas"] = slots;
   // The enforcement modes shares can have here (docs/sharing-model.md), the default first: MPS
   // limits under MPS; else the CUDA interposer's hard limit where the plugin has one
   // (--cuda-interposer), and none (time-slicing without isolation).
   if (any_slots) {
-    sharing["kgpu"] = {{"enforcement", config.sharing.strategy == deviceplugin::SharingStrategy::kMps ? json::array({"mps"})
-                                       : config.cuda_interposer.empty()                              ? json::array({"none"})
-                                                                       : json::array({"hard", "none"})}};
+    out.enforcement = config.sharing.strategy == deviceplugin::SharingStrategy::kMps ? std::vector<std::string>{"mps"}
+                      : config.cuda_interposer.empty()                               ? std::vector<std::string>{"none"}
+                                                       : std::vector<std::string>{"hard", "none"};
   }
-  const json doc = {
-      {"v", 1},
-      {"gpus", gpus},
-      {"nvlinkIslands", Islands(inv, [&](unsigned a, unsigned b) { return inv.link(a, b).nvlinks > 0; })},
-      {"pcieIslands", Islands(inv,
-                              [&](unsigned a, unsigned b) {
-                                const auto l = inv.link(a, b).pcie;
-                                return l == gpu::PcieLevel::kPix || l == gpu::PcieLevel::kPxb;
-                              })},
-      {"migStrategy", config.mig_strategy},
-      {"sharing", sharing},
-  };
-  return doc.dump();
+  out.nvlink_islands = Islands(inv, [&](unsigned a, unsigned b) { return inv.link(a, b).nvlinks > 0; });
+  out.pcie_islands = Islands(inv, [&](unsigned a, unsigned b) {
+    const auto l = inv.link(a, b).pcie;
+    return l == gpu::PcieLevel::kPix || l == gpu::PcieLevel::kPxb;
+  });
+  out.mig_strategy = config.mig_strategy;
+  return api::EncodeInventory(out);
 }
 
 json NodePatch(const json& node, const std::map<std::string, std::string>& labels, const std::string& annotation) {
@@ -196,7 +193,8 @@ json NodePatch(const json& node, const std::map<std::string, std::string>& label
 
 absl::StatusOr<PublishResult> PublishToNode(k8s::Client& client, const std::string& node_name,
                                             const std::map<std::string, std::string>& labels,
-                                            const std::string& annotation, const std::map<std::string, int64_t>* capacity) {
+                                            const std::string& annotation,
+                                            const std::map<std::string, int64_t>* capacity) {
   const std::string path = k8s::FindResource("nodes")->Path("", node_name);
   auto node = client.Get(path);
   if (!node.ok()) return node.status();
@@ -218,9 +216,10 @@ absl::StatusOr<PublishResult> PublishToNode(k8s::Client& client, const std::stri
     if (const json cp = CapacityPatch(*node, *capacity); !cp.is_null()) {
       auto res = client.Patch(path + "/status", cp, "application/merge-patch+json");
       if (!res.ok()) {
-        return absl::Status(res.status().code(),
-                            Cat("patch nodes/", node_name, "/status (the share capacity autoscalers read; the role needs ",
-                                "patch on nodes/status, deploy/shares/rbac.yaml): ", res.status().message()));
+        return absl::Status(
+            res.status().code(),
+            Cat("patch nodes/", node_name, "/status (the share capacity autoscalers read; the role needs ",
+                "patch on nodes/status, deploy/shares/rbac.yaml): ", res.status().message()));
       }
       r.capacity_changed = r.patched = true;
     }
@@ -262,18 +261,21 @@ void AddPublishLabelsFlags(CLI::App* app, NodeLabelsFlags* f) {
                 "also publish the GFD labels and the kgpu.io/gpu-inventory annotation (as kgpu node-labels), "
                 "on an interval and whenever health, the MIG layout or the config changes")
       ->envname("KGPU_PUBLISH_LABELS");
-  app->add_option("--kubeconfig", f->kubeconfig, "kubeconfig for --publish-labels and the kgpu.io/gpu handoff (default: in-cluster, else $KUBECONFIG)")
+  app->add_option("--kubeconfig", f->kubeconfig,
+                  "kubeconfig for --publish-labels and the kgpu.io/gpu handoff (default: in-cluster, else $KUBECONFIG)")
       ->envname("KUBECONFIG_FILE");
   app->add_option("--context", f->context, "kubeconfig context");
   app->add_flag("--in-cluster", f->in_cluster, "use the pod's service account (the default in a pod)");
-  app->add_option("--node-name", f->node_name, "this node's Node name (--publish-labels, kgpu.io/gpu handoff)")->envname("NODE_NAME");
+  app->add_option("--node-name", f->node_name, "this node's Node name (--publish-labels, kgpu.io/gpu handoff)")
+      ->envname("NODE_NAME");
   app->add_option("--labels-output", f->output, "api (patch the Node) or file (NFD feature file)")
       ->check(CLI::IsMember({"api", "file"}))
       ->capture_default_str();
   app->add_option("--labels-output-file", f->feature_file, "NFD feature file for --labels-output file")
       ->envname("GFD_OUTPUT_FILE")
       ->capture_default_str();
-  app->add_option("--labels-interval", f->interval_s, "seconds between relabels besides those on change (0: on change only)")
+  app->add_option("--labels-interval", f->interval_s,
+                  "seconds between relabels besides those on change (0: on change only)")
       ->envname("GFD_SLEEP_INTERVAL")
       ->capture_default_str();
   app->add_flag("--labels-no-timestamp", f->no_timestamp, "omit nvidia.com/gfd.timestamp")->envname("GFD_NO_TIMESTAMP");
@@ -313,7 +315,8 @@ absl::Status NodeLabeller::Publish(const gpu::Inventory& inventory, const device
     return absl::OkStatus();
   }
   const auto capacity = ShareCapacity(inventory, config);
-  auto r = PublishToNode(*client_, flags_.node_name, labels, InventoryAnnotation(inventory, config, live, used), &capacity);
+  auto r =
+      PublishToNode(*client_, flags_.node_name, labels, InventoryAnnotation(inventory, config, live, used), &capacity);
   if (!r.ok()) return r.status();
   log->info("node {}: {} labels set, {} removed, inventory annotation {}, share capacity {}", flags_.node_name,
             r->labels_set, r->labels_removed, r->annotation_changed ? "updated" : "unchanged",
@@ -325,7 +328,9 @@ LabelPublisher::LabelPublisher(std::unique_ptr<NodeLabeller> labeller, Source so
                                std::chrono::milliseconds debounce)
     : labeller_(std::move(labeller)), source_(std::move(source)), interval_(interval), debounce_(debounce) {}
 
-LabelPublisher::~LabelPublisher() { Stop(); }
+LabelPublisher::~LabelPublisher() {
+  Stop();
+}
 
 void LabelPublisher::Start() {
   if (thread_.joinable()) return;
@@ -423,10 +428,11 @@ void LabelPublisher::Loop(std::stop_token stop) {
 }
 
 absl::StatusOr<std::unique_ptr<LabelPublisher>> MakeLabelPublisher(deviceplugin::Manager& manager,
-                                                                  const NodeLabelsFlags& flags) {
+                                                                   const NodeLabelsFlags& flags) {
   if (!flags.publish) return std::unique_ptr<LabelPublisher>();
   auto labeller = NodeLabeller::Create(flags);
-  if (!labeller.ok()) return absl::Status(labeller.status().code(), Cat("--publish-labels: ", labeller.status().message()));
+  if (!labeller.ok())
+    return absl::Status(labeller.status().code(), Cat("--publish-labels: ", labeller.status().message()));
   auto last = std::make_shared<UsedMemoryMiB>();  // the passes run on the publisher's one thread
   auto source = [&manager, last]() -> absl::StatusOr<LabelPublisher::Snapshot> {
     auto a = manager.advertised();
@@ -453,12 +459,13 @@ int RunNodeLabels(const NodeOptions& node, const DevicePluginFlags& dp, const No
     auto cs = OpenConfiguredSession(node, dp);
     if (!cs.ok()) return cs.status();
     UsedMemoryMiB used = UsedMemory(*cs->session.lib, *cs->session.inventory, &last);
-    return LabelPublisher::Snapshot{cs->session.inventory, std::make_shared<const deviceplugin::Config>(cs->config), {},
-                                    std::move(used)};
+    return LabelPublisher::Snapshot{
+        cs->session.inventory, std::make_shared<const deviceplugin::Config>(cs->config), {}, std::move(used)};
   };
   if (flags.oneshot || flags.interval_s == 0) {
     auto snap = source();
-    absl::Status st = snap.ok() ? (*labeller)->Publish(*snap->inventory, *snap->config, nullptr, &snap->used) : snap.status();
+    absl::Status st =
+        snap.ok() ? (*labeller)->Publish(*snap->inventory, *snap->config, nullptr, &snap->used) : snap.status();
     if (!st.ok()) out << "kgpu node-labels: " << st.message() << "\n";
     return st.ok() ? 0 : 1;
   }
@@ -469,7 +476,8 @@ int RunNodeLabels(const NodeOptions& node, const DevicePluginFlags& dp, const No
   return 0;
 }
 
-int RunNodeTemplate(const NodeOptions& node, const DevicePluginFlags& dp, const std::string& format, std::ostream& out) {
+int RunNodeTemplate(const NodeOptions& node, const DevicePluginFlags& dp, const std::string& format,
+                    std::ostream& out) {
   auto cs = OpenConfiguredSession(node, dp);
   if (!cs.ok()) {
     out << "kgpu node-template: " << cs.status().message() << "\n";
@@ -495,7 +503,8 @@ int RunNodeTemplate(const NodeOptions& node, const DevicePluginFlags& dp, const 
     for (const auto& [k, v] : labels) l[k] = v;
     out << json({{"capacity", c}, {"labels", l}}).dump(2) << "\n";
   } else if (format == "aws") {
-    for (const auto& [k, v] : capacity) out << "k8s.io/cluster-autoscaler/node-template/resources/" << k << "=" << v << "\n";
+    for (const auto& [k, v] : capacity)
+      out << "k8s.io/cluster-autoscaler/node-template/resources/" << k << "=" << v << "\n";
     for (const auto& [k, v] : labels) out << "k8s.io/cluster-autoscaler/node-template/label/" << k << "=" << v << "\n";
   } else {
     out << "# kgpu node-template: what a node like this one advertises (every device healthy), for a\n"

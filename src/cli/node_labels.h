@@ -18,9 +18,6 @@
 // used by one thread at a time; LabelPublisher's methods are thread-safe (Notify() may be called
 // under any lock: it only records and wakes).
 
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <condition_variable>
 #include <csignal>
 #include <functional>
@@ -30,7 +27,11 @@
 #include <string>
 #include <thread>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include "absl/status/statusor.h"
+#include "api/names.h"
 #include "cli/commands.h"
 #include "deviceplugin/config.h"
 #include "gpu/inventory.h"
@@ -44,7 +45,7 @@ namespace kgpu::cli {
 
 struct DevicePluginFlags;
 
-inline constexpr char kInventoryAnnotation[] = "kgpu.io/gpu-inventory";
+using api::kInventoryAnnotation;
 
 // The plugin's live health per GPU UUID and MIG UUID (deviceplugin::Manager::Advertised::healthy).
 using LiveHealth = std::map<std::string, bool>;
@@ -105,7 +106,7 @@ struct NodeLabelsFlags {
   bool publish = false;  // kgpu node / device-plugin: --publish-labels
   std::string kubeconfig, context;
   bool in_cluster = false;
-  std::string node_name;  // NODE_NAME
+  std::string node_name;       // NODE_NAME
   std::string output = "api";  // api | file
   std::string feature_file = "/etc/kubernetes/node-feature-discovery/features.d/gfd";
   unsigned interval_s = 60;  // 0: once
@@ -188,7 +189,7 @@ class LabelPublisher {
 // manager.Start(); its first pass follows the start) and stopped before the manager. Errors name
 // the flag to fix.
 absl::StatusOr<std::unique_ptr<LabelPublisher>> MakeLabelPublisher(deviceplugin::Manager& manager,
-                                                                  const NodeLabelsFlags& flags);
+                                                                   const NodeLabelsFlags& flags);
 
 // Runs until *stop is set (or once). Returns the exit code.
 int RunNodeLabels(const NodeOptions& node, const DevicePluginFlags& dp, const NodeLabelsFlags& flags,

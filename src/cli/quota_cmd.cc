@@ -30,7 +30,9 @@ std::string Eq(const std::optional<double>& v) {
   return buf;
 }
 
-json EqJson(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
+json EqJson(const std::optional<double>& v) {
+  return v ? json(*v) : json(nullptr);
+}
 
 // Resource order in a quota: whole GPUs, MIG profiles, shares (count, memory, cores).
 int Rank(const std::string& r) {
@@ -82,9 +84,9 @@ std::string CapacityLine(const extender::ClusterGpus& c) {
   for (const auto& [p, n] : c.mig) mig += n;
   char eq[32];
   std::snprintf(eq, sizeof eq, "%.2f", extender::CapacityGpuEquivalents(c));
-  std::string s = Cat("cluster: ", c.nodes, " nodes with a GPU inventory: ", c.whole, " whole GPUs, ", mig,
-                      " MIG instances, ", c.share_gpus, " GPUs serving shares (", c.share_memory_mib, " MiB) = ", eq,
-                      " GPU-equivalents");
+  std::string s =
+      Cat("cluster: ", c.nodes, " nodes with a GPU inventory: ", c.whole, " whole GPUs, ", mig, " MIG instances, ",
+          c.share_gpus, " GPUs serving shares (", c.share_memory_mib, " MiB) = ", eq, " GPU-equivalents");
   if (c.unhealthy > 0) s += Cat(" (", c.unhealthy, " unhealthy GPUs not counted)");
   return s;
 }
@@ -120,7 +122,8 @@ QuotaReport BuildQuotaReport(const json& quota_list, const extender::ClusterGpus
     const json spec = q.value("spec", json::object());
     const json status = q.value("status", json::object());
     // status.hard is what the quota controller enforces; before it ran, spec.hard.
-    const json hard = status.contains("hard") && status["hard"].is_object() ? status["hard"] : spec.value("hard", json::object());
+    const json hard =
+        status.contains("hard") && status["hard"].is_object() ? status["hard"] : spec.value("hard", json::object());
     const json used = status.value("used", json::object());
     QuotaEntry e;
     e.name = name;
@@ -147,7 +150,8 @@ QuotaReport BuildQuotaReport(const json& quota_list, const extender::ClusterGpus
           !cluster.mig.contains(unprefixed.substr(std::string_view(extender::kMigPrefix).size()))) {
         unknown_profiles.insert(unprefixed.substr(std::string_view(extender::kMigPrefix).size()));
       }
-      e.rows.push_back({key, *u, *h, extender::GpuEquivalents(key, *u, cluster), extender::GpuEquivalents(key, *h, cluster)});
+      e.rows.push_back(
+          {key, *u, *h, extender::GpuEquivalents(key, *u, cluster), extender::GpuEquivalents(key, *h, cluster)});
     }
     std::stable_sort(e.rows.begin(), e.rows.end(), [](const QuotaResourceRow& a, const QuotaResourceRow& b) {
       return Rank(a.resource) != Rank(b.resource) ? Rank(a.resource) < Rank(b.resource) : a.resource < b.resource;
@@ -258,8 +262,10 @@ json QuotaReportJson(const QuotaReport& r) {
       }
       quotas.push_back({{"name", q.name}, {"scoped", q.scoped}, {"resources", rows}});
     }
-    out["namespaces"].push_back(
-        {{"namespace", n.ns}, {"quotas", quotas}, {"gpuEquivalentsUsed", n.eq_used}, {"gpuEquivalentsHard", n.eq_hard}});
+    out["namespaces"].push_back({{"namespace", n.ns},
+                                 {"quotas", quotas},
+                                 {"gpuEquivalentsUsed", n.eq_used},
+                                 {"gpuEquivalentsHard", n.eq_hard}});
   }
   return out;
 }

@@ -9,13 +9,13 @@
 //
 // Thread-safety: set-up code and one-shot commands, single-threaded.
 
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "extender/quota.h"
 

@@ -6,8 +6,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "common/files.h"
 #include "common/log.h"
@@ -16,21 +17,24 @@
 #include "deviceplugin/interposer.h"
 #include "deviceplugin/mps.h"
 #include "deviceplugin/plan.h"
-#include "exporter/podresources.h"
 #include "extender/request.h"
 #include "k8s/resources.h"
+#include "kubelet/podresources.h"
 
 namespace kgpu::cli {
 namespace {
 using json = nlohmann::json;
 
-std::string Csv(const std::vector<std::string>& v) { return Join(v, ","); }
+std::string Csv(const std::vector<std::string>& v) {
+  return Join(v, ",");
+}
 
 // CDI containerEdits.mounts: bind mounts, never setuid or device files through them.
 json CdiMounts(const std::vector<deviceplugin::MountSpec>& mounts) {
   json out = json::array();
   for (const auto& m : mounts) {
-    out.push_back({{"hostPath", m.host_path}, {"containerPath", m.container_path},
+    out.push_back({{"hostPath", m.host_path},
+                   {"containerPath", m.container_path},
                    {"options", json::array({m.read_only ? "ro" : "rw", "nosuid", "nodev", "bind"})}});
   }
   return out;
@@ -38,7 +42,7 @@ json CdiMounts(const std::vector<deviceplugin::MountSpec>& mounts) {
 
 }  // namespace
 
-std::vector<std::string> ShareEnv(const extender::RecordContainer& c) {
+std::vector<std::string> ShareEnv(const api::RecordContainer& c) {
   std::vector<std::string> uuids, limits, mps_limits;
   for (size_t i = 0; i < c.gpus.size(); ++i) {
     const auto& g = c.gpus[i];
@@ -77,8 +81,9 @@ ShareHandoff::ShareHandoff(std::unique_ptr<k8s::Client> client, std::shared_ptr<
         if (cv.wait_for(lock, stop, opts_.accounting_sweep, [] { return false; }) || stop.stop_requested()) return;
         auto n = SweepAccounting();
         if (!n.ok()) {
-          Log("deviceplugin")->warn("accounting directories under {} not swept: {}", opts_.cuda_shared_root,
-                                    std::string(n.status().message()));
+          Log("deviceplugin")
+              ->warn("accounting directories under {} not swept: {}", opts_.cuda_shared_root,
+                     std::string(n.status().message()));
         }
       }
     });
@@ -101,7 +106,8 @@ absl::StatusOr<int> ShareHandoff::SweepAccounting() {
   namespace fs = std::filesystem;
   auto log = Log("deviceplugin");
   if (opts_.node_name.empty()) {
-    return absl::FailedPreconditionError("no node name (--node-name or $NODE_NAME): the pods on this node cannot be listed");
+    return absl::FailedPreconditionError(
+        "no node name (--node-name or $NODE_NAME): the pods on this node cannot be listed");
   }
   // The directories first: a pod admitted after this read has its UID in the list below.
   std::vector<std::pair<std::string, fs::file_time_type>> dirs;
@@ -117,7 +123,9 @@ absl::StatusOr<int> ShareHandoff::SweepAccounting() {
     return absl::UnavailableError(Cat("cannot read --cuda-shared-root ", opts_.cuda_shared_root, ": ", ec.message()));
   }
   if (dirs.empty()) return 0;
-  const k8s::ListOptions lo{.label_selector = "", .field_selector = Cat("spec.nodeName=", opts_.node_name), .limit = 0,
+  const k8s::ListOptions lo{.label_selector = "",
+                            .field_selector = Cat("spec.nodeName=", opts_.node_name),
+                            .limit = 0,
                             .resource_version = ""};
   auto pods = client_->List(k8s::FindResource("pods")->Path(""), lo);
   if (!pods.ok()) {
@@ -145,12 +153,12 @@ absl::StatusOr<int> ShareHandoff::SweepAccounting() {
   return removed;
 }
 
-absl::StatusOr<exporter::PodRef> ShareHandoff::Holder(const std::string& resource,
-                                                      const std::vector<std::string>& ids) const {
-  auto held = exporter::ListPodResources(opts_.pod_resources_socket, opts_.timeout);
+absl::StatusOr<kubelet::PodRef> ShareHandoff::Holder(const std::string& resource,
+                                                     const std::vector<std::string>& ids) const {
+  auto held = kubelet::ListPodResources(opts_.pod_resources_socket, opts_.timeout);
   if (!held.ok()) return absl::UnavailableError(Cat("PodResources: ", held.status().message()));
   const std::set<std::string> want(ids.begin(), ids.end());
-  std::optional<exporter::PodRef> owner;
+  std::optional<kubelet::PodRef> owner;
   std::set<std::string> seen;
   for (const auto& d : *held) {
     if (d.resource != resource || !want.contains(d.device_id)) continue;
@@ -164,11 +172,12 @@ absl::StatusOr<exporter::PodRef> ShareHandoff::Holder(const std::string& resourc
     owner = d.pod;
   }
   if (!owner) {
-    return absl::NotFoundError(Cat("no container holds ", resource, " devices ", Csv(ids), " in kubelet's PodResources yet"));
+    return absl::NotFoundError(
+        Cat("no container holds ", resource, " devices ", Csv(ids), " in kubelet's PodResources yet"));
   }
   if (seen.size() != want.size()) {
-    return absl::FailedPreconditionError(Cat(owner->namespace_name, "/", owner->pod, " container ", owner->container, " holds ",
-                                             seen.size(), " of ", resource, " devices ", Csv(ids),
+    return absl::FailedPreconditionError(Cat(owner->namespace_name, "/", owner->pod, " container ", owner->container,
+                                             " holds ", seen.size(), " of ", resource, " devices ", Csv(ids),
                                              " in kubelet's PodResources; kubelet asked for all of them"));
   }
   return *owner;
@@ -186,9 +195,11 @@ void ShareHandoff::RecordAssignmentLater(std::string resource, std::vector<std::
                                          std::vector<deviceplugin::AssignedDevice> devices) {
   std::lock_guard lock(reports_mu_);
   if (reports_.size() >= 1024) {
-    Log("deviceplugin")->warn("{} {}: the allocation record is not checked against kubelet's choice (1024 checks wait "
-                              "already: is the API server reachable?)",
-                              resource, Join(ids, ","));
+    Log("deviceplugin")
+        ->warn(
+            "{} {}: the allocation record is not checked against kubelet's choice (1024 checks wait "
+            "already: is the API server reachable?)",
+            resource, Join(ids, ","));
     return;
   }
   reports_.push_back({std::move(resource), std::move(ids), std::move(devices)});
@@ -201,13 +212,15 @@ void ShareHandoff::RecordAssignmentLater(std::string resource, std::vector<std::
         reports_.pop_front();
         held.unlock();
         if (auto st = RecordAssignment(r.resource, r.ids, r.devices); !st.ok()) {
-          Log("deviceplugin")->warn("{} {}: the allocation record may not say what the container has: {}", r.resource,
-                                    Join(r.ids, ","), std::string(st.message()));
+          Log("deviceplugin")
+              ->warn("{} {}: the allocation record may not say what the container has: {}", r.resource,
+                     Join(r.ids, ","), std::string(st.message()));
         }
         held.lock();
       }
       if (!reports_.empty()) {
-        Log("deviceplugin")->warn("stopping: {} allocation record(s) not checked against kubelet's choice", reports_.size());
+        Log("deviceplugin")
+            ->warn("stopping: {} allocation record(s) not checked against kubelet's choice", reports_.size());
       }
     });
   }
@@ -220,7 +233,7 @@ absl::Status ShareHandoff::RecordAssignment(const std::string& resource, const s
   if (!owner.ok()) return owner.status();
   const std::string who = Cat(owner->namespace_name, "/", owner->pod, " container ", owner->container);
   const std::string path = k8s::FindResource("pods")->Path(owner->namespace_name, owner->pod);
-  std::vector<extender::RecordGpu> given;
+  std::vector<api::RecordGpu> given;
   std::vector<std::string> given_list;
   for (const auto& d : devices) {
     given.push_back({d.gpu_uuid, d.mig_uuid, d.profile, d.memory_mib, 0});
@@ -231,14 +244,15 @@ absl::Status ShareHandoff::RecordAssignment(const std::string& resource, const s
     auto pod = client_->Get(path);
     if (!pod.ok()) return absl::UnavailableError(Cat(who, ": ", pod.status().message()));
     const json meta = pod->value("metadata", json::object());
-    auto on_pod = extender::RecordOnPod(*pod);
+    auto on_pod = api::RecordOnPod(*pod);
     if (!on_pod.ok()) return absl::FailedPreconditionError(Cat(who, ": ", on_pod.status().message()));
     if (!on_pod->has_value()) return absl::OkStatus();  // not placed by kgpu extender
     auto& record = **on_pod;
     if (!opts_.node_name.empty() && record.node != opts_.node_name) {
-      return absl::FailedPreconditionError(Cat(who, ": the record is for node ", record.node, ", this is ", opts_.node_name));
+      return absl::FailedPreconditionError(
+          Cat(who, ": the record is for node ", record.node, ", this is ", opts_.node_name));
     }
-    extender::RecordContainer* rc = nullptr;
+    api::RecordContainer* rc = nullptr;
     for (auto& c : record.containers) {
       if (c.name == owner->container && c.resource == resource) rc = &c;
     }
@@ -253,13 +267,14 @@ absl::Status ShareHandoff::RecordAssignment(const std::string& resource, const s
     rc->gpus = given;
     json patch = {{"metadata",
                    {{"resourceVersion", meta.value("resourceVersion", "")},
-                    {"annotations", {{extender::kAnnotationAllocation, extender::EncodeRecord(record)}}}}}};
+                    {"annotations", {{extender::kAnnotationAllocation, api::EncodeRecord(record)}}}}}};
     auto p = client_->Patch(path, patch, "application/merge-patch+json");
     if (absl::IsAborted(p.status()) && attempt < 4) continue;  // 409: the pod changed meanwhile
-    if (!p.ok()) return absl::UnavailableError(Cat(who, ": cannot correct the allocation record: ", p.status().message()));
-    const std::string note = Cat("container ", owner->container, ": kubelet gave ", resource, " ", Csv(given_list),
-                                 " (the extender had chosen ", Csv(chosen_list),
-                                 "); the allocation record now says what the container has");
+    if (!p.ok())
+      return absl::UnavailableError(Cat(who, ": cannot correct the allocation record: ", p.status().message()));
+    const std::string note =
+        Cat("container ", owner->container, ": kubelet gave ", resource, " ", Csv(given_list),
+            " (the extender had chosen ", Csv(chosen_list), "); the allocation record now says what the container has");
     (void)events_->Record({"v1", "Pod", owner->namespace_name, owner->pod, meta.value("uid", "")}, "Normal",
                           "GpuAssignmentRecorded", "Allocate", note);
     Log("deviceplugin")->info("{}: {}", who, note);
@@ -276,23 +291,26 @@ std::vector<std::vector<deviceplugin::AssignedDevice>> ShareHandoff::Pending(con
   // kubelet waits for this answer with no deadline while it admits the node's pods one by one, so
   // it is one try with a short deadline (list_client_), from the apiserver's watch cache (resourceVersion 0:
   // no quorum read of every pod in etcd), and a failure pauses the steering for a while.
-  const k8s::ListOptions lo{.label_selector = "",
-                            .field_selector = Cat("spec.nodeName=", opts_.node_name),
-                            .limit = 0,
-                            .resource_version = std::string(1, '0')};  // "0": GCC 12's -Wrestrict misfires on the literal
+  const k8s::ListOptions lo{
+      .label_selector = "",
+      .field_selector = Cat("spec.nodeName=", opts_.node_name),
+      .limit = 0,
+      .resource_version = std::string(1, '0')};  // "0": GCC 12's -Wrestrict misfires on the literal
   auto pods = list_client_->List(k8s::FindResource("pods")->Path(""), lo);
   if (!pods.ok()) {
     const bool refused = absl::IsPermissionDenied(pods.status());
     const auto pause = refused ? std::chrono::minutes(5) : std::chrono::minutes(1);
     list_paused_until_ = now + std::chrono::nanoseconds(pause).count();
-    Log("deviceplugin")->warn("{}: kubelet is not steered to the extender's choice for {} minute(s) (the allocation "
-                              "records are corrected to kubelet's choice instead): listing this node's pods failed: {}{}",
-                              resource, refused ? 5 : 1, std::string(pods.status().message()),
-                              refused ? " (grant `list` on pods, as deploy/shares/rbac.yaml does)" : "");
+    Log("deviceplugin")
+        ->warn(
+            "{}: kubelet is not steered to the extender's choice for {} minute(s) (the allocation "
+            "records are corrected to kubelet's choice instead): listing this node's pods failed: {}{}",
+            resource, refused ? 5 : 1, std::string(pods.status().message()),
+            refused ? " (grant `list` on pods, as deploy/shares/rbac.yaml does)" : "");
     return {};
   }
   std::set<std::string> holding;  // ns/pod/container already holding `resource`
-  auto held = exporter::ListPodResources(opts_.pod_resources_socket, opts_.timeout);
+  auto held = kubelet::ListPodResources(opts_.pod_resources_socket, opts_.timeout);
   if (!held.ok()) return {};
   for (const auto& d : *held) {
     if (d.resource == resource) holding.insert(Cat(d.pod.namespace_name, "/", d.pod.pod, "/", d.pod.container));
@@ -306,7 +324,7 @@ std::vector<std::vector<deviceplugin::AssignedDevice>> ShareHandoff::Pending(con
     const json meta = pod.value("metadata", json::object());
     const std::string phase = pod.value("status", json::object()).value("phase", "");
     if (phase == "Succeeded" || phase == "Failed" || meta.contains("deletionTimestamp")) continue;
-    auto on_pod = extender::RecordOnPod(pod);
+    auto on_pod = api::RecordOnPod(pod);
     if (!on_pod.ok() || !on_pod->has_value() || (*on_pod)->node != opts_.node_name) continue;
     const auto& record = **on_pod;
     const std::string ns = meta.value("namespace", ""), name = meta.value("name", "");
@@ -327,9 +345,9 @@ std::vector<std::vector<deviceplugin::AssignedDevice>> ShareHandoff::Pending(con
       }
     }
     for (const auto& [entry, count] : order) {
-      const auto c = std::find_if(record.containers.begin(), record.containers.end(), [&](const extender::RecordContainer& x) {
-        return x.name == entry && x.resource == resource;
-      });
+      const auto c =
+          std::find_if(record.containers.begin(), record.containers.end(),
+                       [&](const api::RecordContainer& x) { return x.name == entry && x.resource == resource; });
       if (c == record.containers.end() || holding.contains(Cat(ns, "/", name, "/", entry))) continue;
       if (std::min(count, c->gpus.size()) != size) continue;
       Candidate cand{meta.value("creationTimestamp", ""), Cat(ns, "/", name), {}};
@@ -351,12 +369,12 @@ std::vector<std::vector<deviceplugin::AssignedDevice>> ShareHandoff::Pending(con
 }
 
 std::string ShareHandoff::SpecPath(const std::string& cdi_name) const {
-  return deviceplugin::ShareCdiSpecFile(opts_.cdi_spec_dir, cdi_name);
+  return api::ShareCdiSpecFile(opts_.cdi_spec_dir, cdi_name);
 }
 
 absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const std::string& cdi_name) {
   // 1. Which container holds these slots: kubelet recorded it before calling PreStartContainer.
-  auto owner = Holder(deviceplugin::kKgpuSharesResource, ids);
+  auto owner = Holder(api::kShares, ids);
   if (!owner.ok()) return owner.status();
   const std::string who = Cat(owner->namespace_name, "/", owner->pod, " container ", owner->container);
   // 2. The record the extender wrote for it.
@@ -364,7 +382,7 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
   auto pod = client_->Get(path);
   if (!pod.ok()) return absl::UnavailableError(Cat(who, ": ", pod.status().message()));
   const json meta = pod->value("metadata", json::object());
-  auto on_pod = extender::RecordOnPod(*pod);
+  auto on_pod = api::RecordOnPod(*pod);
   if (!on_pod.ok()) return absl::FailedPreconditionError(Cat(who, ": ", on_pod.status().message()));
   if (!on_pod->has_value()) {
     return absl::FailedPreconditionError(Cat(who, ": the pod has no ", extender::kAnnotationAllocation,
@@ -372,16 +390,18 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
   }
   auto& record = **on_pod;
   if (!opts_.node_name.empty() && record.node != opts_.node_name) {
-    return absl::FailedPreconditionError(Cat(who, ": the record is for node ", record.node, ", this is ", opts_.node_name));
+    return absl::FailedPreconditionError(
+        Cat(who, ": the record is for node ", record.node, ", this is ", opts_.node_name));
   }
-  const extender::RecordContainer* rc = nullptr;
+  const api::RecordContainer* rc = nullptr;
   for (const auto& c : record.containers) {
-    if (c.name == owner->container && c.resource == deviceplugin::kKgpuSharesResource) rc = &c;
+    if (c.name == owner->container && c.resource == api::kShares) rc = &c;
   }
-  if (rc == nullptr) return absl::FailedPreconditionError(Cat(who, ": the record has no kgpu.io/gpu entry for this container"));
+  if (rc == nullptr)
+    return absl::FailedPreconditionError(Cat(who, ": the record has no kgpu.io/gpu entry for this container"));
   if (rc->gpus.size() != ids.size()) {
-    return absl::FailedPreconditionError(Cat(who, ": the record names ", rc->gpus.size(), " GPUs but kubelet gave ", ids.size(),
-                                             " slots"));
+    return absl::FailedPreconditionError(
+        Cat(who, ": the record names ", rc->gpus.size(), " GPUs but kubelet gave ", ids.size(), " slots"));
   }
   // 3. The CDI spec: exactly the record's GPUs, its limits.
   json nodes = json::array();
@@ -390,8 +410,10 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
   for (const auto& g : rc->gpus) {
     const auto& gpus = inventory_->gpus();
     const auto found = std::find_if(gpus.begin(), gpus.end(), [&](const gpu::Gpu& x) { return x.uuid == g.uuid; });
-    if (found == gpus.end()) return absl::FailedPreconditionError(Cat(who, ": the record names ", g.uuid, ", which this node does not have"));
-    if (found->mig_enabled) return absl::FailedPreconditionError(Cat(who, ": ", g.uuid, " is in MIG mode and serves no shares"));
+    if (found == gpus.end())
+      return absl::FailedPreconditionError(Cat(who, ": the record names ", g.uuid, ", which this node does not have"));
+    if (found->mig_enabled)
+      return absl::FailedPreconditionError(Cat(who, ": ", g.uuid, " is in MIG mode and serves no shares"));
     nodes.push_back(node(Cat("/dev/nvidia", found->minor)));
   }
   for (const char* n : {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}) nodes.push_back(node(n));
@@ -403,9 +425,10 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
     // container's processes in a directory of its own (0777: random-UID containers write it).
     if (opts_.cuda_interposer.empty()) {
       return absl::FailedPreconditionError(
-          Cat(who, ": the record asks for hard memory limits, but this node's plugin has no CUDA interposer "
-                   "(--cuda-interposer), so nothing would enforce them; delete the pod so that it is scheduled again "
-                   "(kgpu extender offers hard only on nodes whose inventory lists it)"));
+          Cat(who,
+              ": the record asks for hard memory limits, but this node's plugin has no CUDA interposer "
+              "(--cuda-interposer), so nothing would enforce them; delete the pod so that it is scheduled again "
+              "(kgpu extender offers hard only on nodes whose inventory lists it)"));
     }
     auto iso = deviceplugin::InterposerEditsFor(
         opts_.cuda_interposer, opts_.cuda_interposer_load, opts_.cuda_shared_root,
@@ -420,16 +443,16 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
     // (ShareEnv), which the daemon enforces for this client.
     if (opts_.mps_root.empty()) {
       return absl::FailedPreconditionError(
-          Cat(who, ": the record asks for MPS limits, but no MPS daemon serves ", deviceplugin::kKgpuSharesResource,
+          Cat(who, ": the record asks for MPS limits, but no MPS daemon serves ", api::kShares,
               " on this node (sharing.mps in the plugin's config); delete the pod so that it is scheduled again "
               "(kgpu extender offers mps only on nodes whose inventory lists it)"));
     }
-    const auto client = deviceplugin::MpsClientFor(opts_.mps_root, deviceplugin::kKgpuSharesResource);
+    const auto client = deviceplugin::MpsClientFor(opts_.mps_root, api::kShares);
     edits["env"].push_back(Cat("CUDA_MPS_PIPE_DIRECTORY=", client.pipe_dir));
     edits["mounts"] = CdiMounts(client.mounts);
   }
   const json spec = {{"cdiVersion", "0.5.0"},
-                     {"kind", deviceplugin::kKgpuShareCdiKind},
+                     {"kind", api::kShareCdiKind},
                      {"devices", json::array({{{"name", cdi_name}, {"containerEdits", edits}}})}};
   std::error_code ec;
   std::filesystem::create_directories(opts_.cdi_spec_dir, ec);
@@ -437,15 +460,16 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
   // An init container and the container it hands its slots on to have the same spec, which two
   // PreStartContainer calls may write at once: each through a temporary file of its own.
   if (auto st = WriteFileAtomically(file, spec.dump(2) + "\n"); !st.ok()) {
-    return absl::UnavailableError(Cat("the CDI spec: ", st.message(), " (mount the CDI spec directory, or change --cdi-spec-dir)"));
+    return absl::UnavailableError(
+        Cat("the CDI spec: ", st.message(), " (mount the CDI spec directory, or change --cdi-spec-dir)"));
   }
   // 4. Say what was applied, on the pod.
   std::vector<std::string> what;
   for (const auto& g : rc->gpus) what.push_back(Cat(g.uuid, " (", g.memory_mib, " MiB, ", g.cores, "% cores)"));
   const std::string note =
       Cat("container ", owner->container, ": ", Join(what, ", "), "; enforcement ", mode,
-          mode == "hard" ? Cat(" (KGPU_CUDA_MEMORY_LIMIT, enforced by the CUDA interposer ", opts_.cuda_interposer,
-                               " preloaded into the container: docs/isolation.md)")
+          mode == "hard"  ? Cat(" (KGPU_CUDA_MEMORY_LIMIT, enforced by the CUDA interposer ", opts_.cuda_interposer,
+                                " preloaded into the container: docs/isolation.md)")
           : mode == "mps" ? " (MPS per-client limits)"
                           : " (time-slicing without isolation)");
   // "<container>=<mode>" for each share container of the pod, comma-separated in name order; the
@@ -472,13 +496,14 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
     if (p.ok()) break;
     auto again = absl::IsAborted(p.status()) && attempt < 4 ? client_->Get(path) : absl::StatusOr<json>(p.status());
     if (!again.ok()) {
-      Log("deviceplugin")->warn("{}: cannot annotate the applied enforcement: {}", who, std::string(again.status().message()));
+      Log("deviceplugin")
+          ->warn("{}: cannot annotate the applied enforcement: {}", who, std::string(again.status().message()));
       break;
     }
     current = std::move(*again);
   }
-  (void)events_->Record({"v1", "Pod", owner->namespace_name, owner->pod, meta.value("uid", "")}, "Normal", "GpuShareAssigned",
-                        "Allocate", note);
+  (void)events_->Record({"v1", "Pod", owner->namespace_name, owner->pod, meta.value("uid", "")}, "Normal",
+                        "GpuShareAssigned", "Allocate", note);
   Log("deviceplugin")->info("{}: {}", who, note);
   return absl::OkStatus();
 }

@@ -29,13 +29,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "api/record.h"
+#include "api/share_cdi.h"
 #include "deviceplugin/server.h"
-#include "deviceplugin/share_cdi.h"
-#include "exporter/podresources.h"
-#include "extender/record.h"
 #include "gpu/inventory.h"
 #include "k8s/client.h"
 #include "k8s/events.h"
+#include "kubelet/podresources.h"
 
 namespace kgpu::cli {
 
@@ -60,11 +60,11 @@ struct ShareHandoffOptions {
 };
 
 // Where a `hard` share's container sees the interposer and its accounting directory.
-using deviceplugin::kInterposerInContainer;
-using deviceplugin::kRegionInContainer;
+using api::kInterposerInContainer;
+using api::kRegionInContainer;
 
 // The container's environment for a record entry (docs/sharing-model.md §6).
-std::vector<std::string> ShareEnv(const extender::RecordContainer& c);
+std::vector<std::string> ShareEnv(const api::RecordContainer& c);
 
 class ShareHandoff {
  public:
@@ -102,7 +102,7 @@ class ShareHandoff {
 
  private:
   // The one container that holds `ids` of `resource` in kubelet's PodResources.
-  absl::StatusOr<exporter::PodRef> Holder(const std::string& resource, const std::vector<std::string>& ids) const;
+  absl::StatusOr<kubelet::PodRef> Holder(const std::string& resource, const std::vector<std::string>& ids) const;
 
   std::unique_ptr<k8s::Client> client_;
   std::unique_ptr<k8s::Client> list_client_;

@@ -38,7 +38,9 @@ bool HasExtension(const std::string& path, std::string_view ext) {
   }
   return true;
 }
-bool PlotIsPng(const std::string& path) { return HasExtension(path, ".png"); }
+bool PlotIsPng(const std::string& path) {
+  return HasExtension(path, ".png");
+}
 
 // The default trace: $KGPU_SIM_DATA_DIR, ./data/alibaba-gpu-v2023, then the source tree's copy.
 std::string DefaultDataFile(const char* name) {
@@ -85,14 +87,16 @@ double MeanOf(const PolicyRuns& p, F f) {
 }
 
 std::string ReplaceAll(std::string s, const std::string& from, const std::string& to) {
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
   return s;
 }
 
 absl::Status WritePlacements(const std::string& path, const sched::ReplayResult& r,
                              const std::vector<sched::NodeSpec>& nodes) {
   std::ofstream f(path, std::ios::trunc);
-  if (!f) return absl::PermissionDeniedError(Cat(Printable(path), ": cannot write the placements file (check --placements)"));
+  if (!f)
+    return absl::PermissionDeniedError(Cat(Printable(path), ": cannot write the placements file (check --placements)"));
   f << "pod_name,node_sn,gpu_indices,gpu_milli_each\n";
   for (const auto& e : r.log) {
     f << e.pod << ',';
@@ -150,10 +154,14 @@ absl::StatusOr<std::vector<uint64_t>> ParseSeeds(const std::string& spec) {
 }
 
 void AddSimFlags(CLI::App* sim, SimFlags* f) {
-  sim->add_option("--nodes", f->nodes, "node list CSV (sn,cpu_milli,memory_mib,gpu,model); default: the repository's "
-                                       "data/alibaba-gpu-v2023/" + std::string(kNodesFile));
-  sim->add_option("--pods", f->pods, "pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]); "
-                                     "default: data/alibaba-gpu-v2023/" + std::string(kPodsFile));
+  sim->add_option("--nodes", f->nodes,
+                  "node list CSV (sn,cpu_milli,memory_mib,gpu,model); default: the repository's "
+                  "data/alibaba-gpu-v2023/" +
+                      std::string(kNodesFile));
+  sim->add_option("--pods", f->pods,
+                  "pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]); "
+                  "default: data/alibaba-gpu-v2023/" +
+                      std::string(kPodsFile));
   sim->add_option("--policy", f->policies,
                   "policies to compare, comma-separated: random, bestfit, packing, spread, fgd, ours, ours-trace "
                   "(ours given the trace's distribution)")
@@ -228,12 +236,12 @@ std::string RenderSvg(const std::vector<PolicyRuns>& results, int gpus, bool dep
   for (double x = xlo; x <= xhi + 1e-9; x += xstep) {
     s += Cat("<line x1=\"", Fixed(px(x), 1), "\" y1=\"", Fixed(py(ylo), 1), "\" x2=\"", Fixed(px(x), 1), "\" y2=\"",
              Fixed(py(yhi), 1), "\" stroke=\"#eee\"/>\n");
-    s += Cat("<text x=\"", Fixed(px(x), 1), "\" y=\"", Fixed(H - B + 18, 1), "\" text-anchor=\"middle\">",
-             Fixed(x, 0), departures ? "h" : "%", "</text>\n");
+    s += Cat("<text x=\"", Fixed(px(x), 1), "\" y=\"", Fixed(H - B + 18, 1), "\" text-anchor=\"middle\">", Fixed(x, 0),
+             departures ? "h" : "%", "</text>\n");
   }
   if (!departures && xhi >= 100) {
-    s += Cat("<line x1=\"", Fixed(px(100), 1), "\" y1=\"", Fixed(py(ylo), 1), "\" x2=\"", Fixed(px(100), 1),
-             "\" y2=\"", Fixed(py(yhi), 1), "\" stroke=\"#999\" stroke-dasharray=\"4 4\"/>\n");
+    s += Cat("<line x1=\"", Fixed(px(100), 1), "\" y1=\"", Fixed(py(ylo), 1), "\" x2=\"", Fixed(px(100), 1), "\" y2=\"",
+             Fixed(py(yhi), 1), "\" stroke=\"#999\" stroke-dasharray=\"4 4\"/>\n");
   }
   s += Cat("<rect x=\"", Fixed(L, 1), "\" y=\"", Fixed(T, 1), "\" width=\"", Fixed(W - L - R, 1), "\" height=\"",
            Fixed(H - T - B, 1), "\" fill=\"none\" stroke=\"#333\"/>\n");
@@ -249,15 +257,15 @@ std::string RenderSvg(const std::vector<PolicyRuns>& results, int gpus, bool dep
       if (std::isnan(y)) continue;
       pts += Cat(Fixed(px(x), 1), ",", Fixed(py(y), 1), " ");
     }
-    s += Cat("<polyline fill=\"none\" stroke=\"", color, "\" stroke-width=\"1.8\" clip-path=\"url(#area)\" points=\"", pts,
-             "\"/>\n");
+    s += Cat("<polyline fill=\"none\" stroke=\"", color, "\" stroke-width=\"1.8\" clip-path=\"url(#area)\" points=\"",
+             pts, "\"/>\n");
     const double at = departures ? MeanOf(results[i], [](const sched::ReplayResult& r) { return r.mean_alloc; })
                                  : MeanOf(results[i], [](const sched::ReplayResult& r) { return r.AllocAt(130); });
     const double ly = T + 14 + 20 * static_cast<double>(i);
     s += Cat("<line x1=\"", Fixed(W - R + 14, 1), "\" y1=\"", Fixed(ly - 4, 1), "\" x2=\"", Fixed(W - R + 36, 1),
              "\" y2=\"", Fixed(ly - 4, 1), "\" stroke=\"", color, "\" stroke-width=\"3\"/>\n");
-    s += Cat("<text x=\"", Fixed(W - R + 42, 1), "\" y=\"", Fixed(ly, 1), "\">", results[i].policy, " (",
-             Fixed(at, 2), departures ? "% mean)" : "% at 130%)", "</text>\n");
+    s += Cat("<text x=\"", Fixed(W - R + 42, 1), "\" y=\"", Fixed(ly, 1), "\">", results[i].policy, " (", Fixed(at, 2),
+             departures ? "% mean)" : "% at 130%)", "</text>\n");
   }
   s += "</svg>\n";
   return s;
@@ -283,7 +291,8 @@ int RunSim(const SimFlags& flags, std::ostream& out, std::ostream& err) {
   auto sharing = sched::ParseSharing(flags.sharing);
   if (!sharing.ok()) return fail(sharing.status());
   if (!(flags.target > 0 && flags.target <= 10)) {
-    return fail(absl::InvalidArgumentError(Cat("--target ", Fixed(flags.target, 3), ": use a fraction in (0, 10], e.g. 1.3")));
+    return fail(
+        absl::InvalidArgumentError(Cat("--target ", Fixed(flags.target, 3), ": use a fraction in (0, 10], e.g. 1.3")));
   }
   if (!(flags.half_life > 0)) return fail(absl::InvalidArgumentError("--half-life: use a positive number of arrivals"));
   std::vector<std::string> policies;
@@ -298,8 +307,8 @@ int RunSim(const SimFlags& flags, std::ostream& out, std::ostream& err) {
       if (std::find(known.begin(), known.end(), name) == known.end()) {
         const std::string near = Nearest(name, known, 3);
         return fail(absl::InvalidArgumentError(Cat("--policy: unknown policy '", Printable(name), "'",
-                                                   near.empty() ? "" : Cat(" (did you mean ", near, "?)"),
-                                                   "; use ", Join(known, ", "))));
+                                                   near.empty() ? "" : Cat(" (did you mean ", near, "?)"), "; use ",
+                                                   Join(known, ", "))));
       }
       if (std::find(policies.begin(), policies.end(), name) != policies.end()) {
         return fail(absl::InvalidArgumentError(Cat("--policy: '", name, "' is named twice")));
@@ -311,9 +320,8 @@ int RunSim(const SimFlags& flags, std::ostream& out, std::ostream& err) {
   }
   if (!flags.placements.empty()) {
     if (policies.size() > 1 && flags.placements.find("{policy}") == std::string::npos) {
-      return fail(absl::InvalidArgumentError(
-          Cat("--placements ", Printable(flags.placements), ": ", policies.size(),
-              " policies would write one file; put {policy} in the name")));
+      return fail(absl::InvalidArgumentError(Cat("--placements ", Printable(flags.placements), ": ", policies.size(),
+                                                 " policies would write one file; put {policy} in the name")));
     }
     if (seeds->size() > 1 && flags.placements.find("{seed}") == std::string::npos) {
       return fail(absl::InvalidArgumentError(Cat("--placements ", Printable(flags.placements), ": ", seeds->size(),
@@ -390,7 +398,8 @@ int RunSim(const SimFlags& flags, std::ostream& out, std::ostream& err) {
       std::ofstream f(flags.plot, std::ios::trunc);
       f << svg;
       f.close();
-      if (!f) return fail(absl::PermissionDeniedError(Cat(Printable(flags.plot), ": cannot write the plot (check --plot)")));
+      if (!f)
+        return fail(absl::PermissionDeniedError(Cat(Printable(flags.plot), ": cannot write the plot (check --plot)")));
     }
   }
 
@@ -451,12 +460,15 @@ int RunSim(const SimFlags& flags, std::ostream& out, std::ostream& err) {
       if (flags.departures) {
         jp["mean_alloc"] = num(MeanOf(pr, [](const sched::ReplayResult& r) { return r.mean_alloc; }));
         jp["pending_p99_s"] = num(MeanOf(pr, [](const sched::ReplayResult& r) { return r.pending_p99; }));
-        jp["never_placed"] = num(MeanOf(pr, [](const sched::ReplayResult& r) { return static_cast<double>(r.never_placed); }));
+        jp["never_placed"] =
+            num(MeanOf(pr, [](const sched::ReplayResult& r) { return static_cast<double>(r.never_placed); }));
       } else {
         for (int x : kReportAt) {
-          jp["alloc_at"][std::to_string(x)] = num(MeanOf(pr, [x](const sched::ReplayResult& r) { return r.AllocAt(x); }));
+          jp["alloc_at"][std::to_string(x)] =
+              num(MeanOf(pr, [x](const sched::ReplayResult& r) { return r.AllocAt(x); }));
         }
-        jp["unallocated_gpus_at_130"] = num(unalloc(MeanOf(pr, [](const sched::ReplayResult& r) { return r.AllocAt(130); })));
+        jp["unallocated_gpus_at_130"] =
+            num(unalloc(MeanOf(pr, [](const sched::ReplayResult& r) { return r.AllocAt(130); })));
       }
       jp["failed_pods"] = num(MeanOf(pr, [](const sched::ReplayResult& r) { return static_cast<double>(r.failed); }));
       for (const auto& [k, v] : failed_shapes) jp["failed_by_shape"][k] = num(Mean(v));
@@ -472,7 +484,9 @@ int RunSim(const SimFlags& flags, std::ostream& out, std::ostream& err) {
 
   out << "kgpu sim: " << nodes->size() << " nodes (" << gpus << " GPUs) from " << nodes_path << ", " << pods->size()
       << " pods from " << pods_path << "\n";
-  out << "  " << (flags.departures ? "dynamic replay (creation/deletion times)" : Cat("arrivals to ", Fixed(flags.target * 100, 0), "% of GPU capacity"))
+  out << "  "
+      << (flags.departures ? "dynamic replay (creation/deletion times)"
+                           : Cat("arrivals to ", Fixed(flags.target * 100, 0), "% of GPU capacity"))
       << ", sharing " << sharing->spec << ", " << seeds->size() << " seed" << (seeds->size() == 1 ? "" : "s") << " ("
       << flags.seeds << "), mean over seeds\n\n";
   if (flags.departures) {
@@ -485,22 +499,24 @@ int RunSim(const SimFlags& flags, std::ostream& out, std::ostream& err) {
           << Pad(Fixed(MeanOf(pr, [](const sched::ReplayResult& r) { return r.mean_alloc; }), 2), 14)
           << Pad(Fixed(MeanOf(pr, [](const sched::ReplayResult& r) { return r.final_alloc; }), 2), 10)
           << Pad(Fixed(MeanOf(pr, [](const sched::ReplayResult& r) { return static_cast<double>(r.waited); }), 1), 9)
-          << Pad(Fixed(MeanOf(pr, [](const sched::ReplayResult& r) { return static_cast<double>(r.never_placed); }), 1), 14)
+          << Pad(Fixed(MeanOf(pr, [](const sched::ReplayResult& r) { return static_cast<double>(r.never_placed); }), 1),
+                 14)
           << Pad(Fixed(MeanOf(pr, [](const sched::ReplayResult& r) { return r.pending_p50; }), 0), 15)
           << Pad(Fixed(MeanOf(pr, [](const sched::ReplayResult& r) { return r.pending_p99; }), 0), 10)
           << Pad(Fixed(MeanOf(pr, [](const sched::ReplayResult& r) { return r.pending_max; }), 0), 10)
           << Pad(Fixed(Mean(seconds[p]), 2), 8) << "\n";
     }
   } else {
-    out << Pad("policy", 12, true) << "GPU allocation % at arrived demand" << Pad("unallocated", 14)
-        << Pad("failed", 9) << Pad("frag GPUs", 11) << Pad("s/run", 8) << "\n";
+    out << Pad("policy", 12, true) << "GPU allocation % at arrived demand" << Pad("unallocated", 14) << Pad("failed", 9)
+        << Pad("frag GPUs", 11) << Pad("s/run", 8) << "\n";
     out << Pad("", 12, true);
     for (int x : kReportAt) out << Pad(Cat(x, "%"), 8);
     out << Pad("", 2) << Pad("GPUs @130%", 14) << Pad("pods", 9) << Pad("at end", 11) << "\n";
     for (size_t p = 0; p < results.size(); ++p) {
       const auto& pr = results[p];
       out << Pad(pr.policy, 12, true);
-      for (int x : kReportAt) out << Pad(Fixed(MeanOf(pr, [x](const sched::ReplayResult& r) { return r.AllocAt(x); }), 2), 8);
+      for (int x : kReportAt)
+        out << Pad(Fixed(MeanOf(pr, [x](const sched::ReplayResult& r) { return r.AllocAt(x); }), 2), 8);
       out << Pad("", 2)
           << Pad(Fixed(unalloc(MeanOf(pr, [](const sched::ReplayResult& r) { return r.AllocAt(130); })), 0), 14)
           << Pad(Fixed(MeanOf(pr, [](const sched::ReplayResult& r) { return static_cast<double>(r.failed); }), 1), 9)

@@ -10,12 +10,12 @@
 //
 // Thread-safety: RunSim runs the replays on --jobs threads; each replay is independent.
 
-#include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <ostream>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "absl/status/statusor.h"
 #include "sched/replay.h"
@@ -23,15 +23,15 @@
 namespace kgpu::cli {
 
 struct SimFlags {
-  std::string nodes;             // --nodes (default: the repository's default trace)
-  std::string pods;              // --pods
+  std::string nodes;  // --nodes (default: the repository's default trace)
+  std::string pods;   // --pods
   std::string policies = "random,bestfit,packing,fgd,ours";
   std::string seeds = "42-51";
-  double target = 1.3;           // --target: arrived GPU demand / capacity
-  std::string placements;        // --placements FILE ({policy}, {seed} replaced)
-  std::string plot;              // --plot FILE.svg
+  double target = 1.3;     // --target: arrived GPU demand / capacity
+  std::string placements;  // --placements FILE ({policy}, {seed} replaced)
+  std::string plot;        // --plot FILE.svg
   bool json = false;
-  unsigned jobs = 0;             // 0: every core
+  unsigned jobs = 0;  // 0: every core
   bool departures = false;
   std::string sharing = "timeslice";
   double half_life = 10000;

@@ -1,11 +1,11 @@
 #include "cli/slurm_cmd.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <iostream>
 #include <memory>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "common/files.h"
 #include "common/http_listen.h"
@@ -21,9 +21,11 @@ CLI::App* AddSlurmGresCommand(CLI::App* slurm, SlurmGresFlags* f) {
   gres->add_option("--node-name", f->node_name, "Slurm NodeName (default: the host name)")->envname("NODE_NAME");
   gres->add_option("--mig-minors", f->mig_minors, "the driver's MIG capability minors (for MultipleFiles=)")
       ->capture_default_str();
-  gres->add_option("--mps-count", f->mps_count,
-                   "Name=mps Count= per GPU (default: 100 when the config's sharing strategy is MPS, else no mps lines)");
-  gres->add_option("--gpu-type", f->gpu_type, "Type= for whole GPUs (default: the NVML name as AutoDetect=nvml names it)");
+  gres->add_option(
+      "--mps-count", f->mps_count,
+      "Name=mps Count= per GPU (default: 100 when the config's sharing strategy is MPS, else no mps lines)");
+  gres->add_option("--gpu-type", f->gpu_type,
+                   "Type= for whole GPUs (default: the NVML name as AutoDetect=nvml names it)");
   gres->add_flag("--no-cores", f->no_cores, "leave out Cores= (NUMA affinity from sysfs)");
   gres->add_flag("--no-links", f->no_links, "leave out Links= (NVLink lanes)");
   gres->add_option("--cpus", f->cpus, "CPUs= for the slurm.conf node line (default: left out)");
@@ -66,15 +68,15 @@ int RunSlurmGres(const NodeOptions& node, const DevicePluginFlags& dp, const Slu
   } else if (cs->config.sharing.strategy == deviceplugin::SharingStrategy::kMps) {
     go.mps_count_per_gpu = 100;
   }
-  const bool any_mig = std::any_of(inventory.gpus().begin(), inventory.gpus().end(),
-                                   [](const gpu::Gpu& g) { return g.mig_enabled; });
+  const bool any_mig =
+      std::any_of(inventory.gpus().begin(), inventory.gpus().end(), [](const gpu::Gpu& g) { return g.mig_enabled; });
   if (any_mig) {
     auto text = ReadInputFile(flags.mig_minors, "MIG minors file", "check --mig-minors");
     if (!text.ok()) {
       out << "kgpu slurm gres: " << text.status().message() << "\n";
       return 1;
     }
-    auto minors = deviceplugin::ParseMigMinors(*text, flags.mig_minors);
+    auto minors = gpu::ParseMigMinors(*text, flags.mig_minors);
     if (!minors.ok()) {
       out << "kgpu slurm gres: " << minors.status().message() << "\n";
       return 1;
@@ -106,11 +108,11 @@ int RunSlurmGres(const NodeOptions& node, const DevicePluginFlags& dp, const Slu
 // ---------------------------------------------------------------------------------------------
 // kgpu slurm-bridge
 
-#include <httplib.h>
-
 #include <iomanip>
 #include <sstream>
 #include <thread>
+
+#include <httplib.h>
 
 #include "common/log.h"
 #include "k8s/leader.h"
@@ -186,17 +188,24 @@ SlurmBridgeCommands AddSlurmBridgeCommands(CLI::App* app, SlurmBridgeFlags* f) {
   c.run->add_option("--min-kept", f->min_kept, "Slurm keeps at least this many undrained nodes")->capture_default_str();
   c.run->add_option("--lend-threshold", f->lend_threshold_s, "seconds GPU pods must be unschedulable before a lend")
       ->capture_default_str();
-  c.run->add_option("--reclaim-threshold", f->reclaim_threshold_s,
-                    "seconds a blocked Slurm job must be pending before a reclaim")
+  c.run
+      ->add_option("--reclaim-threshold", f->reclaim_threshold_s,
+                   "seconds a blocked Slurm job must be pending before a reclaim")
       ->capture_default_str();
-  c.run->add_option("--cooldown", f->cooldown_s, "seconds a node back with Slurm is not lent again")->capture_default_str();
-  c.run->add_option("--lend-hysteresis", f->hysteresis_s,
-                    "seconds without demand after which a lend still draining is cancelled")
+  c.run->add_option("--cooldown", f->cooldown_s, "seconds a node back with Slurm is not lent again")
       ->capture_default_str();
-  c.run->add_option("--lend-duration", f->lend_duration_s, "the lease of a lent node ends after this many seconds (0: never)")
+  c.run
+      ->add_option("--lend-hysteresis", f->hysteresis_s,
+                   "seconds without demand after which a lend still draining is cancelled")
       ->capture_default_str();
-  c.run->add_option("--force-delete-after", f->force_delete_after_s,
-                    "reclaim: delete pods whose eviction PDBs still refuse after this many seconds (0: never, the default)")
+  c.run
+      ->add_option("--lend-duration", f->lend_duration_s,
+                   "the lease of a lent node ends after this many seconds (0: never)")
+      ->capture_default_str();
+  c.run
+      ->add_option(
+          "--force-delete-after", f->force_delete_after_s,
+          "reclaim: delete pods whose eviction PDBs still refuse after this many seconds (0: never, the default)")
       ->capture_default_str();
   c.run->add_option("--interval-ms", f->interval_ms, "reconcile period")->capture_default_str();
   c.run->add_option("--confirm-gap-ms", f->confirm_gap_ms, "a drained node must be empty on two reads this far apart")
@@ -209,19 +218,23 @@ SlurmBridgeCommands AddSlurmBridgeCommands(CLI::App* app, SlurmBridgeFlags* f) {
   c.run->add_flag("!--no-leader-elect", f->leader_elect, "run without the Lease (a single replica)");
   c.run->add_option("--leader-namespace", f->leader_namespace, "namespace of the leader Lease")->capture_default_str();
   c.run->add_option("--leader-name", f->leader_name, "name of the leader Lease")->capture_default_str();
-  c.run->add_option("--identity", f->identity, "this replica's identity (default: host name and pid)")->envname("POD_NAME");
+  c.run->add_option("--identity", f->identity, "this replica's identity (default: host name and pid)")
+      ->envname("POD_NAME");
   c.run->add_option("--lease-duration-ms", f->lease_duration_ms, "leader Lease duration")->capture_default_str();
   c.run->add_option("--renew-deadline-ms", f->renew_deadline_ms, "leader renew deadline")->capture_default_str();
   c.run->add_option("--retry-period-ms", f->retry_period_ms, "leader retry period")->capture_default_str();
   c.run->add_option("--metrics-listen", f->metrics_listen, "serve /metrics and /healthz on host:port (default: off)");
-  c.run->add_option("--lend-via", f->lend_via,
-                    "drain: the Slurm fence is DRAIN; power-save: State=POWER_DOWN_ASAP, and Slurm asks for the node "
-                    "back through ResumeProgram (needs --resume-command and power saving in slurm.conf)")
+  c.run
+      ->add_option("--lend-via", f->lend_via,
+                   "drain: the Slurm fence is DRAIN; power-save: State=POWER_DOWN_ASAP, and Slurm asks for the node "
+                   "back through ResumeProgram (needs --resume-command and power saving in slurm.conf)")
       ->check(CLI::IsMember({"drain", "power-save"}))
       ->capture_default_str();
-  c.run->add_option("--resume-command", f->resume_command,
-                    "power-save: run once Kubernetes is empty so that the node's slurmd registers as rebooted "
-                    "(slurmd -b); split into words as a shell would (quotes, backslashes), but no shell runs it; {node} replaced")
+  c.run
+      ->add_option(
+          "--resume-command", f->resume_command,
+          "power-save: run once Kubernetes is empty so that the node's slurmd registers as rebooted "
+          "(slurmd -b); split into words as a shell would (quotes, backslashes), but no shell runs it; {node} replaced")
       ->envname("KGPU_RESUME_COMMAND");
   c.run->add_option("--resume-retry", f->resume_retry_s, "power-save: seconds before the resume command runs again")
       ->capture_default_str();
@@ -234,7 +247,8 @@ SlurmBridgeCommands AddSlurmBridgeCommands(CLI::App* app, SlurmBridgeFlags* f) {
   c.status->add_flag("--json", f->json, "JSON instead of a table");
   c.reclaim = bridge->add_subcommand("reclaim", "ask the controller to give lent nodes back to Slurm");
   AddCommonBridgeFlags(c.reclaim, f);
-  c.reclaim->add_option("nodes", f->reclaim_nodes, "node names or Slurm hostlists (n[1-3]), as a ResumeProgram gets them")
+  c.reclaim
+      ->add_option("nodes", f->reclaim_nodes, "node names or Slurm hostlists (n[1-3]), as a ResumeProgram gets them")
       ->required();
   c.reclaim->add_option("--reason", f->reclaim_reason, "who asks, recorded in the lease")->capture_default_str();
   c.hook = bridge->add_subcommand(
@@ -272,7 +286,8 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
     return 2;
   }
   if (f.lend_via == "power-save" && resume_command.empty()) {
-    out << "kgpu slurm-bridge run: --lend-via power-save needs --resume-command: the command that makes a node's slurmd "
+    out << "kgpu slurm-bridge run: --lend-via power-save needs --resume-command: the command that makes a node's "
+           "slurmd "
            "register as rebooted once Kubernetes has left it (a one-off restart with slurmd -b, e.g. 'ssh {node} "
            "/usr/local/sbin/slurmd-rejoin'); without it a job given the node would wait in CONFIGURING until "
            "ResumeTimeout\n";
@@ -320,21 +335,21 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
   std::unique_ptr<httplib::Server> http;
   std::thread http_thread;
   if (!f.metrics_listen.empty()) {
-    const auto colon = f.metrics_listen.rfind(':');
-    if (colon == std::string::npos) {
-      out << "kgpu slurm-bridge run: --metrics-listen '" << Printable(f.metrics_listen) << "' must be host:port\n";
+    if (auto a = ParseListenAddress("--metrics-listen", f.metrics_listen); !a.ok()) {
+      out << "kgpu slurm-bridge run: " << a.status().message() << "\n";
       return 2;
     }
     http = std::make_unique<httplib::Server>();
     http->Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
       res.set_content(bridge.Metrics(), "text/plain; version=0.0.4");
     });
-    http->Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
-    std::string host = f.metrics_listen.substr(0, colon);
-    if (host.empty()) host = "0.0.0.0";
-    if (!http->bind_to_port(host, std::atoi(f.metrics_listen.substr(colon + 1).c_str()))) {
-      out << "kgpu slurm-bridge run: cannot listen on " << Printable(f.metrics_listen) << "\n";
+    http->Get("/healthz",
+              [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+    if (auto bound = BindListenAddress(*http, "--metrics-listen", f.metrics_listen); !bound.ok()) {
+      out << "kgpu slurm-bridge run: " << bound.status().message() << "\n";
       return 1;
+    } else {
+      log->info("serving /metrics on {} (port {})", f.metrics_listen, *bound);
     }
     http_thread = ListenOnThread(*http);
   }
@@ -443,15 +458,19 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
         << "\n";
     return 0;
   }
-  out << "Slurm: " << (snodes.ok() ? "reachable" : Cat("UNREACHABLE (", snodes.status().message(), "): transitions that need it are frozen"))
+  out << "Slurm: "
+      << (snodes.ok() ? "reachable"
+                      : Cat("UNREACHABLE (", snodes.status().message(), "): transitions that need it are frozen"))
       << "\n";
   out << std::left << std::setw(14) << "NODE" << std::setw(20) << "PHASE" << std::setw(11) << "OWNER" << std::setw(7)
-      << "SINCE" << std::setw(16) << "SLURM" << std::setw(10) << "K8S-FENCE" << "WHY\n";
+      << "SINCE" << std::setw(16) << "SLURM" << std::setw(10) << "K8S-FENCE"
+      << "WHY\n";
   for (const auto& r : rows) {
     std::string slurm_col = r.contains("slurmState") ? r["slurmState"].get<std::string>() : "?";
     out << std::left << std::setw(14) << r["node"].get<std::string>() << std::setw(20) << r["phase"].get<std::string>()
-        << std::setw(11) << r["owner"].get<std::string>() << std::setw(7) << Ago(r["since"].get<int64_t>()) << std::setw(16)
-        << slurm_col << std::setw(10) << (r["k8sFenced"].get<bool>() ? "yes" : "no") << r["why"].get<std::string>();
+        << std::setw(11) << r["owner"].get<std::string>() << std::setw(7) << Ago(r["since"].get<int64_t>())
+        << std::setw(16) << slurm_col << std::setw(10) << (r["k8sFenced"].get<bool>() ? "yes" : "no")
+        << r["why"].get<std::string>();
     if (r.contains("slurmReason") && !r["slurmReason"].get<std::string>().empty()) {
       out << " [Slurm: " << r["slurmReason"].get<std::string>() << "]";
     }
@@ -513,7 +532,8 @@ int RunSlurmBridgeHook(const SlurmBridgeFlags& f, std::ostream& out) {
     }
   }
   if (f.hook_event == "resume") {
-    return AnnotateNodes(f, "kgpu slurm-bridge hook resume", slurm::kReclaimAnnotation, slurm::kResumeProgramRequest, out);
+    return AnnotateNodes(f, "kgpu slurm-bridge hook resume", slurm::kReclaimAnnotation, slurm::kResumeProgramRequest,
+                         out);
   }
   return AnnotateNodes(f, "kgpu slurm-bridge hook suspend", slurm::kSuspendedAnnotation, "SuspendProgram", out);
 }

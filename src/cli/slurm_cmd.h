@@ -4,11 +4,11 @@
 //
 // Thread-safety: set-up code, single-threaded.
 
-#include <CLI/CLI.hpp>
-
 #include <csignal>
 #include <ostream>
 #include <string>
+
+#include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
 #include "cli/device_plugin_cmd.h"
@@ -18,7 +18,7 @@ namespace kgpu::cli {
 struct SlurmGresFlags {
   std::string node_name;  // default: the host name
   std::string mig_minors = "/proc/driver/nvidia-caps/mig-minors";
-  int mps_count = -1;     // per GPU; -1: 100 when the config shares by MPS, else none
+  int mps_count = -1;  // per GPU; -1: 100 when the config shares by MPS, else none
   std::string gpu_type;
   bool no_cores = false, no_links = false;
   unsigned cpus = 0, real_memory = 0;
@@ -55,13 +55,13 @@ struct SlurmBridgeFlags {
   unsigned lease_duration_ms = 15000, renew_deadline_ms = 10000, retry_period_ms = 2000;
   std::string metrics_listen;  // host:port; empty: no metrics server
   std::string crash_at;
-  bool json = false;           // status
+  bool json = false;                       // status
   std::vector<std::string> reclaim_nodes;  // reclaim, hook: node names or hostlists
   std::string reclaim_reason = "operator";
-  std::string lend_via = "drain";          // drain | power-save
-  std::string resume_command;              // power-save: split as a shell would (SplitCommandLine), no shell, {node} replaced
+  std::string lend_via = "drain";  // drain | power-save
+  std::string resume_command;      // power-save: split as a shell would (SplitCommandLine), no shell, {node} replaced
   unsigned resume_retry_s = 20, resume_timeout_s = 60;
-  std::string hook_event;                  // hook: suspend | resume
+  std::string hook_event;  // hook: suspend | resume
 };
 
 struct SlurmBridgeCommands {

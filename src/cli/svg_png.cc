@@ -1,7 +1,5 @@
 #include "cli/svg_png.h"
 
-#include <unistd.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -9,6 +7,8 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+
+#include <unistd.h>
 
 #include "cli/lazy_lib.h"
 #include "common/strings.h"
@@ -106,7 +106,8 @@ absl::Status PngAvailable() {
 absl::Status WriteSvgAsPng(std::string_view svg, const std::string& path, double scale) {
   if (auto st = PngAvailable(); !st.ok()) return st;
   const Api& api = Load();
-  if (!(scale > 0) || scale > 16) return absl::InvalidArgumentError(Cat("PNG scale ", std::to_string(scale), ": out of (0, 16]"));
+  if (!(scale > 0) || scale > 16)
+    return absl::InvalidArgumentError(Cat("PNG scale ", std::to_string(scale), ": out of (0, 16]"));
 
   GError* gerr = nullptr;
   void* handle = api.rsvg_handle_new_from_data(reinterpret_cast<const uint8_t*>(svg.data()), svg.size(), &gerr);
@@ -171,5 +172,7 @@ absl::Status WriteSvgAsPng(std::string_view svg, const std::string& path, double
 // those caches at exit; they are fontconfig's, once per process, not ours.
 #if defined(__SANITIZE_ADDRESS__)
 extern "C" const char* __lsan_default_suppressions();
-extern "C" const char* __lsan_default_suppressions() { return "leak:libfontconfig.so\n"; }
+extern "C" const char* __lsan_default_suppressions() {
+  return "leak:libfontconfig.so\n";
+}
 #endif

@@ -8,7 +8,9 @@
 namespace kgpu::cli {
 
 void AddWebhookFlags(CLI::App* app, extender::WebhookOptions* o) {
-  app->add_option("--address", o->address, "listen on host:port")->envname("KGPU_WEBHOOK_ADDRESS")->capture_default_str();
+  app->add_option("--address", o->address, "listen on host:port")
+      ->envname("KGPU_WEBHOOK_ADDRESS")
+      ->capture_default_str();
   app->add_option("--tls-cert-file", o->tls_cert_file, "serve HTTPS with this certificate (PEM)");
   app->add_option("--tls-key-file", o->tls_key_file, "and this key (PEM)");
   app->add_flag("--insecure-http", o->insecure_http, "serve plain HTTP without a certificate (tests only)");

@@ -3,10 +3,10 @@
 //
 // Thread-safety: RunWebhook is called once from main.
 
-#include <CLI/CLI.hpp>
-
 #include <csignal>
 #include <ostream>
+
+#include <CLI/CLI.hpp>
 
 #include "extender/webhook.h"
 

@@ -1,10 +1,10 @@
 #include "common/fast_json.h"
 
-#include <simdjson.h>
-
 #include <cctype>
 #include <cstdint>
 #include <memory>
+
+#include <simdjson.h>
 
 namespace kgpu {
 namespace {
@@ -27,7 +27,8 @@ json Convert(dom::element e) {
       json out = json::object();
       dom::object o;
       if (e.get_object().get(o) != simdjson::SUCCESS) return out;
-      for (dom::key_value_pair f : o) out[std::string(f.key)] = Convert(f.value);  // a repeated key: the last wins, as nlohmann
+      for (dom::key_value_pair f : o)
+        out[std::string(f.key)] = Convert(f.value);  // a repeated key: the last wins, as nlohmann
       return out;
     }
     case dom::element_type::INT64: {
@@ -114,7 +115,8 @@ std::optional<std::vector<std::pair<std::string, int64_t>>> ParseStringIntArrayF
   auto fold_equal = [](std::string_view a, std::string_view b) {
     if (a.size() != b.size()) return false;
     for (size_t i = 0; i < a.size(); ++i) {
-      if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+      if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i])))
+        return false;
     }
     return true;
   };

@@ -10,8 +10,6 @@
 // (the fuzz target checks it); where simdjson rejects a text, ParseJsonFast returns nullopt and the
 // caller parses it again with nlohmann, whose error message names the byte that is wrong.
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -19,6 +17,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace kgpu {
 

@@ -3,9 +3,6 @@
 //
 // Thread-safety: reentrant.
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +13,9 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -48,7 +48,8 @@ inline absl::Status WriteFileAtomically(const std::string& path, std::string_vie
   if (err == 0 && ::fchmod(fd, mode) != 0) err = errno;
   if (::close(fd) != 0 && err == 0) err = errno;
   if (err != 0) return fail(Cat("write ", Printable(tmp)), err);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return fail(Cat("rename ", Printable(tmp), " to ", Printable(path)), errno);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return fail(Cat("rename ", Printable(tmp), " to ", Printable(path)), errno);
   return absl::OkStatus();
 }
 
@@ -64,8 +65,7 @@ inline std::optional<std::string> ReadFile(const std::string& path) {
 // An input file named by the operator (a config file, a counters CSV): its content, or an error
 // that says which of "missing", "a directory", "not readable" it is, names the file (escaped) and
 // ends with `fix` (e.g. "check --config-file / CONFIG_FILE"). `what` names the kind of file.
-inline absl::StatusOr<std::string> ReadInputFile(const std::string& path, std::string_view what,
-                                                 std::string_view fix) {
+inline absl::StatusOr<std::string> ReadInputFile(const std::string& path, std::string_view what, std::string_view fix) {
   const std::string name = Printable(path);
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
@@ -77,9 +77,9 @@ inline absl::StatusOr<std::string> ReadInputFile(const std::string& path, std::s
     return absl::PermissionDeniedError(Cat(name, ": cannot read the ", what, ": ", why, " (", fix, ")"));
   }
   if (S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        Cat(name, " is a directory, not a ", what, " (", fix, "; a ConfigMap mounted as a directory needs the file's "
-                                                              "name appended)"));
+    return absl::InvalidArgumentError(Cat(name, " is a directory, not a ", what, " (", fix,
+                                          "; a ConfigMap mounted as a directory needs the file's "
+                                          "name appended)"));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {

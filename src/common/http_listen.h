@@ -11,7 +11,12 @@
 // Thread-safety: call from the thread that starts the server, before anything may stop it.
 
 #include <chrono>
+#include <string>
+#include <string_view>
 #include <thread>
+
+#include "absl/status/statusor.h"
+#include "common/listen_address.h"
 
 namespace kgpu {
 
@@ -26,6 +31,24 @@ Thread ListenOnThread(Server& server) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return t;
+}
+
+// Binds an httplib server (Server or SSLServer) to `value`, the listen address given as `flag`,
+// exclusively: no SO_REUSEPORT, so a port another process (a second kgpu included) listens on is
+// an error, never a silent share of the connections. Returns the port bound (the one the kernel
+// chose for port 0). InvalidArgument when `value` is not an address, Unavailable with the reason
+// (in use, privileged, no such interface) when it cannot be bound; both name the flag.
+template <typename Server>
+absl::StatusOr<int> BindListenAddress(Server& server, std::string_view flag, std::string_view value) {
+  auto address = ParseListenAddress(flag, value);
+  if (!address.ok()) return address.status();
+  server.set_socket_options(ExclusiveListenSocketOptions);
+  const int port = address->port == 0 ? server.bind_to_any_port(address->host)
+                                      : (server.bind_to_port(address->host, address->port) ? address->port : -1);
+  if (port > 0) return port;
+  std::string why = WhyCannotListen(*address);
+  if (why.empty()) why = "the bind failed (try again)";
+  return absl::UnavailableError(std::string(flag) + " '" + std::string(value) + "': cannot listen there: " + why);
 }
 
 }  // namespace kgpu

@@ -1,9 +1,9 @@
 #include "common/log.h"
 
-#include <spdlog/sinks/stdout_color_sinks.h>
-
 #include <cstdlib>
 #include <mutex>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
 
 namespace kgpu {
 namespace {

@@ -4,10 +4,10 @@
 //
 // Thread-safety: Log() and SetLogLevel() may be called from any thread.
 
-#include <spdlog/spdlog.h>
-
 #include <memory>
 #include <string>
+
+#include <spdlog/spdlog.h>
 
 namespace kgpu {
 

@@ -9,13 +9,13 @@
 //
 // Thread-safety: every method may be called from any thread.
 
-#include <spdlog/spdlog.h>
-
 #include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
+
+#include <spdlog/spdlog.h>
 
 #include "common/log.h"
 

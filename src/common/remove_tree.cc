@@ -1,13 +1,13 @@
 #include "common/remove_tree.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <string_view>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "absl/status/status.h"
 #include "common/strings.h"
@@ -26,7 +26,7 @@ absl::Status RemoveUnder(int parent, const char* name, int depth) {
   if (fd < 0) {
     if (errno == ENOTDIR || errno == ELOOP) {  // a file or a link: the entry itself goes
       return ::unlinkat(parent, name, 0) == 0 || errno == ENOENT ? absl::OkStatus()
-                                                                  : ErrnoStatus(errno, Cat("unlink ", name));
+                                                                 : ErrnoStatus(errno, Cat("unlink ", name));
     }
     return errno == ENOENT ? absl::OkStatus() : ErrnoStatus(errno, Cat("open ", name));
   }
@@ -44,7 +44,7 @@ absl::Status RemoveUnder(int parent, const char* name, int depth) {
   ::closedir(d);
   if (!st.ok()) return st;
   return ::unlinkat(parent, name, AT_REMOVEDIR) == 0 || errno == ENOENT ? absl::OkStatus()
-                                                                         : ErrnoStatus(errno, Cat("rmdir ", name));
+                                                                        : ErrnoStatus(errno, Cat("rmdir ", name));
 }
 
 }  // namespace

@@ -18,21 +18,26 @@ namespace kgpu {
 namespace internal {
 // Any string-like type (std::string, std::string_view, absl::string_view).
 template <typename T>
-  requires requires(const T& t) {
-    t.data();
-    t.size();
-  }
+requires requires(const T& t) {
+  t.data();
+  t.size();
+}
 void Append(std::string& out, const T& s) {
   out.append(s.data(), s.size());
 }
-inline void Append(std::string& out, const char* s) { out.append(s); }
-inline void Append(std::string& out, char c) { out.push_back(c); }
+inline void Append(std::string& out, const char* s) {
+  out.append(s);
+}
+inline void Append(std::string& out, char c) {
+  out.push_back(c);
+}
 template <typename T>
-  requires(std::integral<T> && !std::same_as<T, char> && !std::same_as<T, bool>)
-void Append(std::string& out, T v) {
+requires(std::integral<T> && !std::same_as<T, char> && !std::same_as<T, bool>) void Append(std::string& out, T v) {
   out.append(std::to_string(v));
 }
-inline void Append(std::string& out, bool v) { out.append(v ? "true" : "false"); }
+inline void Append(std::string& out, bool v) {
+  out.append(v ? "true" : "false");
+}
 }  // namespace internal
 
 template <typename... A>
@@ -89,7 +94,8 @@ inline std::string Printable(std::string_view text) {
     for (size_t k = 1; valid && k < len; ++k) valid = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
     if (valid && len >= 3) {
       const auto c1 = static_cast<unsigned char>(text[i + 1]);
-      if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 > 0x8F)) {
+      if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) ||
+          (c == 0xF4 && c1 > 0x8F)) {
         valid = false;
       }
     }

@@ -19,7 +19,8 @@ absl::Status CheckKeys(std::string_view origin, const YAML::Node& map, std::stri
                        const std::set<std::string>& allowed) {
   if (!map.IsMap()) return At(origin, map.Mark(), Cat(where, " must be a mapping"));
   for (const auto& kv : map) {
-    if (!kv.first.IsScalar()) return At(origin, kv.first.Mark(), Cat("a key in ", where, " must be a name, not a list or a mapping"));
+    if (!kv.first.IsScalar())
+      return At(origin, kv.first.Mark(), Cat("a key in ", where, " must be a name, not a list or a mapping"));
     const auto key = kv.first.as<std::string>();
     if (allowed.count(key) == 0) {
       const std::string near = Nearest(key, allowed, std::max<size_t>(2, key.size() / 4));

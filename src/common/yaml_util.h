@@ -6,16 +6,16 @@
 //
 // Thread-safety: pure functions.
 
-#include <yaml-cpp/yaml.h>
-
 #include <cctype>
 #include <charconv>
 #include <concepts>
 #include <limits>
 #include <set>
 #include <string>
-#include <type_traits>
 #include <string_view>
+#include <type_traits>
+
+#include <yaml-cpp/yaml.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -34,8 +34,8 @@ absl::Status CheckKeys(std::string_view origin, const YAML::Node& map, std::stri
 // An integer scalar within [min, max]. Errors name the expected type and range and echo the
 // value: "<what> must be an integer from 2 to 1024 (got 'four')".
 template <typename T>
-  requires std::integral<T>
-absl::StatusOr<T> ScalarIn(std::string_view origin, const YAML::Node& node, std::string_view what, T min, T max) {
+requires std::integral<T> absl::StatusOr<T> ScalarIn(std::string_view origin, const YAML::Node& node,
+                                                     std::string_view what, T min, T max) {
   const std::string range = Cat("an integer from ", min, " to ", max);
   if (!node.IsScalar()) return At(origin, node.Mark(), Cat(what, " must be ", range, ", not a list or a mapping"));
   const std::string& text = node.Scalar();

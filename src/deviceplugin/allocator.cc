@@ -32,8 +32,8 @@ std::vector<GpuShare> SharesByGpu(const Plan& plan, const Resource& resource,
     GpuShare s{gpu, 0, 0, 0};
     for (const auto* d : devices) s.asked += d->gpu == gpu ? 1 : 0;
     for (const auto& d : resource.devices) s.replicas += d.gpu == gpu ? 1 : 0;
-    s.memory_mib = plan.inventory->gpus()[gpu].memory_mib * static_cast<uint64_t>(s.asked) /
-                   static_cast<uint64_t>(s.replicas);
+    s.memory_mib =
+        plan.inventory->gpus()[gpu].memory_mib * static_cast<uint64_t>(s.asked) / static_cast<uint64_t>(s.replicas);
     out.push_back(s);
   }
   return out;
@@ -99,7 +99,8 @@ std::vector<std::string> ChooseMps(const Resource& resource, const Config& confi
   }
   if (best == nullptr) return ChooseShared(resource, config, candidates, chosen, need);
   std::vector<const PluginDevice*> sorted = *best;
-  std::sort(sorted.begin(), sorted.end(), [](const PluginDevice* a, const PluginDevice* b) { return a->replica < b->replica; });
+  std::sort(sorted.begin(), sorted.end(),
+            [](const PluginDevice* a, const PluginDevice* b) { return a->replica < b->replica; });
   std::vector<std::string> out;
   for (size_t i = 0; i < need; ++i) out.push_back(sorted[i]->id);
   return out;
@@ -116,7 +117,8 @@ std::vector<std::string> ChooseTopology(const Plan& plan, const std::vector<cons
   };
   // Exhaustive search when the number of subsets is small (8 GPUs: at most 70), else greedy.
   double combos = 1;
-  for (size_t i = 0; i < need; ++i) combos = combos * static_cast<double>(candidates.size() - i) / static_cast<double>(i + 1);
+  for (size_t i = 0; i < need; ++i)
+    combos = combos * static_cast<double>(candidates.size() - i) / static_cast<double>(i + 1);
   std::vector<size_t> best_pick;
   if (combos <= 20000) {
     int best_score = -1;
@@ -175,18 +177,23 @@ int PairScore(const gpu::Inventory& inventory, unsigned a, unsigned b) {
   const gpu::Link& l = inventory.link(a, b);
   if (l.nvlinks > 0) return 100 * static_cast<int>(l.nvlinks);
   switch (l.pcie) {
-    case gpu::PcieLevel::kPix: return 50;
-    case gpu::PcieLevel::kPxb: return 40;
-    case gpu::PcieLevel::kPhb: return 30;
-    case gpu::PcieLevel::kNode: return 20;
-    case gpu::PcieLevel::kSys: return 10;
-    default: return 0;
+    case gpu::PcieLevel::kPix:
+      return 50;
+    case gpu::PcieLevel::kPxb:
+      return 40;
+    case gpu::PcieLevel::kPhb:
+      return 30;
+    case gpu::PcieLevel::kNode:
+      return 20;
+    case gpu::PcieLevel::kSys:
+      return 10;
+    default:
+      return 0;
   }
 }
 
-absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& resource,
-                                             const Config& config, const std::vector<std::string>& ids,
-                                             const std::string& annotation_id) {
+absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& resource, const Config& config,
+                                             const std::vector<std::string>& ids, const std::string& annotation_id) {
   if (ids.empty()) return absl::InvalidArgumentError(Cat("invalid request: no device IDs for ", resource.name));
   if (resource.retired) {
     return absl::FailedPreconditionError(Cat(resource.name, " has no devices on this node any more (the MIG layout ",
@@ -298,10 +305,10 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> PreferredAllocation(
-    const Plan& plan, const Resource& resource, const Config& config,
-    const std::vector<std::string>& available, const std::vector<std::string>& must_include,
-    int size) {
+absl::StatusOr<std::vector<std::string>> PreferredAllocation(const Plan& plan, const Resource& resource,
+                                                             const Config& config,
+                                                             const std::vector<std::string>& available,
+                                                             const std::vector<std::string>& must_include, int size) {
   if (size <= 0) return absl::InvalidArgumentError(Cat("allocation_size must be > 0 (got ", size, ")"));
   std::vector<const PluginDevice*> candidates, must;
   std::vector<std::string> chosen;
@@ -320,8 +327,8 @@ absl::StatusOr<std::vector<std::string>> PreferredAllocation(
     if (seen.insert(id).second) candidates.push_back(d);
   }
   if (chosen.size() + candidates.size() < static_cast<size_t>(size)) {
-    return absl::InvalidArgumentError(Cat("allocation_size ", size, " is more than the ",
-                                          chosen.size() + candidates.size(), " devices offered"));
+    return absl::InvalidArgumentError(
+        Cat("allocation_size ", size, " is more than the ", chosen.size() + candidates.size(), " devices offered"));
   }
   if (chosen.size() > static_cast<size_t>(size)) {
     return absl::InvalidArgumentError(
@@ -332,8 +339,8 @@ absl::StatusOr<std::vector<std::string>> PreferredAllocation(
   const bool shared = resource.mig || std::any_of(candidates.begin(), candidates.end(),
                                                   [](const PluginDevice* d) { return d->replica >= 0; });
   const std::vector<std::string> more = resource.mps ? ChooseMps(resource, config, candidates, chosen, need)
-                                       : shared       ? ChooseShared(resource, config, candidates, chosen, need)
-                                                      : ChooseTopology(plan, candidates, must, need);
+                                        : shared     ? ChooseShared(resource, config, candidates, chosen, need)
+                                                     : ChooseTopology(plan, candidates, must, need);
   chosen.insert(chosen.end(), more.begin(), more.end());
   return chosen;
 }

@@ -36,15 +36,14 @@ struct ContainerAllocation {
 inline constexpr char kCdiVendor[] = "k8s.device-plugin.nvidia.com";
 
 // `annotation_id` makes the CDI annotation key unique (NVIDIA uses a random UUID per response).
-absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& resource,
-                                             const Config& config, const std::vector<std::string>& ids,
-                                             const std::string& annotation_id);
+absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& resource, const Config& config,
+                                             const std::vector<std::string>& ids, const std::string& annotation_id);
 
 // Chooses `size` IDs from `available`, including every ID of `must_include`. Never touches NVML.
-absl::StatusOr<std::vector<std::string>> PreferredAllocation(
-    const Plan& plan, const Resource& resource, const Config& config,
-    const std::vector<std::string>& available, const std::vector<std::string>& must_include,
-    int size);
+absl::StatusOr<std::vector<std::string>> PreferredAllocation(const Plan& plan, const Resource& resource,
+                                                             const Config& config,
+                                                             const std::vector<std::string>& available,
+                                                             const std::vector<std::string>& must_include, int size);
 
 // Pair score used for whole-GPU choices (NVIDIA's scale: 100 per NVLink lane, else PCIe 10..60).
 int PairScore(const gpu::Inventory& inventory, unsigned a, unsigned b);

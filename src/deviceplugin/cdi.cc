@@ -1,11 +1,11 @@
 #include "deviceplugin/cdi.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <set>
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "common/files.h"
 #include "common/strings.h"
@@ -16,9 +16,7 @@ namespace kgpu::deviceplugin {
 std::string CdiSpecJson(const Plan& plan, const Config& config) {
   const std::string root = config.dev_root.empty() ? config.driver_root : config.dev_root;
   const std::string prefix = root == "/" ? "" : root;
-  auto node = [&](const std::string& path) {
-    return nlohmann::json{{"path", path}, {"hostPath", prefix + path}};
-  };
+  auto node = [&](const std::string& path) { return nlohmann::json{{"path", path}, {"hostPath", prefix + path}}; };
   nlohmann::json devices = nlohmann::json::array();
   std::set<std::string> done;
   for (const auto& r : plan.resources) {
@@ -52,7 +50,8 @@ absl::StatusOr<std::string> WriteCdiSpec(const Plan& plan, const Config& config)
   std::filesystem::create_directories(config.cdi_spec_dir, ec);
   const std::string path = Cat(config.cdi_spec_dir, "/", kCdiVendor, "-gpu.json");
   if (auto st = WriteFileAtomically(path, CdiSpecJson(plan, config)); !st.ok()) {
-    return absl::UnavailableError(Cat("the CDI spec: ", st.message(), " (mount the CDI spec directory, or change --cdi-spec-dir)"));
+    return absl::UnavailableError(
+        Cat("the CDI spec: ", st.message(), " (mount the CDI spec directory, or change --cdi-spec-dir)"));
   }
   return path;
 }

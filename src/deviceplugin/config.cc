@@ -1,10 +1,10 @@
 #include "deviceplugin/config.h"
 
-#include <fnmatch.h>
-
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+
+#include <fnmatch.h>
 
 #include "common/files.h"
 #include "common/strings.h"
@@ -22,12 +22,13 @@ using yaml::ScalarIn;
 // The enumerated values of NVIDIA's config, checked where the file sets them (with a position) and
 // again after flags and environment are merged (Validate).
 struct Enumeration {
-  const char* name;     // as in messages: the file key
-  const char* flag;     // the flag and environment variable that set it too
+  const char* name;  // as in messages: the file key
+  const char* flag;  // the flag and environment variable that set it too
   std::vector<const char*> allowed;
 };
 const Enumeration kMigStrategy{"migStrategy", "--mig-strategy / MIG_STRATEGY", {"none", "single", "mixed"}};
-const Enumeration kDeviceListStrategy{"deviceListStrategy", "--device-list-strategy / DEVICE_LIST_STRATEGY",
+const Enumeration kDeviceListStrategy{"deviceListStrategy",
+                                      "--device-list-strategy / DEVICE_LIST_STRATEGY",
                                       {"envvar", "volume-mounts", "cdi-annotations", "cdi-cri"}};
 const Enumeration kDeviceIdStrategy{"deviceIDStrategy", "--device-id-strategy / DEVICE_ID_STRATEGY", {"uuid", "index"}};
 const Enumeration kAllocationPolicy{"sharedDevicesAllocationPolicy",
@@ -61,8 +62,7 @@ absl::Status CheckEnum(std::string_view origin, const YAML::Node& n, const Enume
 
 // Reads node[key] into *out when present.
 template <typename T>
-absl::Status Opt(std::string_view origin, const YAML::Node& node, const char* key,
-                 std::string_view path, T* out) {
+absl::Status Opt(std::string_view origin, const YAML::Node& node, const char* key, std::string_view path, T* out) {
   const YAML::Node v = node[key];
   if (!v) return absl::OkStatus();
   auto parsed = Scalar<T>(origin, v, path.empty() ? std::string(key) : Cat(path, ".", key));
@@ -78,7 +78,7 @@ absl::Status Opt(std::string_view origin, const YAML::Node& node, const char* ke
   } while (0)
 
 absl::StatusOr<std::chrono::milliseconds> ParseDuration(std::string_view origin, const YAML::Node& n,
-                                                         std::string_view what) {
+                                                        std::string_view what) {
   auto text = Scalar<std::string>(origin, n, what);
   if (!text.ok()) return text.status();
   size_t used = 0;
@@ -96,8 +96,7 @@ absl::StatusOr<std::chrono::milliseconds> ParseDuration(std::string_view origin,
   return std::chrono::milliseconds(v * ms);
 }
 
-absl::StatusOr<std::set<uint64_t>> XidList(std::string_view origin, const YAML::Node& n,
-                                           std::string_view what) {
+absl::StatusOr<std::set<uint64_t>> XidList(std::string_view origin, const YAML::Node& n, std::string_view what) {
   if (!n.IsSequence()) return At(origin, n.Mark(), Cat(what, " must be a list of XID numbers"));
   std::set<uint64_t> out;
   for (const auto& x : n) {
@@ -108,28 +107,29 @@ absl::StatusOr<std::set<uint64_t>> XidList(std::string_view origin, const YAML::
   return out;
 }
 
-absl::Status ParseSharing(std::string_view origin, const YAML::Node& node, std::string_view path,
-                          bool mps, Sharing* out, bool* present) {
-  KGPU_RETURN_IF_ERROR(CheckKeys(origin, node, path,
-                                 {"renameByDefault", "failRequestsGreaterThanOne", "memoryIsolation", "resources"}));
+absl::Status ParseSharing(std::string_view origin, const YAML::Node& node, std::string_view path, bool mps,
+                          Sharing* out, bool* present) {
+  KGPU_RETURN_IF_ERROR(
+      CheckKeys(origin, node, path, {"renameByDefault", "failRequestsGreaterThanOne", "memoryIsolation", "resources"}));
   Sharing s;
   s.strategy = mps ? SharingStrategy::kMps : SharingStrategy::kTimeSlicing;
   s.fail_requests_greater_than_one = mps;  // NVIDIA: true for MPS when omitted
   KGPU_RETURN_IF_ERROR(Opt(origin, node, "renameByDefault", path, &s.rename_by_default));
-  KGPU_RETURN_IF_ERROR(
-      Opt(origin, node, "failRequestsGreaterThanOne", path, &s.fail_requests_greater_than_one));
+  KGPU_RETURN_IF_ERROR(Opt(origin, node, "failRequestsGreaterThanOne", path, &s.fail_requests_greater_than_one));
   if (const YAML::Node iso = node["memoryIsolation"]; iso) {
     std::string mode;
     KGPU_RETURN_IF_ERROR(Opt(origin, node, "memoryIsolation", path, &mode));
     if (mps) {
       return At(origin, iso.Mark(),
-                Cat(path, ".memoryIsolation is for timeSlicing; MPS limits each client's memory itself "
-                          "(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)"));
+                Cat(path,
+                    ".memoryIsolation is for timeSlicing; MPS limits each client's memory itself "
+                    "(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)"));
     }
     if (mode != "none" && mode != "hard") {
       return At(origin, iso.Mark(),
-                Cat(path, ".memoryIsolation '", mode, "' is invalid: want none or hard (each replica held to the "
-                          "GPU's memory / replicas by the CUDA interposer, docs/isolation.md)"));
+                Cat(path, ".memoryIsolation '", mode,
+                    "' is invalid: want none or hard (each replica held to the "
+                    "GPU's memory / replicas by the CUDA interposer, docs/isolation.md)"));
     }
     s.hard_memory = mode == "hard";
   }
@@ -160,8 +160,9 @@ absl::Status ParseSharing(std::string_view origin, const YAML::Node& node, std::
     }
     for (const auto& [key, value] : {std::pair{"name", rr.name}, std::pair{"rename", rr.rename}}) {
       if (value.empty()) continue;
-      const bool bad_chars = value.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._/") !=
-                             std::string::npos;
+      const bool bad_chars =
+          value.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._/") !=
+          std::string::npos;
       if (bad_chars || value.find("kubernetes.io/") != std::string::npos || value.back() == '/' ||
           std::count(value.begin(), value.end(), '/') != 1 || value.size() > 63) {
         return At(origin, r[key].Mark(),
@@ -174,8 +175,11 @@ absl::Status ParseSharing(std::string_view origin, const YAML::Node& node, std::
       } else if (d.IsScalar()) {
         auto n = ScalarIn<int>(origin, d, Cat(rpath, ".devices"), 1, 1024);
         if (!n.ok()) {
-          return At(origin, d.Mark(), Cat(rpath, ".devices must be \"all\", a count from 1 to 1024, or a list of "
-                                                 "GPU indices, MIG indices (\"0:1\") or UUIDs (got '", d.Scalar(), "')"));
+          return At(origin, d.Mark(),
+                    Cat(rpath,
+                        ".devices must be \"all\", a count from 1 to 1024, or a list of "
+                        "GPU indices, MIG indices (\"0:1\") or UUIDs (got '",
+                        d.Scalar(), "')"));
         }
         for (int k = 0; k < *n; ++k) {
           rr.devices.push_back(std::to_string(k));
@@ -216,7 +220,8 @@ absl::Status ParseMig(std::string_view origin, const YAML::Node& m, MigConfig* o
       if (!name.ok()) return name.status();
       const std::string path = Cat("mig.layouts.", *name);
       if (!kv.second.IsSequence() || kv.second.size() == 0) {
-        return At(origin, kv.second.Mark(), Cat(path, " must be a non-empty list of {devices, mig-enabled, mig-devices}"));
+        return At(origin, kv.second.Mark(),
+                  Cat(path, " must be a non-empty list of {devices, mig-enabled, mig-devices}"));
       }
       gpu::MigLayout layout;
       for (size_t i = 0; i < kv.second.size(); ++i) {
@@ -239,7 +244,8 @@ absl::Status ParseMig(std::string_view origin, const YAML::Node& m, MigConfig* o
         }
         KGPU_RETURN_IF_ERROR(Opt(origin, e, "mig-enabled", epath, &entry.mig_enabled));
         if (const YAML::Node md = e["mig-devices"]; md) {
-          if (!md.IsMap()) return At(origin, md.Mark(), Cat(epath, ".mig-devices must map profiles to counts, e.g. {\"1g.10gb\": 7}"));
+          if (!md.IsMap())
+            return At(origin, md.Mark(), Cat(epath, ".mig-devices must map profiles to counts, e.g. {\"1g.10gb\": 7}"));
           for (const auto& p : md) {
             auto profile = Scalar<std::string>(origin, p.first, Cat(epath, ".mig-devices key"));
             if (!profile.ok()) return profile.status();
@@ -274,8 +280,8 @@ absl::Status ParseMig(std::string_view origin, const YAML::Node& m, MigConfig* o
 }
 
 absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* c) {
-  KGPU_RETURN_IF_ERROR(CheckKeys(origin, root, "the config",
-                                 {"version", "flags", "resources", "sharing", "imex", "health", "mig"}));
+  KGPU_RETURN_IF_ERROR(
+      CheckKeys(origin, root, "the config", {"version", "flags", "resources", "sharing", "imex", "health", "mig"}));
   std::string version = "v1";
   KGPU_RETURN_IF_ERROR(Opt(origin, root, "version", "", &version));
   if (version.empty()) version = "v1";
@@ -283,11 +289,10 @@ absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* 
     return At(origin, root["version"].Mark(), Cat("unknown version '", version, "' (expected v1)"));
   }
   if (const YAML::Node f = root["flags"]; f) {
-    KGPU_RETURN_IF_ERROR(CheckKeys(
-        origin, f, "flags",
-        {"migStrategy", "failOnInitError", "mpsRoot", "nvidiaDriverRoot", "nvidiaDevRoot",
-         "gdrcopyEnabled", "gdsEnabled", "mofedEnabled", "useNodeFeatureAPI",
-         "deviceDiscoveryStrategy", "plugin", "gfd"}));
+    KGPU_RETURN_IF_ERROR(
+        CheckKeys(origin, f, "flags",
+                  {"migStrategy", "failOnInitError", "mpsRoot", "nvidiaDriverRoot", "nvidiaDevRoot", "gdrcopyEnabled",
+                   "gdsEnabled", "mofedEnabled", "useNodeFeatureAPI", "deviceDiscoveryStrategy", "plugin", "gfd"}));
     KGPU_RETURN_IF_ERROR(Opt(origin, f, "migStrategy", "flags", &c->mig_strategy));
     if (f["migStrategy"]) {
       KGPU_RETURN_IF_ERROR(CheckEnum(origin, f["migStrategy"], kMigStrategy, "flags.migStrategy", c->mig_strategy));
@@ -305,20 +310,17 @@ absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* 
     KGPU_RETURN_IF_ERROR(Opt(origin, f, "deviceDiscoveryStrategy", "flags", &discovery));
     if (discovery != "auto" && discovery != "nvml") {
       return At(origin, f["deviceDiscoveryStrategy"].Mark(),
-                Cat("flags.deviceDiscoveryStrategy '", discovery,
-                    "' is not supported by kgpu (use auto or nvml)"));
+                Cat("flags.deviceDiscoveryStrategy '", discovery, "' is not supported by kgpu (use auto or nvml)"));
     }
     if (const YAML::Node g = f["gfd"]; g) {
       KGPU_RETURN_IF_ERROR(CheckKeys(origin, g, "flags.gfd",
-                                     {"oneshot", "noTimestamp", "sleepInterval", "outputFile",
-                                      "machineTypeFile"}));
+                                     {"oneshot", "noTimestamp", "sleepInterval", "outputFile", "machineTypeFile"}));
     }
     if (const YAML::Node p = f["plugin"]; p) {
-      KGPU_RETURN_IF_ERROR(CheckKeys(
-          origin, p, "flags.plugin",
-          {"passDeviceSpecs", "deviceListStrategy", "deviceIDStrategy", "cdiAnnotationPrefix",
-           "nvidiaCTKPath", "nvidiaCDIHookPath", "containerDriverRoot",
-           "sharedDevicesAllocationPolicy"}));
+      KGPU_RETURN_IF_ERROR(
+          CheckKeys(origin, p, "flags.plugin",
+                    {"passDeviceSpecs", "deviceListStrategy", "deviceIDStrategy", "cdiAnnotationPrefix",
+                     "nvidiaCTKPath", "nvidiaCDIHookPath", "containerDriverRoot", "sharedDevicesAllocationPolicy"}));
       const std::string pp = "flags.plugin";
       KGPU_RETURN_IF_ERROR(Opt(origin, p, "passDeviceSpecs", pp, &c->pass_device_specs));
       if (const YAML::Node s = p["deviceListStrategy"]; s) {
@@ -340,21 +342,21 @@ absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* 
           }
         }
         if (c->device_list_strategy.empty()) {
-          return At(origin, s.Mark(), Cat("flags.plugin.deviceListStrategy must name at least one strategy: ",
-                                          Allowed(kDeviceListStrategy, "")));
+          return At(origin, s.Mark(),
+                    Cat("flags.plugin.deviceListStrategy must name at least one strategy: ",
+                        Allowed(kDeviceListStrategy, "")));
         }
       }
       KGPU_RETURN_IF_ERROR(Opt(origin, p, "deviceIDStrategy", pp, &c->device_id_strategy));
       if (p["deviceIDStrategy"]) {
-        KGPU_RETURN_IF_ERROR(CheckEnum(origin, p["deviceIDStrategy"], kDeviceIdStrategy, "flags.plugin.deviceIDStrategy",
-                                       c->device_id_strategy));
+        KGPU_RETURN_IF_ERROR(CheckEnum(origin, p["deviceIDStrategy"], kDeviceIdStrategy,
+                                       "flags.plugin.deviceIDStrategy", c->device_id_strategy));
       }
       KGPU_RETURN_IF_ERROR(Opt(origin, p, "cdiAnnotationPrefix", pp, &c->cdi_annotation_prefix));
       KGPU_RETURN_IF_ERROR(Opt(origin, p, "nvidiaCTKPath", pp, &c->nvidia_ctk_path));
       KGPU_RETURN_IF_ERROR(Opt(origin, p, "nvidiaCDIHookPath", pp, &c->nvidia_ctk_path));
       KGPU_RETURN_IF_ERROR(Opt(origin, p, "containerDriverRoot", pp, &c->container_driver_root));
-      KGPU_RETURN_IF_ERROR(Opt(origin, p, "sharedDevicesAllocationPolicy", pp,
-                               &c->shared_devices_allocation_policy));
+      KGPU_RETURN_IF_ERROR(Opt(origin, p, "sharedDevicesAllocationPolicy", pp, &c->shared_devices_allocation_policy));
       if (p["sharedDevicesAllocationPolicy"]) {
         KGPU_RETURN_IF_ERROR(CheckEnum(origin, p["sharedDevicesAllocationPolicy"], kAllocationPolicy,
                                        "flags.plugin.sharedDevicesAllocationPolicy",
@@ -380,12 +382,14 @@ absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* 
       return At(origin, s.Mark(), "sharing.timeSlicing and sharing.mps cannot both be set; pick one");
     }
     if (has_mps && c->mig_strategy == "mixed") {
-      return At(origin, s["mps"].Mark(), "sharing.mps is not supported with flags.migStrategy mixed; use none or single");
+      return At(origin, s["mps"].Mark(),
+                "sharing.mps is not supported with flags.migStrategy mixed; use none or single");
     }
     if (has_mps) c->positions["sharing.mps"] = Position(origin, s["mps"].Mark());
     if (has_ts) c->positions["sharing.timeSlicing"] = Position(origin, s["timeSlicing"].Mark());
     if (has_ts && s["timeSlicing"]["memoryIsolation"]) {
-      c->positions["sharing.timeSlicing.memoryIsolation"] = Position(origin, s["timeSlicing"]["memoryIsolation"].Mark());
+      c->positions["sharing.timeSlicing.memoryIsolation"] =
+          Position(origin, s["timeSlicing"]["memoryIsolation"].Mark());
     }
     if (has_mps) {
       c->sharing = std::move(mps);
@@ -409,9 +413,9 @@ absl::Status ParseRoot(std::string_view origin, const YAML::Node& root, Config* 
     }
   }
   if (const YAML::Node h = root["health"]; h) {
-    KGPU_RETURN_IF_ERROR(CheckKeys(origin, h, "health",
-                                   {"disabled", "ignoredXids", "fatalXids", "recoverAfter",
-                                    "probeInterval", "hangThreshold"}));
+    KGPU_RETURN_IF_ERROR(
+        CheckKeys(origin, h, "health",
+                  {"disabled", "ignoredXids", "fatalXids", "recoverAfter", "probeInterval", "hangThreshold"}));
     for (auto [key, out] : {std::pair{"probeInterval", &c->health.probe_interval},
                             std::pair{"hangThreshold", &c->health.hang_threshold}}) {
       if (!h[key]) continue;
@@ -511,8 +515,7 @@ absl::Status Validate(const Config& c) {
   return absl::OkStatus();
 }
 
-absl::Status ApplyHealthcheckEnv(const std::string& disable, const std::string& enable,
-                                 HealthConfig* health) {
+absl::Status ApplyHealthcheckEnv(const std::string& disable, const std::string& enable, HealthConfig* health) {
   auto parse = [](const std::string& list, std::set<uint64_t>* out, bool* all) -> absl::Status {
     std::stringstream parts(list);
     for (std::string item; std::getline(parts, item, ',');) {

@@ -9,8 +9,8 @@
 // Thread-safety: plain values; the parser is pure.
 
 #include <chrono>
-#include <map>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -18,14 +18,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "gpu/health.h"
 #include "gpu/mig_layout.h"
 
 namespace kgpu::deviceplugin {
 
 struct ReplicatedResource {
-  std::string name;            // "nvidia.com/gpu"
+  std::string name;  // "nvidia.com/gpu"
   int replicas = 0;
-  std::string rename;          // kgpu: honoured; empty = name (or name.shared with renameByDefault)
+  std::string rename;  // kgpu: honoured; empty = name (or name.shared with renameByDefault)
   // Which GPUs: empty = all; else GPU indices ("0"), MIG indices ("0:1") or UUIDs.
   std::vector<std::string> devices;
   // Where the file declared them ("config.yaml:7:7"; empty when not from a file), so errors found
@@ -47,23 +48,23 @@ struct Sharing {
 };
 
 struct HealthConfig {
-  bool disabled = false;                 // DP_DISABLE_HEALTHCHECKS=all|xids
-  std::set<uint64_t> ignored_xids = {13, 31, 43, 45, 68, 109};
-  std::set<uint64_t> fatal_xids;         // DP_ENABLE_HEALTHCHECKS: override the ignore list
-  bool all_xids_fatal = false;           // DP_ENABLE_HEALTHCHECKS=all
+  bool disabled = false;                                                // DP_DISABLE_HEALTHCHECKS=all|xids
+  std::set<uint64_t> ignored_xids = gpu::HealthOptions{}.ignored_xids;  // NVIDIA's application XIDs
+  std::set<uint64_t> fatal_xids;  // DP_ENABLE_HEALTHCHECKS: override the ignore list
+  bool all_xids_fatal = false;    // DP_ENABLE_HEALTHCHECKS=all
   // kgpu: return to Healthy this long after the last fault once a probe succeeds (nullopt: never).
-  std::optional<std::chrono::milliseconds> recover_after = std::chrono::minutes(5);
-  std::chrono::milliseconds probe_interval{5000};   // kgpu: liveness probe of every GPU
-  std::chrono::milliseconds hang_threshold{10000};  // kgpu: an NVML call running longer is hung
+  std::optional<std::chrono::milliseconds> recover_after = gpu::kDefaultRecoverAfter;
+  std::chrono::milliseconds probe_interval = gpu::HealthOptions{}.probe_interval;  // kgpu: liveness probe
+  std::chrono::milliseconds hang_threshold = gpu::HealthOptions{}.hang_threshold;  // kgpu: a hung NVML call
 };
 
 // kgpu: declared MIG layouts (mig-parted's entry schema) and which node uses which.
 struct MigConfig {
   std::map<std::string, gpu::MigLayout> layouts;
-  std::vector<std::pair<std::string, std::string>> nodes;  // node-name glob → layout name, in file order
+  std::vector<std::pair<std::string, std::string>> nodes;     // node-name glob → layout name, in file order
   std::map<std::string, std::vector<std::string>> positions;  // layout name → "file:line:col" of each entry
-  std::string nodes_position;  // "file:line:col" of mig.nodes (empty when the file has none)
-  std::chrono::milliseconds rescan_interval{5000};       // plugin: how often to look for a MIG change
+  std::string nodes_position;                       // "file:line:col" of mig.nodes (empty when the file has none)
+  std::chrono::milliseconds rescan_interval{5000};  // plugin: how often to look for a MIG change
 };
 
 // The layout `node` uses: the first `mig.nodes` glob that matches. NotFound when none does.
@@ -99,7 +100,7 @@ struct Config {
 
   // Not in NVIDIA's file: flags/env only.
   std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
-  std::string kubelet_socket;          // default <kubelet_dir>/kubelet.sock; empty after "-": no registration
+  std::string kubelet_socket;  // default <kubelet_dir>/kubelet.sock; empty after "-": no registration
   std::string cdi_spec_dir = "/var/run/cdi";
   // The CUDA memory interposer (docs/isolation.md) for `hard` shares: its host path, in a
   // versioned directory that is never written over (a running pod keeps the file it mapped), and
@@ -118,7 +119,7 @@ struct Config {
   // <proc_root>/driver/nvidia-caps/mig-minors.
   std::string proc_root = "/proc";
   std::string mps_control = "nvidia-cuda-mps-control";  // MPS control binary (PATH lookup when bare)
-  std::vector<std::string> warnings;   // ignored fields, as NVIDIA warns about them
+  std::vector<std::string> warnings;                    // ignored fields, as NVIDIA warns about them
   // "file:line:col" of the file's sections and keys that later checks name ("sharing.mps",
   // "flags.mpsRoot", ...); only those the file has.
   std::map<std::string, std::string> positions;
@@ -145,8 +146,7 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path, const ParseOption
 absl::Status Validate(const Config& config);
 
 // Applies DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS values (NVIDIA's semantics).
-absl::Status ApplyHealthcheckEnv(const std::string& disable, const std::string& enable,
-                                 HealthConfig* health);
+absl::Status ApplyHealthcheckEnv(const std::string& disable, const std::string& enable, HealthConfig* health);
 
 // "nvidia.com/gpu" -> "nvidia-gpu.sock" (NVIDIA's socket naming); "kgpu.io/gpu" -> "kgpu.io-gpu.sock".
 std::string SocketName(const std::string& resource);

@@ -22,16 +22,34 @@ std::vector<std::string> Split(const std::string& s, char sep) {
 
 const std::set<std::string>& OwnedKeys() {
   static const std::set<std::string> keys = {
-      "nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.replicas",
-      "nvidia.com/gpu.sharing-strategy", "nvidia.com/gpu.memory", "nvidia.com/gpu.family",
-      "nvidia.com/gpu.compute.major", "nvidia.com/gpu.compute.minor", "nvidia.com/gpu.machine",
-      "nvidia.com/gpu.multiprocessors", "nvidia.com/gpu.slices.gi", "nvidia.com/gpu.slices.ci",
-      "nvidia.com/cuda.driver-version.major", "nvidia.com/cuda.driver-version.minor",
-      "nvidia.com/cuda.driver-version.revision", "nvidia.com/cuda.driver-version.full",
-      "nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev",
-      "nvidia.com/cuda.runtime-version.major", "nvidia.com/cuda.runtime-version.minor",
-      "nvidia.com/cuda.runtime-version.full", "nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor",
-      "nvidia.com/gfd.timestamp", "nvidia.com/mig.capable", "nvidia.com/mig.strategy", "nvidia.com/mps.capable",
+      "nvidia.com/gpu.product",
+      "nvidia.com/gpu.count",
+      "nvidia.com/gpu.replicas",
+      "nvidia.com/gpu.sharing-strategy",
+      "nvidia.com/gpu.memory",
+      "nvidia.com/gpu.family",
+      "nvidia.com/gpu.compute.major",
+      "nvidia.com/gpu.compute.minor",
+      "nvidia.com/gpu.machine",
+      "nvidia.com/gpu.multiprocessors",
+      "nvidia.com/gpu.slices.gi",
+      "nvidia.com/gpu.slices.ci",
+      "nvidia.com/cuda.driver-version.major",
+      "nvidia.com/cuda.driver-version.minor",
+      "nvidia.com/cuda.driver-version.revision",
+      "nvidia.com/cuda.driver-version.full",
+      "nvidia.com/cuda.driver.major",
+      "nvidia.com/cuda.driver.minor",
+      "nvidia.com/cuda.driver.rev",
+      "nvidia.com/cuda.runtime-version.major",
+      "nvidia.com/cuda.runtime-version.minor",
+      "nvidia.com/cuda.runtime-version.full",
+      "nvidia.com/cuda.runtime.major",
+      "nvidia.com/cuda.runtime.minor",
+      "nvidia.com/gfd.timestamp",
+      "nvidia.com/mig.capable",
+      "nvidia.com/mig.strategy",
+      "nvidia.com/mps.capable",
   };
   return keys;
 }
@@ -75,17 +93,27 @@ std::string SanitizeProduct(const std::string& name) {
 std::string GpuFamily(int major, int minor) {
   if (major < 2) return "tesla";
   switch (major) {
-    case 2: return "fermi";
-    case 3: return "kepler";
-    case 5: return "maxwell";
-    case 6: return "pascal";
-    case 7: return minor < 5 ? "volta" : "turing";
-    case 8: return minor < 9 ? "ampere" : "ada-lovelace";
-    case 9: return "hopper";
+    case 2:
+      return "fermi";
+    case 3:
+      return "kepler";
+    case 5:
+      return "maxwell";
+    case 6:
+      return "pascal";
+    case 7:
+      return minor < 5 ? "volta" : "turing";
+    case 8:
+      return minor < 9 ? "ampere" : "ada-lovelace";
+    case 9:
+      return "hopper";
     case 10:
-    case 12: return "blackwell";
-    case 13: return "rubin";
-    default: return "undefined";
+    case 12:
+      return "blackwell";
+    case 13:
+      return "rubin";
+    default:
+      return "undefined";
   }
 }
 
@@ -95,7 +123,8 @@ bool OwnsLabel(const std::string& key) {
   return key.rfind("nvidia.com/mig-", 0) == 0 && key.find('.', 15) != std::string::npos;
 }
 
-std::map<std::string, std::string> GfdLabels(const gpu::Inventory& inv, const Config& config, const GfdOptions& options) {
+std::map<std::string, std::string> GfdLabels(const gpu::Inventory& inv, const Config& config,
+                                             const GfdOptions& options) {
   std::map<std::string, std::string> l;
   std::vector<const gpu::Gpu*> gpus;
   for (const auto& g : inv.gpus()) {

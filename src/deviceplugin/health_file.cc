@@ -1,8 +1,8 @@
 #include "deviceplugin/health_file.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
+
+#include <nlohmann/json.hpp>
 
 #include "common/files.h"
 #include "common/strings.h"
@@ -24,7 +24,8 @@ std::string HealthFileJson(const std::vector<ServedHealth>& devices) {
 absl::StatusOr<std::vector<ServedHealth>> ParseHealthFile(const std::string& text, const std::string& source) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(Cat(source, ": not a JSON object (a kgpu device plugin writes it; delete it if "
+    return absl::InvalidArgumentError(Cat(source,
+                                          ": not a JSON object (a kgpu device plugin writes it; delete it if "
                                           "no plugin runs)"));
   }
   const auto version = j.find("version");
@@ -38,9 +39,7 @@ absl::StatusOr<std::vector<ServedHealth>> ParseHealthFile(const std::string& tex
   std::vector<ServedHealth> out;
   for (size_t i = 0; i < devices->size(); ++i) {
     const auto& x = (*devices)[i];
-    auto bad = [&](const char* what) {
-      return absl::InvalidArgumentError(Cat(source, ": devices[", i, "]: ", what));
-    };
+    auto bad = [&](const char* what) { return absl::InvalidArgumentError(Cat(source, ": devices[", i, "]: ", what)); };
     if (!x.is_object()) return bad("not an object");
     ServedHealth d;
     const auto id = x.find("id");

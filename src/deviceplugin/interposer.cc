@@ -6,12 +6,12 @@
 #include <sstream>
 #include <vector>
 
+#include "api/share_cdi.h"
 #include "common/files.h"
 #include "common/log.h"
 #include "common/remove_tree.h"
 #include "common/strings.h"
-#include "deviceplugin/kubelet_checkpoint.h"
-#include "deviceplugin/share_cdi.h"
+#include "kubelet/checkpoint.h"
 
 namespace kgpu::deviceplugin {
 
@@ -20,7 +20,7 @@ namespace {
 // <shared_root>/ld.so.preload naming the library at its path inside the container.
 absl::StatusOr<std::string> PreloadFile(const std::string& shared_root) {
   const std::string file = Cat(shared_root, "/ld.so.preload");
-  const std::string want = Cat(kInterposerInContainer, "\n");
+  const std::string want = Cat(api::kInterposerInContainer, "\n");
   {
     std::ifstream in(file);
     std::stringstream have;
@@ -41,20 +41,20 @@ absl::StatusOr<InterposerEdits> InterposerEditsFor(const std::string& interposer
   std::filesystem::create_directories(region, mk);
   if (!mk) std::filesystem::permissions(region, std::filesystem::perms::all, mk);
   if (mk) {
-    return absl::UnavailableError(Cat("cannot create the accounting directory ", region, ": ", mk.message(),
-                                      " (check --cuda-shared-root)"));
+    return absl::UnavailableError(
+        Cat("cannot create the accounting directory ", region, ": ", mk.message(), " (check --cuda-shared-root)"));
   }
   InterposerEdits e;
-  e.mounts.push_back({kInterposerInContainer, interposer, true});
+  e.mounts.push_back({api::kInterposerInContainer, interposer, true});
   if (load == kInterposerLoadFile) {
     auto file = PreloadFile(shared_root);
     if (!file.ok()) return file.status();
     e.mounts.push_back({"/etc/ld.so.preload", *file, true});
   } else {
-    e.envs.emplace_back("LD_PRELOAD", kInterposerInContainer);
+    e.envs.emplace_back("LD_PRELOAD", api::kInterposerInContainer);
   }
-  e.envs.emplace_back("KGPU_CUDA_SHARED_DIR", kRegionInContainer);
-  e.mounts.push_back({kRegionInContainer, region, false});
+  e.envs.emplace_back("KGPU_CUDA_SHARED_DIR", api::kRegionInContainer);
+  e.mounts.push_back({api::kRegionInContainer, region, false});
   return e;
 }
 
@@ -81,7 +81,7 @@ absl::StatusOr<int> SweepTimeslicingRegions(const std::string& shared_root, cons
   if (found.empty()) return 0;
   auto text = ReadInputFile(checkpoint_path, "kubelet device-manager checkpoint", "check --kubelet-dir");
   if (!text.ok()) return text.status();
-  auto mounted = CheckpointedMountSources(*text, checkpoint_path);
+  auto mounted = kubelet::CheckpointedMountSources(*text, checkpoint_path);
   if (!mounted.ok()) return mounted.status();
   // Matched by the last two path elements (timeslicing/<allocation id>), so that a shared root
   // spelled differently when the container was admitted (a trailing slash, a link) still matches.
@@ -97,8 +97,9 @@ absl::StatusOr<int> SweepTimeslicingRegions(const std::string& shared_root, cons
     if (held.contains(id) || now - mtime < grace) continue;
     const std::string path = (dir / id).string();
     if (auto st = RemoveTreeNoFollow(path); !st.ok()) {
-      Log("deviceplugin")->warn("cannot remove the accounting directory {} (no container mounts it): {}", path,
-                                std::string(st.message()));
+      Log("deviceplugin")
+          ->warn("cannot remove the accounting directory {} (no container mounts it): {}", path,
+                 std::string(st.message()));
       continue;
     }
     Log("deviceplugin")->info("removed the accounting directory {}: no container kubelet keeps mounts it", path);

@@ -1,13 +1,13 @@
 #include "deviceplugin/kubelet_dir.h"
 
+#include <cerrno>
+#include <system_error>
+
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
-
-#include <cerrno>
-#include <system_error>
 
 #include "common/strings.h"
 
@@ -41,8 +41,8 @@ absl::Status CheckKubeletDir(const std::string& dir) {
                                      " does not exist: is kubelet running on this node (it creates the directory)? ",
                                      kFix));
     }
-    return absl::PermissionDeniedError(Cat("kubelet directory ", name, ": ",
-                                           std::error_code(err, std::generic_category()).message(), "; ", kFix));
+    return absl::PermissionDeniedError(
+        Cat("kubelet directory ", name, ": ", std::error_code(err, std::generic_category()).message(), "; ", kFix));
   }
   if (!S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(
@@ -51,8 +51,7 @@ absl::Status CheckKubeletDir(const std::string& dir) {
   if (dir.size() + 1 + kLongestSocketName >= sizeof(sockaddr_un::sun_path)) {
     return absl::FailedPreconditionError(Cat("kubelet directory ", name, " is too long a path (", dir.size(),
                                              " bytes) for the unix sockets served in it (at most ",
-                                             sizeof(sockaddr_un::sun_path) - 2 - kLongestSocketName,
-                                             "); ", kFix));
+                                             sizeof(sockaddr_un::sun_path) - 2 - kLongestSocketName, "); ", kFix));
   }
   // What creating a socket needs: write and search permission, on a writable file system. A probe
   // file answers for both (access() does not see a read-only mount for root).
@@ -61,9 +60,8 @@ absl::Status CheckKubeletDir(const std::string& dir) {
   if (fd < 0) {
     const int err = errno;
     if (err == EROFS) {
-      return absl::FailedPreconditionError(
-          Cat("kubelet directory ", name, " is on a read-only file system: the plugin cannot create its sockets; ",
-              kFix));
+      return absl::FailedPreconditionError(Cat(
+          "kubelet directory ", name, " is on a read-only file system: the plugin cannot create its sockets; ", kFix));
     }
     if (err == EACCES || err == EPERM) {
       return absl::PermissionDeniedError(Cat("kubelet directory ", name, " is not writable by this process (uid ",

@@ -1,14 +1,5 @@
 #include "deviceplugin/mps.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/stat.h>
-#include <sys/statfs.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -17,6 +8,15 @@
 #include <map>
 #include <thread>
 #include <utility>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/strings.h"
@@ -77,7 +77,7 @@ absl::StatusOr<Child> Run(const std::vector<std::string>& argv, const std::map<s
   sigset_t none, defaults;
   sigemptyset(&none);
   sigemptyset(&defaults);
-  sigaddset(&defaults, SIGPIPE);  // the plugin ignores SIGPIPE; children get the default back
+  sigaddset(&defaults, SIGPIPE);             // the plugin ignores SIGPIPE; children get the default back
   posix_spawnattr_setsigmask(&attr, &none);  // the plugin blocks signals for sigwait(); children must not
   posix_spawnattr_setsigdefault(&attr, &defaults);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
@@ -138,7 +138,9 @@ std::string Trim(std::string s) {
   return s;
 }
 
-void Touch(const std::string& path) { std::ofstream(path).put('\n'); }
+void Touch(const std::string& path) {
+  std::ofstream(path).put('\n');
+}
 
 }  // namespace
 
@@ -148,8 +150,8 @@ absl::StatusOr<std::string> MpsCommand(const std::string& control, const std::st
   const std::string what = Cat("MPS command '", command, "' through ", pipe_dir);
   if (!child.ok()) return absl::Status(child.status().code(), Cat(what, ": ", child.status().message()));
   if (child->exit_code != 0) {
-    return absl::UnavailableError(Cat(what, " failed (exit ", child->exit_code, "): ",
-                                      Trim(child->err.empty() ? child->out : child->err)));
+    return absl::UnavailableError(
+        Cat(what, " failed (exit ", child->exit_code, "): ", Trim(child->err.empty() ? child->out : child->err)));
   }
   return Trim(child->out);
 }
@@ -181,9 +183,13 @@ MpsDaemon::MpsDaemon(const nvml::Library& lib, std::shared_ptr<const Plan> plan,
                      std::shared_ptr<const Config> config)
     : lib_(lib), plan_(std::move(plan)), index_(resource_index), config_(std::move(config)) {}
 
-MpsDaemon::~MpsDaemon() { Stop(); }
+MpsDaemon::~MpsDaemon() {
+  Stop();
+}
 
-const std::string& MpsDaemon::resource_name() const { return plan_->resources[index_].name; }
+const std::string& MpsDaemon::resource_name() const {
+  return plan_->resources[index_].name;
+}
 
 MpsClient MpsClientFor(const std::string& mps_root, const std::string& resource) {
   MpsClient c;
@@ -193,7 +199,9 @@ MpsClient MpsClientFor(const std::string& mps_root, const std::string& resource)
   return c;
 }
 
-std::string MpsDaemon::dir() const { return Cat(config_->mps_root, "/", resource_name()); }
+std::string MpsDaemon::dir() const {
+  return Cat(config_->mps_root, "/", resource_name());
+}
 
 absl::Status MpsDaemon::Start() {
   auto log = Log("mps");
@@ -230,7 +238,8 @@ absl::Status MpsDaemon::Start() {
                       {"CUDA_MPS_LOG_DIRECTORY", logdir},
                       {"CUDA_VISIBLE_DEVICES", Join(uuids, ",")}},
                      "", timeout);
-    if (!child.ok()) return absl::Status(child.status().code(), Cat("MPS daemon for ", r.name, ": ", child.status().message()));
+    if (!child.ok())
+      return absl::Status(child.status().code(), Cat("MPS daemon for ", r.name, ": ", child.status().message()));
     if (child->exit_code != 0) {
       return absl::UnavailableError(Cat("MPS daemon for ", r.name, ": ", config_->mps_control, " -d exited with ",
                                         child->exit_code, ": ", Trim(child->err + child->out), " (see ", logdir,

@@ -1,16 +1,16 @@
 #include "deviceplugin/plan.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
 
+#include <sys/stat.h>
+
 #include "common/files.h"
 #include "common/log.h"
-#include "deviceplugin/mig_minors.h"
 #include "common/strings.h"
+#include "gpu/mig_minors.h"
 
 namespace kgpu::deviceplugin {
 namespace {
@@ -56,9 +56,9 @@ absl::StatusOr<std::vector<Unit>> Units(const gpu::Inventory& inv, const std::st
           "value (enable MIG on every GPU, or use --mig-strategy=mixed)");
     }
     if (mig_profiles.size() > 1) {
-      return absl::FailedPreconditionError(
-          Cat("migStrategy single: more than one MIG device type present on node (",
-              Join(mig_profiles, ", "), "); use --mig-strategy=mixed or one profile on every GPU"));
+      return absl::FailedPreconditionError(Cat("migStrategy single: more than one MIG device type present on node (",
+                                               Join(mig_profiles, ", "),
+                                               "); use --mig-strategy=mixed or one profile on every GPU"));
     }
   }
   for (const auto& g : inv.gpus()) {
@@ -78,8 +78,8 @@ absl::StatusOr<std::vector<Unit>> Units(const gpu::Inventory& inv, const std::st
         }
         resource = MigResourceName(m.profile);
       }
-      units.push_back({resource, m.uuid, Cat(g.index, ":", m.index), g.index,
-                       static_cast<int>(m.index), g.minor, g.numa_node, m.gi, m.ci});
+      units.push_back({resource, m.uuid, Cat(g.index, ":", m.index), g.index, static_cast<int>(m.index), g.minor,
+                       g.numa_node, m.gi, m.ci});
     }
   }
   return units;
@@ -133,10 +133,10 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
         for (const auto& u : *units) {
           if (u.base_resource == r.name) have.push_back(u.index);
         }
-        return absl::InvalidArgumentError(Printable(
-            Cat(At(r, k), sharing_key, ".resources[", e, "].devices: no device '", d, "' of resource ", r.name,
-                " on this node (it has ", have.empty() ? std::string("none") : Join(have, ", "),
-                "; use GPU indices, MIG indices like 0:1, or UUIDs from `kgpu devices`)")));
+        return absl::InvalidArgumentError(
+            Printable(Cat(At(r, k), sharing_key, ".resources[", e, "].devices: no device '", d, "' of resource ",
+                          r.name, " on this node (it has ", have.empty() ? std::string("none") : Join(have, ", "),
+                          "; use GPU indices, MIG indices like 0:1, or UUIDs from `kgpu devices`)")));
       }
     }
     for (size_t i = 0; i < units->size(); ++i) {
@@ -145,17 +145,20 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
   }
 
   // MIG capability minors, for passDeviceSpecs and the CDI spec of MIG devices.
-  MigMinors minors;
+  gpu::MigMinors minors;
   const bool any_mig = std::any_of(units->begin(), units->end(), [](const Unit& u) { return u.mig >= 0; });
   if (any_mig) {
     const std::string path = Cat(config.proc_root == "/" ? "" : config.proc_root, "/driver/nvidia-caps/mig-minors");
     if (const auto text = ReadFile(path)) {
-      auto parsed = ParseMigMinors(*text, path);
+      auto parsed = gpu::ParseMigMinors(*text, path);
       if (!parsed.ok()) return parsed.status();
       minors = std::move(*parsed);
     } else {
-      Log("deviceplugin")->warn("{} is not readable: MIG devices get no /dev/nvidia-caps device specs (set --proc-root "
-                                "to the host's procfs)", path);
+      Log("deviceplugin")
+          ->warn(
+              "{} is not readable: MIG devices get no /dev/nvidia-caps device specs (set --proc-root "
+              "to the host's procfs)",
+              path);
     }
   }
 
@@ -170,7 +173,7 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
     r.name = name;
     r.socket = SocketName(name);
     r.mig = name.rfind("nvidia.com/mig-", 0) == 0;
-    r.kgpu_shares = name == kKgpuSharesResource;
+    r.kgpu_shares = name == api::kShares;
     plan->resources.push_back(r);
     return plan->resources.back();
   };
@@ -185,12 +188,11 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
     base.minor = u.minor;
     base.numa = u.numa;
     // The driver names a GPU's capabilities by its minor number (gpu<minor>/gi<i>/...), not by index.
-    if (u.mig >= 0) base.cap_nodes = MigCapNodes(minors, u.minor, u.gi, u.ci);
+    if (u.mig >= 0) base.cap_nodes = gpu::MigCapNodes(minors, u.minor, u.gi, u.ci);
     if (selected_by[i].size() > 1) {
-      return absl::InvalidArgumentError(
-          Cat(At(sharing.resources[selected_by[i][1]]), sharing_key, ".resources[", selected_by[i][0], "] and [",
-              selected_by[i][1],
-              "] both select ", u.uuid, " (index ", u.index, "); give each device one entry"));
+      return absl::InvalidArgumentError(Cat(At(sharing.resources[selected_by[i][1]]), sharing_key, ".resources[",
+                                            selected_by[i][0], "] and [", selected_by[i][1], "] both select ", u.uuid,
+                                            " (index ", u.index, "); give each device one entry"));
     }
     if (selected_by[i].empty()) {
       resource(u.base_resource).devices.push_back(base);
@@ -199,21 +201,20 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
     const ReplicatedResource& r = sharing.resources[selected_by[i][0]];
     if (sharing.strategy == SharingStrategy::kMps) {
       if (u.mig >= 0) {
-        return absl::InvalidArgumentError(
-            Cat(At(r), "sharing.mps.resources[", selected_by[i][0], "] (", r.name, "): sharing using MPS is not supported for MIG ",
-                "devices (", u.uuid, " on GPU ", u.gpu, "); share MIG devices with sharing.timeSlicing, or disable MIG"));
+        return absl::InvalidArgumentError(Cat(At(r), "sharing.mps.resources[", selected_by[i][0], "] (", r.name,
+                                              "): sharing using MPS is not supported for MIG ", "devices (", u.uuid,
+                                              " on GPU ", u.gpu,
+                                              "); share MIG devices with sharing.timeSlicing, or disable MIG"));
       }
       const auto& g = inventory->gpus()[u.gpu];
       const int max_clients = (g.cc_major > 7 || (g.cc_major == 7 && g.cc_minor >= 5)) ? 48 : 16;
       if (r.replicas > max_clients) {
-        return absl::InvalidArgumentError(Cat(At(r), "sharing.mps.resources[", selected_by[i][0], "].replicas ", r.replicas,
-                                              " exceeds the ", max_clients, " MPS clients GPU ", u.gpu, " (compute capability ",
-                                              g.cc_major, ".", g.cc_minor, ") supports"));
+        return absl::InvalidArgumentError(Cat(At(r), "sharing.mps.resources[", selected_by[i][0], "].replicas ",
+                                              r.replicas, " exceeds the ", max_clients, " MPS clients GPU ", u.gpu,
+                                              " (compute capability ", g.cc_major, ".", g.cc_minor, ") supports"));
       }
     }
-    const std::string name = !r.rename.empty()       ? r.rename
-                             : sharing.rename_by_default ? r.name + ".shared"
-                                                         : r.name;
+    const std::string name = !r.rename.empty() ? r.rename : sharing.rename_by_default ? r.name + ".shared" : r.name;
     Resource& res = resource(name);
     res.replicated = true;
     res.mps = sharing.strategy == SharingStrategy::kMps;

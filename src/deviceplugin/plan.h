@@ -11,21 +11,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "api/share_cdi.h"
 #include "deviceplugin/config.h"
-#include "deviceplugin/share_cdi.h"
 #include "gpu/inventory.h"
 
 namespace kgpu::deviceplugin {
 
 struct PluginDevice {
-  std::string id;          // advertised: GPU/MIG UUID, or "<UUID>::<n>" for a replica
-  std::string visible_id;  // in NVIDIA_VISIBLE_DEVICES: the UUID, or "<i>" / "<i>:<j>" (index)
-  std::string health_key;  // the GPU or MIG UUID whose health this device has
-  unsigned gpu = 0;        // parent GPU index
-  int mig = -1;            // MIG device index on the parent, -1 for a whole GPU
-  int replica = -1;        // replica number, -1 when not replicated
-  unsigned minor = 0;      // /dev/nvidia<minor> of the parent GPU
-  int numa = -1;           // NUMA node, -1 unknown
+  std::string id;                      // advertised: GPU/MIG UUID, or "<UUID>::<n>" for a replica
+  std::string visible_id;              // in NVIDIA_VISIBLE_DEVICES: the UUID, or "<i>" / "<i>:<j>" (index)
+  std::string health_key;              // the GPU or MIG UUID whose health this device has
+  unsigned gpu = 0;                    // parent GPU index
+  int mig = -1;                        // MIG device index on the parent, -1 for a whole GPU
+  int replica = -1;                    // replica number, -1 when not replicated
+  unsigned minor = 0;                  // /dev/nvidia<minor> of the parent GPU
+  int numa = -1;                       // NUMA node, -1 unknown
   std::vector<std::string> cap_nodes;  // MIG: /dev/nvidia-caps/nvidia-cap<N> of its GI and CI
 };
 
@@ -35,16 +35,15 @@ struct Resource {
   bool replicated = false;
   bool fail_requests_greater_than_one = false;
   bool mig = false;
-  bool mps = false;      // replicas shared through an MPS control daemon
+  bool mps = false;          // replicas shared through an MPS control daemon
   bool hard_memory = false;  // time-slicing replicas held to memory / replicas (CUDA interposer)
-  bool retired = false;  // advertised before (an earlier MIG layout): served with zero devices
+  bool retired = false;      // advertised before (an earlier MIG layout): served with zero devices
   // kgpu.io/gpu: the devices are slots, a count only; which GPUs a container gets comes from the
   // pod's allocation record at PreStartContainer (docs/sharing-model.md §5).
   bool kgpu_shares = false;
   std::vector<PluginDevice> devices;
   const PluginDevice* Find(const std::string& id) const;
 };
-
 
 struct Plan {
   std::vector<Resource> resources;

@@ -3,6 +3,12 @@
 
 #include "deviceplugin/server.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -10,12 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <algorithm>
-#include <cstring>
-#include <filesystem>
-#include <random>
-
+#include "common/backoff.h"
+#include "common/files.h"
 #include "common/log.h"
 #include "common/sleep.h"
 #include "common/strings.h"
@@ -23,11 +25,11 @@
 #include "deviceplugin/cdi.h"
 #include "deviceplugin/health_file.h"
 #include "deviceplugin/interposer.h"
-#include "deviceplugin/kubelet_checkpoint.h"
 #include "deviceplugin/kubelet_dir.h"
 #include "deviceplugin/mps.h"
-#include "common/files.h"
 #include "deviceplugin_v1beta1.grpc.pb.h"
+#include "kubelet/checkpoint.h"
+#include "kubelet/registration.h"
 
 namespace kgpu::deviceplugin {
 namespace {
@@ -52,7 +54,6 @@ bool Exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0;
 }
-
 
 }  // namespace
 
@@ -117,8 +118,8 @@ class ResourceServer::Service final : public v1beta1::DevicePlugin::Service {
         for (const auto& id : *advised) resp->add_deviceids(id);
         continue;
       }
-      auto ids = PreferredAllocation(*owner_.plan_, owner_.resource(), *owner_.config_, available, must,
-                                     c.allocation_size());
+      auto ids =
+          PreferredAllocation(*owner_.plan_, owner_.resource(), *owner_.config_, available, must, c.allocation_size());
       if (!ids.ok()) return ToGrpc(ids.status());
       auto* resp = out->add_container_responses();
       for (const auto& id : *ids) resp->add_deviceids(id);
@@ -135,20 +136,22 @@ class ResourceServer::Service final : public v1beta1::DevicePlugin::Service {
         // CDI device named here (docs/sharing-model.md §5).
         for (const auto& id : ids) {
           if (owner_.resource().Find(id) == nullptr) {
-            return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, Cat("unknown ", kKgpuSharesResource, " slot ", id));
+            return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, Cat("unknown ", api::kShares, " slot ", id));
           }
         }
-        const std::string name = Cat(kKgpuShareCdiKind, "=", ShareCdiName(ids));
+        const std::string name = Cat(api::kShareCdiKind, "=", api::ShareCdiName(ids));
         auto* resp = out->add_container_responses();
         resp->add_cdi_devices()->set_name(name);
-        (*resp->mutable_annotations())[Cat(owner_.config_->cdi_annotation_prefix, "kgpu-share_", ShareCdiName(ids))] = name;
-        (*resp->mutable_envs())["KGPU_SHARE"] = ShareCdiName(ids);
+        (*resp->mutable_annotations())[Cat(owner_.config_->cdi_annotation_prefix, "kgpu-share_",
+                                           api::ShareCdiName(ids))] = name;
+        (*resp->mutable_envs())["KGPU_SHARE"] = api::ShareCdiName(ids);
         continue;
       }
       auto a = deviceplugin::Allocate(*owner_.plan_, owner_.resource(), *owner_.config_, ids, RandomId());
       if (!a.ok()) {
-        Log("deviceplugin")->warn("{}: Allocate {} refused: {}", owner_.resource().name, Join(ids, ","),
-                                  std::string(a.status().message()));
+        Log("deviceplugin")
+            ->warn("{}: Allocate {} refused: {}", owner_.resource().name, Join(ids, ","),
+                   std::string(a.status().message()));
         return ToGrpc(a.status());
       }
       auto* resp = out->add_container_responses();
@@ -186,12 +189,14 @@ class ResourceServer::Service final : public v1beta1::DevicePlugin::Service {
     }
     if (!resolve) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          Cat(kKgpuSharesResource, ": no allocation-record resolver (start the plugin with --kubeconfig "
-                                                   "or in a pod, and --node-name)"));
+                          Cat(api::kShares,
+                              ": no allocation-record resolver (start the plugin with --kubeconfig "
+                              "or in a pod, and --node-name)"));
     }
-    const absl::Status st = resolve(ids, ShareCdiName(ids));
+    const absl::Status st = resolve(ids, api::ShareCdiName(ids));
     if (!st.ok()) {
-      Log("deviceplugin")->warn("{}: PreStartContainer {}: {}", kKgpuSharesResource, Join(ids, ","), std::string(st.message()));
+      Log("deviceplugin")
+          ->warn("{}: PreStartContainer {}: {}", api::kShares, Join(ids, ","), std::string(st.message()));
       return ToGrpc(st);
     }
     return grpc::Status::OK;
@@ -209,7 +214,9 @@ ResourceServer::ResourceServer(std::shared_ptr<const Plan> plan, size_t resource
   for (const auto& d : resource().devices) devices_.push_back({d.id, true, d.numa});
 }
 
-ResourceServer::~ResourceServer() { Stop(); }
+ResourceServer::~ResourceServer() {
+  Stop();
+}
 
 bool ResourceServer::PreStartRequired() const {
   const Resource& r = resource();
@@ -251,7 +258,8 @@ std::string ResourceServer::DeviceIdOf(const AssignedDevice& a) const {
 }
 
 std::optional<std::vector<std::string>> ResourceServer::Advised(const std::vector<std::string>& available,
-                                                                const std::vector<std::string>& must, size_t size) const {
+                                                                const std::vector<std::string>& must,
+                                                                size_t size) const {
   const Resource& r = resource();
   if (!advisor_ || r.kgpu_shares || r.replicated || r.retired || size == 0) return std::nullopt;
   const std::set<std::string> free(available.begin(), available.end());
@@ -380,38 +388,17 @@ absl::StatusOr<std::vector<DeviceState>> ReadAdvertised(const std::string& socke
   v1beta1::ListAndWatchResponse msg;
   if (!reader->Read(&msg)) {
     const grpc::Status st = reader->Finish();
-    return absl::UnavailableError(Cat("ListAndWatch on ", socket, ": ",
-                                      st.ok() ? "the stream ended without a device list" : st.error_message()));
+    return absl::UnavailableError(
+        Cat("ListAndWatch on ", socket, ": ", st.ok() ? "the stream ended without a device list" : st.error_message()));
   }
   std::vector<DeviceState> out;
   for (const auto& d : msg.devices()) {
-    out.push_back({d.id(), d.health() == kHealthy, d.topology().nodes_size() > 0 ? static_cast<int>(d.topology().nodes(0).id()) : -1});
+    out.push_back({d.id(), d.health() == kHealthy,
+                   d.topology().nodes_size() > 0 ? static_cast<int>(d.topology().nodes(0).id()) : -1});
   }
   ctx.TryCancel();
   (void)reader->Finish();
   return out;
-}
-
-absl::Status RegisterWithKubelet(const std::string& kubelet_socket, const std::string& endpoint,
-                                 const std::string& resource, bool pre_start_required,
-                                 std::chrono::milliseconds timeout) {
-  auto channel = grpc::CreateChannel("unix:" + kubelet_socket, grpc::InsecureChannelCredentials());
-  auto stub = v1beta1::Registration::NewStub(channel);
-  v1beta1::RegisterRequest req;
-  req.set_version("v1beta1");
-  req.set_endpoint(endpoint);
-  req.set_resource_name(resource);
-  req.mutable_options()->set_pre_start_required(pre_start_required);
-  req.mutable_options()->set_get_preferred_allocation_available(true);
-  v1beta1::Empty resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
-  ctx.set_wait_for_ready(false);
-  const grpc::Status st = stub->Register(&ctx, req, &resp);
-  if (!st.ok()) {
-    return absl::UnavailableError(Cat("Register ", resource, " with ", kubelet_socket, ": ", st.error_message()));
-  }
-  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------- Manager
@@ -419,7 +406,9 @@ absl::Status RegisterWithKubelet(const std::string& kubelet_socket, const std::s
 namespace {
 
 // kubelet's device-manager checkpoint in its device-plugin directory (kubelet_checkpoint.h).
-std::string CheckpointPath(const Config& config) { return Cat(config.kubelet_dir, "/kubelet_internal_checkpoint"); }
+std::string CheckpointPath(const Config& config) {
+  return Cat(config.kubelet_dir, "/kubelet_internal_checkpoint");
+}
 
 // Resource names kubelet's checkpoint remembers from earlier runs (Data.RegisteredDevices keys)
 // that kgpu could have advertised: nvidia.com/gpu[.shared], nvidia.com/mig-*, configured renames.
@@ -427,7 +416,7 @@ std::vector<std::string> CheckpointedResources(const Config& config) {
   const std::string path = CheckpointPath(config);
   const auto text = ReadFile(path);
   if (!text) return {};
-  auto names = RegisteredResources(*text, path);
+  auto names = kubelet::RegisteredResources(*text, path);
   if (!names.ok()) {
     Log("deviceplugin")->warn("{}", std::string(names.status().message()));
     return {};
@@ -465,7 +454,9 @@ Manager::Manager(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory>
                  gpu::DiscoverOptions discover)
     : lib_(lib), discover_(std::move(discover)), inventory_(std::move(inventory)) {}
 
-Manager::~Manager() { Stop(); }
+Manager::~Manager() {
+  Stop();
+}
 
 std::vector<std::string> Manager::ResourceNames() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -477,6 +468,11 @@ std::vector<std::string> Manager::ResourceNames() const {
 std::shared_ptr<const gpu::Inventory> Manager::inventory() const {
   std::lock_guard<std::mutex> lock(mu_);
   return inventory_;
+}
+
+std::map<std::string, gpu::DeviceHealth> Manager::HealthSnapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return health_state_;
 }
 
 Manager::Advertised Manager::advertised() const {
@@ -504,9 +500,8 @@ std::shared_ptr<const Plan> Manager::WithRetired(std::shared_ptr<const Plan> pla
   for (const auto& name : retired_) {
     // Not one the plan serves, and not one whose socket a served resource uses (a renamed
     // resource, e.g. example.com/gpu, has nvidia.com/gpu's socket: that one stays live).
-    if (std::none_of(plan->resources.begin(), plan->resources.end(), [&](const Resource& r) {
-          return r.name == name || r.socket == SocketName(name);
-        })) {
+    if (std::none_of(plan->resources.begin(), plan->resources.end(),
+                     [&](const Resource& r) { return r.name == name || r.socket == SocketName(name); })) {
       missing.push_back(name);
     }
   }
@@ -576,6 +571,7 @@ void Manager::StartHealth() {
   ho.recover_after = config.health.recover_after;
   ho.probe_interval = config.health.probe_interval;
   ho.hang_threshold = config.health.hang_threshold;
+  ho.on_xid = xid_observer_;
   ho.on_mig_change = [this](unsigned) {
     {
       std::lock_guard<std::mutex> lock(wake_mu_);
@@ -608,7 +604,8 @@ void Manager::WriteServedHealthLocked() {
   std::string text = HealthFileJson(served);
   if (text == health_written_) return;
   if (auto st = WriteHealthFile(config_->kubelet_dir, served); !st.ok()) {
-    health_file_log_.Report(spdlog::level::warn, Cat(st.message(), ": `kgpu doctor` and `kgpu health` cannot show "
+    health_file_log_.Report(spdlog::level::warn, Cat(st.message(),
+                                                     ": `kgpu doctor` and `kgpu health` cannot show "
                                                      "the health served here (logged again when this changes)"));
     return;
   }
@@ -672,7 +669,9 @@ void Manager::ProbeMps(bool force) {
     if (d->started()) {
       const auto probe = d->Probe();
       up = probe.ok();
-      if (!up) log->warn("MPS daemon of {} stopped answering ({}); restarting it", d->resource_name(), std::string(probe.message()));
+      if (!up)
+        log->warn("MPS daemon of {} stopped answering ({}); restarting it", d->resource_name(),
+                  std::string(probe.message()));
     }
     if (!up) {
       publish(d->resource_name(), false);  // no admissions while it is down
@@ -699,7 +698,8 @@ void Manager::ScanDrainMarkers() {
   if (now == drained_) return;
   auto log = Log("deviceplugin");
   for (const auto& u : now) {
-    if (drained_.count(u) == 0) log->info("GPU {} is being re-partitioned (kgpu mig apply): its devices are Unhealthy", u);
+    if (drained_.count(u) == 0)
+      log->info("GPU {} is being re-partitioned (kgpu mig apply): its devices are Unhealthy", u);
   }
   for (const auto& u : drained_) {
     if (now.count(u) == 0) log->info("GPU {}: re-partitioning finished", u);
@@ -822,8 +822,10 @@ bool Manager::Rediscover() {
   }
   auto plan = BuildPlan(*inventory, *config_);
   if (!plan.ok()) {
-    log->error("MIG layout changed, but the new devices cannot be advertised: {}; keeping the previous devices "
-               "(fix the layout or the config)", std::string(plan.status().message()));
+    log->error(
+        "MIG layout changed, but the new devices cannot be advertised: {}; keeping the previous devices "
+        "(fix the layout or the config)",
+        std::string(plan.status().message()));
     return false;
   }
   if (auto cdi = WriteCdiSpec(**plan, *config_); !cdi.ok()) {
@@ -861,16 +863,19 @@ void Manager::MaintenanceLoop(std::stop_token stop) {
   bool sweeps = !config_->cuda_interposer.empty() && config_->cuda_accounting_sweep.count() > 0;
   if (sweeps) {
     std::lock_guard<std::mutex> lock(mu_);
-    sweeps = std::any_of(plan_->resources.begin(), plan_->resources.end(), [](const Resource& r) { return r.hard_memory; });
+    sweeps =
+        std::any_of(plan_->resources.begin(), plan_->resources.end(), [](const Resource& r) { return r.hard_memory; });
   }
   auto next_sweep = std::chrono::steady_clock::now() + config_->cuda_accounting_sweep;
   while (!stop.stop_requested()) {
     const auto now = std::chrono::steady_clock::now();
     if (sweeps && now >= next_sweep) {
-      auto n = SweepTimeslicingRegions(config_->cuda_shared_root, CheckpointPath(*config_), config_->cuda_accounting_grace);
+      auto n =
+          SweepTimeslicingRegions(config_->cuda_shared_root, CheckpointPath(*config_), config_->cuda_accounting_grace);
       if (!n.ok()) {
-        Log("deviceplugin")->warn("time-slicing accounting directories under {} not swept: {}", config_->cuda_shared_root,
-                                  std::string(n.status().message()));
+        Log("deviceplugin")
+            ->warn("time-slicing accounting directories under {} not swept: {}", config_->cuda_shared_root,
+                   std::string(n.status().message()));
       }
       next_sweep = now + config_->cuda_accounting_sweep;
     }
@@ -955,8 +960,7 @@ void Manager::RegisterLoop(std::stop_token stop) {
   const std::string kubelet = KubeletSocket();
   // The first retry comes soon: right after a kubelet restart its new kubelet.sock can exist a
   // moment before it accepts connections. Then doubling, up to 5 s.
-  constexpr auto kFirstRetry = std::chrono::milliseconds(5);
-  auto backoff = kFirstRetry;
+  Backoff backoff(std::chrono::milliseconds(5), std::chrono::milliseconds(5000));
   bool warned = false;
   size_t cursor = 0;  // rotates, so one refused resource cannot hold the others back
   while (!stop.stop_requested()) {
@@ -987,7 +991,8 @@ void Manager::RegisterLoop(std::stop_token stop) {
       pre_start = servers_[index]->PreStartRequired();
     }
     const uint64_t inode = InodeOf(kubelet);  // the kubelet this registration reaches (if it does)
-    const absl::Status st = RegisterWithKubelet(kubelet, endpoint, name, pre_start, std::chrono::seconds(5));
+    const absl::Status st =
+        ::kgpu::kubelet::RegisterDevicePlugin(kubelet, endpoint, name, pre_start, std::chrono::seconds(5));
     std::unique_lock<std::mutex> lock(mu_);
     if (st.ok()) {
       // Servers re-created meanwhile (a kubelet restart) need a registration of their own, and
@@ -998,20 +1003,20 @@ void Manager::RegisterLoop(std::stop_token stop) {
       }
       registrations_++;
       log->info("registered {} with kubelet ({})", name, endpoint);
-      backoff = kFirstRetry;
+      backoff.Reset();
       warned = false;
       continue;
     }
-    if (!warned || backoff >= std::chrono::seconds(5)) {
+    const auto wait = backoff.Next();
+    if (!warned || wait >= std::chrono::seconds(5)) {
       log->warn("registering {} with kubelet at {} failed ({}); retrying in {} ms", name, kubelet,
-                std::string(st.message()), backoff.count());
+                std::string(st.message()), wait.count());
       warned = true;
     }
     // Wait out the backoff, but go at once when the servers are re-created (kubelet is back).
-    if (!cv_.wait_for(lock, stop, backoff, [&] { return generation != generation_; }) && stop.stop_requested()) {
+    if (!cv_.wait_for(lock, stop, wait, [&] { return generation != generation_; }) && stop.stop_requested()) {
       return;
     }
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
   }
 }
 
@@ -1113,8 +1118,7 @@ void Manager::WatchLoop(std::stop_token stop) {
       for (const auto& s : servers_) missing = missing || !Exists(s->socket_path());
     }
     if (kubelet_created || missing) {
-      RestartServers(kubelet_created ? "kubelet restarted (kubelet.sock re-created)"
-                                     : "our socket was removed");
+      RestartServers(kubelet_created ? "kubelet restarted (kubelet.sock re-created)" : "our socket was removed");
     }
     kubelet_created = ours_deleted = false;
   }

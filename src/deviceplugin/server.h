@@ -50,16 +50,16 @@ struct DeviceState {
 };
 
 // Resolves a kgpu.io/gpu container at PreStartContainer: finds the container holding the slot
-// `ids` and writes the CDI spec of device kKgpuShareCdiKind=`cdi_name` from its allocation record
+// `ids` and writes the CDI spec of device api::kShareCdiKind=`cdi_name` from its allocation record
 // (cli/share_handoff.h). An error fails the container start; kubelet retries it.
 using ShareResolver = std::function<absl::Status(const std::vector<std::string>& ids, const std::string& cdi_name)>;
 
 // What kubelet gave a whole-GPU or MIG container, device by device, at PreStartContainer.
 struct AssignedDevice {
-  std::string gpu_uuid;     // the physical GPU
-  std::string mig_uuid;     // MIG devices: the instance's UUID
-  std::string profile;      // MIG devices: the profile
-  int64_t memory_mib = 0;   // MIG devices: the instance's memory
+  std::string gpu_uuid;    // the physical GPU
+  std::string mig_uuid;    // MIG devices: the instance's UUID
+  std::string profile;     // MIG devices: the profile
+  int64_t memory_mib = 0;  // MIG devices: the instance's memory
   bool operator==(const AssignedDevice&) const = default;
 };
 // Told, at PreStartContainer of an nvidia.com/gpu or nvidia.com/mig-* container, which devices
@@ -74,12 +74,13 @@ using AssignmentReporter = std::function<void(const std::string& resource, const
 // none yet, the likeliest first (kubelet admits pods oldest first). kubelet is steered to the first
 // of them it can give; with none, the plugin's own (NVLink-aware) preference stands. A wrong guess
 // costs nothing but a correction: the record follows kubelet at PreStartContainer.
-using PreferenceAdvisor = std::function<std::vector<std::vector<AssignedDevice>>(const std::string& resource, size_t size)>;
+using PreferenceAdvisor =
+    std::function<std::vector<std::vector<AssignedDevice>>(const std::string& resource, size_t size)>;
 
 class ResourceServer {
  public:
-  ResourceServer(std::shared_ptr<const Plan> plan, size_t resource_index,
-                 std::shared_ptr<const Config> config, std::string socket_path);
+  ResourceServer(std::shared_ptr<const Plan> plan, size_t resource_index, std::shared_ptr<const Config> config,
+                 std::string socket_path);
   ~ResourceServer();
   ResourceServer(const ResourceServer&) = delete;
   ResourceServer& operator=(const ResourceServer&) = delete;
@@ -168,11 +169,6 @@ std::vector<std::string> PluginSockets(const std::string& kubelet_dir);
 // would read it (for `kgpu doctor`). Errors name the socket.
 absl::StatusOr<std::vector<DeviceState>> ReadAdvertised(const std::string& socket, std::chrono::milliseconds timeout);
 
-// Registers `resource` served at `<dir>/<endpoint>` with the kubelet at `kubelet_socket`.
-absl::Status RegisterWithKubelet(const std::string& kubelet_socket, const std::string& endpoint,
-                                 const std::string& resource, bool pre_start_required,
-                                 std::chrono::milliseconds timeout);
-
 class Manager {
  public:
   Manager(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory,
@@ -209,6 +205,13 @@ class Manager {
     std::map<std::string, bool> healthy;
   };
   Advertised advertised() const;
+  // The health monitor's state as served to kubelet (per GPU and MIG UUID): the process's one
+  // health source, which `kgpu node`'s exporter reads. Empty while health checks are disabled.
+  std::map<std::string, gpu::DeviceHealth> HealthSnapshot() const;
+  // Before Start: told every XID the health monitor sees (from its event thread; keep it short).
+  void SetXidObserver(std::function<void(unsigned gpu, unsigned gi, unsigned long long xid)> fn) {
+    xid_observer_ = std::move(fn);
+  }
   const nvml::Library& lib() const { return lib_; }
   // `fn` runs after what is advertised may have changed: a device's health, a MIG re-partition, a
   // reload (SIGHUP). It runs on the Manager's threads with their locks held: it must only record
@@ -247,19 +250,20 @@ class Manager {
   std::shared_ptr<const Plan> plan_;
   std::unique_ptr<gpu::HealthMonitor> health_;
   std::map<std::string, gpu::DeviceHealth> health_state_;  // the monitor's published state; guarded by mu_
+  std::function<void(unsigned, unsigned, unsigned long long)> xid_observer_;
   // health_state_ as <kubelet dir>/.kgpu-health.json (health_file.h), for doctor and `kgpu health`.
   void WriteServedHealthLocked();
-  std::string health_written_;  // the file's content as last written; guarded by mu_
+  std::string health_written_;                    // the file's content as last written; guarded by mu_
   ConditionLog health_file_log_{"deviceplugin"};  // a failing write, logged once
-  std::set<std::string> retired_;           // guarded by mu_
-  std::map<std::string, bool> available_;   // resource → serving (MPS daemon up); guarded by mu_
-  std::set<std::string> drained_;           // GPU UUIDs with a drain marker; guarded by mu_
+  std::set<std::string> retired_;                 // guarded by mu_
+  std::map<std::string, bool> available_;         // resource → serving (MPS daemon up); guarded by mu_
+  std::set<std::string> drained_;                 // GPU UUIDs with a drain marker; guarded by mu_
   void ScanDrainMarkers();
   std::vector<std::unique_ptr<class MpsDaemon>> mps_;  // owner thread / maintenance thread only
-  std::string layout_seen_;                 // MIG fingerprint of the running inventory (maintenance thread)
-  std::mutex wake_mu_;                      // wakes the maintenance thread early:
-  std::condition_variable_any wake_cv_;     // NVML reported a MIG configuration change
-  bool rescan_now_ = false;                 // guarded by wake_mu_
+  std::string layout_seen_;                            // MIG fingerprint of the running inventory (maintenance thread)
+  std::mutex wake_mu_;                                 // wakes the maintenance thread early:
+  std::condition_variable_any wake_cv_;                // NVML reported a MIG configuration change
+  bool rescan_now_ = false;                            // guarded by wake_mu_
 
   mutable std::mutex mu_;  // guards servers_, registered_, generation_, serve_failed_, health_ use
   std::condition_variable_any cv_;

@@ -16,10 +16,10 @@
 #include <unistd.h>
 
 #include "absl/status/status.h"
-#include "common/kubelet_checksum.h"
+#include "api/share_cdi.h"
 #include "common/log.h"
 #include "common/strings.h"
-#include "deviceplugin/share_cdi.h"
+#include "kubelet/checksum.h"
 
 namespace kgpu::exporter {
 namespace {
@@ -55,38 +55,31 @@ std::optional<std::string> PodUid(std::string_view raw, char sep) {
       return std::nullopt;
     }
   }
-  if (hex != 32 || uid.front() == '-' || uid.back() == '-')
-    return std::nullopt;
+  if (hex != 32 || uid.front() == '-' || uid.back() == '-') return std::nullopt;
   return uid;
 }
 
 // "pod<uid>" (cgroupfs) or "<...kubepods...>-pod<uid_>.slice" (systemd).
 std::optional<std::string> PodFromComponent(std::string_view c) {
-  if (StartsWith(c, "pod"))
-    return PodUid(c.substr(3), '-');
-  if (!EndsWith(c, ".slice"))
-    return std::nullopt;
+  if (StartsWith(c, "pod")) return PodUid(c.substr(3), '-');
+  if (!EndsWith(c, ".slice")) return std::nullopt;
   c.remove_suffix(6);
   const size_t at = c.rfind("-pod");
-  if (at == std::string_view::npos)
-    return std::nullopt;
-  if (c.substr(0, at).find("kubepods") == std::string_view::npos)
-    return std::nullopt;
+  if (at == std::string_view::npos) return std::nullopt;
+  if (c.substr(0, at).find("kubepods") == std::string_view::npos) return std::nullopt;
   return PodUid(c.substr(at + 4), '_');
 }
 
 // "<id>", "cri-containerd-<id>.scope", "crio-<id>", "docker-<id>.scope", ...: the hex ID.
 std::string ContainerFromComponent(std::string_view c) {
-  if (EndsWith(c, ".scope"))
-    c.remove_suffix(6);
+  if (EndsWith(c, ".scope")) c.remove_suffix(6);
   for (std::string_view prefix : {"cri-containerd-", "containerd-", "crio-", "docker-"}) {
     if (StartsWith(c, prefix)) {
       c.remove_prefix(prefix.size());
       break;
     }
   }
-  if (c.size() < 12 || c.size() > 128 || !std::all_of(c.begin(), c.end(), IsHex))
-    return {};
+  if (c.size() < 12 || c.size() > 128 || !std::all_of(c.begin(), c.end(), IsHex)) return {};
   return std::string(c);
 }
 
@@ -95,10 +88,8 @@ std::vector<std::string_view> Split(std::string_view s, char sep) {
   size_t start = 0;
   while (true) {
     const size_t end = s.find(sep, start);
-    out.push_back(
-        s.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start));
-    if (end == std::string_view::npos)
-      break;
+    out.push_back(s.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start));
+    if (end == std::string_view::npos) break;
     start = end + 1;
   }
   return out;
@@ -110,19 +101,16 @@ std::optional<CgroupInfo> ParseCgroupPath(std::string_view path) {
   std::vector<std::string_view> tokens;
   for (std::string_view component : Split(path, '/')) {
     for (std::string_view part : Split(component, ':')) {
-      if (part.empty() || part == "cri-containerd" || part == "crio" || part == "docker")
-        continue;
+      if (part.empty() || part == "cri-containerd" || part == "crio" || part == "docker") continue;
       tokens.push_back(part);
     }
   }
   // The innermost pod (kubelet-in-a-pod setups nest one pod's cgroups inside another's).
   for (size_t i = tokens.size(); i-- > 0;) {
     auto uid = PodFromComponent(tokens[i]);
-    if (!uid)
-      continue;
+    if (!uid) continue;
     CgroupInfo info{std::move(*uid), {}};
-    if (i + 1 < tokens.size())
-      info.container_id = ContainerFromComponent(tokens[i + 1]);
+    if (i + 1 < tokens.size()) info.container_id = ContainerFromComponent(tokens[i + 1]);
     return info;
   }
   return std::nullopt;
@@ -138,8 +126,7 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t limit)
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
-    const std::string why =
-        Cat(path, ": ", std::error_code(err, std::generic_category()).message());
+    const std::string why = Cat(path, ": ", std::error_code(err, std::generic_category()).message());
     return err == ENOENT ? absl::NotFoundError(why) : absl::UnavailableError(why);
   }
   std::string text;
@@ -148,14 +135,11 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t limit)
   while (true) {
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      status = absl::DataLossError(
-          Cat(path, ": ", std::error_code(errno, std::generic_category()).message()));
+      if (errno == EINTR) continue;
+      status = absl::DataLossError(Cat(path, ": ", std::error_code(errno, std::generic_category()).message()));
       break;
     }
-    if (n == 0)
-      break;
+    if (n == 0) break;
     text.append(buf, static_cast<size_t>(n));
     if (text.size() > limit) {
       status = absl::ResourceExhaustedError(Cat(path, ": larger than ", limit, " bytes"));
@@ -163,37 +147,32 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t limit)
     }
   }
   ::close(fd);
-  if (!status.ok())
-    return status;
+  if (!status.ok()) return status;
   return text;
 }
 
 using HeldKey = std::tuple<std::string, std::string, std::string, std::string>;  // ns,pod,ctr,res
 
-HeldKey Held(const PodRef& p, const std::string& resource) {
+HeldKey Held(const kubelet::PodRef& p, const std::string& resource) {
   return {p.namespace_name, p.pod, p.container, resource};
 }
 
-bool PodLess(const PodRef& a, const PodRef& b) {
-  return std::tie(a.namespace_name, a.pod, a.container) <
-         std::tie(b.namespace_name, b.pod, b.container);
+bool PodLess(const kubelet::PodRef& a, const kubelet::PodRef& b) {
+  return std::tie(a.namespace_name, a.pod, a.container) < std::tie(b.namespace_name, b.pod, b.container);
 }
 
-bool SamePod(const PodRef& a, const PodRef& b) {
+bool SamePod(const kubelet::PodRef& a, const kubelet::PodRef& b) {
   return a.namespace_name == b.namespace_name && a.pod == b.pod;
 }
 
 // One pod from several containers' refs: the ref itself if they agree, the pod with an empty
 // container if only the containers differ, nullopt if the pods differ.
-std::optional<PodRef> Merge(const std::vector<PodRef>& refs) {
-  if (refs.empty())
-    return std::nullopt;
-  PodRef out = refs.front();
-  for (const PodRef& r : refs) {
-    if (!SamePod(r, out))
-      return std::nullopt;
-    if (r.container != out.container)
-      out.container.clear();
+std::optional<kubelet::PodRef> Merge(const std::vector<kubelet::PodRef>& refs) {
+  if (refs.empty()) return std::nullopt;
+  kubelet::PodRef out = refs.front();
+  for (const kubelet::PodRef& r : refs) {
+    if (!SamePod(r, out)) return std::nullopt;
+    if (r.container != out.container) out.container.clear();
   }
   return out;
 }
@@ -208,51 +187,38 @@ std::string_view StripReplica(std::string_view device_id) {
 std::optional<CgroupInfo> ParseCgroup(std::string_view text) {
   std::optional<CgroupInfo> best;
   for (std::string_view line : Split(text, '\n')) {
-    if (!line.empty() && line.back() == '\r')
-      line.remove_suffix(1);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     // "hierarchy-ID:controller-list:cgroup-path"; the path itself may contain ':'.
     const size_t c1 = line.find(':');
-    if (c1 == std::string_view::npos)
-      continue;
+    if (c1 == std::string_view::npos) continue;
     const size_t c2 = line.find(':', c1 + 1);
-    if (c2 == std::string_view::npos)
-      continue;
+    if (c2 == std::string_view::npos) continue;
     auto info = ParseCgroupPath(line.substr(c2 + 1));
-    if (!info)
-      continue;
-    if (!info->container_id.empty())
-      return info;
-    if (!best)
-      best = std::move(info);
+    if (!info) continue;
+    if (!info->container_id.empty()) return info;
+    if (!best) best = std::move(info);
   }
   return best;
 }
 
-absl::StatusOr<std::vector<CheckpointEntry>> ParseCheckpoint(std::string_view json,
-                                                             std::string_view origin) {
-  auto fail = [&](const std::string& what) {
-    return absl::InvalidArgumentError(Cat(origin, ": ", what));
-  };
+absl::StatusOr<std::vector<CheckpointEntry>> ParseCheckpoint(std::string_view json, std::string_view origin) {
+  auto fail = [&](const std::string& what) { return absl::InvalidArgumentError(Cat(origin, ": ", what)); };
   auto got = [](const nlohmann::json& j) { return std::string(j.type_name()); };
   if (json.find_first_not_of(" \t\r\n") == std::string_view::npos) {
     return fail("empty file (not a kubelet device-manager checkpoint)");
   }
   try {
     const nlohmann::json doc = nlohmann::json::parse(json.begin(), json.end());
-    if (!doc.is_object())
-      return fail(Cat("expected a JSON object at the top, got ", got(doc)));
+    if (!doc.is_object()) return fail(Cat("expected a JSON object at the top, got ", got(doc)));
     const auto data = doc.find("Data");
     if (data == doc.end()) {
       return fail("no \"Data\" object: not a kubelet device-manager checkpoint");
     }
-    if (!data->is_object())
-      return fail(Cat("\"Data\": expected an object, got ", got(*data)));
-    if (auto st = VerifyKubeletCheckpoint(doc, origin); !st.ok())
-      return st;
+    if (!data->is_object()) return fail(Cat("\"Data\": expected an object, got ", got(*data)));
+    if (auto st = kubelet::VerifyKubeletCheckpoint(doc, origin); !st.ok()) return st;
     std::vector<CheckpointEntry> out;
     const auto entries = data->find("PodDeviceEntries");
-    if (entries == data->end() || entries->is_null())
-      return out;  // Go writes a nil slice as null
+    if (entries == data->end() || entries->is_null()) return out;  // Go writes a nil slice as null
     if (!entries->is_array()) {
       return fail(Cat("Data.PodDeviceEntries: expected a list, got ", got(*entries)));
     }
@@ -269,18 +235,15 @@ absl::StatusOr<std::vector<CheckpointEntry>> ParseCheckpoint(std::string_view js
       }};
       for (const auto& [field, dest] : fields) {
         const auto it = e.find(field);
-        if (it == e.end())
-          return fail(Cat(Where(i, field), ": missing"));
+        if (it == e.end()) return fail(Cat(Where(i, field), ": missing"));
         if (!it->is_string()) {
           return fail(Cat(Where(i, field), ": expected a string, got ", got(*it)));
         }
         *dest = it->get<std::string>();
       }
-      if (entry.pod_uid.empty())
-        return fail(Cat(Where(i, "PodUID"), ": empty"));
+      if (entry.pod_uid.empty()) return fail(Cat(Where(i, "PodUID"), ": empty"));
       auto add_ids = [&](const nlohmann::json& list, const std::string& where) -> absl::Status {
-        if (list.is_null())
-          return absl::OkStatus();
+        if (list.is_null()) return absl::OkStatus();
         if (!list.is_array()) {
           return fail(Cat(where, ": expected a list of device IDs, got ", got(list)));
         }
@@ -294,20 +257,16 @@ absl::StatusOr<std::vector<CheckpointEntry>> ParseCheckpoint(std::string_view js
       };
       const auto ids = e.find("DeviceIDs");
       const std::string where = Where(i, "DeviceIDs");
-      if (ids == e.end())
-        return fail(Cat(where, ": missing"));
+      if (ids == e.end()) return fail(Cat(where, ": missing"));
       if (ids->is_object()) {
         // Kubernetes >= 1.20: NUMA node ("-1" when unknown) -> IDs.
         for (const auto& [numa, list] : ids->items()) {
-          if (auto s = add_ids(list, Cat(where, "[\"", numa, "\"]")); !s.ok())
-            return s;
+          if (auto s = add_ids(list, Cat(where, "[\"", numa, "\"]")); !s.ok()) return s;
         }
       } else if (ids->is_array() || ids->is_null()) {
-        if (auto s = add_ids(*ids, where); !s.ok())
-          return s;  // Kubernetes <= 1.19
+        if (auto s = add_ids(*ids, where); !s.ok()) return s;  // Kubernetes <= 1.19
       } else {
-        return fail(
-            Cat(where, ": expected a map of NUMA node to device IDs or a list, got ", got(*ids)));
+        return fail(Cat(where, ": expected a map of NUMA node to device IDs or a list, got ", got(*ids)));
       }
       out.push_back(std::move(entry));
     }
@@ -316,8 +275,7 @@ absl::StatusOr<std::vector<CheckpointEntry>> ParseCheckpoint(std::string_view js
     std::string what = e.what();
     // "[json.exception.parse_error.101] parse error at line 1, ..." -> "parse error at line 1, ..."
     if (StartsWith(what, "[json.exception.")) {
-      if (const size_t end = what.find("] "); end != std::string::npos)
-        what.erase(0, end + 2);
+      if (const size_t end = what.find("] "); end != std::string::npos) what.erase(0, end + 2);
     }
     return fail(Cat("not valid JSON: ", what));
   }
@@ -388,19 +346,19 @@ struct PodAttributor::Snapshot {
   // Checkpoint: pod UID -> its entries. Shared between snapshots while the file is unreadable.
   std::shared_ptr<const std::unordered_map<std::string, std::vector<CheckpointEntry>>> by_pod;
   // PodResources: (resource, device ID) -> every container listed with it (normally one).
-  std::map<std::pair<std::string, std::string>, std::vector<PodRef>> holders;
+  std::map<std::pair<std::string, std::string>, std::vector<kubelet::PodRef>> holders;
   // (namespace, pod, container, resource) -> every device ID the container holds.
   std::map<HeldKey, std::set<std::string>> held;
   // Device UUID ("::<n>" stripped; a kgpu.io/gpu container's spec GPUs) -> containers holding
   // any ID of it, sorted, unique.
-  std::unordered_map<std::string, std::vector<PodRef>> by_device;
-  // kgpu.io/gpu containers with a spec, by CDI name (ShareCdiName of their slot IDs).
+  std::unordered_map<std::string, std::vector<kubelet::PodRef>> by_device;
+  // kgpu.io/gpu containers with a spec, by CDI name (api::ShareCdiName of their slot IDs).
   std::unordered_map<std::string, ShareSpec> shares;
 
   // The GPUs a checkpoint entry's devices are on.
   bool OnDevice(const CheckpointEntry& e, const std::string& gpu_uuid, const std::string& mig_uuid) const {
-    if (e.resource == deviceplugin::kKgpuSharesResource) {
-      const auto it = shares.find(deviceplugin::ShareCdiName(e.device_ids));
+    if (e.resource == api::kShares) {
+      const auto it = shares.find(api::ShareCdiName(e.device_ids));
       return it != shares.end() &&
              std::find(it->second.uuids.begin(), it->second.uuids.end(), gpu_uuid) != it->second.uuids.end();
     }
@@ -411,20 +369,16 @@ struct PodAttributor::Snapshot {
   }
 
   // The one PodResources container, of the entry's name, holding exactly the entry's devices.
-  std::optional<PodRef> Resolve(const CheckpointEntry& e) const {
+  std::optional<kubelet::PodRef> Resolve(const CheckpointEntry& e) const {
     const std::set<std::string> ids(e.device_ids.begin(), e.device_ids.end());
-    if (ids.empty())
-      return std::nullopt;
+    if (ids.empty()) return std::nullopt;
     const auto it = holders.find({e.resource, *ids.begin()});
-    if (it == holders.end())
-      return std::nullopt;
-    std::optional<PodRef> found;
-    for (const PodRef& pod : it->second) {
-      if (pod.container != e.container)
-        continue;
+    if (it == holders.end()) return std::nullopt;
+    std::optional<kubelet::PodRef> found;
+    for (const kubelet::PodRef& pod : it->second) {
+      if (pod.container != e.container) continue;
       const auto h = held.find(Held(pod, e.resource));
-      if (h == held.end() || h->second != ids)
-        continue;
+      if (h == held.end() || h->second != ids) continue;
       if (found && !(*found == pod))
         return std::nullopt;  // two pods' containers of that name hold the same IDs: unclear
       found = pod;
@@ -435,8 +389,7 @@ struct PodAttributor::Snapshot {
 
 PodAttributor::PodAttributor(Options options) : options_(std::move(options)) {
   auto empty = std::make_shared<Snapshot>();
-  empty->by_pod =
-      std::make_shared<const std::unordered_map<std::string, std::vector<CheckpointEntry>>>();
+  empty->by_pod = std::make_shared<const std::unordered_map<std::string, std::vector<CheckpointEntry>>>();
   snapshot_ = std::move(empty);
 }
 
@@ -447,22 +400,19 @@ std::shared_ptr<const PodAttributor::Snapshot> PodAttributor::Current() const {
   return snapshot_;
 }
 
-void PodAttributor::Update(std::vector<DeviceAllocation> allocations) {
+void PodAttributor::Update(std::vector<kubelet::DeviceAllocation> allocations) {
   std::lock_guard<std::mutex> update_lock(update_mu_);
   auto next = std::make_shared<Snapshot>();
 
   const std::string& path = options_.checkpoint_path;
-  absl::StatusOr<std::vector<CheckpointEntry>> entries =
-      [&]() -> absl::StatusOr<std::vector<CheckpointEntry>> {
+  absl::StatusOr<std::vector<CheckpointEntry>> entries = [&]() -> absl::StatusOr<std::vector<CheckpointEntry>> {
     auto text = ReadSmallFile(path, kMaxCheckpointFile);
-    if (!text.ok())
-      return text.status();
+    if (!text.ok()) return text.status();
     return ParseCheckpoint(*text, path);
   }();
   if (entries.ok()) {
     auto by_pod = std::make_shared<std::unordered_map<std::string, std::vector<CheckpointEntry>>>();
-    for (CheckpointEntry& e : *entries)
-      (*by_pod)[e.pod_uid].push_back(std::move(e));
+    for (CheckpointEntry& e : *entries) (*by_pod)[e.pod_uid].push_back(std::move(e));
     next->by_pod = std::move(by_pod);
     if (!last_error_.empty()) {
       Log("exporter")->info("kubelet checkpoint {} is readable again", path);
@@ -483,26 +433,27 @@ void PodAttributor::Update(std::vector<DeviceAllocation> allocations) {
     }
   }
 
-  for (DeviceAllocation& a : allocations) {
+  for (kubelet::DeviceAllocation& a : allocations) {
     next->holders[{a.resource, a.device_id}].push_back(a.pod);
     next->held[Held(a.pod, a.resource)].insert(a.device_id);
-    if (a.resource == deviceplugin::kKgpuSharesResource) continue;  // indexed by its spec's GPUs below
+    if (a.resource == api::kShares) continue;  // indexed by its spec's GPUs below
     next->by_device[std::string(StripReplica(a.device_id))].push_back(std::move(a.pod));
   }
   // kgpu.io/gpu containers: the GPUs their CDI spec names (written before the container
   // started; none yet means no process of it can run).
   for (const auto& [key, ids] : next->held) {
-    if (std::get<3>(key) != deviceplugin::kKgpuSharesResource) continue;
-    const std::string name = deviceplugin::ShareCdiName({ids.begin(), ids.end()});
-    const std::string file = deviceplugin::ShareCdiSpecFile(options_.cdi_spec_dir, name);
+    if (std::get<3>(key) != api::kShares) continue;
+    const std::string name = api::ShareCdiName({ids.begin(), ids.end()});
+    const std::string file = api::ShareCdiSpecFile(options_.cdi_spec_dir, name);
     auto text = ReadSmallFile(file, kMaxShareSpecFile);
     if (!text.ok()) continue;  // not started yet (or the spec directory is not mounted)
     auto spec = ParseShareSpec(*text, file);
     if (!spec.ok()) {
-      Log("exporter")->warn("{} (its container's GPU figures are not attributed)", std::string(spec.status().message()));
+      Log("exporter")
+          ->warn("{} (its container's GPU figures are not attributed)", std::string(spec.status().message()));
       continue;
     }
-    PodRef pod;
+    kubelet::PodRef pod;
     pod.namespace_name = std::get<0>(key);
     pod.pod = std::get<1>(key);
     pod.container = std::get<2>(key);
@@ -522,49 +473,41 @@ void PodAttributor::Update(std::vector<DeviceAllocation> allocations) {
   // `old` is released here, outside mu_.
 }
 
-std::optional<PodRef> PodAttributor::Attribute(unsigned pid, const std::string& gpu_uuid,
-                                               const std::string& mig_uuid) const {
+std::optional<kubelet::PodRef> PodAttributor::Attribute(unsigned pid, const std::string& gpu_uuid,
+                                                        const std::string& mig_uuid) const {
   auto text = ReadSmallFile(Cat(options_.proc_root, "/", pid, "/cgroup"), kMaxCgroupFile);
-  if (!text.ok())
-    return std::nullopt;  // the process ended, or no hostPID
+  if (!text.ok()) return std::nullopt;  // the process ended, or no hostPID
   const auto cgroup = ParseCgroup(*text);
-  if (!cgroup)
-    return std::nullopt;
+  if (!cgroup) return std::nullopt;
 
   const auto snap = Current();
   const auto entries = snap->by_pod->find(cgroup->pod_uid);
-  if (entries == snap->by_pod->end())
-    return std::nullopt;
-  std::vector<PodRef> found;
+  if (entries == snap->by_pod->end()) return std::nullopt;
+  std::vector<kubelet::PodRef> found;
   for (const CheckpointEntry& e : entries->second) {
-    if (!snap->OnDevice(e, gpu_uuid, mig_uuid))
-      continue;
-    if (auto pod = snap->Resolve(e))
-      found.push_back(std::move(*pod));
+    if (!snap->OnDevice(e, gpu_uuid, mig_uuid)) continue;
+    if (auto pod = snap->Resolve(e)) found.push_back(std::move(*pod));
   }
   return Merge(found);
 }
 
-std::vector<PodRef> PodAttributor::PodsOnDevice(const std::string& gpu_or_mig_uuid) const {
+std::vector<kubelet::PodRef> PodAttributor::PodsOnDevice(const std::string& gpu_or_mig_uuid) const {
   const auto snap = Current();
   const auto it = snap->by_device.find(gpu_or_mig_uuid);
-  if (it == snap->by_device.end())
-    return {};
+  if (it == snap->by_device.end()) return {};
   return it->second;
 }
 
-std::optional<ShareSpec> PodAttributor::ShareOf(const PodRef& container) const {
+std::optional<ShareSpec> PodAttributor::ShareOf(const kubelet::PodRef& container) const {
   const auto snap = Current();
-  const auto held = snap->held.find(Held(container, deviceplugin::kKgpuSharesResource));
-  if (held == snap->held.end())
-    return std::nullopt;
-  const auto it = snap->shares.find(deviceplugin::ShareCdiName({held->second.begin(), held->second.end()}));
-  if (it == snap->shares.end())
-    return std::nullopt;
+  const auto held = snap->held.find(Held(container, api::kShares));
+  if (held == snap->held.end()) return std::nullopt;
+  const auto it = snap->shares.find(api::ShareCdiName({held->second.begin(), held->second.end()}));
+  if (it == snap->shares.end()) return std::nullopt;
   return it->second;
 }
 
-std::optional<PodRef> PodAttributor::OwnerOf(const std::string& uuid) const {
+std::optional<kubelet::PodRef> PodAttributor::OwnerOf(const std::string& uuid) const {
   return Merge(PodsOnDevice(uuid));
 }
 

@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "exporter/podresources.h"
+#include "kubelet/podresources.h"
 
 namespace kgpu::exporter {
 
@@ -56,20 +56,20 @@ struct CheckpointEntry {
 // kubelet_internal_checkpoint): {"Data":{"PodDeviceEntries":[{"PodUID","ContainerName",
 // "ResourceName","DeviceIDs","AllocResp"}],"RegisteredDevices":{...}},"Checksum":N}. DeviceIDs is
 // a map NUMA node -> IDs (Kubernetes >= 1.20) or a plain list (older). The checksum is verified
-// for the current layout (common/kubelet_checksum.h): a file whose contents do not match it is
+// for the current layout (kubelet/checksum.h): a file whose contents do not match it is
 // refused, as kubelet refuses it. Errors start with "<origin>: " and say what is wrong where.
 [[nodiscard]] absl::StatusOr<std::vector<CheckpointEntry>> ParseCheckpoint(std::string_view json,
                                                                            std::string_view origin);
 
 // What a kgpu.io/gpu container really holds, from the CDI spec the device plugin wrote for it at
-// PreStartContainer (deviceplugin/share_cdi.h): its slot IDs are only a count (kubelet picks any
+// PreStartContainer (api/share_cdi.h): its slot IDs are only a count (kubelet picks any
 // free slots; the extender's allocation record decides the GPUs), so the slots' GPU is not the
 // GPU the container uses.
 struct ShareSpec {
-  std::vector<std::string> uuids;                 // NVIDIA_VISIBLE_DEVICES, in order
-  std::string enforcement;                        // KGPU_ENFORCEMENT: hard, mps or none
-  std::map<std::string, int64_t> limit_mib;       // GPU UUID -> enforced MiB (hard, mps); absent: none
-  int64_t cores = 0;                              // KGPU_GPU_CORES: % of the SMs (0: not limited)
+  std::vector<std::string> uuids;            // NVIDIA_VISIBLE_DEVICES, in order
+  std::string enforcement;                   // KGPU_ENFORCEMENT: hard, mps or none
+  std::map<std::string, int64_t> limit_mib;  // GPU UUID -> enforced MiB (hard, mps); absent: none
+  int64_t cores = 0;                         // KGPU_GPU_CORES: % of the SMs (0: not limited)
 };
 
 // Parses such a spec (untrusted text: fuzzed). Errors start with "<origin>: ".
@@ -98,27 +98,27 @@ class PodAttributor {
   // Replaces the PodResources view and re-reads the checkpoint. If the checkpoint cannot be
   // read or parsed, the previous checkpoint data is kept, CheckpointFailures() goes up, and a
   // warning naming the file is logged (once per distinct error, not on every call).
-  void Update(std::vector<DeviceAllocation> allocations);
+  void Update(std::vector<kubelet::DeviceAllocation> allocations);
 
   // The pod of process `pid` running on GPU `gpu_uuid` (MIG device `mig_uuid`, empty if not
   // MIG). Reads <proc_root>/<pid>/cgroup on each call. nullopt when the process is in no pod, or
   // its pod holds no matching allocation. If the process's pod holds the device through several
   // of its containers, the pod is returned with an empty container (a cgroup's container ID
   // cannot be mapped to a container name from this data).
-  std::optional<PodRef> Attribute(unsigned pid, const std::string& gpu_uuid,
-                                  const std::string& mig_uuid) const;
+  std::optional<kubelet::PodRef> Attribute(unsigned pid, const std::string& gpu_uuid,
+                                           const std::string& mig_uuid) const;
 
   // Every PodResources container holding any ID of the device ("::<n>" stripped), sorted by
   // (namespace, pod, container), without duplicates.
-  std::vector<PodRef> PodsOnDevice(const std::string& gpu_or_mig_uuid) const;
+  std::vector<kubelet::PodRef> PodsOnDevice(const std::string& gpu_or_mig_uuid) const;
 
   // The pod holding `uuid` if exactly one pod does (if several containers of that one pod hold
   // it, the container is empty); nullopt when none or several pods do.
-  std::optional<PodRef> OwnerOf(const std::string& uuid) const;
+  std::optional<kubelet::PodRef> OwnerOf(const std::string& uuid) const;
 
   // The GPUs and limits of a kgpu.io/gpu container (nullopt: not one, or its spec is not
   // written yet: the container has not started).
-  std::optional<ShareSpec> ShareOf(const PodRef& container) const;
+  std::optional<ShareSpec> ShareOf(const kubelet::PodRef& container) const;
 
   // Updates whose checkpoint read or parse failed (for a degraded-mode metric).
   uint64_t CheckpointFailures() const { return checkpoint_failures_.load(); }

@@ -49,49 +49,135 @@ constexpr Known kKnown[] = {
 // a dcgm-exporter CSV that lists them works, and they are omitted. Names from DCGM's
 // dcgm_fields.h; per-lane, per-port and per-engine families are generated in KnownElsewhere().
 constexpr const char* kDcgmOnly[] = {
-    "DCGM_FI_UNKNOWN", "DCGM_FI_NVML_VERSION", "DCGM_FI_PROCESS_NAME", "DCGM_FI_DEV_COUNT",
-    "DCGM_FI_CUDA_DRIVER_VERSION", "DCGM_FI_DEV_NAME", "DCGM_FI_DEV_BRAND", "DCGM_FI_DEV_NVML_INDEX",
-    "DCGM_FI_DEV_SERIAL", "DCGM_FI_DEV_UUID", "DCGM_FI_DEV_MINOR_NUMBER", "DCGM_FI_DEV_OEM_INFOROM_VER",
-    "DCGM_FI_DEV_PCI_BUSID", "DCGM_FI_DEV_PCI_COMBINED_ID", "DCGM_FI_DEV_PCI_SUBSYS_ID",
-    "DCGM_FI_GPU_TOPOLOGY_PCI", "DCGM_FI_GPU_TOPOLOGY_NVLINK", "DCGM_FI_GPU_TOPOLOGY_AFFINITY",
-    "DCGM_FI_DEV_CUDA_COMPUTE_CAPABILITY", "DCGM_FI_DEV_COMPUTE_MODE", "DCGM_FI_DEV_PERSISTENCE_MODE",
-    "DCGM_FI_DEV_MIG_MODE", "DCGM_FI_DEV_CUDA_VISIBLE_DEVICES_STR", "DCGM_FI_DEV_ECC_INFOROM_VER",
-    "DCGM_FI_DEV_POWER_INFOROM_VER", "DCGM_FI_DEV_INFOROM_IMAGE_VER", "DCGM_FI_DEV_INFOROM_CONFIG_CHECK",
-    "DCGM_FI_DEV_INFOROM_CONFIG_VALID", "DCGM_FI_DEV_VBIOS_VERSION", "DCGM_FI_DEV_BAR1_TOTAL",
-    "DCGM_FI_SYNC_BOOST", "DCGM_FI_DEV_BAR1_USED", "DCGM_FI_DEV_BAR1_FREE", "DCGM_FI_DEV_VIDEO_CLOCK",
-    "DCGM_FI_DEV_APP_SM_CLOCK", "DCGM_FI_DEV_APP_MEM_CLOCK", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_MAX_SM_CLOCK", "DCGM_FI_DEV_MAX_MEM_CLOCK",
-    "DCGM_FI_DEV_MAX_VIDEO_CLOCK", "DCGM_FI_DEV_AUTOBOOST", "DCGM_FI_DEV_SUPPORTED_CLOCKS",
-    "DCGM_FI_DEV_MEM_MAX_OP_TEMP", "DCGM_FI_DEV_GPU_MAX_OP_TEMP", "DCGM_FI_DEV_SLOWDOWN_TEMP",
-    "DCGM_FI_DEV_SHUTDOWN_TEMP", "DCGM_FI_DEV_POWER_MGMT_LIMIT", "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN",
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX", "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF", "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
-    "DCGM_FI_DEV_PSTATE", "DCGM_FI_DEV_FAN_SPEED", "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
-    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "DCGM_FI_DEV_ACCOUNTING_DATA", "DCGM_FI_DEV_MEM_COPY_UTIL_SAMPLES",
-    "DCGM_FI_DEV_GPU_UTIL_SAMPLES", "DCGM_FI_DEV_GRAPHICS_PIDS", "DCGM_FI_DEV_COMPUTE_PIDS",
-    "DCGM_FI_DEV_PCIE_MAX_LINK_GEN", "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", "DCGM_FI_DEV_PCIE_LINK_GEN",
-    "DCGM_FI_DEV_PCIE_LINK_WIDTH", "DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_THERMAL_VIOLATION",
-    "DCGM_FI_DEV_SYNC_BOOST_VIOLATION", "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION", "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
-    "DCGM_FI_DEV_RELIABILITY_VIOLATION", "DCGM_FI_DEV_TOTAL_APP_CLOCKS_VIOLATION",
-    "DCGM_FI_DEV_TOTAL_BASE_CLOCKS_VIOLATION", "DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_FB_USED_PERCENT",
-    "DCGM_FI_DEV_ECC_CURRENT", "DCGM_FI_DEV_ECC_PENDING", "DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE",
-    "DCGM_FI_DEV_RETIRED_PENDING", "DCGM_FI_DEV_GPU_NVLINK_ERRORS", "DCGM_FI_DEV_VIRTUAL_MODE",
-    "DCGM_FI_DEV_SUPPORTED_TYPE_INFO", "DCGM_FI_DEV_CREATABLE_VGPU_TYPE_IDS", "DCGM_FI_DEV_VGPU_INSTANCE_IDS",
-    "DCGM_FI_DEV_VGPU_UTILIZATIONS", "DCGM_FI_DEV_VGPU_PER_PROCESS_UTILIZATION", "DCGM_FI_DEV_ENC_STATS",
-    "DCGM_FI_DEV_FBC_STATS", "DCGM_FI_DEV_FBC_SESSIONS_INFO", "DCGM_FI_DEV_VGPU_VM_ID",
-    "DCGM_FI_DEV_VGPU_VM_NAME", "DCGM_FI_DEV_VGPU_TYPE", "DCGM_FI_DEV_VGPU_UUID",
-    "DCGM_FI_DEV_VGPU_DRIVER_VERSION", "DCGM_FI_DEV_VGPU_MEMORY_USAGE", "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
-    "DCGM_FI_DEV_VGPU_FRAME_RATE_LIMIT", "DCGM_FI_DEV_VGPU_ENC_STATS", "DCGM_FI_DEV_VGPU_ENC_SESSIONS_INFO",
-    "DCGM_FI_DEV_VGPU_FBC_STATS", "DCGM_FI_DEV_VGPU_FBC_SESSIONS_INFO", "DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS",
-    "DCGM_FI_DEV_NVSWITCH_NON_FATAL_ERRORS", "DCGM_FI_DEV_FB_CAPACITY_BYTES", "DCGM_FI_SYSTEM_DRIVER_VERSION",
-    "DCGM_FI_DEV_SYSIO_POWER_UTIL_CURRENT", "DCGM_FI_DEV_MODULE_POWER_UTIL_CURRENT",
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
-    "DCGM_FI_PROF_PIPE_FP32_ACTIVE", "DCGM_FI_PROF_PIPE_FP16_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES",
-    "DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES",
-    "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND", "DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND",
-    "DCGM_FI_PROF_NVLINK_TX_BYTES_PER_SECOND", "DCGM_FI_PROF_NVLINK_RX_BYTES_PER_SECOND",
-    "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",
-    "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE", "DCGM_FI_PROF_PIPE_INT_ACTIVE", "DCGM_FI_PROF_NVOFA0_ACTIVE",
+    "DCGM_FI_UNKNOWN",
+    "DCGM_FI_NVML_VERSION",
+    "DCGM_FI_PROCESS_NAME",
+    "DCGM_FI_DEV_COUNT",
+    "DCGM_FI_CUDA_DRIVER_VERSION",
+    "DCGM_FI_DEV_NAME",
+    "DCGM_FI_DEV_BRAND",
+    "DCGM_FI_DEV_NVML_INDEX",
+    "DCGM_FI_DEV_SERIAL",
+    "DCGM_FI_DEV_UUID",
+    "DCGM_FI_DEV_MINOR_NUMBER",
+    "DCGM_FI_DEV_OEM_INFOROM_VER",
+    "DCGM_FI_DEV_PCI_BUSID",
+    "DCGM_FI_DEV_PCI_COMBINED_ID",
+    "DCGM_FI_DEV_PCI_SUBSYS_ID",
+    "DCGM_FI_GPU_TOPOLOGY_PCI",
+    "DCGM_FI_GPU_TOPOLOGY_NVLINK",
+    "DCGM_FI_GPU_TOPOLOGY_AFFINITY",
+    "DCGM_FI_DEV_CUDA_COMPUTE_CAPABILITY",
+    "DCGM_FI_DEV_COMPUTE_MODE",
+    "DCGM_FI_DEV_PERSISTENCE_MODE",
+    "DCGM_FI_DEV_MIG_MODE",
+    "DCGM_FI_DEV_CUDA_VISIBLE_DEVICES_STR",
+    "DCGM_FI_DEV_ECC_INFOROM_VER",
+    "DCGM_FI_DEV_POWER_INFOROM_VER",
+    "DCGM_FI_DEV_INFOROM_IMAGE_VER",
+    "DCGM_FI_DEV_INFOROM_CONFIG_CHECK",
+    "DCGM_FI_DEV_INFOROM_CONFIG_VALID",
+    "DCGM_FI_DEV_VBIOS_VERSION",
+    "DCGM_FI_DEV_BAR1_TOTAL",
+    "DCGM_FI_SYNC_BOOST",
+    "DCGM_FI_DEV_BAR1_USED",
+    "DCGM_FI_DEV_BAR1_FREE",
+    "DCGM_FI_DEV_VIDEO_CLOCK",
+    "DCGM_FI_DEV_APP_SM_CLOCK",
+    "DCGM_FI_DEV_APP_MEM_CLOCK",
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    "DCGM_FI_DEV_MAX_SM_CLOCK",
+    "DCGM_FI_DEV_MAX_MEM_CLOCK",
+    "DCGM_FI_DEV_MAX_VIDEO_CLOCK",
+    "DCGM_FI_DEV_AUTOBOOST",
+    "DCGM_FI_DEV_SUPPORTED_CLOCKS",
+    "DCGM_FI_DEV_MEM_MAX_OP_TEMP",
+    "DCGM_FI_DEV_GPU_MAX_OP_TEMP",
+    "DCGM_FI_DEV_SLOWDOWN_TEMP",
+    "DCGM_FI_DEV_SHUTDOWN_TEMP",
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN",
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX",
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF",
+    "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+    "DCGM_FI_DEV_PSTATE",
+    "DCGM_FI_DEV_FAN_SPEED",
+    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
+    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+    "DCGM_FI_DEV_ACCOUNTING_DATA",
+    "DCGM_FI_DEV_MEM_COPY_UTIL_SAMPLES",
+    "DCGM_FI_DEV_GPU_UTIL_SAMPLES",
+    "DCGM_FI_DEV_GRAPHICS_PIDS",
+    "DCGM_FI_DEV_COMPUTE_PIDS",
+    "DCGM_FI_DEV_PCIE_MAX_LINK_GEN",
+    "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH",
+    "DCGM_FI_DEV_PCIE_LINK_GEN",
+    "DCGM_FI_DEV_PCIE_LINK_WIDTH",
+    "DCGM_FI_DEV_POWER_VIOLATION",
+    "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+    "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+    "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+    "DCGM_FI_DEV_RELIABILITY_VIOLATION",
+    "DCGM_FI_DEV_TOTAL_APP_CLOCKS_VIOLATION",
+    "DCGM_FI_DEV_TOTAL_BASE_CLOCKS_VIOLATION",
+    "DCGM_FI_DEV_FB_TOTAL",
+    "DCGM_FI_DEV_FB_USED_PERCENT",
+    "DCGM_FI_DEV_ECC_CURRENT",
+    "DCGM_FI_DEV_ECC_PENDING",
+    "DCGM_FI_DEV_RETIRED_SBE",
+    "DCGM_FI_DEV_RETIRED_DBE",
+    "DCGM_FI_DEV_RETIRED_PENDING",
+    "DCGM_FI_DEV_GPU_NVLINK_ERRORS",
+    "DCGM_FI_DEV_VIRTUAL_MODE",
+    "DCGM_FI_DEV_SUPPORTED_TYPE_INFO",
+    "DCGM_FI_DEV_CREATABLE_VGPU_TYPE_IDS",
+    "DCGM_FI_DEV_VGPU_INSTANCE_IDS",
+    "DCGM_FI_DEV_VGPU_UTILIZATIONS",
+    "DCGM_FI_DEV_VGPU_PER_PROCESS_UTILIZATION",
+    "DCGM_FI_DEV_ENC_STATS",
+    "DCGM_FI_DEV_FBC_STATS",
+    "DCGM_FI_DEV_FBC_SESSIONS_INFO",
+    "DCGM_FI_DEV_VGPU_VM_ID",
+    "DCGM_FI_DEV_VGPU_VM_NAME",
+    "DCGM_FI_DEV_VGPU_TYPE",
+    "DCGM_FI_DEV_VGPU_UUID",
+    "DCGM_FI_DEV_VGPU_DRIVER_VERSION",
+    "DCGM_FI_DEV_VGPU_MEMORY_USAGE",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+    "DCGM_FI_DEV_VGPU_FRAME_RATE_LIMIT",
+    "DCGM_FI_DEV_VGPU_ENC_STATS",
+    "DCGM_FI_DEV_VGPU_ENC_SESSIONS_INFO",
+    "DCGM_FI_DEV_VGPU_FBC_STATS",
+    "DCGM_FI_DEV_VGPU_FBC_SESSIONS_INFO",
+    "DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS",
+    "DCGM_FI_DEV_NVSWITCH_NON_FATAL_ERRORS",
+    "DCGM_FI_DEV_FB_CAPACITY_BYTES",
+    "DCGM_FI_SYSTEM_DRIVER_VERSION",
+    "DCGM_FI_DEV_SYSIO_POWER_UTIL_CURRENT",
+    "DCGM_FI_DEV_MODULE_POWER_UTIL_CURRENT",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_PROF_SM_OCCUPANCY",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "DCGM_FI_PROF_NVLINK_TX_BYTES",
+    "DCGM_FI_PROF_NVLINK_RX_BYTES",
+    "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND",
+    "DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND",
+    "DCGM_FI_PROF_NVLINK_TX_BYTES_PER_SECOND",
+    "DCGM_FI_PROF_NVLINK_RX_BYTES_PER_SECOND",
+    "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE",
+    "DCGM_FI_PROF_PIPE_INT_ACTIVE",
+    "DCGM_FI_PROF_NVOFA0_ACTIVE",
 };
 
 // Every DCGM field name kgpu knows and does not produce: kDcgmOnly and the indexed families.
@@ -110,7 +196,8 @@ const std::vector<std::string>& KnownElsewhere() {
     for (int lane = 0; lane < 18; ++lane) out.push_back(Cat("DCGM_FI_DEV_NVLINK_BANDWIDTH_L", lane));
     for (int port = 0; port < 18; ++port) {
       const std::string p = Cat(port < 10 ? "P0" : "P", port);
-      for (const char* bin : {"LOW", "MED", "HIGH", "MAX"}) out.push_back(Cat("DCGM_FI_DEV_NVSWITCH_LATENCY_", bin, "_", p));
+      for (const char* bin : {"LOW", "MED", "HIGH", "MAX"})
+        out.push_back(Cat("DCGM_FI_DEV_NVSWITCH_LATENCY_", bin, "_", p));
       for (const char* dir : {"TX", "RX"}) {
         for (int counter = 0; counter < 2; ++counter) {
           out.push_back(Cat("DCGM_FI_DEV_NVSWITCH_BANDWIDTH_", dir, "_", counter, "_", p));
@@ -187,7 +274,9 @@ absl::Status At(std::string_view origin, int line, size_t column, std::string_vi
 
 }  // namespace
 
-const char* DefaultCountersCsv() { return kDefaultCsv; }
+const char* DefaultCountersCsv() {
+  return kDefaultCsv;
+}
 
 absl::StatusOr<std::vector<Counter>> ParseCounters(std::string_view csv, std::string_view origin,
                                                    std::vector<std::string>* skipped) {
@@ -243,9 +332,8 @@ absl::StatusOr<std::vector<Counter>> ParseCounters(std::string_view csv, std::st
       }
       if (skipped != nullptr) {
         skipped->push_back(Cat(origin, ":", line_no, ": ", name,
-                               name.rfind("DCGM_FI_PROF_", 0) == 0
-                                   ? " needs DCGM's profiling module; omitted"
-                                   : " is not available through NVML; omitted"));
+                               name.rfind("DCGM_FI_PROF_", 0) == 0 ? " needs DCGM's profiling module; omitted"
+                                                                   : " is not available through NVML; omitted"));
       }
       continue;
     }
@@ -260,7 +348,8 @@ absl::StatusOr<std::vector<Counter>> ParseCounters(std::string_view csv, std::st
     return At(origin, 1, 1,
               records == 0 ? "the counters file lists no fields: the exporter would serve no GPU metrics (use the "
                              "built-in default by leaving -f / DCGM_EXPORTER_COLLECTORS unset)"
-                           : Cat("none of the ", records, " fields of the counters file is one kgpu exports: the "
+                           : Cat("none of the ", records,
+                                 " fields of the counters file is one kgpu exports: the "
                                  "exporter would serve no GPU metrics (add fields such as DCGM_FI_DEV_GPU_UTIL, or "
                                  "leave -f unset for the built-in default)"));
   }
@@ -275,29 +364,53 @@ absl::StatusOr<std::vector<Counter>> LoadCountersFile(const std::string& path, s
 
 const char* XidMessage(unsigned long long xid) {
   switch (xid) {
-    case 0: return "No Error";
-    case 13: return "Graphics Engine Exception";
-    case 31: return "GPU memory page fault";
-    case 32: return "Invalid or corrupted push buffer stream";
-    case 38: return "Driver firmware error";
-    case 43: return "GPU stopped processing";
-    case 45: return "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda applications and hitting a DBE";
-    case 48: return "Double Bit ECC Error";
-    case 61: return "Internal micro-controller breakpoint/warning (newer drivers)";
-    case 62: return "Internal micro-controller halt (newer drivers)";
-    case 63: return "ECC page retirement or row remapping recording event";
-    case 64: return "ECC page retirement or row remapper recording failure";
-    case 68: return "NVDEC0 Exception";
-    case 69: return "Graphics Engine class error";
-    case 74: return "NVLINK Error";
-    case 79: return "GPU has fallen off the bus";
-    case 92: return "High single-bit ECC error rate";
-    case 94: return "Contained ECC error";
-    case 95: return "Uncontained ECC error";
-    case 109: return "Context Switch Timeout Error";
-    case 119: return "GSP RPC Timeout";
-    case 120: return "GSP Error";
-    default: return "Unknown Error";
+    case 0:
+      return "No Error";
+    case 13:
+      return "Graphics Engine Exception";
+    case 31:
+      return "GPU memory page fault";
+    case 32:
+      return "Invalid or corrupted push buffer stream";
+    case 38:
+      return "Driver firmware error";
+    case 43:
+      return "GPU stopped processing";
+    case 45:
+      return "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda applications "
+             "and hitting a DBE";
+    case 48:
+      return "Double Bit ECC Error";
+    case 61:
+      return "Internal micro-controller breakpoint/warning (newer drivers)";
+    case 62:
+      return "Internal micro-controller halt (newer drivers)";
+    case 63:
+      return "ECC page retirement or row remapping recording event";
+    case 64:
+      return "ECC page retirement or row remapper recording failure";
+    case 68:
+      return "NVDEC0 Exception";
+    case 69:
+      return "Graphics Engine class error";
+    case 74:
+      return "NVLINK Error";
+    case 79:
+      return "GPU has fallen off the bus";
+    case 92:
+      return "High single-bit ECC error rate";
+    case 94:
+      return "Contained ECC error";
+    case 95:
+      return "Uncontained ECC error";
+    case 109:
+      return "Context Switch Timeout Error";
+    case 119:
+      return "GSP RPC Timeout";
+    case 120:
+      return "GSP Error";
+    default:
+      return "Unknown Error";
   }
 }
 

@@ -61,8 +61,7 @@ const char* DefaultCountersCsv();
 // nearest known name; a file that leaves no metric family to export is an error.
 absl::StatusOr<std::vector<Counter>> ParseCounters(std::string_view csv, std::string_view origin,
                                                    std::vector<std::string>* skipped);
-absl::StatusOr<std::vector<Counter>> LoadCountersFile(const std::string& path,
-                                                      std::vector<std::string>* skipped);
+absl::StatusOr<std::vector<Counter>> LoadCountersFile(const std::string& path, std::vector<std::string>* skipped);
 
 // The text of an XID as dcgm-exporter labels it (err_msg), from NVIDIA's XID catalogue.
 const char* XidMessage(unsigned long long xid);

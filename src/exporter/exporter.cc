@@ -1,7 +1,5 @@
 #include "exporter/exporter.h"
 
-#include <httplib.h>
-
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -11,8 +9,11 @@
 #include <string_view>
 #include <tuple>
 
+#include <httplib.h>
+
 #include "common/http_listen.h"
 #include "common/log.h"
+#include "common/prom_text.h"
 #include "common/sleep.h"
 #include "common/strings.h"
 #include "exporter/gzip_body.h"
@@ -45,32 +46,17 @@ bool AcceptsGzip(std::string_view header) {
 
 constexpr unsigned kFieldMemoryTemp = 82, kFieldNvlinkTx = 138, kFieldNvlinkRx = 139;
 
-// Label value escaping of the text exposition format.
-void AppendEscaped(std::string& out, std::string_view v) {
-  for (char c : v) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-}
-
 void AppendLabel(std::string& out, std::string_view key, std::string_view value) {
   if (!out.empty()) out += ',';
   out.append(key);
   out += "=\"";
-  AppendEscaped(out, value);
+  prom::AppendLabelValue(out, value);  // the escaping every kgpu /metrics shares
   out += '"';
 }
 
 using Attributes = std::vector<std::pair<std::string, std::string>>;
 
-void AppendPod(Attributes& attrs, const PodRef& pod) {
+void AppendPod(Attributes& attrs, const kubelet::PodRef& pod) {
   attrs.emplace_back("container", pod.container);
   attrs.emplace_back("namespace", pod.namespace_name);
   attrs.emplace_back("pod", pod.pod);
@@ -90,7 +76,9 @@ void Line(std::string& out, const std::string& name, const std::string& base, At
   out += '\n';
 }
 
-std::string Int(uint64_t v) { return std::to_string(v); }
+std::string Int(uint64_t v) {
+  return std::to_string(v);
+}
 std::string Double(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%f", v);  // dcgm-exporter prints doubles with %f
@@ -152,6 +140,10 @@ std::string Collector::Collect() {
   }
   const auto now = std::chrono::steady_clock::now();
   std::string up_lines, reason_lines, limit_lines;
+  // The process's one health source (the device plugin's monitor in `kgpu node`, the exporter's
+  // own otherwise): a device kubelet is told is Unhealthy has kgpu_gpu_up 0, with its reason.
+  const std::map<std::string, gpu::DeviceHealth> health =
+      health_ ? health_() : std::map<std::string, gpu::DeviceHealth>{};
 
   for (const auto& g : inventory_->gpus()) {
     // A GPU NVML cannot read (lost, or failed at discovery) keeps its identity: kgpu_gpu_up 0,
@@ -243,13 +235,13 @@ std::string Collector::Collect() {
 
     for (const auto& e : entities) {
       Attributes owner;
-      std::vector<PodRef> pods;
+      std::vector<kubelet::PodRef> pods;
       if (attributor_ != nullptr) {
         for (const auto& u : e.uuids) {
           auto on = attributor_->PodsOnDevice(u);
           pods.insert(pods.end(), on.begin(), on.end());
         }
-        std::sort(pods.begin(), pods.end(), [](const PodRef& a, const PodRef& b) {
+        std::sort(pods.begin(), pods.end(), [](const kubelet::PodRef& a, const kubelet::PodRef& b) {
           return std::tie(a.namespace_name, a.pod, a.container) < std::tie(b.namespace_name, b.pod, b.container);
         });
         pods.erase(std::unique(pods.begin(), pods.end()), pods.end());
@@ -268,7 +260,7 @@ std::string Collector::Collect() {
         std::set<std::pair<std::string, std::string>> distinct;
         for (const auto& p : pods) distinct.emplace(p.namespace_name, p.pod);
         if (distinct.size() == 1) {  // one pod holds the device: its labels go on every series
-          PodRef o = pods[0];
+          kubelet::PodRef o = pods[0];
           if (pods.size() > 1) o.container.clear();  // through several of its containers
           AppendPod(owner, o);
           pods.clear();
@@ -287,23 +279,39 @@ std::string Collector::Collect() {
           if (v) Line(out, c.name, e.base, owner, Int(*v));
         };
         switch (c.field) {
-          case Field::kSmClock: emit(r.sm_clock); break;
-          case Field::kMemClock: emit(r.mem_clock); break;
-          case Field::kMemoryTemp: emit(r.mem_temp); break;
-          case Field::kGpuTemp: emit(r.gpu_temp); break;
+          case Field::kSmClock:
+            emit(r.sm_clock);
+            break;
+          case Field::kMemClock:
+            emit(r.mem_clock);
+            break;
+          case Field::kMemoryTemp:
+            emit(r.mem_temp);
+            break;
+          case Field::kGpuTemp:
+            emit(r.gpu_temp);
+            break;
           case Field::kPowerUsage:
             if (r.power_mw) Line(out, c.name, e.base, owner, Double(*r.power_mw / 1000.0));
             break;
-          case Field::kTotalEnergy: emit(r.energy); break;
-          case Field::kPcieReplay: emit(r.pcie_replay); break;
+          case Field::kTotalEnergy:
+            emit(r.energy);
+            break;
+          case Field::kPcieReplay:
+            emit(r.pcie_replay);
+            break;
           case Field::kGpuUtil:
             if (r.util) emit(r.util->gpu);
             break;
           case Field::kMemCopyUtil:
             if (r.util) emit(r.util->memory);
             break;
-          case Field::kEncUtil: emit(r.enc); break;
-          case Field::kDecUtil: emit(r.dec); break;
+          case Field::kEncUtil:
+            emit(r.enc);
+            break;
+          case Field::kDecUtil:
+            emit(r.dec);
+            break;
           case Field::kFbFree:
             if (mem) emit(mem->free >> 20);
             break;
@@ -313,7 +321,9 @@ std::string Collector::Collect() {
           case Field::kFbReserved:
             if (mem && mem->reserved_known) emit(mem->reserved >> 20);
             break;
-          case Field::kNvlinkBandwidthTotal: emit(nvlink_rate); break;
+          case Field::kNvlinkBandwidthTotal:
+            emit(nvlink_rate);
+            break;
           case Field::kUncorrectableRemappedRows:
             if (r.remapped) emit(r.remapped->uncorrectable);
             break;
@@ -323,10 +333,18 @@ std::string Collector::Collect() {
           case Field::kRowRemapFailure:
             if (r.remapped) emit(r.remapped->failure);
             break;
-          case Field::kEccSbeVol: emit(r.ecc[0]); break;
-          case Field::kEccDbeVol: emit(r.ecc[1]); break;
-          case Field::kEccSbeAgg: emit(r.ecc[2]); break;
-          case Field::kEccDbeAgg: emit(r.ecc[3]); break;
+          case Field::kEccSbeVol:
+            emit(r.ecc[0]);
+            break;
+          case Field::kEccDbeVol:
+            emit(r.ecc[1]);
+            break;
+          case Field::kEccSbeAgg:
+            emit(r.ecc[2]);
+            break;
+          case Field::kEccDbeAgg:
+            emit(r.ecc[3]);
+            break;
           case Field::kXidErrors:
           case Field::kXidErrorsTotal: {
             // Whole-GPU XIDs count on every series of the GPU, a GI's own XIDs on that GI: merged,
@@ -357,17 +375,24 @@ std::string Collector::Collect() {
             }
             break;
           }
-          case Field::kDriverVersion: break;
+          case Field::kDriverVersion:
+            break;
         }
       }
 
       // The device's health: always one kgpu_gpu_up series, and one series per current reason.
-      Line(up_lines, "kgpu_gpu_up", e.base, owner, down.empty() ? "1" : "0");
-      std::vector<const char*> reasons;
-      if (!down.empty()) reasons.push_back(down == "lost" ? "lost" : "unreadable");
-      if (r.ecc[1] && *r.ecc[1] > 0) reasons.push_back("ecc");
-      if (r.remapped && r.remapped->failure) reasons.push_back("row_remap_failure");
-      for (const char* reason : reasons) {
+      // Up means usable: readable, and healthy as kubelet is told (every UUID of the entity).
+      std::set<std::string> reasons;
+      if (!down.empty()) reasons.insert(down == "lost" ? "lost" : "unreadable");
+      for (const auto& u : e.uuids) {
+        const auto h = health.find(u);
+        if (h != health.end() && !h->second.healthy)
+          reasons.insert(h->second.cause.empty() ? "unhealthy" : h->second.cause);
+      }
+      Line(up_lines, "kgpu_gpu_up", e.base, owner, reasons.empty() ? "1" : "0");
+      if (r.ecc[1] && *r.ecc[1] > 0) reasons.insert("ecc");
+      if (r.remapped && r.remapped->failure) reasons.insert("row_remap_failure");
+      for (const std::string& reason : reasons) {
         Attributes a = owner;
         a.emplace_back("reason", reason);
         Line(reason_lines, "kgpu_gpu_unhealthy_reason", e.base, a, "1");
@@ -376,7 +401,7 @@ std::string Collector::Collect() {
       // Shared device: one series per pod from the pod's own processes.
       if (pods.size() > 1 && down.empty()) {
         std::map<std::string, std::pair<uint64_t, unsigned>> per_pod;  // key -> (bytes, sm%)
-        auto key = [](const PodRef& p) { return Cat(p.namespace_name, "/", p.pod, "/", p.container); };
+        auto key = [](const kubelet::PodRef& p) { return Cat(p.namespace_name, "/", p.pod, "/", p.container); };
         for (const auto& p : pods) per_pod[key(p)] = {0, 0};
         for (const auto& proc : r.processes) {
           if (e.mig != nullptr && proc.gi != e.mig->gi) continue;
@@ -409,23 +434,30 @@ std::string Collector::Collect() {
   std::string text;
   for (size_t i = 0; i < counters.size(); ++i) {
     if (lines[i].empty()) continue;
-    text += Cat("# HELP ", counters[i].name, " ", counters[i].help, "\n# TYPE ", counters[i].name, " ",
-                counters[i].type, "\n");
+    prom::AppendHeader(text, counters[i].name, counters[i].type, counters[i].help);  // the CSV's help, escaped
     text += lines[i];
   }
   if (!up_lines.empty()) {
-    text += Cat("# HELP kgpu_gpu_up 1 when NVML reads the GPU, 0 when it is lost or cannot be read (its other "
-                "series are absent meanwhile).\n# TYPE kgpu_gpu_up gauge\n", up_lines);
+    text +=
+        Cat("# HELP kgpu_gpu_up 1 when the GPU is usable, 0 when it is lost or cannot be read (its other series "
+            "are absent meanwhile) or unhealthy as the device plugin serves it to kubelet (a fatal XID, a hung NVML "
+            "call).\n# TYPE kgpu_gpu_up gauge\n",
+            up_lines);
   }
   if (!limit_lines.empty()) {
-    text += Cat("# HELP kgpu_pod_gpu_memory_limit_bytes GPU memory a kgpu.io/gpu container is held to on this GPU "
-                "(0: not limited), with the enforcement mode applied (hard, mps, none).\n"
-                "# TYPE kgpu_pod_gpu_memory_limit_bytes gauge\n", limit_lines);
+    text +=
+        Cat("# HELP kgpu_pod_gpu_memory_limit_bytes GPU memory a kgpu.io/gpu container is held to on this GPU "
+            "(0: not limited), with the enforcement mode applied (hard, mps, none).\n"
+            "# TYPE kgpu_pod_gpu_memory_limit_bytes gauge\n",
+            limit_lines);
   }
   if (!reason_lines.empty()) {
-    text += Cat("# HELP kgpu_gpu_unhealthy_reason 1 for each reason the GPU is unusable now: lost, unreadable, ecc "
-                "(uncorrectable ECC errors since its last reset), row_remap_failure.\n"
-                "# TYPE kgpu_gpu_unhealthy_reason gauge\n", reason_lines);
+    text +=
+        Cat("# HELP kgpu_gpu_unhealthy_reason 1 for each reason the GPU is unusable now: lost, unreadable, xid (a "
+            "fatal XID), hung (an NVML call that does not return), registration, ecc (uncorrectable ECC errors since "
+            "its last reset), row_remap_failure.\n"
+            "# TYPE kgpu_gpu_unhealthy_reason gauge\n",
+            reason_lines);
   }
   return text;
 }
@@ -441,26 +473,30 @@ void Collector::NoteTransition(const gpu::Gpu& g, const std::string& down, const
     return;
   }
   down_seen_[g.index] = down;
-  Log("exporter")->warn("GPU {} ({}) is {}: {}; kgpu_gpu_up is 0 and its readings are absent until it is back "
-                        "(logged once)", g.index, uuid, down, detail);
+  Log("exporter")
+      ->warn(
+          "GPU {} ({}) is {}: {}; kgpu_gpu_up is 0 and its readings are absent until it is back "
+          "(logged once)",
+          g.index, uuid, down, detail);
 }
 
 // ---------------------------------------------------------------- Exporter
 
-Exporter::Exporter(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory,
-                   ExporterOptions options)
+Exporter::Exporter(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory, ExporterOptions options)
     : lib_(lib), inventory_(std::move(inventory)), options_(std::move(options)) {
   if (options_.kubernetes) {
     attributor_ = std::make_unique<PodAttributor>(
         PodAttributor::Options{options_.proc_root, options_.checkpoint_path, options_.cdi_spec_dir});
   }
-  pod_resources_ = std::make_unique<PodResourcesClient>(options_.pod_resources_socket);
+  pod_resources_ = std::make_unique<kubelet::PodResourcesClient>(options_.pod_resources_socket);
   collector_ = std::make_unique<Collector>(lib_, inventory_, options_, attributor_.get());
   mig_seen_ = gpu::MigFingerprint(*inventory_);
   buffer_ = std::make_shared<const std::string>();
 }
 
-Exporter::~Exporter() { Stop(); }
+Exporter::~Exporter() {
+  Stop();
+}
 
 void Exporter::RefreshPods() {
   auto allocations = pod_resources_->List(std::chrono::seconds(5));
@@ -560,8 +596,8 @@ std::string Exporter::OwnMetrics() {
       {"kgpu_exporter_collections_total", "counter", "NVML collections completed.", Int(collections_.load())},
       {"kgpu_exporter_collection_duration_seconds", "gauge", "Duration of the last NVML collection.",
        Double(last_duration_.load())},
-      {"kgpu_exporter_last_collection_timestamp_seconds", "gauge",
-       "Unix time when the last NVML collection finished.", Double(last_timestamp_.load())},
+      {"kgpu_exporter_last_collection_timestamp_seconds", "gauge", "Unix time when the last NVML collection finished.",
+       Double(last_timestamp_.load())},
       {"kgpu_exporter_nvml_errors_total", "counter", "NVML calls that failed (other than unsupported values).",
        Int(collector_->nvml_errors())},
       {"kgpu_exporter_podresources_errors_total", "counter", "Failed PodResources List calls.",
@@ -574,60 +610,33 @@ std::string Exporter::OwnMetrics() {
        Int(gzip_compressions_.load())},
   };
   for (const auto& m : own) {
-    out += Cat("# HELP ", m.name, " ", m.help, "\n# TYPE ", m.name, " ", m.type, "\n", m.name, " ", m.value, "\n");
+    prom::AppendHeader(out, m.name, m.type, m.help);
+    out += Cat(m.name, " ", m.value, "\n");
   }
   return out;
 }
 
 absl::Status Exporter::Start() {
   auto log = Log("exporter");
+  // Health and XIDs (DCGM_FI_DEV_XID_ERRORS, DCGM_EXP_XID_ERRORS_TOTAL) from the process's one
+  // health monitor: handed in by `kgpu node` (the device plugin's), else this exporter's own.
+  if (options_.health) {
+    collector_->SetHealthSource(options_.health);
+  } else if (!own_health_) {
+    gpu::HealthOptions ho;
+    ho.recover_after = options_.health_recover_after;
+    ho.on_xid = [this](unsigned g, unsigned gi, unsigned long long xid) { collector_->RecordXid(g, gi, xid); };
+    own_health_ = std::make_unique<gpu::HealthMonitor>(lib_, inventory_, ho, nullptr);
+    if (auto st = own_health_->Start(); !st.ok()) {
+      log->warn("health monitor: {}; XID metrics may be missing", std::string(st.message()));
+    }
+    collector_->SetHealthSource([m = own_health_.get()] { return m->Snapshot(); });
+  }
   if (attributor_) RefreshPods();
   CollectNow();
 
-  // XID events: DCGM_FI_DEV_XID_ERRORS and DCGM_EXP_XID_ERRORS_TOTAL.
-  if (auto set = lib_.CreateEventSet(); set.ok()) {
-    events_ = std::move(*set);
-    for (const auto& g : inventory_->gpus()) {
-      if (!g.error.empty()) continue;
-      if (auto st = events_->Register(g.handle, nvml::kEventXid); !st.ok()) {
-        log->warn("GPU {}: no XID events ({})", g.index, std::string(st.message()));
-      }
-    }
-    xid_thread_ = std::jthread([this](std::stop_token stop) {
-      while (!stop.stop_requested()) {
-        auto ev = events_->Wait(200);  // bounds Stop()
-        if (!ev.ok()) {
-          if (!SleepFor(stop, std::chrono::seconds(1))) return;
-          continue;
-        }
-        if (!ev->has_value()) continue;
-        const int index = inventory_->IndexOfHandle((*ev)->device);
-        if (index >= 0) collector_->RecordXid(static_cast<unsigned>(index), (*ev)->gi, (*ev)->data);
-      }
-    });
-  } else {
-    log->warn("no NVML event set ({}); XID metrics are not available", std::string(set.status().message()));
-  }
-
   // HTTP.
-  std::string host = "0.0.0.0";
-  std::string port_text = options_.address;
-  const auto colon = options_.address.rfind(':');
-  if (colon != std::string::npos) {
-    host = options_.address.substr(0, colon);
-    port_text = options_.address.substr(colon + 1);
-    if (host.empty()) host = "0.0.0.0";
-    if (host == "[::]") host = "::";
-  }
-  int port = -1;
-  try {
-    port = std::stoi(port_text);
-  } catch (const std::exception&) {
-    port = -1;
-  }
-  if (port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(Cat("address '", options_.address, "' is not host:port (e.g. :9400)"));
-  }
+  if (auto a = ParseListenAddress("-a/--address (DCGM_EXPORTER_LISTEN)", options_.address); !a.ok()) return a.status();
   http_ = std::make_unique<httplib::Server>();
   // Small responses (gzip, /health) must not wait for the client's delayed ACK (Nagle): ~40 ms.
   http_->set_tcp_nodelay(true);
@@ -638,7 +647,8 @@ absl::Status Exporter::Start() {
     // (The headers are read and written as the maps they are: the release binary loads httplib
     // lazily and forwards only the few functions src/cli/lazy_httplib.cc lists.)
     bool gzip = false;
-    for (auto [it, end] = req.headers.equal_range("Accept-Encoding"); it != end; ++it) gzip = gzip || AcceptsGzip(it->second);
+    for (auto [it, end] = req.headers.equal_range("Accept-Encoding"); it != end; ++it)
+      gzip = gzip || AcceptsGzip(it->second);
     // The encoding is decided here. httplib (0.11) would compress a text body again by the
     // request's Accept-Encoding alone (whatever the response's Content-Encoding says, and even
     // for gzip;q=0), so the header is dropped from the request once read. (The Request is
@@ -657,13 +667,11 @@ absl::Status Exporter::Start() {
   http_->Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("<html><body><h1>kgpu exporter</h1><a href=\"/metrics\">Metrics</a></body></html>", "text/html");
   });
-  port_ = port == 0 ? http_->bind_to_any_port(host) : (http_->bind_to_port(host, port) ? port : -1);
-  if (port_ <= 0) {
-    return absl::UnavailableError(Cat("cannot listen on ", options_.address,
-                                      ": the port is in use or not permitted (change -a / DCGM_EXPORTER_LISTEN)"));
-  }
+  auto bound = BindListenAddress(*http_, "-a/--address (DCGM_EXPORTER_LISTEN)", options_.address);
+  if (!bound.ok()) return bound.status();
+  port_ = *bound;
   http_thread_ = ListenOnThread<httplib::Server, std::jthread>(*http_);
-  log->info("serving /metrics on {}:{} ({} GPU families, collection every {} ms)", host, port_,
+  log->info("serving /metrics on {} (port {}; {} GPU families, collection every {} ms)", options_.address, port_,
             options_.counters.size(), options_.interval.count());
 
   collect_thread_ = std::jthread([this](std::stop_token stop) {
@@ -678,11 +686,12 @@ absl::Status Exporter::Start() {
 }
 
 void Exporter::Stop() {
-  for (std::jthread* t : {&collect_thread_, &pods_thread_, &xid_thread_}) t->request_stop();
+  for (std::jthread* t : {&collect_thread_, &pods_thread_}) t->request_stop();
   if (http_) http_->stop();
-  for (std::jthread* t : {&collect_thread_, &pods_thread_, &xid_thread_, &http_thread_}) {
+  for (std::jthread* t : {&collect_thread_, &pods_thread_, &http_thread_}) {
     if (t->joinable()) t->join();
   }
+  if (own_health_) own_health_->Stop();
 }
 
 }  // namespace kgpu::exporter

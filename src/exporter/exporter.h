@@ -11,7 +11,8 @@
 // kgpu_gpu_unhealthy_reason series per current fault, so a failed GPU never goes silent; its XID
 // families stay (XID 79 counts when it happens) and each up/down change is logged once.
 //
-// Exporter runs the collection timer, the PodResources refresh timer and the XID event loop, and
+// Exporter runs the collection timer and the PodResources refresh timer (XIDs and health come from
+// the process's one gpu::HealthMonitor: the device plugin's in `kgpu node`, its own otherwise), and
 // serves /metrics and /health over HTTP; a scrape returns the latest pre-encoded buffer plus a few
 // lines of the exporter's own metrics, so it costs O(1) in the number of GPUs and pods.
 //
@@ -33,8 +34,9 @@
 #include "common/log_once.h"
 #include "exporter/attribution.h"
 #include "exporter/counters.h"
-#include "exporter/podresources.h"
+#include "gpu/health.h"
 #include "gpu/inventory.h"
+#include "kubelet/podresources.h"
 #include "nvml/library.h"
 
 namespace httplib {
@@ -56,21 +58,29 @@ struct ExporterOptions {
   std::string proc_root = "/proc";
   std::string checkpoint_path = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
   std::string cdi_spec_dir = "/var/run/cdi";  // the device plugin's: kgpu.io/gpu containers' GPUs and limits
-  std::string hostname;  // Hostname label; empty: no label (-n)
-  gpu::DiscoverOptions discover;  // for re-discovery after a MIG re-partition
+  std::string hostname;                       // Hostname label; empty: no label (-n)
+  gpu::DiscoverOptions discover;              // for re-discovery after a MIG re-partition
   bool replace_blanks_in_model_name = false;
+  // The process's health source (`kgpu node`: the device plugin's monitor, whose XIDs it forwards
+  // to Exporter::RecordXid). Unset: the exporter runs its own gpu::HealthMonitor, with the device
+  // plugin's default XID policy, so a standalone exporter agrees with a plugin left at defaults.
+  gpu::HealthReader health;
+  // The own monitor's recovery (the plugin's health.recoverAfter; nullopt: never).
+  std::optional<std::chrono::milliseconds> health_recover_after = gpu::kDefaultRecoverAfter;
 };
 
 class Collector {
  public:
-  Collector(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory,
-            const ExporterOptions& options, const PodAttributor* attributor);
+  Collector(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory, const ExporterOptions& options,
+            const PodAttributor* attributor);
   // One collection: the text of every GPU family.
   std::string Collect();
   // After a MIG re-partition: the MIG series follow the new instances. Same thread as Collect().
   void SetInventory(std::shared_ptr<const gpu::Inventory> inventory) { inventory_ = std::move(inventory); }
   const gpu::Inventory& inventory() const { return *inventory_; }
   void RecordXid(unsigned gpu, unsigned gi, unsigned long long xid);
+  // Where kgpu_gpu_up and kgpu_gpu_unhealthy_reason read device health. Before the first Collect.
+  void SetHealthSource(gpu::HealthReader health) { health_ = std::move(health); }
   uint64_t nvml_errors() const { return nvml_errors_.load(); }
 
  private:
@@ -83,6 +93,7 @@ class Collector {
   std::shared_ptr<const gpu::Inventory> inventory_;
   const ExporterOptions& options_;
   const PodAttributor* attributor_;
+  gpu::HealthReader health_;
   std::map<unsigned, std::pair<uint64_t, std::chrono::steady_clock::time_point>> nvlink_prev_;
   std::mutex xid_mu_;
   std::map<std::pair<unsigned, unsigned>, XidState> xids_;  // (gpu, gi or kNoInstance)
@@ -94,8 +105,7 @@ class Collector {
 
 class Exporter {
  public:
-  Exporter(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory,
-           ExporterOptions options);
+  Exporter(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory, ExporterOptions options);
   ~Exporter();
   Exporter(const Exporter&) = delete;
   Exporter& operator=(const Exporter&) = delete;
@@ -111,19 +121,21 @@ class Exporter {
   // The same, gzipped, with the collection deflated once for all scrapes (nullopt: zlib failed).
   std::optional<std::string> ScrapeGzip();
   int port() const { return port_; }
+  // An XID the process's health monitor saw (options.health's owner calls it; any thread).
+  void RecordXid(unsigned gpu, unsigned gi, unsigned long long xid) { collector_->RecordXid(gpu, gi, xid); }
 
  private:
   void RefreshPods();
-  std::string OwnMetrics();  // the exporter's own series, counting this scrape
+  std::string OwnMetrics();                     // the exporter's own series, counting this scrape
   std::shared_ptr<const std::string> Buffer();  // the latest collection
 
   const nvml::Library& lib_;
   const std::shared_ptr<const gpu::Inventory> inventory_;
   const ExporterOptions options_;
   std::unique_ptr<PodAttributor> attributor_;
-  std::unique_ptr<PodResourcesClient> pod_resources_;  // one channel to kubelet across refreshes
+  std::unique_ptr<kubelet::PodResourcesClient> pod_resources_;  // one channel to kubelet across refreshes
   std::unique_ptr<Collector> collector_;
-  std::unique_ptr<nvml::EventSet> events_;
+  std::unique_ptr<gpu::HealthMonitor> own_health_;  // when options.health is unset
 
   std::string mig_seen_;  // MIG fingerprint of the collector's inventory (collect thread)
 
@@ -142,7 +154,7 @@ class Exporter {
 
   std::unique_ptr<httplib::Server> http_;
   int port_ = 0;
-  std::jthread collect_thread_, pods_thread_, xid_thread_, http_thread_;
+  std::jthread collect_thread_, pods_thread_, http_thread_;
 };
 
 }  // namespace kgpu::exporter

@@ -40,8 +40,8 @@ std::shared_ptr<const GzipBody> GzipBody::Make(std::string_view prefix) {
   // ID1 ID2 CM=deflate FLG=0 MTIME=0 XFL=0 OS=3 (Unix).
   g->head_.assign("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", 10);
   if (!Pump(&g->zs_, prefix, Z_SYNC_FLUSH, &g->head_)) return nullptr;
-  g->crc_ = static_cast<uint32_t>(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(prefix.data()),
-                                        static_cast<uInt>(prefix.size())));
+  g->crc_ = static_cast<uint32_t>(
+      crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(prefix.data()), static_cast<uInt>(prefix.size())));
   g->size_ = prefix.size();
   return g;
 }
@@ -62,8 +62,8 @@ std::optional<std::string> GzipBody::With(std::string_view tail) const {
   const bool ok = Pump(&copy, tail, Z_FINISH, &out);
   deflateEnd(&copy);
   if (!ok) return std::nullopt;
-  const uLong tail_crc = crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(tail.data()),
-                               static_cast<uInt>(tail.size()));
+  const uLong tail_crc =
+      crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(tail.data()), static_cast<uInt>(tail.size()));
   AppendLe32(&out, static_cast<uint32_t>(crc32_combine(crc_, tail_crc, static_cast<z_off_t>(tail.size()))));
   AppendLe32(&out, static_cast<uint32_t>((size_ + tail.size()) & 0xffffffffU));  // ISIZE: the length mod 2^32
   return out;

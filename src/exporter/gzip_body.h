@@ -9,14 +9,14 @@
 //
 // Thread-safety: With() may be called from several threads at once.
 
-#include <zlib.h>
-
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+
+#include <zlib.h>
 
 namespace kgpu::exporter {
 

@@ -14,18 +14,19 @@
 //
 // Thread-safety: pure functions and value types.
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/statusor.h"
+#include "api/names.h"
 #include "sched/types.h"
 
 namespace kgpu::extender {
 
-inline constexpr char kInventoryAnnotation[] = "kgpu.io/gpu-inventory";
+using api::kInventoryAnnotation;
 inline constexpr char kShareModelPrefix[] = "share:";
 inline constexpr char kMigModelPrefix[] = "mig:";
 inline constexpr int kDefaultSlots = 16;
@@ -40,7 +41,7 @@ struct GpuInfo {
   std::string uuid, model;
   int64_t memory_mib = 0;
   bool healthy = true;
-  int slots = 0;  // > 0: serves kgpu.io/gpu shares
+  int slots = 0;          // > 0: serves kgpu.io/gpu shares
   int64_t used_mib = -1;  // memory in use by every user of the GPU, as its node last read NVML (-1: not reported)
   int island = -1;
   std::vector<MigInfo> mig;

@@ -22,7 +22,8 @@ std::string_view Unprefixed(std::string_view r) {
 bool IsDnsLabel(std::string_view s) {
   if (s.empty() || s.size() > 63) return false;
   for (char c : s) {
-    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '-')) return false;
+    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '-'))
+      return false;
   }
   return s.front() != '-' && s.back() != '-';
 }
@@ -35,7 +36,9 @@ std::string_view Trim(std::string_view s) {
 
 }  // namespace
 
-int MaxMigSlices(const GpuInfo& gpu) { return ModelMatches("A30", gpu.model) ? 4 : 7; }
+int MaxMigSlices(const GpuInfo& gpu) {
+  return ModelMatches("A30", gpu.model) ? 4 : 7;
+}
 
 ClusterGpus SummarizeInventory(const std::vector<NodeInfo>& nodes) {
   ClusterGpus c;
@@ -115,9 +118,7 @@ double CapacityGpuEquivalents(const ClusterGpus& c) {
 
 absl::StatusOr<std::vector<TeamShare>> ParseTeamShares(std::string_view text, std::string_view flag) {
   std::vector<TeamShare> out;
-  auto bad = [&](const std::string& what) {
-    return absl::InvalidArgumentError(Cat(flag, ": ", what));
-  };
+  auto bad = [&](const std::string& what) { return absl::InvalidArgumentError(Cat(flag, ": ", what)); };
   if (Trim(text).empty()) return bad("empty; list NAMESPACE=PERCENT pairs, e.g. team-a=50,team-b=30,team-c=20");
   std::set<std::string> seen;
   int sum = 0;
@@ -135,17 +136,19 @@ absl::StatusOr<std::vector<TeamShare>> ParseTeamShares(std::string_view text, st
     const std::string ns(Trim(item.substr(0, eq)));
     std::string_view pct = Trim(item.substr(eq + 1));
     if (!IsDnsLabel(ns)) {
-      return bad(Cat("'", Printable(ns), "' in '", Printable(std::string(item)),
-                     "' is not a namespace name (lowercase letters, digits and '-', at most 63 characters, e.g. team-a)"));
+      return bad(
+          Cat("'", Printable(ns), "' in '", Printable(std::string(item)),
+              "' is not a namespace name (lowercase letters, digits and '-', at most 63 characters, e.g. team-a)"));
     }
     if (!pct.empty() && pct.back() == '%') pct.remove_suffix(1);
     int p = -1;
-    if (!pct.empty() && pct.size() <= 3 && std::all_of(pct.begin(), pct.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    if (!pct.empty() && pct.size() <= 3 &&
+        std::all_of(pct.begin(), pct.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
       p = std::stoi(std::string(pct));
     }
     if (p < 0 || p > 100) {
-      return bad(Cat("'", Printable(std::string(item)), "': the percent must be a whole number from 0 to 100 (e.g. ", ns,
-                     "=50)"));
+      return bad(Cat("'", Printable(std::string(item)), "': the percent must be a whole number from 0 to 100 (e.g. ",
+                     ns, "=50)"));
     }
     if (!seen.insert(ns).second) return bad(Cat(ns, " is named twice (give each namespace once)"));
     sum += p;

@@ -36,15 +36,15 @@ namespace kgpu::extender {
 int MaxMigSlices(const GpuInfo& gpu);
 
 struct ClusterGpus {
-  int nodes = 0;                    // nodes with an inventory
-  int whole = 0;                    // healthy GPUs neither in MIG mode nor serving shares
-  std::map<std::string, int> mig;   // profile -> instances on healthy GPUs in MIG mode
+  int nodes = 0;                          // nodes with an inventory
+  int whole = 0;                          // healthy GPUs neither in MIG mode nor serving shares
+  std::map<std::string, int> mig;         // profile -> instances on healthy GPUs in MIG mode
   std::map<std::string, int> mig_slices;  // profile -> the smallest MaxMigSlices of GPUs carrying it
-  int share_gpus = 0;               // healthy GPUs serving shares (slots > 0)
-  int64_t share_slots = 0;          // kgpu.io/gpu: the sum of their slots
-  int64_t share_memory_mib = 0;     // kgpu.io/gpu-memory: the sum of their memory
-  int64_t share_cores = 0;          // kgpu.io/gpu-cores: 100 per sharing GPU
-  int unhealthy = 0;                // GPUs left out because they are not healthy
+  int share_gpus = 0;                     // healthy GPUs serving shares (slots > 0)
+  int64_t share_slots = 0;                // kgpu.io/gpu: the sum of their slots
+  int64_t share_memory_mib = 0;           // kgpu.io/gpu-memory: the sum of their memory
+  int64_t share_cores = 0;                // kgpu.io/gpu-cores: 100 per sharing GPU
+  int unhealthy = 0;                      // GPUs left out because they are not healthy
   // The reference for share memory: the smallest healthy sharing GPU (0 when none).
   int64_t share_ref_mib = 0;
   std::string share_ref_model, share_ref_node;

@@ -63,18 +63,20 @@ absl::Status HandOnInitContainers(std::vector<ContainerRequest>& gpus) {
     const auto& t = gpus[static_cast<size_t>(init.target)];
     const bool shares = init.kind == GpuKind::kShare;
     if (shares ? init.count != t.count : init.count > t.count) {
-      return absl::InvalidArgumentError(
-          Cat("init container ", init.name, ": asks for ", init.count, " ", resource, ", container ", t.name,
-              " (which kubelet hands its devices on to) asks for ", t.count, "; ",
-              shares ? "an init container's shares must be as many as its" : "an init container may ask for at most as many as its",
-              " (ask for ", shares ? Cat(t.count) : Cat("at most ", t.count), ")"));
+      return absl::InvalidArgumentError(Cat("init container ", init.name, ": asks for ", init.count, " ", resource,
+                                            ", container ", t.name,
+                                            " (which kubelet hands its devices on to) asks for ", t.count, "; ",
+                                            shares ? "an init container's shares must be as many as its"
+                                                   : "an init container may ask for at most as many as its",
+                                            " (ask for ", shares ? Cat(t.count) : Cat("at most ", t.count), ")"));
     }
     if (shares && (init.memory_mib_total > t.memory_mib_total || init.cores_total > t.cores_total)) {
-      return absl::InvalidArgumentError(Cat("init container ", init.name, ": asks for ", init.memory_mib_total, " ",
-                                            kShareMemory, " and ", init.cores_total, " ", kShareCores, ", more than container ",
-                                            t.name, " (", t.memory_mib_total, " and ", t.cores_total,
-                                            "), whose shares it runs on (kubelet hands its devices on to it); ask for at "
-                                            "most as much"));
+      return absl::InvalidArgumentError(
+          Cat("init container ", init.name, ": asks for ", init.memory_mib_total, " ", kShareMemory, " and ",
+              init.cores_total, " ", kShareCores, ", more than container ", t.name, " (", t.memory_mib_total, " and ",
+              t.cores_total,
+              "), whose shares it runs on (kubelet hands its devices on to it); ask for at "
+              "most as much"));
     }
   }
   return absl::OkStatus();
@@ -122,9 +124,12 @@ absl::StatusOr<int64_t> WholeQuantity(const json& value, std::string_view what) 
 
 std::string ContainerRequest::Resource() const {
   switch (kind) {
-    case GpuKind::kWhole: return kWholeGpu;
-    case GpuKind::kMig: return std::string(kMigPrefix) + mig_profile;
-    case GpuKind::kShare: return kShares;
+    case GpuKind::kWhole:
+      return kWholeGpu;
+    case GpuKind::kMig:
+      return std::string(kMigPrefix) + mig_profile;
+    case GpuKind::kShare:
+      return kShares;
   }
   return kWholeGpu;
 }
@@ -178,10 +183,14 @@ absl::StatusOr<PodRequest> ParsePodRequest(const json& pod) {
       int64_t mig_count = 0;
       for (const auto& [name, v] : *res) {
         if (v == 0) continue;
-        if (name == kWholeGpu) whole = v;
-        else if (name == kShares) shares = v;
-        else if (name == kShareMemory) memory = v;
-        else if (name == kShareCores) cores = v;
+        if (name == kWholeGpu)
+          whole = v;
+        else if (name == kShares)
+          shares = v;
+        else if (name == kShareMemory)
+          memory = v;
+        else if (name == kShareCores)
+          cores = v;
         else {
           if (!mig.empty()) {
             return absl::InvalidArgumentError(Cat("container ", cname, ": asks for two MIG profiles (", kMigPrefix, mig,
@@ -194,9 +203,9 @@ absl::StatusOr<PodRequest> ParsePodRequest(const json& pod) {
       const int kinds = (whole > 0) + (mig_count > 0) + (shares > 0 || memory > 0 || cores > 0);
       if (kinds == 0) continue;
       if (kinds > 1) {
-        return absl::InvalidArgumentError(
-            Cat("container ", cname, ": asks for more than one kind of GPU (", kWholeGpu, ", ", kMigPrefix,
-                "<profile> and ", kShares, " exclude each other); keep one of them"));
+        return absl::InvalidArgumentError(Cat("container ", cname, ": asks for more than one kind of GPU (", kWholeGpu,
+                                              ", ", kMigPrefix, "<profile> and ", kShares,
+                                              " exclude each other); keep one of them"));
       }
       ContainerRequest cr;
       cr.name = cname;
@@ -208,21 +217,22 @@ absl::StatusOr<PodRequest> ParsePodRequest(const json& pod) {
         cr.count = static_cast<int>(std::min<int64_t>(whole, 1 << 20));
       } else if (mig_count > 0) {
         if (mig_count != 1) {
-          return absl::InvalidArgumentError(Cat("container ", cname, ": ", kMigPrefix, mig, ": ", mig_count,
-                                                " instances; the extender places one MIG instance per container (ask for 1)"));
+          return absl::InvalidArgumentError(
+              Cat("container ", cname, ": ", kMigPrefix, mig, ": ", mig_count,
+                  " instances; the extender places one MIG instance per container (ask for 1)"));
         }
         cr.kind = GpuKind::kMig;
         cr.count = 1;
         cr.mig_profile = mig;
       } else {
         if (shares == 0) {
-          return absl::InvalidArgumentError(Cat("container ", cname, ": asks for ", memory > 0 ? kShareMemory : kShareCores,
-                                                " without ", kShares, " (add ", kShares,
-                                                ": 1 to its requests and limits; kgpu webhook does this)"));
+          return absl::InvalidArgumentError(Cat("container ", cname, ": asks for ",
+                                                memory > 0 ? kShareMemory : kShareCores, " without ", kShares, " (add ",
+                                                kShares, ": 1 to its requests and limits; kgpu webhook does this)"));
         }
         if (shares > 64) {
-          return absl::InvalidArgumentError(
-              Cat("container ", cname, ": ", kShares, ": ", shares, " shares is more GPUs than a node has (at most 64)"));
+          return absl::InvalidArgumentError(Cat("container ", cname, ": ", kShares, ": ", shares,
+                                                " shares is more GPUs than a node has (at most 64)"));
         }
         if (memory % shares != 0) {
           return absl::InvalidArgumentError(Cat("container ", cname, ": ", kShareMemory, " ", memory,

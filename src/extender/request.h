@@ -16,33 +16,33 @@
 //
 // Thread-safety: pure functions and value types.
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/statusor.h"
+#include "api/names.h"
 
 namespace kgpu::extender {
 
 inline constexpr char kWholeGpu[] = "nvidia.com/gpu";
 inline constexpr char kMigPrefix[] = "nvidia.com/mig-";
-inline constexpr char kShares[] = "kgpu.io/gpu";
-inline constexpr char kShareMemory[] = "kgpu.io/gpu-memory";
-inline constexpr char kShareCores[] = "kgpu.io/gpu-cores";
+// kgpu.io/* names: spelled once, in api/names.h.
+using api::kShareCores;
+using api::kShareMemory;
+using api::kShares;
 
-inline constexpr char kAnnotationModels[] = "kgpu.io/gpu-model";
-inline constexpr char kAnnotationModelsDeny[] = "kgpu.io/gpu-model-deny";
-inline constexpr char kAnnotationUuids[] = "kgpu.io/gpu-uuid";
-inline constexpr char kAnnotationUuidsDeny[] = "kgpu.io/gpu-uuid-deny";
-inline constexpr char kAnnotationEnforcement[] = "kgpu.io/enforcement";
-inline constexpr char kAnnotationPlacement[] = "kgpu.io/placement";
-// Written by the extender at bind: the allocation record (record.h).
-inline constexpr char kAnnotationAllocation[] = "kgpu.io/allocation";
-// Written by the node agent when the container starts: the enforcement actually applied.
-inline constexpr char kAnnotationEnforcementApplied[] = "kgpu.io/enforcement-applied";
+using api::kAnnotationAllocation;  // written by the extender at bind: the allocation record (record.h)
+using api::kAnnotationEnforcement;
+using api::kAnnotationEnforcementApplied;  // written by the node agent when the container starts
+using api::kAnnotationModels;
+using api::kAnnotationModelsDeny;
+using api::kAnnotationPlacement;
+using api::kAnnotationUuids;
+using api::kAnnotationUuidsDeny;
 
 enum class GpuKind { kWhole, kMig, kShare };
 

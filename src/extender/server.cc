@@ -1,11 +1,11 @@
 #include "extender/server.h"
 
-#include <httplib.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <map>
 #include <set>
+
+#include <httplib.h>
+#include <unistd.h>
 
 #include "common/http_listen.h"
 #include "common/log.h"
@@ -60,7 +60,9 @@ Extender::Extender(k8s::Client& client, ExtenderOptions options)
       state_(opts_.state),
       events_(client_, "kgpu.io/extender", opts_.identity.empty() ? HostName() : opts_.identity) {}
 
-Extender::~Extender() { Stop(); }
+Extender::~Extender() {
+  Stop();
+}
 
 std::string Extender::NotReadyReason() const {
   if (!nodes_ || !nodes_->HasSynced()) return "the Node informer has not synced yet";
@@ -173,7 +175,8 @@ Extender::Reply Extender::Bind(std::string_view body) {
     }
     const std::string err = BindPod(*args);
     metrics_.Count("kgpu_extender_binds_total", {{"result", err.empty() ? "bound" : "failed"}});
-    if (!err.empty()) Log("extender")->warn("bind {}/{} to {}: {}", args->pod_namespace, args->pod_name, args->node, err);
+    if (!err.empty())
+      Log("extender")->warn("bind {}/{} to {}: {}", args->pod_namespace, args->pod_name, args->node, err);
     return {200, EncodeBindingResult(EscapePercent(err))};
   });
 }
@@ -198,8 +201,8 @@ std::string Extender::BindPod(const BindingArgs& b) {
     pod = std::move(*got);
   }
   if (!b.pod_uid.empty() && uid_of(*pod) != b.pod_uid) {
-    return fail("pod_changed", Cat("pod ", ns, "/", b.pod_name, " was re-created (UID ", uid_of(*pod), ", the binding is for ",
-                                   b.pod_uid, ")"));
+    return fail("pod_changed", Cat("pod ", ns, "/", b.pod_name, " was re-created (UID ", uid_of(*pod),
+                                   ", the binding is for ", b.pod_uid, ")"));
   }
   if (const std::string bound = node_of(*pod); !bound.empty()) {
     if (bound == b.node) {
@@ -209,14 +212,15 @@ std::string Extender::BindPod(const BindingArgs& b) {
     return fail("already_bound", Cat("pod ", ns, "/", b.pod_name, " is already bound to ", bound));
   }
   auto a = state_.Assume(*pod, b.node);
-  if (!a.ok()) return fail(absl::IsInvalidArgument(a.status()) ? "invalid_request" : "no_fit", std::string(a.status().message()));
+  if (!a.ok())
+    return fail(absl::IsInvalidArgument(a.status()) ? "invalid_request" : "no_fit", std::string(a.status().message()));
   const std::string uid = a->uid;
   // One write: the apiserver sets spec.nodeName and merges the Binding's annotations (the
   // allocation record) into the pod atomically, under the UID precondition. No moment exists in
   // which the pod is bound without its record, or carries a record without being bound.
   k8s::Client::BindOptions bo;
   bo.uid = uid;
-  if (!a->record.containers.empty()) bo.annotations[kAnnotationAllocation] = EncodeRecord(a->record);
+  if (!a->record.containers.empty()) bo.annotations[kAnnotationAllocation] = api::EncodeRecord(a->record);
   if (absl::Status st = client_.Bind(ns, b.pod_name, b.node, bo); !st.ok()) {
     if (k8s::IsApiConflict(st)) {
       // Bound meanwhile (a retried bind of ours whose first answer was lost), or re-created.
@@ -253,9 +257,11 @@ std::string Extender::BudgetShortfall(const PreemptionPlan& plan) {
     auto list = client_.List(pdbs->Path(ns));
     if (!list.ok()) {
       // Without list on poddisruptionbudgets (an older ClusterRole) the dry runs still stand.
-      Log("extender")->warn("preemption for {}/{}: cannot read the PodDisruptionBudgets of namespace {} ({}); "
-                            "relying on each victim's dry run (grant list on policy/poddisruptionbudgets)",
-                            plan.ns, plan.name, ns, std::string(list.status().message()));
+      Log("extender")
+          ->warn(
+              "preemption for {}/{}: cannot read the PodDisruptionBudgets of namespace {} ({}); "
+              "relying on each victim's dry run (grant list on policy/poddisruptionbudgets)",
+              plan.ns, plan.name, ns, std::string(list.status().message()));
       continue;
     }
     if (!list->contains("items") || (*list)["items"].empty()) continue;
@@ -281,7 +287,8 @@ std::string Extender::BudgetShortfall(const PreemptionPlan& plan) {
       const nlohmann::json meta = pdb.value("metadata", nlohmann::json::object());
       const nlohmann::json status = pdb.value("status", nlohmann::json::object());
       // A status the disruption controller has not brought up to this spec yet says nothing.
-      if (meta.contains("generation") && status.value("observedGeneration", int64_t{0}) < meta.value("generation", int64_t{0})) {
+      if (meta.contains("generation") &&
+          status.value("observedGeneration", int64_t{0}) < meta.value("generation", int64_t{0})) {
         continue;
       }
       const int64_t allowed = status.value("disruptionsAllowed", int64_t{0});
@@ -297,12 +304,13 @@ std::string Extender::BudgetShortfall(const PreemptionPlan& plan) {
 void Extender::CarryOut(const PreemptionPlan& plan, std::stop_token stop) {
   const k8s::ObjectRef preemptor{"v1", "Pod", plan.ns, plan.name, plan.uid};
   const std::string names = VictimNames(plan);
-  Log("extender")->info("preempting for {}/{} (priority {}) on {}: evicting {}{}", plan.ns, plan.name, plan.priority,
-                        plan.node, names,
-                        plan.pdb_violations > 0
-                            ? Cat(" (", plan.pdb_violations, " of them guarded by a PodDisruptionBudget that allows no "
-                                  "more disruptions now; no node's plan breaks fewer)")
-                            : "");
+  Log("extender")
+      ->info("preempting for {}/{} (priority {}) on {}: evicting {}{}", plan.ns, plan.name, plan.priority, plan.node,
+             names,
+             plan.pdb_violations > 0 ? Cat(" (", plan.pdb_violations,
+                                           " of them guarded by a PodDisruptionBudget that allows no "
+                                           "more disruptions now; no node's plan breaks fewer)")
+                                     : "");
   (void)events_.Record(preemptor, "Normal", "Preempting", "Preempt",
                        Cat("Preempting ", names, " on node ", plan.node,
                            ": lower-priority pods holding the GPU memory or cores this pod needs"));
@@ -347,15 +355,17 @@ void Extender::CarryOut(const PreemptionPlan& plan, std::stop_token stop) {
       why = "its hold on the node ended (the pod was bound or deleted, or the hold expired)";
     }
     if (!why.empty()) {
-      Log("extender")->info("preemption for {}/{} stopped before evicting {}/{}: {}", plan.ns, plan.name, v.ns, v.name, why);
+      Log("extender")
+          ->info("preemption for {}/{} stopped before evicting {}/{}: {}", plan.ns, plan.name, v.ns, v.name, why);
       return;
     }
     const k8s::ObjectRef victim{"v1", "Pod", v.ns, v.name, v.uid};
     eo.uid = v.uid;
     absl::Status st = client_.Evict(v.ns, v.name, eo);
     if (k8s::IsApiConflict(st)) {  // a successor of the same name: the victim itself is gone
-      Log("extender")->info("preemption for {}/{}: {}/{} was replaced by a new pod of that name (not evicted)", plan.ns,
-                            plan.name, v.ns, v.name);
+      Log("extender")
+          ->info("preemption for {}/{}: {}/{} was replaced by a new pod of that name (not evicted)", plan.ns, plan.name,
+                 v.ns, v.name);
       continue;
     }
     if (!st.ok()) {
@@ -372,41 +382,43 @@ void Extender::CarryOut(const PreemptionPlan& plan, std::stop_token stop) {
 
 std::string Extender::MetricsText() const {
   const auto s = state_.Stats();
-  std::string extra;
-  auto metric = [&](const char* name, const char* type, const char* help, auto value) {
-    extra += Cat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, " ", value, "\n");
+  auto metric = [&](const char* name, std::string_view type, const char* help, auto value) {
+    metrics_.Set(name, type == "counter", help, static_cast<double>(value));
   };
   metric("kgpu_extender_nodes", "gauge", "Nodes with a GPU inventory in the extender's cache.", s.nodes);
   metric("kgpu_extender_pods_booked", "gauge", "Pods whose GPUs the extender books.", s.booked);
-  metric("kgpu_extender_record_conflicts_total", "counter", "Allocation records that claim capacity another record holds.",
-         s.record_conflicts);
+  metric("kgpu_extender_record_conflicts_total", "counter",
+         "Allocation records that claim capacity another record holds.", s.record_conflicts);
   metric("kgpu_extender_records_waiting", "gauge",
          "Bound pods whose allocation records wait for GPUs another record holds (a node's correction to kubelet's "
          "devices not yet complete, or the later of two conflicting records).",
          s.records_waiting);
-  metric("kgpu_extender_bad_records_total", "counter", "Allocation records that did not parse or name GPUs the node lacks.",
-         s.bad_records);
+  metric("kgpu_extender_bad_records_total", "counter",
+         "Allocation records that did not parse or name GPUs the node lacks.", s.bad_records);
   metric("kgpu_extender_gpus_reporting_usage", "gauge",
          "GPUs whose node reports their memory in use (kgpu.io/gpu-inventory usedMiB).", s.gpus_reporting_usage);
-  metric("kgpu_extender_gpus_untracked_memory", "gauge",
-         "GPUs with memory in use beyond what the allocation records book there (another user of the GPU, or a share over "
-         "its record).",
-         s.gpus_untracked);
-  metric("kgpu_extender_gpu_untracked_memory_mib", "gauge", "That memory in total (MiB), taken out of what the extender places.",
-         s.untracked_mib);
+  metric(
+      "kgpu_extender_gpus_untracked_memory", "gauge",
+      "GPUs with memory in use beyond what the allocation records book there (another user of the GPU, or a share over "
+      "its record).",
+      s.gpus_untracked);
+  metric("kgpu_extender_gpu_untracked_memory_mib", "gauge",
+         "That memory in total (MiB), taken out of what the extender places.", s.untracked_mib);
   metric("kgpu_extender_ready", "gauge", "1 when the informers have synced (and this replica leads).",
          NotReadyReason().empty() ? 1 : 0);
-  return metrics_.Text(extra);
+  return metrics_.Text();
 }
 
 absl::Status Extender::Start() {
+  // The address first: a malformed one is refused before anything is set up.
+  if (auto a = ParseListenAddress("--address", opts_.address); !a.ok()) return a.status();
   if (auto st = state_.Init(); !st.ok()) return st;
   k8s::InformerOptions no;
   no.path = "/api/v1/nodes";
   nodes_ = std::make_unique<k8s::Informer>(client_, no);
-  nodes_->AddHandler({[this](const json& n) { state_.UpsertNode(n); },
-                      [this](const json&, const json& n) { state_.UpsertNode(n); },
-                      [this](const json& n) { state_.RemoveNode(n.value("metadata", json::object()).value("name", "")); }});
+  nodes_->AddHandler(
+      {[this](const json& n) { state_.UpsertNode(n); }, [this](const json&, const json& n) { state_.UpsertNode(n); },
+       [this](const json& n) { state_.RemoveNode(n.value("metadata", json::object()).value("name", "")); }});
   k8s::InformerOptions po;
   po.path = "/api/v1/pods";
   pods_ = std::make_unique<k8s::Informer>(client_, po);
@@ -451,17 +463,6 @@ absl::Status Extender::Start() {
     });
   }
 
-  const auto colon = opts_.address.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(Cat("--address ", opts_.address, ": expected host:port (e.g. 0.0.0.0:8888)"));
-  }
-  const std::string host = opts_.address.substr(0, colon).empty() ? "0.0.0.0" : opts_.address.substr(0, colon);
-  int port = 0;
-  try {
-    port = std::stoi(opts_.address.substr(colon + 1));
-  } catch (...) {
-    return absl::InvalidArgumentError(Cat("--address ", opts_.address, ": the port is not a number"));
-  }
   if (!opts_.tls_cert_file.empty() || !opts_.tls_key_file.empty()) {
     if (opts_.tls_cert_file.empty() || opts_.tls_key_file.empty()) {
       return absl::InvalidArgumentError("--tls-cert-file and --tls-key-file go together (HTTPS needs both)");
@@ -505,7 +506,8 @@ absl::Status Extender::Start() {
   http_->Post(R"((.*)/prioritize)", verb(&Extender::Prioritize));
   http_->Post(R"((.*)/bind)", verb(&Extender::Bind));
   http_->Post(R"((.*)/preempt)", verb(&Extender::Preempt));
-  http_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  http_->Get("/healthz",
+             [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
   http_->Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
     const std::string why = NotReadyReason();
     res.status = why.empty() ? 200 : 503;
@@ -514,11 +516,14 @@ absl::Status Extender::Start() {
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(MetricsText(), "text/plain; version=0.0.4");
   });
-  port_ = port == 0 ? http_->bind_to_any_port(host.c_str()) : (http_->bind_to_port(host.c_str(), port) ? port : -1);
-  if (port_ <= 0) return absl::UnavailableError(Cat("--address ", opts_.address, ": cannot listen there (in use?)"));
+  auto bound = BindListenAddress(*http_, "--address", opts_.address);
+  if (!bound.ok()) return bound.status();
+  port_ = *bound;
   http_thread_ = ListenOnThread(*http_);
-  Log("extender")->info("serving {} on {}:{} (policy {})", http_->is_valid() ? (opts_.tls_cert_file.empty() ? "HTTP" : "HTTPS") : "?",
-                        host, port_, opts_.state.policy);
+  Log("extender")
+      ->info("serving {} on {} (port {}; policy {})",
+             http_->is_valid() ? (opts_.tls_cert_file.empty() ? "HTTP" : "HTTPS") : "?", opts_.address, port_,
+             opts_.state.policy);
   return absl::OkStatus();
 }
 

@@ -48,7 +48,7 @@ class Server;
 namespace kgpu::extender {
 
 struct ExtenderOptions {
-  std::string address = "0.0.0.0:8888";  // host:port; port 0 = any free port
+  std::string address = "0.0.0.0:8888";     // host:port; port 0 = any free port
   std::string tls_cert_file, tls_key_file;  // both set: HTTPS
   StateOptions state;
   // HTTP workers. The server gives each connection a worker until it has been idle for the
@@ -113,7 +113,7 @@ class Extender {
   k8s::Client& client_;
   ExtenderOptions opts_;
   State state_;
-  Metrics metrics_;
+  mutable Metrics metrics_;  // thread-safe; MetricsText() sets the state gauges
   std::unique_ptr<k8s::Informer> nodes_, pods_;
   // PodDisruptionBudgets, for the preemption planner; not needed to be ready (without them the
   // planner weighs no budget, and the evictions still honour them).

@@ -16,7 +16,9 @@ namespace kgpu::extender {
 namespace {
 using json = nlohmann::json;
 
-std::string EngineKey(const std::string& uid, const std::string& container) { return uid + "/" + container; }
+std::string EngineKey(const std::string& uid, const std::string& container) {
+  return uid + "/" + container;
+}
 
 std::string UidOf(const json& pod) {
   const json meta = pod.value("metadata", json::object());
@@ -25,8 +27,12 @@ std::string UidOf(const json& pod) {
   return uid;
 }
 
-bool IsShareModel(const std::string& m) { return m.rfind(kShareModelPrefix, 0) == 0; }
-bool IsMigModel(const std::string& m) { return m.rfind(kMigModelPrefix, 0) == 0; }
+bool IsShareModel(const std::string& m) {
+  return m.rfind(kShareModelPrefix, 0) == 0;
+}
+bool IsMigModel(const std::string& m) {
+  return m.rfind(kMigModelPrefix, 0) == 0;
+}
 std::string BaseModel(const std::string& m) {
   if (IsShareModel(m)) return m.substr(std::string_view(kShareModelPrefix).size());
   if (IsMigModel(m)) return m.substr(std::string_view(kMigModelPrefix).size());
@@ -35,9 +41,12 @@ std::string BaseModel(const std::string& m) {
 // Whether a GPU of engine model `m` can take a container of `kind` (see inventory.h).
 bool ModelTakes(const std::string& m, GpuKind kind) {
   switch (kind) {
-    case GpuKind::kShare: return IsShareModel(m);
-    case GpuKind::kMig: return IsMigModel(m);
-    case GpuKind::kWhole: return !IsShareModel(m) && !IsMigModel(m);
+    case GpuKind::kShare:
+      return IsShareModel(m);
+    case GpuKind::kMig:
+      return IsMigModel(m);
+    case GpuKind::kWhole:
+      return !IsShareModel(m) && !IsMigModel(m);
   }
   return false;
 }
@@ -53,7 +62,7 @@ int64_t MilliOf(int64_t memory_each, int64_t cores_each) {
 
 }  // namespace
 
-sched::PodRequest EngineRequest(const std::string& key, const RecordContainer& c) {
+sched::PodRequest EngineRequest(const std::string& key, const api::RecordContainer& c) {
   sched::PodRequest p;
   p.name = key;
   if (c.resource.rfind(kMigPrefix, 0) == 0) {
@@ -152,8 +161,8 @@ absl::StatusOr<State::Compiled> State::CompileLocked(const json& pod) const {
       if (!ModelTakes(m, g.kind)) continue;
       const std::string base = BaseModel(m);
       seen.insert(base);
-      if (!c.pod.models.empty() &&
-          std::none_of(c.pod.models.begin(), c.pod.models.end(), [&](const auto& p) { return ModelMatches(p, base); })) {
+      if (!c.pod.models.empty() && std::none_of(c.pod.models.begin(), c.pod.models.end(),
+                                                [&](const auto& p) { return ModelMatches(p, base); })) {
         continue;
       }
       if (std::any_of(c.pod.models_deny.begin(), c.pod.models_deny.end(),
@@ -164,8 +173,8 @@ absl::StatusOr<State::Compiled> State::CompileLocked(const json& pod) const {
     }
     if (part.ereq.allowed_models.empty()) {
       const char* what = g.kind == GpuKind::kShare ? "serves shares (kgpu.io/gpu)"
-                         : g.kind == GpuKind::kMig  ? "is in MIG mode (nvidia.com/mig-*)"
-                                                    : "takes whole-GPU pods (nvidia.com/gpu)";
+                         : g.kind == GpuKind::kMig ? "is in MIG mode (nvidia.com/mig-*)"
+                                                   : "takes whole-GPU pods (nvidia.com/gpu)";
       if (seen.empty()) {
         c.pod_error = Cat(who, "no GPU in the cluster ", what);
       } else {
@@ -186,7 +195,9 @@ absl::StatusOr<State::Compiled> State::CompileLocked(const json& pod) const {
   }
   auto rank = [&](const Part& p) {
     const GpuKind k = c.Gpu(p).kind;
-    return std::pair<int, int64_t>(k == GpuKind::kWhole ? 2 : k == GpuKind::kMig ? 1 : 0,
+    return std::pair<int, int64_t>(k == GpuKind::kWhole ? 2
+                                   : k == GpuKind::kMig ? 1
+                                                        : 0,
                                    static_cast<int64_t>(p.ereq.num_gpus) * std::max(1, p.ereq.gpu_milli));
   };
   std::stable_sort(c.parts.begin(), c.parts.end(), [&](const Part& a, const Part& b) { return rank(a) > rank(b); });
@@ -202,7 +213,8 @@ std::vector<int> State::MaskLocked(const Compiled& c, const std::string& node) {
   const auto& ns = engine_->cluster().node(id);
   for (size_t i = 0; i < it->second.gpus.size() && i < ns.gpus.size(); ++i) {
     const auto& uuid = it->second.gpus[i].uuid;
-    const bool allowed = c.pod.uuids.empty() || std::find(c.pod.uuids.begin(), c.pod.uuids.end(), uuid) != c.pod.uuids.end();
+    const bool allowed =
+        c.pod.uuids.empty() || std::find(c.pod.uuids.begin(), c.pod.uuids.end(), uuid) != c.pod.uuids.end();
     const bool denied = std::find(c.pod.uuids_deny.begin(), c.pod.uuids_deny.end(), uuid) != c.pod.uuids_deny.end();
     if ((!allowed || denied) && ns.gpus[i].healthy) {
       (void)engine_->mutable_cluster().SetGpuHealth(node, static_cast<int>(i), false);
@@ -236,14 +248,17 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
   const auto it = nodes_.find(name);
   const int id = it == nodes_.end() ? -1 : it->second.engine_id;  // one lookup per node, not two
   cat = "no_inventory";
-  if (it == nodes_.end() || id < 0) return Cat("node has no ", kInventoryAnnotation, " annotation (run kgpu node-labels on it)");
+  if (it == nodes_.end() || id < 0)
+    return Cat("node has no ", kInventoryAnnotation, " annotation (run kgpu node-labels on it)");
   const NodeInfo& info = it->second;
-  const bool shares = std::any_of(c.parts.begin(), c.parts.end(), [&](const Part& p) { return c.Gpu(p).kind == GpuKind::kShare; });
+  const bool shares =
+      std::any_of(c.parts.begin(), c.parts.end(), [&](const Part& p) { return c.Gpu(p).kind == GpuKind::kShare; });
   if (shares && !c.pod.enforcement.empty()) {  // else the node's first mode, permitted by definition
     const std::string& mode = c.pod.enforcement;
     if (std::find(info.enforcement.begin(), info.enforcement.end(), mode) == info.enforcement.end()) {
       cat = "enforcement";
-      return Cat("enforcement '", mode, "' is not permitted on this node (it permits: ", Join(info.enforcement, ", "), ")");
+      return Cat("enforcement '", mode, "' is not permitted on this node (it permits: ", Join(info.enforcement, ", "),
+                 ")");
     }
   }
   if (c.parts.size() == 1) return ExplainPartLocked(c, c.parts[0], name, info, id, unresolvable, cat, memo);
@@ -418,7 +433,8 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
     ++kind_ok;
     if (gs.model < 0 || ((part.req.models >> gs.model) & 1U) == 0) continue;
     ++model_ok;
-    const bool allowed = c.pod.uuids.empty() || std::find(c.pod.uuids.begin(), c.pod.uuids.end(), gi.uuid) != c.pod.uuids.end();
+    const bool allowed =
+        c.pod.uuids.empty() || std::find(c.pod.uuids.begin(), c.pod.uuids.end(), gi.uuid) != c.pod.uuids.end();
     const bool denied = std::find(c.pod.uuids_deny.begin(), c.pod.uuids_deny.end(), gi.uuid) != c.pod.uuids_deny.end();
     if (!allowed || denied) continue;
     ++uuid_ok;
@@ -442,8 +458,8 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
         cat = "too_few_gpus";
         if (shares) {
           return kind_ok == 0 ? Cat("no GPU on this node serves shares (", kShares, ")")
-                              : Cat("only ", kind_ok, " GPUs on this node serve shares (", kShares, "); the pod needs ", need,
-                                    " shares on different GPUs");
+                              : Cat("only ", kind_ok, " GPUs on this node serve shares (", kShares, "); the pod needs ",
+                                    need, " shares on different GPUs");
         }
         if (g.kind == GpuKind::kMig) return "no GPU on this node is in MIG mode";
         return Cat("this node has ", kind_ok, " GPUs for whole-GPU pods (", kWholeGpu, "), the pod needs ", need);
@@ -454,18 +470,20 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
         for (size_t i = 0; i < info.gpus.size() && i < ns.gpus.size(); ++i) {
           if (right_kind(i)) node_models.insert(info.gpus[i].model);
         }
-        return Cat("no ", need > 1 ? Cat(need, " GPUs") : std::string("GPU"), " of the pod's models here (this node has: ",
-                   Join(node_models, ", "), ")");
+        return Cat("no ", need > 1 ? Cat(need, " GPUs") : std::string("GPU"),
+                   " of the pod's models here (this node has: ", Join(node_models, ", "), ")");
       }
       if (uuid_ok < need) {
         cat = "uuid";
         return Cat("the pod's GPU UUID lists leave ", uuid_ok, " GPUs on this node, it needs ", need);
       }
       cat = "unhealthy";
-      if (healthy_ok < need) return Cat(uuid_ok - healthy_ok, " GPUs on this node are unhealthy; ", need, " healthy ones needed");
+      if (healthy_ok < need)
+        return Cat(uuid_ok - healthy_ok, " GPUs on this node are unhealthy; ", need, " healthy ones needed");
       cat = shares ? "gpu_too_small" : "no_mig_profile";
       if (shares) {
-        if (need == 1) return Cat("no GPU on this node has ", per_mem, " MiB in total (largest: ", largest_total, " MiB)");
+        if (need == 1)
+          return Cat("no GPU on this node has ", per_mem, " MiB in total (largest: ", largest_total, " MiB)");
         return Cat("only ", fit_ok, " GPUs on this node have ", per_mem, " MiB in total; the pod needs ", need,
                    " shares on different GPUs");
       }
@@ -475,7 +493,8 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
       }
       std::vector<std::string> have;
       for (const auto& [p, n] : mig_profiles) have.push_back(Cat(p, " x", n));
-      return Cat("no MIG ", g.mig_profile, " instance on this node (it has: ", have.empty() ? std::string("none") : Join(have, ", "), ")");
+      return Cat("no MIG ", g.mig_profile,
+                 " instance on this node (it has: ", have.empty() ? std::string("none") : Join(have, ", "), ")");
     }();
     if (memo != nullptr) memo->emplace(info.shape_id, StaticRefusal{why, cat});
     return why;
@@ -493,11 +512,13 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
   cat = "gpus_busy";
   int64_t untracked = 0;  // memory of the eligible GPUs in use outside the records (its node's report)
   for (size_t i : eligible) untracked += ns.gpus[i].untracked_mib;
-  const std::string outside = untracked > 0 ? Cat("; ", untracked, " MiB of their memory is in use outside kgpu's records") : "";
+  const std::string outside =
+      untracked > 0 ? Cat("; ", untracked, " MiB of their memory is in use outside kgpu's records") : "";
   if (g.kind == GpuKind::kWhole) {
     int free = 0;
     for (size_t i : eligible) free += ns.gpus[i].FullyFree() ? 1 : 0;
-    return Cat("only ", free, " of ", eligible.size(), " GPUs here are free; the pod needs ", need, " whole GPUs", outside);
+    return Cat("only ", free, " of ", eligible.size(), " GPUs here are free; the pod needs ", need, " whole GPUs",
+               outside);
   }
   if (g.kind == GpuKind::kMig) {
     cat = "mig_busy";
@@ -537,8 +558,10 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
   const std::string most = best_milli >= 0 ? Cat("most free: ", best_milli / 10, "% on ", best_cores_uuid) : "";
   if (slots_ok < need) {
     cat = "slots";
-    return Cat(need == 1 ? std::string("every GPU here already holds its ") : Cat("only ", slots_ok, " GPUs here have a free slot of their "),
-               eligible.empty() ? 0 : ns.gpus[eligible[0]].max_shares, " shares", need == 1 ? "" : Cat("; the pod needs ", need));
+    return Cat(need == 1 ? std::string("every GPU here already holds its ")
+                         : Cat("only ", slots_ok, " GPUs here have a free slot of their "),
+               eligible.empty() ? 0 : ns.gpus[eligible[0]].max_shares, " shares",
+               need == 1 ? "" : Cat("; the pod needs ", need));
   }
   if (mem_ok < need || (per_mem > 0 && all_ok < need && cores_ok >= need)) {
     cat = "memory";
@@ -549,8 +572,8 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
   cat = "cores";
   const int64_t pct = part.req.milli / 10;
   if (need == 1) return Cat("no single GPU with ", pct, "% of its cores free (", most, ")");
-  return Cat("only ", std::min(cores_ok, all_ok), " GPUs here have ", pct, "% of their cores free; the pod needs ", need,
-             " on different GPUs (", most, ")");
+  return Cat("only ", std::min(cores_ok, all_ok), " GPUs here have ", pct, "% of their cores free; the pod needs ",
+             need, " on different GPUs (", most, ")");
 }
 
 FilterOutcome State::Filter(const json& pod, const std::vector<std::string>& nodes) {
@@ -565,7 +588,8 @@ FilterOutcome State::Filter(const json& pod, const std::vector<std::string>& nod
     std::string why = HeldLocked(*c, n);
     if (why.empty()) why = ExplainLocked(*c, n, &unres, &cat, &memo);
     if (!why.empty()) {
-      auto r = std::find_if(reasons.begin(), reasons.end(), [&](const auto& e) { return std::strcmp(e.first, cat) == 0; });
+      auto r =
+          std::find_if(reasons.begin(), reasons.end(), [&](const auto& e) { return std::strcmp(e.first, cat) == 0; });
       if (r == reasons.end()) r = reasons.insert(reasons.end(), {cat, 0});
       ++r->second;
     }
@@ -646,7 +670,8 @@ void State::BookLocked(const std::string& uid, PodEntry& e, bool quiet) {
     if (before.back() != 0) (void)cluster.SetGpuUntracked(e.node, static_cast<int>(g), 0);
   }
   absl::Cleanup reapply = [&] {
-    if (std::any_of(before.begin(), before.end(), [](int64_t v) { return v != 0; })) ApplyReportedUsageLocked(e.node, &before);
+    if (std::any_of(before.begin(), before.end(), [](int64_t v) { return v != 0; }))
+      ApplyReportedUsageLocked(e.node, &before);
   };
   std::vector<std::string> done;
   for (const auto& rc : e.record->containers) {
@@ -656,8 +681,9 @@ void State::BookLocked(const std::string& uid, PodEntry& e, bool quiet) {
       const int idx = info.IndexOfUuid(rg.uuid);
       if (idx < 0) {
         ++bad_records_;
-        Log("extender")->warn("pod {}/{}: allocation record names GPU {} which node {} does not have (a stale record)", e.ns,
-                              e.name, rg.uuid, e.node);
+        Log("extender")
+            ->warn("pod {}/{}: allocation record names GPU {} which node {} does not have (a stale record)", e.ns,
+                   e.name, rg.uuid, e.node);
         p.gpus.clear();
         break;
       }
@@ -671,19 +697,23 @@ void State::BookLocked(const std::string& uid, PodEntry& e, bool quiet) {
     }
     std::sort(p.gpus.begin(), p.gpus.end());
     const std::string key = EngineKey(uid, rc.name);
-    absl::Status st = p.gpus.empty() ? absl::FailedPreconditionError("stale record")
-                                     : engine_->Bind(EngineRequest(key, rc), p);
+    absl::Status st =
+        p.gpus.empty() ? absl::FailedPreconditionError("stale record") : engine_->Bind(EngineRequest(key, rc), p);
     if (!st.ok()) {
       if (!p.gpus.empty() && !e.waiting) {
         if (quiet) {
-          Log("extender")->info("pod {}/{}: allocation record on node {} waits for its GPUs, which another record still "
-                                "holds ({}); booked when they are released",
-                                e.ns, e.name, e.node, std::string(st.message()));
+          Log("extender")
+              ->info(
+                  "pod {}/{}: allocation record on node {} waits for its GPUs, which another record still "
+                  "holds ({}); booked when they are released",
+                  e.ns, e.name, e.node, std::string(st.message()));
         } else {
           ++record_conflicts_;
-          Log("extender")->warn("pod {}/{}: allocation record on node {} cannot be booked ({}): another record holds that "
-                                "capacity; booked if it is released",
-                                e.ns, e.name, e.node, std::string(st.message()));
+          Log("extender")
+              ->warn(
+                  "pod {}/{}: allocation record on node {} cannot be booked ({}): another record holds that "
+                  "capacity; booked if it is released",
+                  e.ns, e.name, e.node, std::string(st.message()));
         }
       }
       e.waiting = !p.gpus.empty() && e.bound;
@@ -742,7 +772,8 @@ void State::UpsertNode(const json& node) {
       return;
     }
     ++bad_inventories_;
-    Log("extender")->warn("{} (the node keeps its previous GPUs in the extender)", std::string(info.status().message()));
+    Log("extender")
+        ->warn("{} (the node keeps its previous GPUs in the extender)", std::string(info.status().message()));
     return;
   }
   const auto it = nodes_.find(name);
@@ -773,16 +804,20 @@ void State::ApplyReportedUsageLocked(const std::string& node, const std::vector<
     int64_t untracked = 0;
     if (info.gpus[i].used_mib >= 0 && !gs.IsMig()) {
       // A whole-GPU pod owns all of it; shares book their records' memory.
-      const int64_t booked = gs.pods > 0 && info.gpus[i].slots == 0 ? gs.memory_mib
-                                                                    : gs.memory_mib - gs.free_memory_mib - gs.untracked_mib;
+      const int64_t booked = gs.pods > 0 && info.gpus[i].slots == 0
+                                 ? gs.memory_mib
+                                 : gs.memory_mib - gs.free_memory_mib - gs.untracked_mib;
       untracked = info.gpus[i].used_mib - booked;
       if (untracked < opts_.untracked_tolerance_mib) untracked = 0;
     }
     if (untracked == gs.untracked_mib) continue;
     const bool was = before != nullptr && i < before->size() && (*before)[i] == untracked;  // only re-applied
     if (untracked > 0 && !was) {
-      Log("extender")->info("node {} GPU {}: {} MiB in use beyond what the allocation records book there (another user); "
-                            "not placed until its node reports it gone", node, info.gpus[i].uuid, untracked);
+      Log("extender")
+          ->info(
+              "node {} GPU {}: {} MiB in use beyond what the allocation records book there (another user); "
+              "not placed until its node reports it gone",
+              node, info.gpus[i].uuid, untracked);
     }
     (void)cluster.SetGpuUntracked(node, static_cast<int>(i), untracked);
   }
@@ -802,14 +837,16 @@ void State::UpsertPod(const json& pod) {
   const json spec = pod.value("spec", json::object());
   const std::string phase = pod.value("status", json::object()).value("phase", "");
   const std::string node = spec.value("nodeName", "");
-  std::optional<AllocationRecord> rec;
+  std::optional<api::AllocationRecord> rec;
   std::lock_guard lock(mu_);
   if (!node.empty() || phase == "Succeeded" || phase == "Failed") holds_.erase(uid);  // the preemptor got its place
-  if (auto r = RecordOnPod(pod); r.ok()) {
+  if (auto r = api::RecordOnPod(pod); r.ok()) {
     rec = std::move(*r);
   } else {
     ++bad_records_;
-    Log("extender")->warn("pod {}/{}: {} (ignored)", meta.value("namespace", ""), meta.value("name", ""), std::string(r.status().message()));
+    Log("extender")
+        ->warn("pod {}/{}: {} (ignored)", meta.value("namespace", ""), meta.value("name", ""),
+               std::string(r.status().message()));
   }
   auto it = pods_.find(uid);
   auto drop = [&] {
@@ -840,8 +877,9 @@ void State::UpsertPod(const json& pod) {
   }
   if (rec->node != node) {
     ++bad_records_;
-    Log("extender")->warn("pod {}/{}: allocation record is for node {} but the pod is bound to {} (ignored)",
-                meta.value("namespace", ""), meta.value("name", ""), rec->node, node);
+    Log("extender")
+        ->warn("pod {}/{}: allocation record is for node {} but the pod is bound to {} (ignored)",
+               meta.value("namespace", ""), meta.value("name", ""), rec->node, node);
     drop();
     return;
   }
@@ -927,7 +965,8 @@ absl::StatusOr<Assumption> State::Assume(const json& pod, const std::string& nod
       placed.clear();
       if (beside_others && SearchPartsLocked(*c, id, "", &placed)) break;  // another arrangement fits
       UnmaskLocked(node, masked);
-      return absl::FailedPreconditionError(Cat("node ", node, ": ", c->parts.size() > 1 ? Cat("container ", c->Gpu(part).name, ": ") : "",
+      return absl::FailedPreconditionError(Cat("node ", node, ": ",
+                                               c->parts.size() > 1 ? Cat("container ", c->Gpu(part).name, ": ") : "",
                                                "the GPUs it would take are no longer free"));
     }
   }
@@ -938,13 +977,14 @@ absl::StatusOr<Assumption> State::Assume(const json& pod, const std::string& nod
   for (const ContainerRequest* g : c->pod.Placed()) {
     const sched::Placement* got = engine_->cluster().FindPod(EngineKey(c->uid, g->name));
     if (got == nullptr) continue;  // cannot happen: placed above
-    RecordContainer rc;
+    api::RecordContainer rc;
     rc.name = g->name;
     rc.resource = g->Resource();
-    if (g->kind == GpuKind::kShare) rc.enforcement = c->pod.enforcement.empty() ? info.enforcement.front() : c->pod.enforcement;
+    if (g->kind == GpuKind::kShare)
+      rc.enforcement = c->pod.enforcement.empty() ? info.enforcement.front() : c->pod.enforcement;
     for (int idx : got->gpus) {
       const GpuInfo& gi = info.gpus[static_cast<size_t>(idx)];
-      RecordGpu rg;
+      api::RecordGpu rg;
       rg.uuid = gi.uuid;
       if (g->kind == GpuKind::kShare) {
         rg.memory_mib = g->MemoryPerGpu();
@@ -1150,7 +1190,8 @@ std::optional<PreemptionPlan> State::PlanPreemption(const json& pod, const std::
         // As kube-scheduler's selectVictimsOnNode: those whose eviction a budget would refuse
         // are reprieved first, each group from the highest priority down.
         const std::set<std::string> violating = BudgetViolationsLocked(lower);
-        std::stable_partition(lower.begin(), lower.end(), [&](const std::string& uid) { return violating.contains(uid); });
+        std::stable_partition(lower.begin(), lower.end(),
+                              [&](const std::string& uid) { return violating.contains(uid); });
         for (const auto& uid : lower) {
           PodEntry& e = pods_.at(uid);
           BookLocked(uid, e);
@@ -1215,7 +1256,7 @@ std::string State::PreemptingOn(const std::string& uid) const {
   return it != holds_.end() && it->second.Active(std::chrono::steady_clock::now()) ? it->second.node : "";
 }
 
-std::optional<AllocationRecord> State::RecordOf(const std::string& uid) const {
+std::optional<api::AllocationRecord> State::RecordOf(const std::string& uid) const {
   std::lock_guard lock(mu_);
   auto it = pods_.find(uid);
   if (it == pods_.end() || !it->second.booked) return std::nullopt;

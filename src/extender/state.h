@@ -13,8 +13,6 @@
 //
 // Thread-safety: every public method may be called from any thread (one internal mutex).
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -25,10 +23,12 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "api/record.h"
 #include "extender/inventory.h"
-#include "extender/record.h"
 #include "extender/request.h"
 #include "extender/wire.h"
 #include "k8s/selector.h"
@@ -52,14 +52,14 @@ struct StateOptions {
 
 struct FilterOutcome {
   std::vector<std::string> passed;
-  NodeReasons failed;        // preemption may help
-  NodeReasons unresolvable;  // it cannot
-  std::map<std::string, int> reasons;               // failed nodes by reason category
+  NodeReasons failed;                  // preemption may help
+  NodeReasons unresolvable;            // it cannot
+  std::map<std::string, int> reasons;  // failed nodes by reason category
 };
 
 struct Assumption {
   std::string uid, ns, name, node;
-  AllocationRecord record;
+  api::AllocationRecord record;
   bool already_bound = false;  // the pod was bound there with this record before (a retry)
 };
 
@@ -119,7 +119,8 @@ class State {
   // Per node: the victims that must go for the pod to fit (nodes where none do are dropped).
   // Empty while the extender's own preemption for the pod is under way (PlanPreemption), so that
   // kube-scheduler never preempts a second time for it elsewhere.
-  std::map<std::string, MetaVictims> Preempt(const nlohmann::json& pod, const std::map<std::string, MetaVictims>& victims);
+  std::map<std::string, MetaVictims> Preempt(const nlohmann::json& pod,
+                                             const std::map<std::string, MetaVictims>& victims);
 
   // For a pod that none of `nodes` (those that passed kube-scheduler's own filters) can take:
   // the node and the fewest lower-priority GPU pods whose removal lets it fit there, chosen as
@@ -139,17 +140,17 @@ class State {
   std::string PreemptingOn(const std::string& uid) const;
 
   // The record booked for a pod (by UID), if any.
-  std::optional<AllocationRecord> RecordOf(const std::string& uid) const;
+  std::optional<api::AllocationRecord> RecordOf(const std::string& uid) const;
   StateStats Stats() const;
 
  private:
   struct PodEntry {
     std::string ns, name;
-    std::string node;        // spec.nodeName, or the node of an in-flight assumption
-    std::optional<AllocationRecord> record;
-    bool bound = false;      // spec.nodeName is set (or the binding was confirmed)
-    bool assumed = false;    // booked by Assume, binding not yet seen
-    bool booked = false;     // in the engine
+    std::string node;  // spec.nodeName, or the node of an in-flight assumption
+    std::optional<api::AllocationRecord> record;
+    bool bound = false;    // spec.nodeName is set (or the binding was confirmed)
+    bool assumed = false;  // booked by Assume, binding not yet seen
+    bool booked = false;   // in the engine
     // Bound, its record not booked because another record holds those GPUs: a record its node
     // corrected to kubelet's devices whose old holder's correction has not arrived (or, after a
     // split brain, the later of two conflicting records). Retried whenever bookings on its node
@@ -189,8 +190,8 @@ class State {
   std::string ExplainLocked(const Compiled& c, const std::string& node, bool* unresolvable, const char** category,
                             RefusalMemo* memo = nullptr);
   // One GPU container's refusal on a node (the node is known and has an inventory).
-  std::string ExplainPartLocked(const Compiled& c, const Part& part, const std::string& node, const NodeInfo& info, int id,
-                                bool* unresolvable, const char*& category, RefusalMemo* memo);
+  std::string ExplainPartLocked(const Compiled& c, const Part& part, const std::string& node, const NodeInfo& info,
+                                int id, bool* unresolvable, const char*& category, RefusalMemo* memo);
   // Books one GPU container on node `id` under engine key `key` where the pod's policy puts it;
   // false when it does not fit. Appends the key to *placed; adds the policy's score to *score
   // (when scoring, a node the policy would not use is false too).
@@ -228,9 +229,9 @@ class State {
   std::unique_ptr<sched::Policy> binpack_, spread_;
   absl::flat_hash_map<std::string, NodeInfo> nodes_;
   absl::flat_hash_map<std::string, int> shape_ids_;  // StaticShape -> NodeInfo::shape_id (never shrinks: few shapes)
-  absl::flat_hash_map<std::string, PodEntry> pods_;      // by UID
+  absl::flat_hash_map<std::string, PodEntry> pods_;  // by UID
   std::map<std::string, std::set<std::string>> on_node_;  // node -> UIDs whose record names it
-  std::map<std::string, Hold> holds_;                      // preemptor UID -> its hold
+  std::map<std::string, Hold> holds_;                     // preemptor UID -> its hold
   // PodDisruptionBudgets by namespace, then name (a pod is matched only against its namespace's).
   std::map<std::string, std::map<std::string, Budget>> budgets_;
   // Inside a preemption trial (victims taken off and put back): bookings leave each GPU's
@@ -241,6 +242,6 @@ class State {
 };
 
 // The engine's request for one container of a record (rebuilding) or of a pod.
-sched::PodRequest EngineRequest(const std::string& key, const RecordContainer& c);
+sched::PodRequest EngineRequest(const std::string& key, const api::RecordContainer& c);
 
 }  // namespace kgpu::extender

@@ -1,11 +1,11 @@
 #include "extender/webhook.h"
 
-#include <httplib.h>
-
 #include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
+
+#include <httplib.h>
 
 #include "absl/strings/escaping.h"
 #include "common/http_listen.h"
@@ -30,8 +30,12 @@ constexpr std::pair<const char*, const char*> kHamiAnnotations[] = {
     {"nvidia.com/nouse-gpuuuid", kAnnotationUuidsDeny},
 };
 
-bool IsOurs(const std::string& name) { return name == kShares || name == kShareMemory || name == kShareCores; }
-bool IsHami(const std::string& name) { return name == kHamiMemory || name == kHamiMemoryPercent || name == kHamiCores; }
+bool IsOurs(const std::string& name) {
+  return name == kShares || name == kShareMemory || name == kShareCores;
+}
+bool IsHami(const std::string& name) {
+  return name == kHamiMemory || name == kHamiMemoryPercent || name == kHamiCores;
+}
 bool IsGpu(const std::string& name) {
   return IsOurs(name) || IsHami(name) || name == kWholeGpu || name.rfind(kMigPrefix, 0) == 0;
 }
@@ -68,16 +72,21 @@ std::optional<int64_t> Mul(int64_t a, int64_t b) {
   return out;
 }
 
-std::string Field(const char* section, size_t i) { return Cat("spec.", section, "[", i, "]"); }
+std::string Field(const char* section, size_t i) {
+  return Cat("spec.", section, "[", i, "]");
+}
 
 }  // namespace
 
 std::string PointerEscape(std::string_view segment) {
   std::string out;
   for (char c : segment) {
-    if (c == '~') out += "~0";
-    else if (c == '/') out += "~1";
-    else out += c;
+    if (c == '~')
+      out += "~0";
+    else if (c == '/')
+      out += "~1";
+    else
+      out += c;
   }
   return out;
 }
@@ -102,7 +111,8 @@ Decision MutatePod(const json& pod, const WebhookOptions& o) {
       asks_gpu = true;
       auto has = [&](const char* n) { return limits.count(n) > 0; };
       const bool ours = has(kShares) || has(kShareMemory) || has(kShareCores);
-      const bool hami = has(kHamiMemory) || has(kHamiMemoryPercent) || has(kHamiCores) || (o.translate_hami && has(kWholeGpu));
+      const bool hami =
+          has(kHamiMemory) || has(kHamiMemoryPercent) || has(kHamiCores) || (o.translate_hami && has(kWholeGpu));
       std::set<std::string> drop;
       if (hami && !ours) {
         const int64_t n = std::max<int64_t>(1, has(kWholeGpu) ? limits[kWholeGpu] : 1);
@@ -124,8 +134,8 @@ Decision MutatePod(const json& pod, const WebhookOptions& o) {
                                    "]: cannot be translated without knowing the GPUs' memory (write ", kHamiMemory,
                                    " in MiB, or start kgpu webhook with --smallest-gpu-memory-mib)"));
             } else if (limits[kHamiMemoryPercent] > 100) {
-              denied.push_back(Cat(lf, kHamiMemoryPercent, "]: ", limits[kHamiMemoryPercent],
-                                   "% of a GPU's memory (at most 100)"));
+              denied.push_back(
+                  Cat(lf, kHamiMemoryPercent, "]: ", limits[kHamiMemoryPercent], "% of a GPU's memory (at most 100)"));
             } else {
               auto per = Mul(limits[kHamiMemoryPercent], o.smallest_gpu_memory_mib);
               limits[kShareMemory] = total(kHamiMemoryPercent, per ? Mul(*per / 100, n) : per);
@@ -140,7 +150,8 @@ Decision MutatePod(const json& pod, const WebhookOptions& o) {
         translated = true;
       }
       if ((has(kShareMemory) || has(kShareCores)) && (!has(kShares) || limits[kShares] == 0)) limits[kShares] = 1;
-      if (has(kShares) && limits[kShares] > 0 && !has(kShareCores) && has(kShareMemory) && o.smallest_gpu_memory_mib > 0) {
+      if (has(kShares) && limits[kShares] > 0 && !has(kShareCores) && has(kShareMemory) &&
+          o.smallest_gpu_memory_mib > 0) {
         const int64_t shares = limits[kShares];
         const int64_t per_share = limits[kShareMemory] / shares;
         const auto scaled = Mul(per_share, 100);
@@ -261,8 +272,9 @@ Decision ValidatePod(const json& pod, const WebhookOptions& o) {
       }
       const json& sc = ObjectOr(c, "securityContext");
       if (wants_share && sc.contains("privileged") && sc["privileged"] == true) {
-        denied.push_back(Cat(f, ".securityContext.privileged: a privileged container sees every GPU, so its share "
-                                "cannot be enforced (drop privileged, or ask for whole GPUs with ",
+        denied.push_back(Cat(f,
+                             ".securityContext.privileged: a privileged container sees every GPU, so its share "
+                             "cannot be enforced (drop privileged, or ask for whole GPUs with ",
                              kWholeGpu, ")"));
       }
     }
@@ -284,13 +296,15 @@ Decision ValidatePod(const json& pod, const WebhookOptions& o) {
 
 absl::StatusOr<json> Review(std::string_view body, bool mutate, const WebhookOptions& o) {
   json review = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (!review.is_object()) return absl::InvalidArgumentError("the body is not a JSON object (expected an AdmissionReview)");
+  if (!review.is_object())
+    return absl::InvalidArgumentError("the body is not a JSON object (expected an AdmissionReview)");
   const auto req = review.find("request");
   if (req == review.end() || !req->is_object()) {
     return absl::InvalidArgumentError("AdmissionReview without a request object (the API server sends request)");
   }
   const auto uid = req->find("uid");
-  if (uid == req->end() || !uid->is_string()) return absl::InvalidArgumentError("AdmissionReview request.uid missing or not a string");
+  if (uid == req->end() || !uid->is_string())
+    return absl::InvalidArgumentError("AdmissionReview request.uid missing or not a string");
   json response = {{"uid", *uid}, {"allowed", true}};
   const json& kind = ObjectOr(*req, "kind");
   const auto object = req->find("object");
@@ -305,12 +319,15 @@ absl::StatusOr<json> Review(std::string_view body, bool mutate, const WebhookOpt
     }
   }
   std::string api_version = "admission.k8s.io/v1";
-  if (const auto v = review.find("apiVersion"); v != review.end() && v->is_string()) api_version = v->get<std::string>();
+  if (const auto v = review.find("apiVersion"); v != review.end() && v->is_string())
+    api_version = v->get<std::string>();
   return json{{"apiVersion", api_version}, {"kind", "AdmissionReview"}, {"response", std::move(response)}};
 }
 
 Webhook::Webhook(WebhookOptions options) : opts_(std::move(options)) {}
-Webhook::~Webhook() { Stop(); }
+Webhook::~Webhook() {
+  Stop();
+}
 
 namespace {
 std::string InventoryOf(const json& node) {
@@ -345,7 +362,8 @@ void Webhook::NodeChanged(const json& node, bool removed) {
       }
     } else if (!absl::IsNotFound(info.status())) {
       // As the extender does: a broken inventory keeps the node's previous GPUs.
-      Log("webhook")->warn("{} (the node keeps its previous GPUs in the share sizes)", std::string(info.status().message()));
+      Log("webhook")->warn("{} (the node keeps its previous GPUs in the share sizes)",
+                           std::string(info.status().message()));
       return;
     }
   }
@@ -369,17 +387,7 @@ void Webhook::NodeChanged(const json& node, bool removed) {
 }
 
 absl::Status Webhook::Start() {
-  const auto colon = opts_.address.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(Cat("--address ", opts_.address, ": expected host:port (e.g. 0.0.0.0:8443)"));
-  }
-  const std::string host = opts_.address.substr(0, colon).empty() ? "0.0.0.0" : opts_.address.substr(0, colon);
-  int port = 0;
-  try {
-    port = std::stoi(opts_.address.substr(colon + 1));
-  } catch (...) {
-    return absl::InvalidArgumentError(Cat("--address ", opts_.address, ": the port is not a number"));
-  }
+  if (auto a = ParseListenAddress("--address", opts_.address); !a.ok()) return a.status();
   if (opts_.tls_cert_file.empty() || opts_.tls_key_file.empty()) {
     if (!opts_.insecure_http || !opts_.tls_cert_file.empty() || !opts_.tls_key_file.empty()) {
       return absl::InvalidArgumentError(
@@ -434,11 +442,14 @@ absl::Status Webhook::Start() {
   };
   http_->Post("/mutate", handler(true));
   http_->Post("/validate", handler(false));
-  http_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
-  port_ = port == 0 ? http_->bind_to_any_port(host.c_str()) : (http_->bind_to_port(host.c_str(), port) ? port : -1);
-  if (port_ <= 0) return absl::UnavailableError(Cat("--address ", opts_.address, ": cannot listen there (in use?)"));
+  http_->Get("/healthz",
+             [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  auto bound = BindListenAddress(*http_, "--address", opts_.address);
+  if (!bound.ok()) return bound.status();
+  port_ = *bound;
   http_thread_ = ListenOnThread(*http_);
-  Log("webhook")->info("serving {} on {}:{}", opts_.tls_cert_file.empty() ? "HTTP" : "HTTPS", host, port_);
+  Log("webhook")->info("serving {} on {} (port {})", opts_.tls_cert_file.empty() ? "HTTP" : "HTTPS", opts_.address,
+                       port_);
   return absl::OkStatus();
 }
 

@@ -33,8 +33,6 @@
 // Thread-safety: the functions are pure; Webhook: Start/Stop from the owner thread; the handlers
 // read the sizes under a lock.
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -43,6 +41,8 @@
 #include <string_view>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -67,8 +67,8 @@ struct WebhookOptions {
   std::string tls_cert_file, tls_key_file;
   bool insecure_http = false;  // serve plain HTTP (tests only)
   int threads = 4;
-  std::string scheduler_name;  // "" = leave schedulerName alone
-  bool translate_hami = false;  // nvidia.com/gpu alone is HAMi's vGPU count
+  std::string scheduler_name;           // "" = leave schedulerName alone
+  bool translate_hami = false;          // nvidia.com/gpu alone is HAMi's vGPU count
   int64_t smallest_gpu_memory_mib = 0;  // 0 = unknown: no cores default, no gpumem-percentage
   int64_t largest_gpu_memory_mib = 0;   // 0 = unknown: share size not checked
   // Non-empty: the API server to read the nodes' GPU inventories (kgpu.io/gpu-inventory) from, so
@@ -79,7 +79,7 @@ struct WebhookOptions {
 
 struct Decision {
   bool allowed = true;
-  std::string message;                            // denied: every reason, "; "-separated
+  std::string message;                             // denied: every reason, "; "-separated
   nlohmann::json patch = nlohmann::json::array();  // JSONPatch (RFC 6902) against the pod
 };
 

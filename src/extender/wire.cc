@@ -31,7 +31,8 @@ absl::StatusOr<FastJson> ParseBody(std::string_view body, std::string_view type,
     }
     fast = FastJson{std::move(doc), {}};
   }
-  if (!fast->doc.is_object()) return absl::InvalidArgumentError(Cat(type, ": expected a JSON object, got ", fast->doc.type_name()));
+  if (!fast->doc.is_object())
+    return absl::InvalidArgumentError(Cat(type, ": expected a JSON object, got ", fast->doc.type_name()));
   return std::move(*fast);
 }
 
@@ -51,19 +52,23 @@ json::const_iterator FindField(const json& obj, std::string_view name) {
   return obj.end();
 }
 
-std::string Where(std::string_view type, std::string_view field) { return Cat(type, ".", field); }
+std::string Where(std::string_view type, std::string_view field) {
+  return Cat(type, ".", field);
+}
 
 // An optional []string: absent or null -> nullopt.
 absl::StatusOr<std::optional<std::vector<std::string>>> OptStrings(const json& obj, std::string_view type,
-                                                                     std::string_view field) {
+                                                                   std::string_view field) {
   const json* v = Field(obj, field);
   if (v == nullptr || v->is_null()) return std::optional<std::vector<std::string>>();
-  if (!v->is_array()) return absl::InvalidArgumentError(Cat(Where(type, field), ": expected an array of strings or null"));
+  if (!v->is_array())
+    return absl::InvalidArgumentError(Cat(Where(type, field), ": expected an array of strings or null"));
   std::vector<std::string> out;
   out.reserve(v->size());
   for (const auto& e : *v) {
     if (!e.is_string()) {
-      return absl::InvalidArgumentError(Cat(Where(type, field), ": expected an array of strings, found a ", e.type_name()));
+      return absl::InvalidArgumentError(
+          Cat(Where(type, field), ": expected an array of strings, found a ", e.type_name()));
     }
     out.push_back(e.get<std::string>());
   }
@@ -90,14 +95,17 @@ absl::StatusOr<std::optional<std::vector<std::string>>> NodeNamesOf(FastJson& pa
 absl::StatusOr<std::string> OptString(const json& obj, std::string_view type, std::string_view field) {
   const json* v = Field(obj, field);
   if (v == nullptr || v->is_null()) return std::string();
-  if (!v->is_string()) return absl::InvalidArgumentError(Cat(Where(type, field), ": expected a string, got ", v->type_name()));
+  if (!v->is_string())
+    return absl::InvalidArgumentError(Cat(Where(type, field), ": expected a string, got ", v->type_name()));
   return v->get<std::string>();
 }
 
 absl::StatusOr<json> PodOf(const json& obj, std::string_view type) {
   const json* pod = Field(obj, "Pod");
-  if (pod == nullptr || pod->is_null()) return absl::InvalidArgumentError(Cat(Where(type, "Pod"), ": missing (the pod to schedule)"));
-  if (!pod->is_object()) return absl::InvalidArgumentError(Cat(Where(type, "Pod"), ": expected a Pod object, got ", pod->type_name()));
+  if (pod == nullptr || pod->is_null())
+    return absl::InvalidArgumentError(Cat(Where(type, "Pod"), ": missing (the pod to schedule)"));
+  if (!pod->is_object())
+    return absl::InvalidArgumentError(Cat(Where(type, "Pod"), ": expected a Pod object, got ", pod->type_name()));
   return *pod;
 }
 
@@ -105,13 +113,17 @@ absl::StatusOr<std::optional<std::vector<json>>> OptNodeList(const json& obj, st
   const json* nodes = Field(obj, "Nodes");
   if (nodes == nullptr || nodes->is_null()) return std::optional<std::vector<json>>();
   if (!nodes->is_object()) {
-    return absl::InvalidArgumentError(Cat(Where(type, "Nodes"), ": expected a NodeList object or null, got ", nodes->type_name()));
+    return absl::InvalidArgumentError(
+        Cat(Where(type, "Nodes"), ": expected a NodeList object or null, got ", nodes->type_name()));
   }
   std::vector<json> items;
   if (auto it = nodes->find("items"); it != nodes->end() && !it->is_null()) {
-    if (!it->is_array()) return absl::InvalidArgumentError(Cat(Where(type, "Nodes.items"), ": expected an array of Node objects"));
+    if (!it->is_array())
+      return absl::InvalidArgumentError(Cat(Where(type, "Nodes.items"), ": expected an array of Node objects"));
     for (const auto& n : *it) {
-      if (!n.is_object()) return absl::InvalidArgumentError(Cat(Where(type, "Nodes.items"), ": expected Node objects, found a ", n.type_name()));
+      if (!n.is_object())
+        return absl::InvalidArgumentError(
+            Cat(Where(type, "Nodes.items"), ": expected Node objects, found a ", n.type_name()));
       items.push_back(n);
     }
   }
@@ -122,9 +134,11 @@ absl::StatusOr<NodeReasons> StringMap(const json& obj, std::string_view type, st
   NodeReasons out;
   const json* v = Field(obj, field);
   if (v == nullptr || v->is_null()) return out;
-  if (!v->is_object()) return absl::InvalidArgumentError(Cat(Where(type, field), ": expected an object of strings or null"));
+  if (!v->is_object())
+    return absl::InvalidArgumentError(Cat(Where(type, field), ": expected an object of strings or null"));
   for (auto it = v->begin(); it != v->end(); ++it) {
-    if (!it->is_string()) return absl::InvalidArgumentError(Cat(Where(type, field), ".", it.key(), ": expected a string"));
+    if (!it->is_string())
+      return absl::InvalidArgumentError(Cat(Where(type, field), ".", it.key(), ": expected a string"));
     out.Append(it.key(), it->get<std::string>());  // the keys of a json object are unique
   }
   return out;
@@ -153,7 +167,8 @@ absl::StatusOr<std::map<std::string, MetaVictims>> VictimMap(const json& v, std:
     if (pods != nullptr && !pods->is_null()) {
       if (!pods->is_array()) return absl::InvalidArgumentError(Cat(node_where, ".Pods: expected an array"));
       for (const auto& p : *pods) {
-        if (!p.is_object()) return absl::InvalidArgumentError(Cat(node_where, ".Pods: expected objects, found a ", p.type_name()));
+        if (!p.is_object())
+          return absl::InvalidArgumentError(Cat(node_where, ".Pods: expected objects, found a ", p.type_name()));
         std::string uid;
         if (full) {
           const auto meta = p.find("metadata");
@@ -356,21 +371,36 @@ void AppendString(std::string& out, std::string_view s) {
   // Runs of characters that need no escape are appended whole (node names and reasons are such
   // runs from end to end).
   while (!s.empty()) {
-    const size_t run = static_cast<size_t>(std::find_if(s.begin(), s.end(), [](char c) {
-                                             return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20;
-                                           }) - s.begin());
+    const size_t run = static_cast<size_t>(
+        std::find_if(s.begin(), s.end(),
+                     [](char c) { return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20; }) -
+        s.begin());
     out.append(s.data(), run);
     if (run == s.size()) break;
     const char c = s[run];
     s.remove_prefix(run + 1);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         char buf[8];
         std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
@@ -451,8 +481,7 @@ std::string EncodeBindingResult(const std::string& error) {
 }
 
 std::string EncodePreemptionResult(const std::map<std::string, MetaVictims>& victims) {
-  return json{{"NodeNameToMetaVictims", MetaVictimsJson(victims)}}.dump(-1, ' ', false,
-                                                                       json::error_handler_t::replace);
+  return json{{"NodeNameToMetaVictims", MetaVictimsJson(victims)}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string EncodeExtenderArgs(const json& pod, const std::vector<std::string>& node_names) {
@@ -478,8 +507,7 @@ std::string EncodeBindingArgs(const BindingArgs& b) {
 }
 
 std::string EncodePreemptionArgs(const json& pod, const std::map<std::string, MetaVictims>& victims) {
-  return json{{"Pod", pod}, {"NodeNameToVictims", nullptr}, {"NodeNameToMetaVictims", MetaVictimsJson(victims)}}
-      .dump();
+  return json{{"Pod", pod}, {"NodeNameToVictims", nullptr}, {"NodeNameToMetaVictims", MetaVictimsJson(victims)}}.dump();
 }
 
 }  // namespace kgpu::extender

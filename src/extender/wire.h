@@ -20,14 +20,14 @@
 //
 // Thread-safety: pure functions and value types.
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 
@@ -38,9 +38,9 @@ namespace kgpu::extender {
 const nlohmann::json* Field(const nlohmann::json& obj, std::string_view name);
 
 struct ExtenderArgs {
-  nlohmann::json pod;                                 // the v1.Pod (object)
-  std::optional<std::vector<nlohmann::json>> nodes;   // Nodes.items when Nodes is not null
-  std::optional<std::vector<std::string>> node_names; // NodeNames when not null
+  nlohmann::json pod;                                  // the v1.Pod (object)
+  std::optional<std::vector<nlohmann::json>> nodes;    // Nodes.items when Nodes is not null
+  std::optional<std::vector<std::string>> node_names;  // NodeNames when not null
 };
 
 // FailedNodes / FailedAndUnresolvableNodes (Go: map[string]string, node name -> reason), kept in
@@ -68,7 +68,7 @@ class NodeReasons {
 };
 
 struct FilterResult {
-  std::optional<std::vector<nlohmann::json>> nodes;   // emitted as {"metadata":{},"items":[...]}
+  std::optional<std::vector<nlohmann::json>> nodes;  // emitted as {"metadata":{},"items":[...]}
   std::optional<std::vector<std::string>> node_names;
   NodeReasons failed_nodes;
   NodeReasons failed_and_unresolvable;

@@ -61,12 +61,12 @@ class HealthMonitor::Impl : public std::enable_shared_from_this<HealthMonitor::I
   const HealthCallback on_change_;
   std::unique_ptr<nvml::EventSet> events_;  // set by the event thread before `registered_`
 
-  std::mutex publish_mu_;  // one Update (compute + callback) at a time, in order
+  std::mutex publish_mu_;             // one Update (compute + callback) at a time, in order
   std::atomic<bool> stopped_{false};  // set under publish_mu_: no callback after Stop()
 
   mutable std::mutex mu_;
   std::condition_variable registered_cv_;
-  bool registered_ = false;  // the event thread has registered (or given up)
+  bool registered_ = false;              // the event thread has registered (or given up)
   std::map<std::string, Fault> faults_;  // by device ID (GPU faults are keyed by the GPU UUID)
   std::map<std::string, DeviceHealth> published_;
 
@@ -85,14 +85,30 @@ HealthMonitor::HealthMonitor(const nvml::Library& lib, std::shared_ptr<const Inv
                              HealthOptions options, HealthCallback on_change)
     : impl_(std::make_shared<Impl>(lib, std::move(inventory), std::move(options), std::move(on_change))) {}
 
-HealthMonitor::~HealthMonitor() { Stop(); }
-absl::Status HealthMonitor::Start() { return impl_->Start(); }
-void HealthMonitor::Stop() { impl_->Stop(); }
-std::map<std::string, DeviceHealth> HealthMonitor::Snapshot() const { return impl_->Snapshot(); }
-void HealthMonitor::ProbeNow() { impl_->ProbeNow(); }
-uint64_t HealthMonitor::hung_calls() const { return impl_->hung_calls_.load(); }
-uint64_t HealthMonitor::event_errors() const { return impl_->event_errors_.load(); }
-uint64_t HealthMonitor::events_seen() const { return impl_->events_seen_.load(); }
+HealthMonitor::~HealthMonitor() {
+  Stop();
+}
+absl::Status HealthMonitor::Start() {
+  return impl_->Start();
+}
+void HealthMonitor::Stop() {
+  impl_->Stop();
+}
+std::map<std::string, DeviceHealth> HealthMonitor::Snapshot() const {
+  return impl_->Snapshot();
+}
+void HealthMonitor::ProbeNow() {
+  impl_->ProbeNow();
+}
+uint64_t HealthMonitor::hung_calls() const {
+  return impl_->hung_calls_.load();
+}
+uint64_t HealthMonitor::event_errors() const {
+  return impl_->event_errors_.load();
+}
+uint64_t HealthMonitor::events_seen() const {
+  return impl_->events_seen_.load();
+}
 
 bool HealthMonitor::Impl::IsFatalXid(uint64_t xid) const {
   if (options_.fatal_xids.count(xid) != 0) return true;
@@ -123,8 +139,10 @@ absl::Status HealthMonitor::Impl::Start() {
   watchdog_thread_.Start([self](std::stop_token st) { self->WatchdogLoop(st); });
   std::unique_lock<std::mutex> lock(mu_);
   if (!registered_cv_.wait_for(lock, options_.start_timeout, [&] { return registered_; })) {
-    Log("health")->warn("NVML event registration has not finished after {} ms (an NVML call is slow or hung); "
-                        "it goes on in the background", options_.start_timeout.count());
+    Log("health")->warn(
+        "NVML event registration has not finished after {} ms (an NVML call is slow or hung); "
+        "it goes on in the background",
+        options_.start_timeout.count());
   }
   return absl::OkStatus();
 }
@@ -195,23 +213,24 @@ void HealthMonitor::Impl::Stop() {
 
 std::map<std::string, DeviceHealth> HealthMonitor::Impl::ComputeLocked() const {
   std::map<std::string, DeviceHealth> out;
-  auto reason_of = [](const Fault& f) -> std::string {
-    if (f.lost) return "GPU is lost (fell off the bus)";
-    if (f.hung) return f.hung_reason;
-    if (f.xid) return f.xid_reason;
-    if (f.register_failed) return "NVML event registration failed";
-    return "";
+  // (reason, cause) of a fault.
+  auto reason_of = [](const Fault& f) -> std::pair<std::string, std::string> {
+    if (f.lost) return {"GPU is lost (fell off the bus)", "lost"};
+    if (f.hung) return {f.hung_reason, "hung"};
+    if (f.xid) return {f.xid_reason, f.xid_reason.starts_with("XID") ? "xid" : "ecc"};
+    if (f.register_failed) return {"NVML event registration failed", "registration"};
+    return {};
   };
   for (const auto& g : inventory_->gpus()) {
     if (g.uuid.empty()) continue;
     const auto it = faults_.find(g.uuid);
-    const std::string gpu_reason = it != faults_.end() ? reason_of(it->second) : "";
-    out[g.uuid] = DeviceHealth{g.uuid, gpu_reason.empty(), gpu_reason};
+    const auto gpu_fault = it != faults_.end() ? reason_of(it->second) : std::pair<std::string, std::string>{};
+    out[g.uuid] = DeviceHealth{g.uuid, gpu_fault.first.empty(), gpu_fault.first, gpu_fault.second};
     for (const auto& m : g.migs) {
       const auto mit = faults_.find(m.uuid);
-      std::string reason = mit != faults_.end() ? reason_of(mit->second) : "";
-      if (!gpu_reason.empty()) reason = Cat("parent GPU: ", gpu_reason);
-      out[m.uuid] = DeviceHealth{m.uuid, reason.empty(), reason};
+      auto fault = mit != faults_.end() ? reason_of(mit->second) : std::pair<std::string, std::string>{};
+      if (!gpu_fault.first.empty()) fault = {Cat("parent GPU: ", gpu_fault.first), gpu_fault.second};
+      out[m.uuid] = DeviceHealth{m.uuid, fault.first.empty(), fault.first, fault.second};
     }
   }
   return out;
@@ -249,8 +268,7 @@ void HealthMonitor::Impl::HandleEvent(const nvml::Event& event) {
   auto log = Log("health");
   const int index = inventory_->IndexOfHandle(event.device);
   if (index < 0) {
-    log->warn("NVML event 0x{:x} (data {}) for a device not in the inventory; ignored", event.type,
-              event.data);
+    log->warn("NVML event 0x{:x} (data {}) for a device not in the inventory; ignored", event.type, event.data);
     return;
   }
   const Gpu& gpu = inventory_->gpus()[static_cast<unsigned>(index)];
@@ -260,6 +278,7 @@ void HealthMonitor::Impl::HandleEvent(const nvml::Event& event) {
     return;
   }
   std::string reason;
+  if ((event.type & nvml::kEventXid) && options_.on_xid) options_.on_xid(gpu.index, event.gi, event.data);
   if (event.type & nvml::kEventXid) {
     if (!IsFatalXid(event.data)) {
       log->info("GPU {}: XID {} is an application error; health unchanged", gpu.index, event.data);
@@ -285,8 +304,8 @@ void HealthMonitor::Impl::HandleEvent(const nvml::Event& event) {
       reason = Cat(reason, " on MIG instance GI ", event.gi,
                    event.ci != nvml::kNoInstance ? Cat(" CI ", event.ci) : std::string());
     } else {
-      log->warn("GPU {}: {} names GI {} CI {}, which is not in the inventory; marking the GPU",
-                gpu.index, reason, event.gi, event.ci);
+      log->warn("GPU {}: {} names GI {} CI {}, which is not in the inventory; marking the GPU", gpu.index, reason,
+                event.gi, event.ci);
     }
   }
   const bool lost = (event.type & nvml::kEventXid) && event.data == kXidFallenOffBus;
@@ -384,8 +403,8 @@ void HealthMonitor::Impl::WatchdogLoop(std::stop_token stop) {
     {
       std::lock_guard<std::mutex> lock(probe_mu_);
       if (probe_gpu_ < 0 || probe_reported_) continue;
-      running = std::chrono::duration_cast<std::chrono::milliseconds>(
-          std::chrono::steady_clock::now() - probe_started_);
+      running =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - probe_started_);
       if (running < options_.hang_threshold) continue;
       probe_reported_ = true;
       gpu = probe_gpu_;

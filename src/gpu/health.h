@@ -38,8 +38,8 @@ struct HealthOptions {
   // long has passed since the fault was last seen and a probe reads the GPU. nullopt: never,
   // until the process restarts (NVIDIA's behaviour).
   std::optional<std::chrono::milliseconds> recover_after;
-  std::chrono::milliseconds event_wait{200};       // one nvmlEventSetWait timeout
-  std::chrono::milliseconds probe_interval{5000};  // per-GPU liveness probe period
+  std::chrono::milliseconds event_wait{200};        // one nvmlEventSetWait timeout
+  std::chrono::milliseconds probe_interval{5000};   // per-GPU liveness probe period
   std::chrono::milliseconds hang_threshold{10000};  // an NVML call running longer is "hung"
   // Start() waits this long for the event registration (NVML calls) and then returns anyway;
   // Stop() waits this long for the threads and then leaves one stuck in a hung NVML call behind.
@@ -48,14 +48,28 @@ struct HealthOptions {
   // Called (from the event thread) when NVML reports a MIG configuration change on a GPU: GPU or
   // compute instances were created or destroyed. Unset: such events are not registered.
   std::function<void(unsigned gpu)> on_mig_change;
+  // Called (from the event thread) for every XID NVML reports, fatal or not, before its effect on
+  // health: the GPU's index, the GPU instance (nvml::kNoInstance for the whole GPU) and the XID.
+  // The exporter counts XIDs from here, so a process has one NVML event loop, not one per user.
+  std::function<void(unsigned gpu, unsigned gi, unsigned long long xid)> on_xid;
 };
+
+// How long after its last fault a device is healthy again when nothing says otherwise: the device
+// plugin's default (health.recoverAfter), and the exporter's when it runs without the plugin.
+inline constexpr std::chrono::minutes kDefaultRecoverAfter{5};
 
 struct DeviceHealth {
   std::string id;  // GPU or MIG UUID
   bool healthy = true;
   std::string reason;  // why unhealthy (empty when healthy)
+  // The kind of fault, for metrics labels: xid, ecc, lost, hung, registration (empty when healthy).
+  std::string cause;
   bool operator==(const DeviceHealth&) const = default;
 };
+
+// A process's one source of device health: the monitor's published state (per GPU and MIG UUID).
+// The device plugin serves it to kubelet; the exporter, `kgpu devices` and doctor read the same.
+using HealthReader = std::function<std::map<std::string, DeviceHealth>()>;
 
 // Receives every health change, in the order they happened, one call at a time (a fault that
 // recovers at once is still reported, before its recovery). Not called after Stop() returns.
@@ -63,8 +77,8 @@ using HealthCallback = std::function<void(const std::vector<DeviceHealth>& chang
 
 class HealthMonitor {
  public:
-  HealthMonitor(const nvml::Library& lib, std::shared_ptr<const Inventory> inventory,
-                HealthOptions options, HealthCallback on_change);
+  HealthMonitor(const nvml::Library& lib, std::shared_ptr<const Inventory> inventory, HealthOptions options,
+                HealthCallback on_change);
   ~HealthMonitor();
   HealthMonitor(const HealthMonitor&) = delete;
   HealthMonitor& operator=(const HealthMonitor&) = delete;

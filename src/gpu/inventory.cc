@@ -31,13 +31,20 @@ int ReadNumaNode(const std::string& root, const std::string& bus_id) {
 
 PcieLevel FromNvml(int level) {
   switch (level) {
-    case 0: return PcieLevel::kPix;  // same board
-    case 10: return PcieLevel::kPix;
-    case 20: return PcieLevel::kPxb;
-    case 30: return PcieLevel::kPhb;
-    case 40: return PcieLevel::kNode;
-    case 50: return PcieLevel::kSys;
-    default: return PcieLevel::kUnknown;
+    case 0:
+      return PcieLevel::kPix;  // same board
+    case 10:
+      return PcieLevel::kPix;
+    case 20:
+      return PcieLevel::kPxb;
+    case 30:
+      return PcieLevel::kPhb;
+    case 40:
+      return PcieLevel::kNode;
+    case 50:
+      return PcieLevel::kSys;
+    default:
+      return PcieLevel::kUnknown;
   }
 }
 
@@ -118,13 +125,20 @@ Gpu ReadGpuAt(const nvml::Library& lib, const DiscoverOptions& options, unsigned
 
 const char* PcieLevelName(PcieLevel level) {
   switch (level) {
-    case PcieLevel::kSelf: return "X";
-    case PcieLevel::kPix: return "PIX";
-    case PcieLevel::kPxb: return "PXB";
-    case PcieLevel::kPhb: return "PHB";
-    case PcieLevel::kNode: return "NODE";
-    case PcieLevel::kSys: return "SYS";
-    case PcieLevel::kUnknown: break;
+    case PcieLevel::kSelf:
+      return "X";
+    case PcieLevel::kPix:
+      return "PIX";
+    case PcieLevel::kPxb:
+      return "PXB";
+    case PcieLevel::kPhb:
+      return "PHB";
+    case PcieLevel::kNode:
+      return "NODE";
+    case PcieLevel::kSys:
+      return "SYS";
+    case PcieLevel::kUnknown:
+      break;
   }
   return "?";
 }
@@ -167,8 +181,8 @@ std::string MigFingerprintNow(const nvml::Library& lib, const Inventory& invento
   return out;
 }
 
-std::string MigProfileName(unsigned gi_slices, unsigned ci_slices, uint64_t memory_mib,
-                           uint64_t gpu_memory_bytes, unsigned profile_index) {
+std::string MigProfileName(unsigned gi_slices, unsigned ci_slices, uint64_t memory_mib, uint64_t gpu_memory_bytes,
+                           unsigned profile_index) {
   uint64_t gb = 0;
   if (gpu_memory_bytes > 0) {
     const double fraction = static_cast<double>(memory_mib << 20) / static_cast<double>(gpu_memory_bytes);
@@ -180,16 +194,25 @@ std::string MigProfileName(unsigned gi_slices, unsigned ci_slices, uint64_t memo
   if (ci_slices != 0 && ci_slices != gi_slices) name = Cat(ci_slices, "c.", name);
   switch (profile_index) {
     case 0x7:  // 1_SLICE_REV1
-    case 0x8: name += "+me"; break;
+    case 0x8:
+      name += "+me";
+      break;
     case 0xA:
     case 0xB:
     case 0xC:
-    case 0x11: name += "+gfx"; break;
+    case 0x11:
+      name += "+gfx";
+      break;
     case 0xD:
-    case 0xE: name += "-me"; break;
+    case 0xE:
+      name += "-me";
+      break;
     case 0xF:
-    case 0x10: name += "+me.all"; break;
-    default: break;
+    case 0x10:
+      name += "+me.all";
+      break;
+    default:
+      break;
   }
   return name;
 }
@@ -290,8 +313,7 @@ absl::StatusOr<std::shared_ptr<const Inventory>> Inventory::Build(
       }
       for (const auto& l : nvlinks[a]) {
         const bool to_switch = l.remote_is_switch || gpu_buses.count(l.remote_bus_id) == 0;
-        if ((!to_switch && l.remote_bus_id == gb.bus_id) ||
-            (to_switch && b_switches.count(l.remote_bus_id) != 0)) {
+        if ((!to_switch && l.remote_bus_id == gb.bus_id) || (to_switch && b_switches.count(l.remote_bus_id) != 0)) {
           ++link.nvlinks;
         }
       }

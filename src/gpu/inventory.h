@@ -43,9 +43,9 @@ struct Gpu {
   bool mig_enabled = false;
   bool mig_pending = false;  // the pending mode differs from the current one (needs a reset)
   std::vector<MigDevice> migs;
-  bool lost = false;   // NVML reported GPU_IS_LOST during discovery
-  bool hung = false;   // its NVML calls did not return within the discovery deadline
-  std::string error;   // why the GPU could not be read (empty when fine)
+  bool lost = false;  // NVML reported GPU_IS_LOST during discovery
+  bool hung = false;  // its NVML calls did not return within the discovery deadline
+  std::string error;  // why the GPU could not be read (empty when fine)
   nvml::Device handle;
 };
 
@@ -73,8 +73,7 @@ class Inventory {
                                                                    const DiscoverOptions& options,
                                                                    std::chrono::milliseconds deadline);
   // For tests: an inventory built from parts.
-  static std::shared_ptr<const Inventory> FromPartsForTest(std::vector<Gpu> gpus,
-                                                           std::vector<std::vector<Link>> links);
+  static std::shared_ptr<const Inventory> FromPartsForTest(std::vector<Gpu> gpus, std::vector<std::vector<Link>> links);
 
   const std::vector<Gpu>& gpus() const { return gpus_; }
   const Link& link(unsigned a, unsigned b) const { return links_[a][b]; }
@@ -108,7 +107,7 @@ std::string MigFingerprintNow(const nvml::Library& lib, const Inventory& invento
 // nvidia-smi / NVIDIA device-plugin style MIG profile name from NVML attributes:
 // "<G>g.<GB>gb" with go-nvlib's memory rounding, "<C>c." prefix when the compute instance is a
 // part of its GPU instance, and "+me" / "-me" / "+me.all" / "+gfx" from the GI profile index.
-std::string MigProfileName(unsigned gi_slices, unsigned ci_slices, uint64_t memory_mib,
-                           uint64_t gpu_memory_bytes, unsigned profile_index);
+std::string MigProfileName(unsigned gi_slices, unsigned ci_slices, uint64_t memory_mib, uint64_t gpu_memory_bytes,
+                           unsigned profile_index);
 
 }  // namespace kgpu::gpu

@@ -9,7 +9,9 @@ namespace kgpu::gpu {
 namespace {
 
 // The placement mask of `p` in memory slices.
-uint32_t Mask(const nvml::Placement& p) { return ((1U << p.size) - 1U) << p.start; }
+uint32_t Mask(const nvml::Placement& p) {
+  return ((1U << p.size) - 1U) << p.start;
+}
 
 // Finds non-overlapping placements for `wanted` (names) on a GPU; largest instances first, trying
 // every NVML placement with backtracking (automatic placement alone fails layouts such as
@@ -83,7 +85,8 @@ absl::Status DestroyAll(const nvml::Library& lib, const Gpu& gpu) {
     if (!cis.ok()) return cis.status();
     for (void* ci : *cis) {
       if (auto st = lib.DestroyComputeInstance(ci); !st.ok()) {
-        return absl::Status(st.code(), Cat("destroying a compute instance of GPU instance ", gi.id, ": ", st.message()));
+        return absl::Status(st.code(),
+                            Cat("destroying a compute instance of GPU instance ", gi.id, ": ", st.message()));
       }
     }
     if (auto st = lib.DestroyGpuInstance(gi); !st.ok()) {
@@ -128,7 +131,8 @@ absl::StatusOr<std::vector<MigInstancePlan>> CurrentInstances(const nvml::Librar
 // for the error message.
 std::string Restore(const nvml::Library& lib, const Gpu& gpu, const std::vector<MigInstancePlan>& previous) {
   auto gis = lib.GpuInstances(gpu.handle);
-  if (!gis.ok()) return Cat("the previous instances could not be checked (", gis.status().message(), "); see `kgpu mig show`");
+  if (!gis.ok())
+    return Cat("the previous instances could not be checked (", gis.status().message(), "); see `kgpu mig show`");
   auto was = [&](const nvml::GpuInstance& gi) {
     return std::any_of(previous.begin(), previous.end(), [&](const MigInstancePlan& p) {
       return p.profile.id == gi.profile_id && p.placement == gi.placement;
@@ -143,7 +147,8 @@ std::string Restore(const nvml::Library& lib, const Gpu& gpu, const std::vector<
         const auto* p = &*std::find_if(previous.begin(), previous.end(), [&](const MigInstancePlan& x) {
           return x.profile.id == gi.profile_id && x.placement == gi.placement;
         });
-        if (auto st = lib.CreateFullComputeInstance(gi, p->profile.slices); !st.ok()) problems.push_back(std::string(st.message()));
+        if (auto st = lib.CreateFullComputeInstance(gi, p->profile.slices); !st.ok())
+          problems.push_back(std::string(st.message()));
       }
       kept.push_back(gi);
       continue;
@@ -179,7 +184,7 @@ std::string DescribeInstances(const std::vector<std::string>& names) {
 }
 
 absl::StatusOr<std::vector<std::pair<nvml::GpuInstanceProfile, std::string>>> MigProfiles(const nvml::Library& lib,
-                                                                                         const Gpu& gpu) {
+                                                                                          const Gpu& gpu) {
   auto profiles = lib.GpuInstanceProfiles(gpu.handle);
   if (!profiles.ok()) return profiles.status();
   auto mem = lib.Memory(gpu.handle);
@@ -203,11 +208,11 @@ absl::StatusOr<std::vector<MigTarget>> ResolveMigLayout(const MigLayout& layout,
       for (const auto& g : inventory.gpus()) gpus.push_back(g.index);
     }
     for (unsigned index : gpus) {
-      const std::string where = Cat(e < positions.size() ? Cat(positions[e], ": ") : "", "MIG layout '",
-                                    layout_name, "' entry ", e);
+      const std::string where =
+          Cat(e < positions.size() ? Cat(positions[e], ": ") : "", "MIG layout '", layout_name, "' entry ", e);
       if (index >= inventory.gpus().size()) {
-        return absl::InvalidArgumentError(Cat(where, ": this node has no GPU ", index, " (it has ",
-                                              inventory.gpus().size(), " GPUs)"));
+        return absl::InvalidArgumentError(
+            Cat(where, ": this node has no GPU ", index, " (it has ", inventory.gpus().size(), " GPUs)"));
       }
       if (auto [it, fresh] = owner.emplace(index, e); !fresh) {
         return absl::InvalidArgumentError(
@@ -242,8 +247,9 @@ absl::StatusOr<MigChange> PlanMigChange(const nvml::Library& lib, const Gpu& gpu
     for (const auto& i : *instances) c.current.push_back(i.name);
     c.current = Sorted(std::move(c.current));
     // The layout also means "one compute instance spanning each GPU instance".
-    c.reshape = gpu.migs.size() != instances->size() ||
-                std::any_of(gpu.migs.begin(), gpu.migs.end(), [](const MigDevice& m) { return m.ci_slices != m.gi_slices; });
+    c.reshape =
+        gpu.migs.size() != instances->size() ||
+        std::any_of(gpu.migs.begin(), gpu.migs.end(), [](const MigDevice& m) { return m.ci_slices != m.gi_slices; });
   }
   if (c.enable && !c.wanted.empty()) {
     auto fit = Fit(lib, gpu, c.wanted);
@@ -272,8 +278,9 @@ absl::StatusOr<MigApplyResult> ApplyMigChange(const nvml::Library& lib, const Gp
   if (change.set_mode) {
     auto activation = lib.SetMigMode(gpu.handle, change.enable);
     if (!activation.ok()) {
-      return absl::Status(activation.status().code(), Cat("GPU ", gpu.index, ": ", activation.status().message(), "; ",
-                                                          gpu.mig_enabled ? Restore(lib, gpu, previous) : "nothing was changed"));
+      return absl::Status(activation.status().code(),
+                          Cat("GPU ", gpu.index, ": ", activation.status().message(), "; ",
+                              gpu.mig_enabled ? Restore(lib, gpu, previous) : "nothing was changed"));
     }
     if (!activation->ok()) {
       result.pending_reset = true;
@@ -298,7 +305,8 @@ absl::StatusOr<MigApplyResult> ApplyMigChange(const nvml::Library& lib, const Gp
   if (auto st = CreateAll(lib, gpu, create); !st.ok()) {
     return absl::Status(st.code(), Cat("GPU ", gpu.index, ": ", st.message(), "; ", Restore(lib, gpu, previous)));
   }
-  result.note = Cat("GPU ", gpu.index, ": ", DescribeInstances(change.current), " -> ", DescribeInstances(change.wanted));
+  result.note =
+      Cat("GPU ", gpu.index, ": ", DescribeInstances(change.current), " -> ", DescribeInstances(change.wanted));
   return result;
 }
 

@@ -58,7 +58,7 @@ struct MigChange {
   std::vector<std::string> current, wanted;  // profile names, sorted
   bool set_mode = false;                     // the MIG mode must change
   bool enable = true;
-  std::vector<MigInstancePlan> create;       // in creation order
+  std::vector<MigInstancePlan> create;  // in creation order
   bool noop() const { return !set_mode && current == wanted && !reshape; }
   bool reshape = false;  // instances exist that are not one full compute instance per GPU instance
 };
@@ -81,6 +81,6 @@ std::string DescribeInstances(const std::vector<std::string>& names);
 
 // The names of the GPU instance profiles `gpu` offers, smallest first (for messages and `kgpu mig`).
 absl::StatusOr<std::vector<std::pair<nvml::GpuInstanceProfile, std::string>>> MigProfiles(const nvml::Library& lib,
-                                                                                         const Gpu& gpu);
+                                                                                          const Gpu& gpu);
 
 }  // namespace kgpu::gpu

@@ -1,13 +1,14 @@
 #include "k8s/client.h"
 
-#include <curl/curl.h>
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <random>
 #include <thread>
 
+#include <curl/curl.h>
+#include <sys/stat.h>
+
 #include "absl/strings/cord.h"
+#include "common/backoff.h"
 #include "common/files.h"
 #include "common/log.h"
 #include "common/strings.h"
@@ -24,16 +25,26 @@ constexpr char kReasonPayload[] = "kgpu.k8s/reason";
 
 absl::StatusCode CodeFor(long http) {
   switch (http) {
-    case 400: return absl::StatusCode::kInvalidArgument;
-    case 401: return absl::StatusCode::kUnauthenticated;
-    case 403: return absl::StatusCode::kPermissionDenied;
-    case 404: return absl::StatusCode::kNotFound;
-    case 409: return absl::StatusCode::kAborted;
-    case 410: return absl::StatusCode::kOutOfRange;
-    case 422: return absl::StatusCode::kInvalidArgument;
-    case 429: return absl::StatusCode::kResourceExhausted;
-    case 504: return absl::StatusCode::kDeadlineExceeded;
-    default: return http >= 500 ? absl::StatusCode::kUnavailable : absl::StatusCode::kUnknown;
+    case 400:
+      return absl::StatusCode::kInvalidArgument;
+    case 401:
+      return absl::StatusCode::kUnauthenticated;
+    case 403:
+      return absl::StatusCode::kPermissionDenied;
+    case 404:
+      return absl::StatusCode::kNotFound;
+    case 409:
+      return absl::StatusCode::kAborted;
+    case 410:
+      return absl::StatusCode::kOutOfRange;
+    case 422:
+      return absl::StatusCode::kInvalidArgument;
+    case 429:
+      return absl::StatusCode::kResourceExhausted;
+    case 504:
+      return absl::StatusCode::kDeadlineExceeded;
+    default:
+      return http >= 500 ? absl::StatusCode::kUnavailable : absl::StatusCode::kUnknown;
   }
 }
 
@@ -77,7 +88,8 @@ size_t HeaderCb(char* ptr, size_t size, size_t n, void* user) {
     std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
     std::string_view value = line.substr(colon + 1);
     while (!value.empty() && (value.front() == ' ')) value.remove_prefix(1);
-    while (!value.empty() && (value.back() == '\r' || value.back() == '\n' || value.back() == ' ')) value.remove_suffix(1);
+    while (!value.empty() && (value.back() == '\r' || value.back() == '\n' || value.back() == ' '))
+      value.remove_suffix(1);
     if (name == "content-type") sink->content_type = std::string(value);
     if (name == "retry-after") sink->retry_after = std::string(value);
     if (name == "warning") sink->warnings.push_back(WarningText(value));
@@ -85,12 +97,8 @@ size_t HeaderCb(char* ptr, size_t size, size_t n, void* user) {
   return size * n;
 }
 
-bool Idempotent(std::string_view method) { return method == "GET"; }
-
-std::chrono::milliseconds Jitter(std::chrono::milliseconds base) {
-  thread_local std::mt19937 rng{std::random_device{}()};
-  std::uniform_real_distribution<double> d(1.0, 1.5);
-  return std::chrono::milliseconds(static_cast<int64_t>(static_cast<double>(base.count()) * d(rng)));
+bool Idempotent(std::string_view method) {
+  return method == "GET";
 }
 
 }  // namespace
@@ -106,7 +114,9 @@ std::string Reason(const absl::Status& s) {
   return p ? std::string(*p) : std::string();
 }
 
-std::string UserAgent() { return "kgpu/" KGPU_VERSION " (linux/amd64)"; }
+std::string UserAgent() {
+  return "kgpu/" KGPU_VERSION " (linux/amd64)";
+}
 
 RateLimiter::RateLimiter(double qps, int burst)
     : qps_(qps), burst_(std::max(1, burst)), tokens_(std::max(1, burst)), last_(std::chrono::steady_clock::now()) {}
@@ -276,19 +286,20 @@ absl::StatusOr<Client::Response> Client::Do(std::string_view method, const std::
                                             const std::string& body, std::string_view content_type) {
   const std::string url = config_.server + path_and_query;
   auto h = Acquire();
-  std::chrono::milliseconds backoff{100};
+  Backoff backoff(std::chrono::milliseconds(100), std::chrono::milliseconds(2000), 0.5);
   const int max_tries = std::max(1, config_.max_tries);
   absl::StatusOr<Response> r;
   for (int attempt = 1; attempt <= max_tries; ++attempt) {
     r = DoOnce(*h, method, url, body, content_type);
     bool retry = false;
-    std::chrono::milliseconds wait = Jitter(backoff);
+    std::chrono::milliseconds wait = backoff.Next();
+    const auto asked = r.ok() ? RetryAfter(r->retry_after, std::chrono::seconds(10)) : std::nullopt;
     if (!r.ok()) {
       retry = Idempotent(method);
-    } else if (!r->retry_after.empty() && (r->status == 429 || r->status >= 500)) {
+    } else if (asked && (r->status == 429 || r->status >= 500)) {
       // client-go retries responses carrying Retry-After (429 and 5xx), up to 10 times.
       retry = true;
-      wait = std::chrono::milliseconds(std::clamp(std::atoi(r->retry_after.c_str()), 0, 10) * 1000);
+      wait = *asked;
     } else if (r->status >= 500 && Idempotent(method)) {
       retry = true;
     }
@@ -296,7 +307,6 @@ absl::StatusOr<Client::Response> Client::Do(std::string_view method, const std::
     Log("k8s")->debug("{} {}: {}; retrying in {} ms", method, path_and_query,
                       r.ok() ? Cat("HTTP ", r->status) : std::string(r.status().message()), wait.count());
     std::this_thread::sleep_for(wait);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
   }
   Release(std::move(h));
   return r;
@@ -310,7 +320,8 @@ absl::Status Client::ApiError(std::string_view method, const std::string& path, 
     message = j.value("message", "");
     reason = j.value("reason", "");
   }
-  if (message.empty()) message = r.body.empty() ? Cat("HTTP ", r.status) : Cat("HTTP ", r.status, ": ", r.body.substr(0, 200));
+  if (message.empty())
+    message = r.body.empty() ? Cat("HTTP ", r.status) : Cat("HTTP ", r.status, ": ", r.body.substr(0, 200));
   return WithHttp(absl::Status(CodeFor(r.status), Cat(method, " ", path, ": ", message)), r.status, reason);
 }
 
@@ -413,7 +424,7 @@ absl::StatusOr<nlohmann::json> Client::Delete(const std::string& path, const Del
 absl::StatusOr<nlohmann::json> Client::UpdateWithRetry(const std::string& path,
                                                        const std::function<absl::Status(nlohmann::json&)>& mutate,
                                                        int attempts) {
-  std::chrono::milliseconds backoff{10};
+  Backoff backoff(std::chrono::milliseconds(10), std::chrono::seconds(1), 0.5);
   absl::Status last;
   for (int i = 0; i < attempts; ++i) {
     auto obj = Get(path);
@@ -422,8 +433,7 @@ absl::StatusOr<nlohmann::json> Client::UpdateWithRetry(const std::string& path,
     auto updated = Update(path, *obj);
     if (updated.ok() || !IsApiConflict(updated.status())) return updated;
     last = updated.status();
-    std::this_thread::sleep_for(Jitter(backoff));
-    backoff *= 2;
+    std::this_thread::sleep_for(backoff.Next());
   }
   return last;
 }
@@ -440,31 +450,30 @@ absl::Status Client::Bind(std::string_view ns, std::string_view pod, std::string
 }
 
 absl::Status Client::Evict(std::string_view ns, std::string_view pod, const EvictOptions& opts) {
-  nlohmann::json eviction = {{"apiVersion", "policy/v1"},
-                             {"kind", "Eviction"},
-                             {"metadata", {{"name", pod}, {"namespace", ns}}}};
+  nlohmann::json eviction = {
+      {"apiVersion", "policy/v1"}, {"kind", "Eviction"}, {"metadata", {{"name", pod}, {"namespace", ns}}}};
   if (!opts.uid.empty()) eviction["deleteOptions"] = {{"preconditions", {{"uid", opts.uid}}}};
   const std::string path = FindResource("pods")->Path(ns, pod, "eviction") + (opts.dry_run ? "?dryRun=All" : "");
   const auto deadline = std::chrono::steady_clock::now() + opts.max_wait;
-  std::chrono::milliseconds backoff = opts.initial_backoff;
+  Backoff backoff(opts.initial_backoff, opts.max_backoff, 0.5);
   for (;;) {
     auto r = Create(path, eviction);
     if (r.ok() || IsApiNotFound(r.status())) return absl::OkStatus();
     if (HttpStatus(r.status()) != 429 || opts.dry_run) return r.status();
     // 429: a PodDisruptionBudget allows no disruption now; the apiserver sends no Retry-After
     // (kubernetes/kubernetes#36409), so back off ourselves.
-    if (std::chrono::steady_clock::now() + backoff > deadline) {
-      return absl::DeadlineExceededError(Cat(r.status().message(), " (still refused after ", opts.max_wait.count(), " ms)"));
+    if (std::chrono::steady_clock::now() + backoff.current() > deadline) {
+      return absl::DeadlineExceededError(
+          Cat(r.status().message(), " (still refused after ", opts.max_wait.count(), " ms)"));
     }
-    Log("k8s")->info("eviction of {}/{} refused for now ({}); retrying in {} ms", ns, pod, std::string(r.status().message()),
-                     backoff.count());
-    const auto until = std::chrono::steady_clock::now() + Jitter(backoff);
+    Log("k8s")->info("eviction of {}/{} refused for now ({}); retrying in {} ms", ns, pod,
+                     std::string(r.status().message()), backoff.current().count());
+    const auto until = std::chrono::steady_clock::now() + backoff.Next();
     while (std::chrono::steady_clock::now() < until) {
       if (opts.stop.stop_requested()) return absl::CancelledError(Cat("eviction of ", ns, "/", pod, ": stopped"));
-      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(until - std::chrono::steady_clock::now(),
-                                                                      std::chrono::milliseconds(50)));
+      std::this_thread::sleep_for(
+          std::min<std::chrono::nanoseconds>(until - std::chrono::steady_clock::now(), std::chrono::milliseconds(50)));
     }
-    backoff = std::min(backoff * 2, opts.max_backoff);
   }
 }
 
@@ -510,12 +519,13 @@ int WatchProgress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
 absl::Status Client::Watch(const std::string& collection_path, const WatchOptions& opts,
                            const std::function<bool(const WatchEvent&)>& on_event, std::stop_token stop) {
   const std::string path =
-      collection_path + Query({{"watch", "true"},
-                               {"resourceVersion", opts.resource_version},
-                               {"labelSelector", opts.label_selector},
-                               {"fieldSelector", opts.field_selector},
-                               {"allowWatchBookmarks", opts.allow_bookmarks ? "true" : ""},
-                               {"timeoutSeconds", opts.timeout_seconds > 0 ? std::to_string(opts.timeout_seconds) : ""}});
+      collection_path +
+      Query({{"watch", "true"},
+             {"resourceVersion", opts.resource_version},
+             {"labelSelector", opts.label_selector},
+             {"fieldSelector", opts.field_selector},
+             {"allowWatchBookmarks", opts.allow_bookmarks ? "true" : ""},
+             {"timeoutSeconds", opts.timeout_seconds > 0 ? std::to_string(opts.timeout_seconds) : ""}});
   const std::string url = config_.server + path;
   limiter_.Wait();
   ++requests_;

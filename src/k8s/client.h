@@ -14,8 +14,6 @@
 //
 // Thread-safety: a Client may be used from any number of threads.
 
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -28,6 +26,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/statusor.h"
 #include "k8s/config.h"
 #include "k8s/resources.h"
@@ -39,9 +39,15 @@ namespace kgpu::k8s {
 int HttpStatus(const absl::Status& s);
 // The Kubernetes Status reason ("Conflict", "NotFound", "AlreadyExists", "Expired", ...).
 std::string Reason(const absl::Status& s);
-inline bool IsApiNotFound(const absl::Status& s) { return HttpStatus(s) == 404; }
-inline bool IsApiConflict(const absl::Status& s) { return HttpStatus(s) == 409; }
-inline bool IsApiGone(const absl::Status& s) { return HttpStatus(s) == 410; }
+inline bool IsApiNotFound(const absl::Status& s) {
+  return HttpStatus(s) == 404;
+}
+inline bool IsApiConflict(const absl::Status& s) {
+  return HttpStatus(s) == 409;
+}
+inline bool IsApiGone(const absl::Status& s) {
+  return HttpStatus(s) == 410;
+}
 
 // Token bucket: `burst` tokens, refilled at `qps` per second. Wait() blocks until a token is
 // available; qps <= 0 disables the limit.
@@ -64,7 +70,7 @@ class RateLimiter {
 struct ListOptions {
   std::string label_selector;
   std::string field_selector;
-  int64_t limit = 0;            // page size; 0 = unpaginated
+  int64_t limit = 0;             // page size; 0 = unpaginated
   std::string resource_version;  // "" = most recent (quorum read), "0" = any
 };
 
@@ -84,7 +90,7 @@ struct WatchOptions {
 };
 
 struct EvictOptions {
-  std::chrono::milliseconds max_wait{60000};     // give up after this long of 429s
+  std::chrono::milliseconds max_wait{60000};  // give up after this long of 429s
   std::chrono::milliseconds initial_backoff{200};
   std::chrono::milliseconds max_backoff{5000};
   // deleteOptions.preconditions.uid: only this pod, not a successor of the same name (409).
@@ -145,7 +151,9 @@ class Client {
     std::map<std::string, std::string> annotations;
   };
   absl::Status Bind(std::string_view ns, std::string_view pod, std::string_view node, const BindOptions& opts);
-  absl::Status Bind(std::string_view ns, std::string_view pod, std::string_view node) { return Bind(ns, pod, node, {}); }
+  absl::Status Bind(std::string_view ns, std::string_view pod, std::string_view node) {
+    return Bind(ns, pod, node, {});
+  }
   // pods/eviction (policy/v1). 429 (a PodDisruptionBudget forbids it now) is retried with
   // backoff until opts.max_wait; 404 (already gone) counts as done.
   absl::Status Evict(std::string_view ns, std::string_view pod, const EvictOptions& opts = {});

@@ -66,9 +66,9 @@ absl::Status AddFile(Merged& m, std::string_view text, std::string_view origin, 
   if (!doc.ok()) return doc.status();
   if (doc->IsNull()) return absl::OkStatus();
   if (!doc->IsMap()) return kgpu::yaml::At(origin, doc->Mark(), "a kubeconfig must be a mapping");
-  if (auto s = kgpu::yaml::CheckKeys(origin, *doc, "kubeconfig",
-                                     {"apiVersion", "kind", "clusters", "users", "contexts", "current-context",
-                                      "preferences", "extensions"});
+  if (auto s = kgpu::yaml::CheckKeys(
+          origin, *doc, "kubeconfig",
+          {"apiVersion", "kind", "clusters", "users", "contexts", "current-context", "preferences", "extensions"});
       !s.ok()) {
     return s;
   }
@@ -85,7 +85,8 @@ absl::Status AddFile(Merged& m, std::string_view text, std::string_view origin, 
     for (size_t i = 0; i < list.size(); ++i) {
       const YAML::Node item = list[i];
       if (!item.IsMap()) return kgpu::yaml::At(origin, item.Mark(), Cat(sec.key, "[", i, "] must be a mapping"));
-      if (auto s = kgpu::yaml::CheckKeys(origin, item, Cat(sec.key, "[", i, "]"), {"name", sec.inner, "extensions"}); !s.ok()) {
+      if (auto s = kgpu::yaml::CheckKeys(origin, item, Cat(sec.key, "[", i, "]"), {"name", sec.inner, "extensions"});
+          !s.ok()) {
         return s;
       }
       if (!item["name"]) return kgpu::yaml::At(origin, item.Mark(), Cat(sec.key, "[", i, "] has no name"));
@@ -97,8 +98,8 @@ absl::Status AddFile(Merged& m, std::string_view text, std::string_view origin, 
       }
       if (!sec.into->contains(*name)) {
         sec.into->emplace(*name, Entry{body && body.IsMap() ? body : YAML::Node(YAML::NodeType::Map),
-                                       Cat(sec.key, "[", i, "] (name \"", *name, "\").", sec.inner), std::string(origin),
-                                       std::string(base_dir)});
+                                       Cat(sec.key, "[", i, "] (name \"", *name, "\").", sec.inner),
+                                       std::string(origin), std::string(base_dir)});
       }
     }
   }
@@ -161,7 +162,8 @@ absl::StatusOr<Config> Build(const Merged& m, std::string_view context, std::str
                                    "\" is not defined (contexts: ", names.empty() ? "none" : Join(names, ", "), ")"));
   }
   const Entry& ctx = ci->second;
-  if (auto s = kgpu::yaml::CheckKeys(ctx.origin, ctx.body, ctx.where, {"cluster", "user", "namespace", "extensions"}); !s.ok()) {
+  if (auto s = kgpu::yaml::CheckKeys(ctx.origin, ctx.body, ctx.where, {"cluster", "user", "namespace", "extensions"});
+      !s.ok()) {
     return s;
   }
   auto cluster_name = Str(ctx, "cluster");
@@ -178,10 +180,10 @@ absl::StatusOr<Config> Build(const Merged& m, std::string_view context, std::str
   Config c;
   c.origin = Cat("kubeconfig ", ctx.origin, ", context ", ctx_name);
   if (!ns->empty()) c.ns = *ns;
-  if (auto s = kgpu::yaml::CheckKeys(cluster.origin, cluster.body, cluster.where,
-                                     {"server", "certificate-authority", "certificate-authority-data",
-                                      "insecure-skip-tls-verify", "tls-server-name", "proxy-url",
-                                      "disable-compression", "extensions"});
+  if (auto s = kgpu::yaml::CheckKeys(
+          cluster.origin, cluster.body, cluster.where,
+          {"server", "certificate-authority", "certificate-authority-data", "insecure-skip-tls-verify",
+           "tls-server-name", "proxy-url", "disable-compression", "extensions"});
       !s.ok()) {
     return s;
   }
@@ -196,7 +198,8 @@ absl::StatusOr<Config> Build(const Merged& m, std::string_view context, std::str
   auto proxy = Str(cluster, "proxy-url");
   if (!proxy.ok()) return proxy.status();
   if (!proxy->empty()) {
-    return Err(cluster, "proxy-url", "proxies are not supported by kgpu; reach the API server directly (remove proxy-url)");
+    return Err(cluster, "proxy-url",
+               "proxies are not supported by kgpu; reach the API server directly (remove proxy-url)");
   }
   auto ca = FileOrData(cluster, "certificate-authority", &c.ca_file);
   if (!ca.ok()) return ca.status();
@@ -283,7 +286,8 @@ absl::StatusOr<Config> LoadKubeconfig(std::string_view explicit_path, std::strin
   } else if (const char* home = std::getenv("HOME"); home && *home) {
     files.push_back(Cat(home, "/.kube/config"));
   }
-  if (files.empty()) return absl::NotFoundError("no kubeconfig: pass --kubeconfig, set KUBECONFIG or create ~/.kube/config");
+  if (files.empty())
+    return absl::NotFoundError("no kubeconfig: pass --kubeconfig, set KUBECONFIG or create ~/.kube/config");
   Merged m;
   size_t read = 0;
   for (const auto& f : files) {
@@ -306,7 +310,8 @@ absl::StatusOr<Config> InClusterConfig(std::string_view sa_dir) {
   const char* port = std::getenv("KUBERNETES_SERVICE_PORT");
   if (!host || !*host || !port || !*port) {
     return absl::FailedPreconditionError(
-        "not running in a cluster: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set (pass --kubeconfig)");
+        "not running in a cluster: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set (pass "
+        "--kubeconfig)");
   }
   Config c;
   std::string h(host);

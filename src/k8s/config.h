@@ -45,8 +45,8 @@ struct Config {
 
 // Parses one kubeconfig document; `origin` (the file name) prefixes every error. Relative
 // file paths are resolved against `base_dir`. Reads the files it references.
-absl::StatusOr<Config> ParseKubeconfig(std::string_view text, std::string_view origin,
-                                       std::string_view context = "", std::string_view base_dir = "");
+absl::StatusOr<Config> ParseKubeconfig(std::string_view text, std::string_view origin, std::string_view context = "",
+                                       std::string_view base_dir = "");
 
 // Loads as kubectl does: explicit_path alone when given, else $KUBECONFIG merged, else
 // $HOME/.kube/config. `context` overrides current-context.

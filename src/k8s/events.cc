@@ -29,8 +29,7 @@ absl::Status EventRecorder::Record(const ObjectRef& regarding, std::string_view 
   }
   if (auto it = seen_.find(key); it != seen_.end()) {
     Seen& s = it->second;
-    const nlohmann::json patch = {
-        {"series", {{"count", s.count + 1}, {"lastObservedTime", NowMicroTime()}}}};
+    const nlohmann::json patch = {{"series", {{"count", s.count + 1}, {"lastObservedTime", NowMicroTime()}}}};
     auto r = client_.Patch(events->Path(s.ns, s.name), patch, "application/merge-patch+json");
     if (r.ok()) {
       ++s.count;
@@ -55,8 +54,7 @@ absl::Status EventRecorder::Record(const ObjectRef& regarding, std::string_view 
       {"reason", reason},
       {"note", std::string(note.substr(0, 1024))},
       {"type", type},
-      {"regarding",
-       {{"apiVersion", regarding.api_version}, {"kind", regarding.kind}, {"name", regarding.name}}},
+      {"regarding", {{"apiVersion", regarding.api_version}, {"kind", regarding.kind}, {"name", regarding.name}}},
   };
   if (!regarding.ns.empty()) ev["regarding"]["namespace"] = regarding.ns;
   if (!regarding.uid.empty()) ev["regarding"]["uid"] = regarding.uid;

@@ -6,13 +6,13 @@
 //
 // Thread-safety: Record() may be called from any thread (it serialises its API calls).
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "k8s/client.h"

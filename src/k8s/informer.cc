@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "common/backoff.h"
 #include "common/log.h"
 #include "common/sleep.h"
 #include "common/strings.h"
@@ -104,9 +105,13 @@ std::optional<nlohmann::json> Store::Remove(const std::string& key) {
 
 Informer::Informer(Client& client, InformerOptions opts) : client_(client), opts_(std::move(opts)) {}
 
-Informer::~Informer() { Stop(); }
+Informer::~Informer() {
+  Stop();
+}
 
-void Informer::AddHandler(Handlers h) { handlers_.push_back(std::move(h)); }
+void Informer::AddHandler(Handlers h) {
+  handlers_.push_back(std::move(h));
+}
 
 void Informer::Start() {
   thread_ = std::jthread([this](std::stop_token st) { Run(st); });
@@ -225,16 +230,9 @@ void Informer::Apply(const WatchEvent& ev) {
   }
 }
 
-void Informer::Backoff(std::stop_token stop, std::chrono::milliseconds& delay) {
-  thread_local std::mt19937 rng{std::random_device{}()};
-  std::uniform_real_distribution<double> jitter(1.0, 2.0);
-  SleepFor(stop, std::chrono::milliseconds(static_cast<int64_t>(static_cast<double>(delay.count()) * jitter(rng))));
-  delay = std::min(delay * 2, opts_.max_backoff);
-}
-
 void Informer::Run(std::stop_token stop) {
   auto log = Log("k8s");
-  std::chrono::milliseconds delay = opts_.initial_backoff;
+  kgpu::Backoff delay(opts_.initial_backoff, opts_.max_backoff, 1.0);  // each wait 1-2x the delay
   bool need_list = true;
   std::mt19937 rng{std::random_device{}()};
   while (!stop.stop_requested()) {
@@ -245,11 +243,11 @@ void Informer::Run(std::stop_token stop) {
           std::lock_guard lock(mu_);
           ++stats_.errors;
         }
-        Backoff(stop, delay);
+        SleepFor(stop, delay.Next());
         continue;
       }
       need_list = false;
-      delay = opts_.initial_backoff;
+      delay.Reset();
     }
     WatchOptions wo;
     wo.resource_version = LastResourceVersion();
@@ -273,7 +271,8 @@ void Informer::Run(std::stop_token stop) {
             if (code == 410) {
               gone = true;
             } else {
-              event_error = absl::UnavailableError(Cat("watch ", opts_.path, ": ", ev.object.value("message", "error event")));
+              event_error =
+                  absl::UnavailableError(Cat("watch ", opts_.path, ": ", ev.object.value("message", "error event")));
             }
             return false;
           }
@@ -297,13 +296,13 @@ void Informer::Run(std::stop_token stop) {
         std::lock_guard lock(mu_);
         ++stats_.errors;
       }
-      Backoff(stop, delay);
+      SleepFor(stop, delay.Next());
       continue;
     }
     if (got_events) {
-      delay = opts_.initial_backoff;
+      delay.Reset();
     } else if (std::chrono::steady_clock::now() - started < std::chrono::seconds(1)) {
-      Backoff(stop, delay);  // a server closing watches at once must not make us spin
+      SleepFor(stop, delay.Next());  // a server closing watches at once must not make us spin
     }
   }
 }

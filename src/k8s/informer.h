@@ -10,8 +10,6 @@
 //
 // Thread-safety: Store reads and HasSynced from any thread; AddHandler/AddIndexer before Start.
 
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -24,6 +22,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "k8s/client.h"
 
@@ -92,11 +92,11 @@ class Informer {
   std::string LastResourceVersion() const;
 
   struct Stats {
-    uint64_t lists = 0;      // complete lists (the first one and every relist)
-    uint64_t watches = 0;    // watch requests started
-    uint64_t events = 0;     // watch events applied (bookmarks excluded)
-    uint64_t gone = 0;       // 410 Gone answers
-    uint64_t errors = 0;     // other failures (each followed by a backoff)
+    uint64_t lists = 0;    // complete lists (the first one and every relist)
+    uint64_t watches = 0;  // watch requests started
+    uint64_t events = 0;   // watch events applied (bookmarks excluded)
+    uint64_t gone = 0;     // 410 Gone answers
+    uint64_t errors = 0;   // other failures (each followed by a backoff)
   };
   Stats stats() const;
 
@@ -104,7 +104,6 @@ class Informer {
   void Run(std::stop_token stop);
   absl::Status ListAndReplace();
   void Apply(const WatchEvent& ev);
-  void Backoff(std::stop_token stop, std::chrono::milliseconds& delay);
   void Dispatch(const std::function<void(const Handlers&)>& f);
 
   Client& client_;

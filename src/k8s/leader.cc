@@ -15,7 +15,8 @@ bool LeaderElector::TryAcquireOrRenew() {
   const Resource* leases = FindResource("leases");
   const std::string path = leases->Path(cfg_.ns, cfg_.name);
   const auto now = std::chrono::steady_clock::now();
-  const int64_t duration_s = std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(cfg_.lease_duration).count());
+  const int64_t duration_s =
+      std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(cfg_.lease_duration).count());
   auto current = client_.Get(path);
   if (!current.ok()) {
     if (!IsApiNotFound(current.status())) {
@@ -75,7 +76,8 @@ void LeaderElector::Release() {
     lease["spec"]["renewTime"] = NowMicroTime();
     return absl::OkStatus();
   });
-  if (!s.ok()) Log("k8s")->info("leader election: release of {}/{}: {}", cfg_.ns, cfg_.name, std::string(s.status().message()));
+  if (!s.ok())
+    Log("k8s")->info("leader election: release of {}/{}: {}", cfg_.ns, cfg_.name, std::string(s.status().message()));
 }
 
 void LeaderElector::Run(std::stop_token stop) {

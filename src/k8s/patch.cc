@@ -15,17 +15,18 @@ using json = nlohmann::json;
 // strategic merge patch does for lists without a merge strategy (e.g. tolerations).
 const std::map<std::string, std::string, std::less<>>& MergeKeys() {
   static const std::map<std::string, std::string, std::less<>> keys = {
-      {"containers", "name"},     {"initContainers", "name"}, {"ephemeralContainers", "name"},
-      {"env", "name"},            {"volumes", "name"},        {"volumeMounts", "mountPath"},
-      {"ports", "containerPort"}, {"conditions", "type"},     {"taints", "key"},
-      {"imagePullSecrets", "name"}, {"ownerReferences", "uid"}, {"addresses", "type"},
-      {"hostAliases", "ip"},      {"resourceClaims", "name"}, {"volumeDevices", "devicePath"},
+      {"containers", "name"}, {"initContainers", "name"},    {"ephemeralContainers", "name"}, {"env", "name"},
+      {"volumes", "name"},    {"volumeMounts", "mountPath"}, {"ports", "containerPort"},      {"conditions", "type"},
+      {"taints", "key"},      {"imagePullSecrets", "name"},  {"ownerReferences", "uid"},      {"addresses", "type"},
+      {"hostAliases", "ip"},  {"resourceClaims", "name"},    {"volumeDevices", "devicePath"},
   };
   return keys;
 }
 
 // Lists of scalars merged as sets (`patchStrategy:"merge"` on []string): finalizers.
-bool IsMergedScalarList(std::string_view field) { return field == "finalizers"; }
+bool IsMergedScalarList(std::string_view field) {
+  return field == "finalizers";
+}
 
 absl::StatusOr<json> Strategic(json target, const json& patch);
 
@@ -154,7 +155,8 @@ absl::Status Add(json& doc, const json::json_pointer& ptr, const json& value, si
   const json::json_pointer parent = ptr.parent_pointer();
   const std::string last = ptr.back();
   if (!doc.contains(parent)) {
-    return absl::InvalidArgumentError(Cat("json patch operation ", index, ": path '", parent.to_string(), "' does not exist"));
+    return absl::InvalidArgumentError(
+        Cat("json patch operation ", index, ": path '", parent.to_string(), "' does not exist"));
   }
   json& p = doc[parent];
   if (p.is_object()) {
@@ -169,18 +171,21 @@ absl::Status Add(json& doc, const json::json_pointer& ptr, const json& value, si
       } catch (...) {
         return absl::InvalidArgumentError(Cat("json patch operation ", index, ": bad array index '", last, "'"));
       }
-      if (pos > p.size()) return absl::InvalidArgumentError(Cat("json patch operation ", index, ": index ", pos, " out of range"));
+      if (pos > p.size())
+        return absl::InvalidArgumentError(Cat("json patch operation ", index, ": index ", pos, " out of range"));
       p.insert(p.begin() + static_cast<std::ptrdiff_t>(pos), value);
     }
   } else {
-    return absl::InvalidArgumentError(Cat("json patch operation ", index, ": '", parent.to_string(), "' is not a container"));
+    return absl::InvalidArgumentError(
+        Cat("json patch operation ", index, ": '", parent.to_string(), "' is not a container"));
   }
   return absl::OkStatus();
 }
 
 absl::Status Remove(json& doc, const json::json_pointer& ptr, size_t index) {
   if (ptr.empty() || !doc.contains(ptr)) {
-    return absl::InvalidArgumentError(Cat("json patch operation ", index, ": path '", ptr.to_string(), "' does not exist"));
+    return absl::InvalidArgumentError(
+        Cat("json patch operation ", index, ": path '", ptr.to_string(), "' does not exist"));
   }
   json& p = doc[ptr.parent_pointer()];
   if (p.is_object()) {
@@ -218,10 +223,12 @@ absl::StatusOr<json> JsonPatch(json target, const json& ops) {
     if (!path.ok()) return path.status();
     try {
       if (name == "add" || name == "replace") {
-        if (!op.contains("value")) return absl::InvalidArgumentError(Cat("json patch operation ", i, ": missing 'value'"));
+        if (!op.contains("value"))
+          return absl::InvalidArgumentError(Cat("json patch operation ", i, ": missing 'value'"));
         if (name == "replace") {
           if (!target.contains(*path)) {
-            return absl::InvalidArgumentError(Cat("json patch operation ", i, ": path '", path->to_string(), "' does not exist"));
+            return absl::InvalidArgumentError(
+                Cat("json patch operation ", i, ": path '", path->to_string(), "' does not exist"));
           }
           target[*path] = op["value"];
         } else if (auto s = Add(target, *path, op["value"], i); !s.ok()) {
@@ -233,7 +240,8 @@ absl::StatusOr<json> JsonPatch(json target, const json& ops) {
         auto from = Pointer(op, "from", i);
         if (!from.ok()) return from.status();
         if (!target.contains(*from)) {
-          return absl::InvalidArgumentError(Cat("json patch operation ", i, ": from '", from->to_string(), "' does not exist"));
+          return absl::InvalidArgumentError(
+              Cat("json patch operation ", i, ": from '", from->to_string(), "' does not exist"));
         }
         json value = target[*from];
         if (name == "move") {
@@ -242,7 +250,8 @@ absl::StatusOr<json> JsonPatch(json target, const json& ops) {
         if (auto s = Add(target, *path, value, i); !s.ok()) return s;
       } else if (name == "test") {
         if (!target.contains(*path) || target[*path] != op.value("value", json())) {
-          return absl::InvalidArgumentError(Cat("json patch operation ", i, ": test failed at '", path->to_string(), "'"));
+          return absl::InvalidArgumentError(
+              Cat("json patch operation ", i, ": test failed at '", path->to_string(), "'"));
         }
       } else {
         return absl::InvalidArgumentError(Cat("json patch operation ", i, ": unknown op '", name, "'"));

@@ -10,9 +10,9 @@
 //
 // Thread-safety: pure functions.
 
-#include <nlohmann/json.hpp>
-
 #include <string_view>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 

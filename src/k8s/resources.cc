@@ -1,7 +1,7 @@
 #include "k8s/resources.h"
 
-#include <chrono>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -10,9 +10,13 @@
 
 namespace kgpu::k8s {
 
-std::string Resource::GroupVersion() const { return group.empty() ? std::string(version) : Cat(group, "/", version); }
+std::string Resource::GroupVersion() const {
+  return group.empty() ? std::string(version) : Cat(group, "/", version);
+}
 
-std::string Resource::Prefix() const { return group.empty() ? Cat("/api/", version) : Cat("/apis/", group, "/", version); }
+std::string Resource::Prefix() const {
+  return group.empty() ? Cat("/api/", version) : Cat("/apis/", group, "/", version);
+}
 
 std::string Resource::Path(std::string_view ns, std::string_view name, std::string_view subresource) const {
   std::string p = Prefix();
@@ -80,8 +84,12 @@ std::string Format(bool micro) {
 }
 }  // namespace
 
-std::string NowRfc3339() { return Format(false); }
-std::string NowMicroTime() { return Format(true); }
+std::string NowRfc3339() {
+  return Format(false);
+}
+std::string NowMicroTime() {
+  return Format(true);
+}
 
 std::optional<double> ParseRfc3339(std::string_view t) {
   std::tm tm{};
@@ -96,7 +104,8 @@ std::optional<double> ParseRfc3339(std::string_view t) {
   tm.tm_min = mi;
   tm.tm_sec = s;
   double frac = 0;
-  if (tail[0] == '.') frac = std::atof(Cat("0", std::string_view(tail).substr(0, std::string_view(tail).find('Z'))).c_str());
+  if (tail[0] == '.')
+    frac = std::atof(Cat("0", std::string_view(tail).substr(0, std::string_view(tail).find('Z'))).c_str());
   return static_cast<double>(timegm(&tm)) + frac;
 }
 

@@ -206,7 +206,8 @@ absl::StatusOr<FieldSelector> FieldSelector::Parse(std::string_view text) {
       if (v < part.size() && part[v] == '=') ++v;
       t.value = std::string(Trim(part.substr(v)));
     } else {
-      return absl::InvalidArgumentError(Cat("field selector '", text, "': '", part, "' is not key=value or key!=value"));
+      return absl::InvalidArgumentError(
+          Cat("field selector '", text, "': '", part, "' is not key=value or key!=value"));
     }
     if (t.path.empty()) return absl::InvalidArgumentError(Cat("field selector '", text, "': empty field name"));
     sel.terms_.push_back(std::move(t));

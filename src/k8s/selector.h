@@ -7,12 +7,12 @@
 //
 // Thread-safety: immutable after Parse.
 
-#include <nlohmann/json.hpp>
-
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 

@@ -22,8 +22,8 @@ absl::Status WatchDecoder::Feed(std::string_view bytes, std::vector<WatchEvent>&
     if (depth_ == 0) {
       if (c == ' ' || c == '\n' || c == '\r' || c == '\t') continue;
       if (c != '{') {
-        error_ = absl::DataLossError(Cat("watch stream: unexpected byte 0x", static_cast<int>(static_cast<unsigned char>(c)),
-                                         " between events"));
+        error_ = absl::DataLossError(Cat("watch stream: unexpected byte 0x",
+                                         static_cast<int>(static_cast<unsigned char>(c)), " between events"));
         return error_;
       }
     }

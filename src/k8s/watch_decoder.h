@@ -7,11 +7,11 @@
 //
 // Thread-safety: one decoder per stream; not thread-safe.
 
-#include <nlohmann/json.hpp>
-
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 

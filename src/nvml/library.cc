@@ -1,13 +1,13 @@
 #include "nvml/library.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <sstream>
+
+#include <dlfcn.h>
 
 #include "absl/strings/cord.h"
 #include "common/strings.h"
@@ -17,75 +17,69 @@ namespace kgpu::nvml {
 
 // Every entry point kgpu uses: the member name (and type) first, then the names to probe,
 // newest first. REQ marks the ones without which the library is not usable.
-#define KGPU_NVML_ENTRIES(REQ, OPT)                                                         \
-  REQ(nvmlInit_v2, "nvmlInit_v2", "nvmlInit")                                               \
-  REQ(nvmlShutdown, "nvmlShutdown")                                                         \
-  REQ(nvmlErrorString, "nvmlErrorString")                                                   \
-  REQ(nvmlDeviceGetCount_v2, "nvmlDeviceGetCount_v2", "nvmlDeviceGetCount")                 \
-  REQ(nvmlDeviceGetHandleByIndex_v2, "nvmlDeviceGetHandleByIndex_v2",                       \
-      "nvmlDeviceGetHandleByIndex")                                                         \
-  OPT(nvmlSystemGetDriverVersion, "nvmlSystemGetDriverVersion")                             \
-  OPT(nvmlSystemGetNVMLVersion, "nvmlSystemGetNVMLVersion")                                 \
-  OPT(nvmlSystemGetCudaDriverVersion_v2, "nvmlSystemGetCudaDriverVersion_v2",               \
-      "nvmlSystemGetCudaDriverVersion")                                                     \
-  OPT(nvmlDeviceGetHandleByUUID, "nvmlDeviceGetHandleByUUID")                               \
-  OPT(nvmlDeviceGetUUID, "nvmlDeviceGetUUID")                                               \
-  OPT(nvmlDeviceGetName, "nvmlDeviceGetName")                                               \
-  OPT(nvmlDeviceGetMinorNumber, "nvmlDeviceGetMinorNumber")                                 \
-  OPT(nvmlDeviceGetPciInfo_v3, "nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2",        \
-      "nvmlDeviceGetPciInfo")                                                               \
-  OPT(nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2")                             \
-  OPT(nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo")                                   \
-  OPT(nvmlDeviceGetCudaComputeCapability, "nvmlDeviceGetCudaComputeCapability")             \
-  OPT(nvmlDeviceGetEnforcedPowerLimit, "nvmlDeviceGetEnforcedPowerLimit")                   \
-  OPT(nvmlDeviceGetTemperature, "nvmlDeviceGetTemperature")                                 \
-  OPT(nvmlDeviceGetMigMode, "nvmlDeviceGetMigMode")                                         \
-  OPT(nvmlDeviceGetMaxMigDeviceCount, "nvmlDeviceGetMaxMigDeviceCount")                     \
-  OPT(nvmlDeviceGetMigDeviceHandleByIndex, "nvmlDeviceGetMigDeviceHandleByIndex")           \
-  OPT(nvmlDeviceGetGpuInstanceId, "nvmlDeviceGetGpuInstanceId")                             \
-  OPT(nvmlDeviceGetComputeInstanceId, "nvmlDeviceGetComputeInstanceId")                     \
-  OPT(nvmlDeviceGetAttributes_v2, "nvmlDeviceGetAttributes_v2", "nvmlDeviceGetAttributes")  \
-  OPT(nvmlDeviceGetGpuInstanceById, "nvmlDeviceGetGpuInstanceById")                         \
-  OPT(nvmlGpuInstanceGetInfo, "nvmlGpuInstanceGetInfo")                                     \
-  OPT(nvmlDeviceGetGpuInstanceProfileInfo, "nvmlDeviceGetGpuInstanceProfileInfo")           \
-  OPT(nvmlDeviceSetMigMode, "nvmlDeviceSetMigMode")                                         \
-  OPT(nvmlDeviceGetComputeMode, "nvmlDeviceGetComputeMode")                                 \
-  OPT(nvmlDeviceSetComputeMode, "nvmlDeviceSetComputeMode")                                 \
-  OPT(nvmlDeviceGetGpuInstancePossiblePlacements_v2,                                        \
-      "nvmlDeviceGetGpuInstancePossiblePlacements_v2",                                      \
-      "nvmlDeviceGetGpuInstancePossiblePlacements")                                         \
-  OPT(nvmlDeviceGetGpuInstances, "nvmlDeviceGetGpuInstances")                               \
-  OPT(nvmlDeviceCreateGpuInstanceWithPlacement, "nvmlDeviceCreateGpuInstanceWithPlacement") \
-  OPT(nvmlGpuInstanceDestroy, "nvmlGpuInstanceDestroy")                                     \
-  OPT(nvmlGpuInstanceGetComputeInstanceProfileInfo,                                         \
-      "nvmlGpuInstanceGetComputeInstanceProfileInfo")                                       \
-  OPT(nvmlGpuInstanceCreateComputeInstance, "nvmlGpuInstanceCreateComputeInstance")         \
-  OPT(nvmlGpuInstanceGetComputeInstances, "nvmlGpuInstanceGetComputeInstances")             \
-  OPT(nvmlComputeInstanceDestroy, "nvmlComputeInstanceDestroy")                             \
-  OPT(nvmlDeviceGetTopologyCommonAncestor, "nvmlDeviceGetTopologyCommonAncestor")           \
-  OPT(nvmlDeviceGetNvLinkState, "nvmlDeviceGetNvLinkState")                                 \
-  OPT(nvmlDeviceGetNvLinkRemotePciInfo_v2, "nvmlDeviceGetNvLinkRemotePciInfo_v2",           \
-      "nvmlDeviceGetNvLinkRemotePciInfo")                                                   \
-  OPT(nvmlDeviceGetNvLinkRemoteDeviceType, "nvmlDeviceGetNvLinkRemoteDeviceType")           \
-  OPT(nvmlDeviceGetSupportedEventTypes, "nvmlDeviceGetSupportedEventTypes")                 \
-  OPT(nvmlDeviceRegisterEvents, "nvmlDeviceRegisterEvents")                                 \
-  OPT(nvmlEventSetCreate, "nvmlEventSetCreate")                                             \
-  OPT(nvmlEventSetFree, "nvmlEventSetFree")                                                 \
-  OPT(nvmlEventSetWait_v2, "nvmlEventSetWait_v2")                                           \
-  OPT(nvmlDeviceGetUtilizationRates, "nvmlDeviceGetUtilizationRates")                       \
-  OPT(nvmlDeviceGetEncoderUtilization, "nvmlDeviceGetEncoderUtilization")                   \
-  OPT(nvmlDeviceGetDecoderUtilization, "nvmlDeviceGetDecoderUtilization")                   \
-  OPT(nvmlDeviceGetClockInfo, "nvmlDeviceGetClockInfo")                                     \
-  OPT(nvmlDeviceGetPowerUsage, "nvmlDeviceGetPowerUsage")                                   \
-  OPT(nvmlDeviceGetTotalEnergyConsumption, "nvmlDeviceGetTotalEnergyConsumption")           \
-  OPT(nvmlDeviceGetPcieReplayCounter, "nvmlDeviceGetPcieReplayCounter")                     \
-  OPT(nvmlDeviceGetTotalEccErrors, "nvmlDeviceGetTotalEccErrors")                           \
-  OPT(nvmlDeviceGetRemappedRows, "nvmlDeviceGetRemappedRows")                               \
-  OPT(nvmlDeviceGetFieldValues, "nvmlDeviceGetFieldValues")                                 \
-  OPT(nvmlDeviceGetComputeRunningProcesses_v3, "nvmlDeviceGetComputeRunningProcesses_v3",   \
-      "nvmlDeviceGetComputeRunningProcesses_v2")                                            \
-  OPT(nvmlDeviceGetMPSComputeRunningProcesses_v3, "nvmlDeviceGetMPSComputeRunningProcesses_v3", \
-      "nvmlDeviceGetMPSComputeRunningProcesses_v2")                                         \
+#define KGPU_NVML_ENTRIES(REQ, OPT)                                                                                   \
+  REQ(nvmlInit_v2, "nvmlInit_v2", "nvmlInit")                                                                         \
+  REQ(nvmlShutdown, "nvmlShutdown")                                                                                   \
+  REQ(nvmlErrorString, "nvmlErrorString")                                                                             \
+  REQ(nvmlDeviceGetCount_v2, "nvmlDeviceGetCount_v2", "nvmlDeviceGetCount")                                           \
+  REQ(nvmlDeviceGetHandleByIndex_v2, "nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex")                   \
+  OPT(nvmlSystemGetDriverVersion, "nvmlSystemGetDriverVersion")                                                       \
+  OPT(nvmlSystemGetNVMLVersion, "nvmlSystemGetNVMLVersion")                                                           \
+  OPT(nvmlSystemGetCudaDriverVersion_v2, "nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion")       \
+  OPT(nvmlDeviceGetHandleByUUID, "nvmlDeviceGetHandleByUUID")                                                         \
+  OPT(nvmlDeviceGetUUID, "nvmlDeviceGetUUID")                                                                         \
+  OPT(nvmlDeviceGetName, "nvmlDeviceGetName")                                                                         \
+  OPT(nvmlDeviceGetMinorNumber, "nvmlDeviceGetMinorNumber")                                                           \
+  OPT(nvmlDeviceGetPciInfo_v3, "nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2", "nvmlDeviceGetPciInfo")          \
+  OPT(nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2")                                                       \
+  OPT(nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo")                                                             \
+  OPT(nvmlDeviceGetCudaComputeCapability, "nvmlDeviceGetCudaComputeCapability")                                       \
+  OPT(nvmlDeviceGetEnforcedPowerLimit, "nvmlDeviceGetEnforcedPowerLimit")                                             \
+  OPT(nvmlDeviceGetTemperature, "nvmlDeviceGetTemperature")                                                           \
+  OPT(nvmlDeviceGetMigMode, "nvmlDeviceGetMigMode")                                                                   \
+  OPT(nvmlDeviceGetMaxMigDeviceCount, "nvmlDeviceGetMaxMigDeviceCount")                                               \
+  OPT(nvmlDeviceGetMigDeviceHandleByIndex, "nvmlDeviceGetMigDeviceHandleByIndex")                                     \
+  OPT(nvmlDeviceGetGpuInstanceId, "nvmlDeviceGetGpuInstanceId")                                                       \
+  OPT(nvmlDeviceGetComputeInstanceId, "nvmlDeviceGetComputeInstanceId")                                               \
+  OPT(nvmlDeviceGetAttributes_v2, "nvmlDeviceGetAttributes_v2", "nvmlDeviceGetAttributes")                            \
+  OPT(nvmlDeviceGetGpuInstanceById, "nvmlDeviceGetGpuInstanceById")                                                   \
+  OPT(nvmlGpuInstanceGetInfo, "nvmlGpuInstanceGetInfo")                                                               \
+  OPT(nvmlDeviceGetGpuInstanceProfileInfo, "nvmlDeviceGetGpuInstanceProfileInfo")                                     \
+  OPT(nvmlDeviceSetMigMode, "nvmlDeviceSetMigMode")                                                                   \
+  OPT(nvmlDeviceGetComputeMode, "nvmlDeviceGetComputeMode")                                                           \
+  OPT(nvmlDeviceSetComputeMode, "nvmlDeviceSetComputeMode")                                                           \
+  OPT(nvmlDeviceGetGpuInstancePossiblePlacements_v2, "nvmlDeviceGetGpuInstancePossiblePlacements_v2",                 \
+      "nvmlDeviceGetGpuInstancePossiblePlacements")                                                                   \
+  OPT(nvmlDeviceGetGpuInstances, "nvmlDeviceGetGpuInstances")                                                         \
+  OPT(nvmlDeviceCreateGpuInstanceWithPlacement, "nvmlDeviceCreateGpuInstanceWithPlacement")                           \
+  OPT(nvmlGpuInstanceDestroy, "nvmlGpuInstanceDestroy")                                                               \
+  OPT(nvmlGpuInstanceGetComputeInstanceProfileInfo, "nvmlGpuInstanceGetComputeInstanceProfileInfo")                   \
+  OPT(nvmlGpuInstanceCreateComputeInstance, "nvmlGpuInstanceCreateComputeInstance")                                   \
+  OPT(nvmlGpuInstanceGetComputeInstances, "nvmlGpuInstanceGetComputeInstances")                                       \
+  OPT(nvmlComputeInstanceDestroy, "nvmlComputeInstanceDestroy")                                                       \
+  OPT(nvmlDeviceGetTopologyCommonAncestor, "nvmlDeviceGetTopologyCommonAncestor")                                     \
+  OPT(nvmlDeviceGetNvLinkState, "nvmlDeviceGetNvLinkState")                                                           \
+  OPT(nvmlDeviceGetNvLinkRemotePciInfo_v2, "nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetNvLinkRemotePciInfo") \
+  OPT(nvmlDeviceGetNvLinkRemoteDeviceType, "nvmlDeviceGetNvLinkRemoteDeviceType")                                     \
+  OPT(nvmlDeviceGetSupportedEventTypes, "nvmlDeviceGetSupportedEventTypes")                                           \
+  OPT(nvmlDeviceRegisterEvents, "nvmlDeviceRegisterEvents")                                                           \
+  OPT(nvmlEventSetCreate, "nvmlEventSetCreate")                                                                       \
+  OPT(nvmlEventSetFree, "nvmlEventSetFree")                                                                           \
+  OPT(nvmlEventSetWait_v2, "nvmlEventSetWait_v2")                                                                     \
+  OPT(nvmlDeviceGetUtilizationRates, "nvmlDeviceGetUtilizationRates")                                                 \
+  OPT(nvmlDeviceGetEncoderUtilization, "nvmlDeviceGetEncoderUtilization")                                             \
+  OPT(nvmlDeviceGetDecoderUtilization, "nvmlDeviceGetDecoderUtilization")                                             \
+  OPT(nvmlDeviceGetClockInfo, "nvmlDeviceGetClockInfo")                                                               \
+  OPT(nvmlDeviceGetPowerUsage, "nvmlDeviceGetPowerUsage")                                                             \
+  OPT(nvmlDeviceGetTotalEnergyConsumption, "nvmlDeviceGetTotalEnergyConsumption")                                     \
+  OPT(nvmlDeviceGetPcieReplayCounter, "nvmlDeviceGetPcieReplayCounter")                                               \
+  OPT(nvmlDeviceGetTotalEccErrors, "nvmlDeviceGetTotalEccErrors")                                                     \
+  OPT(nvmlDeviceGetRemappedRows, "nvmlDeviceGetRemappedRows")                                                         \
+  OPT(nvmlDeviceGetFieldValues, "nvmlDeviceGetFieldValues")                                                           \
+  OPT(nvmlDeviceGetComputeRunningProcesses_v3, "nvmlDeviceGetComputeRunningProcesses_v3",                             \
+      "nvmlDeviceGetComputeRunningProcesses_v2")                                                                      \
+  OPT(nvmlDeviceGetMPSComputeRunningProcesses_v3, "nvmlDeviceGetMPSComputeRunningProcesses_v3",                       \
+      "nvmlDeviceGetMPSComputeRunningProcesses_v2")                                                                   \
   OPT(nvmlDeviceGetProcessUtilization, "nvmlDeviceGetProcessUtilization")
 
 struct Library::Symbols {
@@ -103,25 +97,32 @@ constexpr char kPayloadKey[] = "type.kgpu.dev/nvml-return";
 
 absl::StatusCode CodeFor(int rc) {
   switch (static_cast<Return>(rc)) {
-    case Return::kInvalidArgument: return absl::StatusCode::kInvalidArgument;
+    case Return::kInvalidArgument:
+      return absl::StatusCode::kInvalidArgument;
     case Return::kNotSupported:
-    case Return::kFunctionNotFound: return absl::StatusCode::kUnimplemented;
-    case Return::kNoPermission: return absl::StatusCode::kPermissionDenied;
+    case Return::kFunctionNotFound:
+      return absl::StatusCode::kUnimplemented;
+    case Return::kNoPermission:
+      return absl::StatusCode::kPermissionDenied;
     case Return::kNotFound:
-    case Return::kNoData: return absl::StatusCode::kNotFound;
-    case Return::kTimeout: return absl::StatusCode::kDeadlineExceeded;
-    case Return::kGpuIsLost: return absl::StatusCode::kUnavailable;
+    case Return::kNoData:
+      return absl::StatusCode::kNotFound;
+    case Return::kTimeout:
+      return absl::StatusCode::kDeadlineExceeded;
+    case Return::kGpuIsLost:
+      return absl::StatusCode::kUnavailable;
     case Return::kUninitialized:
-    case Return::kDriverNotLoaded: return absl::StatusCode::kFailedPrecondition;
-    case Return::kInUse: return absl::StatusCode::kAborted;
-    default: return absl::StatusCode::kInternal;
+    case Return::kDriverNotLoaded:
+      return absl::StatusCode::kFailedPrecondition;
+    case Return::kInUse:
+      return absl::StatusCode::kAborted;
+    default:
+      return absl::StatusCode::kInternal;
   }
 }
 
 absl::Status NvmlError(const Library::Symbols& s, const char* call, int rc) {
-  const char* text = s.nvmlErrorString != nullptr
-                         ? s.nvmlErrorString(static_cast<nvmlReturn_t>(rc))
-                         : "unknown error";
+  const char* text = s.nvmlErrorString != nullptr ? s.nvmlErrorString(static_cast<nvmlReturn_t>(rc)) : "unknown error";
   absl::Status status(CodeFor(rc), Cat(call, ": ", text, " (NVML error ", rc, ")"));
   status.SetPayload(kPayloadKey, absl::Cord(std::to_string(rc)));
   return status;
@@ -144,7 +145,9 @@ absl::Status Call(const Library::Symbols& s, const char* name, Fn fn, A... args)
 
 #define KGPU_CALL(fn, ...) Call(*syms_, #fn, syms_->fn, __VA_ARGS__)
 
-nvmlDevice_t H(Device d) { return static_cast<nvmlDevice_t>(d.handle); }
+nvmlDevice_t H(Device d) {
+  return static_cast<nvmlDevice_t>(d.handle);
+}
 
 void* Resolve(void* dl, std::initializer_list<const char*> names) {
   for (const char* n : names) {
@@ -162,8 +165,7 @@ constexpr const char* kSoname = "libnvidia-ml.so.1";
 // Driver locations outside the loader's default path: the NVIDIA container toolkit's and the
 // GPU Operator's driver roots.
 constexpr const char* kExtraDirs[] = {"/usr/local/nvidia/lib64", "/usr/local/nvidia/lib",
-                                      "/run/nvidia/driver/usr/lib/x86_64-linux-gnu",
-                                      "/run/nvidia/driver/usr/lib64"};
+                                      "/run/nvidia/driver/usr/lib/x86_64-linux-gnu", "/run/nvidia/driver/usr/lib64"};
 
 }  // namespace
 
@@ -180,12 +182,16 @@ bool IsNoValue(const absl::Status& status) {
     case Return::kNoPermission:
     case Return::kNotFound:
     case Return::kNoData:
-    case Return::kFunctionNotFound: return true;
-    default: return false;
+    case Return::kFunctionNotFound:
+      return true;
+    default:
+      return false;
   }
 }
 
-bool IsGpuLost(const absl::Status& status) { return ReturnOf(status) == Return::kGpuIsLost; }
+bool IsGpuLost(const absl::Status& status) {
+  return ReturnOf(status) == Return::kGpuIsLost;
+}
 
 std::vector<std::string> Library::SearchPath() {
   std::vector<std::string> dirs;
@@ -225,17 +231,15 @@ absl::StatusOr<std::unique_ptr<Library>> Library::Open(const LoadOptions& option
   }
   Symbols& s = *lib->syms_;
   std::string missing;
-#define KGPU_REQ(name, ...)                                                         \
-  s.name = reinterpret_cast<decltype(s.name)>(Resolve(lib->dl_, {__VA_ARGS__}));    \
+#define KGPU_REQ(name, ...)                                                      \
+  s.name = reinterpret_cast<decltype(s.name)>(Resolve(lib->dl_, {__VA_ARGS__})); \
   if (s.name == nullptr) missing += Cat(missing.empty() ? "" : ", ", #name);
-#define KGPU_OPT(name, ...) \
-  s.name = reinterpret_cast<decltype(s.name)>(Resolve(lib->dl_, {__VA_ARGS__}));
+#define KGPU_OPT(name, ...) s.name = reinterpret_cast<decltype(s.name)>(Resolve(lib->dl_, {__VA_ARGS__}));
   KGPU_NVML_ENTRIES(KGPU_REQ, KGPU_OPT)
 #undef KGPU_REQ
 #undef KGPU_OPT
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(s.nvmlShutdown != nullptr ? s.nvmlShutdown : nullptr), &info) !=
-          0 &&
+  if (dladdr(reinterpret_cast<void*>(s.nvmlShutdown != nullptr ? s.nvmlShutdown : nullptr), &info) != 0 &&
       info.dli_fname != nullptr) {
     lib->path_ = info.dli_fname;
   } else {
@@ -244,9 +248,8 @@ absl::StatusOr<std::unique_ptr<Library>> Library::Open(const LoadOptions& option
   if (!missing.empty()) {
     dlclose(lib->dl_);
     lib->dl_ = nullptr;
-    return absl::FailedPreconditionError(
-        Cat(lib->path_, " is not a usable NVML library: it lacks ", missing,
-            " (install a driver of release 450 or newer)"));
+    return absl::FailedPreconditionError(Cat(lib->path_, " is not a usable NVML library: it lacks ", missing,
+                                             " (install a driver of release 450 or newer)"));
   }
   const nvmlReturn_t rc = s.nvmlInit_v2();
   if (rc != NVML_SUCCESS) {
@@ -257,16 +260,21 @@ absl::StatusOr<std::unique_ptr<Library>> Library::Open(const LoadOptions& option
     // nvmlErrorString gave) is the whole story.
     const char* hint = "";
     switch (rc) {
-      case NVML_ERROR_DRIVER_NOT_LOADED: hint = ": is the NVIDIA kernel driver loaded (lsmod | grep nvidia)?"; break;
+      case NVML_ERROR_DRIVER_NOT_LOADED:
+        hint = ": is the NVIDIA kernel driver loaded (lsmod | grep nvidia)?";
+        break;
       case NVML_ERROR_NO_PERMISSION:
-        hint = ": this process may not open the GPU device nodes (/dev/nvidiactl, /dev/nvidia*): run it as root or "
-               "give the container the devices";
+        hint =
+            ": this process may not open the GPU device nodes (/dev/nvidiactl, /dev/nvidia*): run it as root or "
+            "give the container the devices";
         break;
       case NVML_ERROR_LIB_RM_VERSION_MISMATCH:
-        hint = ": the library and the kernel driver are of different versions (reboot after a driver upgrade, or "
-               "mount the driver's own libnvidia-ml.so.1)";
+        hint =
+            ": the library and the kernel driver are of different versions (reboot after a driver upgrade, or "
+            "mount the driver's own libnvidia-ml.so.1)";
         break;
-      default: break;
+      default:
+        break;
     }
     absl::Status out(st.code(), Cat(st.message(), " with ", lib->path_, hint));
     st.ForEachPayload([&](auto key, const absl::Cord& value) { out.SetPayload(key, value); });
@@ -275,7 +283,9 @@ absl::StatusOr<std::unique_ptr<Library>> Library::Open(const LoadOptions& option
   return lib;
 }
 
-int Library::calls_in_flight() const { return syms_->in_flight.load(std::memory_order_acquire); }
+int Library::calls_in_flight() const {
+  return syms_->in_flight.load(std::memory_order_acquire);
+}
 
 Library::~Library() {
   if (dl_ == nullptr) return;
@@ -500,8 +510,7 @@ absl::Status Library::CreateFullComputeInstance(const GpuInstance& gi, unsigned 
     nvmlComputeInstance_t ci = nullptr;
     return KGPU_CALL(nvmlGpuInstanceCreateComputeInstance, h, info.id, &ci);
   }
-  return NvmlError(*syms_, "nvmlGpuInstanceGetComputeInstanceProfileInfo",
-                   static_cast<int>(Return::kNotSupported));
+  return NvmlError(*syms_, "nvmlGpuInstanceGetComputeInstanceProfileInfo", static_cast<int>(Return::kNotSupported));
 }
 
 absl::Status Library::DestroyComputeInstance(void* ci) const {
@@ -550,8 +559,7 @@ absl::StatusOr<std::vector<MigDeviceInfo>> Library::MigDevices(Device gpu) const
         KGPU_CALL(nvmlGpuInstanceGetInfo, gi, &gi_info).ok()) {
       for (unsigned p = 0; p < NVML_GPU_INSTANCE_PROFILE_COUNT; ++p) {
         nvmlGpuInstanceProfileInfo_t pi{};
-        if (KGPU_CALL(nvmlDeviceGetGpuInstanceProfileInfo, H(gpu), p, &pi).ok() &&
-            pi.id == gi_info.profileId) {
+        if (KGPU_CALL(nvmlDeviceGetGpuInstanceProfileInfo, H(gpu), p, &pi).ok() && pi.id == gi_info.profileId) {
           info.profile_index = p;
           info.memory_mib = pi.memorySizeMB;
           break;
@@ -653,20 +661,18 @@ absl::StatusOr<uint64_t> Library::EccErrors(Device d, bool uncorrected, bool agg
 
 absl::StatusOr<Library::RemappedRows> Library::GetRemappedRows(Device d) const {
   RemappedRows r;
-  if (auto st = KGPU_CALL(nvmlDeviceGetRemappedRows, H(d), &r.correctable, &r.uncorrectable, &r.pending,
-                          &r.failure);
+  if (auto st = KGPU_CALL(nvmlDeviceGetRemappedRows, H(d), &r.correctable, &r.uncorrectable, &r.pending, &r.failure);
       !st.ok()) {
     return st;
   }
   return r;
 }
 
-absl::StatusOr<std::vector<std::optional<uint64_t>>> Library::FieldValues(
-    Device d, const std::vector<unsigned>& ids) const {
+absl::StatusOr<std::vector<std::optional<uint64_t>>> Library::FieldValues(Device d,
+                                                                          const std::vector<unsigned>& ids) const {
   std::vector<nvmlFieldValue_t> values(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) values[i].fieldId = ids[i];
-  if (auto st = KGPU_CALL(nvmlDeviceGetFieldValues, H(d), static_cast<int>(values.size()), values.data());
-      !st.ok()) {
+  if (auto st = KGPU_CALL(nvmlDeviceGetFieldValues, H(d), static_cast<int>(values.size()), values.data()); !st.ok()) {
     return st;
   }
   std::vector<std::optional<uint64_t>> out;
@@ -676,12 +682,24 @@ absl::StatusOr<std::vector<std::optional<uint64_t>>> Library::FieldValues(
       continue;
     }
     switch (v.valueType) {
-      case NVML_VALUE_TYPE_DOUBLE: out.emplace_back(static_cast<uint64_t>(v.value.dVal)); break;
-      case NVML_VALUE_TYPE_UNSIGNED_INT: out.emplace_back(v.value.uiVal); break;
-      case NVML_VALUE_TYPE_UNSIGNED_LONG: out.emplace_back(v.value.ulVal); break;
-      case NVML_VALUE_TYPE_SIGNED_LONG_LONG: out.emplace_back(static_cast<uint64_t>(v.value.sllVal)); break;
-      case NVML_VALUE_TYPE_SIGNED_INT: out.emplace_back(static_cast<uint64_t>(v.value.siVal)); break;
-      default: out.emplace_back(v.value.ullVal); break;
+      case NVML_VALUE_TYPE_DOUBLE:
+        out.emplace_back(static_cast<uint64_t>(v.value.dVal));
+        break;
+      case NVML_VALUE_TYPE_UNSIGNED_INT:
+        out.emplace_back(v.value.uiVal);
+        break;
+      case NVML_VALUE_TYPE_UNSIGNED_LONG:
+        out.emplace_back(v.value.ulVal);
+        break;
+      case NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        out.emplace_back(static_cast<uint64_t>(v.value.sllVal));
+        break;
+      case NVML_VALUE_TYPE_SIGNED_INT:
+        out.emplace_back(static_cast<uint64_t>(v.value.siVal));
+        break;
+      default:
+        out.emplace_back(v.value.ullVal);
+        break;
     }
   }
   return out;
@@ -703,7 +721,8 @@ absl::StatusOr<std::vector<Library::ProcessInfo>> ProcessList(const Library::Sym
     if (!st.ok()) return st;
     std::vector<Library::ProcessInfo> out;
     for (unsigned i = 0; i < count; ++i) {
-      out.push_back({infos[i].pid, infos[i].usedGpuMemory, infos[i].gpuInstanceId, infos[i].computeInstanceId, mps_client});
+      out.push_back(
+          {infos[i].pid, infos[i].usedGpuMemory, infos[i].gpuInstanceId, infos[i].computeInstanceId, mps_client});
     }
     return out;
   }
@@ -732,8 +751,7 @@ absl::StatusOr<std::vector<Library::ProcessInfo>> Library::ComputeProcesses(Devi
   return out;
 }
 
-absl::StatusOr<std::vector<Library::ProcessSample>> Library::ProcessUtilization(Device d,
-                                                                              uint64_t last_seen_us) const {
+absl::StatusOr<std::vector<Library::ProcessSample>> Library::ProcessUtilization(Device d, uint64_t last_seen_us) const {
   unsigned count = 0;
   auto st = KGPU_CALL(nvmlDeviceGetProcessUtilization, H(d), nullptr, &count, last_seen_us);
   if (ReturnOf(st) == Return::kNotFound) return std::vector<ProcessSample>{};
@@ -771,12 +789,11 @@ absl::Status EventSet::Register(Device device, uint64_t types) const {
 absl::StatusOr<std::optional<Event>> EventSet::Wait(unsigned timeout_ms) const {
   const Library::Symbols& s = *lib_.syms_;
   nvmlEventData_t data{};
-  auto st = Call(s, "nvmlEventSetWait", s.nvmlEventSetWait_v2, static_cast<nvmlEventSet_t>(set_),
-                 &data, timeout_ms);
+  auto st = Call(s, "nvmlEventSetWait", s.nvmlEventSetWait_v2, static_cast<nvmlEventSet_t>(set_), &data, timeout_ms);
   if (ReturnOf(st) == Return::kTimeout) return std::optional<Event>();
   if (!st.ok()) return st;
-  return std::optional<Event>(Event{Device{data.device}, data.eventType, data.eventData,
-                                    data.gpuInstanceId, data.computeInstanceId});
+  return std::optional<Event>(
+      Event{Device{data.device}, data.eventType, data.eventData, data.gpuInstanceId, data.computeInstanceId});
 }
 
 }  // namespace kgpu::nvml

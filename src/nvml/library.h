@@ -228,8 +228,7 @@ class Library {
   absl::StatusOr<uint64_t> EccErrors(Device d, bool uncorrected, bool aggregate) const;
   absl::StatusOr<RemappedRows> GetRemappedRows(Device d) const;
   // nvmlDeviceGetFieldValues: one entry per id, nullopt where NVML has no value for it.
-  absl::StatusOr<std::vector<std::optional<uint64_t>>> FieldValues(Device d,
-                                                                   const std::vector<unsigned>& ids) const;
+  absl::StatusOr<std::vector<std::optional<uint64_t>>> FieldValues(Device d, const std::vector<unsigned>& ids) const;
   // Compute processes, and MPS client processes (merged, by pid).
   absl::StatusOr<std::vector<ProcessInfo>> ComputeProcesses(Device d) const;
   absl::StatusOr<std::vector<ProcessSample>> ProcessUtilization(Device d, uint64_t last_seen_us) const;

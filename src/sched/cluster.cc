@@ -64,9 +64,8 @@ absl::StatusOr<int> Cluster::AddNode(const NodeSpec& spec, uint64_t rank) {
     GpuState g;
     g.model = InternModel(gs.model);
     if (g.model < 0) {
-      return absl::ResourceExhaustedError(
-          Cat("node ", spec.name, ": GPU model ", gs.model, " is one more than the ", kMaxModels,
-              " distinct models the engine supports"));
+      return absl::ResourceExhaustedError(Cat("node ", spec.name, ": GPU model ", gs.model, " is one more than the ",
+                                              kMaxModels, " distinct models the engine supports"));
     }
     if (gs.memory_mib < 0) return absl::InvalidArgumentError(Cat("node ", spec.name, ": GPU ", i, " memory < 0"));
     g.memory_mib = g.free_memory_mib = gs.memory_mib;
@@ -76,8 +75,8 @@ absl::StatusOr<int> Cluster::AddNode(const NodeSpec& spec, uint64_t rank) {
     int slices = 0;
     for (const auto& inst : gs.mig) {
       if (inst.compute_slices <= 0 || inst.milli <= 0 || inst.milli > kMilli) {
-        return absl::InvalidArgumentError(Cat("node ", spec.name, ": GPU ", i, ": MIG instance ",
-                                              inst.profile, " needs 1..7 compute slices"));
+        return absl::InvalidArgumentError(
+            Cat("node ", spec.name, ": GPU ", i, ": MIG instance ", inst.profile, " needs 1..7 compute slices"));
       }
       slices += inst.compute_slices;
     }
@@ -198,8 +197,7 @@ absl::Status Cluster::SetGpuUntracked(std::string_view node, int gpu, int64_t mi
 absl::StatusOr<Request> Cluster::Compile(const PodRequest& pod) const {
   Request r;
   r.name = pod.name;
-  if (pod.cpu_milli < 0 || pod.memory_mib < 0 || pod.num_gpus < 0 || pod.gpu_milli < 0 ||
-      pod.gpu_memory_mib < 0) {
+  if (pod.cpu_milli < 0 || pod.memory_mib < 0 || pod.num_gpus < 0 || pod.gpu_milli < 0 || pod.gpu_memory_mib < 0) {
     return absl::InvalidArgumentError(Cat("pod ", pod.name, ": requests must be >= 0"));
   }
   if (pod.gpu_milli > kMilli) {
@@ -303,8 +301,8 @@ absl::Status Cluster::Bind(const Request& req, const Placement& p) {
     return absl::FailedPreconditionError(Cat("pod ", req.name, ": node ", n.name, " lacks CPU, memory or a pod slot"));
   }
   if (static_cast<int>(p.gpus.size()) != (req.CpuOnly() ? 0 : req.num_gpus)) {
-    return absl::InvalidArgumentError(Cat("pod ", req.name, ": placement has ", p.gpus.size(),
-                                          " GPUs for a request of ", req.num_gpus));
+    return absl::InvalidArgumentError(
+        Cat("pod ", req.name, ": placement has ", p.gpus.size(), " GPUs for a request of ", req.num_gpus));
   }
   for (size_t i = 0; i < p.gpus.size(); ++i) {
     const int g = p.gpus[i];
@@ -322,7 +320,8 @@ absl::Status Cluster::Bind(const Request& req, const Placement& p) {
     if (req.Mig()) {
       int inst = -1;
       if (p.mig_instance >= 0 && p.mig_instance < static_cast<int>(g.mig.size()) &&
-          !g.mig_used[static_cast<size_t>(p.mig_instance)] && g.mig[static_cast<size_t>(p.mig_instance)].profile == req.mig_profile) {
+          !g.mig_used[static_cast<size_t>(p.mig_instance)] &&
+          g.mig[static_cast<size_t>(p.mig_instance)].profile == req.mig_profile) {
         inst = p.mig_instance;
       }
       for (size_t i = 0; inst < 0 && i < g.mig.size(); ++i) {

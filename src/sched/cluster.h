@@ -23,19 +23,19 @@ namespace kgpu::sched {
 inline constexpr int kMaxModels = 64;
 
 struct GpuState {
-  int model = -1;              // interned model id
+  int model = -1;  // interned model id
   int64_t memory_mib = 0;
   int free_milli = kMilli;
   int64_t free_memory_mib = 0;
   bool healthy = true;
   int nvlink_island = -1;
-  int pods = 0;                // pods using this GPU
-  int max_shares = 0;          // 0: no limit
+  int pods = 0;        // pods using this GPU
+  int max_shares = 0;  // 0: no limit
   // Memory in use that no placement here accounts for (another user of the GPU, seen by its node's
   // NVML report): out of free_memory_mib, and the GPU is not free for a whole-GPU pod.
   int64_t untracked_mib = 0;
   std::vector<MigInstance> mig;
-  std::vector<int> mig_used;   // per instance: 1 when taken
+  std::vector<int> mig_used;  // per instance: 1 when taken
   bool IsMig() const { return !mig.empty(); }
   bool FullyFree() const { return pods == 0 && free_milli == kMilli && untracked_mib == 0; }
 };
@@ -49,9 +49,9 @@ struct NodeState {
   int pods = 0;
   std::map<std::string, std::string> labels;
   std::vector<GpuState> gpus;
-  int model = -1;              // the model id of all its GPUs; -1: none or mixed
-  uint64_t rank = 0;           // tie-break order (lower first), fixed per seed
-  uint64_t version = 0;        // bumped on every change
+  int model = -1;        // the model id of all its GPUs; -1: none or mixed
+  uint64_t rank = 0;     // tie-break order (lower first), fixed per seed
+  uint64_t version = 0;  // bumped on every change
   int64_t FreeGpuMilli() const;
   int FullyFreeGpus() const;
 };
@@ -61,8 +61,8 @@ struct Request {
   std::string name;
   int64_t cpu = 0, memory = 0;
   int num_gpus = 0;
-  int milli = 0;               // per GPU (1000 for whole GPUs)
-  int64_t gpu_memory = 0;      // per GPU
+  int milli = 0;           // per GPU (1000 for whole GPUs)
+  int64_t gpu_memory = 0;  // per GPU
   std::string mig_profile;
   uint64_t models = ~uint64_t{0};  // allowed model ids
   bool whole = false;

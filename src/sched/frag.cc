@@ -7,7 +7,7 @@
 namespace kgpu::sched {
 
 namespace {
-constexpr size_t kMemoGpus = 8;        // nodes with more GPUs are evaluated without the memo
+constexpr size_t kMemoGpus = 8;         // nodes with more GPUs are evaluated without the memo
 constexpr size_t kMemoLimit = 1 << 22;  // entries; the memo restarts beyond this
 }  // namespace
 
@@ -136,8 +136,8 @@ double FragModel::NodeFragAfter(const NodeState& node, int64_t cpu, const int* t
     }
     sorted[j] = free[i];
   }
-  const auto bucket = static_cast<uint64_t>(
-      std::upper_bound(cpu_thresholds_.begin(), cpu_thresholds_.end(), cpu_free) - cpu_thresholds_.begin());
+  const auto bucket = static_cast<uint64_t>(std::upper_bound(cpu_thresholds_.begin(), cpu_thresholds_.end(), cpu_free) -
+                                            cpu_thresholds_.begin());
   uint64_t k0 = static_cast<uint64_t>(node.model) | (bucket << 6) | (uint64_t{n} << 14) |
                 (static_cast<uint64_t>(sorted[6]) << 18) | (static_cast<uint64_t>(sorted[7]) << 28);
   uint64_t k1 = 0;
@@ -152,7 +152,9 @@ double FragModel::NodeFragAfter(const NodeState& node, int64_t cpu, const int* t
   return f;
 }
 
-double FragModel::NodeFrag(const NodeState& node) { return NodeFragAfter(node, 0, nullptr); }
+double FragModel::NodeFrag(const NodeState& node) {
+  return NodeFragAfter(node, 0, nullptr);
+}
 
 void ShapeEstimator::Observe(const Shape& s) {
   ++observed_;

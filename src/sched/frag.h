@@ -26,10 +26,10 @@ namespace kgpu::sched {
 
 struct Shape {
   int64_t cpu = 0;
-  int num_gpus = 0;           // 0: CPU-only
-  int milli = 0;              // per GPU
+  int num_gpus = 0;  // 0: CPU-only
+  int milli = 0;     // per GPU
   uint64_t models = ~uint64_t{0};
-  double weight = 0;          // popularity (the weights of a workload sum to 1)
+  double weight = 0;  // popularity (the weights of a workload sum to 1)
   bool operator==(const Shape& o) const {
     return cpu == o.cpu && num_gpus == o.num_gpus && milli == o.milli && models == o.models;
   }
@@ -74,9 +74,7 @@ class FragModel {
 class ShapeEstimator {
  public:
   explicit ShapeEstimator(double half_life = 10000, double coverage = 1.0, size_t max_shapes = 200)
-      : decay_(half_life > 0 ? std::exp2(-1.0 / half_life) : 1.0),
-        coverage_(coverage),
-        max_shapes_(max_shapes) {}
+      : decay_(half_life > 0 ? std::exp2(-1.0 / half_life) : 1.0), coverage_(coverage), max_shapes_(max_shapes) {}
   void Observe(const Shape& s);
   std::vector<Shape> Snapshot() const;
   uint64_t observed() const { return observed_; }

@@ -44,7 +44,9 @@ void FillGpus(const Cluster& c, const Request& req, const NodeState& n, int sing
   }
 }
 
-double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double Sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
 
 // ------------------------------------------------------------------ random
 class RandomPolicy : public Policy {
@@ -213,7 +215,8 @@ class FragPolicyBase : public Policy {
     take_.assign(n.gpus.size(), 0);
     if (single >= 0) take_[static_cast<size_t>(single)] = req.milli;
     if (set != nullptr) {
-      for (int g : *set) take_[static_cast<size_t>(g)] = req.whole ? n.gpus[static_cast<size_t>(g)].free_milli : req.milli;
+      for (int g : *set)
+        take_[static_cast<size_t>(g)] = req.whole ? n.gpus[static_cast<size_t>(g)].free_milli : req.milli;
     }
     return model_.NodeFragAfter(n, req.cpu, take_.data());
   }
@@ -404,7 +407,7 @@ class OursPolicy : public FragPolicyBase {
   bool online_;
   ShapeEstimator estimator_;
   double decay_;
-  double rho_ = 0;    // milli-CPU per milli-GPU of the GPU shapes
+  double rho_ = 0;  // milli-CPU per milli-GPU of the GPU shapes
   std::vector<double> fits_ = std::vector<double>(kMilli + 1, 0.0);
   double sigma_ = 0;  // MiB per milli-GPU of the arrived GPU pods (decayed)
   double memory_sum_ = 0, milli_sum_ = 0;
@@ -450,7 +453,9 @@ Placement Policy::Choose(const Cluster& c, const Request& req) {
   return best_node < 0 ? Placement{} : best.placement;
 }
 
-std::vector<std::string> PolicyNames() { return {"random", "bestfit", "packing", "spread", "fgd", "ours"}; }
+std::vector<std::string> PolicyNames() {
+  return {"random", "bestfit", "packing", "spread", "fgd", "ours"};
+}
 
 absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view name, const PolicyOptions& o) {
   if (name == "random") return std::unique_ptr<Policy>(new RandomPolicy(o.seed));
@@ -464,8 +469,7 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view name, const 
     return std::unique_ptr<Policy>(new FgdPolicy(o.shapes));
   }
   if (name == "ours") return std::unique_ptr<Policy>(new OursPolicy(o.shapes, o.half_life));
-  return absl::InvalidArgumentError(
-      Cat("policy '", name, "': unknown (use one of ", Join(PolicyNames(), ", "), ")"));
+  return absl::InvalidArgumentError(Cat("policy '", name, "': unknown (use one of ", Join(PolicyNames(), ", "), ")"));
 }
 
 }  // namespace kgpu::sched

@@ -46,7 +46,7 @@ struct PolicyOptions {
   // distribution is learned online from the arrived pods.
   std::vector<Shape> shapes;
   double half_life = 10000;  // ours, online: the decay of the learned distribution, in arrivals
-  uint64_t seed = 42;       // random
+  uint64_t seed = 42;        // random
 };
 
 class Policy {

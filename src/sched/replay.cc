@@ -28,8 +28,8 @@ absl::StatusOr<MigInstance> ParseProfile(std::string_view p, std::string_view sp
     memory = std::stoi(std::string(p.substr(g + 2, p.size() - g - 4)));
   }
   if (!ok || compute < 1 || compute > 7 || memory < 1) {
-    return absl::InvalidArgumentError(Cat("--sharing ", spec, ": '", p,
-                                          "' is not a MIG profile like 1g.10gb or 3g.40gb (compute slices 1-7)"));
+    return absl::InvalidArgumentError(
+        Cat("--sharing ", spec, ": '", p, "' is not a MIG profile like 1g.10gb or 3g.40gb (compute slices 1-7)"));
   }
   MigInstance m;
   m.profile = std::string(p);
@@ -39,15 +39,16 @@ absl::StatusOr<MigInstance> ParseProfile(std::string_view p, std::string_view sp
   return m;
 }
 
-double Round2(double v) { return std::nearbyint(v * 100.0) / 100.0; }
+double Round2(double v) {
+  return std::nearbyint(v * 100.0) / 100.0;
+}
 
 // The paper's arrival sequence: the name-sorted pods shuffled with the seed, then
 // TunePodsByNodeTotalResource: while the GPU demand is below the target, a clone of a random pod
 // of the name-sorted list (`<name>-tuned-<k>`) is appended at the end; the simulator stops at the
 // first drawn pod whose per-GPU milli would take the demand past the target (that pod is not
 // added). A workload above the target has random pods removed instead.
-std::vector<PodRequest> ArrivalOrder(const std::vector<PodRequest>& sorted, int64_t capacity, double target,
-                                     Rng& rng) {
+std::vector<PodRequest> ArrivalOrder(const std::vector<PodRequest>& sorted, int64_t capacity, double target, Rng& rng) {
   const auto demand_of = [](const PodRequest& p) { return int64_t{p.num_gpus} * p.gpu_milli; };
   std::vector<PodRequest> out = sorted;
   rng.Shuffle(out);
@@ -148,14 +149,17 @@ absl::StatusOr<Sharing> ParseSharing(std::string_view spec) {
       }
     }
     if (s.layout.empty()) {
-      return absl::InvalidArgumentError(Cat("--sharing ", spec, ": name a layout, e.g. mig:1g.10gb*7 or mig:3g.40gb+4g.40gb"));
+      return absl::InvalidArgumentError(
+          Cat("--sharing ", spec, ": name a layout, e.g. mig:1g.10gb*7 or mig:3g.40gb+4g.40gb"));
     }
     if (slices > 7) {
-      return absl::InvalidArgumentError(Cat("--sharing ", spec, ": the layout uses ", slices, " compute slices (a GPU has 7)"));
+      return absl::InvalidArgumentError(
+          Cat("--sharing ", spec, ": the layout uses ", slices, " compute slices (a GPU has 7)"));
     }
     return s;
   }
-  return absl::InvalidArgumentError(Cat("--sharing ", spec, ": unknown (use timeslice, mps, mps:<clients> or mig:<layout>)"));
+  return absl::InvalidArgumentError(
+      Cat("--sharing ", spec, ": unknown (use timeslice, mps, mps:<clients> or mig:<layout>)"));
 }
 
 std::string ShapeClass(const PodRequest& p) {
@@ -312,8 +316,10 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<NodeSpec>& node_specs, con
       if (p.ok()) {
         ++res.placed;
         log_placement(arrivals[i].pod, &*p, now);
-        if (arrivals[i].deletion > now) leaving.emplace(arrivals[i].deletion, i);
-        else if (arrivals[i].deletion >= 0) leaving.emplace(now, i);
+        if (arrivals[i].deletion > now)
+          leaving.emplace(arrivals[i].deletion, i);
+        else if (arrivals[i].deletion >= 0)
+          leaving.emplace(now, i);
         return true;
       }
       if (p.status().code() != absl::StatusCode::kResourceExhausted) return p.status();

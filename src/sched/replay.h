@@ -1,9 +1,9 @@
 #pragma once
-// Trace replay, exactly as the FGD paper's simulator does it (Weng et al., USENIX ATC'23, and its open simulator): pods sorted by
-// name and shuffled with the seed, then random clones `<name>-tuned-<k>` appended at the end until
-// the arrived GPU demand reaches the target (130 % of the cluster's GPUs), scheduled one at a
-// time; a pod that does not fit fails and is not retried (docs/sim.md). The KPI: the GPU allocation ratio at x % arrived demand (the
-// mean of round(alloc %, 2) over the arrivals whose round(arrived %) is x).
+// Trace replay, exactly as the FGD paper's simulator does it (Weng et al., USENIX ATC'23, and its open simulator): pods
+// sorted by name and shuffled with the seed, then random clones `<name>-tuned-<k>` appended at the end until the
+// arrived GPU demand reaches the target (130 % of the cluster's GPUs), scheduled one at a time; a pod that does not fit
+// fails and is not retried (docs/sim.md). The KPI: the GPU allocation ratio at x % arrived demand (the mean of
+// round(alloc %, 2) over the arrivals whose round(arrived %) is x).
 //
 // Beyond the paper: a dynamic replay (pods leave at their deletion time; a pod that does not fit
 // waits and is retried when something leaves) and sharing modes for planning (time-slicing,
@@ -37,19 +37,19 @@ absl::StatusOr<Sharing> ParseSharing(std::string_view spec);
 struct ReplayOptions {
   std::string policy = "ours";  // a policy name, or "ours-trace": ours given the trace's shapes
   uint64_t seed = 42;
-  double target = 1.3;          // arrived GPU demand / cluster GPU capacity
+  double target = 1.3;  // arrived GPU demand / cluster GPU capacity
   Sharing sharing;
   bool departures = false;
-  double half_life = 10000;      // ours, online
+  double half_life = 10000;  // ours, online
   bool keep_log = false;
 };
 
 struct LogEntry {
   std::string pod;
-  int node = -1;                // -1: failed
+  int node = -1;  // -1: failed
   std::vector<int> gpus;
   int milli_each = 0;
-  int64_t time = -1;            // departures: when it was placed
+  int64_t time = -1;  // departures: when it was placed
 };
 
 struct ReplayResult {
@@ -61,16 +61,16 @@ struct ReplayResult {
   std::map<int, double> curve;
   double AllocAt(int percent) const;
   int64_t arrived = 0, placed = 0, failed = 0;
-  std::map<std::string, int64_t> failed_by_shape;   // "cpu", "share", "1-gpu", ..., "mig"
+  std::map<std::string, int64_t> failed_by_shape;  // "cpu", "share", "1-gpu", ..., "mig"
   std::map<std::string, int64_t> arrived_by_shape;
-  double final_alloc = 0;        // % at the end
-  double frag_milli = 0;         // fragmentation at the end, for the trace's typical pods
+  double final_alloc = 0;  // % at the end
+  double frag_milli = 0;   // fragmentation at the end, for the trace's typical pods
   double idle_milli = 0;
   size_t typical_shapes = 0;
-  std::vector<LogEntry> log;     // keep_log: every arrival in order (placements for departures)
+  std::vector<LogEntry> log;  // keep_log: every arrival in order (placements for departures)
   // Departures only.
   std::vector<std::pair<int64_t, double>> timeline;  // (time s, allocation %), about 200 points
-  double mean_alloc = 0;         // time-weighted over the arrivals' span
+  double mean_alloc = 0;                             // time-weighted over the arrivals' span
   double pending_p50 = 0, pending_p99 = 0, pending_max = 0, pending_mean = 0;  // seconds
   int64_t waited = 0, never_placed = 0;
 };

@@ -69,8 +69,8 @@ class Table {
     t.source_ = std::string(source);
     t.lines_ = Lines(text).lines;
     if (t.lines_.empty()) {
-      return absl::InvalidArgumentError(Cat(source, ": empty; a ", kind, " CSV starts with the header ",
-                                            Join(required, ",")));
+      return absl::InvalidArgumentError(
+          Cat(source, ": empty; a ", kind, " CSV starts with the header ", Join(required, ",")));
     }
     const auto header = SplitFields(t.lines_[0].second);
     for (size_t i = 0; i < header.size(); ++i) {
@@ -140,9 +140,9 @@ bool ValidName(std::string_view s) {
 }  // namespace
 
 int64_t KnownGpuMemoryMib(std::string_view model) {
-  static const std::map<std::string_view, int64_t> kMemory = {
-      {"P100", 16384}, {"V100M16", 16384}, {"V100M32", 32768}, {"T4", 15360}, {"A10", 24576},
-      {"A100", 81920}, {"H100", 81920}, {"H200", 143771}, {"L4", 23034}};
+  static const std::map<std::string_view, int64_t> kMemory = {{"P100", 16384}, {"V100M16", 16384}, {"V100M32", 32768},
+                                                              {"T4", 15360},   {"A10", 24576},     {"A100", 81920},
+                                                              {"H100", 81920}, {"H200", 143771},   {"L4", 23034}};
   auto it = kMemory.find(model);
   return it == kMemory.end() ? 0 : it->second;
 }

@@ -22,8 +22,8 @@ namespace kgpu::sched {
 
 struct TracePod {
   PodRequest request;
-  std::string gpu_spec;     // as written
-  int64_t creation = -1;    // seconds; -1: not given
+  std::string gpu_spec;   // as written
+  int64_t creation = -1;  // seconds; -1: not given
   int64_t deletion = -1;
 };
 

@@ -18,18 +18,18 @@ inline constexpr int kDefaultMaxPods = 1001;
 
 // A MIG GPU instance: a fixed slice of one GPU.
 struct MigInstance {
-  std::string profile;      // e.g. "1g.10gb"
-  int compute_slices = 1;   // out of the GPU's 7
+  std::string profile;     // e.g. "1g.10gb"
+  int compute_slices = 1;  // out of the GPU's 7
   int64_t memory_mib = 0;
-  int milli = 0;            // its share of the GPU in milli-GPU (slices * 1000 / 7)
+  int milli = 0;  // its share of the GPU in milli-GPU (slices * 1000 / 7)
 };
 
 struct GpuSpec {
-  std::string model;        // e.g. "A100-SXM4-80GB", "T4", "G2"
-  int64_t memory_mib = 0;   // 0: unknown (then requests by GPU memory cannot use this GPU)
+  std::string model;       // e.g. "A100-SXM4-80GB", "T4", "G2"
+  int64_t memory_mib = 0;  // 0: unknown (then requests by GPU memory cannot use this GPU)
   bool healthy = true;
-  int nvlink_island = -1;   // GPUs with the same island id are NVLink peers; -1: none
-  int max_shares = 0;       // at most this many pods share the GPU (MPS clients); 0: no limit
+  int nvlink_island = -1;        // GPUs with the same island id are NVLink peers; -1: none
+  int max_shares = 0;            // at most this many pods share the GPU (MPS clients); 0: no limit
   std::vector<MigInstance> mig;  // non-empty: the GPU is in MIG mode with these instances
 };
 
@@ -53,25 +53,23 @@ struct PodRequest {
   int64_t cpu_milli = 0;
   int64_t memory_mib = 0;
   int num_gpus = 0;
-  int gpu_milli = 0;            // per GPU
-  int64_t gpu_memory_mib = 0;   // per GPU
+  int gpu_milli = 0;           // per GPU
+  int64_t gpu_memory_mib = 0;  // per GPU
   std::string mig_profile;
   std::vector<std::string> allowed_models;  // empty: any model
   std::vector<std::string> denied_models;
 
   bool WantsGpu() const { return num_gpus > 0 || !mig_profile.empty(); }
-  bool WholeGpus() const {
-    return mig_profile.empty() && num_gpus > 0 && gpu_milli >= kMilli && gpu_memory_mib == 0;
-  }
+  bool WholeGpus() const { return mig_profile.empty() && num_gpus > 0 && gpu_milli >= kMilli && gpu_memory_mib == 0; }
 };
 
 // Where a pod goes: the node and the exact GPUs (indices on the node), and for MIG the instance.
 struct Placement {
-  int node = -1;                 // node id in the Cluster
-  std::vector<int> gpus;         // GPU indices on the node, ascending
-  int milli_each = 0;            // milli-GPU taken on each GPU (1000 for whole GPUs)
-  int64_t memory_mib_each = 0;   // GPU memory taken on each GPU
-  int mig_instance = -1;         // index into GpuSpec::mig of gpus[0]
+  int node = -1;                // node id in the Cluster
+  std::vector<int> gpus;        // GPU indices on the node, ascending
+  int milli_each = 0;           // milli-GPU taken on each GPU (1000 for whole GPUs)
+  int64_t memory_mib_each = 0;  // GPU memory taken on each GPU
+  int mig_instance = -1;        // index into GpuSpec::mig of gpus[0]
 
   bool ok() const { return node >= 0; }
 };

@@ -1,7 +1,5 @@
 #include "slurm/bridge.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -9,8 +7,12 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
+#include <unistd.h>
+
+#include "common/backoff.h"
 #include "common/log.h"
 #include "common/sleep.h"
 #include "common/strings.h"
@@ -19,8 +21,8 @@
 
 namespace kgpu::slurm {
 
-const std::vector<std::string> kCrashPoints = {"lend-decided",    "lend-drained",   "lend-confirmed",
-                                               "lend-unfenced",   "reclaim-decided", "reclaim-fenced",
+const std::vector<std::string> kCrashPoints = {"lend-decided",    "lend-drained",     "lend-confirmed",
+                                               "lend-unfenced",   "reclaim-decided",  "reclaim-fenced",
                                                "reclaim-evicted", "reclaim-undrained"};
 
 using nlohmann::json;
@@ -57,7 +59,9 @@ bool AddUnique(std::vector<std::string>& to, const std::string& v) {
   return true;
 }
 
-const json& F(const json& j, const char* key) { return Field(j, key); }
+const json& F(const json& j, const char* key) {
+  return Field(j, key);
+}
 
 bool IsOurTaint(const json& t) {
   return t.is_object() && t.value("key", "") == kOwnerTaintKey && t.value("effect", "") == "NoSchedule";
@@ -214,7 +218,7 @@ struct Bridge::Facts {
   std::vector<SlurmJob> jobs;      // holding this node
   std::vector<Pod> pods;
   std::string frozen;
-  bool cancel = false;             // the policy cancels this lend
+  bool cancel = false;  // the policy cancels this lend
   std::string cancel_why;
   bool Ours() const { return slurm && slurm->Drain() && IsOwnedReason(slurm->reason); }
   bool Foreign() const { return slurm && slurm->Drain() && !IsOwnedReason(slurm->reason); }
@@ -237,16 +241,44 @@ Bridge::Bridge(SlurmClient& slurm, k8s::Client& kube, BridgeOptions options, k8s
       opts_(std::move(options)),
       events_(events),
       dry_out_(dry_run_out),
-      clock_(clock ? std::move(clock) : Clock([] { return static_cast<int64_t>(std::time(nullptr)); })) {}
+      clock_(clock ? std::move(clock) : Clock([] { return static_cast<int64_t>(std::time(nullptr)); })) {
+  DeclareMetrics();
+}
+
+void Bridge::DeclareMetrics() {
+  using T = prom::MetricsRegistry::Type;
+  const std::tuple<const char*, T, const char*> families[] = {
+      {"kgpu_slurm_bridge_slurm_up", T::kGauge, "1 when the last reconcile read Slurm (scontrol or slurmrestd)."},
+      {"kgpu_slurm_bridge_api_up", T::kGauge, "1 when the last reconcile read the Kubernetes API."},
+      {"kgpu_slurm_bridge_unschedulable_gpu_pods", T::kGauge,
+       "1 when GPU pods are Unschedulable for want of GPUs (a reason to reclaim lent capacity)."},
+      {"kgpu_slurm_bridge_blocked_slurm_jobs", T::kGauge, "Pending Slurm jobs that lent nodes could run."},
+      {"kgpu_slurm_bridge_frozen_nodes", T::kGauge,
+       "Nodes whose transition waits because one side cannot be read or written."},
+      {"kgpu_slurm_bridge_nodes", T::kGauge, "Managed nodes by lending phase (LOST: its Node object is gone)."},
+      {"kgpu_slurm_bridge_reconcile_seconds", T::kGauge, "Duration of the last reconcile."},
+      {"kgpu_slurm_bridge_reconciles_total", T::kCounter, "Reconciles run."},
+      {"kgpu_slurm_bridge_frozen_total", T::kCounter, "Reconciles that froze every transition, by the side unread."},
+      {"kgpu_slurm_bridge_write_conflicts_total", T::kCounter,
+       "Node writes refused with 409 (another writer changed the node first); the bridge recomputes."},
+      {"kgpu_slurm_bridge_transitions_total", T::kCounter, "Lending-phase transitions, by the phase entered."},
+      {"kgpu_slurm_bridge_reclaim_requests_removed_total", T::kCounter,
+       "Reclaim requests (annotations) removed: acted on, or on a node not lent."},
+      {"kgpu_slurm_bridge_resume_commands_total", T::kCounter, "Power-save resume commands run, by result."},
+      {"kgpu_slurm_bridge_evictions_total", T::kCounter,
+       "Pod evictions from reclaimed nodes: evicted, refused (a PodDisruptionBudget), error, forced."},
+  };
+  for (const auto& [name, type, help] : families) metrics_.Declare(name, type, help);
+}
 
 bool Bridge::Allowed(const std::string& node) const {
   if (opts_.allowed.empty()) return true;
-  return std::any_of(opts_.allowed.begin(), opts_.allowed.end(), [&](const std::string& g) { return GlobMatch(g, node); });
+  return std::any_of(opts_.allowed.begin(), opts_.allowed.end(),
+                     [&](const std::string& g) { return GlobMatch(g, node); });
 }
 
-void Bridge::Count(const std::string& metric, const std::string& labels) {
-  std::lock_guard lock(mu_);
-  counters_[labels.empty() ? metric : Cat(metric, "{", labels, "}")] += 1;
+void Bridge::Count(const std::string& metric, const prom::Labels& labels) {
+  metrics_.Add(metric, labels);
 }
 
 void Bridge::CrashPoint(const std::string& point) {
@@ -281,9 +313,11 @@ Lease Bridge::NextLease(const Facts& f, Phase phase, const std::string& why) con
   return l;
 }
 
-bool Bridge::WriteNode(Facts& f, const Lease& lease, const std::function<void(json&)>& mutate, const std::string& what) {
+bool Bridge::WriteNode(Facts& f, const Lease& lease, const std::function<void(json&)>& mutate,
+                       const std::string& what) {
   if (opts_.dry_run) {
-    if (dry_out_) *dry_out_ << "[dry-run] " << f.name << ": would " << what << " (lease " << PhaseName(lease.phase) << ")\n";
+    if (dry_out_)
+      *dry_out_ << "[dry-run] " << f.name << ": would " << what << " (lease " << PhaseName(lease.phase) << ")\n";
     return false;
   }
   json node = f.node;
@@ -293,7 +327,8 @@ bool Bridge::WriteNode(Facts& f, const Lease& lease, const std::function<void(js
   // compare-and-swap makes a request set after our read survive (409, recomputed).
   const std::string request = Annotation(f.node, kReclaimAnnotation);
   const bool drop_request = !request.empty() && !ReclaimRequestMeaningful(lease.phase);
-  if (drop_request && node["metadata"].contains("annotations")) node["metadata"]["annotations"].erase(kReclaimAnnotation);
+  if (drop_request && node["metadata"].contains("annotations"))
+    node["metadata"]["annotations"].erase(kReclaimAnnotation);
   node["metadata"]["annotations"][kLeaseAnnotation] = SerializeLease(lease);
   auto r = kube_.Update(k8s::FindResource("nodes")->Path("", f.name), node);
   if (!r.ok()) {
@@ -307,7 +342,7 @@ bool Bridge::WriteNode(Facts& f, const Lease& lease, const std::function<void(js
     return false;
   }
   if (lease.phase != f.lease.phase) {
-    Count("kgpu_slurm_bridge_transitions_total", Cat("to=\"", PhaseName(lease.phase), "\""));
+    Count("kgpu_slurm_bridge_transitions_total", {{"to", PhaseName(lease.phase)}});
     Log("slurm")->info("{}: {} -> {} (gen {}): {}", f.name, PhaseName(f.lease.phase), PhaseName(lease.phase),
                        lease.generation, lease.why);
   }
@@ -318,10 +353,10 @@ bool Bridge::WriteNode(Facts& f, const Lease& lease, const std::function<void(js
     const bool acted = ReclaimRequestMeaningful(was);
     const bool reclaiming = lease.phase == Phase::kReclaimFencing || lease.phase == Phase::kReclaimEvicting ||
                             lease.phase == Phase::kReclaimUnfencing;
-    Count("kgpu_slurm_bridge_reclaim_requests_removed_total", acted ? "why=\"acted-on\"" : "why=\"not-lent\"");
+    Count("kgpu_slurm_bridge_reclaim_requests_removed_total", {{"why", acted ? "acted-on" : "not-lent"}});
     Event(f, "Normal", "ReclaimRequestRemoved",
-          acted ? Cat("reclaim request '", request, "' acted on: ", PhaseName(was), " -> ", PhaseName(lease.phase), " (",
-                      lease.why, "); annotation ", kReclaimAnnotation, " removed")
+          acted ? Cat("reclaim request '", request, "' acted on: ", PhaseName(was), " -> ", PhaseName(lease.phase),
+                      " (", lease.why, "); annotation ", kReclaimAnnotation, " removed")
                 : Cat("reclaim request '", request, "' ignored and removed: the node is ", PhaseName(lease.phase),
                       reclaiming ? ", already being reclaimed" : ", not lent to Kubernetes", " (annotation ",
                       kReclaimAnnotation, ")"));
@@ -359,7 +394,8 @@ void Bridge::RunResumeCommand(Facts& f) {
   po.timeout = opts_.resume_timeout;
   po.cancel = stopping_.get();
   Log("slurm")->info("{}: running the resume command {} (Kubernetes is empty)", f.name, CommandLine(argv));
-  resume_runs_[f.name] = {argv, std::async(std::launch::async, [argv, po, keep = stopping_] { return RunProcess(argv, po); })};
+  resume_runs_[f.name] = {
+      argv, std::async(std::launch::async, [argv, po, keep = stopping_] { return RunProcess(argv, po); })};
 }
 
 Bridge::~Bridge() {
@@ -369,13 +405,14 @@ Bridge::~Bridge() {
 
 void Bridge::ReapResumeCommand(const Facts& f) {
   auto run = resume_runs_.find(f.name);
-  if (run == resume_runs_.end() || run->second.done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+  if (run == resume_runs_.end() || run->second.done.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+    return;
   const std::vector<std::string> argv = std::move(run->second.argv);
   const absl::StatusOr<ProcessResult> r = run->second.done.get();
   resume_runs_.erase(run);
   resumed_at_[f.name] = std::chrono::steady_clock::now();  // --resume-retry counts from the end of a run
   const bool ok = r.ok() && r->exit_code == 0 && !r->timed_out;
-  Count("kgpu_slurm_bridge_resume_commands_total", ok ? "result=\"ok\"" : "result=\"failed\"");
+  Count("kgpu_slurm_bridge_resume_commands_total", {{"result", ok ? "ok" : "failed"}});
   std::string detail;
   if (!r.ok()) {
     detail = Cat(": cannot run it: ", r.status().message());
@@ -387,7 +424,8 @@ void Bridge::ReapResumeCommand(const Facts& f) {
   }
   if (!ok) Log("slurm")->warn("{}: the resume command {} failed{}", f.name, CommandLine(argv), detail);
   Event(f, ok ? "Normal" : "Warning", ok ? "ResumeCommand" : "ResumeCommandFailed",
-        Cat(CommandLine(argv), detail, ok ? " (Kubernetes is empty: slurmd may register)" : Cat("; again in ", opts_.resume_retry.count(), " s")));
+        Cat(CommandLine(argv), detail,
+            ok ? " (Kubernetes is empty: slurmd may register)" : Cat("; again in ", opts_.resume_retry.count(), " s")));
 }
 
 // One idempotent step for one node, chosen from its lease and what both systems say now.
@@ -432,7 +470,8 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
           l.prev_slurm_reason = f.slurm->reason;
           l.admin_drained = true;
         }
-        if (!WriteNode(f, l, ApplyK8sFence, "fence it for Slurm (taint kgpu.io/owner=slurm:NoSchedule, cordon)")) return false;
+        if (!WriteNode(f, l, ApplyK8sFence, "fence it for Slurm (taint kgpu.io/owner=slurm:NoSchedule, cordon)"))
+          return false;
         if (admin_cordon) {
           Event(f, "Warning", "AdminCordon",
                 "the node was cordoned (spec.unschedulable) before the bridge fenced it: the bridge will not uncordon "
@@ -456,8 +495,9 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       }
       if (opts_.power_save && f.PowerFenced() && f.pods.empty() && f.lease.generation > 0) {
         // Our power-down with no lend in progress: Kubernetes is fenced and empty; R3 powers it up.
-        Lease l = NextLease(f, Phase::kReclaimUnfencing,
-                            Cat("a kgpu-lend power-down without a lend in progress (State=", f.slurm->state, "): powering it up"));
+        Lease l = NextLease(
+            f, Phase::kReclaimUnfencing,
+            Cat("a kgpu-lend power-down without a lend in progress (State=", f.slurm->state, "): powering it up"));
         if (l.op.empty()) l.op = f.slurm->reason.substr(std::string_view(kOwnedReasonPrefix).size());  // R3 needs one
         if (!WriteNode(f, l, nullptr, "bring a stale power-down back")) return false;
         Event(f, "Warning", "StaleDrainCleared", l.why);
@@ -494,14 +534,16 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         // Slurm 22.05 cannot cancel POWER_DOWN_ASAP (RESUME is refused; UNDRAIN leaves the
         // power-down pending, and the node powers down when its jobs end): R3 powers it up again
         // once it is down. Kubernetes stays fenced.
-        Lease l = NextLease(f, Phase::kReclaimUnfencing, Cat("lend cancelled: ", f.cancel_why, " (powered up again once down)"));
+        Lease l = NextLease(f, Phase::kReclaimUnfencing,
+                            Cat("lend cancelled: ", f.cancel_why, " (powered up again once down)"));
         if (!WriteNode(f, l, ApplyK8sFence, "cancel the lend (power-save)")) return false;
         Event(f, "Normal", "LendCancelled", l.why);
         f.cancel = false;
         return true;
       }
       if (f.cancel) {
-        if (f.Ours() && !slurm_write("undrain (lend cancelled)", [&] { return slurm_.Undrain(f.name, kOwnedReasonPrefix); })) {
+        if (f.Ours() &&
+            !slurm_write("undrain (lend cancelled)", [&] { return slurm_.Undrain(f.name, kOwnedReasonPrefix); })) {
           return false;
         }
         if (f.slurm->Drain()) return false;
@@ -515,11 +557,11 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       }
       if (opts_.power_save ? !f.PowerFenced() || f.slurm->reason != reason
                            : !f.slurm->Drain() || f.slurm->reason != reason) {
-        const bool ok =
-            opts_.power_save
-                ? slurm_write(Cat("power down (State=POWER_DOWN_ASAP Reason=", reason, ")"),
-                              [&] { return slurm_.PowerDown(f.name, reason, kOwnedReasonPrefix); })
-                : slurm_write(Cat("drain (Reason=", reason, ")"), [&] { return slurm_.Drain(f.name, reason, kOwnedReasonPrefix); });
+        const bool ok = opts_.power_save
+                            ? slurm_write(Cat("power down (State=POWER_DOWN_ASAP Reason=", reason, ")"),
+                                          [&] { return slurm_.PowerDown(f.name, reason, kOwnedReasonPrefix); })
+                            : slurm_write(Cat("drain (Reason=", reason, ")"),
+                                          [&] { return slurm_.Drain(f.name, reason, kOwnedReasonPrefix); });
         if (!ok) return false;
         CrashPoint("lend-drained");
         return true;
@@ -566,8 +608,8 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         return false;
       }
       empty_since_.erase(f.name);
-      if (!WriteNode(f, NextLease(f, Phase::kLendUnfencing, Cat("drained and empty (State=", f.slurm->state, ")")), nullptr,
-                     "record that Slurm is drained and empty")) {
+      if (!WriteNode(f, NextLease(f, Phase::kLendUnfencing, Cat("drained and empty (State=", f.slurm->state, ")")),
+                     nullptr, "record that Slurm is drained and empty")) {
         return false;
       }
       CrashPoint("lend-confirmed");
@@ -588,19 +630,24 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       }
       if (opts_.power_save && f.SlurmWantsBack()) return SlurmWantsItBack(f);
       if (!f.SlurmFenced() || f.slurm->Busy() || !f.jobs.empty()) {
-        return WriteNode(f, NextLease(f, Phase::kLendDraining, Cat("Slurm is not drained and empty any more (State=",
-                                                                     f.slurm->state, "): draining again")),
-                         nullptr, "go back to draining");
+        return WriteNode(
+            f,
+            NextLease(f, Phase::kLendDraining,
+                      Cat("Slurm is not drained and empty any more (State=", f.slurm->state, "): draining again")),
+            nullptr, "go back to draining");
       }
       Lease l = NextLease(f, Phase::kLent, "lent to Kubernetes");
       if (opts_.lend_duration.count() > 0) l.lent_until = clock_() + opts_.lend_duration.count();
-      const bool keep_cordon = f.lease.admin_cordoned;  // never lift an admin's cordon (the policy does not lend such nodes)
-      if (!WriteNode(f, l, [keep_cordon](json& n) { RemoveK8sFence(n, keep_cordon); },
-                     "unfence it for Kubernetes (remove the taint, uncordon, pool=lent)")) {
+      const bool keep_cordon =
+          f.lease.admin_cordoned;  // never lift an admin's cordon (the policy does not lend such nodes)
+      if (!WriteNode(
+              f, l, [keep_cordon](json& n) { RemoveK8sFence(n, keep_cordon); },
+              "unfence it for Kubernetes (remove the taint, uncordon, pool=lent)")) {
         return false;
       }
       Event(f, "Normal", "Lent",
-            Cat("lent to Kubernetes; Slurm keeps ", f.PowerFenced() ? "it powered down with" : "DRAIN", " Reason=", reason));
+            Cat("lent to Kubernetes; Slurm keeps ", f.PowerFenced() ? "it powered down with" : "DRAIN",
+                " Reason=", reason));
       CrashPoint("lend-unfenced");
       return true;
     }
@@ -610,7 +657,8 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
       if (Cordoned(f.node) != f.lease.admin_cordoned) {
         Lease l = NextLease(f, Phase::kLent, f.lease.why);
         l.admin_cordoned = Cordoned(f.node);
-        if (!WriteNode(f, l, nullptr, l.admin_cordoned ? "note the admin's cordon" : "note that the admin's cordon is lifted")) {
+        if (!WriteNode(f, l, nullptr,
+                       l.admin_cordoned ? "note the admin's cordon" : "note that the admin's cordon is lifted")) {
           return false;
         }
         if (l.admin_cordoned) {
@@ -641,12 +689,14 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         Lease l = NextLease(f, Phase::kLent, f.lease.why);
         l.admin_drained = false;
         if (!WriteNode(f, l, nullptr, "note that the admin's drain is gone")) return false;
-        Event(f, "Normal", "AdminDrainLifted", Cat("the admin's drain is gone; Slurm keeps DRAIN Reason=", f.slurm->reason));
+        Event(f, "Normal", "AdminDrainLifted",
+              Cat("the admin's drain is gone; Slurm keeps DRAIN Reason=", f.slurm->reason));
         return true;
       }
       if (f.Foreign() && !f.lease.admin_drained) {
-        Lease l = NextLease(f, Phase::kLent, Cat("lent; an admin drained it meanwhile ('", f.slurm->reason,
-                                                 "'): the reclaim will leave it drained"));
+        Lease l = NextLease(
+            f, Phase::kLent,
+            Cat("lent; an admin drained it meanwhile ('", f.slurm->reason, "'): the reclaim will leave it drained"));
         l.admin_drained = true;
         l.prev_slurm_reason = f.slurm->reason;
         l.since = f.lease.since;
@@ -672,21 +722,25 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         return WriteNode(f, NextLease(f, Phase::kReclaimEvicting, f.lease.why), ApplyK8sFence, "restore the fence");
       }
       if (f.pods.empty()) {
-        if (!WriteNode(f, NextLease(f, Phase::kReclaimUnfencing, "no pods left"), nullptr, "record that no pods are left")) {
+        if (!WriteNode(f, NextLease(f, Phase::kReclaimUnfencing, "no pods left"), nullptr,
+                       "record that no pods are left")) {
           return false;
         }
         CrashPoint("reclaim-evicted");
         return true;
       }
       const auto now = std::chrono::steady_clock::now();
-      const bool force = opts_.force_delete_after.count() > 0 && clock_() - f.lease.since >= opts_.force_delete_after.count();
+      const bool force =
+          opts_.force_delete_after.count() > 0 && clock_() - f.lease.since >= opts_.force_delete_after.count();
       size_t refused = 0;
       Lease record = NextLease(f, f.lease.phase, f.lease.why);  // the pods evicted now, written after the loop
       bool evicted = false;
       for (const auto& p : f.pods) {
         if (p.terminating) continue;
         const std::string key = p.ns + "/" + p.name;
-        auto& [next, backoff] = evict_backoff_[key];
+        auto retry =
+            evict_backoff_.try_emplace(key, EvictRetry{now, Backoff(opts_.interval, std::chrono::seconds(10))});
+        auto& [next, backoff] = retry.first->second;
         if (now < next) continue;
         if (opts_.dry_run) {
           if (dry_out_) *dry_out_ << "[dry-run] " << f.name << ": would evict pod " << key << "\n";
@@ -694,7 +748,7 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         }
         if (force) {
           auto d = kube_.Delete(k8s::FindResource("pods")->Path(p.ns, p.name));
-          Count("kgpu_slurm_bridge_evictions_total", "result=\"forced\"");
+          Count("kgpu_slurm_bridge_evictions_total", {{"result", "forced"}});
           Event(f, "Warning", "ForcedDelete",
                 Cat("pod ", key, " deleted after ", opts_.force_delete_after.count(), " s of refused evictions",
                     d.ok() ? "" : Cat(": ", d.status().message())));
@@ -704,21 +758,20 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         eo.max_wait = std::chrono::milliseconds(0);
         auto s = kube_.Evict(p.ns, p.name, eo);
         if (s.ok()) {
-          Count("kgpu_slurm_bridge_evictions_total", "result=\"evicted\"");
+          Count("kgpu_slurm_bridge_evictions_total", {{"result", "evicted"}});
           evicted |= AddUnique(record.pods_evicted, key);
           evict_backoff_.erase(key);
         } else {
           const bool pdb = absl::IsDeadlineExceeded(s) || k8s::HttpStatus(s) == 429;
-          Count("kgpu_slurm_bridge_evictions_total", pdb ? "result=\"refused\"" : "result=\"error\"");
+          Count("kgpu_slurm_bridge_evictions_total", {{"result", pdb ? "refused" : "error"}});
           ++refused;
-          backoff = std::min<std::chrono::milliseconds>(backoff.count() == 0 ? opts_.interval : backoff * 2,
-                                                        std::chrono::seconds(10));
-          next = now + backoff;
+          next = now + backoff.Next();
           Event(f, "Warning", pdb ? "EvictionBlocked" : "EvictionFailed", Cat("pod ", key, ": ", s.message()));
         }
       }
       if (evicted) WriteNode(f, record, nullptr, "record the evicted pods");
-      f.frozen = Cat("waiting for ", f.pods.size(), " pod(s) to leave", refused ? Cat(" (", refused, " refused now)") : "");
+      f.frozen =
+          Cat("waiting for ", f.pods.size(), " pod(s) to leave", refused ? Cat(" (", refused, " refused now)") : "");
       return false;
     }
     case Phase::kReclaimUnfencing: {
@@ -737,8 +790,8 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         return false;
       }
       if (f.Foreign() || (f.lease.admin_drained && f.slurm->Drain())) {
-        Lease l = NextLease(f, Phase::kSlurm,
-                            Cat("back with Slurm, left drained for the admin ('", f.slurm->reason, "')"));
+        Lease l =
+            NextLease(f, Phase::kSlurm, Cat("back with Slurm, left drained for the admin ('", f.slurm->reason, "')"));
         l.admin_drained = true;
         if (!WriteNode(f, l, nullptr, "hand it back to Slurm (admin drain kept)")) return false;
         Event(f, "Warning", "ReclaimedAdminDrain", l.why);
@@ -757,7 +810,8 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
           return false;
         }
         if (!f.slurm->PoweredDown()) {
-          f.frozen = Cat("waiting for Slurm to finish powering it down before the power-up (State=", f.slurm->state, ")");
+          f.frozen =
+              Cat("waiting for Slurm to finish powering it down before the power-up (State=", f.slurm->state, ")");
           return false;
         }
         if (f.slurm->PowerUpRequested()) {
@@ -766,14 +820,16 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
         }
         // A drain of ours would outlive the power-up with its reason cleared (22.05 clears
         // Reason= on POWER_UP), and look like an admin's: lift it first; the power-down fences.
-        if (f.Ours() && !slurm_write("undrain before the power-up", [&] { return slurm_.Undrain(f.name, kOwnedReasonPrefix); })) {
+        if (f.Ours() &&
+            !slurm_write("undrain before the power-up", [&] { return slurm_.Undrain(f.name, kOwnedReasonPrefix); })) {
           return false;
         }
-        if (!slurm_write("power up (State=POWER_UP: Slurm runs ResumeProgram)", [&] { return slurm_.PowerUp(f.name, kOwnedReasonPrefix); })) {
+        if (!slurm_write("power up (State=POWER_UP: Slurm runs ResumeProgram)",
+                         [&] { return slurm_.PowerUp(f.name, kOwnedReasonPrefix); })) {
           return false;
         }
         CrashPoint("reclaim-undrained");  // the power-save lend's Slurm unfence
-        return f.slurm->PoweringUp();  // else POWER_UP is pending: waited for above, never asked again
+        return f.slurm->PoweringUp();     // else POWER_UP is pending: waited for above, never asked again
       }
       resumed_at_.erase(f.name);
       if (!f.slurm->Drain()) {
@@ -801,8 +857,9 @@ bool Bridge::Step(Facts& f, ReconcileResult& result) {
 }
 
 std::string LostWhy(std::string_view node, std::string_view reason) {
-  return Cat("no Node object with ", kPoolLabel, " is named ", node, ": Slurm's drain (", reason, ") stays; a Node that ",
-             "registers again with ", kPoolLabel, "=slurm is adopted, or undrain it in Slurm if the machine is gone for good");
+  return Cat("no Node object with ", kPoolLabel, " is named ", node, ": Slurm's drain (", reason,
+             ") stays; a Node that ", "registers again with ", kPoolLabel,
+             "=slurm is adopted, or undrain it in Slurm if the machine is gone for good");
 }
 
 ReconcileResult Bridge::Reconcile() {
@@ -824,7 +881,7 @@ ReconcileResult Bridge::Reconcile() {
       for (auto& x : *n) snodes[x.name] = std::move(x);
       jobs = std::move(*j);
     } else {
-      Count("kgpu_slurm_bridge_frozen_total", "side=\"slurm\"");
+      Count("kgpu_slurm_bridge_frozen_total", {{"side", "slurm"}});
       log->warn("Slurm unreachable: {}: every transition that needs it is frozen",
                 std::string((!n.ok() ? n.status() : j.status()).message()));
     }
@@ -836,12 +893,12 @@ ReconcileResult Bridge::Reconcile() {
   auto kpods = knodes.ok() ? kube_.List(k8s::FindResource("pods")->Path()) : absl::StatusOr<json>(knodes.status());
   result.k8s_ok = knodes.ok() && kpods.ok();
   if (!result.k8s_ok) {
-    Count("kgpu_slurm_bridge_frozen_total", "side=\"k8s\"");
+    Count("kgpu_slurm_bridge_frozen_total", {{"side", "k8s"}});
     log->warn("API server unreachable: {}: every transition is frozen, no fence is removed",
               std::string((!knodes.ok() ? knodes.status() : kpods.status()).message()));
     std::lock_guard lock(mu_);
-    gauges_["kgpu_slurm_bridge_slurm_up"] = result.slurm_ok;
-    gauges_["kgpu_slurm_bridge_api_up"] = 0;
+    metrics_.Set("kgpu_slurm_bridge_slurm_up", result.slurm_ok);
+    metrics_.Set("kgpu_slurm_bridge_api_up", 0);
     last_.slurm_ok = result.slurm_ok;
     last_.k8s_ok = false;
     return last_;
@@ -858,15 +915,18 @@ ReconcileResult Bridge::Reconcile() {
     const std::string node = F(p, "spec").value("nodeName", "");
     if (!node.empty()) {
       bool daemonset = false;
-      for (const auto& o : md.value("ownerReferences", json::array())) daemonset = daemonset || o.value("kind", "") == "DaemonSet";
+      for (const auto& o : md.value("ownerReferences", json::array()))
+        daemonset = daemonset || o.value("kind", "") == "DaemonSet";
       if (daemonset || md.value("annotations", json::object()).contains("kubernetes.io/config.mirror")) continue;
-      pods_on[node].push_back({md.value("namespace", ""), md.value("name", ""), node, md.contains("deletionTimestamp")});
+      pods_on[node].push_back(
+          {md.value("namespace", ""), md.value("name", ""), node, md.contains("deletionTimestamp")});
       continue;
     }
     const int64_t gpus = GpuRequest(p, opts_.gpu_resources);
     if (gpus <= 0) continue;
     for (const auto& c : F(p, "status").value("conditions", json::array())) {
-      if (c.value("type", "") != "PodScheduled" || c.value("status", "") != "False" || c.value("reason", "") != "Unschedulable") {
+      if (c.value("type", "") != "PodScheduled" || c.value("status", "") != "False" ||
+          c.value("reason", "") != "Unschedulable") {
         continue;
       }
       ++any_unsched;
@@ -941,11 +1001,10 @@ ReconcileResult Bridge::Reconcile() {
   }
   result.blocked_slurm_jobs = static_cast<int>(blocked.size());
   // --min-kept counts every node Slurm has undrained, the ones --nodes does not let us lend too.
-  const auto kept = static_cast<int>(
-      std::count_if(snodes.begin(), snodes.end(), [](const auto& kv) {
-        const SlurmNode& n = kv.second;
-        return !n.Drain() && !(n.PowerSaving() && IsOwnedReason(n.reason));  // our power-down is a fence too
-      }));
+  const auto kept = static_cast<int>(std::count_if(snodes.begin(), snodes.end(), [](const auto& kv) {
+    const SlurmNode& n = kv.second;
+    return !n.Drain() && !(n.PowerSaving() && IsOwnedReason(n.reason));  // our power-down is a fence too
+  }));
   int idle_usable = 0, lent = 0, in_flight = 0;
   int64_t last_lent_at = 0;
   for (const auto& f : facts) {
@@ -983,10 +1042,11 @@ ReconcileResult Bridge::Reconcile() {
     if (!lentish) continue;
     if (!req.empty()) {
       reclaims.emplace_back(&f, req.rfind(kResumeProgramRequest, 0) == 0 ? Cat("Slurm asked for it back (", req, ")")
-                                                                          : Cat("operator asked (", req, ")"));
+                                                                         : Cat("operator asked (", req, ")"));
     } else if (opts_.power_save && f.SlurmWantsBack()) {
-      reclaims.emplace_back(&f, Cat("Slurm asked for it back (gave it to a job", f.jobs.empty() ? "" : Cat(" ", f.jobs.front().id),
-                                    "; State=", f.slurm->state, ")"));
+      reclaims.emplace_back(
+          &f, Cat("Slurm asked for it back (gave it to a job", f.jobs.empty() ? "" : Cat(" ", f.jobs.front().id),
+                  "; State=", f.slurm->state, ")"));
     } else if (f.lease.lent_until > 0 && now >= f.lease.lent_until) {
       reclaims.emplace_back(&f, "the lease ended");
     } else if (wanted_back.count(f.name)) {
@@ -1012,10 +1072,10 @@ ReconcileResult Bridge::Reconcile() {
       continue;
     }
     Lease l = NextLease(*f, Phase::kReclaimFencing, why);
-    l.requested_by = why.rfind("operator", 0) == 0           ? "operator"
-                     : why == "the lease ended"               ? "lease-expired"
-                     : why.rfind("Slurm asked", 0) == 0       ? "slurm-resume"
-                                                              : "slurm-demand";
+    l.requested_by = why.rfind("operator", 0) == 0      ? "operator"
+                     : why == "the lease ended"         ? "lease-expired"
+                     : why.rfind("Slurm asked", 0) == 0 ? "slurm-resume"
+                                                        : "slurm-demand";
     result.decisions.push_back(Cat("reclaim ", f->name, ": ", why));
     if (WriteNode(*f, l, nullptr, Cat("start the reclaim (", why, ")"))) {
       Event(*f, "Normal", "ReclaimStarted", why);
@@ -1062,8 +1122,9 @@ ReconcileResult Bridge::Reconcile() {
       for (const auto& r : opts_.gpu_resources) {
         if (alloc.contains(r)) {
           const auto& v = alloc[r];
-          per_node = std::max<int64_t>(per_node, v.is_string() ? std::atoll(v.get<std::string>().c_str())
-                                                               : v.is_number() ? v.get<int64_t>() : 0);
+          per_node = std::max<int64_t>(per_node, v.is_string()   ? std::atoll(v.get<std::string>().c_str())
+                                                 : v.is_number() ? v.get<int64_t>()
+                                                                 : 0);
         }
       }
     }
@@ -1165,18 +1226,18 @@ ReconcileResult Bridge::Reconcile() {
     for (const auto& d : result.decisions) *dry_out_ << "[dry-run] decision: " << d << "\n";
   }
   std::lock_guard lock(mu_);
-  gauges_["kgpu_slurm_bridge_slurm_up"] = result.slurm_ok;
-  gauges_["kgpu_slurm_bridge_api_up"] = 1;
-  gauges_["kgpu_slurm_bridge_unschedulable_gpu_pods"] = any_unsched;
-  gauges_["kgpu_slurm_bridge_blocked_slurm_jobs"] = result.blocked_slurm_jobs;
-  gauges_["kgpu_slurm_bridge_frozen_nodes"] = frozen;
+  metrics_.Set("kgpu_slurm_bridge_slurm_up", result.slurm_ok);
+  metrics_.Set("kgpu_slurm_bridge_api_up", 1);
+  metrics_.Set("kgpu_slurm_bridge_unschedulable_gpu_pods", any_unsched);
+  metrics_.Set("kgpu_slurm_bridge_blocked_slurm_jobs", result.blocked_slurm_jobs);
+  metrics_.Set("kgpu_slurm_bridge_frozen_nodes", frozen);
   for (const char* p : {"SLURM_OWNED", "L1_SLURM_DRAINING", "L2_K8S_UNFENCING", "LENT", "R1_K8S_FENCING",
                         "R2_K8S_EVICTING", "R3_SLURM_UNFENCING"}) {
-    gauges_[Cat("kgpu_slurm_bridge_nodes{phase=\"", p, "\"}")] = by_phase[p];
+    metrics_.Set("kgpu_slurm_bridge_nodes", {{"phase", p}}, by_phase[p]);
   }
-  gauges_["kgpu_slurm_bridge_nodes{phase=\"LOST\"}"] = lost;
-  gauges_["kgpu_slurm_bridge_reconcile_seconds"] =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  metrics_.Set("kgpu_slurm_bridge_nodes", {{"phase", "LOST"}}, lost);
+  metrics_.Set("kgpu_slurm_bridge_reconcile_seconds",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   last_ = result;
   return result;
 }
@@ -1228,7 +1289,9 @@ BridgeWatch::BridgeWatch(k8s::Client& kube, Bridge& bridge) {
   nodes_->AddHandler(wake);
 }
 
-BridgeWatch::~BridgeWatch() { Stop(); }
+BridgeWatch::~BridgeWatch() {
+  Stop();
+}
 
 void BridgeWatch::Start() {
   pods_->Start();
@@ -1248,19 +1311,7 @@ ReconcileResult Bridge::Last() const {
 }
 
 std::string Bridge::Metrics() const {
-  std::lock_guard lock(mu_);
-  std::ostringstream out;
-  std::set<std::string> typed;
-  auto emit = [&](const std::map<std::string, double>& m, const char* type) {
-    for (const auto& [k, v] : m) {
-      const std::string base = k.substr(0, k.find('{'));
-      if (typed.insert(base).second) out << "# TYPE " << base << " " << type << "\n";
-      out << k << " " << v << "\n";
-    }
-  };
-  emit(gauges_, "gauge");
-  emit(counters_, "counter");
-  return out.str();
+  return metrics_.Text();
 }
 
 }  // namespace kgpu::slurm

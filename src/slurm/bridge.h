@@ -15,24 +15,26 @@
 //
 // Thread-safety: Reconcile()/Run() from one thread; Metrics() from any.
 
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <future>
-#include <memory>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <ostream>
 #include <set>
 #include <stop_token>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "common/backoff.h"
+#include "common/prom_text.h"
 #include "k8s/client.h"
 #include "k8s/events.h"
 #include "k8s/informer.h"
@@ -46,8 +48,8 @@ struct BridgeOptions {
   std::string identity = "kgpu-slurm-bridge";
   // Node-name globs ('*', '?') the bridge may lend; empty: every node labelled kgpu.io/pool=slurm|lent.
   std::vector<std::string> allowed;
-  int max_lent = 1;   // nodes lent or being lent at once
-  int min_kept = 1;   // nodes Slurm keeps (undrained, Slurm-owned) whatever the demand
+  int max_lent = 1;                            // nodes lent or being lent at once
+  int min_kept = 1;                            // nodes Slurm keeps (undrained, Slurm-owned) whatever the demand
   std::chrono::seconds lend_threshold{30};     // GPU pods unschedulable at least this long
   std::chrono::seconds reclaim_threshold{0};   // blocked Slurm jobs pending at least this long
   std::chrono::seconds cooldown{120};          // a node back with Slurm is not lent again before this
@@ -55,7 +57,7 @@ struct BridgeOptions {
   std::chrono::seconds lend_duration{0};       // the lease ends after this (0: no end)
   std::chrono::seconds force_delete_after{0};  // R2: delete pods PDBs still protect after this (0: never)
   std::chrono::milliseconds interval{2000};
-  std::chrono::milliseconds confirm_gap{1000}; // "empty" must hold on two reads this far apart
+  std::chrono::milliseconds confirm_gap{1000};                  // "empty" must hold on two reads this far apart
   std::vector<std::string> gpu_resources = {"nvidia.com/gpu"};  // resource names (prefix match) that make a GPU pod
   // The power-save lend (--lend-via power-save; docs/slurm.md, "Power-save lending"): the Slurm
   // fence is State=POWER_DOWN_ASAP, then POWERED_DOWN, instead of DRAIN. Slurm keeps the node in
@@ -86,9 +88,9 @@ struct NodeView {
   std::string op, why;
   std::string slurm_state, slurm_reason;
   bool slurm_fenced = false, k8s_fenced = false;
-  size_t pods = 0;             // non-DaemonSet, non-mirror, non-terminal pods bound to it
+  size_t pods = 0;                // non-DaemonSet, non-mirror, non-terminal pods bound to it
   std::vector<std::string> jobs;  // Slurm jobs holding it
-  std::string frozen;          // why it could not move this time ("" when not frozen)
+  std::string frozen;             // why it could not move this time ("" when not frozen)
   // LOST: Slurm holds our drain (kgpu-lend:<op>) but no Node with kgpu.io/pool has this name (it
   // was deleted mid-lend, or relabelled). Not a lease phase: the lease lived on the Node. The
   // drain stays, so Slurm schedules nothing there and nothing runs unfenced; a Node that comes
@@ -97,7 +99,9 @@ struct NodeView {
 };
 
 // How status output names a node's state: the lease phase, or LOST.
-inline const char* ViewPhaseName(const NodeView& v) { return v.lost ? "LOST" : PhaseName(v.phase); }
+inline const char* ViewPhaseName(const NodeView& v) {
+  return v.lost ? "LOST" : PhaseName(v.phase);
+}
 // Why node `node`, drained by Slurm with our `reason`, is LOST, and what ends it.
 std::string LostWhy(std::string_view node, std::string_view reason);
 
@@ -144,7 +148,8 @@ class Bridge {
   void Event(const Facts& f, const std::string& type, const std::string& reason, const std::string& note);
   void CrashPoint(const std::string& point);
   bool Allowed(const std::string& node) const;
-  void Count(const std::string& metric, const std::string& labels = "");
+  void Count(const std::string& metric, const prom::Labels& labels = {});
+  void DeclareMetrics();  // every family with its HELP, once, at construction
   // L1/L2 of a power-save lend when Slurm powers the node up (it gave it to a job): off to R3.
   bool SlurmWantsItBack(Facts& f);
   // R3 of a power-save reclaim: starts resume_command for the node in the background, at most
@@ -165,7 +170,12 @@ class Bridge {
 
   // Memory that may be lost (a restart only waits a little longer).
   std::map<std::string, std::chrono::steady_clock::time_point> empty_since_;  // L1 confirmation
-  std::map<std::string, std::pair<std::chrono::steady_clock::time_point, std::chrono::milliseconds>> evict_backoff_;
+  // A pod whose eviction was refused: when to try again, and the backoff (interval, doubling to 10 s).
+  struct EvictRetry {
+    std::chrono::steady_clock::time_point next;
+    Backoff backoff;
+  };
+  std::map<std::string, EvictRetry> evict_backoff_;
   std::map<std::string, std::chrono::steady_clock::time_point> resumed_at_;  // resume_command last run
   struct ResumeRun {
     std::vector<std::string> argv;
@@ -174,8 +184,8 @@ class Bridge {
   std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);  // kills resume runs
   std::map<std::string, ResumeRun> resume_runs_;  // by node: runs not reaped yet (a run touches
                                                   // nothing of the bridge's)
-  std::set<std::string> lost_logged_;  // LOST nodes already logged (once each, until they return)
-  int64_t demand_gone_since_ = 0;  // clock_() seconds: the bridge's one clock (injected in tests)
+  std::set<std::string> lost_logged_;             // LOST nodes already logged (once each, until they return)
+  int64_t demand_gone_since_ = 0;                 // clock_() seconds: the bridge's one clock (injected in tests)
   // When the last reconcile wants the next one sooner than the interval (a second read due).
   std::optional<std::chrono::steady_clock::time_point> recheck_at_;
   bool had_demand_ = false;
@@ -184,9 +194,8 @@ class Bridge {
   std::condition_variable_any wake_cv_;
   bool woken_ = false;
 
-  mutable std::mutex mu_;  // guards what Metrics()/Last() read
-  std::map<std::string, double> counters_;  // "name{labels}" -> value
-  std::map<std::string, double> gauges_;
+  mutable std::mutex mu_;          // guards what Metrics()/Last() read
+  prom::MetricsRegistry metrics_;  // thread-safe on its own
   ReconcileResult last_;
 };
 

@@ -20,7 +20,8 @@ absl::Status ValidateNodeName(const std::string& name) {
 
 absl::Status NotDrainedByOthers(const SlurmNode& n, const std::string& owned_prefix) {
   if (!n.Drain() || n.reason.rfind(owned_prefix, 0) == 0) return absl::OkStatus();
-  return absl::FailedPreconditionError(Cat("node ", n.name, " is drained for '", Printable(n.reason), "' (not ours): left alone"));
+  return absl::FailedPreconditionError(
+      Cat("node ", n.name, " is drained for '", Printable(n.reason), "' (not ours): left alone"));
 }
 
 std::string CliSlurmClient::Bin(const std::string& name) const {
@@ -39,8 +40,8 @@ absl::StatusOr<std::string> CliSlurmClient::Run(const std::vector<std::string>& 
   }
   if (r->timed_out) {
     ++failures_;
-    return absl::UnavailableError(Cat(CommandLine(argv), ": no answer within ", options_.timeout.count(),
-                                      " ms (slurmctld unreachable?)"));
+    return absl::UnavailableError(
+        Cat(CommandLine(argv), ": no answer within ", options_.timeout.count(), " ms (slurmctld unreachable?)"));
   }
   if (r->exit_code != 0) {
     std::string err = r->err;
@@ -133,8 +134,9 @@ absl::StatusOr<SlurmNode> CliSlurmClient::PowerDown(const std::string& node, con
   if (!w.ok()) {
     if (w.status().message().find("Invalid node state specified") == std::string::npos) return w.status();
     return absl::FailedPreconditionError(
-        Cat(w.status().message(), ": Slurm's power saving is off; --lend-via power-save needs SuspendProgram, "
-                                  "ResumeProgram and a finite SuspendTime in slurm.conf (docs/slurm.md)"));
+        Cat(w.status().message(),
+            ": Slurm's power saving is off; --lend-via power-save needs SuspendProgram, "
+            "ResumeProgram and a finite SuspendTime in slurm.conf (docs/slurm.md)"));
   }
   return Node(node);
 }

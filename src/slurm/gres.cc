@@ -65,8 +65,8 @@ absl::StatusOr<std::vector<unsigned>> ParseCpuList(const std::string& text) {
       if (hi < lo || hi - lo > 65536 || hi > 1u << 20) throw std::invalid_argument(part);
       for (unsigned long c = lo; c <= hi; ++c) out.push_back(static_cast<unsigned>(c));
     } catch (const std::exception&) {
-      return absl::InvalidArgumentError(Cat("CPU list '", Printable(t), "': '", Printable(part),
-                                            "' is not N or N-M (as in 0-3,8)"));
+      return absl::InvalidArgumentError(
+          Cat("CPU list '", Printable(t), "': '", Printable(part), "' is not N or N-M (as in 0-3,8)"));
     }
     start = comma + 1;
   }
@@ -96,18 +96,21 @@ absl::StatusOr<std::map<int, std::vector<unsigned>>> NumaLogicalCores(const std:
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(node_dir, ec)) {
     const std::string name = e.path().filename();
-    if (name.rfind("node", 0) != 0 || name.size() == 4 ||
-        !std::all_of(name.begin() + 4, name.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+    if (name.rfind("node", 0) != 0 || name.size() == 4 || !std::all_of(name.begin() + 4, name.end(), [](char c) {
+          return std::isdigit(static_cast<unsigned char>(c));
+        })) {
       continue;
     }
     const auto text = ReadFile((e.path() / "cpulist").string());
     if (!text) continue;
     auto cpus = ParseCpuList(*text);
-    if (!cpus.ok()) return absl::InvalidArgumentError(Cat((e.path() / "cpulist").string(), ": ", cpus.status().message()));
+    if (!cpus.ok())
+      return absl::InvalidArgumentError(Cat((e.path() / "cpulist").string(), ": ", cpus.status().message()));
     numa_cpus[std::stoi(name.substr(4))] = *cpus;
   }
   if (numa_cpus.empty()) {
-    return absl::NotFoundError(Cat(node_dir.string(), " lists no NUMA node with a cpulist (use --sysfs-root, or --no-cores)"));
+    return absl::NotFoundError(
+        Cat(node_dir.string(), " lists no NUMA node with a cpulist (use --sysfs-root, or --no-cores)"));
   }
   // Logical core index: every (package, core id) pair, sorted, numbered from 0.
   std::map<unsigned, std::pair<int, int>> cpu_core;  // cpu -> (package, core)
@@ -141,7 +144,8 @@ absl::StatusOr<std::map<int, std::vector<unsigned>>> NumaLogicalCores(const std:
 }
 
 absl::StatusOr<GresOutput> RenderGres(const gpu::Inventory& inventory, const GresOptions& options) {
-  if (options.node_name.empty()) return absl::InvalidArgumentError("slurm gres: the node name is empty (use --node-name)");
+  if (options.node_name.empty())
+    return absl::InvalidArgumentError("slurm gres: the node name is empty (use --node-name)");
   GresOutput out;
   std::map<int, std::vector<unsigned>> numa;
   if (options.cores) {
@@ -178,9 +182,10 @@ absl::StatusOr<GresOutput> RenderGres(const gpu::Inventory& inventory, const Gre
       }
     }
     if (g.mig_enabled) {
-      if (g.migs.empty()) out.warnings.push_back(Cat("GPU ", g.index, " is in MIG mode with no MIG devices: not listed"));
+      if (g.migs.empty())
+        out.warnings.push_back(Cat("GPU ", g.index, " is in MIG mode with no MIG devices: not listed"));
       for (const auto& m : g.migs) {
-        const auto caps = deviceplugin::MigCapNodes(options.mig_minors, g.index, m.gi, m.ci);
+        const auto caps = gpu::MigCapNodes(options.mig_minors, g.index, m.gi, m.ci);
         if (caps.empty()) {
           out.warnings.push_back(Cat("MIG device ", m.uuid, " (GPU ", g.index, " GI ", m.gi, " CI ", m.ci,
                                      ") left out: its capability minors are not in the mig-minors file "
@@ -188,8 +193,8 @@ absl::StatusOr<GresOutput> RenderGres(const gpu::Inventory& inventory, const Gre
           continue;
         }
         const std::string type = SafeType(m.profile);
-        lines += Cat(prefix, "Name=gpu Type=", type, " MultipleFiles=", dev, ",", DevPath(options.dev_root, caps[0]), ",",
-                     DevPath(options.dev_root, caps[1]), cores, "\n");
+        lines += Cat(prefix, "Name=gpu Type=", type, " MultipleFiles=", dev, ",", DevPath(options.dev_root, caps[0]),
+                     ",", DevPath(options.dev_root, caps[1]), cores, "\n");
         count(Cat("gpu:", type), 1);
       }
       continue;
@@ -224,8 +229,8 @@ absl::StatusOr<GresOutput> RenderGres(const gpu::Inventory& inventory, const Gre
     gres.push_back(Cat("mps:", mps_total));
     out.gres_types.insert("mps");
   }
-  out.gres_conf = Cat("# gres.conf for ", options.node_name, ", written by kgpu slurm gres from the node's inventory\n",
-                      lines);
+  out.gres_conf =
+      Cat("# gres.conf for ", options.node_name, ", written by kgpu slurm gres from the node's inventory\n", lines);
   out.node_line = Cat("NodeName=", options.node_name);
   if (options.cpus > 0) out.node_line += Cat(" CPUs=", options.cpus);
   if (options.real_memory_mib > 0) out.node_line += Cat(" RealMemory=", options.real_memory_mib);

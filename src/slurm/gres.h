@@ -18,20 +18,20 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "deviceplugin/mig_minors.h"
 #include "gpu/inventory.h"
+#include "gpu/mig_minors.h"
 
 namespace kgpu::slurm {
 
 struct GresOptions {
-  std::string node_name;             // NodeName=
-  std::string dev_root = "/dev";     // File= paths: <dev_root>/nvidia<minor>, <dev_root>/nvidia-caps/...
-  std::string sysfs_root = "/sys";   // NUMA cpulists and CPU topology
-  deviceplugin::MigMinors mig_minors;  // /proc/driver/nvidia-caps/mig-minors (MIG lines need it)
-  unsigned mps_count_per_gpu = 0;    // Name=mps Count= per GPU; 0: no MPS lines
-  std::string type_override;         // Type= for whole GPUs instead of the NVML name
-  bool cores = true;                 // Cores= (needs sysfs)
-  bool links = true;                 // Links= (a line per GPU, as gres.conf requires with Links)
+  std::string node_name;            // NodeName=
+  std::string dev_root = "/dev";    // File= paths: <dev_root>/nvidia<minor>, <dev_root>/nvidia-caps/...
+  std::string sysfs_root = "/sys";  // NUMA cpulists and CPU topology
+  gpu::MigMinors mig_minors;        // /proc/driver/nvidia-caps/mig-minors (MIG lines need it)
+  unsigned mps_count_per_gpu = 0;   // Name=mps Count= per GPU; 0: no MPS lines
+  std::string type_override;        // Type= for whole GPUs instead of the NVML name
+  bool cores = true;                // Cores= (needs sysfs)
+  bool links = true;                // Links= (a line per GPU, as gres.conf requires with Links)
   // slurm.conf NodeName line: CPU layout and memory are the operator's; 0 leaves them out.
   unsigned cpus = 0;
   unsigned real_memory_mib = 0;

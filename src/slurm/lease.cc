@@ -46,12 +46,13 @@ absl::StatusOr<Phase> PhaseFromName(std::string_view name) {
       Cat("phase '", Printable(std::string(name)), "' is not one of ", Join(names, ", ")));
 }
 
-std::string OwnedReason(const std::string& op) { return Cat(kOwnedReasonPrefix, op); }
+std::string OwnedReason(const std::string& op) {
+  return Cat(kOwnedReasonPrefix, op);
+}
 
 std::string SerializeLease(const Lease& l) {
-  nlohmann::json j = {{"op", l.op},       {"phase", PhaseName(l.phase)}, {"gen", l.generation},
-                      {"since", l.since}, {"why", l.why},                {"by", l.requested_by},
-                      {"holder", l.holder}};
+  nlohmann::json j = {{"op", l.op},   {"phase", PhaseName(l.phase)}, {"gen", l.generation}, {"since", l.since},
+                      {"why", l.why}, {"by", l.requested_by},        {"holder", l.holder}};
   if (l.lent_until > 0) j["until"] = l.lent_until;
   if (!l.prev_slurm_reason.empty()) j["prevReason"] = l.prev_slurm_reason;
   if (l.admin_drained) j["adminDrained"] = true;
@@ -91,10 +92,10 @@ absl::StatusOr<Lease> ParseLease(std::string_view text) {
     return absl::OkStatus();
   };
   std::string phase;
-  for (auto s : {str("op", l.op), str("phase", phase), str("why", l.why), str("by", l.requested_by),
-                 str("holder", l.holder), str("prevReason", l.prev_slurm_reason), num("gen", l.generation),
-                 num("since", l.since), num("until", l.lent_until), list("jobsSeen", l.jobs_seen),
-                 list("podsEvicted", l.pods_evicted)}) {
+  for (auto s :
+       {str("op", l.op), str("phase", phase), str("why", l.why), str("by", l.requested_by), str("holder", l.holder),
+        str("prevReason", l.prev_slurm_reason), num("gen", l.generation), num("since", l.since),
+        num("until", l.lent_until), list("jobsSeen", l.jobs_seen), list("podsEvicted", l.pods_evicted)}) {
     if (!s.ok()) return s;
   }
   if (j.contains("adminDrained")) {

@@ -62,11 +62,16 @@ absl::StatusOr<std::vector<SlurmNode>> ParseScontrolNodes(std::string_view text)
     }
     std::string key, value;
     auto flush = [&] {
-      if (key == "NodeName") n.name = value;
-      else if (key == "State") n.state = value;
-      else if (key == "Gres") n.gres = value;
-      else if (key == "CPUAlloc") n.cpu_alloc = ToInt(value);
-      else if (key == "CPUTot") n.cpu_total = ToInt(value);
+      if (key == "NodeName")
+        n.name = value;
+      else if (key == "State")
+        n.state = value;
+      else if (key == "Gres")
+        n.gres = value;
+      else if (key == "CPUAlloc")
+        n.cpu_alloc = ToInt(value);
+      else if (key == "CPUTot")
+        n.cpu_total = ToInt(value);
       key.clear();
       value.clear();
     };
@@ -134,8 +139,7 @@ absl::StatusOr<std::vector<SlurmJob>> ParseSqueue(std::string_view text) {
     const auto f = SplitOn(line, '|');
     if (f.size() != 8) {
       return absl::InvalidArgumentError(Cat("squeue -o '", kSqueueFormat, "': line ", line_no, " has ", f.size(),
-                                            " fields, expected 8: '", Printable(std::string(line.substr(0, 80))),
-                                            "'"));
+                                            " fields, expected 8: '", Printable(std::string(line.substr(0, 80))), "'"));
     }
     SlurmJob j;
     j.id = std::string(f[0]);
@@ -175,8 +179,8 @@ absl::Status ExpandItem(std::string_view expr, size_t offset, std::string_view i
       const size_t next = item.find('[', i);
       const std::string_view lit = item.substr(i, next == std::string_view::npos ? std::string_view::npos : next - i);
       if (lit.find(']') != std::string_view::npos) {
-        return absl::InvalidArgumentError(
-            Cat("hostlist '", Printable(std::string(expr)), "': unmatched ']' at position ", offset + i + lit.find(']') + 1));
+        return absl::InvalidArgumentError(Cat("hostlist '", Printable(std::string(expr)),
+                                              "': unmatched ']' at position ", offset + i + lit.find(']') + 1));
       }
       for (auto& a : acc) a += lit;
       i += lit.size();

@@ -63,10 +63,10 @@ absl::StatusOr<std::vector<SlurmNode>> ParseScontrolNodes(std::string_view text)
 
 struct SlurmJob {
   std::string id;
-  std::string state;              // RUNNING, PENDING, COMPLETING, CONFIGURING, SUSPENDED, ...
+  std::string state;               // RUNNING, PENDING, COMPLETING, CONFIGURING, SUSPENDED, ...
   std::vector<std::string> nodes;  // expanded; empty while pending
   int node_count = 0;
-  std::string reason;             // pending reason, "None" when running
+  std::string reason;               // pending reason, "None" when running
   std::optional<int64_t> end_time;  // seconds since the epoch (local time as Slurm prints it); none when unknown
   std::string partition;
   std::optional<int64_t> submit_time;

@@ -1,17 +1,17 @@
 #include "slurm/process.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <map>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <cstdint>
-#include <cstring>
-#include <map>
 
 #include "common/strings.h"
 
@@ -76,9 +76,10 @@ absl::StatusOr<std::vector<std::string>> SplitCommandLine(std::string_view line,
                                             ": one command only (a shell would run the rest as another)"));
     }
     if (!in_word && (c == '#' || c == '~')) {
-      return absl::InvalidArgumentError(Cat(what, ": '", shown, "' has an unquoted ", c, " at the start of a word (offset ", i,
-                                            "): a shell would read a ", c == '#' ? "comment" : "home directory",
-                                            ", this is no shell; quote it ('", c, "')"));
+      return absl::InvalidArgumentError(Cat(what, ": '", shown, "' has an unquoted ", c,
+                                            " at the start of a word (offset ", i, "): a shell would read a ",
+                                            c == '#' ? "comment" : "home directory", ", this is no shell; quote it ('",
+                                            c, "')"));
     }
     if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
       if (in_word) words.push_back(std::move(word));
@@ -93,7 +94,8 @@ absl::StatusOr<std::vector<std::string>> SplitCommandLine(std::string_view line,
     in_word = true;
     if (c == '\\') {
       if (i + 1 == line.size()) {
-        return absl::InvalidArgumentError(Cat(what, ": '", shown, "' ends in a backslash: remove it or quote it ('\\\\')"));
+        return absl::InvalidArgumentError(
+            Cat(what, ": '", shown, "' ends in a backslash: remove it or quote it ('\\\\')"));
       }
       word += line[++i];
     } else if (c == '\'') {
@@ -110,7 +112,8 @@ absl::StatusOr<std::vector<std::string>> SplitCommandLine(std::string_view line,
           ++j;  // a line continuation: removed
           continue;
         }
-        if (line[j] == '\\' && j + 1 < line.size() && std::string_view("$`\"\\").find(line[j + 1]) != std::string_view::npos) {
+        if (line[j] == '\\' && j + 1 < line.size() &&
+            std::string_view("$`\"\\").find(line[j + 1]) != std::string_view::npos) {
           ++j;
         } else if (line[j] == '$' || line[j] == '`') {
           return absl::InvalidArgumentError(Cat(what, ": '", shown, "' has ", line[j], " inside \"...\" at offset ", j,

@@ -19,9 +19,9 @@
 namespace kgpu::slurm {
 
 struct ProcessResult {
-  int exit_code = -1;       // exit status; 128+N when killed by signal N
-  bool timed_out = false;   // killed because the deadline passed
-  bool cancelled = false;   // killed because ProcessOptions::cancel was set
+  int exit_code = -1;      // exit status; 128+N when killed by signal N
+  bool timed_out = false;  // killed because the deadline passed
+  bool cancelled = false;  // killed because ProcessOptions::cancel was set
   std::string out, err;
   std::chrono::milliseconds elapsed{0};
 };

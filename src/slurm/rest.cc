@@ -1,11 +1,10 @@
 #include "slurm/rest.h"
 
-#include <curl/curl.h>
-
 #include <algorithm>
 #include <ctime>
 #include <optional>
 
+#include <curl/curl.h>
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
@@ -32,7 +31,8 @@ absl::StatusOr<std::optional<int64_t>> Int(const json& o, const char* key, std::
   if (v.is_object()) {
     auto flag = [&](const char* k) { return v.contains(k) && v[k].is_boolean() && v[k].get<bool>(); };
     if (flag("infinite") || !flag("set")) return std::optional<int64_t>();
-    if (v.contains("number") && v["number"].is_number_integer()) return std::optional<int64_t>(v["number"].get<int64_t>());
+    if (v.contains("number") && v["number"].is_number_integer())
+      return std::optional<int64_t>(v["number"].get<int64_t>());
   }
   return absl::InvalidArgumentError(Cat(what, ": \"", key, "\" is not an integer"));
 }
@@ -47,7 +47,9 @@ absl::StatusOr<json> Parse(std::string_view body, std::string_view what, const c
   return doc;
 }
 
-std::string ApiPath(std::string_view path) { return Cat("/slurm/", kRestApiVersion, "/", path); }
+std::string ApiPath(std::string_view path) {
+  return Cat("/slurm/", kRestApiVersion, "/", path);
+}
 
 }  // namespace
 
@@ -87,7 +89,8 @@ absl::StatusOr<std::vector<SlurmNode>> ParseRestNodes(std::string_view body) {
     auto at = Int(n, "reason_changed_at", named);
     auto cpus = Int(n, "cpus", named);
     auto alloc = Int(n, "alloc_cpus", named);
-    for (const absl::Status& st : {reason.status(), user.status(), gres.status(), at.status(), cpus.status(), alloc.status()}) {
+    for (const absl::Status& st :
+         {reason.status(), user.status(), gres.status(), at.status(), cpus.status(), alloc.status()}) {
       if (!st.ok()) return st;
     }
     s.reason = *reason;
@@ -129,8 +132,8 @@ absl::StatusOr<std::vector<SlurmJob>> ParseRestJobs(std::string_view body) {
     auto count = Int(j, "node_count", named);
     auto end = Int(j, "end_time", named);
     auto submit = Int(j, "submit_time", named);
-    for (const absl::Status& st :
-         {state.status(), nodes.status(), reason.status(), partition.status(), count.status(), end.status(), submit.status()}) {
+    for (const absl::Status& st : {state.status(), nodes.status(), reason.status(), partition.status(), count.status(),
+                                   end.status(), submit.status()}) {
       if (!st.ok()) return st;
     }
     if (state->empty()) return absl::InvalidArgumentError(Cat(named, " has no job_state"));
@@ -158,9 +161,12 @@ std::string RestErrors(std::string_view body, bool* controller_down) {
   std::vector<std::string> out;
   for (const json& e : doc["errors"]) {
     if (!e.is_object()) continue;
-    auto text = [&](const char* k) { return e.contains(k) && e[k].is_string() ? e[k].get<std::string>() : std::string(); };
+    auto text = [&](const char* k) {
+      return e.contains(k) && e[k].is_string() ? e[k].get<std::string>() : std::string();
+    };
     const std::string error = text("error"), description = text("description");
-    const int64_t number = e.contains("error_number") && e["error_number"].is_number_integer() ? e["error_number"].get<int64_t>() : 0;
+    const int64_t number =
+        e.contains("error_number") && e["error_number"].is_number_integer() ? e["error_number"].get<int64_t>() : 0;
     // 1800-1803: SLURMCTLD_COMMUNICATIONS_{CONNECTION,SEND,RECEIVE,SHUTDOWN}_ERROR; the texts as
     // the CLI backend matches them in scontrol's stderr.
     for (const char* down : {"Unable to contact slurm controller", "Socket timed out", "Connection refused"}) {
@@ -233,8 +239,10 @@ absl::StatusOr<std::string> RestSlurmClient::Call(const std::string& method, con
   bool headers_ok = true;
   auto add = [&](const std::string& h) {
     curl_slist* next = curl_slist_append(headers, h.c_str());
-    if (next == nullptr) headers_ok = false;
-    else headers = next;
+    if (next == nullptr)
+      headers_ok = false;
+    else
+      headers = next;
   };
   add("Accept: application/json");
   if (!body.empty()) add("Content-Type: application/json");
@@ -270,19 +278,21 @@ absl::StatusOr<std::string> RestSlurmClient::Call(const std::string& method, con
       break;
     case CURLE_URL_MALFORMAT:
     case CURLE_UNSUPPORTED_PROTOCOL:
-      return fail(absl::InvalidArgumentError(Cat(what, ": --slurm-rest-url ", options_.url, ": ", curl_easy_strerror(rc))));
+      return fail(
+          absl::InvalidArgumentError(Cat(what, ": --slurm-rest-url ", options_.url, ": ", curl_easy_strerror(rc))));
     case CURLE_PEER_FAILED_VERIFICATION:
     case CURLE_SSL_CACERT_BADFILE:
     case CURLE_SSL_CERTPROBLEM:
     case CURLE_SSL_CONNECT_ERROR:
-      return fail(absl::FailedPreconditionError(
-          Cat(what, ": TLS with ", options_.url, ": ", curl_easy_strerror(rc), " (the system's CA bundle must trust slurmrestd's certificate)")));
+      return fail(absl::FailedPreconditionError(Cat(what, ": TLS with ", options_.url, ": ", curl_easy_strerror(rc),
+                                                    " (the system's CA bundle must trust slurmrestd's certificate)")));
     case CURLE_WRITE_ERROR:
       return fail(absl::ResourceExhaustedError(Cat(what, ": the answer is larger than ", kMaxAnswer >> 20, " MiB")));
     case CURLE_FAILED_INIT:
       return fail(absl::FailedPreconditionError(Cat(what, ": ", curl_easy_strerror(rc))));
     default:
-      return fail(absl::UnavailableError(Cat(what, ": ", curl_easy_strerror(rc), " (is slurmrestd running at ", options_.url, "?)")));
+      return fail(absl::UnavailableError(
+          Cat(what, ": ", curl_easy_strerror(rc), " (is slurmrestd running at ", options_.url, "?)")));
   }
   bool controller_down = false;
   const std::string errors = RestErrors(answer, &controller_down);
@@ -291,11 +301,13 @@ absl::StatusOr<std::string> RestSlurmClient::Call(const std::string& method, con
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   const std::string detail = errors.empty() ? Printable(text) : errors;
   if (controller_down || code == 502 || code == 503 || code == 504) {
-    return fail(absl::UnavailableError(Cat(what, ": ", code == 200 || code == 500 ? "" : Cat("HTTP ", code, " "), detail)));
+    return fail(
+        absl::UnavailableError(Cat(what, ": ", code == 200 || code == 500 ? "" : Cat("HTTP ", code, " "), detail)));
   }
   if (code == 401) {
     return fail(absl::UnauthenticatedError(
-        Cat(what, ": HTTP 401 ", detail, " (a JWT from `scontrol token` in --slurm-rest-token-file, and --slurm-rest-user)")));
+        Cat(what, ": HTTP 401 ", detail,
+            " (a JWT from `scontrol token` in --slurm-rest-token-file, and --slurm-rest-user)")));
   }
   if (code == 404) {
     return fail(absl::FailedPreconditionError(Cat(what, ": HTTP 404: this slurmrestd does not serve ", kRestApiVersion,

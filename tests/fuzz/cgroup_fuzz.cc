@@ -18,8 +18,7 @@ bool IsHex(char c) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   const auto info = kgpu::exporter::ParseCgroup(text);
-  if (!info)
-    return 0;
+  if (!info) return 0;
   int hex = 0;
   for (char c : info->pod_uid) {
     if (IsHex(c)) {
@@ -28,11 +27,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::abort();
     }
   }
-  if (hex != 32 || info->pod_uid.front() == '-' || info->pod_uid.back() == '-')
-    std::abort();
+  if (hex != 32 || info->pod_uid.front() == '-' || info->pod_uid.back() == '-') std::abort();
   for (char c : info->container_id) {
-    if (!IsHex(c))
-      std::abort();
+    if (!IsHex(c)) std::abort();
   }
   const auto again = kgpu::exporter::ParseCgroup(text);
   if (!again || again->pod_uid != info->pod_uid || again->container_id != info->container_id) {

@@ -8,9 +8,9 @@
 #include <cstdlib>
 #include <string>
 
+#include "api/record.h"
 #include "common/fast_json.h"
 #include "extender/inventory.h"
-#include "extender/record.h"
 #include "extender/request.h"
 #include "extender/wire.h"
 
@@ -63,9 +63,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto fr = ParseFilterResult(text);
   if (fr.ok()) (void)EncodeFilterResult(*fr);
   (void)ParseHostPriorityList(text);
-  auto rec = ParseRecord(text);
+  auto rec = kgpu::api::ParseRecord(text);
   if (rec.ok()) {
-    auto back = ParseRecord(EncodeRecord(*rec));
+    auto back = kgpu::api::ParseRecord(kgpu::api::EncodeRecord(*rec));
     Expect(back.ok() && *back == *rec);
   } else {
     Expect(StartsWith(rec.status(), "kgpu.io/allocation"));

@@ -26,7 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     sum += t.percent;
   }
   if (sum > 100) std::abort();
-  for (int64_t total : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{163840}, size > 0 ? int64_t{data[0]} * 1000003 : 3}) {
+  for (int64_t total :
+       {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{163840}, size > 0 ? int64_t{data[0]} * 1000003 : 3}) {
     int64_t given = 0;
     for (int64_t p : DivideByPercent(total, pct)) given += p;
     if (given > total || given != total / 100 * sum + (total % 100) * sum / 100) std::abort();

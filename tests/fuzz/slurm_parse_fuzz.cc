@@ -22,7 +22,9 @@ namespace {
 void Expect(bool ok) {
   if (!ok) std::abort();
 }
-bool Starts(const absl::Status& s, const char* prefix) { return std::string(s.message()).rfind(prefix, 0) == 0; }
+bool Starts(const absl::Status& s, const char* prefix) {
+  return std::string(s.message()).rfind(prefix, 0) == 0;
+}
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,14 +1,6 @@
 // `kgpu device-plugin` as a real process against the kubelet stand-in, over real unix sockets,
 // on a simulated GPU node driven by kgpu-simctl.
 
-#include <fcntl.h>
-#include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -16,9 +8,16 @@
 #include <sstream>
 #include <thread>
 
+#include <fcntl.h>
+#include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "testing/fake_kubelet.h"
 #include "testing/plugin_fixture.h"
@@ -30,16 +29,16 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::FakeKubelet;
-using testing::ResourceState;
 using testing::Plugin;
+using testing::ResourceState;
 using testing::SimNode;
 
 class DevicePluginTest : public testing::PluginNodeTest {
  protected:
   bool WaitDevices(const std::string& resource, size_t count, int healthy, std::chrono::milliseconds t = 10s) {
-    return kubelet_->WaitFor(resource, [&](const ResourceState& s) {
-      return s.connected && s.devices.size() == count && s.Healthy() == healthy;
-    }, t);
+    return kubelet_->WaitFor(
+        resource,
+        [&](const ResourceState& s) { return s.connected && s.devices.size() == count && s.Healthy() == healthy; }, t);
   }
   std::vector<std::string> Ids(const std::string& resource) {
     std::vector<std::string> ids;
@@ -47,7 +46,6 @@ class DevicePluginTest : public testing::PluginNodeTest {
     for (const auto& d : state->devices) ids.push_back(d.id);
     return ids;
   }
-
 };
 
 TEST_F(DevicePluginTest, RegistersWholeGpusWithNumaAndOptions) {
@@ -67,8 +65,7 @@ TEST_F(DevicePluginTest, NumaTopologyFromSysfs) {
   Init("dgx-h100");
   ASSERT_EQ(sim_->Ctl("sysfs " + sim_->dir() + "/sys"), 0);
   // --sysfs-root is a global flag (before the subcommand); its variable is KGPU_SYSFS_ROOT.
-  Plugin p(sim_->dir(), {"--config-file", WriteConfig("version: v1\n")},
-           {"KGPU_SYSFS_ROOT=" + sim_->dir() + "/sys"});
+  Plugin p(sim_->dir(), {"--config-file", WriteConfig("version: v1\n")}, {"KGPU_SYSFS_ROOT=" + sim_->dir() + "/sys"});
   ASSERT_TRUE(WaitDevices("nvidia.com/gpu", 8, 8)) << p.Log();
   auto s = kubelet_->Get("nvidia.com/gpu");
   ASSERT_EQ(s->devices[0].numa, std::vector<int64_t>{0});
@@ -143,8 +140,7 @@ TEST_F(DevicePluginTest, TimeSlicingPerGpuReplicasAndXidMarksEveryReplica) {
 
 TEST_F(DevicePluginTest, PreferredAllocationSpreadsReplicas) {
   Init("dgx-h100");
-  const std::string config =
-      WriteConfig("sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 4}\n");
+  const std::string config = WriteConfig("sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 4}\n");
   Plugin p(sim_->dir(), {"--config-file", config});
   ASSERT_TRUE(WaitDevices("nvidia.com/gpu", 32, 32)) << p.Log();
   auto pick = kubelet_->GetPreferredAllocation("nvidia.com/gpu", Ids("nvidia.com/gpu"), {}, 4);
@@ -173,7 +169,8 @@ TEST_F(DevicePluginTest, LostGpuAndRecovery) {
 
 TEST_F(DevicePluginTest, HungNvmlCallKeepsServing) {
   Init("dgx-h100");
-  const std::string config = WriteConfig("health:\n  probeInterval: 100ms\n  hangThreshold: 300ms\n  recoverAfter: 0s\n");
+  const std::string config =
+      WriteConfig("health:\n  probeInterval: 100ms\n  hangThreshold: 300ms\n  recoverAfter: 0s\n");
   Plugin p(sim_->dir(), {"--config-file", config});
   ASSERT_TRUE(WaitDevices("nvidia.com/gpu", 8, 8)) << p.Log();
   ASSERT_EQ(sim_->Ctl("hang 3 4000"), 0);
@@ -190,7 +187,8 @@ TEST_F(DevicePluginTest, HungNvmlCallKeepsServing) {
 TEST_F(DevicePluginTest, TwentyKubeletRestartsLoseNoResource) {
   Init("dgx-h100");
   const std::string config = WriteConfig(
-      "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2, devices: [0, 1], rename: gpu.shared}\n");
+      "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2, devices: [0, 1], rename: "
+      "gpu.shared}\n");
   Plugin p(sim_->dir(), {"--config-file", config});
   ASSERT_TRUE(WaitDevices("nvidia.com/gpu", 6, 6)) << p.Log();
   ASSERT_TRUE(WaitDevices("nvidia.com/gpu.shared", 4, 4)) << p.Log();
@@ -198,9 +196,15 @@ TEST_F(DevicePluginTest, TwentyKubeletRestartsLoseNoResource) {
     ASSERT_TRUE(kubelet_->Restart().ok());
     const auto t0 = std::chrono::steady_clock::now();
     for (const char* r : {"nvidia.com/gpu", "nvidia.com/gpu.shared"}) {
-      ASSERT_TRUE(kubelet_->WaitFor(r, [&](const ResourceState& s) {
-        return s.registrations == i + 1 && s.connected && s.Healthy() == (std::string(r) == "nvidia.com/gpu" ? 6 : 4);
-      }, 5s)) << "restart " << i << " " << r << "\n" << p.Log();
+      ASSERT_TRUE(kubelet_->WaitFor(
+          r,
+          [&](const ResourceState& s) {
+            return s.registrations == i + 1 && s.connected &&
+                   s.Healthy() == (std::string(r) == "nvidia.com/gpu" ? 6 : 4);
+          },
+          5s))
+          << "restart " << i << " " << r << "\n"
+          << p.Log();
     }
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s) << "restart " << i;
   }
@@ -215,17 +219,20 @@ TEST_F(DevicePluginTest, RemovedSocketIsServedAndRegisteredAgain) {
   const std::string socket = sim_->dir() + "/nvidia-gpu.sock";
   for (int i = 2; i <= 4; ++i) {
     ASSERT_TRUE(std::filesystem::remove(socket));
-    ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [&](const ResourceState& s) {
-      return s.registrations >= i && s.connected && s.Healthy() == 4;
-    }, 5s)) << "removal " << i - 1 << "\n" << p.Log();
+    ASSERT_TRUE(kubelet_->WaitFor(
+        "nvidia.com/gpu",
+        [&](const ResourceState& s) { return s.registrations >= i && s.connected && s.Healthy() == 4; }, 5s))
+        << "removal " << i - 1 << "\n"
+        << p.Log();
     EXPECT_TRUE(std::filesystem::exists(socket));
   }
   EXPECT_NE(p.Log().find("our socket was removed: re-serving"), std::string::npos) << p.Log();
   const int before = kubelet_->Get("nvidia.com/gpu")->registrations;
   ASSERT_TRUE(kubelet_->Restart().ok());
-  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [&](const ResourceState& s) {
-    return s.registrations > before && s.connected && s.Healthy() == 4;
-  }, 5s)) << p.Log();
+  ASSERT_TRUE(kubelet_->WaitFor(
+      "nvidia.com/gpu",
+      [&](const ResourceState& s) { return s.registrations > before && s.connected && s.Healthy() == 4; }, 5s))
+      << p.Log();
 }
 
 TEST_F(DevicePluginTest, WaitsForAnAbsentKubelet) {
@@ -252,7 +259,8 @@ TEST_F(DevicePluginTest, BrokenConfigDoesNotStart) {
       WriteConfig("version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: 1\n");
   Plugin p(sim_->dir(), {"--config-file", config});
   EXPECT_EQ(p.Wait(10s), 1);
-  EXPECT_NE(p.Log().find("config.yaml:6:17: sharing.timeSlicing.resources[0].replicas must be an integer from 2 to 1024 (got 1, out of range)"),
+  EXPECT_NE(p.Log().find("config.yaml:6:17: sharing.timeSlicing.resources[0].replicas must be an integer from 2 to "
+                         "1024 (got 1, out of range)"),
             std::string::npos)
       << p.Log();
   EXPECT_FALSE(std::filesystem::exists(sim_->dir() + "/nvidia-gpu.sock"));

@@ -7,17 +7,12 @@
 // admission (testing/kubelet_admission.h, random order, PreStart concurrently).
 //
 // 200 pods of mixed shapes (about 60 s in the asan build on 2 cores; every phase below scales
-// with kPods) in two namespaces, one under a ResourceQuota. The extender is SIGKILLed and restarted mid-run; 16 share pods are
-// scheduled to one node at the same time. Checked for every bound pod: the node gives it exactly
-// what its allocation record says (shares: the CDI spec's devices, NVIDIA_VISIBLE_DEVICES and
-// limits; whole and MIG: the count, profile and exclusivity of what kubelet allocated); no GPU is
-// over-committed, in the records and in the simulated NVML (each share container's memory is
-// registered there as a process, which NVML refuses beyond the GPU's memory); the pod over quota
-// is refused with the apiserver's `exceeded quota:` message.
-#include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
-
+// with kPods) in two namespaces, one under a ResourceQuota. The extender is SIGKILLed and restarted mid-run; 16 share
+// pods are scheduled to one node at the same time. Checked for every bound pod: the node gives it exactly what its
+// allocation record says (shares: the CDI spec's devices, NVIDIA_VISIBLE_DEVICES and limits; whole and MIG: the count,
+// profile and exclusivity of what kubelet allocated); no GPU is over-committed, in the records and in the simulated
+// NVML (each share container's memory is registered there as a process, which NVML refuses beyond the GPU's memory);
+// the pod over quota is refused with the apiserver's `exceeded quota:` message.
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -31,9 +26,13 @@
 #include <sstream>
 #include <thread>
 
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "api/record.h"
 #include "deviceplugin/plan.h"
 #include "exporter/attribution.h"
-#include "extender/record.h"
 #include "extender/request.h"
 #include "k8s/client.h"
 #include "testing/fake_apiserver.h"
@@ -137,9 +136,19 @@ class E2eClusterTest : public ::testing::Test {
     n.status->Start();
     const std::string cfg = n.dir + "/config.yaml";
     std::ofstream(cfg) << config;
-    std::vector<std::string> args = {"--config-file", cfg, "--publish-labels", "--kubeconfig", kubeconfig_, "--node-name", name,
-                                     "--labels-interval", "0", "--pod-resources-socket", n.pod_resources->SocketPath(),
-                                     "--cdi-spec-dir", n.cdi};
+    std::vector<std::string> args = {"--config-file",
+                                     cfg,
+                                     "--publish-labels",
+                                     "--kubeconfig",
+                                     kubeconfig_,
+                                     "--node-name",
+                                     name,
+                                     "--labels-interval",
+                                     "0",
+                                     "--pod-resources-socket",
+                                     n.pod_resources->SocketPath(),
+                                     "--cdi-spec-dir",
+                                     n.cdi};
     args.insert(args.end(), extra.begin(), extra.end());
     n.plugin = std::make_unique<testing::Plugin>(n.dir, args, n.sim_env);
     n.admission = std::make_unique<testing::KubeletAdmission>(*n.kubelet, *n.pod_resources, *client_, name,
@@ -231,7 +240,7 @@ class E2eClusterTest : public ::testing::Test {
   // on each of its GPUs; NVML refuses one that does not fit what the GPU has free.
   void RegisterShareProcesses(const Node& n, const testing::AdmittedPod& p) {
     const json pod = api_.Get("pods", p.ns, p.name).body;
-    auto rec = extender::ParseRecord(pod["metadata"]["annotations"].value(extender::kAnnotationAllocation, ""));
+    auto rec = api::ParseRecord(pod["metadata"]["annotations"].value(extender::kAnnotationAllocation, ""));
     ASSERT_TRUE(rec.ok()) << rec.status();
     const int pid = next_pid_++;
     pids_[p.uid] = pid;
@@ -246,7 +255,7 @@ class E2eClusterTest : public ::testing::Test {
     const json pod = api_.Get("pods", c.ns, c.name).body;
     const std::string uid = pod["metadata"]["uid"], node = pod["spec"].value("nodeName", "");
     if (pids_.contains(uid) && !node.empty()) {
-      auto rec = extender::ParseRecord(pod["metadata"]["annotations"].value(extender::kAnnotationAllocation, ""));
+      auto rec = api::ParseRecord(pod["metadata"]["annotations"].value(extender::kAnnotationAllocation, ""));
       ASSERT_TRUE(rec.ok());
       for (const auto& g : rec->containers[0].gpus) {
         if (g.memory_mib > 0) {
@@ -275,24 +284,32 @@ class E2eClusterTest : public ::testing::Test {
         // container runs on what kubelet hands on to main.
         if (i / 8 % 2 == 0) {
           *kind = "multi-share";
-          json pod = testing::TestPod(ns, name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", std::to_string(3000 + 1000 * (i % 5))},
-                                                 {"kgpu.io/gpu-cores", "10"}});
-          pod = testing::WithContainer(pod, "initContainers", "proxy", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}, true);
-          return testing::WithContainer(pod, "initContainers", "warmup",
-                                        {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "2000"}, {"kgpu.io/gpu-cores", "5"}});
+          json pod = testing::TestPod(ns, name,
+                                      {{"kgpu.io/gpu", "1"},
+                                       {"kgpu.io/gpu-memory", std::to_string(3000 + 1000 * (i % 5))},
+                                       {"kgpu.io/gpu-cores", "10"}});
+          pod = testing::WithContainer(pod, "initContainers", "proxy",
+                                       {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}, true);
+          return testing::WithContainer(
+              pod, "initContainers", "warmup",
+              {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "2000"}, {"kgpu.io/gpu-cores", "5"}});
         }
         *kind = "multi-whole";
-        return testing::WithContainer(
-            testing::WithContainer(testing::TestPod(ns, name, {{"nvidia.com/gpu", "2"}}), "containers", "side", {{"nvidia.com/gpu", "1"}}),
-            "initContainers", "fetch", {{"nvidia.com/gpu", "1"}});
+        return testing::WithContainer(testing::WithContainer(testing::TestPod(ns, name, {{"nvidia.com/gpu", "2"}}),
+                                                             "containers", "side", {{"nvidia.com/gpu", "1"}}),
+                                      "initContainers", "fetch", {{"nvidia.com/gpu", "1"}});
       case 2:
         *kind = "share";  // two shares on two GPUs, totals
-        return testing::TestPod(ns, name, {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", std::to_string(2 * (3000 + 500 * (i % 5)))},
-                                           {"kgpu.io/gpu-cores", "10"}});
+        return testing::TestPod(ns, name,
+                                {{"kgpu.io/gpu", "2"},
+                                 {"kgpu.io/gpu-memory", std::to_string(2 * (3000 + 500 * (i % 5)))},
+                                 {"kgpu.io/gpu-cores", "10"}});
       default:
         *kind = "share";
-        return testing::TestPod(ns, name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", std::to_string(2000 + 1000 * (i % 7))},
-                                           {"kgpu.io/gpu-cores", std::to_string(5 * (i % 3))}});
+        return testing::TestPod(ns, name,
+                                {{"kgpu.io/gpu", "1"},
+                                 {"kgpu.io/gpu-memory", std::to_string(2000 + 1000 * (i % 7))},
+                                 {"kgpu.io/gpu-cores", std::to_string(5 * (i % 3))}});
     }
   }
   // Creates and schedules pods [from, to); every 10th admits on all nodes.
@@ -322,8 +339,8 @@ class E2eClusterTest : public ::testing::Test {
       int64_t memory = 0, cores = 0;
       int holders = 0;
     };
-    std::map<std::string, Share> shares;           // GPU UUID -> from the CDI specs
-    std::map<std::string, std::string> exclusive;  // whole GPU or MIG UUID -> pod (records)
+    std::map<std::string, Share> shares;             // GPU UUID -> from the CDI specs
+    std::map<std::string, std::string> exclusive;    // whole GPU or MIG UUID -> pod (records)
     std::map<std::string, std::string> kubelet_ids;  // whole/MIG device ID -> pod (kubelet)
     int checked = 0, whole_record_differs = 0;
     for (const auto& c : created_) {
@@ -333,7 +350,7 @@ class E2eClusterTest : public ::testing::Test {
       const std::string node = pod["spec"].value("nodeName", "");
       const std::string key = c.ns + "/" + c.name;
       if (node.empty()) continue;  // never fitted: pending, as on a full cluster
-      auto rec = extender::ParseRecord(pod["metadata"]["annotations"].value(extender::kAnnotationAllocation, ""));
+      auto rec = api::ParseRecord(pod["metadata"]["annotations"].value(extender::kAnnotationAllocation, ""));
       ASSERT_TRUE(rec.ok()) << key << ": " << rec.status();
       EXPECT_EQ(rec->node, node) << key;
       EXPECT_EQ(pod["status"].value("phase", ""), "Running") << key;
@@ -348,12 +365,13 @@ class E2eClusterTest : public ::testing::Test {
           continue;
         }
         // A regular init container: kubelet handed its devices on to a container the record names.
-        const bool handed_on = std::any_of(it->second.containers.begin(), it->second.containers.end(), [&](const auto& x) {
-          return !x.init && x.resource == ac.resource &&
-                 std::all_of(ac.ids.begin(), ac.ids.end(), [&](const std::string& id) {
-                   return std::find(x.ids.begin(), x.ids.end(), id) != x.ids.end();
-                 });
-        });
+        const bool handed_on =
+            std::any_of(it->second.containers.begin(), it->second.containers.end(), [&](const auto& x) {
+              return !x.init && x.resource == ac.resource &&
+                     std::all_of(ac.ids.begin(), ac.ids.end(), [&](const std::string& id) {
+                       return std::find(x.ids.begin(), x.ids.end(), id) != x.ids.end();
+                     });
+            });
         EXPECT_TRUE(handed_on) << key << " init container " << ac.name;
         EXPECT_TRUE(ac.pre_started || ac.resource != "kgpu.io/gpu") << key << " init container " << ac.name;
         ++init_handed_on_;
@@ -384,7 +402,7 @@ class E2eClusterTest : public ::testing::Test {
         if (rc.resource == "kgpu.io/gpu") {
           EXPECT_TRUE(ac.pre_started) << key;
           ASSERT_EQ(ac.ids.size(), rc.gpus.size()) << key;
-          const std::string cdi_name = deviceplugin::ShareCdiName(ac.ids);
+          const std::string cdi_name = api::ShareCdiName(ac.ids);
           ASSERT_EQ(ac.response.cdi_devices_size(), 1) << key;
           EXPECT_EQ(ac.response.cdi_devices(0).name(), "kgpu.io/share=" + cdi_name) << key;
           const std::string text = ReadFile(NodeNamed(node).cdi + "/kgpu.io-share_" + cdi_name + ".json");
@@ -403,7 +421,8 @@ class E2eClusterTest : public ::testing::Test {
             s.memory += g.memory_mib;
             s.cores += g.cores;
             ++s.holders;
-            EXPECT_FALSE(exclusive.contains(g.uuid)) << key << " shares " << g.uuid << " held whole by " << exclusive[g.uuid];
+            EXPECT_FALSE(exclusive.contains(g.uuid))
+                << key << " shares " << g.uuid << " held whole by " << exclusive[g.uuid];
           }
           EXPECT_EQ(env["NVIDIA_VISIBLE_DEVICES"], uuids) << key;
           EXPECT_EQ(env["KGPU_ENFORCEMENT"], rc.enforcement) << key;
@@ -430,32 +449,37 @@ class E2eClusterTest : public ::testing::Test {
           ASSERT_EQ(ac.ids.size(), rc.gpus.size()) << key;
           std::set<std::string> ids(ac.ids.begin(), ac.ids.end()), visible;
           std::stringstream env(ac.response.envs().contains("NVIDIA_VISIBLE_DEVICES")
-                                    ? ac.response.envs().at("NVIDIA_VISIBLE_DEVICES") : "");
+                                    ? ac.response.envs().at("NVIDIA_VISIBLE_DEVICES")
+                                    : "");
           for (std::string v; std::getline(env, v, ',');) visible.insert(v);
           EXPECT_EQ(visible, ids) << key;
           // The node makes the record say what kubelet gave (docs/sharing-model.md §5), after
           // PreStartContainer has returned: give a correction in flight a moment.
-          auto ids_of = [](const extender::RecordContainer& x) {
+          auto ids_of = [](const api::RecordContainer& x) {
             std::set<std::string> out;
             for (const auto& g : x.gpus) out.insert(g.Device());
             return out;
           };
-          extender::RecordContainer cur = rc;
+          api::RecordContainer cur = rc;
           if (ids_of(cur) != ids) {
-            WaitFor([&] {
-              const auto again = extender::ParseRecord(
-                  api_.Get("pods", c.ns, c.name).body["metadata"]["annotations"].value(extender::kAnnotationAllocation, ""));
-              if (!again.ok()) return false;
-              for (const auto& x : again->containers) {
-                if (x.name == rc.name) cur = x;
-              }
-              return ids_of(cur) == ids;
-            }, std::chrono::seconds(10));
+            WaitFor(
+                [&] {
+                  const auto again = api::ParseRecord(api_.Get("pods", c.ns, c.name)
+                                                          .body["metadata"]["annotations"]
+                                                          .value(extender::kAnnotationAllocation, ""));
+                  if (!again.ok()) return false;
+                  for (const auto& x : again->containers) {
+                    if (x.name == rc.name) cur = x;
+                  }
+                  return ids_of(cur) == ids;
+                },
+                std::chrono::seconds(10));
           }
           const std::set<std::string> recorded = ids_of(cur);
           for (const auto& g : cur.gpus) {
             const std::string id = g.Device();
-            EXPECT_FALSE(exclusive.contains(id)) << "records of " << key << " and " << exclusive[id] << " both hold " << id;
+            EXPECT_FALSE(exclusive.contains(id))
+                << "records of " << key << " and " << exclusive[id] << " both hold " << id;
             exclusive[id] = key;
             if (!g.profile.empty()) {
               EXPECT_EQ(rc.resource, "nvidia.com/mig-" + g.profile) << key;
@@ -476,10 +500,14 @@ class E2eClusterTest : public ::testing::Test {
         // The node annotates after PreStartContainer returned: give the last write a moment.
         std::string said = pod["metadata"]["annotations"].value("kgpu.io/enforcement-applied", "");
         if (said != want) {
-          WaitFor([&] {
-            said = api_.Get("pods", c.ns, c.name).body["metadata"]["annotations"].value("kgpu.io/enforcement-applied", "");
-            return said == want;
-          }, std::chrono::seconds(10));
+          WaitFor(
+              [&] {
+                said = api_.Get("pods", c.ns, c.name)
+                           .body["metadata"]["annotations"]
+                           .value("kgpu.io/enforcement-applied", "");
+                return said == want;
+              },
+              std::chrono::seconds(10));
         }
         EXPECT_EQ(said, want) << key;
       }
@@ -539,12 +567,14 @@ class E2eClusterTest : public ::testing::Test {
 TEST_F(E2eClusterTest, MixedPodsOnFourNodesThroughTheExtender) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
   rng_.seed(seed_);
-  for (const char* ns : {"team-a", "team-b"}) ASSERT_EQ(api_.Create("namespaces", "", {{"metadata", {{"name", ns}}}}).code, 201);
-  ASSERT_EQ(api_.Create("resourcequotas", "team-a",
-                        {{"metadata", {{"name", "gpu"}, {"namespace", "team-a"}}},
-                         {"spec", {{"hard", {{"requests.kgpu.io/gpu-memory", "120000"}, {"requests.nvidia.com/gpu", "8"}}}}}})
-                .code,
-            201);
+  for (const char* ns : {"team-a", "team-b"})
+    ASSERT_EQ(api_.Create("namespaces", "", {{"metadata", {{"name", ns}}}}).code, 201);
+  ASSERT_EQ(
+      api_.Create("resourcequotas", "team-a",
+                  {{"metadata", {{"name", "gpu"}, {"namespace", "team-a"}}},
+                   {"spec", {{"hard", {{"requests.kgpu.io/gpu-memory", "120000"}, {"requests.nvidia.com/gpu", "8"}}}}}})
+          .code,
+      201);
   AddNode("whole", "dgx-h100", "version: v1\n");
   AddNode("share", "dgx-h100",
           "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
@@ -567,7 +597,8 @@ TEST_F(E2eClusterTest, MixedPodsOnFourNodesThroughTheExtender) {
     return allocatable("whole", "nvidia.com/gpu") == "8" && allocatable("share", "kgpu.io/gpu") == "64" &&
            allocatable("share", "nvidia.com/gpu") == "4" && allocatable("mig", "nvidia.com/mig-1g.5gb") == "9" &&
            allocatable("h200", "kgpu.io/gpu") == "128";
-  })) << api_.Get("nodes", "", "mig").body.dump() << NodeNamed("h200").plugin->Log();
+  })) << api_.Get("nodes", "", "mig").body.dump()
+      << NodeNamed("h200").plugin->Log();
   EXPECT_TRUE(NodeNamed("share").kubelet->Get("kgpu.io/gpu")->options.pre_start_required());
   Phase("four nodes up");
   StartExtender();
@@ -590,9 +621,10 @@ TEST_F(E2eClusterTest, MixedPodsOnFourNodesThroughTheExtender) {
   std::vector<std::string> burst;
   for (int i = 0; i < 16; ++i) {
     const std::string name = "burst-" + std::to_string(i);
-    ASSERT_TRUE(Create(testing::TestPod("team-b", name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", std::to_string(3000 + 250 * i)},
-                                                        {"kgpu.io/gpu-cores", "5"}},
-                                        {{"kgpu.io/gpu-model", "H200"}})));
+    ASSERT_TRUE(Create(testing::TestPod(
+        "team-b", name,
+        {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", std::to_string(3000 + 250 * i)}, {"kgpu.io/gpu-cores", "5"}},
+        {{"kgpu.io/gpu-model", "H200"}})));
     created_.push_back({"team-b", name, "share"});
     burst.push_back(name);
   }

@@ -4,7 +4,9 @@
 #   - kgpu_gpu_up{gpu="5",UUID=...} turns 0, with kgpu_gpu_unhealthy_reason{reason="lost"} 1;
 #   - DCGM_EXP_XID_ERRORS_TOTAL{gpu="5",xid="79"} is 1 while the GPU is lost (not after restore);
 #   - the exporter logs the transition once, however many collections see it;
-#   - after `restore 5`, kgpu_gpu_up is 1 again and the reason is gone.
+#   - after `restore 5`, its readings are back at once; kgpu_gpu_up is 1 again and the reason gone
+#     once --health-recover-after (here 2s; the device plugin's default health.recoverAfter, 5m,
+#     otherwise) has passed, as the device plugin would serve the GPU to kubelet.
 # Usage: exporter_lost_gpu_test.sh <bin dir> <simulated NVML lib dir>
 set -euo pipefail
 bin=$1
@@ -28,7 +30,7 @@ scrape_until() { scrape && has "$1"; }
 "$bin/kgpu-simctl" reset
 uuid5=$("$bin/kgpu" devices --json | python3 -c "import json,sys; print(json.load(sys.stdin)['gpus'][5]['uuid'])")
 port=$(free_port)
-"$bin/kgpu" exporter -a "127.0.0.1:$port" -c 200 >"$work/exporter.log" 2>&1 &
+"$bin/kgpu" exporter -a "127.0.0.1:$port" -c 200 --health-recover-after 2s >"$work/exporter.log" 2>&1 &
 pids+=($!)
 retry 20 curl -sf "http://127.0.0.1:$port/health" >/dev/null || { cat "$work/exporter.log"; exit 1; }
 
@@ -50,6 +52,8 @@ n=$(grep -c "GPU 5 ($uuid5) is lost" "$work/exporter.log" || true)
 if [ "$n" = 1 ]; then ok "the loss is logged once ($(collections) collections)"; else bad "the loss was logged $n times"; cat "$work/exporter.log"; fi
 
 "$bin/kgpu-simctl" restore 5
+if retry 20 scrape_until '^DCGM_FI_DEV_GPU_TEMP\{gpu="5",'; then ok "GPU 5's readings are back after restore"; else
+  bad "GPU 5's readings did not come back"; fi
 if retry 20 scrape_until "$up5 1$"; then ok "kgpu_gpu_up of GPU 5 is 1 after restore"; else bad "GPU 5 did not come back"; fi
 if has 'reason="lost"'; then bad "reason=lost is still served"; else ok "the reason is gone"; fi
 if grep -q "GPU 5 ($uuid5) is readable again" "$work/exporter.log"; then ok "the recovery is logged"; else bad "the recovery is not logged"; fi

@@ -4,18 +4,6 @@
 // nodeCacheCapable modes, mixed whole/MIG/share pods with exact records and no GPU over-committed,
 // quota refusing at admission, what preemption really reaches, 16 concurrent binds to one node,
 // a restarted extender rebuilding from the records, HTTPS, and the `kgpu extender` process.
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <gtest/gtest.h>
-#include <httplib.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -28,13 +16,27 @@
 #include <sstream>
 #include <thread>
 
-#include "extender/record.h"
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "api/record.h"
 #include "extender/server.h"
 #include "extender/wire.h"
 #include "k8s/client.h"
 #include "testing/fake_apiserver.h"
 #include "testing/fake_scheduler.h"
 #include "testing/gpu_nodes.h"
+#include "testing/poll.h"
+#include "testing/promtool.h"
 #include "testing/spawn.h"
 
 namespace kgpu::extender {
@@ -47,14 +49,7 @@ using testing::TestNode;
 using testing::TestPod;
 using testing::WholeGpu;
 
-bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return pred();
-}
+using testing::WaitFor;  // testing/poll.h
 
 class ExtenderTest : public ::testing::Test {
  protected:
@@ -64,7 +59,8 @@ class ExtenderTest : public ::testing::Test {
     kc.server = api.url();
     kc.qps = 0;  // no client-side rate limit in tests
     client = std::move(*k8s::Client::Create(kc));
-    for (const char* ns : {"ns", "other"}) ASSERT_EQ(api.Create("namespaces", "", {{"metadata", {{"name", ns}}}}).code, 201);
+    for (const char* ns : {"ns", "other"})
+      ASSERT_EQ(api.Create("namespaces", "", {{"metadata", {{"name", ns}}}}).code, 201);
   }
   void TearDown() override {
     sched.reset();
@@ -108,9 +104,10 @@ class ExtenderTest : public ::testing::Test {
   }
   // What kubelet would report for a started pod: Running and Ready (budgets count it healthy).
   void MarkRunning(const std::string& name) {
-    auto st = client->Patch("/api/v1/namespaces/ns/pods/" + name + "/status",
-                            {{"status", {{"phase", "Running"}, {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}}}},
-                            "application/merge-patch+json");
+    auto st =
+        client->Patch("/api/v1/namespaces/ns/pods/" + name + "/status",
+                      {{"status", {{"phase", "Running"}, {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}}}},
+                      "application/merge-patch+json");
     ASSERT_TRUE(st.ok()) << st.status();
   }
   // The Event with this reason about pod ns/`name`, waited for (the recorder writes Events on its
@@ -148,10 +145,10 @@ class ExtenderTest : public ::testing::Test {
     }
     return ::testing::AssertionFailure() << ns << "/" << name << " never bound: " << last;
   }
-  std::optional<AllocationRecord> RecordOn(const json& pod) {
+  std::optional<api::AllocationRecord> RecordOn(const json& pod) {
     const json ann = pod["metadata"].value("annotations", json::object());
     if (!ann.contains(kAnnotationAllocation)) return std::nullopt;
-    auto r = ParseRecord(ann[kAnnotationAllocation].get<std::string>());
+    auto r = api::ParseRecord(ann[kAnnotationAllocation].get<std::string>());
     if (!r.ok()) return std::nullopt;
     return *r;
   }
@@ -221,8 +218,7 @@ std::vector<int> NoDelayOfSocketsOnPort(int port) {
     const int fd = std::atoi(e.path().filename().c_str());
     sockaddr_storage addr{};
     socklen_t len = sizeof addr;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || addr.ss_family != AF_INET)
-      continue;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || addr.ss_family != AF_INET) continue;
     if (ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port) != port) continue;
     int type = 0;
     socklen_t tl = sizeof type;
@@ -263,7 +259,8 @@ TEST_F(ExtenderTest, EveryVerbOnTheWire) {
   const json pod = CreatePod(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10k"}}));
   const std::string uid = pod["metadata"]["uid"];
   // nodeCacheCapable: true — NodeNames in, NodeNames out.
-  auto f = http.Post("/gpu/filter", json{{"Pod", pod}, {"Nodes", nullptr}, {"NodeNames", {"node-a", "node-b", "node-c"}}}.dump(),
+  auto f = http.Post("/gpu/filter",
+                     json{{"Pod", pod}, {"Nodes", nullptr}, {"NodeNames", {"node-a", "node-b", "node-c"}}}.dump(),
                      "application/json");
   ASSERT_TRUE(f);
   ASSERT_EQ(f->status, 200) << f->body;
@@ -271,7 +268,8 @@ TEST_F(ExtenderTest, EveryVerbOnTheWire) {
   EXPECT_EQ(fr["NodeNames"], json({"node-a"}));
   EXPECT_TRUE(fr["Nodes"].is_null());
   EXPECT_EQ(fr["Error"], "");
-  EXPECT_EQ(fr["FailedAndUnresolvableNodes"]["node-b"], "no GPU on this node has 10000 MiB in total (largest: 8192 MiB)");
+  EXPECT_EQ(fr["FailedAndUnresolvableNodes"]["node-b"],
+            "no GPU on this node has 10000 MiB in total (largest: 8192 MiB)");
   EXPECT_EQ(fr["FailedAndUnresolvableNodes"]["node-c"], "no GPU on this node serves shares (kgpu.io/gpu)");
   // nodeCacheCapable: false — the full NodeList in, full Nodes out, NodeNames null.
   std::vector<json> full;
@@ -310,13 +308,15 @@ TEST_F(ExtenderTest, EveryVerbOnTheWire) {
   ASSERT_EQ(rec->containers.size(), 1u);
   EXPECT_EQ(rec->containers[0].resource, "kgpu.io/gpu");
   EXPECT_EQ(rec->containers[0].enforcement, "hard");
-  EXPECT_EQ(rec->containers[0].gpus[0], (RecordGpu{TestGpuUuid("node-a", 0), "", "", 10000, 0}));
+  EXPECT_EQ(rec->containers[0].gpus[0], (api::RecordGpu{TestGpuUuid("node-a", 0), "", "", 10000, 0}));
   // A repeated bind of the bound pod succeeds without a second booking.
-  auto again = http.Post("/gpu/bind", R"({"PodName":"p","PodNamespace":"ns","PodUID":")" + uid + R"(","Node":"node-a"})",
-                         "application/json");
+  auto again =
+      http.Post("/gpu/bind", R"({"PodName":"p","PodNamespace":"ns","PodUID":")" + uid + R"(","Node":"node-a"})",
+                "application/json");
   EXPECT_EQ(again->body, R"({"Error":""})");
   // A bind for a re-created pod (wrong UID) is refused, with a message.
-  auto wrong = http.Post("/gpu/bind", R"({"PodName":"p","PodNamespace":"ns","PodUID":"other","Node":"node-a"})", "application/json");
+  auto wrong = http.Post("/gpu/bind", R"({"PodName":"p","PodNamespace":"ns","PodUID":"other","Node":"node-a"})",
+                         "application/json");
   EXPECT_NE(json::parse(wrong->body)["Error"].get<std::string>().find("re-created"), std::string::npos);
   // The informer sees it: a second 10000 MiB pod no longer fits node-a (resolvable).
   const json second = CreatePod(TestPod("ns", "q", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}}, {}, 100));
@@ -325,10 +325,11 @@ TEST_F(ExtenderTest, EveryVerbOnTheWire) {
   EXPECT_EQ(json::parse(f2->body)["FailedNodes"]["node-a"],
             "no single GPU with 10000 MiB free (largest free: 6384 MiB on " + TestGpuUuid("node-a", 0) + ")");
   // preempt: p on node-a frees enough; an unknown node is dropped.
-  auto pe = http.Post("/gpu/preempt",
-                      EncodePreemptionArgs(second, {{"node-a", {{uid}, 0}}, {"node-b", {{"x"}, 0}}}), "application/json");
+  auto pe = http.Post("/gpu/preempt", EncodePreemptionArgs(second, {{"node-a", {{uid}, 0}}, {"node-b", {{"x"}, 0}}}),
+                      "application/json");
   ASSERT_TRUE(pe);
-  EXPECT_EQ(pe->body, R"({"NodeNameToMetaVictims":{"node-a":{"NumPDBViolations":0,"Pods":[{"UID":")" + uid + R"("}]}}})");
+  EXPECT_EQ(pe->body,
+            R"({"NodeNameToMetaVictims":{"node-a":{"NumPDBViolations":0,"Pods":[{"UID":")" + uid + R"("}]}}})");
   // Malformed input: 400 and an Error naming the field.
   auto bad = http.Post("/gpu/filter", R"({"Pod":{},"NodeNames":5})", "application/json");
   ASSERT_TRUE(bad);
@@ -337,12 +338,15 @@ TEST_F(ExtenderTest, EveryVerbOnTheWire) {
   // Metrics: per-verb histograms, verdicts, failures by reason.
   auto m = http.Get("/metrics");
   ASSERT_TRUE(m);
-  EXPECT_NE(m->body.find("kgpu_extender_request_duration_seconds_count{verb=\"filter\"} 5"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("kgpu_extender_request_duration_seconds_count{verb=\"filter\"} 5"), std::string::npos)
+      << m->body;
   EXPECT_NE(m->body.find("kgpu_extender_filter_nodes_total{result=\"unresolvable\"} 3"), std::string::npos);
   EXPECT_NE(m->body.find("kgpu_extender_filter_reasons_total{reason=\"memory\"} 1"), std::string::npos);
   EXPECT_NE(m->body.find("kgpu_extender_failures_total{reason=\"bad_request\",verb=\"filter\"} 1"), std::string::npos);
   EXPECT_NE(m->body.find("kgpu_extender_failures_total{reason=\"pod_changed\",verb=\"bind\"} 1"), std::string::npos);
   EXPECT_NE(m->body.find("kgpu_extender_pods_booked 1"), std::string::npos);
+  // Prometheus' own linter: every family has HELP and TYPE, every line parses.
+  EXPECT_EQ(testing::PromtoolFindings(m->body), "") << m->body;
 }
 
 TEST_F(ExtenderTest, MixedPodsThroughTheSchedulerWithQuota) {
@@ -350,11 +354,12 @@ TEST_F(ExtenderTest, MixedPodsThroughTheSchedulerWithQuota) {
   AddNode(TestNode("mig", {MigGpu({"1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb"})}));
   AddNode(TestNode("share", {ShareGpu(16000), ShareGpu(16000)}));
   ASSERT_EQ(api.Create("namespaces", "", {{"metadata", {{"name", "team-a"}}}}).code, 201);
-  ASSERT_EQ(api.Create("resourcequotas", "team-a",
-                       {{"metadata", {{"name", "gpu"}, {"namespace", "team-a"}}},
-                        {"spec", {{"hard", {{"requests.kgpu.io/gpu-memory", "24000"}, {"requests.kgpu.io/gpu", "8"}}}}}})
-                .code,
-            201);
+  ASSERT_EQ(
+      api.Create("resourcequotas", "team-a",
+                 {{"metadata", {{"name", "gpu"}, {"namespace", "team-a"}}},
+                  {"spec", {{"hard", {{"requests.kgpu.io/gpu-memory", "24000"}, {"requests.kgpu.io/gpu", "8"}}}}}})
+          .code,
+      201);
   StartExtender();
   StartScheduler(Url());
   // Whole GPUs: 2 on an NVLink pair.
@@ -376,24 +381,27 @@ TEST_F(ExtenderTest, MixedPodsThroughTheSchedulerWithQuota) {
   EXPECT_EQ(migs.size(), 3u);
   // Shares up to the quota: 6 x 4000 MiB = 24000.
   for (int i = 0; i < 6; ++i) {
-    auto s = Schedule(TestPod("team-a", "share-" + std::to_string(i), {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}));
+    auto s = Schedule(
+        TestPod("team-a", "share-" + std::to_string(i), {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}));
     ASSERT_TRUE(s.bound) << s.message;
     EXPECT_EQ(s.node, "share");
   }
   // The 7th is refused by the apiserver's quota admission, with its message.
-  auto refused = api.Create("pods", "team-a", TestPod("team-a", "share-6", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}));
+  auto refused = api.Create("pods", "team-a",
+                            TestPod("team-a", "share-6", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}));
   EXPECT_EQ(refused.code, 403);
   // (the stand-in prints 4000 where kube-apiserver prints the canonical 4k)
   const std::string msg = refused.body["message"];
-  EXPECT_EQ(msg.rfind("pods \"share-6\" is forbidden: exceeded quota: gpu, requested: requests.kgpu.io/gpu-memory=4", 0), 0u) << msg;
+  EXPECT_EQ(
+      msg.rfind("pods \"share-6\" is forbidden: exceeded quota: gpu, requested: requests.kgpu.io/gpu-memory=4", 0), 0u)
+      << msg;
   EXPECT_NE(msg.find(", used: requests.kgpu.io/gpu-memory=24"), std::string::npos) << msg;
   EXPECT_NE(msg.find(", limited: requests.kgpu.io/gpu-memory=24"), std::string::npos) << msg;
   // Outside the quota'd namespace: a share too big for what is left says so in the event text.
   auto big = Schedule(TestPod("other", "big", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}));
   EXPECT_FALSE(big.bound);
   EXPECT_NE(big.message.find("0/3 nodes are available: "), std::string::npos) << big.message;
-  EXPECT_NE(big.message.find("1 no single GPU with 12000 MiB free (largest free: "), std::string::npos)
-      << big.message;
+  EXPECT_NE(big.message.find("1 no single GPU with 12000 MiB free (largest free: "), std::string::npos) << big.message;
   // Nothing is over-committed: per GPU, what the records book fits the GPU.
   for (const auto& [id, u] : UseFromRecords()) {
     if (id.rfind("MIG-", 0) == 0 || u.whole) {
@@ -411,7 +419,8 @@ TEST_F(ExtenderTest, KubeSchedulerPreemptsForWholeGpusButCannotSeeMemoryShortfal
   StartExtender();
   StartScheduler(Url());
   ASSERT_TRUE(Schedule(TestPod("ns", "low-whole", {{"nvidia.com/gpu", "2"}}, {}, 10)).bound);
-  ASSERT_TRUE(Schedule(TestPod("ns", "low-share", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}, {}, 10)).bound);
+  ASSERT_TRUE(
+      Schedule(TestPod("ns", "low-share", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}, {}, 10)).bound);
   ASSERT_TRUE(WaitFor([&] { return ext->state().Stats().booked == 2; }));
   // A high-priority whole-GPU pod: kube-scheduler's dry run picks the victim (nvidia.com/gpu is
   // counted), the extender confirms it frees the GPUs, the victim goes, the pod binds next time.
@@ -449,11 +458,14 @@ TEST_F(ExtenderTest, TheExtenderPreemptsForMemoryShortfallsThroughTheEvictionApi
   auto hi = Schedule(share("hi", "8000", 1000, "hi"));
   EXPECT_FALSE(hi.bound);
   EXPECT_FALSE(hi.preempt_called);
-  EXPECT_NE(hi.message.find("no single GPU with 8000 MiB free (largest free: 2000 MiB"), std::string::npos) << hi.message;
+  EXPECT_NE(hi.message.find("no single GPU with 8000 MiB free (largest free: 2000 MiB"), std::string::npos)
+      << hi.message;
   EXPECT_NE(hi.message.find("preempting 1 lower-priority pod(s) here: ns/low"), std::string::npos) << hi.message;
   // The victim is evicted (Terminating for its grace period, then gone); meanwhile nothing of
   // lower priority takes the node, and the preemptor binds there.
-  ASSERT_TRUE(WaitFor([&] { return GetPod("ns", "low")["metadata"].contains("deletionTimestamp") || GetPod("ns", "low")["code"] == 404; }));
+  ASSERT_TRUE(WaitFor([&] {
+    return GetPod("ns", "low")["metadata"].contains("deletionTimestamp") || GetPod("ns", "low")["code"] == 404;
+  }));
   auto sneaky = Schedule(share("sneaky", "1000", 5, "sneaky"));
   EXPECT_FALSE(sneaky.bound);
   EXPECT_NE(sneaky.message.find("held for pod ns/hi (priority 1000)"), std::string::npos) << sneaky.message;
@@ -479,7 +491,8 @@ TEST_F(ExtenderTest, TheExtenderPreemptsForMemoryShortfallsThroughTheEvictionApi
   ASSERT_TRUE(Schedule(share("guarded", "4000", 10, "guarded")).bound);
   running("guarded");
   ASSERT_EQ(api.Create("poddisruptionbudgets", "ns",
-                       {{"apiVersion", "policy/v1"}, {"kind", "PodDisruptionBudget"},
+                       {{"apiVersion", "policy/v1"},
+                        {"kind", "PodDisruptionBudget"},
                         {"metadata", {{"name", "guard"}, {"namespace", "ns"}}},
                         {"spec", {{"minAvailable", 1}, {"selector", {{"matchLabels", {{"app", "guarded"}}}}}}}})
                 .code,
@@ -487,13 +500,16 @@ TEST_F(ExtenderTest, TheExtenderPreemptsForMemoryShortfallsThroughTheEvictionApi
   auto hi2 = Schedule(share("hi2", "4000", 1000, "hi2"));
   EXPECT_FALSE(hi2.bound);
   EXPECT_NE(hi2.message.find("preempting 1 lower-priority pod(s) here: ns/guarded"), std::string::npos) << hi2.message;
-  EXPECT_TRUE(WaitFor([&] { return ext->MetricsText().find("kgpu_extender_preemptions_total{result=\"blocked\"} 1") != std::string::npos; }));
+  EXPECT_TRUE(WaitFor([&] {
+    return ext->MetricsText().find("kgpu_extender_preemptions_total{result=\"blocked\"} 1") != std::string::npos;
+  }));
   EXPECT_FALSE(GetPod("ns", "guarded")["metadata"].contains("deletionTimestamp"));
   EXPECT_EQ(ext->state().PreemptingOn(GetPod("ns", "hi2")["metadata"]["uid"]), "");
   const json blocked = WaitForEvent("PreemptionBlocked", "hi2");
   EXPECT_TRUE(blocked.is_object());
   if (blocked.is_object()) {
-    EXPECT_NE(blocked.value("note", "").find("Cannot preempt ns/guarded on node share"), std::string::npos) << blocked.dump();
+    EXPECT_NE(blocked.value("note", "").find("Cannot preempt ns/guarded on node share"), std::string::npos)
+        << blocked.dump();
   }
 }
 
@@ -509,7 +525,8 @@ TEST_F(ExtenderTest, APreemptionThatABudgetWouldStopEvictsNoVictim) {
   share("first", "6000", 10);
   share("guarded", "6000", 20);
   ASSERT_EQ(api.Create("poddisruptionbudgets", "ns",
-                       {{"apiVersion", "policy/v1"}, {"kind", "PodDisruptionBudget"},
+                       {{"apiVersion", "policy/v1"},
+                        {"kind", "PodDisruptionBudget"},
                         {"metadata", {{"name", "guard"}, {"namespace", "ns"}}},
                         {"spec", {{"minAvailable", 1}, {"selector", {{"matchLabels", {{"app", "guarded"}}}}}}}})
                 .code,
@@ -545,8 +562,9 @@ TEST_F(ExtenderTest, APreemptionThatABudgetWouldStopEvictsNoVictim) {
   const json blocked = WaitForEvent("PreemptionBlocked", "hi");
   EXPECT_TRUE(blocked.is_object());
   if (blocked.is_object()) {
-    EXPECT_NE(blocked.value("note", "").find("Cannot preempt ns/guarded on node share (asked as a dry run, nothing evicted)"),
-              std::string::npos)
+    EXPECT_NE(
+        blocked.value("note", "").find("Cannot preempt ns/guarded on node share (asked as a dry run, nothing evicted)"),
+        std::string::npos)
         << blocked.dump();
   }
 }
@@ -561,7 +579,8 @@ TEST_F(ExtenderTest, ABudgetGuardingSeveralVictimsStopsThePlanBeforeAnyEviction)
     ASSERT_TRUE(Schedule(SharePod(name, "6000", prio, "batch")).bound) << name;
     MarkRunning(name);
   }
-  json budget = {{"apiVersion", "policy/v1"}, {"kind", "PodDisruptionBudget"},
+  json budget = {{"apiVersion", "policy/v1"},
+                 {"kind", "PodDisruptionBudget"},
                  {"metadata", {{"name", "batch"}, {"namespace", "ns"}}},
                  {"spec", {{"maxUnavailable", 1}, {"selector", {{"matchLabels", {{"app", "batch"}}}}}}}};
   ASSERT_EQ(api.Create("poddisruptionbudgets", "ns", budget).code, 201);
@@ -578,7 +597,8 @@ TEST_F(ExtenderTest, ABudgetGuardingSeveralVictimsStopsThePlanBeforeAnyEviction)
 
   auto hi = Schedule(TestPod("ns", "hi", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "14000"}}, {}, 1000));
   EXPECT_FALSE(hi.bound);
-  EXPECT_NE(hi.message.find("preempting 2 lower-priority pod(s) here: ns/one, ns/two"), std::string::npos) << hi.message;
+  EXPECT_NE(hi.message.find("preempting 2 lower-priority pod(s) here: ns/one, ns/two"), std::string::npos)
+      << hi.message;
   EXPECT_TRUE(WaitFor([&] {
     return ext->MetricsText().find("kgpu_extender_preemptions_total{result=\"blocked\"} 1") != std::string::npos;
   }));
@@ -588,8 +608,9 @@ TEST_F(ExtenderTest, ABudgetGuardingSeveralVictimsStopsThePlanBeforeAnyEviction)
   const json blocked = WaitForEvent("PreemptionBlocked", "hi");
   EXPECT_TRUE(blocked.is_object());
   if (blocked.is_object()) {
-    EXPECT_NE(blocked.value("note", "").find("Cannot preempt ns/one, ns/two on node share: PodDisruptionBudget ns/batch "
-                                             "allows 1 disruption(s) now and guards 2 of the victims"),
+    EXPECT_NE(blocked.value("note", "")
+                  .find("Cannot preempt ns/one, ns/two on node share: PodDisruptionBudget ns/batch "
+                        "allows 1 disruption(s) now and guards 2 of the victims"),
               std::string::npos)
         << blocked.dump();
   }
@@ -614,8 +635,9 @@ TEST_F(ExtenderTest, SixteenConcurrentBindsToOneNode) {
   StartScheduler(Url());
   std::vector<json> pods;
   for (int i = 0; i < 16; ++i) {
-    pods.push_back(CreatePod(TestPod("ns", "p" + std::to_string(i), {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "5000"},
-                                                                      {"kgpu.io/gpu-cores", "10"}})));
+    pods.push_back(
+        CreatePod(TestPod("ns", "p" + std::to_string(i),
+                          {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "5000"}, {"kgpu.io/gpu-cores", "10"}})));
   }
   // All 16 binding cycles at once, as kube-scheduler runs them (asynchronously per pod).
   std::vector<std::thread> threads;
@@ -653,7 +675,8 @@ TEST_F(ExtenderTest, ARestartedExtenderRebuildsFromRecordsAndNeverDoubleAllocate
   StartExtender();
   StartScheduler(Url());
   for (int i = 0; i < 6; ++i) {
-    ASSERT_TRUE(Schedule(TestPod("ns", "a" + std::to_string(i), {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "5000"}})).bound);
+    ASSERT_TRUE(
+        Schedule(TestPod("ns", "a" + std::to_string(i), {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "5000"}})).bound);
   }
   sched.reset();  // kube-scheduler's connections go first, as when it is restarted too
   ext->Stop();
@@ -664,7 +687,8 @@ TEST_F(ExtenderTest, ARestartedExtenderRebuildsFromRecordsAndNeverDoubleAllocate
   // 32000 - 30000 booked: room for no further 5000 MiB pod on either GPU... 16000 - 15000 = 1000 each.
   auto more = Schedule(TestPod("ns", "b0", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "5000"}}));
   EXPECT_FALSE(more.bound);
-  EXPECT_NE(more.message.find("no single GPU with 5000 MiB free (largest free: 1000 MiB"), std::string::npos) << more.message;
+  EXPECT_NE(more.message.find("no single GPU with 5000 MiB free (largest free: 1000 MiB"), std::string::npos)
+      << more.message;
   auto fits = Schedule(TestPod("ns", "b1", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}));
   EXPECT_TRUE(fits.bound) << fits.message;
   for (const auto& [id, u] : UseFromRecords()) EXPECT_LE(u.memory, 16000) << id;
@@ -721,7 +745,8 @@ TEST_F(ExtenderTest, TwoReplicasTheStandbyTakesOverAfterACrashAndAtOnceAfterASto
     pid_t pid = -1;
     int port = 0;
   };
-  std::vector<Replica> replicas = {{"replica-a", std::string(dir) + "/a.log"}, {"replica-b", std::string(dir) + "/b.log"}};
+  std::vector<Replica> replicas = {{"replica-a", std::string(dir) + "/a.log"},
+                                   {"replica-b", std::string(dir) + "/b.log"}};
   auto text = [](const std::string& path) {
     std::stringstream t;
     t << std::ifstream(path).rdbuf();
@@ -730,10 +755,11 @@ TEST_F(ExtenderTest, TwoReplicasTheStandbyTakesOverAfterACrashAndAtOnceAfterASto
   auto start = [&](Replica& r) {
     testing::SpawnOptions so;
     so.log = r.log;
-    r.pid = testing::Spawn({KGPU_BIN, "extender", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0", "--leader-elect",
-                            "--lease-namespace", "default", "--identity", r.id, "--leader-elect-lease-duration", "2",
-                            "--leader-elect-renew-deadline", "1.5", "--leader-elect-retry-period", "0.25"},
-                           so);
+    r.pid =
+        testing::Spawn({KGPU_BIN, "extender", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0", "--leader-elect",
+                        "--lease-namespace", "default", "--identity", r.id, "--leader-elect-lease-duration", "2",
+                        "--leader-elect-renew-deadline", "1.5", "--leader-elect-retry-period", "0.25"},
+                       so);
     ASSERT_GT(r.pid, 0) << std::strerror(errno);
     ASSERT_TRUE(WaitFor([&] {
       const std::string content = text(r.log);
@@ -759,7 +785,8 @@ TEST_F(ExtenderTest, TwoReplicasTheStandbyTakesOverAfterACrashAndAtOnceAfterASto
     if (a == b) return false;
     leader = a ? 0 : 1;
     return true;
-  })) << text(replicas[0].log) << text(replicas[1].log);
+  })) << text(replicas[0].log)
+      << text(replicas[1].log);
   Replica& first = replicas[static_cast<size_t>(leader)];
   Replica& second = replicas[static_cast<size_t>(1 - leader)];
   // The standby syncs its informers too (a warm standby), then says why it is not ready.

@@ -2,26 +2,30 @@
 // on a simulated node: each one must fail with a message that names the input, the position and
 // the fix, with the documented exit code (1 bad input, 2 usage), and change nothing.
 
-#include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
 
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "testing/net.h"
 #include "testing/plugin_process.h"
+#include "testing/poll.h"
 #include "testing/shell.h"
 #include "testing/sim_node.h"
+#include "testing/spawn.h"
 
 namespace kgpu {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::Quote;
 using testing::CommandResult;
+using testing::Quote;
 using testing::Shell;
 using testing::SimNode;
 
@@ -71,6 +75,70 @@ class InputErrorsTest : public ::testing::Test {
   std::string kubelet_dir_;
 };
 
+// ---------------------------------------------------------------- listen addresses
+
+// Every server kgpu runs reads its address the same way (host:port, :port, [v6]:port, port), refuses
+// a port outside 0-65535 as a usage error (exit 2) naming the flag, and never shares a port with
+// another listener: a port in use is an error naming the port and the flag (exit 1).
+TEST_F(InputErrorsTest, ListenAddressesAreReadOnceAndNeverShared) {
+  const std::string kubeconfig = Write("kubeconfig", R"(apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+)");
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> impossible = {
+      {"extender --kubeconfig " + kubeconfig + " --address :99999", "--address ':99999': the port must be 1-65535"},
+      {"webhook --insecure-http --address :70000", "--address ':70000': the port must be 1-65535"},
+      {"webhook --insecure-http --address 127.0.0.1:http", "--address '127.0.0.1:http': the port is not a number"},
+      {"webhook --insecure-http --address ::1:8443", "an IPv6 address must be written in brackets"},
+      {"exporter -a :99999", "-a/--address (DCGM_EXPORTER_LISTEN) ':99999': the port must be 1-65535"},
+      {"exporter -a '[::1:9400'", "an IPv6 address opened with [ is not closed with ]"},
+  };
+  for (const auto& c : impossible) {
+    const CommandResult r = Kgpu("--log-level warn " + c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << "\n" << r.out;
+  }
+
+  // A webhook on a bare port, another on [::1] (where this machine has IPv6).
+  auto healthz = [](const std::string& url) { return Shell("curl -gsf " + url + "/healthz").code == 0; };
+  const int port = testing::FreePort();
+  testing::SpawnOptions so;
+  so.log = sim_->dir() + "/webhook.log";
+  const pid_t first = testing::Spawn({KGPU_BIN, "webhook", "--insecure-http", "--address", std::to_string(port)}, so);
+  ASSERT_GT(first, 0);
+  ASSERT_TRUE(testing::WaitFor([&] { return healthz("http://127.0.0.1:" + std::to_string(port)); }, 20s))
+      << testing::ReadFile(so.log);
+
+  // The same port again, from the same program and from another: refused, nothing shared.
+  for (const std::string& args : {"webhook --insecure-http --address 127.0.0.1:" + std::to_string(port),
+                                  "exporter -a :" + std::to_string(port)}) {
+    const CommandResult r = Kgpu("--log-level warn " + args);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("port " + std::to_string(port) + " is already in use"), std::string::npos) << args << "\n"
+                                                                                                    << r.out;
+    EXPECT_NE(r.out.find(args.rfind("webhook", 0) == 0 ? "--address" : "-a/--address"), std::string::npos) << r.out;
+  }
+  ::kill(first, SIGTERM);
+  ::waitpid(first, nullptr, 0);
+
+  if (Shell("test -e /proc/net/if_inet6 && grep -q . /proc/net/if_inet6").code == 0) {
+    const int v6 = testing::FreePort();
+    const pid_t six =
+        testing::Spawn({KGPU_BIN, "webhook", "--insecure-http", "--address", "[::1]:" + std::to_string(v6)}, so);
+    ASSERT_GT(six, 0);
+    EXPECT_TRUE(testing::WaitFor([&] { return healthz("http://[::1]:" + std::to_string(v6)); }, 20s))
+        << testing::ReadFile(so.log);
+    ::kill(six, SIGTERM);
+    ::waitpid(six, nullptr, 0);
+  }
+}
+
 // ---------------------------------------------------------------- config file
 
 TEST_F(InputErrorsTest, ConfigFileThatIsADirectoryIsRefused) {
@@ -108,10 +176,12 @@ TEST_F(InputErrorsTest, EmptyConfigFileIsRefusedUnlessAllowed) {
 TEST_F(InputErrorsTest, ReplicasNameTheTypeAndTheRange) {
   const char* kTemplate = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: ";
   for (const auto& [value, want] :
-       {std::pair{"four", "config.yaml:6:17: sharing.timeSlicing.resources[0].replicas must be an integer from 2 to "
-                          "1024 (got 'four')"},
-        std::pair{"100000000000", "config.yaml:6:17: sharing.timeSlicing.resources[0].replicas must be an integer "
-                                  "from 2 to 1024 (got 100000000000, out of range)"}}) {
+       {std::pair{"four",
+                  "config.yaml:6:17: sharing.timeSlicing.resources[0].replicas must be an integer from 2 to "
+                  "1024 (got 'four')"},
+        std::pair{"100000000000",
+                  "config.yaml:6:17: sharing.timeSlicing.resources[0].replicas must be an integer "
+                  "from 2 to 1024 (got 100000000000, out of range)"}}) {
     const CommandResult r = Plugin("--config-file " + Write("config.yaml", std::string(kTemplate) + value + "\n"));
     EXPECT_EQ(r.code, 1) << r.out;
     EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
@@ -126,8 +196,9 @@ TEST_F(InputErrorsTest, EnumerationsAndDevicesCarryFileLineColumn) {
             std::string::npos)
       << mixd.out;
   // A GPU this node does not have is found against the inventory, after parsing: still positioned.
-  const CommandResult twelve = Plugin("--config-file " + Write("config.yaml", "sharing:\n  timeSlicing:\n    resources:\n"
-                                                                    "    - {name: gpu, replicas: 2, devices: [1, 12]}\n"));
+  const CommandResult twelve = Plugin("--config-file " + Write("config.yaml",
+                                                               "sharing:\n  timeSlicing:\n    resources:\n"
+                                                               "    - {name: gpu, replicas: 2, devices: [1, 12]}\n"));
   EXPECT_EQ(twelve.code, 1) << twelve.out;
   EXPECT_NE(twelve.out.find("config.yaml:4:45: sharing.timeSlicing.resources[0].devices: no device '12' of resource "
                             "nvidia.com/gpu on this node (it has 0, 1, 2, 3;"),
@@ -142,16 +213,18 @@ TEST_F(InputErrorsTest, EnumerationsAndDevicesCarryFileLineColumn) {
 }
 
 TEST_F(InputErrorsTest, MigLayoutErrorsCarryFileLineColumn) {
-  const std::string cfg = Write("config.yaml", "mig:\n  layouts:\n    a:\n      - devices: [12]\n"
-                                               "        mig-devices: {\"1g.6gb\": 1}\n");
-  const CommandResult r = Kgpu("mig apply --config-file " + cfg + " --layout a --no-kubelet-check --dry-run --kubelet-dir " +
-                     kubelet_dir_);
+  const std::string cfg = Write("config.yaml",
+                                "mig:\n  layouts:\n    a:\n      - devices: [12]\n"
+                                "        mig-devices: {\"1g.6gb\": 1}\n");
+  const CommandResult r =
+      Kgpu("mig apply --config-file " + cfg + " --layout a --no-kubelet-check --dry-run --kubelet-dir " + kubelet_dir_);
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("config.yaml:4:9: MIG layout 'a' entry 0: this node has no GPU 12 (it has 4 GPUs)"),
             std::string::npos)
       << r.out;
-  const CommandResult count = Kgpu("mig show --config-file " +
-                         Write("config.yaml", "mig:\n  layouts:\n    a: [{devices: all, mig-devices: {1g.5gb: lots}}]\n"));
+  const CommandResult count =
+      Kgpu("mig show --config-file " +
+           Write("config.yaml", "mig:\n  layouts:\n    a: [{devices: all, mig-devices: {1g.5gb: lots}}]\n"));
   EXPECT_EQ(count.code, 1) << count.out;
   EXPECT_NE(count.out.find("config.yaml:3:46: mig.layouts.a[0].mig-devices.1g.5gb must be an integer from 0 to 7 "
                            "(got 'lots')"),
@@ -164,9 +237,9 @@ TEST(InputErrorsMigTest, LayoutThatDoesNotFitNamesItsEntry) {
   SimNode sim("dgx-a100-mig");
   const std::string cfg = sim.dir() + "/config.yaml";
   std::ofstream(cfg) << "mig:\n  layouts:\n    a:\n      - devices: [0]\n        mig-devices: {\"9g.99gb\": 1}\n";
-  const CommandResult r =
-      Shell(std::string(KGPU_BIN) + " --nvml-library " + SimNode::LibraryPath() + " mig apply --config-file " + cfg +
-            " --layout a --no-kubelet-check --dry-run --kubelet-dir " + sim.dir() + " --lock-file " + sim.dir() + "/lock");
+  const CommandResult r = Shell(
+      std::string(KGPU_BIN) + " --nvml-library " + SimNode::LibraryPath() + " mig apply --config-file " + cfg +
+      " --layout a --no-kubelet-check --dry-run --kubelet-dir " + sim.dir() + " --lock-file " + sim.dir() + "/lock");
   std::filesystem::remove(cfg);
   std::filesystem::remove(sim.dir() + "/lock");
   EXPECT_EQ(r.code, 1) << r.out;
@@ -176,7 +249,9 @@ TEST(InputErrorsMigTest, LayoutThatDoesNotFitNamesItsEntry) {
 }
 
 TEST_F(InputErrorsTest, BinaryConfigFileIsEscaped) {
-  constexpr char kBinary[] = "\x7f" "ELF\x02\x01\x01\x00\x00\x1b[2J\x1b]0;owned\x07:\xff\xfe: x\n";
+  constexpr char kBinary[] =
+      "\x7f"
+      "ELF\x02\x01\x01\x00\x00\x1b[2J\x1b]0;owned\x07:\xff\xfe: x\n";
   const std::string binary(kBinary, sizeof kBinary - 1);
   const CommandResult r = Plugin("--config-file " + Write("config.yaml", binary));
   EXPECT_EQ(r.code, 1) << r.out;
@@ -191,9 +266,10 @@ TEST_F(InputErrorsTest, BinaryConfigFileIsEscaped) {
 // ---------------------------------------------------------------- exporter counters
 
 TEST_F(InputErrorsTest, CountersTypoAndEmptyCsvAreErrors) {
-  const CommandResult typo = Kgpu("exporter -a 127.0.0.1:0 -f " +
-                        Write("counters.csv", "DCGM_FI_DEV_SM_CLOCK, gauge, SM clock\n"
-                                              "DCGM_FI_DEV_GPU_TMEP, gauge, GPU temperature (in C).\n"));
+  const CommandResult typo =
+      Kgpu("exporter -a 127.0.0.1:0 -f " + Write("counters.csv",
+                                                 "DCGM_FI_DEV_SM_CLOCK, gauge, SM clock\n"
+                                                 "DCGM_FI_DEV_GPU_TMEP, gauge, GPU temperature (in C).\n"));
   EXPECT_EQ(typo.code, 1) << typo.out;
   EXPECT_NE(typo.out.find("counters.csv:2:1: unknown DCGM field DCGM_FI_DEV_GPU_TMEP (did you mean "
                           "DCGM_FI_DEV_GPU_TEMP?)"),
@@ -221,20 +297,23 @@ TEST_F(InputErrorsTest, KubeletDirectoryMissingOrNotADirectory) {
   const std::string missing = sim_->dir() + "/no-such-dir";
   ExpectOnlyOurMessage(Kgpu("device-plugin --kubelet-dir " + missing), missing + " does not exist");
   const std::string file = Write("plugins-file", "x");
-  ExpectOnlyOurMessage(Kgpu("device-plugin --kubelet-dir " + file), file + " is not a directory (it is a regular file)");
+  ExpectOnlyOurMessage(Kgpu("device-plugin --kubelet-dir " + file),
+                       file + " is not a directory (it is a regular file)");
 }
 
 TEST_F(InputErrorsTest, KubeletDirectoryReadOnly) {
   // A read-only bind mount in a private mount namespace (needs CAP_SYS_ADMIN: skipped without).
-  if (Shell("unshare -m sh -c " + Quote("mount --bind " + kubelet_dir_ + " " + kubelet_dir_ + " && mount -o remount,bind,ro " +
-                                        kubelet_dir_ + " && ! touch " + kubelet_dir_ + "/probe"))
+  if (Shell("unshare -m sh -c " +
+            Quote("mount --bind " + kubelet_dir_ + " " + kubelet_dir_ + " && mount -o remount,bind,ro " + kubelet_dir_ +
+                  " && ! touch " + kubelet_dir_ + "/probe"))
           .code != 0) {
     GTEST_SKIP() << "cannot make a read-only bind mount here (unshare -m)";
   }
-  const CommandResult r = Shell("unshare -m sh -c " +
-                      Quote("mount --bind " + kubelet_dir_ + " " + kubelet_dir_ + " && mount -o remount,bind,ro " +
-                            kubelet_dir_ + " && exec " + KGPU_BIN + " --nvml-library " + SimNode::LibraryPath() +
-                            " device-plugin --kubelet-dir " + kubelet_dir_));
+  const CommandResult r =
+      Shell("unshare -m sh -c " +
+            Quote("mount --bind " + kubelet_dir_ + " " + kubelet_dir_ + " && mount -o remount,bind,ro " + kubelet_dir_ +
+                  " && exec " + KGPU_BIN + " --nvml-library " + SimNode::LibraryPath() +
+                  " device-plugin --kubelet-dir " + kubelet_dir_));
   ExpectOnlyOurMessage(r, kubelet_dir_ + " is on a read-only file system");
 }
 
@@ -245,8 +324,9 @@ TEST_F(InputErrorsTest, SimctlValidatesEveryValue) {
   const int before = temp();
   for (const auto& [args, want] : {
            std::pair{"set 0 temp=-400", "temp=-400: GPU temperature, degrees C, must be an integer from 0 to 200"},
-           std::pair{"set 0 memused=999999", "memused=999999 is out of range: memory used outside listed processes, "
-                                             "MiB, must be an integer from 0 to "},
+           std::pair{"set 0 memused=999999",
+                     "memused=999999 is out of range: memory used outside listed processes, "
+                     "MiB, must be an integer from 0 to "},
            std::pair{"set 0 util=150",
                      "util=150 is out of range: GPU utilisation besides the listed processes' (served: sum of both, at "
                      "most 100), %, must be an integer from 0 to 100"},
@@ -266,8 +346,8 @@ TEST_F(InputErrorsTest, SimctlValidatesEveryValue) {
 }
 
 TEST_F(InputErrorsTest, UnknownSimulatedProfileReportsTheSimulatorsError) {
-  const CommandResult r = Shell(std::string("KGPU_SIM_NODE=dgx-h900 ") + KGPU_BIN + " --nvml-library " + SimNode::LibraryPath() +
-                      " devices");
+  const CommandResult r = Shell(std::string("KGPU_SIM_NODE=dgx-h900 ") + KGPU_BIN + " --nvml-library " +
+                                SimNode::LibraryPath() + " devices");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("kgpu-simnvml: unknown node profile 'dgx-h900'"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("kernel driver"), std::string::npos) << r.out;
@@ -321,7 +401,8 @@ TEST(NodeTemplateTest, CapacityAndLabelsOfANodeLikeThisOne) {
   EXPECT_FALSE(doc["labels"].contains("nvidia.com/gfd.timestamp"));
   auto aws = Shell(kgpu + "--config-file " + cfg + " --format aws");
   ASSERT_EQ(aws.code, 0) << aws.out;
-  EXPECT_NE(aws.out.find("k8s.io/cluster-autoscaler/node-template/resources/kgpu.io/gpu-memory=" + std::to_string(4 * mib) + "\n"),
+  EXPECT_NE(aws.out.find("k8s.io/cluster-autoscaler/node-template/resources/kgpu.io/gpu-memory=" +
+                         std::to_string(4 * mib) + "\n"),
             std::string::npos)
       << aws.out;
   auto bad = Shell(kgpu + "--format xml");

@@ -1,10 +1,5 @@
 // The Kubernetes client against the API server stand-in: in-process (every fault injected
 // directly) and as a separate process driven over HTTP(S) with its /_fake controls.
-#include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -16,12 +11,18 @@
 #include <optional>
 #include <thread>
 
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "common/files.h"
 #include "k8s/client.h"
 #include "k8s/events.h"
 #include "k8s/informer.h"
 #include "k8s/leader.h"
 #include "testing/fake_apiserver.h"
+#include "testing/poll.h"
 #include "testing/spawn.h"
 
 namespace kgpu::k8s {
@@ -32,14 +33,7 @@ using testing::FakeApiServerOptions;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 30s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return pred();
-}
+using testing::WaitFor;  // testing/poll.h
 
 json NodeObj(const std::string& name, int gpus = 8) {
   return {{"apiVersion", "v1"},
@@ -75,7 +69,9 @@ class K8sClientTest : public ::testing::Test {
   std::unique_ptr<Client> client_;
 };
 
-const Resource& R(const char* name) { return *FindResource(name); }
+const Resource& R(const char* name) {
+  return *FindResource(name);
+}
 
 ListOptions Paged(int64_t n) {
   ListOptions o;
@@ -121,9 +117,11 @@ TEST_F(K8sClientTest, ErrorsCarryStatus) {
 
 TEST_F(K8sClientTest, ListPaginatesAndSelects) {
   for (int i = 0; i < 25; ++i) {
-    ASSERT_TRUE(client_->Create(R("configmaps").Path("default"),
-                                {{"metadata", {{"name", "cm" + std::to_string(i)}, {"labels", {{"even", i % 2 ? "no" : "yes"}}}}}})
-                    .ok());
+    ASSERT_TRUE(
+        client_
+            ->Create(R("configmaps").Path("default"),
+                     {{"metadata", {{"name", "cm" + std::to_string(i)}, {"labels", {{"even", i % 2 ? "no" : "yes"}}}}}})
+            .ok());
   }
   const uint64_t before = server_->Requests();
   ListOptions lo;
@@ -143,7 +141,8 @@ TEST_F(K8sClientTest, ListPaginatesAndSelects) {
   ASSERT_TRUE(page.ok());
   ASSERT_TRUE(client_->Create(R("configmaps").Path("default"), {{"metadata", {{"name", "late"}}}}).ok());
   server_->Compact();
-  auto expired = client_->ListPage(R("configmaps").Path("default"), Paged(5), (*page)["metadata"]["continue"].get<std::string>());
+  auto expired =
+      client_->ListPage(R("configmaps").Path("default"), Paged(5), (*page)["metadata"]["continue"].get<std::string>());
   EXPECT_TRUE(IsApiGone(expired.status())) << expired.status();
   EXPECT_EQ((*client_->List(R("configmaps").Path("default"), Paged(5)))["items"].size(), 26u);
 }
@@ -185,12 +184,14 @@ TEST_F(K8sClientTest, PatchTypesAndStatus) {
   EXPECT_EQ((*j)["metadata"]["labels"]["b"], "2");
   EXPECT_EQ((*j)["spec"]["taints"][0]["key"], "t");
   // The main resource ignores status; the status subresource writes only status.
-  auto ignored = client_->Patch(p, {{"status", {{"capacity", {{"nvidia.com/gpu", "1"}}}}}}, "application/merge-patch+json");
+  auto ignored =
+      client_->Patch(p, {{"status", {{"capacity", {{"nvidia.com/gpu", "1"}}}}}}, "application/merge-patch+json");
   ASSERT_TRUE(ignored.ok());
   EXPECT_EQ((*ignored)["status"]["capacity"]["nvidia.com/gpu"], "8");
-  auto st = client_->Patch(R("nodes").Path("", "n1", "status"),
-                           {{"status", {{"allocatable", {{"nvidia.com/gpu", "4"}}}}}, {"metadata", {{"labels", {{"z", "1"}}}}}},
-                           "application/strategic-merge-patch+json");
+  auto st = client_->Patch(
+      R("nodes").Path("", "n1", "status"),
+      {{"status", {{"allocatable", {{"nvidia.com/gpu", "4"}}}}}, {"metadata", {{"labels", {{"z", "1"}}}}}},
+      "application/strategic-merge-patch+json");
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_EQ((*st)["status"]["allocatable"]["nvidia.com/gpu"], "4");
   EXPECT_FALSE((*st)["metadata"]["labels"].contains("z"));
@@ -236,7 +237,8 @@ TEST_F(K8sClientTest, BindingCarriesAnnotationsUnderAUidPrecondition) {
   stale.annotations["example.com/a"] = "x";
   auto refused = client_->Bind("default", "p2", "n1", stale);
   EXPECT_TRUE(IsApiConflict(refused)) << refused;
-  EXPECT_NE(std::string(refused.message()).find("Precondition failed: UID in precondition: not-" + uid), std::string::npos)
+  EXPECT_NE(std::string(refused.message()).find("Precondition failed: UID in precondition: not-" + uid),
+            std::string::npos)
       << refused;
   auto untouched = client_->Get(R("pods").Path("default", "p2"));
   ASSERT_TRUE(untouched.ok());
@@ -275,8 +277,9 @@ TEST_F(K8sClientTest, BindingAndEvictionWithBudgets) {
   auto raw = client_->Create(R("pods").Path("default", "p1", "eviction"),
                              {{"apiVersion", "policy/v1"}, {"kind", "Eviction"}, {"metadata", {{"name", "p1"}}}});
   EXPECT_EQ(HttpStatus(raw.status()), 429);
-  EXPECT_NE(std::string(raw.status().message()).find("Cannot evict pod as it would violate the pod's disruption budget."),
-            std::string::npos);
+  EXPECT_NE(
+      std::string(raw.status().message()).find("Cannot evict pod as it would violate the pod's disruption budget."),
+      std::string::npos);
   EvictOptions quick;
   quick.max_wait = 300ms;
   EXPECT_EQ(client_->Evict("default", "p1", quick).code(), absl::StatusCode::kDeadlineExceeded);
@@ -345,19 +348,26 @@ TEST_F(K8sClientTest, WatchStreamsAndResumes) {
   // Bookmarks arrive on an idle watch that allows them.
   bool bookmark = false;
   wo.resource_version = std::to_string(server_->ResourceVersion());
-  EXPECT_TRUE(client_->Watch(R("nodes").Path(), wo, [&](const WatchEvent& ev) {
-    bookmark = ev.type == "BOOKMARK" && !ev.object["metadata"].value("resourceVersion", "").empty();
-    return !bookmark;
-  }).ok());
+  EXPECT_TRUE(client_
+                  ->Watch(R("nodes").Path(), wo,
+                          [&](const WatchEvent& ev) {
+                            bookmark =
+                                ev.type == "BOOKMARK" && !ev.object["metadata"].value("resourceVersion", "").empty();
+                            return !bookmark;
+                          })
+                  .ok());
   EXPECT_TRUE(bookmark);
   // A compacted version answers an ERROR event with code 410.
   server_->Compact();
   int code = 0;
   wo.resource_version = rv;
-  EXPECT_TRUE(client_->Watch(R("nodes").Path(), wo, [&](const WatchEvent& ev) {
-    if (ev.type == "ERROR") code = ev.object.value("code", 0);
-    return ev.type != "ERROR";
-  }).ok());
+  EXPECT_TRUE(client_
+                  ->Watch(R("nodes").Path(), wo,
+                          [&](const WatchEvent& ev) {
+                            if (ev.type == "ERROR") code = ev.object.value("code", 0);
+                            return ev.type != "ERROR";
+                          })
+                  .ok());
   EXPECT_EQ(code, 410);
   // stop_token ends a watch promptly.
   std::stop_source stop;
@@ -368,7 +378,10 @@ TEST_F(K8sClientTest, WatchStreamsAndResumes) {
   wo.resource_version = "";
   wo.timeout_seconds = 60;
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_TRUE(client_->Watch(R("nodes").Path(), wo, [](const WatchEvent&) { return true; }, stop.get_token()).ok());
+  EXPECT_TRUE(client_
+                  ->Watch(
+                      R("nodes").Path(), wo, [](const WatchEvent&) { return true; }, stop.get_token())
+                  .ok());
   t.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
 }
@@ -386,19 +399,25 @@ TEST_F(K8sClientTest, WatchOlderThanTheHistoryWindowIsGone) {
   wo.timeout_seconds = 2;
   wo.resource_version = rv0;
   int code = 0;
-  EXPECT_TRUE(client_->Watch(R("nodes").Path(), wo, [&](const WatchEvent& ev) {
-    if (ev.type == "ERROR") code = ev.object.value("code", 0);
-    return ev.type != "ERROR";
-  }).ok());
+  EXPECT_TRUE(client_
+                  ->Watch(R("nodes").Path(), wo,
+                          [&](const WatchEvent& ev) {
+                            if (ev.type == "ERROR") code = ev.object.value("code", 0);
+                            return ev.type != "ERROR";
+                          })
+                  .ok());
   EXPECT_EQ(code, 410) << "3 events since rv " << rv0 << " with a window of 2";
   // From the version before the last event: still in the window, the event comes.
   wo.resource_version = std::to_string(server_->ResourceVersion() - 1);
   std::vector<std::string> seen;
-  EXPECT_TRUE(client_->Watch(R("nodes").Path(), wo, [&](const WatchEvent& ev) {
-    if (ev.type == "ERROR") seen.push_back("ERROR");
-    if (ev.type == "ADDED") seen.push_back(ev.object["metadata"].value("name", ""));
-    return seen.empty();
-  }).ok());
+  EXPECT_TRUE(client_
+                  ->Watch(R("nodes").Path(), wo,
+                          [&](const WatchEvent& ev) {
+                            if (ev.type == "ERROR") seen.push_back("ERROR");
+                            if (ev.type == "ADDED") seen.push_back(ev.object["metadata"].value("name", ""));
+                            return seen.empty();
+                          })
+                  .ok());
   EXPECT_EQ(seen, std::vector<std::string>{"n3"});
 }
 
@@ -442,8 +461,10 @@ TEST_F(K8sClientTest, InformerSyncsResumesAndRelists) {
   EXPECT_EQ(inf.store().Size(), 3u);
   EXPECT_TRUE(rec.Has("add n0") && rec.Has("add n2"));
   ASSERT_TRUE(WaitFor([&] { return server_->OpenWatches() >= 1; }));
-  ASSERT_TRUE(client_->Patch(R("nodes").Path("", "n1"), {{"metadata", {{"labels", {{"a", "b"}}}}}},
-                             "application/merge-patch+json").ok());
+  ASSERT_TRUE(
+      client_
+          ->Patch(R("nodes").Path("", "n1"), {{"metadata", {{"labels", {{"a", "b"}}}}}}, "application/merge-patch+json")
+          .ok());
   EXPECT_TRUE(WaitFor([&] { return rec.Has("update n1"); }));
   // A dropped watch resumes from the last resourceVersion: no relist, nothing missed.
   server_->DropWatches();
@@ -539,10 +560,11 @@ TEST_F(K8sClientTest, LeaderElectionHandsOver) {
 
 TEST_F(K8sClientTest, QuotaAdmissionThroughTheApi) {
   ASSERT_TRUE(client_->Create(R("namespaces").Path(), {{"metadata", {{"name", "team-a"}}}}).ok());
-  ASSERT_TRUE(client_
-                  ->Create(R("resourcequotas").Path("team-a"),
-                           {{"metadata", {{"name", "gpu-quota"}}}, {"spec", {{"hard", {{"requests.nvidia.com/gpu", "2"}}}}}})
-                  .ok());
+  ASSERT_TRUE(
+      client_
+          ->Create(R("resourcequotas").Path("team-a"),
+                   {{"metadata", {{"name", "gpu-quota"}}}, {"spec", {{"hard", {{"requests.nvidia.com/gpu", "2"}}}}}})
+          .ok());
   json pod = PodObj("a", "team-a");
   pod["spec"]["containers"][0]["resources"] = {{"limits", {{"nvidia.com/gpu", "2"}}}};
   ASSERT_TRUE(client_->Create(R("pods").Path("team-a"), pod).ok());
@@ -558,7 +580,9 @@ TEST_F(K8sClientTest, QuotaAdmissionThroughTheApi) {
             std::string::npos)
       << refused.status();
   ASSERT_TRUE(client_->Delete(R("pods").Path("team-a", "a")).ok());
-  EXPECT_EQ((*client_->Get(R("resourcequotas").Path("team-a", "gpu-quota")))["status"]["used"]["requests.nvidia.com/gpu"], "0");
+  EXPECT_EQ(
+      (*client_->Get(R("resourcequotas").Path("team-a", "gpu-quota")))["status"]["used"]["requests.nvidia.com/gpu"],
+      "0");
   EXPECT_TRUE(client_->Create(R("pods").Path("team-a"), pod).ok());
 }
 
@@ -575,8 +599,9 @@ TEST_F(K8sClientTest, FieldValidationStrictWarnIgnore) {
   EXPECT_EQ(strict->status, 400);
   const json st = json::parse(strict->body);
   EXPECT_EQ(st["reason"], "BadRequest");
-  EXPECT_EQ(st["message"], "Pod in version \"v1\" cannot be handled as a Pod: strict decoding error: unknown field "
-                           "\"bogus\", unknown field \"spec.containers[0].foo\"");
+  EXPECT_EQ(st["message"],
+            "Pod in version \"v1\" cannot be handled as a Pod: strict decoding error: unknown field "
+            "\"bogus\", unknown field \"spec.containers[0].foo\"");
   EXPECT_EQ(server_->Get("pods", "default", "strict").code, 404) << "nothing stored";
   // Warn, the default: stored without them, one warning per field (and the client logs them).
   pod["metadata"]["name"] = "warned";
@@ -599,20 +624,23 @@ TEST_F(K8sClientTest, FieldValidationStrictWarnIgnore) {
   auto unknown = client_->Do("POST", pods + "?fieldValidation=strict", pod.dump());
   ASSERT_TRUE(unknown.ok());
   EXPECT_EQ(unknown->status, 422);
-  EXPECT_EQ(json::parse(unknown->body)["message"],
-            "CreateOptions.meta.k8s.io \"\" is invalid: fieldValidation: Unsupported value: \"strict\": supported values: "
-            "\"\", \"Ignore\", \"Strict\", \"Warn\"");
+  EXPECT_EQ(
+      json::parse(unknown->body)["message"],
+      "CreateOptions.meta.k8s.io \"\" is invalid: fieldValidation: Unsupported value: \"strict\": supported values: "
+      "\"\", \"Ignore\", \"Strict\", \"Warn\"");
   // Update (PUT) under Strict: 400 as for create.
   json w = stored;
   w["spec"]["bogus"] = true;
   auto put = client_->Do("PUT", R("pods").Path("default", "warned") + "?fieldValidation=Strict", w.dump());
   ASSERT_TRUE(put.ok());
   EXPECT_EQ(put->status, 400);
-  EXPECT_NE(json::parse(put->body).value("message", "").find("unknown field \"spec.bogus\""), std::string::npos) << put->body;
+  EXPECT_NE(json::parse(put->body).value("message", "").find("unknown field \"spec.bogus\""), std::string::npos)
+      << put->body;
   // Patches: the patched object is decoded; Strict is a 422 naming the patch.
   const std::string node = R("nodes").Path("", "n1");
   ASSERT_TRUE(client_->Create(R("nodes").Path(), {{"metadata", {{"name", "n1"}}}}).ok());
-  auto merge = client_->Do("PATCH", node + "?fieldValidation=Strict", R"({"spec":{"bogus":1}})", "application/merge-patch+json");
+  auto merge =
+      client_->Do("PATCH", node + "?fieldValidation=Strict", R"({"spec":{"bogus":1}})", "application/merge-patch+json");
   ASSERT_TRUE(merge.ok());
   EXPECT_EQ(merge->status, 422);
   const std::string mm = json::parse(merge->body).value("message", "");
@@ -625,7 +653,8 @@ TEST_F(K8sClientTest, FieldValidationStrictWarnIgnore) {
   EXPECT_EQ(json::parse(smp->body)["message"],
             " \"\" is invalid: patch: Invalid value: \"map[spec:map[bogus:1]]\": strict decoding error: unknown field "
             "\"spec.bogus\"");
-  auto warn_patch = client_->Do("PATCH", node, R"({"spec":{"bogus":1,"unschedulable":true}})", "application/merge-patch+json");
+  auto warn_patch =
+      client_->Do("PATCH", node, R"({"spec":{"bogus":1,"unschedulable":true}})", "application/merge-patch+json");
   ASSERT_TRUE(warn_patch.ok());
   EXPECT_EQ(warn_patch->status, 200);
   EXPECT_EQ(warn_patch->warnings, (std::vector<std::string>{"unknown field \"spec.bogus\""}));
@@ -636,13 +665,24 @@ TEST_F(K8sClientTest, FieldValidationStrictWarnIgnore) {
 // only the pods it selects.
 TEST_F(K8sClientTest, QuotaScopesSelectPods) {
   const std::string quotas = R("resourcequotas").Path("default");
-  ASSERT_TRUE(client_->Create(quotas, {{"metadata", {{"name", "best-effort"}}}, {"spec", {{"hard", {{"pods", "1"}}}, {"scopes", {"BestEffort"}}}}}).ok());
   ASSERT_TRUE(client_
-                  ->Create(quotas, {{"metadata", {{"name", "gpu-high"}}},
-                                    {"spec", {{"hard", {{"requests.nvidia.com/gpu", "1"}}},
-                                              {"scopeSelector", {{"matchExpressions", {{{"scopeName", "PriorityClass"}, {"operator", "In"}, {"values", {"high"}}}}}}}}}})
+                  ->Create(quotas, {{"metadata", {{"name", "best-effort"}}},
+                                    {"spec", {{"hard", {{"pods", "1"}}}, {"scopes", {"BestEffort"}}}}})
                   .ok());
-  ASSERT_TRUE(client_->Create(quotas, {{"metadata", {{"name", "terminating"}}}, {"spec", {{"hard", {{"pods", "1"}}}, {"scopes", {"Terminating", "NotBestEffort"}}}}}).ok());
+  ASSERT_TRUE(
+      client_
+          ->Create(quotas, {{"metadata", {{"name", "gpu-high"}}},
+                            {"spec",
+                             {{"hard", {{"requests.nvidia.com/gpu", "1"}}},
+                              {"scopeSelector",
+                               {{"matchExpressions",
+                                 {{{"scopeName", "PriorityClass"}, {"operator", "In"}, {"values", {"high"}}}}}}}}}})
+          .ok());
+  ASSERT_TRUE(
+      client_
+          ->Create(quotas, {{"metadata", {{"name", "terminating"}}},
+                            {"spec", {{"hard", {{"pods", "1"}}}, {"scopes", {"Terminating", "NotBestEffort"}}}}})
+          .ok());
   const std::string pods = R("pods").Path("default");
   auto create = [&](const std::string& name, const json& resources, const std::string& priority = "",
                     std::optional<int> deadline = std::nullopt) {
@@ -660,7 +700,8 @@ TEST_F(K8sClientTest, QuotaScopesSelectPods) {
   EXPECT_EQ(used("best-effort", "pods"), "1");
   auto be2 = create("be-2", nullptr);
   EXPECT_EQ(HttpStatus(be2.status()), 403);
-  EXPECT_NE(std::string(be2.status().message()).find("exceeded quota: best-effort, requested: pods=1, used: pods=1, limited: pods=1"),
+  EXPECT_NE(std::string(be2.status().message())
+                .find("exceeded quota: best-effort, requested: pods=1, used: pods=1, limited: pods=1"),
             std::string::npos)
       << be2.status();
   EXPECT_TRUE(create("burstable", {{"requests", {{"cpu", "100m"}}}}).ok()) << "not BestEffort: not that quota's";
@@ -672,7 +713,8 @@ TEST_F(K8sClientTest, QuotaScopesSelectPods) {
   EXPECT_EQ(used("gpu-high", "requests.nvidia.com/gpu"), "1");
   auto high2 = create("high-2", gpu, "high");
   EXPECT_EQ(HttpStatus(high2.status()), 403);
-  EXPECT_NE(std::string(high2.status().message()).find("exceeded quota: gpu-high"), std::string::npos) << high2.status();
+  EXPECT_NE(std::string(high2.status().message()).find("exceeded quota: gpu-high"), std::string::npos)
+      << high2.status();
   EXPECT_TRUE(create("low-1", gpu, "low").ok());
   EXPECT_TRUE(create("none-1", gpu).ok());
   EXPECT_EQ(used("gpu-high", "requests.nvidia.com/gpu"), "1");
@@ -743,9 +785,10 @@ TEST(K8sProcessTest, SeparateProcessWithFaults) {
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string d = dir;
   std::ofstream(d + "/nodes.yaml") << "apiVersion: v1\nkind: Node\nmetadata:\n  name: gpu-node-1\n"
-                                       "status:\n  capacity:\n    nvidia.com/gpu: \"8\"\n";
-  const pid_t pid = testing::Spawn({KGPU_FAKE_APISERVER, "--tls", "--token", "s3cret=admin", "--preload", d + "/nodes.yaml",
-                                     "--kubeconfig-out", d + "/kubeconfig", "--port-file", d + "/port"});
+                                      "status:\n  capacity:\n    nvidia.com/gpu: \"8\"\n";
+  const pid_t pid =
+      testing::Spawn({KGPU_FAKE_APISERVER, "--tls", "--token", "s3cret=admin", "--preload", d + "/nodes.yaml",
+                      "--kubeconfig-out", d + "/kubeconfig", "--port-file", d + "/port"});
   ASSERT_GT(pid, 0) << std::strerror(errno);
   ASSERT_TRUE(WaitFor([&] { return fs::exists(d + "/port"); }));
   auto cfg = LoadKubeconfig(d + "/kubeconfig");

@@ -2,11 +2,6 @@
 // the simulated 8× A100 node with MIG (GPU 0: 3g.20gb + 2g.10gb + 2× 1g.5gb, GPU 1: 7× 1g.5gb),
 // `kgpu mig apply` against a PodResources stand-in, and MPS with the fake nvidia-cuda-mps-control.
 
-#include <gtest/gtest.h>
-#include <sys/statfs.h>
-
-#include <nlohmann/json.hpp>
-
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +10,10 @@
 #include <set>
 #include <sstream>
 #include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/statfs.h>
 
 #include "absl/strings/escaping.h"
 #include "testing/fake_kubelet.h"
@@ -82,8 +81,8 @@ class MigMpsTest : public testing::PluginNodeTest {
     return false;
   }
   std::string Kgpu(const std::string& args) {
-    return "LD_LIBRARY_PATH=" + testing::LibDir() + " KGPU_MIG_LOCK_FILE=" + sim_->dir() + "/mig.lock KGPU_KUBELET_DIR=" +
-           sim_->dir() + " " + KGPU_BIN + " " + args;
+    return "LD_LIBRARY_PATH=" + testing::LibDir() + " KGPU_MIG_LOCK_FILE=" + sim_->dir() +
+           "/mig.lock KGPU_KUBELET_DIR=" + sim_->dir() + " " + KGPU_BIN + " " + args;
   }
   nlohmann::json Devices() { return nlohmann::json::parse(Shell(Kgpu("devices --json")).out); }
   std::string MigUuid(unsigned gpu, unsigned gi) {
@@ -94,7 +93,6 @@ class MigMpsTest : public testing::PluginNodeTest {
     ADD_FAILURE() << "no GI " << gi << " on GPU " << gpu;
     return "";
   }
-
 };
 
 std::string Describe(const std::map<std::string, size_t>& m) {
@@ -114,8 +112,7 @@ TEST_F(MigMpsTest, EachStrategyAdvertisesNvidiasNames) {
   ASSERT_TRUE(kubelet_->Start().ok());
   {
     Plugin p(sim_->dir(), {"--mig-strategy", "mixed"});
-    ASSERT_TRUE(WaitCounts(kProfileMixed))
-        << Describe(Counts()) << p.Log();
+    ASSERT_TRUE(WaitCounts(kProfileMixed)) << Describe(Counts()) << p.Log();
   }
   {
     // single on a node that mixes MIG and non-MIG GPUs: NVIDIA's error, and no start.
@@ -126,8 +123,9 @@ TEST_F(MigMpsTest, EachStrategyAdvertisesNvidiasNames) {
         << p.Log();
   }
   // Every GPU 7× 1g.5gb: single advertises the 56 MIG devices as nvidia.com/gpu.
-  const std::string cfg = WriteConfig("version: v1\nmig:\n  layouts:\n    all:\n      - devices: all\n"
-                                      "        mig-devices: {\"1g.5gb\": 7}\n");
+  const std::string cfg = WriteConfig(
+      "version: v1\nmig:\n  layouts:\n    all:\n      - devices: all\n"
+      "        mig-devices: {\"1g.5gb\": 7}\n");
   auto applied = Shell(Kgpu("mig apply --no-kubelet-check --layout all --config-file " + cfg));
   ASSERT_EQ(applied.code, 0) << applied.out;
   kubelet_->Stop();
@@ -140,11 +138,11 @@ TEST_F(MigMpsTest, EachStrategyAdvertisesNvidiasNames) {
 TEST_F(MigMpsTest, XidOnAMigInstanceMarksOnlyThatInstance) {
   Init("dgx-a100-mig");
   Plugin p(sim_->dir(), {"--mig-strategy", "mixed"});
-  ASSERT_TRUE(WaitCounts(kProfileMixed))
-      << p.Log();
+  ASSERT_TRUE(WaitCounts(kProfileMixed)) << p.Log();
   const std::string gi3 = MigUuid(0, 3);  // GPU 0's first 1g.5gb instance
   ASSERT_EQ(sim_->Ctl("xid 0 48 --gi 3 --ci 0"), 0);
-  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/mig-1g.5gb", [](const ResourceState& s) { return s.Healthy() == 8; }, 10s))
+  ASSERT_TRUE(kubelet_->WaitFor(
+      "nvidia.com/mig-1g.5gb", [](const ResourceState& s) { return s.Healthy() == 8; }, 10s))
       << p.Log();
   const auto mig1g = kubelet_->Get("nvidia.com/mig-1g.5gb");
   for (const auto& d : mig1g->devices) {
@@ -153,11 +151,14 @@ TEST_F(MigMpsTest, XidOnAMigInstanceMarksOnlyThatInstance) {
   EXPECT_EQ(kubelet_->Get("nvidia.com/mig-3g.20gb")->Healthy(), 1);
   // A whole-GPU XID on GPU 0 marks all of its instances.
   ASSERT_EQ(sim_->Ctl("xid 0 79"), 0);
-  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/mig-3g.20gb", [](const ResourceState& s) { return s.Healthy() == 0; }, 10s))
+  ASSERT_TRUE(kubelet_->WaitFor(
+      "nvidia.com/mig-3g.20gb", [](const ResourceState& s) { return s.Healthy() == 0; }, 10s))
       << p.Log();
   // Each resource has its own stream: wait for each update.
-  EXPECT_TRUE(kubelet_->WaitFor("nvidia.com/mig-2g.10gb", [](const ResourceState& s) { return s.Healthy() == 0; }, 10s));
-  EXPECT_TRUE(kubelet_->WaitFor("nvidia.com/mig-1g.5gb", [](const ResourceState& s) { return s.Healthy() == 7; }, 10s))
+  EXPECT_TRUE(kubelet_->WaitFor(
+      "nvidia.com/mig-2g.10gb", [](const ResourceState& s) { return s.Healthy() == 0; }, 10s));
+  EXPECT_TRUE(kubelet_->WaitFor(
+      "nvidia.com/mig-1g.5gb", [](const ResourceState& s) { return s.Healthy() == 7; }, 10s))
       << "GPU 1's seven stay Healthy, GPU 0's two do not";
 }
 
@@ -170,8 +171,7 @@ TEST_F(MigMpsTest, MigApplyOnIdleGpusReRegistersAndRetiresVanishedResources) {
   layouts.replace(layouts.find("100ms"), 5, "1h");
   const std::string cfg = WriteConfig("version: v1\nflags:\n  migStrategy: mixed\n" + layouts);
   Plugin p(sim_->dir(), {"--config-file", cfg});
-  ASSERT_TRUE(WaitCounts(kProfileMixed))
-      << p.Log();
+  ASSERT_TRUE(WaitCounts(kProfileMixed)) << p.Log();
   const std::string apply = "mig apply --config-file " + cfg + " --pod-resources-socket " + pods.SocketPath();
   // The node's layout (mig.nodes "*"): GPU 1 from 7× 1g.5gb to 3× 2g.10gb + 1g.5gb.
   auto r = Shell(Kgpu(apply));
@@ -207,14 +207,13 @@ TEST_F(MigMpsTest, MigApplyOnIdleGpusReRegistersAndRetiresVanishedResources) {
             std::string::npos)
       << doctor.out;
   // A plugin restart still reports it with zero devices: kubelet's checkpoint remembers it.
-  std::ofstream(sim_->dir() + "/kubelet_internal_checkpoint")
-      << kgpu::testing::SignedCheckpoint(
-             R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/mig-2g.10gb":[],"nvidia.com/mig-1g.5gb":[]}}})");
+  std::ofstream(sim_->dir() + "/kubelet_internal_checkpoint") << kgpu::testing::SignedCheckpoint(
+      R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/mig-2g.10gb":[],"nvidia.com/mig-1g.5gb":[]}}})");
   p.Signal(SIGTERM);
   ASSERT_EQ(p.Wait(10s), 0) << p.Log();
   Plugin again(sim_->dir(), {"--config-file", cfg});
-  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/mig-2g.10gb",
-                                [](const ResourceState& s) { return s.connected && s.devices.empty(); }, 10s))
+  ASSERT_TRUE(kubelet_->WaitFor(
+      "nvidia.com/mig-2g.10gb", [](const ResourceState& s) { return s.connected && s.devices.empty(); }, 10s))
       << again.Log();
   EXPECT_NE(again.Log().find("serving nvidia.com/mig-2g.10gb with zero devices"), std::string::npos) << again.Log();
 }
@@ -228,13 +227,17 @@ TEST_F(MigMpsTest, DrainMarkerMakesTheGpuUnhealthyUntilRemoved) {
   const std::string uuid = Devices()["gpus"][2]["uuid"];  // a whole GPU
   const std::string marker = sim_->dir() + "/.kgpu-mig-drain-" + uuid;
   std::ofstream(marker).put('\n');
-  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.Healthy() == 5; }, 10s)) << p.Log();
+  ASSERT_TRUE(kubelet_->WaitFor(
+      "nvidia.com/gpu", [](const ResourceState& s) { return s.Healthy() == 5; }, 10s))
+      << p.Log();
   const auto gpus = kubelet_->Get("nvidia.com/gpu");
   for (const auto& d : gpus->devices) EXPECT_EQ(d.health == "Healthy", d.id != uuid);
   auto doctor = Shell(Kgpu("doctor --kubelet-dir " + sim_->dir()));
   EXPECT_NE(doctor.out.find("[WARN] MIG re-partitioning"), std::string::npos) << doctor.out;
   std::filesystem::remove(marker);
-  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.Healthy() == 6; }, 10s)) << p.Log();
+  ASSERT_TRUE(kubelet_->WaitFor(
+      "nvidia.com/gpu", [](const ResourceState& s) { return s.Healthy() == 6; }, 10s))
+      << p.Log();
 }
 
 // Without health events (health checks off: no NVML event set), the rescan timer finds the change.
@@ -243,8 +246,7 @@ TEST_F(MigMpsTest, RescanTimerFollowsWithoutEvents) {
   const std::string cfg =
       WriteConfig("version: v1\nflags:\n  migStrategy: mixed\nhealth:\n  disabled: true\n" + std::string(kLayouts));
   Plugin p(sim_->dir(), {"--config-file", cfg});
-  ASSERT_TRUE(WaitCounts(kProfileMixed))
-      << p.Log();
+  ASSERT_TRUE(WaitCounts(kProfileMixed)) << p.Log();
   auto r = Shell(Kgpu("mig apply --no-kubelet-check --config-file " + cfg));
   ASSERT_EQ(r.code, 0) << r.out;
   ASSERT_TRUE(WaitCounts({{"nvidia.com/gpu", 6},
@@ -304,12 +306,13 @@ TEST_F(MigMpsTest, TimeSlicingHardDirectoriesGoWhenKubeletForgetsTheirContainer)
   namespace fs = std::filesystem;
   Init("dgx-h100");
   const std::string config = WriteConfig(
-      "version: v1\nsharing:\n  timeSlicing:\n    memoryIsolation: hard\n    resources:\n    - {name: gpu, replicas: 4}\n");
+      "version: v1\nsharing:\n  timeSlicing:\n    memoryIsolation: hard\n    resources:\n    - {name: gpu, replicas: "
+      "4}\n");
   const std::string root = sim_->dir() + "/cuda";
   Plugin p(sim_->dir(), {"--config-file", config, "--cuda-interposer", KGPU_CUDA_INTERPOSER, "--cuda-shared-root", root,
                          "--cuda-accounting-sweep", "1"});
-  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.connected && s.Healthy() == 32; },
-                                20s))
+  ASSERT_TRUE(kubelet_->WaitFor(
+      "nvidia.com/gpu", [](const ResourceState& s) { return s.connected && s.Healthy() == 32; }, 20s))
       << p.Log();
   const auto ids = kubelet_->Get("nvidia.com/gpu")->HealthyIds();
   std::vector<std::string> dirs, resp;
@@ -328,12 +331,14 @@ TEST_F(MigMpsTest, TimeSlicingHardDirectoriesGoWhenKubeletForgetsTheirContainer)
     resp.push_back(absl::Base64Escape(c.SerializeAsString()));
   }
   // kubelet keeps the first container (its pod runs); the second one's pod is gone.
-  const nlohmann::json entry = {{"PodUID", "0f5a-runs"}, {"ContainerName", "main"}, {"ResourceName", "nvidia.com/gpu"},
-                                {"DeviceIDs", {{"-1", {ids[0]}}}}, {"AllocResp", resp[0]}};
-  std::ofstream(sim_->dir() + "/kubelet_internal_checkpoint")
-      << testing::SignedCheckpoint(
-             nlohmann::json{{"Data", {{"PodDeviceEntries", {entry}}, {"RegisteredDevices", {{"nvidia.com/gpu", ids}}}}}}
-                 .dump());
+  const nlohmann::json entry = {{"PodUID", "0f5a-runs"},
+                                {"ContainerName", "main"},
+                                {"ResourceName", "nvidia.com/gpu"},
+                                {"DeviceIDs", {{"-1", {ids[0]}}}},
+                                {"AllocResp", resp[0]}};
+  std::ofstream(sim_->dir() + "/kubelet_internal_checkpoint") << testing::SignedCheckpoint(nlohmann::json{
+      {"Data",
+       {{"PodDeviceEntries", {entry}}, {"RegisteredDevices", {{"nvidia.com/gpu", ids}}}}}}.dump());
   const auto deadline = std::chrono::steady_clock::now() + 20s;
   while (fs::exists(dirs[1]) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(100ms);
   EXPECT_FALSE(fs::exists(dirs[1])) << p.Log();
@@ -366,8 +371,8 @@ class MpsTest : public MigMpsTest {
 TEST_F(MpsTest, OneReplicaPerContainerByDefault) {
   Init("dgx-h100");
   Plugin p(sim_->dir(), {"--config-file", ConfigWith(""), "--mps-control", Control()});
-  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.connected && s.Healthy() == 32; },
-                                15s))
+  ASSERT_TRUE(kubelet_->WaitFor(
+      "nvidia.com/gpu", [](const ResourceState& s) { return s.connected && s.Healthy() == 32; }, 15s))
       << p.Log();
   const std::string dir = Root() + "/nvidia.com/gpu";
   EXPECT_TRUE(std::filesystem::exists(dir + "/.started"));
@@ -376,8 +381,9 @@ TEST_F(MpsTest, OneReplicaPerContainerByDefault) {
   const uint64_t mib = MemoryMib();
   const std::string log = ReadAll(dir + "/log/control.log");
   for (int i = 0; i < 8; ++i) {
-    EXPECT_NE(log.find("CMD set_default_device_pinned_mem_limit " + std::to_string(i) + " " + std::to_string(mib / 4) + "M"),
-              std::string::npos)
+    EXPECT_NE(
+        log.find("CMD set_default_device_pinned_mem_limit " + std::to_string(i) + " " + std::to_string(mib / 4) + "M"),
+        std::string::npos)
         << log;
   }
   EXPECT_NE(log.find("CMD set_default_active_thread_percentage 25"), std::string::npos) << log;
@@ -409,11 +415,13 @@ TEST_F(MpsTest, OneReplicaPerContainerByDefault) {
   EXPECT_EQ(c.mounts(1).host_path(), Root() + "/shm");
   auto three = kubelet_->Allocate("nvidia.com/gpu", {ids[0].id, ids[1].id, ids[2].id});
   EXPECT_FALSE(three.ok());
-  auto doctor = Shell(Kgpu("doctor --kubelet-dir " + sim_->dir() + " --mps-root " + Root() + " --mps-control " + Control()));
+  auto doctor =
+      Shell(Kgpu("doctor --kubelet-dir " + sim_->dir() + " --mps-root " + Root() + " --mps-control " + Control()));
   EXPECT_NE(doctor.out.find("[PASS] MPS daemons            ready: nvidia.com/gpu (25.0% threads per client)"),
             std::string::npos)
       << doctor.out;
-  EXPECT_NE(doctor.out.find("[PASS] Device plugin          advertising nvidia.com/gpu=32"), std::string::npos) << doctor.out;
+  EXPECT_NE(doctor.out.find("[PASS] Device plugin          advertising nvidia.com/gpu=32"), std::string::npos)
+      << doctor.out;
   // The test's mpsRoot is on /tmp, which is usually not a tmpfs here: then doctor says so.
   struct statfs fs {};
   if (::statfs((Root() + "/shm").c_str(), &fs) == 0 && static_cast<unsigned long>(fs.f_type) != 0x01021994UL) {
@@ -437,7 +445,8 @@ TEST_F(MpsTest, OneReplicaPerContainerByDefault) {
     std::this_thread::sleep_for(50ms);
   }
   EXPECT_NE(ReadAll(dir + "/pipe/nvidia-cuda-mps-control.pid"), pid);
-  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.Healthy() == 32; }, 20s))
+  ASSERT_TRUE(kubelet_->WaitFor(
+      "nvidia.com/gpu", [](const ResourceState& s) { return s.Healthy() == 32; }, 20s))
       << p.Log();
 
   p.Signal(SIGTERM);
@@ -450,13 +459,15 @@ TEST_F(MpsTest, OneReplicaPerContainerByDefault) {
 
 TEST_F(MpsTest, ThreeReplicasAreThreeSharesOfOneGpu) {
   Init("dgx-h100");
-  Plugin p(sim_->dir(), {"--config-file", ConfigWith("    failRequestsGreaterThanOne: false\n"), "--mps-control", Control()});
-  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.connected && s.Healthy() == 32; },
-                                15s))
+  Plugin p(sim_->dir(),
+           {"--config-file", ConfigWith("    failRequestsGreaterThanOne: false\n"), "--mps-control", Control()});
+  ASSERT_TRUE(kubelet_->WaitFor(
+      "nvidia.com/gpu", [](const ResourceState& s) { return s.connected && s.Healthy() == 32; }, 15s))
       << p.Log();
   const uint64_t mib = MemoryMib();
   const std::string log = ReadAll(Root() + "/nvidia.com/gpu/log/control.log");
-  EXPECT_NE(log.find("CMD set_default_device_pinned_mem_limit 0 " + std::to_string(mib) + "M"), std::string::npos) << log;
+  EXPECT_NE(log.find("CMD set_default_device_pinned_mem_limit 0 " + std::to_string(mib) + "M"), std::string::npos)
+      << log;
   EXPECT_NE(log.find("CMD set_default_active_thread_percentage 100"), std::string::npos) << log;
   // kubelet's admission: GetPreferredAllocation for 3 among all, then Allocate.
   std::vector<std::string> all;
@@ -483,8 +494,8 @@ TEST_F(MpsTest, ThreeReplicasAreThreeSharesOfOneGpu) {
 TEST_F(MpsTest, DaemonThatCannotStartKeepsDevicesUnhealthy) {
   Init("dgx-h100");
   Plugin p(sim_->dir(), {"--config-file", ConfigWith(""), "--mps-control", Control()}, {"KGPU_FAKE_MPS_FAIL=1"});
-  ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const ResourceState& s) { return s.connected && s.devices.size() == 32; },
-                                15s))
+  ASSERT_TRUE(kubelet_->WaitFor(
+      "nvidia.com/gpu", [](const ResourceState& s) { return s.connected && s.devices.size() == 32; }, 15s))
       << p.Log();
   std::this_thread::sleep_for(500ms);
   EXPECT_EQ(kubelet_->Get("nvidia.com/gpu")->Healthy(), 0);

@@ -2,17 +2,15 @@
 // kubelet stand-in, whose API side keeps the Node's capacity/allocatable in the API server
 // stand-in; `kgpu node-labels` publishes the GFD labels and the inventory annotation there, and so
 // does the node agent itself (--publish-labels), following health, MIG layout and SIGHUP reloads.
-#include <gtest/gtest.h>
-
 #include <chrono>
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <sstream>
 #include <thread>
 
+#include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <yaml-cpp/yaml.h>
 
 #include "extender/inventory.h"
@@ -21,6 +19,7 @@
 #include "testing/fake_kubelet_node.h"
 #include "testing/plugin_fixture.h"
 #include "testing/plugin_process.h"
+#include "testing/poll.h"
 #include "testing/shell.h"
 
 namespace kgpu {
@@ -28,14 +27,7 @@ namespace {
 using namespace std::chrono_literals;
 using json = nlohmann::json;
 
-bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 30s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return pred();
-}
+using testing::WaitFor;  // testing/poll.h
 
 class NodeApiTest : public testing::PluginNodeTest {
  protected:
@@ -118,12 +110,17 @@ json Annotation(const json& node) {
 TEST_F(NodeApiTest, DevicePluginPublishesLabelsAndLiveHealth) {
   Init("dgx-h100");
   StartApi();
-  ASSERT_EQ(api_.Create("nodes", "", {{"metadata", {{"name", "sim-node"}, {"labels", {{"team", "ml"}, {"nvidia.com/gpu.present", "true"}}}}}}).code, 201);
+  ASSERT_EQ(api_.Create("nodes", "",
+                        {{"metadata",
+                          {{"name", "sim-node"}, {"labels", {{"team", "ml"}, {"nvidia.com/gpu.present", "true"}}}}}})
+                .code,
+            201);
   const std::string cfg = WriteConfig("version: v1\n");
   testing::Plugin p(sim_->dir(), {"--config-file", cfg, "--publish-labels", "--kubeconfig", kubeconfig_, "--node-name",
                                   "sim-node", "--labels-interval", "3600", "--labels-no-timestamp"});
   auto node = [&] { return api_.Get("nodes", "", "sim-node").body; };
-  ASSERT_TRUE(WaitFor([&] { return node()["metadata"]["labels"].value("nvidia.com/gpu.count", "") == "8"; })) << p.Log();
+  ASSERT_TRUE(WaitFor([&] { return node()["metadata"]["labels"].value("nvidia.com/gpu.count", "") == "8"; }))
+      << p.Log();
   json inv = Annotation(node());
   ASSERT_EQ(inv["gpus"].size(), 8u);
   for (const auto& g : inv["gpus"]) EXPECT_EQ(g["health"], "ok") << g;
@@ -135,9 +132,11 @@ TEST_F(NodeApiTest, DevicePluginPublishesLabelsAndLiveHealth) {
   inv = Annotation(node());
   for (size_t i = 0; i < inv["gpus"].size(); ++i) EXPECT_EQ(inv["gpus"][i]["health"] == "ok", i != 2) << inv["gpus"][i];
   // SIGHUP after a sharing change: the labels and the annotation follow the new config.
-  WriteConfig("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n");
+  WriteConfig(
+      "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n");
   p.Signal(SIGHUP);
-  ASSERT_TRUE(WaitFor([&] { return node()["metadata"]["labels"].value("nvidia.com/gpu.replicas", "") == "4"; })) << p.Log();
+  ASSERT_TRUE(WaitFor([&] { return node()["metadata"]["labels"].value("nvidia.com/gpu.replicas", "") == "4"; }))
+      << p.Log();
   EXPECT_EQ(node()["metadata"]["labels"]["nvidia.com/gpu.sharing-strategy"], "time-slicing");
   EXPECT_NE(node()["metadata"]["labels"].value("nvidia.com/gpu.product", "").find("-SHARED"), std::string::npos);
   ASSERT_TRUE(WaitFor([&] { return Annotation(node())["sharing"]["mode"] == "time-slicing"; })) << p.Log();
@@ -192,8 +191,9 @@ TEST_F(NodeApiTest, NodeAgentRelabelsAfterMigRepartition) {
   const std::string cfg = WriteConfig(
       "version: v1\nflags:\n  migStrategy: mixed\nmig:\n  layouts:\n    gpu1-split:\n      - devices: [1]\n"
       "        mig-devices: {\"2g.10gb\": 3, \"1g.5gb\": 1}\n");
-  testing::Plugin p(sim_->dir(), {"--config-file", cfg, "-a", "127.0.0.1:0", "--publish-labels", "--kubeconfig",
-                                  kubeconfig_, "--node-name", "sim-node", "--labels-interval", "0"},
+  testing::Plugin p(sim_->dir(),
+                    {"--config-file", cfg, "-a", "127.0.0.1:0", "--publish-labels", "--kubeconfig", kubeconfig_,
+                     "--node-name", "sim-node", "--labels-interval", "0"},
                     {}, "node");
   auto labels = [&] { return api_.Get("nodes", "", "sim-node").body["metadata"].value("labels", json::object()); };
   ASSERT_TRUE(WaitFor([&] { return labels().value("nvidia.com/mig-1g.5gb.count", "") == "9"; })) << p.Log();
@@ -255,7 +255,10 @@ TEST_F(NodeApiTest, ManifestRbacIsEnoughAndLeast) {
   std::ofstream(kubeconfig) << api.Kubeconfig("agent");
   testing::Plugin p(sim_->dir(), {"--publish-labels", "--kubeconfig", kubeconfig, "--node-name", "sim-node"});
   EXPECT_TRUE(WaitFor([&] {
-    return api.Get("nodes", "", "sim-node").body["metadata"].value("labels", json::object()).contains("nvidia.com/gpu.count");
+    return api.Get("nodes", "", "sim-node")
+        .body["metadata"]
+        .value("labels", json::object())
+        .contains("nvidia.com/gpu.count");
   })) << p.Log();
   EXPECT_EQ(p.Log().find("forbidden"), std::string::npos) << p.Log();
   // And with get alone it is refused with the apiserver's 403, said in the log.
@@ -307,10 +310,13 @@ TEST_F(NodeApiTest, DoctorClusterChecks) {
   EXPECT_NE(out.find("[PASS] Schedulable"), std::string::npos) << out;
   EXPECT_NE(out.find("[WARN] GFD labels"), std::string::npos) << out;
   // Cordoned and tainted, labelled.
-  ASSERT_TRUE(client_
-                  ->Patch("/api/v1/nodes/sim-node",
-                          {{"spec", {{"unschedulable", true}, {"taints", {{{"key", "gpu.example/owner"}, {"value", "slurm"}, {"effect", "NoSchedule"}}}}}}})
-                  .ok());
+  ASSERT_TRUE(
+      client_
+          ->Patch("/api/v1/nodes/sim-node",
+                  {{"spec",
+                    {{"unschedulable", true},
+                     {"taints", {{{"key", "gpu.example/owner"}, {"value", "slurm"}, {"effect", "NoSchedule"}}}}}}})
+          .ok());
   int rc = -1;
   const std::string labelled = run("node-labels --kubeconfig " + kubeconfig_ + " --node-name sim-node --oneshot", &rc);
   EXPECT_EQ(rc, 0) << labelled;

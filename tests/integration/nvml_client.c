@@ -45,56 +45,48 @@
   ((unsigned long long)(nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | \
                         nvmlEventTypeXidCriticalError))
 
-_Static_assert(sizeof(void (*)(void)) == sizeof(void*),
-               "function and data pointers differ in size");
+_Static_assert(sizeof(void (*)(void)) == sizeof(void*), "function and data pointers differ in size");
 
 /* ---------------------------------------------------------------- entry points
  * Every entry point the client calls, as (return type, name, parameter list). Each gets a
  * function-pointer typedef <name>_fn and a slot in `nv`; a static assertion checks (without
  * referencing the symbol: _Generic does not evaluate its operand) that the typedef matches the
  * prototype in nvml_abi.h. */
-#define NVML_ENTRY_POINTS(X)                                                                      \
-  X(nvmlReturn_t, nvmlInit_v2, (void))                                                            \
-  X(nvmlReturn_t, nvmlShutdown, (void))                                                           \
-  X(const char*, nvmlErrorString, (nvmlReturn_t))                                                 \
-  X(nvmlReturn_t, nvmlDeviceGetCount_v2, (unsigned int*))                                         \
-  X(nvmlReturn_t, nvmlDeviceGetHandleByIndex_v2, (unsigned int, nvmlDevice_t*))                   \
-  X(nvmlReturn_t, nvmlDeviceGetHandleByUUID, (const char*, nvmlDevice_t*))                        \
-  X(nvmlReturn_t, nvmlDeviceGetHandleByPciBusId_v2, (const char*, nvmlDevice_t*))                 \
-  X(nvmlReturn_t, nvmlDeviceGetName, (nvmlDevice_t, char*, unsigned int))                         \
-  X(nvmlReturn_t, nvmlDeviceGetUUID, (nvmlDevice_t, char*, unsigned int))                         \
-  X(nvmlReturn_t, nvmlDeviceGetMinorNumber, (nvmlDevice_t, unsigned int*))                        \
-  X(nvmlReturn_t, nvmlDeviceGetPciInfo_v3, (nvmlDevice_t, nvmlPciInfo_t*))                        \
-  X(nvmlReturn_t, nvmlDeviceGetMigMode, (nvmlDevice_t, unsigned int*, unsigned int*))             \
-  X(nvmlReturn_t, nvmlDeviceGetTopologyCommonAncestor,                                            \
-    (nvmlDevice_t, nvmlDevice_t, nvmlGpuTopologyLevel_t*))                                        \
-  X(nvmlReturn_t, nvmlDeviceGetNvLinkState, (nvmlDevice_t, unsigned int, nvmlEnableState_t*))     \
-  X(nvmlReturn_t, nvmlDeviceGetNvLinkRemotePciInfo_v2,                                            \
-    (nvmlDevice_t, unsigned int, nvmlPciInfo_t*))                                                 \
-  X(nvmlReturn_t, nvmlEventSetCreate, (nvmlEventSet_t*))                                          \
-  X(nvmlReturn_t, nvmlEventSetFree, (nvmlEventSet_t))                                             \
-  X(nvmlReturn_t, nvmlDeviceGetSupportedEventTypes, (nvmlDevice_t, unsigned long long*))          \
-  X(nvmlReturn_t, nvmlDeviceRegisterEvents, (nvmlDevice_t, unsigned long long, nvmlEventSet_t))   \
-  X(nvmlReturn_t, nvmlEventSetWait_v2, (nvmlEventSet_t, nvmlEventData_t*, unsigned int))          \
-  X(nvmlReturn_t, nvmlDeviceGetMaxMigDeviceCount, (nvmlDevice_t, unsigned int*))                  \
-  X(nvmlReturn_t, nvmlDeviceGetMigDeviceHandleByIndex,                                            \
-    (nvmlDevice_t, unsigned int, nvmlDevice_t*))                                                  \
-  X(nvmlReturn_t, nvmlDeviceGetDeviceHandleFromMigDeviceHandle, (nvmlDevice_t, nvmlDevice_t*))    \
-  X(nvmlReturn_t, nvmlDeviceIsMigDeviceHandle, (nvmlDevice_t, unsigned int*))                     \
-  X(nvmlReturn_t, nvmlDeviceGetGpuInstanceId, (nvmlDevice_t, unsigned int*))                      \
-  X(nvmlReturn_t, nvmlDeviceGetComputeInstanceId, (nvmlDevice_t, unsigned int*))                  \
-  X(nvmlReturn_t, nvmlDeviceGetAttributes_v2, (nvmlDevice_t, nvmlDeviceAttributes_t*))            \
-  X(nvmlReturn_t, nvmlDeviceGetGpuInstanceById, (nvmlDevice_t, unsigned int, nvmlGpuInstance_t*)) \
-  X(nvmlReturn_t, nvmlGpuInstanceGetInfo, (nvmlGpuInstance_t, nvmlGpuInstanceInfo_t*))            \
-  X(nvmlReturn_t, nvmlGpuInstanceGetComputeInstanceById,                                          \
-    (nvmlGpuInstance_t, unsigned int, nvmlComputeInstance_t*))                                    \
-  X(nvmlReturn_t, nvmlComputeInstanceGetInfo_v2,                                                  \
-    (nvmlComputeInstance_t, nvmlComputeInstanceInfo_t*))                                          \
-  X(nvmlReturn_t, nvmlDeviceGetGpuInstanceProfileInfo,                                            \
-    (nvmlDevice_t, unsigned int, nvmlGpuInstanceProfileInfo_t*))                                  \
-  X(nvmlReturn_t, nvmlDeviceGetMemoryInfo, (nvmlDevice_t, nvmlMemory_t*))                         \
-  X(nvmlReturn_t, nvmlDeviceGetTemperature,                                                       \
-    (nvmlDevice_t, nvmlTemperatureSensors_t, unsigned int*))                                      \
+#define NVML_ENTRY_POINTS(X)                                                                                        \
+  X(nvmlReturn_t, nvmlInit_v2, (void))                                                                              \
+  X(nvmlReturn_t, nvmlShutdown, (void))                                                                             \
+  X(const char*, nvmlErrorString, (nvmlReturn_t))                                                                   \
+  X(nvmlReturn_t, nvmlDeviceGetCount_v2, (unsigned int*))                                                           \
+  X(nvmlReturn_t, nvmlDeviceGetHandleByIndex_v2, (unsigned int, nvmlDevice_t*))                                     \
+  X(nvmlReturn_t, nvmlDeviceGetHandleByUUID, (const char*, nvmlDevice_t*))                                          \
+  X(nvmlReturn_t, nvmlDeviceGetHandleByPciBusId_v2, (const char*, nvmlDevice_t*))                                   \
+  X(nvmlReturn_t, nvmlDeviceGetName, (nvmlDevice_t, char*, unsigned int))                                           \
+  X(nvmlReturn_t, nvmlDeviceGetUUID, (nvmlDevice_t, char*, unsigned int))                                           \
+  X(nvmlReturn_t, nvmlDeviceGetMinorNumber, (nvmlDevice_t, unsigned int*))                                          \
+  X(nvmlReturn_t, nvmlDeviceGetPciInfo_v3, (nvmlDevice_t, nvmlPciInfo_t*))                                          \
+  X(nvmlReturn_t, nvmlDeviceGetMigMode, (nvmlDevice_t, unsigned int*, unsigned int*))                               \
+  X(nvmlReturn_t, nvmlDeviceGetTopologyCommonAncestor, (nvmlDevice_t, nvmlDevice_t, nvmlGpuTopologyLevel_t*))       \
+  X(nvmlReturn_t, nvmlDeviceGetNvLinkState, (nvmlDevice_t, unsigned int, nvmlEnableState_t*))                       \
+  X(nvmlReturn_t, nvmlDeviceGetNvLinkRemotePciInfo_v2, (nvmlDevice_t, unsigned int, nvmlPciInfo_t*))                \
+  X(nvmlReturn_t, nvmlEventSetCreate, (nvmlEventSet_t*))                                                            \
+  X(nvmlReturn_t, nvmlEventSetFree, (nvmlEventSet_t))                                                               \
+  X(nvmlReturn_t, nvmlDeviceGetSupportedEventTypes, (nvmlDevice_t, unsigned long long*))                            \
+  X(nvmlReturn_t, nvmlDeviceRegisterEvents, (nvmlDevice_t, unsigned long long, nvmlEventSet_t))                     \
+  X(nvmlReturn_t, nvmlEventSetWait_v2, (nvmlEventSet_t, nvmlEventData_t*, unsigned int))                            \
+  X(nvmlReturn_t, nvmlDeviceGetMaxMigDeviceCount, (nvmlDevice_t, unsigned int*))                                    \
+  X(nvmlReturn_t, nvmlDeviceGetMigDeviceHandleByIndex, (nvmlDevice_t, unsigned int, nvmlDevice_t*))                 \
+  X(nvmlReturn_t, nvmlDeviceGetDeviceHandleFromMigDeviceHandle, (nvmlDevice_t, nvmlDevice_t*))                      \
+  X(nvmlReturn_t, nvmlDeviceIsMigDeviceHandle, (nvmlDevice_t, unsigned int*))                                       \
+  X(nvmlReturn_t, nvmlDeviceGetGpuInstanceId, (nvmlDevice_t, unsigned int*))                                        \
+  X(nvmlReturn_t, nvmlDeviceGetComputeInstanceId, (nvmlDevice_t, unsigned int*))                                    \
+  X(nvmlReturn_t, nvmlDeviceGetAttributes_v2, (nvmlDevice_t, nvmlDeviceAttributes_t*))                              \
+  X(nvmlReturn_t, nvmlDeviceGetGpuInstanceById, (nvmlDevice_t, unsigned int, nvmlGpuInstance_t*))                   \
+  X(nvmlReturn_t, nvmlGpuInstanceGetInfo, (nvmlGpuInstance_t, nvmlGpuInstanceInfo_t*))                              \
+  X(nvmlReturn_t, nvmlGpuInstanceGetComputeInstanceById, (nvmlGpuInstance_t, unsigned int, nvmlComputeInstance_t*)) \
+  X(nvmlReturn_t, nvmlComputeInstanceGetInfo_v2, (nvmlComputeInstance_t, nvmlComputeInstanceInfo_t*))               \
+  X(nvmlReturn_t, nvmlDeviceGetGpuInstanceProfileInfo, (nvmlDevice_t, unsigned int, nvmlGpuInstanceProfileInfo_t*)) \
+  X(nvmlReturn_t, nvmlDeviceGetMemoryInfo, (nvmlDevice_t, nvmlMemory_t*))                                           \
+  X(nvmlReturn_t, nvmlDeviceGetTemperature, (nvmlDevice_t, nvmlTemperatureSensors_t, unsigned int*))                \
   X(nvmlReturn_t, nvmlDeviceGetUtilizationRates, (nvmlDevice_t, nvmlUtilization_t*))
 
 #define DECLARE_TYPE(ret, name, params)                       \
@@ -115,8 +107,7 @@ static struct { NVML_ENTRY_POINTS(DECLARE_SLOT) } nv;
 /* Converts dlsym's object pointer to a function pointer without the pedantic cast. */
 static void* resolve(void* lib, const char* name, void* slot, size_t slot_size) {
   void* sym = dlsym(lib, name);
-  if (slot != NULL && slot_size == sizeof sym)
-    memcpy(slot, &sym, sizeof sym);
+  if (slot != NULL && slot_size == sizeof sym) memcpy(slot, &sym, sizeof sym);
   return sym;
 }
 
@@ -124,12 +115,10 @@ static void* resolve(void* lib, const char* name, void* slot, size_t slot_size) 
  * of names not found; the first is copied to missing. */
 static int bind_all(void* lib, char* missing, size_t missing_size) {
   int not_found = 0;
-  if (missing_size > 0)
-    missing[0] = '\0';
-#define BIND(ret, name, params)                                \
-  if (resolve(lib, #name, &nv.name, sizeof nv.name) == NULL) { \
-    if (not_found++ == 0)                                      \
-      snprintf(missing, missing_size, "%s", #name);            \
+  if (missing_size > 0) missing[0] = '\0';
+#define BIND(ret, name, params)                                         \
+  if (resolve(lib, #name, &nv.name, sizeof nv.name) == NULL) {          \
+    if (not_found++ == 0) snprintf(missing, missing_size, "%s", #name); \
   }
   NVML_ENTRY_POINTS(BIND)
 #undef BIND
@@ -139,8 +128,7 @@ static int bind_all(void* lib, char* missing, size_t missing_size) {
 /* ---------------------------------------------------------------- reporting */
 static int g_passed, g_failed;
 
-__attribute__((format(printf, 3, 4))) static int check(int cond, const char* name, const char* fmt,
-                                                       ...) {
+__attribute__((format(printf, 3, 4))) static int check(int cond, const char* name, const char* fmt, ...) {
   if (cond) {
     ++g_passed;
     printf("ok - %s\n", name);
@@ -194,27 +182,22 @@ static int run_simctl(const char* const* args) {
   const char* argv[16];
   size_t n = 0;
   argv[n++] = g_simctl;
-  for (size_t i = 0; args[i] != NULL && n < 15; ++i)
-    argv[n++] = args[i];
+  for (size_t i = 0; args[i] != NULL && n < 15; ++i) argv[n++] = args[i];
   argv[n] = NULL;
   fflush(stdout);
   fflush(stderr);
   const pid_t pid = fork();
-  if (pid < 0)
-    return -1;
+  if (pid < 0) return -1;
   if (pid == 0) {
     execv(g_simctl, (char* const*)argv);
     _exit(127);
   }
   int status = 0;
   while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR)
-      return -1;
+    if (errno != EINTR) return -1;
   }
-  if (WIFEXITED(status))
-    return WEXITSTATUS(status);
-  if (WIFSIGNALED(status))
-    return 128 + WTERMSIG(status);
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return -1;
 }
 
@@ -235,16 +218,15 @@ static void* injection_main(void* arg) {
 static unsigned drain_events(nvmlEventSet_t set) {
   nvmlEventData_t d;
   unsigned n = 0;
-  while (n < 100000 && nv.nvmlEventSetWait_v2(set, &d, 0) == NVML_SUCCESS)
-    ++n;
+  while (n < 100000 && nv.nvmlEventSetWait_v2(set, &d, 0) == NVML_SUCCESS) ++n;
   return n;
 }
 
 /* Blocks in nvmlEventSetWait_v2(set, data, 5000) while a helper thread runs `kgpu-simctl args`
  * 100 ms later. Returns the wait's result; *elapsed_ms is the wait's duration and *status the
  * exit status of kgpu-simctl. */
-static nvmlReturn_t wait_while_injecting(nvmlEventSet_t set, const char* const* args,
-                                         nvmlEventData_t* data, double* elapsed_ms, int* status) {
+static nvmlReturn_t wait_while_injecting(nvmlEventSet_t set, const char* const* args, nvmlEventData_t* data,
+                                         double* elapsed_ms, int* status) {
   struct injection in = {args, 100, -1};
   pthread_t thread;
   drain_events(set);
@@ -263,19 +245,18 @@ static nvmlReturn_t wait_while_injecting(nvmlEventSet_t set, const char* const* 
 }
 
 /* Checks an event seen by wait_while_injecting. */
-static void check_event(const char* name, nvmlReturn_t rc, const nvmlEventData_t* d,
-                        double elapsed_ms, int status, nvmlDevice_t device, unsigned long long type,
-                        unsigned long long data, unsigned gi, unsigned ci) {
-  check(status == 0 && rc == NVML_SUCCESS && elapsed_ms < 4000.0 && d->eventType == type &&
-            d->eventData == data && d->device == device && d->gpuInstanceId == gi &&
-            d->computeInstanceId == ci,
+static void check_event(const char* name, nvmlReturn_t rc, const nvmlEventData_t* d, double elapsed_ms, int status,
+                        nvmlDevice_t device, unsigned long long type, unsigned long long data, unsigned gi,
+                        unsigned ci) {
+  check(status == 0 && rc == NVML_SUCCESS && elapsed_ms < 4000.0 && d->eventType == type && d->eventData == data &&
+            d->device == device && d->gpuInstanceId == gi && d->computeInstanceId == ci,
         name,
         "kgpu-simctl exit %d; wait " RC
         " after %.0f ms; eventType 0x%llx (want 0x%llx), eventData "
         "%llu (want %llu), device %p (want %p), gpuInstanceId 0x%x (want 0x%x), "
         "computeInstanceId 0x%x (want 0x%x)",
-        status, RCA(rc), elapsed_ms, d->eventType, type, d->eventData, data, (void*)d->device,
-        (void*)device, d->gpuInstanceId, gi, d->computeInstanceId, ci);
+        status, RCA(rc), elapsed_ms, d->eventType, type, d->eventData, data, (void*)d->device, (void*)device,
+        d->gpuInstanceId, gi, d->computeInstanceId, ci);
 }
 
 static int is_hex(char c) {
@@ -285,23 +266,19 @@ static int is_hex(char c) {
 /* "<prefix>xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
 static int is_uuid(const char* s, const char* prefix) {
   const size_t p = strlen(prefix);
-  if (strncmp(s, prefix, p) != 0 || strlen(s) != p + 36)
-    return 0;
+  if (strncmp(s, prefix, p) != 0 || strlen(s) != p + 36) return 0;
   for (size_t i = 0; i < 36; ++i) {
     const int dash = i == 8 || i == 13 || i == 18 || i == 23;
-    if (dash ? s[p + i] != '-' : !is_hex(s[p + i]))
-      return 0;
+    if (dash ? s[p + i] != '-' : !is_hex(s[p + i])) return 0;
   }
   return 1;
 }
 
 /* "dddddddd:bb:dd.f", e.g. "00000000:18:00.0" */
 static int is_bus_id(const char* s) {
-  if (strlen(s) != 16 || s[8] != ':' || s[11] != ':' || s[14] != '.')
-    return 0;
+  if (strlen(s) != 16 || s[8] != ':' || s[11] != ':' || s[14] != '.') return 0;
   for (size_t i = 0; i < 16; ++i) {
-    if (i != 8 && i != 11 && i != 14 && !is_hex(s[i]))
-      return 0;
+    if (i != 8 && i != 11 && i != 14 && !is_hex(s[i])) return 0;
   }
   return 1;
 }
@@ -321,13 +298,11 @@ static int check_probing(void) {
     void* probe = dlopen(SONAME, RTLD_LAZY);
     const char* err = probe == NULL ? dlerror() : NULL;
     const int closed = probe != NULL ? dlclose(probe) : -1;
-    check(probe != NULL && closed == 0, name, "dlopen: %s; dlclose: %d", err != NULL ? err : "ok",
-          closed);
+    check(probe != NULL && closed == 0, name, "dlopen: %s; dlclose: %d", err != NULL ? err : "ok", closed);
   }
   g_lib = dlopen(SONAME, RTLD_LAZY | RTLD_GLOBAL);
   const char* err = g_lib == NULL ? dlerror() : NULL;
-  return check(g_lib != NULL, "a: dlopen(" SONAME ", RTLD_LAZY | RTLD_GLOBAL)", "%s",
-               err != NULL ? err : "?");
+  return check(g_lib != NULL, "a: dlopen(" SONAME ", RTLD_LAZY | RTLD_GLOBAL)", "%s", err != NULL ? err : "?");
 }
 
 /* ---------------------------------------------------------------- b. go-nvml's versioned probes */
@@ -365,21 +340,17 @@ static void check_versioned_probes(void) {
 /* ---------------------------------------------------------------- c. the whole surface */
 static void check_symbol_list(const char* path) {
   FILE* f = fopen(path, "r");
-  if (!check(f != NULL, "c: read the symbol list", "%s: %s", path, strerror(errno)))
-    return;
+  if (!check(f != NULL, "c: read the symbol list", "%s: %s", path, strerror(errno))) return;
   char line[512], missing[512] = "";
   unsigned names = 0, not_found = 0;
   while (fgets(line, sizeof line, f) != NULL) {
     char* s = line;
-    while (*s == ' ' || *s == '\t')
-      ++s;
+    while (*s == ' ' || *s == '\t') ++s;
     size_t len = strlen(s);
-    while (len > 0 &&
-           (s[len - 1] == '\n' || s[len - 1] == '\r' || s[len - 1] == ' ' || s[len - 1] == '\t')) {
+    while (len > 0 && (s[len - 1] == '\n' || s[len - 1] == '\r' || s[len - 1] == ' ' || s[len - 1] == '\t')) {
       s[--len] = '\0';
     }
-    if (len == 0 || s[0] == '#')
-      continue;
+    if (len == 0 || s[0] == '#') continue;
     ++names;
     if (dlsym(g_lib, s) == NULL) {
       if (not_found++ < 8) {
@@ -404,8 +375,8 @@ static void check_not_simulated(void) {
     nvmlUnit_t unit = NULL;
     rc = unit_handle(0, &unit);
   }
-  check(rc == NVML_ERROR_NOT_SUPPORTED,
-        "c: not simulated: nvmlUnitGetHandleByIndex returns NOT_SUPPORTED", "got " RC, RCA(rc));
+  check(rc == NVML_ERROR_NOT_SUPPORTED, "c: not simulated: nvmlUnitGetHandleByIndex returns NOT_SUPPORTED", "got " RC,
+        RCA(rc));
   rc = NVML_ERROR_FUNCTION_NOT_FOUND;
   if (resolve(g_lib, "nvmlDeviceGetVgpuMetadata", &vgpu_metadata, sizeof vgpu_metadata) != NULL) {
     unsigned char buffer[4096];
@@ -414,8 +385,8 @@ static void check_not_simulated(void) {
     nv.nvmlDeviceGetHandleByIndex_v2(0, &dev);
     rc = vgpu_metadata(dev, buffer, &size);
   }
-  check(rc == NVML_ERROR_NOT_SUPPORTED,
-        "c: not simulated: nvmlDeviceGetVgpuMetadata returns NOT_SUPPORTED", "got " RC, RCA(rc));
+  check(rc == NVML_ERROR_NOT_SUPPORTED, "c: not simulated: nvmlDeviceGetVgpuMetadata returns NOT_SUPPORTED", "got " RC,
+        RCA(rc));
 }
 
 /* ---------------------------------------------------------------- d. reference counting */
@@ -445,8 +416,7 @@ static void* refcount_worker_main(void* arg) {
     resolve(lib, "nvmlDeviceGetCount_v2", &count, sizeof count);
   }
   if (lib == NULL || init == NULL || shutdown == NULL || count == NULL) {
-    snprintf(w->failure, sizeof w->failure, "worker: dlopen/dlsym failed: %s",
-             lib == NULL ? dlerror() : "dlsym");
+    snprintf(w->failure, sizeof w->failure, "worker: dlopen/dlsym failed: %s", lib == NULL ? dlerror() : "dlsym");
     atomic_store(&w->state, -1);
     return NULL;
   }
@@ -480,15 +450,13 @@ static void* refcount_worker_main(void* arg) {
 static void await_worker_calls(struct refcount_worker* w, long more) {
   const long target = atomic_load(&w->calls) + more;
   const double deadline = now_ms() + 5000.0;
-  while (atomic_load(&w->calls) < target && atomic_load(&w->state) == 1 && now_ms() < deadline)
-    sleep_ms(1);
+  while (atomic_load(&w->calls) < target && atomic_load(&w->state) == 1 && now_ms() < deadline) sleep_ms(1);
 }
 
 /* UUID of the handle taken before the rounds, or an error text. */
 static int uuid_of(nvmlDevice_t dev, char* out, size_t size) {
   const nvmlReturn_t rc = nv.nvmlDeviceGetUUID(dev, out, (unsigned)size);
-  if (rc != NVML_SUCCESS)
-    snprintf(out, size, "error " RC, RCA(rc));
+  if (rc != NVML_SUCCESS) snprintf(out, size, "error " RC, RCA(rc));
   return rc == NVML_SUCCESS;
 }
 
@@ -496,36 +464,30 @@ static int check_refcounting(void) {
   char missing[128];
   unsigned n = 0;
   nvmlReturn_t rc = nv.nvmlInit_v2();
-  if (!check(rc == NVML_SUCCESS, "d: nvmlInit_v2", "got " RC, RCA(rc)))
-    return 0;
+  if (!check(rc == NVML_SUCCESS, "d: nvmlInit_v2", "got " RC, RCA(rc))) return 0;
   rc = nv.nvmlDeviceGetCount_v2(&n);
-  if (!check(rc == NVML_SUCCESS && n > 0, "d: nvmlDeviceGetCount_v2 after init",
-             "got " RC ", count %u", RCA(rc), n)) {
+  if (!check(rc == NVML_SUCCESS && n > 0, "d: nvmlDeviceGetCount_v2 after init", "got " RC ", count %u", RCA(rc), n)) {
     return 0;
   }
   nvmlDevice_t dev0 = NULL;
-  char uuid_before[NVML_DEVICE_UUID_BUFFER_SIZE] = "",
-       uuid_after[NVML_DEVICE_UUID_BUFFER_SIZE] = "";
+  char uuid_before[NVML_DEVICE_UUID_BUFFER_SIZE] = "", uuid_after[NVML_DEVICE_UUID_BUFFER_SIZE] = "";
   rc = nv.nvmlDeviceGetHandleByIndex_v2(0, &dev0);
-  if (rc == NVML_SUCCESS)
-    uuid_of(dev0, uuid_before, sizeof uuid_before);
+  if (rc == NVML_SUCCESS) uuid_of(dev0, uuid_before, sizeof uuid_before);
 
   struct refcount_worker w;
   memset(&w, 0, sizeof w);
   w.expected = n;
   pthread_t thread;
-  if (!check(pthread_create(&thread, NULL, refcount_worker_main, &w) == 0,
-             "d: start the health thread", "pthread_create failed")) {
+  if (!check(pthread_create(&thread, NULL, refcount_worker_main, &w) == 0, "d: start the health thread",
+             "pthread_create failed")) {
     return 0;
   }
-  while (atomic_load(&w.state) == 0)
-    sleep_ms(1);
+  while (atomic_load(&w.state) == 0) sleep_ms(1);
 
   /* Rounds of shutdown, dlclose, dlopen, init while the worker holds its own reference. */
   const int kRounds = 6;
   char failure[256] = "";
-  for (int round = 0; round < kRounds && failure[0] == '\0' && atomic_load(&w.state) == 1;
-       ++round) {
+  for (int round = 0; round < kRounds && failure[0] == '\0' && atomic_load(&w.state) == 1; ++round) {
     await_worker_calls(&w, 50);
     rc = nv.nvmlShutdown();
     if (rc != NVML_SUCCESS) {
@@ -553,9 +515,8 @@ static int check_refcounting(void) {
     unsigned m = 0;
     const nvmlReturn_t rc2 = rc == NVML_SUCCESS ? nv.nvmlDeviceGetCount_v2(&m) : rc;
     if (rc != NVML_SUCCESS || rc2 != NVML_SUCCESS || m != n) {
-      snprintf(failure, sizeof failure,
-               "round %d: nvmlInit_v2 returned %d, then GetCount_v2 %d (count %u)", round, (int)rc,
-               (int)rc2, m);
+      snprintf(failure, sizeof failure, "round %d: nvmlInit_v2 returned %d, then GetCount_v2 %d (count %u)", round,
+               (int)rc, (int)rc2, m);
       break;
     }
   }
@@ -564,22 +525,19 @@ static int check_refcounting(void) {
   pthread_join(thread, NULL);
 
   check(failure[0] == '\0' && w.state != -1 && g_lib != NULL,
-        "d: shutdown/dlclose/dlopen/init rounds while another thread holds a reference", "%s%s",
-        failure, w.failure);
+        "d: shutdown/dlclose/dlopen/init rounds while another thread holds a reference", "%s%s", failure, w.failure);
   check(w.state == 1 && atomic_load(&w.calls) > 0 && atomic_load(&w.uninitialized) == 0 &&
             atomic_load(&w.other_errors) == 0 && atomic_load(&w.wrong_count) == 0,
         "d: the other thread never sees NVML_ERROR_UNINITIALIZED",
-        "%ld calls: %ld UNINITIALIZED, %ld other errors (last %d), %ld wrong counts",
-        atomic_load(&w.calls), atomic_load(&w.uninitialized), atomic_load(&w.other_errors),
-        atomic_load(&w.last_error), atomic_load(&w.wrong_count));
+        "%ld calls: %ld UNINITIALIZED, %ld other errors (last %d), %ld wrong counts", atomic_load(&w.calls),
+        atomic_load(&w.uninitialized), atomic_load(&w.other_errors), atomic_load(&w.last_error),
+        atomic_load(&w.wrong_count));
   note("health thread made %ld calls during %d rounds", atomic_load(&w.calls), kRounds);
-  if (g_lib == NULL || failure[0] != '\0')
-    return 0;
+  if (g_lib == NULL || failure[0] != '\0') return 0;
 
   uuid_of(dev0, uuid_after, sizeof uuid_after);
   check(uuid_before[0] != '\0' && strcmp(uuid_before, uuid_after) == 0,
-        "d: a handle taken before the rounds stays valid", "before: '%s', after: '%s'", uuid_before,
-        uuid_after);
+        "d: a handle taken before the rounds stays valid", "before: '%s', after: '%s'", uuid_before, uuid_after);
 
   /* Final shutdown: the count drops to zero, calls answer UNINITIALIZED. */
   rc = nv.nvmlShutdown();
@@ -589,8 +547,8 @@ static int check_refcounting(void) {
         "d: after the final nvmlShutdown calls return NVML_ERROR_UNINITIALIZED",
         "nvmlShutdown " RC ", then GetCount_v2 " RC, RCA(rc), RCA(after));
   rc = nv.nvmlShutdown();
-  check(rc == NVML_ERROR_UNINITIALIZED, "d: an extra nvmlShutdown returns NVML_ERROR_UNINITIALIZED",
-        "got " RC, RCA(rc));
+  check(rc == NVML_ERROR_UNINITIALIZED, "d: an extra nvmlShutdown returns NVML_ERROR_UNINITIALIZED", "got " RC,
+        RCA(rc));
 
   /* Close the last handle (the library unloads unless it is nodelete), reopen, init again. */
   const int closed = dlclose(g_lib);
@@ -600,14 +558,13 @@ static int check_refcounting(void) {
   rc = unbound == 0 ? nv.nvmlInit_v2() : NVML_ERROR_LIBRARY_NOT_FOUND;
   if (!check(closed == 0 && g_lib != NULL && unbound == 0 && rc == NVML_SUCCESS,
              "d: dlclose of the last handle, dlopen and nvmlInit_v2 again",
-             "dlclose %d, dlopen %s, unbound %d, init %d", closed, g_lib != NULL ? "ok" : dlerror(),
-             unbound, (int)rc)) {
+             "dlclose %d, dlopen %s, unbound %d, init %d", closed, g_lib != NULL ? "ok" : dlerror(), unbound,
+             (int)rc)) {
     return 0;
   }
   uuid_of(dev0, uuid_after, sizeof uuid_after);
-  check(strcmp(uuid_before, uuid_after) == 0,
-        "d: a handle taken before the full unload stays valid", "before: '%s', after: '%s'",
-        uuid_before, uuid_after);
+  check(strcmp(uuid_before, uuid_after) == 0, "d: a handle taken before the full unload stays valid",
+        "before: '%s', after: '%s'", uuid_before, uuid_after);
   return 1;
 }
 
@@ -632,11 +589,9 @@ static int check_startup(void) {
     g_uuid[i][0] = '\0';
     if ((rc = nv.nvmlDeviceGetHandleByIndex_v2(i, &h)) != NVML_SUCCESS || h == NULL) {
       snprintf(err, sizeof err, "GetHandleByIndex_v2 " RC, RCA(rc));
-    } else if ((rc = nv.nvmlDeviceGetName(h, name, sizeof name)) != NVML_SUCCESS ||
-               name[0] == '\0') {
+    } else if ((rc = nv.nvmlDeviceGetName(h, name, sizeof name)) != NVML_SUCCESS || name[0] == '\0') {
       snprintf(err, sizeof err, "GetName " RC " '%s'", RCA(rc), name);
-    } else if ((rc = nv.nvmlDeviceGetName(h, name2, sizeof name2)) != NVML_SUCCESS ||
-               strcmp(name, name2) != 0) {
+    } else if ((rc = nv.nvmlDeviceGetName(h, name2, sizeof name2)) != NVML_SUCCESS || strcmp(name, name2) != 0) {
       snprintf(err, sizeof err, "second GetName " RC " '%s' vs '%s'", RCA(rc), name2, name);
     } else if ((mig_rc = rc = nv.nvmlDeviceGetMigMode(h, &cur, &pend)) != NVML_SUCCESS &&
                rc != NVML_ERROR_NOT_SUPPORTED) {
@@ -650,14 +605,12 @@ static int check_startup(void) {
       snprintf(err, sizeof err, "GetUUID " RC " '%.*s'", RCA(rc), (int)sizeof g_uuid[i], g_uuid[i]);
     } else if ((rc = nv.nvmlDeviceGetMinorNumber(h, &minor)) != NVML_SUCCESS) {
       snprintf(err, sizeof err, "GetMinorNumber " RC, RCA(rc));
-    } else if ((rc = nv.nvmlDeviceGetPciInfo_v3(h, &pci)) != NVML_SUCCESS ||
-               !is_bus_id(pci.busId) || strtoul(pci.busId + 9, NULL, 16) != pci.bus) {
-      snprintf(err, sizeof err, "GetPciInfo_v3 " RC " busId '%s' bus 0x%x", RCA(rc), pci.busId,
-               pci.bus);
-    } else if ((rc = nv.nvmlDeviceGetHandleByPciBusId_v2(pci.busId, &by_bus)) != NVML_SUCCESS ||
-               by_bus != h) {
-      snprintf(err, sizeof err, "GetHandleByPciBusId_v2('%s') " RC " gave %p, not %p", pci.busId,
-               RCA(rc), (void*)by_bus, (void*)h);
+    } else if ((rc = nv.nvmlDeviceGetPciInfo_v3(h, &pci)) != NVML_SUCCESS || !is_bus_id(pci.busId) ||
+               strtoul(pci.busId + 9, NULL, 16) != pci.bus) {
+      snprintf(err, sizeof err, "GetPciInfo_v3 " RC " busId '%s' bus 0x%x", RCA(rc), pci.busId, pci.bus);
+    } else if ((rc = nv.nvmlDeviceGetHandleByPciBusId_v2(pci.busId, &by_bus)) != NVML_SUCCESS || by_bus != h) {
+      snprintf(err, sizeof err, "GetHandleByPciBusId_v2('%s') " RC " gave %p, not %p", pci.busId, RCA(rc),
+               (void*)by_bus, (void*)h);
     }
     g_dev[i] = h;
     minors[i] = minor;
@@ -666,8 +619,7 @@ static int check_startup(void) {
     all_ok &= check(err[0] == '\0', check_name, "%s", err);
     if (err[0] == '\0') {
       char mig[32] = "not supported";
-      if (mig_rc == NVML_SUCCESS)
-        snprintf(mig, sizeof mig, "current %u pending %u", cur, pend);
+      if (mig_rc == NVML_SUCCESS) snprintf(mig, sizeof mig, "current %u pending %u", cur, pend);
       note("GPU %u: %s %s minor %u bus %s MIG %s", i, name, g_uuid[i], minor, pci.busId, mig);
     }
   }
@@ -679,10 +631,8 @@ static int check_startup(void) {
       dup_handle += g_dev[i] == g_dev[j];
     }
   }
-  check(dup_uuid == 0 && dup_minor == 0 && dup_handle == 0,
-        "e: UUIDs, minor numbers and handles are distinct",
-        "%u duplicate UUIDs, %u duplicate minors, %u duplicate handles", dup_uuid, dup_minor,
-        dup_handle);
+  check(dup_uuid == 0 && dup_minor == 0 && dup_handle == 0, "e: UUIDs, minor numbers and handles are distinct",
+        "%u duplicate UUIDs, %u duplicate minors, %u duplicate handles", dup_uuid, dup_minor, dup_handle);
   return all_ok;
 }
 
@@ -694,20 +644,18 @@ static void check_topology(void) {
       nvmlGpuTopologyLevel_t a = (nvmlGpuTopologyLevel_t)-1, b = (nvmlGpuTopologyLevel_t)-1;
       const nvmlReturn_t rc = nv.nvmlDeviceGetTopologyCommonAncestor(g_dev[i], g_dev[j], &a);
       const nvmlReturn_t rc2 = nv.nvmlDeviceGetTopologyCommonAncestor(g_dev[j], g_dev[i], &b);
-      const int valid = a == NVML_TOPOLOGY_INTERNAL || a == NVML_TOPOLOGY_SINGLE ||
-                        a == NVML_TOPOLOGY_MULTIPLE || a == NVML_TOPOLOGY_HOSTBRIDGE ||
-                        a == NVML_TOPOLOGY_NODE || a == NVML_TOPOLOGY_SYSTEM;
+      const int valid = a == NVML_TOPOLOGY_INTERNAL || a == NVML_TOPOLOGY_SINGLE || a == NVML_TOPOLOGY_MULTIPLE ||
+                        a == NVML_TOPOLOGY_HOSTBRIDGE || a == NVML_TOPOLOGY_NODE || a == NVML_TOPOLOGY_SYSTEM;
       if (rc != NVML_SUCCESS || !valid) {
         snprintf(err, sizeof err, "GPU %u -> GPU %u: " RC ", level %d", i, j, RCA(rc), (int)a);
       } else if (rc2 != NVML_SUCCESS || a != b) {
-        snprintf(err, sizeof err, "asymmetric: GPU %u -> %u level %d, GPU %u -> %u " RC " level %d",
-                 i, j, (int)a, j, i, RCA(rc2), (int)b);
+        snprintf(err, sizeof err, "asymmetric: GPU %u -> %u level %d, GPU %u -> %u " RC " level %d", i, j, (int)a, j, i,
+                 RCA(rc2), (int)b);
       }
     }
   }
   char name[96];
-  snprintf(name, sizeof name, "f: GetTopologyCommonAncestor for all %u ordered pairs",
-           g_count * g_count);
+  snprintf(name, sizeof name, "f: GetTopologyCommonAncestor for all %u ordered pairs", g_count * g_count);
   check(g_count > 0 && err[0] == '\0', name, "%s", err[0] != '\0' ? err : "no GPUs");
 
   unsigned active = 0;
@@ -716,34 +664,29 @@ static void check_topology(void) {
     for (unsigned link = 0; link < NVML_NVLINK_MAX_LINKS && err[0] == '\0'; ++link) {
       nvmlEnableState_t state = NVML_FEATURE_DISABLED;
       const nvmlReturn_t rc = nv.nvmlDeviceGetNvLinkState(g_dev[i], link, &state);
-      if (rc == NVML_ERROR_NOT_SUPPORTED || rc == NVML_ERROR_INVALID_ARGUMENT)
-        continue;
+      if (rc == NVML_ERROR_NOT_SUPPORTED || rc == NVML_ERROR_INVALID_ARGUMENT) continue;
       if (rc != NVML_SUCCESS) {
         snprintf(err, sizeof err, "GPU %u link %u: GetNvLinkState " RC, i, link, RCA(rc));
         break;
       }
-      if (state != NVML_FEATURE_ENABLED)
-        continue;
+      if (state != NVML_FEATURE_ENABLED) continue;
       ++active;
       nvmlPciInfo_t pci;
       memset(&pci, 0, sizeof pci);
       const nvmlReturn_t rc2 = nv.nvmlDeviceGetNvLinkRemotePciInfo_v2(g_dev[i], link, &pci);
       if (rc2 != NVML_SUCCESS || !is_bus_id(pci.busId)) {
-        snprintf(err, sizeof err,
-                 "GPU %u active link %u: GetNvLinkRemotePciInfo_v2 " RC " busId '%s'", i, link,
+        snprintf(err, sizeof err, "GPU %u active link %u: GetNvLinkRemotePciInfo_v2 " RC " busId '%s'", i, link,
                  RCA(rc2), pci.busId);
       }
     }
   }
-  check(err[0] == '\0',
-        "f: GetNvLinkState for links 0..17 (+ GetNvLinkRemotePciInfo_v2 when active)", "%s", err);
+  check(err[0] == '\0', "f: GetNvLinkState for links 0..17 (+ GetNvLinkRemotePciInfo_v2 when active)", "%s", err);
   note("%u active NVLinks on %u GPUs", active, g_count);
 }
 
 /* ---------------------------------------------------------------- g. events */
 static int check_events(void) {
-  if (!check(g_count >= 6, "g: the node has at least 6 GPUs (GPU 3 and GPU 5 are used)", "%u GPUs",
-             g_count)) {
+  if (!check(g_count >= 6, "g: the node has at least 6 GPUs (GPU 3 and GPU 5 are used)", "%u GPUs", g_count)) {
     return 0;
   }
   nvmlReturn_t rc = nv.nvmlEventSetCreate(&g_set);
@@ -756,20 +699,16 @@ static int check_events(void) {
     nvmlDevice_t h = NULL;
     unsigned long long types = 0;
     if ((rc = nv.nvmlDeviceGetHandleByUUID(g_uuid[i], &h)) != NVML_SUCCESS || h != g_dev[i]) {
-      snprintf(err, sizeof err, "GPU %u: GetHandleByUUID('%s') " RC " gave %p, not %p", i,
-               g_uuid[i], RCA(rc), (void*)h, (void*)g_dev[i]);
+      snprintf(err, sizeof err, "GPU %u: GetHandleByUUID('%s') " RC " gave %p, not %p", i, g_uuid[i], RCA(rc), (void*)h,
+               (void*)g_dev[i]);
     } else if ((rc = nv.nvmlDeviceGetSupportedEventTypes(h, &types)) != NVML_SUCCESS ||
                (types & HEALTH_EVENTS) != HEALTH_EVENTS) {
-      snprintf(err, sizeof err, "GPU %u: GetSupportedEventTypes " RC " types 0x%llx", i, RCA(rc),
-               types);
-    } else if ((rc = nv.nvmlDeviceRegisterEvents(h, types & HEALTH_EVENTS, g_set)) !=
-               NVML_SUCCESS) {
-      snprintf(err, sizeof err, "GPU %u: RegisterEvents(0x%llx) " RC, i, types & HEALTH_EVENTS,
-               RCA(rc));
+      snprintf(err, sizeof err, "GPU %u: GetSupportedEventTypes " RC " types 0x%llx", i, RCA(rc), types);
+    } else if ((rc = nv.nvmlDeviceRegisterEvents(h, types & HEALTH_EVENTS, g_set)) != NVML_SUCCESS) {
+      snprintf(err, sizeof err, "GPU %u: RegisterEvents(0x%llx) " RC, i, types & HEALTH_EVENTS, RCA(rc));
     }
   }
-  if (!check(err[0] == '\0',
-             "g: GetHandleByUUID, GetSupportedEventTypes (0x1|0x2|0x8), RegisterEvents(mask & 0xb)",
+  if (!check(err[0] == '\0', "g: GetHandleByUUID, GetSupportedEventTypes (0x1|0x2|0x8), RegisterEvents(mask & 0xb)",
              "%s", err)) {
     return 0;
   }
@@ -779,17 +718,16 @@ static int check_events(void) {
   const double t0 = now_ms();
   rc = nv.nvmlEventSetWait_v2(g_set, &data, 200);
   const double waited = now_ms() - t0;
-  check(
-      rc == NVML_ERROR_TIMEOUT && waited >= 150.0 && waited <= 2000.0,
-      "g: nvmlEventSetWait_v2(200 ms) without events returns NVML_ERROR_TIMEOUT after about 200 ms",
-      "got " RC " after %.0f ms", RCA(rc), waited);
+  check(rc == NVML_ERROR_TIMEOUT && waited >= 150.0 && waited <= 2000.0,
+        "g: nvmlEventSetWait_v2(200 ms) without events returns NVML_ERROR_TIMEOUT after about 200 ms",
+        "got " RC " after %.0f ms", RCA(rc), waited);
 
   double elapsed = 0;
   int status = -1;
   static const char* const kXid[] = {"xid", "3", "79", NULL};
   rc = wait_while_injecting(g_set, kXid, &data, &elapsed, &status);
-  check_event("g: kgpu-simctl xid 3 79 wakes nvmlEventSetWait_v2(5000) with XID 79 on GPU 3", rc,
-              &data, elapsed, status, g_dev[3], XID_EVENT, 79, NO_ID, NO_ID);
+  check_event("g: kgpu-simctl xid 3 79 wakes nvmlEventSetWait_v2(5000) with XID 79 on GPU 3", rc, &data, elapsed,
+              status, g_dev[3], XID_EVENT, 79, NO_ID, NO_ID);
   note("XID event arrived after %.0f ms", elapsed);
   return 1;
 }
@@ -799,11 +737,10 @@ static void check_mig(int have_events) {
   nvmlDevice_t gpu0 = g_dev[0];
   unsigned cur = 0, pend = 0, max = 0;
   nvmlReturn_t rc = nv.nvmlDeviceGetMigMode(gpu0, &cur, &pend);
-  check(rc == NVML_SUCCESS && cur == 1, "h: GPU 0 MIG mode is enabled",
-        "got " RC ", current %u pending %u", RCA(rc), cur, pend);
+  check(rc == NVML_SUCCESS && cur == 1, "h: GPU 0 MIG mode is enabled", "got " RC ", current %u pending %u", RCA(rc),
+        cur, pend);
   rc = nv.nvmlDeviceGetMaxMigDeviceCount(gpu0, &max);
-  check(rc == NVML_SUCCESS && max == 7, "h: GPU 0 GetMaxMigDeviceCount is 7", "got " RC ", %u",
-        RCA(rc), max);
+  check(rc == NVML_SUCCESS && max == 7, "h: GPU 0 GetMaxMigDeviceCount is 7", "got " RC ", %u", RCA(rc), max);
 
   /* GPU instance profiles 0..9 (NOT_SUPPORTED for indices the GPU does not have). */
   nvmlGpuInstanceProfileInfo_t profiles[10];
@@ -816,19 +753,16 @@ static void check_mig(int have_events) {
     if (rc == NVML_SUCCESS) {
       have_profile[p] = 1;
       ++supported;
-      if (profiles[p].sliceCount == 0 || profiles[p].memorySizeMB == 0 ||
-          profiles[p].instanceCount == 0) {
-        snprintf(err, sizeof err,
-                 "index %u: id %u sliceCount %u instanceCount %u memorySizeMB %llu", p,
-                 profiles[p].id, profiles[p].sliceCount, profiles[p].instanceCount,
-                 profiles[p].memorySizeMB);
+      if (profiles[p].sliceCount == 0 || profiles[p].memorySizeMB == 0 || profiles[p].instanceCount == 0) {
+        snprintf(err, sizeof err, "index %u: id %u sliceCount %u instanceCount %u memorySizeMB %llu", p, profiles[p].id,
+                 profiles[p].sliceCount, profiles[p].instanceCount, profiles[p].memorySizeMB);
       }
     } else if (rc != NVML_ERROR_NOT_SUPPORTED && err[0] == '\0') {
       snprintf(err, sizeof err, "index %u: " RC, p, RCA(rc));
     }
   }
-  check(err[0] == '\0' && supported > 0, "h: GetGpuInstanceProfileInfo for profile indices 0..9",
-        "%s%s", err, supported == 0 ? " (no profile supported)" : "");
+  check(err[0] == '\0' && supported > 0, "h: GetGpuInstanceProfileInfo for profile indices 0..9", "%s%s", err,
+        supported == 0 ? " (no profile supported)" : "");
 
   /* Enumerate the MIG devices. */
   nvmlDevice_t migs[8];
@@ -841,13 +775,11 @@ static void check_mig(int have_events) {
     if (rc == NVML_SUCCESS && m != NULL && found == i) {
       migs[found++] = m;
     } else if (rc != NVML_ERROR_NOT_FOUND && err[0] == '\0') {
-      snprintf(err, sizeof err, "index %u: " RC " (%u devices at indices 0..%u before it)", i,
-               RCA(rc), found, i);
+      snprintf(err, sizeof err, "index %u: " RC " (%u devices at indices 0..%u before it)", i, RCA(rc), found, i);
     }
   }
-  check(found == 4 && err[0] == '\0',
-        "h: GetMigDeviceHandleByIndex finds 4 MIG devices on GPU 0, then NOT_FOUND", "%u found; %s",
-        found, err);
+  check(found == 4 && err[0] == '\0', "h: GetMigDeviceHandleByIndex finds 4 MIG devices on GPU 0, then NOT_FOUND",
+        "%u found; %s", found, err);
 
   unsigned gi_ids[8] = {0};
   for (unsigned k = 0; k < found; ++k) {
@@ -868,77 +800,66 @@ static void check_mig(int have_events) {
     int profile = -1;
     if ((rc = nv.nvmlDeviceIsMigDeviceHandle(m, &is_mig)) != NVML_SUCCESS || is_mig != 1) {
       snprintf(err, sizeof err, "IsMigDeviceHandle " RC " %u", RCA(rc), is_mig);
-    } else if ((rc = nv.nvmlDeviceGetUUID(m, uuid, sizeof uuid)) != NVML_SUCCESS ||
-               !is_uuid(uuid, "MIG-")) {
+    } else if ((rc = nv.nvmlDeviceGetUUID(m, uuid, sizeof uuid)) != NVML_SUCCESS || !is_uuid(uuid, "MIG-")) {
       snprintf(err, sizeof err, "GetUUID " RC " '%s'", RCA(rc), uuid);
-    } else if ((rc = nv.nvmlDeviceGetHandleByUUID(uuid, &by_uuid)) != NVML_SUCCESS ||
-               by_uuid != m) {
-      snprintf(err, sizeof err, "GetHandleByUUID('%s') " RC " gave %p, not %p", uuid, RCA(rc),
-               (void*)by_uuid, (void*)m);
-    } else if ((rc = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m, &parent)) != NVML_SUCCESS ||
-               parent != gpu0) {
-      snprintf(err, sizeof err, "GetDeviceHandleFromMigDeviceHandle " RC " gave %p, not GPU 0 %p",
-               RCA(rc), (void*)parent, (void*)gpu0);
+    } else if ((rc = nv.nvmlDeviceGetHandleByUUID(uuid, &by_uuid)) != NVML_SUCCESS || by_uuid != m) {
+      snprintf(err, sizeof err, "GetHandleByUUID('%s') " RC " gave %p, not %p", uuid, RCA(rc), (void*)by_uuid,
+               (void*)m);
+    } else if ((rc = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m, &parent)) != NVML_SUCCESS || parent != gpu0) {
+      snprintf(err, sizeof err, "GetDeviceHandleFromMigDeviceHandle " RC " gave %p, not GPU 0 %p", RCA(rc),
+               (void*)parent, (void*)gpu0);
     } else if ((rc = nv.nvmlDeviceGetGpuInstanceId(m, &gi_id)) != NVML_SUCCESS) {
       snprintf(err, sizeof err, "GetGpuInstanceId " RC, RCA(rc));
     } else if ((rc = nv.nvmlDeviceGetComputeInstanceId(m, &ci_id)) != NVML_SUCCESS) {
       snprintf(err, sizeof err, "GetComputeInstanceId " RC, RCA(rc));
-    } else if ((rc = nv.nvmlDeviceGetAttributes_v2(m, &attr)) != NVML_SUCCESS ||
-               attr.memorySizeMB == 0 || attr.multiprocessorCount == 0 ||
-               attr.gpuInstanceSliceCount == 0 || attr.computeInstanceSliceCount == 0) {
-      snprintf(err, sizeof err,
-               "GetAttributes_v2 " RC " memorySizeMB %llu SMs %u GI slices %u CI slices %u",
-               RCA(rc), attr.memorySizeMB, attr.multiprocessorCount, attr.gpuInstanceSliceCount,
-               attr.computeInstanceSliceCount);
-    } else if ((rc = nv.nvmlDeviceGetMemoryInfo(m, &mem)) != NVML_SUCCESS ||
-               mem.total != attr.memorySizeMB << 20 || mem.used > mem.total) {
-      snprintf(err, sizeof err, "GetMemoryInfo " RC " total %llu used %llu (attributes: %llu MiB)",
-               RCA(rc), mem.total, mem.used, attr.memorySizeMB);
-    } else if ((rc = nv.nvmlDeviceGetGpuInstanceById(gpu0, gi_id, &gi)) != NVML_SUCCESS ||
-               gi == NULL) {
+    } else if ((rc = nv.nvmlDeviceGetAttributes_v2(m, &attr)) != NVML_SUCCESS || attr.memorySizeMB == 0 ||
+               attr.multiprocessorCount == 0 || attr.gpuInstanceSliceCount == 0 ||
+               attr.computeInstanceSliceCount == 0) {
+      snprintf(err, sizeof err, "GetAttributes_v2 " RC " memorySizeMB %llu SMs %u GI slices %u CI slices %u", RCA(rc),
+               attr.memorySizeMB, attr.multiprocessorCount, attr.gpuInstanceSliceCount, attr.computeInstanceSliceCount);
+    } else if ((rc = nv.nvmlDeviceGetMemoryInfo(m, &mem)) != NVML_SUCCESS || mem.total != attr.memorySizeMB << 20 ||
+               mem.used > mem.total) {
+      snprintf(err, sizeof err, "GetMemoryInfo " RC " total %llu used %llu (attributes: %llu MiB)", RCA(rc), mem.total,
+               mem.used, attr.memorySizeMB);
+    } else if ((rc = nv.nvmlDeviceGetGpuInstanceById(gpu0, gi_id, &gi)) != NVML_SUCCESS || gi == NULL) {
       snprintf(err, sizeof err, "GetGpuInstanceById(%u) " RC, gi_id, RCA(rc));
-    } else if ((rc = nv.nvmlGpuInstanceGetInfo(gi, &gi_info)) != NVML_SUCCESS ||
-               gi_info.id != gi_id || gi_info.device != gpu0) {
-      snprintf(err, sizeof err, "GpuInstanceGetInfo " RC " id %u (want %u) device %p (want %p)",
-               RCA(rc), gi_info.id, gi_id, (void*)gi_info.device, (void*)gpu0);
-    } else if ((rc = nv.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id, &ci)) != NVML_SUCCESS ||
-               ci == NULL) {
+    } else if ((rc = nv.nvmlGpuInstanceGetInfo(gi, &gi_info)) != NVML_SUCCESS || gi_info.id != gi_id ||
+               gi_info.device != gpu0) {
+      snprintf(err, sizeof err, "GpuInstanceGetInfo " RC " id %u (want %u) device %p (want %p)", RCA(rc), gi_info.id,
+               gi_id, (void*)gi_info.device, (void*)gpu0);
+    } else if ((rc = nv.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id, &ci)) != NVML_SUCCESS || ci == NULL) {
       snprintf(err, sizeof err, "GpuInstanceGetComputeInstanceById(%u) " RC, ci_id, RCA(rc));
-    } else if ((rc = nv.nvmlComputeInstanceGetInfo_v2(ci, &ci_info)) != NVML_SUCCESS ||
-               ci_info.id != ci_id || ci_info.device != gpu0 || ci_info.gpuInstance != gi ||
+    } else if ((rc = nv.nvmlComputeInstanceGetInfo_v2(ci, &ci_info)) != NVML_SUCCESS || ci_info.id != ci_id ||
+               ci_info.device != gpu0 || ci_info.gpuInstance != gi ||
                ci_info.placement.size != attr.computeInstanceSliceCount) {
       snprintf(err, sizeof err,
                "ComputeInstanceGetInfo_v2 " RC
                " id %u (want %u) device %p (want %p) gpuInstance %p (want %p) "
                "placement size %u (attributes: %u CI slices)",
-               RCA(rc), ci_info.id, ci_id, (void*)ci_info.device, (void*)gpu0,
-               (void*)ci_info.gpuInstance, (void*)gi, ci_info.placement.size,
-               attr.computeInstanceSliceCount);
+               RCA(rc), ci_info.id, ci_id, (void*)ci_info.device, (void*)gpu0, (void*)ci_info.gpuInstance, (void*)gi,
+               ci_info.placement.size, attr.computeInstanceSliceCount);
     } else {
       for (int p = 0; p < 10; ++p) {
-        if (have_profile[p] && profiles[p].id == gi_info.profileId)
-          profile = p;
+        if (have_profile[p] && profiles[p].id == gi_info.profileId) profile = p;
       }
       if (profile < 0) {
-        snprintf(err, sizeof err,
-                 "GPU instance profileId %u is none of GetGpuInstanceProfileInfo's ids",
+        snprintf(err, sizeof err, "GPU instance profileId %u is none of GetGpuInstanceProfileInfo's ids",
                  gi_info.profileId);
       } else if (profiles[profile].memorySizeMB != attr.memorySizeMB ||
                  profiles[profile].sliceCount != attr.gpuInstanceSliceCount) {
-        snprintf(
-            err, sizeof err,
-            "profile id %u (index %d): memorySizeMB %llu sliceCount %u, but the MIG device has "
-            "memorySizeMB %llu gpuInstanceSliceCount %u",
-            gi_info.profileId, profile, profiles[profile].memorySizeMB,
-            profiles[profile].sliceCount, attr.memorySizeMB, attr.gpuInstanceSliceCount);
+        snprintf(err, sizeof err,
+                 "profile id %u (index %d): memorySizeMB %llu sliceCount %u, but the MIG device has "
+                 "memorySizeMB %llu gpuInstanceSliceCount %u",
+                 gi_info.profileId, profile, profiles[profile].memorySizeMB, profiles[profile].sliceCount,
+                 attr.memorySizeMB, attr.gpuInstanceSliceCount);
       }
     }
     gi_ids[k] = gi_id;
     char name[96];
     snprintf(name, sizeof name, "h: MIG device %u of GPU 0", k);
     if (check(err[0] == '\0', name, "%s", err)) {
-      note("MIG device %u: %s gi %u ci %u profile id %u (index %d) %llu MiB", k, uuid, gi_id, ci_id,
-           gi_info.profileId, profile, attr.memorySizeMB);
+      note("MIG device %u: %s gi %u ci %u profile id %u (index %d) %llu MiB", k, uuid, gi_id, ci_id, gi_info.profileId,
+           profile, attr.memorySizeMB);
     }
   }
 
@@ -956,8 +877,7 @@ static void check_mig(int have_events) {
   int status = -1;
   rc = wait_while_injecting(g_set, args, &data, &elapsed, &status);
   char name[128];
-  snprintf(name, sizeof name,
-           "h: kgpu-simctl xid 0 43 --gi %u --ci 0 gives an XID event with gi %u, ci 0", gi_id,
+  snprintf(name, sizeof name, "h: kgpu-simctl xid 0 43 --gi %u --ci 0 gives an XID event with gi %u, ci 0", gi_id,
            gi_id);
   check_event(name, rc, &data, elapsed, status, gpu0, XID_EVENT, 43, gi_id, 0);
 }
@@ -969,13 +889,12 @@ static void check_lost_gpu(void) {
   int status = -1;
   static const char* const kLose[] = {"lose", "5", NULL};
   nvmlReturn_t rc = wait_while_injecting(g_set, kLose, &data, &elapsed, &status);
-  check_event("i: kgpu-simctl lose 5 gives XID 79 on GPU 5", rc, &data, elapsed, status, g_dev[5],
-              XID_EVENT, 79, NO_ID, NO_ID);
+  check_event("i: kgpu-simctl lose 5 gives XID 79 on GPU 5", rc, &data, elapsed, status, g_dev[5], XID_EVENT, 79, NO_ID,
+              NO_ID);
   char uuid[NVML_DEVICE_UUID_BUFFER_SIZE] = "";
   rc = nv.nvmlDeviceGetUUID(g_dev[5], uuid, sizeof uuid);
-  check(rc == NVML_ERROR_GPU_IS_LOST,
-        "i: nvmlDeviceGetUUID on the lost GPU 5 returns NVML_ERROR_GPU_IS_LOST", "got " RC " '%s'",
-        RCA(rc), uuid);
+  check(rc == NVML_ERROR_GPU_IS_LOST, "i: nvmlDeviceGetUUID on the lost GPU 5 returns NVML_ERROR_GPU_IS_LOST",
+        "got " RC " '%s'", RCA(rc), uuid);
   static const char* const kRestore[] = {"restore", "5", NULL};
   status = run_simctl(kRestore);
   uuid[0] = '\0';
@@ -1020,8 +939,8 @@ static void* hammer_main(void* arg) {
     ++h->calls;
     if (rc != NVML_SUCCESS || !sane) {
       if (h->failures++ == 0) {
-        snprintf(h->first_failure, sizeof h->first_failure, "call %u (op %u on GPU %u): rc %d%s", i,
-                 op, gpu, (int)rc, sane ? "" : ", implausible value");
+        snprintf(h->first_failure, sizeof h->first_failure, "call %u (op %u on GPU %u): rc %d%s", i, op, gpu, (int)rc,
+                 sane ? "" : ", implausible value");
       }
     }
   }
@@ -1041,8 +960,7 @@ static void check_threads(void) {
     h[t].utilization = nv.nvmlDeviceGetUtilizationRates;
   }
   for (int t = 0; t < kThreads; ++t) {
-    if (pthread_create(&threads[t], NULL, hammer_main, &h[t]) != 0)
-      break;
+    if (pthread_create(&threads[t], NULL, hammer_main, &h[t]) != 0) break;
     ++started;
   }
   unsigned calls = 0, failures = 0;
@@ -1051,8 +969,7 @@ static void check_threads(void) {
     pthread_join(threads[t], NULL);
     calls += h[t].calls;
     failures += h[t].failures;
-    if (first[0] == '\0')
-      first = h[t].first_failure;
+    if (first[0] == '\0') first = h[t].first_failure;
   }
   check(started == kThreads && calls == kThreads * 2000U && failures == 0,
         "j: 4 threads x 2000 GetTemperature/GetMemoryInfo/GetUtilizationRates calls all succeed",
@@ -1078,33 +995,28 @@ int main(int argc, char** argv) {
 
   static const char* const kReset[] = {"reset", NULL};
   int status = run_simctl(kReset);
-  if (!check(status == 0, "setup: kgpu-simctl reset", "exit status %d (%s)", status, g_simctl))
-    return finish();
+  if (!check(status == 0, "setup: kgpu-simctl reset", "exit status %d (%s)", status, g_simctl)) return finish();
 
   /* a, b, c: loading and the exported surface. */
-  if (!check_probing())
-    return finish();
+  if (!check_probing()) return finish();
   check_versioned_probes();
   char missing[128];
   const int unbound = bind_all(g_lib, missing, sizeof missing);
-  if (!check(unbound == 0, "c: dlsym every entry point this client calls", "%d not found, first %s",
-             unbound, missing)) {
+  if (!check(unbound == 0, "c: dlsym every entry point this client calls", "%d not found, first %s", unbound,
+             missing)) {
     return finish();
   }
   check_symbol_list(argv[1]);
   unsigned n = 0;
   nvmlReturn_t rc = nv.nvmlDeviceGetCount_v2(&n);
-  check(rc == NVML_ERROR_UNINITIALIZED,
-        "before nvmlInit: nvmlDeviceGetCount_v2 returns NVML_ERROR_UNINITIALIZED", "got " RC,
-        RCA(rc));
+  check(rc == NVML_ERROR_UNINITIALIZED, "before nvmlInit: nvmlDeviceGetCount_v2 returns NVML_ERROR_UNINITIALIZED",
+        "got " RC, RCA(rc));
 
   /* d: reference counting (ends initialised, with a fresh handle in g_lib). */
   if (!check_refcounting()) {
-    if (g_lib == NULL)
-      return finish();
+    if (g_lib == NULL) return finish();
     rc = nv.nvmlInit_v2();
-    if (!check(rc == NVML_SUCCESS, "d: nvmlInit_v2 for the remaining checks", "got " RC, RCA(rc)))
-      return finish();
+    if (!check(rc == NVML_SUCCESS, "d: nvmlInit_v2 for the remaining checks", "got " RC, RCA(rc))) return finish();
   }
   check_not_simulated();
 
@@ -1117,8 +1029,7 @@ int main(int argc, char** argv) {
     } else {
       note("MIG checks (h) skipped: KGPU_SIM_NODE is not dgx-a100-mig");
     }
-    if (have_events)
-      check_lost_gpu();
+    if (have_events) check_lost_gpu();
     check_threads();
   }
 

@@ -4,11 +4,7 @@
 // stand-in holding kubelet's container -> slot view, and the API server stand-in holding pods with
 // allocation records. Many pods are admitted at once, in a random order, with slots deliberately
 // on other GPUs than their records: every container gets exactly its record's GPUs and limits.
-#include <gtest/gtest.h>
-
 #include <algorithm>
-#include <signal.h>
-
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -16,8 +12,11 @@
 #include <sstream>
 #include <thread>
 
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "api/record.h"
 #include "deviceplugin/plan.h"
-#include "extender/record.h"
 #include "k8s/client.h"
 #include "testing/fake_apiserver.h"
 #include "testing/fake_podresources.h"
@@ -58,18 +57,22 @@ class ShareHandoffTest : public testing::PluginNodeTest {
   void StartPlugin(bool interposer, const std::vector<std::string>& extra = {}) {
     const int before = kubelet_->Get("kgpu.io/gpu") ? kubelet_->Get("kgpu.io/gpu")->registrations : 0;
     plugin_.reset();
-    std::vector<std::string> args = {"--config-file", config_, "--kubeconfig", kubeconfig_, "--node-name", "test-node",
-                                     "--pod-resources-socket", pr_->SocketPath(), "--cdi-spec-dir", cdi_};
-    if (interposer) args.insert(args.end(), {"--cuda-interposer", KGPU_CUDA_INTERPOSER, "--cuda-shared-root", cuda_root_});
+    std::vector<std::string> args = {"--config-file",  config_,     "--kubeconfig",           kubeconfig_,
+                                     "--node-name",    "test-node", "--pod-resources-socket", pr_->SocketPath(),
+                                     "--cdi-spec-dir", cdi_};
+    if (interposer)
+      args.insert(args.end(), {"--cuda-interposer", KGPU_CUDA_INTERPOSER, "--cuda-shared-root", cuda_root_});
     args.insert(args.end(), extra.begin(), extra.end());
     plugin_ = std::make_unique<testing::Plugin>(sim_->dir(), args);
-    ASSERT_TRUE(kubelet_->WaitFor("kgpu.io/gpu",
-                                  [&](const testing::ResourceState& s) {
-                                    return s.connected && s.registrations > before && s.devices.size() == 64;
-                                  },
-                                  20s))
+    ASSERT_TRUE(kubelet_->WaitFor(
+        "kgpu.io/gpu",
+        [&](const testing::ResourceState& s) {
+          return s.connected && s.registrations > before && s.devices.size() == 64;
+        },
+        20s))
         << plugin_->Log();
-    ASSERT_TRUE(kubelet_->WaitFor("nvidia.com/gpu", [](const testing::ResourceState& s) { return s.devices.size() == 4; }, 10s));
+    ASSERT_TRUE(kubelet_->WaitFor(
+        "nvidia.com/gpu", [](const testing::ResourceState& s) { return s.devices.size() == 4; }, 10s));
   }
   static json Mounts(const json& spec) { return spec["devices"][0]["containerEdits"].value("mounts", json::array()); }
   void TearDown() override {
@@ -81,7 +84,7 @@ class ShareHandoffTest : public testing::PluginNodeTest {
       "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
       "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: [0, 1, 2, 3]}\n";
   // A pod whose container "main" holds `slot` and nothing else in kubelet's PodResources view.
-  void PodHolding(const std::string& name, const extender::RecordContainer& rc, const std::string& slot,
+  void PodHolding(const std::string& name, const api::RecordContainer& rc, const std::string& slot,
                   int64_t grace_s = 30) {
     CreatePod(name, rc, grace_s);
     v1::ListPodResourcesResponse view;
@@ -89,12 +92,15 @@ class ShareHandoffTest : public testing::PluginNodeTest {
     pr_->SetListResponse(view);
   }
   // A pod bound to test-node with a record for container "main".
-  void CreatePod(const std::string& name, const extender::RecordContainer& rc, int64_t grace_s = 30) {
-    extender::AllocationRecord r{"test-node", {rc}};
-    json pod = {{"metadata", {{"name", name}, {"namespace", "ns"}, {"annotations", {{"kgpu.io/allocation", extender::EncodeRecord(r)}}}}},
-                {"spec", {{"nodeName", "test-node"},
-                          {"terminationGracePeriodSeconds", grace_s},
-                          {"containers", json::array({{{"name", "main"}, {"image", "cuda"}}})}}}};
+  void CreatePod(const std::string& name, const api::RecordContainer& rc, int64_t grace_s = 30) {
+    api::AllocationRecord r{"test-node", {rc}};
+    json pod = {
+        {"metadata",
+         {{"name", name}, {"namespace", "ns"}, {"annotations", {{"kgpu.io/allocation", api::EncodeRecord(r)}}}}},
+        {"spec",
+         {{"nodeName", "test-node"},
+          {"terminationGracePeriodSeconds", grace_s},
+          {"containers", json::array({{{"name", "main"}, {"image", "cuda"}}})}}}};
     ASSERT_EQ(api_.Create("pods", "ns", pod).code, 201);
   }
   // Slot IDs of GPU `gpu` (kubelet's view).
@@ -117,8 +123,8 @@ class ShareHandoffTest : public testing::PluginNodeTest {
     return ids;
   }
   // A record entry giving container "main" these whole GPUs.
-  static extender::RecordContainer WholeRecord(const std::vector<std::string>& gpus) {
-    extender::RecordContainer rc{"main", "nvidia.com/gpu", "", {}};
+  static api::RecordContainer WholeRecord(const std::vector<std::string>& gpus) {
+    api::RecordContainer rc{"main", "nvidia.com/gpu", "", {}};
     for (const auto& g : gpus) rc.gpus.push_back({g, "", "", 0, 0});
     return rc;
   }
@@ -166,8 +172,12 @@ TEST_F(ShareHandoffTest, ManyPodsAtOnceInAnyOrderGetExactlyTheirRecords) {
   std::vector<Want> pods;
   for (int i = 0; i < 16; ++i) {
     // The record says GPU i%4; kubelet's slot is on GPU (i+1)%4: the record must win.
-    Want w{"p" + std::to_string(i), Slots(static_cast<size_t>((i + 1) % 4))[static_cast<size_t>(i / 4)],
-           uuids_[static_cast<size_t>(i % 4)], modes[i % 2], 1000 + 100 * i, 5 + i};
+    Want w{"p" + std::to_string(i),
+           Slots(static_cast<size_t>((i + 1) % 4))[static_cast<size_t>(i / 4)],
+           uuids_[static_cast<size_t>(i % 4)],
+           modes[i % 2],
+           1000 + 100 * i,
+           5 + i};
     CreatePod(w.pod, {"main", "kgpu.io/gpu", w.mode, {{w.gpu, "", "", w.mem, w.cores}}});
     pods.push_back(w);
   }
@@ -183,7 +193,7 @@ TEST_F(ShareHandoffTest, ManyPodsAtOnceInAnyOrderGetExactlyTheirRecords) {
     ASSERT_TRUE(a.ok()) << a.status();
     const auto& c = a->container_responses(0);
     ASSERT_EQ(c.cdi_devices_size(), 1);
-    EXPECT_EQ(c.cdi_devices(0).name(), "kgpu.io/share=" + deviceplugin::ShareCdiName({w.slot}));
+    EXPECT_EQ(c.cdi_devices(0).name(), "kgpu.io/share=" + api::ShareCdiName({w.slot}));
     EXPECT_FALSE(c.envs().contains("NVIDIA_VISIBLE_DEVICES")) << "the GPUs come from the record, not from the slot";
     testing::AddDevices(view, "ns", w.pod, "main", "kgpu.io/gpu", {w.slot});
   }
@@ -198,10 +208,10 @@ TEST_F(ShareHandoffTest, ManyPodsAtOnceInAnyOrderGetExactlyTheirRecords) {
   for (size_t i = 0; i < pods.size(); ++i) {
     const Want& w = pods[i];
     ASSERT_TRUE(results[i].ok()) << w.pod << ": " << results[i] << "\n" << plugin_->Log();
-    const json spec = Spec(deviceplugin::ShareCdiName({w.slot}));
+    const json spec = Spec(api::ShareCdiName({w.slot}));
     ASSERT_FALSE(spec.is_null()) << w.pod;
     EXPECT_EQ(spec["kind"], "kgpu.io/share");
-    EXPECT_EQ(spec["devices"][0]["name"], deviceplugin::ShareCdiName({w.slot}));
+    EXPECT_EQ(spec["devices"][0]["name"], api::ShareCdiName({w.slot}));
     const auto env = Env(spec);
     EXPECT_EQ(env.at("NVIDIA_VISIBLE_DEVICES"), w.gpu) << w.pod;
     EXPECT_EQ(env.at("KGPU_ENFORCEMENT"), w.mode);
@@ -242,15 +252,19 @@ TEST_F(ShareHandoffTest, MultiGpuShareAndRefusals) {
   v1::ListPodResourcesResponse view;
   testing::AddDevices(view, "ns", "two", "main", "kgpu.io/gpu", {s0[0], s0[1]});
   // A pod without a record, one whose record is for another node, one with too few GPUs.
-  ASSERT_EQ(api_.Create("pods", "ns", {{"metadata", {{"name", "bare"}, {"namespace", "ns"}}},
-                                       {"spec", {{"nodeName", "test-node"}, {"containers", json::array({{{"name", "main"}}})}}}})
+  ASSERT_EQ(api_.Create("pods", "ns",
+                        {{"metadata", {{"name", "bare"}, {"namespace", "ns"}}},
+                         {"spec", {{"nodeName", "test-node"}, {"containers", json::array({{{"name", "main"}}})}}}})
                 .code,
             201);
   testing::AddDevices(view, "ns", "bare", "main", "kgpu.io/gpu", {s0[2]});
-  extender::AllocationRecord other{"other-node", {{"main", "kgpu.io/gpu", "hard", {{uuids_[0], "", "", 1000, 0}}}}};
-  ASSERT_EQ(api_.Create("pods", "ns", {{"metadata", {{"name", "moved"}, {"namespace", "ns"},
-                                                     {"annotations", {{"kgpu.io/allocation", extender::EncodeRecord(other)}}}}},
-                                       {"spec", {{"nodeName", "test-node"}, {"containers", json::array({{{"name", "main"}}})}}}})
+  api::AllocationRecord other{"other-node", {{"main", "kgpu.io/gpu", "hard", {{uuids_[0], "", "", 1000, 0}}}}};
+  ASSERT_EQ(api_.Create("pods", "ns",
+                        {{"metadata",
+                          {{"name", "moved"},
+                           {"namespace", "ns"},
+                           {"annotations", {{"kgpu.io/allocation", api::EncodeRecord(other)}}}}},
+                         {"spec", {{"nodeName", "test-node"}, {"containers", json::array({{{"name", "main"}}})}}}})
                 .code,
             201);
   testing::AddDevices(view, "ns", "moved", "main", "kgpu.io/gpu", {s0[3]});
@@ -260,7 +274,7 @@ TEST_F(ShareHandoffTest, MultiGpuShareAndRefusals) {
 
   ASSERT_TRUE(kubelet_->Allocate("kgpu.io/gpu", {s0[0], s0[1]}).ok());
   ASSERT_TRUE(kubelet_->PreStartContainer("kgpu.io/gpu", {s0[1], s0[0]}).ok()) << plugin_->Log();
-  const json spec = Spec(deviceplugin::ShareCdiName({s0[0]}));
+  const json spec = Spec(api::ShareCdiName({s0[0]}));
   const auto env = Env(spec);
   EXPECT_EQ(env.at("NVIDIA_VISIBLE_DEVICES"), uuids_[1] + "," + uuids_[2]);
   EXPECT_EQ(env.at("KGPU_CUDA_MEMORY_LIMIT"), uuids_[1] + "=3000Mi," + uuids_[2] + "=3000Mi");
@@ -272,9 +286,12 @@ TEST_F(ShareHandoffTest, MultiGpuShareAndRefusals) {
             std::string::npos)
       << bare;
   auto moved = kubelet_->PreStartContainer("kgpu.io/gpu", {s0[3]});
-  EXPECT_NE(std::string(moved.message()).find("the record is for node other-node, this is test-node"), std::string::npos) << moved;
+  EXPECT_NE(std::string(moved.message()).find("the record is for node other-node, this is test-node"),
+            std::string::npos)
+      << moved;
   auto shorter = kubelet_->PreStartContainer("kgpu.io/gpu", {s0[4], s0[5]});
-  EXPECT_NE(std::string(shorter.message()).find("the record names 1 GPUs but kubelet gave 2 slots"), std::string::npos) << shorter;
+  EXPECT_NE(std::string(shorter.message()).find("the record names 1 GPUs but kubelet gave 2 slots"), std::string::npos)
+      << shorter;
   auto nobody = kubelet_->PreStartContainer("kgpu.io/gpu", {s0[9]});
   EXPECT_NE(std::string(nobody.message()).find("no container holds kgpu.io/gpu devices"), std::string::npos) << nobody;
 }
@@ -337,18 +354,21 @@ TEST_F(ShareHandoffTest, HardWithoutTheInterposerIsRefused) {
   pr_->SetListResponse(view);
   ASSERT_TRUE(kubelet_->Allocate("kgpu.io/gpu", {s1[0]}).ok());
   auto strict = kubelet_->PreStartContainer("kgpu.io/gpu", {s1[0]});
-  EXPECT_NE(std::string(strict.message()).find("ns/strict container main: the record asks for hard memory limits, but this "
-                                               "node's plugin has no CUDA interposer (--cuda-interposer)"),
+  EXPECT_NE(std::string(strict.message())
+                .find("ns/strict container main: the record asks for hard memory limits, but this "
+                      "node's plugin has no CUDA interposer (--cuda-interposer)"),
             std::string::npos)
       << strict;
-  EXPECT_TRUE(Spec(deviceplugin::ShareCdiName({s1[0]})).is_null()) << "no CDI spec for a refused container";
+  EXPECT_TRUE(Spec(api::ShareCdiName({s1[0]})).is_null()) << "no CDI spec for a refused container";
   ASSERT_TRUE(kubelet_->Allocate("kgpu.io/gpu", {s1[1]}).ok());
   EXPECT_TRUE(kubelet_->PreStartContainer("kgpu.io/gpu", {s1[1]}).ok()) << plugin_->Log();
   // And a path that is not there stops the plugin with the flag named.
   std::filesystem::create_directories(sim_->dir() + "/bad");
-  testing::Plugin bad(sim_->dir() + "/bad", {"--config-file", config_, "--cuda-interposer", "/nonexistent/libkgpu-cuda.so"});
+  testing::Plugin bad(sim_->dir() + "/bad",
+                      {"--config-file", config_, "--cuda-interposer", "/nonexistent/libkgpu-cuda.so"});
   EXPECT_EQ(bad.Wait(20s), 1) << bad.Log();
-  EXPECT_NE(bad.Log().find("--cuda-interposer /nonexistent/libkgpu-cuda.so: No such file or directory"), std::string::npos)
+  EXPECT_NE(bad.Log().find("--cuda-interposer /nonexistent/libkgpu-cuda.so: No such file or directory"),
+            std::string::npos)
       << bad.Log();
 }
 
@@ -373,7 +393,7 @@ TEST_F(ShareHandoffTest, MpsSharesAreClientsOfTheGpuDaemon) {
   PodHolding("client", {"main", "kgpu.io/gpu", "mps", {{uuids_[2], "", "", 4000, 30}}}, s2[0]);
   ASSERT_TRUE(kubelet_->Allocate("kgpu.io/gpu", {s2[0]}).ok());
   ASSERT_TRUE(kubelet_->PreStartContainer("kgpu.io/gpu", {s2[0]}).ok()) << plugin_->Log();
-  const json spec = Spec(deviceplugin::ShareCdiName({s2[0]}));
+  const json spec = Spec(api::ShareCdiName({s2[0]}));
   const auto env = Env(spec);
   EXPECT_EQ(env.at("KGPU_ENFORCEMENT"), "mps");
   EXPECT_EQ(env.at("CUDA_MPS_PIPE_DIRECTORY"), "/mps/kgpu.io/gpu/pipe");
@@ -396,8 +416,9 @@ TEST_F(ShareHandoffTest, MpsSharesAreClientsOfTheGpuDaemon) {
   PodHolding("client2", {"main", "kgpu.io/gpu", "mps", {{uuids_[3], "", "", 4000, 30}}}, s3[0]);
   ASSERT_TRUE(kubelet_->Allocate("kgpu.io/gpu", {s3[0]}).ok());
   auto refused = kubelet_->PreStartContainer("kgpu.io/gpu", {s3[0]});
-  EXPECT_NE(std::string(refused.message()).find("ns/client2 container main: the record asks for MPS limits, but no MPS "
-                                                "daemon serves kgpu.io/gpu on this node"),
+  EXPECT_NE(std::string(refused.message())
+                .find("ns/client2 container main: the record asks for MPS limits, but no MPS "
+                      "daemon serves kgpu.io/gpu on this node"),
             std::string::npos)
       << refused;
 }
@@ -406,20 +427,24 @@ TEST_F(ShareHandoffTest, MpsSharesAreClientsOfTheGpuDaemon) {
 // authority on the node; at PreStartContainer the plugin makes the pod's record say what kubelet
 // gave when the extender had chosen another GPU, and leaves every other record alone.
 TEST_F(ShareHandoffTest, WholeGpuRecordsAreMadeToSayWhatKubeletGave) {
-  EXPECT_TRUE(kubelet_->Get("nvidia.com/gpu")->options.pre_start_required()) << "a plugin with API access asks for PreStartContainer";
+  EXPECT_TRUE(kubelet_->Get("nvidia.com/gpu")->options.pre_start_required())
+      << "a plugin with API access asks for PreStartContainer";
   const std::vector<std::string> ids = WholeIds();
   ASSERT_EQ(ids.size(), 4U);
   CreatePod("moved", WholeRecord({ids[0], ids[1]}));  // kubelet gives ids[1] and ids[2]
   CreatePod("exact", WholeRecord({ids[3]}));          // kubelet gives what the record says
-  json plain = {{"metadata", {{"name", "plain"}, {"namespace", "ns"}}},
-                {"spec", {{"nodeName", "test-node"}, {"containers", json::array({{{"name", "main"}, {"image", "cuda"}}})}}}};
+  json plain = {
+      {"metadata", {{"name", "plain"}, {"namespace", "ns"}}},
+      {"spec", {{"nodeName", "test-node"}, {"containers", json::array({{{"name", "main"}, {"image", "cuda"}}})}}}};
   ASSERT_EQ(api_.Create("pods", "ns", plain).code, 201);
   v1::ListPodResourcesResponse view;
   testing::AddDevices(view, "ns", "moved", "main", "nvidia.com/gpu", {ids[2], ids[1]});
   testing::AddDevices(view, "ns", "exact", "main", "nvidia.com/gpu", {ids[3]});
   testing::AddDevices(view, "ns", "plain", "main", "nvidia.com/gpu", {ids[0]});
   pr_->SetListResponse(view);
-  auto rv = [&](const std::string& name) { return api_.Get("pods", "ns", name).body["metadata"].value("resourceVersion", ""); };
+  auto rv = [&](const std::string& name) {
+    return api_.Get("pods", "ns", name).body["metadata"].value("resourceVersion", "");
+  };
   const std::string exact_rv = rv("exact"), plain_rv = rv("plain");
   // The first write of the correction meets a conflict (409): it reads the pod again and retries.
   api_.FailNext(1, 409, "/namespaces/ns/pods/moved", "PATCH");
@@ -434,25 +459,29 @@ TEST_F(ShareHandoffTest, WholeGpuRecordsAreMadeToSayWhatKubeletGave) {
   for (size_t i = 0; i < results.size(); ++i) EXPECT_TRUE(results[i].ok()) << i << ": " << results[i] << plugin_->Log();
   // The records are checked after PreStartContainer has returned (a queue: kubelet's 30 s for the
   // call never depend on the API server).
-  const std::string note = "kubelet gave nvidia.com/gpu " + ids[2] + "," + ids[1] + " (the extender had chosen " + ids[0] +
-                           "," + ids[1] + ")";
+  const std::string note = "kubelet gave nvidia.com/gpu " + ids[2] + "," + ids[1] + " (the extender had chosen " +
+                           ids[0] + "," + ids[1] + ")";
   EXPECT_TRUE(testing::WaitFor([&] { return plugin_->Log().find(note) != std::string::npos; }, 10s)) << plugin_->Log();
-  auto moved = extender::ParseRecord(api_.Get("pods", "ns", "moved").body["metadata"]["annotations"].value("kgpu.io/allocation", ""));
+  auto moved =
+      api::ParseRecord(api_.Get("pods", "ns", "moved").body["metadata"]["annotations"].value("kgpu.io/allocation", ""));
   ASSERT_TRUE(moved.ok()) << moved.status();
   ASSERT_EQ(moved->containers.size(), 1U);
   std::vector<std::string> got;
   for (const auto& g : moved->containers[0].gpus) got.push_back(g.uuid);
   EXPECT_EQ(got, (std::vector<std::string>{ids[2], ids[1]}));
   EXPECT_EQ(moved->node, "test-node");
-  EXPECT_NE(plugin_->Log().find("PreStartContainer names device GPU-nobody-holds-this, which this plugin does not serve"),
-            std::string::npos)
+  EXPECT_NE(
+      plugin_->Log().find("PreStartContainer names device GPU-nobody-holds-this, which this plugin does not serve"),
+      std::string::npos)
       << plugin_->Log();
   // A device nobody holds in PodResources: the container still starts (on kubelet's device), and
   // the log says why the record may be stale.
   pr_->SetListResponse(v1::ListPodResourcesResponse());
   EXPECT_TRUE(kubelet_->PreStartContainer("nvidia.com/gpu", {ids[0]}).ok());
-  const std::string stale = "the allocation record may not say what the container has: no container holds "
-                            "nvidia.com/gpu devices " + ids[0] + " in kubelet's PodResources yet";
+  const std::string stale =
+      "the allocation record may not say what the container has: no container holds "
+      "nvidia.com/gpu devices " +
+      ids[0] + " in kubelet's PodResources yet";
   EXPECT_TRUE(testing::WaitFor([&] { return plugin_->Log().find(stale) != std::string::npos; }, 10s)) << plugin_->Log();
   // One worker takes the reports in order: by now every earlier one is done.
   EXPECT_EQ(rv("exact"), exact_rv) << "a record that says what kubelet gave is not written";
@@ -516,14 +545,18 @@ TEST_F(ShareHandoffTest, KubeletIsSteeredToTheRecordsWholeGpus) {
   }
   warm_pair.push_back((*own1)[0]);
   {
-    extender::AllocationRecord r{"test-node", {WholeRecord(warm_pair)}};
-    json pod = {{"metadata", {{"name", "warm"}, {"namespace", "ns"}, {"annotations", {{"kgpu.io/allocation", extender::EncodeRecord(r)}}}}},
-                {"spec",
-                 {{"nodeName", "test-node"},
-                  {"initContainers", json::array({{{"name", "fetch"}, {"image", "cuda"},
-                                                   {"resources", {{"limits", {{"nvidia.com/gpu", "1"}}}}}}})},
-                  {"containers", json::array({{{"name", "main"}, {"image", "cuda"},
-                                               {"resources", {{"limits", {{"nvidia.com/gpu", "2"}}}}}}})}}}};
+    api::AllocationRecord r{"test-node", {WholeRecord(warm_pair)}};
+    json pod = {
+        {"metadata",
+         {{"name", "warm"}, {"namespace", "ns"}, {"annotations", {{"kgpu.io/allocation", api::EncodeRecord(r)}}}}},
+        {"spec",
+         {{"nodeName", "test-node"},
+          {"initContainers",
+           json::array(
+               {{{"name", "fetch"}, {"image", "cuda"}, {"resources", {{"limits", {{"nvidia.com/gpu", "1"}}}}}}})},
+          {"containers",
+           json::array(
+               {{{"name", "main"}, {"image", "cuda"}, {"resources", {{"limits", {{"nvidia.com/gpu", "2"}}}}}}})}}}};
     ASSERT_EQ(api_.Create("pods", "ns", pod).code, 201);
   }
   got = kubelet_->GetPreferredAllocation("nvidia.com/gpu", rest, {}, 1);

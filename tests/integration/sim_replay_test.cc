@@ -18,21 +18,20 @@
 //     100..130 % and the whole curve) equals the KPI recomputed from the log by the facts file's
 //     formula: mean of round(alloc %, 2) over the arrivals whose round(arrived %) is x.
 
-#include <dlfcn.h>
-#include <gtest/gtest.h>
-#include <unistd.h>
-
-#include <nlohmann/json.hpp>
-
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "testing/shell.h"
 
@@ -107,7 +106,7 @@ struct Node {
 struct Pod {
   int64_t cpu = 0, memory = 0;
   int num_gpus = 0;
-  int milli = 0;  // per GPU
+  int milli = 0;                    // per GPU
   std::vector<std::string> models;  // allowed; empty: any
   bool Whole() const { return num_gpus > 0 && milli >= 1000; }
   bool Allows(const std::string& m) const {

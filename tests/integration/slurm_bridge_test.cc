@@ -5,21 +5,21 @@
 //   P: no pod is bound to a node Slurm may schedule on (not drained);
 // and at the end of each scenario: every Slurm job ended on its own (COMPLETED, Restarts=0),
 // and no drain reason that was not ours was changed.
-#include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <atomic>
-#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/strings.h"
 #include "k8s/client.h"
@@ -111,8 +111,9 @@ class SlurmBridgeTest : public ::testing::Test {
       auto r = api_->Create("nodes", "", node);
       ASSERT_EQ(r.code, 201) << r.body.dump();
     }
-    ASSERT_TRUE(api_->Create("namespaces", "", {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", "infer"}}}})
-                    .code < 300);
+    ASSERT_TRUE(
+        api_->Create("namespaces", "", {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", "infer"}}}})
+            .code < 300);
     checker_ = std::jthread([this](std::stop_token st) { CheckLoop(st); });
   }
 
@@ -134,7 +135,9 @@ class SlurmBridgeTest : public ::testing::Test {
       };
       for (const auto& [n, s] : cluster_->ServeResumeRequests(count_pods)) {
         std::lock_guard lock(mu_);
-        resumes_.push_back(!s.ok() ? Cat(n, ": ", s.message()) : pods[n] > 0 ? Cat(n, " with ", pods[n], " pod(s) still on it") : n);
+        resumes_.push_back(!s.ok()       ? Cat(n, ": ", s.message())
+                           : pods[n] > 0 ? Cat(n, " with ", pods[n], " pod(s) still on it")
+                                         : n);
       }
       std::this_thread::sleep_for(milliseconds(100));
     }
@@ -167,12 +170,12 @@ class SlurmBridgeTest : public ::testing::Test {
   }
 
   std::vector<std::string> BridgeArgs(const std::vector<std::string>& extra) const {
-    std::vector<std::string> a = {"--kubeconfig",       kubeconfig_, "--slurm-conf", cluster_->conf(),
-                                  "--interval-ms",      "300",       "--lend-threshold", "1",
-                                  "--cooldown",         "0",         "--lend-hysteresis", "600",
-                                  "--slurm-timeout-ms", "4000",      "--leader-namespace", "default",
-                                  "--lease-duration-ms", "3000",     "--renew-deadline-ms", "2000",
-                                  "--retry-period-ms",  "300"};
+    std::vector<std::string> a = {"--kubeconfig",        kubeconfig_, "--slurm-conf",        cluster_->conf(),
+                                  "--interval-ms",       "300",       "--lend-threshold",    "1",
+                                  "--cooldown",          "0",         "--lend-hysteresis",   "600",
+                                  "--slurm-timeout-ms",  "4000",      "--leader-namespace",  "default",
+                                  "--lease-duration-ms", "3000",      "--renew-deadline-ms", "2000",
+                                  "--retry-period-ms",   "300"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
@@ -188,13 +191,14 @@ class SlurmBridgeTest : public ::testing::Test {
 
   // An inference pod that kube-scheduler could not place: GPUs requested, PodScheduled=False.
   void PendingGpuPod(const std::string& name) {
-    json pod = {{"apiVersion", "v1"},
-                {"kind", "Pod"},
-                {"metadata", {{"name", name}, {"namespace", "infer"}, {"labels", {{"app", "infer"}}}}},
-                {"spec",
-                 {{"terminationGracePeriodSeconds", 1},
-                  {"containers",
-                   {{{"name", "server"}, {"image", "infer:1"}, {"resources", {{"limits", {{"nvidia.com/gpu", 1}}}}}}}}}}};
+    json pod = {
+        {"apiVersion", "v1"},
+        {"kind", "Pod"},
+        {"metadata", {{"name", name}, {"namespace", "infer"}, {"labels", {{"app", "infer"}}}}},
+        {"spec",
+         {{"terminationGracePeriodSeconds", 1},
+          {"containers",
+           {{{"name", "server"}, {"image", "infer:1"}, {"resources", {{"limits", {{"nvidia.com/gpu", 1}}}}}}}}}}};
     auto r = api_->Create("pods", "infer", pod);
     ASSERT_EQ(r.code, 201) << r.body.dump();
     json p = r.body;
@@ -256,8 +260,8 @@ class SlurmBridgeTest : public ::testing::Test {
       jobs = jobs_;
     }
     for (const auto& id : jobs) {
-      EXPECT_TRUE(WaitFor([&] { return cluster_->JobState(id) == "COMPLETED"; })) << "job " << id << " is "
-                                                                                  << cluster_->JobState(id);
+      EXPECT_TRUE(WaitFor([&] { return cluster_->JobState(id) == "COMPLETED"; }))
+          << "job " << id << " is " << cluster_->JobState(id);
       auto r = cluster_->Run({"scontrol", "-o", "show", "job", id});
       EXPECT_NE(r.out.find(" Restarts=0 "), std::string::npos) << r.out;
     }
@@ -275,17 +279,19 @@ class SlurmBridgeTest : public ::testing::Test {
         // DRAIN; or (the power-save lend) powered down or powering up — no job runs there until
         // slurmd registers as rebooted, which only the bridge's resume command makes happen (22.05
         // clears the reason once it gives the node to a job) — or our power-down under way.
-        const bool going_down = state.find("+POWER_DOWN") != std::string::npos || state.find("POWERING_DOWN") != std::string::npos;
-        const bool slurm_fenced = state.find("DRAIN") != std::string::npos || state.find("POWERED_DOWN") != std::string::npos ||
+        const bool going_down =
+            state.find("+POWER_DOWN") != std::string::npos || state.find("POWERING_DOWN") != std::string::npos;
+        const bool slurm_fenced = state.find("DRAIN") != std::string::npos ||
+                                  state.find("POWERED_DOWN") != std::string::npos ||
                                   state.find("POWERING_UP") != std::string::npos ||
                                   (going_down && cluster_->Reason(n).rfind(slurm::kOwnedReasonPrefix, 0) == 0);
         std::lock_guard lock(mu_);
         ++checks_;
         if (state.empty()) continue;  // Slurm unknown now: its fence is durable, judged on the next read
         if (!slurm_fenced && !k8s_fenced) {
-          violations_.push_back(Cat("F: ", n, " unfenced on both sides (Slurm State=", state, ", lease ",
-                                    node["metadata"].value("annotations", json::object()).value(slurm::kLeaseAnnotation, ""),
-                                    ")"));
+          violations_.push_back(
+              Cat("F: ", n, " unfenced on both sides (Slurm State=", state, ", lease ",
+                  node["metadata"].value("annotations", json::object()).value(slurm::kLeaseAnnotation, ""), ")"));
         }
         if (!slurm_fenced) {
           for (const auto& name : pod_names_) {
@@ -344,11 +350,11 @@ TEST(SlurmBridgeFlags, AResumeCommandIsCheckedBeforeAnythingIsContacted) {
                              po);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->exit_code, 2) << r->out << r->err;
-  EXPECT_NE(r->out.find("--resume-command: 'ssh {node} rejoin | logger' has an unquoted | at offset 18"), std::string::npos)
+  EXPECT_NE(r->out.find("--resume-command: 'ssh {node} rejoin | logger' has an unquoted | at offset 18"),
+            std::string::npos)
       << r->out;
-  r = slurm::RunProcess({KGPU_BIN, "slurm-bridge", "run", "--kubeconfig", "/nonexistent/kubeconfig", "--lend-via",
-                         "power-save"},
-                        po);
+  r = slurm::RunProcess(
+      {KGPU_BIN, "slurm-bridge", "run", "--kubeconfig", "/nonexistent/kubeconfig", "--lend-via", "power-save"}, po);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->exit_code, 2);
   EXPECT_NE(r->out.find("--lend-via power-save needs --resume-command"), std::string::npos) << r->out;
@@ -370,8 +376,8 @@ TEST(SlurmBridgeFlags, TheRestBackendFromTheCommandLine) {
   slurm::ProcessOptions po;
   po.timeout = seconds(30);
   po.env = {{"SLURM_JWT", "jwt-cli"}};
-  auto r = slurm::RunProcess({KGPU_BIN, "slurm-bridge", "status", "--json", "--kubeconfig", kubeconfig, "--slurm-rest-url",
-                              restd.Url(), "--slurm-rest-user", "slurm"},
+  auto r = slurm::RunProcess({KGPU_BIN, "slurm-bridge", "status", "--json", "--kubeconfig", kubeconfig,
+                              "--slurm-rest-url", restd.Url(), "--slurm-rest-user", "slurm"},
                              po);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->exit_code, 0) << r->out << r->err;
@@ -391,7 +397,8 @@ TEST(SlurmBridgeFlags, TheRestBackendFromTheCommandLine) {
                         po);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->exit_code, 2);
-  EXPECT_NE(r->out.find("--lend-via power-save needs the CLI backend (drop --slurm-rest-url)"), std::string::npos) << r->out;
+  EXPECT_NE(r->out.find("--lend-via power-save needs the CLI backend (drop --slurm-rest-url)"), std::string::npos)
+      << r->out;
   std::remove(kubeconfig.c_str());
 }
 
@@ -440,7 +447,8 @@ TEST_F(SlurmBridgeTest, ABusyNodeIsLentOnlyAfterItsJobEndsOnItsOwn) {
   ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kLent));
   EXPECT_EQ(cluster_->JobState(job), "COMPLETED");
   const auto lease = slurm::LeaseOf(Node("node1"));
-  EXPECT_NE(std::find(lease.jobs_seen.begin(), lease.jobs_seen.end(), job), lease.jobs_seen.end()) << slurm::SerializeLease(lease);
+  EXPECT_NE(std::find(lease.jobs_seen.begin(), lease.jobs_seen.end(), job), lease.jobs_seen.end())
+      << slurm::SerializeLease(lease);
   SchedulePod("wait-1", "node1");
   ExpectNoJobKilled();
   ExpectInvariantsHeld();
@@ -541,7 +549,8 @@ TEST_F(SlurmBridgeTest, ASecondReplicaTakesOverFromAKilledLeader) {
   LendWithPod("node1", "ha-1");
   replicas[leader]->Kill();
   ASSERT_EQ(cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"}).exit_code, 0);
-  ASSERT_TRUE(WaitFor([&] { return holder() == standby; })) << holder() << "\n" << Tail(cluster_->base() + "/" + standby + ".log", 30);
+  ASSERT_TRUE(WaitFor([&] { return holder() == standby; })) << holder() << "\n"
+                                                            << Tail(cluster_->base() + "/" + standby + ".log", 30);
   ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kSlurm)) << slurm::PhaseName(PhaseOf("node1"));
   ASSERT_TRUE(WaitFor([&] { return PodGone("ha-1"); }));
   EXPECT_TRUE(WaitFor([&] { return cluster_->State("node1") == "IDLE"; })) << cluster_->State("node1");
@@ -578,14 +587,16 @@ void SlurmBridgeTest::KillAtEveryPhaseBoundary(const std::vector<std::string>& m
       ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kLent)) << slurm::PhaseName(PhaseOf("node1"));
       SchedulePod(pod, "node1");
       // Reclaim without a crash.
-      ASSERT_EQ(cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"}).exit_code, 0);
+      ASSERT_EQ(cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"}).exit_code,
+                0);
     } else {
       bridge_.reset();
       StartBridge(with({"--nodes", "node1"}));
       LendWithPod("node1", pod);
       bridge_.reset();  // killed while LENT (a boundary too)
       StartBridge(with({"--nodes", "node1", "--crash-at", point}));
-      ASSERT_EQ(cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"}).exit_code, 0);
+      ASSERT_EQ(cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"}).exit_code,
+                0);
       ASSERT_EQ(bridge_->Wait(kDeadline), 86) << "never reached " << point;
       StartBridge(with({"--nodes", "node1"}));
     }
@@ -606,7 +617,9 @@ void SlurmBridgeTest::KillAtEveryPhaseBoundary(const std::vector<std::string>& m
   ExpectInvariantsHeld();
 }
 
-TEST_F(SlurmBridgeTest, KilledAtEveryPhaseBoundaryItRestartsConsistent) { KillAtEveryPhaseBoundary({}); }
+TEST_F(SlurmBridgeTest, KilledAtEveryPhaseBoundaryItRestartsConsistent) {
+  KillAtEveryPhaseBoundary({});
+}
 
 // The power-save lend (--lend-via power-save): the Slurm fence is State=POWER_DOWN_ASAP, Slurm's
 // SuspendProgram says the node is empty, and Slurm asks for the node back itself: it gives it to a
@@ -651,8 +664,8 @@ TEST_F(SlurmBridgePowerSaveTest, SuspendProgramLendsAndResumeProgramReclaims) {
   // Slurm allocates the node once it is POWERED_DOWN (SuspendTimeout after SuspendProgram).
   ASSERT_TRUE(WaitFor([&] { return cluster_->JobState(job) == "CONFIGURING"; })) << cluster_->JobState(job);
   const auto allocated = since();
-  ASSERT_TRUE(WaitFor([&] { return PodGone("ps-1"); })) << "the pod on node2 was not evicted; phase "
-                                                        << slurm::PhaseName(PhaseOf("node2"));
+  ASSERT_TRUE(WaitFor([&] { return PodGone("ps-1"); }))
+      << "the pod on node2 was not evicted; phase " << slurm::PhaseName(PhaseOf("node2"));
   const auto evicted = since();
   ASSERT_TRUE(WaitFor([&] {
     const std::string st = cluster_->State("node2");

@@ -2,13 +2,13 @@
 // a simulated DGX H100 (NVLink, two NUMA nodes, MPS) and a DGX A100 in MIG mode are fed to a
 // private cluster's slurmd; `scontrol show node` must report the GRES and `slurmd -G` the
 // Cores= and Links= per GPU.
-#include <gtest/gtest.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
-
 #include <filesystem>
 #include <fstream>
 #include <regex>
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include "common/strings.h"
 #include "testing/shell.h"
@@ -46,7 +46,8 @@ class SlurmGresTest : public ::testing::Test {
     return root;
   }
   std::string SimEnv(const std::string& profile) const {
-    return Cat("KGPU_SIM_NODE=", profile, " KGPU_SIM_STATE=", dir_, "/", profile, ".state KGPU_SIM_NODE_NAME=", profile, " ");
+    return Cat("KGPU_SIM_NODE=", profile, " KGPU_SIM_STATE=", dir_, "/", profile, ".state KGPU_SIM_NODE_NAME=", profile,
+               " ");
   }
   testing::CommandResult Gres(const std::string& profile, const std::string& sysfs, const std::string& dev,
                               const std::string& args) const {
@@ -127,16 +128,17 @@ TEST_F(SlurmGresTest, RealSlurmdReportsTheGresKgpuWrites) {
   // slurmd's own view of gres.conf: Cores= from NUMA, Links= from NVLink, per device.
   auto g = cluster.Run({"slurmd", "-N", "h100", "-G"});
   g.out += g.err;  // slurmd -G prints to stderr
-  EXPECT_NE(g.out.find(Cat("Name=gpu Type=nvidia_h100_80gb_hbm3 Count=1 Index=0 ID=7696487 File=", cluster.dev_dir("h100"),
-                           "/nvidia0 Cores=0 CoreCnt=2 Links=-1,18,18,18,18,18,18,18")),
+  EXPECT_NE(g.out.find(Cat("Name=gpu Type=nvidia_h100_80gb_hbm3 Count=1 Index=0 ID=7696487 File=",
+                           cluster.dev_dir("h100"), "/nvidia0 Cores=0 CoreCnt=2 Links=-1,18,18,18,18,18,18,18")),
             std::string::npos)
       << g.out << g.err;
   EXPECT_NE(g.out.find(Cat("/nvidia7 Cores=1 CoreCnt=2 Links=18,18,18,18,18,18,18,-1")), std::string::npos) << g.out;
   EXPECT_EQ(g.out.find("Invalid GRES"), std::string::npos) << g.out;
   EXPECT_EQ(g.out.find("is not a valid character or block device"), std::string::npos) << g.out;
   // A job gets the GPUs: CUDA_VISIBLE_DEVICES from the File= character devices.
-  auto job = cluster.Run({"srun", "-w", "h100", "--gres=gpu:nvidia_h100_80gb_hbm3:2", "printenv", "CUDA_VISIBLE_DEVICES"},
-                         std::chrono::seconds(60));
+  auto job =
+      cluster.Run({"srun", "-w", "h100", "--gres=gpu:nvidia_h100_80gb_hbm3:2", "printenv", "CUDA_VISIBLE_DEVICES"},
+                  std::chrono::seconds(60));
   EXPECT_EQ(job.out, "0,1\n") << job.err << cluster.Logs();
   job = cluster.Run({"srun", "-w", "a100", "--gres=gpu:3g.20gb:1", "env"}, std::chrono::seconds(60));
   EXPECT_EQ(job.exit_code, 0) << job.err << cluster.Logs();

@@ -2,12 +2,6 @@
 // AdmissionReview JSON posted to /mutate and /validate (the client verifies the server against
 // the certificate, as the API server does with the caBundle), the returned JSONPatch applied to
 // the pod and compared with the expected pod; bad bodies are 400s; SIGTERM ends it cleanly.
-#include <gtest/gtest.h>
-#include <httplib.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -17,24 +11,23 @@
 #include <sstream>
 #include <thread>
 
+#include <gtest/gtest.h>
+#include <httplib.h>
 #include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "absl/strings/escaping.h"
 #include "testing/fake_apiserver.h"
 #include "testing/gpu_nodes.h"
+#include "testing/poll.h"
 #include "testing/spawn.h"
 
 namespace {
 using json = nlohmann::json;
 
-bool WaitFor(const std::function<bool()>& cond, std::chrono::seconds deadline = std::chrono::seconds(60)) {
-  const auto end = std::chrono::steady_clock::now() + deadline;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return cond();
-}
+using kgpu::testing::WaitFor;  // testing/poll.h
 
 std::string Slurp(const std::string& path) {
   std::stringstream text;
@@ -92,8 +85,8 @@ class WebhookProcess : public ::testing::Test {
     log_ = dir_ + "/webhook.log";
     kgpu::testing::SpawnOptions so;
     so.log = log_;
-    std::vector<std::string> argv = {KGPU_BIN, "webhook", "--address", "127.0.0.1:0", "--tls-cert-file", cert_,
-                                     "--tls-key-file", key_, "--scheduler-name", "kgpu-scheduler"};
+    std::vector<std::string> argv = {KGPU_BIN, "webhook",        "--address", "127.0.0.1:0",      "--tls-cert-file",
+                                     cert_,    "--tls-key-file", key_,        "--scheduler-name", "kgpu-scheduler"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     pid_ = kgpu::testing::Spawn(argv, so);
     ASSERT_GT(pid_, 0) << std::strerror(errno);
@@ -203,29 +196,36 @@ class WebhookFromInventory : public WebhookProcess {
   void SetUp() override {
     ASSERT_TRUE(api_.Start().ok());
     ASSERT_EQ(api_.Create("nodes", "", kgpu::testing::TestNode("small", {kgpu::testing::ShareGpu(16384)})).code, 201);
-    ASSERT_EQ(api_.Create("nodes", "", kgpu::testing::TestNode("big", {kgpu::testing::ShareGpu(81920),
-                                                                         kgpu::testing::ShareGpu(40960)})).code,
-              201);
-    ASSERT_EQ(api_.Create("nodes", "", kgpu::testing::TestNode("whole", {kgpu::testing::WholeGpu("NVIDIA H200", 143771)})).code,
-              201);
+    ASSERT_EQ(
+        api_.Create("nodes", "",
+                    kgpu::testing::TestNode("big", {kgpu::testing::ShareGpu(81920), kgpu::testing::ShareGpu(40960)}))
+            .code,
+        201);
+    ASSERT_EQ(
+        api_.Create("nodes", "", kgpu::testing::TestNode("whole", {kgpu::testing::WholeGpu("NVIDIA H200", 143771)}))
+            .code,
+        201);
     MakeCertificate();
     const std::string kubeconfig = dir_ + "/kubeconfig";
     std::ofstream(kubeconfig) << api_.Kubeconfig();
     Launch({"--kubeconfig", kubeconfig});
-    ASSERT_TRUE(WaitFor([&] { return Slurp(log_).find("smallest 16384 MiB, largest 81920 MiB (2 nodes)") != std::string::npos; }))
-        << Slurp(log_);
+    ASSERT_TRUE(WaitFor([&] {
+      return Slurp(log_).find("smallest 16384 MiB, largest 81920 MiB (2 nodes)") != std::string::npos;
+    })) << Slurp(log_);
   }
   json Validate(int64_t memory) {
-    const json pod = {{"apiVersion", "v1"},
-                      {"kind", "Pod"},
-                      {"metadata", {{"name", "p"}, {"namespace", "team-a"}}},
-                      {"spec",
-                       {{"containers",
-                         json::array({{{"name", "main"},
-                                       {"image", "cuda"},
-                                       {"resources",
-                                        {{"limits", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", std::to_string(memory)}}},
-                                         {"requests", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", std::to_string(memory)}}}}}}})}}}};
+    const json pod = {
+        {"apiVersion", "v1"},
+        {"kind", "Pod"},
+        {"metadata", {{"name", "p"}, {"namespace", "team-a"}}},
+        {"spec",
+         {{"containers",
+           json::array(
+               {{{"name", "main"},
+                 {"image", "cuda"},
+                 {"resources",
+                  {{"limits", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", std::to_string(memory)}}},
+                   {"requests", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", std::to_string(memory)}}}}}}})}}}};
     return Post("/validate", Review("22222222-2222-3333-4444-555555555555", pod));
   }
   kgpu::testing::FakeApiServer api_;
@@ -235,13 +235,15 @@ TEST_F(WebhookFromInventory, ShareSizesFollowTheNodesInventories) {
   EXPECT_EQ(Validate(81920)["response"]["allowed"], true);
   const json big = Validate(100000);
   EXPECT_EQ(big["response"]["allowed"], false);
-  EXPECT_NE(big["response"]["status"].value("message", "").find("more than the largest GPU in the cluster has (81920 MiB)"),
-            std::string::npos)
+  EXPECT_NE(
+      big["response"]["status"].value("message", "").find("more than the largest GPU in the cluster has (81920 MiB)"),
+      std::string::npos)
       << big.dump();
   // The largest share GPU leaves: 40960 MiB is now the largest.
   ASSERT_EQ(api_.Delete("nodes", "", "big").code, 200);
-  ASSERT_TRUE(WaitFor([&] { return Slurp(log_).find("smallest 16384 MiB, largest 16384 MiB (1 nodes)") != std::string::npos; }))
-      << Slurp(log_);
+  ASSERT_TRUE(WaitFor([&] {
+    return Slurp(log_).find("smallest 16384 MiB, largest 16384 MiB (1 nodes)") != std::string::npos;
+  })) << Slurp(log_);
   EXPECT_EQ(Validate(40960)["response"]["allowed"], false);
 }
 

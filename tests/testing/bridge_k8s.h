@@ -3,9 +3,9 @@
 // bridge's unit tests and bench/slurm_bridge_bench.cc: a node of the Slurm pool, an inference
 // pod kube-scheduler could not place, and that pod bound and running (what kube-scheduler and
 // kubelet do once the node is lent).
-#include <nlohmann/json.hpp>
-
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "common/strings.h"

@@ -10,9 +10,6 @@
 // share's record disagrees with what its node gave it, or when the pod over quota is admitted,
 // so a ctest run keeps the demo honest.
 //   kgpu-demo-cluster [--keep DIR]
-#include <signal.h>
-#include <sys/wait.h>
-
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -30,8 +27,11 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "api/record.h"
 #include "extender/inventory.h"
-#include "extender/record.h"
 #include "extender/request.h"
 #include "k8s/client.h"
 #include "testing/fake_apiserver.h"
@@ -78,7 +78,9 @@ struct Want {
 };
 
 // "GPU-1f0e…" -> "GPU-1f0e"; MIG UUIDs likewise.
-std::string Short(const std::string& uuid) { return uuid.size() > 12 ? uuid.substr(0, 12) : uuid; }
+std::string Short(const std::string& uuid) {
+  return uuid.size() > 12 ? uuid.substr(0, 12) : uuid;
+}
 
 int Fail(const std::string& why) {
   std::cerr << "kgpu-demo-cluster: FAIL: " << why << "\n";
@@ -151,9 +153,19 @@ int main(int argc, char** argv) {
     if (auto st = n.status->SyncOnce(); !st.ok()) return Fail(std::string(st.message()));
     n.status->Start();
     std::ofstream(n.dir + "/config.yaml") << config;
-    std::vector<std::string> args = {"--config-file", n.dir + "/config.yaml", "--publish-labels", "--kubeconfig", kubeconfig,
-                                     "--node-name", name, "--labels-interval", "0", "--pod-resources-socket",
-                                     n.pod_resources->SocketPath(), "--cdi-spec-dir", n.dir + "/cdi"};
+    std::vector<std::string> args = {"--config-file",
+                                     n.dir + "/config.yaml",
+                                     "--publish-labels",
+                                     "--kubeconfig",
+                                     kubeconfig,
+                                     "--node-name",
+                                     name,
+                                     "--labels-interval",
+                                     "0",
+                                     "--pod-resources-socket",
+                                     n.pod_resources->SocketPath(),
+                                     "--cdi-spec-dir",
+                                     n.dir + "/cdi"};
     args.insert(args.end(), extra.begin(), extra.end());
     n.plugin = std::make_unique<t::Plugin>(n.dir, args, env);
     n.admission = std::make_unique<t::KubeletAdmission>(*n.kubelet, *n.pod_resources, client, name, seed++);
@@ -163,14 +175,18 @@ int main(int argc, char** argv) {
     return api.Get("nodes", "", node).body["status"].value("allocatable", json::object()).value(r, "");
   };
   auto has_inventory = [&](const std::string& node) {
-    return api.Get("nodes", "", node).body["metadata"].value("annotations", json::object()).contains("kgpu.io/gpu-inventory");
+    return api.Get("nodes", "", node)
+        .body["metadata"]
+        .value("annotations", json::object())
+        .contains("kgpu.io/gpu-inventory");
   };
   if (!WaitFor([&] {
         return has_inventory("whole") && has_inventory("mig") && has_inventory("share") &&
                allocatable("whole", "nvidia.com/gpu") == "8" && allocatable("share", "kgpu.io/gpu") == "128" &&
                allocatable("mig", "nvidia.com/mig-1g.5gb") != "";
       })) {
-    return Fail("the nodes did not come up:\n" + nodes[0].plugin->Log() + nodes[1].plugin->Log() + nodes[2].plugin->Log());
+    return Fail("the nodes did not come up:\n" + nodes[0].plugin->Log() + nodes[1].plugin->Log() +
+                nodes[2].plugin->Log());
   }
   std::cout << "three simulated nodes, each with a kubelet stand-in and `kgpu device-plugin --publish-labels`:\n";
   for (const auto& n : nodes) {
@@ -223,22 +239,39 @@ int main(int argc, char** argv) {
 
   const std::vector<Want> wants = {
       {"team-a", "train", "2 whole GPUs", {{"nvidia.com/gpu", "2"}}, {}},
-      {"team-a", "infer-1", "a share: 20000 MiB, 25% of the SMs",
-       {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}, {"kgpu.io/gpu-cores", "25"}}, {}},
+      {"team-a",
+       "infer-1",
+       "a share: 20000 MiB, 25% of the SMs",
+       {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}, {"kgpu.io/gpu-cores", "25"}},
+       {}},
       {"team-a", "infer-2", "a share: 20000 MiB", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}, {}},
-      {"team-a", "infer-3", "a share: 20000 MiB (over team-a's quota)",
-       {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}, {}, Want::kQuota},
+      {"team-a",
+       "infer-3",
+       "a share: 20000 MiB (over team-a's quota)",
+       {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}},
+       {},
+       Want::kQuota},
       {"team-b", "notebook", "a MIG 1g.5gb instance", {{"nvidia.com/mig-1g.5gb", "1"}}, {}},
       {"team-b", "finetune", "a MIG 3g.20gb instance", {{"nvidia.com/mig-3g.20gb", "1"}}, {}},
-      {"team-b", "serve", "2 shares of 50000 MiB on two GPUs, binpacked",
+      {"team-b",
+       "serve",
+       "2 shares of 50000 MiB on two GPUs, binpacked",
        {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "100000"}, {"kgpu.io/gpu-cores", "50"}},
        {{"kgpu.io/placement", "binpack"}}},
-      {"team-b", "server", "a share of 16000 MiB, a sidecar with 2000 MiB of its own, a warm-up init container on the server's share",
-       {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "16000"}, {"kgpu.io/gpu-cores", "50"}}, {}, Want::kRuns,
+      {"team-b",
+       "server",
+       "a share of 16000 MiB, a sidecar with 2000 MiB of its own, a warm-up init container on the server's share",
+       {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "16000"}, {"kgpu.io/gpu-cores", "50"}},
+       {},
+       Want::kRuns,
        {{"initContainers", "metrics", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "2000"}}, true},
         {"initContainers", "warmup", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}}}},
-      {"team-b", "huge", "a share of 200000 MiB (more than any GPU has)",
-       {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "200000"}}, {}, Want::kUnschedulable},
+      {"team-b",
+       "huge",
+       "a share of 200000 MiB (more than any GPU has)",
+       {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "200000"}},
+       {},
+       Want::kUnschedulable},
   };
   int failures = 0;
   std::vector<const Want*> bound;
@@ -280,13 +313,13 @@ int main(int argc, char** argv) {
     }
   }
   std::cout << "\nwhat each pod got (its allocation record, written by the extender at bind; the node's answer):\n";
-  std::printf("  %-16s %-6s %-9s %-22s %-40s %s\n", "POD", "NODE", "PHASE", "RESOURCE",
-              "RECORD: GPUS (MiB, SM % each)", "KUBELET'S ALLOCATE GAVE THE CONTAINER");
+  std::printf("  %-16s %-6s %-9s %-22s %-40s %s\n", "POD", "NODE", "PHASE", "RESOURCE", "RECORD: GPUS (MiB, SM % each)",
+              "KUBELET'S ALLOCATE GAVE THE CONTAINER");
   for (const Want* w : bound) {
     const json pod = api.Get("pods", w->ns, w->name).body;
     const std::string node = pod["spec"].value("nodeName", "");
     const std::string phase = pod["status"].value("phase", "");
-    auto rec = kgpu::extender::ParseRecord(pod["metadata"]["annotations"].value(kgpu::extender::kAnnotationAllocation, ""));
+    auto rec = kgpu::api::ParseRecord(pod["metadata"]["annotations"].value(kgpu::extender::kAnnotationAllocation, ""));
     if (!rec.ok() || rec->containers.empty()) {
       std::cout << "  " << w->ns << "/" << w->name << ": no allocation record\n";
       ++failures;
@@ -294,75 +327,76 @@ int main(int argc, char** argv) {
     }
     if (phase != "Running") ++failures;
     for (const auto& rc : rec->containers) {  // one row per container the record names
-    std::string gpus;
-    for (const auto& g : rc.gpus) {
-      gpus += (gpus.empty() ? "" : " ") + Short(g.Device());
-      if (rc.resource == "kgpu.io/gpu") gpus += "(" + std::to_string(g.memory_mib) + "," + std::to_string(g.cores) + ")";
-    }
-    // What kubelet's Allocate gave the container: NVIDIA_VISIBLE_DEVICES, or the share's CDI device.
-    std::string sees;
-    const Node* n = nullptr;
-    for (const auto& x : nodes) {
-      if (x.name == node) n = &x;
-    }
-    if (n != nullptr) {
-      const auto& admitted = n->admission->Admitted();
-      auto it = admitted.find(pod["metadata"].value("uid", ""));
-      const t::AdmittedContainer* found = nullptr;
-      if (it != admitted.end()) {
-        for (const auto& x : it->second.containers) {
-          if (!x.init && x.name == rc.name) found = &x;
-        }
+      std::string gpus;
+      for (const auto& g : rc.gpus) {
+        gpus += (gpus.empty() ? "" : " ") + Short(g.Device());
+        if (rc.resource == "kgpu.io/gpu")
+          gpus += "(" + std::to_string(g.memory_mib) + "," + std::to_string(g.cores) + ")";
       }
-      if (found != nullptr) {
-        const auto& ac = *found;
-        if (ac.response.cdi_devices_size() > 0) {
-          // The share's CDI spec: the GPUs of the record and the limits.
-          const std::string cdi = ac.response.cdi_devices(0).name();
-          const std::string file = n->dir + "/cdi/kgpu.io-share_" + cdi.substr(cdi.find('=') + 1) + ".json";
-          const std::string text = ReadFile(file);
-          if (!text.empty()) {
-            std::map<std::string, std::string> env;
-            const json spec = json::parse(text);
-            for (const auto& e : spec["devices"][0]["containerEdits"]["env"]) {
-              const std::string kv = e;
-              env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
-            }
-            std::string want;
-            for (const auto& g : rc.gpus) want += (want.empty() ? "" : ",") + g.uuid;
-            if (env["NVIDIA_VISIBLE_DEVICES"] != want) {
-              std::cout << "  " << w->name << ": the node gave " << env["NVIDIA_VISIBLE_DEVICES"] << ", the record says "
-                        << want << "\n";
-              ++failures;
-            }
-            std::string shortened;
-            std::stringstream ss(env["NVIDIA_VISIBLE_DEVICES"]);
-            for (std::string id; std::getline(ss, id, ',');) shortened += (shortened.empty() ? "" : ",") + Short(id);
-            sees = "NVIDIA_VISIBLE_DEVICES=" + shortened + " (CDI), KGPU_ENFORCEMENT=" + env["KGPU_ENFORCEMENT"] +
-                   (env.contains("LD_PRELOAD") ? ", LD_PRELOAD=" + env["LD_PRELOAD"] : "");
-            if (env["KGPU_ENFORCEMENT"] == "hard" && !env.contains("LD_PRELOAD")) {
-              std::cout << "  " << w->name << ": hard limits without the interposer preloaded\n";
-              ++failures;
-            }
+      // What kubelet's Allocate gave the container: NVIDIA_VISIBLE_DEVICES, or the share's CDI device.
+      std::string sees;
+      const Node* n = nullptr;
+      for (const auto& x : nodes) {
+        if (x.name == node) n = &x;
+      }
+      if (n != nullptr) {
+        const auto& admitted = n->admission->Admitted();
+        auto it = admitted.find(pod["metadata"].value("uid", ""));
+        const t::AdmittedContainer* found = nullptr;
+        if (it != admitted.end()) {
+          for (const auto& x : it->second.containers) {
+            if (!x.init && x.name == rc.name) found = &x;
           }
-        } else if (ac.response.envs().contains("NVIDIA_VISIBLE_DEVICES")) {
-          std::string v = ac.response.envs().at("NVIDIA_VISIBLE_DEVICES");
-          std::string shortened;
-          std::stringstream ss(v);
-          for (std::string id; std::getline(ss, id, ',');) shortened += (shortened.empty() ? "" : ",") + Short(id);
-          sees = "NVIDIA_VISIBLE_DEVICES=" + shortened;
+        }
+        if (found != nullptr) {
+          const auto& ac = *found;
+          if (ac.response.cdi_devices_size() > 0) {
+            // The share's CDI spec: the GPUs of the record and the limits.
+            const std::string cdi = ac.response.cdi_devices(0).name();
+            const std::string file = n->dir + "/cdi/kgpu.io-share_" + cdi.substr(cdi.find('=') + 1) + ".json";
+            const std::string text = ReadFile(file);
+            if (!text.empty()) {
+              std::map<std::string, std::string> env;
+              const json spec = json::parse(text);
+              for (const auto& e : spec["devices"][0]["containerEdits"]["env"]) {
+                const std::string kv = e;
+                env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+              }
+              std::string want;
+              for (const auto& g : rc.gpus) want += (want.empty() ? "" : ",") + g.uuid;
+              if (env["NVIDIA_VISIBLE_DEVICES"] != want) {
+                std::cout << "  " << w->name << ": the node gave " << env["NVIDIA_VISIBLE_DEVICES"]
+                          << ", the record says " << want << "\n";
+                ++failures;
+              }
+              std::string shortened;
+              std::stringstream ss(env["NVIDIA_VISIBLE_DEVICES"]);
+              for (std::string id; std::getline(ss, id, ',');) shortened += (shortened.empty() ? "" : ",") + Short(id);
+              sees = "NVIDIA_VISIBLE_DEVICES=" + shortened + " (CDI), KGPU_ENFORCEMENT=" + env["KGPU_ENFORCEMENT"] +
+                     (env.contains("LD_PRELOAD") ? ", LD_PRELOAD=" + env["LD_PRELOAD"] : "");
+              if (env["KGPU_ENFORCEMENT"] == "hard" && !env.contains("LD_PRELOAD")) {
+                std::cout << "  " << w->name << ": hard limits without the interposer preloaded\n";
+                ++failures;
+              }
+            }
+          } else if (ac.response.envs().contains("NVIDIA_VISIBLE_DEVICES")) {
+            std::string v = ac.response.envs().at("NVIDIA_VISIBLE_DEVICES");
+            std::string shortened;
+            std::stringstream ss(v);
+            for (std::string id; std::getline(ss, id, ',');) shortened += (shortened.empty() ? "" : ",") + Short(id);
+            sees = "NVIDIA_VISIBLE_DEVICES=" + shortened;
+          }
         }
       }
-    }
-    const std::string who = w->ns + "/" + w->name + (rec->containers.size() > 1 ? "/" + rc.name : "");
-    std::printf("  %-16s %-6s %-9s %-22s %-40s %s\n", who.c_str(), node.c_str(), phase.c_str(), rc.resource.c_str(),
-                gpus.c_str(), sees.c_str());
+      const std::string who = w->ns + "/" + w->name + (rec->containers.size() > 1 ? "/" + rc.name : "");
+      std::printf("  %-16s %-6s %-9s %-22s %-40s %s\n", who.c_str(), node.c_str(), phase.c_str(), rc.resource.c_str(),
+                  gpus.c_str(), sees.c_str());
     }
   }
   // The quota as the API server counts it.
   const json quota = api.Get("resourcequotas", "team-a", "gpu").body;
-  std::cout << "\nteam-a's quota: used " << quota["status"]["used"].dump() << " of hard " << quota["status"]["hard"].dump()
-            << "\n";
+  std::cout << "\nteam-a's quota: used " << quota["status"]["used"].dump() << " of hard "
+            << quota["status"]["hard"].dump() << "\n";
 
   // Preemption for what kube-scheduler cannot see: a low-priority share fills a GPU nobody uses,
   // a high-priority share pinned there is short only of memory (ignoredByScheduler).
@@ -370,7 +404,8 @@ int main(int argc, char** argv) {
   auto all_pods = client.List("/api/v1/pods");
   if (!all_pods.ok()) return Fail(std::string(all_pods.status().message()));
   for (const auto& p : (*all_pods)["items"]) {
-    auto rec = kgpu::extender::ParseRecord(p["metadata"].value("annotations", json::object()).value(kgpu::extender::kAnnotationAllocation, ""));
+    auto rec = kgpu::api::ParseRecord(
+        p["metadata"].value("annotations", json::object()).value(kgpu::extender::kAnnotationAllocation, ""));
     if (!rec.ok()) continue;
     for (const auto& rc : rec->containers) {
       for (const auto& g : rc.gpus) used.insert(g.uuid);
@@ -387,7 +422,8 @@ int main(int argc, char** argv) {
   const std::string fill = std::to_string(free_gpu->memory_mib - 10000);
   std::cout << "\npreemption for GPU memory, which kube-scheduler does not count (ignoredByScheduler):\n";
   auto create = [&](const std::string& name, const std::string& mib, int64_t prio) {
-    json pod = t::TestPod("team-b", name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", mib}}, {{"kgpu.io/gpu-uuid", pin}}, prio);
+    json pod = t::TestPod("team-b", name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", mib}},
+                          {{"kgpu.io/gpu-uuid", pin}}, prio);
     pod["spec"]["terminationGracePeriodSeconds"] = 1;
     return api.Create("pods", "team-b", pod).code == 201;
   };
@@ -401,19 +437,23 @@ int main(int argc, char** argv) {
   auto rt = sched.ScheduleOne(api.Get("pods", "team-b", "realtime").body);
   if (!rt.ok()) return Fail(std::string(rt.status().message()));
   std::cout << "  not scheduled: " << rt->message << "\n";
-  if (rt->bound || rt->message.find("preempting 1 lower-priority pod(s) here: team-b/batch") == std::string::npos) ++failures;
+  if (rt->bound || rt->message.find("preempting 1 lower-priority pod(s) here: team-b/batch") == std::string::npos)
+    ++failures;
   const bool gone = WaitFor([&] { return api.Get("pods", "team-b", "batch").code == 404; }, std::chrono::seconds(20));
-  std::cout << "  the extender evicted team-b/batch through the Eviction API: " << (gone ? "it is gone" : "it is STILL THERE")
-            << "\n";
+  std::cout << "  the extender evicted team-b/batch through the Eviction API: "
+            << (gone ? "it is gone" : "it is STILL THERE") << "\n";
   if (!gone) ++failures;
   bool placed = false;
-  WaitFor([&] {
-    auto again = sched.ScheduleOne(api.Get("pods", "team-b", "realtime").body);
-    placed = again.ok() && again->bound;
-    return placed;
-  }, std::chrono::seconds(20));
+  WaitFor(
+      [&] {
+        auto again = sched.ScheduleOne(api.Get("pods", "team-b", "realtime").body);
+        placed = again.ok() && again->bound;
+        return placed;
+      },
+      std::chrono::seconds(20));
   const json rtpod = api.Get("pods", "team-b", "realtime").body;
-  auto rtrec = kgpu::extender::ParseRecord(rtpod["metadata"].value("annotations", json::object()).value(kgpu::extender::kAnnotationAllocation, ""));
+  auto rtrec = kgpu::api::ParseRecord(
+      rtpod["metadata"].value("annotations", json::object()).value(kgpu::extender::kAnnotationAllocation, ""));
   if (placed && rtrec.ok() && !rtrec->containers.empty() && !rtrec->containers[0].gpus.empty()) {
     const auto& g = rtrec->containers[0].gpus[0];
     std::cout << "  team-b/realtime bound to " << rtpod["spec"].value("nodeName", "") << ": " << Short(g.uuid) << " ("
@@ -426,7 +466,8 @@ int main(int argc, char** argv) {
   for (const auto& e : events.ok() ? (*events)["items"] : json::array()) {
     const std::string reason = e.value("reason", "");
     if (reason == "Preempting" || reason == "Preempted") {
-      std::cout << "  Event " << reason << " on " << e["regarding"].value("name", "") << ": " << e.value("note", "") << "\n";
+      std::cout << "  Event " << reason << " on " << e["regarding"].value("name", "") << ": " << e.value("note", "")
+                << "\n";
     }
   }
   if (failures > 0) return Fail(std::to_string(failures) + " pod(s) did not end as expected (logs in " + root + ")");

@@ -1,13 +1,13 @@
 #include "testing/fake_apiserver.h"
 
-#include <httplib.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <random>
+
+#include <httplib.h>
 
 #include "common/files.h"
 #include "common/http_listen.h"
@@ -22,7 +22,9 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-std::string RKey(const k8s::Resource& r) { return Cat(r.group, "/", r.plural); }
+std::string RKey(const k8s::Resource& r) {
+  return Cat(r.group, "/", r.plural);
+}
 
 const k8s::Resource* ByKey(const std::string& rkey) {
   for (const auto& r : k8s::Resources()) {
@@ -31,17 +33,21 @@ const k8s::Resource* ByKey(const std::string& rkey) {
   return nullptr;
 }
 
-std::string ObjKey(const std::string& ns, const std::string& name) { return ns.empty() ? name : Cat(ns, "/", name); }
+std::string ObjKey(const std::string& ns, const std::string& name) {
+  return ns.empty() ? name : Cat(ns, "/", name);
+}
 
 // A Kubernetes Status (apimachinery pkg/api/errors).
 json Status(int code, const std::string& reason, const std::string& message, const json& details = nullptr) {
-  json s = {{"kind", "Status"}, {"apiVersion", "v1"}, {"metadata", json::object()}, {"status", "Failure"},
-            {"message", message}, {"reason", reason}, {"code", code}};
+  json s = {{"kind", "Status"},    {"apiVersion", "v1"}, {"metadata", json::object()},
+            {"status", "Failure"}, {"message", message}, {"reason", reason},
+            {"code", code}};
   if (!details.is_null()) s["details"] = details;
   return s;
 }
 
-FakeApiServer::Result Err(int code, const std::string& reason, const std::string& message, const json& details = nullptr) {
+FakeApiServer::Result Err(int code, const std::string& reason, const std::string& message,
+                          const json& details = nullptr) {
   return {code, Status(code, reason, message, details)};
 }
 
@@ -68,7 +74,8 @@ FakeApiServer::Result Invalid(const k8s::Resource& r, const std::string& name, c
 
 // errors.NewInvalid(kind, name, errs): the message aggregates the distinct errors ("[a, b]" for
 // several), the causes list every one.
-FakeApiServer::Result InvalidFields(const k8s::Resource& r, const std::string& name, const std::vector<FieldError>& errs) {
+FakeApiServer::Result InvalidFields(const k8s::Resource& r, const std::string& name,
+                                    const std::vector<FieldError>& errs) {
   std::vector<std::string> distinct;
   json causes = json::array();
   for (const auto& e : errs) {
@@ -116,25 +123,27 @@ std::string Age(const json& obj) {
   return HumanAge(static_cast<double>(std::time(nullptr)) - *t);
 }
 
-json Col(const std::string& name, const std::string& type = "string", const std::string& format = "", int priority = 0) {
+json Col(const std::string& name, const std::string& type = "string", const std::string& format = "",
+         int priority = 0) {
   return {{"name", name}, {"type", type}, {"format", format}, {"description", name}, {"priority", priority}};
 }
 
 // Columns and cells of meta.k8s.io/v1 Tables, as the apiserver's printers (pkg/printers/internalversion).
 json Columns(const std::string& kind) {
   if (kind == "Node") {
-    return {Col("Name", "string", "name"), Col("Status"), Col("Roles"), Col("Age"), Col("Version"),
+    return {Col("Name", "string", "name"),      Col("Status"), Col("Roles"), Col("Age"), Col("Version"),
             Col("Internal-IP", "string", "", 1)};
   }
   if (kind == "Pod") {
-    return {Col("Name", "string", "name"), Col("Ready"), Col("Status"), Col("Restarts", "string"), Col("Age"),
-            Col("IP", "string", "", 1), Col("Node", "string", "", 1)};
+    return {Col("Name", "string", "name"), Col("Ready"), Col("Status"),
+            Col("Restarts", "string"),     Col("Age"),   Col("IP", "string", "", 1),
+            Col("Node", "string", "", 1)};
   }
   if (kind == "Namespace") return {Col("Name", "string", "name"), Col("Status"), Col("Age")};
   if (kind == "ResourceQuota") return {Col("Name", "string", "name"), Col("Age"), Col("Request"), Col("Limit")};
   if (kind == "PodDisruptionBudget") {
-    return {Col("Name", "string", "name"), Col("Min Available"), Col("Max Unavailable"), Col("Allowed Disruptions", "integer"),
-            Col("Age")};
+    return {Col("Name", "string", "name"), Col("Min Available"), Col("Max Unavailable"),
+            Col("Allowed Disruptions", "integer"), Col("Age")};
   }
   if (kind == "Lease") return {Col("Name", "string", "name"), Col("Holder"), Col("Age")};
   return {Col("Name", "string", "name"), Col("Age")};
@@ -159,8 +168,12 @@ json Cells(const json& o) {
     for (const auto& a : status.value("addresses", json::array())) {
       if (a.value("type", "") == "InternalIP") ip = a.value("address", "");
     }
-    return {name, ready, roles.empty() ? "<none>" : Join(roles, ","), Age(o),
-            status.value("nodeInfo", json::object()).value("kubeletVersion", ""), ip};
+    return {name,
+            ready,
+            roles.empty() ? "<none>" : Join(roles, ","),
+            Age(o),
+            status.value("nodeInfo", json::object()).value("kubeletVersion", ""),
+            ip};
   }
   if (kind == "Pod") {
     size_t total = o.contains("spec") ? o["spec"].value("containers", json::array()).size() : 0;
@@ -172,8 +185,13 @@ json Cells(const json& o) {
     }
     std::string phase = status.value("phase", "Pending");
     if (o["metadata"].contains("deletionTimestamp")) phase = "Terminating";
-    return {name, Cat(ready, "/", total), phase, std::to_string(restarts), Age(o),
-            status.value("podIP", "<none>"), o.contains("spec") ? o["spec"].value("nodeName", "<none>") : "<none>"};
+    return {name,
+            Cat(ready, "/", total),
+            phase,
+            std::to_string(restarts),
+            Age(o),
+            status.value("podIP", "<none>"),
+            o.contains("spec") ? o["spec"].value("nodeName", "<none>") : "<none>"};
   }
   if (kind == "Namespace") return {name, status.value("phase", "Active"), Age(o)};
   if (kind == "ResourceQuota") {
@@ -188,7 +206,9 @@ json Cells(const json& o) {
   }
   if (kind == "PodDisruptionBudget") {
     const json spec = o.value("spec", json::object());
-    auto v = [](const json& s, const char* k) { return s.contains(k) ? (s[k].is_string() ? s[k].get<std::string>() : s[k].dump()) : "N/A"; };
+    auto v = [](const json& s, const char* k) {
+      return s.contains(k) ? (s[k].is_string() ? s[k].get<std::string>() : s[k].dump()) : "N/A";
+    };
     return {name, v(spec, "minAvailable"), v(spec, "maxUnavailable"), status.value("disruptionsAllowed", 0), Age(o)};
   }
   if (kind == "Lease") return {name, o.value("spec", json::object()).value("holderIdentity", ""), Age(o)};
@@ -196,8 +216,11 @@ json Cells(const json& o) {
 }
 
 json TableOf(const std::string& kind, const std::vector<json>& items, const std::string& rv) {
-  json t = {{"kind", "Table"}, {"apiVersion", "meta.k8s.io/v1"}, {"metadata", {{"resourceVersion", rv}}},
-            {"columnDefinitions", Columns(kind)}, {"rows", json::array()}};
+  json t = {{"kind", "Table"},
+            {"apiVersion", "meta.k8s.io/v1"},
+            {"metadata", {{"resourceVersion", rv}}},
+            {"columnDefinitions", Columns(kind)},
+            {"rows", json::array()}};
   for (const auto& o : items) t["rows"].push_back({{"cells", Cells(o)}, {"object", o}});
   return t;
 }
@@ -267,9 +290,13 @@ FakeApiServer::FakeApiServer(FakeApiServerOptions opts)
   }
 }
 
-FakeApiServer::~FakeApiServer() { Stop(); }
+FakeApiServer::~FakeApiServer() {
+  Stop();
+}
 
-std::string FakeApiServer::url() const { return Cat(opts_.tls ? "https" : "http", "://", opts_.host, ":", port_); }
+std::string FakeApiServer::url() const {
+  return Cat(opts_.tls ? "https" : "http", "://", opts_.host, ":", port_);
+}
 
 std::string FakeApiServer::Kubeconfig(const std::string& token) const {
   std::string cluster = Cat("    server: ", url(), "\n");
@@ -277,9 +304,8 @@ std::string FakeApiServer::Kubeconfig(const std::string& token) const {
     cluster += Cat("    certificate-authority-data: ", B64(ca_pem_), "\n");
   }
   std::string user = token.empty() ? "  user: {}\n" : Cat("  user:\n    token: ", token, "\n");
-  return Cat("apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n", cluster,
-             "users:\n- name: fake\n", user,
-             "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n",
+  return Cat("apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n", cluster, "users:\n- name: fake\n",
+             user, "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n",
              "current-context: fake\n");
 }
 
@@ -306,7 +332,8 @@ absl::Status FakeApiServer::Start() {
     if (!ca) return absl::NotFoundError(Cat("cannot read ", cert_file_));
     ca_pem_ = *ca;
     http_ = std::make_unique<httplib::SSLServer>(cert_file_.c_str(), key_file_.c_str());
-    if (!http_->is_valid()) return absl::InvalidArgumentError(Cat("TLS setup failed for ", cert_file_, " / ", key_file_));
+    if (!http_->is_valid())
+      return absl::InvalidArgumentError(Cat("TLS setup failed for ", cert_file_, " / ", key_file_));
   } else {
     http_ = std::make_unique<httplib::Server>();
   }
@@ -459,7 +486,8 @@ void FakeApiServer::RecomputeQuotasLocked(const std::string& ns) {
     if (q["metadata"].value("namespace", "") != ns) continue;
     json used = QuotaUsed(q, pods);
     json hard = q.contains("spec") ? q["spec"].value("hard", json::object()) : json::object();
-    if (!q.contains("status") || q["status"].value("used", json()) != used || q["status"].value("hard", json()) != hard) {
+    if (!q.contains("status") || q["status"].value("used", json()) != used ||
+        q["status"].value("hard", json()) != hard) {
       json copy = q;
       copy["status"]["hard"] = hard;
       copy["status"]["used"] = used;
@@ -483,7 +511,8 @@ json FakeApiServer::BudgetStatusLocked(const json& pdb) {
   int64_t expected = 0, healthy = 0;
   if (sel) {
     for (const auto& [k, p] : objects_[pods_rkey_]) {
-      if (p["metadata"].value("namespace", "") != ns || !sel->Matches(p["metadata"].value("labels", json::object()))) continue;
+      if (p["metadata"].value("namespace", "") != ns || !sel->Matches(p["metadata"].value("labels", json::object())))
+        continue;
       if (PodTerminal(p)) continue;
       ++expected;
       bool ready = p.contains("status") && p["status"].value("phase", "") == "Running" &&
@@ -552,7 +581,8 @@ FakeApiServer::Result FakeApiServer::DoCreate(const std::string& rkey, const std
   if (r->namespaced) {
     const std::string body_ns = meta.value("namespace", "");
     if (!body_ns.empty() && !ns.empty() && body_ns != ns) {
-      return Err(400, "BadRequest", "the namespace of the provided object does not match the namespace sent on the request");
+      return Err(400, "BadRequest",
+                 "the namespace of the provided object does not match the namespace sent on the request");
     }
     const std::string use_ns = ns.empty() ? (body_ns.empty() ? "default" : body_ns) : ns;
     meta["namespace"] = use_ns;
@@ -607,8 +637,9 @@ FakeApiServer::Result FakeApiServer::DoCreate(const std::string& rkey, const std
       obj["status"]["allocatable"] = obj["status"]["capacity"];
     }
   } else if (r->kind == "Namespace") {
-    obj["spec"]["finalizers"] = obj.contains("spec") && obj["spec"].contains("finalizers") ? obj["spec"]["finalizers"]
-                                                                                           : json::array({"kubernetes"});
+    obj["spec"]["finalizers"] = obj.contains("spec") && obj["spec"].contains("finalizers")
+                                    ? obj["spec"]["finalizers"]
+                                    : json::array({"kubernetes"});
     obj["status"] = {{"phase", "Active"}};
     meta["labels"]["kubernetes.io/metadata.name"] = name;
   } else if (r->kind == "LimitRange") {
@@ -654,11 +685,12 @@ FakeApiServer::Result FakeApiServer::DoUpdate(const std::string& rkey, const std
         }
       }
       if (a != b) {
-        return Invalid(*r, name,
-                       "spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
-                       "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions "
-                       "to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was "
-                       "previously negative)");
+        return Invalid(
+            *r, name,
+            "spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
+            "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions "
+            "to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was "
+            "previously negative)");
       }
     }
     json keep_status = cur->value("status", json());
@@ -695,7 +727,7 @@ FakeApiServer::Result FakeApiServer::DoUpdate(const std::string& rkey, const std
 }
 
 std::optional<FakeApiServer::Result> FakeApiServer::CheckFields(const k8s::Resource& r, json& obj, FieldValidation fv,
-                                                               std::vector<std::string>* warnings) const {
+                                                                std::vector<std::string>* warnings) const {
   if (!obj.is_object()) return std::nullopt;
   const json original = fv == FieldValidation::kStrict ? obj : json();
   const auto extra = opts_.extra_fields.find(std::string(r.kind));
@@ -743,16 +775,21 @@ FakeApiServer::Result FakeApiServer::DoPatch(const std::string& rkey, const std:
     {
       const json patched = *next;
       const auto extra = opts_.extra_fields.find(std::string(r->kind));
-      const auto unknown = PruneUnknownFields(std::string(r->group), std::string(r->kind), *next,
-                                              extra == opts_.extra_fields.end() ? std::set<std::string>{} : extra->second);
+      const auto unknown =
+          PruneUnknownFields(std::string(r->group), std::string(r->kind), *next,
+                             extra == opts_.extra_fields.end() ? std::set<std::string>{} : extra->second);
       if (!unknown.empty() && fv == FieldValidation::kStrict) {
         const bool strategic = content_type.find("strategic-merge-patch") != std::string::npos;
         const std::string value = strategic ? GoValue(patch) : patched.dump();
         const std::string detail = StrictDecodingError(unknown);
         return Err(422, "Invalid", Cat(" \"\" is invalid: patch: Invalid value: ", json(value).dump(), ": ", detail),
-                   {{"name", ""}, {"group", ""}, {"kind", ""},
-                    {"causes", {{{"reason", "FieldValueInvalid"}, {"field", "patch"},
-                                 {"message", Cat("Invalid value: ", json(value).dump(), ": ", detail)}}}}});
+                   {{"name", ""},
+                    {"group", ""},
+                    {"kind", ""},
+                    {"causes",
+                     {{{"reason", "FieldValueInvalid"},
+                       {"field", "patch"},
+                       {"message", Cat("Invalid value: ", json(value).dump(), ": ", detail)}}}}});
       }
       if (!unknown.empty() && fv == FieldValidation::kWarn && warnings != nullptr) {
         for (const auto& u : unknown) warnings->push_back(Cat("unknown field ", json(u).dump()));
@@ -785,14 +822,14 @@ FakeApiServer::Result FakeApiServer::DoDelete(const std::string& rkey, const std
     if (!uid.empty() && uid != (*cur)["metadata"].value("uid", "")) {
       return Err(409, "Conflict",
                  Cat("Operation cannot be fulfilled on ", Qualified(*r), " \"", name,
-                     "\": Precondition failed: UID in precondition: ", uid, ", UID in object meta: ",
-                     (*cur)["metadata"].value("uid", "")));
+                     "\": Precondition failed: UID in precondition: ", uid,
+                     ", UID in object meta: ", (*cur)["metadata"].value("uid", "")));
     }
     if (!rv.empty() && rv != (*cur)["metadata"].value("resourceVersion", "")) {
       return Err(409, "Conflict",
                  Cat("Operation cannot be fulfilled on ", Qualified(*r), " \"", name,
-                     "\": Precondition failed: ResourceVersion in precondition: ", rv, ", ResourceVersion in object meta: ",
-                     (*cur)["metadata"].value("resourceVersion", "")));
+                     "\": Precondition failed: ResourceVersion in precondition: ", rv,
+                     ", ResourceVersion in object meta: ", (*cur)["metadata"].value("resourceVersion", "")));
     }
   }
   if (r->kind == "Pod") {
@@ -869,8 +906,9 @@ FakeApiServer::Result FakeApiServer::DoBinding(const std::string& ns, const std:
                {{"name", name}, {"kind", "pods/binding"}});
   }
   if ((*cur)["metadata"].contains("deletionTimestamp")) {
-    return Err(409, "Conflict", Cat("Operation cannot be fulfilled on pods/binding \"", name, "\": pod ", name,
-                                    " is being deleted, cannot be assigned to a host"));
+    return Err(409, "Conflict",
+               Cat("Operation cannot be fulfilled on pods/binding \"", name, "\": pod ", name,
+                   " is being deleted, cannot be assigned to a host"));
   }
   json next = *cur;
   next["spec"]["nodeName"] = node;
@@ -889,7 +927,9 @@ FakeApiServer::Result FakeApiServer::DoBinding(const std::string& ns, const std:
   conds.push_back(cond);
   next["status"]["conditions"] = conds;
   StoreLocked(RKey(*pods), "MODIFIED", next);
-  return {201, {{"kind", "Status"}, {"apiVersion", "v1"}, {"metadata", json::object()}, {"status", "Success"}, {"code", 201}}};
+  return {
+      201,
+      {{"kind", "Status"}, {"apiVersion", "v1"}, {"metadata", json::object()}, {"status", "Success"}, {"code", 201}}};
 }
 
 FakeApiServer::Result FakeApiServer::DoEviction(const std::string& ns, const std::string& name, const json& eviction,
@@ -933,8 +973,8 @@ FakeApiServer::Result FakeApiServer::DoEviction(const std::string& ns, const std
           return Err(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
                      {{"causes",
                        {{{"reason", "DisruptionBudget"},
-                         {"message", Cat("The disruption budget ", pdb_name, " needs ", desired, " healthy pods and has ",
-                                         healthy, " currently")}}}}});
+                         {"message", Cat("The disruption budget ", pdb_name, " needs ", desired,
+                                         " healthy pods and has ", healthy, " currently")}}}}});
         }
         pdb["status"]["disruptionsAllowed"] = allowed - 1;
         if (!dry_run) StoreLocked(pdb_key, "MODIFIED", pdb);
@@ -943,11 +983,15 @@ FakeApiServer::Result FakeApiServer::DoEviction(const std::string& ns, const std
   }
   // eviction.go: a dry run stops after the budget's check (the deletion would be a dry run too).
   if (dry_run) {
-    return {201, {{"kind", "Status"}, {"apiVersion", "v1"}, {"metadata", json::object()}, {"status", "Success"}, {"code", 201}}};
+    return {
+        201,
+        {{"kind", "Status"}, {"apiVersion", "v1"}, {"metadata", json::object()}, {"status", "Success"}, {"code", 201}}};
   }
   auto del = DoDelete(RKey(*pods), ns, name, delete_opts);
   if (del.code >= 300) return del;
-  return {201, {{"kind", "Status"}, {"apiVersion", "v1"}, {"metadata", json::object()}, {"status", "Success"}, {"code", 201}}};
+  return {
+      201,
+      {{"kind", "Status"}, {"apiVersion", "v1"}, {"metadata", json::object()}, {"status", "Success"}, {"code", 201}}};
 }
 
 void FakeApiServer::ReapLoop(std::stop_token stop) {
@@ -1012,8 +1056,10 @@ FakeApiServer::Result FakeApiServer::List(const std::string& rkey, const std::st
     }
     items.push_back(o);
   }
-  json list = {{"kind", Cat(r->kind, "List")}, {"apiVersion", r->GroupVersion()},
-               {"metadata", {{"resourceVersion", std::to_string(list_rv)}}}, {"items", items}};
+  json list = {{"kind", Cat(r->kind, "List")},
+               {"apiVersion", r->GroupVersion()},
+               {"metadata", {{"resourceVersion", std::to_string(list_rv)}}},
+               {"items", items}};
   if (!next_start.empty()) {
     list["metadata"]["continue"] = B64(json({{"v", "meta.k8s.io/v1"}, {"rv", list_rv}, {"start", next_start}}).dump());
   }
@@ -1059,7 +1105,8 @@ void FakeApiServer::ServeWatch(Request& r, const httplib::Request& req, httplib:
   st->next_bookmark = std::chrono::steady_clock::now() + opts_.bookmark_interval;
   auto encode = [st](const std::string& type, const json& obj) {
     json o = obj;
-    if (st->table && type != "ERROR" && type != "BOOKMARK") o = TableOf(st->kind, {obj}, obj["metadata"].value("resourceVersion", ""));
+    if (st->table && type != "ERROR" && type != "BOOKMARK")
+      o = TableOf(st->kind, {obj}, obj["metadata"].value("resourceVersion", ""));
     return json({{"type", type}, {"object", o}}).dump() + "\n";
   };
   const std::string rv_param = req.get_param_value("resourceVersion");
@@ -1079,8 +1126,9 @@ void FakeApiServer::ServeWatch(Request& r, const httplib::Request& req, httplib:
       st->cursor = std::atoll(rv_param.c_str());
       if (st->cursor < compacted_rv_) {
         // The watch cache answers a compacted version with 200 and an ERROR event (410 Expired).
-        st->pending.push_back(encode("ERROR", Status(410, "Expired",
-                                                     Cat("too old resource version: ", st->cursor, " (", compacted_rv_ + 1, ")"))));
+        st->pending.push_back(encode(
+            "ERROR",
+            Status(410, "Expired", Cat("too old resource version: ", st->cursor, " (", compacted_rv_ + 1, ")"))));
         st->gone = true;
       }
     }
@@ -1095,14 +1143,15 @@ void FakeApiServer::ServeWatch(Request& r, const httplib::Request& req, httplib:
           std::unique_lock lock(mu_);
           if (st->pending.empty() && !st->gone) {
             cv_.wait_for(lock, std::chrono::milliseconds(200), [&] {
-              return stopping_.load() || drop_generation_ != st->gen || (!history_.empty() && history_.back().rv > st->cursor) ||
-                     st->cursor < compacted_rv_;
+              return stopping_.load() || drop_generation_ != st->gen ||
+                     (!history_.empty() && history_.back().rv > st->cursor) || st->cursor < compacted_rv_;
             });
           }
           if (stopping_ || drop_generation_ != st->gen) return false;  // cut the connection
           if (!st->gone && st->cursor < compacted_rv_) {
-            st->pending.push_back(encode("ERROR", Status(410, "Expired", Cat("too old resource version: ", st->cursor, " (",
-                                                                             compacted_rv_ + 1, ")"))));
+            st->pending.push_back(encode(
+                "ERROR",
+                Status(410, "Expired", Cat("too old resource version: ", st->cursor, " (", compacted_rv_ + 1, ")"))));
             st->gone = true;
           }
           if (!st->gone) {
@@ -1129,12 +1178,13 @@ void FakeApiServer::ServeWatch(Request& r, const httplib::Request& req, httplib:
         const auto now = std::chrono::steady_clock::now();
         if (st->bookmarks && now >= st->next_bookmark) {
           st->next_bookmark = now + opts_.bookmark_interval;
-          const std::string line =
-              json({{"type", "BOOKMARK"},
-                    {"object", {{"kind", st->kind}, {"apiVersion", st->api_version},
-                                {"metadata", {{"resourceVersion", std::to_string(st->cursor)}}}}}})
-                  .dump() +
-              "\n";
+          const std::string line = json({{"type", "BOOKMARK"},
+                                         {"object",
+                                          {{"kind", st->kind},
+                                           {"apiVersion", st->api_version},
+                                           {"metadata", {{"resourceVersion", std::to_string(st->cursor)}}}}}})
+                                       .dump() +
+                                   "\n";
           if (!sink.write(line.data(), line.size())) return false;
         }
         if (now >= st->deadline) sink.done();
@@ -1190,7 +1240,8 @@ void FakeApiServer::Route(const httplib::Request& req, httplib::Response& res) {
     int fail = 0;
     {
       std::lock_guard lock(mu_);
-      const bool is_watch = req.method == "GET" && (req.get_param_value("watch") == "true" || req.get_param_value("watch") == "1");
+      const bool is_watch =
+          req.method == "GET" && (req.get_param_value("watch") == "true" || req.get_param_value("watch") == "1");
       for (auto& f : faults_) {
         if (f.remaining <= 0) continue;
         if (!f.path_substr.empty() && path.find(f.path_substr) == std::string::npos) continue;
@@ -1207,7 +1258,10 @@ void FakeApiServer::Route(const httplib::Request& req, httplib::Response& res) {
     }
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
     if (fail != 0) {
-      send(Err(fail, fail == 429 ? "TooManyRequests" : fail >= 500 ? "InternalError" : "BadRequest",
+      send(Err(fail,
+               fail == 429   ? "TooManyRequests"
+               : fail >= 500 ? "InternalError"
+                             : "BadRequest",
                Cat("injected fault: HTTP ", fail)));
       return;
     }
@@ -1231,9 +1285,16 @@ void FakeApiServer::Route(const httplib::Request& req, httplib::Response& res) {
   const std::string host = Cat(opts_.host, ":", port_);
   if (path == "/version") {
     const std::string minor = opts_.git_version.substr(3, opts_.git_version.find('.', 3) - 3);
-    send({200, {{"major", "1"}, {"minor", minor}, {"gitVersion", opts_.git_version}, {"gitCommit", "kgpu-fake-apiserver"},
-                {"gitTreeState", "clean"}, {"buildDate", "2026-01-01T00:00:00Z"}, {"goVersion", "go1.23"},
-                {"compiler", "gc"}, {"platform", "linux/amd64"}}});
+    send({200,
+          {{"major", "1"},
+           {"minor", minor},
+           {"gitVersion", opts_.git_version},
+           {"gitCommit", "kgpu-fake-apiserver"},
+           {"gitTreeState", "clean"},
+           {"buildDate", "2026-01-01T00:00:00Z"},
+           {"goVersion", "go1.23"},
+           {"compiler", "gc"},
+           {"platform", "linux/amd64"}}});
     return;
   }
   auto verbs_of = [](const k8s::Resource&, const std::string& sub) -> json {
@@ -1242,29 +1303,40 @@ void FakeApiServer::Route(const httplib::Request& req, httplib::Response& res) {
     return {"create", "delete", "get", "list", "patch", "update", "watch"};
   };
   auto resource_list = [&](std::string_view group, std::string_view version) {
-    json list = {{"kind", "APIResourceList"}, {"apiVersion", "v1"},
+    json list = {{"kind", "APIResourceList"},
+                 {"apiVersion", "v1"},
                  {"groupVersion", group.empty() ? std::string(version) : Cat(group, "/", version)},
                  {"resources", json::array()}};
     for (const auto& r : k8s::Resources()) {
       if (r.group != group || r.version != version) continue;
       std::string singular(r.kind);
-      std::transform(singular.begin(), singular.end(), singular.begin(), [](unsigned char c) { return std::tolower(c); });
-      json e = {{"name", r.plural}, {"singularName", singular}, {"namespaced", r.namespaced}, {"kind", r.kind},
+      std::transform(singular.begin(), singular.end(), singular.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      json e = {{"name", r.plural},
+                {"singularName", singular},
+                {"namespaced", r.namespaced},
+                {"kind", r.kind},
                 {"verbs", verbs_of(r, "")}};
       if (!r.short_names.empty() && !(r.group == "events.k8s.io")) e["shortNames"] = r.short_names;
       if (r.group == "events.k8s.io") e["shortNames"] = {"ev"};
       list["resources"].push_back(e);
       for (auto sub : r.subresources) {
-        list["resources"].push_back({{"name", Cat(r.plural, "/", sub)}, {"singularName", ""}, {"namespaced", r.namespaced},
-                                     {"kind", sub == "eviction" ? "Eviction" : sub == "binding" ? "Binding" : std::string(r.kind)},
+        list["resources"].push_back({{"name", Cat(r.plural, "/", sub)},
+                                     {"singularName", ""},
+                                     {"namespaced", r.namespaced},
+                                     {"kind", sub == "eviction"  ? "Eviction"
+                                              : sub == "binding" ? "Binding"
+                                                                 : std::string(r.kind)},
                                      {"verbs", verbs_of(r, std::string(sub))}});
       }
     }
     return list;
   };
   if (path == "/api") {
-    send({200, {{"kind", "APIVersions"}, {"versions", {"v1"}},
-                {"serverAddressByClientCIDRs", {{{"clientCIDR", "0.0.0.0/0"}, {"serverAddress", host}}}}}});
+    send({200,
+          {{"kind", "APIVersions"},
+           {"versions", {"v1"}},
+           {"serverAddressByClientCIDRs", {{{"clientCIDR", "0.0.0.0/0"}, {"serverAddress", host}}}}}});
     return;
   }
   if (path == "/api/v1") {
@@ -1291,7 +1363,8 @@ void FakeApiServer::Route(const httplib::Request& req, httplib::Response& res) {
     }
     if (path == Cat("/apis/", g)) {
       const json gv = {{"groupVersion", Cat(g, "/", v)}, {"version", v}};
-      send({200, {{"kind", "APIGroup"}, {"apiVersion", "v1"}, {"name", g}, {"versions", {gv}}, {"preferredVersion", gv}}});
+      send({200,
+            {{"kind", "APIGroup"}, {"apiVersion", "v1"}, {"name", g}, {"versions", {gv}}, {"preferredVersion", gv}}});
       return;
     }
   }
@@ -1308,31 +1381,39 @@ void FakeApiServer::Route(const httplib::Request& req, httplib::Response& res) {
     // x-kubernetes-group-version-kind) and the PATCH operations with the fieldValidation
     // parameter kubectl's QueryParamVerifierV3 looks for.
     const std::string gvpath = path.substr(12);
-    json doc = {{"openapi", "3.0.0"}, {"info", {{"title", "Kubernetes"}, {"version", opts_.git_version}}},
-                {"paths", json::object()}, {"components", {{"schemas", json::object()}}}};
+    json doc = {{"openapi", "3.0.0"},
+                {"info", {{"title", "Kubernetes"}, {"version", opts_.git_version}}},
+                {"paths", json::object()},
+                {"components", {{"schemas", json::object()}}}};
     bool any = false;
     for (const auto& r : k8s::Resources()) {
       const std::string p = r.group.empty() ? "api/v1" : Cat("apis/", r.group, "/", r.version);
       if (p != gvpath) continue;
       any = true;
       const json gvk = {{"group", r.group}, {"version", r.version}, {"kind", r.kind}};
-      const std::string schema_name = Cat("io.k8s.api.", r.group.empty() ? "core" : std::string(r.group.substr(0, r.group.find('.'))),
-                                          ".", r.version, ".", r.kind);
+      const std::string schema_name =
+          Cat("io.k8s.api.", r.group.empty() ? "core" : std::string(r.group.substr(0, r.group.find('.'))), ".",
+              r.version, ".", r.kind);
       doc["components"]["schemas"][schema_name] = {
           {"type", "object"},
           {"x-kubernetes-group-version-kind", {gvk}},
           {"properties",
-           {{"apiVersion", {{"type", "string"}}}, {"kind", {{"type", "string"}}},
+           {{"apiVersion", {{"type", "string"}}},
+            {"kind", {{"type", "string"}}},
             {"metadata", {{"type", "object"}, {"x-kubernetes-preserve-unknown-fields", true}}},
             {"spec", {{"type", "object"}, {"x-kubernetes-preserve-unknown-fields", true}}},
             {"status", {{"type", "object"}, {"x-kubernetes-preserve-unknown-fields", true}}}}},
           {"x-kubernetes-preserve-unknown-fields", true}};
-      const json params = {{{"name", "fieldValidation"}, {"in", "query"}, {"schema", {{"type", "string"}, {"uniqueItems", true}}}},
-                           {{"name", "fieldManager"}, {"in", "query"}, {"schema", {{"type", "string"}, {"uniqueItems", true}}}},
-                           {{"name", "dryRun"}, {"in", "query"}, {"schema", {{"type", "string"}, {"uniqueItems", true}}}}};
+      const json params = {
+          {{"name", "fieldValidation"}, {"in", "query"}, {"schema", {{"type", "string"}, {"uniqueItems", true}}}},
+          {{"name", "fieldManager"}, {"in", "query"}, {"schema", {{"type", "string"}, {"uniqueItems", true}}}},
+          {{"name", "dryRun"}, {"in", "query"}, {"schema", {{"type", "string"}, {"uniqueItems", true}}}}};
       const json ref = {{"$ref", Cat("#/components/schemas/", schema_name)}};
-      const json op = {{"x-kubernetes-group-version-kind", gvk}, {"x-kubernetes-action", "patch"}, {"parameters", params},
-                       {"responses", {{"200", {{"description", "OK"}, {"content", {{"application/json", {{"schema", ref}}}}}}}}}};
+      const json op = {
+          {"x-kubernetes-group-version-kind", gvk},
+          {"x-kubernetes-action", "patch"},
+          {"parameters", params},
+          {"responses", {{"200", {{"description", "OK"}, {"content", {{"application/json", {{"schema", ref}}}}}}}}}};
       const std::string item = Cat("/", p, r.namespaced ? "/namespaces/{namespace}/" : "/", r.plural, "/{name}");
       doc["paths"][item]["patch"] = op;
       json put = op;
@@ -1391,7 +1472,8 @@ void FakeApiServer::Route(const httplib::Request& req, httplib::Response& res) {
   if (rest.size() >= 2) r.name = rest[1];
   if (rest.size() == 3) {
     r.sub = rest[2];
-    if (std::find(r.resource->subresources.begin(), r.resource->subresources.end(), r.sub) == r.resource->subresources.end()) {
+    if (std::find(r.resource->subresources.begin(), r.resource->subresources.end(), r.sub) ==
+        r.resource->subresources.end()) {
       send(Err(404, "NotFound", "the server could not find the requested resource"));
       return;
     }
@@ -1428,7 +1510,8 @@ void FakeApiServer::Serve(Request& r, const httplib::Request& req, httplib::Resp
     }
     if (!allowed) {
       // pkg/registry/rbac ... forbidden message of the authorization filter.
-      const std::string what = r.name.empty() ? Qualified(*r.resource) : Cat(Qualified(*r.resource), " \"", r.name, "\"");
+      const std::string what =
+          r.name.empty() ? Qualified(*r.resource) : Cat(Qualified(*r.resource), " \"", r.name, "\"");
       const std::string scope = r.ns.empty() ? "at the cluster scope" : Cat("in the namespace \"", r.ns, "\"");
       send(Err(403, "Forbidden",
                Cat(what, " is forbidden: User \"", r.user, "\" cannot ", r.verb, " resource \"", res_name,
@@ -1475,8 +1558,10 @@ void FakeApiServer::Serve(Request& r, const httplib::Request& req, httplib::Resp
     return;
   }
   if (r.verb == "get") {
-    Result x = Get(std::string(r.resource->plural) + (r.resource->group.empty() ? "" : Cat(".", r.resource->group)), r.ns, r.name);
-    if (x.code == 200 && WantsTable(req)) x.body = TableOf(std::string(r.resource->kind), {x.body}, x.body["metadata"].value("resourceVersion", ""));
+    Result x = Get(std::string(r.resource->plural) + (r.resource->group.empty() ? "" : Cat(".", r.resource->group)),
+                   r.ns, r.name);
+    if (x.code == 200 && WantsTable(req))
+      x.body = TableOf(std::string(r.resource->kind), {x.body}, x.body["metadata"].value("resourceVersion", ""));
     send(x);
     return;
   }
@@ -1493,14 +1578,20 @@ void FakeApiServer::Serve(Request& r, const httplib::Request& req, httplib::Resp
   FieldValidation fv = FieldValidation::kWarn;
   std::vector<std::string> warnings;
   if (r.verb == "create" || r.verb == "update" || r.verb == "patch") {
-    const std::string options = r.verb == "create" ? "CreateOptions" : r.verb == "update" ? "UpdateOptions" : "PatchOptions";
+    const std::string options = r.verb == "create"   ? "CreateOptions"
+                                : r.verb == "update" ? "UpdateOptions"
+                                                     : "PatchOptions";
     auto directive = ParseFieldValidation(req.get_param_value("fieldValidation"), options);
     if (!directive.ok()) {
       send(Err(422, "Invalid", std::string(directive.status().message()),
-               {{"group", "meta.k8s.io"}, {"kind", options}, {"name", ""},
-                {"causes", {{{"reason", "FieldValueNotSupported"}, {"field", "fieldValidation"},
-                             {"message", std::string(directive.status().message()).substr(
-                                             std::string(directive.status().message()).find("Unsupported"))}}}}}));
+               {{"group", "meta.k8s.io"},
+                {"kind", options},
+                {"name", ""},
+                {"causes",
+                 {{{"reason", "FieldValueNotSupported"},
+                   {"field", "fieldValidation"},
+                   {"message", std::string(directive.status().message())
+                                   .substr(std::string(directive.status().message()).find("Unsupported"))}}}}}));
       return;
     }
     fv = *directive;
@@ -1590,7 +1681,8 @@ FakeApiServer::Result FakeApiServer::Update(const std::string& resource, const s
   return res;
 }
 
-FakeApiServer::Result FakeApiServer::Delete(const std::string& resource, const std::string& ns, const std::string& name) {
+FakeApiServer::Result FakeApiServer::Delete(const std::string& resource, const std::string& ns,
+                                            const std::string& name) {
   const k8s::Resource* r = Lookup(resource);
   if (!r) return Err(404, "NotFound", Cat("unknown resource ", resource));
   return DoDelete(RKey(*r), r->namespaced ? ns : "", name, json::object());
@@ -1607,14 +1699,15 @@ absl::Status FakeApiServer::PreloadText(const std::string& text, const std::stri
     for (const auto& x : k8s::Resources()) {
       if (x.kind == kind && x.GroupVersion() == api_version) r = &x;
     }
-    if (!r) return absl::InvalidArgumentError(Cat(origin, ": document ", i + 1, ": unknown kind ", api_version, "/", kind));
+    if (!r)
+      return absl::InvalidArgumentError(Cat(origin, ": document ", i + 1, ": unknown kind ", api_version, "/", kind));
     std::vector<std::string> dropped;
     (void)CheckFields(*r, d, FieldValidation::kWarn, &dropped);  // as kubectl create --validate=warn would
     json status = d.value("status", json());
     auto res = DoCreate(RKey(*r), d["metadata"].value("namespace", ""), d, "admin");
     if (res.code >= 300) {
-      return absl::InvalidArgumentError(Cat(origin, ": document ", i + 1, " (", kind, " ", d["metadata"].value("name", ""),
-                                            "): ", res.body.value("message", "")));
+      return absl::InvalidArgumentError(Cat(origin, ": document ", i + 1, " (", kind, " ",
+                                            d["metadata"].value("name", ""), "): ", res.body.value("message", "")));
     }
     if (!status.is_null() && kind != "Node") {
       // Preloaded objects keep the status they were written with (a pod's phase, for instance).

@@ -26,8 +26,6 @@
 //
 // Thread-safety: every public method may be called from any thread.
 
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -40,6 +38,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 #include "testing/fake_apiserver_fields.h"
@@ -113,7 +113,7 @@ class FakeApiServer {
   absl::Status PreloadText(const std::string& text, const std::string& origin);
 
   // Faults.
-  void DropWatches();                                              // every open watch is cut
+  void DropWatches();  // every open watch is cut
   // The next n requests whose path contains path_substr and whose verb is `verb` ("" any,
   // "watch", or an HTTP method) fail with `code`.
   void FailNext(int n, int code, const std::string& path_substr = "", const std::string& verb = "");
@@ -189,7 +189,7 @@ class FakeApiServer {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int64_t rv_ = 0;
-  int64_t compacted_rv_ = 0;  // events with rv <= this are gone
+  int64_t compacted_rv_ = 0;                                              // events with rv <= this are gone
   std::map<std::string, std::map<std::string, nlohmann::json>> objects_;  // rkey -> "ns/name" -> obj
   std::set<std::string> terminating_;  // "ns/name" of the pods with a deletionTimestamp (the reaper's work)
   std::string pods_rkey_;              // objects_' key of pods

@@ -22,7 +22,9 @@ Quantity Q(const json& v) {
   return {};
 }
 
-std::string S(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+std::string S(const json& v) {
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
 
 // helper.IsNativeResource: no domain, or a *kubernetes.io/ domain.
 bool IsNative(const std::string& name) {
@@ -31,16 +33,22 @@ bool IsNative(const std::string& name) {
   const std::string domain = name.substr(0, slash);
   return domain == "kubernetes.io" || (domain.size() > 14 && domain.ends_with(".kubernetes.io"));
 }
-bool IsExtended(const std::string& name) { return !IsNative(name) && name.rfind("requests.", 0) != 0; }
+bool IsExtended(const std::string& name) {
+  return !IsNative(name) && name.rfind("requests.", 0) != 0;
+}
 // IsOvercommitAllowed: native resources except hugepages-*.
-bool OvercommitAllowed(const std::string& name) { return IsNative(name) && name.rfind("hugepages-", 0) != 0; }
+bool OvercommitAllowed(const std::string& name) {
+  return IsNative(name) && name.rfind("hugepages-", 0) != 0;
+}
 
 json& Resources(json& c) {
   if (!c.contains("resources") || !c["resources"].is_object()) c["resources"] = json::object();
   return c["resources"];
 }
 
-std::vector<std::string> ContainerLists() { return {"initContainers", "containers"}; }
+std::vector<std::string> ContainerLists() {
+  return {"initContainers", "containers"};
+}
 
 // Aggregate.Error(): one message alone, several as "[a, b]".
 std::string Aggregate(const std::vector<std::string>& errs) {
@@ -190,7 +198,8 @@ bool QuotaMatchesPod(const json& quota, const json& pod) {
       spec["scopeSelector"].contains("matchExpressions") && spec["scopeSelector"]["matchExpressions"].is_array()) {
     for (const auto& e : spec["scopeSelector"]["matchExpressions"]) {
       if (!e.is_object()) continue;
-      if (!ScopeMatches(e.value("scopeName", ""), e.value("operator", ""), e.value("values", json()), pod)) return false;
+      if (!ScopeMatches(e.value("scopeName", ""), e.value("operator", ""), e.value("values", json()), pod))
+        return false;
     }
   }
   return true;
@@ -222,8 +231,10 @@ json QuotaUsed(const json& quota, const std::vector<json>& pods) {
 AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const std::vector<json>& quotas) {
   AdmissionResult r;
   json& spec = pod["spec"];
-  if (!spec.is_object() || !spec.contains("containers") || !spec["containers"].is_array() || spec["containers"].empty()) {
-    r = {false, 422, Cat("Pod \"", pod["metadata"].value("name", ""), "\" is invalid: spec.containers: Required value")};
+  if (!spec.is_object() || !spec.contains("containers") || !spec["containers"].is_array() ||
+      spec["containers"].empty()) {
+    r = {false, 422,
+         Cat("Pod \"", pod["metadata"].value("name", ""), "\" is invalid: spec.containers: Required value")};
     return r;
   }
   // Core defaulting: limits default the missing requests.
@@ -276,11 +287,14 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
               const std::string k = it.key();
               const std::string enforced = Q(*it).Format();
               if (!req.contains(k)) {
-                lr_errs.push_back(Cat("minimum ", k, " usage per Container is ", enforced, ".  No request is specified"));
+                lr_errs.push_back(
+                    Cat("minimum ", k, " usage per Container is ", enforced, ".  No request is specified"));
               } else if (Q(req[k]) < Q(*it)) {
-                lr_errs.push_back(Cat("minimum ", k, " usage per Container is ", enforced, ", but request is ", S(req[k])));
+                lr_errs.push_back(
+                    Cat("minimum ", k, " usage per Container is ", enforced, ", but request is ", S(req[k])));
               } else if (lim.contains(k) && Q(lim[k]) < Q(*it)) {
-                lr_errs.push_back(Cat("minimum ", k, " usage per Container is ", enforced, ", but limit is ", S(lim[k])));
+                lr_errs.push_back(
+                    Cat("minimum ", k, " usage per Container is ", enforced, ", but limit is ", S(lim[k])));
               }
             }
           }
@@ -291,9 +305,11 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
               if (!lim.contains(k)) {
                 lr_errs.push_back(Cat("maximum ", k, " usage per Container is ", enforced, ".  No limit is specified"));
               } else if (Q(lim[k]) > Q(*it)) {
-                lr_errs.push_back(Cat("maximum ", k, " usage per Container is ", enforced, ", but limit is ", S(lim[k])));
+                lr_errs.push_back(
+                    Cat("maximum ", k, " usage per Container is ", enforced, ", but limit is ", S(lim[k])));
               } else if (req.contains(k) && Q(req[k]) > Q(*it)) {
-                lr_errs.push_back(Cat("maximum ", k, " usage per Container is ", enforced, ", but request is ", S(req[k])));
+                lr_errs.push_back(
+                    Cat("maximum ", k, " usage per Container is ", enforced, ", but request is ", S(req[k])));
               }
             }
           }
@@ -318,18 +334,20 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
                                   "\": quantities must match the regular expression "
                                   "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"));
           } else if (IsExtended(it.key()) && !Q(*it).IsInteger()) {
-            invalid.push_back(Cat(base, ".", kind, "[", it.key(), "]: Invalid value: \"", S(*it), "\": must be an integer"));
+            invalid.push_back(
+                Cat(base, ".", kind, "[", it.key(), "]: Invalid value: \"", S(*it), "\": must be an integer"));
           }
         }
       }
       for (auto it = req.begin(); it != req.end(); ++it) {
         if (lim.contains(it.key())) {
           if (Q(*it) != Q(lim[it.key()]) && !OvercommitAllowed(it.key())) {
-            invalid.push_back(Cat(base, ".requests: Invalid value: \"", Q(*it).Format(), "\": must be equal to ", it.key(),
-                                  " limit of ", Q(lim[it.key()]).Format()));
-          } else if (Q(*it) > Q(lim[it.key()])) {
-            invalid.push_back(Cat(base, ".requests: Invalid value: \"", Q(*it).Format(), "\": must be less than or equal to ",
+            invalid.push_back(Cat(base, ".requests: Invalid value: \"", Q(*it).Format(), "\": must be equal to ",
                                   it.key(), " limit of ", Q(lim[it.key()]).Format()));
+          } else if (Q(*it) > Q(lim[it.key()])) {
+            invalid.push_back(Cat(base, ".requests: Invalid value: \"", Q(*it).Format(),
+                                  "\": must be less than or equal to ", it.key(), " limit of ",
+                                  Q(lim[it.key()]).Format()));
           }
         } else if (!OvercommitAllowed(it.key())) {
           invalid.push_back(Cat(base, ".limits: Required value: Limit must be set for non overcommitable resources"));
@@ -361,7 +379,8 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
       }
       if (resource != "cpu" && resource != "memory") continue;
       for (const auto& c : spec["containers"]) {
-        if (!c["resources"].contains(kind) || !c["resources"][kind].contains(resource)) missing.insert(Cat(kind, ".", resource));
+        if (!c["resources"].contains(kind) || !c["resources"][kind].contains(resource))
+          missing.insert(Cat(kind, ".", resource));
       }
     }
     const std::string qname = quota["metadata"].value("name", "");
@@ -381,8 +400,8 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
     }
     if (!req_f.empty()) {
       return {false, 403,
-              Cat("exceeded quota: ", qname, ", requested: ", Pretty(req_f), ", used: ", Pretty(used_f), ", limited: ",
-                  Pretty(hard_f))};
+              Cat("exceeded quota: ", qname, ", requested: ", Pretty(req_f), ", used: ", Pretty(used_f),
+                  ", limited: ", Pretty(hard_f))};
     }
   }
   return r;
@@ -390,7 +409,9 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
 
 namespace {
 // Go's %#v of the internal core types the validation prints.
-std::string GoQuote(const json& v) { return json(v.is_string() ? v.get<std::string>() : v.dump()).dump(); }
+std::string GoQuote(const json& v) {
+  return json(v.is_string() ? v.get<std::string>() : v.dump()).dump();
+}
 
 std::string GoStringSlice(const std::string& type, const json& arr, bool present) {
   if (!present || !arr.is_array()) return Cat(type, "(nil)");
@@ -411,29 +432,60 @@ std::string GoScopeSelector(const json& sel) {
   for (const auto& e : sel["matchExpressions"]) {
     const json o = e.is_object() ? e : json::object();
     reqs.push_back(Cat("core.ScopedResourceSelectorRequirement{ScopeName:", GoQuote(o.value("scopeName", "")),
-                       ", Operator:", GoQuote(o.value("operator", "")), ", Values:",
-                       GoStringSlice("[]string", o.value("values", json()), o.contains("values")), "}"));
+                       ", Operator:", GoQuote(o.value("operator", "")),
+                       ", Values:", GoStringSlice("[]string", o.value("values", json()), o.contains("values")), "}"));
   }
   return Cat(out, "{", Join(reqs, ", "), "}}");
 }
 
-bool HugePages(const std::string& k) { return k.rfind("hugepages-", 0) == 0 || k.rfind("requests.hugepages-", 0) == 0; }
+bool HugePages(const std::string& k) {
+  return k.rfind("hugepages-", 0) == 0 || k.rfind("requests.hugepages-", 0) == 0;
+}
 
 // helper.IsStandardResourceName and IsStandardQuotaResourceName (pkg/apis/core/helper).
 bool StandardResource(const std::string& k) {
-  static const std::set<std::string> kNames = {
-      "cpu", "memory", "ephemeral-storage", "requests.cpu", "requests.memory", "requests.ephemeral-storage",
-      "limits.cpu", "limits.memory", "limits.ephemeral-storage", "pods", "resourcequotas", "services",
-      "replicationcontrollers", "secrets", "configmaps", "persistentvolumeclaims", "storage", "requests.storage",
-      "services.nodeports", "services.loadbalancers"};
+  static const std::set<std::string> kNames = {"cpu",
+                                               "memory",
+                                               "ephemeral-storage",
+                                               "requests.cpu",
+                                               "requests.memory",
+                                               "requests.ephemeral-storage",
+                                               "limits.cpu",
+                                               "limits.memory",
+                                               "limits.ephemeral-storage",
+                                               "pods",
+                                               "resourcequotas",
+                                               "services",
+                                               "replicationcontrollers",
+                                               "secrets",
+                                               "configmaps",
+                                               "persistentvolumeclaims",
+                                               "storage",
+                                               "requests.storage",
+                                               "services.nodeports",
+                                               "services.loadbalancers"};
   return kNames.contains(k) || HugePages(k);
 }
 bool StandardQuotaResource(const std::string& k) {
-  static const std::set<std::string> kNames = {
-      "cpu", "memory", "ephemeral-storage", "requests.cpu", "requests.memory", "requests.storage",
-      "requests.ephemeral-storage", "limits.cpu", "limits.memory", "limits.ephemeral-storage", "pods",
-      "resourcequotas", "services", "replicationcontrollers", "secrets", "persistentvolumeclaims", "configmaps",
-      "services.nodeports", "services.loadbalancers"};
+  static const std::set<std::string> kNames = {"cpu",
+                                               "memory",
+                                               "ephemeral-storage",
+                                               "requests.cpu",
+                                               "requests.memory",
+                                               "requests.storage",
+                                               "requests.ephemeral-storage",
+                                               "limits.cpu",
+                                               "limits.memory",
+                                               "limits.ephemeral-storage",
+                                               "pods",
+                                               "resourcequotas",
+                                               "services",
+                                               "replicationcontrollers",
+                                               "secrets",
+                                               "persistentvolumeclaims",
+                                               "configmaps",
+                                               "services.nodeports",
+                                               "services.loadbalancers"};
   return kNames.contains(k) || HugePages(k);
 }
 bool StandardScope(const std::string& s) {
@@ -476,7 +528,8 @@ std::vector<FieldError> ValidateResourceQuota(const json& quota, const json* old
       }
       if (!StandardQuotaResource(k)) errs.push_back(Invalid(path, GoQuote(k), "must be a standard resource for quota"));
     }
-    if (Q(*it) < Quantity{}) errs.push_back(Invalid(path, GoQuote(Q(*it).Format()), "must be greater than or equal to 0"));
+    if (Q(*it) < Quantity{})
+      errs.push_back(Invalid(path, GoQuote(Q(*it).Format()), "must be greater than or equal to 0"));
   }
   // validateResourceQuotaScopes: one error per scope and offending resource, as upstream.
   const json scopes = spec.value("scopes", json::array());
@@ -540,12 +593,14 @@ std::vector<FieldError> ValidateResourceQuota(const json& quota, const json* old
   if (old != nullptr) {
     auto scope_set = [](const json& q) {
       std::set<std::string> out;
-      if (q.contains("spec") && q["spec"].is_object() && q["spec"].contains("scopes") && q["spec"]["scopes"].is_array()) {
+      if (q.contains("spec") && q["spec"].is_object() && q["spec"].contains("scopes") &&
+          q["spec"]["scopes"].is_array()) {
         for (const auto& s : q["spec"]["scopes"]) out.insert(s.is_string() ? s.get<std::string>() : s.dump());
       }
       return out;
     };
-    if (scope_set(quota) != scope_set(*old)) errs.push_back(Invalid("spec.scopes", GoScopes(spec), "field is immutable"));
+    if (scope_set(quota) != scope_set(*old))
+      errs.push_back(Invalid("spec.scopes", GoScopes(spec), "field is immutable"));
   }
   return errs;
 }

@@ -33,10 +33,10 @@
 //
 // Thread-safety: pure functions.
 
-#include <nlohmann/json.hpp>
-
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace kgpu::testing {
 

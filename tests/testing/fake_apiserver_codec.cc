@@ -1,17 +1,17 @@
 // Codecs of the API server stand-in: the Kubernetes protobuf envelope kubectl's generator
 // commands send, YAML documents to JSON for preloading, and the self-signed TLS certificate.
-#include <openssl/evp.h>
-#include <openssl/pem.h>
-#include <openssl/x509.h>
-#include <openssl/x509v3.h>
-#include <yaml-cpp/yaml.h>
-
 #include <cstdint>
 #include <ctime>
 #include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
+
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+#include <yaml-cpp/yaml.h>
 
 #include "common/strings.h"
 #include "common/yaml_util.h"
@@ -43,7 +43,8 @@ class Wire {
     field = static_cast<uint32_t>(key >> 3);
     type = static_cast<uint32_t>(key & 7);
     switch (type) {
-      case 0: return Varint(value);
+      case 0:
+        return Varint(value);
       case 1:
         if (p_ + 8 > b_.size()) return false;
         p_ += 8;
@@ -59,7 +60,8 @@ class Wire {
         if (p_ + 4 > b_.size()) return false;
         p_ += 4;
         return true;
-      default: return false;
+      default:
+        return false;
     }
   }
 
@@ -83,7 +85,8 @@ bool Decode(std::string_view msg, json& out, const Fields& f) {
 }
 
 // map<string, string> entry (key = 1, value = 2); `value_message` decodes message values.
-bool MapEntry(std::string_view bytes, json& map, const std::function<bool(std::string_view, json&)>& value_message = {}) {
+bool MapEntry(std::string_view bytes, json& map,
+              const std::function<bool(std::string_view, json&)>& value_message = {}) {
   std::string key;
   json value = "";
   Wire w(bytes);
@@ -156,13 +159,24 @@ bool ObjectMeta(std::string_view b, json& out) {
   return Decode(b, out, [](uint32_t f, uint32_t t, std::string_view bytes, uint64_t, json& o) {
     if (t != 2) return true;
     switch (f) {
-      case 1: o["name"] = std::string(bytes); break;
-      case 2: o["generateName"] = std::string(bytes); break;
-      case 3: o["namespace"] = std::string(bytes); break;
-      case 11: return MapEntry(bytes, o["labels"]);
-      case 12: return MapEntry(bytes, o["annotations"]);
-      case 14: o["finalizers"].push_back(std::string(bytes)); break;
-      default: break;
+      case 1:
+        o["name"] = std::string(bytes);
+        break;
+      case 2:
+        o["generateName"] = std::string(bytes);
+        break;
+      case 3:
+        o["namespace"] = std::string(bytes);
+        break;
+      case 11:
+        return MapEntry(bytes, o["labels"]);
+      case 12:
+        return MapEntry(bytes, o["annotations"]);
+      case 14:
+        o["finalizers"].push_back(std::string(bytes));
+        break;
+      default:
+        break;
     }
     return true;
   });
@@ -220,22 +234,25 @@ absl::StatusOr<json> DecodeProtobufObject(const std::string& body) {
   // runtime.Unknown: typeMeta 1 {apiVersion 1, kind 2}, raw 2, contentEncoding 3, contentType 4.
   json obj = json::object();
   std::string raw;
-  const bool ok = Decode(std::string_view(body).substr(4), obj, [&](uint32_t f, uint32_t t, std::string_view b, uint64_t, json& o) {
-    if (f == 1 && t == 2) {
-      return Decode(b, o, [](uint32_t f2, uint32_t t2, std::string_view b2, uint64_t, json& x) {
-        if (f2 == 1 && t2 == 2) x["apiVersion"] = std::string(b2);
-        if (f2 == 2 && t2 == 2) x["kind"] = std::string(b2);
+  const bool ok =
+      Decode(std::string_view(body).substr(4), obj, [&](uint32_t f, uint32_t t, std::string_view b, uint64_t, json& o) {
+        if (f == 1 && t == 2) {
+          return Decode(b, o, [](uint32_t f2, uint32_t t2, std::string_view b2, uint64_t, json& x) {
+            if (f2 == 1 && t2 == 2) x["apiVersion"] = std::string(b2);
+            if (f2 == 2 && t2 == 2) x["kind"] = std::string(b2);
+            return true;
+          });
+        }
+        if (f == 2 && t == 2) raw = std::string(b);
         return true;
       });
-    }
-    if (f == 2 && t == 2) raw = std::string(b);
-    return true;
-  });
   if (!ok) return absl::InvalidArgumentError("malformed protobuf envelope");
   const std::string kind = obj.value("kind", "");
   if (kind != "Namespace" && kind != "ResourceQuota" && kind != "PodDisruptionBudget" && kind != "ConfigMap") {
-    return absl::InvalidArgumentError(Cat("protobuf bodies are decoded for Namespace, ResourceQuota, PodDisruptionBudget "
-                                          "and ConfigMap only, not '", kind, "'; send JSON"));
+    return absl::InvalidArgumentError(
+        Cat("protobuf bodies are decoded for Namespace, ResourceQuota, PodDisruptionBudget "
+            "and ConfigMap only, not '",
+            kind, "'; send JSON"));
   }
   if (!KindBody(kind, raw, obj)) return absl::InvalidArgumentError(Cat("malformed protobuf ", kind));
   return obj;
@@ -264,7 +281,8 @@ json YamlToJson(const YAML::Node& n) {
       if (!j.is_discarded() && j.is_number()) return j;
       return s;
     }
-    default: return nullptr;
+    default:
+      return nullptr;
   }
 }
 }  // namespace
@@ -297,16 +315,17 @@ absl::Status GenerateSelfSigned(std::string& cert_pem, std::string& key_pem) {
   X509_gmtime_adj(X509_getm_notAfter(x.get()), 365L * 24 * 3600);
   X509_set_pubkey(x.get(), key.get());
   X509_NAME* name = X509_get_subject_name(x.get());
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("kgpu-fake-apiserver"), -1, -1, 0);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("kgpu-fake-apiserver"),
+                             -1, -1, 0);
   X509_set_issuer_name(x.get(), name);
   X509V3_CTX ctx;
   X509V3_set_ctx_nodb(&ctx);
   X509V3_set_ctx(&ctx, x.get(), x.get(), nullptr, nullptr, 0);
-  for (auto [nid, value] : std::initializer_list<std::pair<int, const char*>>{
-           {NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost"},
-           {NID_basic_constraints, "critical,CA:TRUE"},
-           {NID_key_usage, "critical,digitalSignature,keyCertSign"},
-           {NID_ext_key_usage, "serverAuth"}}) {
+  for (auto [nid, value] :
+       std::initializer_list<std::pair<int, const char*>>{{NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost"},
+                                                          {NID_basic_constraints, "critical,CA:TRUE"},
+                                                          {NID_key_usage, "critical,digitalSignature,keyCertSign"},
+                                                          {NID_ext_key_usage, "serverAuth"}}) {
     X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
     if (!ext) return absl::InternalError("cannot build a certificate extension");
     X509_add_ext(x.get(), ext, -1);
@@ -321,7 +340,8 @@ absl::Status GenerateSelfSigned(std::string& cert_pem, std::string& key_pem) {
     return std::string(data, static_cast<size_t>(len));
   };
   cert_pem = to_pem([&](BIO* b) { return PEM_write_bio_X509(b, x.get()); });
-  key_pem = to_pem([&](BIO* b) { return PEM_write_bio_PrivateKey(b, key.get(), nullptr, nullptr, 0, nullptr, nullptr); });
+  key_pem =
+      to_pem([&](BIO* b) { return PEM_write_bio_PrivateKey(b, key.get(), nullptr, nullptr, 0, nullptr, nullptr); });
   return absl::OkStatus();
 }
 

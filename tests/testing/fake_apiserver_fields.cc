@@ -15,7 +15,9 @@ json Fields(std::initializer_list<const char*> names) {
   for (const char* n : names) o[n] = nullptr;
   return o;
 }
-json ListOf(json item) { return json::array({std::move(item)}); }
+json ListOf(json item) {
+  return json::array({std::move(item)});
+}
 
 json Meta() {
   return Fields({"name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
@@ -24,10 +26,30 @@ json Meta() {
 }
 
 json Container(bool ephemeral) {
-  json c = Fields({"name", "image", "command", "args", "workingDir", "ports", "envFrom", "env", "resources",
-                   "resizePolicy", "restartPolicy", "volumeMounts", "volumeDevices", "livenessProbe", "readinessProbe",
-                   "startupProbe", "lifecycle", "terminationMessagePath", "terminationMessagePolicy",
-                   "imagePullPolicy", "securityContext", "stdin", "stdinOnce", "tty"});
+  json c = Fields({"name",
+                   "image",
+                   "command",
+                   "args",
+                   "workingDir",
+                   "ports",
+                   "envFrom",
+                   "env",
+                   "resources",
+                   "resizePolicy",
+                   "restartPolicy",
+                   "volumeMounts",
+                   "volumeDevices",
+                   "livenessProbe",
+                   "readinessProbe",
+                   "startupProbe",
+                   "lifecycle",
+                   "terminationMessagePath",
+                   "terminationMessagePolicy",
+                   "imagePullPolicy",
+                   "securityContext",
+                   "stdin",
+                   "stdinOnce",
+                   "tty"});
   c["resources"] = Fields({"limits", "requests", "claims"});
   c["env"] = ListOf(Fields({"name", "value", "valueFrom"}));
   c["ports"] = ListOf(Fields({"name", "hostPort", "containerPort", "protocol", "hostIP"}));
@@ -36,14 +58,46 @@ json Container(bool ephemeral) {
 }
 
 json PodSpec() {
-  json s = Fields({"volumes", "initContainers", "containers", "ephemeralContainers", "restartPolicy",
-                   "terminationGracePeriodSeconds", "activeDeadlineSeconds", "dnsPolicy", "nodeSelector",
-                   "serviceAccountName", "serviceAccount", "automountServiceAccountToken", "nodeName", "hostNetwork",
-                   "hostPID", "hostIPC", "shareProcessNamespace", "securityContext", "imagePullSecrets", "hostname",
-                   "subdomain", "affinity", "schedulerName", "tolerations", "hostAliases", "priorityClassName",
-                   "priority", "dnsConfig", "readinessGates", "runtimeClassName", "enableServiceLinks",
-                   "preemptionPolicy", "overhead", "topologySpreadConstraints", "setHostnameAsFQDN", "os", "hostUsers",
-                   "schedulingGates", "resourceClaims", "resources"});
+  json s = Fields({"volumes",
+                   "initContainers",
+                   "containers",
+                   "ephemeralContainers",
+                   "restartPolicy",
+                   "terminationGracePeriodSeconds",
+                   "activeDeadlineSeconds",
+                   "dnsPolicy",
+                   "nodeSelector",
+                   "serviceAccountName",
+                   "serviceAccount",
+                   "automountServiceAccountToken",
+                   "nodeName",
+                   "hostNetwork",
+                   "hostPID",
+                   "hostIPC",
+                   "shareProcessNamespace",
+                   "securityContext",
+                   "imagePullSecrets",
+                   "hostname",
+                   "subdomain",
+                   "affinity",
+                   "schedulerName",
+                   "tolerations",
+                   "hostAliases",
+                   "priorityClassName",
+                   "priority",
+                   "dnsConfig",
+                   "readinessGates",
+                   "runtimeClassName",
+                   "enableServiceLinks",
+                   "preemptionPolicy",
+                   "overhead",
+                   "topologySpreadConstraints",
+                   "setHostnameAsFQDN",
+                   "os",
+                   "hostUsers",
+                   "schedulingGates",
+                   "resourceClaims",
+                   "resources"});
   s["containers"] = ListOf(Container(false));
   s["initContainers"] = ListOf(Container(false));
   s["ephemeralContainers"] = ListOf(Container(true));
@@ -62,7 +116,8 @@ const json& Schema(const std::string& group, const std::string& kind) {
   static const json schemas = [] {
     json s = json::object();
     s["/Pod"] = Top({{"spec", PodSpec()}, {"status", nullptr}});
-    json node_spec = Fields({"podCIDR", "podCIDRs", "providerID", "unschedulable", "taints", "configSource", "externalID"});
+    json node_spec =
+        Fields({"podCIDR", "podCIDRs", "providerID", "unschedulable", "taints", "configSource", "externalID"});
     node_spec["taints"] = ListOf(Fields({"key", "value", "effect", "timeAdded"}));
     s["/Node"] = Top({{"spec", node_spec}, {"status", nullptr}});
     s["/Namespace"] = Top({{"spec", Fields({"finalizers"})}, {"status", nullptr}});
@@ -70,11 +125,13 @@ const json& Schema(const std::string& group, const std::string& kind) {
     json quota_spec = Fields({"hard", "scopes", "scopeSelector"});
     quota_spec["scopeSelector"] = {{"matchExpressions", ListOf(Fields({"scopeName", "operator", "values"}))}};
     s["/ResourceQuota"] = Top({{"spec", quota_spec}, {"status", nullptr}});
-    s["/LimitRange"] = Top({{"spec", {{"limits", ListOf(Fields({"type", "max", "min", "default", "defaultRequest",
-                                                               "maxLimitRequestRatio"}))}}}});
+    s["/LimitRange"] = Top(
+        {{"spec",
+          {{"limits", ListOf(Fields({"type", "max", "min", "default", "defaultRequest", "maxLimitRequestRatio"}))}}}});
     s["/Event"] = Top({});
-    for (const char* f : {"involvedObject", "reason", "message", "source", "firstTimestamp", "lastTimestamp", "count",
-                          "type", "eventTime", "series", "action", "related", "reportingComponent", "reportingInstance"}) {
+    for (const char* f :
+         {"involvedObject", "reason", "message", "source", "firstTimestamp", "lastTimestamp", "count", "type",
+          "eventTime", "series", "action", "related", "reportingComponent", "reportingInstance"}) {
       s["/Event"][f] = nullptr;
     }
     s["events.k8s.io/Event"] = Top({});
@@ -86,9 +143,9 @@ const json& Schema(const std::string& group, const std::string& kind) {
     s["policy/PodDisruptionBudget"] =
         Top({{"spec", Fields({"minAvailable", "selector", "maxUnavailable", "unhealthyPodEvictionPolicy"})},
              {"status", nullptr}});
-    s["coordination.k8s.io/Lease"] = Top({{"spec", Fields({"holderIdentity", "leaseDurationSeconds", "acquireTime",
-                                                           "renewTime", "leaseTransitions", "strategy",
-                                                           "preferredHolder"})}});
+    s["coordination.k8s.io/Lease"] =
+        Top({{"spec", Fields({"holderIdentity", "leaseDurationSeconds", "acquireTime", "renewTime", "leaseTransitions",
+                              "strategy", "preferredHolder"})}});
     return s;
   }();
   static const json any = nullptr;
@@ -126,8 +183,9 @@ absl::StatusOr<FieldValidation> ParseFieldValidation(const std::string& value, c
   if (value == "Ignore") return FieldValidation::kIgnore;
   if (value == "Strict") return FieldValidation::kStrict;
   // validation.ValidateFieldValidation: field.NotSupported over the set {"", Ignore, Warn, Strict}.
-  return absl::InvalidArgumentError(Cat(options_kind, ".meta.k8s.io \"\" is invalid: fieldValidation: Unsupported value: ",
-                                        json(value).dump(), ": supported values: \"\", \"Ignore\", \"Strict\", \"Warn\""));
+  return absl::InvalidArgumentError(
+      Cat(options_kind, ".meta.k8s.io \"\" is invalid: fieldValidation: Unsupported value: ", json(value).dump(),
+          ": supported values: \"\", \"Ignore\", \"Strict\", \"Warn\""));
 }
 
 std::vector<std::string> PruneUnknownFields(const std::string& group, const std::string& kind, json& obj,

@@ -18,12 +18,12 @@
 //
 // Thread-safety: pure functions.
 
-#include <nlohmann/json.hpp>
-
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 

@@ -4,8 +4,6 @@
 //   kgpu-fake-apiserver --listen 127.0.0.1:6443 --tls --token s3cret=admin
 //       --preload nodes.yaml --kubeconfig-out /tmp/fake.kubeconfig
 //   kubectl --kubeconfig /tmp/fake.kubeconfig get nodes
-#include <CLI/CLI.hpp>
-
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -13,13 +11,17 @@
 #include <sstream>
 #include <thread>
 
+#include <CLI/CLI.hpp>
+
 #include "common/strings.h"
 #include "common/yaml_util.h"
 #include "testing/fake_apiserver.h"
 
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
-void OnSignal(int) { g_stop = 1; }
+void OnSignal(int) {
+  g_stop = 1;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -32,7 +34,8 @@ int main(int argc, char** argv) {
   int bookmark_ms = 1000;
   bool no_reap = false;
   app.add_option("--listen", listen, "address:port to listen on (port 0 picks a free one)")->capture_default_str();
-  app.add_flag("--tls", tls, "serve HTTPS (a self-signed certificate for 127.0.0.1/localhost unless --tls-cert/--tls-key)");
+  app.add_flag("--tls", tls,
+               "serve HTTPS (a self-signed certificate for 127.0.0.1/localhost unless --tls-cert/--tls-key)");
   app.add_option("--tls-cert", cert, "PEM certificate file for --tls");
   app.add_option("--tls-key", key, "PEM private key file for --tls");
   app.add_option("--token", tokens,
@@ -44,7 +47,8 @@ int main(int argc, char** argv) {
   app.add_option("--preload", preload, "YAML/JSON file or directory of objects to create at start (repeatable)");
   app.add_option("--history-window", window, "watch events kept; older resourceVersions answer 410 Gone")
       ->capture_default_str();
-  app.add_option("--bookmark-interval-ms", bookmark_ms, "BOOKMARK period of watches that allow them")->capture_default_str();
+  app.add_option("--bookmark-interval-ms", bookmark_ms, "BOOKMARK period of watches that allow them")
+      ->capture_default_str();
   app.add_flag("--no-reap", no_reap, "leave gracefully deleted pods Terminating (no kubelet finishing them)");
   app.add_option("--kubeconfig-out", kubeconfig_out, "write a kubeconfig for this server (CA and first token) here");
   app.add_option("--port-file", port_file, "write the port chosen here once listening");

@@ -17,8 +17,7 @@ constexpr auto kDialTimeout = std::chrono::seconds(10);  // kubelet plugin/v1bet
 constexpr auto kShutdownGrace = std::chrono::seconds(1);
 
 absl::Status ToAbsl(const grpc::Status& s) {
-  if (s.ok())
-    return absl::OkStatus();
+  if (s.ok()) return absl::OkStatus();
   return {static_cast<absl::StatusCode>(s.error_code()), s.error_message()};
 }
 
@@ -36,11 +35,9 @@ bool IsQualifiedName(const std::string& value) {
   std::string name = value;
   const auto slash = value.find('/');
   if (slash != std::string::npos) {
-    if (value.find('/', slash + 1) != std::string::npos)
-      return false;
+    if (value.find('/', slash + 1) != std::string::npos) return false;
     const std::string prefix = value.substr(0, slash);
-    if (!IsDns1123Subdomain(prefix))
-      return false;
+    if (!IsDns1123Subdomain(prefix)) return false;
     name = value.substr(slash + 1);
   }
   static const std::regex re(R"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])");
@@ -58,20 +55,16 @@ void RemoveIfSocket(const std::filesystem::path& p) {
 
 bool IsExtendedResourceName(const std::string& name) {
   // IsNativeResource: no '/' or contains "kubernetes.io/" (strings.Contains, as kubernetes does).
-  if (name.find('/') == std::string::npos)
-    return false;
-  if (name.find("kubernetes.io/") != std::string::npos)
-    return false;
-  if (name.rfind("requests.", 0) == 0)
-    return false;
+  if (name.find('/') == std::string::npos) return false;
+  if (name.find("kubernetes.io/") != std::string::npos) return false;
+  if (name.rfind("requests.", 0) == 0) return false;
   return IsQualifiedName("requests." + name);
 }
 
 int ResourceState::Healthy() const {
-  if (!connected)
-    return 0;
-  return static_cast<int>(std::count_if(devices.begin(), devices.end(),
-                                        [](const FakeDevice& d) { return d.health == kHealthy; }));
+  if (!connected) return 0;
+  return static_cast<int>(
+      std::count_if(devices.begin(), devices.end(), [](const FakeDevice& d) { return d.health == kHealthy; }));
 }
 
 int ResourceState::Unhealthy() const {
@@ -81,8 +74,7 @@ int ResourceState::Unhealthy() const {
 std::vector<std::string> ResourceState::HealthyIds() const {
   std::vector<std::string> ids;
   for (const auto& d : devices) {
-    if (d.health == kHealthy)
-      ids.push_back(d.id);
+    if (d.health == kHealthy) ids.push_back(d.id);
   }
   return ids;
 }
@@ -90,8 +82,7 @@ std::vector<std::string> ResourceState::HealthyIds() const {
 std::vector<std::string> ResourceState::UnhealthyIds() const {
   std::vector<std::string> ids;
   for (const auto& d : devices) {
-    if (d.health != kHealthy)
-      ids.push_back(d.id);
+    if (d.health != kHealthy) ids.push_back(d.id);
   }
   return ids;
 }
@@ -143,8 +134,7 @@ std::chrono::milliseconds FakeKubelet::CallTimeout() const {
 
 absl::Status FakeKubelet::Start() {
   std::lock_guard<std::mutex> lock(server_mu_);
-  if (server_)
-    return absl::FailedPreconditionError("fake kubelet already serving " + SocketPath());
+  if (server_) return absl::FailedPreconditionError("fake kubelet already serving " + SocketPath());
   return Serve();
 }
 
@@ -163,8 +153,7 @@ absl::Status FakeKubelet::Serve() {
 }
 
 bool FakeKubelet::ShutdownServer() {
-  if (!server_)
-    return false;
+  if (!server_) return false;
   // Waits for running handlers; in-flight Register calls are cancelled after the grace period.
   server_->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
   server_->Wait();
@@ -180,8 +169,7 @@ absl::Status FakeKubelet::Restart() {
     // Cancel every live stream and wait for each to be marked disconnected, so that a caller
     // sees the restarted kubelet's view as soon as Restart returns.
     std::unique_lock<std::mutex> l(mu_);
-    for (auto& [resource, ep] : current_)
-      ep->stream_ctx.TryCancel();
+    for (auto& [resource, ep] : current_) ep->stream_ctx.TryCancel();
     if (!cv_.wait_for(l, kDialTimeout, [this] { return current_.empty(); })) {
       return absl::DeadlineExceededError("fake kubelet restart: ListAndWatch streams did not end");
     }
@@ -190,8 +178,7 @@ absl::Status FakeKubelet::Restart() {
   // CleanupPluginDirectory: every socket except the checkpoint (which is not a socket anyway).
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
-    if (entry.path().filename() == kKubeletCheckpoint)
-      continue;
+    if (entry.path().filename() == kKubeletCheckpoint) continue;
     RemoveIfSocket(entry.path());
   }
   Emit({FakeKubeletEvent::Kind::kRestarted, "", "", {}});
@@ -207,35 +194,30 @@ void FakeKubelet::Stop() {
     all = endpoints_;
     endpoints_.clear();
   }
-  for (auto& ep : all)
-    ep->stream_ctx.TryCancel();
+  for (auto& ep : all) ep->stream_ctx.TryCancel();
   for (auto& ep : all) {
-    if (ep->thread.joinable())
-      ep->thread.join();
+    if (ep->thread.joinable()) ep->thread.join();
   }
-  if (was_serving)
-    RemoveIfSocket(SocketPath());  // as a kubelet that exits (gRPC 1.51 unlinks it already)
+  if (was_serving) RemoveIfSocket(SocketPath());  // as a kubelet that exits (gRPC 1.51 unlinks it already)
 }
 
 void FakeKubelet::ReapFinished() {
   std::vector<std::shared_ptr<Endpoint>> finished;
   {
     std::lock_guard<std::mutex> l(mu_);
-    auto it = std::stable_partition(endpoints_.begin(), endpoints_.end(),
-                                    [](const auto& ep) { return !ep->done.load(); });
+    auto it =
+        std::stable_partition(endpoints_.begin(), endpoints_.end(), [](const auto& ep) { return !ep->done.load(); });
     finished.assign(it, endpoints_.end());
     endpoints_.erase(it, endpoints_.end());
   }
   for (auto& ep : finished) {
-    if (ep->thread.joinable())
-      ep->thread.join();
+    if (ep->thread.joinable()) ep->thread.join();
   }
 }
 
 void FakeKubelet::Emit(const FakeKubeletEvent& event) {
   std::lock_guard<std::mutex> lock(event_mu_);
-  if (on_event_)
-    on_event_(event);
+  if (on_event_) on_event_(event);
 }
 
 grpc::Status FakeKubelet::Register(const v1beta1::RegisterRequest& request) {
@@ -272,8 +254,7 @@ grpc::Status FakeKubelet::Register(const v1beta1::RegisterRequest& request) {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline);
     const grpc::Status s = ep->stub->GetDevicePluginOptions(&ctx, v1beta1::Empty(), &options);
-    if (!s.ok())
-      return refuse("failed to get device plugin options: " + s.error_message());
+    if (!s.ok()) return refuse("failed to get device plugin options: " + s.error_message());
   }
 
   std::shared_ptr<Endpoint> old;
@@ -292,8 +273,7 @@ grpc::Status FakeKubelet::Register(const v1beta1::RegisterRequest& request) {
     endpoints_.push_back(ep);
     snapshot = st;
   }
-  if (old)
-    old->stream_ctx.TryCancel();  // kubelet disconnects the replaced endpoint
+  if (old) old->stream_ctx.TryCancel();  // kubelet disconnects the replaced endpoint
   cv_.notify_all();
   Emit({FakeKubeletEvent::Kind::kRegistered, resource, "", snapshot});
   ep->thread = std::thread(&FakeKubelet::FollowStream, this, ep);
@@ -309,8 +289,7 @@ void FakeKubelet::FollowStream(const std::shared_ptr<Endpoint>& ep) {
     devices.reserve(static_cast<size_t>(response.devices_size()));
     for (const auto& d : response.devices()) {
       FakeDevice fd{d.id(), d.health(), {}};
-      for (const auto& n : d.topology().nodes())
-        fd.numa.push_back(n.id());
+      for (const auto& n : d.topology().nodes()) fd.numa.push_back(n.id());
       devices.push_back(std::move(fd));
     }
     ResourceState snapshot;
@@ -326,8 +305,7 @@ void FakeKubelet::FollowStream(const std::shared_ptr<Endpoint>& ep) {
         snapshot = st;
       }
     }
-    if (!live)
-      continue;  // replaced: its stream is being cancelled
+    if (!live) continue;  // replaced: its stream is being cancelled
     cv_.notify_all();
     Emit({FakeKubeletEvent::Kind::kUpdate, ep->resource, "", snapshot});
   }
@@ -351,15 +329,13 @@ void FakeKubelet::FollowStream(const std::shared_ptr<Endpoint>& ep) {
     std::string how =
         status.ok()
             ? std::string("stream closed by the plugin")
-            : "rpc error: code = " +
-                  absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())) +
+            : "rpc error: code = " + absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())) +
                   " desc = " + status.error_message();
     Emit({FakeKubeletEvent::Kind::kDisconnected, ep->resource, how, snapshot});
   }
 }
 
-bool FakeKubelet::WaitFor(const std::string& resource,
-                          std::function<bool(const ResourceState&)> pred,
+bool FakeKubelet::WaitFor(const std::string& resource, std::function<bool(const ResourceState&)> pred,
                           std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   return cv_.wait_for(lock, timeout, [&] {
@@ -371,25 +347,21 @@ bool FakeKubelet::WaitFor(const std::string& resource,
 std::optional<ResourceState> FakeKubelet::Get(const std::string& resource) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = resources_.find(resource);
-  if (it == resources_.end())
-    return std::nullopt;
+  if (it == resources_.end()) return std::nullopt;
   return it->second;
 }
 
 std::vector<std::string> FakeKubelet::Resources() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> names;
-  for (const auto& [name, st] : resources_)
-    names.push_back(name);
+  for (const auto& [name, st] : resources_) names.push_back(name);
   return names;
 }
 
-absl::StatusOr<std::shared_ptr<FakeKubelet::Endpoint>> FakeKubelet::CurrentEndpoint(
-    const std::string& resource) const {
+absl::StatusOr<std::shared_ptr<FakeKubelet::Endpoint>> FakeKubelet::CurrentEndpoint(const std::string& resource) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = current_.find(resource);
-  if (it != current_.end())
-    return it->second;
+  if (it != current_.end()) return it->second;
   if (resources_.count(resource) != 0) {
     return absl::FailedPreconditionError("device plugin for " + resource + " is disconnected");
   }
@@ -399,60 +371,48 @@ absl::StatusOr<std::shared_ptr<FakeKubelet::Endpoint>> FakeKubelet::CurrentEndpo
 absl::StatusOr<v1beta1::AllocateResponse> FakeKubelet::Allocate(const std::string& resource,
                                                                 std::vector<std::string> ids) {
   auto ep = CurrentEndpoint(resource);
-  if (!ep.ok())
-    return ep.status();
+  if (!ep.ok()) return ep.status();
   v1beta1::AllocateRequest request;
   auto* container = request.add_container_requests();
-  for (auto& id : ids)
-    container->add_devices_ids(std::move(id));
+  for (auto& id : ids) container->add_devices_ids(std::move(id));
   grpc::ClientContext ctx;
-  if (const auto t = CallTimeout(); t.count() > 0)
-    ctx.set_deadline(std::chrono::system_clock::now() + t);
+  if (const auto t = CallTimeout(); t.count() > 0) ctx.set_deadline(std::chrono::system_clock::now() + t);
   v1beta1::AllocateResponse response;
   const grpc::Status s = (*ep)->stub->Allocate(&ctx, request, &response);
-  if (!s.ok())
-    return ToAbsl(s);
+  if (!s.ok()) return ToAbsl(s);
   if (response.container_responses_size() == 0) {
-    return absl::InternalError("no containers return in allocation response " +
-                               response.ShortDebugString());
+    return absl::InternalError("no containers return in allocation response " + response.ShortDebugString());
   }
   return response;
 }
 
 absl::Status FakeKubelet::PreStartContainer(const std::string& resource, std::vector<std::string> ids) {
   auto ep = CurrentEndpoint(resource);
-  if (!ep.ok())
-    return ep.status();
+  if (!ep.ok()) return ep.status();
   v1beta1::PreStartContainerRequest request;
-  for (auto& id : ids)
-    request.add_devices_ids(std::move(id));
+  for (auto& id : ids) request.add_devices_ids(std::move(id));
   grpc::ClientContext ctx;
-  if (const auto t = CallTimeout(); t.count() > 0)
-    ctx.set_deadline(std::chrono::system_clock::now() + t);
+  if (const auto t = CallTimeout(); t.count() > 0) ctx.set_deadline(std::chrono::system_clock::now() + t);
   v1beta1::PreStartContainerResponse response;
   return ToAbsl((*ep)->stub->PreStartContainer(&ctx, request, &response));
 }
 
-absl::StatusOr<std::vector<std::string>> FakeKubelet::GetPreferredAllocation(
-    const std::string& resource, std::vector<std::string> available,
-    std::vector<std::string> must_include, int size) {
+absl::StatusOr<std::vector<std::string>> FakeKubelet::GetPreferredAllocation(const std::string& resource,
+                                                                             std::vector<std::string> available,
+                                                                             std::vector<std::string> must_include,
+                                                                             int size) {
   auto ep = CurrentEndpoint(resource);
-  if (!ep.ok())
-    return ep.status();
+  if (!ep.ok()) return ep.status();
   v1beta1::PreferredAllocationRequest request;
   auto* container = request.add_container_requests();
-  for (auto& id : available)
-    container->add_available_deviceids(std::move(id));
-  for (auto& id : must_include)
-    container->add_must_include_deviceids(std::move(id));
+  for (auto& id : available) container->add_available_deviceids(std::move(id));
+  for (auto& id : must_include) container->add_must_include_deviceids(std::move(id));
   container->set_allocation_size(size);
   grpc::ClientContext ctx;
-  if (const auto t = CallTimeout(); t.count() > 0)
-    ctx.set_deadline(std::chrono::system_clock::now() + t);
+  if (const auto t = CallTimeout(); t.count() > 0) ctx.set_deadline(std::chrono::system_clock::now() + t);
   v1beta1::PreferredAllocationResponse response;
   const grpc::Status s = (*ep)->stub->GetPreferredAllocation(&ctx, request, &response);
-  if (!s.ok())
-    return ToAbsl(s);
+  if (!s.ok()) return ToAbsl(s);
   if (response.container_responses_size() == 0) {
     return absl::InternalError("no container responses in preferred allocation response");
   }

@@ -16,7 +16,5 @@ target_link_libraries(kgpu-fake-kubelet PRIVATE kgpu_fake_kubelet kgpu_fake_kube
 set_target_properties(kgpu-fake-kubelet PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
 kgpu_warnings(kgpu-fake-kubelet)
 
-add_executable(fake_kubelet_test ${CMAKE_CURRENT_LIST_DIR}/fake_kubelet_test.cc)
-target_link_libraries(fake_kubelet_test PRIVATE kgpu_fake_kubelet GTest::gtest_main)
-kgpu_warnings(fake_kubelet_test)
-gtest_discover_tests(fake_kubelet_test PROPERTIES LABELS unit TIMEOUT 60 DISCOVERY_TIMEOUT 60)
+kgpu_add_test(fake_kubelet_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/fake_kubelet_test.cc LIBS kgpu_fake_kubelet
+  LABEL unit)

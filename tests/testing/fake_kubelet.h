@@ -121,16 +121,15 @@ class FakeKubelet {
   // Allocate: exactly one ContainerAllocateRequest; error when the plugin's answer has no
   // container response (as kubelet). NOT_FOUND for an unknown resource, FAILED_PRECONDITION when
   // its plugin is disconnected; otherwise the plugin's gRPC status.
-  absl::StatusOr<v1beta1::AllocateResponse> Allocate(const std::string& resource,
-                                                     std::vector<std::string> ids);
+  absl::StatusOr<v1beta1::AllocateResponse> Allocate(const std::string& resource, std::vector<std::string> ids);
   // PreStartContainer with the container's device IDs, as kubelet calls it before creating a
   // container when the plugin's options set pre_start_required (check that yourself).
   absl::Status PreStartContainer(const std::string& resource, std::vector<std::string> ids);
   // One ContainerPreferredAllocationRequest; returns container_responses[0].deviceIDs. Called
   // whatever the plugin's options say (check Get(resource)->options yourself if that matters).
-  absl::StatusOr<std::vector<std::string>> GetPreferredAllocation(
-      const std::string& resource, std::vector<std::string> available,
-      std::vector<std::string> must_include, int size);
+  absl::StatusOr<std::vector<std::string>> GetPreferredAllocation(const std::string& resource,
+                                                                  std::vector<std::string> available,
+                                                                  std::vector<std::string> must_include, int size);
 
  private:
   class RegistrationService;

@@ -11,11 +11,17 @@ using json = nlohmann::json;
 }
 
 KubeletNodeStatus::KubeletNodeStatus(FakeKubelet& kubelet, k8s::Client& client, std::string node_name,
-                                     std::map<std::string, std::string> node_resources, std::chrono::milliseconds period)
-    : kubelet_(kubelet), client_(client), node_(std::move(node_name)), node_resources_(std::move(node_resources)),
+                                     std::map<std::string, std::string> node_resources,
+                                     std::chrono::milliseconds period)
+    : kubelet_(kubelet),
+      client_(client),
+      node_(std::move(node_name)),
+      node_resources_(std::move(node_resources)),
       period_(period) {}
 
-KubeletNodeStatus::~KubeletNodeStatus() { Stop(); }
+KubeletNodeStatus::~KubeletNodeStatus() {
+  Stop();
+}
 
 std::map<std::string, std::pair<int, int>> KubeletNodeStatus::DeviceCounts() const {
   std::map<std::string, std::pair<int, int>> out;
@@ -30,17 +36,21 @@ absl::Status KubeletNodeStatus::SyncOnce() {
   auto node = client_.Get(nodes->Path("", node_));
   if (!node.ok() && k8s::IsApiNotFound(node.status())) {
     // Node registration (kubelet's registerWithAPIServer).
-    json obj = {{"apiVersion", "v1"},
-                {"kind", "Node"},
-                {"metadata", {{"name", node_}, {"labels", {{"kubernetes.io/hostname", node_}, {"kubernetes.io/os", "linux"}}}}},
-                {"status",
-                 {{"capacity", node_resources_},
-                  {"allocatable", node_resources_},
-                  {"conditions",
-                   {{{"type", "Ready"}, {"status", "True"}, {"reason", "KubeletReady"},
-                     {"message", "kubelet is posting ready status"}, {"lastHeartbeatTime", k8s::NowRfc3339()},
-                     {"lastTransitionTime", k8s::NowRfc3339()}}}},
-                  {"nodeInfo", {{"kubeletVersion", "v1.32.4"}, {"operatingSystem", "linux"}, {"architecture", "amd64"}}}}}};
+    json obj = {
+        {"apiVersion", "v1"},
+        {"kind", "Node"},
+        {"metadata", {{"name", node_}, {"labels", {{"kubernetes.io/hostname", node_}, {"kubernetes.io/os", "linux"}}}}},
+        {"status",
+         {{"capacity", node_resources_},
+          {"allocatable", node_resources_},
+          {"conditions",
+           {{{"type", "Ready"},
+             {"status", "True"},
+             {"reason", "KubeletReady"},
+             {"message", "kubelet is posting ready status"},
+             {"lastHeartbeatTime", k8s::NowRfc3339()},
+             {"lastTransitionTime", k8s::NowRfc3339()}}}},
+          {"nodeInfo", {{"kubeletVersion", "v1.32.4"}, {"operatingSystem", "linux"}, {"architecture", "amd64"}}}}}};
     node = client_.Create(nodes->Path(), obj);
     if (!node.ok() && !k8s::IsApiConflict(node.status())) return node.status();
     node = client_.Get(nodes->Path("", node_));
@@ -65,7 +75,8 @@ absl::Status KubeletNodeStatus::SyncOnce() {
       if (!want.contains(it.key()) && it.key().find('/') != std::string::npos) want[it.key()] = "0";
     }
   }
-  if (status.value("capacity", json::object()) == capacity && status.value("allocatable", json::object()) == allocatable) {
+  if (status.value("capacity", json::object()) == capacity &&
+      status.value("allocatable", json::object()) == allocatable) {
     return absl::OkStatus();
   }
   auto r = client_.Patch(nodes->Path("", node_, "status"),

@@ -10,12 +10,12 @@
 //
 // Thread-safety: Start/Stop from one thread; the sync runs on its own thread.
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <map>
 #include <string>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "k8s/client.h"
@@ -26,7 +26,9 @@ namespace kgpu::testing {
 class KubeletNodeStatus {
  public:
   KubeletNodeStatus(FakeKubelet& kubelet, k8s::Client& client, std::string node_name,
-                    std::map<std::string, std::string> node_resources = {{"cpu", "64"}, {"memory", "512Gi"}, {"pods", "110"}},
+                    std::map<std::string, std::string> node_resources = {{"cpu", "64"},
+                                                                         {"memory", "512Gi"},
+                                                                         {"pods", "110"}},
                     std::chrono::milliseconds period = std::chrono::milliseconds(200));
   ~KubeletNodeStatus();
   void Start();

@@ -32,8 +32,7 @@ v1beta1::Device MakeDevice(const std::string& id, const std::string& health, int
   v1beta1::Device d;
   d.set_id(id);
   d.set_health(health);
-  if (numa >= 0)
-    d.mutable_topology()->add_nodes()->set_id(numa);
+  if (numa >= 0) d.mutable_topology()->add_nodes()->set_id(numa);
   return d;
 }
 
@@ -42,9 +41,7 @@ v1beta1::Device MakeDevice(const std::string& id, const std::string& health, int
 // echoes the IDs. It records what it was asked.
 class TestPlugin final : public v1beta1::DevicePlugin::Service {
  public:
-  explicit TestPlugin(bool preferred) {
-    options_.set_get_preferred_allocation_available(preferred);
-  }
+  explicit TestPlugin(bool preferred) { options_.set_get_preferred_allocation_available(preferred); }
 
   void SetDevices(std::vector<v1beta1::Device> devices) {
     std::lock_guard<std::mutex> l(mu_);
@@ -88,19 +85,16 @@ class TestPlugin final : public v1beta1::DevicePlugin::Service {
     for (;;) {
       if (version_ != sent) {
         v1beta1::ListAndWatchResponse response;
-        for (const auto& d : devices_)
-          *response.add_devices() = d;
+        for (const auto& d : devices_) *response.add_devices() = d;
         sent = version_;
         l.unlock();
         const bool ok = writer->Write(response);
         l.lock();
-        if (!ok)
-          break;
+        if (!ok) break;
       }
       // The sync API has no cancellation callback: look at the context now and then.
       cv_.wait_for(l, 20ms, [&] { return version_ != sent || stop_ || ctx->IsCancelled(); });
-      if (stop_ || ctx->IsCancelled())
-        break;
+      if (stop_ || ctx->IsCancelled()) break;
     }
     if (ctx->IsCancelled()) {
       ++cancelled_streams_;
@@ -109,8 +103,7 @@ class TestPlugin final : public v1beta1::DevicePlugin::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetPreferredAllocation(grpc::ServerContext*,
-                                      const v1beta1::PreferredAllocationRequest* request,
+  grpc::Status GetPreferredAllocation(grpc::ServerContext*, const v1beta1::PreferredAllocationRequest* request,
                                       v1beta1::PreferredAllocationResponse* response) override {
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -118,16 +111,12 @@ class TestPlugin final : public v1beta1::DevicePlugin::Service {
     }
     for (const auto& c : request->container_requests()) {
       auto* out = response->add_container_responses();
-      for (const auto& id : c.must_include_deviceids())
-        out->add_deviceids(id);
+      for (const auto& id : c.must_include_deviceids()) out->add_deviceids(id);
       for (const auto& id : c.available_deviceids()) {
-        if (out->deviceids_size() >= c.allocation_size())
-          break;
+        if (out->deviceids_size() >= c.allocation_size()) break;
         bool dup = false;
-        for (const auto& have : out->deviceids())
-          dup = dup || have == id;
-        if (!dup)
-          out->add_deviceids(id);
+        for (const auto& have : out->deviceids()) dup = dup || have == id;
+        if (!dup) out->add_deviceids(id);
       }
     }
     return grpc::Status::OK;
@@ -143,8 +132,7 @@ class TestPlugin final : public v1beta1::DevicePlugin::Service {
       auto* out = response->add_container_responses();
       std::string ids;
       for (const auto& id : c.devices_ids()) {
-        if (id == "bad")
-          return {grpc::StatusCode::INVALID_ARGUMENT, "unknown device bad"};
+        if (id == "bad") return {grpc::StatusCode::INVALID_ARGUMENT, "unknown device bad"};
         ids += (ids.empty() ? "" : ",") + id;
         auto* spec = out->add_devices();
         spec->set_host_path("/dev/fake-" + id);
@@ -198,8 +186,7 @@ class PluginServer {
     return server_ != nullptr;
   }
   void Shutdown() {
-    if (!server_)
-      return;
+    if (!server_) return;
     plugin_.EndStreams();
     server_->Shutdown(std::chrono::system_clock::now() + 1s);
     server_->Wait();
@@ -207,8 +194,7 @@ class PluginServer {
   }
 
   grpc::Status Register(const std::string& resource, const std::string& version = "v1beta1") {
-    auto channel =
-        grpc::CreateChannel("unix:" + dir_ + "/kubelet.sock", grpc::InsecureChannelCredentials());
+    auto channel = grpc::CreateChannel("unix:" + dir_ + "/kubelet.sock", grpc::InsecureChannelCredentials());
     auto stub = v1beta1::Registration::NewStub(channel);
     v1beta1::RegisterRequest request;
     request.set_version(version);
@@ -272,8 +258,8 @@ class FakeKubeletTest : public ::testing::Test {
   }
 
   std::vector<v1beta1::Device> FourGpus() {
-    return {MakeDevice("GPU-0", kHealthy, 0), MakeDevice("GPU-1", kHealthy, 0),
-            MakeDevice("GPU-2", kHealthy, 1), MakeDevice("GPU-3", kHealthy, 1)};
+    return {MakeDevice("GPU-0", kHealthy, 0), MakeDevice("GPU-1", kHealthy, 0), MakeDevice("GPU-2", kHealthy, 1),
+            MakeDevice("GPU-3", kHealthy, 1)};
   }
 
   std::string dir_;
@@ -304,8 +290,7 @@ TEST_F(FakeKubeletTest, RefusesBadVersionAndResourceName) {
   grpc::Status s = p.Register("example.com/gpu", "v1alpha");
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
-  EXPECT_NE(s.error_message().find("\"v1alpha\" is not supported"), std::string::npos)
-      << s.error_message();
+  EXPECT_NE(s.error_message().find("\"v1alpha\" is not supported"), std::string::npos) << s.error_message();
 
   for (const char* bad : {"gpu", "kubernetes.io/gpu", "requests.example.com/gpu"}) {
     s = p.Register(bad);
@@ -326,8 +311,7 @@ TEST_F(FakeKubeletTest, RefusesPluginWithoutOptions) {
   PluginServer p(dir_, "wrong.sock");
   const grpc::Status s = p.Register("example.com/gpu");
   EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.error_message().find("failed to get device plugin options"), std::string::npos)
-      << s.error_message();
+  EXPECT_NE(s.error_message().find("failed to get device plugin options"), std::string::npos) << s.error_message();
   EXPECT_FALSE(kubelet_->Get("example.com/gpu").has_value());
   server->Shutdown();
 }
@@ -377,8 +361,8 @@ TEST_F(FakeKubeletTest, AllocateAndPreferredAllocationRoundTrip) {
   p.Plugin().SetDevices(FourGpus());
   ASSERT_TRUE(p.Register("example.com/gpu").ok());
 
-  auto preferred = kubelet_->GetPreferredAllocation(
-      "example.com/gpu", {"GPU-0", "GPU-1", "GPU-2", "GPU-3"}, {"GPU-3"}, 2);
+  auto preferred =
+      kubelet_->GetPreferredAllocation("example.com/gpu", {"GPU-0", "GPU-1", "GPU-2", "GPU-3"}, {"GPU-3"}, 2);
   ASSERT_TRUE(preferred.ok()) << preferred.status();
   EXPECT_EQ(*preferred, (std::vector<std::string>{"GPU-3", "GPU-0"}));
   const auto asked = p.Plugin().LastPreferred();
@@ -438,8 +422,7 @@ TEST_F(FakeKubeletTest, ReRegistrationReplacesTheEndpoint) {
 
   ASSERT_TRUE(b.Register("example.com/gpu").ok());
   ASSERT_TRUE(kubelet_->WaitFor(
-      "example.com/gpu",
-      [](const ResourceState& s) { return s.registrations == 2 && s.devices.size() == 1; }, kWait));
+      "example.com/gpu", [](const ResourceState& s) { return s.registrations == 2 && s.devices.size() == 1; }, kWait));
   const auto st = kubelet_->Get("example.com/gpu");
   EXPECT_EQ(st->endpoint, "b.sock");
   EXPECT_FALSE(st->options.get_preferred_allocation_available());
@@ -492,8 +475,7 @@ TEST_F(FakeKubeletTest, RestartDeletesSocketsAndPluginRegistersAgain) {
   ASSERT_TRUE(IsSocket(p.Path()));
   ASSERT_TRUE(p.Register("example.com/gpu").ok());
   ASSERT_TRUE(kubelet_->WaitFor(
-      "example.com/gpu",
-      [](const ResourceState& s) { return s.registrations == 2 && s.connected && s.updates == 2; },
+      "example.com/gpu", [](const ResourceState& s) { return s.registrations == 2 && s.connected && s.updates == 2; },
       kWait));
   EXPECT_EQ(kubelet_->Get("example.com/gpu")->Healthy(), 4);
   EXPECT_TRUE(kubelet_->Allocate("example.com/gpu", {"GPU-0"}).ok());
@@ -520,9 +502,9 @@ TEST_F(FakeKubeletTest, EventsArriveInOrder) {
       "example.com/gpu", [](const ResourceState& s) { return !s.connected; }, kWait));
   k.Stop();
   std::lock_guard<std::mutex> l(mu);
-  EXPECT_EQ(kinds, (std::vector<FakeKubeletEvent::Kind>{FakeKubeletEvent::Kind::kRegistered,
-                                                        FakeKubeletEvent::Kind::kUpdate,
-                                                        FakeKubeletEvent::Kind::kDisconnected}));
+  EXPECT_EQ(kinds,
+            (std::vector<FakeKubeletEvent::Kind>{FakeKubeletEvent::Kind::kRegistered, FakeKubeletEvent::Kind::kUpdate,
+                                                 FakeKubeletEvent::Kind::kDisconnected}));
   EXPECT_FALSE(fs::exists(dir_ + "/k2/kubelet.sock"));
 }
 

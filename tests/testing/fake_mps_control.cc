@@ -12,14 +12,6 @@
 // Test hooks, read when the daemon starts: KGPU_FAKE_MPS_START_DELAY_MS=<n> sleeps n ms before
 // binding the socket (so -d returns late); KGPU_FAKE_MPS_FAIL=1 refuses to start at all.
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -34,12 +26,22 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 namespace {
 
 volatile sig_atomic_t g_stop = 0;
 bool g_log_to_stderr = false;
 
-void OnSignal(int) { g_stop = 1; }
+void OnSignal(int) {
+  g_stop = 1;
+}
 
 std::string Env(const char* name, const char* fallback) {
   const char* value = std::getenv(name);
@@ -76,7 +78,7 @@ bool MkdirP(const std::string& path) {
     if (i < path.size() && path[i] != '/') continue;
     if (mkdir(path.substr(0, i).c_str(), 0755) != 0 && errno != EEXIST) return false;
   }
-  struct stat st{};
+  struct stat st {};
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
@@ -163,8 +165,7 @@ std::string Handle(State& state, const std::string& line, bool& quit) {
   }
   if (cmd == "get_default_active_thread_percentage") return OneDecimal(state.percentage);
   if (cmd == "set_default_device_pinned_mem_limit") {
-    if (args.size() != 3 || !std::regex_match(args[1], kOrdinal) ||
-        !std::regex_match(args[2], kMemLimit)) {
+    if (args.size() != 3 || !std::regex_match(args[1], kOrdinal) || !std::regex_match(args[2], kMemLimit)) {
       return "Invalid memory limit\n";
     }
     state.pinned_mem_limit[std::stoul(args[1])] = args[2];
@@ -197,8 +198,7 @@ int StartListening(const Paths& paths, std::string& err) {
   }
   unlink(paths.Socket().c_str());  // a stale socket: nothing answered on it
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 ||
-      listen(fd, 16) != 0) {
+  if (fd < 0 || bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 || listen(fd, 16) != 0) {
     err = "cannot listen on " + paths.Socket() + ": " + std::strerror(errno);
     if (fd >= 0) close(fd);
     return -1;
@@ -259,7 +259,7 @@ int RunDaemon(bool foreground) {
     std::fputs("An instance of this daemon is already running\n", stderr);
     return 1;
   }
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = OnSignal;  // no SA_RESTART: poll() wakes up
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);

@@ -23,14 +23,12 @@ class FakePodResources::Service final : public v1::PodResourcesLister::Service {
     }
     const auto until = std::chrono::steady_clock::now() + delay;
     while (std::chrono::steady_clock::now() < until) {
-      if (context->IsCancelled())
-        return {grpc::StatusCode::CANCELLED, "cancelled"};
+      if (context->IsCancelled()) return {grpc::StatusCode::CANCELLED, "cancelled"};
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     std::lock_guard<std::mutex> lock(owner_->mu_);
     if (!owner_->status_.ok()) {
-      return {static_cast<grpc::StatusCode>(owner_->status_.code()),
-              std::string(owner_->status_.message())};
+      return {static_cast<grpc::StatusCode>(owner_->status_.code()), std::string(owner_->status_.message())};
     }
     *response = owner_->response_;
     return grpc::Status::OK;
@@ -40,8 +38,7 @@ class FakePodResources::Service final : public v1::PodResourcesLister::Service {
   FakePodResources* const owner_;
 };
 
-FakePodResources::FakePodResources(std::string socket_path)
-    : socket_path_(std::move(socket_path)) {}
+FakePodResources::FakePodResources(std::string socket_path) : socket_path_(std::move(socket_path)) {}
 
 FakePodResources::~FakePodResources() {
   Stop();
@@ -63,8 +60,7 @@ absl::Status FakePodResources::Start() {
 }
 
 void FakePodResources::Stop() {
-  if (!server_)
-    return;
+  if (!server_) return;
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   server_->Wait();
   server_.reset();
@@ -93,13 +89,12 @@ int FakePodResources::ListCalls() const {
   return calls_;
 }
 
-void AddDevices(v1::ListPodResourcesResponse& response, const std::string& ns,
-                const std::string& pod, const std::string& container, const std::string& resource,
-                const std::vector<std::string>& ids, int64_t numa) {
+void AddDevices(v1::ListPodResourcesResponse& response, const std::string& ns, const std::string& pod,
+                const std::string& container, const std::string& resource, const std::vector<std::string>& ids,
+                int64_t numa) {
   v1::PodResources* p = nullptr;
   for (auto& candidate : *response.mutable_pod_resources()) {
-    if (candidate.namespace_() == ns && candidate.name() == pod)
-      p = &candidate;
+    if (candidate.namespace_() == ns && candidate.name() == pod) p = &candidate;
   }
   if (p == nullptr) {
     p = response.add_pod_resources();
@@ -108,8 +103,7 @@ void AddDevices(v1::ListPodResourcesResponse& response, const std::string& ns,
   }
   v1::ContainerResources* c = nullptr;
   for (auto& candidate : *p->mutable_containers()) {
-    if (candidate.name() == container)
-      c = &candidate;
+    if (candidate.name() == container) c = &candidate;
   }
   if (c == nullptr) {
     c = p->add_containers();
@@ -117,10 +111,8 @@ void AddDevices(v1::ListPodResourcesResponse& response, const std::string& ns,
   }
   v1::ContainerDevices* d = c->add_devices();
   d->set_resource_name(resource);
-  for (const auto& id : ids)
-    d->add_device_ids(id);
-  if (numa != -1)
-    d->mutable_topology()->add_nodes()->set_id(numa);
+  for (const auto& id : ids) d->add_device_ids(id);
+  if (numa != -1) d->mutable_topology()->add_nodes()->set_id(numa);
 }
 
 }  // namespace kgpu::testing

@@ -64,8 +64,8 @@ class FakePodResources {
 // Appends devices to container `container` of pod `ns`/`pod` in `response` (creating the pod and
 // the container as needed) as one ContainerDevices entry, with NUMA node `numa` unless it is -1.
 // Kubelet sends one entry per NUMA node, so a container may hold one resource in several entries.
-void AddDevices(v1::ListPodResourcesResponse& response, const std::string& ns,
-                const std::string& pod, const std::string& container, const std::string& resource,
-                const std::vector<std::string>& ids, int64_t numa = -1);
+void AddDevices(v1::ListPodResourcesResponse& response, const std::string& ns, const std::string& pod,
+                const std::string& container, const std::string& resource, const std::vector<std::string>& ids,
+                int64_t numa = -1);
 
 }  // namespace kgpu::testing

@@ -1,7 +1,5 @@
 #include "testing/fake_scheduler.h"
 
-#include <httplib.h>
-
 #include <algorithm>
 #include <deque>
 #include <optional>
@@ -9,6 +7,8 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+
+#include <httplib.h>
 
 #include "common/strings.h"
 #include "extender/request.h"
@@ -79,7 +79,9 @@ std::map<std::string, int64_t> CountedRequests(const json& pod, const std::vecto
 // Counted quantities by interned resource id (Impl::ResId): a scheduling cycle compares them for
 // a thousand nodes, where string-keyed maps cost more than the extender's whole decision.
 using Amounts = std::vector<int64_t>;
-int64_t At(const Amounts& a, int id) { return static_cast<size_t>(id) < a.size() ? a[static_cast<size_t>(id)] : 0; }
+int64_t At(const Amounts& a, int id) {
+  return static_cast<size_t>(id) < a.size() ? a[static_cast<size_t>(id)] : 0;
+}
 void Add(Amounts& a, int id, int64_t v) {
   if (a.size() <= static_cast<size_t>(id)) a.resize(static_cast<size_t>(id) + 1);
   a[static_cast<size_t>(id)] += v;
@@ -111,7 +113,7 @@ struct FakeScheduler::Impl {
   std::map<std::string, CachedNode> node_cache;
   std::vector<CachedNode*> node_order;  // the snapshot's node list (std::map nodes do not move)
   bool order_dirty = true;
-  size_t next_start = 0;  // nextStartNodeIndex
+  size_t next_start = 0;                       // nextStartNodeIndex
   std::map<std::string, CachedPod> pod_cache;  // pod key -> bound or assumed pod
   std::mutex clients_mu;
   std::vector<std::unique_ptr<httplib::Client>> clients;
@@ -192,12 +194,14 @@ FakeScheduler::FakeScheduler(k8s::Client& api, FakeSchedulerOptions options) : a
   k8s::InformerOptions no;
   no.path = "/api/v1/nodes";
   impl_->nodes = std::make_unique<k8s::Informer>(api_, no);
-  impl_->nodes->AddHandler({[this](const json& n) { impl_->OnNode(n); }, [this](const json&, const json& n) { impl_->OnNode(n); },
+  impl_->nodes->AddHandler({[this](const json& n) { impl_->OnNode(n); },
+                            [this](const json&, const json& n) { impl_->OnNode(n); },
                             [this](const json& n) { impl_->OnNodeGone(n); }});
   k8s::InformerOptions po;
   po.path = "/api/v1/pods";
   impl_->pods = std::make_unique<k8s::Informer>(api_, po);
-  impl_->pods->AddHandler({[this](const json& p) { impl_->OnPod(p); }, [this](const json&, const json& p) { impl_->OnPod(p); },
+  impl_->pods->AddHandler({[this](const json& p) { impl_->OnPod(p); },
+                           [this](const json&, const json& p) { impl_->OnPod(p); },
                            [this](const json& p) {
                              std::lock_guard lock(impl_->cache_mu);
                              impl_->RemovePodLocked(Key(p));
@@ -239,16 +243,18 @@ absl::StatusOr<std::string> FakeScheduler::Post(const std::string& verb, const s
     c = std::make_unique<httplib::Client>(impl_->base);
     c->enable_server_certificate_verification(false);  // kube-scheduler: no caFile -> Insecure
     c->set_keep_alive(true);
-    c->set_tcp_nodelay(true);  // as Go's net.Dialer (kube-scheduler's HTTP client) does by default
+    c->set_tcp_nodelay(true);   // as Go's net.Dialer (kube-scheduler's HTTP client) does by default
     c->set_read_timeout(5, 0);  // httpTimeout 0 -> 5 s
     c->set_write_timeout(5, 0);
   }
   const std::string url = impl_->path + "/" + verb;
   auto res = c->Post(url, body, "application/json");
-  if (!res) return absl::UnavailableError(Cat("failed ", verb, " with extender at URL ", opts_.url_prefix, ": ",
-                                              httplib::to_string(res.error())));
+  if (!res)
+    return absl::UnavailableError(
+        Cat("failed ", verb, " with extender at URL ", opts_.url_prefix, ": ", httplib::to_string(res.error())));
   if (res->status != 200) {
-    return absl::UnavailableError(Cat("failed ", verb, " with extender at URL ", opts_.url_prefix, ", code ", res->status));
+    return absl::UnavailableError(
+        Cat("failed ", verb, " with extender at URL ", opts_.url_prefix, ", code ", res->status));
   }
   std::string out = res->body;
   std::lock_guard lock(impl_->clients_mu);
@@ -296,7 +302,8 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
   // pass (findNodesThatPassFilters); only those go to the extender.
   std::map<std::string, json> by_name;  // survivors' Node objects (nodeCacheCapable: false)
   std::vector<std::string> survivors;
-  std::vector<std::pair<std::string, const std::string*>> rejected;  // node, the resource it lacks (nullptr: unschedulable)
+  std::vector<std::pair<std::string, const std::string*>>
+      rejected;  // node, the resource it lacks (nullptr: unschedulable)
   size_t all_nodes = 0;
   {
     std::lock_guard lock(impl_->cache_mu);
@@ -372,11 +379,12 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
     return out;
   }
   if (survivors.size() > 1) {
-    auto reply = Post("prioritize", opts_.node_cache_capable ? extender::EncodeExtenderArgs(pod, survivors) : [&] {
-      std::vector<json> full;
-      for (const auto& s : survivors) full.push_back(by_name[s]);
-      return extender::EncodeExtenderArgsFull(pod, full);
-    }());
+    auto reply = Post(
+        "prioritize", opts_.node_cache_capable ? extender::EncodeExtenderArgs(pod, survivors) : [&] {
+          std::vector<json> full;
+          for (const auto& s : survivors) full.push_back(by_name[s]);
+          return extender::EncodeExtenderArgsFull(pod, full);
+        }());
     std::vector<extender::HostPriority> list;
     if (reply.ok()) {  // prioritize errors are ignored
       if (auto l = extender::ParseHostPriorityList(*reply); l.ok()) list = std::move(*l);
@@ -444,7 +452,8 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
         }
       }
       if (!fits(ni->second, used).empty()) continue;
-      std::stable_sort(lower.begin(), lower.end(), [](const CachedPod* a, const CachedPod* b) { return a->priority > b->priority; });
+      std::stable_sort(lower.begin(), lower.end(),
+                       [](const CachedPod* a, const CachedPod* b) { return a->priority > b->priority; });
       extender::MetaVictims mv;
       for (const CachedPod* p : lower) {
         auto with = used;
@@ -477,7 +486,8 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
   if (!kept.ok()) return kept.status();
   std::string best;
   for (const auto& [n, mv] : *kept) {
-    if (!candidates.contains(n)) return absl::InternalError(Cat("extender returned node ", n, " that was not a candidate"));
+    if (!candidates.contains(n))
+      return absl::InternalError(Cat("extender returned node ", n, " that was not a candidate"));
     if (best.empty() || mv.pod_uids.size() < kept->at(best).pod_uids.size()) best = n;
   }
   if (best.empty()) {
@@ -537,7 +547,9 @@ void FakeScheduler::RunLoop(std::stop_token stop, std::chrono::milliseconds idle
     std::vector<json> pending;
     for (const auto& p : impl_->pods->store().List()) {
       const json spec = p.value("spec", json::object());
-      if (!spec.value("nodeName", "").empty() || spec.value("schedulerName", "default-scheduler") != opts_.scheduler_name) continue;
+      if (!spec.value("nodeName", "").empty() ||
+          spec.value("schedulerName", "default-scheduler") != opts_.scheduler_name)
+        continue;
       if (Terminal(p) || p.value("metadata", json::object()).contains("deletionTimestamp")) continue;
       std::lock_guard lock(impl_->cache_mu);
       if (impl_->pod_cache.contains(Key(p))) continue;  // assumed
@@ -545,7 +557,8 @@ void FakeScheduler::RunLoop(std::stop_token stop, std::chrono::milliseconds idle
     }
     std::sort(pending.begin(), pending.end(), [](const json& a, const json& b) {
       if (Priority(a) != Priority(b)) return Priority(a) > Priority(b);
-      return a["metadata"].value("creationTimestamp", "") + Key(a) < b["metadata"].value("creationTimestamp", "") + Key(b);
+      return a["metadata"].value("creationTimestamp", "") + Key(a) <
+             b["metadata"].value("creationTimestamp", "") + Key(b);
     });
     for (const auto& p : pending) {
       if (stop.stop_requested()) return;

@@ -24,8 +24,6 @@
 // scheduling cycles (steps 1-3, ending with the pod assumed in the cache) run one at a time and
 // the binding cycles (step 4) concurrently; RunLoop from one thread.
 
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -35,13 +33,15 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/statusor.h"
 #include "k8s/client.h"
 
 namespace kgpu::testing {
 
 struct FakeSchedulerOptions {
-  std::string url_prefix;           // e.g. "http://127.0.0.1:8888/gpu"
+  std::string url_prefix;  // e.g. "http://127.0.0.1:8888/gpu"
   bool node_cache_capable = true;
   int64_t weight = 5;
   // KubeSchedulerConfiguration's percentageOfNodesToScore: 0 = adaptive (the default), 100 = all.
@@ -54,8 +54,8 @@ struct FakeSchedulerOptions {
 struct ScheduleOutcome {
   bool bound = false;
   std::string node;
-  std::string message;                  // FailedScheduling text, or the bind error
-  std::vector<std::string> preempted;   // "ns/name" of the victims deleted
+  std::string message;                 // FailedScheduling text, or the bind error
+  std::vector<std::string> preempted;  // "ns/name" of the victims deleted
   bool preempt_called = false;
 };
 

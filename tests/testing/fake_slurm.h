@@ -34,10 +34,10 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -53,9 +53,9 @@ class FakeSlurm : public slurm::SlurmClient {
     std::string state;               // PENDING, RUNNING, SUSPENDED
     std::vector<std::string> nodes;  // empty while pending
     int node_count = 1;
-    int cpus_per_node = 0;           // 0: the whole node (ALLOCATED); less: MIXED
-    std::string reason = "None";     // pending reason
-    int64_t end_time = 0;            // unix seconds; 0: N/A
+    int cpus_per_node = 0;        // 0: the whole node (ALLOCATED); less: MIXED
+    std::string reason = "None";  // pending reason
+    int64_t end_time = 0;         // unix seconds; 0: N/A
     int64_t submit_time = 0;
     std::string partition = "batch";
   };
@@ -159,7 +159,8 @@ class FakeSlurm : public slurm::SlurmClient {
     n->power = Power::kNone;
     n->not_responding = false;
     for (auto& j : jobs_) {
-      if (j.state == "CONFIGURING" && std::find(j.nodes.begin(), j.nodes.end(), node) != j.nodes.end()) j.state = "RUNNING";
+      if (j.state == "CONFIGURING" && std::find(j.nodes.begin(), j.nodes.end(), node) != j.nodes.end())
+        j.state = "RUNNING";
     }
   }
   std::vector<std::string> Requeued() const {
@@ -354,10 +355,15 @@ class FakeSlurm : public slurm::SlurmClient {
         state.push_back(printed.substr(at, plus - at));
         at = plus + 1;
       }
-      out["nodes"].push_back({{"name", n.name}, {"state", state}, {"reason", n.reason},
+      out["nodes"].push_back({{"name", n.name},
+                              {"state", state},
+                              {"reason", n.reason},
                               {"reason_set_by_user", n.reason.empty() ? "" : n.reason_user},
-                              {"reason_changed_at", n.reason.empty() ? 0 : n.reason_at}, {"gres", n.gres},
-                              {"cpus", n.cpus}, {"alloc_cpus", AllocCpus(n)}, {"partitions", {"batch"}},
+                              {"reason_changed_at", n.reason.empty() ? 0 : n.reason_at},
+                              {"gres", n.gres},
+                              {"cpus", n.cpus},
+                              {"alloc_cpus", AllocCpus(n)},
+                              {"partitions", {"batch"}},
                               {"free_mem", {{"set", true}, {"infinite", false}, {"number", 20479}}}});
     }
     // An unknown name is no 404: no node, and an error entry without a number.
@@ -374,9 +380,13 @@ class FakeSlurm : public slurm::SlurmClient {
     for (const auto& j : jobs_) {
       std::string nodes;
       for (const auto& n : j.nodes) nodes += (nodes.empty() ? "" : ",") + n;
-      out["jobs"].push_back({{"job_id", std::stoll(j.id)}, {"job_state", j.state}, {"nodes", nodes},
+      out["jobs"].push_back({{"job_id", std::stoll(j.id)},
+                             {"job_state", j.state},
+                             {"nodes", nodes},
                              {"node_count", {{"set", true}, {"infinite", false}, {"number", j.node_count}}},
-                             {"state_reason", j.reason}, {"end_time", j.end_time}, {"submit_time", j.submit_time},
+                             {"state_reason", j.reason},
+                             {"end_time", j.end_time},
+                             {"submit_time", j.submit_time},
                              {"partition", j.partition}});
     }
     return {200, out};
@@ -389,12 +399,14 @@ class FakeSlurm : public slurm::SlurmClient {
     if (auto s = Call(); !s.ok()) return RestControllerDown(out);
     std::string state;
     if (body.contains("state") && body["state"].is_string()) state = body["state"];
-    if (body.contains("state") && body["state"].is_array() && !body["state"].empty() && body["state"].back().is_string()) {
+    if (body.contains("state") && body["state"].is_array() && !body["state"].empty() &&
+        body["state"].back().is_string()) {
       state = body["state"].back();
     }
-    const std::string reason = body.contains("reason") && body["reason"].is_string() ? body["reason"].get<std::string>() : "";
-    absl::Status st = Find(node) == nullptr ? absl::NotFoundError("Invalid node name specified")
-                                            : UpdateLocked(node, state, reason);
+    const std::string reason =
+        body.contains("reason") && body["reason"].is_string() ? body["reason"].get<std::string>() : "";
+    absl::Status st =
+        Find(node) == nullptr ? absl::NotFoundError("Invalid node name specified") : UpdateLocked(node, state, reason);
     if (st.ok()) return {200, out};
     out["errors"].push_back({{"error", std::string(st.message())},
                              {"description", "slurm_update_node() failed"},
@@ -417,7 +429,8 @@ class FakeSlurm : public slurm::SlurmClient {
     auto* n = Find(node);
     if (n == nullptr) return NoNode(node);
     if (state == "DRAIN") {
-      if (reason.empty()) return absl::InvalidArgumentError("You must specify a reason when DOWNING or DRAINING a node.");
+      if (reason.empty())
+        return absl::InvalidArgumentError("You must specify a reason when DOWNING or DRAINING a node.");
       n->drain = true;
       SetReason(*n, reason, "root");
       writes_.push_back("DRAIN " + node + " " + reason);

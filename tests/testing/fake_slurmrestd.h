@@ -9,12 +9,12 @@
 //
 // Thread-safety: the server runs on its own thread; FakeSlurm locks its state.
 
-#include <httplib.h>
-#include <sys/socket.h>
-
-#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <sys/socket.h>
 
 #include "common/http_listen.h"
 #include "testing/fake_slurm.h"
@@ -40,15 +40,13 @@ class FakeSlurmrestd {
       res.set_content("Authentication failure", "text/plain");
       return httplib::Server::HandlerResponse::Handled;
     });
-    server_.Get("/slurm/v0.0.39/nodes", [this, reply](const httplib::Request&, httplib::Response& res) {
-      reply(res, slurm_.RestNodes());
-    });
+    server_.Get("/slurm/v0.0.39/nodes",
+                [this, reply](const httplib::Request&, httplib::Response& res) { reply(res, slurm_.RestNodes()); });
     server_.Get(R"(/slurm/v0.0.39/node/([^/]+))", [this, reply](const httplib::Request& req, httplib::Response& res) {
       reply(res, slurm_.RestNodes(req.matches[1]));
     });
-    server_.Get("/slurm/v0.0.39/jobs", [this, reply](const httplib::Request&, httplib::Response& res) {
-      reply(res, slurm_.RestJobs());
-    });
+    server_.Get("/slurm/v0.0.39/jobs",
+                [this, reply](const httplib::Request&, httplib::Response& res) { reply(res, slurm_.RestJobs()); });
     server_.Post(R"(/slurm/v0.0.39/node/([^/]+))", [this, reply](const httplib::Request& req, httplib::Response& res) {
       auto body = nlohmann::json::parse(req.body, nullptr, false);
       if (body.is_discarded() || req.get_header_value("Content-Type") != "application/json") {

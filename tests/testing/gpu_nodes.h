@@ -4,19 +4,19 @@
 //
 // Thread-safety: pure functions.
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace kgpu::testing {
 
 struct TestGpu {
   std::string model = "NVIDIA A100-SXM4-80GB";
   int64_t memory_mib = 81920;
-  int slots = 0;  // > 0: serves kgpu.io/gpu shares
+  int slots = 0;                 // > 0: serves kgpu.io/gpu shares
   std::vector<std::string> mig;  // MIG profiles ("1g.10gb"): the GPU is in MIG mode
   bool healthy = true;
 };
@@ -38,7 +38,9 @@ inline TestGpu MigGpu(std::vector<std::string> profiles) {
   return g;
 }
 
-inline std::string TestGpuUuid(const std::string& node, size_t i) { return "GPU-" + node + "-" + std::to_string(i); }
+inline std::string TestGpuUuid(const std::string& node, size_t i) {
+  return "GPU-" + node + "-" + std::to_string(i);
+}
 
 // The annotation value for `gpus` (UUIDs from TestGpuUuid; MIG devices "MIG-<node>-<i>-<k>").
 inline std::string TestInventory(const std::string& node, const std::vector<TestGpu>& gpus,
@@ -48,8 +50,8 @@ inline std::string TestInventory(const std::string& node, const std::vector<Test
   json list = json::array();
   for (size_t i = 0; i < gpus.size(); ++i) {
     const auto& g = gpus[i];
-    json e = {{"i", i}, {"uuid", TestGpuUuid(node, i)}, {"model", g.model}, {"memMiB", g.memory_mib},
-              {"numa", 0},  {"health", g.healthy ? "ok" : "lost"}};
+    json e = {{"i", i},    {"uuid", TestGpuUuid(node, i)},       {"model", g.model}, {"memMiB", g.memory_mib},
+              {"numa", 0}, {"health", g.healthy ? "ok" : "lost"}};
     if (g.slots > 0) e["slots"] = g.slots;
     if (!g.mig.empty()) {
       json migs = json::array();
@@ -57,7 +59,10 @@ inline std::string TestInventory(const std::string& node, const std::vector<Test
         const std::string& p = g.mig[k];
         const int64_t mem = std::stoll(p.substr(p.find('.') + 1)) * 1024 - 256;
         migs.push_back({{"uuid", "MIG-" + node + "-" + std::to_string(i) + "-" + std::to_string(k)},
-                        {"profile", p}, {"gi", k}, {"ci", 0}, {"memMiB", mem}});
+                        {"profile", p},
+                        {"gi", k},
+                        {"ci", 0},
+                        {"memMiB", mem}});
       }
       e["mig"] = migs;
     }
@@ -110,9 +115,10 @@ inline nlohmann::json TestPod(const std::string& ns, const std::string& name,
   for (const auto& [k, v] : resources) res[k] = v;
   json meta = {{"name", name}, {"namespace", ns}};
   if (!annotations.empty()) meta["annotations"] = annotations;
-  json spec = {{"schedulerName", "kgpu-scheduler"},
-               {"containers", json::array({{{"name", "main"}, {"image", "cuda:12"},
-                                            {"resources", {{"requests", res}, {"limits", res}}}}})}};
+  json spec = {
+      {"schedulerName", "kgpu-scheduler"},
+      {"containers",
+       json::array({{{"name", "main"}, {"image", "cuda:12"}, {"resources", {{"requests", res}, {"limits", res}}}}})}};
   if (priority != 0) spec["priority"] = priority;
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", meta}, {"spec", spec}};
 }

@@ -6,8 +6,8 @@
 #include <thread>
 
 #include "absl/strings/escaping.h"
-#include "common/kubelet_checksum.h"
 #include "k8s/quantity.h"
+#include "kubelet/checksum.h"
 
 namespace kgpu::testing {
 namespace {
@@ -77,21 +77,25 @@ absl::StatusOr<std::vector<std::string>> KubeletAdmission::Choose(const std::str
     if (!used.contains(id)) free.push_back(id);
   }
   if (static_cast<int>(free.size()) < needed) {
-    return absl::ResourceExhaustedError("Requested: " + std::to_string(need) + ", Available: " +
-                                        std::to_string(free.size()) + " of " + resource);
+    return absl::ResourceExhaustedError("Requested: " + std::to_string(need) +
+                                        ", Available: " + std::to_string(free.size()) + " of " + resource);
   }
   if (static_cast<int>(free.size()) > needed && state->options.get_preferred_allocation_available()) {
     std::vector<std::string> available = free;
     available.insert(available.end(), taken.begin(), taken.end());
     std::sort(available.begin(), available.end());
     auto pref = kubelet_.GetPreferredAllocation(resource, available, taken, need);
-    if (!pref.ok()) return absl::Status(pref.status().code(), "GetPreferredAllocation rpc failed: " + std::string(pref.status().message()));
+    if (!pref.ok())
+      return absl::Status(pref.status().code(),
+                          "GetPreferredAllocation rpc failed: " + std::string(pref.status().message()));
     // kubelet keeps the answer only when it is a valid choice, else picks by itself.
     std::set<std::string> chosen(pref->begin(), pref->end());
-    const bool valid = static_cast<int>(chosen.size()) == need &&
-                       std::all_of(chosen.begin(), chosen.end(),
-                                   [&](const std::string& id) { return std::binary_search(available.begin(), available.end(), id); }) &&
-                       std::all_of(taken.begin(), taken.end(), [&](const std::string& id) { return chosen.contains(id); });
+    const bool valid =
+        static_cast<int>(chosen.size()) == need &&
+        std::all_of(
+            chosen.begin(), chosen.end(),
+            [&](const std::string& id) { return std::binary_search(available.begin(), available.end(), id); }) &&
+        std::all_of(taken.begin(), taken.end(), [&](const std::string& id) { return chosen.contains(id); });
     if (valid) return *pref;
   }
   // kubelet's own pick: a random subset (its map iteration order), here from the seeded rng.
@@ -136,11 +140,14 @@ void KubeletAdmission::WriteCheckpoint() {
       }
       json ids = json::object();
       for (const auto& [n, list] : per_numa) ids[std::to_string(n)] = list;
-      entries.push_back({{"PodUID", uid}, {"ContainerName", c.name}, {"ResourceName", c.resource}, {"DeviceIDs", ids},
+      entries.push_back({{"PodUID", uid},
+                         {"ContainerName", c.name},
+                         {"ResourceName", c.resource},
+                         {"DeviceIDs", ids},
                          {"AllocResp", absl::Base64Escape(c.response.SerializeAsString())}});
     }
   }
-  const json doc = WithKubeletChecksum(
+  const json doc = kubelet::WithKubeletChecksum(
       {{"Data", {{"PodDeviceEntries", entries.empty() ? json(nullptr) : entries}, {"RegisteredDevices", registered}}}});
   const std::string path = kubelet_.Dir() + "/kubelet_internal_checkpoint";
   {
@@ -183,7 +190,7 @@ absl::StatusOr<std::vector<AdmittedPod>> KubeletAdmission::AdmitPending() {
   for (const auto& pod : pending) {
     AdmittedPod p{pod["metadata"]["namespace"], pod["metadata"]["name"], pod["metadata"]["uid"], {}, absl::OkStatus()};
     std::map<std::string, std::set<std::string>> from_init;  // devices init containers used, reusable
-    std::vector<std::pair<const json*, bool>> order;  // container, regular init container
+    std::vector<std::pair<const json*, bool>> order;         // container, regular init container
     const json& spec = pod["spec"];
     if (spec.contains("initContainers")) {
       // A restartable init container (sidecar) keeps its devices as an app container does.

@@ -26,14 +26,14 @@
 //
 // Thread-safety: AdmitPending and the accessors from one thread at a time.
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <map>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -86,7 +86,7 @@ class KubeletAdmission {
   const std::string node_;
   std::mt19937 rng_;
   std::map<std::string, AdmittedPod> admitted_;  // UID -> pod (only those that hold devices or run)
-  std::set<std::string> failed_;                  // UIDs refused at admission (never retried)
+  std::set<std::string> failed_;                 // UIDs refused at admission (never retried)
 };
 
 }  // namespace kgpu::testing

@@ -5,11 +5,11 @@
 //
 // Thread-safety: test-thread only.
 
-#include <gtest/gtest.h>
-
 #include <fstream>
 #include <memory>
 #include <string>
+
+#include <gtest/gtest.h>
 
 #include "testing/fake_kubelet.h"
 #include "testing/sim_node.h"

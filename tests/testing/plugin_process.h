@@ -6,12 +6,6 @@
 //
 // Thread-safety: test-thread only.
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -20,12 +14,20 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "testing/sim_node.h"
 #include "testing/spawn.h"
 
 namespace kgpu::testing {
 
-inline std::string LibDir() { return std::filesystem::path(SimNode::LibraryPath()).parent_path(); }
+inline std::string LibDir() {
+  return std::filesystem::path(SimNode::LibraryPath()).parent_path();
+}
 
 // A `kgpu device-plugin` child process; its stderr goes to a log file.
 class Plugin {

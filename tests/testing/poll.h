@@ -11,12 +11,14 @@
 
 namespace kgpu::testing {
 
-// Polls `pred` every 20 ms until it holds or `timeout` passes; its last answer.
-inline bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+// Polls `pred` every `every` until it holds or `timeout` passes; its last answer. The one wait of
+// the tests: a test waits for an event or a counter through it, never sleeps a fixed time.
+inline bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                    std::chrono::milliseconds every = std::chrono::milliseconds(10)) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(every);
   }
   return pred();
 }

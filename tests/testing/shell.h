@@ -4,11 +4,11 @@
 //
 // Thread-safety: any thread; each call is its own process.
 
-#include <sys/wait.h>
-
 #include <array>
 #include <cstdio>
 #include <string>
+
+#include <sys/wait.h>
 
 namespace kgpu::testing {
 

@@ -4,10 +4,10 @@
 //
 // Thread-safety: construct and Rediscover() from the test thread.
 
-#include <gtest/gtest.h>
-
 #include <memory>
 #include <string>
+
+#include <gtest/gtest.h>
 
 #include "gpu/inventory.h"
 #include "nvml/library.h"

@@ -5,11 +5,11 @@
 //
 // Thread-safety: construct before any thread opens NVML; Ctl() may be called from any thread.
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+
+#include <unistd.h>
 
 namespace kgpu::testing {
 

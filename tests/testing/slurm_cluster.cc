@@ -1,5 +1,11 @@
 #include "testing/slurm_cluster.h"
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -10,14 +16,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-#include <thread>
-
 #include "common/files.h"
 #include "common/strings.h"
+#include "testing/poll.h"
 #include "testing/spawn.h"
 
 namespace kgpu::testing {
@@ -49,7 +50,7 @@ bool Executable(const std::string& name) {
 }
 
 std::string Tail(const std::string& path, size_t n) {
-  auto text = ReadFile(path);
+  auto text = kgpu::ReadFile(path);  // common/files.h (not testing::ReadFile)
   if (!text) return "";
   std::vector<std::string> lines;
   std::stringstream in(*text);
@@ -63,7 +64,7 @@ bool Alive(pid_t pid) {
   if (pid <= 0) return false;
   int status = 0;
   const pid_t r = ::waitpid(pid, &status, WNOHANG);
-  if (r == pid) return false;        // our child, reaped now
+  if (r == pid) return false;             // our child, reaped now
   if (r < 0) return ::kill(pid, 0) == 0;  // not our child (detached): signal probe
   return true;
 }
@@ -73,7 +74,8 @@ bool Alive(pid_t pid) {
 std::string SlurmCluster::Unavailable() {
   if (::geteuid() != 0) return "needs root (munged --force, mknod, slurmd)";
   for (const char* b : {"munged", "slurmctld", "slurmd", "scontrol", "squeue", "sbatch"}) {
-    if (!Executable(b)) return Cat(b, " is not installed (scripts/install-deps.sh installs slurmctld slurmd slurm-client munge)");
+    if (!Executable(b))
+      return Cat(b, " is not installed (scripts/install-deps.sh installs slurmctld slurmd slurm-client munge)");
   }
   return "";
 }
@@ -169,12 +171,7 @@ std::string SlurmCluster::JobState(const std::string& id) const {
 
 bool SlurmCluster::WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds deadline,
                            std::chrono::milliseconds every) {
-  const auto end = std::chrono::steady_clock::now() + deadline;
-  for (;;) {
-    if (cond()) return true;
-    if (std::chrono::steady_clock::now() >= end) return false;
-    std::this_thread::sleep_for(every);
-  }
+  return testing::WaitFor(cond, deadline, every);
 }
 
 std::string SlurmCluster::Logs(size_t lines_per_file) const {
@@ -201,7 +198,9 @@ absl::Status SlurmCluster::WaitNodesIdle(const std::vector<std::string>& nodes) 
         return true;
       },
       options_.deadline, std::chrono::milliseconds(200));
-  if (!ok) return absl::DeadlineExceededError(Cat("nodes not IDLE after ", options_.deadline.count(), " s (", last, ")\n", Logs()));
+  if (!ok)
+    return absl::DeadlineExceededError(
+        Cat("nodes not IDLE after ", options_.deadline.count(), " s (", last, ")\n", Logs()));
   return absl::OkStatus();
 }
 
@@ -239,8 +238,8 @@ absl::Status SlurmCluster::Start() {
     node_lines += Cat("NodeName=", n, " NodeAddr=127.0.0.1 NodeHostname=localhost Port=", node_ports_[n], " ", params,
                       " State=UNKNOWN\n");
     if (options_.gpus_per_node > 0) {
-      gres_conf += Cat("NodeName=", n, " Name=gpu Type=tesla File=", dev_dir(n), "/nvidia[0-", options_.gpus_per_node - 1,
-                       "]\n");
+      gres_conf += Cat("NodeName=", n, " Name=gpu Type=tesla File=", dev_dir(n), "/nvidia[0-",
+                       options_.gpus_per_node - 1, "]\n");
     }
   }
   if (!options_.gres_conf.empty()) gres_conf = options_.gres_conf;
@@ -248,26 +247,25 @@ absl::Status SlurmCluster::Start() {
   std::ofstream(conf()) << Cat(
       "# A private test cluster written by tests/testing/slurm_cluster.cc\n"
       "ClusterName=kgputest\nSlurmctldHost=localhost\nSlurmUser=root\nSlurmdUser=root\n"
-      "SlurmctldPort=", ctld_port_, "\n",
+      "SlurmctldPort=",
+      ctld_port_, "\n",
       "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny\n"
       "AuthType=auth/munge\nCredType=cred/munge\n"
-      "AuthInfo=socket=", base_, "/munge/munge.socket.2\n",
-      "StateSaveLocation=", base_, "/state\n",
-      "SlurmdSpoolDir=", base_, "/spool/%n\n",
-      "SlurmctldPidFile=", base_, "/run/slurmctld.daemon.pid\n",
-      "SlurmdPidFile=", base_, "/run/slurmd-%n.daemon.pid\n",
-      "SlurmctldLogFile=", base_, "/log/slurmctld.log\n",
-      "SlurmdLogFile=", base_, "/log/slurmd-%n.log\n",
+      "AuthInfo=socket=",
+      base_, "/munge/munge.socket.2\n", "StateSaveLocation=", base_, "/state\n", "SlurmdSpoolDir=", base_,
+      "/spool/%n\n", "SlurmctldPidFile=", base_, "/run/slurmctld.daemon.pid\n", "SlurmdPidFile=", base_,
+      "/run/slurmd-%n.daemon.pid\n", "SlurmctldLogFile=", base_, "/log/slurmctld.log\n", "SlurmdLogFile=", base_,
+      "/log/slurmd-%n.log\n",
       "SlurmctldDebug=info\nSlurmdDebug=info\nMailProg=/bin/true\n"
       "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n"
       "AccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\nMpiDefault=none\n"
       "SwitchType=switch/none\nSchedulerType=sched/backfill\n"
       "SchedulerParameters=batch_sched_delay=0,bf_interval=1,sched_interval=2\n"
       "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n"
-      "GresTypes=", options_.gres_types, "\n",
+      "GresTypes=",
+      options_.gres_types, "\n",
       "ReturnToService=2\nSlurmctldTimeout=30\nSlurmdTimeout=300\nInactiveLimit=0\nKillWait=5\nMinJobAge=300\n",
-      node_lines,
-      "PartitionName=batch Nodes=", Join(options_.nodes, ","), " Default=YES MaxTime=INFINITE State=UP\n",
+      node_lines, "PartitionName=batch Nodes=", Join(options_.nodes, ","), " Default=YES MaxTime=INFINITE State=UP\n",
       options_.extra_conf, "\n");
 
   auto fail = [&](absl::Status s) {
@@ -353,14 +351,15 @@ void SlurmCluster::EnablePowerSave(const std::string& kgpu, const std::string& k
   fs::create_directories(hooks);
   for (const std::string event : {"suspend", "resume"}) {
     const std::string path = Cat(hooks, "/", event);
-    std::ofstream(path) << "#!/bin/sh\nexec " << kgpu << " slurm-bridge hook " << event << " --kubeconfig " << kubeconfig
-                        << " \"$1\" >>" << hooks << "/hooks.log 2>&1\n";
+    std::ofstream(path) << "#!/bin/sh\nexec " << kgpu << " slurm-bridge hook " << event << " --kubeconfig "
+                        << kubeconfig << " \"$1\" >>" << hooks << "/hooks.log 2>&1\n";
     fs::permissions(path, fs::perms::owner_all);
   }
   std::string nodes;
   for (const auto& n : options_.nodes) nodes += (nodes.empty() ? "" : ",") + n;
-  options_.extra_conf += Cat("SuspendProgram=", hooks, "/suspend\nResumeProgram=", hooks,
-                             "/resume\nSuspendTime=3600\nSuspendExcNodes=", nodes, "\nSuspendTimeout=5\nResumeTimeout=90\n");
+  options_.extra_conf +=
+      Cat("SuspendProgram=", hooks, "/suspend\nResumeProgram=", hooks,
+          "/resume\nSuspendTime=3600\nSuspendExcNodes=", nodes, "\nSuspendTimeout=5\nResumeTimeout=90\n");
 }
 
 std::vector<std::pair<std::string, absl::Status>> SlurmCluster::ServeResumeRequests(
@@ -396,8 +395,10 @@ void StopDetachedCluster(const std::string& base) {
   std::vector<std::pair<bool, pid_t>> all;  // (is munged, pid)
   for (const auto& e : fs::directory_iterator(base + "/run", ec)) {
     const std::string name = e.path().filename();
-    if (name.size() < 5 || name.substr(name.size() - 4) != ".pid" || name.find(".daemon.") != std::string::npos) continue;
-    if (auto t = ReadFile(e.path().string())) all.emplace_back(name == "munged.pid", static_cast<pid_t>(std::atoi(t->c_str())));
+    if (name.size() < 5 || name.substr(name.size() - 4) != ".pid" || name.find(".daemon.") != std::string::npos)
+      continue;
+    if (auto t = kgpu::ReadFile(e.path().string()))
+      all.emplace_back(name == "munged.pid", static_cast<pid_t>(std::atoi(t->c_str())));
   }
   for (bool munge_pass : {false, true}) {
     for (const auto& [m, p] : all) {
@@ -406,7 +407,8 @@ void StopDetachedCluster(const std::string& base) {
     for (const auto& [m, p] : all) {
       if (m != munge_pass || p <= 0) continue;
       const pid_t pid = p;  // clang (C++20 as it implements it) cannot capture a structured binding
-      if (!SlurmCluster::WaitFor([&] { return ::kill(pid, 0) != 0; }, std::chrono::seconds(20), std::chrono::milliseconds(50))) {
+      if (!SlurmCluster::WaitFor([&] { return ::kill(pid, 0) != 0; }, std::chrono::seconds(20),
+                                 std::chrono::milliseconds(50))) {
         ::kill(pid, SIGKILL);
       }
     }

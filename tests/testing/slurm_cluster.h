@@ -14,14 +14,14 @@
 //
 // Thread-safety: one thread drives a cluster; Run() may be called from any thread.
 
-#include <sys/types.h>
-
 #include <chrono>
 #include <functional>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <sys/types.h>
 
 #include "absl/status/status.h"
 #include "slurm/process.h"
@@ -35,12 +35,12 @@ struct SlurmClusterOptions {
   // Per node: the rest of its NodeName line (after NodeName/NodeAddr/NodeHostname/Port), e.g.
   // "CPUs=2 RealMemory=1000 Gres=gpu:nvidia_h100:2"; default from cpus/gpus_per_node.
   std::map<std::string, std::string> node_params;
-  std::string gres_conf;                     // whole gres.conf; empty: File=<base>/dev/<node>/nvidia[..]
-  std::string gres_types = "gpu";            // GresTypes=
-  std::string extra_conf;                    // appended to slurm.conf
-  std::string base;                          // empty: a new /tmp/kgpu-slurm-XXXXXX (short: unix sockets)
-  bool detach = false;                       // daemons outlive this process (no PDEATHSIG, no Stop in ~)
-  std::chrono::seconds deadline{90};         // for each wait of Start/StartController/StartSlurmd
+  std::string gres_conf;              // whole gres.conf; empty: File=<base>/dev/<node>/nvidia[..]
+  std::string gres_types = "gpu";     // GresTypes=
+  std::string extra_conf;             // appended to slurm.conf
+  std::string base;                   // empty: a new /tmp/kgpu-slurm-XXXXXX (short: unix sockets)
+  bool detach = false;                // daemons outlive this process (no PDEATHSIG, no Stop in ~)
+  std::chrono::seconds deadline{90};  // for each wait of Start/StartController/StartSlurmd
 };
 
 class SlurmCluster {

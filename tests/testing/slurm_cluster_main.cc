@@ -4,15 +4,16 @@
 //   kgpu-slurm-testcluster up --base /tmp/ks --nodes node1,node2   # prints SLURM_CONF=...
 //   SLURM_CONF=/tmp/ks/etc/slurm.conf sinfo
 //   kgpu-slurm-testcluster down --base /tmp/ks
-#include <CLI/CLI.hpp>
-
 #include <iostream>
+
+#include <CLI/CLI.hpp>
 
 #include "common/strings.h"
 #include "testing/slurm_cluster.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"kgpu-slurm-testcluster: a private Slurm cluster (own munged, slurmctld, one slurmd per node) on loopback"};
+  CLI::App app{
+      "kgpu-slurm-testcluster: a private Slurm cluster (own munged, slurmctld, one slurmd per node) on loopback"};
   app.require_subcommand(1);
   std::string base;
   std::vector<std::string> nodes = {"node1", "node2"};

@@ -11,17 +11,17 @@
 // Thread-safety: call from any thread; the child dies with the calling thread when
 // die_with_parent is set (PR_SET_PDEATHSIG is per thread), as the tests want.
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 extern char** environ;
 
@@ -74,8 +74,9 @@ inline pid_t Spawn(const std::vector<std::string>& argv, const SpawnOptions& o =
   args.push_back(nullptr);
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
-  const int log_fd = o.log.empty() ? -1
-                                   : ::open(o.log.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (o.append ? O_APPEND : O_TRUNC), 0644);
+  const int log_fd =
+      o.log.empty() ? -1
+                    : ::open(o.log.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (o.append ? O_APPEND : O_TRUNC), 0644);
   if (!o.log.empty() && log_fd < 0) return -1;
   const int null_fd = o.stdin_null ? ::open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
   const pid_t pid = ::fork();

@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include "common/strings.h"
-#include "deviceplugin/kubelet_checkpoint.h"
-#include "exporter/podresources.h"
+#include "kubelet/checkpoint.h"
+#include "kubelet/podresources.h"
 #include "testing/fake_podresources.h"
 #include "testing/kubelet_checkpoint.h"
 
@@ -39,8 +39,7 @@ constexpr char kMig[] = "MIG-4b8f2a1c-6d3e-5f70-9a1b-2c3d4e5f6a7b";
 
 std::string Underscored(std::string uid) {
   for (char& c : uid) {
-    if (c == '-')
-      c = '_';
+    if (c == '-') c = '_';
   }
   return uid;
 }
@@ -65,11 +64,9 @@ TEST(AttributionCgroupTest, V1Cgroupfs) {
 }
 
 TEST(AttributionCgroupTest, V1SystemdDriverConvertsUnderscores) {
-  const std::string path = std::string("/kubepods.slice/kubepods-besteffort.slice/") +
-                           "kubepods-besteffort-pod" + Underscored(kUidB) +
-                           ".slice/cri-containerd-" + kCtr + ".scope";
-  const std::string text =
-      "11:devices:" + path + "\n4:memory:" + path + "\n1:name=systemd:" + path + "\n0::/\n";
+  const std::string path = std::string("/kubepods.slice/kubepods-besteffort.slice/") + "kubepods-besteffort-pod" +
+                           Underscored(kUidB) + ".slice/cri-containerd-" + kCtr + ".scope";
+  const std::string text = "11:devices:" + path + "\n4:memory:" + path + "\n1:name=systemd:" + path + "\n0::/\n";
   auto info = ParseCgroup(text);
   ASSERT_TRUE(info.has_value());
   EXPECT_EQ(info->pod_uid, kUidB);
@@ -78,8 +75,8 @@ TEST(AttributionCgroupTest, V1SystemdDriverConvertsUnderscores) {
 
 TEST(AttributionCgroupTest, V2SystemdRuntimes) {
   for (const std::string scope : {"cri-containerd-", "crio-", "docker-"}) {
-    const std::string text = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" +
-                             Underscored(kUidA) + ".slice/" + scope + kCtr + ".scope\n";
+    const std::string text = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + Underscored(kUidA) +
+                             ".slice/" + scope + kCtr + ".scope\n";
     auto info = ParseCgroup(text);
     ASSERT_TRUE(info.has_value()) << scope;
     EXPECT_EQ(info->pod_uid, kUidA) << scope;
@@ -114,19 +111,18 @@ TEST(AttributionCgroupTest, CgroupNamespaceKindAndNestedPaths) {
   EXPECT_EQ(info->container_id, kCtr);
   // kind nodes.
   info = ParseCgroup(std::string("0::/kubelet.slice/kubelet-kubepods.slice/") +
-                     "kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod" +
-                     Underscored(kUidB) + ".slice/cri-containerd-" + kCtr + ".scope");
+                     "kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod" + Underscored(kUidB) +
+                     ".slice/cri-containerd-" + kCtr + ".scope");
   ASSERT_TRUE(info.has_value());
   EXPECT_EQ(info->pod_uid, kUidB);
   // A sub-cgroup inside the container.
-  info =
-      ParseCgroup(std::string("0::/kubepods/burstable/pod") + kUidC + "/" + kCtr + "/init.scope");
+  info = ParseCgroup(std::string("0::/kubepods/burstable/pod") + kUidC + "/" + kCtr + "/init.scope");
   ASSERT_TRUE(info.has_value());
   EXPECT_EQ(info->pod_uid, kUidC);
   EXPECT_EQ(info->container_id, kCtr);
   // A runtime on cgroupfs given a systemd cgroupsPath ("slice:prefix:name") keeps it literally.
-  info = ParseCgroup(std::string("0::/system.slice/containerd.service/kubepods-burstable-pod") +
-                     Underscored(kUidA) + ".slice:cri-containerd:" + kCtr + "\n");
+  info = ParseCgroup(std::string("0::/system.slice/containerd.service/kubepods-burstable-pod") + Underscored(kUidA) +
+                     ".slice:cri-containerd:" + kCtr + "\n");
   ASSERT_TRUE(info.has_value());
   EXPECT_EQ(info->pod_uid, kUidA);
   EXPECT_EQ(info->container_id, kCtr);
@@ -142,8 +138,8 @@ TEST(AttributionCgroupTest, StaticPodHashUidAndPodLevelCgroup) {
   ASSERT_TRUE(info.has_value());
   EXPECT_EQ(info->pod_uid, kUidA);
   EXPECT_EQ(info->container_id, "");
-  info = ParseCgroup(std::string("0::/kubepods.slice/kubepods-pod") + Underscored(kUidA) +
-                     ".slice/crio-conmon-" + kCtr + ".scope");
+  info = ParseCgroup(std::string("0::/kubepods.slice/kubepods-pod") + Underscored(kUidA) + ".slice/crio-conmon-" +
+                     kCtr + ".scope");
   ASSERT_TRUE(info.has_value());
   EXPECT_EQ(info->container_id, "");
 }
@@ -167,14 +163,12 @@ TEST(AttributionCgroupTest, NotInAPod) {
 // A checkpoint as Kubernetes >= 1.20 writes it (NUMA map), with the fields we ignore.
 std::string CheckpointNuma() {
   return std::string(R"({"Data":{"PodDeviceEntries":[)") +  //
-         R"({"PodUID":")" + kUidA +
-         R"(","ContainerName":"train","ResourceName":"nvidia.com/gpu",)" +
-         R"("DeviceIDs":{"-1":[")" + kGpu +
-         R"(::0"]},"AllocResp":"CiQKFk5WSURJQV9WSVNJQkxFX0RFVklDRVM="},)" + R"({"PodUID":")" +
-         kUidB + R"(","ContainerName":"infer","ResourceName":"nvidia.com/gpu",)" +
-         R"("DeviceIDs":{"0":[")" + kGpu + R"(::1"],"1":[")" + kGpu2 +
-         R"(::1"],"2":null},"AllocResp":null})" + R"(],"RegisteredDevices":{"nvidia.com/gpu":[")" +
-         kGpu + R"(::0",")" + kGpu + R"(::1"]}},)" + R"("Checksum":1234567890})";
+         R"({"PodUID":")" + kUidA + R"(","ContainerName":"train","ResourceName":"nvidia.com/gpu",)" +
+         R"("DeviceIDs":{"-1":[")" + kGpu + R"(::0"]},"AllocResp":"CiQKFk5WSURJQV9WSVNJQkxFX0RFVklDRVM="},)" +
+         R"({"PodUID":")" + kUidB + R"(","ContainerName":"infer","ResourceName":"nvidia.com/gpu",)" +
+         R"("DeviceIDs":{"0":[")" + kGpu + R"(::1"],"1":[")" + kGpu2 + R"(::1"],"2":null},"AllocResp":null})" +
+         R"(],"RegisteredDevices":{"nvidia.com/gpu":[")" + kGpu + R"(::0",")" + kGpu + R"(::1"]}},)" +
+         R"("Checksum":1234567890})";
 }
 
 // Written by kubelets (Kubernetes 1.2x, NVIDIA's plugin), with the checksums they computed.
@@ -190,7 +184,7 @@ TEST(AttributionCheckpointTest, KubeletChecksumIsVerified) {
   for (const char* real : kRealCheckpoints) {
     auto ok = ParseCheckpoint(real, "/cp");
     EXPECT_TRUE(ok.ok()) << ok.status();
-    EXPECT_TRUE(deviceplugin::RegisteredResources(real, "/cp").ok());
+    EXPECT_TRUE(kubelet::RegisteredResources(real, "/cp").ok());
   }
   std::string edited = kRealCheckpoints[2];
   const size_t at = edited.find("GPU-c1e9f249");
@@ -198,16 +192,21 @@ TEST(AttributionCheckpointTest, KubeletChecksumIsVerified) {
   edited.replace(at, 12, "GPU-d1e9f249");  // a device moved to another container by hand
   auto refused = ParseCheckpoint(edited, "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint");
   ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(std::string(refused.status().message())
-                .rfind("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint: checksum 2442330366 does not match its "
-                       "contents (",
-                       0),
-            0u)
+  EXPECT_EQ(
+      std::string(refused.status().message())
+          .rfind("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint: checksum 2442330366 does not match its "
+                 "contents (",
+                 0),
+      0u)
       << refused.status();
   EXPECT_NE(refused.status().message().find("corrupt or was edited"), std::string::npos);
-  EXPECT_FALSE(deviceplugin::RegisteredResources(edited, "/cp").ok());
+  EXPECT_FALSE(kubelet::RegisteredResources(edited, "/cp").ok());
   // The older layout (DeviceIDs a list) and a file without a checksum are not verified.
-  EXPECT_TRUE(ParseCheckpoint(R"({"Data":{"PodDeviceEntries":[{"PodUID":"u","ContainerName":"c","ResourceName":"r","DeviceIDs":["a"]}]},"Checksum":7})", "/cp").ok());
+  EXPECT_TRUE(
+      ParseCheckpoint(
+          R"({"Data":{"PodDeviceEntries":[{"PodUID":"u","ContainerName":"c","ResourceName":"r","DeviceIDs":["a"]}]},"Checksum":7})",
+          "/cp")
+          .ok());
   EXPECT_TRUE(ParseCheckpoint(R"({"Data":{"PodDeviceEntries":null}})", "/cp").ok());
 }
 
@@ -225,9 +224,8 @@ TEST(AttributionCheckpointTest, NumaMapShape) {
 
 TEST(AttributionCheckpointTest, OldListShapeAndEmptyForms) {
   const std::string old = std::string(R"({"Data":{"PodDeviceEntries":[{"PodUID":")") + kUidC +
-                          R"(","ContainerName":"c","ResourceName":"nvidia.com/mig-1g.10gb",)" +
-                          R"("DeviceIDs":[")" + kMig + R"("],"AllocResp":"AA=="}],)" +
-                          R"("RegisteredDevices":null},"Checksum":42})";
+                          R"(","ContainerName":"c","ResourceName":"nvidia.com/mig-1g.10gb",)" + R"("DeviceIDs":[")" +
+                          kMig + R"("],"AllocResp":"AA=="}],)" + R"("RegisteredDevices":null},"Checksum":42})";
   auto entries = ParseCheckpoint(old, "/cp");
   ASSERT_TRUE(entries.ok()) << entries.status();
   ASSERT_EQ(entries->size(), 1u);
@@ -235,9 +233,8 @@ TEST(AttributionCheckpointTest, OldListShapeAndEmptyForms) {
   EXPECT_EQ((*entries)[0].resource, "nvidia.com/mig-1g.10gb");
 
   // No pods: Go writes a nil slice as null; a fresh kubelet may omit nothing else.
-  for (const char* empty :
-       {R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":1})",
-        R"({"Data":{"PodDeviceEntries":[]},"Checksum":1})", R"({"Data":{}})"}) {
+  for (const char* empty : {R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":1})",
+                            R"({"Data":{"PodDeviceEntries":[]},"Checksum":1})", R"({"Data":{}})"}) {
     auto e = ParseCheckpoint(kgpu::testing::SignedCheckpoint(empty), "/cp");
     ASSERT_TRUE(e.ok()) << empty << ": " << e.status();
     EXPECT_TRUE(e->empty());
@@ -269,8 +266,7 @@ TEST(AttributionCheckpointTest, ErrorsNameOriginAndProblem) {
        "/k/cp: Data.PodDeviceEntries[0].DeviceIDs: expected a map of NUMA node"},
       {entry_prefix + R"({"PodUID":"u","ContainerName":"c","ResourceName":"r","DeviceIDs":[1]}]}})",
        "/k/cp: Data.PodDeviceEntries[0].DeviceIDs[0]: expected a device ID string, got number"},
-      {entry_prefix + R"({"PodUID":"u","ContainerName":"c","ResourceName":"r",)" +
-           R"("DeviceIDs":{"0":"GPU-x"}}]}})",
+      {entry_prefix + R"({"PodUID":"u","ContainerName":"c","ResourceName":"r",)" + R"("DeviceIDs":{"0":"GPU-x"}}]}})",
        "/k/cp: Data.PodDeviceEntries[0].DeviceIDs[\"0\"]: expected a list of device IDs"},
   };
   for (const auto& c : cases) {
@@ -324,21 +320,19 @@ class PodAttributorTest : public ::testing::Test {
     std::string json = R"({"Data":{"PodDeviceEntries":[)";
     for (size_t i = 0; i < allocs.size(); ++i) {
       const Alloc& a = allocs[i];
-      json += (i ? "," : "") + std::string(R"({"PodUID":")") + a.uid + R"(","ContainerName":")" +
-              a.container + R"(","ResourceName":")" + a.resource + R"(","DeviceIDs":{"-1":[)";
-      for (size_t k = 0; k < a.ids.size(); ++k)
-        json += (k ? ",\"" : "\"") + a.ids[k] + "\"";
+      json += (i ? "," : "") + std::string(R"({"PodUID":")") + a.uid + R"(","ContainerName":")" + a.container +
+              R"(","ResourceName":")" + a.resource + R"(","DeviceIDs":{"-1":[)";
+      for (size_t k = 0; k < a.ids.size(); ++k) json += (k ? ",\"" : "\"") + a.ids[k] + "\"";
       json += R"(]},"AllocResp":"AA=="})";
     }
     json += R"(],"RegisteredDevices":{}},"Checksum":1})";
     Write(options_.checkpoint_path, kgpu::testing::SignedCheckpoint(json));
   }
   // What PodResources List would say for `allocs` (device IDs flattened).
-  static std::vector<DeviceAllocation> Flat(const std::vector<Alloc>& allocs) {
-    std::vector<DeviceAllocation> out;
+  static std::vector<kubelet::DeviceAllocation> Flat(const std::vector<Alloc>& allocs) {
+    std::vector<kubelet::DeviceAllocation> out;
     for (const Alloc& a : allocs) {
-      for (const auto& id : a.ids)
-        out.push_back({a.resource, id, {a.ns, a.pod, a.container}});
+      for (const auto& id : a.ids) out.push_back({a.resource, id, {a.ns, a.pod, a.container}});
     }
     return out;
   }
@@ -366,15 +360,15 @@ TEST_F(PodAttributorTest, ThreePodsOnOneTimeSlicedGpu) {
   AddProcess(102, "0::/kubepods/burstable/pod" + std::string(kUidB) + "/" + kCtr + "\n");
   AddProcess(103, CgroupV2Systemd(kUidC));
 
-  EXPECT_EQ(attributor.Attribute(101, g, ""), (PodRef{"ml", "train-0", "trainer"}));
-  EXPECT_EQ(attributor.Attribute(102, g, ""), (PodRef{"ml", "infer-7", "server"}));
-  EXPECT_EQ(attributor.Attribute(103, g, ""), (PodRef{"team-b", "notebook", "jupyter"}));
+  EXPECT_EQ(attributor.Attribute(101, g, ""), (kubelet::PodRef{"ml", "train-0", "trainer"}));
+  EXPECT_EQ(attributor.Attribute(102, g, ""), (kubelet::PodRef{"ml", "infer-7", "server"}));
+  EXPECT_EQ(attributor.Attribute(103, g, ""), (kubelet::PodRef{"team-b", "notebook", "jupyter"}));
   // The same processes on another GPU belong to nobody.
   EXPECT_EQ(attributor.Attribute(101, kGpu2, ""), std::nullopt);
 
-  EXPECT_EQ(attributor.PodsOnDevice(g), (std::vector<PodRef>{{"ml", "infer-7", "server"},
-                                                             {"ml", "train-0", "trainer"},
-                                                             {"team-b", "notebook", "jupyter"}}));
+  EXPECT_EQ(attributor.PodsOnDevice(g),
+            (std::vector<kubelet::PodRef>{
+                {"ml", "infer-7", "server"}, {"ml", "train-0", "trainer"}, {"team-b", "notebook", "jupyter"}}));
   EXPECT_EQ(attributor.OwnerOf(g), std::nullopt);
   EXPECT_TRUE(attributor.PodsOnDevice(kGpu2).empty());
   EXPECT_EQ(attributor.OwnerOf(kGpu2), std::nullopt);
@@ -385,23 +379,21 @@ TEST_F(PodAttributorTest, WholeGpuHasOneOwner) {
   PodAttributor attributor(options_);
   Serve(attributor, {{kUidA, "default", "cuda", "main", kGpuRes, {kGpu, kGpu2}}});
   AddProcess(7, CgroupV2Systemd(kUidA));
-  EXPECT_EQ(attributor.Attribute(7, kGpu2, ""), (PodRef{"default", "cuda", "main"}));
-  EXPECT_EQ(attributor.OwnerOf(kGpu), (PodRef{"default", "cuda", "main"}));
-  EXPECT_EQ(attributor.PodsOnDevice(kGpu2), (std::vector<PodRef>{{"default", "cuda", "main"}}));
+  EXPECT_EQ(attributor.Attribute(7, kGpu2, ""), (kubelet::PodRef{"default", "cuda", "main"}));
+  EXPECT_EQ(attributor.OwnerOf(kGpu), (kubelet::PodRef{"default", "cuda", "main"}));
+  EXPECT_EQ(attributor.PodsOnDevice(kGpu2), (std::vector<kubelet::PodRef>{{"default", "cuda", "main"}}));
 }
 
 TEST_F(PodAttributorTest, MigDevice) {
   const std::string res = "nvidia.com/mig-1g.10gb";
   PodAttributor attributor(options_);
-  Serve(attributor,
-        {{kUidA, "ml", "small", "c", res, {kMig}},
-         {kUidB, "ml", "other", "c", res, {"MIG-00000000-1111-2222-3333-444444444444"}}});
+  Serve(attributor, {{kUidA, "ml", "small", "c", res, {kMig}},
+                     {kUidB, "ml", "other", "c", res, {"MIG-00000000-1111-2222-3333-444444444444"}}});
   AddProcess(55, CgroupV2Systemd(kUidA));
-  EXPECT_EQ(attributor.Attribute(55, kGpu, kMig), (PodRef{"ml", "small", "c"}));
-  EXPECT_EQ(attributor.Attribute(55, kGpu, "MIG-00000000-1111-2222-3333-444444444444"),
-            std::nullopt);
+  EXPECT_EQ(attributor.Attribute(55, kGpu, kMig), (kubelet::PodRef{"ml", "small", "c"}));
+  EXPECT_EQ(attributor.Attribute(55, kGpu, "MIG-00000000-1111-2222-3333-444444444444"), std::nullopt);
   EXPECT_EQ(attributor.Attribute(55, kGpu, ""), std::nullopt);
-  EXPECT_EQ(attributor.OwnerOf(kMig), (PodRef{"ml", "small", "c"}));
+  EXPECT_EQ(attributor.OwnerOf(kMig), (kubelet::PodRef{"ml", "small", "c"}));
   EXPECT_TRUE(attributor.PodsOnDevice(kGpu).empty());
 }
 
@@ -419,14 +411,13 @@ TEST_F(PodAttributorTest, ProcessOutsideAnyPod) {
 
 TEST_F(PodAttributorTest, OldListShapeCheckpoint) {
   const std::string id = std::string(kGpu) + "::4";
-  Write(options_.checkpoint_path,
-        std::string(R"({"Data":{"PodDeviceEntries":[{"PodUID":")") + kUidC +
-            R"(","ContainerName":"c","ResourceName":"nvidia.com/gpu","DeviceIDs":[")" + id +
-            R"("],"AllocResp":"AA=="}],"RegisteredDevices":{}},"Checksum":9})");
+  Write(options_.checkpoint_path, std::string(R"({"Data":{"PodDeviceEntries":[{"PodUID":")") + kUidC +
+                                      R"(","ContainerName":"c","ResourceName":"nvidia.com/gpu","DeviceIDs":[")" + id +
+                                      R"("],"AllocResp":"AA=="}],"RegisteredDevices":{}},"Checksum":9})");
   PodAttributor attributor(options_);
   attributor.Update({{kGpuRes, id, {"ns", "old", "c"}}});
   AddProcess(4, CgroupV2Systemd(kUidC));
-  EXPECT_EQ(attributor.Attribute(4, kGpu, ""), (PodRef{"ns", "old", "c"}));
+  EXPECT_EQ(attributor.Attribute(4, kGpu, ""), (kubelet::PodRef{"ns", "old", "c"}));
 }
 
 TEST_F(PodAttributorTest, MalformedCheckpointKeepsPreviousData) {
@@ -437,24 +428,24 @@ TEST_F(PodAttributorTest, MalformedCheckpointKeepsPreviousData) {
   Serve(attributor, allocs);
   AddProcess(10, CgroupV2Systemd(kUidA));
   AddProcess(11, CgroupV2Systemd(kUidB));
-  ASSERT_EQ(attributor.Attribute(10, g, ""), (PodRef{"ml", "a", "c"}));
+  ASSERT_EQ(attributor.Attribute(10, g, ""), (kubelet::PodRef{"ml", "a", "c"}));
 
   Write(options_.checkpoint_path, R"({"Data":{"PodDeviceEntries":[{"PodUID":)");  // torn write
   attributor.Update(Flat(allocs));
   EXPECT_EQ(attributor.CheckpointFailures(), 1u);
-  EXPECT_EQ(attributor.Attribute(10, g, ""), (PodRef{"ml", "a", "c"}));
-  EXPECT_EQ(attributor.Attribute(11, g, ""), (PodRef{"ml", "b", "c"}));
+  EXPECT_EQ(attributor.Attribute(10, g, ""), (kubelet::PodRef{"ml", "a", "c"}));
+  EXPECT_EQ(attributor.Attribute(11, g, ""), (kubelet::PodRef{"ml", "b", "c"}));
 
   fs::remove(options_.checkpoint_path);  // missing file: also degraded, data kept
   attributor.Update(Flat(allocs));
   EXPECT_EQ(attributor.CheckpointFailures(), 2u);
-  EXPECT_EQ(attributor.Attribute(11, g, ""), (PodRef{"ml", "b", "c"}));
+  EXPECT_EQ(attributor.Attribute(11, g, ""), (kubelet::PodRef{"ml", "b", "c"}));
 
   // A readable checkpoint again replaces the old data: pod a is gone.
   Serve(attributor, {allocs[1]});
   EXPECT_EQ(attributor.CheckpointFailures(), 2u);
   EXPECT_EQ(attributor.Attribute(10, g, ""), std::nullopt);
-  EXPECT_EQ(attributor.Attribute(11, g, ""), (PodRef{"ml", "b", "c"}));
+  EXPECT_EQ(attributor.Attribute(11, g, ""), (kubelet::PodRef{"ml", "b", "c"}));
 }
 
 TEST_F(PodAttributorTest, NoCheckpointYetMeansNoAttribution) {
@@ -463,7 +454,7 @@ TEST_F(PodAttributorTest, NoCheckpointYetMeansNoAttribution) {
   AddProcess(5, CgroupV2Systemd(kUidA));
   EXPECT_EQ(attributor.CheckpointFailures(), 1u);
   EXPECT_EQ(attributor.Attribute(5, kGpu, ""), std::nullopt);
-  EXPECT_EQ(attributor.OwnerOf(kGpu), (PodRef{"ns", "p", "c"}));  // PodResources alone
+  EXPECT_EQ(attributor.OwnerOf(kGpu), (kubelet::PodRef{"ns", "p", "c"}));  // PodResources alone
 }
 
 TEST_F(PodAttributorTest, RequiresExactlyTheSameDevices) {
@@ -475,16 +466,14 @@ TEST_F(PodAttributorTest, RequiresExactlyTheSameDevices) {
   AddProcess(20, CgroupV2Systemd(kUidA));
   EXPECT_EQ(attributor.Attribute(20, g, ""), std::nullopt);
   // Same devices, other container name: no match either.
-  attributor.Update(
-      {{kGpuRes, g + "::0", {"ml", "a", "other"}}, {kGpuRes, g + "::1", {"ml", "a", "other"}}});
+  attributor.Update({{kGpuRes, g + "::0", {"ml", "a", "other"}}, {kGpuRes, g + "::1", {"ml", "a", "other"}}});
   EXPECT_EQ(attributor.Attribute(20, g, ""), std::nullopt);
   // A stale checkpoint entry of a pod kubelet no longer lists.
   attributor.Update({});
   EXPECT_EQ(attributor.Attribute(20, g, ""), std::nullopt);
   // Kubelet splits one container's devices by NUMA node; the flat list makes that invisible.
-  attributor.Update(
-      {{kGpuRes, g + "::1", {"ml", "a", "c"}}, {kGpuRes, g + "::0", {"ml", "a", "c"}}});
-  EXPECT_EQ(attributor.Attribute(20, g, ""), (PodRef{"ml", "a", "c"}));
+  attributor.Update({{kGpuRes, g + "::1", {"ml", "a", "c"}}, {kGpuRes, g + "::0", {"ml", "a", "c"}}});
+  EXPECT_EQ(attributor.Attribute(20, g, ""), (kubelet::PodRef{"ml", "a", "c"}));
 }
 
 TEST_F(PodAttributorTest, InitContainerDevicesReusedByAppContainer) {
@@ -492,25 +481,23 @@ TEST_F(PodAttributorTest, InitContainerDevicesReusedByAppContainer) {
   // the app container (plain init containers are not reported).
   const std::string id = std::string(kGpu) + "::3";
   PodAttributor attributor(options_);
-  WriteCheckpoint(
-      {{kUidA, "ml", "p", "init", kGpuRes, {id}}, {kUidA, "ml", "p", "main", kGpuRes, {id}}});
+  WriteCheckpoint({{kUidA, "ml", "p", "init", kGpuRes, {id}}, {kUidA, "ml", "p", "main", kGpuRes, {id}}});
   attributor.Update({{kGpuRes, id, {"ml", "p", "main"}}});
   AddProcess(30, CgroupV2Systemd(kUidA));
-  EXPECT_EQ(attributor.Attribute(30, kGpu, ""), (PodRef{"ml", "p", "main"}));
+  EXPECT_EQ(attributor.Attribute(30, kGpu, ""), (kubelet::PodRef{"ml", "p", "main"}));
   // Were both listed (a sidecar, which PodResources reports), the container would be unclear.
   attributor.Update({{kGpuRes, id, {"ml", "p", "main"}}, {kGpuRes, id, {"ml", "p", "init"}}});
-  EXPECT_EQ(attributor.Attribute(30, kGpu, ""), (PodRef{"ml", "p", ""}));
+  EXPECT_EQ(attributor.Attribute(30, kGpu, ""), (kubelet::PodRef{"ml", "p", ""}));
 }
 
 TEST_F(PodAttributorTest, TwoContainersOfOnePodOnOneGpu) {
   const std::string g = kGpu;
   PodAttributor attributor(options_);
-  Serve(attributor, {{kUidA, "ml", "p", "a", kGpuRes, {g + "::0"}},
-                     {kUidA, "ml", "p", "b", kGpuRes, {g + "::1"}}});
+  Serve(attributor, {{kUidA, "ml", "p", "a", kGpuRes, {g + "::0"}}, {kUidA, "ml", "p", "b", kGpuRes, {g + "::1"}}});
   AddProcess(40, CgroupV2Systemd(kUidA));
   // The cgroup's container ID cannot tell "a" from "b": the pod, without a container.
-  EXPECT_EQ(attributor.Attribute(40, g, ""), (PodRef{"ml", "p", ""}));
-  EXPECT_EQ(attributor.OwnerOf(g), (PodRef{"ml", "p", ""}));
+  EXPECT_EQ(attributor.Attribute(40, g, ""), (kubelet::PodRef{"ml", "p", ""}));
+  EXPECT_EQ(attributor.OwnerOf(g), (kubelet::PodRef{"ml", "p", ""}));
   EXPECT_EQ(attributor.PodsOnDevice(g).size(), 2u);
 }
 
@@ -522,18 +509,17 @@ TEST_F(PodAttributorTest, UpdateWhileReading) {
   AddProcess(50, CgroupV2Systemd(kUidA));
   std::atomic<bool> stop{false};
   std::thread writer([&] {
-    while (!stop.load())
-      attributor.Update(Flat(allocs));
+    while (!stop.load()) attributor.Update(Flat(allocs));
   });
   for (int i = 0; i < 300; ++i) {
-    ASSERT_EQ(attributor.Attribute(50, g, ""), (PodRef{"ml", "a", "c"}));
-    ASSERT_EQ(attributor.OwnerOf(g), (PodRef{"ml", "a", "c"}));
+    ASSERT_EQ(attributor.Attribute(50, g, ""), (kubelet::PodRef{"ml", "a", "c"}));
+    ASSERT_EQ(attributor.OwnerOf(g), (kubelet::PodRef{"ml", "a", "c"}));
   }
   stop = true;
   writer.join();
 }
 
-// ---------------------------------------------------------------- ListPodResources
+// ---------------------------------------------------------------- kubelet::ListPodResources
 
 class PodResourcesTest : public ::testing::Test {
  protected:
@@ -563,30 +549,31 @@ TEST_F(PodResourcesTest, ListReadsTheServer) {
   answer.add_pod_resources()->set_name("no-devices");  // pods without devices are listed too
   server.SetListResponse(answer);
 
-  auto list = ListPodResources(socket_, std::chrono::seconds(5));
+  auto list = kubelet::ListPodResources(socket_, std::chrono::seconds(5));
   ASSERT_TRUE(list.ok()) << list.status();
   EXPECT_EQ(server.ListCalls(), 1);
   ASSERT_EQ(list->size(), 4u);
   EXPECT_EQ((*list)[0].resource, kGpuRes);
   EXPECT_EQ((*list)[0].device_id, g + "::0");
-  EXPECT_EQ((*list)[0].pod, (PodRef{"ml", "train-0", "trainer"}));
+  EXPECT_EQ((*list)[0].pod, (kubelet::PodRef{"ml", "train-0", "trainer"}));
   EXPECT_EQ((*list)[1].device_id, kGpu2);
-  EXPECT_EQ((*list)[1].pod, (PodRef{"ml", "train-0", "trainer"}));
+  EXPECT_EQ((*list)[1].pod, (kubelet::PodRef{"ml", "train-0", "trainer"}));
   EXPECT_EQ((*list)[2].resource, "example.com/nic");
-  EXPECT_EQ((*list)[2].pod, (PodRef{"ml", "train-0", "sidecar"}));
-  EXPECT_EQ((*list)[3].pod, (PodRef{"team-b", "notebook", "jupyter"}));
+  EXPECT_EQ((*list)[2].pod, (kubelet::PodRef{"ml", "train-0", "sidecar"}));
+  EXPECT_EQ((*list)[3].pod, (kubelet::PodRef{"team-b", "notebook", "jupyter"}));
 
   // End to end: the List answer and a checkpoint attribute a process.
   const fs::path proc = dir_ / "proc";
   fs::create_directories(proc / "77");
   std::ofstream(proc / "77" / "cgroup") << CgroupV2Systemd(kUidB);
-  std::ofstream(dir_ / "cp") << kgpu::testing::SignedCheckpoint(Cat(R"({"Data":{"PodDeviceEntries":[{"PodUID":")", kUidB,
-                                                             R"(","ContainerName":"jupyter","ResourceName":"nvidia.com/gpu",)",
-                                                             R"("DeviceIDs":{"-1":[")", g, R"(::1"]}}]},"Checksum":1})"));
+  std::ofstream(dir_ / "cp") << kgpu::testing::SignedCheckpoint(
+      Cat(R"({"Data":{"PodDeviceEntries":[{"PodUID":")", kUidB,
+          R"(","ContainerName":"jupyter","ResourceName":"nvidia.com/gpu",)", R"("DeviceIDs":{"-1":[")", g,
+          R"(::1"]}}]},"Checksum":1})"));
   PodAttributor attributor({.proc_root = proc.string(), .checkpoint_path = (dir_ / "cp").string()});
   attributor.Update(*std::move(list));
-  EXPECT_EQ(attributor.Attribute(77, g, ""), (PodRef{"team-b", "notebook", "jupyter"}));
-  EXPECT_EQ(attributor.OwnerOf(kGpu2), (PodRef{"ml", "train-0", "trainer"}));
+  EXPECT_EQ(attributor.Attribute(77, g, ""), (kubelet::PodRef{"team-b", "notebook", "jupyter"}));
+  EXPECT_EQ(attributor.OwnerOf(kGpu2), (kubelet::PodRef{"ml", "train-0", "trainer"}));
 }
 
 // A periodic refresh keeps one channel (one connection to kubelet): a new one only after the
@@ -597,7 +584,7 @@ TEST_F(PodResourcesTest, ClientKeepsOneChannelAcrossRefreshes) {
   v1::ListPodResourcesResponse answer;
   kgpu::testing::AddDevices(answer, "ml", "train-0", "trainer", kGpuRes, {kGpu2});
   server->SetListResponse(answer);
-  PodResourcesClient client(socket_);
+  kubelet::PodResourcesClient client(socket_);
   EXPECT_EQ(client.ChannelsCreated(), 0);
   for (int i = 0; i < 5; ++i) {
     auto list = client.List(std::chrono::seconds(5));
@@ -628,7 +615,7 @@ TEST_F(PodResourcesTest, ClientKeepsOneChannelAcrossRefreshes) {
 }
 
 TEST_F(PodResourcesTest, MissingSocketSaysWhatToMount) {
-  auto list = ListPodResources(socket_, std::chrono::seconds(1));
+  auto list = kubelet::ListPodResources(socket_, std::chrono::seconds(1));
   ASSERT_FALSE(list.ok());
   EXPECT_EQ(list.status().code(), absl::StatusCode::kNotFound);
   const std::string msg(list.status().message());
@@ -638,7 +625,7 @@ TEST_F(PodResourcesTest, MissingSocketSaysWhatToMount) {
 
 TEST_F(PodResourcesTest, DirectoryInsteadOfSocket) {
   fs::create_directories(socket_);
-  auto list = ListPodResources(socket_, std::chrono::seconds(1));
+  auto list = kubelet::ListPodResources(socket_, std::chrono::seconds(1));
   ASSERT_FALSE(list.ok());
   EXPECT_EQ(list.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(list.status().message()).find("not a unix socket"), std::string::npos);
@@ -654,7 +641,7 @@ TEST_F(PodResourcesTest, StaleSocketIsUnavailable) {
   socket_.copy(addr.sun_path, socket_.size());
   ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   ::close(fd);
-  auto list = ListPodResources(socket_, std::chrono::seconds(2));
+  auto list = kubelet::ListPodResources(socket_, std::chrono::seconds(2));
   ASSERT_FALSE(list.ok());
   EXPECT_EQ(list.status().code(), absl::StatusCode::kUnavailable) << list.status();
   const std::string msg(list.status().message());
@@ -666,16 +653,15 @@ TEST_F(PodResourcesTest, ServerErrorAndDeadline) {
   kgpu::testing::FakePodResources server(socket_);
   ASSERT_TRUE(server.Start().ok());
   server.SetListStatus(absl::ResourceExhaustedError("rejected by the rate limiter"));
-  auto list = ListPodResources(socket_, std::chrono::seconds(5));
+  auto list = kubelet::ListPodResources(socket_, std::chrono::seconds(5));
   ASSERT_FALSE(list.ok());
   EXPECT_EQ(list.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(std::string(list.status().message()).find("rejected by the rate limiter"),
-            std::string::npos);
+  EXPECT_NE(std::string(list.status().message()).find("rejected by the rate limiter"), std::string::npos);
   EXPECT_EQ(server.ListCalls(), 1);
 
   server.SetListStatus(absl::OkStatus());
   server.SetListDelay(std::chrono::seconds(5));
-  list = ListPodResources(socket_, std::chrono::milliseconds(100));
+  list = kubelet::ListPodResources(socket_, std::chrono::milliseconds(100));
   ASSERT_FALSE(list.ok());
   EXPECT_EQ(list.status().code(), absl::StatusCode::kDeadlineExceeded) << list.status();
   EXPECT_NE(std::string(list.status().message()).find(socket_), std::string::npos);

@@ -1,5 +1,3 @@
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -8,20 +6,22 @@
 #include <set>
 #include <thread>
 
+#include <gtest/gtest.h>
+
 #include "common/strings.h"
 #include "deviceplugin/allocator.h"
 #include "deviceplugin/cdi.h"
 #include "deviceplugin/config.h"
-#include "deviceplugin/mig_minors.h"
 #include "deviceplugin/plan.h"
-#include "nvml/library.h"
 #include "deviceplugin/server.h"
+#include "gpu/mig_minors.h"
+#include "kubelet/registration.h"
+#include "nvml/library.h"
 #include "testing/fake_kubelet.h"
 #include "testing/sim_plan.h"
 
 namespace kgpu::deviceplugin {
 namespace {
-
 
 // ---------------------------------------------------------------- config
 
@@ -102,8 +102,7 @@ TEST(ConfigTest, JsonAndCommaListStrategy) {
 }
 
 TEST(ConfigTest, MpsDefaultsToFailRequestsGreaterThanOne) {
-  auto c = ParseConfig("sharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 3\n",
-                       "c.yaml");
+  auto c = ParseConfig("sharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 3\n", "c.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->sharing.strategy, SharingStrategy::kMps);
   EXPECT_TRUE(c->sharing.fail_requests_greater_than_one);
@@ -115,9 +114,10 @@ TEST(ConfigTest, MpsDefaultsToFailRequestsGreaterThanOne) {
 }
 
 TEST(ConfigTest, KgpuHealthSection) {
-  auto c = ParseConfig("health:\n  ignoredXids: [13, 43]\n  fatalXids: [31]\n  recoverAfter: 90s\n"
-                       "  probeInterval: 250ms\n",
-                       "c.yaml");
+  auto c = ParseConfig(
+      "health:\n  ignoredXids: [13, 43]\n  fatalXids: [31]\n  recoverAfter: 90s\n"
+      "  probeInterval: 250ms\n",
+      "c.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->health.ignored_xids, (std::set<uint64_t>{13, 43}));
   EXPECT_EQ(c->health.fatal_xids, (std::set<uint64_t>{31}));
@@ -165,7 +165,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"version: v2\n", "config.yaml:1:10: unknown version 'v2' (expected v1)"},
         BadConfig{"flags:\n  migStrategy: none\n  bogus: 1\n", "config.yaml:3:3: unknown key 'bogus' in flags"},
         BadConfig{"sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 1\n",
-                  "config.yaml:5:17: sharing.timeSlicing.resources[0].replicas must be an integer from 2 to 1024 (got 1, out of range)"},
+                  "config.yaml:5:17: sharing.timeSlicing.resources[0].replicas must be an integer from 2 to 1024 (got "
+                  "1, out of range)"},
         BadConfig{"sharing:\n  timeSlicing:\n    resources: []\n",
                   "config.yaml:3:16: sharing.timeSlicing.resources must be a non-empty list"},
         BadConfig{"sharing:\n  timeSlicing:\n    resources:\n    - replicas: 2\n",
@@ -221,9 +222,11 @@ TEST(PlanTest, TimeSlicingReplicasAndRename) {
 TEST(PlanTest, PerGpuSharing) {
   Node n("dgx-h100");
   const std::string uuid7 = n.inv->gpus()[7].uuid;
-  auto plan = n.PlanFor("sharing:\n  timeSlicing:\n    resources:\n"
-                        "    - {name: gpu, replicas: 4, devices: [0, 1], rename: gpu.quarter}\n"
-                        "    - {name: gpu, replicas: 2, devices: [\"" + uuid7 + "\"], rename: gpu.half}\n");
+  auto plan = n.PlanFor(
+      "sharing:\n  timeSlicing:\n    resources:\n"
+      "    - {name: gpu, replicas: 4, devices: [0, 1], rename: gpu.quarter}\n"
+      "    - {name: gpu, replicas: 2, devices: [\"" +
+      uuid7 + "\"], rename: gpu.half}\n");
   ASSERT_EQ(plan->resources.size(), 3u);
   std::map<std::string, size_t> sizes;
   for (const auto& r : plan->resources) sizes[r.name] = r.devices.size();
@@ -242,7 +245,8 @@ TEST(PlanTest, SharingErrorsNameTheEntry) {
             std::string::npos)
       << p.status();
   auto twice = ParseConfig(
-      "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2}\n    - {name: gpu, replicas: 3, devices: [1]}\n",
+      "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2}\n    - {name: gpu, replicas: 3, "
+      "devices: [1]}\n",
       "t");
   ASSERT_TRUE(twice.ok());
   EXPECT_FALSE(BuildPlan(n.inv, *twice).ok());
@@ -251,14 +255,18 @@ TEST(PlanTest, SharingErrorsNameTheEntry) {
 TEST(PlanTest, ResourcesMustNotShareASocketOrHaveBadNames) {
   Node n("l4x4");
   // Another domain keeps its name in the socket: no collision with nvidia.com/gpu.
-  auto acme = ParseConfig("sharing:\n  timeSlicing:\n    resources:\n"
-                          "    - {name: gpu, replicas: 2, devices: [0], rename: acme.com/gpu}\n", "t");
+  auto acme = ParseConfig(
+      "sharing:\n  timeSlicing:\n    resources:\n"
+      "    - {name: gpu, replicas: 2, devices: [0], rename: acme.com/gpu}\n",
+      "t");
   ASSERT_TRUE(acme.ok()) << acme.status();
   auto served = BuildPlan(n.inv, *acme);
   ASSERT_TRUE(served.ok()) << served.status();
   EXPECT_EQ(SocketName("acme.com/gpu"), "acme.com-gpu.sock");
-  auto c = ParseConfig("sharing:\n  timeSlicing:\n    resources:\n"
-                       "    - {name: gpu, replicas: 2, devices: [0], rename: nvidia/gpu}\n", "t");
+  auto c = ParseConfig(
+      "sharing:\n  timeSlicing:\n    resources:\n"
+      "    - {name: gpu, replicas: 2, devices: [0], rename: nvidia/gpu}\n",
+      "t");
   ASSERT_TRUE(c.ok()) << c.status();
   auto p = BuildPlan(n.inv, *c);
   ASSERT_FALSE(p.ok());
@@ -286,7 +294,8 @@ TEST(PlanTest, MigStrategies) {
   auto c = ParseConfig("flags:\n  migStrategy: single\n", "t");
   auto single = BuildPlan(n.inv, *c);
   ASSERT_FALSE(single.ok());
-  EXPECT_NE(std::string(single.status().message()).find("all devices on the node must be configured with the same migEnabled value"),
+  EXPECT_NE(std::string(single.status().message())
+                .find("all devices on the node must be configured with the same migEnabled value"),
             std::string::npos);
 }
 
@@ -336,12 +345,14 @@ TEST(MigMinorsTest, SimulatedProcfsGivesEachMigDeviceItsCapabilities) {
       if (d.mig < 0) continue;
       ++mig_devices;
       const auto& migs = n.inv->gpus()[d.gpu].migs;
-      const auto m_it = std::find_if(migs.begin(), migs.end(), [&](const auto& x) { return static_cast<int>(x.index) == d.mig; });
+      const auto m_it =
+          std::find_if(migs.begin(), migs.end(), [&](const auto& x) { return static_cast<int>(x.index) == d.mig; });
       ASSERT_NE(m_it, migs.end());
       const auto& m = *m_it;
       const std::string gi_dir = Cat(proc, "/driver/nvidia/capabilities/gpu", d.minor, "/mig/gi", m.gi);
-      EXPECT_EQ(d.cap_nodes, (std::vector<std::string>{"/dev/nvidia-caps/nvidia-cap" + minor_in(gi_dir + "/access"),
-                                                       "/dev/nvidia-caps/nvidia-cap" + minor_in(Cat(gi_dir, "/ci", m.ci, "/access"))}))
+      EXPECT_EQ(d.cap_nodes, (std::vector<std::string>{
+                                 "/dev/nvidia-caps/nvidia-cap" + minor_in(gi_dir + "/access"),
+                                 "/dev/nvidia-caps/nvidia-cap" + minor_in(Cat(gi_dir, "/ci", m.ci, "/access"))}))
           << r.name << " " << d.id;
     }
   }
@@ -364,11 +375,12 @@ TEST(MigMinorsTest, SimulatedProcfsGivesEachMigDeviceItsCapabilities) {
 }
 
 TEST(MigMinorsTest, ParsesAndNamesBadLines) {
-  auto m = ParseMigMinors("config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n", "mm");
+  auto m = gpu::ParseMigMinors("config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n", "mm");
   ASSERT_TRUE(m.ok());
-  EXPECT_EQ(MigCapNodes(*m, 0, 1, 0), (std::vector<std::string>{"/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"}));
-  EXPECT_TRUE(MigCapNodes(*m, 1, 1, 0).empty());
-  auto bad = ParseMigMinors("gpu0/gi1/access twelve\n", "mm");
+  EXPECT_EQ(gpu::MigCapNodes(*m, 0, 1, 0),
+            (std::vector<std::string>{"/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"}));
+  EXPECT_TRUE(gpu::MigCapNodes(*m, 1, 1, 0).empty());
+  auto bad = gpu::ParseMigMinors("gpu0/gi1/access twelve\n", "mm");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(std::string(bad.status().message()), "mm:1: minor 'twelve' is not a number");
 }
@@ -387,8 +399,9 @@ TEST(AllocateTest, EnvvarStripsReplicasAndDeduplicates) {
 
 TEST(AllocateTest, FailRequestsGreaterThanOneAndUnknownIds) {
   Node n("l4x4");
-  auto plan = n.PlanFor("sharing:\n  timeSlicing:\n    failRequestsGreaterThanOne: true\n    resources:\n"
-                        "    - {name: gpu, replicas: 2}\n");
+  auto plan = n.PlanFor(
+      "sharing:\n  timeSlicing:\n    failRequestsGreaterThanOne: true\n    resources:\n"
+      "    - {name: gpu, replicas: 2}\n");
   const Resource& r = plan->resources[0];
   auto two = Allocate(*plan, r, n.config, {r.devices[0].id, r.devices[1].id}, "x");
   ASSERT_FALSE(two.ok());
@@ -401,8 +414,9 @@ TEST(AllocateTest, FailRequestsGreaterThanOneAndUnknownIds) {
 
 TEST(AllocateTest, VolumeMountsCdiIndexAndDeviceSpecs) {
   Node n("dgx-h100");
-  auto plan = n.PlanFor("flags:\n  plugin:\n    passDeviceSpecs: true\n    deviceIDStrategy: index\n"
-                        "    deviceListStrategy: [volume-mounts, cdi-annotations, cdi-cri]\n");
+  auto plan = n.PlanFor(
+      "flags:\n  plugin:\n    passDeviceSpecs: true\n    deviceIDStrategy: index\n"
+      "    deviceListStrategy: [volume-mounts, cdi-annotations, cdi-cri]\n");
   const Resource& r = plan->resources[0];
   auto a = Allocate(*plan, r, n.config, {r.devices[2].id, r.devices[5].id}, "abc");
   ASSERT_TRUE(a.ok()) << a.status();
@@ -411,8 +425,8 @@ TEST(AllocateTest, VolumeMountsCdiIndexAndDeviceSpecs) {
   EXPECT_EQ(a->mounts[0], (MountSpec{"/var/run/nvidia-container-devices/2", "/dev/null", false}));
   EXPECT_EQ(a->annotations.at("cdi.k8s.io/nvidia-device-plugin_abc"),
             "k8s.device-plugin.nvidia.com/gpu=2,k8s.device-plugin.nvidia.com/gpu=5");
-  EXPECT_EQ(a->cdi_devices, (std::vector<std::string>{"k8s.device-plugin.nvidia.com/gpu=2",
-                                                       "k8s.device-plugin.nvidia.com/gpu=5"}));
+  EXPECT_EQ(a->cdi_devices,
+            (std::vector<std::string>{"k8s.device-plugin.nvidia.com/gpu=2", "k8s.device-plugin.nvidia.com/gpu=5"}));
   std::vector<std::string> nodes;
   for (const auto& d : a->devices) nodes.push_back(d.container_path);
   EXPECT_EQ(nodes, (std::vector<std::string>{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia2", "/dev/nvidia5"}));
@@ -503,14 +517,16 @@ TEST(ListAndWatchTest, EveryUnhealthyEdgeReachesKubelet) {
   auto config = std::make_shared<const Config>(n.config);
   ResourceServer server(plan, 0, config, n.sim.dir() + "/nvidia-gpu.sock");
   ASSERT_TRUE(server.Start().ok());
-  ASSERT_TRUE(RegisterWithKubelet(kubelet.SocketPath(), "nvidia-gpu.sock", "nvidia.com/gpu", false, std::chrono::seconds(5)).ok());
-  ASSERT_TRUE(kubelet.WaitFor("nvidia.com/gpu", [](const auto& s) { return s.connected && s.updates >= 1; },
-                              std::chrono::seconds(10)));
+  ASSERT_TRUE(::kgpu::kubelet::RegisterDevicePlugin(kubelet.SocketPath(), "nvidia-gpu.sock", "nvidia.com/gpu", false,
+                                                    std::chrono::seconds(5))
+                  .ok());
+  ASSERT_TRUE(kubelet.WaitFor(
+      "nvidia.com/gpu", [](const auto& s) { return s.connected && s.updates >= 1; }, std::chrono::seconds(10)));
   const std::string uuid = n.inv->gpus()[2].uuid;
   constexpr int kFlaps = 50;
   for (int i = 0; i < kFlaps; ++i) {
-    server.SetHealth({{uuid, gpu::DeviceHealth{uuid, false, "XID 48"}}});
-    server.SetHealth({{uuid, gpu::DeviceHealth{uuid, true, ""}}});  // recovered at once
+    server.SetHealth({{uuid, gpu::DeviceHealth{uuid, false, "XID 48", "xid"}}});
+    server.SetHealth({{uuid, gpu::DeviceHealth{uuid, true, "", ""}}});  // recovered at once
   }
   // Every flap ends Healthy: wait for that, then count the Unhealthy lists kubelet received.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);

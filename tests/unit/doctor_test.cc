@@ -1,9 +1,9 @@
-#include <gtest/gtest.h>
-
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include <gtest/gtest.h>
 
 #include "cli/commands.h"
 #include "deviceplugin/health_file.h"
@@ -86,7 +86,7 @@ TEST(DoctorTest, JsonOutput) {
 
 // The checks every run reports, whatever fails (cluster checks only with a kubeconfig).
 const std::vector<std::string> kBaseChecks = {"NVML library", "Driver version", "GPUs enumerable", "Device nodes",
-                                              "GPUs healthy", "Device plugin", "MPS daemons"};
+                                              "GPUs healthy", "Device plugin",  "MPS daemons"};
 
 std::vector<std::string> Names(const std::vector<Check>& checks) {
   std::vector<std::string> names;
@@ -155,7 +155,8 @@ TEST(DoctorTest, HungGpuFailsWithinTheDeadlineNamingIndexAndUuid) {
     ASSERT_TRUE(session.ok()) << session.status();
     uuid3 = session->inventory->gpus()[3].uuid;
     std::vector<deviceplugin::ServedHealth> served;
-    for (const auto& g : session->inventory->gpus()) served.push_back({g.uuid, static_cast<int>(g.index), false, true, ""});
+    for (const auto& g : session->inventory->gpus())
+      served.push_back({g.uuid, static_cast<int>(g.index), false, true, ""});
     ASSERT_TRUE(deviceplugin::WriteHealthFile(node.dir(), served).ok());
   }
   ASSERT_EQ(node.Ctl("hang 3 60000"), 0);
@@ -187,14 +188,14 @@ TEST(DoctorTest, HungGpuFailsWithinTheDeadlineNamingIndexAndUuid) {
 }
 
 TEST(HealthFileTest, RoundTripAndErrorsNameTheFile) {
-  const std::vector<deviceplugin::ServedHealth> devices = {
-      {"GPU-a", 0, false, true, ""}, {"MIG-b", 1, true, false, "XID 94 on MIG instance"}};
+  const std::vector<deviceplugin::ServedHealth> devices = {{"GPU-a", 0, false, true, ""},
+                                                           {"MIG-b", 1, true, false, "XID 94 on MIG instance"}};
   auto back = deviceplugin::ParseHealthFile(deviceplugin::HealthFileJson(devices), "f");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, devices);
-  for (const char* bad : {"", "[]", "{\"version\":2,\"devices\":[]}", "{\"version\":1}",
-                          "{\"version\":1,\"devices\":[{\"id\":\"x\"}]}",
-                          "{\"version\":1,\"devices\":[{\"id\":\"x\",\"healthy\":true,\"gpu\":99999}]}"}) {
+  for (const char* bad :
+       {"", "[]", "{\"version\":2,\"devices\":[]}", "{\"version\":1}", "{\"version\":1,\"devices\":[{\"id\":\"x\"}]}",
+        "{\"version\":1,\"devices\":[{\"id\":\"x\",\"healthy\":true,\"gpu\":99999}]}"}) {
     auto r = deviceplugin::ParseHealthFile(bad, "/k/.kgpu-health.json");
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(std::string(r.status().message()).rfind("/k/.kgpu-health.json: ", 0), 0u) << r.status();

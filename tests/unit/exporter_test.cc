@@ -1,23 +1,23 @@
-#include <gtest/gtest.h>
-#include <httplib.h>
-#include <zlib.h>
+#include "exporter/exporter.h"
 
 #include <regex>
 #include <set>
 #include <sstream>
 
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <zlib.h>
+
+#include "api/share_cdi.h"
 #include "cli/share_handoff.h"
-#include "deviceplugin/share_cdi.h"
-#include "exporter/counters.h"
 #include "common/strings.h"
-#include "exporter/exporter.h"
+#include "exporter/counters.h"
 #include "exporter/gzip_body.h"
 #include "gpu/mig_layout.h"
 #include "testing/sim_gpus.h"
 
 namespace kgpu::exporter {
 namespace {
-
 
 TEST(CountersTest, DefaultCsvMatchesDcgmExporterNamesAndHelp) {
   std::vector<std::string> skipped;
@@ -121,7 +121,7 @@ TEST(CollectorTest, ProcessUtilisationCountsTowardTheGpu) {
 TEST(CollectorTest, UnsupportedValuesAreOmitted) {
   Fixture f("l4x4");
   const std::string text = f.Collect();
-  EXPECT_EQ(Family(text, "DCGM_FI_DEV_MEMORY_TEMP").size(), 0u);  // L4: no memory sensor
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_MEMORY_TEMP").size(), 0u);             // L4: no memory sensor
   EXPECT_EQ(Family(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL").size(), 0u);  // no NVLink
   EXPECT_EQ(text.find("# HELP DCGM_FI_DEV_MEMORY_TEMP"), std::string::npos);
   EXPECT_EQ(Family(text, "DCGM_FI_DEV_GPU_TEMP").size(), 4u);
@@ -172,7 +172,8 @@ TEST(CollectorTest, MigXidsAreMergedIntoOneSeriesPerCode) {
   ASSERT_EQ(gi1.size(), 1u) << text;
   EXPECT_TRUE(gi1[0].ends_with("xid=\"31\"} 2"));
   std::set<std::string> unique;
-  for (const auto& l : Family(text, "DCGM_FI_DEV_XID_ERRORS")) EXPECT_TRUE(unique.insert(l.substr(0, l.rfind(' '))).second) << l;
+  for (const auto& l : Family(text, "DCGM_FI_DEV_XID_ERRORS"))
+    EXPECT_TRUE(unique.insert(l.substr(0, l.rfind(' '))).second) << l;
 }
 
 TEST(CollectorTest, LostGpuStaysVisibleWithItsXidAndHealth) {
@@ -377,8 +378,8 @@ namespace {
 
 // Writes kubelet's checkpoint of `entries` (PodDeviceEntries JSON) into the fixture's directory,
 // serves `list` as PodResources, and returns one scrape of an exporter with pod attribution.
-std::string ScrapeWithPods(Fixture& f, kgpu::testing::FakePodResources& server, const v1::ListPodResourcesResponse& list,
-                           const std::string& entries) {
+std::string ScrapeWithPods(Fixture& f, kgpu::testing::FakePodResources& server,
+                           const v1::ListPodResourcesResponse& list, const std::string& entries) {
   const std::string dir = f.sim.dir();
   std::ofstream(dir + "/checkpoint") << kgpu::testing::SignedCheckpoint(
       Cat(R"({"Data":{"PodDeviceEntries":[)", entries, R"(],"RegisteredDevices":{}},"Checksum":1})"));
@@ -433,13 +434,14 @@ void SharedGpuGetsOneSeriesPerPod(const std::string& kind) {
   v1::ListPodResourcesResponse list;
   std::string entries;
   for (const auto& p : procs) {
-    ASSERT_EQ(f.sim.Ctl(Cat("proc add ", p.gpu, " ", p.pid, " --mem ", p.mem_mib, " --util ", p.util, " --kind ", kind)), 0);
+    ASSERT_EQ(
+        f.sim.Ctl(Cat("proc add ", p.gpu, " ", p.pid, " --mem ", p.mem_mib, " --util ", p.util, " --kind ", kind)), 0);
     std::filesystem::create_directories(Cat(dir, "/proc/", p.pid));
     std::string uid_ = p.uid;
     std::replace(uid_.begin(), uid_.end(), '-', '_');
     std::ofstream(Cat(dir, "/proc/", p.pid, "/cgroup"))
-        << "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" << uid_
-        << ".slice/cri-containerd-" << std::string(64, 'a') << ".scope\n";
+        << "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" << uid_ << ".slice/cri-containerd-"
+        << std::string(64, 'a') << ".scope\n";
     if (!entries.empty()) entries += ",";
     entries += Cat(R"({"PodUID":")", p.uid, R"(","ContainerName":")", p.container,
                    R"(","ResourceName":"nvidia.com/gpu","DeviceIDs":{"-1":[")", p.device, R"("]},"AllocResp":""})");
@@ -474,9 +476,13 @@ void SharedGpuGetsOneSeriesPerPod(const std::string& kind) {
   EXPECT_GE(server.ListCalls(), 1);
 }
 
-TEST(PodAttributionTest, SharedGpuGetsOneSeriesPerPod) { SharedGpuGetsOneSeriesPerPod("compute"); }
+TEST(PodAttributionTest, SharedGpuGetsOneSeriesPerPod) {
+  SharedGpuGetsOneSeriesPerPod("compute");
+}
 // MPS clients (nvmlDeviceGetMPSComputeRunningProcesses) are attributed to their pods the same way.
-TEST(PodAttributionTest, MpsClientsGetOneSeriesPerPod) { SharedGpuGetsOneSeriesPerPod("mps"); }
+TEST(PodAttributionTest, MpsClientsGetOneSeriesPerPod) {
+  SharedGpuGetsOneSeriesPerPod("mps");
+}
 
 // kgpu.io/gpu slots are only a count: kubelet gave these containers slots of GPU 0, but their
 // allocation records put them on GPU 2 (hard, 4000 MiB) and GPU 2 (mps, 8000 MiB); the plugin's
@@ -507,20 +513,22 @@ TEST(PodAttributionTest, KgpuSharesAreAttributedByTheirSpecNotTheirSlots) {
   std::string entries;
   for (const auto& p : procs) {
     if (!entries.empty()) entries += ",";
-    entries += Cat(R"({"PodUID":")", p.uid, R"(","ContainerName":"main","ResourceName":"kgpu.io/gpu","DeviceIDs":{"-1":[")",
-                   p.slot, R"("]},"AllocResp":""})");
+    entries +=
+        Cat(R"({"PodUID":")", p.uid, R"(","ContainerName":"main","ResourceName":"kgpu.io/gpu","DeviceIDs":{"-1":[")",
+            p.slot, R"("]},"AllocResp":""})");
     kgpu::testing::AddDevices(list, "ml", p.pod, "main", "kgpu.io/gpu", {p.slot});
     if (!p.started) continue;
     ASSERT_EQ(f.sim.Ctl(Cat("proc add 2 ", p.pid, " --mem ", p.mem_mib)), 0);
     std::filesystem::create_directories(Cat(dir, "/proc/", p.pid));
-    std::ofstream(Cat(dir, "/proc/", p.pid, "/cgroup")) << "0::/kubepods/besteffort/pod" << p.uid << "/" << std::string(64, 'b') << "\n";
+    std::ofstream(Cat(dir, "/proc/", p.pid, "/cgroup"))
+        << "0::/kubepods/besteffort/pod" << p.uid << "/" << std::string(64, 'b') << "\n";
     // The spec as the plugin's handoff writes it (its env from cli::ShareEnv of the record).
-    extender::RecordContainer rc{"main", "kgpu.io/gpu", p.mode, {{g2, "", "", p.limit_mib, 25}}};
-    const nlohmann::json spec = {{"cdiVersion", "0.5.0"},
-                                 {"kind", "kgpu.io/share"},
-                                 {"devices", {{{"name", deviceplugin::ShareCdiName({p.slot})},
-                                               {"containerEdits", {{"env", cli::ShareEnv(rc)}}}}}}};
-    std::ofstream(deviceplugin::ShareCdiSpecFile(cdi, deviceplugin::ShareCdiName({p.slot}))) << spec.dump();
+    api::RecordContainer rc{"main", "kgpu.io/gpu", p.mode, {{g2, "", "", p.limit_mib, 25}}};
+    const nlohmann::json spec = {
+        {"cdiVersion", "0.5.0"},
+        {"kind", "kgpu.io/share"},
+        {"devices", {{{"name", api::ShareCdiName({p.slot})}, {"containerEdits", {{"env", cli::ShareEnv(rc)}}}}}}};
+    std::ofstream(api::ShareCdiSpecFile(cdi, api::ShareCdiName({p.slot}))) << spec.dump();
   }
   kgpu::testing::FakePodResources server(dir + "/pr.sock");
   f.options.cdi_spec_dir = cdi;
@@ -554,12 +562,14 @@ TEST(ParseShareSpecTest, ErrorsNameTheFileAndField) {
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().message(), "s.json: no NVIDIA_VISIBLE_DEVICES in the container's env");
   auto bad = ParseShareSpec(
-      R"({"devices":[{"containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=GPU-a","CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=3=1M"]}}]})", "s.json");
+      R"({"devices":[{"containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=GPU-a","CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=3=1M"]}}]})",
+      "s.json");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("names device 3 of 1"), std::string::npos);
   auto ok = ParseShareSpec(
       R"({"devices":[{"containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b","KGPU_ENFORCEMENT=hard",)"
-      R"("KGPU_CUDA_MEMORY_LIMIT=GPU-a=100Mi,GPU-b=200Mi","KGPU_GPU_CORES=30"]}}]})", "s.json");
+      R"("KGPU_CUDA_MEMORY_LIMIT=GPU-a=100Mi,GPU-b=200Mi","KGPU_GPU_CORES=30"]}}]})",
+      "s.json");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->uuids, (std::vector<std::string>{"GPU-a", "GPU-b"}));
   EXPECT_EQ(ok->enforcement, "hard");

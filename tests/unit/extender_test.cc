@@ -1,13 +1,13 @@
 // The extender's pure parts: the wire JSON (exact casing both ways), the request model and its
 // quantity forms, allocation records, the inventory annotation, and the decisions of State —
 // reasons, FailedNodes vs FailedAndUnresolvableNodes, exact GPUs, rebuild from records, preempt.
-#include <gtest/gtest.h>
-
 #include <set>
 #include <thread>
 
+#include <gtest/gtest.h>
+
+#include "api/record.h"
 #include "extender/inventory.h"
-#include "extender/record.h"
 #include "extender/request.h"
 #include "extender/state.h"
 #include "extender/wire.h"
@@ -18,10 +18,10 @@ namespace {
 using json = nlohmann::json;
 using testing::MigGpu;
 using testing::ShareGpu;
-using testing::WholeGpu;
 using testing::TestGpuUuid;
 using testing::TestNode;
 using testing::TestPod;
+using testing::WholeGpu;
 using testing::WithContainer;
 
 json WithUid(json pod, const std::string& uid) {
@@ -39,9 +39,9 @@ json Reported(json node, const std::vector<int64_t>& used) {
   return node;
 }
 
-json Bound(json pod, const std::string& node, const AllocationRecord& r) {
+json Bound(json pod, const std::string& node, const api::AllocationRecord& r) {
   pod["spec"]["nodeName"] = node;
-  pod["metadata"]["annotations"][kAnnotationAllocation] = EncodeRecord(r);
+  pod["metadata"]["annotations"][kAnnotationAllocation] = api::EncodeRecord(r);
   pod["status"]["phase"] = "Running";
   return pod;
 }
@@ -60,7 +60,8 @@ TEST(Wire, ParsesPascalCaseAndAnyCaseLikeGo) {
   ASSERT_TRUE(lower.ok()) << lower.status();
   EXPECT_EQ(*lower->node_names, std::vector<std::string>{"x"});
   // nodeCacheCapable: false: the full NodeList, NodeNames null.
-  auto full = ParseExtenderArgs(R"({"Pod":{},"Nodes":{"metadata":{},"items":[{"metadata":{"name":"n1"}}]},"NodeNames":null})");
+  auto full =
+      ParseExtenderArgs(R"({"Pod":{},"Nodes":{"metadata":{},"items":[{"metadata":{"name":"n1"}}]},"NodeNames":null})");
   ASSERT_TRUE(full.ok()) << full.status();
   ASSERT_TRUE(full->nodes.has_value());
   EXPECT_EQ((*full->nodes)[0]["metadata"]["name"], "n1");
@@ -105,7 +106,8 @@ TEST(Wire, EmitsUpstreamPascalCase) {
   const json f = json::parse(EncodeFilterResult(full));
   EXPECT_TRUE(f["NodeNames"].is_null());
   EXPECT_EQ(f["Nodes"]["items"][0]["metadata"]["name"], "n1");
-  EXPECT_EQ(EncodeHostPriorityList({{"node-a", 7}, {"node-b", 0}}), R"([{"Host":"node-a","Score":7},{"Host":"node-b","Score":0}])");
+  EXPECT_EQ(EncodeHostPriorityList({{"node-a", 7}, {"node-b", 0}}),
+            R"([{"Host":"node-a","Score":7},{"Host":"node-b","Score":0}])");
   EXPECT_EQ(EncodeBindingResult(""), R"({"Error":""})");
   EXPECT_EQ(EncodePreemptionResult({{"node-a", {{"9f"}, 0}}}),
             R"({"NodeNameToMetaVictims":{"node-a":{"NumPDBViolations":0,"Pods":[{"UID":"9f"}]}}})");
@@ -117,8 +119,13 @@ TEST(Wire, EmitsUpstreamPascalCase) {
 }
 
 TEST(Request, ReadsEveryQuantityForm) {
-  for (const auto& [text, want] : std::vector<std::pair<std::string, int64_t>>{
-           {"8000", 8000}, {"8k", 8000}, {"1Ki", 1024}, {"2e3", 2000}, {"10240", 10240}, {"10Ki", 10240}, {"1M", 1000000}}) {
+  for (const auto& [text, want] : std::vector<std::pair<std::string, int64_t>>{{"8000", 8000},
+                                                                               {"8k", 8000},
+                                                                               {"1Ki", 1024},
+                                                                               {"2e3", 2000},
+                                                                               {"10240", 10240},
+                                                                               {"10Ki", 10240},
+                                                                               {"1M", 1000000}}) {
     auto v = WholeQuantity(json(text), "q");
     ASSERT_TRUE(v.ok()) << text << ": " << v.status();
     EXPECT_EQ(*v, want) << text;
@@ -126,7 +133,8 @@ TEST(Request, ReadsEveryQuantityForm) {
   EXPECT_EQ(*WholeQuantity(json(3), "q"), 3);
   EXPECT_FALSE(WholeQuantity(json("500m"), "q").ok());
   EXPECT_FALSE(WholeQuantity(json("lots"), "q").ok());
-  auto r = ParsePodRequest(TestPod("ns", "p", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "8k"}, {"kgpu.io/gpu-cores", "60"}}));
+  auto r = ParsePodRequest(
+      TestPod("ns", "p", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "8k"}, {"kgpu.io/gpu-cores", "60"}}));
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->gpus.size(), 1u);
   EXPECT_EQ(r->gpus[0].kind, GpuKind::kShare);
@@ -165,74 +173,89 @@ TEST(Request, SeveralGpuContainersAndInitContainersHandedOn) {
   EXPECT_TRUE(w->gpus[1].init);
   EXPECT_EQ(w->gpus[1].target, 2);  // main (the sidecar came before it)
   EXPECT_EQ(w->Placed().size(), 3u);
-  json whole = WithContainer(TestPod("ns", "p", {{"nvidia.com/gpu", "2"}}), "initContainers", "fetch", {{"nvidia.com/gpu", "1"}});
+  json whole = WithContainer(TestPod("ns", "p", {{"nvidia.com/gpu", "2"}}), "initContainers", "fetch",
+                             {{"nvidia.com/gpu", "1"}});
   auto h = ParsePodRequest(whole);
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_EQ(h->gpus[0].target, 1);
 
   auto msg = [](const json& p) { return std::string(ParsePodRequest(p).status().message()); };
-  EXPECT_EQ(msg(WithContainer(TestPod("ns", "p", {{"cpu", "1"}}), "initContainers", "fetch", {{"nvidia.com/gpu", "1"}})),
-            "init container fetch: asks for nvidia.com/gpu but no later container does; kubelet hands an init container's "
-            "devices on to the first later container asking for the same resource, which the extender places for both (ask "
-            "for it in the app container too, or run the GPU work in a sidecar: an init container with restartPolicy: Always)");
-  EXPECT_EQ(msg(WithContainer(TestPod("ns", "p", {{"nvidia.com/gpu", "1"}}), "initContainers", "fetch", {{"nvidia.com/gpu", "2"}})),
-            "init container fetch: asks for 2 nvidia.com/gpu, container main (which kubelet hands its devices on to) asks "
-            "for 1; an init container may ask for at most as many as its (ask for at most 1)");
-  EXPECT_EQ(msg(WithContainer(TestPod("ns", "p", {{"kgpu.io/gpu", "2"}}), "initContainers", "fetch", {{"kgpu.io/gpu", "1"}})),
-            "init container fetch: asks for 1 kgpu.io/gpu, container main (which kubelet hands its devices on to) asks for 2; "
-            "an init container's shares must be as many as its (ask for 2)");
-  EXPECT_EQ(msg(WithContainer(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}), "initContainers",
-                              "fetch", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "2000"}})),
-            "init container fetch: asks for 2000 kgpu.io/gpu-memory and 0 kgpu.io/gpu-cores, more than container main (1000 "
-            "and 0), whose shares it runs on (kubelet hands its devices on to it); ask for at most as much");
+  EXPECT_EQ(
+      msg(WithContainer(TestPod("ns", "p", {{"cpu", "1"}}), "initContainers", "fetch", {{"nvidia.com/gpu", "1"}})),
+      "init container fetch: asks for nvidia.com/gpu but no later container does; kubelet hands an init container's "
+      "devices on to the first later container asking for the same resource, which the extender places for both (ask "
+      "for it in the app container too, or run the GPU work in a sidecar: an init container with restartPolicy: "
+      "Always)");
+  EXPECT_EQ(
+      msg(WithContainer(TestPod("ns", "p", {{"nvidia.com/gpu", "1"}}), "initContainers", "fetch",
+                        {{"nvidia.com/gpu", "2"}})),
+      "init container fetch: asks for 2 nvidia.com/gpu, container main (which kubelet hands its devices on to) asks "
+      "for 1; an init container may ask for at most as many as its (ask for at most 1)");
+  EXPECT_EQ(
+      msg(WithContainer(TestPod("ns", "p", {{"kgpu.io/gpu", "2"}}), "initContainers", "fetch", {{"kgpu.io/gpu", "1"}})),
+      "init container fetch: asks for 1 kgpu.io/gpu, container main (which kubelet hands its devices on to) asks for "
+      "2; "
+      "an init container's shares must be as many as its (ask for 2)");
+  EXPECT_EQ(
+      msg(WithContainer(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}), "initContainers",
+                        "fetch", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "2000"}})),
+      "init container fetch: asks for 2000 kgpu.io/gpu-memory and 0 kgpu.io/gpu-cores, more than container main (1000 "
+      "and 0), whose shares it runs on (kubelet hands its devices on to it); ask for at most as much");
 }
 
 TEST(Request, RefusesWhatCanNeverBeScheduled) {
   auto msg = [](const json& pod) { return std::string(ParsePodRequest(pod).status().message()); };
-  EXPECT_EQ(msg(TestPod("ns", "p", {{"nvidia.com/gpu", "1"}, {"kgpu.io/gpu", "1"}})),
-            "container main: asks for more than one kind of GPU (nvidia.com/gpu, nvidia.com/mig-<profile> and kgpu.io/gpu "
-            "exclude each other); keep one of them");
+  EXPECT_EQ(
+      msg(TestPod("ns", "p", {{"nvidia.com/gpu", "1"}, {"kgpu.io/gpu", "1"}})),
+      "container main: asks for more than one kind of GPU (nvidia.com/gpu, nvidia.com/mig-<profile> and kgpu.io/gpu "
+      "exclude each other); keep one of them");
   EXPECT_EQ(msg(TestPod("ns", "p", {{"kgpu.io/gpu-memory", "4000"}})),
             "container main: asks for kgpu.io/gpu-memory without kgpu.io/gpu (add kgpu.io/gpu: 1 to its requests and "
             "limits; kgpu webhook does this)");
-  EXPECT_EQ(msg(TestPod("ns", "p", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "4001"}})),
-            "container main: kgpu.io/gpu-memory 4001 does not split evenly over 2 shares (use a multiple of 2, e.g. 4000)");
+  EXPECT_EQ(
+      msg(TestPod("ns", "p", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "4001"}})),
+      "container main: kgpu.io/gpu-memory 4001 does not split evenly over 2 shares (use a multiple of 2, e.g. 4000)");
   EXPECT_EQ(msg(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-cores", "150"}})),
-            "container main: kgpu.io/gpu-cores 150 over 1 shares is 150% of one GPU per share (at most 100; ask for more shares)");
+            "container main: kgpu.io/gpu-cores 150 over 1 shares is 150% of one GPU per share (at most 100; ask for "
+            "more shares)");
   EXPECT_EQ(msg(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/enforcement", "soft"}})),
             "annotation kgpu.io/enforcement: 'soft' is not a mode (use hard, mps or none)");
 }
 
 TEST(Record, OnAPodItsAnnotationOrNoneOrTheParseError) {
-  AllocationRecord r{"node-a", {{"main", "nvidia.com/mig-1g.10gb", "", {{"GPU-1", "MIG-1", "1g.10gb", 9984, 0}}}}};
-  auto got = RecordOnPod(Bound(TestPod("ns", "p", {{"nvidia.com/mig-1g.10gb", "1"}}), "node-a", r));
+  api::AllocationRecord r{"node-a", {{"main", "nvidia.com/mig-1g.10gb", "", {{"GPU-1", "MIG-1", "1g.10gb", 9984, 0}}}}};
+  auto got = api::RecordOnPod(Bound(TestPod("ns", "p", {{"nvidia.com/mig-1g.10gb", "1"}}), "node-a", r));
   ASSERT_TRUE(got.ok() && got->has_value()) << got.status();
   EXPECT_EQ(**got, r);
   EXPECT_EQ((**got).containers[0].gpus[0].Device(), "MIG-1");
-  auto none = RecordOnPod(json{{"metadata", {{"name", "p"}}}});
+  auto none = api::RecordOnPod(json{{"metadata", {{"name", "p"}}}});
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
-  auto number = RecordOnPod(json{{"metadata", {{"annotations", {{"kgpu.io/allocation", 5}}}}}});
+  auto number = api::RecordOnPod(json{{"metadata", {{"annotations", {{"kgpu.io/allocation", 5}}}}}});
   ASSERT_TRUE(number.ok());
   EXPECT_FALSE(number->has_value());
-  auto bad = RecordOnPod(json{{"metadata", {{"annotations", {{"kgpu.io/allocation", "{"}}}}}});
+  auto bad = api::RecordOnPod(json{{"metadata", {{"annotations", {{"kgpu.io/allocation", "{"}}}}}});
   EXPECT_FALSE(bad.ok());
 }
 
 TEST(Record, RoundTripsAndNamesBadFields) {
-  AllocationRecord r{"node-a",
-                     {{"main", "kgpu.io/gpu", "hard", {{"GPU-1", "", "", 4000, 25}, {"GPU-2", "", "", 4000, 25}}}}};
-  const std::string text = EncodeRecord(r);
-  EXPECT_EQ(text, R"({"containers":[{"enforcement":"hard","gpus":[{"cores":25,"memMiB":4000,"uuid":"GPU-1"},)"
-                  R"({"cores":25,"memMiB":4000,"uuid":"GPU-2"}],"name":"main","resource":"kgpu.io/gpu"}],"node":"node-a","v":1})");
-  auto back = ParseRecord(text);
+  api::AllocationRecord r{
+      "node-a", {{"main", "kgpu.io/gpu", "hard", {{"GPU-1", "", "", 4000, 25}, {"GPU-2", "", "", 4000, 25}}}}};
+  const std::string text = api::EncodeRecord(r);
+  EXPECT_EQ(
+      text,
+      R"({"containers":[{"enforcement":"hard","gpus":[{"cores":25,"memMiB":4000,"uuid":"GPU-1"},)"
+      R"({"cores":25,"memMiB":4000,"uuid":"GPU-2"}],"name":"main","resource":"kgpu.io/gpu"}],"node":"node-a","v":1})");
+  auto back = api::ParseRecord(text);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, r);
-  EXPECT_EQ(ParseRecord(R"({"v":1,"node":"n","containers":[{"name":"c","resource":"kgpu.io/gpu","gpus":[{}]}]})").status().message(),
+  EXPECT_EQ(api::ParseRecord(R"({"v":1,"node":"n","containers":[{"name":"c","resource":"kgpu.io/gpu","gpus":[{}]}]})")
+                .status()
+                .message(),
             "kgpu.io/allocation: containers[0].gpus[0].uuid: missing");
-  EXPECT_EQ(ParseRecord(R"({"v":2})").status().message(),
+  EXPECT_EQ(api::ParseRecord(R"({"v":2})").status().message(),
             "kgpu.io/allocation: v: format version 1 expected (written by a different kgpu version?)");
-  EXPECT_FALSE(ParseRecord("not json").ok());
+  EXPECT_FALSE(api::ParseRecord("not json").ok());
 }
 
 TEST(Inventory, ParsesTheAnnotation) {
@@ -301,35 +324,40 @@ TEST_F(StateTest, NodesOfOneShapeShareTheirRefusalAndEveryDifferenceCounts) {
   state.UpsertNode(TestNode("t4", {ShareGpu(16384, 16, "Tesla T4"), ShareGpu(16384, 16, "Tesla T4")}));
   state.UpsertNode(TestNode("mig", {MigGpu({"3g.40gb", "3g.40gb"})}));
   const std::vector<std::string> order = {"w1", "s16a", "s32", "w2", "s16b", "sick", "t4", "mig"};
-  auto out = state.Filter(WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}), "u-p"), order);
+  auto out =
+      state.Filter(WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}), "u-p"), order);
   EXPECT_EQ(out.passed, std::vector<std::string>{"s32"});
   const std::string too_small = "no GPU on this node has 20000 MiB in total (largest: 16384 MiB)";
   const std::string no_shares = "no GPU on this node serves shares (kgpu.io/gpu)";
   std::vector<std::pair<std::string, std::string>> got(out.unresolvable.begin(), out.unresolvable.end());
-  EXPECT_EQ(got, (std::vector<std::pair<std::string, std::string>>{{"w1", no_shares},
-                                                                     {"s16a", too_small},
-                                                                     {"w2", no_shares},
-                                                                     {"s16b", too_small},
-                                                                     {"sick", "2 GPUs on this node are unhealthy; 1 healthy ones needed"},
-                                                                     {"t4", too_small},
-                                                                     {"mig", no_shares}}));
+  EXPECT_EQ(got, (std::vector<std::pair<std::string, std::string>>{
+                     {"w1", no_shares},
+                     {"s16a", too_small},
+                     {"w2", no_shares},
+                     {"s16b", too_small},
+                     {"sick", "2 GPUs on this node are unhealthy; 1 healthy ones needed"},
+                     {"t4", too_small},
+                     {"mig", no_shares}}));
   EXPECT_TRUE(out.failed.empty());
   EXPECT_EQ(out.reasons.at("too_few_gpus"), 3);
   EXPECT_EQ(out.reasons.at("gpu_too_small"), 3);
   // A model list: the T4 node refuses for its model now, the A100 nodes as before.
-  auto t4 = state.Filter(WithUid(TestPod("ns", "m", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "A100"}}), "u-m"), {"t4", "s16a", "s16b"});
+  auto t4 = state.Filter(WithUid(TestPod("ns", "m", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "A100"}}), "u-m"),
+                         {"t4", "s16a", "s16b"});
   EXPECT_EQ(t4.unresolvable.at("t4"), "no GPU of the pod's models here (this node has: Tesla T4)");
   EXPECT_EQ(t4.passed, (std::vector<std::string>{"s16a", "s16b"}));
   // UUID lists depend on more than the shape: two nodes alike answer differently.
   auto pinned = state.Filter(WithUid(TestPod("ns", "u", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}},
-                                             {{"kgpu.io/gpu-uuid", TestGpuUuid("s32", 0)}}), "u-u"),
+                                             {{"kgpu.io/gpu-uuid", TestGpuUuid("s32", 0)}}),
+                                     "u-u"),
                              {"s16a", "s32", "s16b"});
   EXPECT_EQ(pinned.passed, std::vector<std::string>{"s32"});
   EXPECT_EQ(pinned.unresolvable.at("s16a"), "the pod's GPU UUID lists leave 0 GPUs on this node, it needs 1");
   EXPECT_EQ(pinned.unresolvable.at("s16b"), "the pod's GPU UUID lists leave 0 GPUs on this node, it needs 1");
   // A node whose inventory changes takes its new shape's answer at once.
   state.UpsertNode(TestNode("s16b", {ShareGpu(32768), ShareGpu(16384)}));
-  auto again = state.Filter(WithUid(TestPod("ns", "p2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}), "u-p2"), {"s16a", "s16b"});
+  auto again = state.Filter(
+      WithUid(TestPod("ns", "p2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}), "u-p2"), {"s16a", "s16b"});
   EXPECT_EQ(again.passed, std::vector<std::string>{"s16b"});
   EXPECT_EQ(again.unresolvable.at("s16a"), too_small);
 }
@@ -339,7 +367,10 @@ TEST_F(StateTest, NodesOfOneShapeShareTheirRefusalAndEveryDifferenceCounts) {
 TEST_F(StateTest, MemoryInUseBeyondTheRecordsIsNotPlacedAndIsCounted) {
   state.UpsertNode(Reported(TestNode("share", {ShareGpu(16384), ShareGpu(16384)}), {0, 0}));
   state.UpsertNode(Reported(TestNode("whole", {WholeGpu(), WholeGpu()}), {0, 0}));
-  Book(WithUid(TestPod("ns", "a", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("share", 0)}}), "u-a"), "share");
+  Book(WithUid(TestPod("ns", "a", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}},
+                       {{"kgpu.io/gpu-uuid", TestGpuUuid("share", 0)}}),
+               "u-a"),
+       "share");
   auto st = state.Stats();
   EXPECT_EQ(st.gpus_reporting_usage, 4U);
   EXPECT_EQ(st.gpus_untracked, 0U);
@@ -353,23 +384,30 @@ TEST_F(StateTest, MemoryInUseBeyondTheRecordsIsNotPlacedAndIsCounted) {
   EXPECT_EQ(st.untracked_mib, 9900 + 2048);
   // 16384 - 4000 booked - 9900 untracked = 2484 MiB free on GPU 0; GPU 1 is free but for 600.
   const json p = WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}},
-                                 {{"kgpu.io/gpu-uuid", TestGpuUuid("share", 0)}}), "u-p");
+                                 {{"kgpu.io/gpu-uuid", TestGpuUuid("share", 0)}}),
+                         "u-p");
   auto out = state.Filter(p, {"share"});
-  EXPECT_EQ(out.failed.at("share"), "no single GPU with 8000 MiB free (largest free: 2484 MiB on " + TestGpuUuid("share", 0) +
+  EXPECT_EQ(out.failed.at("share"), "no single GPU with 8000 MiB free (largest free: 2484 MiB on " +
+                                        TestGpuUuid("share", 0) +
                                         "); 9900 MiB of their memory is in use outside kgpu's records");
-  EXPECT_EQ(state.Filter(WithUid(TestPod("ns", "q", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}), "u-q"), {"share"}).passed,
-            std::vector<std::string>{"share"});
+  EXPECT_EQ(
+      state
+          .Filter(WithUid(TestPod("ns", "q", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}), "u-q"), {"share"})
+          .passed,
+      std::vector<std::string>{"share"});
   // The whole GPU with a stray process is not handed out.
   auto two = state.Filter(WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "2"}}), "u-w"), {"whole"});
   EXPECT_EQ(two.failed.at("whole"),
-            "only 1 of 2 GPUs here are free; the pod needs 2 whole GPUs; 2048 MiB of their memory is in use outside kgpu's records");
+            "only 1 of 2 GPUs here are free; the pod needs 2 whole GPUs; 2048 MiB of their memory is in use outside "
+            "kgpu's records");
   auto one = state.Assume(WithUid(TestPod("ns", "w1", {{"nvidia.com/gpu", "1"}}), "u-w1"), "whole");
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(one->record.containers[0].gpus[0].uuid, TestGpuUuid("whole", 0));
   // The stray process goes: the next report frees the GPU.
   state.UpsertNode(Reported(TestNode("whole", {WholeGpu(), WholeGpu()}), {0, 0}));
   EXPECT_EQ(state.Stats().gpus_untracked, 1U);
-  EXPECT_TRUE(state.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "1"}}), "u-w2"), {"whole"}).passed.size() == 1);
+  EXPECT_TRUE(state.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "1"}}), "u-w2"), {"whole"}).passed.size() ==
+              1);
 }
 
 // kubelet chooses whole GPUs itself, and the node makes each record say what kubelet gave
@@ -382,7 +420,7 @@ TEST_F(StateTest, RecordsCorrectedToKubeletsDevicesAreBookedWithoutConflicts) {
   };
   state.UpsertNode(reported({0, 0, 0, 0}));
   std::map<std::string, json> pods;
-  std::map<std::string, AllocationRecord> records;
+  std::map<std::string, api::AllocationRecord> records;
   for (const char* name : {"a", "b", "c"}) {
     pods[name] = WithUid(TestPod("ns", name, {{"nvidia.com/gpu", "1"}}), std::string("u-") + name);
     auto a = state.Assume(pods[name], "whole");
@@ -398,7 +436,7 @@ TEST_F(StateTest, RecordsCorrectedToKubeletsDevicesAreBookedWithoutConflicts) {
   state.UpsertNode(reported({20000, 20000, 0, 20000}));
   EXPECT_EQ(state.Stats().gpus_untracked, 1U);  // GPU 3: in use, booked by no record
   auto corrected = [&](const char* name, int gpu) {
-    AllocationRecord r = records[name];
+    api::AllocationRecord r = records[name];
     r.containers[0].gpus[0].uuid = TestGpuUuid("whole", gpu);
     state.UpsertPod(Bound(pods[name], "whole", r));
   };
@@ -437,10 +475,12 @@ TEST_F(StateTest, RecordsAreBookedWhenTheirNodesMemoryReportCameFirst) {
   const json share = TestNode("share", {ShareGpu(16384)});
   state.UpsertNode(whole);
   state.UpsertNode(share);
-  AllocationRecord w, s1, s2;
+  api::AllocationRecord w, s1, s2;
   auto a = state.Assume(WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "1"}}), "u-w"), "whole");
-  auto b = state.Assume(WithUid(TestPod("ns", "s1", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "9000"}}), "u-s1"), "share");
-  auto c = state.Assume(WithUid(TestPod("ns", "s2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "7000"}}), "u-s2"), "share");
+  auto b = state.Assume(WithUid(TestPod("ns", "s1", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "9000"}}), "u-s1"),
+                        "share");
+  auto c = state.Assume(WithUid(TestPod("ns", "s2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "7000"}}), "u-s2"),
+                        "share");
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   State fresh;
   ASSERT_TRUE(fresh.Init().ok());
@@ -448,8 +488,10 @@ TEST_F(StateTest, RecordsAreBookedWhenTheirNodesMemoryReportCameFirst) {
   fresh.UpsertNode(Reported(share, {15872}));
   EXPECT_EQ(fresh.Stats().gpus_untracked, 2U);  // nothing booked yet
   fresh.UpsertPod(Bound(WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "1"}}), "u-w"), "whole", a->record));
-  fresh.UpsertPod(Bound(WithUid(TestPod("ns", "s1", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "9000"}}), "u-s1"), "share", b->record));
-  fresh.UpsertPod(Bound(WithUid(TestPod("ns", "s2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "7000"}}), "u-s2"), "share", c->record));
+  fresh.UpsertPod(Bound(WithUid(TestPod("ns", "s1", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "9000"}}), "u-s1"),
+                        "share", b->record));
+  fresh.UpsertPod(Bound(WithUid(TestPod("ns", "s2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "7000"}}), "u-s2"),
+                        "share", c->record));
   const auto st = fresh.Stats();
   EXPECT_EQ(st.record_conflicts, 0U);
   EXPECT_EQ(st.gpus_untracked, 0U);
@@ -462,29 +504,42 @@ TEST_F(StateTest, FilterReasonsSayWhatIsShortAndWhetherPreemptionHelps) {
   state.UpsertNode(TestNode("whole", {WholeGpu(), WholeGpu()}));
   state.UpsertNode(TestNode("t4", {ShareGpu(15360, 8, "Tesla T4")}));
   // Fill "share": 10240 MiB on GPU 0 and 12288 MiB on GPU 1 -> 6144 and 4096 free.
-  Book(WithUid(TestPod("ns", "a", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10240"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("share", 0)}}), "u-a"), "share");
-  Book(WithUid(TestPod("ns", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12288"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("share", 1)}}), "u-b"), "share");
+  Book(WithUid(TestPod("ns", "a", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10240"}},
+                       {{"kgpu.io/gpu-uuid", TestGpuUuid("share", 0)}}),
+               "u-a"),
+       "share");
+  Book(WithUid(TestPod("ns", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12288"}},
+                       {{"kgpu.io/gpu-uuid", TestGpuUuid("share", 1)}}),
+               "u-b"),
+       "share");
   const json pod = WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}), "u-p");
   auto out = state.Filter(pod, {"share", "whole", "t4", "unknown"});
-  EXPECT_EQ(out.failed.at("share"), "no single GPU with 8000 MiB free (largest free: 6144 MiB on " + TestGpuUuid("share", 0) + ")");
+  EXPECT_EQ(out.failed.at("share"),
+            "no single GPU with 8000 MiB free (largest free: 6144 MiB on " + TestGpuUuid("share", 0) + ")");
   EXPECT_EQ(out.unresolvable.at("whole"), "no GPU on this node serves shares (kgpu.io/gpu)");
-  EXPECT_EQ(out.unresolvable.at("unknown"), "node has no kgpu.io/gpu-inventory annotation (run kgpu node-labels on it)");
+  EXPECT_EQ(out.unresolvable.at("unknown"),
+            "node has no kgpu.io/gpu-inventory annotation (run kgpu node-labels on it)");
   EXPECT_EQ(out.passed, std::vector<std::string>{"t4"});
   EXPECT_EQ(out.reasons.at("memory"), 1);
   // A share larger than any GPU: unresolvable, preemption cannot help.
-  auto big = state.Filter(WithUid(TestPod("ns", "big", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}), "u-big"), {"share"});
+  auto big = state.Filter(
+      WithUid(TestPod("ns", "big", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}), "u-big"), {"share"});
   EXPECT_EQ(big.unresolvable.at("share"), "no GPU on this node has 20000 MiB in total (largest: 16384 MiB)");
   // Models: the pod's list against what the node has.
-  auto a100 = state.Filter(WithUid(TestPod("ns", "m", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "A100"}}), "u-m"), {"t4", "share"});
+  auto a100 = state.Filter(WithUid(TestPod("ns", "m", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "A100"}}), "u-m"),
+                           {"t4", "share"});
   EXPECT_EQ(a100.unresolvable.at("t4"), "no GPU of the pod's models here (this node has: Tesla T4)");
   EXPECT_EQ(a100.passed, std::vector<std::string>{"share"});
-  auto none = state.Filter(WithUid(TestPod("ns", "h", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "H100"}}), "u-h"), {"t4"});
+  auto none =
+      state.Filter(WithUid(TestPod("ns", "h", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "H100"}}), "u-h"), {"t4"});
   EXPECT_EQ(none.unresolvable.at("t4"),
             "no GPU in the cluster that serves shares (kgpu.io/gpu) matches the pod's models (H100; models here: "
             "NVIDIA A100-SXM4-80GB, Tesla T4)");
   // Cores.
-  auto cores = state.Filter(WithUid(TestPod("ns", "c", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-cores", "200"}}), "u-c"), {"share", "t4"});
-  EXPECT_EQ(cores.unresolvable.at("t4"), "only 1 GPUs on this node serve shares (kgpu.io/gpu); the pod needs 2 shares on different GPUs");
+  auto cores = state.Filter(WithUid(TestPod("ns", "c", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-cores", "200"}}), "u-c"),
+                            {"share", "t4"});
+  EXPECT_EQ(cores.unresolvable.at("t4"),
+            "only 1 GPUs on this node serve shares (kgpu.io/gpu); the pod needs 2 shares on different GPUs");
   EXPECT_EQ(cores.passed, std::vector<std::string>{"share"}) << "memory shares take no cores";
   // Privileged share: refused everywhere.
   json priv = WithUid(TestPod("ns", "priv", {{"kgpu.io/gpu", "1"}}), "u-priv");
@@ -492,7 +547,8 @@ TEST_F(StateTest, FilterReasonsSayWhatIsShortAndWhetherPreemptionHelps) {
   EXPECT_NE(state.Filter(priv, {"t4"}).unresolvable.at("t4").find("is privileged"), std::string::npos);
   // Enforcement the node does not permit.
   state.UpsertNode(TestNode("strict", {ShareGpu(81920, 4)}, {}, {"hard"}));
-  auto mps = state.Filter(WithUid(TestPod("ns", "x", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/enforcement", "none"}}), "u-x"), {"strict"});
+  auto mps = state.Filter(WithUid(TestPod("ns", "x", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/enforcement", "none"}}), "u-x"),
+                          {"strict"});
   EXPECT_EQ(mps.unresolvable.at("strict"), "enforcement 'none' is not permitted on this node (it permits: hard)");
 }
 
@@ -529,21 +585,25 @@ TEST_F(StateTest, WholeMigAndUuidLists) {
   single["metadata"]["annotations"]["kgpu.io/gpu-inventory"] = inv.dump();
   state.UpsertNode(single);
   auto on_single = state.Filter(WithUid(TestPod("ns", "s1", {{"nvidia.com/gpu", "1"}}), "u-s1"), {"single", "dgx"});
-  EXPECT_EQ(on_single.unresolvable.at("single"),
-            "this node's device plugin runs migStrategy single (its MIG devices are nvidia.com/gpu), which kgpu extender "
-            "does not place; run it with migStrategy mixed (nvidia.com/mig-<profile>)");
+  EXPECT_EQ(
+      on_single.unresolvable.at("single"),
+      "this node's device plugin runs migStrategy single (its MIG devices are nvidia.com/gpu), which kgpu extender "
+      "does not place; run it with migStrategy mixed (nvidia.com/mig-<profile>)");
   EXPECT_EQ(on_single.passed, std::vector<std::string>{"dgx"});
   // UUID allow list: only GPU 1; deny list: not GPU 0.
   auto only1 = state.Assume(
-      WithUid(TestPod("ns", "u1", {{"nvidia.com/gpu", "1"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("dgx", 1)}}), "u-u1"), "dgx");
+      WithUid(TestPod("ns", "u1", {{"nvidia.com/gpu", "1"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("dgx", 1)}}), "u-u1"),
+      "dgx");
   ASSERT_TRUE(only1.ok()) << only1.status();
   EXPECT_EQ(only1->record.containers[0].gpus[0].uuid, TestGpuUuid("dgx", 1));
   auto deny = state.Filter(
-      WithUid(TestPod("ns", "d", {{"nvidia.com/gpu", "1"}}, {{"kgpu.io/gpu-uuid-deny", TestGpuUuid("dgx", 0)}}), "u-d"), {"dgx"});
+      WithUid(TestPod("ns", "d", {{"nvidia.com/gpu", "1"}}, {{"kgpu.io/gpu-uuid-deny", TestGpuUuid("dgx", 0)}}), "u-d"),
+      {"dgx"});
   EXPECT_EQ(deny.failed.at("dgx"), "only 0 of 3 GPUs here are free; the pod needs 1 whole GPUs")
       << "GPU 0 is free but denied; 1..3 are taken";
   auto only0 = state.Filter(
-      WithUid(TestPod("ns", "o", {{"nvidia.com/gpu", "2"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("dgx", 0)}}), "u-o"), {"dgx"});
+      WithUid(TestPod("ns", "o", {{"nvidia.com/gpu", "2"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("dgx", 0)}}), "u-o"),
+      {"dgx"});
   EXPECT_EQ(only0.unresolvable.at("dgx"), "the pod's GPU UUID lists leave 1 GPUs on this node, it needs 2");
 }
 
@@ -552,7 +612,8 @@ TEST_F(StateTest, WholeMigAndUuidLists) {
 // free for MIG pods. (Seen in the demo cluster: a 2-GPU pod booked both MIG GPUs of an A100 node,
 // after which every MIG instance read as in use.)
 TEST_F(StateTest, WholePodsNeverTakeMigModeGpus) {
-  state.UpsertNode(TestNode("mig", {MigGpu({"3g.40gb", "1g.10gb"}), MigGpu({"3g.40gb", "1g.10gb"}), WholeGpu(), WholeGpu()}));
+  state.UpsertNode(
+      TestNode("mig", {MigGpu({"3g.40gb", "1g.10gb"}), MigGpu({"3g.40gb", "1g.10gb"}), WholeGpu(), WholeGpu()}));
   auto w = state.Assume(WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "2"}}), "u-w"), "mig");
   ASSERT_TRUE(w.ok()) << w.status();
   ASSERT_EQ(w->record.containers[0].gpus.size(), 2u);
@@ -561,12 +622,14 @@ TEST_F(StateTest, WholePodsNeverTakeMigModeGpus) {
   auto three = state.Filter(WithUid(TestPod("ns", "w3", {{"nvidia.com/gpu", "3"}}), "u-w3"), {"mig"});
   EXPECT_EQ(three.unresolvable.at("mig"), "this node has 2 GPUs for whole-GPU pods (nvidia.com/gpu), the pod needs 3");
   for (int i = 0; i < 2; ++i) {
-    auto m = state.Assume(WithUid(TestPod("ns", "m" + std::to_string(i), {{"nvidia.com/mig-3g.40gb", "1"}}), "u-m" + std::to_string(i)),
-                          "mig");
+    auto m = state.Assume(
+        WithUid(TestPod("ns", "m" + std::to_string(i), {{"nvidia.com/mig-3g.40gb", "1"}}), "u-m" + std::to_string(i)),
+        "mig");
     ASSERT_TRUE(m.ok()) << m.status();
     EXPECT_EQ(m->record.containers[0].gpus[0].profile, "3g.40gb");
   }
-  auto none = state.Filter(WithUid(TestPod("ns", "x", {{"nvidia.com/mig-1g.10gb", "1"}}, {{"kgpu.io/gpu-model", "H100"}}), "u-x"), {"mig"});
+  auto none = state.Filter(
+      WithUid(TestPod("ns", "x", {{"nvidia.com/mig-1g.10gb", "1"}}, {{"kgpu.io/gpu-model", "H100"}}), "u-x"), {"mig"});
   EXPECT_EQ(none.unresolvable.at("mig"),
             "no GPU in the cluster that is in MIG mode (nvidia.com/mig-*) matches the pod's models (H100; models here: "
             "NVIDIA A100-SXM4-80GB)");
@@ -582,7 +645,8 @@ TEST_F(StateTest, ConcurrentAssumesNeverDoubleBookAGpu) {
   for (int i = 0; i < 16; ++i) {
     threads.emplace_back([&, i] {
       const std::string name = "p" + std::to_string(i);
-      auto a = state.Assume(WithUid(TestPod("ns", name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}), "u" + name), "n");
+      auto a = state.Assume(
+          WithUid(TestPod("ns", name, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}}), "u" + name), "n");
       if (!a.ok()) return;
       std::lock_guard lock(mu);
       ++ok;
@@ -599,8 +663,9 @@ TEST_F(StateTest, RebuildsFromRecordsAndCountsConflicts) {
   state.UpsertNode(node);
   std::vector<json> bound;
   for (int i = 0; i < 3; ++i) {
-    const json pod = WithUid(TestPod("ns", "p" + std::to_string(i), {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "6000"}}),
-                             "u" + std::to_string(i));
+    const json pod =
+        WithUid(TestPod("ns", "p" + std::to_string(i), {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "6000"}}),
+                "u" + std::to_string(i));
     auto a = state.Assume(pod, "n");
     ASSERT_TRUE(a.ok()) << a.status();
     bound.push_back(Bound(pod, "n", a->record));
@@ -612,14 +677,22 @@ TEST_F(StateTest, RebuildsFromRecordsAndCountsConflicts) {
   EXPECT_EQ(fresh.Stats().booked, 0u);
   fresh.UpsertNode(node);
   EXPECT_EQ(fresh.Stats().booked, 3u);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(*fresh.RecordOf("u" + std::to_string(i)), *state.RecordOf("u" + std::to_string(i)));
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(*fresh.RecordOf("u" + std::to_string(i)), *state.RecordOf("u" + std::to_string(i)));
   // Same decisions afterwards: a 6000 MiB pod fits (one GPU has 10000 free), a 12000 one does not.
-  EXPECT_EQ(fresh.Filter(WithUid(TestPod("ns", "q", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "6000"}}), "uq"), {"n"}).passed.size(), 1u);
-  EXPECT_EQ(fresh.Filter(WithUid(TestPod("ns", "r", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}), "ur"), {"n"}).failed.size(), 1u);
+  EXPECT_EQ(
+      fresh.Filter(WithUid(TestPod("ns", "q", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "6000"}}), "uq"), {"n"})
+          .passed.size(),
+      1u);
+  EXPECT_EQ(
+      fresh.Filter(WithUid(TestPod("ns", "r", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}), "ur"), {"n"})
+          .failed.size(),
+      1u);
   // A record that claims capacity another one holds is not booked, and counted.
-  AllocationRecord clash = *fresh.RecordOf("u0");
+  api::AllocationRecord clash = *fresh.RecordOf("u0");
   clash.containers[0].gpus[0].memory_mib = 16000;
-  json dup = Bound(WithUid(TestPod("ns", "dup", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "16000"}}), "u-dup"), "n", clash);
+  json dup = Bound(WithUid(TestPod("ns", "dup", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "16000"}}), "u-dup"), "n",
+                   clash);
   fresh.UpsertPod(dup);
   EXPECT_EQ(fresh.Stats().record_conflicts, 1u);
   EXPECT_FALSE(fresh.RecordOf("u-dup").has_value());
@@ -640,7 +713,7 @@ TEST_F(StateTest, ForgetDropsAnAssumptionThatNeverBound) {
   EXPECT_EQ(state.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "1"}}), "uw2"), {"n"}).failed.size(), 1u);
   // The informer sees the record written but no binding (our bind is still in flight): kept.
   json pending = pod;
-  pending["metadata"]["annotations"][kAnnotationAllocation] = EncodeRecord(*state.RecordOf("uw"));
+  pending["metadata"]["annotations"][kAnnotationAllocation] = api::EncodeRecord(*state.RecordOf("uw"));
   state.UpsertPod(pending);
   EXPECT_TRUE(state.RecordOf("uw").has_value());
   state.Forget("uw");
@@ -662,7 +735,7 @@ TEST_F(StateTest, LateUnboundEventsKeepAConfirmedBooking) {
   ASSERT_TRUE(a.ok()) << a.status();
   state.Confirm(a->uid);
   json written = pod;
-  written["metadata"]["annotations"][kAnnotationAllocation] = EncodeRecord(a->record);
+  written["metadata"]["annotations"][kAnnotationAllocation] = api::EncodeRecord(a->record);
   const json other = WithUid(TestPod("ns", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}), "ub");
   for (const json& late : {written, pod}) {
     state.UpsertPod(late);
@@ -685,8 +758,11 @@ TEST_F(StateTest, PrioritizeScoresFeasibleNodesZeroToTen) {
   state.UpsertNode(TestNode("busy", {ShareGpu(16000)}));
   state.UpsertNode(TestNode("idle", {ShareGpu(16000)}));
   state.UpsertNode(TestNode("whole", {WholeGpu()}));
-  Book(WithUid(TestPod("ns", "a", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "20"}}), "ua"), "busy");
-  const json pod = WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "20"}}), "up");
+  Book(WithUid(TestPod("ns", "a", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "20"}}),
+               "ua"),
+       "busy");
+  const json pod = WithUid(
+      TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "20"}}), "up");
   auto scores = state.Prioritize(pod, {"busy", "idle", "whole"});
   ASSERT_EQ(scores.size(), 3u);
   std::map<std::string, int64_t> by;
@@ -696,13 +772,17 @@ TEST_F(StateTest, PrioritizeScoresFeasibleNodesZeroToTen) {
     by[h.host] = h.score;
   }
   EXPECT_EQ(by["whole"], 0) << "infeasible";
-  auto binpack = state.Prioritize(WithUid(TestPod("ns", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "20"}},
-                                                  {{"kgpu.io/placement", "binpack"}}), "ub"),
-                                  {"busy", "idle"});
+  auto binpack = state.Prioritize(
+      WithUid(TestPod("ns", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "20"}},
+                      {{"kgpu.io/placement", "binpack"}}),
+              "ub"),
+      {"busy", "idle"});
   EXPECT_GT(binpack[0].score, binpack[1].score) << "binpack prefers the used GPU";
-  auto spread = state.Prioritize(WithUid(TestPod("ns", "s", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "20"}},
-                                                 {{"kgpu.io/placement", "spread"}}), "us"),
-                                 {"busy", "idle"});
+  auto spread = state.Prioritize(
+      WithUid(TestPod("ns", "s", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "4000"}, {"kgpu.io/gpu-cores", "20"}},
+                      {{"kgpu.io/placement", "spread"}}),
+              "us"),
+      {"busy", "idle"});
   EXPECT_GT(spread[1].score, spread[0].score) << "spread prefers the idle node";
 }
 
@@ -739,7 +819,8 @@ TEST_F(StateTest, SeveralGpuContainersArePlacedTogetherAndRebuilt) {
   two = WithContainer(two, "containers", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}});
   auto f = state.Filter(two, {"mix"});
   ASSERT_EQ(f.passed.size(), 0u);
-  EXPECT_EQ(f.failed.at("mix").rfind("container b: no single GPU with 10000 MiB free (largest free: ", 0), 0u) << f.failed.at("mix");
+  EXPECT_EQ(f.failed.at("mix").rfind("container b: no single GPU with 10000 MiB free (largest free: ", 0), 0u)
+      << f.failed.at("mix");
   json wide = WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "1"}}), "u-w");
   wide = WithContainer(wide, "containers", "b", {{"nvidia.com/gpu", "2"}});
   EXPECT_EQ(state.Filter(wide, {"mix"}).unresolvable.at("mix"),
@@ -777,9 +858,11 @@ TEST_F(StateTest, SeveralGpuContainersFindTheArrangementThatFits) {
     st.UpsertNode(TestNode("m", {ShareGpu(16000), ShareGpu(8000)}));
     std::map<std::string, std::string> ann;
     if (!placement.empty()) ann["kgpu.io/placement"] = placement;
-    json pod = WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}, {"kgpu.io/gpu-cores", "50"}}, ann),
-                       "u-p");
-    pod = WithContainer(pod, "containers", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}, {"kgpu.io/gpu-cores", "10"}});
+    json pod = WithUid(
+        TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}, {"kgpu.io/gpu-cores", "50"}}, ann),
+        "u-p");
+    pod = WithContainer(pod, "containers", "b",
+                        {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}, {"kgpu.io/gpu-cores", "10"}});
     const auto f = st.Filter(pod, {"m"});
     EXPECT_EQ(f.passed.size(), 1u) << placement << ": " << (f.failed.empty() ? "" : f.failed.begin()->second);
     EXPECT_EQ(st.Stats().booked, 0u);
@@ -836,9 +919,10 @@ TEST_F(StateTest, SeveralGpuContainersTrialsUuidListsAndPreemption) {
   json priv = WithUid(TestPod("ns", "priv", {{"kgpu.io/gpu", "1"}}), "u-priv");
   priv = WithContainer(priv, "initContainers", "warm", {{"kgpu.io/gpu", "1"}});
   priv["spec"]["initContainers"][0]["securityContext"] = {{"privileged", true}};
-  EXPECT_EQ(state.Filter(priv, {"a"}).unresolvable.at("a"),
-            "init container warm is privileged: a privileged container sees every GPU of the node, so a share cannot be "
-            "enforced (drop privileged, or ask for whole GPUs with nvidia.com/gpu)");
+  EXPECT_EQ(
+      state.Filter(priv, {"a"}).unresolvable.at("a"),
+      "init container warm is privileged: a privileged container sees every GPU of the node, so a share cannot be "
+      "enforced (drop privileged, or ask for whole GPUs with nvidia.com/gpu)");
 }
 
 TEST_F(StateTest, PreemptKeepsOnlyNodesWhereTheVictimsMakeRoom) {
@@ -848,11 +932,12 @@ TEST_F(StateTest, PreemptKeepsOnlyNodesWhereTheVictimsMakeRoom) {
   Book(WithUid(TestPod("ns", "a1", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}), "ua1"), "a");
   Book(WithUid(TestPod("ns", "b1", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "6000"}}), "ub1"), "b");
   Book(WithUid(TestPod("ns", "b2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "6000"}}), "ub2"), "b");
-  const json pod = WithUid(TestPod("ns", "hi", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}}, {}, 1000), "uhi");
+  const json pod =
+      WithUid(TestPod("ns", "hi", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}}, {}, 1000), "uhi");
   std::map<std::string, MetaVictims> in = {
-      {"a", {{"ua1"}, 0}},          // removing a1 frees 12000: fits
-      {"b", {{"ub1"}, 0}},          // removing only b1 leaves 10000 - 6000 = ... 4000+6000 = 10000 free: fits
-      {"c", {{"whatever"}, 0}},     // 8000 MiB GPU: never fits
+      {"a", {{"ua1"}, 0}},       // removing a1 frees 12000: fits
+      {"b", {{"ub1"}, 0}},       // removing only b1 leaves 10000 - 6000 = ... 4000+6000 = 10000 free: fits
+      {"c", {{"whatever"}, 0}},  // 8000 MiB GPU: never fits
   };
   auto out = state.Preempt(pod, in);
   EXPECT_TRUE(out.contains("a"));
@@ -863,7 +948,8 @@ TEST_F(StateTest, PreemptKeepsOnlyNodesWhereTheVictimsMakeRoom) {
   EXPECT_TRUE(state.RecordOf("ua1").has_value());
   EXPECT_EQ(state.Filter(pod, {"a", "b"}).failed.size(), 2u);
   // A victim set that does not free enough drops the node.
-  const json bigger = WithUid(TestPod("ns", "hi2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "14000"}}, {}, 1000), "uhi2");
+  const json bigger =
+      WithUid(TestPod("ns", "hi2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "14000"}}, {}, 1000), "uhi2");
   EXPECT_FALSE(state.Preempt(bigger, {{"b", {{"ub1"}, 0}}}).contains("b"));
   EXPECT_TRUE(state.Preempt(bigger, {{"b", {{"ub1", "ub2"}, 0}}}).contains("b"));
 }
@@ -875,9 +961,9 @@ TEST_F(StateTest, PlanPreemptionPicksTheFewestLowestPriorityVictimsAndHoldsTheNo
   state.UpsertNode(TestNode("b", {ShareGpu(16000)}));
   Run(Share("a1", "6000", 10), "a");
   Run(Share("a2", "6000", 10), "a");
-  Run(Share("a3", "2000", 500), "a");   // a: 2000 MiB free
+  Run(Share("a3", "2000", 500), "a");  // a: 2000 MiB free
   Run(Share("b1", "12000", 500), "b");
-  Run(Share("b2", "2000", 10), "b");    // b: 2000 MiB free
+  Run(Share("b2", "2000", 10), "b");  // b: 2000 MiB free
   const json hi = Share("hi", "8000", 1000);
   ASSERT_TRUE(state.Filter(hi, {"a", "b"}).passed.empty());
   // a: a3 (500) is reprieved first, then a1; a2 must go. b: b1 (500) must go. The lower highest
@@ -913,7 +999,8 @@ TEST_F(StateTest, PlanPreemptionPicksTheFewestLowestPriorityVictimsAndHoldsTheNo
   EXPECT_EQ(state.Filter(hi, {"a", "b"}).passed, std::vector<std::string>{"a"});
   Run(hi, "a");
   EXPECT_EQ(state.PreemptingOn("uhi"), "");
-  EXPECT_EQ(state.Filter(Share("low3", "1000", 10), {"a"}).failed.at("a").rfind("no single GPU with 1000 MiB free", 0), 0u);
+  EXPECT_EQ(state.Filter(Share("low3", "1000", 10), {"a"}).failed.at("a").rfind("no single GPU with 1000 MiB free", 0),
+            0u);
 }
 
 // PodDisruptionBudgets weigh as in kube-scheduler's DefaultPreemption: on a node, a victim a
@@ -1030,7 +1117,8 @@ TEST(StateHold, EndsAfterItsTime) {
   State state(o);
   ASSERT_TRUE(state.Init().ok());
   state.UpsertNode(TestNode("a", {ShareGpu(16000)}));
-  const json low = WithUid(TestPod("ns", "low", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}}, {}, 1), "ulow");
+  const json low =
+      WithUid(TestPod("ns", "low", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}}, {}, 1), "ulow");
   auto a = state.Assume(low, "a");
   ASSERT_TRUE(a.ok());
   state.UpsertPod(Bound(low, "a", a->record));

@@ -2,10 +2,10 @@
 // value and type for type, and leave to the caller every text simdjson rejects.
 #include "common/fast_json.h"
 
-#include <gtest/gtest.h>
-
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 namespace kgpu {
 namespace {
@@ -22,14 +22,18 @@ void ExpectSameAsNlohmann(const std::string& text) {
 }
 
 TEST(FastJson, ValuesAndTypesAsNlohmannParsesThem) {
-  for (const char* text : {
-           R"({"a":1,"b":-2,"c":2.5,"d":1e3,"e":true,"f":null,"g":"x","h":[1,"y",{"z":[]}],"i":{}})",
-           R"([0, -0, 18446744073709551615, -9223372036854775808, 9223372036854775807, 0.1, 1E-7])",
-           R"({"esc":"\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00","utf8":"é😀","empty":""})",
-           R"({"dup":1,"dup":2})",  // a repeated key: the last wins
-           R"("just a string")", "42", "null", "[]",
-           R"({"metadata":{"name":"p","annotations":{"kgpu.io/gpu-model":"A100"}},"spec":{"containers":[{"name":"c","resources":{"limits":{"kgpu.io/gpu":"1"}}}]}})",
-       }) {
+  for (
+      const char* text : {
+          R"({"a":1,"b":-2,"c":2.5,"d":1e3,"e":true,"f":null,"g":"x","h":[1,"y",{"z":[]}],"i":{}})",
+          R"([0, -0, 18446744073709551615, -9223372036854775808, 9223372036854775807, 0.1, 1E-7])",
+          R"({"esc":"\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00","utf8":"é😀","empty":""})",
+          R"({"dup":1,"dup":2})",  // a repeated key: the last wins
+          R"("just a string")",
+          "42",
+          "null",
+          "[]",
+          R"({"metadata":{"name":"p","annotations":{"kgpu.io/gpu-model":"A100"}},"spec":{"containers":[{"name":"c","resources":{"limits":{"kgpu.io/gpu":"1"}}}]}})",
+      }) {
     ExpectSameAsNlohmann(text);
   }
 }
@@ -69,9 +73,10 @@ TEST(FastJson, StringIntArraysOnlyWhenExactlyThatShape) {
   ASSERT_TRUE(ok.has_value());
   EXPECT_EQ(*ok, (std::vector<std::pair<std::string, int64_t>>{{"a", 3}, {"b", -1}}));
   EXPECT_TRUE(ParseStringIntArrayFast("[]", "Host", "Score").has_value());
-  for (const char* other : {R"(null)", R"({"Host":"a","Score":1})", R"([{"Host":"a"}])", R"([{"Host":"a","Score":1.5}])",
-                            R"([{"Host":"a","Score":1,"X":2}])", R"([{"Host":"a","host":"b"}])", R"([{"Host":null,"Score":1}])",
-                            R"([{"Host":"a","Score":"1"}])", R"([1])", "[{"}) {
+  for (const char* other :
+       {R"(null)", R"({"Host":"a","Score":1})", R"([{"Host":"a"}])", R"([{"Host":"a","Score":1.5}])",
+        R"([{"Host":"a","Score":1,"X":2}])", R"([{"Host":"a","host":"b"}])", R"([{"Host":null,"Score":1}])",
+        R"([{"Host":"a","Score":"1"}])", R"([1])", "[{"}) {
     SCOPED_TRACE(other);
     EXPECT_FALSE(ParseStringIntArrayFast(other, "Host", "Score").has_value());
   }

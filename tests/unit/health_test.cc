@@ -1,10 +1,11 @@
-#include <gtest/gtest.h>
+#include "gpu/health.h"
 
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 
-#include "gpu/health.h"
+#include <gtest/gtest.h>
+
 #include "testing/sim_gpus.h"
 
 namespace kgpu::gpu {
@@ -48,16 +49,14 @@ class Recorder {
 struct Fixture : kgpu::testing::SimGpus {
   explicit Fixture(const std::string& profile, HealthOptions options = {}) : SimGpus(profile) {
     options.event_wait = 200ms;
-    monitor = std::make_unique<HealthMonitor>(*lib, inv, options,
-                                              [this](const auto& c) { recorder(c); });
+    monitor = std::make_unique<HealthMonitor>(*lib, inv, options, [this](const auto& c) { recorder(c); });
     EXPECT_TRUE(monitor->Start().ok());
   }
   ~Fixture() { monitor->Stop(); }
   bool Unhealthy(const std::string& id, const std::string& reason_part) {
     return recorder.WaitFor([&](const auto& s) {
       auto it = s.find(id);
-      return it != s.end() && !it->second.healthy &&
-             it->second.reason.find(reason_part) != std::string::npos;
+      return it != s.end() && !it->second.healthy && it->second.reason.find(reason_part) != std::string::npos;
     });
   }
   bool Healthy(const std::string& id) {
@@ -93,9 +92,7 @@ TEST(HealthMonitorTest, MigXidMarksThatInstanceOnly) {
   Fixture f("dgx-a100-mig");
   const Gpu& g0 = f.inv->gpus()[0];
   const MigDevice& target = g0.migs[2];
-  ASSERT_EQ(f.sim.Ctl("xid 0 94 --gi " + std::to_string(target.gi) + " --ci " +
-                       std::to_string(target.ci)),
-            0);
+  ASSERT_EQ(f.sim.Ctl("xid 0 94 --gi " + std::to_string(target.gi) + " --ci " + std::to_string(target.ci)), 0);
   ASSERT_TRUE(f.Unhealthy(target.uuid, "XID 94 on MIG instance GI"));
   const auto snap = f.monitor->Snapshot();
   EXPECT_TRUE(snap.at(g0.uuid).healthy);
@@ -278,11 +275,14 @@ TEST(HealthMonitorTest, EveryFaultReachesTheCallbackBeforeItsRecovery) {
   constexpr int kFaults = 20;
   for (int i = 0; i < kFaults; ++i) {
     ASSERT_EQ(f.sim.Ctl("xid 4 48"), 0);
-    ASSERT_TRUE(f.recorder.WaitForLog([&](const std::vector<DeviceHealth>& log) {
-      int n = 0;
-      for (const auto& c : log) n += (c.id == uuid && !c.healthy) ? 1 : 0;
-      return n > i;
-    }, 10s)) << "fault " << i << " never reported";
+    ASSERT_TRUE(f.recorder.WaitForLog(
+        [&](const std::vector<DeviceHealth>& log) {
+          int n = 0;
+          for (const auto& c : log) n += (c.id == uuid && !c.healthy) ? 1 : 0;
+          return n > i;
+        },
+        10s))
+        << "fault " << i << " never reported";
     ASSERT_TRUE(f.Healthy(uuid));
   }
   bool healthy = true;

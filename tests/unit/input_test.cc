@@ -2,15 +2,15 @@
 // config and counters errors with file:line:col, the kubelet directory check, the simulated
 // GPU's value ranges (simctl's and the library's), and logging a repeated condition once.
 
-#include <gtest/gtest.h>
-#include <spdlog/sinks/base_sink.h>
-
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <thread>
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/base_sink.h>
 
 #include "common/files.h"
 #include "common/log_once.h"
@@ -30,7 +30,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string Message(const absl::Status& st) { return std::string(st.message()); }
+std::string Message(const absl::Status& st) {
+  return std::string(st.message());
+}
 
 // A private directory for one test.
 struct TempDir {
@@ -59,7 +61,7 @@ TEST(PrintableTest, EscapesControlBytesAndBrokenUtf8) {
   EXPECT_EQ(Printable("line\nnext\ttab"), "line\\nnext\\ttab");
   EXPECT_EQ(Printable("gr\xc3\xbc\xc3\x9f"), "gr\xc3\xbc\xc3\x9f");  // valid UTF-8 stays
   EXPECT_EQ(Printable("\xff\xfe"), "\\xFF\\xFE");
-  EXPECT_EQ(Printable("\xc3"), "\\xC3");              // truncated sequence
+  EXPECT_EQ(Printable("\xc3"), "\\xC3");                    // truncated sequence
   EXPECT_EQ(Printable("\xed\xa0\x80"), "\\xED\\xA0\\x80");  // a UTF-16 surrogate
 }
 
@@ -85,7 +87,8 @@ TEST(YamlScalarTest, IntegersNameTheTypeAndTheRange) {
   EXPECT_EQ(msg("f"), "f.yaml:1:52: f must be an integer from 0 to 10, not a list or a mapping");
   EXPECT_EQ(Message(yaml::Scalar<unsigned>("f.yaml", n["c"], "c").status()),
             "f.yaml:1:31: c must be an integer from 0 to 4294967295 (got -3, out of range)");
-  EXPECT_EQ(Message(yaml::Scalar<bool>("f.yaml", n["a"], "a").status()), "f.yaml:1:5: a must be true or false (got 'four')");
+  EXPECT_EQ(Message(yaml::Scalar<bool>("f.yaml", n["a"], "a").status()),
+            "f.yaml:1:5: a must be true or false (got 'four')");
 }
 
 // ---------------------------------------------------------------- device plugin config
@@ -110,7 +113,8 @@ TEST(ConfigInputTest, DirectoryMissingOrUnreadableFileIsNamed) {
       << dir.status();
   auto missing = deviceplugin::LoadConfigFile(d.path + "/nope.yaml");
   ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(Message(missing.status()), d.path + "/nope.yaml: the config file does not exist (check --config-file / CONFIG_FILE)");
+  EXPECT_EQ(Message(missing.status()),
+            d.path + "/nope.yaml: the config file does not exist (check --config-file / CONFIG_FILE)");
 }
 
 TEST(ConfigInputTest, EnumerationsAreCheckedWhereTheFileSetsThem) {
@@ -127,12 +131,15 @@ TEST(ConfigInputTest, EnumerationsAreCheckedWhereTheFileSetsThem) {
        "mean packed?)"},
       {"flags:\n  migStrategy: mixed\nsharing:\n  mps:\n    resources: [{name: gpu, replicas: 2}]\n",
        "c.yaml:5:5: sharing.mps is not supported with flags.migStrategy mixed"},
-      {"imex:\n  channelIDs: [3]\n", "c.yaml:2:16: imex.channelIDs[] must be an integer from 0 to 0 (got 3, out of range)"},
-      {"health:\n  fatalXids: [-1]\n", "c.yaml:2:15: health.fatalXids must be an integer from 0 to 18446744073709551615 "
-                                      "(got -1, out of range)"},
+      {"imex:\n  channelIDs: [3]\n",
+       "c.yaml:2:16: imex.channelIDs[] must be an integer from 0 to 0 (got 3, out of range)"},
+      {"health:\n  fatalXids: [-1]\n",
+       "c.yaml:2:15: health.fatalXids must be an integer from 0 to 18446744073709551615 "
+       "(got -1, out of range)"},
       {"sharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 2, devices: 0}]\n",
        "c.yaml:3:51: sharing.timeSlicing.resources[0].devices must be \"all\", a count from 1 to 1024"},
-      {"flags:\n  plugin:\n    passDeviceSpecs: maybe\n", "c.yaml:3:22: flags.plugin.passDeviceSpecs must be true or false (got 'maybe')"},
+      {"flags:\n  plugin:\n    passDeviceSpecs: maybe\n",
+       "c.yaml:3:22: flags.plugin.passDeviceSpecs must be true or false (got 'maybe')"},
       {"falgs:\n  migStrategy: none\n", "c.yaml:1:1: unknown key 'falgs' in the config (did you mean flags?)"},
   };
   for (const auto& [yaml, want] : cases) {
@@ -169,18 +176,21 @@ TEST(ConfigInputTest, BinaryInputIsEscapedInEveryError) {
 TEST(ConfigInputTest, DevicesTheNodeDoesNotHaveKeepTheirPosition) {
   testing::SimGpus n("l4x4");
   auto c = deviceplugin::ParseConfig(
-      "sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: 2\n      devices: [0, 12]\n", "c.yaml");
+      "sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: 2\n      devices: [0, 12]\n",
+      "c.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   auto plan = deviceplugin::BuildPlan(n.inv, *c);
   ASSERT_FALSE(plan.ok());
-  EXPECT_EQ(Message(plan.status()).rfind("c.yaml:6:20: sharing.timeSlicing.resources[0].devices: no device '12' of "
-                                         "resource nvidia.com/gpu on this node (it has 0, 1, 2, 3;",
-                                         0),
+  EXPECT_EQ(Message(plan.status())
+                .rfind("c.yaml:6:20: sharing.timeSlicing.resources[0].devices: no device '12' of "
+                       "resource nvidia.com/gpu on this node (it has 0, 1, 2, 3;",
+                       0),
             0u)
       << plan.status();
-  auto twice = deviceplugin::ParseConfig("sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2, devices: [0]}\n"
-                                         "    - {name: gpu, replicas: 3, devices: [0]}\n",
-                                         "c.yaml");
+  auto twice = deviceplugin::ParseConfig(
+      "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2, devices: [0]}\n"
+      "    - {name: gpu, replicas: 3, devices: [0]}\n",
+      "c.yaml");
   ASSERT_TRUE(twice.ok()) << twice.status();
   auto both = deviceplugin::BuildPlan(n.inv, *twice);
   ASSERT_FALSE(both.ok());
@@ -200,14 +210,17 @@ TEST(ConfigInputTest, MigLayoutEntriesKeepTheirPosition) {
 // ---------------------------------------------------------------- counters CSV
 
 TEST(CountersInputTest, UnknownFieldSuggestsTheNearestName) {
-  auto typo = exporter::ParseCounters("DCGM_FI_DEV_SM_CLOCK, gauge, c\n  DCGM_FI_DEV_GPU_TMEP , gauge, t\n", "c.csv", nullptr);
+  auto typo =
+      exporter::ParseCounters("DCGM_FI_DEV_SM_CLOCK, gauge, c\n  DCGM_FI_DEV_GPU_TMEP , gauge, t\n", "c.csv", nullptr);
   ASSERT_FALSE(typo.ok());
-  EXPECT_EQ(Message(typo.status()).rfind("c.csv:2:3: unknown DCGM field DCGM_FI_DEV_GPU_TMEP (did you mean "
-                                         "DCGM_FI_DEV_GPU_TEMP?); fix the name, or remove the row",
-                                         0),
+  EXPECT_EQ(Message(typo.status())
+                .rfind("c.csv:2:3: unknown DCGM field DCGM_FI_DEV_GPU_TMEP (did you mean "
+                       "DCGM_FI_DEV_GPU_TEMP?); fix the name, or remove the row",
+                       0),
             0u)
       << typo.status();
-  auto prof = exporter::ParseCounters("DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_PROF_SM_ACTIV, gauge, s\n", "c.csv", nullptr);
+  auto prof =
+      exporter::ParseCounters("DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_PROF_SM_ACTIV, gauge, s\n", "c.csv", nullptr);
   ASSERT_FALSE(prof.ok());
   EXPECT_NE(Message(prof.status()).find("(did you mean DCGM_FI_PROF_SM_ACTIVE?)"), std::string::npos) << prof.status();
   auto bad_type = exporter::ParseCounters("DCGM_FI_DEV_GPU_TEMP,gague, t\n", "c.csv", nullptr);
@@ -424,8 +437,8 @@ TEST(Files, WrittenAtomicallyAndNoTemporaryFileStays) {
   for (auto& t : writers) t.join();
   EXPECT_EQ(ReadFile(path)->rfind("new ", 0), 0u);
   EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
-            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write | std::filesystem::perms::group_read |
-                std::filesystem::perms::others_read);
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
+                std::filesystem::perms::group_read | std::filesystem::perms::others_read);
   // Renaming onto a directory fails: the error names both files, the temporary one is gone.
   std::filesystem::create_directories(dir / "taken");
   const auto st = WriteFileAtomically((dir / "taken").string(), "x");
@@ -435,7 +448,8 @@ TEST(Files, WrittenAtomicallyAndNoTemporaryFileStays) {
   size_t files = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
   EXPECT_EQ(files, 1u) << "only spec.json";
-  EXPECT_NE(WriteFileAtomically((dir / "missing" / "f").string(), "x").message().find("cannot write "), std::string::npos);
+  EXPECT_NE(WriteFileAtomically((dir / "missing" / "f").string(), "x").message().find("cannot write "),
+            std::string::npos);
   std::filesystem::remove_all(dir);
 }
 

@@ -1,9 +1,10 @@
-#include <gtest/gtest.h>
+#include "gpu/inventory.h"
 
 #include <filesystem>
 #include <fstream>
 
-#include "gpu/inventory.h"
+#include <gtest/gtest.h>
+
 #include "nvml/library.h"
 #include "testing/sim_node.h"
 

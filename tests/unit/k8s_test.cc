@@ -1,16 +1,16 @@
 // Unit tests of the Kubernetes client's pure parts: the watch-stream decoder, patches,
 // selectors, quantities, kubeconfig resolution, the rate limiter, the informer's store, and
 // the stand-in's admission rules.
-#include <gtest/gtest.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
-#include "k8s/config.h"
+#include <gtest/gtest.h>
+#include <unistd.h>
+
 #include "k8s/client.h"
+#include "k8s/config.h"
 #include "k8s/informer.h"
 #include "k8s/patch.h"
 #include "k8s/quantity.h"
@@ -99,13 +99,15 @@ TEST(Patch, StrategicMergesListsByKey) {
     "$setElementOrder/conditions":[{"type":"Ready"}]})");
   auto r = StrategicMergePatch(node, patch, "Node");
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ((*r)["spec"]["taints"], json::parse(R"([{"key":"a","effect":"NoSchedule"},{"key":"c","effect":"NoSchedule"}])"));
+  EXPECT_EQ((*r)["spec"]["taints"],
+            json::parse(R"([{"key":"a","effect":"NoSchedule"},{"key":"c","effect":"NoSchedule"}])"));
   EXPECT_EQ((*r)["spec"]["tolerations"], json::parse(R"([{"key":"y"}])")) << "no merge key: replaced";
   EXPECT_EQ((*r)["metadata"]["finalizers"], json::parse(R"(["f1","f2"])"));
   EXPECT_EQ((*r)["status"]["conditions"][0]["status"], "False");
   EXPECT_TRUE((*r)["spec"]["unschedulable"].get<bool>());
   EXPECT_FALSE(r->contains("$setElementOrder/conditions"));
-  auto replaced = StrategicMergePatch(node, json::parse(R"({"spec":{"taints":[{"$patch":"replace"},{"key":"q"}]}})"), "Node");
+  auto replaced =
+      StrategicMergePatch(node, json::parse(R"({"spec":{"taints":[{"$patch":"replace"},{"key":"q"}]}})"), "Node");
   ASSERT_TRUE(replaced.ok());
   EXPECT_EQ((*replaced)["spec"]["taints"], json::parse(R"([{"key":"q"}])"));
   EXPECT_FALSE(ApplyPatch(node, json::object(), "application/yaml", "Node").ok());
@@ -124,7 +126,8 @@ TEST(Selector, LabelsAndFields) {
   EXPECT_TRUE(f->Matches({{"spec", {{"nodeName", "n1"}}}, {"status", {{"phase", "Running"}}}}));
   EXPECT_FALSE(f->Matches({{"spec", {{"nodeName", "n1"}}}, {"status", {{"phase", "Failed"}}}}));
   EXPECT_FALSE(FieldSelector::Parse("nonsense").ok());
-  auto pdb = LabelSelector::FromJson(json::parse(R"({"matchLabels":{"a":"1"},"matchExpressions":[{"key":"b","operator":"Exists"}]})"));
+  auto pdb = LabelSelector::FromJson(
+      json::parse(R"({"matchLabels":{"a":"1"},"matchExpressions":[{"key":"b","operator":"Exists"}]})"));
   ASSERT_TRUE(pdb.ok());
   EXPECT_TRUE(pdb->Matches({{"a", "1"}, {"b", "x"}}));
   EXPECT_FALSE(pdb->Matches({{"a", "1"}}));
@@ -216,25 +219,31 @@ TEST(Kubeconfig, ErrorsNameFileAndField) {
   TempDir d;
   auto missing_ca = ParseKubeconfig(kKubeconfig, "/x/kc", "", d.path.string());
   ASSERT_FALSE(missing_ca.ok());
-  EXPECT_NE(std::string(missing_ca.status().message()).find("/x/kc: clusters[0] (name \"c1\").cluster.certificate-authority: cannot read"),
+  EXPECT_NE(std::string(missing_ca.status().message())
+                .find("/x/kc: clusters[0] (name \"c1\").cluster.certificate-authority: cannot read"),
             std::string::npos)
       << missing_ca.status();
   auto ctx = ParseKubeconfig(kKubeconfig, "kc", "three");
-  EXPECT_NE(std::string(ctx.status().message()).find("context \"three\" is not defined (contexts: one, two)"), std::string::npos)
+  EXPECT_NE(std::string(ctx.status().message()).find("context \"three\" is not defined (contexts: one, two)"),
+            std::string::npos)
       << ctx.status();
   auto proxy = ParseKubeconfig(R"(clusters: [{name: c, cluster: {server: "https://a", proxy-url: "http://p"}}]
 contexts: [{name: x, context: {cluster: c}}]
 current-context: x
-)", "kc");
-  EXPECT_NE(std::string(proxy.status().message()).find("cluster.proxy-url: proxies are not supported"), std::string::npos)
+)",
+                               "kc");
+  EXPECT_NE(std::string(proxy.status().message()).find("cluster.proxy-url: proxies are not supported"),
+            std::string::npos)
       << proxy.status();
   auto b64 = ParseKubeconfig(R"(clusters: [{name: c, cluster: {server: "https://a"}}]
 users: [{name: u, user: {client-certificate-data: "!!!", client-key-data: a2V5}}]
 contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
-)", "kc");
-  EXPECT_NE(std::string(b64.status().message()).find("users[0] (name \"u\").user.client-certificate-data: not valid base64"),
-            std::string::npos)
+)",
+                             "kc");
+  EXPECT_NE(
+      std::string(b64.status().message()).find("users[0] (name \"u\").user.client-certificate-data: not valid base64"),
+      std::string::npos)
       << b64.status();
   auto unknown = ParseKubeconfig("clusterz: []\n", "kc");
   EXPECT_NE(std::string(unknown.status().message()).find("kc:1:1"), std::string::npos) << unknown.status();
@@ -242,8 +251,10 @@ current-context: x
 users: [{name: u, user: {exec: {command: x}}}]
 contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
-)", "kc");
-  EXPECT_NE(std::string(exec.status().message()).find("user.exec: is not supported"), std::string::npos) << exec.status();
+)",
+                              "kc");
+  EXPECT_NE(std::string(exec.status().message()).find("user.exec: is not supported"), std::string::npos)
+      << exec.status();
 }
 
 TEST(Kubeconfig, KubeconfigEnvMergesFirstWins) {
@@ -251,7 +262,8 @@ TEST(Kubeconfig, KubeconfigEnvMergesFirstWins) {
   const std::string a = d.Write("a", R"(clusters: [{name: c, cluster: {server: "http://first"}}]
 contexts: [{name: x, context: {cluster: c}}]
 )");
-  const std::string b = d.Write("b", R"(clusters: [{name: c, cluster: {server: "http://second"}}, {name: d, cluster: {server: "http://d"}}]
+  const std::string b = d.Write(
+      "b", R"(clusters: [{name: c, cluster: {server: "http://second"}}, {name: d, cluster: {server: "http://d"}}]
 contexts: [{name: y, context: {cluster: d}}]
 current-context: x
 )");
@@ -333,8 +345,9 @@ TEST(Admission, ExtendedResourceRules) {
   json no_limit = GpuPod("p", {{"requests", {{"nvidia.com/gpu", "1"}}}});
   auto r = AdmitPod(no_limit, {}, {});
   EXPECT_EQ(r.code, 422);
-  EXPECT_EQ(r.message, "Pod \"p\" is invalid: spec.containers[0].resources.limits: Required value: Limit must be set for "
-                       "non overcommitable resources");
+  EXPECT_EQ(r.message,
+            "Pod \"p\" is invalid: spec.containers[0].resources.limits: Required value: Limit must be set for "
+            "non overcommitable resources");
   json unequal = GpuPod("p", {{"requests", {{"nvidia.com/gpu", "1"}}}, {"limits", {{"nvidia.com/gpu", "2"}}}});
   EXPECT_EQ(AdmitPod(unequal, {}, {}).message,
             "Pod \"p\" is invalid: spec.containers[0].resources.requests: Invalid value: \"1\": must be equal to "
@@ -344,7 +357,8 @@ TEST(Admission, ExtendedResourceRules) {
 }
 
 TEST(Admission, LimitRangeDefaultsFromMax) {
-  json lr = json::parse(R"({"metadata":{"name":"lr"},"spec":{"limits":[{"type":"Container","max":{"nvidia.com/gpu":"1"}}]}})");
+  json lr = json::parse(
+      R"({"metadata":{"name":"lr"},"spec":{"limits":[{"type":"Container","max":{"nvidia.com/gpu":"1"}}]}})");
   DefaultLimitRange(lr);
   EXPECT_EQ(lr["spec"]["limits"][0]["default"]["nvidia.com/gpu"], "1");
   EXPECT_EQ(lr["spec"]["limits"][0]["defaultRequest"]["nvidia.com/gpu"], "1");
@@ -356,19 +370,22 @@ TEST(Admission, LimitRangeDefaultsFromMax) {
   auto r = AdmitPod(two, {lr}, {});
   EXPECT_EQ(r.code, 403);
   EXPECT_EQ(r.message, "maximum nvidia.com/gpu usage per Container is 1, but limit is 2");
-  json min_lr = json::parse(R"({"spec":{"limits":[{"type":"Container","min":{"cpu":"100m"},"defaultRequest":{"cpu":"50m"}}]}})");
+  json min_lr =
+      json::parse(R"({"spec":{"limits":[{"type":"Container","min":{"cpu":"100m"},"defaultRequest":{"cpu":"50m"}}]}})");
   json p = GpuPod("p", json::object());
   EXPECT_EQ(AdmitPod(p, {min_lr}, {}).message, "minimum cpu usage per Container is 100m, but request is 50m");
 }
 
 TEST(Admission, QuotaExceededMessage) {
-  json quota = json::parse(R"({"metadata":{"name":"gpu-quota"},"spec":{"hard":{"requests.nvidia.com/gpu":"8","pods":"10",
+  json quota =
+      json::parse(R"({"metadata":{"name":"gpu-quota"},"spec":{"hard":{"requests.nvidia.com/gpu":"8","pods":"10",
     "limits.nvidia.com/gpu":"1"}},"status":{"used":{"requests.nvidia.com/gpu":"7","pods":"3"}}})");
   json p = GpuPod("big", {{"limits", {{"nvidia.com/gpu", "2"}}}});
   auto r = AdmitPod(p, {}, {quota});
   EXPECT_EQ(r.code, 403);
-  EXPECT_EQ(r.message, "exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=2, used: requests.nvidia.com/gpu=7, "
-                       "limited: requests.nvidia.com/gpu=8");
+  EXPECT_EQ(r.message,
+            "exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=2, used: requests.nvidia.com/gpu=7, "
+            "limited: requests.nvidia.com/gpu=8");
   json one = GpuPod("one", {{"limits", {{"nvidia.com/gpu", "1"}}}});
   EXPECT_TRUE(AdmitPod(one, {}, {quota}).allowed) << "limits.<extended> is not enforced";
   json cpu_quota = json::parse(R"({"metadata":{"name":"cpu"},"spec":{"hard":{"requests.cpu":"1"}}})");
@@ -395,7 +412,8 @@ TEST(Admission, QuotaCountsInitContainersAndSidecarsAsTheApiserver) {
                 {"containers", json::array({container("main", "16000", false)})}}}};
   EXPECT_EQ(PodQuotaUsage(pod)["requests.kgpu.io/gpu-memory"], "16512");
   pod["spec"]["initContainers"][1]["resources"]["requests"]["kgpu.io/gpu-memory"] = "20000";
-  EXPECT_EQ(PodQuotaUsage(pod)["requests.kgpu.io/gpu-memory"], "20512") << "the init container with the sidecar before it";
+  EXPECT_EQ(PodQuotaUsage(pod)["requests.kgpu.io/gpu-memory"], "20512")
+      << "the init container with the sidecar before it";
   pod["spec"]["initContainers"] = json::array({container("warm", "20000", false), container("side", "512", true)});
   EXPECT_EQ(PodQuotaUsage(pod)["requests.kgpu.io/gpu-memory"], "20000") << "the sidecar starts after it";
 }
@@ -411,15 +429,19 @@ TEST(Admission, QuotaValidationAsTheApiserver) {
   EXPECT_EQ(errors(R"({"spec":{"hard":{"requests.nvidia.com/gpu":"1","pods":"2"},"scopes":["NotBestEffort"]}})"), V{});
   EXPECT_EQ(errors(R"({"spec":{"hard":{"requests.nvidia.com/gpu":"1"},"scopes":["BestEffort"]}})"), V{});
   // BestEffort tracks pods only: one error per offending resource (the message dedups them).
-  EXPECT_EQ(errors(R"({"spec":{"hard":{"requests.cpu":"1","limits.memory":"1Gi","pods":"1"},"scopes":["BestEffort"]}})"),
-            (V{"spec.scopes: Invalid value: []core.ResourceQuotaScope{\"BestEffort\"}: unsupported scope applied to resource",
-               "spec.scopes: Invalid value: []core.ResourceQuotaScope{\"BestEffort\"}: unsupported scope applied to resource"}));
+  EXPECT_EQ(
+      errors(R"({"spec":{"hard":{"requests.cpu":"1","limits.memory":"1Gi","pods":"1"},"scopes":["BestEffort"]}})"),
+      (V{"spec.scopes: Invalid value: []core.ResourceQuotaScope{\"BestEffort\"}: unsupported scope applied to resource",
+         "spec.scopes: Invalid value: []core.ResourceQuotaScope{\"BestEffort\"}: unsupported scope applied to "
+         "resource"}));
   EXPECT_EQ(errors(R"({"spec":{"hard":{"pods":"1"},"scopes":["BestEffort","NotBestEffort"]}})"),
-            V{"spec.scopes: Invalid value: []core.ResourceQuotaScope{\"BestEffort\", \"NotBestEffort\"}: conflicting scopes"});
+            V{"spec.scopes: Invalid value: []core.ResourceQuotaScope{\"BestEffort\", \"NotBestEffort\"}: conflicting "
+              "scopes"});
   EXPECT_EQ(errors(R"({"spec":{"hard":{"pods":"1"},"scopes":["Fancy"]}})"),
             V{"spec.scopes: Invalid value: []core.ResourceQuotaScope{\"Fancy\"}: unsupported scope"});
   EXPECT_EQ(errors(R"({"spec":{"hard":{"requests.storage":"1Gi"},"scopes":["Terminating"]}})"),
-            V{"spec.scopes: Invalid value: []core.ResourceQuotaScope{\"Terminating\"}: unsupported scope applied to resource"});
+            V{"spec.scopes: Invalid value: []core.ResourceQuotaScope{\"Terminating\"}: unsupported scope applied to "
+              "resource"});
   EXPECT_EQ(errors(R"({"spec":{"hard":{"gpus":"1","pods":"-1"}}})"),
             (V{"spec.hard[gpus]: Invalid value: \"gpus\": must be a standard resource type or fully qualified",
                "spec.hard[gpus]: Invalid value: \"gpus\": must be a standard resource for quota",
@@ -428,15 +450,17 @@ TEST(Admission, QuotaValidationAsTheApiserver) {
   EXPECT_EQ(errors(R"({"spec":{"hard":{"requests.nvidia.com/gpu":"2","cpu":"4"},"scopeSelector":{"matchExpressions":[
       {"scopeName":"PriorityClass","operator":"In","values":["low"]}]}}})"),
             V{});
-  EXPECT_EQ(errors(R"({"spec":{"hard":{"pods":"1"},"scopeSelector":{"matchExpressions":[
+  EXPECT_EQ(
+      errors(R"({"spec":{"hard":{"pods":"1"},"scopeSelector":{"matchExpressions":[
       {"scopeName":"BestEffort","operator":"In","values":["x"]}]}}})"),
-            V{"spec.scopeSelector.matchExpressions.operator: Invalid value: \"In\": must be 'Exist' when scope is any of "
-              "ResourceQuotaScopeTerminating, ResourceQuotaScopeNotTerminating, ResourceQuotaScopeBestEffort, "
-              "ResourceQuotaScopeNotBestEffort or ResourceQuotaScopeCrossNamespacePodAffinity"});
-  EXPECT_EQ(errors(R"({"spec":{"hard":{"pods":"1"},"scopeSelector":{"matchExpressions":[
+      V{"spec.scopeSelector.matchExpressions.operator: Invalid value: \"In\": must be 'Exist' when scope is any of "
+        "ResourceQuotaScopeTerminating, ResourceQuotaScopeNotTerminating, ResourceQuotaScopeBestEffort, "
+        "ResourceQuotaScopeNotBestEffort or ResourceQuotaScopeCrossNamespacePodAffinity"});
+  EXPECT_EQ(
+      errors(R"({"spec":{"hard":{"pods":"1"},"scopeSelector":{"matchExpressions":[
       {"scopeName":"PriorityClass","operator":"In"}]}}})"),
-            V{"spec.scopeSelector.matchExpressions.values: Required value: must be at least one value when `operator` is "
-              "'In' or 'NotIn' for scope selector"});
+      V{"spec.scopeSelector.matchExpressions.values: Required value: must be at least one value when `operator` is "
+        "'In' or 'NotIn' for scope selector"});
   EXPECT_EQ(errors(R"({"spec":{"hard":{"requests.storage":"1Gi"},"scopeSelector":{"matchExpressions":[
       {"scopeName":"PriorityClass","operator":"Exists","values":["a"]}]}}})"),
             (V{"spec.scopeSelector.matchExpressions: Invalid value: core.ScopeSelector{MatchExpressions:[]core."

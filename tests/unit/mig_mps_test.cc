@@ -1,23 +1,23 @@
 // MIG layouts (config, resolution, planning and applying through the simulated NVML) and MPS
 // (plan rules, daemon limits, per-container limits, same-GPU preference).
 
-#include <gtest/gtest.h>
-
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
-#include <sys/stat.h>
 #include <set>
+#include <sstream>
 
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include "absl/strings/escaping.h"
 #include "deviceplugin/allocator.h"
 #include "deviceplugin/config.h"
 #include "deviceplugin/interposer.h"
-#include "deviceplugin/kubelet_checkpoint.h"
 #include "deviceplugin/mps.h"
-#include "absl/strings/escaping.h"
 #include "deviceplugin_v1beta1.pb.h"
 #include "gpu/mig_layout.h"
+#include "kubelet/checkpoint.h"
 #include "testing/kubelet_checkpoint.h"
 #include "testing/sim_plan.h"
 
@@ -73,12 +73,14 @@ TEST(MigConfigTest, LayoutsAndNodes) {
   Config none;
   auto missing = deviceplugin::LayoutForNode(none.mig, "worker");
   ASSERT_FALSE(missing.ok());
-  EXPECT_NE(std::string(missing.status().message()).find("no mig.nodes pattern matches node 'worker'"), std::string::npos);
+  EXPECT_NE(std::string(missing.status().message()).find("no mig.nodes pattern matches node 'worker'"),
+            std::string::npos);
 }
 
 TEST(MigConfigTest, ErrorsNamePlaceAndFix) {
   const std::map<std::string, std::string> cases = {
-      {"mig:\n  layouts:\n    a:\n      - devices: [x]\n", "c.yaml:4:19: mig.layouts.a[0].devices[] must be an integer from 0 to 1023 (got 'x')"},
+      {"mig:\n  layouts:\n    a:\n      - devices: [x]\n",
+       "c.yaml:4:19: mig.layouts.a[0].devices[] must be an integer from 0 to 1023 (got 'x')"},
       {"mig:\n  layouts:\n    a:\n      - mig-devices: {1g.5gb: 7}\n",
        "c.yaml:4:9: mig.layouts.a[0].devices is required (all, or a list of GPU indices)"},
       {"mig:\n  layouts:\n    a:\n      - {devices: all, mig-devices: {1g.5gb: 9}}\n",
@@ -87,7 +89,8 @@ TEST(MigConfigTest, ErrorsNamePlaceAndFix) {
        "c.yaml:4:9: mig.layouts.a[0] has mig-enabled: false and mig-devices; drop one of them"},
       {"mig:\n  layouts:\n    a: [{devices: all}]\n  nodes:\n    \"*\": b\n",
        "c.yaml:5:10: mig.nodes.*: no layout 'b' in mig.layouts"},
-      {"mig:\n  rescanInterval: soon\n", "c.yaml:2:19: mig.rescanInterval must be a duration such as 30s, 5m or 1h (got 'soon')"},
+      {"mig:\n  rescanInterval: soon\n",
+       "c.yaml:2:19: mig.rescanInterval must be a duration such as 30s, 5m or 1h (got 'soon')"},
       {"mig:\n  layout: a\n", "c.yaml:2:3: unknown key 'layout' in mig"},
   };
   for (const auto& [yaml, want] : cases) {
@@ -103,15 +106,15 @@ TEST(MigConfigTest, ErrorsNamePlaceAndFix) {
 // test lives in its own scope.
 TEST(MigLayoutTest, ResolveChecksGpus) {
   {
-  Node n("dgx-a100-mig");
-  gpu::MigLayout bad_index = {{{9}, true, {{"1g.5gb", 1}}}};
-  auto r = gpu::ResolveMigLayout(bad_index, *n.inv, "x");
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(std::string(r.status().message()), "MIG layout 'x' entry 0: this node has no GPU 9 (it has 8 GPUs)");
-  gpu::MigLayout twice = {{{1}, true, {}}, {{}, true, {}}};
-  r = gpu::ResolveMigLayout(twice, *n.inv, "x");
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(std::string(r.status().message()).find("selects GPU 1, which entry 0 selects too"), std::string::npos);
+    Node n("dgx-a100-mig");
+    gpu::MigLayout bad_index = {{{9}, true, {{"1g.5gb", 1}}}};
+    auto r = gpu::ResolveMigLayout(bad_index, *n.inv, "x");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(std::string(r.status().message()), "MIG layout 'x' entry 0: this node has no GPU 9 (it has 8 GPUs)");
+    gpu::MigLayout twice = {{{1}, true, {}}, {{}, true, {}}};
+    r = gpu::ResolveMigLayout(twice, *n.inv, "x");
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(std::string(r.status().message()).find("selects GPU 1, which entry 0 selects too"), std::string::npos);
   }
   Node l4("l4x4");
   gpu::MigLayout on_l4 = {{{}, true, {{"1g.6gb", 4}}}};
@@ -174,7 +177,8 @@ TEST(MigLayoutTest, RefusesWhatCannotExist) {
   const gpu::Gpu& g = n.inv->gpus()[1];
   auto unknown = gpu::PlanMigChange(*n.lib, g, {1, true, {"1g.10gb+gfx"}});
   ASSERT_FALSE(unknown.ok());
-  EXPECT_NE(std::string(unknown.status().message()).find("has no MIG profile '1g.10gb+gfx'; its profiles are 1g.5gb, 2g.10gb"),
+  EXPECT_NE(std::string(unknown.status().message())
+                .find("has no MIG profile '1g.10gb+gfx'; its profiles are 1g.5gb, 2g.10gb"),
             std::string::npos)
       << unknown.status();
   auto too_many = gpu::PlanMigChange(*n.lib, g, {1, true, {"3g.20gb", "3g.20gb", "3g.20gb"}});
@@ -221,18 +225,18 @@ TEST(MigLayoutTest, FingerprintSeesARepartition) {
 }
 
 TEST(KubeletCheckpointTest, RegisteredResources) {
-  auto names = deviceplugin::RegisteredResources(
+  auto names = kubelet::RegisteredResources(
       kgpu::testing::SignedCheckpoint(
           R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/mig-2g.10gb":["MIG-a"],"nvidia.com/gpu":[]}}})"),
       "cp");
   ASSERT_TRUE(names.ok()) << names.status();
   EXPECT_EQ(std::set<std::string>(names->begin(), names->end()),
             (std::set<std::string>{"nvidia.com/mig-2g.10gb", "nvidia.com/gpu"}));
-  auto bad = deviceplugin::RegisteredResources(R"({"Data":{"RegisteredDevices":[1]}})", "cp");
+  auto bad = kubelet::RegisteredResources(R"({"Data":{"RegisteredDevices":[1]}})", "cp");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(std::string(bad.status().message()),
             "cp: Data.RegisteredDevices is a array, expected an object of resource name -> device IDs");
-  EXPECT_FALSE(deviceplugin::RegisteredResources("{", "cp").ok());
+  EXPECT_FALSE(kubelet::RegisteredResources("{", "cp").ok());
 }
 
 // ---------------------------------------------------------------- time-slicing, memoryIsolation hard
@@ -242,8 +246,9 @@ TEST(KubeletCheckpointTest, RegisteredResources) {
 // and an accounting directory of its own (0777) under the shared root.
 TEST(TimeSlicingHardTest, EachReplicaGetsItsShareOfMemory) {
   Node n("dgx-h100");
-  auto plan = n.PlanFor("sharing:\n  timeSlicing:\n    memoryIsolation: hard\n"
-                        "    failRequestsGreaterThanOne: false\n    resources:\n    - {name: gpu, replicas: 4}\n");
+  auto plan = n.PlanFor(
+      "sharing:\n  timeSlicing:\n    memoryIsolation: hard\n"
+      "    failRequestsGreaterThanOne: false\n    resources:\n    - {name: gpu, replicas: 4}\n");
   ASSERT_NE(plan, nullptr);
   const auto& r = plan->resources[0];
   EXPECT_TRUE(r.hard_memory);
@@ -301,8 +306,9 @@ TEST(TimeSlicingHardTest, EachReplicaGetsItsShareOfMemory) {
 TEST(TimeSlicingHardTest, DirectoriesNoContainerMountsAreSwept) {
   namespace fs = std::filesystem;
   Node n("dgx-h100");
-  auto plan = n.PlanFor("sharing:\n  timeSlicing:\n    memoryIsolation: hard\n"
-                        "    failRequestsGreaterThanOne: false\n    resources:\n    - {name: gpu, replicas: 4}\n");
+  auto plan = n.PlanFor(
+      "sharing:\n  timeSlicing:\n    memoryIsolation: hard\n"
+      "    failRequestsGreaterThanOne: false\n    resources:\n    - {name: gpu, replicas: 4}\n");
   ASSERT_NE(plan, nullptr);
   const std::string root = ::testing::TempDir() + "/kgpu-ts-sweep";
   fs::remove_all(root);
@@ -335,11 +341,15 @@ TEST(TimeSlicingHardTest, DirectoriesNoContainerMountsAreSwept) {
   fs::create_directory_symlink(outside, root + "/timeslicing/gone/escape");
   fs::create_directory_symlink(outside, root + "/timeslicing/link");
   const auto entry = [&](const std::string& id) {
-    return nlohmann::json{{"PodUID", "uid-" + id}, {"ContainerName", "main"}, {"ResourceName", "nvidia.com/gpu"},
-                          {"DeviceIDs", {{"0", {u0 + "::0"}}}}, {"AllocResp", resp[id]}};
+    return nlohmann::json{{"PodUID", "uid-" + id},
+                          {"ContainerName", "main"},
+                          {"ResourceName", "nvidia.com/gpu"},
+                          {"DeviceIDs", {{"0", {u0 + "::0"}}}},
+                          {"AllocResp", resp[id]}};
   };
   const nlohmann::json doc = {
-      {"Data", {{"PodDeviceEntries", {entry("kept"), entry("slash")}}, {"RegisteredDevices", nlohmann::json::object()}}}};
+      {"Data",
+       {{"PodDeviceEntries", {entry("kept"), entry("slash")}}, {"RegisteredDevices", nlohmann::json::object()}}}};
   const std::string cp = root + "/kubelet_internal_checkpoint";
 
   // Missing, unparsable, or with a checksum kubelet would refuse: nothing goes.
@@ -379,8 +389,7 @@ TEST(TimeSlicingHardTest, DirectoriesNoContainerMountsAreSwept) {
   EXPECT_TRUE(fs::exists(outside + "/keep"));
 
   // kubelet forgets the pods: an empty checkpoint (null entries, as kubelet writes it) frees all.
-  std::ofstream(cp) << testing::SignedCheckpoint(
-      R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}}})");
+  std::ofstream(cp) << testing::SignedCheckpoint(R"({"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}}})");
   auto all = deviceplugin::SweepTimeslicingRegions(root, cp, std::chrono::seconds(0));
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(*all, 2);
@@ -393,23 +402,26 @@ TEST(TimeSlicingHardTest, DirectoriesNoContainerMountsAreSwept) {
 }
 
 TEST(TimeSlicingHardTest, BadInputNamesTheFileAndTheFix) {
-  auto mps = ParseConfig("sharing:\n  mps:\n    memoryIsolation: hard\n    resources: [{name: gpu, replicas: 2}]\n", "c.yaml");
+  auto mps =
+      ParseConfig("sharing:\n  mps:\n    memoryIsolation: hard\n    resources: [{name: gpu, replicas: 2}]\n", "c.yaml");
   ASSERT_FALSE(mps.ok());
   EXPECT_EQ(std::string(mps.status().message()),
             "c.yaml:3:22: sharing.mps.memoryIsolation is for timeSlicing; MPS limits each client's memory itself "
             "(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)");
-  auto typo = ParseConfig("sharing:\n  timeSlicing:\n    memoryIsolation: hrad\n    resources: [{name: gpu, replicas: 2}]\n",
-                          "c.yaml");
+  auto typo = ParseConfig(
+      "sharing:\n  timeSlicing:\n    memoryIsolation: hrad\n    resources: [{name: gpu, replicas: 2}]\n", "c.yaml");
   ASSERT_FALSE(typo.ok());
-  EXPECT_NE(std::string(typo.status().message()).find("c.yaml:3:22: sharing.timeSlicing.memoryIsolation 'hrad' is invalid: want none or hard"),
+  EXPECT_NE(std::string(typo.status().message())
+                .find("c.yaml:3:22: sharing.timeSlicing.memoryIsolation 'hrad' is invalid: want none or hard"),
             std::string::npos)
       << typo.status();
-  auto no_lib = ParseConfig("sharing:\n  timeSlicing:\n    memoryIsolation: hard\n    resources: [{name: gpu, replicas: 2}]\n",
-                            "c.yaml");
+  auto no_lib = ParseConfig(
+      "sharing:\n  timeSlicing:\n    memoryIsolation: hard\n    resources: [{name: gpu, replicas: 2}]\n", "c.yaml");
   ASSERT_TRUE(no_lib.ok()) << no_lib.status();
-  EXPECT_EQ(std::string(deviceplugin::Validate(*no_lib).message()),
-            "c.yaml:3:22: memoryIsolation hard needs the CUDA interposer: --cuda-interposer (KGPU_CUDA_INTERPOSER), the "
-            "host path of libkgpu-cuda.so (docs/isolation.md)");
+  EXPECT_EQ(
+      std::string(deviceplugin::Validate(*no_lib).message()),
+      "c.yaml:3:22: memoryIsolation hard needs the CUDA interposer: --cuda-interposer (KGPU_CUDA_INTERPOSER), the "
+      "host path of libkgpu-cuda.so (docs/isolation.md)");
   no_lib->cuda_interposer = "/lib/x.so";
   EXPECT_TRUE(deviceplugin::Validate(*no_lib).ok());
 }
@@ -417,7 +429,8 @@ TEST(TimeSlicingHardTest, BadInputNamesTheFileAndTheFix) {
 // ---------------------------------------------------------------- MPS
 
 std::string MpsConfig(const std::string& extra) {
-  return "flags:\n  mpsRoot: /run/nvidia/mps\nsharing:\n  mps:\n" + extra + "    resources:\n    - {name: gpu, replicas: 4}\n";
+  return "flags:\n  mpsRoot: /run/nvidia/mps\nsharing:\n  mps:\n" + extra +
+         "    resources:\n    - {name: gpu, replicas: 4}\n";
 }
 
 TEST(MpsTest, OneReplicaGetsOneShare) {
@@ -446,7 +459,8 @@ TEST(MpsTest, OneReplicaGetsOneShare) {
                            {"/dev/shm", "/run/nvidia/mps/shm", false}}));
   auto three = deviceplugin::Allocate(*plan, r, n.config, {u0 + "::0", u0 + "::1", u0 + "::2"}, "x");
   ASSERT_FALSE(three.ok());
-  EXPECT_EQ(std::string(three.status().message()), "invalid request: maximum request size for shared resources is 1; found 3");
+  EXPECT_EQ(std::string(three.status().message()),
+            "invalid request: maximum request size for shared resources is 1; found 3");
 }
 
 TEST(MpsTest, ThreeReplicasGetThreeSharesOnOneGpu) {
@@ -499,34 +513,38 @@ TEST(MpsTest, ThreeReplicasGetThreeSharesOnOneGpu) {
 
 TEST(MpsTest, RefusedOnMigAndAboveMaxClients) {
   {
-  Node n("dgx-a100-mig");
-  auto c = ParseConfig("flags:\n  mpsRoot: /m\nsharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2, devices: [1]}\n",
-                       "t.yaml");
-  ASSERT_TRUE(c.ok()) << c.status();
-  // migStrategy none: GPU 1 is a whole GPU, MPS is fine.
-  EXPECT_TRUE(deviceplugin::BuildPlan(n.inv, *c).ok());
-  // All-MIG node with single strategy: the MIG devices are nvidia.com/gpu, and MPS refuses them.
-  for (unsigned i = 0; i < 8; ++i) {
-    auto change = gpu::PlanMigChange(*n.lib, n.inv->gpus()[i], {i, true, std::vector<std::string>(7, "1g.5gb")});
-    ASSERT_TRUE(change.ok()) << change.status();
-    ASSERT_TRUE(gpu::ApplyMigChange(*n.lib, n.inv->gpus()[i], *change).ok());
-  }
-  n.Rediscover();
-  Config single = *c;
-  single.mig_strategy = "single";
-  single.sharing.resources[0].devices.clear();
-  auto refused = deviceplugin::BuildPlan(n.inv, single);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(std::string(refused.status().message()).find("sharing using MPS is not supported for MIG devices"),
-            std::string::npos)
-      << refused.status();
+    Node n("dgx-a100-mig");
+    auto c = ParseConfig(
+        "flags:\n  mpsRoot: /m\nsharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2, devices: [1]}\n",
+        "t.yaml");
+    ASSERT_TRUE(c.ok()) << c.status();
+    // migStrategy none: GPU 1 is a whole GPU, MPS is fine.
+    EXPECT_TRUE(deviceplugin::BuildPlan(n.inv, *c).ok());
+    // All-MIG node with single strategy: the MIG devices are nvidia.com/gpu, and MPS refuses them.
+    for (unsigned i = 0; i < 8; ++i) {
+      auto change = gpu::PlanMigChange(*n.lib, n.inv->gpus()[i], {i, true, std::vector<std::string>(7, "1g.5gb")});
+      ASSERT_TRUE(change.ok()) << change.status();
+      ASSERT_TRUE(gpu::ApplyMigChange(*n.lib, n.inv->gpus()[i], *change).ok());
+    }
+    n.Rediscover();
+    Config single = *c;
+    single.mig_strategy = "single";
+    single.sharing.resources[0].devices.clear();
+    auto refused = deviceplugin::BuildPlan(n.inv, single);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(std::string(refused.status().message()).find("sharing using MPS is not supported for MIG devices"),
+              std::string::npos)
+        << refused.status();
   }
   Node h("l4x4");
-  auto many = ParseConfig("flags:\n  mpsRoot: /m\nsharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 49}\n", "t");
+  auto many =
+      ParseConfig("flags:\n  mpsRoot: /m\nsharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 49}\n", "t");
   ASSERT_TRUE(many.ok());
   auto over = deviceplugin::BuildPlan(h.inv, *many);
   ASSERT_FALSE(over.ok());
-  EXPECT_NE(std::string(over.status().message()).find("replicas 49 exceeds the 48 MPS clients GPU 0 (compute capability 8.9)"), std::string::npos);
+  EXPECT_NE(std::string(over.status().message())
+                .find("replicas 49 exceeds the 48 MPS clients GPU 0 (compute capability 8.9)"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // GFD labels and the inventory annotation from a simulated node, and publishing them to the
 // API server stand-in without touching labels we do not own.
-#include <gtest/gtest.h>
+#include "cli/node_labels.h"
 
 #include <atomic>
 #include <chrono>
@@ -8,13 +8,15 @@
 #include <functional>
 #include <thread>
 
+#include <gtest/gtest.h>
+
 #include "cli/doctor_cluster.h"
-#include "cli/node_labels.h"
 #include "common/files.h"
 #include "deviceplugin/gfd_labels.h"
 #include "extender/inventory.h"
 #include "k8s/client.h"
 #include "testing/fake_apiserver.h"
+#include "testing/poll.h"
 #include "testing/sim_gpus.h"
 
 namespace kgpu::cli {
@@ -129,9 +131,10 @@ TEST(InventoryAnnotation, SharingGpusCarryTheirSlotsAndTheExtenderReadsThem) {
   ASSERT_TRUE(g.inv);
   ASSERT_GE(g.inv->gpus().size(), 3u);
   // GPUs 0 and 1 serve kgpu.io/gpu (16 slots each); the others stay whole nvidia.com/gpu.
-  auto c = deviceplugin::ParseConfig("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-                                     "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: [0, 1]}\n",
-                                     "t");
+  auto c = deviceplugin::ParseConfig(
+      "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+      "    - {name: nvidia.com/gpu, replicas: 16, rename: kgpu.io/gpu, devices: [0, 1]}\n",
+      "t");
   ASSERT_TRUE(c.ok()) << c.status();
   const json j = json::parse(InventoryAnnotation(*g.inv, *c));
   EXPECT_EQ(j["gpus"][0]["slots"], 16);
@@ -218,7 +221,8 @@ TEST(PublishToNode, PatchesOnlyOwnedLabelsAndOnlyWhenChanged) {
   // A sharing change relabels.
   c.sharing.strategy = deviceplugin::SharingStrategy::kTimeSlicing;
   c.sharing.resources = {{"nvidia.com/gpu", 2, "", {}, "", {}}};
-  auto relabel = PublishToNode(*client, "gpu-node-1", GfdLabels(*g.inv, c, Opts(false)), InventoryAnnotation(*g.inv, c));
+  auto relabel =
+      PublishToNode(*client, "gpu-node-1", GfdLabels(*g.inv, c, Opts(false)), InventoryAnnotation(*g.inv, c));
   ASSERT_TRUE(relabel.ok());
   EXPECT_TRUE(relabel->patched && relabel->annotation_changed);
   EXPECT_EQ(server.Get("nodes", "", "gpu-node-1").body["metadata"]["labels"]["nvidia.com/gpu.replicas"], "2");
@@ -233,8 +237,10 @@ TEST(PublishToNode, ShareCapacityForAutoscalers) {
   ASSERT_TRUE(g.inv);
   kgpu::testing::FakeApiServer server;
   ASSERT_TRUE(server.Start().ok());
-  ASSERT_EQ(server.Create("nodes", "", {{"metadata", {{"name", "n1"}}},
-                                        {"status", {{"capacity", {{"cpu", "64"}}}, {"allocatable", {{"cpu", "63"}}}}}})
+  ASSERT_EQ(server
+                .Create("nodes", "",
+                        {{"metadata", {{"name", "n1"}}},
+                         {"status", {{"capacity", {{"cpu", "64"}}}, {"allocatable", {{"cpu", "63"}}}}}})
                 .code,
             201);
   k8s::Config kc;
@@ -307,14 +313,7 @@ TEST(InventoryAnnotation, LiveHealthIsThePlugins) {
   EXPECT_EQ(p["gpus"][whole == 0 ? 1 : 0]["health"], "ok");
 }
 
-bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return pred();
-}
+using testing::WaitFor;  // testing/poll.h
 
 // The publisher behind `kgpu node --publish-labels`: a pass at start, one per burst of
 // notifications, a failed pass retried, and a notifier that is harmless once it stopped.
@@ -349,9 +348,11 @@ TEST(LabelPublisher, PublishesOnStartAndOnChangeAndRetries) {
   publisher.Start();
   // The Node does not exist yet: the first pass fails and is retried (1 s backoff).
   ASSERT_TRUE(WaitFor([&] { return publisher.passes() >= 1; }));
-  ASSERT_EQ(server.Create("nodes", "", {{"metadata", {{"name", "gpu-node-1"}, {"labels", {{"team", "ml"}}}}}}).code, 201);
+  ASSERT_EQ(server.Create("nodes", "", {{"metadata", {{"name", "gpu-node-1"}, {"labels", {{"team", "ml"}}}}}}).code,
+            201);
   auto node = [&] { return server.Get("nodes", "", "gpu-node-1").body; };
-  ASSERT_TRUE(WaitFor([&] { return node()["metadata"].value("labels", json::object()).contains("nvidia.com/gpu.count"); }));
+  ASSERT_TRUE(
+      WaitFor([&] { return node()["metadata"].value("labels", json::object()).contains("nvidia.com/gpu.count"); }));
   EXPECT_EQ(node()["metadata"]["labels"]["team"], "ml");
   // A burst of changes makes one pass; the annotation shows the new health. (The source is
   // called once per pass, before the pass writes: `calls` is stable once the labels are there.)
@@ -412,8 +413,10 @@ TEST(LabelPublisher, RelabelsOnTheInterval) {
       std::chrono::seconds(1), std::chrono::milliseconds(50));
   publisher.Start();
   auto annotation = [&] {
-    return json::parse(server.Get("nodes", "", "gpu-node-1").body["metadata"].value("annotations", json::object()).value(
-        kInventoryAnnotation, "{}"));
+    return json::parse(server.Get("nodes", "", "gpu-node-1")
+                           .body["metadata"]
+                           .value("annotations", json::object())
+                           .value(kInventoryAnnotation, "{}"));
   };
   ASSERT_TRUE(WaitFor([&] { return annotation().contains("gpus"); }));
   const uint64_t first = publisher.passes();
@@ -522,7 +525,8 @@ TEST_F(DoctorClusterTest, SaysWhyACountIsMissingOrZero) {
   EXPECT_EQ(u->verdict, Verdict::kFail);
   EXPECT_EQ(u->detail, "allocatable 0: all 8 devices are unhealthy");
   // Counts that differ from what the plugin serves: a WARN with both.
-  auto differ = Run({{"nvidia.com/gpu", "8"}}, {{"nvidia.com/gpu", "8"}}, good_labels_, {{"nvidia.com/gpu", {8, 7}}}, 8);
+  auto differ =
+      Run({{"nvidia.com/gpu", "8"}}, {{"nvidia.com/gpu", "8"}}, good_labels_, {{"nvidia.com/gpu", {8, 7}}}, 8);
   const Check* d = Find(differ, "Node nvidia.com/gpu");
   EXPECT_EQ(d->verdict, Verdict::kWarn);
   EXPECT_NE(d->detail.find("the plugin serves 8/7 healthy"), std::string::npos) << d->detail;
@@ -536,8 +540,9 @@ TEST_F(DoctorClusterTest, CordonTaintsAndStaleLabels) {
   const json cap = {{"nvidia.com/gpu", "8"}};
   auto cordoned = Run(cap, cap, good_labels_, eight, 8,
                       {{"unschedulable", true},
-                       {"taints", {{{"key", "kgpu.io/owner"}, {"value", "slurm"}, {"effect", "NoSchedule"}},
-                                   {{"key", "soft"}, {"effect", "PreferNoSchedule"}}}}});
+                       {"taints",
+                        {{{"key", "kgpu.io/owner"}, {"value", "slurm"}, {"effect", "NoSchedule"}},
+                         {{"key", "soft"}, {"effect", "PreferNoSchedule"}}}}});
   EXPECT_EQ(Find(cordoned, "Schedulable")->verdict, Verdict::kWarn);
   const Check* t = Find(cordoned, "Taints");
   EXPECT_EQ(t->verdict, Verdict::kWarn);

@@ -1,6 +1,6 @@
-#include <gtest/gtest.h>
-
 #include "profile.h"
+
+#include <gtest/gtest.h>
 
 namespace kgpu::sim {
 namespace {
@@ -54,15 +54,12 @@ TEST(ProfileTest, MigProfileNamesPerModel) {
     for (const auto& p : FindModel(key)->mig_profiles) out.push_back(p.name);
     return out;
   };
-  EXPECT_EQ(names("A100-SXM4-40GB"), (std::vector<std::string>{"1g.5gb", "1g.5gb+me", "1g.10gb",
-                                                                "2g.10gb", "3g.20gb", "4g.20gb",
-                                                                "7g.40gb"}));
-  EXPECT_EQ(names("H100-SXM5-80GB"), (std::vector<std::string>{"1g.10gb", "1g.10gb+me", "1g.20gb",
-                                                                "2g.20gb", "3g.40gb", "4g.40gb",
-                                                                "7g.80gb"}));
-  EXPECT_EQ(names("H200-SXM-141GB"), (std::vector<std::string>{"1g.18gb", "1g.18gb+me", "1g.35gb",
-                                                                "2g.35gb", "3g.71gb", "4g.71gb",
-                                                                "7g.141gb"}));
+  EXPECT_EQ(names("A100-SXM4-40GB"),
+            (std::vector<std::string>{"1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"}));
+  EXPECT_EQ(names("H100-SXM5-80GB"),
+            (std::vector<std::string>{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}));
+  EXPECT_EQ(names("H200-SXM-141GB"), (std::vector<std::string>{"1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb",
+                                                               "4g.71gb", "7g.141gb"}));
 }
 
 struct BadCase {
@@ -75,38 +72,36 @@ class ProfileErrorTest : public ::testing::TestWithParam<BadCase> {};
 TEST_P(ProfileErrorTest, NamesPositionAndProblem) {
   auto p = ParseProfile(GetParam().yaml, "node.yaml");
   ASSERT_FALSE(p.ok());
-  EXPECT_NE(std::string(p.status().message()).find(GetParam().error), std::string::npos)
-      << p.status().message();
+  EXPECT_NE(std::string(p.status().message()).find(GetParam().error), std::string::npos) << p.status().message();
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Errors, ProfileErrorTest,
-    ::testing::Values(
-        BadCase{"version: v1\nname: x\ngpus: [{model: H100-SXM5-80GB, count: 2}]\nbogus: 1\n",
-                "node.yaml:4:1: unknown key 'bogus' in the profile"},
-        BadCase{"version: v2\nname: x\n", "node.yaml:1:10: unsupported version 'v2'"},
-        BadCase{"version: v1\nname: x\ngpus:\n  - model: B300\n", "node.yaml:4:12: unknown GPU model 'B300'"},
-        BadCase{"version: v1\nname: x\ngpus: [{model: L4, count: 20}]\n", "at most 16 GPUs"},
-        BadCase{"version: v1\nname: x\ngpus: [{model: L4}]\nmig: [{gpu: 0, instances: [1g.5gb]}]\n",
-                "L4 is not MIG capable"},
-        BadCase{"version: v1\nname: x\ngpus: [{model: A100-SXM4-40GB}]\nmig:\n  - gpu: 0\n    "
-                "instances: [7g.40gb, 1g.5gb]\n",
-                "node.yaml:6:16: no free placement left for 1g.5gb"},
-        BadCase{"version: v1\nname: x\ngpus: [{model: A100-SXM4-40GB}]\nmig:\n  - gpu: 0\n    "
-                "instances: [\"3g.20gb@2\"]\n",
-                "3g.20gb cannot start at memory slice 2 (valid starts: 0, 4)"},
-        BadCase{"version: v1\nname: x\ngpus: [{model: A100-SXM4-40GB}]\nmig: [{gpu: 3}]\n",
-                "gpu 3 does not exist (the node has 1 GPUs)"},
-        BadCase{"version: v1\nname: x\ncudaVersion: twelve\ngpus: [{model: L4}]\n",
-                "node.yaml:3:14: cudaVersion must look like \"12.4\""},
-        BadCase{"version: v1\nname: [unclosed\n", "node.yaml:"},
-        BadCase{"- just\n- a list\n", "node.yaml:1:1: a node profile must be a YAML mapping"}));
+    ::testing::Values(BadCase{"version: v1\nname: x\ngpus: [{model: H100-SXM5-80GB, count: 2}]\nbogus: 1\n",
+                              "node.yaml:4:1: unknown key 'bogus' in the profile"},
+                      BadCase{"version: v2\nname: x\n", "node.yaml:1:10: unsupported version 'v2'"},
+                      BadCase{"version: v1\nname: x\ngpus:\n  - model: B300\n",
+                              "node.yaml:4:12: unknown GPU model 'B300'"},
+                      BadCase{"version: v1\nname: x\ngpus: [{model: L4, count: 20}]\n", "at most 16 GPUs"},
+                      BadCase{"version: v1\nname: x\ngpus: [{model: L4}]\nmig: [{gpu: 0, instances: [1g.5gb]}]\n",
+                              "L4 is not MIG capable"},
+                      BadCase{"version: v1\nname: x\ngpus: [{model: A100-SXM4-40GB}]\nmig:\n  - gpu: 0\n    "
+                              "instances: [7g.40gb, 1g.5gb]\n",
+                              "node.yaml:6:16: no free placement left for 1g.5gb"},
+                      BadCase{"version: v1\nname: x\ngpus: [{model: A100-SXM4-40GB}]\nmig:\n  - gpu: 0\n    "
+                              "instances: [\"3g.20gb@2\"]\n",
+                              "3g.20gb cannot start at memory slice 2 (valid starts: 0, 4)"},
+                      BadCase{"version: v1\nname: x\ngpus: [{model: A100-SXM4-40GB}]\nmig: [{gpu: 3}]\n",
+                              "gpu 3 does not exist (the node has 1 GPUs)"},
+                      BadCase{"version: v1\nname: x\ncudaVersion: twelve\ngpus: [{model: L4}]\n",
+                              "node.yaml:3:14: cudaVersion must look like \"12.4\""},
+                      BadCase{"version: v1\nname: [unclosed\n", "node.yaml:"},
+                      BadCase{"- just\n- a list\n", "node.yaml:1:1: a node profile must be a YAML mapping"}));
 
 TEST(ProfileTest, UnknownNameListsBuiltins) {
   auto p = LoadProfile("dgx-b200");
   ASSERT_FALSE(p.ok());
-  EXPECT_NE(std::string(p.status().message()).find("known: dgx-h100, dgx-a100-mig, hgx-h200, l4x4"),
-            std::string::npos);
+  EXPECT_NE(std::string(p.status().message()).find("known: dgx-h100, dgx-a100-mig, hgx-h200, l4x4"), std::string::npos);
 }
 
 TEST(ProfileTest, MissingFileNamesPath) {

@@ -1,11 +1,12 @@
 // Quota arithmetic (src/extender/quota.h): GPU-equivalents of whole GPUs, MIG profiles and share
 // memory, the inventory summary, --shares parsing, and plans whose parts never exceed the inventory.
-#include <gtest/gtest.h>
+#include "extender/quota.h"
 
 #include <numeric>
 
+#include <gtest/gtest.h>
+
 #include "extender/inventory.h"
-#include "extender/quota.h"
 #include "testing/gpu_nodes.h"
 
 namespace kgpu::extender {
@@ -18,8 +19,8 @@ using testing::WholeGpu;
 ClusterGpus Cluster() {
   std::vector<NodeInfo> nodes;
   nodes.push_back(*ParseInventoryAnnotation("whole", TestInventory("whole", {WholeGpu(), WholeGpu(), WholeGpu()})));
-  nodes.push_back(*ParseInventoryAnnotation("mig", TestInventory("mig", {MigGpu({"1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb",
-                                                                                 "3g.40gb"})})));
+  nodes.push_back(*ParseInventoryAnnotation(
+      "mig", TestInventory("mig", {MigGpu({"1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "3g.40gb"})})));
   testing::TestGpu a30 = MigGpu({"1g.6gb", "1g.6gb", "2g.12gb"});
   a30.model = "NVIDIA A30";
   a30.memory_mib = 24576;
@@ -54,9 +55,9 @@ TEST(QuotaTest, GpuEquivalents) {
   EXPECT_DOUBLE_EQ(*GpuEquivalents("requests.nvidia.com/gpu", 8, c), 8.0);
   EXPECT_DOUBLE_EQ(*GpuEquivalents("requests.nvidia.com/mig-1g.10gb", 1, c), 1.0 / 7);  // A100: 7 slices
   EXPECT_DOUBLE_EQ(*GpuEquivalents("requests.nvidia.com/mig-3g.40gb", 2, c), 6.0 / 7);
-  EXPECT_DOUBLE_EQ(*GpuEquivalents("requests.nvidia.com/mig-1g.6gb", 1, c), 1.0 / 4);   // A30: 4 slices
+  EXPECT_DOUBLE_EQ(*GpuEquivalents("requests.nvidia.com/mig-1g.6gb", 1, c), 1.0 / 4);  // A30: 4 slices
   EXPECT_DOUBLE_EQ(*GpuEquivalents("requests.nvidia.com/mig-2g.12gb", 3, c), 6.0 / 4);
-  EXPECT_DOUBLE_EQ(*GpuEquivalents("nvidia.com/mig-7g.80gb", 1, c), 1.0);  // on no node: 7 slices
+  EXPECT_DOUBLE_EQ(*GpuEquivalents("nvidia.com/mig-7g.80gb", 1, c), 1.0);           // on no node: 7 slices
   EXPECT_DOUBLE_EQ(*GpuEquivalents("requests.kgpu.io/gpu-memory", 20480, c), 0.5);  // of 40960 MiB
   EXPECT_FALSE(GpuEquivalents("requests.kgpu.io/gpu", 4, c));
   EXPECT_FALSE(GpuEquivalents("requests.kgpu.io/gpu-cores", 50, c));
@@ -129,8 +130,10 @@ TEST(QuotaTest, SharesErrorsNameTheInputAndTheFix) {
             "--shares: the percentages add up to 110 (team-a=60 + team-b=50); they must add up to at most 100 (lower "
             "some of them)");
   EXPECT_EQ(msg("team-a50"), "--shares: 'team-a50' is not NAMESPACE=PERCENT (write e.g. team-a=50)");
-  EXPECT_EQ(msg("team-a=5.5"), "--shares: 'team-a=5.5': the percent must be a whole number from 0 to 100 (e.g. team-a=50)");
-  EXPECT_EQ(msg("team-a=-1"), "--shares: 'team-a=-1': the percent must be a whole number from 0 to 100 (e.g. team-a=50)");
+  EXPECT_EQ(msg("team-a=5.5"),
+            "--shares: 'team-a=5.5': the percent must be a whole number from 0 to 100 (e.g. team-a=50)");
+  EXPECT_EQ(msg("team-a=-1"),
+            "--shares: 'team-a=-1': the percent must be a whole number from 0 to 100 (e.g. team-a=50)");
   EXPECT_EQ(msg("team-a=1,team-a=2"), "--shares: team-a is named twice (give each namespace once)");
   EXPECT_EQ(msg("team-a=1,,b=2"), "--shares: an empty item in 'team-a=1,,b=2' (remove the extra comma)");
   EXPECT_NE(msg("Team_A=5").find("is not a namespace name"), std::string::npos);

@@ -2,12 +2,12 @@
 // nodes, each policy's choice on tiny clusters whose right answer is known, MIG placement,
 // CPU/memory/pod-count fit, the trace replay on small synthetic traces (golden KPI, determinism,
 // capacity invariants) and the CSV reader's errors.
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <map>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "sched/engine.h"
 #include "sched/frag.h"
@@ -72,7 +72,9 @@ void BindAt(Engine& e, const PodRequest& pod, const std::string& node, std::vect
   ASSERT_TRUE(e.Bind(pod, p).ok()) << pod.name;
 }
 
-std::string NodeOf(const Engine& e, const Placement& p) { return e.cluster().node(p.node).name; }
+std::string NodeOf(const Engine& e, const Placement& p) {
+  return e.cluster().node(p.node).name;
+}
 
 // Each feasible node's score for a pod, by node name.
 std::map<std::string, double> ScoresByNode(Engine& e, const PodRequest& pod) {
@@ -433,8 +435,8 @@ TEST(Mig, BestFitInstanceOnTheFullestGpu) {
     auto p = e.Schedule(m);
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ(p->gpus, std::vector<int>{1});  // 4 free instances against 7
-    EXPECT_EQ(p->mig_instance, 3);             // the first free instance
-    EXPECT_EQ(p->milli_each, 142);             // 1000 / 7
+    EXPECT_EQ(p->mig_instance, 3);            // the first free instance
+    EXPECT_EQ(p->milli_each, 142);            // 1000 / 7
     EXPECT_EQ(p->memory_mib_each, 10240);
     EXPECT_EQ(e.cluster().node(0).gpus[1].free_milli, 1000 - 4 * 142);
     // A profile the layout does not have, and a milli share on MIG GPUs, do not fit.
@@ -711,7 +713,8 @@ std::string PodsCsv(const std::vector<PodRequest>& pods) {
   return s;
 }
 
-const std::vector<std::string> kReplayPolicies = {"random", "bestfit", "packing", "spread", "fgd", "ours", "ours-trace"};
+const std::vector<std::string> kReplayPolicies = {"random", "bestfit", "packing",   "spread",
+                                                  "fgd",    "ours",    "ours-trace"};
 
 TEST(Replay, GoldenKpiOnATinyTrace) {
   // One node of 2 GPUs (2000 milli) and 4 pods of 500 milli (100 % demand). To reach 130 %
@@ -771,10 +774,14 @@ Synthetic MakeSynthetic(uint64_t seed) {
     const int64_t mem = 1024 * static_cast<int64_t>(1 + rng.Below(16));
     char name[16];
     std::snprintf(name, sizeof name, "pod-%03d", i);
-    if (kind == 0) pods.push_back(Pod(name, cpu, mem, 0, 0));
-    else if (kind <= 5) pods.push_back(Pod(name, cpu, mem, 1, 100 * static_cast<int>(1 + rng.Below(9))));
-    else if (kind <= 8) pods.push_back(Pod(name, cpu, mem, 1, 1000));
-    else pods.push_back(Pod(name, cpu, mem, 2, 1000));
+    if (kind == 0)
+      pods.push_back(Pod(name, cpu, mem, 0, 0));
+    else if (kind <= 5)
+      pods.push_back(Pod(name, cpu, mem, 1, 100 * static_cast<int>(1 + rng.Below(9))));
+    else if (kind <= 8)
+      pods.push_back(Pod(name, cpu, mem, 1, 1000));
+    else
+      pods.push_back(Pod(name, cpu, mem, 2, 1000));
   }
   Synthetic s;
   auto n = ParseNodesCsv(nodes, "synthetic-nodes.csv");
@@ -894,8 +901,7 @@ TEST(TraceCsv, ErrorsNameTheFileLineAndColumn) {
 
   auto no_model = ParseNodesCsv("sn,cpu_milli,memory_mib,gpu,model\nn1,5,1,2,\n", "nodes.csv");
   ASSERT_FALSE(no_model.ok());
-  EXPECT_NE(no_model.status().message().find("nodes.csv:2: column 'model'"), std::string::npos)
-      << no_model.status();
+  EXPECT_NE(no_model.status().message().find("nodes.csv:2: column 'model'"), std::string::npos) << no_model.status();
 
   auto empty = ParsePodsCsv("", "empty.csv");
   ASSERT_FALSE(empty.ok());

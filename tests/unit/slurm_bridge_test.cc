@@ -5,19 +5,18 @@
 // (Slurm DRAIN, or the Kubernetes fence: taint kgpu.io/owner + cordon) after the reconcile.
 // Time: the bridge's clock is the wall clock plus an offset the tests move forward; confirm gap,
 // thresholds and cooldowns are 0, so nothing here waits on a timer.
-#include <gtest/gtest.h>
-
-#include <unistd.h>
-
 #include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <iterator>
-#include <tuple>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <tuple>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "common/strings.h"
 #include "k8s/client.h"
@@ -33,6 +32,7 @@
 #include "testing/fake_apiserver.h"
 #include "testing/fake_slurm.h"
 #include "testing/fake_slurmrestd.h"
+#include "testing/promtool.h"
 
 namespace kgpu::slurm {
 namespace {
@@ -61,9 +61,10 @@ class BridgeUnitTest : public ::testing::Test {
       ro.token = "jwt-unit";
       rest_ = std::make_unique<RestSlurmClient>(ro);
     }
-    ASSERT_LT(api_->Create("namespaces", "", {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", "infer"}}}})
-                  .code,
-              300);
+    ASSERT_LT(
+        api_->Create("namespaces", "", {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", "infer"}}}})
+            .code,
+        300);
     opts_.identity = "unit";
     opts_.max_lent = 1;
     opts_.min_kept = 0;
@@ -95,7 +96,8 @@ class BridgeUnitTest : public ::testing::Test {
 
   Bridge& B() {
     SlurmClient& backend = rest_ ? static_cast<SlurmClient&>(*rest_) : *slurm_;
-    if (!bridge_) bridge_ = std::make_unique<Bridge>(backend, *client_, opts_, events_.get(), &dry_, [this] { return Now(); });
+    if (!bridge_)
+      bridge_ = std::make_unique<Bridge>(backend, *client_, opts_, events_.get(), &dry_, [this] { return Now(); });
     return *bridge_;
   }
 
@@ -106,9 +108,11 @@ class BridgeUnitTest : public ::testing::Test {
       // DRAIN; powered down or powering up (no job runs before slurmd registers as rebooted); or
       // our power-down under way (as tests/integration/slurm_bridge_test.cc counts it).
       const std::string st = slurm_->State(n);
-      const bool going_down = st.find("+POWER_DOWN") != std::string::npos || st.find("POWERING_DOWN") != std::string::npos;
+      const bool going_down =
+          st.find("+POWER_DOWN") != std::string::npos || st.find("POWERING_DOWN") != std::string::npos;
       const bool slurm_fenced = st.find("DRAIN") != std::string::npos || st.find("POWERED_DOWN") != std::string::npos ||
-                                st.find("POWERING_UP") != std::string::npos || (going_down && IsOwnedReason(slurm_->Reason(n)));
+                                st.find("POWERING_UP") != std::string::npos ||
+                                (going_down && IsOwnedReason(slurm_->Reason(n)));
       const bool k8s_fenced = K8sFenced(Node(n));
       EXPECT_TRUE(slurm_fenced || k8s_fenced)
           << "F violated on " << n << ": Slurm " << slurm_->State(n) << ", lease " << Annotation(n, kLeaseAnnotation);
@@ -166,9 +170,10 @@ class BridgeUnitTest : public ::testing::Test {
   }
   // What `kgpu slurm-bridge reclaim NODE` writes.
   void RequestReclaim(const std::string& node, const std::string& who = "operator") {
-    auto r = client_->Patch(k8s::FindResource("nodes")->Path("", node),
-                            {{"metadata", {{"annotations", {{kReclaimAnnotation, Cat(who, " at ", k8s::NowRfc3339())}}}}}},
-                            k8s::kMergePatch);
+    auto r =
+        client_->Patch(k8s::FindResource("nodes")->Path("", node),
+                       {{"metadata", {{"annotations", {{kReclaimAnnotation, Cat(who, " at ", k8s::NowRfc3339())}}}}}},
+                       k8s::kMergePatch);
     ASSERT_TRUE(r.ok()) << r.status();
   }
 
@@ -188,7 +193,8 @@ class BridgeUnitTest : public ::testing::Test {
     EXPECT_TRUE(list.ok()) << list.status();
     if (!list.ok()) return notes;
     for (const auto& e : (*list)["items"]) {
-      if (e.value("reason", "") == reason && e["regarding"].value("name", "") == node) notes.push_back(e.value("note", ""));
+      if (e.value("reason", "") == reason && e["regarding"].value("name", "") == node)
+        notes.push_back(e.value("note", ""));
     }
     return notes;
   }
@@ -341,6 +347,8 @@ TEST_P(BridgeTest, ANodeWhoseObjectIsDeletedIsLostUntilItReturns) {
   EXPECT_NE(lost->frozen.find("no Node object with kgpu.io/pool is named node1"), std::string::npos) << lost->frozen;
   EXPECT_TRUE(IsOwnedReason(slurm_->Reason("node1"))) << "the drain stays: " << slurm_->Reason("node1");
   EXPECT_NE(B().Metrics().find("kgpu_slurm_bridge_nodes{phase=\"LOST\"} 1"), std::string::npos) << B().Metrics();
+  // Prometheus' own linter: every family has HELP and TYPE (none had before), every line parses.
+  EXPECT_EQ(testing::PromtoolFindings(B().Metrics()), "") << B().Metrics();
   for (int i = 0; i < 3; ++i) B().Reconcile();
   EXPECT_TRUE(IsOwnedReason(slurm_->Reason("node1"))) << "still drained while the Node is gone";
   // It registers again (fenced, as deploy/slurm labels it): adopted, and Slurm gets it back.
@@ -402,7 +410,8 @@ TEST_P(BridgeTest, AForcedDeleteComesOnlyAfterItsDeadline) {
     EXPECT_FALSE(PodGone("p1")) << "the PDB refuses and the deadline is 300 s away";
   }
   offset_ += 301;
-  ASSERT_TRUE(StepUntil([&] { return PodGone("p1") && PhaseOf("node1") == Phase::kSlurm; })) << PhaseName(PhaseOf("node1"));
+  ASSERT_TRUE(StepUntil([&] { return PodGone("p1") && PhaseOf("node1") == Phase::kSlurm; }))
+      << PhaseName(PhaseOf("node1"));
   EXPECT_EQ(slurm_->State("node1"), "IDLE");
 }
 
@@ -427,8 +436,9 @@ TEST_P(BridgeTest, WatchEventsWakeTheLoopLongBeforeTheInterval) {
       << PhaseName(PhaseOf("node1"));
   RunPodOn("p1", "node1");
   RequestReclaim("node1");
-  EXPECT_TRUE(within([&] { return PhaseOf("node1") == Phase::kSlurm && slurm_->State("node1") == "IDLE" && PodGone("p1"); },
-                     std::chrono::seconds(20)))
+  EXPECT_TRUE(
+      within([&] { return PhaseOf("node1") == Phase::kSlurm && slurm_->State("node1") == "IDLE" && PodGone("p1"); },
+             std::chrono::seconds(20)))
       << PhaseName(PhaseOf("node1"));
   // Settled: no write of ours wakes the loop again (it would spin on its own events).
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -755,7 +765,8 @@ TEST_P(BridgeTest, ABlockedSlurmJobReclaimsALentNode) {
   AddNode("node1");
   AddNode("node2");
   Lend("node1", "p1");
-  slurm_->SubmitPending(2, "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions");
+  slurm_->SubmitPending(2,
+                        "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions");
   ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
   EXPECT_TRUE(PodGone("p1"));
   EXPECT_EQ(slurm_->State("node1"), "IDLE");
@@ -791,7 +802,6 @@ TEST_P(BridgeTest, AStaleWriterLosesTheCompareAndSwap) {
   EXPECT_EQ(LeaseOn("node1").generation, gen + 1);
   EXPECT_EQ(Annotation("node1", kReclaimAnnotation), "");
 }
-
 
 // ------------------------------------------------------------------ the power-save lend
 
@@ -859,7 +869,8 @@ TEST_F(PowerSaveUnitTest, SlurmsJobOnTheLentNodeReclaimsItWithoutADrainAndTheJob
   ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; }));
   EXPECT_EQ(LeaseOn("node1").requested_by, "slurm-resume") << LeaseOn("node1").why;
   const auto writes = slurm_->Writes();
-  EXPECT_EQ(std::vector<std::string>(writes.begin() + static_cast<long>(writes_before), writes.end()), std::vector<std::string>{})
+  EXPECT_EQ(std::vector<std::string>(writes.begin() + static_cast<long>(writes_before), writes.end()),
+            std::vector<std::string>{})
       << "Slurm asked for the node itself: no DRAIN (it would requeue the job), no POWER_UP";
   EXPECT_TRUE(slurm_->Requeued().empty());
   EXPECT_EQ(slurm_->State("node1"), "ALLOCATED");
@@ -889,7 +900,9 @@ TEST_F(PowerSaveUnitTest, AnOperatorsReclaimPowersTheNodeUpAfterThePodsLeft) {
 TEST_F(PowerSaveUnitTest, ASlowResumeCommandDoesNotHoldUpTheReconcile) {
   const std::string release = marker_ + "-release";
   std::remove(release.c_str());
-  opts_.resume_command = {"sh", "-c", "echo run >> '" + marker_ + "-{node}'; until [ -e '" + release + "' ]; do sleep 0.02; done; echo slow >&2; exit 3"};
+  opts_.resume_command = {"sh", "-c",
+                          "echo run >> '" + marker_ + "-{node}'; until [ -e '" + release +
+                              "' ]; do sleep 0.02; done; echo slow >&2; exit 3"};
   opts_.resume_timeout = std::chrono::seconds(120);
   opts_.resume_retry = std::chrono::seconds(0);  // due again at once: only the run in flight stops a second one
   AddNode("node1");
@@ -944,8 +957,9 @@ TEST_F(PowerSaveUnitTest, ACancelledLendWaitsForTheJobAndThePowerDownThenPowersU
   auto job = slurm_->StartJob({"node1"});
   ASSERT_TRUE(job.ok());
   PendingGpuPod("p1");
-  ASSERT_TRUE(StepUntil([&] { return slurm_->State("node1") == "ALLOCATED+DRAIN+POWER_DOWN"; })) << slurm_->State("node1");
-  RequestReclaim("node1");  // cancel: 22.05 cannot undo POWER_DOWN_ASAP
+  ASSERT_TRUE(StepUntil([&] { return slurm_->State("node1") == "ALLOCATED+DRAIN+POWER_DOWN"; }))
+      << slurm_->State("node1");
+  RequestReclaim("node1");                                   // cancel: 22.05 cannot undo POWER_DOWN_ASAP
   ASSERT_LT(api_->Delete("pods", "infer", "p1").code, 300);  // and the demand is gone (no lend again)
   ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kReclaimUnfencing; }));
   for (int i = 0; i < 3; ++i) Step();
@@ -1007,7 +1021,8 @@ TEST(RestSlurmClient, ReadsWhatTheCliBackendReadsAndKeepsTheGuard) {
   ASSERT_TRUE(slurm.AdminDrain("n2", "maint: bad DIMM").ok());
   testing::FakeSlurmrestd restd(slurm);
   ASSERT_TRUE(restd.ok());
-  RestSlurmClient rest(RestOptions{.url = restd.Url(), .user = "", .token = "", .token_file = "", .timeout = std::chrono::seconds(5)});
+  RestSlurmClient rest(
+      RestOptions{.url = restd.Url(), .user = "", .token = "", .token_file = "", .timeout = std::chrono::seconds(5)});
   auto nodes = rest.Nodes();
   auto want = slurm.Nodes();
   ASSERT_TRUE(nodes.ok()) << nodes.status();
@@ -1015,8 +1030,10 @@ TEST(RestSlurmClient, ReadsWhatTheCliBackendReadsAndKeepsTheGuard) {
   ASSERT_EQ(nodes->size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     const SlurmNode &a = (*nodes)[i], &b = (*want)[i];
-    EXPECT_EQ(std::tie(a.name, a.state, a.base, a.flags, a.reason, a.reason_user, a.reason_time, a.gres, a.cpu_alloc, a.cpu_total),
-              std::tie(b.name, b.state, b.base, b.flags, b.reason, b.reason_user, b.reason_time, b.gres, b.cpu_alloc, b.cpu_total))
+    EXPECT_EQ(std::tie(a.name, a.state, a.base, a.flags, a.reason, a.reason_user, a.reason_time, a.gres, a.cpu_alloc,
+                       a.cpu_total),
+              std::tie(b.name, b.state, b.base, b.flags, b.reason, b.reason_user, b.reason_time, b.gres, b.cpu_alloc,
+                       b.cpu_total))
         << a.state << " / " << b.state;
   }
   EXPECT_EQ((*nodes)[1].state, "MIXED+DRAIN");
@@ -1049,7 +1066,8 @@ TEST(RestSlurmClient, ReadsWhatTheCliBackendReadsAndKeepsTheGuard) {
   auto undrained = rest.Undrain("n1", "kgpu-lend:");
   ASSERT_TRUE(undrained.ok()) << undrained.status();
   EXPECT_EQ(undrained->state, "MIXED");
-  EXPECT_EQ(slurm.Writes(), (std::vector<std::string>{"admin DRAIN n2 maint: bad DIMM", "DRAIN n1 kgpu-lend:op-1", "UNDRAIN n1 "}));
+  EXPECT_EQ(slurm.Writes(),
+            (std::vector<std::string>{"admin DRAIN n2 maint: bad DIMM", "DRAIN n1 kgpu-lend:op-1", "UNDRAIN n1 "}));
   // POWER_DOWN_ASAP is two flags slurmrestd cannot set in one update: not offered.
   EXPECT_EQ(rest.PowerDown("n1", "kgpu-lend:op-2", "kgpu-lend:").status().code(), absl::StatusCode::kUnimplemented);
 }
@@ -1095,7 +1113,8 @@ TEST(RestSlurmClient, FailuresAreClassifiedAndSayTheFix) {
   gone.url = "unix:" + socket + ".missing";
   auto nobody = RestSlurmClient(gone).Nodes();
   EXPECT_EQ(nobody.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(std::string(nobody.status().message()).find("is slurmrestd running at unix:"), std::string::npos) << nobody.status();
+  EXPECT_NE(std::string(nobody.status().message()).find("is slurmrestd running at unix:"), std::string::npos)
+      << nobody.status();
   // A slurmrestd without v0.0.39 (Slurm 22.05): 404, and the fix.
   httplib::Server old;
   const int port = old.bind_to_any_port("127.0.0.1");
@@ -1123,7 +1142,9 @@ TEST(RestSlurmClient, MalformedAnswersAreErrorsNamingWhatWasWrong) {
   EXPECT_EQ(nodes(R"({"nodes":[{"name":"n1","state":["IDLE"],"cpus":"4"}]})"),
             "slurmrestd nodes: node n1: \"cpus\" is not an integer");
   auto jobs = [](const std::string& body) { return std::string(ParseRestJobs(body).status().message()); };
-  EXPECT_EQ(jobs(R"({"jobs":[{"job_id":7,"job_state":"RUNNING","nodes":"n[1-"}]})").rfind("slurmrestd jobs: job 7: hostlist 'n[1-'", 0), 0u);
+  EXPECT_EQ(jobs(R"({"jobs":[{"job_id":7,"job_state":"RUNNING","nodes":"n[1-"}]})")
+                .rfind("slurmrestd jobs: job 7: hostlist 'n[1-'", 0),
+            0u);
   EXPECT_EQ(jobs(R"({"jobs":[{"job_state":"RUNNING"}]})"), "slurmrestd jobs: job 0 has no job_id");
   // Ended jobs are left out; *_NO_VAL objects and plain integers both read.
   auto ok = ParseRestJobs(R"({"jobs":[{"job_id":1,"job_state":"COMPLETED","nodes":"n1"},
@@ -1156,7 +1177,8 @@ TEST(SplitCommandLine, SplitsAsAShellWouldWithoutExpandingAnything) {
   EXPECT_EQ(words("a\\\nb c"), (V{"ab", "c"})) << "a backslash-newline continues the line";
   EXPECT_EQ(words("x 'it'\\''s'"), (V{"x", "it's"}));
   // CommandLine, which writes commands into Events and logs, reads back as the same words.
-  const V odd = {"sh", "-c", "a|b; c && $d `e` (f) <g> 'h' \"i\" \\j", "", "tab\there", "new\nline", "#x", "~y", "*.pid", "a[1]?"};
+  const V odd = {"sh",    "-c",   "a|b; c && $d `e` (f) <g> 'h' \"i\" \\j", "", "tab\there", "new\nline", "#x", "~y",
+                 "*.pid", "a[1]?"};
   EXPECT_EQ(words(CommandLine(odd)), odd) << CommandLine(odd);
 }
 
@@ -1171,7 +1193,8 @@ TEST(SplitCommandLine, RefusesWhatOnlyAShellWouldDoAndSaysHow) {
     EXPECT_TRUE(w.ok()) << w.status();
     return w.ok() ? w->size() : 0u;
   };
-  EXPECT_EQ(error("ssh {node} 'rejoin"), "--resume-command: 'ssh {node} 'rejoin' has a ' at offset 11 that is never closed");
+  EXPECT_EQ(error("ssh {node} 'rejoin"),
+            "--resume-command: 'ssh {node} 'rejoin' has a ' at offset 11 that is never closed");
   EXPECT_NE(error(R"(echo "x)").find("has a \" at offset 5 that is never closed"), std::string::npos);
   EXPECT_NE(error("echo x\\").find("ends in a backslash"), std::string::npos);
   const std::string pipe = error("ssh {node} rejoin | logger");
@@ -1180,9 +1203,11 @@ TEST(SplitCommandLine, RefusesWhatOnlyAShellWouldDoAndSaysHow) {
   EXPECT_NE(error("ssh $NODE").find("unquoted $"), std::string::npos);
   EXPECT_NE(error(R"(echo "$HOME")").find("inside \"...\""), std::string::npos);
   EXPECT_EQ(error("   "), "--resume-command: empty command");
-  EXPECT_NE(error("ssh {node} rejoin\nrm -rf /").find("has a line break at offset 17: one command only"), std::string::npos);
+  EXPECT_NE(error("ssh {node} rejoin\nrm -rf /").find("has a line break at offset 17: one command only"),
+            std::string::npos);
   EXPECT_EQ(words_ok("ssh {node} rejoin\n"), 3u) << "a trailing line break is a blank";
-  EXPECT_NE(error("ssh {node} rejoin #why").find("unquoted # at the start of a word (offset 18): a shell would read a comment"),
+  EXPECT_NE(error("ssh {node} rejoin #why")
+                .find("unquoted # at the start of a word (offset 18): a shell would read a comment"),
             std::string::npos);
   EXPECT_NE(error("~/bin/rejoin {node}").find("unquoted ~ at the start of a word"), std::string::npos);
   EXPECT_NE(error("rm /var/run/*.pid").find("has an unquoted * at offset 12"), std::string::npos);
@@ -1193,4 +1218,3 @@ TEST(SplitCommandLine, RefusesWhatOnlyAShellWouldDoAndSaysHow) {
 
 }  // namespace
 }  // namespace kgpu::slurm
-

@@ -1,16 +1,19 @@
 // The admission webhook's pure parts: exact JSONPatches for defaults, HAMi translation and
 // schedulerName; exact denial messages naming the field; the AdmissionReview envelope.
+#include "extender/webhook.h"
+
 #include <gtest/gtest.h>
 
 #include "absl/strings/escaping.h"
-#include "extender/webhook.h"
 
 namespace kgpu::extender {
 namespace {
 using json = nlohmann::json;
 
 json Pod(json containers, json annotations = nullptr) {
-  json pod = {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", {{"name", "p"}, {"namespace", "team-a"}}},
+  json pod = {{"apiVersion", "v1"},
+              {"kind", "Pod"},
+              {"metadata", {{"name", "p"}, {"namespace", "team-a"}}},
               {"spec", {{"containers", std::move(containers)}}}};
   if (!annotations.is_null()) pod["metadata"]["annotations"] = std::move(annotations);
   return pod;
@@ -56,10 +59,11 @@ TEST(WebhookMutate, RequestAloneIsPromotedToALimit) {
 TEST(WebhookMutate, TranslatesHamiPerGpuNamesIntoTotalsAndAnnotations) {
   WebhookOptions o;
   o.scheduler_name = "kgpu-scheduler";
-  json pod = Pod({Container("init-ok", {{"cpu", "1"}}),
-                  Container("train", {{"nvidia.com/gpu", "2"}, {"nvidia.com/gpumem", "3000"}, {"nvidia.com/gpucores", "30"}},
-                            {{"nvidia.com/gpu", "2"}, {"memory", "1Gi"}})},
-                 {{"nvidia.com/use-gputype", "A100,H100"}, {"nvidia.com/nouse-gpuuuid", "GPU-bad"}});
+  json pod =
+      Pod({Container("init-ok", {{"cpu", "1"}}),
+           Container("train", {{"nvidia.com/gpu", "2"}, {"nvidia.com/gpumem", "3000"}, {"nvidia.com/gpucores", "30"}},
+                     {{"nvidia.com/gpu", "2"}, {"memory", "1Gi"}})},
+          {{"nvidia.com/use-gputype", "A100,H100"}, {"nvidia.com/nouse-gpuuuid", "GPU-bad"}});
   const Decision d = MutatePod(pod, o);
   ASSERT_TRUE(d.allowed) << d.message;
   const json want = json::parse(R"([
@@ -105,8 +109,9 @@ TEST(WebhookMutate, MemoryPercentageNeedsTheSmallestGpu) {
 TEST(WebhookMutate, KeepsAnotherSchedulerAndOurOwnAnnotations) {
   WebhookOptions o;
   o.scheduler_name = "kgpu-scheduler";
-  json pod = Pod({Container("main", {{"nvidia.com/gpumem", "1000"}})},
-                 {{"nvidia.com/use-gputype", "H100"}, {"kgpu.io/gpu-model", "A100"}, {"nvidia.com/use-gpuuuid", "GPU-1"}});
+  json pod =
+      Pod({Container("main", {{"nvidia.com/gpumem", "1000"}})},
+          {{"nvidia.com/use-gputype", "H100"}, {"kgpu.io/gpu-model", "A100"}, {"nvidia.com/use-gpuuuid", "GPU-1"}});
   pod["spec"]["schedulerName"] = "volcano";
   const Decision d = MutatePod(pod, o);
   const json want = json::parse(R"([{"op":"add","path":"/spec/containers/0/resources","value":{
@@ -121,7 +126,8 @@ TEST(WebhookMutate, TranslatesAnnotationsOnlyWhenThePodHasThem) {
   json with = Pod({Container("main", {{"nvidia.com/gpumem", "1000"}})}, {{"nvidia.com/nouse-gputype", "T4"}});
   const Decision d = MutatePod(with, {});
   ASSERT_EQ(d.patch.size(), 2u);
-  EXPECT_EQ(d.patch[1], json::parse(R"({"op":"add","path":"/metadata/annotations/kgpu.io~1gpu-model-deny","value":"T4"})"));
+  EXPECT_EQ(d.patch[1],
+            json::parse(R"({"op":"add","path":"/metadata/annotations/kgpu.io~1gpu-model-deny","value":"T4"})"));
   EXPECT_EQ(with.patch(d.patch)["metadata"]["annotations"]["kgpu.io/gpu-model-deny"], "T4");
 }
 
@@ -129,8 +135,7 @@ TEST(WebhookValidate, MessagesNameTheFieldAndTheFix) {
   WebhookOptions o;
   o.largest_gpu_memory_mib = 81920;
   auto msg = [&](const json& pod) { return ValidatePod(pod, o).message; };
-  EXPECT_EQ(msg(Pod({Container("a", {{"cpu", "1"}}),
-                     Container("b", {{"nvidia.com/gpu", "1"}, {"kgpu.io/gpu", "1"}})})),
+  EXPECT_EQ(msg(Pod({Container("a", {{"cpu", "1"}}), Container("b", {{"nvidia.com/gpu", "1"}, {"kgpu.io/gpu", "1"}})})),
             "spec.containers[1].resources.limits[kgpu.io/gpu]: asked together with nvidia.com/gpu in one container "
             "(keep nvidia.com/gpu for whole GPUs or kgpu.io/gpu for shares, not both)");
   EXPECT_EQ(msg(Pod({Container("a", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-cores", "300"}})})),
@@ -154,18 +159,22 @@ TEST(WebhookValidate, MessagesNameTheFieldAndTheFix) {
             "spec.containers[0].resources.limits[kgpu.io/gpu-memory]: \"0.5\" must be a whole number >= 0 (extended "
             "resources cannot be fractional)");
   // What the request model refuses comes through with its own message.
-  EXPECT_EQ(msg(Pod({Container("a", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "1001"}})})),
-            "container a: kgpu.io/gpu-memory 1001 does not split evenly over 2 shares (use a multiple of 2, e.g. 1000)");
+  EXPECT_EQ(
+      msg(Pod({Container("a", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "1001"}})})),
+      "container a: kgpu.io/gpu-memory 1001 does not split evenly over 2 shares (use a multiple of 2, e.g. 1000)");
   EXPECT_TRUE(ValidatePod(Pod({Container("a", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "81920"}})}), o).allowed);
   EXPECT_TRUE(ValidatePod(Pod({Container("a", {{"nvidia.com/gpu", "8"}})}), o).allowed);
 }
 
 TEST(WebhookReview, EnvelopeEchoesUidAndCarriesABase64Patch) {
   const json pod = Pod({Container("main", {{"kgpu.io/gpu-memory", "1000"}})});
-  const json review = {{"apiVersion", "admission.k8s.io/v1"}, {"kind", "AdmissionReview"},
-                       {"request", {{"uid", "705ab4f5-6393-11e8-b7cc-42010a800002"},
-                                    {"kind", {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}}},
-                                    {"operation", "CREATE"}, {"object", pod}}}};
+  const json review = {{"apiVersion", "admission.k8s.io/v1"},
+                       {"kind", "AdmissionReview"},
+                       {"request",
+                        {{"uid", "705ab4f5-6393-11e8-b7cc-42010a800002"},
+                         {"kind", {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}}},
+                         {"operation", "CREATE"},
+                         {"object", pod}}}};
   auto out = Review(review.dump(), true, {});
   ASSERT_TRUE(out.ok()) << out.status();
   const json& r = (*out)["response"];
@@ -185,11 +194,13 @@ TEST(WebhookReview, EnvelopeEchoesUidAndCarriesABase64Patch) {
   ASSERT_TRUE(denied.ok());
   EXPECT_EQ((*denied)["response"]["allowed"], false);
   EXPECT_EQ((*denied)["response"]["status"]["code"], 403);
-  EXPECT_NE((*denied)["response"]["status"]["message"].get<std::string>().find("spec.containers[0]"), std::string::npos);
+  EXPECT_NE((*denied)["response"]["status"]["message"].get<std::string>().find("spec.containers[0]"),
+            std::string::npos);
   EXPECT_FALSE((*denied)["response"].contains("patch"));
 
   EXPECT_EQ(Review("{", true, {}).status().message(), "the body is not a JSON object (expected an AdmissionReview)");
-  EXPECT_EQ(Review(R"({"request":{}})", true, {}).status().message(), "AdmissionReview request.uid missing or not a string");
+  EXPECT_EQ(Review(R"({"request":{}})", true, {}).status().message(),
+            "AdmissionReview request.uid missing or not a string");
   EXPECT_EQ(Review(R"({"kind":"AdmissionReview"})", true, {}).status().message(),
             "AdmissionReview without a request object (the API server sends request)");
   // Not a pod: allowed untouched.

@@ -15,17 +15,17 @@
 //
 // Thread-safety: value types and pure functions.
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "absl/status/statusor.h"
 
-namespace kgpu::extender {
+namespace kgpu::api {
 
 struct RecordGpu {
   std::string uuid;        // the physical GPU
@@ -59,4 +59,4 @@ absl::StatusOr<AllocationRecord> ParseRecord(std::string_view text);
 // the annotation is not a string), ParseRecord's error when it does not parse.
 absl::StatusOr<std::optional<AllocationRecord>> RecordOnPod(const nlohmann::json& pod);
 
-}  // namespace kgpu::extender
+}  // namespace kgpu::api

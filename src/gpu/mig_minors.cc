@@ -1,4 +1,4 @@
-#include "deviceplugin/mig_minors.h"
+#include "gpu/mig_minors.h"
 
 #include <cctype>
 #include <sstream>
@@ -6,7 +6,7 @@
 
 #include "common/strings.h"
 
-namespace kgpu::deviceplugin {
+namespace kgpu::gpu {
 
 absl::StatusOr<MigMinors> ParseMigMinors(std::string_view text, std::string_view origin) {
   MigMinors out;
@@ -19,7 +19,8 @@ absl::StatusOr<MigMinors> ParseMigMinors(std::string_view text, std::string_view
     std::string key, minor_text, extra;
     fields >> key >> minor_text;
     if (key.empty() || minor_text.empty() || (fields >> extra)) {
-      return absl::InvalidArgumentError(Cat(origin, ":", line_no, ": expected '<capability> <minor>', got '", line, "'"));
+      return absl::InvalidArgumentError(
+          Cat(origin, ":", line_no, ": expected '<capability> <minor>', got '", line, "'"));
     }
     unsigned minor = 0;
     for (char c : minor_text) {
@@ -40,4 +41,4 @@ std::vector<std::string> MigCapNodes(const MigMinors& minors, unsigned gpu, unsi
   return {Cat("/dev/nvidia-caps/nvidia-cap", g->second), Cat("/dev/nvidia-caps/nvidia-cap", c->second)};
 }
 
-}  // namespace kgpu::deviceplugin
+}  // namespace kgpu::gpu

@@ -14,16 +14,16 @@
 //
 // Thread-safety: pure functions.
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/status.h"
 
-namespace kgpu {
+namespace kgpu::kubelet {
 
 // The checksum kubelet would write for `data` (the checkpoint's "Data" object); nullopt when it
 // is not the current layout or holds a value kubelet could not have written (AllocResp not
@@ -40,4 +40,4 @@ absl::Status VerifyKubeletCheckpoint(const nlohmann::json& doc, std::string_view
 // checkpoints as kubelet does).
 nlohmann::json WithKubeletChecksum(nlohmann::json doc);
 
-}  // namespace kgpu
+}  // namespace kgpu::kubelet

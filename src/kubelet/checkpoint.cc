@@ -1,13 +1,13 @@
-#include "deviceplugin/kubelet_checkpoint.h"
+#include "kubelet/checkpoint.h"
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
-#include "common/kubelet_checksum.h"
 #include "common/strings.h"
 #include "deviceplugin_v1beta1.pb.h"
+#include "kubelet/checksum.h"
 
-namespace kgpu::deviceplugin {
+namespace kgpu::kubelet {
 
 namespace {
 
@@ -32,7 +32,8 @@ absl::StatusOr<std::set<std::string>> CheckpointedMountSources(std::string_view 
   if (!data.contains("PodDeviceEntries") || data["PodDeviceEntries"].is_null()) return out;
   const auto& entries = data["PodDeviceEntries"];
   if (!entries.is_array()) {
-    return absl::InvalidArgumentError(Cat(origin, ": Data.PodDeviceEntries is a ", entries.type_name(), ", expected an array"));
+    return absl::InvalidArgumentError(
+        Cat(origin, ": Data.PodDeviceEntries is a ", entries.type_name(), ", expected an array"));
   }
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
@@ -40,7 +41,8 @@ absl::StatusOr<std::set<std::string>> CheckpointedMountSources(std::string_view 
     if (!e.is_object()) return absl::InvalidArgumentError(Cat(where, " is a ", e.type_name(), ", expected an object"));
     if (!e.contains("AllocResp") || e["AllocResp"].is_null()) continue;  // kubelet writes null for an empty one
     if (!e["AllocResp"].is_string()) {
-      return absl::InvalidArgumentError(Cat(where, ".AllocResp is a ", e["AllocResp"].type_name(), ", expected base64"));
+      return absl::InvalidArgumentError(
+          Cat(where, ".AllocResp is a ", e["AllocResp"].type_name(), ", expected base64"));
     }
     std::string bytes;
     if (!absl::Base64Unescape(e["AllocResp"].get_ref<const std::string&>(), &bytes)) {
@@ -70,4 +72,4 @@ absl::StatusOr<std::vector<std::string>> RegisteredResources(std::string_view js
   return out;
 }
 
-}  // namespace kgpu::deviceplugin
+}  // namespace kgpu::kubelet

@@ -16,10 +16,10 @@
 
 #include "absl/status/statusor.h"
 
-namespace kgpu::deviceplugin {
+namespace kgpu::kubelet {
 
 // Errors start with "<origin>: " and say what is wrong where; a checksum that does not match the
-// contents (common/kubelet_checksum.h) is one.
+// contents (kubelet/checksum.h) is one.
 absl::StatusOr<std::vector<std::string>> RegisteredResources(std::string_view json, std::string_view origin);
 
 // Every Mounts[].HostPath of every Data.PodDeviceEntries[].AllocResp: the ContainerAllocateResponse
@@ -29,4 +29,4 @@ absl::StatusOr<std::vector<std::string>> RegisteredResources(std::string_view js
 // no container mounts must then remove nothing.
 absl::StatusOr<std::set<std::string>> CheckpointedMountSources(std::string_view json, std::string_view origin);
 
-}  // namespace kgpu::deviceplugin
+}  // namespace kgpu::kubelet

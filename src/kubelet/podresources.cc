@@ -1,9 +1,9 @@
-#include "exporter/podresources.h"
+#include "kubelet/podresources.h"
 
 #include <cerrno>
 #include <mutex>
-#include <utility>
 #include <system_error>
+#include <utility>
 
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
@@ -14,7 +14,7 @@
 #include "podresources_v1.grpc.pb.h"
 #include "podresources_v1.pb.h"
 
-namespace kgpu::exporter {
+namespace kgpu::kubelet {
 namespace {
 
 // Kubelet's answer grows with pods x containers x devices/CPUs; gRPC's default limit is 4 MiB.
@@ -33,8 +33,8 @@ absl::Status CheckSocket(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) {
     const int err = errno;
     if (err == ENOENT) {
-      return absl::NotFoundError(Cat("kubelet PodResources socket ", path,
-                                     " does not exist: is kubelet running? ", kMountHint));
+      return absl::NotFoundError(
+          Cat("kubelet PodResources socket ", path, " does not exist: is kubelet running? ", kMountHint));
     }
     return absl::PermissionDeniedError(
         Cat("kubelet PodResources socket ", path, ": ", ErrnoText(err), "; ", kMountHint));
@@ -47,9 +47,8 @@ absl::Status CheckSocket(const std::string& path) {
             kMountHint));
   }
   if (::access(path.c_str(), R_OK | W_OK) != 0) {
-    return absl::PermissionDeniedError(
-        Cat("kubelet PodResources socket ", path, ": ", ErrnoText(errno),
-            ": the exporter must run as root (or as the socket's owner) to connect"));
+    return absl::PermissionDeniedError(Cat("kubelet PodResources socket ", path, ": ", ErrnoText(errno),
+                                           ": the exporter must run as root (or as the socket's owner) to connect"));
   }
   return absl::OkStatus();
 }
@@ -81,9 +80,7 @@ std::vector<DeviceAllocation> Flatten(const v1::ListPodResourcesResponse& respon
           out.push_back(DeviceAllocation{
               .resource = devices.resource_name(),
               .device_id = id,
-              .pod = PodRef{.namespace_name = pod.namespace_(),
-                            .pod = pod.name(),
-                            .container = container.name()},
+              .pod = PodRef{.namespace_name = pod.namespace_(), .pod = pod.name(), .container = container.name()},
           });
         }
       }
@@ -119,9 +116,9 @@ absl::StatusOr<std::vector<DeviceAllocation>> PodResourcesClient::List(std::chro
   State& st = *state_;
   struct stat sock {};
   const bool have_inode = ::stat(socket_path_.c_str(), &sock) == 0;
-  if (st.channel != nullptr && have_inode && (sock.st_dev != st.dev || sock.st_ino != st.ino ||
-                                                 sock.st_ctim.tv_sec != st.ctime.tv_sec ||
-                                                 sock.st_ctim.tv_nsec != st.ctime.tv_nsec)) {
+  if (st.channel != nullptr && have_inode &&
+      (sock.st_dev != st.dev || sock.st_ino != st.ino || sock.st_ctim.tv_sec != st.ctime.tv_sec ||
+       sock.st_ctim.tv_nsec != st.ctime.tv_nsec)) {
     st.channel.reset();  // kubelet made a new socket: connect to it afresh
   }
   const std::string target = "unix:" + socket_path_;
@@ -144,10 +141,10 @@ absl::StatusOr<std::vector<DeviceAllocation>> PodResourcesClient::List(std::chro
     st.channel.reset();  // the next call starts from a new channel, not a broken one
     st.stub.reset();
     const std::string hint = Hint(status.error_code());
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        Cat("kubelet PodResources List on ", target, " (deadline ",
-                            static_cast<int64_t>(timeout.count()), " ms): ", status.error_message(),
-                            hint.empty() ? "" : "; ", hint));
+    return absl::Status(
+        static_cast<absl::StatusCode>(status.error_code()),
+        Cat("kubelet PodResources List on ", target, " (deadline ", static_cast<int64_t>(timeout.count()),
+            " ms): ", status.error_message(), hint.empty() ? "" : "; ", hint));
   }
   return Flatten(response);
 }
@@ -157,4 +154,4 @@ absl::StatusOr<std::vector<DeviceAllocation>> ListPodResources(const std::string
   return PodResourcesClient(socket_path).List(timeout);
 }
 
-}  // namespace kgpu::exporter
+}  // namespace kgpu::kubelet

@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace kgpu::exporter {
+namespace kgpu::kubelet {
 
 inline constexpr char kPodResourcesSocket[] = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
@@ -58,7 +58,7 @@ class PodResourcesClient {
 };
 
 // One List call on a channel of its own (for one-shot callers such as `kgpu mig`).
-[[nodiscard]] absl::StatusOr<std::vector<DeviceAllocation>> ListPodResources(
-    const std::string& socket_path, std::chrono::milliseconds timeout);
+[[nodiscard]] absl::StatusOr<std::vector<DeviceAllocation>> ListPodResources(const std::string& socket_path,
+                                                                             std::chrono::milliseconds timeout);
 
-}  // namespace kgpu::exporter
+}  // namespace kgpu::kubelet

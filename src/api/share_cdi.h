@@ -1,6 +1,6 @@
 #pragma once
-// How a kgpu.io/gpu container's CDI spec is named: written by the plugin's share handoff
-// (src/cli/share_handoff.cc) at PreStartContainer, read by the exporter to learn which GPUs and
+// How a kgpu.io/gpu container's CDI spec is named (its kind is kShareCdiKind, names.h): written by
+// the node agent's share handoff at PreStartContainer, read by the exporter to learn which GPUs and
 // limits the container really has (its slots are only a count: kubelet picks any free ones, the
 // allocation record decides the GPUs). Header-only, so the exporter needs no plugin library.
 
@@ -8,11 +8,10 @@
 #include <string>
 #include <vector>
 
-namespace kgpu::deviceplugin {
+#include "api/names.h"
 
-inline constexpr char kKgpuSharesResource[] = "kgpu.io/gpu";
-// The CDI device kind the handoff writes one spec per container for.
-inline constexpr char kKgpuShareCdiKind[] = "kgpu.io/share";
+namespace kgpu::api {
+
 // Where a hard-isolated container finds the CUDA interposer (bind-mounted read-only from the
 // plugin's --cuda-interposer) and its accounting directory (KGPU_CUDA_SHARED_DIR).
 inline constexpr char kInterposerInContainer[] = "/usr/lib/kgpu/libkgpu-cuda.so";
@@ -41,4 +40,4 @@ inline std::string ShareCdiSpecFile(const std::string& spec_dir, const std::stri
   return spec_dir + "/kgpu.io-share_" + cdi_name + ".json";
 }
 
-}  // namespace kgpu::deviceplugin
+}  // namespace kgpu::api

@@ -1,13 +1,14 @@
-#include "extender/record.h"
+#include "api/record.h"
 
 #include <nlohmann/json.hpp>
 
+#include "api/names.h"
 #include "common/strings.h"
 
-namespace kgpu::extender {
+namespace kgpu::api {
 namespace {
 using json = nlohmann::json;
-constexpr std::string_view kWhere = "kgpu.io/allocation";
+constexpr std::string_view kWhere = api::kAnnotationAllocation;
 
 absl::Status Bad(std::string_view field, std::string_view what) {
   return absl::InvalidArgumentError(Cat(kWhere, ": ", field, ": ", what));
@@ -60,8 +61,8 @@ std::string EncodeRecord(const AllocationRecord& r) {
     if (!c.enforcement.empty()) e["enforcement"] = c.enforcement;
     containers.push_back(std::move(e));
   }
-  return json{{"v", 1}, {"node", r.node}, {"containers", std::move(containers)}}.dump(
-      -1, ' ', false, json::error_handler_t::replace);
+  return json{{"v", 1}, {"node", r.node}, {"containers", std::move(containers)}}.dump(-1, ' ', false,
+                                                                                      json::error_handler_t::replace);
 }
 
 absl::StatusOr<AllocationRecord> ParseRecord(std::string_view text) {
@@ -121,4 +122,4 @@ absl::StatusOr<AllocationRecord> ParseRecord(std::string_view text) {
   return r;
 }
 
-}  // namespace kgpu::extender
+}  // namespace kgpu::api

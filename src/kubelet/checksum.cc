@@ -1,4 +1,4 @@
-#include "common/kubelet_checksum.h"
+#include "kubelet/checksum.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -7,7 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "common/strings.h"
 
-namespace kgpu {
+namespace kgpu::kubelet {
 namespace {
 using json = nlohmann::json;
 
@@ -132,13 +132,15 @@ absl::Status VerifyKubeletCheckpoint(const json& doc, std::string_view origin) {
   const auto got = doc.find("Checksum");
   if (got == doc.end()) return absl::OkStatus();  // not kubelet's own file: the structure is checked instead
   if (!got->is_number_unsigned()) {
-    return absl::FailedPreconditionError(Cat(origin, ": \"Checksum\" is a ", got->type_name(), ", kubelet writes an unsigned number"));
+    return absl::FailedPreconditionError(
+        Cat(origin, ": \"Checksum\" is a ", got->type_name(), ", kubelet writes an unsigned number"));
   }
   if (got->get<uint64_t>() != *want) {
-    return absl::FailedPreconditionError(
-        Cat(origin, ": checksum ", got->get<uint64_t>(), " does not match its contents (", *want,
-            "): the file is corrupt or was edited (kubelet discards such a checkpoint too); it is rewritten at kubelet's next "
-            "allocation or restart"));
+    return absl::FailedPreconditionError(Cat(origin, ": checksum ", got->get<uint64_t>(),
+                                             " does not match its contents (", *want,
+                                             "): the file is corrupt or was edited (kubelet discards such a checkpoint "
+                                             "too); it is rewritten at kubelet's next "
+                                             "allocation or restart"));
   }
   return absl::OkStatus();
 }
@@ -149,4 +151,4 @@ json WithKubeletChecksum(json doc) {
   return doc;
 }
 
-}  // namespace kgpu
+}  // namespace kgpu::kubelet

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace kgpu::deviceplugin {
+namespace kgpu::gpu {
 
 // Key: "gpu<g>/gi<i>/access" or "gpu<g>/gi<i>/ci<c>/access"; value: the cap minor.
 using MigMinors = std::map<std::string, unsigned>;
@@ -24,4 +24,4 @@ absl::StatusOr<MigMinors> ParseMigMinors(std::string_view text, std::string_view
 // empty when the minors are not known.
 std::vector<std::string> MigCapNodes(const MigMinors& minors, unsigned gpu, unsigned gi, unsigned ci);
 
-}  // namespace kgpu::deviceplugin
+}  // namespace kgpu::gpu
