@@ -57,7 +57,7 @@ wait_for "$work/health.log" "change: $u1 Unhealthy: NVML call" && grep "change:"
 wait_for "$work/health.log" "change: $u1 Healthy" && grep "change:" "$work/health.log" | tail -1
 kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null || true; watcher=""
 
-step "kgpu device-plugin on the 8x H100 node: time-slicing, 4 replicas per GPU, against a kubelet stand-in"
+step "kgpu node on the 8x H100 node: the device plugin (time-slicing, 4 replicas per GPU) and the exporter in one process, against a kubelet stand-in"
 kdir=$work/kubelet; mkdir -p "$kdir"
 cat >"$work/plugin.yaml" <<'YAML'
 version: v1                      # NVIDIA's config schema, unchanged
@@ -78,8 +78,13 @@ sed 's/^/    /' "$work/plugin.yaml"
 "$bin/kgpu-simctl" reset
 "$bin/kgpu-fake-kubelet" serve --dir "$kdir" --duration 40 >"$work/kubelet.log" 2>&1 &
 kubelet=$!
-"$bin/kgpu" --log-level warn device-plugin --kubelet-dir "$kdir" --config-file "$work/plugin.yaml" >"$work/plugin.log" 2>&1 &
+mport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$bin/kgpu" --log-level warn node --kubelet-dir "$kdir" --config-file "$work/plugin.yaml" -a "127.0.0.1:$mport" -c 200 \
+  >"$work/plugin.log" 2>&1 &
 plugin=$!
+# GPU 3's health as the exporter serves it, from the same monitor kubelet is served from.
+gpu3_up() { curl -sf "http://127.0.0.1:$mport/metrics" | grep -E '^kgpu_gpu_(up|unhealthy_reason)\{gpu="3"' |
+  sed 's/,UUID=[^}]*Hostname="[^"]*"//; s/,DCGM_FI_DRIVER_VERSION="[^"]*"//; s/^/  /'; }
 wait_for "$work/kubelet.log" "ListAndWatch nvidia.com/gpu: 32 devices, 32 healthy" && cat "$work/kubelet.log"
 echo; echo "\$ ls $kdir"; ls "$kdir"
 echo; echo "One allocation, as kubelet asks for it (GetPreferredAllocation, then Allocate):"
@@ -87,8 +92,14 @@ echo; echo "One allocation, as kubelet asks for it (GetPreferredAllocation, then
 echo; echo "\$ kgpu-simctl xid 3 48      # every replica of GPU 3 turns Unhealthy in one update"
 "$bin/kgpu-simctl" xid 3 48
 wait_for "$work/kubelet.log" "28 healthy" && grep "28 healthy" "$work/kubelet.log" | head -1
+until_up3() { for _ in $(seq 50); do gpu3_up | grep -q "^  kgpu_gpu_up.* $1\$" && return 0; sleep 0.1; done; }
+until_up3 0 || true
+echo "\$ curl :$mport/metrics | grep 'gpu=\"3\"'   # the exporter agrees with kubelet: up 0, reason xid"
+gpu3_up || true
 echo "(recovery after 3 s without a new fault, checked by a probe)"
 wait_count "$work/kubelet.log" "32 healthy" 2 && tail -1 "$work/kubelet.log"
+until_up3 1 || true
+gpu3_up || true
 kill -TERM "$plugin"; wait "$plugin" 2>/dev/null || true
 kill -TERM "$kubelet" 2>/dev/null; wait "$kubelet" 2>/dev/null || true
 echo "\$ kill -TERM <plugin>; ls $kdir   # our socket is gone"; ls "$kdir"
