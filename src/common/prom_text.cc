@@ -65,14 +65,10 @@ void AppendHeader(std::string& out, std::string_view name, std::string_view type
   out += '\n';
 }
 
-MetricsRegistry::Family& MetricsRegistry::FamilyLocked(const std::string& name) {
-  return families_[name];
-}
-
 void MetricsRegistry::Declare(const std::string& name, Type type, const std::string& help,
                               std::vector<double> buckets) {
   std::lock_guard lock(mu_);
-  Family& f = FamilyLocked(name);
+  Family& f = families_[name];
   f.type = type;
   f.help = help;
   f.declared = true;
@@ -81,17 +77,17 @@ void MetricsRegistry::Declare(const std::string& name, Type type, const std::str
 
 void MetricsRegistry::Add(const std::string& name, const Labels& labels, double n) {
   std::lock_guard lock(mu_);
-  FamilyLocked(name).values[labels] += n;
+  families_[name].values[labels] += n;
 }
 
 void MetricsRegistry::Set(const std::string& name, const Labels& labels, double v) {
   std::lock_guard lock(mu_);
-  FamilyLocked(name).values[labels] = v;
+  families_[name].values[labels] = v;
 }
 
 void MetricsRegistry::Observe(const std::string& name, const Labels& labels, double v) {
   std::lock_guard lock(mu_);
-  Family& f = FamilyLocked(name);
+  Family& f = families_[name];
   Histogram& h = f.histograms[labels];
   h.counts.resize(f.buckets.size());
   for (size_t i = 0; i < f.buckets.size(); ++i) {

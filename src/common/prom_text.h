@@ -64,7 +64,6 @@ class MetricsRegistry {
     std::map<Labels, double> values;
     std::map<Labels, Histogram> histograms;
   };
-  Family& FamilyLocked(const std::string& name);
   mutable std::mutex mu_;
   std::map<std::string, Family> families_;
 };

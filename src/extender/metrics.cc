@@ -1,5 +1,7 @@
 #include "extender/metrics.h"
 
+#include <tuple>
+
 namespace kgpu::extender {
 namespace {
 
@@ -27,6 +29,27 @@ Metrics::Metrics() {
       {"kgpu_extender_preemption_victims_total", "Pods evicted by the extender's own preemptions."},
   };
   for (const auto& [name, help] : counters) registry_.Declare(name, T::kCounter, help);
+  // Read from the extender's state at each scrape (Extender::MetricsText).
+  const std::tuple<const char*, T, const char*> state[] = {
+      {"kgpu_extender_nodes", T::kGauge, "Nodes with a GPU inventory in the extender's cache."},
+      {"kgpu_extender_pods_booked", T::kGauge, "Pods whose GPUs the extender books."},
+      {"kgpu_extender_record_conflicts_total", T::kCounter,
+       "Allocation records that claim capacity another record holds."},
+      {"kgpu_extender_records_waiting", T::kGauge,
+       "Bound pods whose allocation records wait for GPUs another record holds (a node's correction to kubelet's "
+       "devices not yet complete, or the later of two conflicting records)."},
+      {"kgpu_extender_bad_records_total", T::kCounter,
+       "Allocation records that did not parse or name GPUs the node lacks."},
+      {"kgpu_extender_gpus_reporting_usage", T::kGauge,
+       "GPUs whose node reports their memory in use (kgpu.io/gpu-inventory usedMiB)."},
+      {"kgpu_extender_gpus_untracked_memory", T::kGauge,
+       "GPUs with memory in use beyond what the allocation records book there (another user of the GPU, or a share "
+       "over its record)."},
+      {"kgpu_extender_gpu_untracked_memory_mib", T::kGauge,
+       "That memory in total (MiB), taken out of what the extender places."},
+      {"kgpu_extender_ready", T::kGauge, "1 when the informers have synced (and this replica leads)."},
+  };
+  for (const auto& [name, type, help] : state) registry_.Declare(name, type, help);
 }
 
 void Metrics::Observe(const std::string& verb, double seconds) {
@@ -39,11 +62,6 @@ void Metrics::Count(const std::string& family, const std::map<std::string, std::
 
 uint64_t Metrics::Get(const std::string& family, const std::map<std::string, std::string>& labels) const {
   return static_cast<uint64_t>(registry_.Get(family, ToLabels(labels)));
-}
-
-void Metrics::Set(const std::string& name, bool counter, const std::string& help, double value) {
-  registry_.Declare(name, counter ? prom::MetricsRegistry::Type::kCounter : prom::MetricsRegistry::Type::kGauge, help);
-  registry_.Set(name, value);
 }
 
 }  // namespace kgpu::extender

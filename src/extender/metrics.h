@@ -28,8 +28,9 @@ class Metrics {
   void Observe(const std::string& verb, double seconds);
   void Count(const std::string& family, const std::map<std::string, std::string>& labels, uint64_t n = 1);
   uint64_t Get(const std::string& family, const std::map<std::string, std::string>& labels) const;
-  // A value read from the server's state at a scrape: a gauge, or a counter the state keeps.
-  void Set(const std::string& name, bool counter, const std::string& help, double value);
+  // A value read from the server's state at a scrape: a gauge, or a counter the state keeps (every
+  // such family is declared with its HELP in the constructor).
+  void Set(const std::string& name, double value) { registry_.Set(name, value); }
   std::string Text() const { return registry_.Text(); }
 
   static constexpr std::array<double, 12> kBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,

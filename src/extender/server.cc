@@ -381,31 +381,17 @@ void Extender::CarryOut(const PreemptionPlan& plan, std::stop_token stop) {
 }
 
 std::string Extender::MetricsText() const {
+  // The state's figures at this scrape (their families are declared in metrics.cc).
   const auto s = state_.Stats();
-  auto metric = [&](const char* name, std::string_view type, const char* help, auto value) {
-    metrics_.Set(name, type == "counter", help, static_cast<double>(value));
-  };
-  metric("kgpu_extender_nodes", "gauge", "Nodes with a GPU inventory in the extender's cache.", s.nodes);
-  metric("kgpu_extender_pods_booked", "gauge", "Pods whose GPUs the extender books.", s.booked);
-  metric("kgpu_extender_record_conflicts_total", "counter",
-         "Allocation records that claim capacity another record holds.", s.record_conflicts);
-  metric("kgpu_extender_records_waiting", "gauge",
-         "Bound pods whose allocation records wait for GPUs another record holds (a node's correction to kubelet's "
-         "devices not yet complete, or the later of two conflicting records).",
-         s.records_waiting);
-  metric("kgpu_extender_bad_records_total", "counter",
-         "Allocation records that did not parse or name GPUs the node lacks.", s.bad_records);
-  metric("kgpu_extender_gpus_reporting_usage", "gauge",
-         "GPUs whose node reports their memory in use (kgpu.io/gpu-inventory usedMiB).", s.gpus_reporting_usage);
-  metric(
-      "kgpu_extender_gpus_untracked_memory", "gauge",
-      "GPUs with memory in use beyond what the allocation records book there (another user of the GPU, or a share over "
-      "its record).",
-      s.gpus_untracked);
-  metric("kgpu_extender_gpu_untracked_memory_mib", "gauge",
-         "That memory in total (MiB), taken out of what the extender places.", s.untracked_mib);
-  metric("kgpu_extender_ready", "gauge", "1 when the informers have synced (and this replica leads).",
-         NotReadyReason().empty() ? 1 : 0);
+  metrics_.Set("kgpu_extender_nodes", static_cast<double>(s.nodes));
+  metrics_.Set("kgpu_extender_pods_booked", static_cast<double>(s.booked));
+  metrics_.Set("kgpu_extender_record_conflicts_total", static_cast<double>(s.record_conflicts));
+  metrics_.Set("kgpu_extender_records_waiting", static_cast<double>(s.records_waiting));
+  metrics_.Set("kgpu_extender_bad_records_total", static_cast<double>(s.bad_records));
+  metrics_.Set("kgpu_extender_gpus_reporting_usage", static_cast<double>(s.gpus_reporting_usage));
+  metrics_.Set("kgpu_extender_gpus_untracked_memory", static_cast<double>(s.gpus_untracked));
+  metrics_.Set("kgpu_extender_gpu_untracked_memory_mib", static_cast<double>(s.untracked_mib));
+  metrics_.Set("kgpu_extender_ready", NotReadyReason().empty() ? 1 : 0);
   return metrics_.Text();
 }
 

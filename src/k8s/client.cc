@@ -1,7 +1,6 @@
 #include "k8s/client.h"
 
 #include <algorithm>
-#include <random>
 #include <thread>
 
 #include <curl/curl.h>
