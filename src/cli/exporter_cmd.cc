@@ -81,7 +81,7 @@ void AddExporterFlags(CLI::App* app, ExporterFlags* f) {
         ->envname("KGPU_HEALTH_RECOVER_AFTER")
         ->check([](const std::string& v) {
           if (v == "never") return std::string();
-          auto d = ParseGoDuration("--health-recover-after", v);
+          auto d = ParseGoDuration("", v);  // CLI11 names the flag before this message
           return d.ok() ? std::string() : std::string(d.status().message());
         })
         ->capture_default_str();

@@ -19,8 +19,9 @@ constexpr Unit kUnits[] = {{"ns", 1},   {"us", 1e3}, {"\xC2\xB5s", 1e3}, {"\xCE\
 
 absl::StatusOr<std::chrono::nanoseconds> ParseGoDuration(std::string_view what, std::string_view text) {
   auto bad = [&](std::string_view why) {
-    return absl::InvalidArgumentError(std::string(what) + " '" + std::string(text) + "': " + std::string(why) +
-                                      " (a duration such as 30s, 5m, 1h30m or 250ms)");
+    // (`what` empty: the caller names the flag itself, as CLI11 does before a validator's message.)
+    return absl::InvalidArgumentError((what.empty() ? "" : std::string(what) + " ") + "'" + std::string(text) +
+                                      "': " + std::string(why) + " (a duration such as 30s, 5m, 1h30m or 250ms)");
   };
   std::string_view s = text;
   bool negative = false;

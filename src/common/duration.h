@@ -14,7 +14,8 @@
 
 namespace kgpu {
 
-// InvalidArgument naming `what` and the value, with an example, when `text` is not a duration.
+// InvalidArgument naming `what` (when not empty) and the value, with an example, when `text` is not
+// a duration.
 absl::StatusOr<std::chrono::nanoseconds> ParseGoDuration(std::string_view what, std::string_view text);
 
 // The duration in Go's form ("1m30s", "250ms", "0s").
