@@ -30,6 +30,7 @@ run exporter_bench --scrapes 20 --gzip-scrapes 5 --fresh-scrapes 5 --calls 20 --
   --window-s 1
 run mig_mps_bench --repartitions 4 --follow 2
 run k8s_bench --nodes 50 --pods 500 --events 200
+run apiserver_watch_bench --watches 50 --requests 10
 run sched_bench --smoke
 run extender_bench 50
 run slurm_bridge_bench --nodes 10 --rounds 2

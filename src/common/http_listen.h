@@ -11,9 +11,12 @@
 // Thread-safety: call from the thread that starts the server, before anything may stop it.
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <thread>
+
+#include <sys/socket.h>
 
 #include "absl/status/statusor.h"
 #include "common/listen_address.h"
@@ -42,10 +45,22 @@ template <typename Server>
 absl::StatusOr<int> BindListenAddress(Server& server, std::string_view flag, std::string_view value) {
   auto address = ParseListenAddress(flag, value);
   if (!address.ok()) return address.status();
-  server.set_socket_options(ExclusiveListenSocketOptions);
+  auto listen_fd = std::make_shared<int>(-1);
+  server.set_socket_options([listen_fd](int fd) {
+    ExclusiveListenSocketOptions(fd);
+    *listen_fd = fd;  // the last socket httplib creates is the one it binds
+  });
   const int port = address->port == 0 ? server.bind_to_any_port(address->host)
                                       : (server.bind_to_port(address->host, address->port) ? address->port : -1);
-  if (port > 0) return port;
+  server.set_socket_options(ExclusiveListenSocketOptions);
+  if (port > 0) {
+    // httplib 0.11 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's
+    // library): a burst of connections beyond it (a thousand watches, a scheduler's parallel
+    // filter calls) waits for SYN retransmits, 1 s, then 3 s. Go's listeners (kube-apiserver,
+    // kube-scheduler) use the kernel's somaxconn; listen() on a listening socket sets its backlog.
+    if (*listen_fd >= 0) ::listen(*listen_fd, SOMAXCONN);
+    return port;
+  }
   std::string why = WhyCannotListen(*address);
   if (why.empty()) why = "the bind failed (try again)";
   return absl::UnavailableError(std::string(flag) + " '" + std::string(value) + "': cannot listen there: " + why);

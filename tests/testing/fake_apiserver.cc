@@ -16,6 +16,7 @@
 #include "k8s/resources.h"
 #include "k8s/selector.h"
 #include "testing/fake_apiserver_admission.h"
+#include "testing/http_conn.h"
 
 namespace kgpu::testing {
 namespace {
@@ -337,8 +338,8 @@ absl::Status FakeApiServer::Start() {
   } else {
     http_ = std::make_unique<httplib::Server>();
   }
-  const int threads = opts_.watch_threads;
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  const size_t max_threads = opts_.max_threads;
+  http_->new_task_queue = [max_threads] { return new ElasticTaskQueue(8, max_threads); };
   // Short: Stop() joins the workers, and an idle keep-alive connection holds one until this ends.
   http_->set_keep_alive_timeout(2);
   // As kube-apiserver (Go sets TCP_NODELAY): without it, every response waits 40 ms for the
@@ -354,12 +355,11 @@ absl::Status FakeApiServer::Start() {
   http_->Put(".*", handler);
   http_->Patch(".*", handler);
   http_->Delete(".*", handler);
-  if (opts_.port == 0) {
-    port_ = http_->bind_to_any_port(opts_.host.c_str());
-  } else {
-    port_ = http_->bind_to_port(opts_.host.c_str(), opts_.port) ? opts_.port : -1;
-  }
-  if (port_ <= 0) return absl::UnavailableError(Cat("cannot listen on ", opts_.host, ":", opts_.port));
+  // Exclusively, with the kernel's backlog as kube-apiserver (common/http_listen.h).
+  const std::string host = opts_.host.find(':') != std::string::npos ? Cat("[", opts_.host, "]") : opts_.host;
+  auto bound = BindListenAddress(*http_, "--listen", Cat(host, ":", opts_.port));
+  if (!bound.ok()) return bound.status();
+  port_ = *bound;
   server_thread_ = ListenOnThread(*http_);
   if (opts_.reap_terminating_pods) reaper_ = std::jthread([this](std::stop_token st) { ReapLoop(st); });
   return absl::OkStatus();
@@ -1090,6 +1090,7 @@ void FakeApiServer::ServeWatch(Request& r, const httplib::Request& req, httplib:
     bool bookmarks = false, table = false, gone = false;
     std::vector<std::string> pending;  // encoded events not yet written
     std::chrono::steady_clock::time_point deadline, next_bookmark;
+    int fd = -1;
   };
   auto st = std::make_shared<State>();
   st->rkey = RKey(*r.resource);
@@ -1100,8 +1101,18 @@ void FakeApiServer::ServeWatch(Request& r, const httplib::Request& req, httplib:
   st->fs = *fsel;
   st->bookmarks = req.get_param_value("allowWatchBookmarks") == "true";
   st->table = WantsTable(req);
-  const int timeout = req.has_param("timeoutSeconds") ? std::atoi(req.get_param_value("timeoutSeconds").c_str()) : 1800;
-  st->deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout > 0 ? timeout : 1800);
+  // As kube-apiserver's watch handler (apiserver/pkg/endpoints/handlers/get.go): the client's
+  // timeoutSeconds, or else a random time in [min-request-timeout, 2 × min-request-timeout).
+  const int asked = req.has_param("timeoutSeconds") ? std::atoi(req.get_param_value("timeoutSeconds").c_str()) : 0;
+  std::chrono::milliseconds timeout{std::chrono::seconds(asked)};
+  if (asked <= 0) {
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    const auto min = std::chrono::duration_cast<std::chrono::milliseconds>(opts_.min_request_timeout);
+    timeout = min + std::chrono::milliseconds(std::uniform_int_distribution<int64_t>(0, min.count())(rng));
+  }
+  st->deadline = std::chrono::steady_clock::now() + timeout;
+  // The client's connection: a client that goes away ends its watch at the next tick.
+  st->fd = ConnectionFd(req.local_port, req.remote_addr, req.remote_port);
   st->next_bookmark = std::chrono::steady_clock::now() + opts_.bookmark_interval;
   auto encode = [st](const std::string& type, const json& obj) {
     json o = obj;
@@ -1148,6 +1159,7 @@ void FakeApiServer::ServeWatch(Request& r, const httplib::Request& req, httplib:
             });
           }
           if (stopping_ || drop_generation_ != st->gen) return false;  // cut the connection
+          if (PeerClosed(st->fd)) return false;                        // the client has gone
           if (!st->gone && st->cursor < compacted_rv_) {
             st->pending.push_back(encode(
                 "ERROR",
@@ -1194,6 +1206,19 @@ void FakeApiServer::ServeWatch(Request& r, const httplib::Request& req, httplib:
 }
 
 void FakeApiServer::Route(const httplib::Request& req, httplib::Response& res) {
+  RouteApi(req, res);
+  // Response compression as kube-apiserver's (apiserver/pkg/endpoints/handlers/responsewriters,
+  // defaultGzipThresholdBytes): gzip only a body of 128 KiB or more for a client that accepts it,
+  // and never a watch, whose events must reach the client as they happen. httplib decides from
+  // the request's Accept-Encoding when it writes the response, after this handler: a response not
+  // to compress takes the header out of the request (httplib's own, non-const object).
+  constexpr size_t kGzipThresholdBytes = 128 * 1024;
+  if (res.is_chunked_content_provider_ || res.content_provider_ || res.body.size() < kGzipThresholdBytes) {
+    const_cast<httplib::Request&>(req).headers.erase("Accept-Encoding");
+  }
+}
+
+void FakeApiServer::RouteApi(const httplib::Request& req, httplib::Response& res) {
   ++requests_;
   auto send = [&](const Result& r) {
     res.status = r.code;
@@ -1223,6 +1248,13 @@ void FakeApiServer::Route(const httplib::Request& req, httplib::Response& res) {
       SetToken(req.get_param_value("token"), req.get_param_value("user"));
     } else if (what == "revoke") {
       RemoveToken(req.get_param_value("token"));
+    } else if (what == "stats") {
+      send({200,
+            {{"openWatches", OpenWatches()},
+             {"watchesStarted", WatchesStarted()},
+             {"requests", Requests()},
+             {"resourceVersion", ResourceVersion()}}});
+      return;
     } else {
       send(Err(404, "NotFound", "unknown fault"));
       return;

@@ -77,7 +77,12 @@ struct FakeApiServerOptions {
   // removed when its grace period ends. Off: it stays Terminating as on a cluster whose kubelet
   // is gone.
   bool reap_terminating_pods = true;
-  int watch_threads = 64;
+  // Connections are served on threads added as needed (testing/http_conn.h), up to this many:
+  // open watches never starve other requests.
+  size_t max_threads = 4096;
+  // kube-apiserver's --min-request-timeout: a watch without timeoutSeconds ends after a random
+  // time between this and twice this, so clients re-establish their watches spread out.
+  std::chrono::seconds min_request_timeout{1800};
   // Kind -> dotted field paths ("spec.futureField") this server knows besides k8s.io/api v0.32's,
   // as a newer apiserver would (fake_apiserver_fields.h): they pass field validation.
   std::map<std::string, std::set<std::string>> extra_fields;
@@ -147,6 +152,7 @@ class FakeApiServer {
   class Request;
 
   void Route(const httplib::Request& req, httplib::Response& res);
+  void RouteApi(const httplib::Request& req, httplib::Response& res);
   void Serve(Request& r, const httplib::Request& req, httplib::Response& res);
   void ServeWatch(Request& r, const httplib::Request& req, httplib::Response& res);
   Result DoCreate(const std::string& rkey, const std::string& ns, nlohmann::json obj, const std::string& user_name);
