@@ -6,9 +6,6 @@
 //     killed process leaves them), and the time until the server has released all N watches.
 // Reports p50/p99 per phase and the server's threads and RSS.
 //   apiserver_watch_bench [--watches N] [--requests N]
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +13,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "bench_util.h"
 #include "testing/fake_apiserver.h"
@@ -58,8 +58,8 @@ json Stats(int port) {
 void Report(const char* phase, int port, int n) {
   const auto v = kgpu::bench::Summarize(Probe(port, "/version", "gitVersion", n));
   const auto l = kgpu::bench::Summarize(Probe(port, "/api/v1/namespaces/default/pods?limit=500", "\"items\"", n));
-  std::printf("%-34s /version p50 %6.2f ms p99 %6.2f ms | list of 100 pods p50 %6.2f ms p99 %6.2f ms\n", phase,
-              v.p50, v.p99, l.p50, l.p99);
+  std::printf("%-34s /version p50 %6.2f ms p99 %6.2f ms | list of 100 pods p50 %6.2f ms p99 %6.2f ms\n", phase, v.p50,
+              v.p99, l.p50, l.p99);
 }
 
 }  // namespace
@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
     std::FILE* f = std::fopen(("/proc/" + std::to_string(child) + "/status").c_str(), "r");
     char line[256];
     while (f && std::fgets(line, sizeof line, f)) {
-      if (!std::strncmp(line, "Threads:", 8) || !std::strncmp(line, "VmRSS:", 6)) status += std::string(line, std::strcspn(line, "\n")) + " ";
+      if (!std::strncmp(line, "Threads:", 8) || !std::strncmp(line, "VmRSS:", 6))
+        status += std::string(line, std::strcspn(line, "\n")) + " ";
     }
     if (f) std::fclose(f);
     return status;
@@ -128,7 +129,8 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  while (Stats(port).value("openWatches", 0) < watches && Clock::now() - t_open < 60s) std::this_thread::sleep_for(10ms);
+  while (Stats(port).value("openWatches", 0) < watches && Clock::now() - t_open < 60s)
+    std::this_thread::sleep_for(10ms);
   std::printf("%d watches open in %.0f ms; server %s\n", watches,
               std::chrono::duration<double, std::milli>(Clock::now() - t_open).count(), server_threads().c_str());
   for (auto& w : open) w->ReadFor(0ms);
@@ -156,17 +158,18 @@ int main(int argc, char** argv) {
       }
     }
     fanout.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-    if (reached < open.size()) std::printf("round %d: only %zu of %zu watchers got the event\n", round, reached, open.size());
+    if (reached < open.size())
+      std::printf("round %d: only %zu of %zu watchers got the event\n", round, reached, open.size());
   }
   const auto f = kgpu::bench::Summarize(fanout);
-  std::printf("one update reaches all %d watchers: median %.1f ms, worst %.1f ms (5 updates)\n", watches, f.p50,
-              f.max);
+  std::printf("one update reaches all %d watchers: median %.1f ms, worst %.1f ms (5 updates)\n", watches, f.p50, f.max);
 
   const auto t_gone = Clock::now();
   open.clear();  // every client vanishes without a word
   Report("right after the clients vanished:", port, requests);
   int left = 0;
-  while ((left = Stats(port).value("openWatches", -1)) > 0 && Clock::now() - t_gone < 60s) std::this_thread::sleep_for(10ms);
+  while ((left = Stats(port).value("openWatches", -1)) > 0 && Clock::now() - t_gone < 60s)
+    std::this_thread::sleep_for(10ms);
   std::printf("%d abandoned watches released %.0f ms after their clients left (%d left); server %s\n", watches,
               std::chrono::duration<double, std::milli>(Clock::now() - t_gone).count(), left, server_threads().c_str());
   Report("after the release:", port, requests);

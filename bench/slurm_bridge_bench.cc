@@ -43,12 +43,12 @@
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "common/process.h"
 #include "common/strings.h"
 #include "k8s/client.h"
 #include "k8s/config.h"
 #include "k8s/patch.h"
 #include "slurm/bridge.h"
-#include "slurm/process.h"
 #include "slurm/rest.h"
 #include "testing/bridge_k8s.h"
 #include "testing/fake_apiserver.h"
@@ -243,7 +243,7 @@ int PowerSaveRounds(int rounds) {
   o.cooldown = std::chrono::seconds(0);
   o.min_kept = 1;
   o.power_save = true;
-  o.resume_command = slurm::SplitCommandLine(cluster.ResumeCommand(), "resume command").value();
+  o.resume_command = SplitCommandLine(cluster.ResumeCommand(), "resume command").value();
   slurm::Bridge bridge(cli, *client, o);
   slurm::BridgeWatch watch(*client, bridge);
   watch.Start();

@@ -174,7 +174,8 @@ sleep 0.5   # the kubelet stand-in patches the Node's status within 200 ms
 if command -v kubectl >/dev/null 2>&1; then
   echo; echo "\$ kubectl describe node demo-node"
   HOME=$work timeout 60 kubectl --kubeconfig "$work/kubeconfig" describe node demo-node \
-    | sed -n '/^Labels:/,/^Annotations:/p;/^Capacity:/,/^System Info:/p' | grep -v '^System Info:' | sed 's/^/  /'
+    | sed -n '/^Labels:/,/^Annotations:/p;/^Taints:/p;/^Lease:/,/^  RenewTime:/p;/^Capacity:/,/^System Info:/p' \
+    | grep -v '^System Info:' | sed 's/^/  /'
 else
   echo "(kubectl is not installed: the Node as kgpu doctor reads it)"
 fi
@@ -184,6 +185,15 @@ echo "   missing /dev/nvidia* device nodes, which a simulated node has not got, 
 "$bin/kgpu" doctor --kubelet-dir "$kdir" --kubeconfig "$work/kubeconfig" --node-name demo-node \
   | sed -n '/Node object/,$p' | sed 's/^/  /' || true
 kill -TERM "$plugin"; wait "$plugin" 2>/dev/null || true
+echo; echo "\$ kill -TERM <plugin>   # kubelet keeps capacity 8 and sets allocatable 0: no pod can get a GPU here"
+for _ in $(seq 100); do
+  curl -sfk -H "Authorization: Bearer demo-token" "https://127.0.0.1:$(cat "$work/api.port")/api/v1/nodes/demo-node" \
+    | grep -q '"allocatable":{[^}]*"nvidia.com/gpu":"0"' && break
+  sleep 0.1
+done
+echo "\$ kgpu doctor --kubeconfig kubeconfig --node-name demo-node   # now a FAIL, with the fix"
+"$bin/kgpu" doctor --kubelet-dir "$kdir" --kubeconfig "$work/kubeconfig" --node-name demo-node \
+  | grep -A1 'Node allocatable' | sed 's/^/  /' || true
 kill -TERM "$kubelet" 2>/dev/null; wait "$kubelet" 2>/dev/null || true
 kill -TERM "$api" 2>/dev/null; wait "$api" 2>/dev/null || true
 

@@ -1,6 +1,7 @@
 #include "profile.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -18,7 +19,7 @@ using kgpu::Join;
 namespace {
 
 // One MIG row: index, id, name, compute slices, memory slices, max instances, starts, MiB,
-// SMs, copy engines, decoders, jpegs, ofas.
+// SMs, copy engines, decoders, jpegs, ofas (no A100 or H100 profile has an encoder).
 MigProfile Mig(unsigned index, unsigned id, std::string name, unsigned cs, unsigned ms, unsigned max,
                std::vector<unsigned> starts, uint64_t mib, unsigned sms, unsigned ce, unsigned dec, unsigned jpg,
                unsigned ofa) {
@@ -39,28 +40,35 @@ MigProfile Mig(unsigned index, unsigned id, std::string name, unsigned cs, unsig
   return p;
 }
 
-// The GA100/GH100 placement table is the same for every part; names and sizes differ.
-struct MigSizes {
-  const char* g1;  // 1 memory slice
-  const char* g2;  // 2 memory slices
-  const char* g4;  // 4 memory slices
-  const char* g8;  // 8 memory slices
-  uint64_t m1, m2, m4, m8;
-  unsigned sm1, sm2, sm3, sm4, sm7;
-  unsigned dec1, dec7, jpg7;
+// The figures of one GPU-instance profile, as a row of `nvidia-smi mig -lgip` gives them:
+// name, memory (MiB), SM, CE, DEC, JPEG, OFA.
+struct MigRow {
+  const char* name;
+  uint64_t mib;
+  unsigned sms, ce, dec, jpg, ofa;
 };
 
-std::vector<MigProfile> MigTable(const MigSizes& s) {
+// GA100 and GH100 parts share the seven profiles' ids, indices, slices and placements (MIG user
+// guide, "Supported MIG Profiles"); `rows` gives each part's own figures in the order 1g, 1g+me,
+// 1g with 2 memory slices, 2g, 3g, 4g, 7g.
+std::vector<MigProfile> MigTable(const std::array<MigRow, 7>& rows) {
   const std::vector<unsigned> all7 = {0, 1, 2, 3, 4, 5, 6};
-  return {
-      Mig(0x0, 19, Cat("1g.", s.g1), 1, 1, 7, all7, s.m1, s.sm1, 1, s.dec1, s.dec1, 0),
-      Mig(0x7, 20, Cat("1g.", s.g1, "+me"), 1, 1, 1, all7, s.m1, s.sm1, 1, 1, 1, 1),
-      Mig(0x9, 15, Cat("1g.", s.g2), 1, 2, 4, {0, 2, 4, 6}, s.m2, s.sm1, 1, 1, 0, 0),
-      Mig(0x1, 14, Cat("2g.", s.g2), 2, 2, 3, {0, 2, 4}, s.m2, s.sm2, 2, 1, 0, 0),
-      Mig(0x2, 9, Cat("3g.", s.g4), 3, 4, 2, {0, 4}, s.m4, s.sm3, 3, 2, 0, 0),
-      Mig(0x3, 5, Cat("4g.", s.g4), 4, 4, 1, {0}, s.m4, s.sm4, 4, 2, 0, 0),
-      Mig(0x4, 0, Cat("7g.", s.g8), 7, 8, 1, {0}, s.m8, s.sm7, 7, s.dec7, s.jpg7, 1),
+  struct Shape {
+    unsigned index, id, cs, ms, max;
+    std::vector<unsigned> starts;
   };
+  const Shape shapes[7] = {
+      {0x0, 19, 1, 1, 7, all7},      {0x7, 20, 1, 1, 1, all7},  {0x9, 15, 1, 2, 4, {0, 2, 4, 6}},
+      {0x1, 14, 2, 2, 3, {0, 2, 4}}, {0x2, 9, 3, 4, 2, {0, 4}}, {0x3, 5, 4, 4, 1, {0}},
+      {0x4, 0, 7, 8, 1, {0}},
+  };
+  std::vector<MigProfile> out;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Shape& s = shapes[i];
+    const MigRow& r = rows[i];
+    out.push_back(Mig(s.index, s.id, r.name, s.cs, s.ms, s.max, s.starts, r.mib, r.sms, r.ce, r.dec, r.jpg, r.ofa));
+  }
+  return out;
 }
 
 std::vector<GpuModel> BuildModels() {
@@ -96,8 +104,18 @@ std::vector<GpuModel> BuildModels() {
     m.vbios = "96.00.74.00.0F";
     m.part_number = "692-2G520-0200-000";
     m.max_mig_devices = 7;
-    m.mig_profiles =
-        MigTable({"10gb", "20gb", "40gb", "80gb", 9984, 20096, 40320, 81408, 16, 32, 60, 64, 132, 1, 7, 7});
+    // `nvidia-smi mig -lgip` on an H100 80GB HBM3 (https://jbarrow.ai/field_notes/nvidia-mig/): Hopper
+    // gives every GPU instance a decoder and a JPEG engine per compute slice, 1g.20gb 26 SMs, and
+    // 7g.80gb 8 copy engines.
+    m.mig_profiles = MigTable({{
+        {"1g.10gb", 9984, 16, 1, 1, 1, 0},
+        {"1g.10gb+me", 9984, 16, 1, 1, 1, 1},
+        {"1g.20gb", 20096, 26, 1, 1, 1, 0},
+        {"2g.20gb", 20096, 32, 2, 2, 2, 0},
+        {"3g.40gb", 40448, 60, 3, 3, 3, 0},
+        {"4g.40gb", 40448, 64, 4, 4, 4, 0},
+        {"7g.80gb", 81152, 132, 8, 7, 7, 1},
+    }});
     models.push_back(m);
   }
   {
@@ -131,7 +149,17 @@ std::vector<GpuModel> BuildModels() {
     m.vbios = "92.00.45.00.03";
     m.part_number = "692-2G506-0200-003";
     m.max_mig_devices = 7;
-    m.mig_profiles = MigTable({"5gb", "10gb", "20gb", "40gb", 4864, 9856, 19968, 40192, 14, 28, 42, 56, 98, 0, 5, 1});
+    // The MIG user guide's `nvidia-smi mig -lgip` table for A100-SXM4-40GB
+    // (https://docs.nvidia.com/datacenter/tesla/mig-user-guide/, "List GPU Instance Profiles").
+    m.mig_profiles = MigTable({{
+        {"1g.5gb", 4864, 14, 1, 0, 0, 0},
+        {"1g.5gb+me", 4864, 14, 1, 1, 1, 1},
+        {"1g.10gb", 9856, 14, 1, 1, 0, 0},
+        {"2g.10gb", 9856, 28, 2, 1, 0, 0},
+        {"3g.20gb", 19968, 42, 3, 2, 0, 0},
+        {"4g.20gb", 19968, 56, 4, 2, 0, 0},
+        {"7g.40gb", 40192, 98, 7, 5, 1, 1},
+    }});
     models.push_back(m);
   }
   {
@@ -165,8 +193,18 @@ std::vector<GpuModel> BuildModels() {
     m.vbios = "96.00.A5.00.01";
     m.part_number = "692-2G520-0280-000";
     m.max_mig_devices = 7;
-    m.mig_profiles =
-        MigTable({"18gb", "35gb", "71gb", "141gb", 17920, 35840, 71808, 143616, 16, 32, 60, 64, 132, 1, 7, 7});
+    // Engines and SMs from `nvidia-smi mig -lgip` on an H200 (https://github.com/NVIDIA/mig-parted/issues/120),
+    // the same as H100's. The memory figures differ by board and driver (that H200 shows 16.00,
+    // 32.25, 69.50 and 139.75 GiB); these are kept as they were.
+    m.mig_profiles = MigTable({{
+        {"1g.18gb", 17920, 16, 1, 1, 1, 0},
+        {"1g.18gb+me", 17920, 16, 1, 1, 1, 1},
+        {"1g.35gb", 35840, 26, 1, 1, 1, 0},
+        {"2g.35gb", 35840, 32, 2, 2, 2, 0},
+        {"3g.71gb", 71808, 60, 3, 3, 3, 0},
+        {"4g.71gb", 71808, 64, 4, 4, 4, 0},
+        {"7g.141gb", 143616, 132, 8, 7, 7, 1},
+    }});
     models.push_back(m);
   }
   {
@@ -403,7 +441,7 @@ absl::StatusOr<NodeProfile> ParseRoot(std::string_view origin, const YAML::Node&
   }
   std::set<unsigned> buses;
   for (const auto& group : gpus) {
-    if (auto s = CheckKeys(origin, group, "a gpus entry", {"model", "count", "busIds"}); !s.ok()) {
+    if (auto s = CheckKeys(origin, group, "a gpus entry", {"model", "count", "busIds", "pciClass"}); !s.ok()) {
       return s;
     }
     if (!group["model"]) return At(origin, group.Mark(), "a gpus entry needs 'model'");
@@ -438,9 +476,21 @@ absl::StatusOr<NodeProfile> ParseRoot(std::string_view origin, const YAML::Node&
         bus_ids.push_back(*b);
       }
     }
+    unsigned pci_class = kPci3dControllerClass;
+    if (group["pciClass"]) {
+      auto c = Scalar<unsigned>(origin, group["pciClass"], "pciClass");
+      if (!c.ok()) return c.status();
+      if (*c > 0xffffff) {
+        return At(origin, group["pciClass"].Mark(),
+                  "pciClass is a 24-bit PCI class code: 0x030200 (3D controller, compute mode) or 0x030000 (VGA "
+                  "controller, graphics mode)");
+      }
+      pci_class = *c;
+    }
     for (unsigned i = 0; i < count; ++i) {
       GpuSpec g;
       g.model = model;
+      g.pci_class = pci_class;
       g.bus = bus_ids.empty() ? 0x10 + 0x10 * static_cast<unsigned>(profile.gpus.size()) : bus_ids[i];
       if (!buses.insert(g.bus).second) {
         return At(origin, group.Mark(), Cat("PCI bus ", g.bus, " is used twice"));

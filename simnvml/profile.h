@@ -61,10 +61,17 @@ struct MigInstanceSpec {
   int start = -1;       // -1: first free placement
 };
 
+// PCI class codes (with the programming interface byte) a GPU shows in sysfs: a data-centre GPU
+// in compute mode is a 3D controller, one switched to graphics mode (displaymodeselector) or a
+// display card is a VGA controller. GPU Feature Discovery's nvidia.com/gpu.mode reads them.
+inline constexpr unsigned kPci3dControllerClass = 0x030200;
+inline constexpr unsigned kPciVgaControllerClass = 0x030000;
+
 struct GpuSpec {
   const GpuModel* model = nullptr;
   unsigned bus = 0;  // PCI bus number
   int numa_node = 0;
+  unsigned pci_class = kPci3dControllerClass;  // `pciClass` in the profile's gpus entry
   bool mig_enabled = false;
   std::vector<MigInstanceSpec> mig;  // initial layout when mig_enabled
 };

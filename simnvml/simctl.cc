@@ -126,6 +126,35 @@ int WriteProcfs(const Node& node, const std::string& dir) {
   return ok ? 0 : Fail("cannot write the procfs tree under " + dir);
 }
 
+// "0x" and `digits` lower-case hex digits, as sysfs prints PCI ids and classes.
+std::string Hex(unsigned value, int digits) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%0*x\n", digits, value);
+  return buf;
+}
+
+// The GPUs' PCI functions under `dir` (a stand-in for /sys): bus/pci/devices/<bdf>/ with the files
+// kgpu and NVIDIA's tools read there (GPU Feature Discovery's gpu.mode reads `class`; go-nvlib's
+// nvpci reads vendor, device and class).
+int WriteSysfs(const Node& node, const std::string& dir) {
+  namespace fs = std::filesystem;
+  bool ok = true;
+  for (unsigned i = 0; ok && i < node.gpu_count(); ++i) {
+    std::string bdf = node.BusId(i).substr(4);
+    for (char& c : bdf) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const fs::path d = fs::path(dir) / "bus/pci/devices" / bdf;
+    const GpuSpec& spec = node.profile().gpus[i];
+    const GpuModel& model = *spec.model;
+    ok = WriteText(d / "class", Hex(spec.pci_class, 6)) &&
+         WriteText(d / "vendor", Hex(model.pci_device_id & 0xffff, 4)) &&
+         WriteText(d / "device", Hex(model.pci_device_id >> 16, 4)) &&
+         WriteText(d / "subsystem_vendor", Hex(model.pci_subsystem_id & 0xffff, 4)) &&
+         WriteText(d / "subsystem_device", Hex(model.pci_subsystem_id >> 16, 4)) &&
+         WriteText(d / "numa_node", std::to_string(spec.numa_node) + "\n");
+  }
+  return ok ? 0 : Fail("cannot write the sysfs tree under " + dir);
+}
+
 nlohmann::json Show(const Node& node) {
   nlohmann::json out;
   out["profile"] = node.profile().name;
@@ -197,8 +226,10 @@ int Run(int argc, char** argv) {
                          "capabilities/...) and DIR/driver/nvidia-caps/mig-minors");
   procfs->add_option("dir", procfs_dir, "root of the tree (give it to kgpu device-plugin as --proc-root)")->required();
   std::string sysfs_dir;
-  auto* sysfs =
-      app.add_subcommand("sysfs", "write a sysfs tree with the GPUs' NUMA nodes (DIR/bus/pci/devices/<bdf>/numa_node)");
+  auto* sysfs = app.add_subcommand(
+      "sysfs",
+      "write a sysfs tree with the GPUs' PCI functions: DIR/bus/pci/devices/<bdf>/{class,vendor,device,"
+      "subsystem_vendor,subsystem_device,numa_node} (class: the profile's pciClass, 0x030200 by default)");
   sysfs->add_option("dir", sysfs_dir, "root of the tree (give it to kgpu as --sysfs-root)")->required();
 
   std::string gpu_spec;
@@ -292,16 +323,7 @@ int Run(int argc, char** argv) {
     return out ? 0 : Fail("cannot write " + minors_path);
   }
   if (procfs->parsed()) return WriteProcfs(node, procfs_dir);
-  if (sysfs->parsed()) {
-    for (unsigned i = 0; i < node.gpu_count(); ++i) {
-      std::string bdf = node.BusId(i).substr(4);
-      for (char& c : bdf) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      const std::string dir = sysfs_dir + "/bus/pci/devices/" + bdf;
-      std::filesystem::create_directories(dir);
-      std::ofstream(dir + "/numa_node") << node.profile().gpus[i].numa_node << "\n";
-    }
-    return 0;
-  }
+  if (sysfs->parsed()) return WriteSysfs(node, sysfs_dir);
   if (reset->parsed()) {
     node.Reset();
     return 0;

@@ -70,9 +70,36 @@ std::vector<Check> ClusterChecks(k8s::Client& client, const std::string& node_na
     }
   }
   if (served.empty()) {
-    checks.push_back(
-        {"Node allocatable", Verdict::kWarn, "no local device plugin to compare with",
-         "run kgpu device-plugin on this node; the Node shows nvidia.com/gpu only once a plugin registers"});
+    // No plugin socket here to compare with: the Node alone says whether kubelet can hand out
+    // GPUs. Allocatable 0 (or absent) on a node with GPUs is the seed's `kubectl describe node |
+    // grep nvidia.com/gpu` case: no pod asking for one can land here.
+    std::vector<std::string> resources;
+    for (auto it = capacity.begin(); it != capacity.end(); ++it) {
+      if (it.key().rfind("nvidia.com/", 0) == 0) resources.push_back(it.key());
+    }
+    if (resources.empty() && gpus > 0) resources.push_back("nvidia.com/gpu");
+    bool failed = false;
+    for (const auto& resource : resources) {
+      const int64_t cap = Count(capacity, resource);
+      if (Count(allocatable, resource) > 0) continue;
+      failed = true;
+      checks.push_back(
+          {"Node allocatable", Verdict::kFail,
+           Cat("allocatable ", resource, " is 0", cap > 0 ? Cat(" (capacity ", cap, ")") : std::string(),
+               ": no device plugin is registered with kubelet",
+               gpus > 0 ? Cat(" although NVML sees ", gpus, " GPU(s)") : ""),
+           Cat("start the kgpu device plugin on this node (kgpu node, or the kgpu DaemonSet) and check its log for "
+               "\"registered with kubelet\"; then `kubectl describe node ",
+               node_name, " | grep ", resource, "` shows an allocatable count")});
+    }
+    if (!failed) {
+      checks.push_back(
+          {"Node allocatable", Verdict::kWarn,
+           resources.empty()
+               ? std::string("no local device plugin to compare with, and no nvidia.com resource on the Node")
+               : "no local device plugin to compare with",
+           "run kgpu device-plugin on this node; the Node shows nvidia.com/gpu only once a plugin registers"});
+    }
   }
   for (const auto& [resource, s] : served) {
     const int64_t cap = Count(capacity, resource);
@@ -114,6 +141,8 @@ std::vector<Check> ClusterChecks(k8s::Client& client, const std::string& node_na
   std::vector<std::string> taints;
   for (const auto& t : spec.value("taints", json::array())) {
     const std::string effect = t.value("effect", "");
+    // The node lifecycle controller's taint of a cordoned node: the Schedulable check says it.
+    if (t.value("key", "") == "node.kubernetes.io/unschedulable") continue;
     if (effect == "NoSchedule" || effect == "NoExecute") {
       taints.push_back(Cat(t.value("key", ""), t.contains("value") ? Cat("=", t.value("value", "")) : "", ":", effect));
     }

@@ -10,8 +10,9 @@
 namespace kgpu::cli {
 
 void AddExtenderFlags(CLI::App* app, ExtenderFlags* f) {
-  app->add_option("--kubeconfig", f->kubeconfig, "kubeconfig (default: $KUBECONFIG, ~/.kube/config, else in-cluster)")
-      ->envname("KUBECONFIG");
+  // No envname("KUBECONFIG"): that would make KUBECONFIG=a:b one --kubeconfig path. The resolver
+  // reads KUBECONFIG itself, as kubectl does (its files merged).
+  app->add_option("--kubeconfig", f->kubeconfig, k8s::kKubeconfigFlagHelp);
   app->add_option("--context", f->context, "kubeconfig context");
   app->add_option("--address", f->options.address, "listen on host:port")
       ->envname("KGPU_EXTENDER_ADDRESS")
@@ -69,10 +70,10 @@ int RunExtender(const ExtenderFlags& flags, const volatile std::sig_atomic_t* st
         << flags.lease_duration_s << " s) is required, as in kube-scheduler\n";
     return 2;
   }
-  auto cfg = k8s::DefaultConfig(flags.kubeconfig, flags.context);
+  auto cfg = k8s::ConfigFromFlags(flags.kubeconfig, flags.context, false);
   if (!cfg.ok()) {
     err << "kgpu extender: " << cfg.status().message() << "\n";
-    return 2;
+    return 1;  // a configuration error (README's exit codes), not a usage error
   }
   auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
   extender::ExtenderOptions options = flags.options;
@@ -85,7 +86,7 @@ int RunExtender(const ExtenderFlags& flags, const volatile std::sig_atomic_t* st
   auto client = k8s::Client::Create(*cfg);
   if (!client.ok()) {
     err << "kgpu extender: " << client.status().message() << "\n";
-    return 2;
+    return 1;
   }
   extender::Extender ext(**client, options);
   if (auto st = ext.Start(); !st.ok()) {

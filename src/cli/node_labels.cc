@@ -238,10 +238,10 @@ absl::Status WriteFeatureFile(const std::string& path, const std::map<std::strin
 }
 
 void AddNodeLabelsFlags(CLI::App* app, NodeLabelsFlags* f) {
-  app->add_option("--kubeconfig", f->kubeconfig, "kubeconfig (default: in-cluster, else $KUBECONFIG)")
-      ->envname("KUBECONFIG_FILE");
+  app->add_option("--kubeconfig", f->kubeconfig, k8s::kKubeconfigFlagHelp)->envname("KUBECONFIG_FILE");
   app->add_option("--context", f->context, "kubeconfig context");
-  app->add_flag("--in-cluster", f->in_cluster, "use the pod's service account (the default in a pod)");
+  app->add_flag("--in-cluster", f->in_cluster,
+                "use the pod's service account (the default in a pod without KUBECONFIG or ~/.kube/config)");
   app->add_option("--node-name", f->node_name, "this node's name")->envname("NODE_NAME");
   app->add_option("--output", f->output, "api (patch the Node) or file (NFD feature file)")
       ->check(CLI::IsMember({"api", "file"}))
@@ -254,6 +254,10 @@ void AddNodeLabelsFlags(CLI::App* app, NodeLabelsFlags* f) {
       ->capture_default_str();
   app->add_flag("--oneshot", f->oneshot, "label once and exit")->envname("GFD_ONESHOT");
   app->add_flag("--no-timestamp", f->no_timestamp, "omit nvidia.com/gfd.timestamp")->envname("GFD_NO_TIMESTAMP");
+  app->add_option("--machine-type-file", f->machine_file,
+                  "file holding the machine type for nvidia.com/gpu.machine (unknown when it cannot be read)")
+      ->envname("GFD_MACHINE_TYPE_FILE")
+      ->capture_default_str();
 }
 
 void AddPublishLabelsFlags(CLI::App* app, NodeLabelsFlags* f) {
@@ -262,10 +266,12 @@ void AddPublishLabelsFlags(CLI::App* app, NodeLabelsFlags* f) {
                 "on an interval and whenever health, the MIG layout or the config changes")
       ->envname("KGPU_PUBLISH_LABELS");
   app->add_option("--kubeconfig", f->kubeconfig,
-                  "kubeconfig for --publish-labels and the kgpu.io/gpu handoff (default: in-cluster, else $KUBECONFIG)")
+                  "kubeconfig for --publish-labels and the kgpu.io/gpu handoff (default: the files of $KUBECONFIG "
+                  "merged, else ~/.kube/config, else the pod's service account)")
       ->envname("KUBECONFIG_FILE");
   app->add_option("--context", f->context, "kubeconfig context");
-  app->add_flag("--in-cluster", f->in_cluster, "use the pod's service account (the default in a pod)");
+  app->add_flag("--in-cluster", f->in_cluster,
+                "use the pod's service account (the default in a pod without KUBECONFIG or ~/.kube/config)");
   app->add_option("--node-name", f->node_name, "this node's Node name (--publish-labels, kgpu.io/gpu handoff)")
       ->envname("NODE_NAME");
   app->add_option("--labels-output", f->output, "api (patch the Node) or file (NFD feature file)")
@@ -279,6 +285,10 @@ void AddPublishLabelsFlags(CLI::App* app, NodeLabelsFlags* f) {
       ->envname("GFD_SLEEP_INTERVAL")
       ->capture_default_str();
   app->add_flag("--labels-no-timestamp", f->no_timestamp, "omit nvidia.com/gfd.timestamp")->envname("GFD_NO_TIMESTAMP");
+  app->add_option("--labels-machine-type-file", f->machine_file,
+                  "file holding the machine type for nvidia.com/gpu.machine (unknown when it cannot be read)")
+      ->envname("GFD_MACHINE_TYPE_FILE")
+      ->capture_default_str();
 }
 
 absl::StatusOr<std::unique_ptr<NodeLabeller>> NodeLabeller::Create(const NodeLabelsFlags& flags) {
@@ -293,11 +303,8 @@ absl::StatusOr<std::unique_ptr<NodeLabeller>> NodeLabeller::Create(const NodeLab
     if (!c.ok()) return c.status();
     l->client_ = std::move(*c);
   }
-  if (auto m = ReadFile(flags.machine_file)) {
-    std::string v = *m;
-    while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
-    l->machine_ = v;
-  }
+  // Read once: the DMI product name does not change while the node runs.
+  l->machine_ = deviceplugin::ReadMachineType(flags.machine_file);
   return l;
 }
 
@@ -496,6 +503,7 @@ int RunNodeTemplate(const NodeOptions& node, const DevicePluginFlags& dp, const 
   }
   deviceplugin::GfdOptions go;
   go.timestamp = false;  // a template describes every such node, not one moment
+  go.machine = deviceplugin::ReadMachineType(deviceplugin::kDefaultMachineTypeFile);
   const auto labels = deviceplugin::GfdLabels(*inventory, config, go);
   if (format == "json") {
     json c = json::object(), l = json::object();

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -112,11 +113,14 @@ struct NodeLabelsFlags {
   unsigned interval_s = 60;  // 0: once
   bool oneshot = false;
   bool no_timestamp = false;
+  // GFD's --machine-type-file (GFD_MACHINE_TYPE_FILE): nvidia.com/gpu.machine, "unknown" when it
+  // cannot be read (or is "").
   std::string machine_file = "/sys/class/dmi/id/product_name";
 };
 void AddNodeLabelsFlags(CLI::App* app, NodeLabelsFlags* flags);
 // The same for the node agent, opt-in: --publish-labels, --kubeconfig, --context, --in-cluster,
-// --node-name, --labels-output, --labels-output-file, --labels-interval, --labels-no-timestamp.
+// --node-name, --labels-output, --labels-output-file, --labels-interval, --labels-no-timestamp,
+// --labels-machine-type-file.
 void AddPublishLabelsFlags(CLI::App* app, NodeLabelsFlags* flags);
 
 // One pass's labels and annotation, to the Node (--output api) or the feature file (--output file).
@@ -134,7 +138,7 @@ class NodeLabeller {
   explicit NodeLabeller(const NodeLabelsFlags& flags) : flags_(flags) {}
   const NodeLabelsFlags flags_;
   std::unique_ptr<k8s::Client> client_;
-  std::string machine_;
+  std::optional<std::string> machine_;  // the machine type file's content; nullopt: unreadable
 };
 
 // Runs a NodeLabeller beside a running device plugin: a pass at Start, every interval, and soon

@@ -18,7 +18,7 @@ namespace {
 using json = nlohmann::json;
 
 void AddKubeFlags(CLI::App* app, QuotaFlags* f) {
-  app->add_option("--kubeconfig", f->kubeconfig, "kubeconfig (default: $KUBECONFIG, ~/.kube/config, else in-cluster)");
+  app->add_option("--kubeconfig", f->kubeconfig, k8s::kKubeconfigFlagHelp);
   app->add_option("--context", f->context, "kubeconfig context");
   app->add_flag("--in-cluster", f->in_cluster, "use the pod's service account");
 }

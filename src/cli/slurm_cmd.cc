@@ -115,18 +115,19 @@ int RunSlurmGres(const NodeOptions& node, const DevicePluginFlags& dp, const Slu
 #include <httplib.h>
 
 #include "common/log.h"
+#include "common/process.h"
+#include "k8s/config.h"
 #include "k8s/leader.h"
 #include "k8s/patch.h"
 #include "k8s/resources.h"
 #include "slurm/bridge.h"
-#include "slurm/process.h"
 #include "slurm/rest.h"
 
 namespace kgpu::cli {
 namespace {
 
 void AddCommonBridgeFlags(CLI::App* c, SlurmBridgeFlags* f) {
-  c->add_option("--kubeconfig", f->kubeconfig, "kubeconfig (default: in-cluster, else $KUBECONFIG)");
+  c->add_option("--kubeconfig", f->kubeconfig, k8s::kKubeconfigFlagHelp);
   c->add_option("--context", f->context, "kubeconfig context");
   c->add_option("--slurm-bin-dir", f->slurm_bin_dir, "directory of scontrol and squeue (default: PATH)");
   c->add_option("--slurm-conf", f->slurm_conf, "SLURM_CONF for the Slurm commands")->envname("SLURM_CONF");
@@ -143,7 +144,7 @@ void AddCommonBridgeFlags(CLI::App* c, SlurmBridgeFlags* f) {
 }
 
 absl::StatusOr<std::unique_ptr<k8s::Client>> KubeClient(const SlurmBridgeFlags& f) {
-  auto cfg = k8s::DefaultConfig(f.kubeconfig, f.context);
+  auto cfg = k8s::ConfigFromFlags(f.kubeconfig, f.context, false);
   if (!cfg.ok()) return cfg.status();
   cfg->qps = f.kube_qps;
   cfg->burst = static_cast<int>(std::max(10.0, f.kube_qps * 2));
@@ -266,7 +267,7 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
   // Flags first: a bad one is reported before anything is contacted.
   std::vector<std::string> resume_command;
   if (!f.resume_command.empty()) {
-    auto argv = slurm::SplitCommandLine(f.resume_command, "--resume-command");
+    auto argv = SplitCommandLine(f.resume_command, "--resume-command");
     if (!argv.ok()) {
       out << "kgpu slurm-bridge run: " << argv.status().message() << "\n";
       return 2;
@@ -296,7 +297,7 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
   auto client = KubeClient(f);
   if (!client.ok()) {
     out << "kgpu slurm-bridge run: " << client.status().message() << "\n";
-    return 2;
+    return 1;  // a configuration error (README's exit codes)
   }
   auto slurm_cli = SlurmCli(f);
   slurm::BridgeOptions o;
@@ -397,7 +398,7 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
   auto client = KubeClient(f);
   if (!client.ok()) {
     out << "kgpu slurm-bridge status: " << client.status().message() << "\n";
-    return 2;
+    return 1;
   }
   auto slurm_cli = SlurmCli(f);
   k8s::ListOptions lo;
@@ -488,7 +489,7 @@ int AnnotateNodes(const SlurmBridgeFlags& f, const std::string& cmd, const std::
   auto client = KubeClient(f);
   if (!client.ok()) {
     out << cmd << ": " << client.status().message() << "\n";
-    return 2;
+    return 1;
   }
   std::vector<std::string> names;
   for (const auto& expr : f.reclaim_nodes) {

@@ -413,7 +413,7 @@ absl::Status Webhook::Start() {
   http_->set_keep_alive_max_count(1000);
   if (!opts_.kubeconfig.empty() || opts_.in_cluster) {
     auto cfg = k8s::ConfigFromFlags(opts_.kubeconfig, opts_.context, opts_.in_cluster);
-    if (!cfg.ok()) return absl::InvalidArgumentError(cfg.status().message());
+    if (!cfg.ok()) return cfg.status();  // a kubeconfig error: exit 1 as in every command
     auto client = k8s::Client::Create(*cfg);
     if (!client.ok()) return client.status();
     client_ = std::move(*client);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <optional>
@@ -27,6 +28,17 @@ int ReadNumaNode(const std::string& root, const std::string& bus_id) {
   int node = -1;
   if (!(in >> node)) return -1;
   return node < 0 ? -1 : node;
+}
+
+// The device's PCI class ("0x030200\n" in sysfs), or 0 when it cannot be read.
+uint32_t ReadPciClass(const std::string& root, const std::string& bus_id) {
+  std::ifstream in(Cat(root, "/bus/pci/devices/", SysfsBdf(bus_id), "/class"));
+  std::string text;
+  if (!(in >> text)) return 0;
+  char* end = nullptr;
+  const unsigned long value = std::strtoul(text.c_str(), &end, 16);
+  if (end == text.c_str() || *end != '\0' || value > 0xFFFFFFUL) return 0;
+  return static_cast<uint32_t>(value);
 }
 
 PcieLevel FromNvml(int level) {
@@ -75,6 +87,7 @@ void ReadGpu(const nvml::Library& lib, const DiscoverOptions& options, Gpu& g) {
   }
   if (auto p = lib.PowerLimitMw(g.handle); p.ok()) g.power_limit_w = *p / 1000;
   g.numa_node = ReadNumaNode(options.sysfs_root, g.bus_id);
+  g.pci_class = ReadPciClass(options.sysfs_root, g.bus_id);
 
   auto mig = lib.GetMigMode(g.handle);
   if (!mig.ok()) {
@@ -98,6 +111,12 @@ void ReadGpu(const nvml::Library& lib, const DiscoverOptions& options, Gpu& g) {
     d.gi_slices = m.gi_slices;
     d.ci_slices = m.ci_slices;
     d.memory_mib = m.memory_mib;
+    d.sm_count = m.sm_count;
+    d.copy_engines = m.copy_engines;
+    d.decoders = m.decoders;
+    d.encoders = m.encoders;
+    d.jpegs = m.jpegs;
+    d.ofas = m.ofas;
     d.profile = MigProfileName(m.gi_slices, m.ci_slices, m.memory_mib, mem->total, m.profile_index);
     auto u = lib.Uuid(m.handle);
     if (!u.ok()) return fail(u.status());

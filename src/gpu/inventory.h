@@ -26,6 +26,10 @@ struct MigDevice {
   std::string profile;      // "3g.20gb", "1g.10gb+me", "1c.3g.20gb"
   uint64_t memory_mib = 0;
   unsigned gi_slices = 0, ci_slices = 0;
+  // nvmlDeviceGetAttributes of the MIG device: its SMs, and the engines its GPU instance shares
+  // (GPU Feature Discovery's mig-<profile>.multiprocessors and .engines.* labels).
+  unsigned sm_count = 0;
+  unsigned copy_engines = 0, decoders = 0, encoders = 0, jpegs = 0, ofas = 0;
   nvml::Device handle;
 };
 
@@ -39,6 +43,9 @@ struct Gpu {
   int cc_major = 0, cc_minor = 0;
   unsigned power_limit_w = 0;
   int numa_node = -1;  // -1: unknown
+  // The PCI class code with its programming interface, from <sysfs>/bus/pci/devices/<bdf>/class:
+  // 0x030200 a 3D controller (compute mode), 0x030000 a VGA controller (graphics mode); 0: unread.
+  uint32_t pci_class = 0;
   bool mig_capable = false;
   bool mig_enabled = false;
   bool mig_pending = false;  // the pending mode differs from the current one (needs a reset)
@@ -59,7 +66,8 @@ struct Link {
 };
 
 struct DiscoverOptions {
-  std::string sysfs_root = "/sys";  // NUMA nodes come from <root>/bus/pci/devices/<bdf>/numa_node
+  // NUMA nodes and PCI classes come from <root>/bus/pci/devices/<bdf>/{numa_node,class}.
+  std::string sysfs_root = "/sys";
 };
 
 class Inventory {

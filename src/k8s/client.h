@@ -3,13 +3,25 @@
 // JSON end to end, so fields this code does not know survive a read-modify-write.
 //
 // Every request is rate limited (token bucket, Config::qps/burst, client-go's 5/10 defaults),
-// has a timeout (Config::timeout; watches have none but stop on request), sends
-// `User-Agent: kgpu/<version>` and the bearer token (a token file is re-read when it changes,
-// and once more after a 401, as projected service-account tokens rotate). Responses with
-// Retry-After (429, 5xx) and GET failures on 5xx or transport errors are retried a few times
-// with backoff.
+// has a timeout (Config::timeout; watches end at their timeoutSeconds plus a grace period, so a
+// silently dead connection is noticed), sends `User-Agent: kgpu/<version>`, `Accept-Encoding:
+// gzip` (not on watches; none with the kubeconfig's disable-compression) and the credentials:
+// the bearer token (a token file is re-read when it changes, and once more after a 401, as
+// projected service-account tokens rotate), the client certificate, or what the user's exec
+// credential plugin returns (exec_credential.h: cached until its expiry; after a 401 it is run
+// again and the request sent once more with the new credential, where client-go only lets the
+// next request use it). Responses with Retry-After (429, 5xx) and GET failures on 5xx or
+// transport errors are retried a few times with backoff; failed TLS verification and credential
+// errors are not.
 //
-// Errors: absl::Status whose message is "<METHOD> <path>: <the apiserver's Status message>";
+// TLS: the kubeconfig's tls-server-name is the name the server's certificate is checked against
+// and the SNI sent, while the connection goes to the server URL's host (as client-go's
+// tls.Config.ServerName). A failed check reads as kubectl's: "tls: failed to verify certificate:
+// x509: certificate signed by unknown authority", "x509: certificate is valid for a, b, not c",
+// "x509: certificate has expired or is not yet valid: current time T is after U", followed by
+// which check failed and libcurl's own words.
+//
+// Errors: absl::Status whose message is "<METHOD> <url>: <the apiserver's Status message>";
 // HttpStatus() gives the HTTP code (0 for transport errors) and Reason() the Status reason.
 //
 // Thread-safety: a Client may be used from any number of threads.
@@ -33,7 +45,11 @@
 #include "k8s/resources.h"
 #include "k8s/watch_decoder.h"
 
+struct curl_slist;  // libcurl's (curl/curl.h)
+
 namespace kgpu::k8s {
+
+class ExecCredentialSource;
 
 // The HTTP status of an error from this client (0 when none or a transport error).
 int HttpStatus(const absl::Status& s);
@@ -86,7 +102,10 @@ struct WatchOptions {
   std::string label_selector;
   std::string field_selector;
   bool allow_bookmarks = true;
-  int timeout_seconds = 0;  // server-side timeout of the watch; 0 = server default
+  // Server-side timeout of the watch; 0 = the server's default (a random 30-60 min). When set,
+  // the client gives up too, a grace period later: a connection that died without a word (a
+  // vanished peer, a NAT that forgot it) then ends the watch instead of hanging it for ever.
+  int timeout_seconds = 0;
 };
 
 struct EvictOptions {
@@ -172,13 +191,17 @@ class Client {
   struct Handle;
   std::unique_ptr<Handle> Acquire();
   void Release(std::unique_ptr<Handle> h);
-  absl::StatusOr<Response> DoOnce(Handle& h, std::string_view method, const std::string& url, const std::string& body,
-                                  std::string_view content_type);
+  absl::StatusOr<Response> DoOnce(Handle& h, std::string_view method, const std::string& path_and_query,
+                                  const std::string& body, std::string_view content_type);
   std::string Token(bool force_reread);
   absl::Status ApiError(std::string_view method, const std::string& path, const Response& r) const;
   absl::StatusOr<nlohmann::json> JsonOf(std::string_view method, const std::string& path, const Response& r) const;
-  void SetCommon(Handle& h, const std::string& url, std::string_view method, std::vector<std::string>& headers,
-                 bool force_token);
+  // Sets the options every request shares and its credentials. Returns the generation of the exec
+  // plugin's credential it used (0: none), or the plugin's error.
+  absl::StatusOr<uint64_t> SetCommon(Handle& h, const std::string& path_and_query, std::string_view method,
+                                     std::vector<std::string>& headers, bool force_token);
+  // A failed transfer as an error: TLS failures in kubectl's words plus the check that failed.
+  absl::Status TransportError(Handle& h, int curl_code, std::string_view verb, const std::string& url) const;
 
   Config config_;
   RateLimiter limiter_;
@@ -187,6 +210,15 @@ class Client {
   std::string token_;
   int64_t token_mtime_ = -1;
   std::atomic<uint64_t> requests_{0};
+  // The user's exec credential plugin, when it gives this client a token or a certificate.
+  std::shared_ptr<ExecCredentialSource> exec_;
+  // The URL libcurl is given: config_.server, or with tls-server-name its host replaced by that
+  // name (connect_to_ then sends the connection to the real host and host_header_ keeps the
+  // server's own Host). Messages name config_.server.
+  std::string curl_server_;
+  std::string verify_host_;  // the name the certificate must match
+  std::string host_header_;
+  curl_slist* connect_to_ = nullptr;
 };
 
 // "kgpu/<version> (linux/amd64)".

@@ -1,10 +1,14 @@
 #include "k8s/config.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "common/files.h"
 #include "common/strings.h"
@@ -145,6 +149,147 @@ absl::StatusOr<std::string> FileOrData(const Entry& e, std::string_view field, s
   return *content;
 }
 
+// A YAML node as JSON (the cluster's exec extension, passed on to the plugin): plain scalars keep
+// their YAML type (true, 3, 1.5, null), quoted ones are strings. Deeper than 64 levels (an alias
+// that contains itself) is cut off as null.
+nlohmann::json YamlToJson(const YAML::Node& n, int depth = 0) {
+  if (depth > 64) return nullptr;
+  switch (n.Type()) {
+    case YAML::NodeType::Map: {
+      nlohmann::json o = nlohmann::json::object();
+      for (const auto& kv : n) o[kv.first.Scalar()] = YamlToJson(kv.second, depth + 1);
+      return o;
+    }
+    case YAML::NodeType::Sequence: {
+      nlohmann::json a = nlohmann::json::array();
+      for (const auto& item : n) a.push_back(YamlToJson(item, depth + 1));
+      return a;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string& v = n.Scalar();
+      if (n.Tag() == "!") return v;  // quoted
+      if (v == "true" || v == "True" || v == "TRUE") return true;
+      if (v == "false" || v == "False" || v == "FALSE") return false;
+      if (v == "null" || v == "Null" || v == "NULL" || v == "~" || v.empty()) return nullptr;
+      int64_t i = 0;
+      if (auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), i);
+          ec == std::errc() && ptr == v.data() + v.size()) {
+        return i;
+      }
+      char* end = nullptr;
+      const double d = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() + v.size() && v.find_first_of("0123456789") != std::string::npos) return d;
+      return v;
+    }
+    default:
+      return nullptr;
+  }
+}
+
+constexpr char kExecV1[] = "client.authentication.k8s.io/v1";
+constexpr char kExecV1beta1[] = "client.authentication.k8s.io/v1beta1";
+constexpr char kExecExtension[] = "client.authentication.k8s.io/exec";
+
+// users[].user.exec, validated as clientcmd's validateAuthInfo does (its messages, with kgpu's
+// file and field in front). `cluster` gives the exec extension (provideClusterInfo's config).
+absl::StatusOr<std::optional<ExecConfig>> ParseExec(const Entry& user, const Entry& cluster) {
+  const YAML::Node n = user.body["exec"];
+  if (!n || n.IsNull()) return std::optional<ExecConfig>();
+  const Entry e{n, Cat(user.where, ".exec"), user.origin, user.base_dir};
+  if (!n.IsMap()) return Err(e, "", "must be a mapping (command, args, env, apiVersion, interactiveMode, ...)");
+  if (auto s = kgpu::yaml::CheckKeys(
+          e.origin, n, e.where,
+          {"command", "args", "env", "apiVersion", "installHint", "provideClusterInfo", "interactiveMode"});
+      !s.ok()) {
+    return s;
+  }
+  ExecConfig x;
+  x.where = Cat(e.origin, ": ", e.where);
+  auto command = Str(e, "command");
+  if (!command.ok()) return command.status();
+  if (command->empty()) return Err(e, "command", "must be specified to use an exec authentication plugin");
+  x.command = *command;
+  // client-go (clientcmd ResolvePaths): a relative command that contains a path separator is
+  // relative to the kubeconfig's directory; a bare name is looked up in PATH when it runs.
+  if (x.command.find('/') != std::string::npos && !fs::path(x.command).is_absolute()) {
+    std::error_code ec;
+    const fs::path base = e.base_dir.empty() ? fs::path(".") : fs::path(e.base_dir);
+    const fs::path full = fs::absolute(base / x.command, ec);
+    x.command = (ec ? base / x.command : full).lexically_normal().string();
+  }
+  auto api_version = Str(e, "apiVersion");
+  if (!api_version.ok()) return api_version.status();
+  if (api_version->empty()) {
+    return Err(e, "apiVersion",
+               Cat("must be specified to use an exec authentication plugin (", kExecV1, " or ", kExecV1beta1, ")"));
+  }
+  if (*api_version != kExecV1 && *api_version != kExecV1beta1) {
+    return Err(e, "apiVersion",
+               Cat("exec plugin: invalid apiVersion \"", *api_version, "\" (kgpu, as client-go, speaks ", kExecV1,
+                   " and ", kExecV1beta1, ")"));
+  }
+  x.api_version = *api_version;
+  if (const YAML::Node args = n["args"]; args && !args.IsNull()) {
+    if (!args.IsSequence()) return Err(e, "args", "must be a list of strings");
+    for (size_t i = 0; i < args.size(); ++i) {
+      auto v = kgpu::yaml::Scalar<std::string>(e.origin, args[i], Cat(e.where, ".args[", i, "]"));
+      if (!v.ok()) return v.status();
+      x.args.push_back(*v);
+    }
+  }
+  if (const YAML::Node env = n["env"]; env && !env.IsNull()) {
+    if (!env.IsSequence()) return Err(e, "env", "must be a list of {name, value}");
+    for (size_t i = 0; i < env.size(); ++i) {
+      const YAML::Node item = env[i];
+      const std::string at = Cat(e.where, ".env[", i, "]");
+      if (!item.IsMap()) return kgpu::yaml::At(e.origin, item.Mark(), Cat(at, " must be a mapping {name, value}"));
+      if (auto s = kgpu::yaml::CheckKeys(e.origin, item, at, {"name", "value"}); !s.ok()) return s;
+      const Entry ie{item, at, e.origin, e.base_dir};
+      auto name = Str(ie, "name");
+      auto value = Str(ie, "value");
+      if (!name.ok()) return name.status();
+      if (!value.ok()) return value.status();
+      if (name->empty())
+        return Err(ie, "name", "env variable name must be specified to use an exec authentication plugin");
+      x.env.emplace_back(*name, *value);
+    }
+  }
+  auto hint = Str(e, "installHint");
+  if (!hint.ok()) return hint.status();
+  x.install_hint = *hint;
+  if (const YAML::Node p = n["provideClusterInfo"]; p && !p.IsNull()) {
+    auto v = kgpu::yaml::Scalar<bool>(e.origin, p, Cat(e.where, ".provideClusterInfo"));
+    if (!v.ok()) return v.status();
+    x.provide_cluster_info = *v;
+  }
+  auto mode = Str(e, "interactiveMode");
+  if (!mode.ok()) return mode.status();
+  x.interactive_mode = *mode;
+  if (x.interactive_mode.empty()) {
+    // clientcmd's defaults: IfAvailable for v1beta1; v1 must say whether it wants stdin.
+    if (x.api_version == kExecV1) {
+      return Err(e, "interactiveMode",
+                 Cat("must be specified to use an exec authentication plugin with ", kExecV1,
+                     " (Never, IfAvailable or Always)"));
+    }
+    x.interactive_mode = "IfAvailable";
+  }
+  if (x.interactive_mode != "Never" && x.interactive_mode != "IfAvailable" && x.interactive_mode != "Always") {
+    return Err(e, "interactiveMode",
+               Cat("invalid interactiveMode \"", x.interactive_mode, "\" (Never, IfAvailable or Always)"));
+  }
+  if (const YAML::Node exts = cluster.body["extensions"]; exts && exts.IsSequence()) {
+    for (size_t i = 0; i < exts.size(); ++i) {
+      const YAML::Node ext = exts[i];
+      if (ext.IsMap() && ext["name"] && ext["name"].IsScalar() && ext["name"].Scalar() == kExecExtension &&
+          ext["extension"]) {
+        x.cluster_config_json = YamlToJson(ext["extension"]).dump();
+      }
+    }
+  }
+  return std::optional<ExecConfig>(std::move(x));
+}
+
 absl::StatusOr<Config> Build(const Merged& m, std::string_view context, std::string_view origin_for_errors) {
   std::string ctx_name(context);
   if (ctx_name.empty()) {
@@ -216,6 +361,11 @@ absl::StatusOr<Config> Build(const Merged& m, std::string_view context, std::str
   auto sni = Str(cluster, "tls-server-name");
   if (!sni.ok()) return sni.status();
   c.tls_server_name = *sni;
+  if (const YAML::Node n = cluster.body["disable-compression"]; n && !n.IsNull()) {
+    auto v = kgpu::yaml::Scalar<bool>(cluster.origin, n, Cat(cluster.where, ".disable-compression"));
+    if (!v.ok()) return v.status();
+    c.disable_compression = *v;
+  }
 
   if (!user_name->empty()) {
     auto us = m.users.find(*user_name);
@@ -228,10 +378,11 @@ absl::StatusOr<Config> Build(const Merged& m, std::string_view context, std::str
         !s.ok()) {
       return s;
     }
-    for (const char* unsupported : {"exec", "auth-provider", "username", "as"}) {
+    for (const char* unsupported : {"auth-provider", "username", "as"}) {
       if (user.body[unsupported]) {
         return Err(user, unsupported,
-                   "is not supported by kgpu; use a bearer token, tokenFile or a client certificate and key");
+                   "is not supported by kgpu; use a bearer token, tokenFile, a client certificate and key, or an exec "
+                   "credential plugin");
       }
     }
     auto token = Str(user, "token");
@@ -253,6 +404,9 @@ absl::StatusOr<Config> Build(const Merged& m, std::string_view context, std::str
     }
     c.client_cert_pem = *cert;
     c.client_key_pem = *key;
+    auto exec = ParseExec(user, cluster);
+    if (!exec.ok()) return exec.status();
+    c.exec = std::move(*exec);
   }
   return c;
 }
@@ -266,43 +420,110 @@ absl::StatusOr<Config> ParseKubeconfig(std::string_view text, std::string_view o
   return Build(m, context, origin);
 }
 
-absl::StatusOr<Config> LoadKubeconfig(std::string_view explicit_path, std::string_view context) {
+namespace {
+
+// Where kubectl looks when no --kubeconfig is given: KUBECONFIG's files (split on ':', empty
+// entries dropped, duplicates removed, order kept), else ~/.kube/config.
+struct Search {
   std::vector<std::string> files;
-  bool must_exist = true;
-  if (!explicit_path.empty()) {
-    files.emplace_back(explicit_path);
-  } else if (const char* env = std::getenv("KUBECONFIG"); env && *env) {
-    // Missing files in KUBECONFIG are skipped, as kubectl does.
-    must_exist = false;
+  bool from_env = false;
+  std::string env_value;  // KUBECONFIG as set
+  bool no_home = false;   // neither KUBECONFIG nor HOME is set
+};
+
+Search KubeconfigSearch() {
+  Search s;
+  if (const char* env = std::getenv("KUBECONFIG"); env && *env) {
+    s.from_env = true;
+    s.env_value = env;
     std::string_view list(env);
     size_t start = 0;
     while (start <= list.size()) {
-      size_t colon = list.find(':', start);
+      const size_t colon = list.find(':', start);
       std::string part(list.substr(start, colon == std::string_view::npos ? std::string_view::npos : colon - start));
-      if (!part.empty() && std::find(files.begin(), files.end(), part) == files.end()) files.push_back(part);
+      if (!part.empty() && std::find(s.files.begin(), s.files.end(), part) == s.files.end()) s.files.push_back(part);
       if (colon == std::string_view::npos) break;
       start = colon + 1;
     }
   } else if (const char* home = std::getenv("HOME"); home && *home) {
-    files.push_back(Cat(home, "/.kube/config"));
+    s.files.push_back(Cat(home, "/.kube/config"));
+  } else {
+    s.no_home = true;
   }
-  if (files.empty())
-    return absl::NotFoundError("no kubeconfig: pass --kubeconfig, set KUBECONFIG or create ~/.kube/config");
+  return s;
+}
+
+bool Exists(const std::string& path) {
+  std::error_code ec;
+  return fs::exists(path, ec);
+}
+
+// Empty when in-cluster configuration is possible (client-go's inClusterClientConfig.Possible:
+// host, port and the token file), else why not.
+std::string InClusterUnavailable(std::string_view sa_dir) {
+  const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
+  const char* port = std::getenv("KUBERNETES_SERVICE_PORT");
+  if (!host || !*host || !port || !*port) {
+    return "not in a pod: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set";
+  }
+  const std::string token = Cat(sa_dir, "/token");
+  std::error_code ec;
+  if (!fs::is_regular_file(token, ec)) {
+    return Cat("KUBERNETES_SERVICE_HOST is set but there is no service account token at ", token,
+               " (automountServiceAccountToken: false?)");
+  }
+  return "";
+}
+
+// The one message of every command that finds no configuration at all: where it looked, in
+// kubectl's order, and how to point it at a cluster.
+absl::Status NoConfigError(const Search& s, std::string_view context, std::string_view sa_dir) {
+  std::string looked;
+  if (s.from_env) {
+    looked =
+        Cat("KUBECONFIG=", s.env_value, " (", s.files.size() == 1 ? "no such file" : "none of these files exists", ")");
+  } else if (s.no_home) {
+    looked = "KUBECONFIG (not set), ~/.kube/config (HOME is not set)";
+  } else {
+    looked = Cat("KUBECONFIG (not set), ", s.files.front(), " (does not exist)");
+  }
+  const std::string in_cluster = InClusterUnavailable(sa_dir);
+  std::string why_not_in_cluster = in_cluster;
+  if (why_not_in_cluster.empty()) {
+    why_not_in_cluster =
+        context.empty() ? "not tried: a kubeconfig was asked for" : Cat("not used with --context ", context);
+  }
+  looked += Cat(", the in-cluster service account (", why_not_in_cluster, ")");
+  return absl::NotFoundError(Cat("no Kubernetes API server configured",
+                                 context.empty() ? "" : Cat(" for --context ", context), ": looked at ", looked,
+                                 "; pass --kubeconfig FILE, set KUBECONFIG=FILE[:FILE...] or create ~/.kube/config "
+                                 "(as for kubectl), or run in a pod with a service account"));
+}
+
+}  // namespace
+
+absl::StatusOr<Config> LoadKubeconfig(std::string_view explicit_path, std::string_view context) {
   Merged m;
-  size_t read = 0;
-  for (const auto& f : files) {
-    std::error_code ec;
-    if (fs::is_directory(f, ec)) return absl::InvalidArgumentError(Cat(f, ": is a directory, not a kubeconfig file"));
-    auto text = ReadFile(f);
-    if (!text) {
-      if (must_exist) return absl::NotFoundError(Cat(f, ": cannot read the kubeconfig file"));
-      continue;
-    }
-    ++read;
+  if (!explicit_path.empty()) {
+    // --kubeconfig: that file only, and it must exist (client-go's ExplicitPath).
+    const std::string f(explicit_path);
+    auto text = ReadInputFile(f, "kubeconfig file", "check --kubeconfig");
+    if (!text.ok()) return text.status();
+    if (auto s = AddFile(m, *text, f, fs::path(f).parent_path().string()); !s.ok()) return s;
+    return Build(m, context, f);
+  }
+  const Search search = KubeconfigSearch();
+  std::vector<std::string> read;
+  for (const auto& f : search.files) {
+    if (!Exists(f)) continue;  // missing files are skipped, as kubectl does
+    // A file that is there but cannot be read is an error (client-go: "error loading config file").
+    auto text = ReadInputFile(f, "kubeconfig file", search.from_env ? "check KUBECONFIG" : "check ~/.kube/config");
+    if (!text.ok()) return text.status();
+    read.push_back(f);
     if (auto s = AddFile(m, *text, f, fs::path(f).parent_path().string()); !s.ok()) return s;
   }
-  if (read == 0) return absl::NotFoundError(Cat("KUBECONFIG names no readable file (", Join(files, ":"), ")"));
-  return Build(m, context, files.front());
+  if (read.empty()) return NoConfigError(search, context, "/var/run/secrets/kubernetes.io/serviceaccount");
+  return Build(m, context, read.front());
 }
 
 absl::StatusOr<Config> InClusterConfig(std::string_view sa_dir) {
@@ -332,19 +553,23 @@ absl::StatusOr<Config> InClusterConfig(std::string_view sa_dir) {
   return c;
 }
 
-absl::StatusOr<Config> DefaultConfig(std::string_view explicit_path, std::string_view context) {
-  const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
-  const char* kc = std::getenv("KUBECONFIG");
-  if (explicit_path.empty() && context.empty() && host && *host && !(kc && *kc)) return InClusterConfig();
-  return LoadKubeconfig(explicit_path, context);
-}
-
-absl::StatusOr<Config> ConfigFromFlags(std::string_view kubeconfig, std::string_view context, bool in_cluster) {
+absl::StatusOr<Config> ConfigFromFlags(std::string_view kubeconfig, std::string_view context, bool in_cluster,
+                                       std::string_view sa_dir) {
   if (in_cluster) {
     if (!kubeconfig.empty()) return absl::InvalidArgumentError("--in-cluster and --kubeconfig: give one of them");
-    return InClusterConfig();
+    return InClusterConfig(sa_dir);
   }
-  return DefaultConfig(kubeconfig, context);
+  if (!kubeconfig.empty()) return LoadKubeconfig(kubeconfig, context);
+  // kubectl's deferred loading: the kubeconfig files first; the service account only when there
+  // is none (and no --context asks for a kubeconfig's context).
+  const Search search = KubeconfigSearch();
+  if (std::any_of(search.files.begin(), search.files.end(), Exists)) return LoadKubeconfig("", context);
+  if (context.empty() && InClusterUnavailable(sa_dir).empty()) return InClusterConfig(sa_dir);
+  return NoConfigError(search, context, sa_dir);
+}
+
+absl::StatusOr<Config> DefaultConfig(std::string_view explicit_path, std::string_view context) {
+  return ConfigFromFlags(explicit_path, context, false);
 }
 
 }  // namespace kgpu::k8s

@@ -161,8 +161,9 @@ void Informer::Dispatch(const std::function<void(const Handlers&)>& f) {
   for (const auto& h : handlers_) f(h);
 }
 
-absl::Status Informer::ListAndReplace() {
+absl::Status Informer::ListAndReplace(const std::string& resource_version) {
   ListOptions lo;
+  lo.resource_version = resource_version;
   lo.label_selector = opts_.label_selector;
   lo.field_selector = opts_.field_selector;
   lo.limit = opts_.page_size;
@@ -234,10 +235,11 @@ void Informer::Run(std::stop_token stop) {
   auto log = Log("k8s");
   kgpu::Backoff delay(opts_.initial_backoff, opts_.max_backoff, 1.0);  // each wait 1-2x the delay
   bool need_list = true;
+  std::string list_rv = opts_.consistent_list ? "" : "0";
   std::mt19937 rng{std::random_device{}()};
   while (!stop.stop_requested()) {
     if (need_list) {
-      if (auto s = ListAndReplace(); !s.ok()) {
+      if (auto s = ListAndReplace(list_rv); !s.ok()) {
         log->warn("informer {}: list failed: {}", opts_.path, std::string(s.message()));
         {
           std::lock_guard lock(mu_);
@@ -287,6 +289,7 @@ void Informer::Run(std::stop_token stop) {
       std::lock_guard lock(mu_);
       ++stats_.gone;
       need_list = true;
+      list_rv = "";
       continue;
     }
     if (!s.ok() || !event_error.ok()) {

@@ -61,6 +61,10 @@ struct InformerOptions {
   int64_t page_size = 500;
   std::chrono::milliseconds resync{0};  // 0 = never
   int watch_timeout_seconds = 300;      // the server ends each watch after 1-2x this (jitter)
+  // The first list as client-go's reflector makes it: resourceVersion=0, served from the API
+  // server's watch cache (not a quorum read of etcd). True asks for a consistent list instead. A
+  // relist after 410 Gone is always consistent (the reflector's relistResourceVersion "").
+  bool consistent_list = false;
   std::chrono::milliseconds initial_backoff{100};
   std::chrono::milliseconds max_backoff{30000};
 };
@@ -102,7 +106,7 @@ class Informer {
 
  private:
   void Run(std::stop_token stop);
-  absl::Status ListAndReplace();
+  absl::Status ListAndReplace(const std::string& resource_version);
   void Apply(const WatchEvent& ev);
   void Dispatch(const std::function<void(const Handlers&)>& f);
 

@@ -222,4 +222,16 @@ bool FieldSelector::Matches(const nlohmann::json& object) const {
   return true;
 }
 
+std::vector<std::string> FieldSelector::Fields() const {
+  std::vector<std::string> out;
+  for (const auto& t : terms_) out.push_back(t.path);
+  return out;
+}
+
+void FieldSelector::Rename(std::string_view from, std::string_view to) {
+  for (auto& t : terms_) {
+    if (t.path == from) t.path = std::string(to);
+  }
+}
+
 }  // namespace kgpu::k8s

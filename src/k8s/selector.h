@@ -40,6 +40,10 @@ class FieldSelector {
  public:
   static absl::StatusOr<FieldSelector> Parse(std::string_view text);
   bool Matches(const nlohmann::json& object) const;
+  // The field paths the terms compare, in order (a server checks them against what it supports).
+  std::vector<std::string> Fields() const;
+  // Every term on `from` compares `to` instead (an apiserver's field label conversion).
+  void Rename(std::string_view from, std::string_view to);
 
  private:
   struct Term {

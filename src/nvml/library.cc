@@ -552,6 +552,11 @@ absl::StatusOr<std::vector<MigDeviceInfo>> Library::MigDevices(Device gpu) const
     info.ci_slices = attr.computeInstanceSliceCount;
     info.memory_mib = attr.memorySizeMB;
     info.sm_count = attr.multiprocessorCount;
+    info.copy_engines = attr.sharedCopyEngineCount;
+    info.decoders = attr.sharedDecoderCount;
+    info.encoders = attr.sharedEncoderCount;
+    info.jpegs = attr.sharedJpegCount;
+    info.ofas = attr.sharedOfaCount;
     // The GI's profile index tells the "+me" style variants apart.
     nvmlGpuInstance_t gi = nullptr;
     nvmlGpuInstanceInfo_t gi_info{};

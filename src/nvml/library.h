@@ -77,7 +77,9 @@ struct MigDeviceInfo {
   unsigned profile_index = 0;  // NVML_GPU_INSTANCE_PROFILE_* index of the GI
   unsigned gi_slices = 0, ci_slices = 0;
   uint64_t memory_mib = 0;  // of the GPU instance
-  unsigned sm_count = 0;
+  unsigned sm_count = 0;    // of the compute instance
+  // Engines the GPU instance shares among its compute instances (nvmlDeviceAttributes_t.shared*).
+  unsigned copy_engines = 0, decoders = 0, encoders = 0, jpegs = 0, ofas = 0;
 };
 
 // NVML's compute modes (nvmlComputeMode_t values).

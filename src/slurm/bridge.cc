@@ -14,10 +14,10 @@
 
 #include "common/backoff.h"
 #include "common/log.h"
+#include "common/process.h"
 #include "common/sleep.h"
 #include "common/strings.h"
 #include "k8s/resources.h"
-#include "slurm/process.h"
 
 namespace kgpu::slurm {
 

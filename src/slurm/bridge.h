@@ -34,13 +34,13 @@
 #include <nlohmann/json.hpp>
 
 #include "common/backoff.h"
+#include "common/process.h"
 #include "common/prom_text.h"
 #include "k8s/client.h"
 #include "k8s/events.h"
 #include "k8s/informer.h"
 #include "slurm/client.h"
 #include "slurm/lease.h"
-#include "slurm/process.h"
 
 namespace kgpu::slurm {
 

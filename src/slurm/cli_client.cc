@@ -1,8 +1,8 @@
 #include <cctype>
 
+#include "common/process.h"
 #include "common/strings.h"
 #include "slurm/client.h"
-#include "slurm/process.h"
 
 namespace kgpu::slurm {
 

@@ -13,9 +13,9 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/process.h"
 #include "slurm/lease.h"
 #include "slurm/parse.h"
-#include "slurm/process.h"
 #include "slurm/rest.h"
 
 namespace {
@@ -73,10 +73,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   (void)ParseSlurmTime(first);
 
-  auto words = SplitCommandLine(text, "--resume-command");
+  auto words = kgpu::SplitCommandLine(text, "--resume-command");
   if (words.ok()) {
     Expect(!words->empty());
-    auto again = SplitCommandLine(CommandLine(*words), "--resume-command");
+    auto again = kgpu::SplitCommandLine(kgpu::CommandLine(*words), "--resume-command");
     Expect(again.ok() && *again == *words);
   } else {
     Expect(Starts(words.status(), "--resume-command: "));

@@ -102,8 +102,13 @@ class E2eClusterTest : public ::testing::Test {
     char dir[] = "/tmp/kgpu-e2e-XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     root_ = dir;
+    // Each component with exactly the RBAC its deploy/ folders grant: the node agent (device
+    // plugin, its labels, the share handoff) and the extender.
     kubeconfig_ = root_ + "/kubeconfig";
-    std::ofstream(kubeconfig_) << api_.Kubeconfig();
+    std::ofstream(kubeconfig_) << api_.KubeconfigFor(
+        DeployRbac({"device-plugin/rbac.yaml", "node-labels/in-plugin/rbac.yaml", "shares/rbac.yaml"}));
+    extender_kubeconfig_ = root_ + "/extender-kubeconfig";
+    std::ofstream(extender_kubeconfig_) << api_.KubeconfigFor(DeployRbac({"extender/extender.yaml"}));
     seed_ = std::random_device{}();
   }
   void TearDown() override {
@@ -172,7 +177,8 @@ class E2eClusterTest : public ::testing::Test {
     const std::string log = root_ + "/extender-" + std::to_string(++extender_runs_) + ".log";
     testing::SpawnOptions so;
     so.log = log;
-    extender_pid_ = testing::Spawn({KGPU_BIN, "extender", "--kubeconfig", kubeconfig_, "--address", "127.0.0.1:0"}, so);
+    extender_pid_ =
+        testing::Spawn({KGPU_BIN, "extender", "--kubeconfig", extender_kubeconfig_, "--address", "127.0.0.1:0"}, so);
     ASSERT_GT(extender_pid_, 0) << std::strerror(errno);
     int port = 0;
     ASSERT_TRUE(WaitFor([&] {
@@ -551,7 +557,21 @@ class E2eClusterTest : public ::testing::Test {
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   testing::FakeApiServer api_;
   std::unique_ptr<k8s::Client> client_;
-  std::string root_, kubeconfig_, extender_url_;
+  std::string root_, kubeconfig_, extender_kubeconfig_, extender_url_;
+  // The union of the rules the given deploy/ files grant one ServiceAccount (kustomize composes
+  // them for one component).
+  static testing::DeployIdentity DeployRbac(const std::vector<std::string>& files) {
+    testing::DeployIdentity all;
+    for (const auto& f : files) {
+      auto id = testing::ReadDeployRbac(std::string(KGPU_SOURCE_DIR) + "/deploy/" + f);
+      EXPECT_TRUE(id.ok()) << id.status();
+      if (!id.ok()) continue;
+      EXPECT_TRUE(all.user.empty() || all.user == id->user) << f << " binds " << id->user;
+      all.user = id->user;
+      all.rules.insert(all.rules.end(), id->rules.begin(), id->rules.end());
+    }
+    return all;
+  }
   uint32_t seed_ = 0;
   std::mt19937 rng_;
   std::vector<Node> nodes_;

@@ -185,6 +185,13 @@ class ExtenderTest : public ::testing::Test {
   std::unique_ptr<testing::FakeScheduler> sched;
 };
 
+// `kgpu extender` runs with exactly the RBAC deploy/extender grants its ServiceAccount.
+std::string ExtenderKubeconfig(testing::FakeApiServer& api) {
+  auto id = testing::ReadDeployRbac(std::string(KGPU_SOURCE_DIR) + "/deploy/extender/extender.yaml");
+  EXPECT_TRUE(id.ok()) << id.status();
+  return id.ok() ? api.KubeconfigFor(*id) : api.Kubeconfig();
+}
+
 TEST_F(ExtenderTest, ReadyOnlyAfterTheInformersSynced) {
   AddNode(TestNode("n1", {ShareGpu()}));
   api.FailNext(3, 500, "/api/v1/pods", "GET");  // the pod list fails a few times first
@@ -739,7 +746,7 @@ TEST_F(ExtenderTest, TwoReplicasTheStandbyTakesOverAfterACrashAndAtOnceAfterASto
   char dir[] = "/tmp/kgpu-ext-ha-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string kubeconfig = std::string(dir) + "/kubeconfig";
-  std::ofstream(kubeconfig) << api.Kubeconfig();
+  std::ofstream(kubeconfig) << ExtenderKubeconfig(api);
   struct Replica {
     std::string id, log;
     pid_t pid = -1;
@@ -757,7 +764,7 @@ TEST_F(ExtenderTest, TwoReplicasTheStandbyTakesOverAfterACrashAndAtOnceAfterASto
     so.log = r.log;
     r.pid =
         testing::Spawn({KGPU_BIN, "extender", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0", "--leader-elect",
-                        "--lease-namespace", "default", "--identity", r.id, "--leader-elect-lease-duration", "2",
+                        "--lease-namespace", "kgpu-system", "--identity", r.id, "--leader-elect-lease-duration", "2",
                         "--leader-elect-renew-deadline", "1.5", "--leader-elect-retry-period", "0.25"},
                        so);
     ASSERT_GT(r.pid, 0) << std::strerror(errno);
@@ -856,7 +863,7 @@ TEST_F(ExtenderTest, TheKgpuExtenderProcess) {
   char dir[] = "/tmp/kgpu-ext-proc-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string kubeconfig = std::string(dir) + "/kubeconfig", log = std::string(dir) + "/log";
-  std::ofstream(kubeconfig) << api.Kubeconfig();
+  std::ofstream(kubeconfig) << ExtenderKubeconfig(api);
   // Port 0: the extender binds a free port and logs it. (A port probed by the test and handed over
   // is a race: httplib's probe socket stays bound and listening with SO_REUSEPORT, and half the
   // connections then land in its never-accepted queue.)

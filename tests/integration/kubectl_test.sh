@@ -139,6 +139,113 @@ expect 'pdb +1 +N/A' K get pdb -n team-a
 # The disruption controller's status: the pending pod "first" is expected, not healthy.
 expect '^1 0 1 0$' K get pdb pdb -n team-a -o 'jsonpath={.status.expectedPods} {.status.currentHealthy} {.status.desiredHealthy} {.status.disruptionsAllowed}'
 
+# Issue 32: kubectl against what kube-apiserver does on the paths it uses.
+# Watches with structured output while writes happen (kubectl sends Accept-Encoding: gzip; a watch
+# is never compressed, so each event arrives when it happens).
+for fmt in json name; do
+  ( timeout 20 kubectl get pods -w -o "$fmt" --request-timeout=0 >"$WORK/watch-$fmt.out" 2>&1 || true ) &
+  WPID=$!
+  sleep 1
+  for i in 1 2 3; do K label pod trainer --overwrite "round-$fmt=$i" >/dev/null; done
+  for _ in $(seq 1 100); do
+    if [ "$fmt" = json ]; then grep -q "\"round-json\": \"3\"" "$WORK/watch-$fmt.out" 2>/dev/null && break
+    else [ "$(grep -c '^pod/trainer$' "$WORK/watch-$fmt.out" 2>/dev/null)" -ge 4 ] && break; fi
+    sleep 0.1
+  done
+  kill "$WPID" 2>/dev/null || true
+  wait "$WPID" 2>/dev/null || true
+  if [ "$fmt" = json ]; then
+    grep -q '"round-json": "3"' "$WORK/watch-$fmt.out" || fail "get pods -w -o json missed the writes: $(head -c 600 "$WORK/watch-$fmt.out")"
+  else
+    [ "$(grep -c '^pod/trainer$' "$WORK/watch-$fmt.out")" -ge 4 ] || fail "get pods -w -o name missed the writes: $(cat "$WORK/watch-$fmt.out")"
+  fi
+  echo "ok: get pods -w -o $fmt saw every write"
+done
+
+# 422 with its causes: kubectl prints the field and the reason.
+out=$(K patch pod trainer -p '{"spec":{"containers":[{"name":"main","env":[{"name":"K","value":"1"}]}]}}' 2>&1) \
+  && fail "a pod spec change was accepted: $out"
+grep -q 'The Pod "trainer" is invalid: spec: Forbidden: pod updates may not change fields other than `spec.containers\[\*\].image`' <<<"$out" \
+  || fail "422 message: $out"
+echo "ok: 422 names its cause"
+
+# Field selectors: an unknown label is a 400; the selectable values match kube-apiserver's.
+out=$(K get pods --field-selector spec.bogus=x 2>&1) && fail "an unknown field selector was accepted: $out"
+grep -q 'Error from server (BadRequest): .*field label not supported: spec.bogus' <<<"$out" || fail "field selector error: $out"
+echo "ok: unknown field selector refused: $out"
+expect '^trainer$' K get pods --field-selector spec.hostNetwork=false -o 'jsonpath={.items[*].metadata.name}'
+
+# Events and pods as kubectl's tables (server-side columns).
+cat > "$WORK/event.yaml" <<'YAML'
+apiVersion: v1
+kind: Event
+metadata: {name: gpu-node-1.xid}
+involvedObject: {kind: Node, name: gpu-node-1}
+reason: XidError
+message: "GPU 2: XID 79 (fallen off the bus)"
+type: Warning
+source: {component: kgpu-device-plugin, host: gpu-node-1}
+count: 2
+YAML
+K create -f "$WORK/event.yaml" >/dev/null
+expect 'LAST SEEN +TYPE +REASON +OBJECT +MESSAGE' K get events
+expect 'Warning +XidError +node/gpu-node-1 +GPU 2: XID 79' K get events
+expect 'NOMINATED NODE +READINESS GATES' K get pods -o wide
+
+# Discovery lists the Binding resource.
+expect '^bindings +v1 +true +Binding' K api-resources
+
+# A `kind: List` applies (kubectl validates it on the client through /openapi/v2).
+expect 'node/gpu-node-1 (configured|unchanged)' bash -c "timeout 60 kubectl get nodes -o json | timeout 60 kubectl apply -f -"
+
+# What kube-apiserver adds and clients read back: pod defaults and admission, managedFields, the
+# not-ready taint of a new node, the node's Lease in kube-node-lease for describe.
+expect '^Always ClusterFirst default-scheduler 30 true 0 BestEffort IfNotPresent /dev/termination-log File$' \
+  K get pod trainer -o 'jsonpath={.spec.restartPolicy} {.spec.dnsPolicy} {.spec.schedulerName} {.spec.terminationGracePeriodSeconds} {.spec.enableServiceLinks} {.spec.priority} {.status.qosClass} {.spec.containers[0].imagePullPolicy} {.spec.containers[0].terminationMessagePath} {.spec.containers[0].terminationMessagePolicy}'
+expect 'node.kubernetes.io/not-ready .*node.kubernetes.io/unreachable' K get pod trainer -o 'jsonpath={.spec.tolerations[*].key}'
+expect '"manager": "kubectl-client-side-apply"' K get pod trainer -o json --show-managed-fields
+expect '"manager": "kubectl-label"' K get pod trainer -o json --show-managed-fields
+cat > "$WORK/node2.yaml" <<'YAML'
+apiVersion: v1
+kind: Node
+metadata: {name: gpu-node-2}
+YAML
+K create -f "$WORK/node2.yaml" >/dev/null
+expect 'Taints: +node.kubernetes.io/not-ready:NoSchedule' K describe node gpu-node-2
+expect 'node/gpu-node-2 patched' K patch node gpu-node-2 --subresource=status --type=merge \
+  -p '{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady"}]}}'
+expect 'Taints: +<none>' K describe node gpu-node-2
+cat > "$WORK/lease.yaml" <<'YAML'
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {name: gpu-node-1, namespace: kube-node-lease}
+spec: {holderIdentity: gpu-node-1, leaseDurationSeconds: 40, renewTime: "2026-12-07T01:00:00.000000Z"}
+YAML
+K create -f "$WORK/lease.yaml" >/dev/null
+expect 'HolderIdentity: +gpu-node-1' K describe node gpu-node-1
+# LimitRanger's note of what it set.
+expect 'limitrange/defaults created' K create -n team-a -f - <<'YAML'
+apiVersion: v1
+kind: LimitRange
+metadata: {name: defaults}
+spec:
+  limits:
+  - type: Container
+    default: {cpu: 500m, memory: 256Mi}
+    defaultRequest: {cpu: 100m}
+YAML
+cat > "$WORK/lr-pod.yaml" <<'YAML'
+apiVersion: v1
+kind: Pod
+metadata: {name: limited}
+spec:
+  containers: [{name: main, image: busybox:1}]
+YAML
+K apply -n team-a -f "$WORK/lr-pod.yaml" >/dev/null
+# (SetDefaults_LimitRangeItem: defaultRequest.memory comes from default.memory)
+expect 'LimitRanger plugin set: cpu, memory request for container main; cpu, memory limit for container main' \
+  K get pod limited -n team-a -o 'jsonpath={.metadata.annotations.kubernetes\.io/limit-ranger}'
+
 # A wrong token: 401.
 sed -i 's/token: kubectl-token/token: wrong/' "$KUBECONFIG"
 out=$(timeout 60 kubectl get nodes 2>&1) && fail "a wrong token was accepted"

@@ -290,6 +290,12 @@ TEST_F(NodeApiTest, DoctorClusterChecks) {
   status.Start();
   testing::Plugin p(sim_->dir(), {});
   ASSERT_TRUE(WaitFor([&] { return Status("allocatable", "nvidia.com/gpu") == "8"; })) << p.Log();
+  // The kubelet stand-in keeps its node Lease, as kubelet does (kubectl describe node shows it).
+  const json lease = api_.Get("leases", "kube-node-lease", "sim-node").body;
+  EXPECT_EQ(lease["spec"].value("holderIdentity", ""), "sim-node") << lease.dump();
+  EXPECT_EQ(lease["spec"].value("leaseDurationSeconds", 0), 40);
+  // Registered Ready: the not-ready taint TaintNodesByCondition puts on a new Node is gone.
+  EXPECT_FALSE(api_.Get("nodes", "", "sim-node").body["spec"].contains("taints"));
   auto run = [&](const std::string& args, int* rc = nullptr) {
     const std::string cmd = "LD_LIBRARY_PATH=" + testing::LibDir() + " " + KGPU_BIN + " " + args + " 2>&1";
     std::string out;
@@ -330,6 +336,19 @@ TEST_F(NodeApiTest, DoctorClusterChecks) {
   out = doctor("nope");
   EXPECT_NE(out.find("[FAIL] Node object"), std::string::npos) << out;
   EXPECT_NE(out.find("--node-name"), std::string::npos) << out;
+  // The plugin stopped: kubelet keeps capacity 8 and sets allocatable 0. No plugin is there to
+  // compare with, and the node cannot serve a GPU: FAIL (exit 1), not a WARN and a PASS.
+  p.Signal(SIGTERM);
+  EXPECT_EQ(p.Wait(30s), 0) << p.Log();
+  ASSERT_TRUE(WaitFor([&] { return Status("allocatable", "nvidia.com/gpu") == "0"; }));
+  const std::string cmd =
+      "doctor --kubelet-dir " + sim_->dir() + " --kubeconfig " + kubeconfig_ + " --node-name sim-node";
+  out = run(cmd, &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("[FAIL] Node allocatable"), std::string::npos) << out;
+  EXPECT_NE(out.find("allocatable nvidia.com/gpu is 0 (capacity 8): no device plugin is registered with kubelet"),
+            std::string::npos)
+      << out;
   status.Stop();
 }
 

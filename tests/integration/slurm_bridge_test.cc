@@ -21,13 +21,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/process.h"
 #include "common/strings.h"
 #include "k8s/client.h"
 #include "k8s/config.h"
 #include "k8s/resources.h"
 #include "slurm/bridge.h"
 #include "slurm/lease.h"
-#include "slurm/process.h"
 #include "testing/fake_apiserver.h"
 #include "testing/fake_slurmrestd.h"
 #include "testing/slurm_cluster.h"
@@ -87,6 +87,13 @@ class BridgeProcess {
   int status_ = -1;
 };
 
+// The bridge runs with exactly the RBAC deploy/slurm/bridge grants its ServiceAccount.
+std::string BridgeKubeconfig(testing::FakeApiServer& api) {
+  auto id = testing::ReadDeployRbac(std::string(KGPU_SOURCE_DIR) + "/deploy/slurm/bridge/rbac.yaml");
+  EXPECT_TRUE(id.ok()) << id.status();
+  return id.ok() ? api.KubeconfigFor(*id) : api.Kubeconfig();
+}
+
 class SlurmBridgeTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -97,8 +104,12 @@ class SlurmBridgeTest : public ::testing::Test {
     api_ = std::make_unique<testing::FakeApiServer>(ao);
     ASSERT_TRUE(api_->Start().ok());
     kubeconfig_ = cluster_->base() + "/kubeconfig";
-    std::ofstream(kubeconfig_) << api_->Kubeconfig();
-    if (power_save_) cluster_->EnablePowerSave(KGPU_BIN, kubeconfig_);
+    std::ofstream(kubeconfig_) << BridgeKubeconfig(*api_);
+    // `kgpu slurm-bridge reclaim|status` are an operator's commands, with their own credentials.
+    operator_kubeconfig_ = cluster_->base() + "/operator-kubeconfig";
+    std::ofstream(operator_kubeconfig_) << api_->Kubeconfig();
+    // The ResumeProgram/SuspendProgram hooks run on the Slurm controller with its own credential.
+    if (power_save_) cluster_->EnablePowerSave(KGPU_BIN, operator_kubeconfig_);
     auto s = cluster_->Start();
     ASSERT_TRUE(s.ok()) << s.message();
     for (const auto& n : cluster_->nodes()) {
@@ -173,7 +184,7 @@ class SlurmBridgeTest : public ::testing::Test {
     std::vector<std::string> a = {"--kubeconfig",        kubeconfig_, "--slurm-conf",        cluster_->conf(),
                                   "--interval-ms",       "300",       "--lend-threshold",    "1",
                                   "--cooldown",          "0",         "--lend-hysteresis",   "600",
-                                  "--slurm-timeout-ms",  "4000",      "--leader-namespace",  "default",
+                                  "--slurm-timeout-ms",  "4000",      "--leader-namespace",  "kgpu-system",
                                   "--lease-duration-ms", "3000",      "--renew-deadline-ms", "2000",
                                   "--retry-period-ms",   "300"};
     a.insert(a.end(), extra.begin(), extra.end());
@@ -331,7 +342,7 @@ class SlurmBridgeTest : public ::testing::Test {
   std::unique_ptr<SlurmCluster> cluster_;
   std::unique_ptr<testing::FakeApiServer> api_;
   std::unique_ptr<BridgeProcess> bridge_;
-  std::string kubeconfig_;
+  std::string kubeconfig_, operator_kubeconfig_;
   std::jthread checker_, resumer_;
   bool power_save_ = false;
   std::vector<std::string> resumes_;
@@ -343,17 +354,17 @@ class SlurmBridgeTest : public ::testing::Test {
 // A resume command that only a shell could run, or none for the power-save lend, is refused at
 // start with the fix, before anything (API server, Slurm) is contacted. No Slurm needed.
 TEST(SlurmBridgeFlags, AResumeCommandIsCheckedBeforeAnythingIsContacted) {
-  slurm::ProcessOptions po;
+  ProcessOptions po;
   po.timeout = seconds(30);
-  auto r = slurm::RunProcess({KGPU_BIN, "slurm-bridge", "run", "--kubeconfig", "/nonexistent/kubeconfig", "--lend-via",
-                              "power-save", "--resume-command", "ssh {node} rejoin | logger"},
-                             po);
+  auto r = RunProcess({KGPU_BIN, "slurm-bridge", "run", "--kubeconfig", "/nonexistent/kubeconfig", "--lend-via",
+                       "power-save", "--resume-command", "ssh {node} rejoin | logger"},
+                      po);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->exit_code, 2) << r->out << r->err;
   EXPECT_NE(r->out.find("--resume-command: 'ssh {node} rejoin | logger' has an unquoted | at offset 18"),
             std::string::npos)
       << r->out;
-  r = slurm::RunProcess(
+  r = RunProcess(
       {KGPU_BIN, "slurm-bridge", "run", "--kubeconfig", "/nonexistent/kubeconfig", "--lend-via", "power-save"}, po);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->exit_code, 2);
@@ -367,18 +378,18 @@ TEST(SlurmBridgeFlags, TheRestBackendFromTheCommandLine) {
   testing::FakeApiServer api;
   ASSERT_TRUE(api.Start().ok());
   const std::string kubeconfig = ::testing::TempDir() + "kgpu-rest-kubeconfig-" + std::to_string(::getpid());
-  std::ofstream(kubeconfig) << api.Kubeconfig();
+  std::ofstream(kubeconfig) << BridgeKubeconfig(api);
   testing::FakeSlurm slurm;
   slurm.AddNode("node1");
   ASSERT_TRUE(slurm.AdminDrain("node1", "maint: fan").ok());
   testing::FakeSlurmrestd restd(slurm, "jwt-cli");
   ASSERT_TRUE(restd.ok());
-  slurm::ProcessOptions po;
+  ProcessOptions po;
   po.timeout = seconds(30);
   po.env = {{"SLURM_JWT", "jwt-cli"}};
-  auto r = slurm::RunProcess({KGPU_BIN, "slurm-bridge", "status", "--json", "--kubeconfig", kubeconfig,
-                              "--slurm-rest-url", restd.Url(), "--slurm-rest-user", "slurm"},
-                             po);
+  auto r = RunProcess({KGPU_BIN, "slurm-bridge", "status", "--json", "--kubeconfig", kubeconfig, "--slurm-rest-url",
+                       restd.Url(), "--slurm-rest-user", "slurm"},
+                      po);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->exit_code, 0) << r->out << r->err;
   const json status = json::parse(r->out, nullptr, false);
@@ -387,14 +398,14 @@ TEST(SlurmBridgeFlags, TheRestBackendFromTheCommandLine) {
   EXPECT_GT(restd.requests(), 0);
   // A wrong token: Slurm is reported unreachable with slurmrestd's answer.
   po.env = {{"SLURM_JWT", "stale"}};
-  r = slurm::RunProcess({KGPU_BIN, "slurm-bridge", "status", "--json", "--kubeconfig", kubeconfig, "--slurm-rest-url",
-                         restd.Url(), "--slurm-rest-user", "slurm"},
-                        po);
+  r = RunProcess({KGPU_BIN, "slurm-bridge", "status", "--json", "--kubeconfig", kubeconfig, "--slurm-rest-url",
+                  restd.Url(), "--slurm-rest-user", "slurm"},
+                 po);
   ASSERT_TRUE(r.ok());
   EXPECT_NE(r->out.find("HTTP 401 Authentication failure"), std::string::npos) << r->out;
-  r = slurm::RunProcess({KGPU_BIN, "slurm-bridge", "run", "--kubeconfig", kubeconfig, "--slurm-rest-url", restd.Url(),
-                         "--lend-via", "power-save", "--resume-command", "true"},
-                        po);
+  r = RunProcess({KGPU_BIN, "slurm-bridge", "run", "--kubeconfig", kubeconfig, "--slurm-rest-url", restd.Url(),
+                  "--lend-via", "power-save", "--resume-command", "true"},
+                 po);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->exit_code, 2);
   EXPECT_NE(r->out.find("--lend-via power-save needs the CLI backend (drop --slurm-rest-url)"), std::string::npos)
@@ -423,11 +434,17 @@ TEST_F(SlurmBridgeTest, BurstLendsTheIdleNodeAndLeavesTheBusyOne) {
   std::this_thread::sleep_for(seconds(3));  // several reconciles (a negative check: nothing may happen)
   EXPECT_EQ(PhaseOf("node1"), slurm::Phase::kSlurm);
   // Status shows the phases; the Event names the lend.
-  auto status = cluster_->Run({KGPU_BIN, "slurm-bridge", "status", "--kubeconfig", kubeconfig_});
+  auto status = cluster_->Run({KGPU_BIN, "slurm-bridge", "status", "--kubeconfig", operator_kubeconfig_});
   EXPECT_NE(status.out.find("LENT"), std::string::npos) << status.out << status.err;
   EXPECT_NE(status.out.find("SLURM_OWNED"), std::string::npos) << status.out;
   ExpectNoJobKilled();
   ExpectInvariantsHeld();
+  // Under exactly its deploy/ RBAC the bridge watched (no 403 and no fall-back to polling).
+  const std::string log = Tail(cluster_->base() + "/bridge.log", 2000);
+  EXPECT_EQ(log.find("forbidden"), std::string::npos) << log;
+  bool watched = false;
+  for (const auto& r : api_->RequestLog()) watched = watched || r.find("watch=true") != std::string::npos;
+  EXPECT_TRUE(watched);
 }
 
 TEST_F(SlurmBridgeTest, ABusyNodeIsLentOnlyAfterItsJobEndsOnItsOwn) {
@@ -496,7 +513,7 @@ TEST_F(SlurmBridgeTest, AnAdminDrainOfALentNodeIsLeftAlone) {
   ASSERT_TRUE(WaitFor([&] { return slurm::LeaseOf(Node("node1")).admin_drained; }));
   EXPECT_EQ(PhaseOf("node1"), slurm::Phase::kLent);
   // Reclaim: the pod leaves, Kubernetes is fenced, and the node stays drained with their reason.
-  r = cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"});
+  r = cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", operator_kubeconfig_, "node1"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kSlurm));
   EXPECT_TRUE(PodGone("admin-1"));
@@ -511,7 +528,7 @@ TEST_F(SlurmBridgeTest, SlurmctldStoppedMidReclaimFreezesThenFinishes) {
   StartBridge({"--nodes", "node1"});
   LendWithPod("node1", "ctld-1");
   ASSERT_TRUE(cluster_->StopController().ok());
-  auto r = cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"});
+  auto r = cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", operator_kubeconfig_, "node1"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   // Kubernetes-side steps go ahead (fence, evict); the Slurm undrain freezes.
   ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kReclaimUnfencing));
@@ -519,7 +536,7 @@ TEST_F(SlurmBridgeTest, SlurmctldStoppedMidReclaimFreezesThenFinishes) {
   std::this_thread::sleep_for(seconds(3));  // frozen: several reconciles change nothing
   EXPECT_EQ(PhaseOf("node1"), slurm::Phase::kReclaimUnfencing);
   EXPECT_TRUE(slurm::K8sFenced(Node("node1")));
-  auto status = cluster_->Run({KGPU_BIN, "slurm-bridge", "status", "--kubeconfig", kubeconfig_, "--slurm-conf",
+  auto status = cluster_->Run({KGPU_BIN, "slurm-bridge", "status", "--kubeconfig", operator_kubeconfig_, "--slurm-conf",
                                cluster_->conf(), "--slurm-timeout-ms", "3000"});
   EXPECT_NE(status.out.find("UNREACHABLE"), std::string::npos) << status.out;
   ASSERT_TRUE(cluster_->StartController().ok());
@@ -535,7 +552,7 @@ TEST_F(SlurmBridgeTest, SlurmctldStoppedMidReclaimFreezesThenFinishes) {
 // operator then asks for, from the durable state alone.
 TEST_F(SlurmBridgeTest, ASecondReplicaTakesOverFromAKilledLeader) {
   auto holder = [&] {
-    const json lease = api_->Get("leases", "default", "kgpu-slurm-bridge").body;
+    const json lease = api_->Get("leases", "kgpu-system", "kgpu-slurm-bridge").body;
     return lease.value("spec", json::object()).value("holderIdentity", "");
   };
   std::map<std::string, std::unique_ptr<BridgeProcess>> replicas;
@@ -548,7 +565,8 @@ TEST_F(SlurmBridgeTest, ASecondReplicaTakesOverFromAKilledLeader) {
   const std::string standby = leader == "bridge-a" ? "bridge-b" : "bridge-a";
   LendWithPod("node1", "ha-1");
   replicas[leader]->Kill();
-  ASSERT_EQ(cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"}).exit_code, 0);
+  ASSERT_EQ(
+      cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", operator_kubeconfig_, "node1"}).exit_code, 0);
   ASSERT_TRUE(WaitFor([&] { return holder() == standby; })) << holder() << "\n"
                                                             << Tail(cluster_->base() + "/" + standby + ".log", 30);
   ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kSlurm)) << slurm::PhaseName(PhaseOf("node1"));
@@ -587,16 +605,18 @@ void SlurmBridgeTest::KillAtEveryPhaseBoundary(const std::vector<std::string>& m
       ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kLent)) << slurm::PhaseName(PhaseOf("node1"));
       SchedulePod(pod, "node1");
       // Reclaim without a crash.
-      ASSERT_EQ(cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"}).exit_code,
-                0);
+      ASSERT_EQ(
+          cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", operator_kubeconfig_, "node1"}).exit_code,
+          0);
     } else {
       bridge_.reset();
       StartBridge(with({"--nodes", "node1"}));
       LendWithPod("node1", pod);
       bridge_.reset();  // killed while LENT (a boundary too)
       StartBridge(with({"--nodes", "node1", "--crash-at", point}));
-      ASSERT_EQ(cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", kubeconfig_, "node1"}).exit_code,
-                0);
+      ASSERT_EQ(
+          cluster_->Run({KGPU_BIN, "slurm-bridge", "reclaim", "--kubeconfig", operator_kubeconfig_, "node1"}).exit_code,
+          0);
       ASSERT_EQ(bridge_->Wait(kDeadline), 86) << "never reached " << point;
       StartBridge(with({"--nodes", "node1"}));
     }

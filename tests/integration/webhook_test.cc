@@ -206,8 +206,11 @@ class WebhookFromInventory : public WebhookProcess {
             .code,
         201);
     MakeCertificate();
+    // With exactly the rules deploy/webhook/inventory-rbac.yaml grants (list, watch nodes).
     const std::string kubeconfig = dir_ + "/kubeconfig";
-    std::ofstream(kubeconfig) << api_.Kubeconfig();
+    auto id = kgpu::testing::ReadDeployRbac(std::string(KGPU_SOURCE_DIR) + "/deploy/webhook/inventory-rbac.yaml");
+    ASSERT_TRUE(id.ok()) << id.status();
+    std::ofstream(kubeconfig) << api_.KubeconfigFor(*id);
     Launch({"--kubeconfig", kubeconfig});
     ASSERT_TRUE(WaitFor([&] {
       return Slurp(log_).find("smallest 16384 MiB, largest 81920 MiB (2 nodes)") != std::string::npos;

@@ -16,6 +16,8 @@
 #include "k8s/resources.h"
 #include "k8s/selector.h"
 #include "testing/fake_apiserver_admission.h"
+#include "testing/fake_apiserver_defaults.h"
+#include "testing/fake_apiserver_tables.h"
 #include "testing/http_conn.h"
 
 namespace kgpu::testing {
@@ -68,11 +70,6 @@ FakeApiServer::Result Conflict(const k8s::Resource& r, const std::string& name) 
              {{"name", name}, {"group", r.group}, {"kind", r.plural}});
 }
 
-FakeApiServer::Result Invalid(const k8s::Resource& r, const std::string& name, const std::string& what) {
-  return Err(422, "Invalid", Cat(r.kind, " \"", name, "\" is invalid: ", what),
-             {{"name", name}, {"group", r.group}, {"kind", r.kind}});
-}
-
 // errors.NewInvalid(kind, name, errs): the message aggregates the distinct errors ("[a, b]" for
 // several), the causes list every one.
 FakeApiServer::Result InvalidFields(const k8s::Resource& r, const std::string& name,
@@ -88,6 +85,12 @@ FakeApiServer::Result InvalidFields(const k8s::Resource& r, const std::string& n
              {{"name", name}, {"group", r.group}, {"kind", r.kind}, {"causes", causes}});
 }
 
+// One field error. kubectl prints `The <Kind> "<name>" is invalid: <field>: <body>` from the
+// cause; without causes it prints only `The <Kind> "<name>" is invalid` (helpers.go checkErr).
+FakeApiServer::Result Invalid(const k8s::Resource& r, const std::string& name, const FieldError& e) {
+  return InvalidFields(r, name, {e});
+}
+
 FakeApiServer::Result Forbidden(const k8s::Resource& r, const std::string& name, const std::string& why) {
   return Err(403, "Forbidden", Cat(Qualified(r), " \"", name, "\" is forbidden: ", why),
              {{"name", name}, {"group", r.group}, {"kind", r.plural}});
@@ -100,130 +103,6 @@ std::string RandomSuffix(size_t n) {
   std::string s;
   for (size_t i = 0; i < n; ++i) s.push_back(kAlphabet[rng() % (sizeof(kAlphabet) - 1)]);
   return s;
-}
-
-// metav1.Duration-ish age as kubectl prints it (apimachinery pkg/util/duration HumanDuration).
-std::string HumanAge(double seconds) {
-  const int64_t s = static_cast<int64_t>(seconds);
-  if (s < 0) return "<invalid>";
-  if (s < 120) return Cat(s, "s");
-  const int64_t m = s / 60;
-  if (m < 10) return Cat(m, "m", s % 60 == 0 ? "" : Cat(s % 60, "s"));
-  if (m < 180) return Cat(m, "m");
-  const int64_t h = m / 60;
-  if (h < 8) return Cat(h, "h", m % 60 == 0 ? "" : Cat(m % 60, "m"));
-  if (h < 48) return Cat(h, "h");
-  const int64_t d = h / 24;
-  if (d < 8) return Cat(d, "d", h % 24 == 0 ? "" : Cat(h % 24, "h"));
-  return Cat(d, "d");
-}
-
-std::string Age(const json& obj) {
-  const auto t = k8s::ParseRfc3339(obj["metadata"].value("creationTimestamp", ""));
-  if (!t) return "<unknown>";
-  return HumanAge(static_cast<double>(std::time(nullptr)) - *t);
-}
-
-json Col(const std::string& name, const std::string& type = "string", const std::string& format = "",
-         int priority = 0) {
-  return {{"name", name}, {"type", type}, {"format", format}, {"description", name}, {"priority", priority}};
-}
-
-// Columns and cells of meta.k8s.io/v1 Tables, as the apiserver's printers (pkg/printers/internalversion).
-json Columns(const std::string& kind) {
-  if (kind == "Node") {
-    return {Col("Name", "string", "name"),      Col("Status"), Col("Roles"), Col("Age"), Col("Version"),
-            Col("Internal-IP", "string", "", 1)};
-  }
-  if (kind == "Pod") {
-    return {Col("Name", "string", "name"), Col("Ready"), Col("Status"),
-            Col("Restarts", "string"),     Col("Age"),   Col("IP", "string", "", 1),
-            Col("Node", "string", "", 1)};
-  }
-  if (kind == "Namespace") return {Col("Name", "string", "name"), Col("Status"), Col("Age")};
-  if (kind == "ResourceQuota") return {Col("Name", "string", "name"), Col("Age"), Col("Request"), Col("Limit")};
-  if (kind == "PodDisruptionBudget") {
-    return {Col("Name", "string", "name"), Col("Min Available"), Col("Max Unavailable"),
-            Col("Allowed Disruptions", "integer"), Col("Age")};
-  }
-  if (kind == "Lease") return {Col("Name", "string", "name"), Col("Holder"), Col("Age")};
-  return {Col("Name", "string", "name"), Col("Age")};
-}
-
-json Cells(const json& o) {
-  const std::string kind = o.value("kind", "");
-  const std::string name = o["metadata"].value("name", "");
-  const json status = o.value("status", json::object());
-  if (kind == "Node") {
-    std::string ready = "Unknown";
-    for (const auto& c : status.value("conditions", json::array())) {
-      if (c.value("type", "") == "Ready") ready = c.value("status", "") == "True" ? "Ready" : "NotReady";
-    }
-    if (o.contains("spec") && o["spec"].value("unschedulable", false)) ready += ",SchedulingDisabled";
-    std::vector<std::string> roles;
-    const json labels = o["metadata"].value("labels", json::object());
-    for (auto it = labels.begin(); it != labels.end(); ++it) {
-      if (it.key().rfind("node-role.kubernetes.io/", 0) == 0) roles.push_back(it.key().substr(24));
-    }
-    std::string ip = "<none>";
-    for (const auto& a : status.value("addresses", json::array())) {
-      if (a.value("type", "") == "InternalIP") ip = a.value("address", "");
-    }
-    return {name,
-            ready,
-            roles.empty() ? "<none>" : Join(roles, ","),
-            Age(o),
-            status.value("nodeInfo", json::object()).value("kubeletVersion", ""),
-            ip};
-  }
-  if (kind == "Pod") {
-    size_t total = o.contains("spec") ? o["spec"].value("containers", json::array()).size() : 0;
-    size_t ready = 0;
-    int64_t restarts = 0;
-    for (const auto& cs : status.value("containerStatuses", json::array())) {
-      if (cs.value("ready", false)) ++ready;
-      restarts += cs.value("restartCount", 0);
-    }
-    std::string phase = status.value("phase", "Pending");
-    if (o["metadata"].contains("deletionTimestamp")) phase = "Terminating";
-    return {name,
-            Cat(ready, "/", total),
-            phase,
-            std::to_string(restarts),
-            Age(o),
-            status.value("podIP", "<none>"),
-            o.contains("spec") ? o["spec"].value("nodeName", "<none>") : "<none>"};
-  }
-  if (kind == "Namespace") return {name, status.value("phase", "Active"), Age(o)};
-  if (kind == "ResourceQuota") {
-    std::vector<std::string> req, lim;
-    const json hard = status.value("hard", json::object());
-    const json used = status.value("used", json::object());
-    for (auto it = hard.begin(); it != hard.end(); ++it) {
-      const std::string cell = Cat(it.key(), ": ", used.value(it.key(), "0"), "/", it->get<std::string>());
-      (it.key().rfind("limits.", 0) == 0 ? lim : req).push_back(cell);
-    }
-    return {name, Age(o), Join(req, ", "), Join(lim, ", ")};
-  }
-  if (kind == "PodDisruptionBudget") {
-    const json spec = o.value("spec", json::object());
-    auto v = [](const json& s, const char* k) {
-      return s.contains(k) ? (s[k].is_string() ? s[k].get<std::string>() : s[k].dump()) : "N/A";
-    };
-    return {name, v(spec, "minAvailable"), v(spec, "maxUnavailable"), status.value("disruptionsAllowed", 0), Age(o)};
-  }
-  if (kind == "Lease") return {name, o.value("spec", json::object()).value("holderIdentity", ""), Age(o)};
-  return {name, Age(o)};
-}
-
-json TableOf(const std::string& kind, const std::vector<json>& items, const std::string& rv) {
-  json t = {{"kind", "Table"},
-            {"apiVersion", "meta.k8s.io/v1"},
-            {"metadata", {{"resourceVersion", rv}}},
-            {"columnDefinitions", Columns(kind)},
-            {"rows", json::array()}};
-  for (const auto& o : items) t["rows"].push_back({{"cells", Cells(o)}, {"object", o}});
-  return t;
 }
 
 bool WantsTable(const httplib::Request& req) {
@@ -267,6 +146,20 @@ std::string UnB64(const std::string& in) {
   return out;
 }
 
+// A list's or watch's fieldSelector as the apiserver takes it (handlers/get.go: the kind's field
+// label conversion, then 400 BadRequest with the conversion's error).
+absl::StatusOr<k8s::FieldSelector> ParseFieldSelector(const k8s::Resource& r, const std::string& text) {
+  auto sel = k8s::FieldSelector::Parse(text);
+  if (!sel.ok()) return sel.status();
+  if (r.kind == "Pod") sel->Rename("spec.host", "spec.nodeName");
+  if (auto why = UnsupportedFieldLabel(std::string(r.kind), sel->Fields())) return absl::InvalidArgumentError(*why);
+  return sel;
+}
+
+bool HasStatusSubresource(const k8s::Resource& r) {
+  return std::find(r.subresources.begin(), r.subresources.end(), "status") != r.subresources.end();
+}
+
 bool PodTerminal(const json& pod) {
   const std::string phase = pod.contains("status") ? pod["status"].value("phase", "") : "";
   return phase == "Succeeded" || phase == "Failed";
@@ -281,10 +174,22 @@ class FakeApiServer::Request {
   std::string ns, name, sub;
   std::string user;
   std::string verb;
+  bool legacy_bindings = false;  // POST /api/v1/namespaces/<ns>/bindings (pods/binding by body name)
 };
 
+namespace {
+// The field manager of the write being served (handlers' managerOrUserAgent): ?fieldManager=,
+// else the User-Agent up to its first '/'. Empty for the in-process Create/Update calls, which
+// leave managedFields alone.
+thread_local std::string t_field_manager;
+}  // namespace
+
 FakeApiServer::FakeApiServer(FakeApiServerOptions opts)
-    : opts_(std::move(opts)), pods_rkey_(RKey(*k8s::FindResource("pods"))), tokens_(opts_.tokens) {
+    : opts_(std::move(opts)),
+      pods_rkey_(RKey(*k8s::FindResource("pods"))),
+      tokens_(opts_.tokens),
+      rbac_(opts_.rbac),
+      anonymous_admin_(opts_.tokens.empty()) {
   for (const char* ns : {"default", "kube-system", "kube-public", "kube-node-lease"}) {
     json obj = {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns}}}};
     DoCreate(RKey(*k8s::FindResource("namespaces")), "", obj, "system:admin");
@@ -299,14 +204,91 @@ std::string FakeApiServer::url() const {
   return Cat(opts_.tls ? "https" : "http", "://", opts_.host, ":", port_);
 }
 
-std::string FakeApiServer::Kubeconfig(const std::string& token) const {
+std::string FakeApiServer::KubeconfigFor(const DeployIdentity& id) {
+  const std::string token = Cat("sa-", std::hash<std::string>{}(id.user));
+  {
+    std::lock_guard lock(mu_);
+    tokens_[token] = id.user;
+    rbac_[id.user] = id.rules;
+  }
+  // system:serviceaccount:<namespace>:<name>
+  const std::string prefix = "system:serviceaccount:";
+  std::string ns = id.user.rfind(prefix, 0) == 0 ? id.user.substr(prefix.size()) : "default";
+  ns = ns.substr(0, ns.find(':'));
+  if (Get("namespaces", "", ns).code == 404) {
+    Create("namespaces", "", {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns}}}});
+  }
+  return Kubeconfig(token, ns);
+}
+
+absl::StatusOr<DeployIdentity> ReadDeployRbac(const std::string& path, const std::string& service_account) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      if (e.path().extension() == ".yaml" && e.path().filename() != "kustomization.yaml") files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(path);
+  }
+  std::vector<json> docs;
+  for (const auto& f : files) {
+    auto text = ReadFile(f);
+    if (!text) return absl::NotFoundError(Cat(f, ": cannot read the file"));
+    auto d = YamlDocumentsToJson(*text, f);
+    if (!d.ok()) return d.status();
+    for (auto& doc : *d) {
+      if (doc.is_object()) docs.push_back(std::move(doc));
+    }
+  }
+  // Bindings to a ServiceAccount: role (kind/name) -> the user.
+  std::map<std::pair<std::string, std::string>, std::string> bound;
+  std::set<std::string> users;
+  for (const auto& d : docs) {
+    const std::string kind = d.value("kind", "");
+    if (kind != "RoleBinding" && kind != "ClusterRoleBinding") continue;
+    for (const auto& sub : d.value("subjects", json::array())) {
+      if (sub.value("kind", "") != "ServiceAccount") continue;
+      if (!service_account.empty() && sub.value("name", "") != service_account) continue;
+      const std::string user =
+          Cat("system:serviceaccount:", sub.value("namespace", "kgpu-system"), ":", sub.value("name", ""));
+      users.insert(user);
+      bound[{d["roleRef"].value("kind", ""), d["roleRef"].value("name", "")}] = user;
+    }
+  }
+  if (users.size() != 1) {
+    return absl::InvalidArgumentError(
+        Cat(path, ": ", users.size(), " ServiceAccounts are bound to roles here; name the one to use"));
+  }
+  DeployIdentity id;
+  id.user = *users.begin();
+  for (const auto& d : docs) {
+    const std::string kind = d.value("kind", "");
+    if (kind != "Role" && kind != "ClusterRole") continue;
+    if (!bound.contains({kind, d["metadata"].value("name", "")})) continue;
+    for (const auto& r : d.value("rules", json::array())) {
+      RbacRule rule;
+      for (const auto& v : r.value("verbs", json::array())) rule.verbs.insert(v.get<std::string>());
+      for (const auto& v : r.value("resources", json::array())) rule.resources.insert(v.get<std::string>());
+      for (const auto& v : r.value("apiGroups", json::array())) rule.groups.insert(v.get<std::string>());
+      for (const auto& v : r.value("resourceNames", json::array())) rule.names.insert(v.get<std::string>());
+      if (rule.groups.empty()) rule.groups.insert("<no group>");  // a rule without apiGroups matches none
+      if (kind == "Role") rule.ns = d["metadata"].value("namespace", "kgpu-system");
+      id.rules.push_back(std::move(rule));
+    }
+  }
+  return id;
+}
+
+std::string FakeApiServer::Kubeconfig(const std::string& token, const std::string& ns) const {
   std::string cluster = Cat("    server: ", url(), "\n");
   if (opts_.tls) {
     cluster += Cat("    certificate-authority-data: ", B64(ca_pem_), "\n");
   }
   std::string user = token.empty() ? "  user: {}\n" : Cat("  user:\n    token: ", token, "\n");
   return Cat("apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n", cluster, "users:\n- name: fake\n",
-             user, "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n",
+             user, "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: ", ns, "\n",
              "current-context: fake\n");
 }
 
@@ -385,6 +367,11 @@ void FakeApiServer::Stop() {
 int64_t FakeApiServer::ResourceVersion() const {
   std::lock_guard lock(mu_);
   return rv_;
+}
+
+std::vector<std::string> FakeApiServer::RequestLog() const {
+  std::lock_guard lock(mu_);
+  return {request_log_.begin(), request_log_.end()};
 }
 
 std::string FakeApiServer::LastUserAgent() const {
@@ -597,7 +584,10 @@ FakeApiServer::Result FakeApiServer::DoCreate(const std::string& rkey, const std
   std::string name = meta.value("name", "");
   if (name.empty()) {
     const std::string gen = meta.value("generateName", "");
-    if (gen.empty()) return Invalid(*r, "", "metadata.name: Required value: name or generateName is required");
+    if (gen.empty()) {
+      return Invalid(*r, "",
+                     {"FieldValueRequired", "metadata.name", "Required value: name or generateName is required"});
+    }
     name = gen + RandomSuffix(5);
     meta["name"] = name;
   }
@@ -615,7 +605,9 @@ FakeApiServer::Result FakeApiServer::DoCreate(const std::string& rkey, const std
   meta["creationTimestamp"] = k8s::NowRfc3339();
   meta.erase("deletionTimestamp");
   if (r->kind == "Pod") {
-    // PrepareForCreate (pkg/registry/core/pod/strategy.go) resets the status.
+    // Decoding applies the defaults; PrepareForCreate (pkg/registry/core/pod/strategy.go) resets
+    // the status; the mutating admission plugins follow.
+    DefaultPod(obj);
     obj["status"] = {{"phase", "Pending"}};
     std::vector<json> lrs, quotas;
     for (const auto& [k, v] : objects_[RKey(*k8s::FindResource("limitranges"))]) {
@@ -626,16 +618,18 @@ FakeApiServer::Result FakeApiServer::DoCreate(const std::string& rkey, const std
     }
     const AdmissionResult a = AdmitPod(obj, lrs, quotas);
     if (!a.allowed) {
-      if (a.code == 422) return Err(422, "Invalid", a.message, {{"name", name}, {"kind", "Pod"}});
+      if (a.code == 422) return InvalidFields(*r, name, a.errors);
       return Forbidden(*r, name, a.message);
     }
-    obj["spec"]["schedulerName"] = obj["spec"].value("schedulerName", "default-scheduler");
-    obj["spec"]["terminationGracePeriodSeconds"] = obj["spec"].value("terminationGracePeriodSeconds", 30);
+    AdmitNewPod(obj);
   } else if (r->kind == "Node") {
-    // A created Node keeps its status; allocatable defaults from capacity.
+    // A created Node keeps its status; allocatable defaults from capacity. TaintNodesByCondition
+    // taints it not-ready until the lifecycle controller sees it Ready.
     if (obj.contains("status") && obj["status"].contains("capacity") && !obj["status"].contains("allocatable")) {
       obj["status"]["allocatable"] = obj["status"]["capacity"];
     }
+    TaintNewNode(obj);
+    SyncNodeTaints(obj);
   } else if (r->kind == "Namespace") {
     obj["spec"]["finalizers"] = obj.contains("spec") && obj["spec"].contains("finalizers")
                                     ? obj["spec"]["finalizers"]
@@ -650,6 +644,7 @@ FakeApiServer::Result FakeApiServer::DoCreate(const std::string& rkey, const std
   } else if (r->kind == "PodDisruptionBudget") {
     obj["status"] = {{"disruptionsAllowed", 0}, {"currentHealthy", 0}, {"desiredHealthy", 0}, {"expectedPods", 0}};
   }
+  if (!t_field_manager.empty()) UpdateManagedFields(nullptr, obj, t_field_manager, "", HasStatusSubresource(*r));
   StoreLocked(rkey, "ADDED", obj);
   if (r->kind == "Pod" || r->kind == "ResourceQuota" || r->kind == "PodDisruptionBudget") RunControllersLocked(this_ns);
   return {201, *FindLocked(rkey, this_ns, name)};
@@ -674,6 +669,12 @@ FakeApiServer::Result FakeApiServer::DoUpdate(const std::string& rkey, const std
     next["status"] = obj.value("status", json::object());  // the status subresource writes status only
   } else {
     if (r->kind == "Pod" && obj.contains("spec")) {
+      // The body is decoded with defaults; what admission set at create (priority, service
+      // account) is carried over when the body leaves it out, as the stored object has it.
+      DefaultPod(obj);
+      for (const char* f : {"priority", "preemptionPolicy", "serviceAccountName", "serviceAccount"}) {
+        if (!obj["spec"].contains(f) && (*cur)["spec"].contains(f)) obj["spec"][f] = (*cur)["spec"][f];
+      }
       // Pod spec is immutable but for a few fields (ValidatePodUpdate).
       json a = (*cur)["spec"], b = obj["spec"];
       for (json* s : {&a, &b}) {
@@ -684,21 +685,27 @@ FakeApiServer::Result FakeApiServer::DoUpdate(const std::string& rkey, const std
           }
         }
       }
-      if (a != b) {
+      // ValidateContainerUpdates refuses a changed number of containers first, on its own.
+      if (a.value("containers", json::array()).size() != b.value("containers", json::array()).size()) {
         return Invalid(
             *r, name,
-            "spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
-            "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions "
-            "to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was "
-            "previously negative)");
+            {"FieldValueForbidden", "spec.containers", "Forbidden: pod updates may not add or remove containers"});
+      }
+      if (a != b) {
+        // ValidatePodUpdate (pkg/apis/core/validation/validation.go, 1.32) also appends a go-cmp
+        // diff of the specs after a newline, whose spacing go-cmp varies on purpose; left out.
+        return Invalid(*r, name,
+                       {"FieldValueForbidden", "spec",
+                        "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
+                        "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only "
+                        "additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set "
+                        "to 1 if it was previously negative)"});
       }
     }
     json keep_status = cur->value("status", json());
     next = obj;
     // The main resource does not write status for kinds with a status subresource.
-    const bool has_status_sub =
-        std::find(r->subresources.begin(), r->subresources.end(), "status") != r->subresources.end();
-    if (has_status_sub) {
+    if (HasStatusSubresource(*r)) {
       if (keep_status.is_null()) {
         next.erase("status");
       } else {
@@ -715,11 +722,20 @@ FakeApiServer::Result FakeApiServer::DoUpdate(const std::string& rkey, const std
       }
     }
     next["metadata"]["name"] = name;
+    // managedFields are the server's record; a body's copy (read, modified, written back) is
+    // not taken as a new one.
+    if ((*cur)["metadata"].contains("managedFields")) {
+      next["metadata"]["managedFields"] = (*cur)["metadata"]["managedFields"];
+    } else {
+      next["metadata"].erase("managedFields");
+    }
     if (r->kind == "LimitRange") DefaultLimitRange(next);
     if (r->kind == "ResourceQuota") {
       if (auto errs = ValidateResourceQuota(next, cur); !errs.empty()) return InvalidFields(*r, name, errs);
     }
   }
+  if (r->kind == "Node") SyncNodeTaints(next);  // the node lifecycle controller's NoSchedule pass
+  if (!t_field_manager.empty()) UpdateManagedFields(cur, next, t_field_manager, sub, HasStatusSubresource(*r));
   if (next == *cur) return {200, *cur};  // a no-op write does not bump the resourceVersion
   StoreLocked(rkey, "MODIFIED", next);
   if (r->kind == "Pod" || r->kind == "ResourceQuota" || r->kind == "PodDisruptionBudget") RunControllersLocked(ns);
@@ -767,7 +783,7 @@ FakeApiServer::Result FakeApiServer::DoPatch(const std::string& rkey, const std:
     if (!next.ok()) {
       const bool known = content_type.find("patch+json") != std::string::npos;
       if (!known) return Err(415, "UnsupportedMediaType", std::string(next.status().message()));
-      return Invalid(*r, name, std::string(next.status().message()));
+      return Invalid(*r, name, {"FieldValueInvalid", "patch", std::string(next.status().message())});
     }
     if (!locked) (*next)["metadata"]["resourceVersion"] = cur["metadata"].value("resourceVersion", "");
     // The patched object is decoded into the Go type: unknown fields are dropped, warned about,
@@ -882,7 +898,7 @@ FakeApiServer::Result FakeApiServer::DoBinding(const std::string& ns, const std:
   std::lock_guard lock(mu_);
   json* cur = FindLocked(RKey(*pods), ns, name);
   if (!cur) return NotFound(*pods, name);
-  if (node.empty()) return Invalid(*pods, name, "target.name: Required value");
+  if (node.empty()) return Invalid(*pods, name, {"FieldValueRequired", "target.name", "Required value"});
   // The Binding's metadata.uid and resourceVersion are storage preconditions, checked before
   // anything else (a failed one is a Conflict on "pods").
   const json bmeta = binding.value("metadata", json::object());
@@ -987,6 +1003,33 @@ FakeApiServer::Result FakeApiServer::DoEviction(const std::string& ns, const std
         201,
         {{"kind", "Status"}, {"apiVersion", "v1"}, {"metadata", json::object()}, {"status", "Success"}, {"code", 201}}};
   }
+  // addConditionAndDeletePod (eviction.go): the pod first gets the DisruptionTarget condition,
+  // then is deleted under the preconditions asked for, checked against the pod as it was.
+  {
+    std::lock_guard lock(mu_);
+    json* pod = FindLocked(RKey(*pods), ns, name);
+    if (!pod) return NotFound(*pods, name);
+    const json pre = delete_opts.value("preconditions", json::object());
+    const std::string want_rv = pre.value("resourceVersion", "");
+    const std::string want_uid = pre.value("uid", "");
+    const bool pre_ok = (want_rv.empty() || want_rv == (*pod)["metadata"].value("resourceVersion", "")) &&
+                        (want_uid.empty() || want_uid == (*pod)["metadata"].value("uid", ""));
+    if (pre_ok && !PodTerminal(*pod)) {
+      json next = *pod;
+      json conds = json::array();
+      for (const auto& c : next["status"].value("conditions", json::array())) {
+        if (c.value("type", "") != "DisruptionTarget") conds.push_back(c);
+      }
+      conds.push_back({{"type", "DisruptionTarget"},
+                       {"status", "True"},
+                       {"lastTransitionTime", k8s::NowRfc3339()},
+                       {"reason", "EvictionByEvictionAPI"},
+                       {"message", "Eviction API: evicting"}});
+      next["status"]["conditions"] = conds;
+      StoreLocked(RKey(*pods), "MODIFIED", next);
+      if (!want_rv.empty()) delete_opts["preconditions"]["resourceVersion"] = next["metadata"]["resourceVersion"];
+    }
+  }
   auto del = DoDelete(RKey(*pods), ns, name, delete_opts);
   if (del.code >= 300) return del;
   return {
@@ -1023,7 +1066,7 @@ FakeApiServer::Result FakeApiServer::List(const std::string& rkey, const std::st
   const k8s::Resource* r = ByKey(rkey);
   auto ls = k8s::LabelSelector::Parse(req.get_param_value("labelSelector"));
   if (!ls.ok()) return Err(400, "BadRequest", std::string(ls.status().message()));
-  auto fsel = k8s::FieldSelector::Parse(req.get_param_value("fieldSelector"));
+  auto fsel = ParseFieldSelector(*r, req.get_param_value("fieldSelector"));
   if (!fsel.ok()) return Err(400, "BadRequest", std::string(fsel.status().message()));
   const int64_t limit = req.has_param("limit") ? std::atoll(req.get_param_value("limit").c_str()) : 0;
   std::string start;
@@ -1049,7 +1092,9 @@ FakeApiServer::Result FakeApiServer::List(const std::string& rkey, const std::st
   for (auto it = objects_[rkey].lower_bound(start); it != objects_[rkey].end(); ++it) {
     const json& o = it->second;
     if (!ns.empty() && o["metadata"].value("namespace", "") != ns) continue;
-    if (!ls->Matches(o["metadata"].value("labels", json::object())) || !fsel->Matches(o)) continue;
+    if (!ls->Matches(o["metadata"].value("labels", json::object())) ||
+        !fsel->Matches(SelectableView(std::string(r->kind), o)))
+      continue;
     if (limit > 0 && static_cast<int64_t>(items.size()) >= limit) {
       next_start = it->first;  // remainingItemCount is optional: not counted (it would make paging O(n^2))
       break;
@@ -1074,7 +1119,7 @@ FakeApiServer::Result FakeApiServer::List(const std::string& rkey, const std::st
 
 void FakeApiServer::ServeWatch(Request& r, const httplib::Request& req, httplib::Response& res) {
   auto ls = k8s::LabelSelector::Parse(req.get_param_value("labelSelector"));
-  auto fsel = k8s::FieldSelector::Parse(req.get_param_value("fieldSelector"));
+  auto fsel = ParseFieldSelector(*r.resource, req.get_param_value("fieldSelector"));
   if (!ls.ok() || !fsel.ok()) {
     res.status = 400;
     res.set_content(Status(400, "BadRequest", std::string((!ls.ok() ? ls.status() : fsel.status()).message())).dump(),
@@ -1128,7 +1173,8 @@ void FakeApiServer::ServeWatch(Request& r, const httplib::Request& req, httplib:
       // No version: the current state as ADDED events, then changes.
       for (const auto& [k, o] : objects_[st->rkey]) {
         if (!st->ns.empty() && o["metadata"].value("namespace", "") != st->ns) continue;
-        if (st->ls.Matches(o["metadata"].value("labels", json::object())) && st->fs.Matches(o)) {
+        if (st->ls.Matches(o["metadata"].value("labels", json::object())) &&
+            st->fs.Matches(SelectableView(st->kind, o))) {
           st->pending.push_back(encode("ADDED", o));
         }
       }
@@ -1174,7 +1220,9 @@ void FakeApiServer::ServeWatch(Request& r, const httplib::Request& req, httplib:
               if (it->resource != st->rkey) continue;
               const json& o = it->object;
               if (!st->ns.empty() && o["metadata"].value("namespace", "") != st->ns) continue;
-              if (!st->ls.Matches(o["metadata"].value("labels", json::object())) || !st->fs.Matches(o)) continue;
+              if (!st->ls.Matches(o["metadata"].value("labels", json::object())) ||
+                  !st->fs.Matches(SelectableView(st->kind, o)))
+                continue;
               st->pending.push_back(encode(it->type, o));
             }
           }
@@ -1227,6 +1275,11 @@ void FakeApiServer::RouteApi(const httplib::Request& req, httplib::Response& res
   {
     std::lock_guard lock(mu_);
     last_user_agent_ = req.get_header_value("User-Agent");
+    if (req.path.rfind("/_fake/", 0) != 0) {
+      const bool gzip = req.get_header_value("Accept-Encoding").find("gzip") != std::string::npos;
+      request_log_.push_back(Cat(req.method, " ", req.target, gzip ? " (gzip)" : ""));
+      if (request_log_.size() > 1000) request_log_.pop_front();
+    }
   }
   const std::string& path = req.path;
   // Test controls (not part of the Kubernetes API).
@@ -1302,8 +1355,8 @@ void FakeApiServer::RouteApi(const httplib::Request& req, httplib::Response& res
   std::string user = "admin";
   {
     std::lock_guard lock(mu_);
-    if (!tokens_.empty()) {
-      const std::string auth = req.get_header_value("Authorization");
+    const std::string auth = req.get_header_value("Authorization");
+    if (!tokens_.empty() && !(anonymous_admin_ && auth.empty())) {
       auto it = auth.rfind("Bearer ", 0) == 0 ? tokens_.find(auth.substr(7)) : tokens_.end();
       if (it == tokens_.end()) {
         res.status = 401;
@@ -1330,6 +1383,7 @@ void FakeApiServer::RouteApi(const httplib::Request& req, httplib::Response& res
     return;
   }
   auto verbs_of = [](const k8s::Resource&, const std::string& sub) -> json {
+    // (the sub-resources' verbs; deletecollection is not served, so not declared)
     if (sub == "binding" || sub == "eviction") return {"create"};
     if (sub == "status") return {"get", "patch", "update"};
     return {"create", "delete", "get", "list", "patch", "update", "watch"};
@@ -1339,6 +1393,14 @@ void FakeApiServer::RouteApi(const httplib::Request& req, httplib::Response& res
                  {"apiVersion", "v1"},
                  {"groupVersion", group.empty() ? std::string(version) : Cat(group, "/", version)},
                  {"resources", json::array()}};
+    if (group.empty()) {
+      // The legacy Binding endpoint (api/discovery/api__v1.json: bindings, namespaced, create).
+      list["resources"].push_back({{"name", "bindings"},
+                                   {"singularName", "binding"},
+                                   {"namespaced", true},
+                                   {"kind", "Binding"},
+                                   {"verbs", {"create"}}});
+    }
     for (const auto& r : k8s::Resources()) {
       if (r.group != group || r.version != version) continue;
       std::string singular(r.kind);
@@ -1353,13 +1415,18 @@ void FakeApiServer::RouteApi(const httplib::Request& req, httplib::Response& res
       if (r.group == "events.k8s.io") e["shortNames"] = {"ev"};
       list["resources"].push_back(e);
       for (auto sub : r.subresources) {
-        list["resources"].push_back({{"name", Cat(r.plural, "/", sub)},
-                                     {"singularName", ""},
-                                     {"namespaced", r.namespaced},
-                                     {"kind", sub == "eviction"  ? "Eviction"
-                                              : sub == "binding" ? "Binding"
-                                                                 : std::string(r.kind)},
-                                     {"verbs", verbs_of(r, std::string(sub))}});
+        json se = {{"name", Cat(r.plural, "/", sub)},
+                   {"singularName", ""},
+                   {"namespaced", r.namespaced},
+                   {"kind", sub == "eviction"  ? "Eviction"
+                            : sub == "binding" ? "Binding"
+                                               : std::string(r.kind)},
+                   {"verbs", verbs_of(r, std::string(sub))}};
+        if (sub == "eviction") {  // an Eviction is a policy/v1 kind
+          se["group"] = "policy";
+          se["version"] = "v1";
+        }
+        list["resources"].push_back(se);
       }
     }
     return list;
@@ -1399,6 +1466,20 @@ void FakeApiServer::RouteApi(const httplib::Request& req, httplib::Response& res
             {{"kind", "APIGroup"}, {"apiVersion", "v1"}, {"name", g}, {"versions", {gv}}, {"preferredVersion", gv}}});
       return;
     }
+  }
+  if (path == "/openapi/v2" || path == "/swagger-2.0.0.pb-v1") {
+    // kubectl validates a `kind: List` document on the client (its v3 and v2 query-param
+    // verifiers say v1/List has no server-side fieldValidation), which needs the OpenAPI v2
+    // document (client-go OpenAPISchema, asked as protobuf; 404 there makes `kubectl apply` of a
+    // List fail with "the server could not find the requested resource"). An empty
+    // openapi_v2.Document is a valid protobuf message: kubectl then finds no schema for the
+    // items and leaves their validation to the server, which checks each item's fields.
+    res.status = 200;
+    res.set_header("ETag", "\"KGPU1\"");
+    // (kube-openapi's handler answers the `...spec.v2@v1.0+protobuf` Accept with this type: Go's
+    // mime parser, which client-go runs on every response, refuses the '@'.)
+    res.set_content("", "application/com.github.proto-openapi.spec.v2.v1.0+protobuf");
+    return;
   }
   if (path == "/openapi/v3") {
     json paths = {{"api/v1", {{"serverRelativeURL", "/openapi/v3/api/v1?hash=KGPU1"}}}};
@@ -1497,6 +1578,13 @@ void FakeApiServer::RouteApi(const httplib::Request& req, httplib::Response& res
   for (const auto& res_def : k8s::Resources()) {
     if (res_def.group == group && res_def.version == version && res_def.plural == rest[0]) r.resource = &res_def;
   }
+  if (group.empty() && rest.size() == 1 && rest[0] == "bindings" && !r.ns.empty() && req.method == "POST") {
+    r.resource = k8s::FindResource("pods");
+    r.sub = "binding";
+    r.legacy_bindings = true;
+    rest.clear();
+    rest.push_back("pods");
+  }
   if (!r.resource) {
     send(Err(404, "NotFound", "the server could not find the requested resource"));
     return;
@@ -1531,14 +1619,37 @@ void FakeApiServer::Serve(Request& r, const httplib::Request& req, httplib::Resp
   } else if (m == "DELETE") {
     r.verb = r.name.empty() ? "deletecollection" : "delete";
   }
+  struct ManagerScope {
+    ~ManagerScope() { t_field_manager.clear(); }
+  } manager_scope;
+  if (r.verb == "create" || r.verb == "update" || r.verb == "patch") {
+    std::string manager = req.get_param_value("fieldManager");
+    if (manager.empty()) {
+      const std::string ua = req.get_header_value("User-Agent");
+      manager = ua.substr(0, ua.find('/'));
+    }
+    t_field_manager = manager.substr(0, 128);
+  }
   // Authorization: the static RBAC table (a user not in it may do anything).
-  const std::string res_name = r.sub.empty() ? std::string(r.resource->plural) : Cat(r.resource->plural, "/", r.sub);
-  if (auto it = opts_.rbac.find(r.user); it != opts_.rbac.end()) {
+  const std::string res_name = r.legacy_bindings ? std::string("bindings")
+                               : r.sub.empty()   ? std::string(r.resource->plural)
+                                                 : Cat(r.resource->plural, "/", r.sub);
+  std::optional<std::vector<RbacRule>> rules;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = rbac_.find(r.user); it != rbac_.end()) rules = it->second;
+  }
+  if (rules) {
     bool allowed = false;
-    for (const auto& rule : it->second) {
+    for (const auto& rule : *rules) {
       const bool verb_ok = rule.verbs.contains("*") || rule.verbs.contains(r.verb);
       const bool res_ok = rule.resources.contains("*") || rule.resources.contains(res_name);
-      allowed = allowed || (verb_ok && res_ok);
+      const bool group_ok =
+          rule.groups.empty() || rule.groups.contains("*") || rule.groups.contains(std::string(r.resource->group));
+      const bool ns_ok = rule.ns.empty() || rule.ns == r.ns;
+      // resourceNames cannot restrict create, list or watch (there is no name to match).
+      const bool name_ok = rule.names.empty() || (!r.name.empty() && rule.names.contains(r.name));
+      allowed = allowed || (verb_ok && res_ok && group_ok && ns_ok && name_ok);
     }
     if (!allowed) {
       // pkg/registry/rbac ... forbidden message of the authorization filter.
@@ -1641,7 +1752,10 @@ void FakeApiServer::Serve(Request& r, const httplib::Request& req, httplib::Resp
   }
   if (r.verb == "create") {
     if (r.sub == "binding") {
-      send(DoBinding(r.ns, r.name, *body));
+      const std::string pod = r.legacy_bindings && body->contains("metadata") && (*body)["metadata"].is_object()
+                                  ? (*body)["metadata"].value("name", "")
+                                  : r.name;
+      send(DoBinding(r.ns, pod, *body));
     } else if (r.sub == "eviction") {
       send(DoEviction(r.ns, r.name, *body, dry_run));
     } else if (!r.name.empty()) {

@@ -56,17 +56,38 @@ struct Response;
 
 namespace kgpu::testing {
 
+// One PolicyRule of a Role or ClusterRole, as the RBAC authorizer matches it
+// (plugin/pkg/auth/authorizer/rbac: verbs, apiGroups, resources with their subresource,
+// resourceNames; a Role's rules hold in its namespace only).
 struct RbacRule {
+  RbacRule() = default;
+  RbacRule(std::set<std::string> v, std::set<std::string> r, std::set<std::string> g = {})
+      : verbs(std::move(v)), resources(std::move(r)), groups(std::move(g)) {}
   std::set<std::string> verbs;      // get list watch create update patch delete, or "*"
   std::set<std::string> resources;  // "pods", "pods/eviction", "nodes/status", or "*"
+  std::set<std::string> groups;     // apiGroups ("" core, "*"); empty: any (a test's shorthand)
+  std::string ns;                   // a Role's namespace; "" for a ClusterRole
+  std::set<std::string> names;      // resourceNames; empty: any object
 };
+
+// The identity a folder of deploy/ gives a component: its ServiceAccount's user name
+// ("system:serviceaccount:<ns>:<name>") and every rule of the Roles and ClusterRoles bound to it
+// there. A Role without a namespace is in the one its kustomization.yaml sets (kgpu-system).
+struct DeployIdentity {
+  std::string user;
+  std::vector<RbacRule> rules;
+};
+// `path`: a manifest or a folder of them (*.yaml, not recursing); `service_account`: which one,
+// when the manifests bind several (empty: the only one bound).
+absl::StatusOr<DeployIdentity> ReadDeployRbac(const std::string& path, const std::string& service_account = "");
 
 struct FakeApiServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0 = any free port
   bool tls = false;
   std::string tls_cert_file, tls_key_file;  // both empty with tls: a generated self-signed pair
-  // Bearer tokens -> user. Empty: every request is served as user "admin" (no authentication).
+  // Bearer tokens -> user. Empty: a request without a token is served as user "admin" (a test's
+  // own client), one with a token must carry a known one (KubeconfigFor adds them).
   std::map<std::string, std::string> tokens;
   // User -> rules. A user missing from the table may do anything (the cluster-admin of a test).
   std::map<std::string, std::vector<RbacRule>> rbac;
@@ -101,7 +122,12 @@ class FakeApiServer {
   std::string url() const;
   const std::string& ca_pem() const { return ca_pem_; }
   // A kubeconfig for kubectl or kgpu (CA data when TLS, the token when given).
-  std::string Kubeconfig(const std::string& token = "") const;
+  std::string Kubeconfig(const std::string& token = "", const std::string& ns = "default") const;
+  // A kubeconfig whose token is `id`'s and whose requests get exactly `id`'s rules: a component
+  // runs in a test with the RBAC its deploy/ folder grants, no more. Its namespace is the
+  // ServiceAccount's (as the in-cluster config of the component's pod), created if absent (as
+  // deploy/namespace does).
+  std::string KubeconfigFor(const DeployIdentity& id);
 
   // Direct access, through the same admission and watch paths as HTTP requests. `resource`
   // is a plural ("pods") or kind; returns the stored object or the Status the API would send.
@@ -134,6 +160,9 @@ class FakeApiServer {
   size_t OpenWatches() const { return open_watches_; }
   // Requests seen per "<METHOD> <path without query>" and their User-Agent (last seen).
   std::string LastUserAgent() const;
+  // The last 1,000 API requests as "<METHOD> <target>" (path and query as sent), with " (gzip)"
+  // when the client accepted a gzipped answer; oldest first.
+  std::vector<std::string> RequestLog() const;
 
  private:
   struct Event {
@@ -203,7 +232,10 @@ class FakeApiServer {
   uint64_t drop_generation_ = 0;
   std::vector<Fault> faults_;
   std::map<std::string, std::string> tokens_;
+  std::map<std::string, std::vector<RbacRule>> rbac_;  // user -> rules (opts_.rbac, then KubeconfigFor)
+  bool anonymous_admin_ = false;                       // no tokens configured: no token is admin
   std::string last_user_agent_;
+  std::deque<std::string> request_log_;
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> watches_started_{0};
   std::atomic<size_t> open_watches_{0};

@@ -233,8 +233,9 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
   json& spec = pod["spec"];
   if (!spec.is_object() || !spec.contains("containers") || !spec["containers"].is_array() ||
       spec["containers"].empty()) {
-    r = {false, 422,
-         Cat("Pod \"", pod["metadata"].value("name", ""), "\" is invalid: spec.containers: Required value")};
+    r.allowed = false;
+    r.code = 422;
+    r.errors.push_back({"FieldValueRequired", "spec.containers", "Required value"});
     return r;
   }
   // Core defaulting: limits default the missing requests.
@@ -249,29 +250,48 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
       }
     }
   }
-  // LimitRanger: defaults, then min/max per container.
+  // LimitRanger: defaults, then min/max per container. What it set is noted, per container, in
+  // the annotation mergePodResourceRequirements writes: "<sorted names> request for container
+  // <c>" then "... limit for ...", init containers as "init container <c>", joined by "; ".
   std::vector<std::string> lr_errs;
-  for (const auto& lr : limit_ranges) {
-    if (!lr.contains("spec") || !lr["spec"].contains("limits")) continue;
-    for (const auto& item : lr["spec"]["limits"]) {
-      if (item.value("type", "") != "Container") continue;
-      for (const auto& list : ContainerLists()) {
-        if (!spec.contains(list)) continue;
-        for (auto& c : spec[list]) {
-          json& res = Resources(c);
+  std::vector<std::string> lr_set;
+  for (const auto& list : ContainerLists()) {
+    if (!spec.contains(list)) continue;
+    for (auto& c : spec[list]) {
+      std::set<std::string> set_requests, set_limits;
+      json& res = Resources(c);
+      for (const auto& lr : limit_ranges) {
+        if (!lr.contains("spec") || !lr["spec"].contains("limits")) continue;
+        for (const auto& item : lr["spec"]["limits"]) {
+          if (item.value("type", "") != "Container") continue;
           if (item.contains("default")) {
             for (auto it = item["default"].begin(); it != item["default"].end(); ++it) {
-              if (!res.contains("limits") || !res["limits"].contains(it.key())) res["limits"][it.key()] = *it;
+              if (!res.contains("limits") || !res["limits"].contains(it.key())) {
+                res["limits"][it.key()] = *it;
+                set_limits.insert(it.key());
+              }
             }
           }
           if (item.contains("defaultRequest")) {
             for (auto it = item["defaultRequest"].begin(); it != item["defaultRequest"].end(); ++it) {
-              if (!res.contains("requests") || !res["requests"].contains(it.key())) res["requests"][it.key()] = *it;
+              if (!res.contains("requests") || !res["requests"].contains(it.key())) {
+                res["requests"][it.key()] = *it;
+                set_requests.insert(it.key());
+              }
             }
           }
         }
       }
+      const std::string who = Cat(list == "initContainers" ? "init container " : "container ", c.value("name", ""));
+      auto names = [](const std::set<std::string>& v) {
+        return Join(std::vector<std::string>(v.begin(), v.end()), ", ");
+      };
+      if (!set_requests.empty()) lr_set.push_back(Cat(names(set_requests), " request for ", who));
+      if (!set_limits.empty()) lr_set.push_back(Cat(names(set_limits), " limit for ", who));
     }
+  }
+  if (!lr_set.empty()) {
+    pod["metadata"]["annotations"]["kubernetes.io/limit-ranger"] = Cat("LimitRanger plugin set: ", Join(lr_set, "; "));
   }
   for (const auto& lr : limit_ranges) {
     if (!lr.contains("spec") || !lr["spec"].contains("limits")) continue;
@@ -318,7 +338,7 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
     }
   }
   // Validation of the resource requirements (422).
-  std::vector<std::string> invalid;
+  std::vector<FieldError> invalid;
   for (const auto& list : ContainerLists()) {
     if (!spec.contains(list)) continue;
     for (size_t i = 0; i < spec[list].size(); ++i) {
@@ -329,37 +349,38 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
       for (const auto* m : {&lim, &req}) {
         const std::string kind = m == &lim ? "limits" : "requests";
         for (auto it = m->begin(); it != m->end(); ++it) {
+          const std::string field = Cat(base, ".", kind, "[", it.key(), "]");
           if (!Quantity::Parse(S(*it))) {
-            invalid.push_back(Cat(base, ".", kind, "[", it.key(), "]: Invalid value: \"", S(*it),
-                                  "\": quantities must match the regular expression "
-                                  "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"));
+            invalid.push_back({"FieldValueInvalid", field,
+                               Cat("Invalid value: \"", S(*it),
+                                   "\": quantities must match the regular expression "
+                                   "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")});
           } else if (IsExtended(it.key()) && !Q(*it).IsInteger()) {
-            invalid.push_back(
-                Cat(base, ".", kind, "[", it.key(), "]: Invalid value: \"", S(*it), "\": must be an integer"));
+            invalid.push_back({"FieldValueInvalid", field, Cat("Invalid value: \"", S(*it), "\": must be an integer")});
           }
         }
       }
       for (auto it = req.begin(); it != req.end(); ++it) {
         if (lim.contains(it.key())) {
           if (Q(*it) != Q(lim[it.key()]) && !OvercommitAllowed(it.key())) {
-            invalid.push_back(Cat(base, ".requests: Invalid value: \"", Q(*it).Format(), "\": must be equal to ",
-                                  it.key(), " limit of ", Q(lim[it.key()]).Format()));
+            invalid.push_back({"FieldValueInvalid", Cat(base, ".requests"),
+                               Cat("Invalid value: \"", Q(*it).Format(), "\": must be equal to ", it.key(),
+                                   " limit of ", Q(lim[it.key()]).Format())});
           } else if (Q(*it) > Q(lim[it.key()])) {
-            invalid.push_back(Cat(base, ".requests: Invalid value: \"", Q(*it).Format(),
-                                  "\": must be less than or equal to ", it.key(), " limit of ",
-                                  Q(lim[it.key()]).Format()));
+            invalid.push_back({"FieldValueInvalid", Cat(base, ".requests"),
+                               Cat("Invalid value: \"", Q(*it).Format(), "\": must be less than or equal to ", it.key(),
+                                   " limit of ", Q(lim[it.key()]).Format())});
           }
         } else if (!OvercommitAllowed(it.key())) {
-          invalid.push_back(Cat(base, ".limits: Required value: Limit must be set for non overcommitable resources"));
+          invalid.push_back({"FieldValueRequired", Cat(base, ".limits"),
+                             "Required value: Limit must be set for non overcommitable resources"});
         }
       }
     }
   }
   const std::string name = pod["metadata"].value("name", "");
-  if (!invalid.empty()) {
-    return {false, 422, Cat("Pod \"", name, "\" is invalid: ", Aggregate(invalid))};
-  }
-  if (!lr_errs.empty()) return {false, 403, Aggregate(lr_errs)};
+  if (!invalid.empty()) return {false, 422, "", invalid};
+  if (!lr_errs.empty()) return {false, 403, Aggregate(lr_errs), {}};
   // ResourceQuota, in the order the quotas are given (sorted by name by the caller).
   const json usage = PodQuotaUsage(pod);
   for (const auto& quota : quotas) {
@@ -385,7 +406,7 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
     }
     const std::string qname = quota["metadata"].value("name", "");
     if (!missing.empty()) {
-      return {false, 403, Cat("failed quota: ", qname, ": must specify ", Join(missing, ","))};
+      return {false, 403, Cat("failed quota: ", qname, ": must specify ", Join(missing, ",")), {}};
     }
     std::map<std::string, Quantity> req_f, used_f, hard_f;
     for (auto it = hard.begin(); it != hard.end(); ++it) {
@@ -399,9 +420,11 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
       }
     }
     if (!req_f.empty()) {
-      return {false, 403,
+      return {false,
+              403,
               Cat("exceeded quota: ", qname, ", requested: ", Pretty(req_f), ", used: ", Pretty(used_f),
-                  ", limited: ", Pretty(hard_f))};
+                  ", limited: ", Pretty(hard_f)),
+              {}};
     }
   }
   return r;

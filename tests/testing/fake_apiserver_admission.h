@@ -3,7 +3,8 @@
 //  - core defaulting (pkg/apis/core/v1/defaults.go SetDefaults_Pod): a container's limits
 //    default its missing requests;
 //  - LimitRanger (plugin/pkg/admission/limitranger/admission.go): LimitRange items of type
-//    Container default the missing limits (`default`) and requests (`defaultRequest`), then
+//    Container default the missing limits (`default`) and requests (`defaultRequest`), noted in
+//    the pod's `kubernetes.io/limit-ranger` annotation as the plugin writes it, then
 //    `min`/`max` are enforced with the plugin's messages; a LimitRange is itself defaulted on
 //    create as SetDefaults_LimitRangeItem does (default from max, defaultRequest from default,
 //    then from min);
@@ -40,13 +41,21 @@
 
 namespace kgpu::testing {
 
-// Mutates `pod` (defaults); on refusal returns false with the HTTP code (403 or 422) and the
-// message the apiserver sends (without the `pods "x" is forbidden: ` prefix for 403, the full
-// message for 422).
+// Mutates `pod` (defaults); on refusal returns false with the HTTP code: 403 with the message
+// the apiserver sends (without the `pods "x" is forbidden: ` prefix), or 422 with the field errors.
+// One error of apimachinery's field.ErrorList: its type is the Status cause's reason
+// (FieldValueRequired, FieldValueInvalid, FieldValueForbidden ...), body is ErrorBody()
+// ("Required value", "Invalid value: \"x\": detail", "Forbidden: detail").
+struct FieldError {
+  std::string type, field, body;
+  std::string Error() const { return field + ": " + body; }
+};
+
 struct AdmissionResult {
   bool allowed = true;
   int code = 0;
-  std::string message;
+  std::string message;             // 403: the reasons (without `pods "x" is forbidden: `)
+  std::vector<FieldError> errors;  // 422: the field errors (errors.NewInvalid's causes)
 };
 AdmissionResult AdmitPod(nlohmann::json& pod, const std::vector<nlohmann::json>& limit_ranges,
                          const std::vector<nlohmann::json>& quotas);
@@ -66,11 +75,6 @@ nlohmann::json QuotaUsed(const nlohmann::json& quota, const std::vector<nlohmann
 // One apimachinery field.Error: the cause type ("FieldValueInvalid", "FieldValueRequired"),
 // the path ("spec.scopes") and the body ("Invalid value: ...: detail"). Error() is
 // "<field>: <body>".
-struct FieldError {
-  std::string type, field, body;
-  std::string Error() const { return field + ": " + body; }
-};
-
 // Errors of a ResourceQuota on create (old == nullptr) or update; empty when valid.
 std::vector<FieldError> ValidateResourceQuota(const nlohmann::json& quota, const nlohmann::json* old = nullptr);
 

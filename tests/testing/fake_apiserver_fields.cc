@@ -226,4 +226,54 @@ std::string WarningHeader(const std::string& text) {
   return Cat("299 - \"", escaped, "\"");
 }
 
+std::optional<std::string> UnsupportedFieldLabel(const std::string& kind, const std::vector<std::string>& fields) {
+  static const std::map<std::string, std::set<std::string>> kSupported = {
+      {"Pod",
+       {"metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
+        "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP", "status.podIPs",
+        "status.nominatedNodeName"}},
+      {"Node", {"metadata.name", "spec.unschedulable"}},
+      {"Namespace", {"metadata.name", "status.phase"}},
+      {"Event",
+       {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
+        "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
+        "reportingComponent", "source", "type", "metadata.namespace", "metadata.name"}},
+  };
+  const auto it = kSupported.find(kind);
+  for (const auto& f : fields) {
+    if (it != kSupported.end()) {
+      if (!it->second.contains(f)) return "field label not supported: " + f;
+    } else if (f != "metadata.name" && f != "metadata.namespace") {
+      return nlohmann::json(f).dump() +
+             " is not a known field selector: only \"metadata.name\", \"metadata.namespace\"";
+    }
+  }
+  return std::nullopt;
+}
+
+nlohmann::json SelectableView(const std::string& kind, const nlohmann::json& obj) {
+  nlohmann::json v = obj;
+  auto ensure_bool = [&v](const char* parent, const char* field) {
+    if (!v.contains(parent) || !v[parent].is_object()) v[parent] = nlohmann::json::object();
+    if (!v[parent].contains(field)) v[parent][field] = false;
+  };
+  if (kind == "Pod") {
+    ensure_bool("spec", "hostNetwork");
+    if (!v.contains("status") || !v["status"].is_object()) v["status"] = nlohmann::json::object();
+    const auto ips = v["status"].value("podIPs", nlohmann::json::array());
+    v["status"]["podIP"] =
+        ips.is_array() && !ips.empty() && ips[0].is_object() ? ips[0].value("ip", "") : v["status"].value("podIP", "");
+    v["status"]["podIPs"] = "";  // accepted by the conversion, absent from the selectable set
+  } else if (kind == "Node") {
+    ensure_bool("spec", "unschedulable");
+  } else if (kind == "Event") {
+    std::string component =
+        obj.contains("source") && obj["source"].is_object() ? obj["source"].value("component", "") : "";
+    if (component.empty()) component = obj.value("reportingComponent", "");
+    v["source"] = component;
+    v["reportingComponent"] = obj.value("reportingComponent", "");
+  }
+  return v;
+}
+
 }  // namespace kgpu::testing

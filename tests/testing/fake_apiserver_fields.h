@@ -19,6 +19,7 @@
 // Thread-safety: pure functions.
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -50,5 +51,19 @@ std::string GoValue(const nlohmann::json& v);
 
 // The value of a Warning response header for one warning text (299 - "<escaped>").
 std::string WarningHeader(const std::string& text);
+
+// Field selectors as kube-apiserver serves them (pkg/apis/core/v1/conversion.go
+// AddFieldLabelConversionFunc per kind; runtime.DefaultMetaV1FieldSelectorConversion for the
+// rest): the 400 message for the first field label `kind` does not support ("field label not
+// supported: spec.bogus", or for the metadata-only kinds `"spec.x" is not a known field
+// selector: only "metadata.name", "metadata.namespace"`), nullopt when all are supported. `fields`
+// are after the conversions (pods' spec.host is spec.nodeName).
+std::optional<std::string> UnsupportedFieldLabel(const std::string& kind, const std::vector<std::string>& fields);
+
+// The object as its field selectors see it (the registries' ToSelectableFields): unset booleans
+// read "false" (pods' spec.hostNetwork, nodes' spec.unschedulable), a pod's status.podIP is
+// status.podIPs[0].ip, an event's `source` is source.component (or reportingComponent) and its
+// reportingComponent is reportingController.
+nlohmann::json SelectableView(const std::string& kind, const nlohmann::json& obj);
 
 }  // namespace kgpu::testing

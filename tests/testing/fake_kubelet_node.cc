@@ -56,6 +56,9 @@ absl::Status KubeletNodeStatus::SyncOnce() {
     node = client_.Get(nodes->Path("", node_));
   }
   if (!node.ok()) return node.status();
+  if (std::chrono::steady_clock::now() - lease_renewed_ >= std::chrono::seconds(10)) {
+    if (auto s = RenewLease(); !s.ok()) return s;
+  }
   const json status = node->value("status", json::object());
   json capacity = json::object(), allocatable = json::object();
   for (const auto& [k, v] : node_resources_) {
@@ -84,6 +87,25 @@ absl::Status KubeletNodeStatus::SyncOnce() {
                          "application/strategic-merge-patch+json");
   if (!r.ok()) return r.status();
   ++patches_;
+  return absl::OkStatus();
+}
+
+// pkg/kubelet/nodelease: the Lease named after the node in kube-node-lease, owned by the Node.
+absl::Status KubeletNodeStatus::RenewLease() {
+  const k8s::Resource* leases = k8s::FindResource("leases");
+  const std::string now = k8s::NowMicroTime();
+  auto cur = client_.Get(leases->Path("kube-node-lease", node_));
+  if (!cur.ok() && !k8s::IsApiNotFound(cur.status())) return cur.status();
+  json lease = cur.ok() ? *cur
+                        : json{{"apiVersion", "coordination.k8s.io/v1"},
+                               {"kind", "Lease"},
+                               {"metadata", {{"name", node_}, {"namespace", "kube-node-lease"}}},
+                               {"spec", {{"holderIdentity", node_}, {"leaseDurationSeconds", 40}}}};
+  lease["spec"]["renewTime"] = now;
+  auto r = cur.ok() ? client_.Update(leases->Path("kube-node-lease", node_), lease)
+                    : client_.Create(leases->Path("kube-node-lease"), lease);
+  if (!r.ok() && !k8s::IsApiConflict(r.status())) return r.status();
+  lease_renewed_ = std::chrono::steady_clock::now();
   return absl::OkStatus();
 }
 

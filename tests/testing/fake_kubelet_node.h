@@ -6,7 +6,9 @@
 // plugin is disconnected, as kubelet marks its devices unhealthy). The node's own resources
 // (cpu, memory, pods) given at construction are kept. Patched through nodes/<name>/status with a
 // strategic merge patch, only when the numbers change, and re-checked every `period` (kubelet
-// reports device changes promptly and the node status every 10 s).
+// reports device changes promptly and the node status every 10 s). Like kubelet's node lease
+// controller it keeps the Lease kube-node-lease/<node> (holder the node, 40 s, renewed every 10 s),
+// which `kubectl describe node` shows.
 //
 // Thread-safety: Start/Stop from one thread; the sync runs on its own thread.
 
@@ -46,7 +48,9 @@ class KubeletNodeStatus {
   std::map<std::string, std::string> node_resources_;
   std::chrono::milliseconds period_;
   std::atomic<uint64_t> patches_{0};
+  std::chrono::steady_clock::time_point lease_renewed_{};
   std::jthread thread_;
+  absl::Status RenewLease();
 };
 
 }  // namespace kgpu::testing

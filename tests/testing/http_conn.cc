@@ -1,12 +1,12 @@
 #include "testing/http_conn.h"
 
+#include <cstdlib>
+
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-
-#include <cstdlib>
 
 namespace kgpu::testing {
 
@@ -15,7 +15,9 @@ ElasticTaskQueue::ElasticTaskQueue(size_t initial, size_t max) : max_(max < 1 ? 
   for (size_t i = 0; i < initial && i < max_; ++i) Spawn();
 }
 
-ElasticTaskQueue::~ElasticTaskQueue() { shutdown(); }
+ElasticTaskQueue::~ElasticTaskQueue() {
+  shutdown();
+}
 
 void ElasticTaskQueue::Spawn() {
   ++idle_;

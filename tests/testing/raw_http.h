@@ -5,16 +5,16 @@
 //
 // Thread-safety: one RawHttp per thread.
 
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <string>
 
 namespace kgpu::testing {
 

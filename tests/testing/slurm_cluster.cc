@@ -117,13 +117,13 @@ pid_t SlurmCluster::Spawn(const std::string& name, const std::vector<std::string
   return pid;
 }
 
-slurm::ProcessResult SlurmCluster::Run(const std::vector<std::string>& argv, std::chrono::milliseconds timeout) const {
-  slurm::ProcessOptions po;
+ProcessResult SlurmCluster::Run(const std::vector<std::string>& argv, std::chrono::milliseconds timeout) const {
+  ProcessOptions po;
   po.timeout = timeout;
   po.env.emplace_back("SLURM_CONF", conf());
-  auto r = slurm::RunProcess(argv, po);
+  auto r = RunProcess(argv, po);
   if (!r.ok()) {
-    slurm::ProcessResult f;
+    ProcessResult f;
     f.err = std::string(r.status().message());
     return f;
   }

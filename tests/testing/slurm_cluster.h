@@ -24,7 +24,7 @@
 #include <sys/types.h>
 
 #include "absl/status/status.h"
-#include "slurm/process.h"
+#include "common/process.h"
 
 namespace kgpu::testing {
 
@@ -87,8 +87,8 @@ class SlurmCluster {
   SlurmClusterOptions& mutable_options() { return options_; }
 
   // A Slurm command (scontrol, squeue, sbatch, ...) with SLURM_CONF set; no shell.
-  slurm::ProcessResult Run(const std::vector<std::string>& argv,
-                           std::chrono::milliseconds timeout = std::chrono::seconds(30)) const;
+  ProcessResult Run(const std::vector<std::string>& argv,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(30)) const;
   // scontrol's State= of a node ("IDLE+DRAIN"), "" when it cannot be read.
   std::string State(const std::string& node) const;
   // The Reason= of a node ("" when none).

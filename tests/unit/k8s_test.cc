@@ -9,8 +9,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include "common/strings.h"
 #include "k8s/client.h"
 #include "k8s/config.h"
+#include "k8s/exec_credential.h"
 #include "k8s/informer.h"
 #include "k8s/patch.h"
 #include "k8s/quantity.h"
@@ -253,7 +255,10 @@ contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
 )",
                               "kc");
-  EXPECT_NE(std::string(exec.status().message()).find("user.exec: is not supported"), std::string::npos)
+  EXPECT_NE(std::string(exec.status().message())
+                .find("kc: users[0] (name \"u\").user.exec.apiVersion: must be specified to use an exec "
+                      "authentication plugin"),
+            std::string::npos)
       << exec.status();
 }
 
@@ -295,6 +300,271 @@ TEST(InCluster, ReadsServiceAccount) {
   ::unsetenv("KUBERNETES_SERVICE_HOST");
   EXPECT_FALSE(InClusterConfig(d.path.string()).ok());
   ::unsetenv("KUBERNETES_SERVICE_PORT");
+}
+
+// users[].user.exec as clientcmd reads it: a relative command with a '/' resolves against the
+// kubeconfig's directory, a bare name stays for PATH; v1beta1 defaults interactiveMode to
+// IfAvailable, v1 must give it; the cluster's exec extension is kept for KUBERNETES_EXEC_INFO.
+TEST(Kubeconfig, ExecPluginsAreReadAsClientGoReadsThem) {
+  TempDir d;
+  const std::string base = d.path.string();
+  auto c = ParseKubeconfig(R"(clusters:
+- name: c
+  cluster:
+    server: https://a
+    disable-compression: true
+    extensions:
+    - name: client.authentication.k8s.io/exec
+      extension: {audience: kgpu, port: 6443, debug: true, quoted: "7"}
+users:
+- name: u
+  user:
+    exec:
+      command: ./bin/plugin
+      args: [--region, eu-west-1]
+      env: [{name: A, value: "1"}, {name: B, value: two}]
+      apiVersion: client.authentication.k8s.io/v1beta1
+      installHint: apt install the-plugin
+      provideClusterInfo: true
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+)",
+                           "kc", "", base);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->exec.has_value());
+  EXPECT_EQ(c->exec->command, (fs::absolute(d.path) / "bin/plugin").lexically_normal().string());
+  EXPECT_EQ(c->exec->args, (std::vector<std::string>{"--region", "eu-west-1"}));
+  ASSERT_EQ(c->exec->env.size(), 2u);
+  EXPECT_EQ(c->exec->env[1], (std::pair<std::string, std::string>{"B", "two"}));
+  EXPECT_EQ(c->exec->api_version, "client.authentication.k8s.io/v1beta1");
+  EXPECT_EQ(c->exec->interactive_mode, "IfAvailable") << "v1beta1's default";
+  EXPECT_EQ(c->exec->install_hint, "apt install the-plugin");
+  EXPECT_TRUE(c->exec->provide_cluster_info);
+  EXPECT_TRUE(c->disable_compression);
+  EXPECT_EQ(json::parse(c->exec->cluster_config_json),
+            json({{"audience", "kgpu"}, {"port", 6443}, {"debug", true}, {"quoted", "7"}}));
+  EXPECT_NE(c->exec->where.find("kc: users[0] (name \"u\").user.exec"), std::string::npos) << c->exec->where;
+
+  auto user = [](const std::string& exec) {
+    return ParseKubeconfig(
+        Cat("clusters: [{name: c, cluster: {server: \"https://a\"}}]\n", "users: [{name: u, user: {exec: ", exec,
+            "}}]\n", "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"),
+        "kc");
+  };
+  auto bare = user("{command: aws, apiVersion: client.authentication.k8s.io/v1, interactiveMode: Never}");
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  EXPECT_EQ(bare->exec->command, "aws") << "a bare name is looked up in PATH when it runs";
+  struct Case {
+    std::string exec, message;
+  };
+  for (const Case& k : std::vector<Case>{
+           {"{command: aws, apiVersion: client.authentication.k8s.io/v1}",
+            "user.exec.interactiveMode: must be specified to use an exec authentication plugin with "
+            "client.authentication.k8s.io/v1"},
+           {"{command: aws, apiVersion: client.authentication.k8s.io/v1alpha1}",
+            "user.exec.apiVersion: exec plugin: invalid apiVersion \"client.authentication.k8s.io/v1alpha1\""},
+           {"{apiVersion: client.authentication.k8s.io/v1beta1}",
+            "user.exec.command: must be specified to use an exec authentication plugin"},
+           {"{command: aws, apiVersion: client.authentication.k8s.io/v1beta1, interactiveMode: Sometimes}",
+            "invalid interactiveMode \"Sometimes\""},
+           {"{command: aws, apiVersion: client.authentication.k8s.io/v1beta1, env: [{value: x}]}",
+            "user.exec.env[0].name: env variable name must be specified to use an exec authentication plugin"},
+           {"{command: aws, apiVersion: client.authentication.k8s.io/v1beta1, shell: true}", "shell"},
+       }) {
+    auto r = user(k.exec);
+    ASSERT_FALSE(r.ok()) << k.exec;
+    EXPECT_NE(std::string(r.status().message()).find(k.message), std::string::npos) << r.status();
+  }
+}
+
+TEST(ExecCredential, OutputCheckedAsClientGoChecksIt) {
+  constexpr char kV1[] = "client.authentication.k8s.io/v1";
+  auto token = ParseExecCredential(
+      R"({"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"t",)"
+      R"("expirationTimestamp":"2030-01-02T03:04:05Z"}})",
+      kV1);
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(token->token, "t");
+  ASSERT_TRUE(token->expiry.has_value());
+  EXPECT_EQ(std::chrono::system_clock::to_time_t(*token->expiry), 1893553445);
+  auto pair = ParseExecCredential(
+      R"({"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":)"
+      R"({"clientCertificateData":"-----BEGIN CERTIFICATE-----\nx\n","clientKeyData":"-----BEGIN EC PRIVATE KEY-----\n"}})",
+      kV1);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  EXPECT_TRUE(pair->token.empty());
+  EXPECT_FALSE(pair->expiry.has_value()) << "no expirationTimestamp: kept until a 401";
+  struct Case {
+    std::string out, message;
+  };
+  for (
+      const Case& k : std::vector<Case>{
+          {R"({"apiVersion":"client.authentication.k8s.io/v1beta1","kind":"ExecCredential","status":{"token":"t"}})",
+           "exec plugin is configured to use API version client.authentication.k8s.io/v1, plugin returned version "
+           "client.authentication.k8s.io/v1beta1"},
+          {R"({"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential"})",
+           "exec plugin didn't return a status field"},
+          {R"({"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{}})",
+           "exec plugin didn't return a token or cert/key pair"},
+          {R"({"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"clientKeyData":"k"}})",
+           "exec plugin returned only certificate or key, not both"},
+          {R"({"kind":"ExecCredential","status":{"token":"t"}})", "decoding stdout: Object 'apiVersion' is missing"},
+          {"token: t", "decoding stdout"},
+          {R"({"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"t",)"
+           R"("expirationTimestamp":"tomorrow"}})",
+           "expirationTimestamp: parsing time \"tomorrow\""},
+      }) {
+    auto r = ParseExecCredential(k.out, kV1);
+    ASSERT_FALSE(r.ok()) << k.out;
+    EXPECT_NE(std::string(r.status().message()).find(k.message), std::string::npos) << r.status();
+  }
+  auto t = [](std::string_view s) {
+    auto p = ParseRfc3339Time(s);
+    return p ? std::chrono::duration_cast<std::chrono::milliseconds>(p->time_since_epoch()).count() : int64_t{-1};
+  };
+  EXPECT_EQ(t("1970-01-01T00:00:01Z"), 1000);
+  EXPECT_EQ(t("1970-01-01T00:00:01.5Z"), 1500);
+  EXPECT_EQ(t("1970-01-01T01:00:01+01:00"), 1000);
+  EXPECT_EQ(t("1970-01-01T00:00:01-00:30"), 1801000);
+  EXPECT_EQ(t("1970-01-01 00:00:01"), -1);
+}
+
+TEST(ExecCredential, ExecInfoAsClientGoEncodesIt) {
+  Config c;
+  c.server = "https://10.0.0.1:6443";
+  c.ca_pem = "CA!";
+  c.tls_server_name = "kubernetes.default.svc";
+  c.exec = ExecConfig{};
+  c.exec->api_version = "client.authentication.k8s.io/v1";
+  EXPECT_EQ(ExecInfoJson(c, false),
+            R"({"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1","spec":{"interactive":false}})");
+  c.exec->provide_cluster_info = true;
+  c.exec->cluster_config_json = R"({"audience":"a"})";
+  EXPECT_EQ(ExecInfoJson(c, false),
+            R"({"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1","spec":{"cluster":)"
+            R"({"server":"https://10.0.0.1:6443","tls-server-name":"kubernetes.default.svc",)"
+            R"("certificate-authority-data":"Q0Eh","config":{"audience":"a"}},"interactive":false}})");
+}
+
+// The credential is kept until expirationTimestamp on the injected clock, and a 401
+// (Invalidate) of the current one makes the next Get run the plugin again; an Invalidate of an
+// older run changes nothing.
+TEST(ExecCredential, CachedUntilExpiryOrInvalidated) {
+  TempDir d;
+  const std::string plugin = d.Write("plugin.sh", R"(#!/bin/sh
+d=$(dirname "$0")
+n=$(($(cat "$d/runs" 2>/dev/null || echo 0) + 1))
+echo $n > "$d/runs"
+printf '{"apiVersion":"client.authentication.k8s.io/v1beta1","kind":"ExecCredential","status":{"token":"t%s","expirationTimestamp":"2030-01-01T00:00:00Z"}}' $n
+)");
+  fs::permissions(plugin, fs::perms::owner_all);
+  Config c;
+  c.server = "https://a";
+  c.exec = ExecConfig{};
+  c.exec->command = plugin;
+  c.exec->api_version = "client.authentication.k8s.io/v1beta1";
+  c.exec->interactive_mode = "IfAvailable";
+  const auto expiry = *ParseRfc3339Time("2030-01-01T00:00:00Z");
+  auto now = expiry - std::chrono::hours(1);
+  ExecCredentialSource source(c, [&] { return now; });
+  auto first = source.Get();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->token, "t1");
+  EXPECT_EQ(source.Get()->token, "t1");
+  now = expiry;
+  EXPECT_EQ(source.Get()->token, "t1") << "client-go: expired only once now is after the expiry";
+  now = expiry + std::chrono::seconds(1);
+  auto second = source.Get();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->token, "t2");
+  now = expiry - std::chrono::hours(1);
+  source.Invalidate(first->generation);
+  EXPECT_EQ(source.Get()->token, "t2") << "a 401 for an older credential changes nothing";
+  source.Invalidate(second->generation);
+  EXPECT_EQ(source.Get()->token, "t3");
+  EXPECT_EQ(source.Runs(), 3u);
+}
+
+// The one resolver of every command, as kubectl resolves: KUBECONFIG, else ~/.kube/config, else
+// in-cluster; with none, one message naming each place and how to point it at a cluster.
+class ResolverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : {"KUBECONFIG", "HOME", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}) {
+      if (const char* old = std::getenv(v)) saved_.emplace_back(v, old);
+      ::unsetenv(v);
+    }
+    ::setenv("HOME", home_.path.c_str(), 1);
+  }
+  void TearDown() override {
+    for (const char* v : {"KUBECONFIG", "HOME", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}) ::unsetenv(v);
+    for (const auto& [k, v] : saved_) ::setenv(k.c_str(), v.c_str(), 1);
+  }
+  TempDir home_;
+  std::vector<std::pair<std::string, std::string>> saved_;
+};
+
+TEST_F(ResolverTest, NothingConfiguredSaysWhereItLookedAndHowToPointIt) {
+  auto c = ConfigFromFlags("", "", false);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  const std::string m(c.status().message());
+  for (const std::string& part :
+       {std::string("no Kubernetes API server configured: looked at KUBECONFIG (not set), "),
+        (home_.path / ".kube/config").string() + " (does not exist)",
+        std::string("the in-cluster service account (not in a pod: KUBERNETES_SERVICE_HOST and "
+                    "KUBERNETES_SERVICE_PORT are not set)"),
+        std::string("pass --kubeconfig FILE, set KUBECONFIG=FILE[:FILE...] or create ~/.kube/config")}) {
+    EXPECT_NE(m.find(part), std::string::npos) << part << "\n" << m;
+  }
+  EXPECT_EQ(m.find("cannot read"), std::string::npos) << m;
+  const std::string list = (home_.path / "b.yaml").string() + ":" + (home_.path / "a.yaml").string();
+  ::setenv("KUBECONFIG", list.c_str(), 1);
+  auto env = ConfigFromFlags("", "", false);
+  ASSERT_FALSE(env.ok());
+  EXPECT_NE(std::string(env.status().message()).find("none of these files exists"), std::string::npos) << env.status();
+}
+
+TEST_F(ResolverTest, KubeconfigFirstThenInCluster) {
+  TempDir sa;
+  sa.Write("token", "sa-token\n");
+  sa.Write("ca.crt", "CA");
+  ::setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1", 1);
+  ::setenv("KUBERNETES_SERVICE_PORT", "443", 1);
+  // No kubeconfig anywhere: the service account.
+  auto in_cluster = ConfigFromFlags("", "", false, sa.path.string());
+  ASSERT_TRUE(in_cluster.ok()) << in_cluster.status();
+  EXPECT_EQ(in_cluster->server, "https://10.96.0.1:443");
+  // ~/.kube/config exists: kubectl uses it even in a pod.
+  fs::create_directories(home_.path / ".kube");
+  home_.Write(".kube/config", R"(clusters: [{name: c, cluster: {server: "http://from-home"}}]
+contexts: [{name: x, context: {cluster: c}}]
+current-context: x
+)");
+  auto home = ConfigFromFlags("", "", false);
+  ASSERT_TRUE(home.ok()) << home.status();
+  EXPECT_EQ(home->server, "http://from-home");
+  // KUBECONFIG's files, merged, before ~/.kube/config: the first file to define a name wins.
+  const std::string b = home_.Write("b.yaml", R"(clusters: [{name: c, cluster: {server: "http://from-b"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+)");
+  const std::string a = home_.Write("a.yaml", R"(clusters: [{name: c, cluster: {server: "http://from-a"}}]
+contexts: [{name: x, context: {cluster: c}}]
+current-context: x
+)");
+  ::setenv("KUBECONFIG", (b + ":" + a).c_str(), 1);
+  auto merged = ConfigFromFlags("", "", false);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_EQ(merged->server, "http://from-b");
+  EXPECT_EQ(merged->token, "t");
+  // --kubeconfig: that file alone (b has no current-context).
+  EXPECT_FALSE(ConfigFromFlags(b, "", false).ok());
+  auto missing = ConfigFromFlags((home_.path / "nope.yaml").string(), "", false);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(std::string(missing.status().message()).find("does not exist (check --kubeconfig)"), std::string::npos)
+      << missing.status();
+  EXPECT_FALSE(ConfigFromFlags(b, "", true).ok()) << "--in-cluster with --kubeconfig";
 }
 
 TEST(RateLimiter, BurstThenQps) {
@@ -345,15 +615,19 @@ TEST(Admission, ExtendedResourceRules) {
   json no_limit = GpuPod("p", {{"requests", {{"nvidia.com/gpu", "1"}}}});
   auto r = AdmitPod(no_limit, {}, {});
   EXPECT_EQ(r.code, 422);
-  EXPECT_EQ(r.message,
-            "Pod \"p\" is invalid: spec.containers[0].resources.limits: Required value: Limit must be set for "
-            "non overcommitable resources");
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_EQ(r.errors[0].type, "FieldValueRequired");
+  EXPECT_EQ(r.errors[0].Error(),
+            "spec.containers[0].resources.limits: Required value: Limit must be set for non overcommitable resources");
   json unequal = GpuPod("p", {{"requests", {{"nvidia.com/gpu", "1"}}}, {"limits", {{"nvidia.com/gpu", "2"}}}});
-  EXPECT_EQ(AdmitPod(unequal, {}, {}).message,
-            "Pod \"p\" is invalid: spec.containers[0].resources.requests: Invalid value: \"1\": must be equal to "
-            "nvidia.com/gpu limit of 2");
+  const auto u = AdmitPod(unequal, {}, {});
+  ASSERT_EQ(u.errors.size(), 1u);
+  EXPECT_EQ(u.errors[0].Error(),
+            "spec.containers[0].resources.requests: Invalid value: \"1\": must be equal to nvidia.com/gpu limit of 2");
   json frac = GpuPod("p", {{"limits", {{"nvidia.com/gpu", "500m"}}}});
-  EXPECT_NE(AdmitPod(frac, {}, {}).message.find("must be an integer"), std::string::npos);
+  const auto f = AdmitPod(frac, {}, {});
+  ASSERT_EQ(f.errors.size(), 2u);  // the limit, and the request defaulted from it
+  for (const auto& e : f.errors) EXPECT_NE(e.body.find("must be an integer"), std::string::npos) << e.Error();
 }
 
 TEST(Admission, LimitRangeDefaultsFromMax) {

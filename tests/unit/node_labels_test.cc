@@ -4,11 +4,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
+#include <regex>
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "cli/doctor_cluster.h"
 #include "common/files.h"
@@ -25,78 +31,543 @@ using json = nlohmann::json;
 using deviceplugin::Config;
 using deviceplugin::GfdLabels;
 
-deviceplugin::GfdOptions Opts(bool timestamp, int64_t now = 0, const std::string& machine = "") {
+deviceplugin::GfdOptions Opts(bool timestamp, int64_t now = 0, std::optional<std::string> machine = std::nullopt) {
   deviceplugin::GfdOptions o;
   o.timestamp = timestamp;
   o.now_seconds = now;
-  o.machine = machine;
+  o.machine = std::move(machine);
   return o;
 }
 
-TEST(GfdLabels, WholeGpus) {
-  testing::SimGpus g("dgx-h100");
-  ASSERT_TRUE(g.inv);
-  Config c;
-  auto l = GfdLabels(*g.inv, c, Opts(true, 1700000000, "DGX H100"));
-  EXPECT_EQ(l["nvidia.com/gpu.count"], std::to_string(g.inv->gpus().size()));
-  EXPECT_EQ(l["nvidia.com/gpu.product"], deviceplugin::SanitizeProduct(g.inv->gpus()[0].name));
-  EXPECT_EQ(l["nvidia.com/gpu.product"].find(' '), std::string::npos);
-  EXPECT_EQ(l["nvidia.com/gpu.family"], "hopper");
-  EXPECT_EQ(l["nvidia.com/gpu.compute.major"], "9");
-  EXPECT_EQ(l["nvidia.com/gpu.memory"], std::to_string(g.inv->gpus()[0].memory_mib));
-  EXPECT_EQ(l["nvidia.com/gpu.replicas"], "1");
-  EXPECT_EQ(l["nvidia.com/gpu.sharing-strategy"], "none");
-  EXPECT_EQ(l["nvidia.com/gfd.timestamp"], "1700000000");
-  EXPECT_EQ(l["nvidia.com/gpu.machine"], "DGX-H100");
-  EXPECT_EQ(l["nvidia.com/mps.capable"], "false");
-  EXPECT_FALSE(l["nvidia.com/cuda.driver-version.full"].empty());
-  EXPECT_EQ(l["nvidia.com/cuda.driver-version.major"], l["nvidia.com/cuda.driver.major"]);
-  EXPECT_FALSE(l["nvidia.com/cuda.runtime-version.major"].empty());
-  for (const auto& [k, v] : l) EXPECT_TRUE(deviceplugin::OwnsLabel(k)) << k;
-  // Time-slicing: replicas, strategy and the -SHARED suffix.
-  c.sharing.strategy = deviceplugin::SharingStrategy::kTimeSlicing;
-  c.sharing.resources = {{"nvidia.com/gpu", 4, "", {}, "", {}}};
-  auto shared = GfdLabels(*g.inv, c, Opts(false));
-  EXPECT_EQ(shared["nvidia.com/gpu.replicas"], "4");
-  EXPECT_EQ(shared["nvidia.com/gpu.sharing-strategy"], "time-slicing");
-  EXPECT_EQ(shared["nvidia.com/gpu.product"], l["nvidia.com/gpu.product"] + "-SHARED");
-  EXPECT_FALSE(shared.contains("nvidia.com/gfd.timestamp"));
-  c.sharing.strategy = deviceplugin::SharingStrategy::kMps;
-  EXPECT_EQ(GfdLabels(*g.inv, c, {})["nvidia.com/mps.capable"], "true");
-  EXPECT_EQ(GfdLabels(*g.inv, c, {})["nvidia.com/gpu.sharing-strategy"], "mps");
+using Labels = std::map<std::string, std::string>;
+
+// A simulated node discovered as a node agent with --sysfs-root sees it: kgpu-simctl sysfs has
+// written the GPUs' PCI functions (class 0x030200, a 3D controller, unless the profile's gpus entry
+// says pciClass).
+struct SysfsGpus : testing::SimGpus {
+  explicit SysfsGpus(const std::string& profile) : SimGpus(profile) {
+    EXPECT_EQ(sim.Ctl("sysfs " + sim.dir()), 0);
+    Rediscover();
+  }
+  ~SysfsGpus() { std::filesystem::remove_all(sim.dir() + "/bus"); }
+  SysfsGpus(const SysfsGpus&) = delete;
+  SysfsGpus& operator=(const SysfsGpus&) = delete;
+};
+
+// A node profile for the simulator in a file (KGPU_SIM_NODE takes its path), removed at the end.
+class ProfileFile {
+ public:
+  ProfileFile(const std::string& name, const std::string& yaml)
+      : path_(::testing::TempDir() + "kgpu-gfd-" + name + "-" + std::to_string(::getpid()) + ".yaml") {
+    std::ofstream(path_) << yaml;
+  }
+  ~ProfileFile() { std::remove(path_.c_str()); }
+  ProfileFile(const ProfileFile&) = delete;
+  ProfileFile& operator=(const ProfileFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The value format GFD gives each key it writes (NVIDIA/k8s-device-plugin: internal/lm/); empty for
+// a key GFD does not write.
+std::string GfdFormat(const std::string& key) {
+  constexpr char kNum[] = "[0-9]+";
+  constexpr char kValue[] = "([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?";  // a label value
+  const std::map<std::string, std::string> node = {
+      {"nvidia.com/gfd.timestamp", kNum},
+      {"nvidia.com/gpu.machine", kValue},
+      {"nvidia.com/gpu.mode", "compute|graphics|unknown"},
+      {"nvidia.com/mig.capable", "true|false"},
+      {"nvidia.com/mps.capable", "true|false"},
+      {"nvidia.com/mig.strategy", "single|mixed"},
+      {"nvidia.com/cuda.driver-version.full", "[0-9]+\\.[0-9]+(\\.[0-9]+)?"},
+      {"nvidia.com/cuda.driver-version.major", kNum},
+      {"nvidia.com/cuda.driver-version.minor", kNum},
+      {"nvidia.com/cuda.driver-version.revision", "[0-9]*"},
+      {"nvidia.com/cuda.driver.major", kNum},
+      {"nvidia.com/cuda.driver.minor", kNum},
+      {"nvidia.com/cuda.driver.rev", "[0-9]*"},
+      {"nvidia.com/cuda.runtime-version.full", "[0-9]+\\.[0-9]+"},
+      {"nvidia.com/cuda.runtime-version.major", kNum},
+      {"nvidia.com/cuda.runtime-version.minor", kNum},
+      {"nvidia.com/cuda.runtime.major", kNum},
+      {"nvidia.com/cuda.runtime.minor", kNum},
+      {"nvidia.com/gpu.family",
+       "tesla|fermi|kepler|maxwell|pascal|volta|turing|ampere|ada-lovelace|hopper|blackwell|rubin|undefined"},
+      {"nvidia.com/gpu.compute.major", kNum},
+      {"nvidia.com/gpu.compute.minor", kNum},
+  };
+  if (const auto it = node.find(key); it != node.end()) return it->second;
+  // Per resource: nvidia.com/gpu.<attribute> and, mixed, nvidia.com/mig-<profile>.<attribute>.
+  const std::map<std::string, std::string> resource = {
+      {"product", kValue},       {"count", kNum},
+      {"replicas", kNum},        {"sharing-strategy", "none|time-slicing|mps"},
+      {"memory", kNum},          {"multiprocessors", kNum},
+      {"slices.gi", kNum},       {"slices.ci", kNum},
+      {"engines.copy", kNum},    {"engines.decoder", kNum},
+      {"engines.encoder", kNum}, {"engines.jpeg", kNum},
+      {"engines.ofa", kNum},
+  };
+  for (const auto& [attribute, format] : resource) {
+    if (key == "nvidia.com/gpu." + attribute) return format;
+    if (key.starts_with("nvidia.com/mig-") && key.ends_with("." + attribute) &&
+        key.size() > std::string("nvidia.com/mig-.").size() + attribute.size()) {
+      return format;
+    }
+  }
+  return "";
 }
 
-TEST(GfdLabels, MigStrategies) {
-  testing::SimGpus g("dgx-a100-mig");
+// Every label is one GFD writes, in GFD's format; and the labels are exactly `want`.
+void ExpectGolden(const Labels& got, const Labels& want) {
+  for (const auto& [k, v] : got) {
+    const std::string format = GfdFormat(k);
+    EXPECT_FALSE(format.empty()) << k << " is not a label GFD writes";
+    EXPECT_TRUE(std::regex_match(v, std::regex(format))) << k << "=" << v << " does not match " << format;
+    EXPECT_TRUE(deviceplugin::OwnsLabel(k)) << k;
+  }
+  // As the NFD feature file, so that a difference shows line by line.
+  EXPECT_EQ(deviceplugin::NfdFeatureFile(got), deviceplugin::NfdFeatureFile(want));
+}
+
+// The labels every node with GPUs gets from its driver (internal/lm/nvml.go, newVersionLabeler).
+Labels VersionLabels(const std::string& driver, const std::string& cuda) {
+  const auto d1 = driver.find('.'), d2 = driver.find('.', d1 + 1);
+  const auto c1 = cuda.find('.');
+  const std::string major = driver.substr(0, d1), minor = driver.substr(d1 + 1, d2 - d1 - 1);
+  const std::string rev = d2 == std::string::npos ? "" : driver.substr(d2 + 1);
+  return {{"nvidia.com/cuda.driver-version.full", driver},
+          {"nvidia.com/cuda.driver-version.major", major},
+          {"nvidia.com/cuda.driver-version.minor", minor},
+          {"nvidia.com/cuda.driver-version.revision", rev},
+          {"nvidia.com/cuda.driver.major", major},
+          {"nvidia.com/cuda.driver.minor", minor},
+          {"nvidia.com/cuda.driver.rev", rev},
+          {"nvidia.com/cuda.runtime-version.full", cuda},
+          {"nvidia.com/cuda.runtime-version.major", cuda.substr(0, c1)},
+          {"nvidia.com/cuda.runtime-version.minor", cuda.substr(c1 + 1)},
+          {"nvidia.com/cuda.runtime.major", cuda.substr(0, c1)},
+          {"nvidia.com/cuda.runtime.minor", cuda.substr(c1 + 1)}};
+}
+
+Labels Merged(Labels a, const Labels& b) {
+  for (const auto& [k, v] : b) a[k] = v;
+  return a;
+}
+
+// The dgx-h100 node's labels without MIG or sharing (8 x NVIDIA H100 80GB HBM3, driver 550.90.07,
+// CUDA 12.4; 81559 MiB each as NVML reports it).
+Labels DgxH100Labels() {
+  return Merged(VersionLabels("550.90.07", "12.4"), {
+                                                        {"nvidia.com/gpu.compute.major", "9"},
+                                                        {"nvidia.com/gpu.compute.minor", "0"},
+                                                        {"nvidia.com/gpu.count", "8"},
+                                                        {"nvidia.com/gpu.family", "hopper"},
+                                                        {"nvidia.com/gpu.machine", "unknown"},
+                                                        {"nvidia.com/gpu.memory", "81559"},
+                                                        {"nvidia.com/gpu.mode", "compute"},
+                                                        {"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"},
+                                                        {"nvidia.com/gpu.replicas", "1"},
+                                                        {"nvidia.com/gpu.sharing-strategy", "none"},
+                                                        {"nvidia.com/mig.capable", "true"},
+                                                        {"nvidia.com/mps.capable", "false"},
+                                                    });
+}
+
+// Golden: whole GPUs, no MIG, no sharing. The timestamp is the pass's time; the machine type the
+// DMI product name with its spaces as '-'.
+TEST(GfdLabels, GoldenNoMig) {
+  SysfsGpus g("dgx-h100");
+  ASSERT_TRUE(g.inv);
+  const Labels want =
+      Merged(DgxH100Labels(), {{"nvidia.com/gfd.timestamp", "1700000000"}, {"nvidia.com/gpu.machine", "DGX-H100"}});
+  ExpectGolden(GfdLabels(*g.inv, Config{}, Opts(true, 1700000000, "DGX H100\n")), want);
+}
+
+// Golden: migStrategy mixed on 8 A100s, GPU 0 cut into 3g.20gb + 2g.10gb + 2 x 1g.5gb and GPU 1
+// into 7 x 1g.5gb. gpu.count counts every GPU of the model, MIG-enabled or not (8); each profile
+// carries the MIG device's attributes, the MIG user guide's A100-SXM4-40GB figures.
+TEST(GfdLabels, GoldenMigMixed) {
+  SysfsGpus g("dgx-a100-mig");
   ASSERT_TRUE(g.inv);
   Config c;
   c.mig_strategy = "mixed";
-  auto mixed = GfdLabels(*g.inv, c, {});
-  EXPECT_EQ(mixed["nvidia.com/mig.capable"], "true");
-  EXPECT_EQ(mixed["nvidia.com/mig.strategy"], "mixed");
-  size_t mig_devices = 0;
-  for (const auto& gpu : g.inv->gpus()) mig_devices += gpu.migs.size();
-  ASSERT_GT(mig_devices, 0u);
-  size_t counted = 0;
-  for (const auto& [k, v] : mixed) {
-    if (k.rfind("nvidia.com/mig-", 0) == 0 && k.ends_with(".count")) counted += std::stoul(v);
+  Labels want = Merged(VersionLabels("535.183.01", "12.2"), {
+                                                                {"nvidia.com/gpu.compute.major", "8"},
+                                                                {"nvidia.com/gpu.compute.minor", "0"},
+                                                                {"nvidia.com/gpu.count", "8"},
+                                                                {"nvidia.com/gpu.family", "ampere"},
+                                                                {"nvidia.com/gpu.machine", "unknown"},
+                                                                {"nvidia.com/gpu.memory", "40960"},
+                                                                {"nvidia.com/gpu.mode", "compute"},
+                                                                {"nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB"},
+                                                                {"nvidia.com/gpu.replicas", "1"},
+                                                                {"nvidia.com/gpu.sharing-strategy", "none"},
+                                                                {"nvidia.com/mig.capable", "true"},
+                                                                {"nvidia.com/mig.strategy", "mixed"},
+                                                                {"nvidia.com/mps.capable", "false"},
+                                                            });
+  // profile, count, memory, SMs, slices, copy engines, decoders, JPEG, OFA
+  struct Row {
+    const char* profile;
+    int count, memory, sms, slices, ce, dec, jpg, ofa;
+  };
+  for (const Row& r : {Row{"1g.5gb", 9, 4864, 14, 1, 1, 0, 0, 0}, Row{"2g.10gb", 1, 9856, 28, 2, 2, 1, 0, 0},
+                       Row{"3g.20gb", 1, 19968, 42, 3, 3, 2, 0, 0}}) {
+    const std::string p = std::string("nvidia.com/mig-") + r.profile + ".";
+    want[p + "product"] = std::string("NVIDIA-A100-SXM4-40GB-MIG-") + r.profile;
+    want[p + "count"] = std::to_string(r.count);
+    want[p + "replicas"] = "1";
+    want[p + "sharing-strategy"] = "none";
+    want[p + "memory"] = std::to_string(r.memory);
+    want[p + "multiprocessors"] = std::to_string(r.sms);
+    want[p + "slices.gi"] = want[p + "slices.ci"] = std::to_string(r.slices);
+    want[p + "engines.copy"] = std::to_string(r.ce);
+    want[p + "engines.decoder"] = std::to_string(r.dec);
+    want[p + "engines.encoder"] = "0";
+    want[p + "engines.jpeg"] = std::to_string(r.jpg);
+    want[p + "engines.ofa"] = std::to_string(r.ofa);
   }
-  EXPECT_EQ(counted, mig_devices);
-  const auto& m = g.inv->gpus()[0].migs.at(0);
-  EXPECT_EQ(mixed["nvidia.com/mig-" + m.profile + ".product"],
-            deviceplugin::SanitizeProduct(g.inv->gpus()[0].name) + "-MIG-" + m.profile);
+  ExpectGolden(GfdLabels(*g.inv, c, Opts(false)), want);
+}
+
+// Golden: migStrategy single on a uniform layout (every GPU MIG-enabled, one profile): gpu.* describe
+// the MIG devices, with the H100's real 3g.40gb figures (nvidia-smi mig -lgip: 39.50 GiB, 60 SMs,
+// 3 copy engines, 3 decoders, 3 JPEG); family and compute capability are the parent's. The machine
+// type file cannot be read here: gpu.machine=unknown.
+TEST(GfdLabels, GoldenMigSingleUniform) {
+  ProfileFile file("single", R"(version: v1
+name: gfd-h100-single
+driverVersion: "550.90.07"
+cudaVersion: "12.4"
+gpus:
+  - model: H100-SXM5-80GB
+    count: 2
+mig:
+  - gpu: 0
+    instances: [3g.40gb, 3g.40gb]
+  - gpu: 1
+    instances: [3g.40gb, 3g.40gb]
+)");
+  SysfsGpus g(file.path());
+  ASSERT_TRUE(g.inv);
+  Config c;
   c.mig_strategy = "single";
-  auto single = GfdLabels(*g.inv, c, {});
-  EXPECT_NE(single["nvidia.com/gpu.product"].find("-MIG-"), std::string::npos);
-  EXPECT_EQ(single["nvidia.com/gpu.count"], std::to_string(mig_devices));
+  const Labels want =
+      Merged(VersionLabels("550.90.07", "12.4"), {
+                                                     {"nvidia.com/gpu.compute.major", "9"},
+                                                     {"nvidia.com/gpu.compute.minor", "0"},
+                                                     {"nvidia.com/gpu.count", "4"},
+                                                     {"nvidia.com/gpu.engines.copy", "3"},
+                                                     {"nvidia.com/gpu.engines.decoder", "3"},
+                                                     {"nvidia.com/gpu.engines.encoder", "0"},
+                                                     {"nvidia.com/gpu.engines.jpeg", "3"},
+                                                     {"nvidia.com/gpu.engines.ofa", "0"},
+                                                     {"nvidia.com/gpu.family", "hopper"},
+                                                     {"nvidia.com/gpu.machine", "unknown"},
+                                                     {"nvidia.com/gpu.memory", "40448"},
+                                                     {"nvidia.com/gpu.mode", "compute"},
+                                                     {"nvidia.com/gpu.multiprocessors", "60"},
+                                                     {"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb"},
+                                                     {"nvidia.com/gpu.replicas", "1"},
+                                                     {"nvidia.com/gpu.sharing-strategy", "none"},
+                                                     {"nvidia.com/gpu.slices.ci", "3"},
+                                                     {"nvidia.com/gpu.slices.gi", "3"},
+                                                     {"nvidia.com/mig.capable", "true"},
+                                                     {"nvidia.com/mig.strategy", "single"},
+                                                     {"nvidia.com/mps.capable", "false"},
+                                                 });
+  ExpectGolden(GfdLabels(*g.inv, c, Opts(false, 0, deviceplugin::ReadMachineType(g.sim.dir() + "/no-such-file"))),
+               want);
+}
+
+// Golden: migStrategy single on layouts it cannot serve: GFD's -MIG-INVALID with count, replicas and
+// memory 0 and no MIG attributes, the rest from the full GPUs (internal/lm/mig-strategy.go,
+// newInvalidMigStrategyLabeler). First MIG-enabled and disabled GPUs together with several
+// profiles (dgx-a100-mig), then every GPU MIG-enabled but one without MIG devices.
+TEST(GfdLabels, GoldenMigSingleNonUniform) {
+  Config c;
+  c.mig_strategy = "single";
+  {
+    SysfsGpus g("dgx-a100-mig");
+    ASSERT_TRUE(g.inv);
+    const Labels want =
+        Merged(VersionLabels("535.183.01", "12.2"), {
+                                                        {"nvidia.com/gpu.compute.major", "8"},
+                                                        {"nvidia.com/gpu.compute.minor", "0"},
+                                                        {"nvidia.com/gpu.count", "0"},
+                                                        {"nvidia.com/gpu.family", "ampere"},
+                                                        {"nvidia.com/gpu.machine", "unknown"},
+                                                        {"nvidia.com/gpu.memory", "0"},
+                                                        {"nvidia.com/gpu.mode", "compute"},
+                                                        {"nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB-MIG-INVALID"},
+                                                        {"nvidia.com/gpu.replicas", "0"},
+                                                        {"nvidia.com/gpu.sharing-strategy", "none"},
+                                                        {"nvidia.com/mig.capable", "true"},
+                                                        {"nvidia.com/mig.strategy", "single"},
+                                                        {"nvidia.com/mps.capable", "false"},
+                                                    });
+    ExpectGolden(GfdLabels(*g.inv, c, Opts(false)), want);
+  }
+  ProfileFile file("single-empty", R"(version: v1
+name: gfd-h100-single-empty
+driverVersion: "550.90.07"
+cudaVersion: "12.4"
+gpus:
+  - model: H100-SXM5-80GB
+    count: 2
+mig:
+  - gpu: 0
+    instances: [3g.40gb, 3g.40gb]
+  - gpu: 1
+)");
+  SysfsGpus g(file.path());
+  ASSERT_TRUE(g.inv);
+  ASSERT_TRUE(g.inv->gpus()[1].mig_enabled && g.inv->gpus()[1].migs.empty());
+  const Labels want =
+      Merged(VersionLabels("550.90.07", "12.4"), {
+                                                     {"nvidia.com/gpu.compute.major", "9"},
+                                                     {"nvidia.com/gpu.compute.minor", "0"},
+                                                     {"nvidia.com/gpu.count", "0"},
+                                                     {"nvidia.com/gpu.family", "hopper"},
+                                                     {"nvidia.com/gpu.machine", "unknown"},
+                                                     {"nvidia.com/gpu.memory", "0"},
+                                                     {"nvidia.com/gpu.mode", "compute"},
+                                                     {"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3-MIG-INVALID"},
+                                                     {"nvidia.com/gpu.replicas", "0"},
+                                                     {"nvidia.com/gpu.sharing-strategy", "none"},
+                                                     {"nvidia.com/mig.capable", "true"},
+                                                     {"nvidia.com/mig.strategy", "single"},
+                                                     {"nvidia.com/mps.capable", "false"},
+                                                 });
+  ExpectGolden(GfdLabels(*g.inv, c, Opts(false)), want);
+}
+
+// Golden: time-slicing with 4 replicas of nvidia.com/gpu: replicas, strategy and -SHARED; gpu.count
+// and gpu.memory unchanged. Renamed, the product has no -SHARED (internal/lm/resource.go).
+TEST(GfdLabels, GoldenTimeSlicing) {
+  SysfsGpus g("dgx-h100");
+  ASSERT_TRUE(g.inv);
+  auto c = deviceplugin::ParseConfig(
+      "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n",
+      "ts.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  Labels want = Merged(DgxH100Labels(), {{"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3-SHARED"},
+                                         {"nvidia.com/gpu.replicas", "4"},
+                                         {"nvidia.com/gpu.sharing-strategy", "time-slicing"},
+                                         {"nvidia.com/gpu.machine", "PowerEdge-XE9680"}});
+  ExpectGolden(GfdLabels(*g.inv, *c, Opts(false, 0, "PowerEdge XE9680\n")), want);
+  c->sharing.resources[0].rename = "nvidia.com/gpu.shared";
+  want["nvidia.com/gpu.product"] = "NVIDIA-H100-80GB-HBM3";
+  ExpectGolden(GfdLabels(*g.inv, *c, Opts(false, 0, "PowerEdge XE9680\n")), want);
+}
+
+// Golden: MPS with 4 replicas: as time-slicing with strategy mps, and mps.capable=true.
+TEST(GfdLabels, GoldenMps) {
+  SysfsGpus g("dgx-h100");
+  ASSERT_TRUE(g.inv);
+  auto c = deviceplugin::ParseConfig(
+      "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n", "mps.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const Labels want = Merged(DgxH100Labels(), {{"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3-SHARED"},
+                                               {"nvidia.com/gpu.replicas", "4"},
+                                               {"nvidia.com/gpu.sharing-strategy", "mps"},
+                                               {"nvidia.com/mps.capable", "true"}});
+  ExpectGolden(GfdLabels(*g.inv, *c, Opts(false)), want);
+}
+
+// +me profiles are named with '.' for '+' (GFD's GetName: mig-1g.10gb.me, never an invalid
+// 1g.10gb+me), and sharing applies by that name; a model whose every GPU is MIG-enabled gets
+// gpu.replicas=0 and no -SHARED whatever the config says for nvidia.com/gpu.
+TEST(GfdLabels, MigProfileNamesAndSharingOfMigEnabledGpus) {
+  ProfileFile file("me", R"(version: v1
+name: gfd-h100-me
+driverVersion: "550.90.07"
+cudaVersion: "12.4"
+gpus:
+  - model: H100-SXM5-80GB
+mig:
+  - gpu: 0
+    instances: [1g.10gb+me, 1g.10gb, 1g.10gb]
+)");
+  SysfsGpus g(file.path());
+  ASSERT_TRUE(g.inv);
+  Config c;
+  c.mig_strategy = "mixed";
+  c.sharing.strategy = deviceplugin::SharingStrategy::kTimeSlicing;
+  c.sharing.resources = {{"nvidia.com/gpu", 4, "", {}, "", {}}, {"nvidia.com/mig-1g.10gb.me", 2, "", {}, "", {}}};
+  Labels want = Merged(VersionLabels("550.90.07", "12.4"), {
+                                                               {"nvidia.com/gpu.compute.major", "9"},
+                                                               {"nvidia.com/gpu.compute.minor", "0"},
+                                                               {"nvidia.com/gpu.count", "1"},
+                                                               {"nvidia.com/gpu.family", "hopper"},
+                                                               {"nvidia.com/gpu.machine", "unknown"},
+                                                               {"nvidia.com/gpu.memory", "81559"},
+                                                               {"nvidia.com/gpu.mode", "compute"},
+                                                               {"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"},
+                                                               {"nvidia.com/gpu.replicas", "0"},
+                                                               {"nvidia.com/gpu.sharing-strategy", "none"},
+                                                               {"nvidia.com/mig.capable", "true"},
+                                                               {"nvidia.com/mig.strategy", "mixed"},
+                                                               {"nvidia.com/mps.capable", "false"},
+                                                           });
+  for (const char* profile : {"1g.10gb", "1g.10gb.me"}) {
+    const bool me = std::string(profile) == "1g.10gb.me";
+    const std::string p = std::string("nvidia.com/mig-") + profile + ".";
+    want[p + "product"] = std::string("NVIDIA-H100-80GB-HBM3-MIG-") + profile + (me ? "-SHARED" : "");
+    want[p + "count"] = me ? "1" : "2";
+    want[p + "replicas"] = me ? "2" : "1";
+    want[p + "sharing-strategy"] = me ? "time-slicing" : "none";
+    want[p + "memory"] = "9984";
+    want[p + "multiprocessors"] = "16";
+    want[p + "slices.gi"] = want[p + "slices.ci"] = "1";
+    want[p + "engines.copy"] = "1";
+    want[p + "engines.decoder"] = "1";
+    want[p + "engines.encoder"] = "0";
+    want[p + "engines.jpeg"] = "1";
+    want[p + "engines.ofa"] = me ? "1" : "0";
+  }
+  ExpectGolden(GfdLabels(*g.inv, c, Opts(false)), want);
+}
+
+// gpu.mode from the GPUs' PCI class (sysfs): one VGA class is graphics; classes that differ, or a
+// class that cannot be read, unknown. mig.strategy is written on a node that is not MIG capable.
+TEST(GfdLabels, GpuModeFromThePciClass) {
+  ProfileFile graphics("graphics", R"(version: v1
+name: gfd-l4-graphics
+driverVersion: "550.90.07"
+cudaVersion: "12.4"
+gpus:
+  - model: L4
+    count: 2
+    pciClass: 0x030000
+)");
+  {
+    SysfsGpus g(graphics.path());
+    ASSERT_TRUE(g.inv);
+    ASSERT_EQ(g.inv->gpus()[0].pci_class, 0x030000u);
+    Config c;
+    c.mig_strategy = "single";
+    const Labels want = Merged(VersionLabels("550.90.07", "12.4"), {
+                                                                       {"nvidia.com/gpu.compute.major", "8"},
+                                                                       {"nvidia.com/gpu.compute.minor", "9"},
+                                                                       {"nvidia.com/gpu.count", "2"},
+                                                                       {"nvidia.com/gpu.family", "ada-lovelace"},
+                                                                       {"nvidia.com/gpu.machine", "unknown"},
+                                                                       {"nvidia.com/gpu.memory", "23034"},
+                                                                       {"nvidia.com/gpu.mode", "graphics"},
+                                                                       {"nvidia.com/gpu.product", "NVIDIA-L4"},
+                                                                       {"nvidia.com/gpu.replicas", "1"},
+                                                                       {"nvidia.com/gpu.sharing-strategy", "none"},
+                                                                       {"nvidia.com/mig.capable", "false"},
+                                                                       {"nvidia.com/mig.strategy", "single"},
+                                                                       {"nvidia.com/mps.capable", "false"},
+                                                                   });
+    ExpectGolden(GfdLabels(*g.inv, c, Opts(false)), want);
+  }
+  ProfileFile mixed("mixed-class", R"(version: v1
+name: gfd-l4-mixed-class
+gpus:
+  - model: L4
+    pciClass: 0x030000
+  - model: L4
+)");
+  {
+    SysfsGpus g(mixed.path());
+    ASSERT_TRUE(g.inv);
+    EXPECT_EQ(g.inv->gpus()[1].pci_class, 0x030200u);
+    EXPECT_EQ(GfdLabels(*g.inv, Config{}, Opts(false))["nvidia.com/gpu.mode"], "unknown");
+  }
+  testing::SimGpus unread("l4x4");  // no sysfs tree: the class cannot be read
+  ASSERT_TRUE(unread.inv);
+  EXPECT_EQ(GfdLabels(*unread.inv, Config{}, Opts(false))["nvidia.com/gpu.mode"], "unknown");
+}
+
+// No GPUs: GFD's device labeler writes nothing; only the timestamp is left.
+TEST(GfdLabels, NoGpusOnlyTheTimestamp) {
+  const auto none = gpu::Inventory::FromPartsForTest({}, {});
+  EXPECT_EQ(GfdLabels(*none, Config{}, Opts(true, 1700000000, "DGX H100")),
+            (Labels{{"nvidia.com/gfd.timestamp", "1700000000"}}));
+  EXPECT_TRUE(GfdLabels(*none, Config{}, Opts(false)).empty());
+}
+
+// gpu.machine: GFD's TrimSpace and ' ' -> '-'; "unknown" when the file cannot be read (or the
+// path is ""); an empty file gives an empty value. Characters a label value cannot hold are
+// dropped (GFD would write them, and the API server refuse the patch). The flag and variable are
+// GFD's --machine-type-file and GFD_MACHINE_TYPE_FILE.
+TEST(GfdLabels, MachineType) {
+  testing::SimGpus g("l4x4");
+  ASSERT_TRUE(g.inv);
+  const auto machine = [&](std::optional<std::string> content) {
+    return GfdLabels(*g.inv, Config{}, Opts(false, 0, std::move(content)))["nvidia.com/gpu.machine"];
+  };
+  EXPECT_EQ(machine("  ProLiant DL380 Gen10  \n"), "ProLiant-DL380-Gen10");
+  EXPECT_EQ(machine("ProLiant DL380 Gen10 (x86)\n"), "ProLiant-DL380-Gen10-x86");
+  EXPECT_EQ(machine(""), "");
+  EXPECT_EQ(machine(std::nullopt), "unknown");
+  const std::string file = g.sim.dir() + "/product_name";
+  std::ofstream(file) << "DGX H100\n";
+  EXPECT_EQ(deviceplugin::ReadMachineType(file).value_or("(unread)"), "DGX H100\n");
+  EXPECT_FALSE(deviceplugin::ReadMachineType("").has_value());
+  EXPECT_FALSE(deviceplugin::ReadMachineType(file + ".missing").has_value());
+  std::remove(file.c_str());
+
+  NodeLabelsFlags flags;
+  EXPECT_EQ(flags.machine_file, deviceplugin::kDefaultMachineTypeFile);
+  CLI::App app;
+  AddNodeLabelsFlags(&app, &flags);
+  app.parse("--machine-type-file /etc/dmi", false);
+  EXPECT_EQ(flags.machine_file, "/etc/dmi");
+  NodeLabelsFlags from_env;
+  CLI::App env_app;
+  AddPublishLabelsFlags(&env_app, &from_env);
+  ::setenv("GFD_MACHINE_TYPE_FILE", "/run/machine", 1);
+  env_app.parse("", false);
+  ::unsetenv("GFD_MACHINE_TYPE_FILE");
+  EXPECT_EQ(from_env.machine_file, "/run/machine");
+}
+
+// gpu.product: GFD's sanitise (internal/lm/resource.go), and the newest GFD's shortening of long
+// models to a 63-character value that keeps -MIG-<profile> and -SHARED
+// (internal/lm/resource_test.go, TestGetProductName).
+TEST(GfdLabels, ProductNames) {
+  EXPECT_EQ(deviceplugin::SanitizeProduct("some ( thing )else"), "some-thing-else");
+  EXPECT_EQ(deviceplugin::SanitizeProduct(" input  with multiple   spaces   "), "input-with-multiple-spaces");
+  EXPECT_EQ(deviceplugin::SanitizeProduct("NVIDIA-TITAN-X-(Pascal)"), "NVIDIA-TITAN-X-Pascal");
+  gpu::Gpu rtx;
+  rtx.name = "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition";
+  rtx.memory_mib = 97887;
+  rtx.cc_major = 12;
+  rtx.mig_capable = rtx.mig_enabled = true;
+  gpu::MigDevice m;
+  m.profile = "1g.24gb+me";
+  m.gi_slices = m.ci_slices = 1;
+  rtx.migs = {m};
+  Config c;
+  c.mig_strategy = "single";
+  const auto one = gpu::Inventory::FromPartsForTest({rtx}, {});
+  EXPECT_EQ(GfdLabels(*one, c, Opts(false))["nvidia.com/gpu.product"],
+            "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-MIG-1g.24gb.me");
+  rtx.migs[0].profile = "1g.24gb";
+  c.sharing.strategy = deviceplugin::SharingStrategy::kTimeSlicing;
+  c.sharing.resources = {{"nvidia.com/gpu", 2, "", {}, "", {}}};
+  const auto shared = gpu::Inventory::FromPartsForTest({rtx}, {});
+  EXPECT_EQ(GfdLabels(*shared, c, Opts(false))["nvidia.com/gpu.product"],
+            "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstat-MIG-1g.24gb-SHARED");
 }
 
 TEST(GfdLabels, Ownership) {
   EXPECT_TRUE(deviceplugin::OwnsLabel("nvidia.com/gpu.product"));
+  EXPECT_TRUE(deviceplugin::OwnsLabel("nvidia.com/gpu.mode"));
+  EXPECT_TRUE(deviceplugin::OwnsLabel("nvidia.com/gpu.engines.jpeg"));
   EXPECT_TRUE(deviceplugin::OwnsLabel("nvidia.com/mig-1g.10gb.count"));
+  EXPECT_TRUE(deviceplugin::OwnsLabel("nvidia.com/mig-1g.10gb.me.engines.ofa"));
   EXPECT_FALSE(deviceplugin::OwnsLabel("nvidia.com/gpu.present"));
   EXPECT_FALSE(deviceplugin::OwnsLabel("nvidia.com/gpu.deploy.device-plugin"));
   EXPECT_FALSE(deviceplugin::OwnsLabel("nvidia.com/device-plugin.config"));
+  EXPECT_FALSE(deviceplugin::OwnsLabel("nvidia.com/mig.config"));
   EXPECT_FALSE(deviceplugin::OwnsLabel("kubernetes.io/hostname"));
   EXPECT_EQ(deviceplugin::GpuFamily(8, 9), "ada-lovelace");
   EXPECT_EQ(deviceplugin::GpuFamily(7, 5), "turing");
@@ -474,7 +945,10 @@ class DoctorClusterTest : public ::testing::Test {
     (void)server_.Delete("nodes", "", "n");
     json node = {{"metadata", {{"name", "n"}, {"labels", labels}}},
                  {"spec", spec},
-                 {"status", {{"capacity", capacity}, {"allocatable", allocatable}}}};
+                 {"status",
+                  {{"capacity", capacity},
+                   {"allocatable", allocatable},
+                   {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}}}};
     EXPECT_EQ(server_.Create("nodes", "", node).code, 201);
     return ClusterChecks(*client_, "n", served, gpus, kNow);
   }
@@ -533,6 +1007,19 @@ TEST_F(DoctorClusterTest, SaysWhyACountIsMissingOrZero) {
   // No local plugin: said, not silently passed.
   auto none = Run({{"nvidia.com/gpu", "8"}}, {{"nvidia.com/gpu", "8"}}, good_labels_, {}, 8);
   EXPECT_EQ(Find(none, "Node allocatable")->verdict, Verdict::kWarn);
+  // No local plugin and allocatable 0 (kubelet keeps capacity, zeroes allocatable when the plugin
+  // is gone): the node cannot serve GPUs, a FAIL with the fix.
+  auto gone = Run({{"nvidia.com/gpu", "8"}}, {{"nvidia.com/gpu", "0"}}, good_labels_, {}, 8);
+  const Check* g = Find(gone, "Node allocatable");
+  EXPECT_EQ(g->verdict, Verdict::kFail);
+  EXPECT_EQ(
+      g->detail.rfind("allocatable nvidia.com/gpu is 0 (capacity 8): no device plugin is registered with kubelet", 0),
+      0u)
+      << g->detail;
+  EXPECT_NE(g->fix.find("kubectl describe node n | grep nvidia.com/gpu"), std::string::npos) << g->fix;
+  // GPUs on the node and no nvidia.com resource at all: the same.
+  auto never = Run({{"cpu", "64"}}, {{"cpu", "64"}}, good_labels_, {}, 8);
+  EXPECT_EQ(Find(never, "Node allocatable")->verdict, Verdict::kFail);
 }
 
 TEST_F(DoctorClusterTest, CordonTaintsAndStaleLabels) {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "common/process.h"
 #include "common/strings.h"
 #include "k8s/client.h"
 #include "k8s/config.h"
@@ -26,7 +27,6 @@
 #include "k8s/resources.h"
 #include "slurm/bridge.h"
 #include "slurm/lease.h"
-#include "slurm/process.h"
 #include "slurm/rest.h"
 #include "testing/bridge_k8s.h"
 #include "testing/fake_apiserver.h"

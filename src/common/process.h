@@ -1,9 +1,9 @@
 #pragma once
-// Runs a program without a shell (posix_spawnp, argv as given), with extra environment
-// variables, a wall-clock deadline (SIGKILL when it passes) and its stdout and stderr captured
-// until it exits (what a daemon it started writes later, holding the pipes, is not waited for).
-// The child starts with no signals blocked and default dispositions, whatever the caller's mask
-// is (a daemon that blocks SIGTERM for sigwait would otherwise pass that on).
+// Runs a program without a shell (posix_spawnp: a PATH lookup for a name without '/', argv as
+// given), with extra environment variables (the last of a name wins), a wall-clock deadline (SIGKILL when it passes)
+// and its stdout and stderr captured until it exits (what a daemon it started writes later, holding the pipes, is not
+// waited for). The child starts with no signals blocked and default dispositions, whatever the caller's mask is (a
+// daemon that blocks SIGTERM for sigwait would otherwise pass that on).
 //
 // Thread-safety: reentrant; each call is its own process.
 
@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace kgpu::slurm {
+namespace kgpu {
 
 struct ProcessResult {
   int exit_code = -1;      // exit status; 128+N when killed by signal N
@@ -33,11 +33,18 @@ struct ProcessOptions {
   // Set (by another thread) to kill the program now (SIGKILL), as when its deadline passes; the
   // result then says cancelled. Null: never.
   const std::atomic<bool>* cancel = nullptr;
+  // The program writes to the caller's stderr (a credential plugin's prompts and warnings, as
+  // client-go passes them through) instead of into ProcessResult::err.
+  bool inherit_stderr = false;
 };
 
-// Errors only when the program cannot be started (not found, not executable); a program that
-// runs and fails is an OK result with its exit code.
+// Errors only when the program cannot be started (not found, not executable): FailedPrecondition
+// whose SpawnErrno() is posix_spawn's error; a program that runs and fails is an OK result with
+// its exit code.
 absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, const ProcessOptions& options = {});
+
+// The errno of a RunProcess that could not start the program (ENOENT, EACCES ...), else 0.
+int SpawnErrno(const absl::Status& s);
 
 // "argv[0] arg1 ..." for messages, quoted as a POSIX shell reads it (an argument with a blank,
 // a quote, a backslash or a shell operator in '...'), so SplitCommandLine gives argv back.
@@ -52,4 +59,4 @@ std::string CommandLine(const std::vector<std::string>& argv);
 // an empty line. `what` names the input in errors (e.g. "--resume-command").
 absl::StatusOr<std::vector<std::string>> SplitCommandLine(std::string_view line, std::string_view what);
 
-}  // namespace kgpu::slurm
+}  // namespace kgpu

@@ -1,8 +1,9 @@
-#include "slurm/process.h"
+#include "common/process.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -17,7 +18,7 @@
 
 extern char** environ;
 
-namespace kgpu::slurm {
+namespace kgpu {
 namespace {
 
 struct Fd {
@@ -139,6 +140,15 @@ absl::StatusOr<std::vector<std::string>> SplitCommandLine(std::string_view line,
   return words;
 }
 
+namespace {
+constexpr char kSpawnErrnoPayload[] = "kgpu.process/spawn-errno";
+}  // namespace
+
+int SpawnErrno(const absl::Status& s) {
+  const auto p = s.GetPayload(kSpawnErrnoPayload);
+  return p ? std::atoi(std::string(*p).c_str()) : 0;
+}
+
 absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, const ProcessOptions& options) {
   if (argv.empty()) return absl::InvalidArgumentError("RunProcess: empty command");
   const auto start = std::chrono::steady_clock::now();
@@ -148,8 +158,10 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, c
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) return absl::InternalError(Cat("pipe: ", std::strerror(errno)));
   Fd err_r{err_pipe[0]}, err_w{err_pipe[1]};
 
-  // Environment: the caller's, with options.env added or replacing.
-  std::map<std::string, std::string> overrides(options.env.begin(), options.env.end());
+  // Environment: the caller's, with options.env added or replacing (the last of a name wins, as
+  // Go's exec.Cmd.Env).
+  std::map<std::string, std::string> overrides;
+  for (const auto& [k, v] : options.env) overrides[k] = v;
   std::vector<std::string> env_store;
   for (char** e = environ; e && *e; ++e) {
     std::string kv = *e;
@@ -170,7 +182,7 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, c
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&fa, out_w.fd, 1);
-  posix_spawn_file_actions_adddup2(&fa, err_w.fd, 2);
+  if (!options.inherit_stderr) posix_spawn_file_actions_adddup2(&fa, err_w.fd, 2);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   sigset_t none, defaults;
@@ -185,8 +197,10 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, c
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {
-    return absl::FailedPreconditionError(
+    absl::Status s = absl::FailedPreconditionError(
         Cat("cannot run ", argv[0], ": ", std::strerror(rc), " (is it installed and on PATH?)"));
+    s.SetPayload(kSpawnErrnoPayload, absl::Cord(std::to_string(rc)));
+    return s;
   }
   out_w.Close();
   err_w.Close();
@@ -256,4 +270,4 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, c
   return result;
 }
 
-}  // namespace kgpu::slurm
+}  // namespace kgpu
