@@ -13,13 +13,12 @@
 #include "common/process.h"
 #include "common/strings.h"
 
-
 namespace kgpu::k8s {
 namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
-constexpr size_t kMaxStdout = 4u << 20;  // an ExecCredential is a few KiB; more is not kept
+constexpr size_t kMaxStdout = 4u << 20;                    // an ExecCredential is a few KiB; more is not kept
 constexpr std::chrono::milliseconds kExecTimeout{300000};  // gke-gcloud-auth-plugin, kubelogin: seconds
 
 std::string Base64Encode(std::string_view in) {
@@ -120,7 +119,8 @@ std::optional<std::chrono::system_clock::time_point> ParseRfc3339Time(std::strin
   // system_clock counts nanoseconds: it ends in 2262. A later expiry (plugins write year 9999 for
   // "never") is the end of time.
   using std::chrono::system_clock;
-  if (secs >= std::chrono::duration_cast<std::chrono::seconds>(system_clock::time_point::max().time_since_epoch()).count()) {
+  if (secs >=
+      std::chrono::duration_cast<std::chrono::seconds>(system_clock::time_point::max().time_since_epoch()).count()) {
     return system_clock::time_point::max();
   }
   return std::chrono::system_clock::from_time_t(secs) +

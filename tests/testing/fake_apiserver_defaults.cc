@@ -145,10 +145,10 @@ bool SyncNodeTaints(json& node) {
   for (const auto& c : status.value("conditions", json::array())) cond[c.value("type", "")] = c.value("status", "");
   // The taints this pass manages, and which of them the node should carry now. A node that has
   // not posted a Ready condition yet keeps what it has.
-  const std::vector<std::string> managed = {"node.kubernetes.io/not-ready",       "node.kubernetes.io/unreachable",
-                                            "node.kubernetes.io/memory-pressure", "node.kubernetes.io/disk-pressure",
-                                            "node.kubernetes.io/pid-pressure",    "node.kubernetes.io/network-unavailable",
-                                            "node.kubernetes.io/unschedulable"};
+  const std::vector<std::string> managed = {
+      "node.kubernetes.io/not-ready",     "node.kubernetes.io/unreachable",  "node.kubernetes.io/memory-pressure",
+      "node.kubernetes.io/disk-pressure", "node.kubernetes.io/pid-pressure", "node.kubernetes.io/network-unavailable",
+      "node.kubernetes.io/unschedulable"};
   std::set<std::string> want;
   const bool has_ready = cond.contains("Ready");
   if (has_ready && cond["Ready"] == "False") want.insert("node.kubernetes.io/not-ready");
@@ -163,8 +163,8 @@ bool SyncNodeTaints(json& node) {
   std::set<std::string> have;
   for (const auto& t : spec.value("taints", json::array())) {
     const std::string key = t.value("key", "");
-    const bool ours = t.value("effect", "") == "NoSchedule" &&
-                      std::find(managed.begin(), managed.end(), key) != managed.end();
+    const bool ours =
+        t.value("effect", "") == "NoSchedule" && std::find(managed.begin(), managed.end(), key) != managed.end();
     if (ours && !has_ready && key == "node.kubernetes.io/not-ready") {
       kept.push_back(t);  // the admission's taint on a node that has not reported yet
       have.insert(key);
@@ -226,11 +226,16 @@ void Flatten(const json& v, const std::string& prefix, std::map<std::string, jso
 
 std::map<std::string, json> Fields(const json& obj, const std::string& only, const std::string& except) {
   std::map<std::string, json> out;
-  static const std::set<std::string> kSkipMeta = {"managedFields",     "resourceVersion",
-                                                  "uid",               "creationTimestamp",
-                                                  "generation",        "selfLink",
-                                                  "deletionTimestamp", "deletionGracePeriodSeconds",
-                                                  "name",              "namespace"};
+  static const std::set<std::string> kSkipMeta = {"managedFields",
+                                                  "resourceVersion",
+                                                  "uid",
+                                                  "creationTimestamp",
+                                                  "generation",
+                                                  "selfLink",
+                                                  "deletionTimestamp",
+                                                  "deletionGracePeriodSeconds",
+                                                  "name",
+                                                  "namespace"};
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     const std::string k = it.key();
     if (k == "apiVersion" || k == "kind") continue;
@@ -268,7 +273,8 @@ void Paths(const json& tree, const std::string& prefix, std::set<std::string>& o
     if (!prefix.empty()) out.insert(prefix);
     return;
   }
-  for (auto it = tree.begin(); it != tree.end(); ++it) Paths(*it, prefix.empty() ? it.key() : Cat(prefix, kSep, it.key()), out);
+  for (auto it = tree.begin(); it != tree.end(); ++it)
+    Paths(*it, prefix.empty() ? it.key() : Cat(prefix, kSep, it.key()), out);
 }
 
 }  // namespace
@@ -287,7 +293,8 @@ void UpdateManagedFields(const json* old, json& obj, const std::string& manager,
   for (const auto& [p, v] : before) {
     if (!after.contains(p)) removed.insert(p);
   }
-  json entries = old && (*old)["metadata"].contains("managedFields") ? (*old)["metadata"]["managedFields"] : json::array();
+  json entries =
+      old && (*old)["metadata"].contains("managedFields") ? (*old)["metadata"]["managedFields"] : json::array();
   if (changed.empty() && removed.empty()) {
     if (!entries.empty()) obj["metadata"]["managedFields"] = entries;
     return;
@@ -315,7 +322,7 @@ void UpdateManagedFields(const json* old, json& obj, const std::string& manager,
   }
   mine.insert(changed.begin(), changed.end());
   if (!mine.empty()) {
-    json entry = {{"manager", manager}, {"operation", "Update"}, {"apiVersion", api_version},
+    json entry = {{"manager", manager},        {"operation", "Update"},    {"apiVersion", api_version},
                   {"time", k8s::NowRfc3339()}, {"fieldsType", "FieldsV1"}, {"fieldsV1", Tree(mine)}};
     if (!subresource.empty()) entry["subresource"] = subresource;
     out.push_back(entry);

@@ -18,31 +18,33 @@ std::string Since(const std::string& rfc3339) {
   return HumanAge(static_cast<double>(std::time(nullptr)) - *t);
 }
 
-std::string Age(const json& obj) { return Since(obj["metadata"].value("creationTimestamp", "")); }
+std::string Age(const json& obj) {
+  return Since(obj["metadata"].value("creationTimestamp", ""));
+}
 
-json Col(const std::string& name, const std::string& description, int priority = 0,
-         const std::string& format = "", const std::string& type = "string") {
+json Col(const std::string& name, const std::string& description, int priority = 0, const std::string& format = "",
+         const std::string& type = "string") {
   return {{"name", name}, {"type", type}, {"format", format}, {"description", description}, {"priority", priority}};
 }
 
 const char* kNameDoc =
     "Name must be unique within a namespace. Is required when creating resources, although some resources may allow "
     "a client to request the generation of an appropriate name automatically.";
-const char* kAgeDoc =
-    "CreationTimestamp is a timestamp representing the server time when this object was created.";
+const char* kAgeDoc = "CreationTimestamp is a timestamp representing the server time when this object was created.";
 
 json Columns(const std::string& kind) {
   if (kind == "Node") {
-    return {Col("Name", kNameDoc, 0, "name"),
-            Col("Status", "The status of the node"),
-            Col("Roles", "The roles of the node"),
-            Col("Age", kAgeDoc),
-            Col("Version", "Kubelet Version reported by the node."),
-            Col("Internal-IP", "List of addresses reachable to the node. Queried from cloud provider, if available.", 1),
-            Col("External-IP", "List of addresses reachable to the node. Queried from cloud provider, if available.", 1),
-            Col("OS-Image", "OS Image reported by the node from /etc/os-release (e.g. Debian GNU/Linux 7 (wheezy)).", 1),
-            Col("Kernel-Version", "Kernel Version reported by the node from 'uname -r' (e.g. 3.16.0-0.bpo.4-amd64).", 1),
-            Col("Container-Runtime", "Container runtime version reported by the node through runtime remote API.", 1)};
+    return {
+        Col("Name", kNameDoc, 0, "name"),
+        Col("Status", "The status of the node"),
+        Col("Roles", "The roles of the node"),
+        Col("Age", kAgeDoc),
+        Col("Version", "Kubelet Version reported by the node."),
+        Col("Internal-IP", "List of addresses reachable to the node. Queried from cloud provider, if available.", 1),
+        Col("External-IP", "List of addresses reachable to the node. Queried from cloud provider, if available.", 1),
+        Col("OS-Image", "OS Image reported by the node from /etc/os-release (e.g. Debian GNU/Linux 7 (wheezy)).", 1),
+        Col("Kernel-Version", "Kernel Version reported by the node from 'uname -r' (e.g. 3.16.0-0.bpo.4-amd64).", 1),
+        Col("Container-Runtime", "Container runtime version reported by the node through runtime remote API.", 1)};
   }
   if (kind == "Pod") {
     return {Col("Name", kNameDoc, 0, "name"),
@@ -80,14 +82,18 @@ json Columns(const std::string& kind) {
     return {Col("Name", kNameDoc, 0, "name"), Col("Status", "The status of the namespace"), Col("Age", kAgeDoc)};
   }
   if (kind == "ResourceQuota") {
-    return {Col("Name", kNameDoc, 0, "name"), Col("Age", kAgeDoc), Col("Request", "Request represents a minimum amount of cpu/memory that a container may consume."),
-            Col("Limit", "Limits control the maximum amount of cpu/memory that a container may use independent of contention on the node.")};
+    return {Col("Name", kNameDoc, 0, "name"), Col("Age", kAgeDoc),
+            Col("Request", "Request represents a minimum amount of cpu/memory that a container may consume."),
+            Col("Limit",
+                "Limits control the maximum amount of cpu/memory that a container may use independent of contention on "
+                "the node.")};
   }
   if (kind == "PodDisruptionBudget") {
-    return {Col("Name", kNameDoc, 0, "name"), Col("Min Available", "The minimum number of pods that must be available."),
-            Col("Max Unavailable", "The maximum number of pods that may be unavailable."),
-            Col("Allowed Disruptions", "Calculated number of pods that may be disrupted at this time.", 0, "", "integer"),
-            Col("Age", kAgeDoc)};
+    return {
+        Col("Name", kNameDoc, 0, "name"), Col("Min Available", "The minimum number of pods that must be available."),
+        Col("Max Unavailable", "The maximum number of pods that may be unavailable."),
+        Col("Allowed Disruptions", "Calculated number of pods that may be disrupted at this time.", 0, "", "integer"),
+        Col("Age", kAgeDoc)};
   }
   if (kind == "Lease") {
     return {Col("Name", kNameDoc, 0, "name"), Col("Holder", "The holder of the lease"), Col("Age", kAgeDoc)};
@@ -256,8 +262,16 @@ json EventCells(const json& o, const std::string& name) {
   std::string message = o.value(v1 ? "message" : "note", "");
   message.erase(0, message.find_first_not_of(" \t\n"));
   message.erase(message.find_last_not_of(" \t\n") + 1);
-  return {last, o.value("type", ""), o.value("reason", ""), object, regarding.value("fieldPath", ""), src, message,
-          first, count, name};
+  return {last,
+          o.value("type", ""),
+          o.value("reason", ""),
+          object,
+          regarding.value("fieldPath", ""),
+          src,
+          message,
+          first,
+          count,
+          name};
 }
 
 json Cells(const json& o) {
@@ -322,7 +336,10 @@ json TableOf(const std::string& kind, const std::vector<json>& items, const std:
     if (kind == "Pod" && o.contains("status")) {
       const std::string phase = o["status"].value("phase", "");
       if (phase == "Succeeded" || phase == "Failed") {
-        row["conditions"] = {{{"type", "Completed"}, {"status", "True"}, {"reason", phase}, {"message", "The pod has completed successfully."}}};
+        row["conditions"] = {{{"type", "Completed"},
+                              {"status", "True"},
+                              {"reason", phase},
+                              {"message", "The pod has completed successfully."}}};
       }
     }
     t["rows"].push_back(std::move(row));
