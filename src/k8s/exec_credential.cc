@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/process.h"
 #include "common/strings.h"
+#include "k8s/resources.h"
 
 namespace kgpu::k8s {
 namespace {
@@ -60,72 +61,7 @@ std::string GoErrno(int err) {
   return m;
 }
 
-std::optional<int> Digits(std::string_view s, size_t pos, size_t n) {
-  if (pos + n > s.size()) return std::nullopt;
-  int v = 0;
-  for (size_t i = pos; i < pos + n; ++i) {
-    if (s[i] < '0' || s[i] > '9') return std::nullopt;
-    v = v * 10 + (s[i] - '0');
-  }
-  return v;
-}
-
 }  // namespace
-
-std::optional<std::chrono::system_clock::time_point> ParseRfc3339Time(std::string_view t) {
-  // 2006-01-02T15:04:05[.999999999](Z|+07:00)
-  const auto y = Digits(t, 0, 4), mo = Digits(t, 5, 2), d = Digits(t, 8, 2), h = Digits(t, 11, 2),
-             mi = Digits(t, 14, 2), s = Digits(t, 17, 2);
-  if (!y || !mo || !d || !h || !mi || !s || t[4] != '-' || t[7] != '-' || (t[10] != 'T' && t[10] != 't') ||
-      t[13] != ':' || t[16] != ':') {
-    return std::nullopt;
-  }
-  if (*mo < 1 || *mo > 12 || *d < 1 || *d > 31 || *h > 23 || *mi > 59 || *s > 60) return std::nullopt;
-  size_t pos = 19;
-  int64_t nanos = 0;
-  if (pos < t.size() && t[pos] == '.') {
-    ++pos;
-    int digits = 0;
-    while (pos < t.size() && t[pos] >= '0' && t[pos] <= '9') {
-      if (digits < 9) {
-        nanos = nanos * 10 + (t[pos] - '0');
-        ++digits;
-      }
-      ++pos;
-    }
-    if (digits == 0) return std::nullopt;
-    for (; digits < 9; ++digits) nanos *= 10;
-  }
-  int offset_s = 0;
-  if (pos < t.size() && (t[pos] == 'Z' || t[pos] == 'z')) {
-    ++pos;
-  } else if (pos < t.size() && (t[pos] == '+' || t[pos] == '-')) {
-    const auto oh = Digits(t, pos + 1, 2), om = Digits(t, pos + 4, 2);
-    if (!oh || !om || pos + 3 >= t.size() || t[pos + 3] != ':') return std::nullopt;
-    offset_s = (*oh * 3600 + *om * 60) * (t[pos] == '-' ? -1 : 1);
-    pos += 6;
-  } else {
-    return std::nullopt;
-  }
-  if (pos != t.size()) return std::nullopt;
-  std::tm tm{};
-  tm.tm_year = *y - 1900;
-  tm.tm_mon = *mo - 1;
-  tm.tm_mday = *d;
-  tm.tm_hour = *h;
-  tm.tm_min = *mi;
-  tm.tm_sec = *s;
-  const time_t secs = ::timegm(&tm) - offset_s;
-  // system_clock counts nanoseconds: it ends in 2262. A later expiry (plugins write year 9999 for
-  // "never") is the end of time.
-  using std::chrono::system_clock;
-  if (secs >=
-      std::chrono::duration_cast<std::chrono::seconds>(system_clock::time_point::max().time_since_epoch()).count()) {
-    return system_clock::time_point::max();
-  }
-  return std::chrono::system_clock::from_time_t(secs) +
-         std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(nanos));
-}
 
 std::string ExecInfoJson(const Config& config, bool interactive) {
   const ExecConfig& x = *config.exec;

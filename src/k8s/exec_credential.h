@@ -53,9 +53,6 @@ std::string ExecInfoJson(const Config& config, bool interactive);
 // `api_version` with a status holding a token, a client certificate and key, or both.
 absl::StatusOr<ExecCredential> ParseExecCredential(std::string_view stdout_text, std::string_view api_version);
 
-// RFC 3339 ("2025-01-02T03:04:05Z", "2025-01-02T03:04:05.5+01:00"), as metav1.Time reads it.
-std::optional<std::chrono::system_clock::time_point> ParseRfc3339Time(std::string_view text);
-
 class ExecCredentialSource {
  public:
   using Now = std::function<std::chrono::system_clock::time_point()>;

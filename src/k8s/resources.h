@@ -4,6 +4,7 @@
 //
 // Thread-safety: immutable data and pure functions.
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -38,7 +39,10 @@ std::string UrlEncode(std::string_view s);
 // "2026-12-03T08:30:00.123456Z".
 std::string NowRfc3339();
 std::string NowMicroTime();
-// Seconds since the epoch of an RFC 3339 time; nullopt when it does not parse.
+// RFC 3339 ("2025-01-02T03:04:05Z", "2025-01-02T03:04:05.5+01:00"), as metav1.Time reads it;
+// nullopt when it does not parse. A time past system_clock's end (2262) is its end.
+std::optional<std::chrono::system_clock::time_point> ParseRfc3339Time(std::string_view text);
+// The same as seconds since the epoch.
 std::optional<double> ParseRfc3339(std::string_view t);
 
 }  // namespace kgpu::k8s

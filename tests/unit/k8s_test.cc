@@ -16,6 +16,7 @@
 #include "k8s/informer.h"
 #include "k8s/patch.h"
 #include "k8s/quantity.h"
+#include "k8s/resources.h"
 #include "k8s/selector.h"
 #include "k8s/watch_decoder.h"
 #include "testing/fake_apiserver_admission.h"
@@ -427,6 +428,10 @@ TEST(ExecCredential, OutputCheckedAsClientGoChecksIt) {
   EXPECT_EQ(t("1970-01-01T01:00:01+01:00"), 1000);
   EXPECT_EQ(t("1970-01-01T00:00:01-00:30"), 1801000);
   EXPECT_EQ(t("1970-01-01 00:00:01"), -1);
+  // The seconds form reads the same times (its offset too: one parser for both).
+  EXPECT_EQ(ParseRfc3339("1970-01-01T01:00:01+01:00"), std::optional<double>(1.0));
+  EXPECT_EQ(ParseRfc3339("2026-12-03T08:30:00.500000Z"), std::optional<double>(1796286600.5));
+  EXPECT_EQ(ParseRfc3339("tomorrow"), std::nullopt);
 }
 
 TEST(ExecCredential, ExecInfoAsClientGoEncodesIt) {
