@@ -178,6 +178,28 @@ Labels DgxH100Labels() {
 
 // Golden: whole GPUs, no MIG, no sharing. The timestamp is the pass's time; the machine type the
 // DMI product name with its spaces as '-'.
+// The keys GFD writes for one MIG profile under the mixed strategy (mig-<profile>.*): the
+// product, the sharing, and the profile's NVML figures.
+struct MigProfileWant {
+  std::string product, count, replicas, strategy;
+  int memory, sms, slices, copy_engines, decoders, jpegs, ofas;
+};
+void WantMigProfile(Labels& want, const std::string& profile, const MigProfileWant& w) {
+  const std::string p = "nvidia.com/mig-" + profile + ".";
+  want[p + "product"] = w.product;
+  want[p + "count"] = w.count;
+  want[p + "replicas"] = w.replicas;
+  want[p + "sharing-strategy"] = w.strategy;
+  want[p + "memory"] = std::to_string(w.memory);
+  want[p + "multiprocessors"] = std::to_string(w.sms);
+  want[p + "slices.gi"] = want[p + "slices.ci"] = std::to_string(w.slices);
+  want[p + "engines.copy"] = std::to_string(w.copy_engines);
+  want[p + "engines.decoder"] = std::to_string(w.decoders);
+  want[p + "engines.encoder"] = "0";
+  want[p + "engines.jpeg"] = std::to_string(w.jpegs);
+  want[p + "engines.ofa"] = std::to_string(w.ofas);
+}
+
 TEST(GfdLabels, GoldenNoMig) {
   SysfsGpus g("dgx-h100");
   ASSERT_TRUE(g.inv);
@@ -216,19 +238,9 @@ TEST(GfdLabels, GoldenMigMixed) {
   };
   for (const Row& r : {Row{"1g.5gb", 9, 4864, 14, 1, 1, 0, 0, 0}, Row{"2g.10gb", 1, 9856, 28, 2, 2, 1, 0, 0},
                        Row{"3g.20gb", 1, 19968, 42, 3, 3, 2, 0, 0}}) {
-    const std::string p = std::string("nvidia.com/mig-") + r.profile + ".";
-    want[p + "product"] = std::string("NVIDIA-A100-SXM4-40GB-MIG-") + r.profile;
-    want[p + "count"] = std::to_string(r.count);
-    want[p + "replicas"] = "1";
-    want[p + "sharing-strategy"] = "none";
-    want[p + "memory"] = std::to_string(r.memory);
-    want[p + "multiprocessors"] = std::to_string(r.sms);
-    want[p + "slices.gi"] = want[p + "slices.ci"] = std::to_string(r.slices);
-    want[p + "engines.copy"] = std::to_string(r.ce);
-    want[p + "engines.decoder"] = std::to_string(r.dec);
-    want[p + "engines.encoder"] = "0";
-    want[p + "engines.jpeg"] = std::to_string(r.jpg);
-    want[p + "engines.ofa"] = std::to_string(r.ofa);
+    WantMigProfile(want, r.profile,
+                   {std::string("NVIDIA-A100-SXM4-40GB-MIG-") + r.profile, std::to_string(r.count), "1", "none",
+                    r.memory, r.sms, r.slices, r.ce, r.dec, r.jpg, r.ofa});
   }
   ExpectGolden(GfdLabels(*g.inv, c, Opts(false)), want);
 }
@@ -415,19 +427,9 @@ mig:
                                                            });
   for (const char* profile : {"1g.10gb", "1g.10gb.me"}) {
     const bool me = std::string(profile) == "1g.10gb.me";
-    const std::string p = std::string("nvidia.com/mig-") + profile + ".";
-    want[p + "product"] = std::string("NVIDIA-H100-80GB-HBM3-MIG-") + profile + (me ? "-SHARED" : "");
-    want[p + "count"] = me ? "1" : "2";
-    want[p + "replicas"] = me ? "2" : "1";
-    want[p + "sharing-strategy"] = me ? "time-slicing" : "none";
-    want[p + "memory"] = "9984";
-    want[p + "multiprocessors"] = "16";
-    want[p + "slices.gi"] = want[p + "slices.ci"] = "1";
-    want[p + "engines.copy"] = "1";
-    want[p + "engines.decoder"] = "1";
-    want[p + "engines.encoder"] = "0";
-    want[p + "engines.jpeg"] = "1";
-    want[p + "engines.ofa"] = me ? "1" : "0";
+    WantMigProfile(want, profile,
+                   {std::string("NVIDIA-H100-80GB-HBM3-MIG-") + profile + (me ? "-SHARED" : ""), me ? "1" : "2",
+                    me ? "2" : "1", me ? "time-slicing" : "none", 9984, 16, 1, 1, 1, 1, me ? 1 : 0});
   }
   ExpectGolden(GfdLabels(*g.inv, c, Opts(false)), want);
 }
