@@ -9,7 +9,7 @@ JOBS ?= $(shell nproc)
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: deps build test test-quick demo bench bench-smoke fuzz package format check-format clean
+.PHONY: deps build test test-quick demo bench bench-smoke fuzz package image format check-format clean
 
 deps:
 	@./scripts/install-deps.sh
@@ -68,10 +68,26 @@ package: deps
 	cd build/release && cpack -G DEB
 	@ls -l build/release/packages/*.deb
 
+# The OCI image that deploy/ runs, without a container engine (scripts/make-image.sh): Debian 12
+# minbase with the kgpu package, as build/release/image/kgpu-<version>.oci.tar (skopeo copy,
+# podman load, ctr import) and kgpu-<version>.docker.tar (docker load). The version is
+# project(VERSION) in CMakeLists.txt. Needs root for debootstrap and chroot (sudo when not root),
+# so git runs here: the commit's time (SOURCE_DATE_EPOCH) and hash go to the script. Passed on
+# when set: KGPU_DEBIAN_SNAPSHOT (a snapshot.debian.org time stamp, for the same image later),
+# KGPU_DEBIAN_MIRROR, KGPU_DEBIAN_SECURITY_MIRROR, KGPU_IMAGE_NAME (default localhost/kgpu).
+VERSION := $(shell grep -m1 -oE '^project.kgpu VERSION [0-9.]+' CMakeLists.txt | cut -d' ' -f3)
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+IMAGE_VARS := KGPU_DEBIAN_SNAPSHOT KGPU_DEBIAN_MIRROR KGPU_DEBIAN_SECURITY_MIRROR KGPU_IMAGE_NAME
+image: package
+	$(SUDO) env SOURCE_DATE_EPOCH="$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct)}" \
+	  KGPU_IMAGE_REVISION="$$(git rev-parse HEAD)$$([ -z "$$(git status --porcelain --untracked-files=no)" ] || echo -dirty)" \
+	  $(foreach v,$(IMAGE_VARS),$(if $($(v)),$(v)='$($(v))')) \
+	  ./scripts/make-image.sh . $(VERSION) build/release/image build/cache
+
 # libFuzzer (clang): FUZZ_SECONDS per target, corpus grows in build/fuzz/corpus-*.
 FUZZ_SECONDS ?= 60
 # One list, the same as KGPU_FUZZ_TARGETS in tests/CMakeLists.txt.
-FUZZ_TARGETS := profile config cgroup checkpoint counters mig_minors health_file kubeconfig watch_decoder extender_wire slurm_parse sched_csv quota_shares webhook_review
+FUZZ_TARGETS := profile config cgroup checkpoint counters mig_minors health_file kubeconfig watch_decoder extender_wire slurm_parse sched_csv quota_shares webhook_review csv
 fuzz: deps
 	cmake --preset fuzz >/dev/null
 	cmake --build --preset fuzz -j $(JOBS) --target $(addsuffix _fuzz,$(FUZZ_TARGETS))

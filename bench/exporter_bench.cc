@@ -5,6 +5,7 @@
 //
 //   exporter_bench [--scrapes N] [--gzip-scrapes N] [--fresh-scrapes N] [--calls N]
 //                  [--collections N] [--child-scrapes N] [--window-s S] [--keep]
+//                  [--counters FILE] [--kgpu PATH]
 //
 //   --scrapes N        keep-alive GET /metrics over HTTP on the in-process exporter (default
 //                      5000, after 100 warm-up GETs that are not counted)
@@ -20,6 +21,11 @@
 //   --window-s S       idle window over which the child's CPU time per collection is taken
 //                      (default 10)
 //   --keep             keep the temp dir (child logs, fake /proc, checkpoint) and print its path
+//   --counters FILE    a counters CSV for the in-process exporter and the children (-f), e.g.
+//                      tests/unit/testdata/dcgm-exporter/dcp-metrics-included.csv (the GPU Operator's
+//                      extended field set); default: the built-in default counters
+//   --kgpu PATH        the kgpu binary the children run (default: this build's): an older build,
+//                      to put its figures beside this one's in one run
 //
 // Figures, one line each (details on the indented lines under them):
 //   1. scrape latency over real HTTP (cpp-httplib client, TCP_NODELAY, keep-alive) on
@@ -350,6 +356,8 @@ struct Args {
   int scrapes = 5000, gzip_scrapes = 1000, fresh_scrapes = 1000, calls = 20000, collections = 50;
   int child_scrapes = 1000, window_s = 10;
   bool keep = false, idle = false;
+  std::string counters;         // --counters: a counters CSV (-f) for the exporters; empty: the default
+  std::string kgpu = KGPU_BIN;  // --kgpu: the binary of the `kgpu exporter` children (an older build, to compare)
 };
 
 bool ParseArgs(int argc, char** argv, Args* a) {
@@ -377,6 +385,10 @@ bool ParseArgs(int argc, char** argv, Args* a) {
       ok = num(&a->window_s);
     else if (k == "--keep")
       a->keep = true;
+    else if (k == "--counters" && i + 1 < argc)
+      a->counters = argv[++i];
+    else if (k == "--kgpu" && i + 1 < argc)
+      a->kgpu = argv[++i];
     else if (k == "--idle")
       a->idle = true;
     else
@@ -384,7 +396,8 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     if (!ok) {
       std::fprintf(stderr,
                    "usage: exporter_bench [--scrapes N] [--gzip-scrapes N] [--fresh-scrapes N] [--calls N]\n"
-                   "                      [--collections N] [--child-scrapes N] [--window-s S] [--keep]\n");
+                   "                      [--collections N] [--child-scrapes N] [--window-s S] [--keep]\n"
+                   "                      [--counters FILE] [--kgpu PATH]\n");
       return false;
     }
   }
@@ -464,8 +477,9 @@ int main(int argc, char** argv) {
   std::printf(
       "exporter_bench: %s (%u GPUs), time-slicing %u replicas per GPU: %u device IDs held by %u "
       "pods,\n"
-      "  one process each (%u per GPU); kubernetes=true, default counters; %u CPUs\n",
-      kProfile, kGpus, kReplicas, kPods, kPods, kReplicas, std::thread::hardware_concurrency());
+      "  one process each (%u per GPU); kubernetes=true, counters: %s; children run %s; %u CPUs\n",
+      kProfile, kGpus, kReplicas, kPods, kPods, kReplicas, args.counters.empty() ? "default" : args.counters.c_str(),
+      args.kgpu.c_str(), std::thread::hardware_concurrency());
   std::printf("load average at the start: %s", ReadFile("/proc/loadavg").c_str());
   std::fflush(stdout);
 
@@ -566,7 +580,9 @@ int main(int argc, char** argv) {
 
     // The exporter, in process.
     std::vector<std::string> skipped;
-    auto counters = kgpu::exporter::ParseCounters(kgpu::exporter::DefaultCountersCsv(), "<default counters>", &skipped);
+    auto counters = args.counters.empty() ? kgpu::exporter::ParseCounters(kgpu::exporter::DefaultCountersCsv(),
+                                                                          "<default counters>", &skipped)
+                                          : kgpu::exporter::LoadCountersFile(args.counters, &skipped);
     if (!counters.ok()) {
       fail(Cat("counters: ", counters.status().message()));
       break;
@@ -759,19 +775,20 @@ int main(int argc, char** argv) {
     {
       const int child_port = FreePort();
       Child child;
-      const std::vector<std::string> cargs = {KGPU_BIN,
-                                              "exporter",
-                                              "-a",
-                                              Cat("127.0.0.1:", child_port),
-                                              "-c",
-                                              "1000",
-                                              "-k",
-                                              "--pod-resources-kubelet-socket",
-                                              dir + "/pr.sock",
-                                              "--proc-root",
-                                              dir + "/proc",
-                                              "--kubelet-checkpoint",
-                                              dir + "/checkpoint"};
+      std::vector<std::string> cargs = {args.kgpu,
+                                        "exporter",
+                                        "-a",
+                                        Cat("127.0.0.1:", child_port),
+                                        "-c",
+                                        "1000",
+                                        "-k",
+                                        "--pod-resources-kubelet-socket",
+                                        dir + "/pr.sock",
+                                        "--proc-root",
+                                        dir + "/proc",
+                                        "--kubelet-checkpoint",
+                                        dir + "/checkpoint"};
+      if (!args.counters.empty()) cargs.insert(cargs.end(), {"-f", args.counters});
       std::string cmdline;
       for (const auto& a : cargs) cmdline += (cmdline.empty() ? "" : " ") + a;
       if (!child.Start(cargs, envp.data(), dir + "/exporter-k.log", child_port, &k.start_ms)) {
@@ -862,7 +879,8 @@ int main(int argc, char** argv) {
       const int child_port = FreePort();
       Child child;
       double start_ms = 0;
-      const std::vector<std::string> cargs = {KGPU_BIN, "exporter", "-a", Cat("127.0.0.1:", child_port), "-c", "1000"};
+      std::vector<std::string> cargs = {args.kgpu, "exporter", "-a", Cat("127.0.0.1:", child_port), "-c", "1000"};
+      if (!args.counters.empty()) cargs.insert(cargs.end(), {"-f", args.counters});
       if (!child.Start(cargs, envp.data(), dir + "/exporter-nok.log", child_port, &start_ms)) {
         fail("kgpu exporter (no -k) did not serve\n" + child.LogTail());
         break;
@@ -888,19 +906,20 @@ int main(int argc, char** argv) {
       const int child_port = FreePort();
       Child child;
       double start_ms = 0;
-      const std::vector<std::string> cargs = {KGPU_BIN,
-                                              "exporter",
-                                              "-a",
-                                              Cat("127.0.0.1:", child_port),
-                                              "-c",
-                                              "1000",
-                                              "-k",
-                                              "--pod-resources-kubelet-socket",
-                                              dir + "/pr.sock",
-                                              "--proc-root",
-                                              dir + "/proc",
-                                              "--kubelet-checkpoint",
-                                              dir + "/checkpoint"};
+      std::vector<std::string> cargs = {args.kgpu,
+                                        "exporter",
+                                        "-a",
+                                        Cat("127.0.0.1:", child_port),
+                                        "-c",
+                                        "1000",
+                                        "-k",
+                                        "--pod-resources-kubelet-socket",
+                                        dir + "/pr.sock",
+                                        "--proc-root",
+                                        dir + "/proc",
+                                        "--kubelet-checkpoint",
+                                        dir + "/checkpoint"};
+      if (!args.counters.empty()) cargs.insert(cargs.end(), {"-f", args.counters});
       if (!child.Start(cargs, env1.data(), dir + "/exporter-arena1.log", child_port, &start_ms)) {
         fail("kgpu exporter -k (MALLOC_ARENA_MAX=1) did not serve\n" + child.LogTail());
         break;

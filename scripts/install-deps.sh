@@ -12,6 +12,7 @@ BUILD_PACKAGES=(
   libcurl4-openssl-dev libcpp-httplib-dev libsimdjson-dev
 )
 # And for the tests, the fuzz preset and the benchmarks: debootstrap for the package test,
+# umoci and skopeo for `make image` and its test (an OCI image without a container engine),
 # nodejs/npm for the manifest schema test (kubernetes-models).
 PACKAGES=(
   "${BUILD_PACKAGES[@]}"
@@ -20,7 +21,7 @@ PACKAGES=(
   python3 python3-yaml procps curl
   librsvg2-2
   prometheus
-  debootstrap nodejs slurmctld slurmd slurm-client munge
+  debootstrap umoci skopeo nodejs slurmctld slurmd slurm-client munge
 )
 # npm: Debian's package, unless an npm already comes with the installed nodejs (NodeSource's
 # nodejs bundles it and conflicts with Debian's npm).

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -630,6 +631,26 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t device, c
   });
 }
 
+// The inforom objects nvidia-smi -q lists: Hopper boards show OEM 2.1 and ECC 7.16, Ampere and Ada
+// boards 2.0 and 6.16; none of them has a power-management object ("N/A").
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetInforomVersion(nvmlDevice_t device, nvmlInforomObject_t object, char* version,
+                                                     unsigned int length) {
+  if (object != NVML_INFOROM_OEM && object != NVML_INFOROM_ECC && object != NVML_INFOROM_POWER) {
+    return NVML_ERROR_INVALID_ARGUMENT;
+  }
+  return OnGpu(device, [&](const Dev& d) -> nvmlReturn_t {
+    const bool hopper = d.model().architecture >= NVML_DEVICE_ARCH_HOPPER;
+    switch (object) {
+      case NVML_INFOROM_OEM:
+        return CopyString(hopper ? "2.1" : "2.0", version, length);
+      case NVML_INFOROM_ECC:
+        return CopyString(hopper ? "7.16" : "6.16", version, length);
+      default:
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+  });
+}
+
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetBoardId(nvmlDevice_t device, unsigned int* board) {
   if (board == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
@@ -976,6 +997,32 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_
   });
 }
 
+// Time the clocks were held back by each policy since the driver loaded. The simulated node does
+// not integrate its state over time, so no policy has held them back: 0 ns (what an idle GPU
+// shows), with the reference time of the reading.
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device, nvmlPerfPolicyType_t policy,
+                                                      nvmlViolationTime_t* t) {
+  if (t == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  switch (policy) {
+    case NVML_PERF_POLICY_POWER:
+    case NVML_PERF_POLICY_THERMAL:
+    case NVML_PERF_POLICY_SYNC_BOOST:
+    case NVML_PERF_POLICY_BOARD_LIMIT:
+    case NVML_PERF_POLICY_LOW_UTILIZATION:
+    case NVML_PERF_POLICY_RELIABILITY:
+    case NVML_PERF_POLICY_TOTAL_APP_CLOCKS:
+    case NVML_PERF_POLICY_TOTAL_BASE_CLOCKS:
+      break;
+    default:
+      return NVML_ERROR_INVALID_ARGUMENT;
+  }
+  return OnGpu(device, [&](const Dev&) {
+    t->referenceTime = RealtimeUs();
+    t->violationTime = 0;
+    return NVML_SUCCESS;
+  });
+}
+
 // ---------------------------------------------------------------- memory and ECC
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
   if (memory == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1115,8 +1162,30 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count
           break;
         case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
         case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
-          if (d.node.profile().nvlink == "none" || d.model().nvlinks == 0) f.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+          // scopeId: one link (its share of the GPU's counter), or NVML_FI_SCOPE_ALL_LINKS for all.
+          if (d.node.profile().nvlink == "none" || d.model().nvlinks == 0) {
+            f.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+          } else if (f.scopeId != NVML_FI_SCOPE_ALL_LINKS && f.scopeId >= d.model().nvlinks) {
+            f.nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+          }
           v = f.fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? d.g.nvlink_tx_kib : d.g.nvlink_rx_kib;
+          if (f.scopeId != NVML_FI_SCOPE_ALL_LINKS && d.model().nvlinks > 0) v /= d.model().nvlinks;
+          break;
+        case NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL:
+        case NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL:
+        case NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL:
+        case NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL:
+          // Healthy links: no errors. PCIe-only GPUs have no NVLink counters.
+          if (d.node.profile().nvlink == "none" || d.model().nvlinks == 0) f.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+          v = 0;
+          break;
+        case NVML_FI_DEV_RETIRED_SBE:
+        case NVML_FI_DEV_RETIRED_DBE:
+        case NVML_FI_DEV_RETIRED_PENDING:
+          // Ampere and newer remap rows instead of retiring pages: drivers answer NOT_SUPPORTED
+          // (nvidia-smi -q: "Retired Pages: N/A"); every simulated model is Ampere or newer.
+          if (d.model().architecture >= NVML_DEVICE_ARCH_AMPERE) f.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+          v = 0;
           break;
         case NVML_FI_DEV_REMAPPED_COR:
           v = d.g.remapped_cor;
@@ -1261,12 +1330,25 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t device, n
   });
 }
 
-NVML_EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t d1, nvmlDevice_t d2, nvmlGpuP2PCapsIndex_t /*index*/,
+// Peer-to-peer between two GPUs: over NVSwitch every pair of NVLink GPUs has every capability;
+// over PCIe, reads and writes work below one host bridge and nothing crosses the CPU's root
+// complex (IOH topology); NVLink and atomics need NVLink.
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t d1, nvmlDevice_t d2, nvmlGpuP2PCapsIndex_t index,
                                                 nvmlGpuP2PStatus_t* status) {
-  if (status == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if (status == nullptr || index > NVML_P2P_CAPS_INDEX_PROP) return NVML_ERROR_INVALID_ARGUMENT;
   return OnPair(d1, d2, [&](const Node& node, unsigned a, unsigned b) {
-    const bool ok = a != b && (node.profile().nvlink == "nvswitch" || Level(node, a, b) <= NVML_TOPOLOGY_HOSTBRIDGE);
-    *status = ok ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
+    const auto& gpus = node.profile().gpus;
+    const bool nvlink = node.profile().nvlink == "nvswitch" && gpus[a].model->nvlinks > 0 && gpus[b].model->nvlinks > 0;
+    if (a == b) {
+      *status = NVML_P2P_STATUS_NOT_SUPPORTED;
+    } else if (nvlink) {
+      *status = NVML_P2P_STATUS_OK;
+    } else if (index == NVML_P2P_CAPS_INDEX_NVLINK || index == NVML_P2P_CAPS_INDEX_ATOMICS) {
+      *status = NVML_P2P_STATUS_NOT_SUPPORTED;
+    } else {
+      *status = Level(node, a, b) <= NVML_TOPOLOGY_HOSTBRIDGE ? NVML_P2P_STATUS_OK
+                                                              : NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED;
+    }
     return NVML_SUCCESS;
   });
 }
@@ -1778,4 +1860,239 @@ NVML_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t ci, nv
     info->profileId = full.profileId;
   }
   return rc;
+}
+
+// ---------------------------------------------------------------- GPM (Hopper and newer)
+namespace {
+
+// A GPM sample of the simulated node. NVML's holds the GPU's cumulative performance counters; the
+// simulated node keeps no such counters, only its current utilisation, so a sample records that
+// (and the NVLink KiB counters) with its time, and a metric between two samples is the mean of
+// the two readings (the trapezoid rule over the interval): a steady GPU reads its utilisation,
+// and the figures follow kgpu-simctl's `set` deterministically. NVLink throughput is the
+// difference of the counters over the interval, as on a real GPU.
+struct GpmSampleData {
+  bool filled = false;
+  unsigned gpu = 0;
+  uint32_t gi = kNoId;  // GPU instance id; kNoId: the whole GPU
+  int64_t ts_ns = 0;
+  double util = 0, mem_util = 0, dec_util = 0;  // percent
+  double pcie_tx_mibps = 0, pcie_rx_mibps = 0;
+  bool nvlink = false;
+  uint64_t nvlink_tx_kib = 0, nvlink_rx_kib = 0;
+  unsigned decoders = 0, jpegs = 0, ofas = 0;
+};
+
+struct GpmSamples {
+  std::mutex mu;
+  std::set<GpmSampleData*> live;  // a freed or forged pointer is refused, never dereferenced
+};
+GpmSamples& Samples() {
+  static auto* s = new GpmSamples;
+  return *s;
+}
+
+// The sample behind a handle, or nullptr.
+GpmSampleData* SampleOf(nvmlGpmSample_t handle) {
+  GpmSamples& s = Samples();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto* p = reinterpret_cast<GpmSampleData*>(handle);
+  return s.live.count(p) > 0 ? p : nullptr;
+}
+
+bool HasGpm(const GpuModel& m) {
+  return m.architecture >= NVML_DEVICE_ARCH_HOPPER;
+}
+
+// The media engines of the whole GPU: those of its largest MIG profile (the 7-slice one has them all).
+const MigProfile* FullProfile(const GpuModel& m) {
+  const MigProfile* full = nullptr;
+  for (const auto& p : m.mig_profiles) {
+    if (full == nullptr || p.compute_slices > full->compute_slices) full = &p;
+  }
+  return full;
+}
+
+// One metric (NVML_GPM_METRIC_* id) between two samples of one device; nullopt: not supported there.
+std::optional<double> GpmValue(unsigned id, const GpmSampleData& a, const GpmSampleData& b) {
+  const double util = (a.util + b.util) / 2;
+  auto engine = [&](unsigned first, unsigned count, double value) -> std::optional<double> {
+    if (id - first < count) return value;
+    return std::nullopt;
+  };
+  switch (id) {
+    case NVML_GPM_METRIC_GRAPHICS_UTIL:
+      return util;
+    case NVML_GPM_METRIC_SM_UTIL:
+      return util * 0.9;
+    case NVML_GPM_METRIC_SM_OCCUPANCY:
+      return util * 0.6;
+    case NVML_GPM_METRIC_INTEGER_UTIL:
+      return util * 0.1;
+    case NVML_GPM_METRIC_ANY_TENSOR_UTIL:
+      return util * 0.5;
+    case NVML_GPM_METRIC_DFMA_TENSOR_UTIL:
+    case NVML_GPM_METRIC_IMMA_TENSOR_UTIL:
+      return util * 0.05;
+    case NVML_GPM_METRIC_HMMA_TENSOR_UTIL:
+      return util * 0.4;
+    case NVML_GPM_METRIC_DRAM_BW_UTIL:
+      return (a.mem_util + b.mem_util) / 2;
+    case NVML_GPM_METRIC_FP64_UTIL:
+      return util * 0.1;
+    case NVML_GPM_METRIC_FP32_UTIL:
+      return util * 0.3;
+    case NVML_GPM_METRIC_FP16_UTIL:
+      return util * 0.2;
+    case NVML_GPM_METRIC_PCIE_TX_PER_SEC:
+    case NVML_GPM_METRIC_PCIE_RX_PER_SEC:
+      if (a.gi != kNoId) return std::nullopt;  // the bus is the whole GPU's
+      return id == NVML_GPM_METRIC_PCIE_TX_PER_SEC ? (a.pcie_tx_mibps + b.pcie_tx_mibps) / 2
+                                                   : (a.pcie_rx_mibps + b.pcie_rx_mibps) / 2;
+    case NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC:
+    case NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: {
+      if (!a.nvlink || a.gi != kNoId) return std::nullopt;
+      const bool rx = id == NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC;
+      const uint64_t before = rx ? a.nvlink_rx_kib : a.nvlink_tx_kib, after = rx ? b.nvlink_rx_kib : b.nvlink_tx_kib;
+      const double seconds = static_cast<double>(b.ts_ns - a.ts_ns) / 1e9;
+      return after >= before ? static_cast<double>(after - before) / 1024 / seconds : 0;  // MiB/s
+    }
+    default:
+      break;
+  }
+  if (id >= NVML_GPM_METRIC_NVDEC_0_UTIL && id < NVML_GPM_METRIC_NVDEC_0_UTIL + 8) {
+    return engine(NVML_GPM_METRIC_NVDEC_0_UTIL, a.decoders, (a.dec_util + b.dec_util) / 2);
+  }
+  if (id >= NVML_GPM_METRIC_NVJPG_0_UTIL && id < NVML_GPM_METRIC_NVJPG_0_UTIL + 8) {
+    return engine(NVML_GPM_METRIC_NVJPG_0_UTIL, a.jpegs, 0);
+  }
+  if (id >= NVML_GPM_METRIC_NVOFA_0_UTIL && id < NVML_GPM_METRIC_NVOFA_0_UTIL + 2) {
+    return engine(NVML_GPM_METRIC_NVOFA_0_UTIL, a.ofas, 0);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+// Support is per architecture: Hopper and newer have GPM; older GPUs answer "not supported" in
+// the struct, as the real call does.
+NVML_EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t* support) {
+  if (support == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if (support->version != NVML_GPM_SUPPORT_VERSION) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+  return OnGpu(device, [&](const Dev& d) {
+    support->isSupportedDevice = HasGpm(d.model()) ? 1 : 0;
+    return NVML_SUCCESS;
+  });
+}
+
+NVML_EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t* sample) {
+  if (sample == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if (Current() == nullptr) return NVML_ERROR_UNINITIALIZED;
+  auto* data = new GpmSampleData;
+  GpmSamples& s = Samples();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.live.insert(data);
+  *sample = reinterpret_cast<nvmlGpmSample_t>(data);
+  return NVML_SUCCESS;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+  GpmSamples& s = Samples();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto* data = reinterpret_cast<GpmSampleData*>(sample);
+  if (s.live.erase(data) == 0) return NVML_ERROR_INVALID_ARGUMENT;
+  delete data;
+  return NVML_SUCCESS;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t sample) {
+  GpmSampleData* data = SampleOf(sample);
+  if (data == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  return OnGpu(device, [&](const Dev& d) -> nvmlReturn_t {
+    if (!HasGpm(d.model())) return NVML_ERROR_NOT_SUPPORTED;
+    GpmSampleData s;
+    s.filled = true;
+    s.gpu = d.gpu;
+    s.ts_ns = MonotonicNs();
+    s.util = GpuUtilisation(d.g);
+    s.mem_util = d.g.util_mem;
+    s.dec_util = d.g.util_dec;
+    s.pcie_tx_mibps = static_cast<double>(d.g.pcie_tx_kbs) / 1024;
+    s.pcie_rx_mibps = static_cast<double>(d.g.pcie_rx_kbs) / 1024;
+    s.nvlink = HasNvLink(d);
+    s.nvlink_tx_kib = d.g.nvlink_tx_kib;
+    s.nvlink_rx_kib = d.g.nvlink_rx_kib;
+    if (const MigProfile* full = FullProfile(d.model())) {
+      s.decoders = full->decoders;
+      s.jpegs = full->jpegs;
+      s.ofas = full->ofas;
+    }
+    *data = s;
+    return NVML_SUCCESS;
+  });
+}
+
+// A GPU instance's sample (the parent GPU's handle and the instance's id): the SM activity of its
+// processes, their memory activity, and its own media engines; no PCIe or NVLink figures.
+NVML_EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpu_instance_id,
+                                             nvmlGpmSample_t sample) {
+  GpmSampleData* data = SampleOf(sample);
+  if (data == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  return OnGpu(device, [&](const Dev& d) -> nvmlReturn_t {
+    if (!HasGpm(d.model())) return NVML_ERROR_NOT_SUPPORTED;
+    if (d.g.mig_current == 0) return NVML_ERROR_INVALID_ARGUMENT;  // no GPU instances to sample
+    const SimGi* gi = nullptr;
+    for (const auto& x : d.g.gis) {
+      if (x.used != 0 && x.id == gpu_instance_id) gi = &x;
+    }
+    if (gi == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    GpmSampleData s;
+    s.filled = true;
+    s.gpu = d.gpu;
+    s.gi = gpu_instance_id;
+    s.ts_ns = MonotonicNs();
+    uint64_t sm = 0, mem = 0;
+    for (unsigned i = 0; i < d.g.nproc && i < kMaxProcs; ++i) {
+      if (d.g.procs[i].gi != gpu_instance_id) continue;
+      sm += d.g.procs[i].sm_util;
+      mem += d.g.procs[i].mem_util;
+    }
+    s.util = static_cast<double>(std::min<uint64_t>(sm, 100));
+    s.mem_util = static_cast<double>(std::min<uint64_t>(mem, 100));
+    if (const MigProfile* p = FindMigProfileByIndex(d.model(), gi->profile_index)) {
+      s.decoders = p->decoders;
+      s.jpegs = p->jpegs;
+      s.ofas = p->ofas;
+    }
+    *data = s;
+    return NVML_SUCCESS;
+  });
+}
+
+// The metrics between two samples of one device, the older first. Real NVML wants the samples at
+// least 100 ms apart for meaningful figures; the simulated node computes them for any interval,
+// and refuses only samples that are empty, of different devices, or not in time order.
+NVML_EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t* get) {
+  if (get == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if (get->version != NVML_GPM_METRICS_GET_VERSION) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+  if (get->numMetrics > NVML_GPM_METRIC_MAX) return NVML_ERROR_INVALID_ARGUMENT;
+  if (Current() == nullptr) return NVML_ERROR_UNINITIALIZED;
+  const GpmSampleData* a = SampleOf(get->sample1);
+  const GpmSampleData* b = SampleOf(get->sample2);
+  if (a == nullptr || b == nullptr || !a->filled || !b->filled) return NVML_ERROR_INVALID_ARGUMENT;
+  if (a->gpu != b->gpu || a->gi != b->gi || b->ts_ns <= a->ts_ns) return NVML_ERROR_INVALID_ARGUMENT;
+  static char kPercent[] = "%", kMibps[] = "MiB/sec", kName[] = "";
+  for (unsigned i = 0; i < get->numMetrics; ++i) {
+    nvmlGpmMetric_t& m = get->metrics[i];
+    const std::optional<double> v = GpmValue(m.metricId, *a, *b);
+    m.nvmlReturn = v ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+    m.value = v.value_or(0);
+    const bool rate = m.metricId == NVML_GPM_METRIC_PCIE_TX_PER_SEC || m.metricId == NVML_GPM_METRIC_PCIE_RX_PER_SEC ||
+                      m.metricId == NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC ||
+                      m.metricId == NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC;
+    m.metricInfo.shortName = kName;
+    m.metricInfo.longName = kName;
+    m.metricInfo.unit = rate ? kMibps : kPercent;
+  }
+  return NVML_SUCCESS;
 }

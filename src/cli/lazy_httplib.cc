@@ -1,6 +1,6 @@
 // The libcpp-httplib functions that kgpu calls (the exporter's /metrics server,
-// src/exporter/exporter.cc; the extender's and the webhook's HTTP(S) servers, src/extender/),
-// defined in the kgpu executable and forwarded to
+// src/exporter/exporter.cc, and its web config, src/common/web_config.cc; the extender's and the
+// webhook's HTTP(S) servers, src/extender/), defined in the kgpu executable and forwarded to
 // libcpp-httplib.so.0.11, loaded when the first httplib::Server is constructed (src/cli/lazy_lib.h
 // says why).
 //
@@ -65,6 +65,11 @@ Fn Real(const char* mangled) {
 #define KGPU_SET_PAYLOAD_MAX_LENGTH "_ZN7httplib6Server22set_payload_max_lengthEm"
 #define KGPU_SSL_SERVER_CTOR "_ZN7httplib9SSLServerC1EPKcS2_S2_S2_S2_"
 #define KGPU_SSL_IS_VALID "_ZNK7httplib9SSLServer8is_validEv"
+// The exporter's --web-config-file and --web-read-timeout/--web-write-timeout (src/common/web_config.cc,
+// src/exporter/exporter.cc).
+#define KGPU_SSL_CONTEXT "_ZNK7httplib9SSLServer11ssl_contextEv"
+#define KGPU_SET_READ_TIMEOUT "_ZN7httplib6Server16set_read_timeoutEll"
+#define KGPU_SET_WRITE_TIMEOUT "_ZN7httplib6Server17set_write_timeoutEll"
 
 // Each with the C++ signature it has in <httplib.h> above it; `self` is `this`.
 extern "C" {
@@ -105,6 +110,12 @@ void KgpuHttplibSslServerCtor(void* self, const char* cert, const char* key, con
                               const char* key_password) __asm__(KGPU_SSL_SERVER_CTOR);
 // bool httplib::SSLServer::is_valid() const
 bool KgpuHttplibSslIsValid(const void* self) __asm__(KGPU_SSL_IS_VALID);
+// SSL_CTX* httplib::SSLServer::ssl_context() const
+void* KgpuHttplibSslContext(const void* self) __asm__(KGPU_SSL_CONTEXT);
+// httplib::Server& httplib::Server::set_read_timeout(time_t sec, time_t usec)
+void* KgpuHttplibSetReadTimeout(void* self, long sec, long usec) __asm__(KGPU_SET_READ_TIMEOUT);
+// httplib::Server& httplib::Server::set_write_timeout(time_t sec, time_t usec)
+void* KgpuHttplibSetWriteTimeout(void* self, long sec, long usec) __asm__(KGPU_SET_WRITE_TIMEOUT);
 
 void KgpuHttplibServerCtor(void* self) {
   static const auto real = Real<void (*)(void*)>(KGPU_SERVER_CTOR);
@@ -176,6 +187,18 @@ void KgpuHttplibSslServerCtor(void* self, const char* cert, const char* key, con
 bool KgpuHttplibSslIsValid(const void* self) {
   static const auto real = Real<bool (*)(const void*)>(KGPU_SSL_IS_VALID);
   return real(self);
+}
+void* KgpuHttplibSslContext(const void* self) {
+  static const auto real = Real<void* (*)(const void*)>(KGPU_SSL_CONTEXT);
+  return real(self);
+}
+void* KgpuHttplibSetReadTimeout(void* self, long sec, long usec) {
+  static const auto real = Real<void* (*)(void*, long, long)>(KGPU_SET_READ_TIMEOUT);
+  return real(self, sec, usec);
+}
+void* KgpuHttplibSetWriteTimeout(void* self, long sec, long usec) {
+  static const auto real = Real<void* (*)(void*, long, long)>(KGPU_SET_WRITE_TIMEOUT);
+  return real(self, sec, usec);
 }
 
 }  // extern "C"

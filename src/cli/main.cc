@@ -197,8 +197,13 @@ int Main(int argc, char** argv) {
   // Exit codes, the same for every subcommand (README "Exit codes"): 0 success; 1 bad input (a
   // config or counters file, a flag value the node cannot honour) or a failure; 2 usage: the
   // command line cannot be parsed (unknown subcommand or option, a missing or malformed argument).
+  // dcgm-exporter's Go-style flags (-collectors, -rbmn) and a link named dcgm-exporter become
+  // what CLI11 reads (kgpu::cli::GoStyleFlags); every other command line is left as it is.
+  const std::vector<std::string> args = kgpu::cli::GoStyleFlags(app, argc, argv);
+  std::vector<const char*> arg_ptrs;
+  for (const std::string& a : args) arg_ptrs.push_back(a.c_str());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help and --version print and succeed
   }

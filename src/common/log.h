@@ -14,5 +14,9 @@ namespace kgpu {
 std::shared_ptr<spdlog::logger> Log(const std::string& subsystem);
 // "trace", "debug", "info", "warn", "error", "off". Returns false for an unknown level.
 bool SetLogLevel(const std::string& level);
+// "text" (the default: `2024-05-01T10:00:00.000 I [exporter] message`) or "json": one JSON object
+// per line, {"time":"...","level":"INFO","logger":"exporter","msg":"..."}, with the level names of
+// Go's log/slog, as dcgm-exporter's --log-format json writes them. Returns false for another format.
+bool SetLogFormat(const std::string& format);
 
 }  // namespace kgpu

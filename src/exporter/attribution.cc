@@ -4,6 +4,7 @@
 #include <array>
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <system_error>
@@ -25,6 +26,7 @@ namespace kgpu::exporter {
 namespace {
 
 constexpr size_t kMaxCgroupFile = size_t{64} * 1024;
+constexpr size_t kMaxJobFile = size_t{64} * 1024;
 constexpr size_t kMaxShareSpecFile = size_t{64} * 1024;
 constexpr size_t kMaxCheckpointFile = size_t{64} * 1024 * 1024;
 
@@ -354,6 +356,8 @@ struct PodAttributor::Snapshot {
   std::unordered_map<std::string, std::vector<kubelet::PodRef>> by_device;
   // kgpu.io/gpu containers with a spec, by CDI name (api::ShareCdiName of their slot IDs).
   std::unordered_map<std::string, ShareSpec> shares;
+  // (namespace, pod) -> pod UID, from the checkpoint entries that resolve to the pod.
+  std::map<std::pair<std::string, std::string>, std::string> uids;
 
   // The GPUs a checkpoint entry's devices are on.
   bool OnDevice(const CheckpointEntry& e, const std::string& gpu_uuid, const std::string& mig_uuid) const {
@@ -464,6 +468,11 @@ void PodAttributor::Update(std::vector<kubelet::DeviceAllocation> allocations) {
     std::sort(pods.begin(), pods.end(), PodLess);
     pods.erase(std::unique(pods.begin(), pods.end()), pods.end());
   }
+  for (const auto& [uid, pod_entries] : *next->by_pod) {
+    for (const CheckpointEntry& e : pod_entries) {
+      if (auto pod = next->Resolve(e)) next->uids[{pod->namespace_name, pod->pod}] = uid;
+    }
+  }
 
   std::shared_ptr<const Snapshot> old;
   {
@@ -509,6 +518,113 @@ std::optional<ShareSpec> PodAttributor::ShareOf(const kubelet::PodRef& container
 
 std::optional<kubelet::PodRef> PodAttributor::OwnerOf(const std::string& uuid) const {
   return Merge(PodsOnDevice(uuid));
+}
+
+std::string PodAttributor::PodUid(const kubelet::PodRef& pod) const {
+  const auto snap = Current();
+  const auto it = snap->uids.find({pod.namespace_name, pod.pod});
+  return it == snap->uids.end() ? std::string() : it->second;
+}
+
+std::string PodAttributor::ReplicaOn(const kubelet::PodRef& container, const std::vector<std::string>& uuids) const {
+  const auto snap = Current();
+  auto replica = [](std::string_view id) {
+    const size_t at = id.find("::");
+    return at == std::string_view::npos ? std::string() : std::string(id.substr(at + 2));
+  };
+  auto named = [&](std::string_view uuid) { return std::find(uuids.begin(), uuids.end(), uuid) != uuids.end(); };
+  // The container's entries: (namespace, pod, container, every resource).
+  for (auto it = snap->held.lower_bound(HeldKey{container.namespace_name, container.pod, container.container, ""});
+       it != snap->held.end() && std::get<0>(it->first) == container.namespace_name &&
+       std::get<1>(it->first) == container.pod && std::get<2>(it->first) == container.container;
+       ++it) {
+    const std::set<std::string>& ids = it->second;
+    if (ids.empty()) continue;
+    if (std::get<3>(it->first) == api::kShares) {
+      const auto spec = snap->shares.find(api::ShareCdiName({ids.begin(), ids.end()}));
+      if (spec == snap->shares.end()) continue;
+      if (std::any_of(spec->second.uuids.begin(), spec->second.uuids.end(), named)) return replica(*ids.begin());
+      continue;
+    }
+    for (const std::string& id : ids) {
+      if (named(StripReplica(id))) {
+        if (std::string r = replica(id); !r.empty()) return r;
+      }
+    }
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------- pod labels, HPC jobs
+
+std::vector<std::pair<std::string, std::string>> PodMetricLabels(const std::map<std::string, std::string>& labels,
+                                                                 const std::vector<std::regex>& allow) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::set<std::string> seen;
+  for (const auto& [key, value] : labels) {
+    if (!allow.empty() &&
+        std::none_of(allow.begin(), allow.end(), [&](const std::regex& re) { return std::regex_search(key, re); })) {
+      continue;
+    }
+    std::string name = key;
+    for (char& c : name) {
+      const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+      if (!ok) c = '_';
+    }
+    if (name.empty() || (name.front() >= '0' && name.front() <= '9')) name.insert(name.begin(), '_');
+    if (!seen.insert(name).second) continue;
+    out.emplace_back(std::move(name), value);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void HpcJobs::Refresh() {
+  std::error_code ec;
+  std::filesystem::directory_iterator dir(dir_, ec);
+  if (ec) {
+    jobs_.clear();
+    log_.Report(spdlog::level::warn, Cat("--hpc-job-mapping-dir ", dir_, ": ", ec.message(),
+                                         "; no hpc_job labels until it can be read (logged again when the "
+                                         "error changes)"));
+    return;
+  }
+  std::map<std::string, std::vector<std::string>> jobs;
+  // increment(ec), not ++: a directory changing under the listing must not throw.
+  for (auto it = std::filesystem::begin(dir); it != std::filesystem::end(dir); it.increment(ec)) {
+    if (ec) break;
+    const auto& entry = *it;
+    const std::string name = entry.path().filename().string();
+    // "<gpu index>" or "<gpu index>.<GPU instance id>"; other files are not job files.
+    const size_t dot = name.find('.');
+    auto digits = [](std::string_view s) {
+      return !s.empty() && s.size() <= 9 &&
+             std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+    };
+    if (!digits(std::string_view(name).substr(0, dot)) ||
+        (dot != std::string::npos && !digits(std::string_view(name).substr(dot + 1)))) {
+      continue;
+    }
+    std::error_code type_ec;
+    if (!entry.is_regular_file(type_ec)) continue;
+    auto text = ReadSmallFile(entry.path().string(), kMaxJobFile);
+    if (!text.ok()) continue;  // removed between the listing and the read: the next refresh sees it
+    std::vector<std::string>& ids = jobs[name];
+    for (std::string_view line : Split(*text, '\n')) {
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      if (!line.empty()) ids.emplace_back(line);
+    }
+  }
+  log_.Clear(Cat("--hpc-job-mapping-dir ", dir_, " is readable again"));
+  jobs_ = std::move(jobs);
+}
+
+std::vector<std::string> HpcJobs::Jobs(unsigned gpu, std::optional<unsigned> gi) const {
+  if (gi) {
+    if (const auto it = jobs_.find(Cat(gpu, ".", *gi)); it != jobs_.end()) return it->second;
+  }
+  const auto it = jobs_.find(std::to_string(gpu));
+  return it == jobs_.end() ? std::vector<std::string>() : it->second;
 }
 
 }  // namespace kgpu::exporter

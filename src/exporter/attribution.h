@@ -21,15 +21,18 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <regex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/log_once.h"
 #include "kubelet/podresources.h"
 
 namespace kgpu::exporter {
@@ -120,6 +123,15 @@ class PodAttributor {
   // written yet: the container has not started).
   std::optional<ShareSpec> ShareOf(const kubelet::PodRef& container) const;
 
+  // The UID of `pod`'s pod (namespace and name), from the checkpoint entries that resolve to it
+  // (--kubernetes-enable-pod-uid); empty when none does.
+  std::string PodUid(const kubelet::PodRef& pod) const;
+
+  // The replica `container` holds of any of `uuids` (the "<n>" of a "GPU-...::<n>" device ID; for
+  // a kgpu.io/gpu container, of its lowest slot, when its spec names one of them): dcgm-exporter's
+  // `vgpu` label (--kubernetes-virtual-gpus). Empty when it holds the device whole.
+  std::string ReplicaOn(const kubelet::PodRef& container, const std::vector<std::string>& uuids) const;
+
   // Updates whose checkpoint read or parse failed (for a degraded-mode metric).
   uint64_t CheckpointFailures() const { return checkpoint_failures_.load(); }
 
@@ -135,6 +147,47 @@ class PodAttributor {
 
   mutable std::mutex mu_;
   std::shared_ptr<const Snapshot> snapshot_;  // guarded by mu_; never null
+};
+
+// What the API server says about a pod, for --kubernetes-enable-pod-labels and
+// --kubernetes-enable-pod-uid: read by the CLI from a node-scoped pod informer (exporter/ does not
+// talk to the API server) and handed to the exporter as a function.
+struct PodMetadata {
+  std::string uid;
+  std::vector<std::pair<std::string, std::string>> labels;  // PodMetricLabels: sanitised, allowed
+};
+// (namespace, name) -> the pod's metadata; nullopt when the informer does not know the pod (yet).
+// Called on the collection thread.
+using PodMetadataReader = std::function<std::optional<PodMetadata>(const std::string&, const std::string&)>;
+
+// A pod's labels as metric labels, as dcgm-exporter writes them: every character outside
+// [a-zA-Z0-9_] of the key replaced by '_' (and '_' put before a leading digit, which Prometheus
+// does not allow), kept when `allow` is empty or any of its patterns matches the original key
+// (searched, as Go's Regexp.MatchString). Sorted by key; of keys that sanitise alike, the first.
+// `allow` holds --kubernetes-pod-label-allowlist-regex's patterns, compiled (ECMAScript syntax).
+std::vector<std::pair<std::string, std::string>> PodMetricLabels(const std::map<std::string, std::string>& labels,
+                                                                 const std::vector<std::regex>& allow);
+
+// --hpc-job-mapping-dir: the HPC jobs on each GPU, as dcgm-exporter reads them: a file per GPU,
+// named by its index ("0", "1", ...), holding one job ID per line; kgpu also takes "<gpu>.<gi>"
+// for one GPU instance of a MIG GPU. Each series of a GPU with jobs carries hpc_job, once per job.
+// Read again at every Refresh (the collection timer). A directory that cannot be read is logged
+// once (and again when the error changes) and means no jobs.
+//
+// Thread-safety: one thread (the collection thread).
+class HpcJobs {
+ public:
+  explicit HpcJobs(std::string dir) : dir_(std::move(dir)) {}
+  void Refresh();
+  // The jobs of GPU `gpu` (of its GPU instance `gi`, nullopt for the whole GPU): the
+  // "<gpu>.<gi>" file when there is one, else the GPU's file; empty lines skipped.
+  std::vector<std::string> Jobs(unsigned gpu, std::optional<unsigned> gi) const;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  const std::string dir_;
+  std::map<std::string, std::vector<std::string>> jobs_;  // file name -> job IDs
+  ConditionLog log_{"exporter"};
 };
 
 }  // namespace kgpu::exporter

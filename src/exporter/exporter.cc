@@ -4,6 +4,9 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <initializer_list>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <string_view>
@@ -44,7 +47,10 @@ bool AcceptsGzip(std::string_view header) {
   return false;
 }
 
+// nvmlDeviceGetFieldValues ids (nvml.h's NVML_FI_DEV_*).
 constexpr unsigned kFieldMemoryTemp = 82, kFieldNvlinkTx = 138, kFieldNvlinkRx = 139;
+constexpr unsigned kFieldRetiredSbe = 29, kFieldRetiredDbe = 30, kFieldRetiredPending = 31;
+constexpr unsigned kFieldNvlinkErrors[4] = {38, 45, 52, 59};  // CRC flit, CRC data, replay, recovery: all links
 
 void AppendLabel(std::string& out, std::string_view key, std::string_view value) {
   if (!out.empty()) out += ',';
@@ -56,10 +62,80 @@ void AppendLabel(std::string& out, std::string_view key, std::string_view value)
 
 using Attributes = std::vector<std::pair<std::string, std::string>>;
 
-void AppendPod(Attributes& attrs, const kubelet::PodRef& pod) {
-  attrs.emplace_back("container", pod.container);
-  attrs.emplace_back("namespace", pod.namespace_name);
-  attrs.emplace_back("pod", pod.pod);
+// How a pod's attributes are written: dcgm-exporter's names (-o: its 1.x ones) and what goes
+// with them (pod_uid, vgpu, the pod's own labels), as the options ask.
+struct PodLabelling {
+  bool old_names = false;
+  bool pod_uid = false;
+  bool vgpu = false;
+  const PodAttributor* attributor = nullptr;
+  const PodMetadataReader* metadata = nullptr;  // set when pod labels are on
+};
+
+// Label names a pod's own label must not take: every name kgpu's GPU series carry.
+bool Reserved(std::string_view name) {
+  static constexpr std::string_view kReserved[] = {
+      "gpu",         "UUID",          "uuid",       "pci_bus_id",     "device",
+      "modelName",   "GPU_I_PROFILE", "GPU_I_ID",   "Hostname",       "hostname",
+      "container",   "namespace",     "pod",        "container_name", "pod_namespace",
+      "pod_name",    "pod_uid",       "vgpu",       "hpc_job",        "err_code",
+      "err_msg",     "xid",           "reason",     "enforcement",    "window_size_in_ms",
+      "clock_event", "peer_gpu",      "link_status"};
+  // DCGM_*: the counters CSV's label rows (DCGM_FI_DRIVER_VERSION, DCGM_FI_DEV_SERIAL, ...).
+  return std::find(std::begin(kReserved), std::end(kReserved), name) != std::end(kReserved) ||
+         name.rfind("__", 0) == 0 || name.rfind("DCGM_", 0) == 0;
+}
+
+// `uuids`: the device's (the GPU's, or its GPU instance's MIG devices'), for the vgpu replica.
+void AppendPod(Attributes& attrs, const kubelet::PodRef& pod, const PodLabelling& how,
+               const std::vector<std::string>& uuids) {
+  attrs.emplace_back(how.old_names ? "container_name" : "container", pod.container);
+  attrs.emplace_back(how.old_names ? "pod_namespace" : "namespace", pod.namespace_name);
+  attrs.emplace_back(how.old_names ? "pod_name" : "pod", pod.pod);
+  std::optional<PodMetadata> meta;
+  if (how.metadata != nullptr && *how.metadata) meta = (*how.metadata)(pod.namespace_name, pod.pod);
+  if (how.pod_uid) {
+    std::string uid = how.attributor != nullptr ? how.attributor->PodUid(pod) : std::string();
+    if (uid.empty() && meta) uid = meta->uid;
+    if (!uid.empty()) attrs.emplace_back("pod_uid", uid);
+  }
+  if (how.vgpu && how.attributor != nullptr) {
+    if (std::string replica = how.attributor->ReplicaOn(pod, uuids); !replica.empty())
+      attrs.emplace_back("vgpu", replica);
+  }
+  if (meta) {
+    for (const auto& [key, value] : meta->labels) {
+      if (!Reserved(key)) attrs.emplace_back(key, value);  // never a second label of one name
+    }
+  }
+}
+
+// --hpc-job-mapping-dir with several jobs on one device: each of the device's series (the lines of
+// `buf` from `from` on that carry hpc_job="<jobs[0]>") once more for every further job.
+void RepeatForJobs(std::string& buf, size_t from, const std::vector<std::string>& jobs) {
+  if (jobs.size() < 2 || from >= buf.size()) return;
+  auto token = [](const std::string& job) {
+    std::string t = ",hpc_job=\"";
+    prom::AppendLabelValue(t, job);
+    t += '"';
+    return t;
+  };
+  const std::string first = token(jobs.front());
+  const std::string segment = buf.substr(from);
+  for (size_t k = 1; k < jobs.size(); ++k) {
+    const std::string other = token(jobs[k]);
+    for (size_t at = 0; at < segment.size();) {
+      size_t end = segment.find('\n', at);
+      end = end == std::string::npos ? segment.size() : end + 1;
+      const std::string_view line(segment.data() + at, end - at);
+      if (const size_t t = line.find(first); t != std::string_view::npos) {
+        buf.append(line.substr(0, t));
+        buf += other;
+        buf.append(line.substr(t + first.size()));
+      }
+      at = end;
+    }
+  }
 }
 
 // One sample line: name{base,sorted attributes} value
@@ -94,16 +170,145 @@ struct Entity {
   std::string base;  // rendered base labels
 };
 
-// What one GPU read out in this collection (shared by its GPU instances).
+// What one GPU read out in this collection (shared by its GPU instances). Only what the counters
+// ask for is read; the rest stays empty.
 struct GpuReadout {
-  std::optional<unsigned> sm_clock, mem_clock, gpu_temp, power_mw, pcie_replay, enc, dec;
-  std::optional<uint64_t> mem_temp, energy, nvlink_kib;
+  std::optional<unsigned> sm_clock, mem_clock, video_clock, app_sm_clock, app_mem_clock, max_sm_clock, max_mem_clock,
+      max_video_clock;
+  std::optional<uint64_t> clock_events;  // reason bits
+  std::optional<unsigned> gpu_temp, mem_max_op_temp, gpu_max_op_temp, slowdown_temp, shutdown_temp;
+  std::optional<unsigned> power_mw, power_limit_mw, power_default_mw, power_enforced_mw, pstate, fan;
+  std::optional<nvml::Library::PowerLimits> power_limits;
+  std::optional<unsigned> pcie_replay, pcie_tx_kbs, pcie_rx_kbs, pcie_gen, pcie_max_gen, pcie_width, pcie_max_width;
+  std::optional<unsigned> enc, dec;
+  std::optional<uint64_t> mem_temp, energy;
+  std::optional<uint64_t> violation_ns[8];  // in kViolations order
   std::optional<nvml::Library::Utilization> util;
   std::optional<nvml::Library::RemappedRows> remapped;
   std::optional<uint64_t> ecc[4];  // sbe vol, dbe vol, sbe agg, dbe agg
+  std::optional<std::pair<bool, bool>> ecc_mode;
+  std::optional<uint64_t> retired[3];        // sbe, dbe, pending
+  std::optional<uint64_t> nvlink_errors[4];  // CRC flit, CRC data, replay, recovery
+  std::optional<nvml::Library::Bar1Memory> bar1;
+  std::optional<int> compute_mode;
+  std::optional<bool> persistence, mig_mode;
+  std::optional<nvml::PciInfo> pci;
+  // NVLink throughput, KiB/s over the last collection interval (0 on the first): all links, and by link.
+  std::optional<double> nvlink_kibps;
+  std::map<unsigned, double> lane_kibps;
   std::vector<nvml::Library::ProcessInfo> processes;
   std::map<unsigned, unsigned> sm_util_by_pid;
 };
+
+// The violation fields and the policy nvmlDeviceGetViolationStatus reads for each.
+constexpr std::pair<Field, nvml::Library::ViolationPolicy> kViolations[8] = {
+    {Field::kPowerViolation, nvml::Library::ViolationPolicy::kPower},
+    {Field::kThermalViolation, nvml::Library::ViolationPolicy::kThermal},
+    {Field::kSyncBoostViolation, nvml::Library::ViolationPolicy::kSyncBoost},
+    {Field::kBoardLimitViolation, nvml::Library::ViolationPolicy::kBoardLimit},
+    {Field::kLowUtilViolation, nvml::Library::ViolationPolicy::kLowUtilization},
+    {Field::kReliabilityViolation, nvml::Library::ViolationPolicy::kReliability},
+    {Field::kTotalAppClocksViolation, nvml::Library::ViolationPolicy::kTotalAppClocks},
+    {Field::kTotalBaseClocksViolation, nvml::Library::ViolationPolicy::kTotalBaseClocks},
+};
+
+// What one device (a whole GPU, or one GPU instance) read out in this collection.
+struct EntityData {
+  std::optional<nvml::MemoryInfo> mem;
+  std::map<unsigned, double> gpm;  // GPM metric id -> its value between the previous and this collection
+};
+
+// One value of a field: an integer, a double (printed with %f, as dcgm-exporter prints DCGM's
+// doubles) or a string.
+struct Reading {
+  enum class Kind { kInt, kDouble, kString };
+  Kind kind = Kind::kInt;
+  int64_t i = 0;
+  double d = 0;
+  std::string s;
+  static Reading OfInt(int64_t v) { return {Kind::kInt, v, 0, {}}; }
+  static Reading OfDouble(double v) { return {Kind::kDouble, 0, v, {}}; }
+  static Reading OfString(std::string v) { return {Kind::kString, 0, 0, std::move(v)}; }
+  std::string Text() const {
+    switch (kind) {
+      case Kind::kInt:
+        return std::to_string(i);
+      case Kind::kDouble:
+        return Double(d);
+      default:
+        return s;
+    }
+  }
+};
+
+template <typename T>
+std::optional<Reading> IntOf(const std::optional<T>& v) {
+  if (!v) return std::nullopt;
+  return Reading::OfInt(static_cast<int64_t>(*v));
+}
+// The unit conversions of DCGM 4.7's base-unit names (Counter::base_units).
+std::optional<Reading> Mhz(const std::optional<unsigned>& v, const Counter& c) {
+  if (!v) return std::nullopt;
+  return Reading::OfInt(static_cast<int64_t>(*v) * (c.base_units ? 1000000 : 1));  // hertz
+}
+std::optional<Reading> Percent(const std::optional<unsigned>& v, const Counter& c) {
+  if (!v) return std::nullopt;
+  return c.base_units ? Reading::OfDouble(*v / 100.0) : Reading::OfInt(*v);  // a 0..1 ratio
+}
+std::optional<Reading> Mib(std::optional<uint64_t> bytes, const Counter& c) {
+  if (!bytes) return std::nullopt;
+  return Reading::OfInt(static_cast<int64_t>(c.base_units ? *bytes : *bytes >> 20));  // bytes
+}
+std::optional<Reading> Watts(const std::optional<unsigned>& mw) {
+  if (!mw) return std::nullopt;
+  return Reading::OfDouble(*mw / 1000.0);
+}
+
+// The device's XIDs: whole-GPU XIDs count on every series of the GPU, a GPU instance's own XIDs
+// on that instance; merged, so each label set appears once.
+template <typename State>
+State MergeXids(const std::map<std::pair<unsigned, unsigned>, State>& xids, unsigned gpu, unsigned gi) {
+  State merged;
+  for (const auto& key : {std::pair{gpu, nvml::kNoInstance}, std::pair{gpu, gi}}) {
+    const auto it = xids.find(key);
+    if (it == xids.end()) continue;
+    if (key.second == nvml::kNoInstance || merged.counts.empty()) merged.last = it->second.last;
+    if (key.second != nvml::kNoInstance) merged.last = it->second.last;  // the instance's own XID
+    for (const auto& [xid, n] : it->second.counts) merged.counts[xid] += n;
+    merged.recent.insert(merged.recent.end(), it->second.recent.begin(), it->second.recent.end());
+    if (gi == nvml::kNoInstance) break;  // a whole GPU: one key
+  }
+  return merged;
+}
+
+// DCGM_EXP_GPU_HEALTH_STATUS: dcgm-exporter's series per DCGM health system, in its order
+// (internal/pkg/collector/gpu_health_collector.go), valued as DCGM's dcgmHealthWatchResults_t.
+constexpr const char* kHealthSystems[] = {"PCIE", "MEM",     "NVLINK",  "PMU",   "MCU",
+                                          "SM",   "INFOROM", "THERMAL", "POWER", "DRIVER"};
+constexpr int kHealthPass = 0, kHealthWarn = 10, kHealthFail = 20;
+struct HealthIncident {
+  int health = kHealthPass;
+  std::string code = "DCGM_FR_OK";
+};
+// The DCGM health system an XID belongs to (DCGM files XIDs by the subsystem they name): memory
+// errors, NVLink, the bus; anything else is the driver's.
+const char* XidHealthSystem(unsigned long long xid) {
+  switch (xid) {
+    case 48:
+    case 63:
+    case 64:
+    case 92:
+    case 94:
+    case 95:
+      return "MEM";
+    case 74:
+      return "NVLINK";
+    case 79:
+      return "PCIE";
+    default:
+      return "DRIVER";
+  }
+}
 
 }  // namespace
 
@@ -111,20 +316,82 @@ struct GpuReadout {
 
 Collector::Collector(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory,
                      const ExporterOptions& options, const PodAttributor* attributor)
-    : lib_(lib), inventory_(std::move(inventory)), options_(options), attributor_(attributor) {}
+    : lib_(lib), inventory_(std::move(inventory)), options_(options), attributor_(attributor) {
+  for (const Counter& c : options_.counters) {
+    wanted_.insert(c.field);
+    if (c.field == Field::kNvlinkBandwidthLane) nvlink_lanes_.insert(c.index);
+    if (c.field == Field::kProfRatio || c.field == Field::kProfBytes) gpm_ids_.push_back(c.index);
+  }
+  std::sort(gpm_ids_.begin(), gpm_ids_.end());
+  gpm_ids_.erase(std::unique(gpm_ids_.begin(), gpm_ids_.end()), gpm_ids_.end());
+}
 
 void Collector::RecordXid(unsigned gpu, unsigned gi, unsigned long long xid) {
+  const TimePoint at = now_();
   std::lock_guard<std::mutex> lock(xid_mu_);
   XidState& s = xids_[{gpu, gi}];
   s.last = xid;
   s.counts[xid]++;
+  s.recent.emplace_back(at, xid);
+  if (s.recent.size() > kMaxRecentXids) s.recent.pop_front();
+}
+
+std::map<unsigned, double> Collector::SampleGpm(const gpu::Gpu& g, unsigned gi) {
+  std::map<unsigned, double> out;
+  auto supported = gpm_supported_.find(g.index);
+  if (supported == gpm_supported_.end()) {
+    auto s = lib_.GpmSupported(g.handle);
+    if (!s.ok()) {
+      nvml_errors_++;
+      return out;  // asked again at the next collection
+    }
+    supported = gpm_supported_.emplace(g.index, *s).first;
+  }
+  if (!supported->second) {
+    // Logged once for all such GPUs, at the end of the collection.
+    if (gpm_missing_logged_.insert(g.index).second) gpm_missing_new_.push_back(Cat(g.index, " (", g.name, ")"));
+    return out;
+  }
+  GpmState& st = gpm_[{g.index, gi}];
+  for (nvml::GpmSample* buffer : {&st.older, &st.newer}) {
+    if (!buffer->empty()) continue;
+    auto alloc = lib_.GpmSampleAlloc();
+    if (!alloc.ok()) {
+      nvml_errors_++;
+      return out;
+    }
+    *buffer = std::move(*alloc);
+  }
+  const absl::Status taken =
+      gi == nvml::kNoInstance ? lib_.GpmSampleGet(g.handle, st.newer) : lib_.GpmMigSampleGet(g.handle, gi, st.newer);
+  if (!taken.ok()) {
+    if (!nvml::IsNoValue(taken)) nvml_errors_++;
+    st.have_older = false;  // the next sample starts over
+    return out;
+  }
+  if (st.have_older) {
+    auto metrics = lib_.GpmMetrics(st.older, st.newer, gpm_ids_);
+    if (metrics.ok()) {
+      for (size_t i = 0; i < gpm_ids_.size(); ++i) {
+        if ((*metrics)[i]) out[gpm_ids_[i]] = *(*metrics)[i];
+      }
+    } else if (!nvml::IsNoValue(metrics.status())) {
+      nvml_errors_++;
+    }
+  }
+  std::swap(st.older, st.newer);  // this sample is the next collection's older one
+  st.have_older = true;
+  return out;
 }
 
 std::string Collector::Collect() {
   const auto& counters = options_.counters;
   std::vector<std::string> lines(counters.size());
-  bool driver_label = false;
-  for (const auto& c : counters) driver_label = driver_label || c.field == Field::kDriverVersion;
+  auto want = [&](std::initializer_list<Field> fields) {
+    return std::any_of(fields.begin(), fields.end(), [&](Field f) { return wanted_.count(f) > 0; });
+  };
+  const bool has_labels =
+      std::any_of(counters.begin(), counters.end(), [](const Counter& c) { return c.type == "label"; });
 
   // Reads a value; "no value" (NOT_SUPPORTED and friends) is omitted, other errors are counted.
   auto get = [&](auto result) -> std::optional<typename decltype(result)::value_type> {
@@ -133,17 +400,28 @@ std::string Collector::Collect() {
     return std::nullopt;
   };
 
+  const TimePoint now = now_();
   std::map<std::pair<unsigned, unsigned>, XidState> xids;
   {
     std::lock_guard<std::mutex> lock(xid_mu_);
+    for (auto& [key, state] : xids_) {
+      while (!state.recent.empty() && state.recent.front().first <= now - options_.xid_count_window) {
+        state.recent.pop_front();
+      }
+    }
     xids = xids_;
   }
-  const auto now = std::chrono::steady_clock::now();
+  if (!system_read_ && want({Field::kNvmlVersion, Field::kCudaDriverVersion})) {
+    system_read_ = true;  // the library's and the driver's: fixed for the process
+    nvml_version_ = get(lib_.NvmlVersion());
+    cuda_driver_version_ = get(lib_.CudaDriverVersion());
+  }
   std::string up_lines, reason_lines, limit_lines;
   // The process's one health source (the device plugin's monitor in `kgpu node`, the exporter's
   // own otherwise): a device kubelet is told is Unhealthy has kgpu_gpu_up 0, with its reason.
   const std::map<std::string, gpu::DeviceHealth> health =
       health_ ? health_() : std::map<std::string, gpu::DeviceHealth>{};
+  if (options_.hpc_jobs) options_.hpc_jobs->Refresh();  // --hpc-job-mapping-dir, read on this timer
 
   for (const auto& g : inventory_->gpus()) {
     // A GPU NVML cannot read (lost, or failed at discovery) keeps its identity: kgpu_gpu_up 0,
@@ -151,7 +429,6 @@ std::string Collector::Collect() {
     std::string down = g.error.empty() ? "" : g.lost ? "lost" : "unreadable";
     std::string down_detail = g.error;
     GpuReadout r;
-    std::optional<uint64_t> nvlink_rate;
     if (down.empty()) {
       auto sm = lib_.ClockMhz(g.handle, nvml::Library::Clock::kSm);
       if (nvml::IsGpuLost(sm.status())) {
@@ -159,53 +436,473 @@ std::string Collector::Collect() {
         down = "lost";
         down_detail = std::string(sm.status().message());
       } else {
+        using Clock = nvml::Library::Clock;
+        using Threshold = nvml::Library::TemperatureThreshold;
+        const nvml::Device h = g.handle;
         r.sm_clock = get(std::move(sm));
-        r.mem_clock = get(lib_.ClockMhz(g.handle, nvml::Library::Clock::kMem));
-        r.gpu_temp = get(lib_.TemperatureC(g.handle));
-        if (r.gpu_temp && *r.gpu_temp > 200) r.gpu_temp.reset();  // DCGM discards such readings
-        r.power_mw = get(lib_.PowerMw(g.handle));
-        r.energy = get(lib_.EnergyMj(g.handle));
-        r.pcie_replay = get(lib_.PcieReplayCounter(g.handle));
-        if (!g.mig_enabled) {
-          r.util = get(lib_.GetUtilization(g.handle));
-          r.enc = get(lib_.EncoderUtilization(g.handle));
-          r.dec = get(lib_.DecoderUtilization(g.handle));
+        if (want({Field::kMemClock})) r.mem_clock = get(lib_.ClockMhz(h, Clock::kMem));
+        if (want({Field::kVideoClock})) r.video_clock = get(lib_.ClockMhz(h, Clock::kVideo));
+        if (want({Field::kAppSmClock})) r.app_sm_clock = get(lib_.ApplicationsClockMhz(h, Clock::kSm));
+        if (want({Field::kAppMemClock})) r.app_mem_clock = get(lib_.ApplicationsClockMhz(h, Clock::kMem));
+        if (want({Field::kMaxSmClock})) r.max_sm_clock = get(lib_.MaxClockMhz(h, Clock::kSm));
+        if (want({Field::kMaxMemClock})) r.max_mem_clock = get(lib_.MaxClockMhz(h, Clock::kMem));
+        if (want({Field::kMaxVideoClock})) r.max_video_clock = get(lib_.MaxClockMhz(h, Clock::kVideo));
+        if (want({Field::kClockEventReasons, Field::kClockEventsCount, Field::kClockEventsTotal})) {
+          r.clock_events = get(lib_.ClocksEventReasons(h));
         }
-        r.remapped = get(lib_.GetRemappedRows(g.handle));
-        for (int i = 0; i < 4; ++i) r.ecc[i] = get(lib_.EccErrors(g.handle, i % 2 == 1, i >= 2));
-        if (auto fv = get(lib_.FieldValues(g.handle, {kFieldMemoryTemp, kFieldNvlinkTx, kFieldNvlinkRx}))) {
-          r.mem_temp = (*fv)[0];
-          if (r.mem_temp && *r.mem_temp > 200) r.mem_temp.reset();
-          if ((*fv)[1] && (*fv)[2]) r.nvlink_kib = *(*fv)[1] + *(*fv)[2];
+        if (want({Field::kGpuTemp})) r.gpu_temp = get(lib_.TemperatureC(h));
+        if (r.gpu_temp && *r.gpu_temp > 200) r.gpu_temp.reset();  // DCGM discards such readings
+        if (want({Field::kMemMaxOpTemp})) r.mem_max_op_temp = get(lib_.TemperatureThresholdC(h, Threshold::kMemoryMax));
+        if (want({Field::kGpuMaxOpTemp})) r.gpu_max_op_temp = get(lib_.TemperatureThresholdC(h, Threshold::kGpuMax));
+        if (want({Field::kSlowdownTemp})) r.slowdown_temp = get(lib_.TemperatureThresholdC(h, Threshold::kSlowdown));
+        if (want({Field::kShutdownTemp})) r.shutdown_temp = get(lib_.TemperatureThresholdC(h, Threshold::kShutdown));
+        if (want({Field::kPowerUsage})) r.power_mw = get(lib_.PowerMw(h));
+        if (want({Field::kTotalEnergy})) r.energy = get(lib_.EnergyMj(h));
+        if (want({Field::kPowerMgmtLimit})) r.power_limit_mw = get(lib_.PowerManagementLimitMw(h));
+        if (want({Field::kPowerMgmtLimitDef})) r.power_default_mw = get(lib_.PowerManagementDefaultLimitMw(h));
+        if (want({Field::kEnforcedPowerLimit})) r.power_enforced_mw = get(lib_.PowerLimitMw(h));
+        if (want({Field::kPowerMgmtLimitMin, Field::kPowerMgmtLimitMax})) {
+          r.power_limits = get(lib_.PowerManagementLimitConstraints(h));
+        }
+        if (want({Field::kPstate})) r.pstate = get(lib_.PerformanceState(h));
+        if (r.pstate && *r.pstate > 15) r.pstate.reset();  // NVML_PSTATE_UNKNOWN
+        if (want({Field::kFanSpeed})) r.fan = get(lib_.FanSpeedPercent(h));
+        if (want({Field::kPcieReplay})) r.pcie_replay = get(lib_.PcieReplayCounter(h));
+        if (want({Field::kPcieTxThroughput})) r.pcie_tx_kbs = get(lib_.PcieThroughputKBs(h, false));
+        if (want({Field::kPcieRxThroughput})) r.pcie_rx_kbs = get(lib_.PcieThroughputKBs(h, true));
+        if (want({Field::kPcieLinkGen})) r.pcie_gen = get(lib_.PcieLinkGeneration(h, false));
+        if (want({Field::kPcieMaxLinkGen})) r.pcie_max_gen = get(lib_.PcieLinkGeneration(h, true));
+        if (want({Field::kPcieLinkWidth})) r.pcie_width = get(lib_.PcieLinkWidth(h, false));
+        if (want({Field::kPcieMaxLinkWidth})) r.pcie_max_width = get(lib_.PcieLinkWidth(h, true));
+        if (!g.mig_enabled) {  // NVML has no utilisation on MIG GPUs (dcgm-exporter omits it too)
+          if (want({Field::kGpuUtil, Field::kMemCopyUtil})) r.util = get(lib_.GetUtilization(h));
+          if (want({Field::kEncUtil})) r.enc = get(lib_.EncoderUtilization(h));
+          if (want({Field::kDecUtil})) r.dec = get(lib_.DecoderUtilization(h));
+        }
+        for (size_t i = 0; i < std::size(kViolations); ++i) {
+          if (want({kViolations[i].first})) r.violation_ns[i] = get(lib_.ViolationNs(h, kViolations[i].second));
+        }
+        // ECC and row remapping: always, for kgpu_gpu_unhealthy_reason.
+        r.remapped = get(lib_.GetRemappedRows(h));
+        for (int i = 0; i < 4; ++i) r.ecc[i] = get(lib_.EccErrors(h, i % 2 == 1, i >= 2));
+        if (want({Field::kEccCurrent, Field::kEccPending})) r.ecc_mode = get(lib_.EccMode(h));
+        if (want({Field::kBar1Total, Field::kBar1Used, Field::kBar1Free})) r.bar1 = get(lib_.Bar1(h));
+        if (want({Field::kComputeMode})) {
+          if (auto m = get(lib_.GetComputeMode(h))) r.compute_mode = static_cast<int>(*m);
+        }
+        if (want({Field::kPersistenceMode})) r.persistence = get(lib_.PersistenceMode(h));
+        if (want({Field::kMigMode})) {
+          if (auto m = get(lib_.GetMigMode(h))) r.mig_mode = m->current;
+        }
+        if (want({Field::kPciCombinedId, Field::kPciSubsysId})) r.pci = get(lib_.Pci(h));
+        // Every field-value reading in one nvmlDeviceGetFieldValues call.
+        std::vector<nvml::Library::ScopedField> ids;
+        std::vector<std::optional<uint64_t>*> into;
+        auto field = [&](bool wanted, unsigned id, unsigned scope, std::optional<uint64_t>* out) {
+          if (!wanted) return;
+          ids.push_back({id, scope});
+          into.push_back(out);
+        };
+        std::optional<uint64_t> nvlink_tx, nvlink_rx;
+        std::map<unsigned, std::pair<std::optional<uint64_t>, std::optional<uint64_t>>> lanes;  // tx, rx
+        const bool nvlink_total = want({Field::kNvlinkBandwidthTotal});
+        field(want({Field::kMemoryTemp}), kFieldMemoryTemp, 0, &r.mem_temp);
+        field(nvlink_total, kFieldNvlinkTx, nvml::Library::kAllLinks, &nvlink_tx);
+        field(nvlink_total, kFieldNvlinkRx, nvml::Library::kAllLinks, &nvlink_rx);
+        for (unsigned lane : nvlink_lanes_) {
+          field(true, kFieldNvlinkTx, lane, &lanes[lane].first);
+          field(true, kFieldNvlinkRx, lane, &lanes[lane].second);
+        }
+        const Field retired[3] = {Field::kRetiredSbe, Field::kRetiredDbe, Field::kRetiredPending};
+        const unsigned retired_ids[3] = {kFieldRetiredSbe, kFieldRetiredDbe, kFieldRetiredPending};
+        for (int i = 0; i < 3; ++i) field(want({retired[i]}), retired_ids[i], 0, &r.retired[i]);
+        const Field nvlink_errors[4] = {Field::kNvlinkCrcFlitErrors, Field::kNvlinkCrcDataErrors,
+                                        Field::kNvlinkReplayErrors, Field::kNvlinkRecoveryErrors};
+        for (int i = 0; i < 4; ++i) field(want({nvlink_errors[i]}), kFieldNvlinkErrors[i], 0, &r.nvlink_errors[i]);
+        if (!ids.empty()) {
+          if (auto fv = get(lib_.ScopedFieldValues(h, ids))) {
+            for (size_t i = 0; i < into.size(); ++i) *into[i] = (*fv)[i];
+          }
+        }
+        if (r.mem_temp && *r.mem_temp > 200) r.mem_temp.reset();
+        // NVLink throughput as dcgm-exporter reports it: a rate over the collection interval; 0 on
+        // the first sample.
+        auto rate = [&](unsigned lane, const std::optional<uint64_t>& tx,
+                        const std::optional<uint64_t>& rx) -> std::optional<double> {
+          if (!tx || !rx) return std::nullopt;
+          const uint64_t kib = *tx + *rx;
+          double kibps = 0;
+          auto it = nvlink_prev_.find({g.index, lane});
+          if (it != nvlink_prev_.end()) {
+            const double dt = std::chrono::duration<double>(now - it->second.second).count();
+            if (dt > 0 && kib >= it->second.first) kibps = static_cast<double>(kib - it->second.first) / dt;
+          }
+          nvlink_prev_[{g.index, lane}] = {kib, now};
+          return kibps;
+        };
+        r.nvlink_kibps = rate(nvml::Library::kAllLinks, nvlink_tx, nvlink_rx);
+        for (const auto& [lane, counters_of_lane] : lanes) {
+          if (auto v = rate(lane, counters_of_lane.first, counters_of_lane.second)) r.lane_kibps[lane] = *v;
+        }
+        // A GPU's strings that never change: read once.
+        if (want({Field::kSerial, Field::kVbiosVersion, Field::kBrand, Field::kInforomImageVersion,
+                  Field::kOemInforomVersion, Field::kEccInforomVersion, Field::kPowerInforomVersion}) &&
+            strings_read_.insert(g.uuid).second) {
+          auto& strings = strings_[g.uuid];
+          using Inforom = nvml::Library::Inforom;
+          if (auto v = get(lib_.Serial(h))) strings[Field::kSerial] = *v;
+          if (auto v = get(lib_.VbiosVersion(h))) strings[Field::kVbiosVersion] = *v;
+          if (auto v = get(lib_.Brand(h))) strings[Field::kBrand] = BrandName(*v);
+          if (auto v = get(lib_.InforomImageVersion(h))) strings[Field::kInforomImageVersion] = *v;
+          if (auto v = get(lib_.InforomVersion(h, Inforom::kOem))) strings[Field::kOemInforomVersion] = *v;
+          if (auto v = get(lib_.InforomVersion(h, Inforom::kEcc))) strings[Field::kEccInforomVersion] = *v;
+          if (auto v = get(lib_.InforomVersion(h, Inforom::kPower))) strings[Field::kPowerInforomVersion] = *v;
         }
         if (attributor_ != nullptr) {
-          if (auto p = get(lib_.ComputeProcesses(g.handle))) r.processes = std::move(*p);
-          if (auto s = get(lib_.ProcessUtilization(g.handle, 0))) {
+          if (auto p = get(lib_.ComputeProcesses(h))) r.processes = std::move(*p);
+          if (auto s = get(lib_.ProcessUtilization(h, 0))) {
             for (const auto& x : *s) r.sm_util_by_pid[x.pid] = x.sm_util;
           }
         }
-        // NVLink bandwidth as dcgm-exporter reports it: a rate in MB/s; 0 on the first sample.
-        if (r.nvlink_kib) {
-          auto it = nvlink_prev_.find(g.index);
-          nvlink_rate = 0;
-          if (it != nvlink_prev_.end()) {
-            const double dt = std::chrono::duration<double>(now - it->second.second).count();
-            if (dt > 0 && *r.nvlink_kib >= it->second.first) {
-              nvlink_rate = static_cast<uint64_t>(static_cast<double>(*r.nvlink_kib - it->second.first) / dt / 1000.0);
-            }
-          }
-          nvlink_prev_[g.index] = {*r.nvlink_kib, now};
+      }
+    }
+    // The clock-event reasons: one sample per collection, for the counting window and the totals.
+    if (r.clock_events) {
+      ClockEventState& ce = clock_events_[g.index];
+      ce.samples.emplace_back(now, *r.clock_events);
+      if (ce.samples.size() > kMaxClockEventSamples) ce.samples.pop_front();
+      if (ce.primed) {
+        const uint64_t activated = *r.clock_events & ~ce.previous;
+        for (uint64_t bit : ClockEventBits()) {
+          if ((activated & bit) != 0) ce.totals[bit]++;
         }
+      }
+      ce.primed = true;
+      ce.previous = *r.clock_events;
+    }
+    if (auto ce = clock_events_.find(g.index); ce != clock_events_.end()) {
+      auto& samples = ce->second.samples;
+      while (!samples.empty() && samples.front().first <= now - options_.clock_events_count_window) {
+        samples.pop_front();
       }
     }
     NoteTransition(g, down, down_detail);
+
+    // What each device of this GPU read out (memory, GPM), once per collection: its label rows and
+    // its families use the same figures. Keyed by GPU instance id (kNoInstance: the whole GPU).
+    std::map<unsigned, EntityData> entity_data;
+    auto entity = [&](const gpu::MigDevice* mig) -> const EntityData& {
+      const unsigned gi = mig != nullptr ? mig->gi : nvml::kNoInstance;
+      auto [it, fresh] = entity_data.try_emplace(gi);
+      if (!fresh || !down.empty()) return it->second;
+      EntityData& d = it->second;
+      if (want({Field::kFbTotal, Field::kFbFree, Field::kFbUsed, Field::kFbReserved, Field::kFbUsedPercent})) {
+        d.mem = get(lib_.Memory(mig != nullptr ? mig->handle : g.handle));
+      }
+      if (!gpm_ids_.empty()) d.gpm = SampleGpm(g, gi);
+      return d;
+    };
+    // One field's value for one device of this GPU (nullopt: no value).
+    auto read = [&](const Counter& c, const gpu::MigDevice* mig) -> std::optional<Reading> {
+      const unsigned gi = mig != nullptr ? mig->gi : nvml::kNoInstance;
+      auto string_of = [&](Field f) -> std::optional<Reading> {
+        auto s = strings_.find(g.uuid);
+        if (s == strings_.end()) return std::nullopt;
+        auto v = s->second.find(f);
+        if (v == s->second.end()) return std::nullopt;
+        return Reading::OfString(v->second);
+      };
+      switch (c.field) {
+        case Field::kSmClock:
+          return Mhz(r.sm_clock, c);
+        case Field::kMemClock:
+          return Mhz(r.mem_clock, c);
+        case Field::kVideoClock:
+          return Mhz(r.video_clock, c);
+        case Field::kAppSmClock:
+          return Mhz(r.app_sm_clock, c);
+        case Field::kAppMemClock:
+          return Mhz(r.app_mem_clock, c);
+        case Field::kMaxSmClock:
+          return Mhz(r.max_sm_clock, c);
+        case Field::kMaxMemClock:
+          return Mhz(r.max_mem_clock, c);
+        case Field::kMaxVideoClock:
+          return Mhz(r.max_video_clock, c);
+        case Field::kClockEventReasons:
+          return IntOf(r.clock_events);
+        case Field::kMemoryTemp:
+          return IntOf(r.mem_temp);
+        case Field::kGpuTemp:
+          return IntOf(r.gpu_temp);
+        case Field::kMemMaxOpTemp:
+          return IntOf(r.mem_max_op_temp);
+        case Field::kGpuMaxOpTemp:
+          return IntOf(r.gpu_max_op_temp);
+        case Field::kSlowdownTemp:
+          return IntOf(r.slowdown_temp);
+        case Field::kShutdownTemp:
+          return IntOf(r.shutdown_temp);
+        case Field::kPowerUsage:
+          return Watts(r.power_mw);
+        case Field::kTotalEnergy:
+          if (!r.energy) return std::nullopt;
+          return c.base_units ? Reading::OfDouble(*r.energy / 1000.0) : Reading::OfInt(static_cast<int64_t>(*r.energy));
+        case Field::kPowerMgmtLimit:
+          return Watts(r.power_limit_mw);
+        case Field::kPowerMgmtLimitMin:
+          return r.power_limits ? Watts(r.power_limits->min_mw) : std::nullopt;
+        case Field::kPowerMgmtLimitMax:
+          return r.power_limits ? Watts(r.power_limits->max_mw) : std::nullopt;
+        case Field::kPowerMgmtLimitDef:
+          return Watts(r.power_default_mw);
+        case Field::kEnforcedPowerLimit:
+          return Watts(r.power_enforced_mw);
+        case Field::kPstate:
+          return IntOf(r.pstate);
+        case Field::kFanSpeed:
+          return Percent(r.fan, c);
+        case Field::kPcieReplay:
+          return IntOf(r.pcie_replay);
+        case Field::kPcieTxThroughput:
+          return IntOf(r.pcie_tx_kbs);
+        case Field::kPcieRxThroughput:
+          return IntOf(r.pcie_rx_kbs);
+        case Field::kPcieMaxLinkGen:
+          return IntOf(r.pcie_max_gen);
+        case Field::kPcieMaxLinkWidth:
+          return IntOf(r.pcie_max_width);
+        case Field::kPcieLinkGen:
+          return IntOf(r.pcie_gen);
+        case Field::kPcieLinkWidth:
+          return IntOf(r.pcie_width);
+        case Field::kGpuUtil:
+          return r.util ? Percent(r.util->gpu, c) : std::nullopt;
+        case Field::kMemCopyUtil:
+          return r.util ? Percent(r.util->memory, c) : std::nullopt;
+        case Field::kEncUtil:
+          return Percent(r.enc, c);
+        case Field::kDecUtil:
+          return Percent(r.dec, c);
+        case Field::kPowerViolation:
+        case Field::kThermalViolation:
+        case Field::kSyncBoostViolation:
+        case Field::kBoardLimitViolation:
+        case Field::kLowUtilViolation:
+        case Field::kReliabilityViolation:
+        case Field::kTotalAppClocksViolation:
+        case Field::kTotalBaseClocksViolation:
+          for (size_t i = 0; i < std::size(kViolations); ++i) {
+            if (kViolations[i].first == c.field) return IntOf(r.violation_ns[i]);
+          }
+          return std::nullopt;
+        case Field::kXidErrors:  // as a label: the last XID
+          return Reading::OfInt(static_cast<int64_t>(MergeXids(xids, g.index, gi).last));
+        case Field::kEccCurrent:
+          return r.ecc_mode ? std::optional<Reading>(Reading::OfInt(r.ecc_mode->first ? 1 : 0)) : std::nullopt;
+        case Field::kEccPending:
+          return r.ecc_mode ? std::optional<Reading>(Reading::OfInt(r.ecc_mode->second ? 1 : 0)) : std::nullopt;
+        case Field::kEccSbeVol:
+          return IntOf(r.ecc[0]);
+        case Field::kEccDbeVol:
+          return IntOf(r.ecc[1]);
+        case Field::kEccSbeAgg:
+          return IntOf(r.ecc[2]);
+        case Field::kEccDbeAgg:
+          return IntOf(r.ecc[3]);
+        case Field::kRetiredSbe:
+          return IntOf(r.retired[0]);
+        case Field::kRetiredDbe:
+          return IntOf(r.retired[1]);
+        case Field::kRetiredPending:
+          return IntOf(r.retired[2]);
+        case Field::kUncorrectableRemappedRows:
+          return r.remapped ? IntOf(std::optional<unsigned>(r.remapped->uncorrectable)) : std::nullopt;
+        case Field::kCorrectableRemappedRows:
+          return r.remapped ? IntOf(std::optional<unsigned>(r.remapped->correctable)) : std::nullopt;
+        case Field::kRowRemapFailure:
+          return r.remapped ? IntOf(std::optional<unsigned>(r.remapped->failure)) : std::nullopt;
+        case Field::kFbTotal:
+        case Field::kFbFree:
+        case Field::kFbUsed:
+        case Field::kFbReserved:
+        case Field::kFbUsedPercent: {
+          const auto& mem = entity(mig).mem;
+          if (!mem) return std::nullopt;
+          if (c.field == Field::kFbTotal) return Mib(mem->total, c);
+          if (c.field == Field::kFbFree) return Mib(mem->free, c);
+          if (c.field == Field::kFbUsed) return Mib(mem->used, c);
+          if (c.field == Field::kFbReserved) return mem->reserved_known ? Mib(mem->reserved, c) : std::nullopt;
+          // DCGM's ratio: used / (total - reserved).
+          if (mem->total <= mem->reserved) return std::nullopt;
+          return Reading::OfDouble(static_cast<double>(mem->used) / static_cast<double>(mem->total - mem->reserved));
+        }
+        case Field::kBar1Total:
+          return r.bar1 ? Mib(r.bar1->total, c) : std::nullopt;
+        case Field::kBar1Used:
+          return r.bar1 ? Mib(r.bar1->used, c) : std::nullopt;
+        case Field::kBar1Free:
+          return r.bar1 ? Mib(r.bar1->free, c) : std::nullopt;
+        case Field::kNvlinkBandwidthTotal:
+        case Field::kNvlinkBandwidthLane: {
+          std::optional<double> kibps = r.nvlink_kibps;
+          if (c.field == Field::kNvlinkBandwidthLane) {
+            auto it = r.lane_kibps.find(c.index);
+            kibps = it == r.lane_kibps.end() ? std::nullopt : std::optional<double>(it->second);
+          }
+          if (!kibps) return std::nullopt;
+          // MB/s as kgpu always reported it (KiB/s / 1000), or bytes per second.
+          return Reading::OfInt(static_cast<int64_t>(c.base_units ? *kibps * 1024 : *kibps / 1000.0));
+        }
+        case Field::kNvlinkCrcFlitErrors:
+          return IntOf(r.nvlink_errors[0]);
+        case Field::kNvlinkCrcDataErrors:
+          return IntOf(r.nvlink_errors[1]);
+        case Field::kNvlinkReplayErrors:
+          return IntOf(r.nvlink_errors[2]);
+        case Field::kNvlinkRecoveryErrors:
+          return IntOf(r.nvlink_errors[3]);
+        case Field::kComputeMode:
+          return IntOf(r.compute_mode);
+        case Field::kPersistenceMode:
+          return IntOf(r.persistence);
+        case Field::kMigMode:
+          return IntOf(r.mig_mode);
+        case Field::kCudaComputeCapability:
+          return Reading::OfInt((static_cast<int64_t>(g.cc_major) << 16) | g.cc_minor);
+        case Field::kMinorNumber:
+          return Reading::OfInt(g.minor);
+        case Field::kNvmlIndex:
+          return Reading::OfInt(g.index);
+        case Field::kPciCombinedId:
+          return r.pci ? std::optional<Reading>(Reading::OfInt(r.pci->pci_device_id)) : std::nullopt;
+        case Field::kPciSubsysId:
+          return r.pci ? std::optional<Reading>(Reading::OfInt(r.pci->pci_subsystem_id)) : std::nullopt;
+        case Field::kDevCount:
+          return Reading::OfInt(static_cast<int64_t>(inventory_->gpus().size()));
+        case Field::kCudaDriverVersion:
+          return IntOf(cuda_driver_version_);
+        case Field::kVgpuLicenseStatus:
+          return std::nullopt;  // a vGPU's licence: a GPU has none (dcgm-exporter serves no value either)
+        case Field::kDriverVersion:
+          if (inventory_->driver_version().empty()) return std::nullopt;
+          return Reading::OfString(inventory_->driver_version());
+        case Field::kNvmlVersion:
+          return nvml_version_ ? std::optional<Reading>(Reading::OfString(*nvml_version_)) : std::nullopt;
+        case Field::kName:
+          return Reading::OfString(g.name);
+        case Field::kUuid:
+          return Reading::OfString(mig != nullptr ? mig->uuid : g.uuid);
+        case Field::kPciBusId:
+          return Reading::OfString(g.bus_id);
+        case Field::kBrand:
+        case Field::kSerial:
+        case Field::kVbiosVersion:
+        case Field::kInforomImageVersion:
+        case Field::kOemInforomVersion:
+        case Field::kEccInforomVersion:
+        case Field::kPowerInforomVersion:
+          return string_of(c.field);
+        case Field::kProfRatio:
+        case Field::kProfBytes: {
+          const auto& gpm = entity(mig).gpm;
+          auto it = gpm.find(c.index);
+          if (it == gpm.end()) return std::nullopt;
+          if (c.field == Field::kProfRatio) return Reading::OfDouble(it->second / 100.0);  // GPM: percent
+          return Reading::OfInt(static_cast<int64_t>(it->second * 1048576.0));             // GPM: MiB/s
+        }
+        case Field::kXidErrorsTotal:
+        case Field::kXidErrorsCount:
+        case Field::kClockEventsCount:
+        case Field::kClockEventsTotal:
+        case Field::kGpuHealthStatus:
+        case Field::kP2pStatus:
+          return std::nullopt;  // families of their own (below)
+      }
+      return std::nullopt;
+    };
+    // The GPU-level families: DCGM_EXP_GPU_HEALTH_STATUS and DCGM_EXP_P2P_STATUS.
+    auto gpu_level = [&](const Counter& c, std::string& out, const std::string& base_labels, const Attributes& owner) {
+      if (c.field == Field::kGpuHealthStatus) {
+        // dcgm-exporter's series per DCGM health system (gpu_health_collector.go) from the
+        // process's one health source, mapped onto DCGM's systems and failure codes as
+        // docs/exporter.md tabulates; every kgpu fault is a failure (20), a system without one passes (0).
+        std::map<std::string, HealthIncident> incidents;
+        auto fail = [&](const char* system, const char* code) {
+          incidents.try_emplace(system, HealthIncident{kHealthFail, code});  // a system's first cause stands
+        };
+        if (down == "lost") fail("PCIE", "DCGM_FR_NVML_API");
+        if (!down.empty() && down != "lost") fail("DRIVER", "DCGM_FR_NVML_API");
+        const unsigned long long last_xid = MergeXids(xids, g.index, nvml::kNoInstance).last;
+        std::vector<std::string> uuids{g.uuid};
+        for (const auto& m : g.migs) uuids.push_back(m.uuid);
+        for (const auto& u : uuids) {
+          const auto h = health.find(u);
+          if (h == health.end() || h->second.healthy) continue;
+          const std::string& cause = h->second.cause;
+          if (cause == "xid") {
+            fail(XidHealthSystem(last_xid), last_xid == 95 ? "DCGM_FR_UNCONTAINED_ERROR" : "DCGM_FR_XID_ERROR");
+          } else if (cause == "ecc") {
+            fail("MEM", "DCGM_FR_VOLATILE_DBE_DETECTED");
+          } else if (cause == "lost") {
+            fail("PCIE", "DCGM_FR_NVML_API");
+          } else {
+            fail("DRIVER", cause == "hung" || cause == "registration" ? "DCGM_FR_NVML_API" : "DCGM_FR_UNKNOWN");
+          }
+        }
+        if (r.ecc[1] && *r.ecc[1] > 0) fail("MEM", "DCGM_FR_VOLATILE_DBE_DETECTED");
+        if (r.remapped && r.remapped->failure) fail("MEM", "DCGM_FR_ROW_REMAP_FAILURE");
+        for (const char* system : kHealthSystems) {
+          const auto it = incidents.find(system);
+          const HealthIncident incident = it == incidents.end() ? HealthIncident{} : it->second;
+          Attributes a = owner;
+          a.emplace_back("health_error_code", incident.code);
+          a.emplace_back("health_watch", system);
+          Line(out, c.name, base_labels, a, std::to_string(incident.health));
+        }
+        return;
+      }
+      // dcgm-exporter's P2P status (p2p_status_collector.go, from dcgmGetNvLinkP2PStatus): the
+      // NVLink capability towards every other GPU, by its index. Topology does not change while
+      // the process runs: each pair is asked once.
+      if (!down.empty()) return;
+      for (const auto& peer : inventory_->gpus()) {
+        if (peer.index == g.index || !peer.error.empty()) continue;
+        const auto key = std::make_pair(g.uuid, peer.uuid);
+        auto cached = p2p_.find(key);
+        if (cached == p2p_.end()) {
+          auto status = lib_.P2PStatus(g.handle, peer.handle, nvml::Library::P2PCaps::kNvLink);
+          if (!status.ok()) {
+            if (!nvml::IsNoValue(status.status())) nvml_errors_++;
+            continue;
+          }
+          cached = p2p_.emplace(key, *status).first;
+        }
+        Attributes a = owner;
+        a.emplace_back("link_status", P2pStatusName(cached->second));
+        a.emplace_back("peer_gpu", std::to_string(peer.index));
+        Line(out, c.name, base_labels, a, std::to_string(cached->second));
+      }
+    };
+    // The CSV's `label` rows: labels on every series of the device, named after the field as
+    // written (dcgm-exporter's rule), in name order.
+    auto label_fields = [&](const gpu::MigDevice* mig) {
+      Attributes out;
+      if (!has_labels) return out;
+      for (const Counter& c : counters) {
+        if (c.type != "label") continue;
+        if (auto v = read(c, mig)) out.emplace_back(c.name, v->Text());
+      }
+      std::sort(out.begin(), out.end());
+      return out;
+    };
 
     // The entities of this GPU.
     std::vector<Entity> entities;
     auto base = [&](const gpu::MigDevice* mig) {
       std::string b;
       AppendLabel(b, "gpu", std::to_string(g.index));
-      AppendLabel(b, "UUID", g.uuid);
+      AppendLabel(b, options_.use_old_namespace ? "uuid" : "UUID", g.uuid);  // -o: dcgm-exporter 1.x's name
       AppendLabel(b, "pci_bus_id", g.bus_id);
       AppendLabel(b, "device", Cat("nvidia", g.index));
       std::string model = g.name;
@@ -215,24 +912,33 @@ std::string Collector::Collect() {
         AppendLabel(b, "GPU_I_PROFILE", Cat(mig->gi_slices, "g.", (mig->memory_mib + 1023) / 1024, "gb"));
         AppendLabel(b, "GPU_I_ID", std::to_string(mig->gi));
       }
-      if (!options_.hostname.empty()) AppendLabel(b, "Hostname", options_.hostname);
-      if (driver_label) AppendLabel(b, "DCGM_FI_DRIVER_VERSION", inventory_->driver_version());
+      // Hostname, or hostname as dcgm-exporter 4.6+ spells it (--hostname-label).
+      if (!options_.hostname.empty()) AppendLabel(b, options_.hostname_label, options_.hostname);
+      for (const auto& [k, v] : label_fields(mig)) AppendLabel(b, k, v);  // the CSV's `label` rows
       return b;
     };
+    // -d: flex (the default) takes a GPU whole, or its GPU instances when MIG is on; g and i take
+    // the GPUs and the GPU instances they name (a MIG GPU as a whole GPU too with g).
+    const DeviceSelector& select = options_.devices;
+    if (select.flex ? !g.mig_enabled : select.Gpu(g.index)) {
+      entities.push_back({&g, nullptr, {g.uuid}, g.handle, base(nullptr)});
+    }
     if (g.mig_enabled) {
       // One entity per GPU instance (dcgm-exporter's unit), whatever its compute instances.
       for (const auto& m : g.migs) {
-        auto same = std::find_if(entities.begin(), entities.end(), [&](const Entity& x) { return x.mig->gi == m.gi; });
+        if (!select.flex && !select.Instance(m.gi)) continue;
+        auto same = std::find_if(entities.begin(), entities.end(),
+                                 [&](const Entity& x) { return x.mig != nullptr && x.mig->gi == m.gi; });
         if (same != entities.end()) {
           same->uuids.push_back(m.uuid);
           continue;
         }
         entities.push_back({&g, &m, {m.uuid}, m.handle, base(&m)});
       }
-    } else {
-      entities.push_back({&g, nullptr, {g.uuid}, g.handle, base(nullptr)});
     }
 
+    const PodLabelling pod_labelling{options_.use_old_namespace, options_.pod_uid, options_.virtual_gpus, attributor_,
+                                     options_.pod_metadata ? &options_.pod_metadata : nullptr};
     for (const auto& e : entities) {
       Attributes owner;
       std::vector<kubelet::PodRef> pods;
@@ -251,7 +957,7 @@ std::string Collector::Collect() {
           const auto spec = e.mig == nullptr ? attributor_->ShareOf(p) : std::nullopt;  // shares are never MIG
           if (!spec) continue;
           Attributes a;
-          AppendPod(a, p);
+          AppendPod(a, p, pod_labelling, e.uuids);
           a.emplace_back("enforcement", spec->enforcement.empty() ? "hard" : spec->enforcement);
           const auto limit = spec->limit_mib.find(g.uuid);
           const int64_t mib = limit == spec->limit_mib.end() ? 0 : std::max<int64_t>(0, limit->second);
@@ -262,121 +968,121 @@ std::string Collector::Collect() {
         if (distinct.size() == 1) {  // one pod holds the device: its labels go on every series
           kubelet::PodRef o = pods[0];
           if (pods.size() > 1) o.container.clear();  // through several of its containers
-          AppendPod(owner, o);
+          AppendPod(owner, o, pod_labelling, e.uuids);
           pods.clear();
         } else if (distinct.size() < 2) {
           pods.clear();
         }
       }
-      std::optional<nvml::MemoryInfo> mem;
-      if (down.empty()) mem = get(lib_.Memory(e.handle));
+      // --hpc-job-mapping-dir: the device's first job on each of its series here; the others
+      // repeat them (RepeatForJobs below), as dcgm-exporter writes one series per job.
+      const std::vector<std::string> jobs =
+          options_.hpc_jobs
+              ? options_.hpc_jobs->Jobs(g.index, e.mig != nullptr ? std::optional<unsigned>(e.mig->gi) : std::nullopt)
+              : std::vector<std::string>();
+      if (!jobs.empty()) owner.emplace_back("hpc_job", jobs.front());
+      std::vector<size_t> job_marks;  // where this device's lines start in each buffer
+      if (jobs.size() > 1) {
+        for (const std::string& l : lines) job_marks.push_back(l.size());
+        job_marks.push_back(up_lines.size());
+        job_marks.push_back(reason_lines.size());
+      }
       const unsigned gi = e.mig != nullptr ? e.mig->gi : nvml::kNoInstance;
+      const bool whole_gpu_entity =
+          std::any_of(entities.begin(), entities.end(), [](const Entity& x) { return x.mig == nullptr; });
+      const XidState merged_xids = MergeXids(xids, g.index, gi);
 
       for (size_t i = 0; i < counters.size(); ++i) {
         const Counter& c = counters[i];
+        if (c.type == "label") continue;  // on every series, through `base`
         std::string& out = lines[i];
-        auto emit = [&](std::optional<uint64_t> v) {
-          if (v) Line(out, c.name, e.base, owner, Int(*v));
-        };
         switch (c.field) {
-          case Field::kSmClock:
-            emit(r.sm_clock);
+          case Field::kXidErrors: {
+            // dcgm-exporter serves every device's last XID from the start: 0, "No Error", before the
+            // first (dashboards and increase() rules rely on the series being there).
+            const unsigned long long last = merged_xids.last;
+            Attributes a = owner;
+            a.emplace_back("err_code", std::to_string(last));
+            a.emplace_back("err_msg", XidMessage(last));
+            Line(out, c.name, e.base, a, Int(last));
             break;
-          case Field::kMemClock:
-            emit(r.mem_clock);
-            break;
-          case Field::kMemoryTemp:
-            emit(r.mem_temp);
-            break;
-          case Field::kGpuTemp:
-            emit(r.gpu_temp);
-            break;
-          case Field::kPowerUsage:
-            if (r.power_mw) Line(out, c.name, e.base, owner, Double(*r.power_mw / 1000.0));
-            break;
-          case Field::kTotalEnergy:
-            emit(r.energy);
-            break;
-          case Field::kPcieReplay:
-            emit(r.pcie_replay);
-            break;
-          case Field::kGpuUtil:
-            if (r.util) emit(r.util->gpu);
-            break;
-          case Field::kMemCopyUtil:
-            if (r.util) emit(r.util->memory);
-            break;
-          case Field::kEncUtil:
-            emit(r.enc);
-            break;
-          case Field::kDecUtil:
-            emit(r.dec);
-            break;
-          case Field::kFbFree:
-            if (mem) emit(mem->free >> 20);
-            break;
-          case Field::kFbUsed:
-            if (mem) emit(mem->used >> 20);
-            break;
-          case Field::kFbReserved:
-            if (mem && mem->reserved_known) emit(mem->reserved >> 20);
-            break;
-          case Field::kNvlinkBandwidthTotal:
-            emit(nvlink_rate);
-            break;
-          case Field::kUncorrectableRemappedRows:
-            if (r.remapped) emit(r.remapped->uncorrectable);
-            break;
-          case Field::kCorrectableRemappedRows:
-            if (r.remapped) emit(r.remapped->correctable);
-            break;
-          case Field::kRowRemapFailure:
-            if (r.remapped) emit(r.remapped->failure);
-            break;
-          case Field::kEccSbeVol:
-            emit(r.ecc[0]);
-            break;
-          case Field::kEccDbeVol:
-            emit(r.ecc[1]);
-            break;
-          case Field::kEccSbeAgg:
-            emit(r.ecc[2]);
-            break;
-          case Field::kEccDbeAgg:
-            emit(r.ecc[3]);
-            break;
-          case Field::kXidErrors:
-          case Field::kXidErrorsTotal: {
-            // Whole-GPU XIDs count on every series of the GPU, a GI's own XIDs on that GI: merged,
-            // so each label set appears once.
-            std::optional<XidState> merged;
-            for (const auto& k : {std::pair{g.index, nvml::kNoInstance}, std::pair{g.index, gi}}) {
-              const auto it = xids.find(k);
-              if (it == xids.end() || (merged && k.second == nvml::kNoInstance)) continue;
-              if (!merged) {
-                merged = it->second;
-                continue;
-              }
-              merged->last = it->second.last;  // the instance's own XID
-              for (const auto& [xid, n] : it->second.counts) merged->counts[xid] += n;
-            }
-            if (!merged) break;
-            if (c.field == Field::kXidErrors) {
-              Attributes a = owner;
-              a.emplace_back("err_code", std::to_string(merged->last));
-              a.emplace_back("err_msg", XidMessage(merged->last));
-              Line(out, c.name, e.base, a, Int(merged->last));
-              break;
-            }
-            for (const auto& [xid, n] : merged->counts) {
+          }
+          case Field::kXidErrorsTotal:
+            // As dcgm-exporter's (xid_total_collector.go): a series per XID seen, none before the first.
+            for (const auto& [xid, n] : merged_xids.counts) {
               Attributes a = owner;
               a.emplace_back("xid", std::to_string(xid));
               Line(out, c.name, e.base, a, Int(n));
             }
             break;
-          }
-          case Field::kDriverVersion:
+          case Field::kXidErrorsCount:
+          case Field::kClockEventsCount: {
+            // dcgm-exporter's windowed counts (expcollector.go): one series per value seen within the
+            // window, or one series of 0 without the value's label when none was.
+            const bool xid = c.field == Field::kXidErrorsCount;
+            const auto window = xid ? options_.xid_count_window : options_.clock_events_count_window;
+            std::map<std::string, uint64_t> counts;  // xid or clock_event -> count
+            if (xid) {
+              for (const auto& [at, code] : merged_xids.recent) {
+                if (at > now - window) counts[std::to_string(code)]++;
+              }
+            } else if (auto ce = clock_events_.find(g.index); ce != clock_events_.end()) {
+              for (const auto& [at, mask] : ce->second.samples) {
+                if (at <= now - window) continue;
+                for (uint64_t bit : ClockEventBits()) {
+                  if ((mask & bit) != 0) counts[ClockEventName(bit)]++;
+                }
+              }
+            }
+            Attributes a = owner;
+            a.emplace_back("window_size_in_ms", std::to_string(window.count()));
+            if (counts.empty()) {
+              Line(out, c.name, e.base, a, "0");
+              break;
+            }
+            for (const auto& [value, n] : counts) {
+              Attributes v = a;
+              v.emplace_back(xid ? "xid" : "clock_event", value);
+              Line(out, c.name, e.base, v, Int(n));
+            }
             break;
+          }
+          case Field::kClockEventsTotal:
+            // As dcgm-exporter's (clock_events_total_collector.go): activations, none before the first.
+            if (auto ce = clock_events_.find(g.index); ce != clock_events_.end()) {
+              for (const auto& [bit, n] : ce->second.totals) {
+                Attributes a = owner;
+                a.emplace_back("clock_event", ClockEventName(bit));
+                Line(out, c.name, e.base, a, Int(n));
+              }
+            }
+            break;
+          case Field::kGpuHealthStatus:
+          case Field::kP2pStatus:
+            // GPU-level families (dcgm-exporter reads them for GPU entities): with the GPU's own
+            // series, or once with the GPU's labels on a MIG GPU shown as its instances.
+            if (e.mig == nullptr) {
+              gpu_level(c, out, e.base, owner);
+            } else if (&e == &entities.front() && !whole_gpu_entity) {
+              gpu_level(c, out, base(nullptr), Attributes{});
+            }
+            break;
+          default: {
+            if (!down.empty()) break;  // the readings of a GPU that cannot be read: absent, never zeroed
+            const auto v = read(c, e.mig);
+            if (!v) break;
+            if (v->kind == Reading::Kind::kString) {
+              // A string field with a type other than label: an info-style series, the string as its
+              // `value` label (dcgm-exporter would write the string as the sample value, which
+              // Prometheus cannot parse).
+              Attributes a = owner;
+              a.emplace_back("value", v->s);
+              Line(out, c.name, e.base, a, "1");
+            } else {
+              Line(out, c.name, e.base, owner, v->Text());
+            }
+            break;
+          }
         }
       }
 
@@ -419,18 +1125,38 @@ std::string Collector::Collect() {
         }
         for (size_t i = 0; i < counters.size(); ++i) {
           const Counter& c = counters[i];
-          if (c.field != Field::kFbUsed && !(c.field == Field::kGpuUtil && e.mig == nullptr)) continue;
+          if (c.type == "label" || (c.field != Field::kFbUsed && !(c.field == Field::kGpuUtil && e.mig == nullptr))) {
+            continue;
+          }
           for (const auto& p : pods) {
             Attributes a;
-            AppendPod(a, p);
+            AppendPod(a, p, pod_labelling, e.uuids);
             const auto& fig = per_pod[key(p)];
-            Line(lines[i], c.name, e.base, a, Int(c.field == Field::kFbUsed ? fig.first >> 20 : fig.second));
+            // In the row's unit: MiB and %, or bytes and a ratio for DCGM 4.7's names.
+            const std::string value = c.field == Field::kFbUsed ? Int(c.base_units ? fig.first : fig.first >> 20)
+                                      : c.base_units            ? Double(fig.second / 100.0)
+                                                                : Int(fig.second);
+            Line(lines[i], c.name, e.base, a, value);
           }
         }
+      }
+      if (!job_marks.empty()) {
+        for (size_t i = 0; i < lines.size(); ++i) RepeatForJobs(lines[i], job_marks[i], jobs);
+        RepeatForJobs(up_lines, job_marks[lines.size()], jobs);
+        RepeatForJobs(reason_lines, job_marks[lines.size() + 1], jobs);
       }
     }
   }
 
+  if (!gpm_missing_new_.empty()) {
+    Log("exporter")
+        ->info(
+            "the DCGM_FI_PROF_* rows of the counters file have no series on GPU {}: NVML's GPU performance "
+            "monitoring (GPM) needs a Hopper or newer GPU, as dcgm-exporter has none without DCGM's profiling "
+            "module (logged once)",
+            Join(gpm_missing_new_, ", "));
+    gpm_missing_new_.clear();
+  }
   std::string text;
   for (size_t i = 0; i < counters.size(); ++i) {
     if (lines[i].empty()) continue;
@@ -635,14 +1361,40 @@ absl::Status Exporter::Start() {
   if (attributor_) RefreshPods();
   CollectNow();
 
-  // HTTP.
+  // HTTP, or HTTPS, basic auth, extra headers and a rate limit as --web-config-file says.
   if (auto a = ParseListenAddress("-a/--address (DCGM_EXPORTER_LISTEN)", options_.address); !a.ok()) return a.status();
-  http_ = std::make_unique<httplib::Server>();
+  auto server = web::MakeServer(options_.web ? &*options_.web : nullptr);
+  if (!server.ok()) return server.status();
+  http_ = std::move(*server);
+  // dcgm-exporter's --web-read-timeout and --web-write-timeout (10 s and 30 s by default).
+  auto seconds_and_micros = [](std::chrono::milliseconds d) {
+    return std::pair<time_t, time_t>(static_cast<time_t>(d.count() / 1000),
+                                     static_cast<time_t>(d.count() % 1000) * 1000);
+  };
+  const auto [read_s, read_us] = seconds_and_micros(options_.web_read_timeout);
+  const auto [write_s, write_us] = seconds_and_micros(options_.web_write_timeout);
+  http_->set_read_timeout(read_s, read_us);
+  http_->set_write_timeout(write_s, write_us);
   // Small responses (gzip, /health) must not wait for the client's delayed ACK (Nagle): ~40 ms.
   http_->set_tcp_nodelay(true);
   // Scrapers are few: two workers instead of one per core keep threads and arenas small.
   http_->new_task_queue = [] { return new httplib::ThreadPool(2); };
-  http_->Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+  // Every path goes through the web config's gate first, as exporter-toolkit wraps its whole
+  // handler: its headers on every answer, then its rate limit and its basic auth users.
+  auto gate = std::make_shared<web::Gate>(options_.web ? *options_.web : web::WebConfig{});
+  auto admit = [gate](const httplib::Request& req, httplib::Response& res) {
+    for (const auto& [name, value] : gate->headers()) res.headers.emplace(name, value);
+    std::string authorization;
+    if (const auto it = req.headers.find("Authorization"); it != req.headers.end()) authorization = it->second;
+    web::Verdict verdict = gate->Admit(authorization);
+    if (verdict.status == 200) return true;
+    res.status = verdict.status;
+    for (auto& [name, value] : verdict.headers) res.headers.emplace(std::move(name), std::move(value));
+    res.set_content(verdict.body, "text/plain; charset=utf-8");
+    return false;
+  };
+  http_->Get("/metrics", [this, admit](const httplib::Request& req, httplib::Response& res) {
+    if (!admit(req, res)) return;
     constexpr const char* kType = "text/plain; version=0.0.4; charset=utf-8";
     // (The headers are read and written as the maps they are: the release binary loads httplib
     // lazily and forwards only the few functions src/cli/lazy_httplib.cc lists.)
@@ -663,16 +1415,28 @@ absl::Status Exporter::Start() {
     }
     res.set_content(Scrape(), kType);
   });
-  http_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("OK", "text/plain"); });
-  http_->Get("/", [](const httplib::Request&, httplib::Response& res) {
+  http_->Get("/health", [this, admit](const httplib::Request& req, httplib::Response& res) {
+    if (!admit(req, res)) return;
+    // --health-require-gpus: a liveness probe restarts an exporter that found no GPU.
+    if (options_.health_require_gpus && inventory_->gpus().empty()) {
+      res.status = 503;
+      res.set_content("no GPU found (--health-require-gpus)\n", "text/plain");
+      return;
+    }
+    res.set_content("OK", "text/plain");
+  });
+  http_->Get("/", [admit](const httplib::Request& req, httplib::Response& res) {
+    if (!admit(req, res)) return;
     res.set_content("<html><body><h1>kgpu exporter</h1><a href=\"/metrics\">Metrics</a></body></html>", "text/html");
   });
   auto bound = BindListenAddress(*http_, "-a/--address (DCGM_EXPORTER_LISTEN)", options_.address);
   if (!bound.ok()) return bound.status();
   port_ = *bound;
   http_thread_ = ListenOnThread<httplib::Server, std::jthread>(*http_);
-  log->info("serving /metrics on {} (port {}; {} GPU families, collection every {} ms)", options_.address, port_,
-            options_.counters.size(), options_.interval.count());
+  const bool tls = options_.web && options_.web->tls.enabled;
+  log->info("serving /metrics over {} on {} (port {}; {} GPU families, collection every {} ms{})",
+            tls ? "HTTPS" : "HTTP", options_.address, port_, options_.counters.size(), options_.interval.count(),
+            gate->auth_required() ? "; basic auth" : "");
 
   collect_thread_ = std::jthread([this](std::stop_token stop) {
     while (SleepFor(stop, options_.interval)) CollectNow();

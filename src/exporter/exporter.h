@@ -4,6 +4,8 @@
 // Collector samples NVML on the exporter's timer (never on a scrape) and encodes one Prometheus
 // text buffer per collection: dcgm-exporter's names, HELP/TYPE, labels and label order, one series
 // per GPU, or per GPU instance on MIG GPUs. Values NVML does not have are omitted, never zeroed.
+// The DCGM_FI_PROF_* figures are GPM's between consecutive collections (none on the first); the
+// DCGM_EXP_* families are computed as dcgm-exporter's collectors compute them.
 // With pod attribution on, a device held by one pod carries its container/namespace/pod labels;
 // a device shared by several pods (time-slicing) also gets one DCGM_FI_DEV_FB_USED and
 // DCGM_FI_DEV_GPU_UTIL series per pod, from the pod's own processes.
@@ -20,18 +22,23 @@
 // RecordXid, which may be called from any thread. Exporter's Scrape() may be called from any
 // thread; Start/Stop from its owner.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "common/log_once.h"
+#include "common/web_config.h"
 #include "exporter/attribution.h"
 #include "exporter/counters.h"
 #include "gpu/health.h"
@@ -47,6 +54,22 @@ namespace kgpu::exporter {
 
 class GzipBody;  // exporter/gzip_body.h
 
+// -d/--devices, dcgm-exporter's GPU selector: which devices have series. `f` (flex, the default):
+// each GPU, or its GPU instances when MIG is on. `g[:ids]`: whole GPUs by index (a MIG GPU too, as
+// one series); `i[:ids]`: GPU instances by GPU_I_ID, on MIG GPUs; `g+i`: both. No ids: every one.
+struct DeviceSelector {
+  bool flex = true;
+  bool gpus = false, instances = false;
+  std::vector<unsigned> gpu_ids, instance_ids;  // empty: all
+  bool Gpu(unsigned index) const {
+    return gpus && (gpu_ids.empty() || std::find(gpu_ids.begin(), gpu_ids.end(), index) != gpu_ids.end());
+  }
+  bool Instance(unsigned gi) const {
+    return instances &&
+           (instance_ids.empty() || std::find(instance_ids.begin(), instance_ids.end(), gi) != instance_ids.end());
+  }
+};
+
 struct ExporterOptions {
   std::vector<Counter> counters;              // from -f (default: DefaultCountersCsv())
   std::chrono::milliseconds interval{30000};  // -c
@@ -61,12 +84,33 @@ struct ExporterOptions {
   std::string hostname;                       // Hostname label; empty: no label (-n)
   gpu::DiscoverOptions discover;              // for re-discovery after a MIG re-partition
   bool replace_blanks_in_model_name = false;
+  // The windows dcgm-exporter counts DCGM_EXP_XID_ERRORS_COUNT (-x / --xid-count-window-size) and
+  // DCGM_EXP_CLOCK_EVENTS_COUNT (--clock-events-count-window-size) over; its defaults, 5 minutes.
+  std::chrono::milliseconds xid_count_window{300000};
+  std::chrono::milliseconds clock_events_count_window{300000};
   // The process's health source (`kgpu node`: the device plugin's monitor, whose XIDs it forwards
   // to Exporter::RecordXid). Unset: the exporter runs its own gpu::HealthMonitor, with the device
   // plugin's default XID policy, so a standalone exporter agrees with a plugin left at defaults.
   gpu::HealthReader health;
   // The own monitor's recovery (the plugin's health.recoverAfter; nullopt: never).
   std::optional<std::chrono::milliseconds> health_recover_after = gpu::kDefaultRecoverAfter;
+
+  // dcgm-exporter's labels and selection (src/cli/exporter_cmd.cc maps its flags here; every flag
+  // and what kgpu does with it: docs/exporter.md).
+  bool use_old_namespace = false;           // -o: uuid, and container_name/pod_namespace/pod_name
+  std::string hostname_label = "Hostname";  // --hostname-label: Hostname (dcgm-exporter <= 4.5) or hostname (4.6+)
+  DeviceSelector devices;                   // -d
+  bool pod_uid = false;                     // --kubernetes-enable-pod-uid: pod_uid on pod series
+  bool virtual_gpus = false;                // --kubernetes-virtual-gpus: vgpu (the replica) on pod series
+  PodMetadataReader pod_metadata;           // --kubernetes-enable-pod-labels: the CLI's pod informer
+  std::shared_ptr<HpcJobs> hpc_jobs;        // --hpc-job-mapping-dir: hpc_job on each GPU's series
+  bool health_require_gpus = false;         // --health-require-gpus: /health is 503 without a GPU
+
+  // Serving (--web-config-file: Prometheus exporter-toolkit's TLS, basic auth, headers, rate limit;
+  // --web-read-timeout, --web-write-timeout).
+  std::optional<web::WebConfig> web;
+  std::chrono::milliseconds web_read_timeout{10000};
+  std::chrono::milliseconds web_write_timeout{30000};
 };
 
 class Collector {
@@ -75,28 +119,81 @@ class Collector {
             const PodAttributor* attributor);
   // One collection: the text of every GPU family.
   std::string Collect();
-  // After a MIG re-partition: the MIG series follow the new instances. Same thread as Collect().
-  void SetInventory(std::shared_ptr<const gpu::Inventory> inventory) { inventory_ = std::move(inventory); }
+  // After a MIG re-partition: the MIG series follow the new instances (GPM samples of the old
+  // instances are dropped: a GPU instance id may now name another instance). Same thread as Collect().
+  void SetInventory(std::shared_ptr<const gpu::Inventory> inventory) {
+    inventory_ = std::move(inventory);
+    gpm_.clear();
+    p2p_.clear();
+  }
   const gpu::Inventory& inventory() const { return *inventory_; }
   void RecordXid(unsigned gpu, unsigned gi, unsigned long long xid);
   // Where kgpu_gpu_up and kgpu_gpu_unhealthy_reason read device health. Before the first Collect.
   void SetHealthSource(gpu::HealthReader health) { health_ = std::move(health); }
   uint64_t nvml_errors() const { return nvml_errors_.load(); }
+  // The clock of the counting windows (DCGM_EXP_*_COUNT) and rates; steady_clock by default. Tests
+  // set it before the first RecordXid or Collect.
+  void SetClock(std::function<std::chrono::steady_clock::time_point()> now) { now_ = std::move(now); }
 
  private:
+  using TimePoint = std::chrono::steady_clock::time_point;
   struct XidState {
     unsigned long long last = 0;
     std::map<unsigned long long, uint64_t> counts;
+    // When each recent XID happened, oldest first (DCGM_EXP_XID_ERRORS_COUNT): dropped once older
+    // than the window, and at most kMaxRecentXids, so an XID storm cannot grow memory without
+    // bound (beyond that many in one window the count stops growing).
+    std::deque<std::pair<TimePoint, unsigned long long>> recent;
   };
+  static constexpr size_t kMaxRecentXids = 4096;
+  // A GPU's clock-event reasons: one sample per collection within the window (DCGM_EXP_CLOCK_EVENTS_COUNT
+  // counts the samples in which each reason was active, as dcgm-exporter counts DCGM's samples of
+  // DCGM_FI_DEV_CLOCKS_EVENT_REASONS), and each reason's activations since the first sample
+  // (DCGM_EXP_CLOCK_EVENTS_TOTAL; a reason already active then is not an activation).
+  struct ClockEventState {
+    std::deque<std::pair<TimePoint, uint64_t>> samples;  // at most kMaxClockEventSamples
+    bool primed = false;
+    uint64_t previous = 0;
+    std::map<uint64_t, uint64_t> totals;  // reason bit -> activations
+  };
+  static constexpr size_t kMaxClockEventSamples = 4096;
+  // A device's last two GPM samples: the DCGM_FI_PROF_* figures are the metrics between them.
+  struct GpmState {
+    nvml::GpmSample older, newer;
+    bool have_older = false;
+  };
+  // Takes a GPM sample of the whole GPU (gi kNoInstance) or of one GPU instance and returns the
+  // metrics (GPM id -> value) since the previous collection's; empty on the first collection and
+  // on GPUs without GPM (logged once, for all of them).
+  std::map<unsigned, double> SampleGpm(const gpu::Gpu& g, unsigned gi);
 
   const nvml::Library& lib_;
   std::shared_ptr<const gpu::Inventory> inventory_;
   const ExporterOptions& options_;
   const PodAttributor* attributor_;
   gpu::HealthReader health_;
-  std::map<unsigned, std::pair<uint64_t, std::chrono::steady_clock::time_point>> nvlink_prev_;
+  std::function<TimePoint()> now_ = [] { return std::chrono::steady_clock::now(); };
+  // What the counters ask for, so that a collection reads nothing else.
+  std::set<Field> wanted_;
+  std::set<unsigned> nvlink_lanes_;  // links of DCGM_FI_DEV_NVLINK_BANDWIDTH_L<n> rows
+  std::vector<unsigned> gpm_ids_;    // GPM metrics of the DCGM_FI_PROF_* rows
+  // (GPU, link or nvml::Library::kAllLinks) -> the KiB counter and when it was read.
+  std::map<std::pair<unsigned, unsigned>, std::pair<uint64_t, TimePoint>> nvlink_prev_;
   std::mutex xid_mu_;
   std::map<std::pair<unsigned, unsigned>, XidState> xids_;  // (gpu, gi or kNoInstance)
+  std::map<unsigned, ClockEventState> clock_events_;        // by GPU index
+  std::map<std::pair<unsigned, unsigned>, GpmState> gpm_;   // (gpu, gi or kNoInstance)
+  std::map<unsigned, bool> gpm_supported_;                  // by GPU index
+  std::set<unsigned> gpm_missing_logged_;                   // GPUs whose lack of GPM was logged
+  std::vector<std::string> gpm_missing_new_;                // ... found in this collection: "0 (NVIDIA A100...)"
+  // A GPU's strings that never change (serial, VBIOS, brand, inforom versions), read once by UUID,
+  // so that its label rows keep their values while it cannot be read.
+  std::map<std::string, std::map<Field, std::string>> strings_;
+  std::set<std::string> strings_read_;
+  std::optional<std::string> nvml_version_;
+  std::optional<int> cuda_driver_version_;
+  bool system_read_ = false;
+  std::map<std::pair<std::string, std::string>, int> p2p_;  // (UUID, peer UUID) -> nvmlGpuP2PStatus_t
   std::atomic<uint64_t> nvml_errors_{0};
   // GPU index -> why it cannot be read ("lost", "unreadable"), for logging each change once.
   std::map<unsigned, std::string> down_seen_;

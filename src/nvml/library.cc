@@ -80,7 +80,38 @@ namespace kgpu::nvml {
       "nvmlDeviceGetComputeRunningProcesses_v2")                                                                      \
   OPT(nvmlDeviceGetMPSComputeRunningProcesses_v3, "nvmlDeviceGetMPSComputeRunningProcesses_v3",                       \
       "nvmlDeviceGetMPSComputeRunningProcesses_v2")                                                                   \
-  OPT(nvmlDeviceGetProcessUtilization, "nvmlDeviceGetProcessUtilization")
+  OPT(nvmlDeviceGetProcessUtilization, "nvmlDeviceGetProcessUtilization")                                             \
+  OPT(nvmlDeviceGetMaxClockInfo, "nvmlDeviceGetMaxClockInfo")                                                         \
+  OPT(nvmlDeviceGetApplicationsClock, "nvmlDeviceGetApplicationsClock")                                               \
+  OPT(nvmlDeviceGetTemperatureThreshold, "nvmlDeviceGetTemperatureThreshold")                                         \
+  OPT(nvmlDeviceGetPowerManagementLimit, "nvmlDeviceGetPowerManagementLimit")                                         \
+  OPT(nvmlDeviceGetPowerManagementDefaultLimit, "nvmlDeviceGetPowerManagementDefaultLimit")                           \
+  OPT(nvmlDeviceGetPowerManagementLimitConstraints, "nvmlDeviceGetPowerManagementLimitConstraints")                   \
+  OPT(nvmlDeviceGetPerformanceState, "nvmlDeviceGetPerformanceState")                                                 \
+  OPT(nvmlDeviceGetFanSpeed, "nvmlDeviceGetFanSpeed")                                                                 \
+  OPT(nvmlDeviceGetCurrentClocksEventReasons, "nvmlDeviceGetCurrentClocksEventReasons")                               \
+  OPT(nvmlDeviceGetCurrentClocksThrottleReasons, "nvmlDeviceGetCurrentClocksThrottleReasons")                         \
+  OPT(nvmlDeviceGetPcieThroughput, "nvmlDeviceGetPcieThroughput")                                                     \
+  OPT(nvmlDeviceGetCurrPcieLinkGeneration, "nvmlDeviceGetCurrPcieLinkGeneration")                                     \
+  OPT(nvmlDeviceGetMaxPcieLinkGeneration, "nvmlDeviceGetMaxPcieLinkGeneration")                                       \
+  OPT(nvmlDeviceGetCurrPcieLinkWidth, "nvmlDeviceGetCurrPcieLinkWidth")                                               \
+  OPT(nvmlDeviceGetMaxPcieLinkWidth, "nvmlDeviceGetMaxPcieLinkWidth")                                                 \
+  OPT(nvmlDeviceGetViolationStatus, "nvmlDeviceGetViolationStatus")                                                   \
+  OPT(nvmlDeviceGetEccMode, "nvmlDeviceGetEccMode")                                                                   \
+  OPT(nvmlDeviceGetBAR1MemoryInfo, "nvmlDeviceGetBAR1MemoryInfo")                                                     \
+  OPT(nvmlDeviceGetPersistenceMode, "nvmlDeviceGetPersistenceMode")                                                   \
+  OPT(nvmlDeviceGetSerial, "nvmlDeviceGetSerial")                                                                     \
+  OPT(nvmlDeviceGetVbiosVersion, "nvmlDeviceGetVbiosVersion")                                                         \
+  OPT(nvmlDeviceGetBrand, "nvmlDeviceGetBrand")                                                                       \
+  OPT(nvmlDeviceGetInforomVersion, "nvmlDeviceGetInforomVersion")                                                     \
+  OPT(nvmlDeviceGetInforomImageVersion, "nvmlDeviceGetInforomImageVersion")                                           \
+  OPT(nvmlDeviceGetP2PStatus, "nvmlDeviceGetP2PStatus")                                                               \
+  OPT(nvmlGpmQueryDeviceSupport, "nvmlGpmQueryDeviceSupport")                                                         \
+  OPT(nvmlGpmSampleAlloc, "nvmlGpmSampleAlloc")                                                                       \
+  OPT(nvmlGpmSampleFree, "nvmlGpmSampleFree")                                                                         \
+  OPT(nvmlGpmSampleGet, "nvmlGpmSampleGet")                                                                           \
+  OPT(nvmlGpmMigSampleGet, "nvmlGpmMigSampleGet")                                                                     \
+  OPT(nvmlGpmMetricsGet, "nvmlGpmMetricsGet")
 
 struct Library::Symbols {
 #define KGPU_MEMBER(name, ...) decltype(&::name) name = nullptr;
@@ -358,7 +389,7 @@ absl::StatusOr<unsigned> Library::MinorNumber(Device d) const {
 absl::StatusOr<PciInfo> Library::Pci(Device d) const {
   nvmlPciInfo_t pci{};
   if (auto st = KGPU_CALL(nvmlDeviceGetPciInfo_v3, H(d), &pci); !st.ok()) return st;
-  return PciInfo{pci.busId, pci.domain, pci.bus, pci.device, pci.pciDeviceId};
+  return PciInfo{pci.busId, pci.domain, pci.bus, pci.device, pci.pciDeviceId, pci.pciSubSystemId};
 }
 
 absl::StatusOr<MemoryInfo> Library::Memory(Device d) const {
@@ -675,8 +706,19 @@ absl::StatusOr<Library::RemappedRows> Library::GetRemappedRows(Device d) const {
 
 absl::StatusOr<std::vector<std::optional<uint64_t>>> Library::FieldValues(Device d,
                                                                           const std::vector<unsigned>& ids) const {
-  std::vector<nvmlFieldValue_t> values(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) values[i].fieldId = ids[i];
+  std::vector<ScopedField> fields;
+  fields.reserve(ids.size());
+  for (unsigned id : ids) fields.push_back({id, 0});
+  return ScopedFieldValues(d, fields);
+}
+
+absl::StatusOr<std::vector<std::optional<uint64_t>>> Library::ScopedFieldValues(
+    Device d, const std::vector<ScopedField>& fields) const {
+  std::vector<nvmlFieldValue_t> values(fields.size());
+  for (size_t i = 0; i < fields.size(); ++i) {
+    values[i].fieldId = fields[i].id;
+    values[i].scopeId = fields[i].scope;
+  }
   if (auto st = KGPU_CALL(nvmlDeviceGetFieldValues, H(d), static_cast<int>(values.size()), values.data()); !st.ok()) {
     return st;
   }
@@ -708,6 +750,243 @@ absl::StatusOr<std::vector<std::optional<uint64_t>>> Library::FieldValues(Device
     }
   }
   return out;
+}
+
+absl::StatusOr<unsigned> Library::MaxClockMhz(Device d, Clock clock) const {
+  unsigned mhz = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetMaxClockInfo, H(d), static_cast<nvmlClockType_t>(clock), &mhz); !st.ok()) {
+    return st;
+  }
+  return mhz;
+}
+
+absl::StatusOr<unsigned> Library::ApplicationsClockMhz(Device d, Clock clock) const {
+  unsigned mhz = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetApplicationsClock, H(d), static_cast<nvmlClockType_t>(clock), &mhz); !st.ok()) {
+    return st;
+  }
+  return mhz;
+}
+
+absl::StatusOr<unsigned> Library::TemperatureThresholdC(Device d, TemperatureThreshold threshold) const {
+  unsigned t = 0;
+  if (auto st =
+          KGPU_CALL(nvmlDeviceGetTemperatureThreshold, H(d), static_cast<nvmlTemperatureThresholds_t>(threshold), &t);
+      !st.ok()) {
+    return st;
+  }
+  return t;
+}
+
+absl::StatusOr<unsigned> Library::PowerManagementLimitMw(Device d) const {
+  unsigned mw = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetPowerManagementLimit, H(d), &mw); !st.ok()) return st;
+  return mw;
+}
+
+absl::StatusOr<unsigned> Library::PowerManagementDefaultLimitMw(Device d) const {
+  unsigned mw = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetPowerManagementDefaultLimit, H(d), &mw); !st.ok()) return st;
+  return mw;
+}
+
+absl::StatusOr<Library::PowerLimits> Library::PowerManagementLimitConstraints(Device d) const {
+  PowerLimits p;
+  if (auto st = KGPU_CALL(nvmlDeviceGetPowerManagementLimitConstraints, H(d), &p.min_mw, &p.max_mw); !st.ok()) {
+    return st;
+  }
+  return p;
+}
+
+absl::StatusOr<unsigned> Library::PerformanceState(Device d) const {
+  nvmlPstates_t p = NVML_PSTATE_UNKNOWN;
+  if (auto st = KGPU_CALL(nvmlDeviceGetPerformanceState, H(d), &p); !st.ok()) return st;
+  return static_cast<unsigned>(p);
+}
+
+absl::StatusOr<unsigned> Library::FanSpeedPercent(Device d) const {
+  unsigned percent = 0;
+  if (auto st = KGPU_CALL(nvmlDeviceGetFanSpeed, H(d), &percent); !st.ok()) return st;
+  return percent;
+}
+
+absl::StatusOr<uint64_t> Library::ClocksEventReasons(Device d) const {
+  unsigned long long reasons = 0;
+  // The "event" call replaced the "throttle" one (same bits) in driver 535; older drivers have only
+  // the latter, newer ones may drop it.
+  if (syms_->nvmlDeviceGetCurrentClocksEventReasons != nullptr) {
+    if (auto st = KGPU_CALL(nvmlDeviceGetCurrentClocksEventReasons, H(d), &reasons); !st.ok()) return st;
+    return reasons;
+  }
+  if (auto st = KGPU_CALL(nvmlDeviceGetCurrentClocksThrottleReasons, H(d), &reasons); !st.ok()) return st;
+  return reasons;
+}
+
+absl::StatusOr<unsigned> Library::PcieThroughputKBs(Device d, bool rx) const {
+  unsigned kbs = 0;
+  if (auto st =
+          KGPU_CALL(nvmlDeviceGetPcieThroughput, H(d), rx ? NVML_PCIE_UTIL_RX_BYTES : NVML_PCIE_UTIL_TX_BYTES, &kbs);
+      !st.ok()) {
+    return st;
+  }
+  return kbs;
+}
+
+absl::StatusOr<unsigned> Library::PcieLinkGeneration(Device d, bool max) const {
+  unsigned gen = 0;
+  auto st = max ? KGPU_CALL(nvmlDeviceGetMaxPcieLinkGeneration, H(d), &gen)
+                : KGPU_CALL(nvmlDeviceGetCurrPcieLinkGeneration, H(d), &gen);
+  if (!st.ok()) return st;
+  return gen;
+}
+
+absl::StatusOr<unsigned> Library::PcieLinkWidth(Device d, bool max) const {
+  unsigned width = 0;
+  auto st = max ? KGPU_CALL(nvmlDeviceGetMaxPcieLinkWidth, H(d), &width)
+                : KGPU_CALL(nvmlDeviceGetCurrPcieLinkWidth, H(d), &width);
+  if (!st.ok()) return st;
+  return width;
+}
+
+absl::StatusOr<uint64_t> Library::ViolationNs(Device d, ViolationPolicy policy) const {
+  nvmlViolationTime_t t{};
+  if (auto st = KGPU_CALL(nvmlDeviceGetViolationStatus, H(d), static_cast<nvmlPerfPolicyType_t>(policy), &t);
+      !st.ok()) {
+    return st;
+  }
+  return t.violationTime;
+}
+
+absl::StatusOr<std::pair<bool, bool>> Library::EccMode(Device d) const {
+  nvmlEnableState_t current = NVML_FEATURE_DISABLED, pending = NVML_FEATURE_DISABLED;
+  if (auto st = KGPU_CALL(nvmlDeviceGetEccMode, H(d), &current, &pending); !st.ok()) return st;
+  return std::make_pair(current == NVML_FEATURE_ENABLED, pending == NVML_FEATURE_ENABLED);
+}
+
+absl::StatusOr<Library::Bar1Memory> Library::Bar1(Device d) const {
+  nvmlBAR1Memory_t m{};
+  if (auto st = KGPU_CALL(nvmlDeviceGetBAR1MemoryInfo, H(d), &m); !st.ok()) return st;
+  return Bar1Memory{m.bar1Total, m.bar1Used, m.bar1Free};
+}
+
+absl::StatusOr<bool> Library::PersistenceMode(Device d) const {
+  nvmlEnableState_t mode = NVML_FEATURE_DISABLED;
+  if (auto st = KGPU_CALL(nvmlDeviceGetPersistenceMode, H(d), &mode); !st.ok()) return st;
+  return mode == NVML_FEATURE_ENABLED;
+}
+
+absl::StatusOr<std::string> Library::Serial(Device d) const {
+  char buf[NVML_DEVICE_SERIAL_BUFFER_SIZE] = {};
+  if (auto st = KGPU_CALL(nvmlDeviceGetSerial, H(d), buf, sizeof buf); !st.ok()) return st;
+  return std::string(buf);
+}
+
+absl::StatusOr<std::string> Library::VbiosVersion(Device d) const {
+  char buf[NVML_DEVICE_VBIOS_VERSION_BUFFER_SIZE] = {};
+  if (auto st = KGPU_CALL(nvmlDeviceGetVbiosVersion, H(d), buf, sizeof buf); !st.ok()) return st;
+  return std::string(buf);
+}
+
+absl::StatusOr<int> Library::Brand(Device d) const {
+  nvmlBrandType_t brand = NVML_BRAND_UNKNOWN;
+  if (auto st = KGPU_CALL(nvmlDeviceGetBrand, H(d), &brand); !st.ok()) return st;
+  return static_cast<int>(brand);
+}
+
+absl::StatusOr<std::string> Library::InforomVersion(Device d, Inforom object) const {
+  char buf[NVML_DEVICE_INFOROM_VERSION_BUFFER_SIZE] = {};
+  if (auto st = KGPU_CALL(nvmlDeviceGetInforomVersion, H(d), static_cast<nvmlInforomObject_t>(object), buf, sizeof buf);
+      !st.ok()) {
+    return st;
+  }
+  return std::string(buf);
+}
+
+absl::StatusOr<std::string> Library::InforomImageVersion(Device d) const {
+  char buf[NVML_DEVICE_INFOROM_VERSION_BUFFER_SIZE] = {};
+  if (auto st = KGPU_CALL(nvmlDeviceGetInforomImageVersion, H(d), buf, sizeof buf); !st.ok()) return st;
+  return std::string(buf);
+}
+
+absl::StatusOr<int> Library::P2PStatus(Device a, Device b, P2PCaps caps) const {
+  nvmlGpuP2PStatus_t status = NVML_P2P_STATUS_UNKNOWN;
+  if (auto st = KGPU_CALL(nvmlDeviceGetP2PStatus, H(a), H(b), static_cast<nvmlGpuP2PCapsIndex_t>(caps), &status);
+      !st.ok()) {
+    return st;
+  }
+  return static_cast<int>(status);
+}
+
+absl::StatusOr<bool> Library::GpmSupported(Device gpu) const {
+  nvmlGpmSupport_t support{};
+  support.version = NVML_GPM_SUPPORT_VERSION;
+  auto st = KGPU_CALL(nvmlGpmQueryDeviceSupport, H(gpu), &support);
+  if (IsNoValue(st)) return false;  // a driver older than GPM (FUNCTION_NOT_FOUND), or a GPU that has none
+  if (!st.ok()) return st;
+  return support.isSupportedDevice != 0;
+}
+
+absl::StatusOr<GpmSample> Library::GpmSampleAlloc() const {
+  nvmlGpmSample_t sample = nullptr;
+  if (auto st = KGPU_CALL(nvmlGpmSampleAlloc, &sample); !st.ok()) return st;
+  return GpmSample(this, sample);
+}
+
+absl::Status Library::GpmSampleGet(Device gpu, GpmSample& sample) const {
+  if (sample.empty()) return absl::FailedPreconditionError("nvmlGpmSampleGet: the sample buffer is empty");
+  return KGPU_CALL(nvmlGpmSampleGet, H(gpu), static_cast<nvmlGpmSample_t>(sample.sample_));
+}
+
+absl::Status Library::GpmMigSampleGet(Device gpu, unsigned gi, GpmSample& sample) const {
+  if (sample.empty()) return absl::FailedPreconditionError("nvmlGpmMigSampleGet: the sample buffer is empty");
+  return KGPU_CALL(nvmlGpmMigSampleGet, H(gpu), gi, static_cast<nvmlGpmSample_t>(sample.sample_));
+}
+
+absl::StatusOr<std::vector<std::optional<double>>> Library::GpmMetrics(const GpmSample& older, const GpmSample& newer,
+                                                                       const std::vector<unsigned>& ids) const {
+  if (older.empty() || newer.empty()) {
+    return absl::FailedPreconditionError("nvmlGpmMetricsGet: a sample buffer is empty");
+  }
+  if (ids.size() > NVML_GPM_METRIC_MAX) {
+    return absl::InvalidArgumentError(
+        Cat("nvmlGpmMetricsGet: ", ids.size(), " metrics asked, at most ", NVML_GPM_METRIC_MAX, " fit in one call"));
+  }
+  // ~13 KiB: on the heap rather than on the collection thread's stack.
+  auto get = std::make_unique<nvmlGpmMetricsGet_t>();
+  std::memset(get.get(), 0, sizeof *get);
+  get->version = NVML_GPM_METRICS_GET_VERSION;
+  get->numMetrics = static_cast<unsigned>(ids.size());
+  get->sample1 = static_cast<nvmlGpmSample_t>(older.sample_);
+  get->sample2 = static_cast<nvmlGpmSample_t>(newer.sample_);
+  for (size_t i = 0; i < ids.size(); ++i) get->metrics[i].metricId = ids[i];
+  if (auto st = KGPU_CALL(nvmlGpmMetricsGet, get.get()); !st.ok()) return st;
+  std::vector<std::optional<double>> out;
+  out.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const nvmlGpmMetric_t& m = get->metrics[i];
+    if (m.nvmlReturn == NVML_SUCCESS) {
+      out.emplace_back(m.value);
+    } else {
+      out.emplace_back();
+    }
+  }
+  return out;
+}
+
+GpmSample::~GpmSample() {
+  if (sample_ != nullptr && lib_ != nullptr && lib_->syms_ && lib_->syms_->nvmlGpmSampleFree != nullptr) {
+    lib_->syms_->nvmlGpmSampleFree(static_cast<nvmlGpmSample_t>(sample_));
+  }
+}
+
+GpmSample& GpmSample::operator=(GpmSample&& other) noexcept {
+  if (this != &other) {
+    GpmSample old(std::move(*this));  // frees what this held
+    lib_ = other.lib_;
+    sample_ = other.sample_;
+    other.sample_ = nullptr;
+  }
+  return *this;
 }
 
 namespace {

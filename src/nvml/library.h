@@ -59,6 +59,7 @@ struct PciInfo {
   std::string bus_id;  // "00000000:18:00.0"
   unsigned domain = 0, bus = 0, device = 0;
   unsigned pci_device_id = 0;
+  unsigned pci_subsystem_id = 0;
 };
 
 struct MemoryInfo {
@@ -126,6 +127,26 @@ inline constexpr unsigned kNoInstance = 0xFFFFFFFFU;
 inline constexpr unsigned kNoInstanceId = kNoInstance;
 
 class Library;
+
+// One GPM sample buffer (nvmlGpmSampleAlloc/Free, RAII): Library::GpmSampleGet or GpmMigSampleGet
+// fills it, and GpmMetrics compares two of them. Movable, not copyable; an empty one (default
+// constructed, or moved from) holds nothing. It must not outlive the Library that allocated it.
+class GpmSample {
+ public:
+  GpmSample() = default;
+  ~GpmSample();
+  GpmSample(GpmSample&& other) noexcept : lib_(other.lib_), sample_(other.sample_) { other.sample_ = nullptr; }
+  GpmSample& operator=(GpmSample&& other) noexcept;
+  GpmSample(const GpmSample&) = delete;
+  GpmSample& operator=(const GpmSample&) = delete;
+  bool empty() const { return sample_ == nullptr; }
+
+ private:
+  friend class Library;
+  GpmSample(const Library* lib, void* sample) : lib_(lib), sample_(sample) {}
+  const Library* lib_ = nullptr;
+  void* sample_ = nullptr;
+};
 
 // An NVML event set (RAII).
 class EventSet {
@@ -219,7 +240,36 @@ class Library {
     unsigned sm_util = 0, mem_util = 0;
     uint64_t timestamp_us = 0;
   };
-  enum class Clock { kGraphics = 0, kSm = 1, kMem = 2 };
+  enum class Clock { kGraphics = 0, kSm = 1, kMem = 2, kVideo = 3 };
+  struct Bar1Memory {
+    uint64_t total = 0, used = 0, free = 0;  // bytes
+  };
+  struct PowerLimits {
+    unsigned min_mw = 0, max_mw = 0;
+  };
+  // nvmlTemperatureThresholds_t values.
+  enum class TemperatureThreshold { kShutdown = 0, kSlowdown = 1, kMemoryMax = 2, kGpuMax = 3 };
+  // nvmlPerfPolicyType_t values (what nvmlDeviceGetViolationStatus counts).
+  enum class ViolationPolicy {
+    kPower = 0,
+    kThermal = 1,
+    kSyncBoost = 2,
+    kBoardLimit = 3,
+    kLowUtilization = 4,
+    kReliability = 5,
+    kTotalAppClocks = 10,
+    kTotalBaseClocks = 11,
+  };
+  // nvmlGpuP2PCapsIndex_t values.
+  enum class P2PCaps { kRead = 0, kWrite = 1, kNvLink = 2, kAtomics = 3, kProp = 4 };
+  // nvmlInforomObject_t values.
+  enum class Inforom { kOem = 0, kEcc = 1, kPower = 2 };
+  // A field id and its scope (for NVLink fields the link, or kAllLinks).
+  struct ScopedField {
+    unsigned id = 0;
+    unsigned scope = 0;
+  };
+  static constexpr unsigned kAllLinks = 0xFFFFFFFFU;
   absl::StatusOr<Utilization> GetUtilization(Device d) const;
   absl::StatusOr<unsigned> EncoderUtilization(Device d) const;
   absl::StatusOr<unsigned> DecoderUtilization(Device d) const;
@@ -231,6 +281,46 @@ class Library {
   absl::StatusOr<RemappedRows> GetRemappedRows(Device d) const;
   // nvmlDeviceGetFieldValues: one entry per id, nullopt where NVML has no value for it.
   absl::StatusOr<std::vector<std::optional<uint64_t>>> FieldValues(Device d, const std::vector<unsigned>& ids) const;
+  // The same, each id with its scope (NVLink throughput: the link, or kAllLinks for the sum).
+  absl::StatusOr<std::vector<std::optional<uint64_t>>> ScopedFieldValues(Device d,
+                                                                         const std::vector<ScopedField>& fields) const;
+  absl::StatusOr<unsigned> MaxClockMhz(Device d, Clock clock) const;
+  absl::StatusOr<unsigned> ApplicationsClockMhz(Device d, Clock clock) const;
+  absl::StatusOr<unsigned> TemperatureThresholdC(Device d, TemperatureThreshold threshold) const;
+  absl::StatusOr<unsigned> PowerManagementLimitMw(Device d) const;
+  absl::StatusOr<unsigned> PowerManagementDefaultLimitMw(Device d) const;
+  absl::StatusOr<PowerLimits> PowerManagementLimitConstraints(Device d) const;
+  absl::StatusOr<unsigned> PerformanceState(Device d) const;  // 0 (P0, fastest) .. 15, 32 unknown
+  absl::StatusOr<unsigned> FanSpeedPercent(Device d) const;
+  // nvmlDeviceGetCurrentClocksEventReasons (the older ...ThrottleReasons on drivers without it).
+  absl::StatusOr<uint64_t> ClocksEventReasons(Device d) const;
+  absl::StatusOr<unsigned> PcieThroughputKBs(Device d, bool rx) const;  // KB/s over the last 20 ms
+  absl::StatusOr<unsigned> PcieLinkGeneration(Device d, bool max) const;
+  absl::StatusOr<unsigned> PcieLinkWidth(Device d, bool max) const;
+  absl::StatusOr<uint64_t> ViolationNs(Device d, ViolationPolicy policy) const;  // since the driver loaded
+  absl::StatusOr<std::pair<bool, bool>> EccMode(Device d) const;                 // current, pending
+  absl::StatusOr<Bar1Memory> Bar1(Device d) const;
+  absl::StatusOr<bool> PersistenceMode(Device d) const;
+  absl::StatusOr<std::string> Serial(Device d) const;
+  absl::StatusOr<std::string> VbiosVersion(Device d) const;
+  absl::StatusOr<int> Brand(Device d) const;  // nvmlBrandType_t
+  absl::StatusOr<std::string> InforomVersion(Device d, Inforom object) const;
+  absl::StatusOr<std::string> InforomImageVersion(Device d) const;
+  // nvmlGpuP2PStatus_t between two GPUs for one capability (0 OK ... 6 unknown).
+  absl::StatusOr<int> P2PStatus(Device a, Device b, P2PCaps caps) const;
+
+  // GPU performance monitoring (GPM, Hopper and newer): the DCGM_FI_PROF_* figures without DCGM.
+  // Whether the GPU supports GPM (false, not an error, on older GPUs and drivers).
+  absl::StatusOr<bool> GpmSupported(Device gpu) const;
+  absl::StatusOr<GpmSample> GpmSampleAlloc() const;
+  // Fills `sample` for the whole GPU, or for one GPU instance of a MIG GPU (the parent's handle).
+  absl::Status GpmSampleGet(Device gpu, GpmSample& sample) const;
+  absl::Status GpmMigSampleGet(Device gpu, unsigned gi, GpmSample& sample) const;
+  // The metrics (NVML_GPM_METRIC_* ids, at most NVML_GPM_METRIC_MAX) between an older and a newer
+  // sample of one device: one entry per id, nullopt where NVML has no value for it on this device.
+  absl::StatusOr<std::vector<std::optional<double>>> GpmMetrics(const GpmSample& older, const GpmSample& newer,
+                                                                const std::vector<unsigned>& ids) const;
+
   // Compute processes, and MPS client processes (merged, by pid).
   absl::StatusOr<std::vector<ProcessInfo>> ComputeProcesses(Device d) const;
   absl::StatusOr<std::vector<ProcessSample>> ProcessUtilization(Device d, uint64_t last_seen_us) const;
@@ -242,6 +332,7 @@ class Library {
 
  private:
   friend class EventSet;
+  friend class GpmSample;
   Library() = default;
   void* dl_ = nullptr;
   std::string path_;

@@ -126,9 +126,39 @@ typedef enum nvmlComputeMode_enum {
 } nvmlComputeMode_t;
 typedef enum nvmlBrandType_enum {
   NVML_BRAND_UNKNOWN = 0,
+  NVML_BRAND_QUADRO = 1,
   NVML_BRAND_TESLA = 2,
-  NVML_BRAND_NVIDIA = 14
+  NVML_BRAND_NVS = 3,
+  NVML_BRAND_GRID = 4,
+  NVML_BRAND_GEFORCE = 5,
+  NVML_BRAND_TITAN = 6,
+  NVML_BRAND_NVIDIA_VAPPS = 7,
+  NVML_BRAND_NVIDIA_VPC = 8,
+  NVML_BRAND_NVIDIA_VCS = 9,
+  NVML_BRAND_NVIDIA_VWS = 10,
+  NVML_BRAND_NVIDIA_CLOUD_GAMING = 11,
+  NVML_BRAND_QUADRO_RTX = 12,
+  NVML_BRAND_NVIDIA_RTX = 13,
+  NVML_BRAND_NVIDIA = 14,
+  NVML_BRAND_GEFORCE_RTX = 15,
+  NVML_BRAND_TITAN_RTX = 16
 } nvmlBrandType_t;
+typedef enum nvmlInforomObject_enum {
+  NVML_INFOROM_OEM = 0,
+  NVML_INFOROM_ECC = 1,
+  NVML_INFOROM_POWER = 2
+} nvmlInforomObject_t;
+/* nvmlDeviceGetViolationStatus's policies; the times are in ns. */
+typedef enum nvmlPerfPolicyType_enum {
+  NVML_PERF_POLICY_POWER = 0,
+  NVML_PERF_POLICY_THERMAL = 1,
+  NVML_PERF_POLICY_SYNC_BOOST = 2,
+  NVML_PERF_POLICY_BOARD_LIMIT = 3,
+  NVML_PERF_POLICY_LOW_UTILIZATION = 4,
+  NVML_PERF_POLICY_RELIABILITY = 5,
+  NVML_PERF_POLICY_TOTAL_APP_CLOCKS = 10,
+  NVML_PERF_POLICY_TOTAL_BASE_CLOCKS = 11
+} nvmlPerfPolicyType_t;
 typedef unsigned int nvmlDeviceArchitecture_t;
 #define NVML_DEVICE_ARCH_AMPERE 7
 #define NVML_DEVICE_ARCH_ADA 8
@@ -147,8 +177,23 @@ typedef enum nvmlIntNvLinkDeviceType_enum {
   NVML_NVLINK_DEVICE_TYPE_SWITCH = 0x02,
   NVML_NVLINK_DEVICE_TYPE_UNKNOWN = 0xFF
 } nvmlIntNvLinkDeviceType_t;
-typedef enum nvmlGpuP2PStatus_enum { NVML_P2P_STATUS_OK = 0, NVML_P2P_STATUS_NOT_SUPPORTED = 5 } nvmlGpuP2PStatus_t;
-typedef enum nvmlGpuP2PCapsIndex_enum { NVML_P2P_CAPS_INDEX_READ = 0 } nvmlGpuP2PCapsIndex_t;
+typedef enum nvmlGpuP2PStatus_enum {
+  NVML_P2P_STATUS_OK = 0,
+  NVML_P2P_STATUS_CHIPSET_NOT_SUPPORED = 1, /* sic, as nvml.h spells it */
+  NVML_P2P_STATUS_GPU_NOT_SUPPORTED = 2,
+  NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED = 3,
+  NVML_P2P_STATUS_DISABLED_BY_REGKEY = 4,
+  NVML_P2P_STATUS_NOT_SUPPORTED = 5,
+  NVML_P2P_STATUS_UNKNOWN = 6
+} nvmlGpuP2PStatus_t;
+typedef enum nvmlGpuP2PCapsIndex_enum {
+  NVML_P2P_CAPS_INDEX_READ = 0,
+  NVML_P2P_CAPS_INDEX_WRITE = 1,
+  NVML_P2P_CAPS_INDEX_NVLINK = 2,
+  NVML_P2P_CAPS_INDEX_ATOMICS = 3,
+  NVML_P2P_CAPS_INDEX_PROP = 4,
+  NVML_P2P_CAPS_INDEX_UNKNOWN = 5
+} nvmlGpuP2PCapsIndex_t;
 
 /* Event types (bit mask). */
 #define nvmlEventTypeSingleBitEccError 0x0000000000000001LL
@@ -192,6 +237,13 @@ typedef enum nvmlGpuP2PCapsIndex_enum { NVML_P2P_CAPS_INDEX_READ = 0 } nvmlGpuP2
 #define NVML_FI_DEV_ECC_DBE_VOL_TOTAL 4
 #define NVML_FI_DEV_ECC_SBE_AGG_TOTAL 5
 #define NVML_FI_DEV_ECC_DBE_AGG_TOTAL 6
+#define NVML_FI_DEV_RETIRED_SBE 29
+#define NVML_FI_DEV_RETIRED_DBE 30
+#define NVML_FI_DEV_RETIRED_PENDING 31
+#define NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL 38
+#define NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL 45
+#define NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL 52
+#define NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL 59
 #define NVML_FI_DEV_MEMORY_TEMP 82
 #define NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION 83
 #define NVML_FI_DEV_NVLINK_LINK_COUNT 91
@@ -204,6 +256,8 @@ typedef enum nvmlGpuP2PCapsIndex_enum { NVML_P2P_CAPS_INDEX_READ = 0 } nvmlGpuP2
 #define NVML_FI_DEV_REMAPPED_FAILURE 145
 #define NVML_FI_DEV_POWER_AVERAGE 185
 #define NVML_FI_DEV_POWER_INSTANT 186
+/* NVLink throughput fields: scopeId is the link, or NVML_FI_SCOPE_ALL_LINKS for the sum of all links. */
+#define NVML_FI_SCOPE_ALL_LINKS 0xFFFFFFFFU
 
 typedef struct nvmlPciInfo_st {
   char busIdLegacy[NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE];
@@ -382,6 +436,59 @@ typedef struct nvmlDeviceAttributes_st {
   unsigned long long memorySizeMB;
 } nvmlDeviceAttributes_t;
 
+typedef struct nvmlViolationTime_st {
+  unsigned long long referenceTime; /* usec since 1970 */
+  unsigned long long violationTime; /* ns */
+} nvmlViolationTime_t;
+
+/* GPU performance monitoring (GPM, Hopper and newer). */
+typedef struct nvmlGpmSample_st* nvmlGpmSample_t;
+/* Metric ids (values 0.0-100.0 unless noted). */
+#define NVML_GPM_METRIC_GRAPHICS_UTIL 1
+#define NVML_GPM_METRIC_SM_UTIL 2
+#define NVML_GPM_METRIC_SM_OCCUPANCY 3
+#define NVML_GPM_METRIC_INTEGER_UTIL 4
+#define NVML_GPM_METRIC_ANY_TENSOR_UTIL 5
+#define NVML_GPM_METRIC_DFMA_TENSOR_UTIL 6
+#define NVML_GPM_METRIC_HMMA_TENSOR_UTIL 7
+#define NVML_GPM_METRIC_IMMA_TENSOR_UTIL 9
+#define NVML_GPM_METRIC_DRAM_BW_UTIL 10
+#define NVML_GPM_METRIC_FP64_UTIL 11
+#define NVML_GPM_METRIC_FP32_UTIL 12
+#define NVML_GPM_METRIC_FP16_UTIL 13
+#define NVML_GPM_METRIC_PCIE_TX_PER_SEC 20         /* MiB/s */
+#define NVML_GPM_METRIC_PCIE_RX_PER_SEC 21         /* MiB/s */
+#define NVML_GPM_METRIC_NVDEC_0_UTIL 30            /* ... NVDEC_7_UTIL 37 */
+#define NVML_GPM_METRIC_NVJPG_0_UTIL 40            /* ... NVJPG_7_UTIL 47 */
+#define NVML_GPM_METRIC_NVOFA_0_UTIL 50            /* ... NVOFA_1_UTIL 51 */
+#define NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC 60 /* MiB/s */
+#define NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC 61 /* MiB/s */
+/* The size of nvmlGpmMetricsGet_t.metrics in API 13; the driver reads only numMetrics entries. */
+#define NVML_GPM_METRIC_MAX 333
+#define NVML_GPM_METRICS_GET_VERSION 1
+#define NVML_GPM_SUPPORT_VERSION 1
+typedef struct nvmlGpmMetric_st {
+  unsigned int metricId;   /* in: NVML_GPM_METRIC_* */
+  nvmlReturn_t nvmlReturn; /* out: this metric's own status */
+  double value;            /* out */
+  struct {
+    char* shortName;
+    char* longName;
+    char* unit;
+  } metricInfo; /* out: static strings owned by the library */
+} nvmlGpmMetric_t;
+typedef struct nvmlGpmMetricsGet_st {
+  unsigned int version; /* NVML_GPM_METRICS_GET_VERSION */
+  unsigned int numMetrics;
+  nvmlGpmSample_t sample1; /* the older sample */
+  nvmlGpmSample_t sample2; /* the newer sample */
+  nvmlGpmMetric_t metrics[NVML_GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+typedef struct nvmlGpmSupport_st {
+  unsigned int version; /* NVML_GPM_SUPPORT_VERSION */
+  unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+
 typedef struct nvmlTemperature_v1_st {
   unsigned int version;
   nvmlTemperatureSensors_t sensorType;
@@ -422,6 +529,8 @@ nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char* serial, unsigned int
 nvmlReturn_t nvmlDeviceGetBoardPartNumber(nvmlDevice_t device, char* partNumber, unsigned int length);
 nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t device, char* version, unsigned int length);
 nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t device, char* version, unsigned int length);
+nvmlReturn_t nvmlDeviceGetInforomVersion(nvmlDevice_t device, nvmlInforomObject_t object, char* version,
+                                         unsigned int length);
 nvmlReturn_t nvmlDeviceGetBoardId(nvmlDevice_t device, unsigned int* boardId);
 nvmlReturn_t nvmlDeviceGetMultiGpuBoard(nvmlDevice_t device, unsigned int* multiGpuBool);
 nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t* type);
@@ -476,6 +585,8 @@ nvmlReturn_t nvmlDeviceGetMaxCustomerBoostClock(nvmlDevice_t device, nvmlClockTy
 nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long* reasons);
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long* reasons);
 nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t device, unsigned long long* reasons);
+nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device, nvmlPerfPolicyType_t perfPolicyType,
+                                          nvmlViolationTime_t* violTime);
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory);
@@ -526,6 +637,13 @@ nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int 
 nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t* pci);
 nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
                                                  nvmlIntNvLinkDeviceType_t* pNvLinkDeviceType);
+
+nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t* gpmSupport);
+nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t* gpmSample);
+nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t gpmSample);
+nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample);
+nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId, nvmlGpmSample_t gpmSample);
+nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t* metricsGet);
 
 nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t* set);
 nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set);

@@ -4,26 +4,18 @@
 #include <map>
 #include <set>
 
+#include "common/csv.h"
 #include "common/strings.h"
 
 namespace kgpu::sched {
 
 namespace {
 
-std::vector<std::string_view> SplitFields(std::string_view line) {
-  std::vector<std::string_view> out;
-  size_t start = 0;
-  while (true) {
-    const size_t comma = line.find(',', start);
-    out.push_back(line.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
-  }
-  for (auto& f : out) {
-    while (!f.empty() && (f.back() == ' ' || f.back() == '\t')) f.remove_suffix(1);
-    while (!f.empty() && (f.front() == ' ' || f.front() == '\t')) f.remove_prefix(1);
-  }
-  return out;
+// Blanks around a field are not part of it (the trace's own files have none; hand-written ones do).
+std::string_view Trim(std::string_view f) {
+  while (!f.empty() && (f.back() == ' ' || f.back() == '\t')) f.remove_suffix(1);
+  while (!f.empty() && (f.front() == ' ' || f.front() == '\t')) f.remove_prefix(1);
+  return f;
 }
 
 std::string Printable(std::string_view s) {
@@ -43,55 +35,52 @@ std::string Printable(std::string_view s) {
   return out;
 }
 
-// Lines of a CSV text with their 1-based numbers; blank lines skipped, '\r' dropped.
-struct Lines {
-  std::vector<std::pair<int, std::string_view>> lines;
-  explicit Lines(std::string_view text) {
-    int no = 0;
-    size_t start = 0;
-    while (start <= text.size()) {
-      const size_t nl = text.find('\n', start);
-      std::string_view line = text.substr(start, nl == std::string_view::npos ? std::string_view::npos : nl - start);
-      ++no;
-      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      if (!line.empty()) lines.emplace_back(no, line);
-      if (nl == std::string_view::npos) break;
-      start = nl + 1;
-    }
-  }
-};
+// The CSV as encoding/csv reads it (common/csv.h: quotes, "" and \r\n; a byte-order mark skipped),
+// every row with the header's number of fields: a row with a field missing, or with a comma that
+// should have been quoted, is an error naming its line rather than values read from the wrong
+// columns.
+CsvOptions TraceCsvOptions() {
+  CsvOptions o;
+  o.fields_per_record = 0;
+  o.header = true;
+  return o;
+}
 
+// Rows read one at a time from the reader (no copy of the text: traces run to 10^5 rows and more);
+// fields by header name, blanks around them trimmed.
 class Table {
  public:
-  static absl::StatusOr<Table> Open(std::string_view text, std::string_view source,
-                                    const std::vector<std::string>& required, std::string_view kind) {
-    Table t;
-    t.source_ = std::string(source);
-    t.lines_ = Lines(text).lines;
-    if (t.lines_.empty()) {
+  Table(std::string_view text, std::string_view source) : source_(source), reader_(text, source, TraceCsvOptions()) {}
+
+  absl::Status Open(const std::vector<std::string>& required, std::string_view kind) {
+    auto header = reader_.Next();
+    if (!header.ok()) return header.status();
+    if (!*header) {
       return absl::InvalidArgumentError(
-          Cat(source, ": empty; a ", kind, " CSV starts with the header ", Join(required, ",")));
+          Cat(source_, ": empty; a ", kind, " CSV starts with the header ", Join(required, ",")));
     }
-    const auto header = SplitFields(t.lines_[0].second);
-    for (size_t i = 0; i < header.size(); ++i) {
-      std::string h(header[i]);
-      if (i == 0 && h.size() >= 3 && h.compare(0, 3, "\xEF\xBB\xBF") == 0) h.erase(0, 3);  // a BOM
-      if (!h.empty()) t.columns_.emplace(h, i);
+    line_ = reader_.line();
+    for (size_t i = 0; i < reader_.size(); ++i) {
+      const std::string h(Trim(reader_.field(i)));
+      if (!h.empty()) columns_.emplace(h, i);
     }
     for (const auto& r : required) {
-      if (!t.columns_.contains(r)) {
-        return absl::InvalidArgumentError(Cat(source, ":", t.lines_[0].first, ": the header has no column '", r,
-                                              "' (a ", kind, " CSV needs ", Join(required, ","), ")"));
+      if (!columns_.contains(r)) {
+        return absl::InvalidArgumentError(Cat(source_, ":", line_, ": the header has no column '", r, "' (a ", kind,
+                                              " CSV needs ", Join(required, ","), ")"));
       }
     }
-    return t;
-  }
-  size_t rows() const { return lines_.size() - 1; }
-  bool Has(const std::string& col) const { return columns_.contains(col); }
-  absl::Status Row(size_t r) {
-    fields_ = SplitFields(lines_[r + 1].second);
-    line_ = lines_[r + 1].first;
     return absl::OkStatus();
+  }
+  bool Has(const std::string& col) const { return columns_.contains(col); }
+  // The next row: true, false after the last one, or the reader's error ("<source>:<line>:<column>: ...").
+  absl::StatusOr<bool> Next() {
+    auto more = reader_.Next();
+    if (!more.ok() || !*more) return more;
+    line_ = reader_.line();
+    fields_.clear();
+    for (const std::string_view f : reader_.fields()) fields_.push_back(Trim(f));
+    return true;
   }
   std::string_view Field(const std::string& col) const {
     auto it = columns_.find(col);
@@ -120,9 +109,9 @@ class Table {
 
  private:
   std::string source_;
-  std::vector<std::pair<int, std::string_view>> lines_;
+  CsvReader reader_;
   std::map<std::string, size_t> columns_;
-  std::vector<std::string_view> fields_;
+  std::vector<std::string_view> fields_;  // into the reader's current record
   int line_ = 0;
 };
 
@@ -148,25 +137,27 @@ int64_t KnownGpuMemoryMib(std::string_view model) {
 }
 
 absl::StatusOr<std::vector<NodeSpec>> ParseNodesCsv(std::string_view text, std::string_view source) {
-  auto t = Table::Open(text, source, {"sn", "cpu_milli", "memory_mib", "gpu", "model"}, "node");
-  if (!t.ok()) return t.status();
+  Table t(text, source);
+  if (auto open = t.Open({"sn", "cpu_milli", "memory_mib", "gpu", "model"}, "node"); !open.ok()) return open;
   std::vector<NodeSpec> out;
   std::set<std::string, std::less<>> names;
-  for (size_t r = 0; r < t->rows(); ++r) {
-    (void)t->Row(r);
+  while (true) {
+    auto more = t.Next();
+    if (!more.ok()) return more.status();
+    if (!*more) break;
     NodeSpec n;
-    n.name = std::string(t->Field("sn"));
-    if (!ValidName(n.name)) return t->Error("sn", Cat("'", Printable(n.name), "' is not a node name"));
-    if (!names.insert(n.name).second) return t->Error("sn", Cat("node ", n.name, " appears twice"));
-    auto cpu = t->Int("cpu_milli", kMaxCpu, false, 0);
+    n.name = std::string(t.Field("sn"));
+    if (!ValidName(n.name)) return t.Error("sn", Cat("'", Printable(n.name), "' is not a node name"));
+    if (!names.insert(n.name).second) return t.Error("sn", Cat("node ", n.name, " appears twice"));
+    auto cpu = t.Int("cpu_milli", kMaxCpu, false, 0);
     if (!cpu.ok()) return cpu.status();
-    auto mem = t->Int("memory_mib", kMaxCpu, false, 0);
+    auto mem = t.Int("memory_mib", kMaxCpu, false, 0);
     if (!mem.ok()) return mem.status();
-    auto gpus = t->Int("gpu", kMaxGpus, true, 0);
+    auto gpus = t.Int("gpu", kMaxGpus, true, 0);
     if (!gpus.ok()) return gpus.status();
-    const std::string model(t->Field("model"));
+    const std::string model(t.Field("model"));
     if (*gpus > 0 && !ValidName(model)) {
-      return t->Error("model", Cat("'", Printable(model), "' is not a GPU model (a node with GPUs needs one)"));
+      return t.Error("model", Cat("'", Printable(model), "' is not a GPU model (a node with GPUs needs one)"));
     }
     n.cpu_milli = *cpu;
     n.memory_mib = *mem;
@@ -183,25 +174,27 @@ absl::StatusOr<std::vector<NodeSpec>> ParseNodesCsv(std::string_view text, std::
 }
 
 absl::StatusOr<std::vector<TracePod>> ParsePodsCsv(std::string_view text, std::string_view source) {
-  auto t = Table::Open(text, source, {"name", "cpu_milli", "memory_mib", "num_gpu"}, "pod");
-  if (!t.ok()) return t.status();
+  Table t(text, source);
+  if (auto open = t.Open({"name", "cpu_milli", "memory_mib", "num_gpu"}, "pod"); !open.ok()) return open;
   std::vector<TracePod> out;
   std::set<std::string, std::less<>> names;
-  const bool has_milli = t->Has("gpu_milli");
-  for (size_t r = 0; r < t->rows(); ++r) {
-    (void)t->Row(r);
+  const bool has_milli = t.Has("gpu_milli");
+  while (true) {
+    auto more = t.Next();
+    if (!more.ok()) return more.status();
+    if (!*more) break;
     TracePod p;
     auto& q = p.request;
-    q.name = std::string(t->Field("name"));
-    if (!ValidName(q.name)) return t->Error("name", Cat("'", Printable(q.name), "' is not a pod name"));
-    if (!names.insert(q.name).second) return t->Error("name", Cat("pod ", q.name, " appears twice"));
-    auto cpu = t->Int("cpu_milli", kMaxCpu, false, 0);
+    q.name = std::string(t.Field("name"));
+    if (!ValidName(q.name)) return t.Error("name", Cat("'", Printable(q.name), "' is not a pod name"));
+    if (!names.insert(q.name).second) return t.Error("name", Cat("pod ", q.name, " appears twice"));
+    auto cpu = t.Int("cpu_milli", kMaxCpu, false, 0);
     if (!cpu.ok()) return cpu.status();
-    auto mem = t->Int("memory_mib", kMaxCpu, false, 0);
+    auto mem = t.Int("memory_mib", kMaxCpu, false, 0);
     if (!mem.ok()) return mem.status();
-    auto num = t->Int("num_gpu", kMaxGpus, true, 0);
+    auto num = t.Int("num_gpu", kMaxGpus, true, 0);
     if (!num.ok()) return num.status();
-    auto milli = has_milli ? t->Int("gpu_milli", kMaxCpu, true, 0) : absl::StatusOr<int64_t>(0);
+    auto milli = has_milli ? t.Int("gpu_milli", kMaxCpu, true, 0) : absl::StatusOr<int64_t>(0);
     if (!milli.ok()) return milli.status();
     q.cpu_milli = *cpu;
     q.memory_mib = *mem;
@@ -212,25 +205,25 @@ absl::StatusOr<std::vector<TracePod>> ParsePodsCsv(std::string_view text, std::s
       if (m <= 0 || m > kMilli || q.num_gpus > 1) m = kMilli;
       q.gpu_milli = static_cast<int>(m);
     }
-    p.gpu_spec = std::string(t->Field("gpu_spec"));
+    p.gpu_spec = std::string(t.Field("gpu_spec"));
     size_t start = 0;
     while (start <= p.gpu_spec.size() && !p.gpu_spec.empty()) {
       const size_t bar = p.gpu_spec.find('|', start);
       std::string m = p.gpu_spec.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
       if (!m.empty()) {
-        if (!ValidName(m)) return t->Error("gpu_spec", Cat("'", Printable(m), "' is not a GPU model"));
+        if (!ValidName(m)) return t.Error("gpu_spec", Cat("'", Printable(m), "' is not a GPU model"));
         q.allowed_models.push_back(m);
       }
       if (bar == std::string::npos) break;
       start = bar + 1;
     }
-    if (t->Has("creation_time")) {
-      auto c = t->Int("creation_time", kMaxCpu, true, -1);
+    if (t.Has("creation_time")) {
+      auto c = t.Int("creation_time", kMaxCpu, true, -1);
       if (!c.ok()) return c.status();
       p.creation = *c;
     }
-    if (t->Has("deletion_time")) {
-      auto d = t->Int("deletion_time", kMaxCpu, true, -1);
+    if (t.Has("deletion_time")) {
+      auto d = t.Int("deletion_time", kMaxCpu, true, -1);
       if (!d.ok()) return d.status();
       p.deletion = *d;
     }

@@ -3,13 +3,15 @@
 
   check_rendered.py RENDERED.yaml VARIANT VERSION OUT.json
 
-VARIANT: default (deploy/kustomization.yaml), all (every component: node in place of the device
-plugin's and the exporter's DaemonSets, node-labels, the Slurm bridge's Deployment and the admission
-webhook), shares (the plugin labelling its Node and serving kgpu.io/gpu for kgpu extender, with the
-webhook: check_shares) or quota (deploy/quota, checked by check_quota below). Checks: the expected objects and no
-others; one Namespace, everything else in it; every image is the Dockerfile's
-localhost/kgpu:VERSION (the Slurm bridge: localhost/kgpu-slurm-bridge:VERSION, built from
-deploy/slurm/bridge/Dockerfile) and names its user explicitly (root where it needs the kubelet's sockets,
+VARIANT: default (deploy/kustomization.yaml: no monitoring.coreos.com object, so that it applies
+without the Prometheus Operator), monitoring (deploy plus the component deploy/monitoring),
+all (every component: monitoring, node in place of the device plugin's and the exporter's
+DaemonSets, node-labels, the Slurm bridge's Deployment and the admission webhook), shares (the
+plugin labelling its Node and serving kgpu.io/gpu for kgpu extender, with the webhook:
+check_shares) or quota (deploy/quota, checked by check_quota below). Checks: the expected objects and no
+others; one Namespace, everything else in it; every image is `make image`'s
+localhost/kgpu:VERSION, the placeholder tag set by images: (the Slurm bridge:
+localhost/kgpu-slurm-bridge:VERSION, built from deploy/slurm/bridge/Dockerfile) and names its user explicitly (root where it needs the kubelet's sockets,
 else the image's unprivileged user with runAsNonRoot);
 selectors match (DaemonSet and Deployment -> its pods, Service -> one workload's pods and a named port,
 webhook configurations -> a rendered Service and port, never gating kube-system or kgpu-system,
@@ -25,12 +27,17 @@ NS = "kgpu-system"
 COMMON = {
     ("Namespace", NS), ("ServiceAccount", "kgpu-device-plugin"), ("ClusterRole", "kgpu-device-plugin"),
     ("ClusterRoleBinding", "kgpu-device-plugin"), ("ConfigMap", "kgpu-device-plugin-config"),
-    ("ConfigMap", "kgpu-grafana-dashboard"), ("Service", "kgpu-exporter"),
-    ("PrometheusRule", "kgpu-gpu-alerts"), ("ServiceMonitor", "kgpu-exporter"),
+    ("Service", "kgpu-exporter"),
 }
+# The optional component deploy/monitoring: the Prometheus Operator's objects and the dashboard.
+MONITORING = {("ConfigMap", "kgpu-grafana-dashboard"), ("PrometheusRule", "kgpu-gpu-alerts"),
+              ("ServiceMonitor", "kgpu-exporter")}
+# The API group only the Prometheus Operator's CRDs serve.
+OPERATOR_GROUP = "monitoring.coreos.com/"
 EXPECTED = {
     "default": COMMON | {("DaemonSet", "kgpu-device-plugin"), ("DaemonSet", "kgpu-exporter")},
-    "all": COMMON | {("DaemonSet", "kgpu-node"), ("DaemonSet", "kgpu-node-labels"),
+    "monitoring": COMMON | MONITORING | {("DaemonSet", "kgpu-device-plugin"), ("DaemonSet", "kgpu-exporter")},
+    "all": COMMON | MONITORING | {("DaemonSet", "kgpu-node"), ("DaemonSet", "kgpu-node-labels"),
                      ("ServiceAccount", "kgpu-node-labels"), ("ClusterRole", "kgpu-node-labels"),
                      ("ClusterRoleBinding", "kgpu-node-labels"),
                      ("Deployment", "kgpu-slurm-bridge"), ("ServiceAccount", "kgpu-slurm-bridge"),
@@ -39,7 +46,7 @@ EXPECTED = {
                      ("Deployment", "kgpu-webhook"), ("ServiceAccount", "kgpu-webhook"), ("Service", "kgpu-webhook"),
                      ("MutatingWebhookConfiguration", "kgpu-webhook"),
                      ("ValidatingWebhookConfiguration", "kgpu-webhook")},
-    "shares": COMMON | {("DaemonSet", "kgpu-device-plugin"), ("DaemonSet", "kgpu-exporter"),
+    "shares": COMMON | MONITORING | {("DaemonSet", "kgpu-device-plugin"), ("DaemonSet", "kgpu-exporter"),
                         ("ClusterRole", "kgpu-device-plugin-labels"), ("ClusterRoleBinding", "kgpu-device-plugin-labels"),
                         ("ClusterRole", "kgpu-device-plugin-shares"), ("ClusterRoleBinding", "kgpu-device-plugin-shares"),
                         ("Deployment", "kgpu-webhook"), ("ServiceAccount", "kgpu-webhook"), ("Service", "kgpu-webhook"),
@@ -143,6 +150,14 @@ def main():
         problem(f"missing {k[0]} {k[1]}")
     for k in sorted(have - want):
         problem(f"unexpected {k[0]} {k[1]}")
+    # `kubectl apply -k deploy` must work on a cluster without the Prometheus Operator.
+    if variant == "default":
+        for o in objs:
+            if str(o.get("apiVersion", "")).startswith(OPERATOR_GROUP):
+                problem(f"{o['kind']} {o['metadata']['name']}: the default install renders a {o['apiVersion']} object, "
+                        "which needs the Prometheus Operator's CRDs (keep deploy/monitoring an optional component)")
+    elif not any(str(o.get("apiVersion", "")).startswith(OPERATOR_GROUP) for o in objs):
+        problem(f"the {variant} variant includes deploy/monitoring but renders no {OPERATOR_GROUP} object")
 
     by_kind = {}
     for o in objs:
@@ -174,7 +189,7 @@ def main():
         for c in spec.get("containers", []) + spec.get("initContainers", []):
             if c.get("image") != image:
                 problem(f"{n}: container {c['name']} runs {c.get('image')}, not {image} "
-                        "(the Dockerfile's image, tagged with project(VERSION))")
+                        "(make image's image; images: in the kustomization sets the tag to project(VERSION))")
             sc = c.get("securityContext", {})
             user = sc.get("runAsUser")
             if user is None:

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# `kubectl kustomize deploy` renders a complete install, and so does the variant with every
-# component (`node`, `node-labels`, `slurm/bridge` and `webhook` too), and so do the example quotas
+# `kubectl kustomize deploy` renders a complete install without any Prometheus Operator object
+# (monitoring.coreos.com: it must apply on a cluster without the Operator), deploy plus the
+# optional component `monitoring` renders one with the ServiceMonitor, the PrometheusRule and the
+# dashboard, and so does the variant with every component (`monitoring`, `node`, `node-labels`,
+# `slurm/bridge` and `webhook` too), and so do the example quotas
 # (deploy/quota); every rendered object is valid against the Kubernetes
 # JSON schemas (npm kubernetes-models; monitoring.coreos.com from
 # @kubernetes-models/prometheus-operator) and the objects agree with each other
-# (tests/deploy/check_rendered.py). Registered in
+# (tests/deploy/check_rendered.py). The manifests name the image localhost/kgpu:VERSION, a
+# placeholder that `images:` in deploy/kustomization.yaml (and deploy/extender's) sets to the
+# version; the variants below take that entry as it is. Registered in
 # tests/CMakeLists.txt as deploy.kustomize (label kubectl).
 #
 #   kustomize_test.sh REPO_ROOT WORK_DIR VERSION
@@ -50,6 +55,22 @@ else
 fi
 cp "$here/validate.mjs" "$work/npm/validate.mjs"
 
+step "the manifests name the image by the placeholder localhost/kgpu:VERSION, set by images:"
+bad=$(grep -rnE '^\s*(- )?image: *localhost/' "$root/deploy" --include='*.yaml' | grep -vE 'image: *localhost/kgpu(-slurm-bridge)?:VERSION$' || true)
+[ -z "$bad" ] || fail "a manifest names a kgpu image other than by the placeholder (set the tag in images: instead):
+$bad"
+images_block=$(python3 - "$root/deploy/kustomization.yaml" "$version" <<'PY'
+import sys, yaml
+k = yaml.safe_load(open(sys.argv[1], encoding="utf-8"))
+images = {i["name"]: i for i in k.get("images", [])}
+for n in ("localhost/kgpu", "localhost/kgpu-slurm-bridge"):
+    if images.get(n, {}).get("newTag") != sys.argv[2]:
+        sys.exit(f"deploy/kustomization.yaml: images: has no {n} with newTag {sys.argv[2]} (project(VERSION))")
+print(yaml.safe_dump({"images": k["images"]}, sort_keys=False), end="")
+PY
+) || fail "deploy/kustomization.yaml's images: (above)"
+echo "$images_block"
+
 # The variant: every component, `node` and `node-labels` after the ones they build on, and the
 # Slurm bridge (deploy/slurm/bridge) and the admission webhook (deploy/webhook). Kustomize
 # wants paths relative to the kustomization.
@@ -69,6 +90,21 @@ components:
   - $rel/node-labels
   - $rel/slurm/bridge
   - $rel/webhook
+$images_block
+YAML
+
+# The default install plus monitoring, as deploy/monitoring/README.md tells to add it: the
+# component on top of deploy (deploy/kustomization.yaml leaves it out, for clusters without the
+# Prometheus Operator).
+monitoring="$work/variant-monitoring"
+mkdir -p "$monitoring"
+cat >"$monitoring/kustomization.yaml" <<YAML
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - $rel
+components:
+  - $rel/monitoring
 YAML
 
 # The variant for GPU shares through kgpu extender: the plugin labels its own Node and serves
@@ -87,10 +123,12 @@ components:
   - $rel/node-labels/in-plugin
   - $rel/shares
   - $rel/webhook
+$images_block
 YAML
 
-for v in default all shares; do
+for v in default monitoring all shares; do
   dir="$root/deploy"
+  [ "$v" = monitoring ] && dir="$monitoring"
   [ "$v" = all ] && dir="$variant"
   [ "$v" = shares ] && dir="$shares"
   step "kubectl kustomize ($v: $dir)"
@@ -105,8 +143,8 @@ done
 step "kubectl kustomize (extender: $root/deploy/extender)"
 kubectl kustomize "$root/deploy/extender" >"$work/extender.yaml" || fail "kubectl kustomize $root/deploy/extender failed"
 grep -E '^kind: ' "$work/extender.yaml" | sort | uniq -c
-step "extender images: the Dockerfile's (localhost/kgpu:$version), kube-scheduler's from registry.k8s.io"
-python3 - "$work/extender.yaml" "$version" <<'PY' || fail "deploy/extender runs an image the Dockerfile does not build"
+step "extender images: make image's (localhost/kgpu:$version, from its images:), kube-scheduler's from registry.k8s.io"
+python3 - "$work/extender.yaml" "$version" <<'PY' || fail "deploy/extender runs an image make image does not build"
 import sys, yaml
 path, version = sys.argv[1:]
 bad = []

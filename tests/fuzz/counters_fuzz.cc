@@ -1,6 +1,6 @@
 // Fuzz target for the exporter's counters CSV parser (src/exporter/counters.cc). Properties: no
 // crash; errors read "fuzz.csv:<line>:<column>: " with no raw control byte; an accepted file has
-// at least one metric family, and every counter a DCGM name and a known type.
+// at least one metric family, and every counter a DCGM name (or a 1.x lowercase one) and a known type.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -28,7 +28,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   bool family = false;
   for (const auto& counter : *c) {
-    if (counter.name.rfind("DCGM_", 0) != 0 || counter.type.empty()) std::abort();
+    // DCGM names, or the 1.x lowercase ones (dcgm_gpu_temp) of 1.x-compatibility-metrics.csv.
+    if ((counter.name.rfind("DCGM_", 0) != 0 && counter.name.rfind("dcgm_", 0) != 0) || counter.type.empty()) {
+      std::abort();
+    }
     family = family || counter.type != "label";
   }
   if (!family) std::abort();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/csv.h"
 #include "sched/engine.h"
 #include "sched/policy.h"
 #include "sched/trace.h"
@@ -31,11 +32,13 @@ bool NamesSource(const absl::Status& s, const std::string& source) {
   return std::string(s.message()).rfind(source + ":", 0) == 0;
 }
 
+// Names and models may hold a comma or a quote (read from a quoted field): written back quoted.
 std::string WriteNodes(const std::vector<NodeSpec>& nodes) {
   std::string out = "sn,cpu_milli,memory_mib,gpu,model\n";
   for (const auto& n : nodes) {
-    out += n.name + "," + std::to_string(n.cpu_milli) + "," + std::to_string(n.memory_mib) + "," +
-           std::to_string(n.gpus.size()) + "," + (n.gpus.empty() ? "" : n.gpus[0].model) + "\n";
+    const std::vector<std::string> row = {n.name, std::to_string(n.cpu_milli), std::to_string(n.memory_mib),
+                                          std::to_string(n.gpus.size()), n.gpus.empty() ? "" : n.gpus[0].model};
+    kgpu::AppendCsvRecord(out, row);
   }
   return out;
 }
@@ -46,10 +49,15 @@ std::string WritePods(const std::vector<TracePod>& pods) {
     const auto& p = t.request;
     std::string spec;
     for (const auto& m : p.allowed_models) spec += (spec.empty() ? "" : "|") + m;
-    out += p.name + "," + std::to_string(p.cpu_milli) + "," + std::to_string(p.memory_mib) + "," +
-           std::to_string(p.num_gpus) + "," + std::to_string(p.gpu_milli) + "," + spec + "," +
-           (t.creation < 0 ? "" : std::to_string(t.creation)) + "," +
-           (t.deletion < 0 ? "" : std::to_string(t.deletion)) + "\n";
+    const std::vector<std::string> row = {p.name,
+                                          std::to_string(p.cpu_milli),
+                                          std::to_string(p.memory_mib),
+                                          std::to_string(p.num_gpus),
+                                          std::to_string(p.gpu_milli),
+                                          spec,
+                                          t.creation < 0 ? "" : std::to_string(t.creation),
+                                          t.deletion < 0 ? "" : std::to_string(t.deletion)};
+    kgpu::AppendCsvRecord(out, row);
   }
   return out;
 }

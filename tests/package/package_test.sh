@@ -3,7 +3,8 @@
 # install them with apt into a fresh Debian 12 root (debootstrap --variant=minbase bookworm, as
 # debian:12-slim), and run kgpu inside it (chroot) on the simulated node:
 # `kgpu --version`, `kgpu devices`, `kgpu doctor`. Registered in tests/CMakeLists.txt as
-# package.deb_in_debian12 (label package, run by .ci/run, not by `make test`).
+# package.deb_in_debian12 (label package, run by .ci/run, not by `make test`). The image itself
+# (`make image`) is tests/package/image_test.sh's, from the packages this test builds.
 #
 #   package_test.sh REPO_ROOT VERSION CACHE_DIR
 #
@@ -24,13 +25,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-step "the Dockerfile builds on Debian 12 and installs this package on debian:12-slim"
+step "the Dockerfile builds on Debian 12 and installs this package on debian:12-slim, as make image's image"
 df="$root/Dockerfile"
 [ -f "$df" ] || fail "no Dockerfile"
 grep -Eq '^FROM debian:12 AS build$' "$df" || fail "Dockerfile: the build stage is not FROM debian:12"
 [ "$(grep -E '^FROM ' "$df" | tail -1)" = "FROM debian:12-slim" ] || fail "Dockerfile: the last stage is not FROM debian:12-slim"
 grep -Eq 'apt-get install .*/tmp/kgpu_\*\.deb' "$df" || fail "Dockerfile: the runtime stage does not apt-get install the kgpu package"
-grep -Eq '^USER [0-9]+' "$df" || fail "Dockerfile: no non-root USER"
+grep -Eq '^USER 65532:65532$' "$df" || fail "Dockerfile: the USER is not kgpu's 65532:65532 (as make image's)"
+grep -qx 'ENTRYPOINT \["kgpu"\]' "$df" || fail "Dockerfile: the ENTRYPOINT is not [\"kgpu\"] (as make image's; manifests give only args)"
 grep -q "docker build -t localhost/kgpu:$version " "$df" ||
   fail "Dockerfile: its build command does not tag localhost/kgpu:$version, the image deploy/ runs"
 echo "OK"

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Checks deploy/monitoring: the alert rules (promtool check + unit tests), that the generated
-# PrometheusRule matches the plain rule file, and that every manifest and the Grafana dashboard
-# are valid and agree with each other. Registered in tests/CMakeLists.txt as `rules.alerts`.
+# Checks deploy/monitoring: the alert rules (promtool check + unit tests), the Grafana dashboard's
+# queries (as recording rules in tests/rules/dashboard.rules.yaml, generated and unit-tested the
+# same way), that the generated PrometheusRule matches the plain rule file, that every manifest
+# and the dashboard are valid and agree with each other, and that every metric and label they use,
+# and every unit test's input series, is what kgpu exporter serves (the golden scrapes in
+# tests/rules/golden, check_golden.py). Registered in tests/CMakeLists.txt as `rules.alerts`;
+# `rules.golden` also re-captures the golden scrapes with the built binary.
 #
 #   tests/rules/run.sh [REPO_ROOT]
 #
@@ -30,7 +34,18 @@ step "promtool $(promtool --version 2>&1 | head -n1 | sed 's/^promtool, //')"
 step "promtool check rules $mon/kgpu-alerts.rules.yaml"
 promtool check rules --lint-fatal "$mon/kgpu-alerts.rules.yaml"
 
-step "promtool test rules tests/rules/*.test.yaml"
+step "tests/rules/dashboard.rules.yaml is what check_monitoring.py makes of the dashboard"
+"$py" tests/rules/check_monitoring.py "$root" "$tmp/dashboard.rules.yaml"
+if ! diff -u tests/rules/dashboard.rules.yaml "$tmp/dashboard.rules.yaml"; then
+  echo "run.sh: tests/rules/dashboard.rules.yaml is stale: run python3 tests/rules/check_monitoring.py . tests/rules/dashboard.rules.yaml" >&2
+  exit 1
+fi
+echo "up to date"
+
+step "promtool check rules tests/rules/dashboard.rules.yaml (the dashboard's PromQL parses)"
+promtool check rules --lint-fatal tests/rules/dashboard.rules.yaml
+
+step "promtool test rules tests/rules/*.test.yaml (the alerts, and the dashboard's queries)"
 promtool test rules tests/rules/*.test.yaml
 
 step "$mon/prometheusrule.yaml is what gen-prometheusrule.sh makes of the rule file"
@@ -45,11 +60,8 @@ step "grafana-dashboard.json is valid JSON"
 "$py" -m json.tool "$mon/grafana-dashboard.json" >/dev/null
 echo "OK"
 
-step "manifests, rules and dashboard agree (tests/rules/check_monitoring.py)"
-"$py" tests/rules/check_monitoring.py "$root" "$tmp/dashboard-exprs.rules.yaml"
-
-step "the dashboard's PromQL parses"
-promtool check rules "$tmp/dashboard-exprs.rules.yaml"
+step "rules, dashboard and test inputs against the golden scrapes (tests/rules/check_golden.py)"
+"$py" tests/rules/check_golden.py "$root"
 
 if command -v kubectl >/dev/null; then
   step "kubectl kustomize $mon"

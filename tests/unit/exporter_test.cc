@@ -1,11 +1,16 @@
 #include "exporter/exporter.h"
 
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
 
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "api/share_cdi.h"
@@ -23,13 +28,57 @@ TEST(CountersTest, DefaultCsvMatchesDcgmExporterNamesAndHelp) {
   std::vector<std::string> skipped;
   auto c = ParseCounters(DefaultCountersCsv(), "default", &skipped);
   ASSERT_TRUE(c.ok()) << c.status();
-  // 20 of dcgm-exporter's rows kgpu produces (incl. the driver label), 4 ECC counters, the XID total.
-  EXPECT_EQ(c->size(), 25u);
+  // dcgm-exporter's 26 rows (incl. the driver label; the profiling rows through GPM), 4 ECC
+  // counters, the XID total: nothing of kgpu's own default is omitted.
+  EXPECT_EQ(c->size(), 31u);
   EXPECT_EQ((*c)[0].name, "DCGM_FI_DEV_SM_CLOCK");
   EXPECT_EQ((*c)[0].help, "SM clock frequency (in MHz).");
   EXPECT_EQ((*c)[5].type, "counter");
-  EXPECT_EQ(skipped.size(), 6u);  // 5 DCGM_FI_PROF_* and the vGPU licence status
-  EXPECT_NE(skipped[0].find("DCGM_FI_DEV_VGPU_LICENSE_STATUS is not available through NVML"), std::string::npos);
+  EXPECT_TRUE(skipped.empty()) << SummarizeSkipped(skipped);
+  EXPECT_EQ(SummarizeSkipped(skipped), "");
+}
+
+TEST(CountersTest, OmittedFieldsAreSummarizedInOneLineByReason) {
+  std::vector<std::string> skipped;
+  auto c = ParseCounters(
+      "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_VGPU_UTILIZATIONS, gauge, v\n"
+      "DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS, counter, n\nDCGM_FI_DEV_VGPU_TYPE, gauge, v\n",
+      "c.csv", &skipped);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(skipped, (std::vector<std::string>{"DCGM_FI_DEV_VGPU_UTILIZATIONS", "DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS",
+                                               "DCGM_FI_DEV_VGPU_TYPE"}));
+  const std::string line = SummarizeSkipped(skipped);
+  EXPECT_EQ(line.rfind("3 DCGM field(s) of the counters file are omitted, as they need DCGM itself: vGPU", 0), 0u)
+      << line;
+  EXPECT_NE(line.find(": DCGM_FI_DEV_VGPU_UTILIZATIONS, DCGM_FI_DEV_VGPU_TYPE; NVSwitch"), std::string::npos) << line;
+  EXPECT_TRUE(line.ends_with(": DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS")) << line;
+}
+
+// DCGM 4.7's canonical names (dcgm-exporter 4.9) and the 1.x lowercase names are the same fields;
+// the names that change the unit are marked so.
+TEST(CountersTest, CanonicalAndLegacyNamesAreTheSameFields) {
+  auto c = ParseCounters(
+      "DCGM_FI_DEV_SM_CLOCK_HERTZ, gauge, h\nDCGM_FI_DEV_GPU_TEMP_CELSIUS, gauge, t\ndcgm_gpu_temp, gauge, t\n"
+      "DCGM_FI_SYSTEM_DRIVER_VERSION, label, d\nDCGM_FI_DEV_XID_ERROR, gauge, x\n"
+      "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO, gauge, g\nDCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND, gauge, p\n"
+      "DCGM_FI_DEV_FB_USED_BYTES, gauge, f\nDCGM_FI_DEV_PAGE_RETIRED_SBE_TOTAL, counter, r\n",
+      "c.csv", nullptr);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->size(), 9u);
+  EXPECT_EQ((*c)[0].field, Field::kSmClock);
+  EXPECT_TRUE((*c)[0].base_units);
+  EXPECT_EQ((*c)[1].field, Field::kGpuTemp);
+  EXPECT_FALSE((*c)[1].base_units);  // still degrees C
+  EXPECT_EQ((*c)[2].field, Field::kGpuTemp);
+  EXPECT_EQ((*c)[2].name, "dcgm_gpu_temp");  // the metric name is the name as written
+  EXPECT_EQ((*c)[3].field, Field::kDriverVersion);
+  EXPECT_EQ((*c)[4].field, Field::kXidErrors);
+  EXPECT_EQ((*c)[5].field, Field::kProfRatio);
+  EXPECT_EQ((*c)[5].index, 1u);  // NVML_GPM_METRIC_GRAPHICS_UTIL
+  EXPECT_EQ((*c)[6].field, Field::kProfBytes);
+  EXPECT_EQ((*c)[6].index, 20u);  // NVML_GPM_METRIC_PCIE_TX_PER_SEC
+  EXPECT_TRUE((*c)[7].base_units);
+  EXPECT_EQ((*c)[8].field, Field::kRetiredSbe);
 }
 
 TEST(CountersTest, ErrorsNameTheLine) {
@@ -44,7 +93,14 @@ TEST(CountersTest, ErrorsNameTheLine) {
   ASSERT_FALSE(twice.ok());
   EXPECT_NE(std::string(twice.status().message()).find("listed twice (first on line 1)"), std::string::npos);
   EXPECT_FALSE(ParseCounters("gpu_temp, gauge, t\n", "my.csv", nullptr).ok());
-  EXPECT_FALSE(ParseCounters("DCGM_FI_DRIVER_VERSION, gauge, t\n", "my.csv", nullptr).ok());
+  auto exp_label =
+      ParseCounters("DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_EXP_XID_ERRORS_TOTAL, label, x\n", "my.csv", nullptr);
+  ASSERT_FALSE(exp_label.ok());
+  const std::string exp_message(exp_label.status().message());
+  EXPECT_EQ(exp_message.rfind("my.csv:2:", 0), 0u) << exp_message;
+  EXPECT_NE(exp_message.find("DCGM_EXP_XID_ERRORS_TOTAL cannot be a label"), std::string::npos) << exp_message;
+  // A string field with another type than label is an info-style series (see CollectorTest below).
+  EXPECT_TRUE(ParseCounters("DCGM_FI_DRIVER_VERSION, gauge, t\n", "my.csv", nullptr).ok());
 }
 
 struct Fixture : kgpu::testing::SimGpus {
@@ -91,7 +147,11 @@ TEST(CollectorTest, DcgmExporterLabelsAndValues) {
   EXPECT_NE(text.find("DCGM_FI_DEV_FB_FREE{" + labels + "} " + std::to_string(81559 - 530 - 2048) + "\n"),
             std::string::npos);
   EXPECT_EQ(Family(text, "DCGM_FI_DEV_GPU_TEMP").size(), 8u);
-  EXPECT_EQ(Family(text, "DCGM_FI_DEV_XID_ERRORS").size(), 0u);  // no XID yet: absent, not 0
+  // No XID yet: 0, "No Error", on every GPU (as dcgm-exporter serves it); no XID total yet.
+  EXPECT_NE(text.find("DCGM_FI_DEV_XID_ERRORS{" + labels + ",err_code=\"0\",err_msg=\"No Error\"} 0\n"),
+            std::string::npos);
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_XID_ERRORS").size(), 8u);
+  EXPECT_EQ(Family(text, "DCGM_EXP_XID_ERRORS_TOTAL").size(), 0u);
   EXPECT_EQ(Family(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL").size(), 8u);
 }
 
@@ -150,7 +210,10 @@ TEST(CollectorTest, XidLastValueAndTotals) {
   collector.RecordXid(4, nvml::kNoInstance, 79);
   collector.RecordXid(4, nvml::kNoInstance, 48);
   const std::string text = collector.Collect();
-  const auto last = Family(text, "DCGM_FI_DEV_XID_ERRORS");
+  std::vector<std::string> last;
+  for (const auto& l : Family(text, "DCGM_FI_DEV_XID_ERRORS")) {
+    if (l.find("gpu=\"4\"") != std::string::npos) last.push_back(l);
+  }
   ASSERT_EQ(last.size(), 1u);
   EXPECT_NE(last[0].find("err_code=\"48\",err_msg=\"Double Bit ECC Error\"} 48"), std::string::npos) << last[0];
   const auto totals = Family(text, "DCGM_EXP_XID_ERRORS_TOTAL");
@@ -217,6 +280,368 @@ TEST(CollectorTest, UncorrectableEccIsAReasonButTheGpuIsUp) {
   ASSERT_EQ(reasons.size(), 1u);
   EXPECT_NE(reasons[0].find("gpu=\"1\""), std::string::npos);
   EXPECT_TRUE(reasons[0].ends_with("reason=\"ecc\"} 1")) << reasons[0];
+}
+
+// The value of the line of `family` about GPU `gpu` whose labels contain `with`, or "absent".
+std::string ValueOf(const std::string& text, const std::string& family, unsigned gpu, const std::string& with = "") {
+  for (const auto& l : Family(text, family)) {
+    if (l.rfind(Cat(family, "{gpu=\"", gpu, "\","), 0) != 0) continue;
+    if (!with.empty() && l.find(with) == std::string::npos) continue;
+    return l.substr(l.rfind(' ') + 1);
+  }
+  return "absent";
+}
+
+// A double as dcgm-exporter prints it (%f).
+std::string Fixed(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%f", v);
+  return buf;
+}
+
+// The NVML fields dcgm-exporter's CSVs name besides the default ones, on the simulated H100s.
+TEST(CollectorTest, NvmlFieldsOfDcgmExporterCsvsOnH100) {
+  Fixture f("dgx-h100",
+            "DCGM_FI_DEV_FB_TOTAL, gauge, t\nDCGM_FI_DEV_FB_CAPACITY_BYTES, gauge, t\n"
+            "DCGM_FI_DEV_FB_USED_PERCENT, gauge, p\nDCGM_FI_DEV_POWER_MGMT_LIMIT, gauge, l\n"
+            "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN, gauge, l\nDCGM_FI_DEV_POWER_MGMT_LIMIT_MAX, gauge, l\n"
+            "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF, gauge, l\nDCGM_FI_DEV_ENFORCED_POWER_LIMIT, gauge, l\n"
+            "DCGM_FI_DEV_FAN_SPEED, gauge, f\nDCGM_FI_DEV_PSTATE, gauge, p\n"
+            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, gauge, c\nDCGM_FI_DEV_CLOCKS_EVENT_REASONS, gauge, c\n"
+            "DCGM_FI_DEV_RETIRED_SBE, counter, r\nDCGM_FI_DEV_RETIRED_DBE, counter, r\n"
+            "DCGM_FI_DEV_RETIRED_PENDING, counter, r\nDCGM_FI_DEV_POWER_VIOLATION, counter, v\n"
+            "DCGM_FI_DEV_THERMAL_VIOLATION, counter, v\nDCGM_FI_DEV_PCIE_TX_THROUGHPUT, counter, x\n"
+            "DCGM_FI_DEV_PCIE_RX_THROUGHPUT, counter, x\nDCGM_FI_DEV_PCIE_LINK_GEN, gauge, g\n"
+            "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH, gauge, w\nDCGM_FI_DEV_MAX_SM_CLOCK, gauge, m\n"
+            "DCGM_FI_DEV_SLOWDOWN_TEMP, gauge, s\nDCGM_FI_DEV_SHUTDOWN_TEMP, gauge, s\n"
+            "DCGM_FI_DEV_BAR1_TOTAL, gauge, b\nDCGM_FI_DEV_ECC_CURRENT, gauge, e\n"
+            "DCGM_FI_DEV_COMPUTE_MODE, gauge, c\nDCGM_FI_DEV_PERSISTENCE_MODE, gauge, p\n"
+            "DCGM_FI_DEV_MIG_MODE, gauge, m\nDCGM_FI_DEV_CUDA_COMPUTE_CAPABILITY, gauge, c\n"
+            "DCGM_FI_DEV_COUNT, gauge, n\nDCGM_FI_DEV_MINOR_NUMBER, gauge, n\n"
+            "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, counter, n\nDCGM_FI_DEV_NVLINK_BANDWIDTH_L0, counter, n\n"
+            "DCGM_FI_CUDA_DRIVER_VERSION, gauge, c\nDCGM_FI_DEV_NAME, gauge, n\n"
+            "DCGM_FI_NVML_VERSION, label, v\nDCGM_FI_DEV_SERIAL, label, s\nDCGM_FI_DEV_VBIOS_VERSION, label, v\n"
+            "DCGM_FI_DEV_BRAND, label, b\nDCGM_FI_DEV_OEM_INFOROM_VER, label, o\n"
+            "DCGM_FI_DEV_POWER_INFOROM_VER, label, p\n");
+  ASSERT_EQ(f.sim.Ctl("set 3 util=50 pcie_tx=1234 pcie_rx=4321 memused=2048 powerlimit=650"), 0);
+  const std::string text = f.Collect();
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_FB_TOTAL", 3), "81559");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_FB_CAPACITY_BYTES", 3), std::to_string(uint64_t{81559} << 20));
+  // DCGM's used / (total - reserved), a ratio.
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_FB_USED_PERCENT", 3), Fixed(2048.0 / (81559 - 530)));
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_POWER_MGMT_LIMIT", 3), "650.000000");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_ENFORCED_POWER_LIMIT", 3), "650.000000");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN", 3), "200.000000");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX", 3), "700.000000");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF", 3), "700.000000");
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_FAN_SPEED").size(), 0u);  // an H100 has no fan: absent, not 0
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_PSTATE", 3), "0");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 3), "0");  // busy
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 0), "1");    // idle: gpu_idle
+  for (const char* retired : {"DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_RETIRED_PENDING"}) {
+    EXPECT_EQ(Family(text, retired).size(), 0u) << retired << ": Hopper remaps rows, it retires no pages";
+  }
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_POWER_VIOLATION", 3), "0");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_THERMAL_VIOLATION", 3), "0");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", 3), "1234");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_PCIE_RX_THROUGHPUT", 3), "4321");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_PCIE_LINK_GEN", 3), "5");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", 3), "16");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_MAX_SM_CLOCK", 3), "1980");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_SLOWDOWN_TEMP", 3), "89");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_SHUTDOWN_TEMP", 3), "92");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_BAR1_TOTAL", 3), "131072");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_ECC_CURRENT", 3), "1");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_COMPUTE_MODE", 3), "0");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_PERSISTENCE_MODE", 3), "1");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_MIG_MODE", 3), "0");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_CUDA_COMPUTE_CAPABILITY", 3), std::to_string(9 << 16));
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_COUNT", 3), "8");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_MINOR_NUMBER", 3), "3");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", 3), "0");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_L0", 3), "0");  // a rate: 0 on the first sample
+  auto cuda = f.lib->CudaDriverVersion();
+  ASSERT_TRUE(cuda.ok());
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_CUDA_DRIVER_VERSION", 3), std::to_string(*cuda));
+  // A string field of type gauge: an info-style series.
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_NAME", 3, "value=\"NVIDIA H100 80GB HBM3\""), "1");
+  // The label rows, in name order after the base labels; a string NVML has no value for (the
+  // power inforom object of an H100) is no label.
+  auto serial = f.lib->Serial(f.inv->gpus()[3].handle);
+  auto nvml = f.lib->NvmlVersion();
+  ASSERT_TRUE(serial.ok() && nvml.ok());
+  const std::string labels =
+      Cat("Hostname=\"node-a\",DCGM_FI_DEV_BRAND=\"NVIDIA\",DCGM_FI_DEV_OEM_INFOROM_VER=\"2.1\",DCGM_FI_DEV_SERIAL=\"",
+          *serial, "\",DCGM_FI_DEV_VBIOS_VERSION=\"96.00.74.00.0F\",DCGM_FI_NVML_VERSION=\"", *nvml, "\"}");
+  EXPECT_NE(ValueOf(text, "DCGM_FI_DEV_PSTATE", 3, labels), "absent") << text;
+  EXPECT_EQ(text.find("DCGM_FI_DEV_POWER_INFOROM_VER="), std::string::npos);
+}
+
+// DCGM_FI_PROF_* through NVML's GPM: the metrics between two collections (none on the first), as
+// ratios (GPM's percent / 100) and bytes per second (GPM's MiB/s).
+TEST(CollectorTest, ProfFieldsComeFromGpmFromTheSecondCollection) {
+  Fixture f("dgx-h100",
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, g\nDCGM_FI_PROF_SM_ACTIVE, gauge, s\n"
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, t\nDCGM_FI_PROF_DRAM_ACTIVE, gauge, d\n"
+            "DCGM_FI_PROF_PCIE_TX_BYTES, gauge, p\nDCGM_FI_PROF_NVLINK_RX_BYTES, gauge, n\n"
+            "DCGM_FI_PROF_NVDEC0_ACTIVE, gauge, d\nDCGM_FI_PROF_GR_ENGINE_UTIL_RATIO, gauge, g\n"
+            "DCGM_FI_DEV_GPU_TEMP, gauge, t\n");
+  ASSERT_EQ(f.sim.Ctl("set 1 util=40 memutil=20 pcie_tx=2048 decutil=10"), 0);
+  Collector collector(*f.lib, f.inv, f.options, nullptr);
+  EXPECT_EQ(collector.Collect().find("DCGM_FI_PROF_"), std::string::npos) << "no value before a second sample";
+  const std::string text = collector.Collect();
+  EXPECT_EQ(Family(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE").size(), 8u);
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1), "0.400000");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", 1), "0.400000");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_PROF_SM_ACTIVE", 1), "0.360000");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 1), "0.200000");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_PROF_DRAM_ACTIVE", 1), "0.200000");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_PROF_PCIE_TX_BYTES", 1), "2097152");  // 2048 KB/s = 2 MiB/s
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_PROF_NVLINK_RX_BYTES", 1), "0");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_PROF_NVDEC0_ACTIVE", 1), "0.100000");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0), "0.000000");
+  EXPECT_EQ(collector.nvml_errors(), 0u);
+}
+
+// Without GPM (an A100: Ampere) the DCGM_FI_PROF_* series are omitted, as dcgm-exporter omits
+// them without DCGM's profiling module; the reason is logged once, and it is no error.
+TEST(CollectorTest, ProfFieldsAreOmittedWithoutGpm) {
+  Fixture f("dgx-a100-mig", "DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, g\nDCGM_FI_DEV_GPU_TEMP, gauge, t\n");
+  Collector collector(*f.lib, f.inv, f.options, nullptr);
+  collector.Collect();
+  const std::string text = collector.Collect();
+  EXPECT_EQ(Family(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE").size(), 0u);
+  EXPECT_EQ(text.find("# HELP DCGM_FI_PROF_GR_ENGINE_ACTIVE"), std::string::npos);
+  EXPECT_EQ(Family(text, "DCGM_FI_DEV_GPU_TEMP").size(), 6u + 4u + 7u);
+  EXPECT_EQ(collector.nvml_errors(), 0u);
+}
+
+// A profile file for SimGpus (a path: anything with a '/').
+std::string WriteProfile(const std::string& name, const std::string& yaml) {
+  const auto path = std::filesystem::temp_directory_path() / Cat("kgpu-", name, "-", ::getpid(), ".yaml");
+  std::ofstream(path) << yaml;
+  return path.string();
+}
+
+// On a Hopper MIG GPU each GPU instance has its own GPM figures (nvmlGpmMigSampleGet); the bus
+// figures are the whole GPU's only.
+TEST(CollectorTest, ProfFieldsPerGpuInstanceOnHopperMig) {
+  const std::string profile = WriteProfile("h100-mig", R"(version: v1
+name: h100-mig
+driverVersion: "550.90.07"
+cudaVersion: "12.4"
+nvlink: nvswitch
+nvswitches: 4
+numaNodes: 1
+pcieSwitchGroup: 2
+gpus:
+  - model: H100-SXM5-80GB
+    count: 2
+    busIds: [0x18, 0x2a]
+mig:
+  - gpu: 0
+    instances: ["4g.40gb@0", "3g.40gb@4"]
+)");
+  {
+    Fixture f(profile, "DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, g\nDCGM_FI_PROF_PCIE_TX_BYTES, gauge, p\n");
+    Collector collector(*f.lib, f.inv, f.options, nullptr);
+    collector.Collect();
+    const std::string text = collector.Collect();
+    const auto gr = Family(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE");
+    EXPECT_EQ(gr.size(), 3u) << text;  // GPU 1 whole, GPU 0's two instances
+    size_t instances = 0;
+    for (const auto& l : gr) instances += l.find("GPU_I_PROFILE=") != std::string::npos ? 1 : 0;
+    EXPECT_EQ(instances, 2u);
+    EXPECT_EQ(Family(text, "DCGM_FI_PROF_PCIE_TX_BYTES").size(), 1u);
+    EXPECT_EQ(collector.nvml_errors(), 0u);
+  }
+  std::filesystem::remove(profile);
+}
+
+// DCGM_EXP_XID_ERRORS_COUNT counts the XIDs of the last window (dcgm-exporter's -x), per XID, and
+// forgets them after it; with none, one series of 0 without an xid label.
+TEST(CollectorTest, XidErrorsCountForgetsXidsAfterTheWindow) {
+  Fixture f("dgx-h100", "DCGM_EXP_XID_ERRORS_COUNT, gauge, c\nDCGM_FI_DEV_XID_ERRORS, gauge, x\n");
+  f.options.xid_count_window = std::chrono::milliseconds(60000);
+  Collector collector(*f.lib, f.inv, f.options, nullptr);
+  auto t = std::chrono::steady_clock::time_point() + std::chrono::hours(1);
+  collector.SetClock([&] { return t; });
+  std::string text = collector.Collect();
+  const auto none = Family(text, "DCGM_EXP_XID_ERRORS_COUNT");
+  ASSERT_EQ(none.size(), 8u);
+  for (const auto& l : none) EXPECT_TRUE(l.ends_with(",window_size_in_ms=\"60000\"} 0")) << l;
+  collector.RecordXid(3, nvml::kNoInstance, 48);
+  collector.RecordXid(3, nvml::kNoInstance, 48);
+  t += std::chrono::seconds(10);
+  collector.RecordXid(3, nvml::kNoInstance, 79);
+  text = collector.Collect();
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_XID_ERRORS_COUNT", 3, "window_size_in_ms=\"60000\",xid=\"48\"}"), "2");
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_XID_ERRORS_COUNT", 3, "window_size_in_ms=\"60000\",xid=\"79\"}"), "1");
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_XID_ERRORS_COUNT", 2), "0");
+  EXPECT_EQ(Family(text, "DCGM_EXP_XID_ERRORS_COUNT").size(), 9u);
+  t += std::chrono::seconds(55);  // the two 48s are 65 s old, the 79 55 s
+  text = collector.Collect();
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_XID_ERRORS_COUNT", 3, "xid=\"48\""), "absent");
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_XID_ERRORS_COUNT", 3, "xid=\"79\""), "1");
+  t += std::chrono::seconds(10);
+  text = collector.Collect();
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_XID_ERRORS_COUNT", 3), "0");
+  // The last-XID gauge keeps its value (dcgm-exporter's is sticky).
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_XID_ERRORS", 3), "79");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_XID_ERRORS", 2, "err_code=\"0\",err_msg=\"No Error\""), "0");
+}
+
+// DCGM_EXP_CLOCK_EVENTS_COUNT: the collections within the window in which each reason was active
+// (dcgm-exporter counts DCGM's samples); DCGM_EXP_CLOCK_EVENTS_TOTAL: each reason's activations
+// since the first collection (a reason already active then is none).
+TEST(CollectorTest, ClockEventsAreCountedInTheWindowAndInTotal) {
+  Fixture f("dgx-h100",
+            "DCGM_EXP_CLOCK_EVENTS_COUNT, gauge, c\nDCGM_EXP_CLOCK_EVENTS_TOTAL, counter, t\n"
+            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS, gauge, r\n");
+  f.options.clock_events_count_window = std::chrono::milliseconds(60000);
+  ASSERT_EQ(f.sim.Ctl("set 2 util=50"), 0);  // GPU 2 busy: no reason; the others idle: gpu_idle
+  Collector collector(*f.lib, f.inv, f.options, nullptr);
+  auto t = std::chrono::steady_clock::time_point() + std::chrono::hours(1);
+  collector.SetClock([&] { return t; });
+  std::string text = collector.Collect();
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 2), "0");
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_CLOCK_EVENTS_COUNT", 0, "clock_event=\"gpu_idle\""), "1");
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_CLOCK_EVENTS_COUNT", 2, "window_size_in_ms=\"60000\"}"), "0");
+  EXPECT_EQ(Family(text, "DCGM_EXP_CLOCK_EVENTS_TOTAL").size(), 0u);
+  t += std::chrono::seconds(10);
+  ASSERT_EQ(f.sim.Ctl("set 2 util=0 temp=90"), 0);  // idle, and above its slowdown temperature (89)
+  text = collector.Collect();
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_CLOCK_EVENTS_COUNT", 0, "clock_event=\"gpu_idle\""), "2");
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_CLOCK_EVENTS_COUNT", 2, "clock_event=\"gpu_idle\""), "1");
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_CLOCK_EVENTS_COUNT", 2, "clock_event=\"sw_thermal\""), "1");
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_CLOCK_EVENTS_TOTAL", 2, "clock_event=\"gpu_idle\""), "1");
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_CLOCK_EVENTS_TOTAL", 2, "clock_event=\"sw_thermal\""), "1");
+  EXPECT_EQ(Family(text, "DCGM_EXP_CLOCK_EVENTS_TOTAL").size(), 2u);
+  t += std::chrono::seconds(55);  // the first collection is 65 s old: out of the window
+  text = collector.Collect();
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_CLOCK_EVENTS_COUNT", 0, "clock_event=\"gpu_idle\""), "2");
+  t += std::chrono::seconds(61);
+  text = collector.Collect();
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_CLOCK_EVENTS_COUNT", 0, "clock_event=\"gpu_idle\""), "1");
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_CLOCK_EVENTS_TOTAL", 2, "clock_event=\"gpu_idle\""), "1");
+}
+
+// DCGM_EXP_GPU_HEALTH_STATUS from the process's one health source, per DCGM health system.
+TEST(CollectorTest, GpuHealthStatusFollowsTheHealthSource) {
+  Fixture f("dgx-h100", "DCGM_EXP_GPU_HEALTH_STATUS, gauge, h\n");
+  ASSERT_EQ(f.sim.Ctl("ecc 2 dbe 1"), 0);
+  Collector collector(*f.lib, f.inv, f.options, nullptr);
+  const std::string uuid1 = f.inv->gpus()[1].uuid;
+  collector.SetHealthSource([&] {
+    std::map<std::string, gpu::DeviceHealth> h;
+    h[uuid1] = gpu::DeviceHealth{uuid1, false, "XID 79 (GPU has fallen off the bus)", "xid"};
+    return h;
+  });
+  collector.RecordXid(1, nvml::kNoInstance, 79);
+  const std::string text = collector.Collect();
+  const auto lines = Family(text, "DCGM_EXP_GPU_HEALTH_STATUS");
+  EXPECT_EQ(lines.size(), 8u * 10u);
+  const std::string family = "DCGM_EXP_GPU_HEALTH_STATUS";
+  EXPECT_EQ(ValueOf(text, family, 1, "health_error_code=\"DCGM_FR_XID_ERROR\",health_watch=\"PCIE\""), "20");
+  EXPECT_EQ(ValueOf(text, family, 2, "health_error_code=\"DCGM_FR_VOLATILE_DBE_DETECTED\",health_watch=\"MEM\""), "20");
+  EXPECT_EQ(ValueOf(text, family, 0, "health_error_code=\"DCGM_FR_OK\",health_watch=\"MEM\""), "0");
+  size_t failing = 0;
+  for (const auto& l : lines) failing += l.ends_with("} 0") ? 0 : 1;
+  EXPECT_EQ(failing, 2u);
+}
+
+// DCGM_EXP_P2P_STATUS: the NVLink P2P status towards every other GPU.
+TEST(CollectorTest, P2pStatusBetweenEveryPairOfGpus) {
+  {
+    // One simulated node per process at a time: this one is closed before the next is opened.
+    Fixture h100("dgx-h100", "DCGM_EXP_P2P_STATUS, gauge, p\n");
+    const auto nvswitch = Family(h100.Collect(), "DCGM_EXP_P2P_STATUS");
+    EXPECT_EQ(nvswitch.size(), 8u * 7u);
+    for (const auto& l : nvswitch) EXPECT_NE(l.find("link_status=\"OK\""), std::string::npos) << l;
+  }
+  Fixture l4("l4x4", "DCGM_EXP_P2P_STATUS, gauge, p\n");
+  const std::string text = l4.Collect();
+  EXPECT_EQ(Family(text, "DCGM_EXP_P2P_STATUS").size(), 4u * 3u);
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_P2P_STATUS", 0, "link_status=\"NotSupported\",peer_gpu=\"1\""), "5");
+}
+
+// A string field: with type label a label on every series of its device, named after the field
+// as written; with another type an info-style series.
+TEST(CollectorTest, StringFieldsAreLabelsOrInfoSeries) {
+  Fixture f("dgx-h100",
+            "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_SYSTEM_DRIVER_VERSION, label, d\n"
+            "DCGM_FI_DEV_VBIOS_VERSION, label, v\nDCGM_FI_DEV_BRAND, gauge, b\nDCGM_FI_DEV_UUID, gauge, u\n");
+  const std::string text = f.Collect();
+  const auto temps = Family(text, "DCGM_FI_DEV_GPU_TEMP");
+  ASSERT_EQ(temps.size(), 8u);
+  EXPECT_NE(temps[0].find("Hostname=\"node-a\",DCGM_FI_DEV_VBIOS_VERSION=\"96.00.74.00.0F\","
+                          "DCGM_FI_SYSTEM_DRIVER_VERSION=\"550.90.07\"}"),
+            std::string::npos)
+      << temps[0];
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_BRAND", 0, "value=\"NVIDIA\"}"), "1");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_UUID", 5, Cat("value=\"", f.inv->gpus()[5].uuid, "\"}")), "1");
+  EXPECT_EQ(text.find("# TYPE DCGM_FI_SYSTEM_DRIVER_VERSION"), std::string::npos);  // a label row is no family
+}
+
+// dcgm-exporter 4.9's canonical names are the same fields, in the canonical unit where it differs.
+TEST(CollectorTest, CanonicalNamesCarryCanonicalUnits) {
+  Fixture f("dgx-h100",
+            "DCGM_FI_DEV_SM_CLOCK, gauge, c\nDCGM_FI_DEV_SM_CLOCK_HERTZ, gauge, c\n"
+            "DCGM_FI_DEV_GPU_UTIL, gauge, u\nDCGM_FI_DEV_GPU_UTIL_RATIO, gauge, u\n"
+            "DCGM_FI_DEV_FB_USED, gauge, f\nDCGM_FI_DEV_FB_USED_BYTES, gauge, f\n"
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, counter, e\nDCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL, counter, e\n"
+            "dcgm_gpu_temp, gauge, t\nDCGM_FI_DEV_GPU_TEMP_CELSIUS, gauge, t\n"
+            "DCGM_FI_DEV_BOARD_POWER_WATTS, gauge, p\n");
+  ASSERT_EQ(f.sim.Ctl("set 2 smclock=1755 util=64 memused=2048 temp=71 power=412"), 0);
+  const std::string text = f.Collect();
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_SM_CLOCK", 2), "1755");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_SM_CLOCK_HERTZ", 2), "1755000000");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_GPU_UTIL", 2), "64");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_GPU_UTIL_RATIO", 2), "0.640000");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_FB_USED", 2), "2048");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_FB_USED_BYTES", 2), std::to_string(uint64_t{2048} << 20));
+  EXPECT_EQ(ValueOf(text, "dcgm_gpu_temp", 2), "71");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_GPU_TEMP_CELSIUS", 2), "71");
+  EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_BOARD_POWER_WATTS", 2), "412.000000");
+  const std::string mj = ValueOf(text, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 2);
+  const std::string joules = ValueOf(text, "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", 2);
+  ASSERT_NE(mj, "absent");
+  ASSERT_NE(joules, "absent");
+  EXPECT_EQ(joules, Fixed(std::stod(mj) / 1000.0));  // one reading, two units
+}
+
+// The GPU Operator's counters file with every commented row enabled: it parses, nothing is
+// omitted on an H100, and every family NVML can give is there.
+TEST(CollectorTest, GpuOperatorCsvParsesWithNothingOmittedOnH100) {
+  const std::string path = std::string(KGPU_SOURCE_DIR) + "/tests/unit/testdata/dcgm-exporter/dcp-metrics-included.csv";
+  std::vector<std::string> skipped;
+  auto counters = LoadCountersFile(path, &skipped);
+  ASSERT_TRUE(counters.ok()) << counters.status();
+  EXPECT_TRUE(skipped.empty()) << SummarizeSkipped(skipped);
+  Fixture f("dgx-h100");
+  f.options.counters = *counters;
+  Collector collector(*f.lib, f.inv, f.options, nullptr);
+  collector.Collect();
+  const std::string text = collector.Collect();
+  for (const char* family :
+       {"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_POWER_VIOLATION",
+        "DCGM_FI_DEV_RELIABILITY_VIOLATION", "DCGM_EXP_CLOCK_EVENTS_COUNT", "DCGM_EXP_XID_ERRORS_COUNT",
+        "DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_P2P_STATUS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_BANDWIDTH_L0", "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "DCGM_FI_PROF_PCIE_RX_BYTES"}) {
+    EXPECT_EQ(Family(text, family).size(), family == std::string("DCGM_EXP_GPU_HEALTH_STATUS") ? 80u
+                                           : family == std::string("DCGM_EXP_P2P_STATUS")      ? 56u
+                                                                                               : 8u)
+        << family;
+  }
+  // What NVML has no value for on an H100 is absent, not 0: pages (it remaps rows), a vGPU licence.
+  EXPECT_TRUE(Family(text, "DCGM_FI_DEV_RETIRED_SBE").empty());
+  EXPECT_TRUE(Family(text, "DCGM_FI_DEV_VGPU_LICENSE_STATUS").empty());
+  const auto temps = Family(text, "DCGM_FI_DEV_GPU_TEMP");
+  ASSERT_FALSE(temps.empty());
+  EXPECT_NE(temps[0].find("DCGM_FI_DEV_VBIOS_VERSION=\"96.00.74.00.0F\""), std::string::npos) << temps[0];
+  EXPECT_NE(temps[0].find("DCGM_FI_DEV_BRAND=\"NVIDIA\""), std::string::npos);
+  EXPECT_NE(temps[0].find("DCGM_FI_DRIVER_VERSION=\"550.90.07\""), std::string::npos);
 }
 
 TEST(CollectorTest, LabelValuesAreEscaped) {

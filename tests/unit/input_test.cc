@@ -230,7 +230,7 @@ TEST(CountersInputTest, UnknownFieldSuggestsTheNearestName) {
   // Known DCGM fields kgpu cannot produce are still accepted and omitted (dcgm-exporter's own CSVs).
   std::vector<std::string> skipped;
   auto known = exporter::ParseCounters(
-      "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_PROF_PIPE_FP64_ACTIVE, gauge, p\n"
+      "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_VGPU_UTILIZATIONS, gauge, p\n"
       "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L3, counter, c\nDCGM_FI_DEV_NVSWITCH_LATENCY_LOW_P07, gauge, l\n",
       "c.csv", &skipped);
   ASSERT_TRUE(known.ok()) << known.status();
@@ -241,7 +241,7 @@ TEST(CountersInputTest, UnknownFieldSuggestsTheNearestName) {
 TEST(CountersInputTest, NoFamiliesIsAnError) {
   for (const char* csv : {"", "# Format: DCGM field, Prometheus metric type, help message\n\n",
                           "DCGM_FI_DRIVER_VERSION, label, Driver Version\n",
-                          "DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, g\nDCGM_FI_DEV_VGPU_LICENSE_STATUS, gauge, v\n"}) {
+                          "DCGM_FI_DEV_NVSWITCH_FATAL_ERRORS, gauge, g\nDCGM_FI_DEV_VGPU_UTILIZATIONS, gauge, v\n"}) {
     auto c = exporter::ParseCounters(csv, "c.csv", nullptr);
     ASSERT_FALSE(c.ok()) << csv;
     EXPECT_EQ(Message(c.status()).rfind("c.csv:1:1: ", 0), 0u) << c.status();

@@ -912,5 +912,45 @@ TEST(TraceCsv, ErrorsNameTheFileLineAndColumn) {
   EXPECT_EQ(header_only.status().message(), "nodes.csv: no nodes after the header");
 }
 
+TEST(TraceCsv, EveryRowHasTheHeadersFields) {
+  // A row with a field missing was read with the missing column empty (the GPU count taken as 0);
+  // a row with an unquoted comma, with its values shifted. Both are errors naming file:line.
+  auto missing = ParseNodesCsv("sn,cpu_milli,memory_mib,gpu,model\nn1,1,1,1,T4\nn2,64000,262144,8\n", "nodes.csv");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(missing.status().message(),
+            "nodes.csv:3:18: record has 4 fields, the header has 5 (add the missing field; an empty field is nothing "
+            "between two ',')");
+
+  auto extra = ParsePodsCsv("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1,1,0,0\np2,1,1,0,0,x\n", "pods.csv");
+  ASSERT_FALSE(extra.ok());
+  const std::string e(extra.status().message());
+  EXPECT_EQ(e.rfind("pods.csv:3:12: record has 6 fields, the header has 5", 0), 0u) << e;
+}
+
+TEST(TraceCsv, QuotedFieldsReadAsEncodingCsvReadsThem) {
+  // Quotes (a spreadsheet's export), "" for a quote, a byte-order mark, blanks trimmed.
+  auto pods = ParsePodsCsv(
+      "\xEF\xBB\xBF\"name\",cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\r\n"
+      "\"p1\", 1000 ,\"100\",1,500,\"T4|A10\"\r\n",
+      "pods.csv");
+  ASSERT_TRUE(pods.ok()) << pods.status();
+  ASSERT_EQ(pods->size(), 1u);
+  EXPECT_EQ((*pods)[0].request.name, "p1");
+  EXPECT_EQ((*pods)[0].request.cpu_milli, 1000);
+  EXPECT_EQ((*pods)[0].request.memory_mib, 100);
+  EXPECT_EQ((*pods)[0].request.allowed_models, (std::vector<std::string>{"T4", "A10"}));
+
+  // A quote inside an unquoted field, and a quoted field never closed: the reader's errors.
+  auto bare = ParseNodesCsv("sn,cpu_milli,memory_mib,gpu,model\nn1,1,1,1,T4 \"x\"\n", "nodes.csv");
+  ASSERT_FALSE(bare.ok());
+  EXPECT_EQ(std::string(bare.status().message()).rfind("nodes.csv:2:13: bare \" in a field that is not quoted", 0), 0u)
+      << bare.status();
+  auto open = ParseNodesCsv("sn,cpu_milli,memory_mib,gpu,model\nn1,1,1,1,\"T4\n", "nodes.csv");
+  ASSERT_FALSE(open.ok());
+  EXPECT_EQ(std::string(open.status().message()).rfind("nodes.csv:2:10: quoted field is not closed", 0), 0u)
+      << open.status();
+}
+
 }  // namespace
 }  // namespace kgpu::sched
