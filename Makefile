@@ -87,7 +87,7 @@ image: package
 # libFuzzer (clang): FUZZ_SECONDS per target, corpus grows in build/fuzz/corpus-*.
 FUZZ_SECONDS ?= 60
 # One list, the same as KGPU_FUZZ_TARGETS in tests/CMakeLists.txt.
-FUZZ_TARGETS := profile config cgroup checkpoint counters mig_minors health_file kubeconfig watch_decoder extender_wire slurm_parse sched_csv quota_shares webhook_review csv
+FUZZ_TARGETS := profile config cgroup checkpoint counters mig_minors health_file kubeconfig watch_decoder extender_wire slurm_parse sched_csv quota_shares webhook_review csv web_config device_selector
 fuzz: deps
 	cmake --preset fuzz >/dev/null
 	cmake --build --preset fuzz -j $(JOBS) --target $(addsuffix _fuzz,$(FUZZ_TARGETS))

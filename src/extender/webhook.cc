@@ -1,6 +1,8 @@
 #include "extender/webhook.h"
 
 #include <algorithm>
+#include <chrono>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -94,6 +96,10 @@ std::string PointerEscape(std::string_view segment) {
 Decision MutatePod(const json& pod, const WebhookOptions& o) {
   Decision d;
   std::vector<std::string> denied;
+  auto deny = [&](const char* code, std::string message) {
+    d.reasons.emplace_back(code);
+    denied.push_back(std::move(message));
+  };
   if (!pod.is_object()) return d;
   const json& spec = ObjectOr(pod, "spec");
   bool translated = false, asks_gpu = false;
@@ -119,23 +125,23 @@ Decision MutatePod(const json& pod, const WebhookOptions& o) {
         const std::string lf = Field(section, i) + ".resources.limits[";
         auto total = [&](const char* name, std::optional<int64_t> v) {
           if (v) return *v;
-          denied.push_back(Cat(lf, name, "]: ", limits[name], " per GPU over ", n, " vGPUs is too large (lower it)"));
+          deny("too_large", Cat(lf, name, "]: ", limits[name], " per GPU over ", n, " vGPUs is too large (lower it)"));
           return int64_t{0};
         };
         if (n > 64) {
-          denied.push_back(Cat(lf, kWholeGpu, "]: ", n, " vGPUs is more GPUs than a node has (at most 64)"));
+          deny("too_many_vgpus", Cat(lf, kWholeGpu, "]: ", n, " vGPUs is more GPUs than a node has (at most 64)"));
         } else {
           limits[kShares] = n;
           if (has(kHamiMemory)) {
             limits[kShareMemory] = total(kHamiMemory, Mul(limits[kHamiMemory], n));
           } else if (has(kHamiMemoryPercent)) {
             if (o.smallest_gpu_memory_mib <= 0) {
-              denied.push_back(Cat(lf, kHamiMemoryPercent,
-                                   "]: cannot be translated without knowing the GPUs' memory (write ", kHamiMemory,
-                                   " in MiB, or start kgpu webhook with --smallest-gpu-memory-mib)"));
+              deny("gpu_memory_unknown",
+                   Cat(lf, kHamiMemoryPercent, "]: cannot be translated without knowing the GPUs' memory (write ",
+                       kHamiMemory, " in MiB, or start kgpu webhook with --smallest-gpu-memory-mib)"));
             } else if (limits[kHamiMemoryPercent] > 100) {
-              denied.push_back(
-                  Cat(lf, kHamiMemoryPercent, "]: ", limits[kHamiMemoryPercent], "% of a GPU's memory (at most 100)"));
+              deny("memory_percentage_over_100",
+                   Cat(lf, kHamiMemoryPercent, "]: ", limits[kHamiMemoryPercent], "% of a GPU's memory (at most 100)"));
             } else {
               auto per = Mul(limits[kHamiMemoryPercent], o.smallest_gpu_memory_mib);
               limits[kShareMemory] = total(kHamiMemoryPercent, per ? Mul(*per / 100, n) : per);
@@ -205,6 +211,10 @@ Decision MutatePod(const json& pod, const WebhookOptions& o) {
 Decision ValidatePod(const json& pod, const WebhookOptions& o) {
   Decision d;
   std::vector<std::string> denied;
+  auto deny = [&](const char* code, std::string message) {
+    d.reasons.emplace_back(code);
+    denied.push_back(std::move(message));
+  };
   if (!pod.is_object()) return d;
   const json& spec = ObjectOr(pod, "spec");
   for (const char* section : kSections) {
@@ -223,7 +233,7 @@ Decision ValidatePod(const json& pod, const WebhookOptions& o) {
         if (!IsGpu(it.key())) continue;
         auto v = WholeQuantity(*it, Cat(f, ".resources.limits[", it.key(), "]"));
         if (!v.ok()) {
-          denied.emplace_back(v.status().message());
+          deny("not_a_whole_number", std::string(v.status().message()));
           bad = true;
         } else {
           limits[it.key()] = *v;
@@ -234,15 +244,15 @@ Decision ValidatePod(const json& pod, const WebhookOptions& o) {
         const std::string field = Cat(f, ".resources.requests[", it.key(), "]");
         auto v = WholeQuantity(*it, field);
         if (!v.ok()) {
-          denied.emplace_back(v.status().message());
+          deny("not_a_whole_number", std::string(v.status().message()));
           bad = true;
         } else if (!lim.contains(it.key())) {
-          denied.push_back(Cat(field, ": a request without a limit (set limits[", it.key(),
-                               "] to the same value: extended resources need a limit)"));
+          deny("request_without_limit", Cat(field, ": a request without a limit (set limits[", it.key(),
+                                            "] to the same value: extended resources need a limit)"));
           bad = true;
         } else if (limits.count(it.key()) && limits[it.key()] != *v) {
-          denied.push_back(Cat(field, ": ", *v, " must equal limits[", it.key(), "] (", limits[it.key()],
-                               "): extended resources cannot be overcommitted"));
+          deny("request_not_limit", Cat(field, ": ", *v, " must equal limits[", it.key(), "] (", limits[it.key()],
+                                        "): extended resources cannot be overcommitted"));
           bad = true;
         }
       }
@@ -251,40 +261,42 @@ Decision ValidatePod(const json& pod, const WebhookOptions& o) {
       const int64_t whole = get(kWholeGpu), shares = get(kShares), memory = get(kShareMemory), cores = get(kShareCores);
       const std::string lf = f + ".resources.limits[";
       if (whole > 0 && shares > 0) {
-        denied.push_back(Cat(lf, kShares, "]: asked together with ", kWholeGpu, " in one container (keep ", kWholeGpu,
-                             " for whole GPUs or ", kShares, " for shares, not both)"));
+        deny("whole_gpus_and_shares", Cat(lf, kShares, "]: asked together with ", kWholeGpu, " in one container (keep ",
+                                          kWholeGpu, " for whole GPUs or ", kShares, " for shares, not both)"));
         continue;
       }
       const bool wants_share = shares > 0 || memory > 0 || cores > 0;
       if (wants_share && shares == 0) {
-        denied.push_back(Cat(lf, memory > 0 ? kShareMemory : kShareCores, "]: without ", kShares, " (add ", kShares,
-                             ": 1 to limits and requests)"));
+        deny("share_without_shares", Cat(lf, memory > 0 ? kShareMemory : kShareCores, "]: without ", kShares, " (add ",
+                                         kShares, ": 1 to limits and requests)"));
         continue;
       }
       if (shares > 0 && cores / shares > 100) {
-        denied.push_back(Cat(lf, kShareCores, "]: ", cores, " over ", shares, " shares is ", cores / shares,
-                             "% of one GPU per share (at most 100 per share: lower it or ask for more ", kShares, ")"));
+        deny("cores_over_100",
+             Cat(lf, kShareCores, "]: ", cores, " over ", shares, " shares is ", cores / shares,
+                 "% of one GPU per share (at most 100 per share: lower it or ask for more ", kShares, ")"));
       }
       if (shares > 0 && o.largest_gpu_memory_mib > 0 && memory / shares > o.largest_gpu_memory_mib) {
-        denied.push_back(Cat(lf, kShareMemory, "]: ", memory, " MiB over ", shares, " shares is ", memory / shares,
-                             " MiB per GPU, more than the largest GPU in the cluster has (", o.largest_gpu_memory_mib,
-                             " MiB): ask for more ", kShares, " or less memory"));
+        deny("share_larger_than_gpu",
+             Cat(lf, kShareMemory, "]: ", memory, " MiB over ", shares, " shares is ", memory / shares,
+                 " MiB per GPU, more than the largest GPU in the cluster has (", o.largest_gpu_memory_mib,
+                 " MiB): ask for more ", kShares, " or less memory"));
       }
       const json& sc = ObjectOr(c, "securityContext");
       if (wants_share && sc.contains("privileged") && sc["privileged"] == true) {
-        denied.push_back(Cat(f,
-                             ".securityContext.privileged: a privileged container sees every GPU, so its share "
-                             "cannot be enforced (drop privileged, or ask for whole GPUs with ",
-                             kWholeGpu, ")"));
+        deny("privileged_share", Cat(f,
+                                     ".securityContext.privileged: a privileged container sees every GPU, so its "
+                                     "share cannot be enforced (drop privileged, or ask for whole GPUs with ",
+                                     kWholeGpu, ")"));
       }
     }
   }
   if (denied.empty()) {
     try {
       auto parsed = ParsePodRequest(pod);
-      if (!parsed.ok()) denied.emplace_back(parsed.status().message());
+      if (!parsed.ok()) deny("request_model", std::string(parsed.status().message()));
     } catch (const json::exception& e) {  // a member of the wrong type
-      denied.push_back(Cat("the pod does not decode as a Pod (", e.what(), ")"));
+      deny("not_a_pod", Cat("the pod does not decode as a Pod (", e.what(), ")"));
     }
   }
   if (!denied.empty()) {
@@ -294,7 +306,7 @@ Decision ValidatePod(const json& pod, const WebhookOptions& o) {
   return d;
 }
 
-absl::StatusOr<json> Review(std::string_view body, bool mutate, const WebhookOptions& o) {
+absl::StatusOr<json> Review(std::string_view body, bool mutate, const WebhookOptions& o, ReviewOutcome* outcome) {
   json review = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (!review.is_object())
     return absl::InvalidArgumentError("the body is not a JSON object (expected an AdmissionReview)");
@@ -308,23 +320,46 @@ absl::StatusOr<json> Review(std::string_view body, bool mutate, const WebhookOpt
   json response = {{"uid", *uid}, {"allowed", true}};
   const json& kind = ObjectOr(*req, "kind");
   const auto object = req->find("object");
-  if (StringOr(kind, "kind") == "Pod" && object != req->end() && object->is_object()) {
-    const Decision d = mutate ? MutatePod(*object, o) : ValidatePod(*object, o);
+  const bool pod = StringOr(kind, "kind") == "Pod";
+  ReviewOutcome seen{pod ? "pods" : "other", "allowed", {}};
+  if (pod && object != req->end() && object->is_object()) {
+    Decision d = mutate ? MutatePod(*object, o) : ValidatePod(*object, o);
     if (!d.allowed) {
       response["allowed"] = false;
       response["status"] = {{"code", 403}, {"reason", "Forbidden"}, {"message", d.message}};
+      seen.result = "denied";
+      seen.reasons = std::move(d.reasons);
     } else if (!d.patch.empty()) {
       response["patchType"] = "JSONPatch";
       response["patch"] = absl::Base64Escape(d.patch.dump());
+      seen.result = "patched";
     }
   }
+  if (outcome != nullptr) *outcome = std::move(seen);
   std::string api_version = "admission.k8s.io/v1";
   if (const auto v = review.find("apiVersion"); v != review.end() && v->is_string())
     api_version = v->get<std::string>();
   return json{{"apiVersion", api_version}, {"kind", "AdmissionReview"}, {"response", std::move(response)}};
 }
 
-Webhook::Webhook(WebhookOptions options) : opts_(std::move(options)) {}
+Webhook::Webhook(WebhookOptions options) : opts_(std::move(options)) {
+  using T = prom::MetricsRegistry::Type;
+  metrics_.Declare("kgpu_webhook_requests_total", T::kCounter,
+                   "AdmissionReviews answered, by operation (mutate, validate), result (allowed, patched, denied, "
+                   "error: not an AdmissionReview, HTTP 400) and resource (pods, other, unknown for an error).");
+  metrics_.Declare("kgpu_webhook_denials_total", T::kCounter,
+                   "Denied AdmissionReviews by operation and reason code (a review refused for several reasons "
+                   "counts once under each).");
+  metrics_.Declare("kgpu_webhook_malformed_reviews_total", T::kCounter,
+                   "Request bodies that are not an AdmissionReview (HTTP 400; the API server applies the "
+                   "failurePolicy), by operation.");
+  metrics_.Declare("kgpu_webhook_request_duration_seconds", T::kHistogram,
+                   "Time to answer one AdmissionReview, by operation.", {std::begin(kBuckets), std::end(kBuckets)});
+  metrics_.Declare("kgpu_webhook_gpu_memory_mib", T::kGauge,
+                   "The GPU memory the webhook works with (bound: smallest, for the cores default and "
+                   "gpumem-percentage; largest, for the share-size check), from the flags or the nodes' inventories; "
+                   "0 while unknown.");
+}
 Webhook::~Webhook() {
   Stop();
 }
@@ -412,6 +447,15 @@ absl::Status Webhook::Start() {
   http_->set_tcp_nodelay(true);
   http_->set_keep_alive_max_count(1000);
   if (!opts_.kubeconfig.empty() || opts_.in_cluster) {
+    // Declared only with the informer: without one these families would have no series ever.
+    using T = prom::MetricsRegistry::Type;
+    metrics_.Declare("kgpu_webhook_inventory_synced", T::kGauge,
+                     "1 once the node informer has listed the nodes (until then sizes not given by a flag are "
+                     "unknown).");
+    metrics_.Declare("kgpu_webhook_inventory_nodes", T::kGauge,
+                     "Nodes whose kgpu.io/gpu-inventory has GPUs that serve shares.");
+    metrics_.Declare("kgpu_webhook_inventory_errors_total", T::kCounter,
+                     "Failed lists and watches of the node informer (each retried after a backoff).");
     auto cfg = k8s::ConfigFromFlags(opts_.kubeconfig, opts_.context, opts_.in_cluster);
     if (!cfg.ok()) return cfg.status();  // a kubeconfig error: exit 1 as in every command
     auto client = k8s::Client::Create(*cfg);
@@ -430,20 +474,20 @@ absl::Status Webhook::Start() {
   }
   auto handler = [this](bool mutate) {
     return [this, mutate](const httplib::Request& req, httplib::Response& res) {
-      auto out = Review(req.body, mutate, Effective());
-      if (!out.ok()) {
-        Log("webhook")->warn("{}: {}", mutate ? "/mutate" : "/validate", std::string(out.status().message()));
-        res.status = 400;
-        res.set_content(std::string(out.status().message()) + "\n", "text/plain");
-        return;
-      }
-      res.set_content(out->dump(), "application/json");
+      auto [status, body] = Handle(mutate, req.body);
+      res.status = status;
+      res.set_content(body, status == 200 ? "application/json" : "text/plain");
     };
   };
   http_->Post("/mutate", handler(true));
   http_->Post("/validate", handler(false));
   http_->Get("/healthz",
              [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  // As the extender's: on the same listener (HTTPS when the webhook serves HTTPS), without
+  // authentication, read-only. The page holds counts and sizes, nothing from the pods reviewed.
+  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(MetricsText(), "text/plain; version=0.0.4");
+  });
   auto bound = BindListenAddress(*http_, "--address", opts_.address);
   if (!bound.ok()) return bound.status();
   port_ = *bound;
@@ -451,6 +495,49 @@ absl::Status Webhook::Start() {
   Log("webhook")->info("serving {} on {} (port {})", opts_.tls_cert_file.empty() ? "HTTP" : "HTTPS", opts_.address,
                        port_);
   return absl::OkStatus();
+}
+
+std::pair<int, std::string> Webhook::Handle(bool mutate, std::string_view body) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string op = mutate ? "mutate" : "validate";
+  ReviewOutcome outcome;
+  auto out = Review(body, mutate, Effective(), &outcome);
+  std::pair<int, std::string> reply;
+  if (!out.ok()) {
+    Log("webhook")->warn("/{}: {}", op, std::string(out.status().message()));
+    metrics_.Add("kgpu_webhook_malformed_reviews_total", {{"operation", op}});
+    outcome.resource = "unknown";
+    outcome.result = "error";
+    reply = {400, std::string(out.status().message()) + "\n"};
+  } else {
+    reply = {200, out->dump()};
+  }
+  metrics_.Add("kgpu_webhook_requests_total",
+               {{"operation", op}, {"result", outcome.result}, {"resource", outcome.resource}});
+  // Each code once per review, whatever the number of containers it was found in.
+  const std::set<std::string> reasons(outcome.reasons.begin(), outcome.reasons.end());
+  for (const auto& reason : reasons)
+    metrics_.Add("kgpu_webhook_denials_total", {{"operation", op}, {"reason", reason}});
+  metrics_.Observe("kgpu_webhook_request_duration_seconds", {{"operation", op}},
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return reply;
+}
+
+std::string Webhook::MetricsText() const {
+  const WebhookOptions o = Effective();
+  metrics_.Set("kgpu_webhook_gpu_memory_mib", {{"bound", "smallest"}}, static_cast<double>(o.smallest_gpu_memory_mib));
+  metrics_.Set("kgpu_webhook_gpu_memory_mib", {{"bound", "largest"}}, static_cast<double>(o.largest_gpu_memory_mib));
+  if (nodes_) {
+    size_t nodes = 0;
+    {
+      std::lock_guard lock(sizes_mu_);
+      nodes = node_sizes_.size();
+    }
+    metrics_.Set("kgpu_webhook_inventory_synced", nodes_->HasSynced() ? 1 : 0);
+    metrics_.Set("kgpu_webhook_inventory_nodes", static_cast<double>(nodes));
+    metrics_.Set("kgpu_webhook_inventory_errors_total", static_cast<double>(nodes_->stats().errors));
+  }
+  return metrics_.Text();
 }
 
 void Webhook::Stop() {

@@ -5,6 +5,9 @@
 //                   translates HAMi's names and sets schedulerName
 //   POST /validate  AdmissionReview -> allowed, or denied with messages that name the field
 //   GET  /healthz   200 while the process serves
+//   GET  /metrics   Prometheus text: reviews by operation, result and resource, denials by
+//                   reason code, handling time, malformed reviews, the GPU sizes in use and, with
+//                   the node informer, its state (unauthenticated and read-only, as the extender's)
 //
 // Mutation, per container (init containers too), reading each GPU resource from limits, else
 // requests (Kubernetes copies a limit into a missing request; a request without a limit would be
@@ -31,7 +34,7 @@
 // annotations (an informer on nodes); unknown until it has synced or while no node serves shares.
 //
 // Thread-safety: the functions are pure; Webhook: Start/Stop from the owner thread; the handlers
-// read the sizes under a lock.
+// read the sizes under a lock; the metrics registry is thread-safe.
 
 #include <cstdint>
 #include <map>
@@ -40,12 +43,14 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/prom_text.h"
 
 namespace httplib {
 class Server;
@@ -81,14 +86,29 @@ struct Decision {
   bool allowed = true;
   std::string message;                             // denied: every reason, "; "-separated
   nlohmann::json patch = nlohmann::json::array();  // JSONPatch (RFC 6902) against the pod
+  // Denied: one stable code per reason in `message`, in the same order (for
+  // kgpu_webhook_denials_total{reason}: a fixed set of label values, never the message itself).
+  std::vector<std::string> reasons;
 };
 
 Decision MutatePod(const nlohmann::json& pod, const WebhookOptions& options);
 Decision ValidatePod(const nlohmann::json& pod, const WebhookOptions& options);
 
+// What Review() decided, for the metrics. `resource` is "pods" when the review's kind is Pod and
+// "other" otherwise (the configurations send only pods; the label takes no value from the body, so
+// a caller cannot grow the number of series); `result` is "allowed", "patched" (allowed with a
+// JSONPatch) or "denied"; `reasons` the denial's codes (Decision::reasons).
+struct ReviewOutcome {
+  std::string resource;
+  std::string result;
+  std::vector<std::string> reasons;
+};
+
 // One AdmissionReview request -> its AdmissionReview response (uid echoed, patch base64).
-// InvalidArgument naming what is missing when `body` is not an AdmissionReview.
-absl::StatusOr<nlohmann::json> Review(std::string_view body, bool mutate, const WebhookOptions& options);
+// InvalidArgument naming what is missing when `body` is not an AdmissionReview. `outcome`, when
+// given, is filled for an accepted review.
+absl::StatusOr<nlohmann::json> Review(std::string_view body, bool mutate, const WebhookOptions& options,
+                                      ReviewOutcome* outcome = nullptr);
 
 // RFC 6901 escaping of one path segment ("kgpu.io/gpu" -> "kgpu.io~1gpu").
 std::string PointerEscape(std::string_view segment);
@@ -102,13 +122,23 @@ class Webhook {
   absl::Status Start();  // listening when it returns
   void Stop();
   int port() const { return port_; }
+  // The /metrics page (the gauges read at this call).
+  std::string MetricsText() const;
+
+  // kgpu_webhook_request_duration_seconds' upper bounds: a review is in-memory JSON work, so the
+  // low end is resolved finely; past 1 s the API server's own deadline (timeoutSeconds: 5 in
+  // deploy/webhook) is what matters, and +Inf counts those.
+  static constexpr double kBuckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
 
  private:
   // opts_ with the GPU sizes the inventories give where the flags gave none.
   WebhookOptions Effective() const;
   void NodeChanged(const nlohmann::json& node, bool removed);
+  // One POST to /mutate or /validate: the answer's HTTP status and body, counted and timed.
+  std::pair<int, std::string> Handle(bool mutate, std::string_view body);
 
   WebhookOptions opts_;
+  mutable prom::MetricsRegistry metrics_;  // MetricsText() sets the gauges
   std::unique_ptr<k8s::Client> client_;
   std::unique_ptr<k8s::Informer> nodes_;
   mutable std::mutex sizes_mu_;

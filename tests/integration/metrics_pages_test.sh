@@ -6,10 +6,12 @@
 #     request and failure families have series);
 #   - `kgpu slurm-bridge run --metrics-listen` (with no Slurm commands on its --slurm-bin-dir, so
 #     kgpu_slurm_bridge_slurm_up is 0; the page is the same);
-# both against the API server stand-in (kgpu-fake-apiserver). The exporter's page (kgpu exporter,
+#   - `kgpu webhook --insecure-http` with --kubeconfig (after a patched mutate, a denied validate
+#     and a malformed body, so that its request, denial, malformed and duration families have
+#     series, and once its node informer has synced, so that the inventory families have too);
+# all against the API server stand-in (kgpu-fake-apiserver). The exporter's page (kgpu exporter,
 # kgpu node) is linted by tests/integration/exporter_prometheus_test.sh and
-# tests/rules/check_golden.py, where dcgm-exporter's names need exemptions. `kgpu webhook`
-# serves no /metrics.
+# tests/rules/check_golden.py, where dcgm-exporter's names need exemptions.
 # Usage: metrics_pages_test.sh <kgpu> <kgpu-fake-apiserver>
 set -euo pipefail
 kgpu=$1 apiserver=$2
@@ -87,6 +89,38 @@ pids+=($!)
 has_reconciled() { curl -sf "http://127.0.0.1:$bp/metrics" >"$work/bridge.prom" && grep -q '^kgpu_slurm_bridge_' "$work/bridge.prom"; }
 if retry 30 has_reconciled; then lint "kgpu slurm-bridge" "$work/bridge.prom"; else
   bad "kgpu slurm-bridge served no kgpu_slurm_bridge_* metrics"; cat "$work/bridge.log"; fi
+
+# kgpu webhook --insecure-http (plain HTTP as the extender above; the page is the same over HTTPS)
+wp=$(free_port)
+"$kgpu" --log-level error webhook --insecure-http --address "127.0.0.1:$wp" --kubeconfig "$work/kubeconfig" \
+  --smallest-gpu-memory-mib 40960 >"$work/webhook.log" 2>&1 &
+pids+=($!)
+review() {  # review PATH UID CONTAINER-LIMITS-JSON: POST one AdmissionReview of a one-container pod
+  curl -sf -o /dev/null -X POST -H 'Content-Type: application/json' "http://127.0.0.1:$wp$1" -d \
+    '{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"'"$2"'",
+      "kind":{"group":"","version":"v1","kind":"Pod"},"resource":{"group":"","version":"v1","resource":"pods"},
+      "operation":"CREATE","object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"default"},
+      "spec":{"containers":[{"name":"c","image":"cuda","resources":{"limits":'"$3"'}}]}}}}'
+}
+webhook_synced() { curl -sf "http://127.0.0.1:$wp/metrics" >"$work/webhook.prom" && grep -qx 'kgpu_webhook_inventory_synced 1' "$work/webhook.prom"; }
+if retry 30 curl -sf "http://127.0.0.1:$wp/healthz" >/dev/null; then
+  review /mutate m1 '{"kgpu.io/gpu-memory":"10240"}' || bad "kgpu webhook: POST /mutate failed"
+  review /validate v1 '{"nvidia.com/gpu":"1","kgpu.io/gpu":"1"}' || bad "kgpu webhook: POST /validate failed"
+  curl -s -o /dev/null -X POST -H 'Content-Type: application/json' -d '{' "http://127.0.0.1:$wp/validate" || true
+  retry 30 webhook_synced || bad "kgpu webhook: its node informer did not sync"
+  if curl -sf "http://127.0.0.1:$wp/metrics" >"$work/webhook.prom"; then
+    for want in 'kgpu_webhook_requests_total{operation="mutate",result="patched",resource="pods"} 1' \
+                'kgpu_webhook_denials_total{operation="validate",reason="whole_gpus_and_shares"} 1' \
+                'kgpu_webhook_malformed_reviews_total{operation="validate"} 1'; do
+      if grep -qxF "$want" "$work/webhook.prom"; then ok "kgpu webhook: $want"; else bad "kgpu webhook: no $want"; fi
+    done
+    lint "kgpu webhook" "$work/webhook.prom"
+  else
+    bad "kgpu webhook: GET /metrics failed"
+  fi
+else
+  bad "kgpu webhook did not start"; cat "$work/webhook.log"
+fi
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -1,10 +1,19 @@
 // The admission webhook's pure parts: exact JSONPatches for defaults, HAMi translation and
-// schedulerName; exact denial messages naming the field; the AdmissionReview envelope.
+// schedulerName; exact denial messages naming the field and their reason codes; the
+// AdmissionReview envelope. And the server's /metrics after real requests over HTTP.
 #include "extender/webhook.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <utility>
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/escaping.h"
+#include "testing/raw_http.h"
 
 namespace kgpu::extender {
 namespace {
@@ -207,6 +216,144 @@ TEST(WebhookReview, EnvelopeEchoesUidAndCarriesABase64Patch) {
   auto other = Review(R"({"request":{"uid":"u","kind":{"kind":"Service"},"object":{}}})", true, {});
   ASSERT_TRUE(other.ok());
   EXPECT_EQ((*other)["response"], json::parse(R"({"uid":"u","allowed":true})"));
+}
+
+TEST(WebhookValidate, ReasonCodesFollowTheMessages) {
+  WebhookOptions o;
+  o.largest_gpu_memory_mib = 81920;
+  json pod = Pod({Container("a", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-cores", "300"}})});
+  pod["spec"]["containers"][0]["securityContext"] = {{"privileged", true}};
+  const Decision d = ValidatePod(pod, o);
+  EXPECT_EQ(d.reasons, (std::vector<std::string>{"cores_over_100", "privileged_share"})) << d.message;
+  EXPECT_EQ(ValidatePod(Pod({Container("a", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-memory", "1001"}})}), o).reasons,
+            std::vector<std::string>{"request_model"});
+  EXPECT_EQ(ValidatePod(Pod({Container("a", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu", "2"}})}), o).reasons,
+            std::vector<std::string>{"request_not_limit"});
+  EXPECT_EQ(MutatePod(Pod({Container("a", {{"nvidia.com/gpumem-percentage", "50"}})}), {}).reasons,
+            std::vector<std::string>{"gpu_memory_unknown"});
+  // Allowed: no codes.
+  EXPECT_TRUE(ValidatePod(Pod({Container("a", {{"nvidia.com/gpu", "8"}})}), o).reasons.empty());
+  EXPECT_TRUE(MutatePod(Pod({Container("a", {{"kgpu.io/gpu-memory", "1000"}})}), {}).reasons.empty());
+}
+
+json ReviewOf(const std::string& uid, const json& pod) {
+  return {{"apiVersion", "admission.k8s.io/v1"},
+          {"kind", "AdmissionReview"},
+          {"request",
+           {{"uid", uid},
+            {"kind", {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}}},
+            {"resource", {{"group", ""}, {"version", "v1"}, {"resource", "pods"}}},
+            {"operation", "CREATE"},
+            {"object", pod}}}};
+}
+
+TEST(WebhookReview, OutcomeSaysWhatTheMetricsCount) {
+  ReviewOutcome out;
+  ASSERT_TRUE(
+      Review(ReviewOf("u1", Pod({Container("a", {{"kgpu.io/gpu-memory", "1000"}})})).dump(), true, {}, &out).ok());
+  EXPECT_EQ(out.resource, "pods");
+  EXPECT_EQ(out.result, "patched");
+  EXPECT_TRUE(out.reasons.empty());
+  ASSERT_TRUE(Review(ReviewOf("u2", Pod({Container("a", {{"nvidia.com/gpu", "1"}})})).dump(), true, {}, &out).ok());
+  EXPECT_EQ(out.result, "allowed");
+  ASSERT_TRUE(Review(ReviewOf("u3", Pod({Container("a", {{"nvidia.com/gpu", "1"}, {"kgpu.io/gpu", "1"}})})).dump(),
+                     false, {}, &out)
+                  .ok());
+  EXPECT_EQ(out.result, "denied");
+  EXPECT_EQ(out.reasons, std::vector<std::string>{"whole_gpus_and_shares"});
+  ASSERT_TRUE(Review(R"({"request":{"uid":"u","kind":{"kind":"Service"},"object":{}}})", true, {}, &out).ok());
+  EXPECT_EQ(out.resource, "other");
+  EXPECT_EQ(out.result, "allowed");
+}
+
+// One HTTP/1.1 request on a new connection to 127.0.0.1:port -> the status and the body (raw
+// bytes: this test links kgpu_extender alone, whose HTTP library is a private dependency).
+std::pair<int, std::string> Http(int port, const std::string& method, const std::string& path,
+                                 const std::string& body = "") {
+  testing::RawHttp http(port);
+  if (!http.ok()) return {-1, "cannot connect"};
+  std::string request = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  if (method == "POST") {
+    request += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+  }
+  if (!http.Send(request + "\r\n" + body)) return {-1, "cannot send"};
+  // Connection: close: the response ends where the server closes (10 s at most).
+  http.ReadFor(std::chrono::seconds(10));
+  const std::string& response = http.received();
+  const size_t end = response.find("\r\n\r\n");
+  if (response.rfind("HTTP/1.1 ", 0) != 0 || end == std::string::npos) return {-1, response};
+  return {std::atoi(response.c_str() + 9), response.substr(end + 4)};
+}
+
+TEST(WebhookMetrics, PageCountsReviewsDenialsAndMalformedBodies) {
+  WebhookOptions o;
+  o.insecure_http = true;
+  o.address = "127.0.0.1:0";
+  o.smallest_gpu_memory_mib = 40960;
+  Webhook hook(o);
+  ASSERT_TRUE(hook.Start().ok());
+  const int port = hook.port();
+
+  const auto patched =
+      Http(port, "POST", "/mutate", ReviewOf("m1", Pod({Container("a", {{"kgpu.io/gpu-memory", "10240"}})})).dump());
+  ASSERT_EQ(patched.first, 200) << patched.second;
+  EXPECT_EQ(json::parse(patched.second)["response"]["patchType"], "JSONPatch");
+  const auto denied =
+      Http(port, "POST", "/validate",
+           ReviewOf("v1", Pod({Container("a", {{"nvidia.com/gpu", "1"}, {"kgpu.io/gpu", "1"}})})).dump());
+  ASSERT_EQ(denied.first, 200) << denied.second;
+  EXPECT_EQ(json::parse(denied.second)["response"]["allowed"], false);
+  EXPECT_EQ(Http(port, "POST", "/validate", "{").first, 400);
+
+  const auto page = Http(port, "GET", "/metrics");
+  hook.Stop();
+  ASSERT_EQ(page.first, 200) << page.second;
+  const std::string& text = page.second;
+  for (const char* line : {
+           R"(kgpu_webhook_requests_total{operation="mutate",result="patched",resource="pods"} 1)",
+           R"(kgpu_webhook_requests_total{operation="validate",result="denied",resource="pods"} 1)",
+           R"(kgpu_webhook_requests_total{operation="validate",result="error",resource="unknown"} 1)",
+           R"(kgpu_webhook_denials_total{operation="validate",reason="whole_gpus_and_shares"} 1)",
+           R"(kgpu_webhook_malformed_reviews_total{operation="validate"} 1)",
+           R"(kgpu_webhook_request_duration_seconds_bucket{operation="mutate",le="+Inf"} 1)",
+           R"(kgpu_webhook_request_duration_seconds_count{operation="mutate"} 1)",
+           R"(kgpu_webhook_request_duration_seconds_count{operation="validate"} 2)",
+           R"(kgpu_webhook_gpu_memory_mib{bound="smallest"} 40960)",
+           R"(kgpu_webhook_gpu_memory_mib{bound="largest"} 0)",
+           "# TYPE kgpu_webhook_requests_total counter",
+           "# TYPE kgpu_webhook_request_duration_seconds histogram",
+       }) {
+    EXPECT_NE(text.find(std::string(line) + "\n"), std::string::npos) << line << "\n" << text;
+  }
+  // Only the mutate request was allowed: no other series of requests_total, no mutate denials.
+  EXPECT_EQ(text.find(R"(kgpu_webhook_requests_total{operation="mutate",result="denied")"), std::string::npos);
+  EXPECT_EQ(text.find(R"(kgpu_webhook_denials_total{operation="mutate")"), std::string::npos);
+  // Without --kubeconfig there is no informer, and no family about one.
+  EXPECT_EQ(text.find("kgpu_webhook_inventory_"), std::string::npos) << text;
+  // Every family on the page has HELP and TYPE.
+  std::set<std::string> helped, typed, sampled;
+  std::istringstream lines(text);
+  const std::regex header(R"(# (HELP|TYPE) (\S+) .*)"), sample(R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? \S+)");
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (std::regex_match(line, m, header)) {
+      (m[1] == "HELP" ? helped : typed).insert(m[2].str());
+    } else {
+      ASSERT_TRUE(std::regex_match(line, m, sample)) << line;
+      std::string family = m[1].str();
+      for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+        const std::string s = suffix;
+        if (!typed.count(family) && family.size() > s.size() &&
+            family.compare(family.size() - s.size(), s.size(), s) == 0)
+          family.resize(family.size() - s.size());
+      }
+      sampled.insert(family);
+    }
+  }
+  for (const auto& family : sampled) {
+    EXPECT_TRUE(helped.count(family) && typed.count(family)) << family;
+    EXPECT_EQ(family.rfind("kgpu_webhook_", 0), 0u) << family;
+  }
 }
 
 }  // namespace
