@@ -104,6 +104,9 @@ kill -TERM "$plugin"; wait "$plugin" 2>/dev/null || true
 kill -TERM "$kubelet" 2>/dev/null; wait "$kubelet" 2>/dev/null || true
 echo "\$ kill -TERM <plugin>; ls $kdir   # our socket is gone"; ls "$kdir"
 
+step "kgpu exporter in place of dcgm-exporter: the GPU Operator's counters file and environment unchanged, basic auth, tensor activity from GPM, XIDs counted in a window"
+"$(dirname "$0")/demo-exporter-dropin.sh" "$build"
+
 export KGPU_SIM_NODE=dgx-a100-mig
 step "An 8x A100 node with MIG on GPUs 0 and 1; an XID on one MIG instance"
 "$bin/kgpu-simctl" reset

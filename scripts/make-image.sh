@@ -132,6 +132,10 @@ dpkg -s kgpu | grep -E '^(Package|Version|Depends):'
 echo "== user kgpu (uid/gid 65532)"
 groupadd --gid 65532 kgpu
 useradd --uid 65532 --gid kgpu --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin kgpu 2>/dev/null
+# A manifest written for dcgm-exporter (command: [dcgm-exporter], its flags) runs kgpu's exporter
+# unchanged: kgpu started under that name is `kgpu exporter` (src/cli/main.cc). In the image only,
+# not in the package, whose /usr/bin must not clash with NVIDIA's dcgm-exporter package.
+ln -s kgpu /usr/bin/dcgm-exporter
 kgpu --version
 dpkg-query -W -f '${Package} ${Version}\n' | LC_ALL=C sort >/tmp/packages.txt
 INSIDE

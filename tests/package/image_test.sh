@@ -210,8 +210,9 @@ grep -q '\[PASS\] .*8 GPU' /tmp/doctor.txt || fail "doctor does not enumerate 8 
 grep -q '\[FAIL\].*GPU 3' /tmp/doctor.txt || fail "doctor does not FAIL on the lost GPU 3"
 [ "$rc" -eq 1 ] || fail "doctor exited $rc with a FAIL, not 1"
 as_kgpu kgpu-simctl reset
-echo "== kgpu exporter (uid 65532): /metrics"
-as_kgpu kgpu exporter --address 127.0.0.1:19401 --collect-interval 100 >/tmp/exporter.log 2>&1 &
+echo "== dcgm-exporter -a ... -c 100 (uid 65532; the image's link to kgpu, as a dcgm-exporter manifest runs it): /metrics"
+[ "$(readlink /usr/bin/dcgm-exporter)" = kgpu ] || fail "/usr/bin/dcgm-exporter is not a link to kgpu"
+as_kgpu dcgm-exporter -a 127.0.0.1:19401 -c 100 >/tmp/exporter.log 2>&1 &
 exporter=$!
 metrics=""
 for _ in $(seq 100); do

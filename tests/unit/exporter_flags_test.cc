@@ -462,12 +462,19 @@ TEST(ExporterFlagsTest, ConfigFileMetricsAndIntervalYieldToExplicitFlags) {
 
 // -m <namespace>:<name>: the ConfigMap's data.metrics through the API server (dcgm-exporter reads it
 // with its in-cluster client; kgpu with the same resolver as every command).
+// A kubeconfig with exactly the rules deploy/exporter/pod-metadata-rbac.yaml grants.
+std::string DeployKubeconfig(testing::FakeApiServer& api) {
+  auto id = testing::ReadDeployRbac(std::string(KGPU_SOURCE_DIR) + "/deploy/exporter/pod-metadata-rbac.yaml");
+  EXPECT_TRUE(id.ok()) << id.status();
+  return id.ok() ? api.KubeconfigFor(*id) : api.Kubeconfig();
+}
+
 TEST(ExporterFlagsTest, ConfigMapDataIsReadThroughTheApiServer) {
   testing::FakeApiServer api;
   ASSERT_TRUE(api.Start().ok());
-  api.Create("namespaces", "", {{"metadata", {{"name", "gpu-operator"}}}});
-  ASSERT_EQ(api.Create("configmaps", "gpu-operator",
-                       {{"metadata", {{"name", "custom-metrics"}, {"namespace", "gpu-operator"}}},
+  api.Create("namespaces", "", {{"metadata", {{"name", "kgpu-system"}}}});
+  ASSERT_EQ(api.Create("configmaps", "kgpu-system",
+                       {{"metadata", {{"name", "custom-metrics"}, {"namespace", "kgpu-system"}}},
                         {"data",
                          {{"metrics",
                            "DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (in C).\n"
@@ -475,30 +482,30 @@ TEST(ExporterFlagsTest, ConfigMapDataIsReadThroughTheApiServer) {
                     .code /
                 100,
             2);
-  ASSERT_EQ(api.Create("configmaps", "gpu-operator",
-                       {{"metadata", {{"name", "wrong-key"}, {"namespace", "gpu-operator"}}},
+  ASSERT_EQ(api.Create("configmaps", "kgpu-system",
+                       {{"metadata", {{"name", "wrong-key"}, {"namespace", "kgpu-system"}}},
                         {"data", {{"dcp-metrics-included.csv", "DCGM_FI_DEV_GPU_TEMP, gauge, t\n"}}}})
                     .code /
                 100,
             2);
   TempDir dir;
   ExporterFlags f;
-  f.kubeconfig = dir.Write("kubeconfig", api.Kubeconfig());
-  f.configmap_data = "gpu-operator:custom-metrics";
+  f.kubeconfig = dir.Write("kubeconfig", DeployKubeconfig(api));
+  f.configmap_data = "kgpu-system:custom-metrics";
   f.collectors = "/ignored.csv";  // -m wins, as in dcgm-exporter
   f.collectors_given = true;
   auto o = ResolveExporterOptions(f);
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_EQ(o->counters.size(), 2u);
   EXPECT_EQ(o->counters[1].name, "DCGM_FI_DEV_FB_USED");
-  f.configmap_data = "gpu-operator:wrong-key";
+  f.configmap_data = "kgpu-system:wrong-key";
   auto no_key = ResolveExporterOptions(f);
   ASSERT_FALSE(no_key.ok());
   EXPECT_NE(std::string(no_key.status().message()).find("has no key 'metrics'"), std::string::npos) << no_key.status();
-  f.configmap_data = "gpu-operator:absent";
+  f.configmap_data = "kgpu-system:absent";
   auto absent = ResolveExporterOptions(f);
   ASSERT_FALSE(absent.ok());
-  EXPECT_NE(std::string(absent.status().message()).find("-m/--configmap-data gpu-operator:absent: cannot read"),
+  EXPECT_NE(std::string(absent.status().message()).find("-m/--configmap-data kgpu-system:absent: cannot read"),
             std::string::npos)
       << absent.status();
 }
@@ -521,7 +528,7 @@ TEST(ExporterFlagsTest, PodLabelsComeFromANodeScopedInformer) {
   ASSERT_EQ(api.Create("pods", "ml", pod("elsewhere", "other-node")).code / 100, 2);
   TempDir dir;
   ExporterFlags f;
-  f.kubeconfig = dir.Write("kubeconfig", api.Kubeconfig());
+  f.kubeconfig = dir.Write("kubeconfig", DeployKubeconfig(api));
   f.node_name = "gpu-node";
   f.pod_label_allowlist = {"^app\\.", "^team$"};
   auto source = PodMetadataSource::Start(f);
