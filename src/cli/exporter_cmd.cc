@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include "common/csv.h"
 #include "common/duration.h"
 #include "common/log.h"
 #include "common/strings.h"
@@ -168,15 +169,24 @@ absl::StatusOr<ExporterConfigFile> LoadExporterConfigFile(const std::string& pat
         if (!names.insert(values[0]).second) {
           return yaml::At(path, f["name"].Mark(), Cat(where, ".name duplicates an earlier field '", values[0], "'"));
         }
-        // One counters CSV row; the help quoted when it holds what CSV would split on (and
-        // nothing before the quote: encoding/csv reads a quote after a blank as data).
-        std::string help = values[2];
-        if (help.find_first_of(",\"") != std::string::npos) {
-          std::string quoted = "\"";
-          for (char ch : help) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-          help = quoted + "\"";
+        // The name and type are words of the counters CSV: a control character or a leading '#'
+        // (a comment line there) would make the row say something else than the config.
+        for (int k = 0; k < 2; ++k) {
+          const bool control = std::any_of(values[k].begin(), values[k].end(), [](char ch) {
+            return static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) == 0x7f;
+          });
+          if (control || (k == 0 && values[k].starts_with('#'))) {
+            return yaml::At(path, f[keys[k]].Mark(),
+                            Cat(where, ".", keys[k], " '", values[k],
+                                "': ", control ? "a control character" : "a leading '#'", " is not allowed"));
+          }
         }
-        c.fields_csv += Cat(values[0], ",", values[1], ",", help, "\n");  // no blank before a quote (Go)
+        // One counters CSV row, written as the reader reads it back: a field quoted when it holds
+        // the separator, a quote or a line end (a help text over several lines), or starts with a
+        // blank, with no blank before the quote (Go's encoding/csv reads a quote after one as data).
+        CsvOptions csv;
+        csv.comment = '#';
+        AppendCsvRecord(c.fields_csv, std::vector<std::string_view>{values[0], values[1], values[2]}, csv);
       }
     }
   }
@@ -828,17 +838,39 @@ std::vector<std::string> GoStyleFlags(const CLI::App& app, int argc, const char*
   if (!out.empty() && std::filesystem::path(out[0]).filename() == "dcgm-exporter") {
     out.insert(out.begin() + 1, "exporter");
   }
+  // The subcommand is the first positional argument after kgpu's own options and their values.
+  // Another positional first (`kgpu doctor --node-name node ...`), or a value spelled `exporter` or
+  // `node` of an option that takes one (`kgpu --log-level node ...`), selects nothing: the command
+  // line is left as it is.
   const CLI::App* sub = nullptr;
-  for (size_t i = 1; i < out.size(); ++i) {
-    std::string& a = out[i];
-    if (a == "--") break;
-    if (sub == nullptr) {
-      if (a == "exporter" || a == "node") {
-        const auto found = app.get_subcommands([&](const CLI::App* s) { return s->get_name() == a; });
-        if (!found.empty()) sub = found.front();
+  size_t i = 1;
+  for (; i < out.size() && sub == nullptr; ++i) {
+    const std::string& a = out[i];
+    if (a == "--") return out;
+    if (a.size() > 1 && a[0] == '-') {
+      if (a.find('=') != std::string::npos) continue;  // the value is in the argument
+      // A known option that takes a value takes the next argument, whatever it is spelled. An
+      // unknown one might: a next argument that is no option and names no subcommand is taken for
+      // its value (CLI11 refuses the unknown option anyway, so nothing rides on that guess).
+      if (i + 1 < out.size()) {
+        const std::string& next = out[i + 1];
+        if (const CLI::Option* opt = app.get_option_no_throw(a); opt != nullptr) {
+          if (opt->get_items_expected_min() > 0) ++i;
+        } else if (!next.starts_with('-') && next != "exporter" && next != "node") {
+          ++i;
+        }
       }
       continue;
     }
+    if (a == "exporter" || a == "node") {
+      const auto found = app.get_subcommands([&](const CLI::App* s) { return s->get_name() == a; });
+      if (!found.empty()) sub = found.front();
+    }
+    if (sub == nullptr) return out;  // another command's line
+  }
+  for (; sub != nullptr && i < out.size(); ++i) {
+    std::string& a = out[i];
+    if (a == "--") break;
     if (a.size() < 3 || a[0] != '-' || a[1] == '-') continue;
     const size_t eq = a.find('=');
     const std::string name = a.substr(1, eq == std::string::npos ? std::string::npos : eq - 1);
@@ -847,6 +879,12 @@ std::vector<std::string> GoStyleFlags(const CLI::App& app, int argc, const char*
       a = "--replace-blanks-in-model-name" + rest;
     } else if (name.size() > 1 && sub->get_option_no_throw("--" + name) != nullptr) {
       a = "-" + a;
+    } else if (name.size() == 1 && eq != std::string::npos) {
+      // Go's -f=/path and -k=true: CLI11 reads "-f=/path" as -f with the value "=/path", and
+      // "-k=true" as a cluster of short flags. The option's long name takes the value after '='
+      // as Go does, a flag's too (--kubernetes=true).
+      const CLI::Option* opt = sub->get_option_no_throw("-" + name);
+      if (opt != nullptr && !opt->get_lnames().empty()) a = "--" + opt->get_lnames().front() + rest;
     }
   }
   return out;

@@ -1,11 +1,13 @@
 // kgpu: one binary, many jobs. This file only declares the subcommands with their flags and runs the
 // one the command line names, from one command table.
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +25,7 @@
 #include "cli/slurm_cmd.h"
 #include "cli/webhook_cmd.h"
 #include "common/log.h"
+#include "common/strings.h"
 #include "kgpu_version.h"
 
 namespace {
@@ -71,9 +74,96 @@ void TakeSignals(Signals s) {
   }
 }
 
+// The commands the command line selected, outermost first: the app, then each subcommand down to
+// the deepest one.
+std::vector<const CLI::App*> SelectedCommands(const CLI::App& app) {
+  std::vector<const CLI::App*> chain = {&app};
+  for (;;) {
+    const std::vector<CLI::App*> selected = chain.back()->get_subcommands();
+    if (selected.empty()) return chain;
+    chain.push_back(selected.front());
+  }
+}
+
+// What replaces CLI11's message when the command line names a command that does not exist, at any
+// level ("kgpu: unknown command 'devces'; did you mean 'devices'?", "kgpu mig: unknown command
+// 'aply'; ..."), or names none where one is required; "" leaves CLI11's. CLI11 files an unknown
+// word with the extras and then reports only "A subcommand is required" (or, where the command is
+// optional, an unexpected argument), so the word is found after parsing: the deepest command
+// selected has commands of its own but none was selected, and the word is the first extra that is
+// not an option after that command's name. Commands that take positional arguments (slurm-bridge
+// reclaim, hook) are never the deepest with commands of their own, so their arguments are not
+// taken for commands.
+std::string UnknownCommandMessage(const CLI::App& app, const std::vector<std::string>& args,
+                                  const CLI::ParseError& error) {
+  const std::vector<const CLI::App*> chain = SelectedCommands(app);
+  const CLI::App& group = *chain.back();
+  std::vector<std::string> names;
+  for (const CLI::App* sub :
+       group.get_subcommands([](const CLI::App* s) { return !s->get_name().empty() && !s->get_disabled(); })) {
+    names.push_back(sub->get_name());
+  }
+  if (names.empty()) return "";
+  std::string path = "kgpu";
+  size_t at = 0;  // where the group's name is in args
+  for (size_t k = 1; k < chain.size(); ++k) {
+    path += " " + chain[k]->get_name();
+    for (size_t i = at + 1; i < args.size(); ++i) {
+      if (args[i] == chain[k]->get_name()) {
+        at = i;
+        break;
+      }
+    }
+  }
+  const std::vector<std::string> extras = app.remaining(true);
+  std::string word;
+  for (size_t i = at + 1; i < args.size() && args[i] != "--"; ++i) {
+    const std::string& a = args[i];
+    if (a.size() > 1 && a[0] == '-') continue;
+    if (std::find(extras.begin(), extras.end(), a) != extras.end()) {
+      word = a;
+      break;
+    }
+  }
+  // A group whose command is optional (kgpu quota [plan]) may be given a stray word for another
+  // reason (quota team-a for quota -n team-a): only a near miss is taken for a command there.
+  const bool required = group.get_require_subcommand_min() > 0;
+  const std::string list = kgpu::Cat("commands: ", kgpu::Join(names, ", "), " (", path, " --help)");
+  if (word.empty()) {
+    // CLI11's "A subcommand is required" (or "Requires at least N subcommands"), not a required option.
+    const bool no_command = dynamic_cast<const CLI::RequiredError*>(&error) != nullptr &&
+                            std::string_view(error.what()).find("ubcommand") != std::string_view::npos;
+    return required && no_command ? kgpu::Cat(path, ": a command is required; ", list) : "";
+  }
+  // A typo is a letter or two (a quarter of a long word); a word of one letter suggests nothing.
+  const size_t max_distance = std::min(std::max<size_t>(2, word.size() / 4), word.size() - 1);
+  std::vector<std::string> near;
+  if (std::string nearest = kgpu::Nearest(word, names, max_distance); !nearest.empty()) {
+    near.push_back(std::move(nearest));
+  } else if (word.size() >= 2) {
+    for (const std::string& name : names) {
+      if (name.starts_with(word)) near.push_back(name);  // an abbreviation: kgpu dev
+    }
+  }
+  const std::string head = kgpu::Cat(path, ": unknown command '", kgpu::Printable(word), "'");
+  if (!near.empty()) return kgpu::Cat(head, "; did you mean '", kgpu::Join(near, "' or '"), "'?");
+  return required ? kgpu::Cat(head, "; ", list) : "";
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"kgpu: the GPU node stack for Kubernetes (device plugin, exporter, node checks)"};
   app.require_subcommand(1);
+  // Global options may follow the command too (kgpu devices --log-level debug, kgpu mig show
+  // --nvml-library ...): an option a command does not know falls through to its parent, up to the
+  // app. Both are inherited, so they are set before any subcommand is added. A command's own option
+  // of the same name wins; the only such clash is --dev-root, which device-plugin, node,
+  // node-labels, node-template and slurm gres declare as the device plugin's NVIDIA_DEV_ROOT (a
+  // driver root), not the /dev directory of the global --dev-root (tests/integration/cli_test.sh
+  // holds the list).
+  app.fallthrough();
+  app.footer(
+      std::string("Global options (--nvml-library, --log-level, --sysfs-root, --dev-root) may come before or after the "
+                  "command; a command's own option of the same name wins."));
   app.set_version_flag("--version", "kgpu " KGPU_VERSION " (commit " KGPU_GIT_COMMIT ")",
                        "print the version and the git commit it was built from");
   kgpu::cli::NodeOptions node;
@@ -205,6 +295,12 @@ int Main(int argc, char** argv) {
   try {
     app.parse(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
   } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() != 0) {
+      if (const std::string message = UnknownCommandMessage(app, args, e); !message.empty()) {
+        std::cerr << message << "\n";
+        return 2;
+      }
+    }
     return app.exit(e) == 0 ? 0 : 2;  // --help and --version print and succeed
   }
   if (!kgpu::SetLogLevel(log_level)) {

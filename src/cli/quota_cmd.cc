@@ -1,6 +1,7 @@
 #include "cli/quota_cmd.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -64,6 +65,48 @@ absl::StatusOr<extender::ClusterGpus> ReadInventory(k8s::Client& client, std::ve
     }
   }
   return extender::SummarizeInventory(infos);
+}
+
+// -n is checked before anything is read: the apiserver lists the ResourceQuotas of a namespace that
+// does not exist, or of a name no namespace can have, as an empty list, which reads as "no GPU quota
+// there". Returns the exit code and writes the message for a name that cannot be a namespace (2).
+int CheckNamespaceName(const std::string& ns, std::ostream& err) {
+  if (ns.empty() || extender::IsDnsLabel(ns)) return 0;
+  std::string lower = ns;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  err << "kgpu quota: -n/--namespace: '" << Printable(ns)
+      << "' is not a namespace name: a lowercase RFC 1123 label (at most 63 lowercase letters, digits and '-', "
+         "starting and ending with a letter or digit)";
+  if (extender::IsDnsLabel(lower)) err << "; did you mean '" << lower << "'?";
+  err << "\n";
+  return 2;
+}
+
+// Whether the namespace -n names exists (GET namespaces/<ns>). Not found is an error naming it, with
+// the nearest namespace when the user may list them. A user who may not read Namespace objects (a
+// namespace-scoped Role cannot grant it; kubectl get -n shows nothing either way, for the same
+// reason) still gets the report: `unchecked` then says why the namespace could not be checked.
+absl::Status CheckNamespaceExists(k8s::Client& client, const std::string& ns, std::string& unchecked) {
+  const k8s::Resource& namespaces = *k8s::FindResource("namespaces");
+  auto got = client.Get(namespaces.Path("", ns));
+  if (got.ok()) return absl::OkStatus();
+  if (absl::IsPermissionDenied(got.status())) {
+    unchecked = Cat("namespace ", ns, " may not exist (it could not be checked: ", got.status().message(), ")");
+    return absl::OkStatus();
+  }
+  if (!absl::IsNotFound(got.status())) return got.status();
+  std::string hint = " (kubectl get namespaces lists them)";
+  if (auto all = client.List(namespaces.Path()); all.ok()) {
+    std::vector<std::string> names;
+    for (const auto& n : all->value("items", json::array())) {
+      names.push_back(n.value("metadata", json::object()).value("name", ""));
+    }
+    // One edit in a short name (team-a and team-b are one apart), two in a longer one.
+    const std::string near = Nearest(ns, names, ns.size() >= 8 ? size_t{2} : size_t{1});
+    if (!near.empty()) hint = Cat("; did you mean ", near, "?");
+  }
+  return absl::NotFoundError(Cat("-n/--namespace: namespace ", ns, " not found", hint));
 }
 
 std::string ReferenceLine(const extender::ClusterGpus& c) {
@@ -300,10 +343,18 @@ std::string PlanYaml(const extender::ClusterGpus& c, const std::vector<extender:
 }
 
 int RunQuota(const QuotaFlags& f, std::ostream& out, std::ostream& err) {
+  if (const int code = CheckNamespaceName(f.ns, err); code != 0) return code;
   auto client = Connect(f);
   if (!client.ok()) {
     err << "kgpu quota: " << client.status().message() << "\n";
     return 1;
+  }
+  std::string unchecked;  // why -n's namespace could not be checked
+  if (!f.ns.empty()) {
+    if (auto st = CheckNamespaceExists(**client, f.ns, unchecked); !st.ok()) {
+      err << "kgpu quota: " << st.message() << "\n";
+      return 1;
+    }
   }
   std::vector<std::string> notes;
   auto cluster = ReadInventory(**client, notes);
@@ -318,6 +369,8 @@ int RunQuota(const QuotaFlags& f, std::ostream& out, std::ostream& err) {
   }
   QuotaReport r = BuildQuotaReport(*quotas, *cluster);
   r.notes.insert(r.notes.begin(), notes.begin(), notes.end());
+  // A namespace with a GPU quota exists; an empty report of one that could not be checked says so.
+  if (!unchecked.empty() && r.namespaces.empty()) r.notes.push_back(unchecked);
   if (f.json) {
     out << QuotaReportJson(r).dump(2) << "\n";
   } else {

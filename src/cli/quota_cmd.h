@@ -4,8 +4,9 @@
 // team-a=50,...` (ResourceQuota manifests that divide the cluster's GPU inventory). The arithmetic
 // is src/extender/quota.h; docs/quota.md describes both commands.
 //
-// Exit codes: 0; 1 bad input (a --shares or --name value that cannot be used, no inventory to
-// plan from, the API unreachable); 2 usage (CLI11).
+// Exit codes: 0; 1 bad input (a --shares or --name value that cannot be used, a -n namespace that
+// does not exist, no inventory to plan from, the API unreachable); 2 usage (CLI11, and a -n that
+// cannot be a namespace name: not a lowercase RFC 1123 label).
 //
 // Thread-safety: set-up code and one-shot commands, single-threaded.
 

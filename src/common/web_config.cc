@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <set>
 #include <sstream>
 #include <system_error>
@@ -32,7 +33,24 @@ namespace {
 // A bcrypt hash (cost 10) of a password nobody has: an unknown user is checked against it, so
 // that the answer takes as long as for a known user (exporter-toolkit does the same).
 constexpr char kNoSuchUserHash[] = "$2b$10$0TDJ.r8HlFB4Xo60eviN9uxkETUbB3Z9ENaqnpSEKbGUFxpj/4f7y";
-constexpr size_t kCacheSize = 100;
+
+// The basic auth cache's HMAC key: random, drawn once per gate, so its entries say nothing about
+// the passwords to whoever reads the process's memory later.
+std::string RandomKey() {
+  std::random_device device;
+  std::string key(32, '\0');
+  for (size_t i = 0; i < key.size(); i += 4) {
+    const uint32_t word = device();
+    for (size_t j = 0; j < 4; ++j) key[i + j] = static_cast<char>((word >> (8 * j)) & 0xff);
+  }
+  return key;
+}
+
+bool ConstantTimeEqual(const std::array<unsigned char, 32>& a, const std::array<unsigned char, 32>& b) {
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
 
 // The headers exporter-toolkit lets a web config add, with the values it accepts (empty: any).
 const std::map<std::string, std::vector<std::string>>& AllowedHeaders() {
@@ -469,8 +487,95 @@ bool BcryptMatches(const std::string& hash, std::string_view password) {
   return ConstantTimeEqual(out, hash);
 }
 
+std::array<unsigned char, 32> Sha256(std::string_view data) {
+  static constexpr uint32_t kRound[64] = {
+      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+      0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+      0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+      0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+      0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+      0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+      0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+      0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  auto rotr = [](uint32_t x, int n) -> uint32_t { return (x >> n) | (x << (32 - n)); };
+  // The message padded to whole 64-byte blocks: a 1 bit, zeros, and its length in bits (64-bit big-endian).
+  std::string m(data);
+  const uint64_t bits = static_cast<uint64_t>(data.size()) * 8;
+  m.push_back(static_cast<char>(0x80));
+  while (m.size() % 64 != 56) m.push_back('\0');
+  for (int i = 7; i >= 0; --i) m.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+  for (size_t block = 0; block < m.size(); block += 64) {
+    uint32_t w[64];
+    for (size_t i = 0; i < 16; ++i) {
+      const auto byte = [&](size_t k) {
+        return static_cast<uint32_t>(static_cast<unsigned char>(m[block + 4 * i + k]));
+      };
+      w[i] = (byte(0) << 24) | (byte(1) << 16) | (byte(2) << 8) | byte(3);
+    }
+    for (size_t i = 16; i < 64; ++i) {
+      const uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
+      const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
+      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+    for (size_t i = 0; i < 64; ++i) {
+      const uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kRound[i] + w[i];
+      const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+      hh = g;
+      g = f;
+      f = e;
+      e = d + t1;
+      d = c;
+      c = b;
+      b = a;
+      a = t1 + t2;
+    }
+    h[0] += a;
+    h[1] += b;
+    h[2] += c;
+    h[3] += d;
+    h[4] += e;
+    h[5] += f;
+    h[6] += g;
+    h[7] += hh;
+  }
+  std::array<unsigned char, 32> out{};
+  for (size_t i = 0; i < 8; ++i) {
+    for (size_t k = 0; k < 4; ++k) out[4 * i + k] = static_cast<unsigned char>((h[i] >> (24 - 8 * k)) & 0xff);
+  }
+  return out;
+}
+
+std::array<unsigned char, 32> HmacSha256(std::string_view key, std::string_view data) {
+  // RFC 2104 with SHA-256's 64-byte block: a longer key is hashed first, a shorter one zero-padded.
+  std::string k(key);
+  if (k.size() > 64) {
+    const auto digest = Sha256(key);
+    k.assign(digest.begin(), digest.end());
+  }
+  k.resize(64, '\0');
+  std::string inner(64, '\0'), outer(64, '\0');
+  for (size_t i = 0; i < 64; ++i) {
+    inner[i] = static_cast<char>(k[i] ^ 0x36);
+    outer[i] = static_cast<char>(k[i] ^ 0x5c);
+  }
+  inner.append(data);
+  const auto inner_digest = Sha256(inner);
+  outer.append(inner_digest.begin(), inner_digest.end());
+  return Sha256(outer);
+}
+
 Gate::Gate(WebConfig config)
-    : config_(std::move(config)), tokens_(config_.rate_burst), refilled_(std::chrono::steady_clock::now()) {}
+    : config_(std::move(config)),
+      cache_key_(RandomKey()),
+      tokens_(config_.rate_burst),
+      refilled_(std::chrono::steady_clock::now()) {}
+
+size_t Gate::cached() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.size();
+}
 
 Verdict Gate::Admit(std::string_view authorization) {
   if (config_.rate_interval.count() > 0) {
@@ -488,7 +593,7 @@ Verdict Gate::Admit(std::string_view authorization) {
   if (config_.users.empty()) return {};
   // "Basic base64(user:password)", the scheme case-insensitive (Go's Request.BasicAuth).
   constexpr std::string_view kPrefix = "basic ";
-  bool ok = false;
+  Outcome outcome = Outcome::kInvalid;
   if (authorization.size() > kPrefix.size()) {
     std::string scheme(authorization.substr(0, kPrefix.size()));
     std::transform(scheme.begin(), scheme.end(), scheme.begin(), [](unsigned char ch) { return std::tolower(ch); });
@@ -496,33 +601,57 @@ Verdict Gate::Admit(std::string_view authorization) {
       if (auto decoded = DecodeBase64(authorization.substr(kPrefix.size()))) {
         const size_t colon = decoded->find(':');
         if (colon != std::string::npos) {
-          ok = Check(std::string_view(*decoded).substr(0, colon), std::string_view(*decoded).substr(colon + 1));
+          outcome = Check(std::string_view(*decoded).substr(0, colon), std::string_view(*decoded).substr(colon + 1));
         }
       }
     }
   }
-  if (ok) return {};
+  if (outcome == Outcome::kValid) return {};
+  if (outcome == Outcome::kBusy) {
+    return {429, {{"Retry-After", "1"}}, "Too Many Requests: another password is being checked\n"};
+  }
   return {401, {{"WWW-Authenticate", "Basic"}}, "Unauthorized\n"};
 }
 
-bool Gate::Check(std::string_view user, std::string_view password) {
-  std::string key = Cat(user, '\0', password);
+Gate::Outcome Gate::Check(std::string_view user, std::string_view password) {
+  const auto digest = HmacSha256(cache_key_, Cat(user, '\0', password));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (const auto it = cache_.find(key); it != cache_.end()) return it->second;
+    // Every entry compared, each in constant time: neither the time nor the order says which matched.
+    CacheEntry* hit = nullptr;
+    for (CacheEntry& entry : cache_) {
+      if (ConstantTimeEqual(entry.digest, digest)) hit = &entry;
+    }
+    if (hit != nullptr) {
+      hit->used = ++uses_;
+      return Outcome::kValid;
+    }
   }
   const auto known = config_.users.find(std::string(user));
   const bool valid_user = known != config_.users.end();
   bool matches = false;
   {
-    std::lock_guard<std::mutex> lock(bcrypt_mu_);
+    // One bcrypt at a time, and none waited for: a second request that needs one now is answered
+    // 429 rather than holding an HTTP worker behind the first (the exporter has two workers).
+    std::unique_lock<std::mutex> lock(bcrypt_mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return Outcome::kBusy;
     matches = BcryptMatches(valid_user ? known->second : std::string(kNoSuchUserHash), password);
   }
-  const bool result = valid_user && matches;
+  // Only successes are cached: a failure is not asked again by a scraper, and caching failures
+  // would let distinct wrong passwords push the valid entry out.
+  if (!valid_user || !matches) return Outcome::kInvalid;
   std::lock_guard<std::mutex> lock(mu_);
-  if (cache_.size() >= kCacheSize) cache_.clear();  // a bound, not an LRU: the users are few
-  cache_.emplace(std::move(key), result);
-  return result;
+  for (const CacheEntry& entry : cache_) {
+    if (ConstantTimeEqual(entry.digest, digest)) return Outcome::kValid;  // another request added it meanwhile
+  }
+  if (cache_.size() >= kCacheSize) {
+    // The least recently used entry makes room (a bound: there are few users, and scrapers repeat).
+    auto oldest = std::min_element(cache_.begin(), cache_.end(),
+                                   [](const CacheEntry& a, const CacheEntry& b) { return a.used < b.used; });
+    cache_.erase(oldest);
+  }
+  cache_.push_back({digest, ++uses_});
+  return Outcome::kValid;
 }
 
 absl::StatusOr<std::unique_ptr<httplib::Server>> MakeServer(const WebConfig* config) {

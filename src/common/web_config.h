@@ -29,7 +29,13 @@
 //
 // Basic auth verifies with crypt_rn(3) of libcrypt (libxcrypt: $2a$, $2b$, $2y$), compares in
 // constant time, checks an unknown user against a fixed hash so that timing does not reveal which
-// users exist, and caches recent results, as exporter-toolkit does (a bcrypt costs ~70 ms at cost 10).
+// users exist, and caches recent successes, as exporter-toolkit does (a bcrypt costs ~70 ms at
+// cost 10). The cache holds no password: an entry is HMAC-SHA-256 of "<user>\0<password>" under a
+// key drawn at start, looked up by a constant-time comparison with every entry. Failures are never
+// cached (distinct wrong passwords cannot push the valid entry out), the least recently used entry
+// makes room for a new one, and one bcrypt runs at a time: a request that would need a second one
+// meanwhile is answered 429 at once instead of holding an HTTP worker (the exporter has two), so
+// a flood of wrong passwords leaves the other worker to the scrapes the cache answers.
 //
 // TLS settings beyond the certificate, key and client CA (versions, ciphers, curves, the client
 // certificate policies other than RequireAndVerifyClientCert) are applied to the server's SSL_CTX
@@ -39,6 +45,7 @@
 // Thread-safety: ParseWebConfig/LoadWebConfig/BcryptMatches are pure; Gate::Admit may be called
 // from any thread; MakeServer from the thread that starts the server.
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -88,6 +95,11 @@ absl::StatusOr<WebConfig> LoadWebConfig(const std::string& path);
 // constant time. False for a malformed hash or a password with a NUL byte.
 bool BcryptMatches(const std::string& hash, std::string_view password);
 
+// SHA-256 (FIPS 180-4) of `data`, and HMAC-SHA-256 (RFC 2104) of `data` under `key`: the basic auth
+// cache's keys (kgpu links no crypto library: OpenSSL is only reached through the lazily loaded httplib).
+std::array<unsigned char, 32> Sha256(std::string_view data);
+std::array<unsigned char, 32> HmacSha256(std::string_view key, std::string_view data);
+
 // What a request gets from the gate: 200 (serve it), 401 with WWW-Authenticate, or 429.
 struct Verdict {
   int status = 200;
@@ -103,16 +115,28 @@ class Gate {
   Verdict Admit(std::string_view authorization_header);
   const std::vector<std::pair<std::string, std::string>>& headers() const { return config_.headers; }
   bool auth_required() const { return !config_.users.empty(); }
+  // Credentials the cache holds now (tests: at most kCacheSize, never a failure).
+  size_t cached() const;
+
+  static constexpr size_t kCacheSize = 100;
 
  private:
-  bool Check(std::string_view user, std::string_view password);
+  enum class Outcome { kValid, kInvalid, kBusy };
+  Outcome Check(std::string_view user, std::string_view password);
+
+  struct CacheEntry {
+    std::array<unsigned char, 32> digest;  // HmacSha256(cache_key_, "<user>\0<password>")
+    uint64_t used = 0;                     // uses_ at the last hit: the least recent one is evicted
+  };
 
   const WebConfig config_;
-  std::mutex mu_;  // the token bucket and the cache
+  const std::string cache_key_;  // 32 random bytes, drawn when the gate is made
+  mutable std::mutex mu_;        // the token bucket and the cache
   double tokens_ = 0;
   std::chrono::steady_clock::time_point refilled_;
-  std::map<std::string, bool> cache_;  // "<user>\0<password>" -> verdict (at most kCacheSize)
-  std::mutex bcrypt_mu_;               // one bcrypt at a time: each costs tens of ms of CPU
+  std::vector<CacheEntry> cache_;  // valid credentials only, at most kCacheSize
+  uint64_t uses_ = 0;
+  std::mutex bcrypt_mu_;  // held while a bcrypt runs (each costs tens of ms of CPU): tried, never waited for
 };
 
 // An httplib server as the config says: plain HTTP without TLS keys (or without a config), else an

@@ -590,6 +590,7 @@ void HpcJobs::Refresh() {
     return;
   }
   std::map<std::string, std::vector<std::string>> jobs;
+  std::set<std::string> capped;
   // increment(ec), not ++: a directory changing under the listing must not throw.
   for (auto it = std::filesystem::begin(dir); it != std::filesystem::end(dir); it.increment(ec)) {
     if (ec) break;
@@ -610,13 +611,30 @@ void HpcJobs::Refresh() {
     auto text = ReadSmallFile(entry.path().string(), kMaxJobFile);
     if (!text.ok()) continue;  // removed between the listing and the read: the next refresh sees it
     std::vector<std::string>& ids = jobs[name];
+    std::set<std::string_view> seen;  // views into *text, which outlives the loop
+    size_t listed = 0;                // distinct jobs in the file, kept or not
     for (std::string_view line : Split(*text, '\n')) {
-      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      if (!line.empty()) ids.emplace_back(line);
+      constexpr std::string_view kBlank = " \t\r\f\v";
+      const size_t b = line.find_first_not_of(kBlank);
+      if (b == std::string_view::npos) continue;
+      line = line.substr(b, line.find_last_not_of(kBlank) - b + 1);
+      // The same job twice would write the same series twice (Prometheus refuses the page).
+      if (!seen.insert(line).second) continue;
+      if (++listed <= kMaxJobsPerDevice) ids.emplace_back(line);
+    }
+    if (listed > kMaxJobsPerDevice) {
+      if (capped.insert(name).second && capped_.count(name) == 0) {
+        Log("exporter")
+            ->warn(
+                "--hpc-job-mapping-dir {}/{}: {} jobs; the first {} label its device's series (each job repeats "
+                "every series of the device; logged once while the file holds more)",
+                dir_, name, listed, kMaxJobsPerDevice);
+      }
     }
   }
   log_.Clear(Cat("--hpc-job-mapping-dir ", dir_, " is readable again"));
   jobs_ = std::move(jobs);
+  capped_ = std::move(capped);
 }
 
 std::vector<std::string> HpcJobs::Jobs(unsigned gpu, std::optional<unsigned> gi) const {

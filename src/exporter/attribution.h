@@ -27,6 +27,7 @@
 #include <mutex>
 #include <optional>
 #include <regex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -171,12 +172,16 @@ std::vector<std::pair<std::string, std::string>> PodMetricLabels(const std::map<
 // --hpc-job-mapping-dir: the HPC jobs on each GPU, as dcgm-exporter reads them: a file per GPU,
 // named by its index ("0", "1", ...), holding one job ID per line; kgpu also takes "<gpu>.<gi>"
 // for one GPU instance of a MIG GPU. Each series of a GPU with jobs carries hpc_job, once per job.
-// Read again at every Refresh (the collection timer). A directory that cannot be read is logged
-// once (and again when the error changes) and means no jobs.
+// A line is trimmed of white space; a job listed twice counts once (in the order first listed),
+// and a file's jobs stop at kMaxJobsPerDevice (each job multiplies the device's series; reaching
+// the cap is logged once per file, and again after the file came back under it). Read again at
+// every Refresh (the collection timer). A directory that cannot be read is logged once (and again
+// when the error changes) and means no jobs.
 //
 // Thread-safety: one thread (the collection thread).
 class HpcJobs {
  public:
+  static constexpr size_t kMaxJobsPerDevice = 64;
   explicit HpcJobs(std::string dir) : dir_(std::move(dir)) {}
   void Refresh();
   // The jobs of GPU `gpu` (of its GPU instance `gi`, nullopt for the whole GPU): the
@@ -187,6 +192,7 @@ class HpcJobs {
  private:
   const std::string dir_;
   std::map<std::string, std::vector<std::string>> jobs_;  // file name -> job IDs
+  std::set<std::string> capped_;                          // files over kMaxJobsPerDevice at the last Refresh
   ConditionLog log_{"exporter"};
 };
 

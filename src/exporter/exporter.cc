@@ -62,6 +62,51 @@ void AppendLabel(std::string& out, std::string_view key, std::string_view value)
 
 using Attributes = std::vector<std::pair<std::string, std::string>>;
 
+// Every label name the collector writes, besides the hostname label (--hostname-label) and the
+// counters' label rows: the code that writes a label takes its name from here, and every name
+// here is reserved against pod labels (a pod label of a name the series already has would repeat
+// it, and Prometheus refuses the whole page for one such line). A new label goes here first.
+namespace label {
+constexpr char kGpu[] = "gpu";
+constexpr char kUuid[] = "UUID";
+constexpr char kOldUuid[] = "uuid";  // -o
+constexpr char kPciBusId[] = "pci_bus_id";
+constexpr char kDevice[] = "device";
+constexpr char kModelName[] = "modelName";
+constexpr char kGpuInstanceProfile[] = "GPU_I_PROFILE";
+constexpr char kGpuInstanceId[] = "GPU_I_ID";
+constexpr char kContainer[] = "container";
+constexpr char kNamespace[] = "namespace";
+constexpr char kPod[] = "pod";
+constexpr char kOldContainer[] = "container_name";  // -o
+constexpr char kOldNamespace[] = "pod_namespace";   // -o
+constexpr char kOldPod[] = "pod_name";              // -o
+constexpr char kPodUid[] = "pod_uid";
+constexpr char kVgpu[] = "vgpu";
+constexpr char kHpcJob[] = "hpc_job";
+constexpr char kEnforcement[] = "enforcement";
+constexpr char kErrCode[] = "err_code";
+constexpr char kErrMsg[] = "err_msg";
+constexpr char kXid[] = "xid";
+constexpr char kWindowSize[] = "window_size_in_ms";
+constexpr char kClockEvent[] = "clock_event";
+constexpr char kHealthErrorCode[] = "health_error_code";
+constexpr char kHealthWatch[] = "health_watch";
+constexpr char kLinkStatus[] = "link_status";
+constexpr char kPeerGpu[] = "peer_gpu";
+constexpr char kValue[] = "value";  // a string field's info-style series
+constexpr char kReason[] = "reason";
+}  // namespace label
+
+constexpr std::string_view kEmittedLabels[] = {
+    label::kGpu, label::kUuid, label::kOldUuid, label::kPciBusId, label::kDevice, label::kModelName,
+    label::kGpuInstanceProfile, label::kGpuInstanceId, label::kContainer, label::kNamespace, label::kPod,
+    label::kOldContainer, label::kOldNamespace, label::kOldPod, label::kPodUid, label::kVgpu, label::kHpcJob,
+    label::kEnforcement, label::kErrCode, label::kErrMsg, label::kXid, label::kWindowSize, label::kClockEvent,
+    label::kHealthErrorCode, label::kHealthWatch, label::kLinkStatus, label::kPeerGpu, label::kValue, label::kReason,
+    // Both spellings of the hostname label, whichever --hostname-label picked.
+    "Hostname", "hostname"};
+
 // How a pod's attributes are written: dcgm-exporter's names (-o: its 1.x ones) and what goes
 // with them (pod_uid, vgpu, the pod's own labels), as the options ask.
 struct PodLabelling {
@@ -69,53 +114,51 @@ struct PodLabelling {
   bool pod_uid = false;
   bool vgpu = false;
   const PodAttributor* attributor = nullptr;
-  const PodMetadataReader* metadata = nullptr;  // set when pod labels are on
+  const PodMetadataReader* metadata = nullptr;                   // set when pod labels are on
+  const std::set<std::string, std::less<>>* reserved = nullptr;  // the collector's reserved_labels_
 };
 
-// Label names a pod's own label must not take: every name kgpu's GPU series carry.
-bool Reserved(std::string_view name) {
-  static constexpr std::string_view kReserved[] = {
-      "gpu",         "UUID",          "uuid",       "pci_bus_id",     "device",
-      "modelName",   "GPU_I_PROFILE", "GPU_I_ID",   "Hostname",       "hostname",
-      "container",   "namespace",     "pod",        "container_name", "pod_namespace",
-      "pod_name",    "pod_uid",       "vgpu",       "hpc_job",        "err_code",
-      "err_msg",     "xid",           "reason",     "enforcement",    "window_size_in_ms",
-      "clock_event", "peer_gpu",      "link_status"};
-  // DCGM_*: the counters CSV's label rows (DCGM_FI_DRIVER_VERSION, DCGM_FI_DEV_SERIAL, ...).
-  return std::find(std::begin(kReserved), std::end(kReserved), name) != std::end(kReserved) ||
-         name.rfind("__", 0) == 0 || name.rfind("DCGM_", 0) == 0;
+// Whether a pod's own label must be left out: a name the series has already (any name the
+// collector may write there), or one Prometheus reserves (__*). Left out rather than renamed
+// (kube-state-metrics' label_ prefix): dcgm-exporter writes pod labels under their sanitised names,
+// so a renamed one would match no query written for it either, and the series keeps its own
+// label's meaning. DCGM_* stays reserved whatever the counters file holds now.
+bool Reserved(std::string_view name, const PodLabelling& how) {
+  if (how.reserved != nullptr && how.reserved->count(name) > 0) return true;
+  return name.rfind("__", 0) == 0 || name.rfind("DCGM_", 0) == 0;
 }
 
 // `uuids`: the device's (the GPU's, or its GPU instance's MIG devices'), for the vgpu replica.
 void AppendPod(Attributes& attrs, const kubelet::PodRef& pod, const PodLabelling& how,
                const std::vector<std::string>& uuids) {
-  attrs.emplace_back(how.old_names ? "container_name" : "container", pod.container);
-  attrs.emplace_back(how.old_names ? "pod_namespace" : "namespace", pod.namespace_name);
-  attrs.emplace_back(how.old_names ? "pod_name" : "pod", pod.pod);
+  attrs.emplace_back(how.old_names ? label::kOldContainer : label::kContainer, pod.container);
+  attrs.emplace_back(how.old_names ? label::kOldNamespace : label::kNamespace, pod.namespace_name);
+  attrs.emplace_back(how.old_names ? label::kOldPod : label::kPod, pod.pod);
   std::optional<PodMetadata> meta;
   if (how.metadata != nullptr && *how.metadata) meta = (*how.metadata)(pod.namespace_name, pod.pod);
   if (how.pod_uid) {
     std::string uid = how.attributor != nullptr ? how.attributor->PodUid(pod) : std::string();
     if (uid.empty() && meta) uid = meta->uid;
-    if (!uid.empty()) attrs.emplace_back("pod_uid", uid);
+    if (!uid.empty()) attrs.emplace_back(label::kPodUid, uid);
   }
   if (how.vgpu && how.attributor != nullptr) {
     if (std::string replica = how.attributor->ReplicaOn(pod, uuids); !replica.empty())
-      attrs.emplace_back("vgpu", replica);
+      attrs.emplace_back(label::kVgpu, replica);
   }
   if (meta) {
     for (const auto& [key, value] : meta->labels) {
-      if (!Reserved(key)) attrs.emplace_back(key, value);  // never a second label of one name
+      if (!Reserved(key, how)) attrs.emplace_back(key, value);  // never a second label of one name
     }
   }
 }
 
 // --hpc-job-mapping-dir with several jobs on one device: each of the device's series (the lines of
-// `buf` from `from` on that carry hpc_job="<jobs[0]>") once more for every further job.
+// `buf` from `from` on that carry hpc_job="<jobs[0]>") once more for every further job. `jobs` are
+// distinct (HpcJobs de-duplicates them), so no two lines come out alike.
 void RepeatForJobs(std::string& buf, size_t from, const std::vector<std::string>& jobs) {
   if (jobs.size() < 2 || from >= buf.size()) return;
   auto token = [](const std::string& job) {
-    std::string t = ",hpc_job=\"";
+    std::string t = Cat(",", label::kHpcJob, "=\"");
     prom::AppendLabelValue(t, job);
     t += '"';
     return t;
@@ -264,21 +307,47 @@ std::optional<Reading> Watts(const std::optional<unsigned>& mw) {
   return Reading::OfDouble(*mw / 1000.0);
 }
 
+// One device key's XIDs as a collection reads them (a copy taken under the lock).
+struct XidView {
+  unsigned long long last = 0;
+  std::chrono::steady_clock::time_point last_at{};
+  uint64_t last_seq = 0;                          // the order of RecordXid calls: ties of last_at
+  std::map<unsigned long long, uint64_t> counts;  // since the start
+  std::map<uint64_t, uint64_t> recent;            // within -x
+};
+
 // The device's XIDs: whole-GPU XIDs count on every series of the GPU, a GPU instance's own XIDs
-// on that instance; merged, so each label set appears once.
-template <typename State>
-State MergeXids(const std::map<std::pair<unsigned, unsigned>, State>& xids, unsigned gpu, unsigned gi) {
-  State merged;
+// on that instance; merged, so each label set appears once. The last XID is the newer of the
+// instance's and the GPU's (DCGM reports a device's last XID by time): a GPU-wide XID 79 after an
+// instance's XID 13 shows on the instance as 79.
+XidView MergeXids(const std::map<std::pair<unsigned, unsigned>, XidView>& xids, unsigned gpu, unsigned gi) {
+  XidView merged;
+  bool any = false;
   for (const auto& key : {std::pair{gpu, nvml::kNoInstance}, std::pair{gpu, gi}}) {
-    const auto it = xids.find(key);
-    if (it == xids.end()) continue;
-    if (key.second == nvml::kNoInstance || merged.counts.empty()) merged.last = it->second.last;
-    if (key.second != nvml::kNoInstance) merged.last = it->second.last;  // the instance's own XID
-    for (const auto& [xid, n] : it->second.counts) merged.counts[xid] += n;
-    merged.recent.insert(merged.recent.end(), it->second.recent.begin(), it->second.recent.end());
+    if (const auto it = xids.find(key); it != xids.end()) {
+      const XidView& v = it->second;
+      if (!any || std::tie(v.last_at, v.last_seq) > std::tie(merged.last_at, merged.last_seq)) {
+        merged.last = v.last;
+        merged.last_at = v.last_at;
+        merged.last_seq = v.last_seq;
+      }
+      any = true;
+      for (const auto& [xid, n] : v.counts) merged.counts[xid] += n;
+      for (const auto& [xid, n] : v.recent) merged.recent[xid] += n;
+    }
     if (gi == nvml::kNoInstance) break;  // a whole GPU: one key
   }
   return merged;
+}
+
+// NVML GPM metrics of the bus (PCIE_TX/RX_PER_SEC, NVLINK_TOTAL_RX/TX_PER_SEC): the whole GPU's,
+// never asked of a GPU instance, where a driver may fail the whole nvmlGpmMetricsGet for them.
+constexpr unsigned kGpmBusMetrics[] = {20, 21, 60, 61};
+
+// "No value" as GPM means it: nvml::IsNoValue but NO_PERMISSION, which on a GPU that has GPM
+// means profiling is restricted to administrators (a setting to fix, logged), not a GPU without it.
+bool GpmNoValue(const absl::Status& status) {
+  return nvml::IsNoValue(status) && nvml::ReturnOf(status) != nvml::Return::kNoPermission;
 }
 
 // DCGM_EXP_GPU_HEALTH_STATUS: dcgm-exporter's series per DCGM health system, in its order
@@ -312,6 +381,31 @@ const char* XidHealthSystem(unsigned long long xid) {
 
 }  // namespace
 
+// ---------------------------------------------------------------- WindowCounts
+
+void WindowCounts::Add(TimePoint at, uint64_t key, std::chrono::milliseconds window, uint64_t n) {
+  Expire(at, window);
+  // Slots start at least `width` apart and the oldest is younger than the window: at most
+  // window / width + 1 of them, about kSlots.
+  const std::chrono::nanoseconds width =
+      std::max<std::chrono::nanoseconds>(std::chrono::nanoseconds(window) / kSlots, std::chrono::milliseconds(1));
+  if (slots_.empty() || at - slots_.back().start >= width) slots_.push_back({at, {}});
+  slots_.back().counts[key] += n;
+}
+
+void WindowCounts::Expire(TimePoint now, std::chrono::milliseconds window) {
+  while (!slots_.empty() && slots_.front().start <= now - window) slots_.pop_front();
+}
+
+std::map<uint64_t, uint64_t> WindowCounts::Counts(TimePoint now, std::chrono::milliseconds window) const {
+  std::map<uint64_t, uint64_t> out;
+  for (const Slot& slot : slots_) {
+    if (slot.start <= now - window) continue;
+    for (const auto& [key, n] : slot.counts) out[key] += n;
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------- Collector
 
 Collector::Collector(const nvml::Library& lib, std::shared_ptr<const gpu::Inventory> inventory,
@@ -324,6 +418,11 @@ Collector::Collector(const nvml::Library& lib, std::shared_ptr<const gpu::Invent
   }
   std::sort(gpm_ids_.begin(), gpm_ids_.end());
   gpm_ids_.erase(std::unique(gpm_ids_.begin(), gpm_ids_.end()), gpm_ids_.end());
+  for (std::string_view name : kEmittedLabels) reserved_labels_.emplace(name);
+  reserved_labels_.insert(options_.hostname_label);
+  for (const Counter& c : options_.counters) {
+    if (c.type == "label") reserved_labels_.insert(c.name);  // the label rows: labels named after the field
+  }
 }
 
 void Collector::RecordXid(unsigned gpu, unsigned gi, unsigned long long xid) {
@@ -331,9 +430,10 @@ void Collector::RecordXid(unsigned gpu, unsigned gi, unsigned long long xid) {
   std::lock_guard<std::mutex> lock(xid_mu_);
   XidState& s = xids_[{gpu, gi}];
   s.last = xid;
+  s.last_at = at;
+  s.last_seq = ++xid_seq_;
   s.counts[xid]++;
-  s.recent.emplace_back(at, xid);
-  if (s.recent.size() > kMaxRecentXids) s.recent.pop_front();
+  s.recent.Add(at, xid, options_.xid_count_window);
 }
 
 std::map<unsigned, double> Collector::SampleGpm(const gpu::Gpu& g, unsigned gi) {
@@ -342,7 +442,7 @@ std::map<unsigned, double> Collector::SampleGpm(const gpu::Gpu& g, unsigned gi) 
   if (supported == gpm_supported_.end()) {
     auto s = lib_.GpmSupported(g.handle);
     if (!s.ok()) {
-      nvml_errors_++;
+      NoteGpmFailure(g, s.status());
       return out;  // asked again at the next collection
     }
     supported = gpm_supported_.emplace(g.index, *s).first;
@@ -365,23 +465,85 @@ std::map<unsigned, double> Collector::SampleGpm(const gpu::Gpu& g, unsigned gi) 
   const absl::Status taken =
       gi == nvml::kNoInstance ? lib_.GpmSampleGet(g.handle, st.newer) : lib_.GpmMigSampleGet(g.handle, gi, st.newer);
   if (!taken.ok()) {
-    if (!nvml::IsNoValue(taken)) nvml_errors_++;
+    if (!GpmNoValue(taken)) NoteGpmFailure(g, taken);
     st.have_older = false;  // the next sample starts over
     return out;
   }
   if (st.have_older) {
-    auto metrics = lib_.GpmMetrics(st.older, st.newer, gpm_ids_);
+    // What this device is asked: the counters' GPM ids, less those it refused alone before and, on
+    // a GPU instance, the bus's (the PCIe and NVLink figures are the whole GPU's).
+    std::vector<unsigned> ids;
+    for (unsigned id : gpm_ids_) {
+      const bool bus = std::find(std::begin(kGpmBusMetrics), std::end(kGpmBusMetrics), id) != std::end(kGpmBusMetrics);
+      if (st.unsupported.count(id) == 0 && !(bus && gi != nvml::kNoInstance)) ids.push_back(id);
+    }
+    auto metrics = ids.empty()
+                       ? absl::StatusOr<std::vector<std::optional<double>>>(std::vector<std::optional<double>>())
+                       : lib_.GpmMetrics(st.older, st.newer, ids);
+    std::vector<unsigned> refused;  // ids this device refused alone: not asked again here
     if (metrics.ok()) {
-      for (size_t i = 0; i < gpm_ids_.size(); ++i) {
-        if ((*metrics)[i]) out[gpm_ids_[i]] = *(*metrics)[i];
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if ((*metrics)[i]) out[ids[i]] = *(*metrics)[i];
       }
-    } else if (!nvml::IsNoValue(metrics.status())) {
-      nvml_errors_++;
+    } else if (ids.size() == 1) {
+      if (nvml::ReturnOf(metrics.status()) == nvml::Return::kNotSupported) {
+        refused.push_back(ids[0]);
+      } else if (!GpmNoValue(metrics.status())) {
+        NoteGpmFailure(g, metrics.status());
+      }
+    } else {
+      // A driver may fail the whole call for one metric it does not give on this device, which
+      // would take every DCGM_FI_PROF_* series of the device with it: each id alone, once. An id
+      // refused alone as not supported, or while others are answered, is not asked again here.
+      std::vector<unsigned> failed;
+      bool answered = false;
+      for (unsigned id : ids) {
+        auto one = lib_.GpmMetrics(st.older, st.newer, std::vector<unsigned>{id});
+        if (one.ok()) {
+          answered = true;
+          if (!one->empty() && (*one)[0]) out[id] = *(*one)[0];
+        } else if (nvml::ReturnOf(one.status()) == nvml::Return::kNotSupported) {
+          refused.push_back(id);
+        } else {
+          failed.push_back(id);
+        }
+      }
+      if (answered) {
+        refused.insert(refused.end(), failed.begin(), failed.end());
+        if (!GpmNoValue(metrics.status())) nvml_errors_++;  // the failed call, worked around
+      } else if (!failed.empty() && !GpmNoValue(metrics.status())) {
+        NoteGpmFailure(g, metrics.status());  // the call fails whatever it asks: not the ids
+      }
+    }
+    if (!refused.empty()) {
+      std::sort(refused.begin(), refused.end());
+      st.unsupported.insert(refused.begin(), refused.end());
+      Log("exporter")
+          ->info(
+              "GPU {}{}: nvmlGpmMetricsGet refused GPM metric(s) {} ({}): not asked again of this device, so the "
+              "other DCGM_FI_PROF_* series keep their values (logged once)",
+              g.index, gi == nvml::kNoInstance ? std::string() : Cat(" GPU instance ", gi), Join(refused, ", "),
+              std::string(metrics.status().message()));
     }
   }
   std::swap(st.older, st.newer);  // this sample is the next collection's older one
   st.have_older = true;
   return out;
+}
+
+void Collector::NoteGpmFailure(const gpu::Gpu& g, const absl::Status& status) {
+  nvml_errors_++;
+  if (!gpm_failure_logged_.insert(g.index).second) return;
+  const bool permission = nvml::ReturnOf(status) == nvml::Return::kNoPermission;
+  Log("exporter")
+      ->warn(
+          "GPU {} ({}): NVML's GPU performance monitoring failed: {}{}; its DCGM_FI_PROF_* series are absent while "
+          "it fails (logged once per GPU; kgpu_exporter_nvml_errors_total counts the failures)",
+          g.index, g.name, std::string(status.message()),
+          permission ? " (profiling restricted to administrators? With the driver's "
+                       "NVreg_RestrictProfilingToAdminUsers=1 only root or CAP_SYS_ADMIN may read GPM: give the "
+                       "exporter CAP_SYS_ADMIN, or load the driver with NVreg_RestrictProfilingToAdminUsers=0)"
+                     : "");
 }
 
 std::string Collector::Collect() {
@@ -401,20 +563,39 @@ std::string Collector::Collect() {
   };
 
   const TimePoint now = now_();
-  std::map<std::pair<unsigned, unsigned>, XidState> xids;
+  std::map<std::pair<unsigned, unsigned>, XidView> xids;
   {
     std::lock_guard<std::mutex> lock(xid_mu_);
     for (auto& [key, state] : xids_) {
-      while (!state.recent.empty() && state.recent.front().first <= now - options_.xid_count_window) {
-        state.recent.pop_front();
-      }
+      state.recent.Expire(now, options_.xid_count_window);
+      XidView& v = xids[key];
+      v.last = state.last;
+      v.last_at = state.last_at;
+      v.last_seq = state.last_seq;
+      v.counts = state.counts;
+      v.recent = state.recent.Counts(now, options_.xid_count_window);
     }
-    xids = xids_;
   }
-  if (!system_read_ && want({Field::kNvmlVersion, Field::kCudaDriverVersion})) {
-    system_read_ = true;  // the library's and the driver's: fixed for the process
-    nvml_version_ = get(lib_.NvmlVersion());
-    cuda_driver_version_ = get(lib_.CudaDriverVersion());
+  // A value that never changes, read until NVML gives it or says it has none (`done`); after any
+  // other error it is asked again at the next collection, so one transient error at start does
+  // not lose it for the process's life.
+  auto read_once = [&](auto result, auto& into, bool& done) {
+    if (done) return;
+    if (result.ok()) {
+      into = *result;
+      done = true;
+    } else if (nvml::IsNoValue(result.status())) {
+      done = true;
+    } else {
+      nvml_errors_++;
+    }
+  };
+  // The library's and the driver's versions: fixed for the process.
+  if (want({Field::kNvmlVersion}) && !nvml_version_read_) {
+    read_once(lib_.NvmlVersion(), nvml_version_, nvml_version_read_);
+  }
+  if (want({Field::kCudaDriverVersion}) && !cuda_driver_version_read_) {
+    read_once(lib_.CudaDriverVersion(), cuda_driver_version_, cuda_driver_version_read_);
   }
   std::string up_lines, reason_lines, limit_lines;
   // The process's one health source (the device plugin's monitor in `kgpu node`, the exporter's
@@ -544,19 +725,34 @@ std::string Collector::Collect() {
         for (const auto& [lane, counters_of_lane] : lanes) {
           if (auto v = rate(lane, counters_of_lane.first, counters_of_lane.second)) r.lane_kibps[lane] = *v;
         }
-        // A GPU's strings that never change: read once.
-        if (want({Field::kSerial, Field::kVbiosVersion, Field::kBrand, Field::kInforomImageVersion,
-                  Field::kOemInforomVersion, Field::kEccInforomVersion, Field::kPowerInforomVersion}) &&
-            strings_read_.insert(g.uuid).second) {
-          auto& strings = strings_[g.uuid];
+        // A GPU's strings that never change: read once each (once NVML gave it or said it has none).
+        {
           using Inforom = nvml::Library::Inforom;
-          if (auto v = get(lib_.Serial(h))) strings[Field::kSerial] = *v;
-          if (auto v = get(lib_.VbiosVersion(h))) strings[Field::kVbiosVersion] = *v;
-          if (auto v = get(lib_.Brand(h))) strings[Field::kBrand] = BrandName(*v);
-          if (auto v = get(lib_.InforomImageVersion(h))) strings[Field::kInforomImageVersion] = *v;
-          if (auto v = get(lib_.InforomVersion(h, Inforom::kOem))) strings[Field::kOemInforomVersion] = *v;
-          if (auto v = get(lib_.InforomVersion(h, Inforom::kEcc))) strings[Field::kEccInforomVersion] = *v;
-          if (auto v = get(lib_.InforomVersion(h, Inforom::kPower))) strings[Field::kPowerInforomVersion] = *v;
+          auto& strings = strings_[g.uuid];
+          auto& fetched = strings_read_[g.uuid];
+          auto once = [&](Field f, auto reader) {
+            if (!want({f}) || fetched.count(f) > 0) return;
+            auto value = reader();
+            if (value.ok()) {
+              strings[f] = *value;
+              fetched.insert(f);
+            } else if (nvml::IsNoValue(value.status())) {
+              fetched.insert(f);
+            } else {
+              nvml_errors_++;  // asked again at the next collection
+            }
+          };
+          once(Field::kSerial, [&] { return lib_.Serial(h); });
+          once(Field::kVbiosVersion, [&] { return lib_.VbiosVersion(h); });
+          once(Field::kBrand, [&]() -> absl::StatusOr<std::string> {
+            auto brand = lib_.Brand(h);
+            if (!brand.ok()) return brand.status();
+            return std::string(BrandName(*brand));
+          });
+          once(Field::kInforomImageVersion, [&] { return lib_.InforomImageVersion(h); });
+          once(Field::kOemInforomVersion, [&] { return lib_.InforomVersion(h, Inforom::kOem); });
+          once(Field::kEccInforomVersion, [&] { return lib_.InforomVersion(h, Inforom::kEcc); });
+          once(Field::kPowerInforomVersion, [&] { return lib_.InforomVersion(h, Inforom::kPower); });
         }
         if (attributor_ != nullptr) {
           if (auto p = get(lib_.ComputeProcesses(h))) r.processes = std::move(*p);
@@ -567,10 +763,12 @@ std::string Collector::Collect() {
       }
     }
     // The clock-event reasons: one sample per collection, for the counting window and the totals.
+    const auto clock_window = options_.clock_events_count_window;
     if (r.clock_events) {
       ClockEventState& ce = clock_events_[g.index];
-      ce.samples.emplace_back(now, *r.clock_events);
-      if (ce.samples.size() > kMaxClockEventSamples) ce.samples.pop_front();
+      for (uint64_t bit : ClockEventBits()) {
+        if ((*r.clock_events & bit) != 0) ce.active.Add(now, bit, clock_window);
+      }
       if (ce.primed) {
         const uint64_t activated = *r.clock_events & ~ce.previous;
         for (uint64_t bit : ClockEventBits()) {
@@ -580,11 +778,12 @@ std::string Collector::Collect() {
       ce.primed = true;
       ce.previous = *r.clock_events;
     }
+    // DCGM_EXP_CLOCK_EVENTS_COUNT of this GPU (reason bit -> samples within the window): the same
+    // for each of its devices.
+    std::map<uint64_t, uint64_t> clock_counts;
     if (auto ce = clock_events_.find(g.index); ce != clock_events_.end()) {
-      auto& samples = ce->second.samples;
-      while (!samples.empty() && samples.front().first <= now - options_.clock_events_count_window) {
-        samples.pop_front();
-      }
+      ce->second.active.Expire(now, clock_window);
+      clock_counts = ce->second.active.Counts(now, clock_window);
     }
     NoteTransition(g, down, down_detail);
 
@@ -856,8 +1055,8 @@ std::string Collector::Collect() {
           const auto it = incidents.find(system);
           const HealthIncident incident = it == incidents.end() ? HealthIncident{} : it->second;
           Attributes a = owner;
-          a.emplace_back("health_error_code", incident.code);
-          a.emplace_back("health_watch", system);
+          a.emplace_back(label::kHealthErrorCode, incident.code);
+          a.emplace_back(label::kHealthWatch, system);
           Line(out, c.name, base_labels, a, std::to_string(incident.health));
         }
         return;
@@ -879,8 +1078,8 @@ std::string Collector::Collect() {
           cached = p2p_.emplace(key, *status).first;
         }
         Attributes a = owner;
-        a.emplace_back("link_status", P2pStatusName(cached->second));
-        a.emplace_back("peer_gpu", std::to_string(peer.index));
+        a.emplace_back(label::kLinkStatus, P2pStatusName(cached->second));
+        a.emplace_back(label::kPeerGpu, std::to_string(peer.index));
         Line(out, c.name, base_labels, a, std::to_string(cached->second));
       }
     };
@@ -901,16 +1100,16 @@ std::string Collector::Collect() {
     std::vector<Entity> entities;
     auto base = [&](const gpu::MigDevice* mig) {
       std::string b;
-      AppendLabel(b, "gpu", std::to_string(g.index));
-      AppendLabel(b, options_.use_old_namespace ? "uuid" : "UUID", g.uuid);  // -o: dcgm-exporter 1.x's name
-      AppendLabel(b, "pci_bus_id", g.bus_id);
-      AppendLabel(b, "device", Cat("nvidia", g.index));
+      AppendLabel(b, label::kGpu, std::to_string(g.index));
+      AppendLabel(b, options_.use_old_namespace ? label::kOldUuid : label::kUuid, g.uuid);  // -o: 1.x's name
+      AppendLabel(b, label::kPciBusId, g.bus_id);
+      AppendLabel(b, label::kDevice, Cat("nvidia", g.index));
       std::string model = g.name;
       if (options_.replace_blanks_in_model_name) std::replace(model.begin(), model.end(), ' ', '-');
-      AppendLabel(b, "modelName", model);
+      AppendLabel(b, label::kModelName, model);
       if (mig != nullptr) {
-        AppendLabel(b, "GPU_I_PROFILE", Cat(mig->gi_slices, "g.", (mig->memory_mib + 1023) / 1024, "gb"));
-        AppendLabel(b, "GPU_I_ID", std::to_string(mig->gi));
+        AppendLabel(b, label::kGpuInstanceProfile, Cat(mig->gi_slices, "g.", (mig->memory_mib + 1023) / 1024, "gb"));
+        AppendLabel(b, label::kGpuInstanceId, std::to_string(mig->gi));
       }
       // Hostname, or hostname as dcgm-exporter 4.6+ spells it (--hostname-label).
       if (!options_.hostname.empty()) AppendLabel(b, options_.hostname_label, options_.hostname);
@@ -935,10 +1134,18 @@ std::string Collector::Collect() {
         }
         entities.push_back({&g, &m, {m.uuid}, m.handle, base(&m)});
       }
+      // flex on a MIG GPU without a GPU instance (none made yet, or their listing failed at
+      // discovery): the GPU whole, as -d g shows it, so that it keeps kgpu_gpu_up, its health and
+      // XID families and its GPU-wide readings instead of going silent.
+      if (select.flex && entities.empty()) entities.push_back({&g, nullptr, {g.uuid}, g.handle, base(nullptr)});
     }
 
-    const PodLabelling pod_labelling{options_.use_old_namespace, options_.pod_uid, options_.virtual_gpus, attributor_,
-                                     options_.pod_metadata ? &options_.pod_metadata : nullptr};
+    const PodLabelling pod_labelling{options_.use_old_namespace,
+                                     options_.pod_uid,
+                                     options_.virtual_gpus,
+                                     attributor_,
+                                     options_.pod_metadata ? &options_.pod_metadata : nullptr,
+                                     &reserved_labels_};
     for (const auto& e : entities) {
       Attributes owner;
       std::vector<kubelet::PodRef> pods;
@@ -958,7 +1165,7 @@ std::string Collector::Collect() {
           if (!spec) continue;
           Attributes a;
           AppendPod(a, p, pod_labelling, e.uuids);
-          a.emplace_back("enforcement", spec->enforcement.empty() ? "hard" : spec->enforcement);
+          a.emplace_back(label::kEnforcement, spec->enforcement.empty() ? "hard" : spec->enforcement);
           const auto limit = spec->limit_mib.find(g.uuid);
           const int64_t mib = limit == spec->limit_mib.end() ? 0 : std::max<int64_t>(0, limit->second);
           Line(limit_lines, "kgpu_pod_gpu_memory_limit_bytes", e.base, a, Int(static_cast<uint64_t>(mib) << 20));
@@ -980,7 +1187,7 @@ std::string Collector::Collect() {
           options_.hpc_jobs
               ? options_.hpc_jobs->Jobs(g.index, e.mig != nullptr ? std::optional<unsigned>(e.mig->gi) : std::nullopt)
               : std::vector<std::string>();
-      if (!jobs.empty()) owner.emplace_back("hpc_job", jobs.front());
+      if (!jobs.empty()) owner.emplace_back(label::kHpcJob, jobs.front());
       std::vector<size_t> job_marks;  // where this device's lines start in each buffer
       if (jobs.size() > 1) {
         for (const std::string& l : lines) job_marks.push_back(l.size());
@@ -990,7 +1197,7 @@ std::string Collector::Collect() {
       const unsigned gi = e.mig != nullptr ? e.mig->gi : nvml::kNoInstance;
       const bool whole_gpu_entity =
           std::any_of(entities.begin(), entities.end(), [](const Entity& x) { return x.mig == nullptr; });
-      const XidState merged_xids = MergeXids(xids, g.index, gi);
+      const XidView merged_xids = MergeXids(xids, g.index, gi);
 
       for (size_t i = 0; i < counters.size(); ++i) {
         const Counter& c = counters[i];
@@ -1002,8 +1209,8 @@ std::string Collector::Collect() {
             // first (dashboards and increase() rules rely on the series being there).
             const unsigned long long last = merged_xids.last;
             Attributes a = owner;
-            a.emplace_back("err_code", std::to_string(last));
-            a.emplace_back("err_msg", XidMessage(last));
+            a.emplace_back(label::kErrCode, std::to_string(last));
+            a.emplace_back(label::kErrMsg, XidMessage(last));
             Line(out, c.name, e.base, a, Int(last));
             break;
           }
@@ -1011,7 +1218,7 @@ std::string Collector::Collect() {
             // As dcgm-exporter's (xid_total_collector.go): a series per XID seen, none before the first.
             for (const auto& [xid, n] : merged_xids.counts) {
               Attributes a = owner;
-              a.emplace_back("xid", std::to_string(xid));
+              a.emplace_back(label::kXid, std::to_string(xid));
               Line(out, c.name, e.base, a, Int(n));
             }
             break;
@@ -1023,26 +1230,19 @@ std::string Collector::Collect() {
             const auto window = xid ? options_.xid_count_window : options_.clock_events_count_window;
             std::map<std::string, uint64_t> counts;  // xid or clock_event -> count
             if (xid) {
-              for (const auto& [at, code] : merged_xids.recent) {
-                if (at > now - window) counts[std::to_string(code)]++;
-              }
-            } else if (auto ce = clock_events_.find(g.index); ce != clock_events_.end()) {
-              for (const auto& [at, mask] : ce->second.samples) {
-                if (at <= now - window) continue;
-                for (uint64_t bit : ClockEventBits()) {
-                  if ((mask & bit) != 0) counts[ClockEventName(bit)]++;
-                }
-              }
+              for (const auto& [code, n] : merged_xids.recent) counts[std::to_string(code)] += n;
+            } else {
+              for (const auto& [bit, n] : clock_counts) counts[ClockEventName(bit)] += n;
             }
             Attributes a = owner;
-            a.emplace_back("window_size_in_ms", std::to_string(window.count()));
+            a.emplace_back(label::kWindowSize, std::to_string(window.count()));
             if (counts.empty()) {
               Line(out, c.name, e.base, a, "0");
               break;
             }
             for (const auto& [value, n] : counts) {
               Attributes v = a;
-              v.emplace_back(xid ? "xid" : "clock_event", value);
+              v.emplace_back(xid ? label::kXid : label::kClockEvent, value);
               Line(out, c.name, e.base, v, Int(n));
             }
             break;
@@ -1052,7 +1252,7 @@ std::string Collector::Collect() {
             if (auto ce = clock_events_.find(g.index); ce != clock_events_.end()) {
               for (const auto& [bit, n] : ce->second.totals) {
                 Attributes a = owner;
-                a.emplace_back("clock_event", ClockEventName(bit));
+                a.emplace_back(label::kClockEvent, ClockEventName(bit));
                 Line(out, c.name, e.base, a, Int(n));
               }
             }
@@ -1076,7 +1276,7 @@ std::string Collector::Collect() {
               // `value` label (dcgm-exporter would write the string as the sample value, which
               // Prometheus cannot parse).
               Attributes a = owner;
-              a.emplace_back("value", v->s);
+              a.emplace_back(label::kValue, v->s);
               Line(out, c.name, e.base, a, "1");
             } else {
               Line(out, c.name, e.base, owner, v->Text());
@@ -1100,7 +1300,7 @@ std::string Collector::Collect() {
       if (r.remapped && r.remapped->failure) reasons.insert("row_remap_failure");
       for (const std::string& reason : reasons) {
         Attributes a = owner;
-        a.emplace_back("reason", reason);
+        a.emplace_back(label::kReason, reason);
         Line(reason_lines, "kgpu_gpu_unhealthy_reason", e.base, a, "1");
       }
 
@@ -1377,7 +1577,10 @@ absl::Status Exporter::Start() {
   http_->set_write_timeout(write_s, write_us);
   // Small responses (gzip, /health) must not wait for the client's delayed ACK (Nagle): ~40 ms.
   http_->set_tcp_nodelay(true);
-  // Scrapers are few: two workers instead of one per core keep threads and arenas small.
+  // Scrapers are few: two workers instead of one per core keep threads and arenas small. With
+  // basic auth the gate runs one bcrypt at a time and answers 429 to a second meanwhile (never a
+  // wait), so wrong passwords hold at most one worker and the other serves the scrapes its cache
+  // admits.
   http_->new_task_queue = [] { return new httplib::ThreadPool(2); };
   // Every path goes through the web config's gate first, as exporter-toolkit wraps its whole
   // handler: its headers on every answer, then its rate limit and its basic auth users.

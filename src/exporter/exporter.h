@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
@@ -55,8 +56,11 @@ namespace kgpu::exporter {
 class GzipBody;  // exporter/gzip_body.h
 
 // -d/--devices, dcgm-exporter's GPU selector: which devices have series. `f` (flex, the default):
-// each GPU, or its GPU instances when MIG is on. `g[:ids]`: whole GPUs by index (a MIG GPU too, as
-// one series); `i[:ids]`: GPU instances by GPU_I_ID, on MIG GPUs; `g+i`: both. No ids: every one.
+// each GPU, or its GPU instances when MIG is on (a MIG GPU with no GPU instance, or whose instances
+// could not be listed, as a whole GPU: a GPU never goes without kgpu_gpu_up). `g[:ids]`: whole GPUs
+// by index (a MIG GPU too, as one series); `i[:ids]`: GPU instances by GPU_I_ID, on MIG GPUs (NVML
+// numbers instances per GPU, so an id selects that instance on every GPU; DCGM's ids are
+// node-wide); `g+i`: both. No ids: every one.
 struct DeviceSelector {
   bool flex = true;
   bool gpus = false, instances = false;
@@ -68,6 +72,34 @@ struct DeviceSelector {
     return instances &&
            (instance_ids.empty() || std::find(instance_ids.begin(), instance_ids.end(), gi) != instance_ids.end());
   }
+};
+
+// Event counts by key over a sliding window (DCGM_EXP_XID_ERRORS_COUNT by XID code,
+// DCGM_EXP_CLOCK_EVENTS_COUNT by reason bit), kept as counts in time slots of window / kSlots (at
+// least 1 ms): an event counts until the start of its slot is a window old, so it leaves the count
+// up to window / kSlots early (0.3 s of dcgm-exporter's 5 minutes). Memory is bounded whatever the
+// rate: at most kSlots + 2 slots, each holding one 64-bit count per key seen in it, so a storm of
+// one key neither evicts another key's events nor makes a count stop growing.
+//
+// Thread-safety: none (the owner locks).
+class WindowCounts {
+ public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+  static constexpr int kSlots = 1024;
+  // `n` events of `key` at `at` (slots older than the window are dropped first).
+  void Add(TimePoint at, uint64_t key, std::chrono::milliseconds window, uint64_t n = 1);
+  // Drops the slots that began a window or more before `now`.
+  void Expire(TimePoint now, std::chrono::milliseconds window);
+  // key -> its events within the window before `now`.
+  std::map<uint64_t, uint64_t> Counts(TimePoint now, std::chrono::milliseconds window) const;
+  size_t slots() const { return slots_.size(); }
+
+ private:
+  struct Slot {
+    TimePoint start;
+    std::map<uint64_t, uint64_t> counts;
+  };
+  std::deque<Slot> slots_;
 };
 
 struct ExporterOptions {
@@ -139,33 +171,38 @@ class Collector {
   using TimePoint = std::chrono::steady_clock::time_point;
   struct XidState {
     unsigned long long last = 0;
+    TimePoint last_at{};    // when `last` happened: a GPU instance shows the newer of its own and the GPU's
+    uint64_t last_seq = 0;  // ... and the order of the calls, for XIDs of one instant
     std::map<unsigned long long, uint64_t> counts;
-    // When each recent XID happened, oldest first (DCGM_EXP_XID_ERRORS_COUNT): dropped once older
-    // than the window, and at most kMaxRecentXids, so an XID storm cannot grow memory without
-    // bound (beyond that many in one window the count stops growing).
-    std::deque<std::pair<TimePoint, unsigned long long>> recent;
+    WindowCounts recent;  // by XID code, over -x (DCGM_EXP_XID_ERRORS_COUNT)
   };
-  static constexpr size_t kMaxRecentXids = 4096;
-  // A GPU's clock-event reasons: one sample per collection within the window (DCGM_EXP_CLOCK_EVENTS_COUNT
-  // counts the samples in which each reason was active, as dcgm-exporter counts DCGM's samples of
-  // DCGM_FI_DEV_CLOCKS_EVENT_REASONS), and each reason's activations since the first sample
-  // (DCGM_EXP_CLOCK_EVENTS_TOTAL; a reason already active then is not an activation).
+  // A GPU's clock-event reasons: the collections within the window in which each reason was
+  // active (DCGM_EXP_CLOCK_EVENTS_COUNT, as dcgm-exporter counts DCGM's samples of
+  // DCGM_FI_DEV_CLOCKS_EVENT_REASONS; in time slots, so a day's window at -c 100 does not
+  // saturate), and each reason's activations since the first sample (DCGM_EXP_CLOCK_EVENTS_TOTAL;
+  // a reason already active then is not an activation).
   struct ClockEventState {
-    std::deque<std::pair<TimePoint, uint64_t>> samples;  // at most kMaxClockEventSamples
+    WindowCounts active;  // reason bit -> samples with it set
     bool primed = false;
     uint64_t previous = 0;
     std::map<uint64_t, uint64_t> totals;  // reason bit -> activations
   };
-  static constexpr size_t kMaxClockEventSamples = 4096;
   // A device's last two GPM samples: the DCGM_FI_PROF_* figures are the metrics between them.
   struct GpmState {
     nvml::GpmSample older, newer;
     bool have_older = false;
+    // GPM ids the driver refused on this device when asked alone (after it failed a call that
+    // asked for several): no longer asked, so that they do not take the others' figures with them.
+    std::set<unsigned> unsupported;
   };
   // Takes a GPM sample of the whole GPU (gi kNoInstance) or of one GPU instance and returns the
   // metrics (GPM id -> value) since the previous collection's; empty on the first collection and
   // on GPUs without GPM (logged once, for all of them).
   std::map<unsigned, double> SampleGpm(const gpu::Gpu& g, unsigned gi);
+  // A GPM call that failed on GPU `g` other than with "not supported" (NO_PERMISSION when
+  // profiling is restricted to administrators, ...): counted, and logged once per GPU with
+  // NVML's message.
+  void NoteGpmFailure(const gpu::Gpu& g, const absl::Status& status);
 
   const nvml::Library& lib_;
   std::shared_ptr<const gpu::Inventory> inventory_;
@@ -181,18 +218,25 @@ class Collector {
   std::map<std::pair<unsigned, unsigned>, std::pair<uint64_t, TimePoint>> nvlink_prev_;
   std::mutex xid_mu_;
   std::map<std::pair<unsigned, unsigned>, XidState> xids_;  // (gpu, gi or kNoInstance)
+  uint64_t xid_seq_ = 0;                                    // RecordXid calls (under xid_mu_)
   std::map<unsigned, ClockEventState> clock_events_;        // by GPU index
   std::map<std::pair<unsigned, unsigned>, GpmState> gpm_;   // (gpu, gi or kNoInstance)
   std::map<unsigned, bool> gpm_supported_;                  // by GPU index
   std::set<unsigned> gpm_missing_logged_;                   // GPUs whose lack of GPM was logged
+  std::set<unsigned> gpm_failure_logged_;                   // GPUs whose GPM failure was logged
   std::vector<std::string> gpm_missing_new_;                // ... found in this collection: "0 (NVIDIA A100...)"
   // A GPU's strings that never change (serial, VBIOS, brand, inforom versions), read once by UUID,
-  // so that its label rows keep their values while it cannot be read.
+  // so that its label rows keep their values while it cannot be read. A string counts as read
+  // once NVML gave it or said it has none; after any other error it is asked again at the next
+  // collection (one transient error at start must not lose the label for the process's life).
   std::map<std::string, std::map<Field, std::string>> strings_;
-  std::set<std::string> strings_read_;
+  std::map<std::string, std::set<Field>> strings_read_;
   std::optional<std::string> nvml_version_;
   std::optional<int> cuda_driver_version_;
-  bool system_read_ = false;
+  bool nvml_version_read_ = false, cuda_driver_version_read_ = false;
+  // Label names a pod's own labels must not take (--kubernetes-enable-pod-labels): every name
+  // the collector writes, its options' (the hostname label) and the counters' label rows.
+  std::set<std::string, std::less<>> reserved_labels_;
   std::map<std::pair<std::string, std::string>, int> p2p_;  // (UUID, peer UUID) -> nvmlGpuP2PStatus_t
   std::atomic<uint64_t> nvml_errors_{0};
   // GPU index -> why it cannot be read ("lost", "unreadable"), for logging each change once.

@@ -18,7 +18,14 @@ std::string_view Unprefixed(std::string_view r) {
   return r;
 }
 
-// RFC 1123 label, as namespaces must be.
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
 bool IsDnsLabel(std::string_view s) {
   if (s.empty() || s.size() > 63) return false;
   for (char c : s) {
@@ -27,14 +34,6 @@ bool IsDnsLabel(std::string_view s) {
   }
   return s.front() != '-' && s.back() != '-';
 }
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
-}  // namespace
 
 int MaxMigSlices(const GpuInfo& gpu) {
   return ModelMatches("A30", gpu.model) ? 4 : 7;

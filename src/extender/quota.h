@@ -67,6 +67,10 @@ double CapacityGpuEquivalents(const ClusterGpus& c);
 // nvidia.com/gpu, nvidia.com/mig-*, kgpu.io/gpu, kgpu.io/gpu-memory, kgpu.io/gpu-cores.
 bool IsGpuResource(std::string_view resource);
 
+// Whether `name` can name a namespace: an RFC 1123 label (1-63 lowercase letters, digits and '-',
+// starting and ending with a letter or digit).
+bool IsDnsLabel(std::string_view name);
+
 struct TeamShare {
   std::string ns;
   int percent = 0;

@@ -723,9 +723,16 @@ absl::StatusOr<std::vector<std::optional<uint64_t>>> Library::ScopedFieldValues(
     return st;
   }
   std::vector<std::optional<uint64_t>> out;
-  for (const auto& v : values) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    const nvmlFieldValue_t& v = values[i];
     if (v.nvmlReturn != NVML_SUCCESS) {
       out.emplace_back();
+      continue;
+    }
+    // NVML_FI_DEV_MEMORY_TEMP: the reading is in uiVal whatever valueType says (nvbug 4300930: r545
+    // reports it as a double; DCGM reads uiVal too), so the double's bytes are never read as degrees.
+    if (fields[i].id == NVML_FI_DEV_MEMORY_TEMP) {
+      out.emplace_back(v.value.uiVal);
       continue;
     }
     switch (v.valueType) {
@@ -921,7 +928,10 @@ absl::StatusOr<bool> Library::GpmSupported(Device gpu) const {
   nvmlGpmSupport_t support{};
   support.version = NVML_GPM_SUPPORT_VERSION;
   auto st = KGPU_CALL(nvmlGpmQueryDeviceSupport, H(gpu), &support);
-  if (IsNoValue(st)) return false;  // a driver older than GPM (FUNCTION_NOT_FOUND), or a GPU that has none
+  // A driver older than GPM (FUNCTION_NOT_FOUND), or a GPU that has none. NO_PERMISSION is not
+  // "none": GPM may be restricted to administrators on a GPU that has it, so the caller gets the
+  // error (and asks again) instead of a GPU taken for one too old.
+  if (IsNoValue(st) && ReturnOf(st) != Return::kNoPermission) return false;
   if (!st.ok()) return st;
   return support.isSupportedDevice != 0;
 }

@@ -51,7 +51,11 @@ EXPECTED = {
                         ("ClusterRole", "kgpu-device-plugin-shares"), ("ClusterRoleBinding", "kgpu-device-plugin-shares"),
                         ("Deployment", "kgpu-webhook"), ("ServiceAccount", "kgpu-webhook"), ("Service", "kgpu-webhook"),
                         ("MutatingWebhookConfiguration", "kgpu-webhook"),
-                        ("ValidatingWebhookConfiguration", "kgpu-webhook")},
+                        ("ValidatingWebhookConfiguration", "kgpu-webhook"),
+                        # exporter/pod-metadata: pod labels on the exporter's series
+                        ("ServiceAccount", "kgpu-exporter"), ("ClusterRole", "kgpu-exporter-pod-metadata"),
+                        ("ClusterRoleBinding", "kgpu-exporter-pod-metadata"), ("Role", "kgpu-exporter-counters"),
+                        ("RoleBinding", "kgpu-exporter-counters")},
 }
 # Workloads whose image is not the plain kgpu image (it lacks what they spawn).
 IMAGES = {("Deployment", "kgpu-slurm-bridge"): "localhost/kgpu-slurm-bridge"}
@@ -248,10 +252,21 @@ def main():
 
     if variant == "shares":
         check_shares(by_kind, version)
+        check_exporter_pod_metadata(by_kind)
     for p in problems:
         print(f"check_rendered ({variant}): {p}")
     print(f"check_rendered ({variant}): {len(objs)} objects, {len(problems)} problem(s)")
     return 1 if problems else 0
+
+
+def check_exporter_pod_metadata(by_kind):
+    """exporter/pod-metadata: the exporter runs as kgpu-exporter with its token and the flag."""
+    ds = [d for d in by_kind.get("DaemonSet", []) if d["metadata"]["name"] == "kgpu-exporter"][0]
+    spec = ds["spec"]["template"]["spec"]
+    if spec.get("serviceAccountName") != "kgpu-exporter" or spec.get("automountServiceAccountToken") is not True:
+        problem("exporter/pod-metadata: the exporter does not run as kgpu-exporter with its token")
+    if "--kubernetes-enable-pod-labels" not in spec["containers"][0].get("command", []):
+        problem("exporter/pod-metadata: the exporter is not started with --kubernetes-enable-pod-labels")
 
 
 def check_shares(by_kind, version):

@@ -108,7 +108,8 @@ components:
 YAML
 
 # The variant for GPU shares through kgpu extender: the plugin labels its own Node and serves
-# kgpu.io/gpu slots (node-labels/in-plugin, shares), with the webhook.
+# kgpu.io/gpu slots (node-labels/in-plugin, shares), with the webhook, and the exporter with pod
+# labels (exporter/pod-metadata).
 shares="$work/variant-shares"
 mkdir -p "$shares"
 cat >"$shares/kustomization.yaml" <<YAML
@@ -119,6 +120,7 @@ resources:
 components:
   - $rel/device-plugin
   - $rel/exporter
+  - $rel/exporter/pod-metadata
   - $rel/monitoring
   - $rel/node-labels/in-plugin
   - $rel/shares

@@ -4,13 +4,18 @@
 # two-share pod with a CPU-only sidecar is charged exactly its total memory; `kgpu quota` prints
 # used vs hard with GPU-equivalents from the nodes' inventory annotations; `kgpu quota plan`
 # divides that inventory, its quotas load and never add up to more than the cluster has; bad
-# --shares values exit 1 with the message, a missing --shares exits 2.
+# --shares values exit 1 with the message, a missing --shares exits 2; -n naming a namespace that
+# does not exist exits 1, one that cannot be a namespace name 2, and a user who may not read
+# namespaces gets the report with a note.
 #   quota_test.sh KGPU FAKE_APISERVER REPO_ROOT
 set -euo pipefail
 kgpu=$1 fake=$2 root=$3
 work=$(mktemp -d /tmp/kgpu-quota-XXXXXX)
-pid=""
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; rm -rf "$work"; }
+pid="" rbac_pid=""
+cleanup() {
+  for p in $pid $rbac_pid; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
+  rm -rf "$work"
+}
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
@@ -102,6 +107,47 @@ assert abs(ns["tenant-1"]["gpuEquivalentsHard"] - 2) < 1e-12, ns["tenant-1"]
 assert d["capacity"]["gpuEquivalents"] == 8 and d["reference"]["shareMemoryMiB"] == 40960, d["capacity"]
 PY
 echo "ok: kgpu quota --json"
+
+# -n names a namespace that must exist: the apiserver lists the quotas of a missing namespace (or of
+# a name no namespace can have) as an empty list, which must not read as "no GPU quota there".
+quota_n() {  # quota_n RC MESSAGE KUBECONFIG ARGS...: stdout and stderr in $work/out
+  local want=$1 msg=$2 kc=$3 rc=0
+  shift 3
+  "$kgpu" quota --kubeconfig "$kc" "$@" >"$work/out" 2>&1 || rc=$?
+  [ "$rc" = "$want" ] || fail "kgpu quota $*: exit $rc, want $want: $(cat "$work/out")"
+  grep -qF -- "$msg" "$work/out" || fail "kgpu quota $*: $(cat "$work/out"), want '$msg'"
+}
+quota_n 1 "kgpu quota: -n/--namespace: namespace team-zz not found (kubectl get namespaces lists them)" "$work/kc" -n team-zz
+quota_n 1 "kgpu quota: -n/--namespace: namespace tem-c not found; did you mean team-c?" "$work/kc" -n tem-c --json
+[ "$(grep -c . "$work/out")" = 1 ] || fail "kgpu quota -n tem-c --json wrote more than its error: $(cat "$work/out")"
+quota_n 2 "kgpu quota: -n/--namespace: 'TEAM-A' is not a namespace name: a lowercase RFC 1123 label (at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit); did you mean 'team-a'?" "$work/kc" -n TEAM-A
+quota_n 2 "'team_a' is not a namespace name" "$work/kc" -n team_a
+# A namespace that exists without a GPU quota is still an empty report, not an error.
+quota_n 0 "no ResourceQuota names a GPU resource" "$work/kc" -n default
+quota_n 0 "team-c     (all)  GPU-equivalents" "$work/kc" -n team-c
+echo "ok: kgpu quota -n: a missing or malformed namespace"
+
+# A user who may list nodes and quotas but not read Namespace objects (a namespace-scoped Role
+# cannot grant it) still gets the report; an empty one says the namespace could not be checked.
+cat >"$work/rbac.yaml" <<'YAML'
+users:
+  quota-reader:
+    - {verbs: [get, list], resources: [nodes, resourcequotas]}
+YAML
+"$fake" --token admin-token=admin --token reader-token=quota-reader --rbac "$work/rbac.yaml" \
+  --preload "$work/nodes.json" --preload "$q/namespaces.yaml" --preload "$q/team-c-shares.yaml" \
+  --kubeconfig-out "$work/kc-rbac" --port-file "$work/port-rbac" >"$work/api-rbac.log" 2>&1 &
+rbac_pid=$!
+for _ in $(seq 300); do [ -s "$work/port-rbac" ] && break; sleep 0.1; done
+[ -s "$work/port-rbac" ] || { cat "$work/api-rbac.log" >&2; fail "the stand-in with RBAC did not start"; }
+sed 's/admin-token/reader-token/' "$work/kc-rbac" >"$work/kc-reader"
+grep -q reader-token "$work/kc-reader" || fail "no token to replace in $(cat "$work/kc-rbac")"
+quota_n 0 "team-c     (all)  GPU-equivalents" "$work/kc-reader" -n team-c
+if grep -qF "may not exist" "$work/out"; then fail "a namespace with quotas was reported unchecked: $(cat "$work/out")"; fi
+quota_n 0 "note: namespace team-zz may not exist (it could not be checked: GET /api/v1/namespaces/team-zz: " \
+  "$work/kc-reader" -n team-zz
+grep -qF "no ResourceQuota names a GPU resource" "$work/out" || fail "-n team-zz, unchecked: $(cat "$work/out")"
+echo "ok: kgpu quota -n without the right to read namespaces"
 
 "$kgpu" quota plan --kubeconfig "$work/kc" --shares team-a=50,team-b=30,team-c=20 >"$work/plan.yaml" || fail "plan failed"
 python3 - "$work/plan.yaml" <<'PY' || fail "the plan: $(cat "$work/plan.yaml")"

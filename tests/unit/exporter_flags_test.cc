@@ -462,9 +462,9 @@ TEST(ExporterFlagsTest, ConfigFileMetricsAndIntervalYieldToExplicitFlags) {
 
 // -m <namespace>:<name>: the ConfigMap's data.metrics through the API server (dcgm-exporter reads it
 // with its in-cluster client; kgpu with the same resolver as every command).
-// A kubeconfig with exactly the rules deploy/exporter/pod-metadata-rbac.yaml grants.
+// A kubeconfig with exactly the rules deploy/exporter/pod-metadata/rbac.yaml grants.
 std::string DeployKubeconfig(testing::FakeApiServer& api) {
-  auto id = testing::ReadDeployRbac(std::string(KGPU_SOURCE_DIR) + "/deploy/exporter/pod-metadata-rbac.yaml");
+  auto id = testing::ReadDeployRbac(std::string(KGPU_SOURCE_DIR) + "/deploy/exporter/pod-metadata/rbac.yaml");
   EXPECT_TRUE(id.ok()) << id.status();
   return id.ok() ? api.KubeconfigFor(*id) : api.Kubeconfig();
 }
@@ -990,6 +990,207 @@ TEST(ExporterFlagsTest, LogFormatJsonWritesOneObjectPerLine) {
             std::string::npos)
       << out;
   EXPECT_FALSE(SetLogFormat("yaml"));
+}
+
+}  // namespace
+}  // namespace kgpu::cli
+
+// ---------------------------------------------------------------- review fixes: flags, jobs, web config
+
+#include <array>
+#include <atomic>
+#include <set>
+
+namespace kgpu::cli {
+namespace {
+
+// Go's -x=value for one-letter flags (urfave/cli reads it as the flag and its value) and the
+// search for the subcommand, which stops at the first positional argument that is not one.
+TEST(ExporterFlagsTest, GoStyleOneLetterFlagsWithEqualsAndTheSubcommandSearch) {
+  CLI::App app{"kgpu"};
+  std::string log_level, node_name;
+  app.add_option("--log-level", log_level, "kgpu's own option, with a value");
+  ExporterFlags f;
+  AddExporterFlags(app.add_subcommand("exporter", ""), &f);
+  app.add_subcommand("node", "");  // no flags: a command line read with its table is left as it is
+  app.add_subcommand("doctor", "")->add_option("--node-name", node_name, "");
+  const char* eq[] = {"kgpu", "exporter", "-f=/x.csv", "-k=true", "-c=500", "-o=false", "-x=60000", "-k"};
+  EXPECT_EQ(GoStyleFlags(app, static_cast<int>(std::size(eq)), eq),
+            (std::vector<std::string>{"kgpu", "exporter", "--collectors=/x.csv", "--kubernetes=true",
+                                      "--collect-interval=500", "--use-old-namespace=false",
+                                      "--xid-count-window-size=60000", "-k"}));
+  // A value spelled `node` of kgpu's own option is no subcommand: the exporter's table applies.
+  const char* value_node[] = {"kgpu", "--log-level", "node", "exporter", "-collectors", "x.csv"};
+  EXPECT_EQ(GoStyleFlags(app, static_cast<int>(std::size(value_node)), value_node),
+            (std::vector<std::string>{"kgpu", "--log-level", "node", "exporter", "--collectors", "x.csv"}));
+  // Another command first: nothing is rewritten, though an option value there is spelled `exporter`.
+  const char* other[] = {"kgpu", "doctor", "--node-name", "exporter", "-collectors", "x.csv"};
+  EXPECT_EQ(GoStyleFlags(app, static_cast<int>(std::size(other)), other),
+            (std::vector<std::string>(std::begin(other), std::end(other))));
+  // Parsed, the values land where Go puts them.
+  ExporterFlags parsed;
+  ASSERT_EQ(Parse({"exporter", "-f=/x.csv", "-k=true", "-c=500", "-o=false", "-x=60000"}, &parsed), "");
+  EXPECT_EQ(parsed.collectors, "/x.csv");
+  EXPECT_TRUE(parsed.kubernetes);
+  EXPECT_EQ(parsed.interval_ms, 500u);
+  EXPECT_FALSE(parsed.use_old_namespace);
+  EXPECT_EQ(parsed.xid_window_ms, 60000u);
+  ExporterFlags off;
+  ASSERT_EQ(Parse({"exporter", "-k=false", "-o=true"}, &off), "");
+  EXPECT_FALSE(off.kubernetes);
+  EXPECT_TRUE(off.use_old_namespace);
+}
+
+// metrics.fields becomes counters CSV rows: a help text with line ends, quotes and commas comes
+// through as written; a name or type that would change the row is refused.
+TEST(ExporterFlagsTest, ConfigFileFieldsBecomeCsvRowsWhateverTheirHelpHolds) {
+  TempDir dir;
+  ExporterFlags f;
+  f.config_file = dir.Write("c.yaml", R"(version: 1
+metrics:
+  fields:
+    - {name: DCGM_FI_DEV_GPU_TEMP, prometheusType: gauge, help: "two\nlines, and \"quotes\""}
+    - {name: DCGM_FI_DEV_POWER_USAGE, prometheusType: gauge, help: "a\rb"}
+    - {name: DCGM_FI_DEV_SM_CLOCK, prometheusType: gauge, help: "  blanks first, a # inside"}
+)");
+  auto o = ResolveExporterOptions(f);
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_EQ(o->counters.size(), 3u);
+  EXPECT_EQ(o->counters[0].name, "DCGM_FI_DEV_GPU_TEMP");
+  EXPECT_EQ(o->counters[0].help, "two\nlines, and \"quotes\"");
+  EXPECT_EQ(o->counters[1].name, "DCGM_FI_DEV_POWER_USAGE");
+  EXPECT_EQ(o->counters[1].help, "a\rb");
+  EXPECT_EQ(o->counters[2].name, "DCGM_FI_DEV_SM_CLOCK");
+  EXPECT_EQ(o->counters[2].help, "blanks first, a # inside");  // trimmed as dcgm-exporter trims
+  for (const auto& [field, want] : std::vector<std::pair<std::string, std::string>>{
+           {R"(name: "#DCGM_FI_DEV_GPU_TEMP", prometheusType: gauge)", "a leading '#' is not allowed"},
+           {R"(name: "DCGM_FI_DEV_GPU_TEMP\x01", prometheusType: gauge)", "a control character is not allowed"},
+           {R"(name: DCGM_FI_DEV_GPU_TEMP, prometheusType: "gauge\nx")", "prometheusType"},
+       }) {
+    ExporterFlags bad;
+    bad.config_file = dir.Write("bad.yaml", Cat("version: 1\nmetrics:\n  fields:\n    - {", field, ", help: h}\n"));
+    auto r = ResolveExporterOptions(bad);
+    ASSERT_FALSE(r.ok()) << field;
+    const std::string message(r.status().message());
+    EXPECT_NE(message.find("bad.yaml:4:"), std::string::npos) << message;
+    EXPECT_NE(message.find(want), std::string::npos) << message;
+  }
+}
+
+// --hpc-job-mapping-dir: lines trimmed, a job listed twice once, at most kMaxJobsPerDevice jobs;
+// the series come once per distinct job and no line twice.
+TEST(ExporterFlagsTest, HpcJobsAreTrimmedDeduplicatedAndCapped) {
+  TempDir jobs;
+  jobs.Write("0", " slurm-1 \nslurm-2\n\tslurm-1\r\nslurm-2\n\n   \n");
+  std::string many;
+  for (int i = 0; i < 100; ++i) many += Cat("job-", i, "\n");
+  jobs.Write("1", many);
+  exporter::HpcJobs h(jobs.path);
+  h.Refresh();
+  EXPECT_EQ(h.Jobs(0, std::nullopt), (std::vector<std::string>{"slurm-1", "slurm-2"}));
+  const auto capped = h.Jobs(1, std::nullopt);
+  ASSERT_EQ(capped.size(), exporter::HpcJobs::kMaxJobsPerDevice);
+  EXPECT_EQ(capped.front(), "job-0");
+  EXPECT_EQ(capped.back(), Cat("job-", exporter::HpcJobs::kMaxJobsPerDevice - 1));
+  Fixture f("l4x4");
+  f.options.hpc_jobs = std::make_shared<exporter::HpcJobs>(jobs.path);
+  const std::string text = f.Collect();
+  EXPECT_EQ(Family(text, "kgpu_gpu_up").size(), 2u + exporter::HpcJobs::kMaxJobsPerDevice + 2u);
+  std::set<std::string> seen;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line[0] != '#') {
+      EXPECT_TRUE(seen.insert(line.substr(0, line.rfind(' '))).second) << line;
+    }
+  }
+}
+
+// "Basic " and the base64 of "<user>:<password>".
+std::string Basic(const std::string& user, const std::string& password) {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const std::string in = user + ":" + password;
+  std::string out = "Basic ";
+  for (size_t i = 0; i < in.size(); i += 3) {
+    uint32_t n = static_cast<uint32_t>(static_cast<unsigned char>(in[i])) << 16;
+    if (i + 1 < in.size()) n |= static_cast<uint32_t>(static_cast<unsigned char>(in[i + 1])) << 8;
+    if (i + 2 < in.size()) n |= static_cast<unsigned char>(in[i + 2]);
+    out += kAlphabet[(n >> 18) & 63];
+    out += kAlphabet[(n >> 12) & 63];
+    out += i + 1 < in.size() ? kAlphabet[(n >> 6) & 63] : '=';
+    out += i + 2 < in.size() ? kAlphabet[n & 63] : '=';
+  }
+  return out;
+}
+
+// Only successes are cached, so wrong passwords cannot push the valid entry out; a full cache
+// drops one entry, not all.
+TEST(WebConfigTest, BasicAuthCachesSuccessesOnlyAndEvictsOneEntry) {
+  EXPECT_EQ(Basic("prometheus", kPassword), "Basic cHJvbWV0aGV1czpzY3JhcGUtbWU=");
+  web::WebConfig c;
+  c.users["prometheus"] = kHash;
+  web::Gate gate(c);
+  ASSERT_EQ(gate.Admit(Basic("prometheus", kPassword)).status, 200);
+  EXPECT_EQ(gate.cached(), 1u);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(gate.Admit(Basic("prometheus", Cat("wrong-", i))).status, 401);
+  EXPECT_EQ(gate.cached(), 1u);  // no failure cached: the valid entry is still there
+  EXPECT_EQ(gate.Admit(Basic("prometheus", kPassword)).status, 200);
+  EXPECT_EQ(gate.cached(), 1u);
+  web::WebConfig many;
+  for (size_t i = 0; i <= web::Gate::kCacheSize; ++i) many.users[Cat("user", i)] = kHash;
+  web::Gate full(many);
+  for (size_t i = 0; i <= web::Gate::kCacheSize; ++i) {
+    ASSERT_EQ(full.Admit(Basic(Cat("user", i), kPassword)).status, 200) << i;
+  }
+  EXPECT_EQ(full.cached(), web::Gate::kCacheSize);
+  EXPECT_EQ(full.Admit(Basic("user0", kPassword)).status, 200);  // evicted or not, still admitted
+}
+
+// One bcrypt at a time: a request that needs a second one meanwhile is answered 429 at once.
+TEST(WebConfigTest, ASecondPasswordCheckMeanwhileIsAnswered429) {
+  web::WebConfig c;
+  c.users["prometheus"] = kHash;
+  web::Gate gate(c);
+  std::atomic<bool> busy{false};
+  auto hammer = [&](int who) {
+    // An unknown user is checked against the cost-10 hash (tens of ms) and never cached.
+    for (int i = 0; i < 40 && !busy.load(); ++i) {
+      const web::Verdict v = gate.Admit(Basic(Cat("nobody-", who), Cat("pw-", i)));
+      if (v.status == 429) {
+        EXPECT_EQ(v.headers, (std::vector<std::pair<std::string, std::string>>{{"Retry-After", "1"}}));
+        busy = true;
+      } else {
+        EXPECT_EQ(v.status, 401);
+      }
+    }
+  };
+  std::thread a(hammer, 0), b(hammer, 1);
+  a.join();
+  b.join();
+  EXPECT_TRUE(busy.load());
+  EXPECT_EQ(gate.cached(), 0u);
+}
+
+std::string Hex(const std::array<unsigned char, 32>& digest) {
+  std::string out;
+  for (unsigned char byte : digest) {
+    out += "0123456789abcdef"[byte >> 4];
+    out += "0123456789abcdef"[byte & 15];
+  }
+  return out;
+}
+
+// The cache's hash: FIPS 180-4's and RFC 4231's test vectors.
+TEST(WebConfigTest, Sha256AndHmacMatchTheirTestVectors) {
+  EXPECT_EQ(Hex(web::Sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(Hex(web::Sha256("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Hex(web::Sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(Hex(web::Sha256(std::string(1000, 'a'))),
+            "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3");
+  EXPECT_EQ(Hex(web::HmacSha256("Jefe", "what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  EXPECT_EQ(Hex(web::HmacSha256(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First")),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
 }
 
 }  // namespace

@@ -1020,3 +1020,231 @@ TEST(PodAttributionTest, MissingPodResourcesSocketIsCountedNotFatal) {
 
 }  // namespace
 }  // namespace kgpu::exporter
+
+// ---------------------------------------------------------------- review fixes: XIDs, windows, labels, MIG
+
+namespace kgpu::exporter {
+namespace {
+
+// The lines of `family` about GPU `gpu`'s GPU instance `gi`.
+std::vector<std::string> InstanceLines(const std::string& text, const std::string& family, unsigned gpu, unsigned gi) {
+  std::vector<std::string> out;
+  for (const auto& l : Family(text, family)) {
+    if (l.rfind(Cat(family, "{gpu=\"", gpu, "\","), 0) == 0 &&
+        l.find(Cat("GPU_I_ID=\"", gi, "\"")) != std::string::npos)
+      out.push_back(l);
+  }
+  return out;
+}
+
+// DCGM reports a device's last XID by time: a GPU-wide XID after an instance's own shows on the
+// instance, and an instance's later XID shows there again.
+TEST(CollectorTest, MigLastXidIsTheNewerOfTheInstancesAndTheGpus) {
+  Fixture f("dgx-a100-mig", "DCGM_FI_DEV_XID_ERRORS, gauge, x\n");
+  ASSERT_GE(f.inv->gpus()[0].migs.size(), 2u);
+  const unsigned gi = f.inv->gpus()[0].migs[0].gi;
+  unsigned other = gi;
+  for (const auto& m : f.inv->gpus()[0].migs) other = m.gi != gi ? m.gi : other;
+  ASSERT_NE(other, gi);
+  Collector collector(*f.lib, f.inv, f.options, nullptr);
+  auto t = std::chrono::steady_clock::time_point() + std::chrono::hours(1);
+  collector.SetClock([&] { return t; });
+  collector.RecordXid(0, gi, 13);
+  t += std::chrono::seconds(1);
+  collector.RecordXid(0, nvml::kNoInstance, 79);
+  std::string text = collector.Collect();
+  auto mine = InstanceLines(text, "DCGM_FI_DEV_XID_ERRORS", 0, gi);
+  ASSERT_EQ(mine.size(), 1u) << text;
+  EXPECT_TRUE(mine[0].ends_with("err_code=\"79\",err_msg=\"GPU has fallen off the bus\"} 79")) << mine[0];
+  auto others = InstanceLines(text, "DCGM_FI_DEV_XID_ERRORS", 0, other);
+  ASSERT_EQ(others.size(), 1u);
+  EXPECT_TRUE(others[0].ends_with("} 79")) << others[0];
+  // The instance's own XID, later: its own again; the other instance keeps the GPU's.
+  t += std::chrono::seconds(1);
+  collector.RecordXid(0, gi, 31);
+  text = collector.Collect();
+  mine = InstanceLines(text, "DCGM_FI_DEV_XID_ERRORS", 0, gi);
+  ASSERT_EQ(mine.size(), 1u);
+  EXPECT_TRUE(mine[0].ends_with("} 31")) << mine[0];
+  others = InstanceLines(text, "DCGM_FI_DEV_XID_ERRORS", 0, other);
+  ASSERT_EQ(others.size(), 1u);
+  EXPECT_TRUE(others[0].ends_with("} 79")) << others[0];
+}
+
+// An XID storm of one code within the window neither evicts a rare code seen before it nor
+// stops being counted.
+TEST(CollectorTest, XidStormKeepsRareXidsAndCountsEveryOne) {
+  Fixture f("dgx-h100", "DCGM_EXP_XID_ERRORS_COUNT, gauge, c\n");
+  Collector collector(*f.lib, f.inv, f.options, nullptr);
+  auto t = std::chrono::steady_clock::time_point() + std::chrono::hours(1);
+  collector.SetClock([&] { return t; });
+  collector.RecordXid(3, nvml::kNoInstance, 79);
+  for (int i = 0; i < 5000; ++i) {
+    if (i % 100 == 0) t += std::chrono::milliseconds(500);  // spread over 25 s of the 5-minute window
+    collector.RecordXid(3, nvml::kNoInstance, 13);
+  }
+  const std::string text = collector.Collect();
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_XID_ERRORS_COUNT", 3, "xid=\"79\""), "1") << text;
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_XID_ERRORS_COUNT", 3, "xid=\"13\""), "5000");
+}
+
+// The windows' counts: in time slots, bounded whatever the rate, exact within the window.
+TEST(WindowCountsTest, BoundedSlotsAndCountsWithinTheWindow) {
+  const auto t0 = std::chrono::steady_clock::time_point() + std::chrono::hours(1);
+  const std::chrono::milliseconds window(1000);
+  WindowCounts w;
+  for (int k = 0; k < 10000; ++k) w.Add(t0 + std::chrono::milliseconds(k), 7, window);  // one a ms for 10 s
+  EXPECT_LE(w.slots(), static_cast<size_t>(WindowCounts::kSlots) + 2);
+  const auto now = t0 + std::chrono::milliseconds(9999);
+  EXPECT_EQ(w.Counts(now, window), (std::map<uint64_t, uint64_t>{{7, 1000}}));  // ms 9000..9999
+  // A million events of one key in one window: a bounded number of slots, every event counted.
+  WindowCounts storm;
+  const std::chrono::milliseconds five_minutes(300000);
+  storm.Add(t0, 79, five_minutes);
+  for (int k = 0; k < 1000000; ++k) storm.Add(t0 + std::chrono::microseconds(k * 100), 13, five_minutes);
+  EXPECT_LE(storm.slots(), static_cast<size_t>(WindowCounts::kSlots) + 2);
+  const auto counts = storm.Counts(t0 + std::chrono::seconds(100), five_minutes);
+  EXPECT_EQ(counts.at(79), 1u);
+  EXPECT_EQ(counts.at(13), 1000000u);
+  storm.Expire(t0 + std::chrono::hours(1), five_minutes);
+  EXPECT_EQ(storm.slots(), 0u);
+}
+
+// DCGM_EXP_CLOCK_EVENTS_COUNT does not saturate with a long window: more collections than the
+// 4096 samples the exporter used to keep, each counted.
+TEST(CollectorTest, ClockEventsCountDoesNotSaturateWithALongWindow) {
+  Fixture f("l4x4", "DCGM_EXP_CLOCK_EVENTS_COUNT, gauge, c\n");
+  f.options.clock_events_count_window = std::chrono::milliseconds(86400000);  // a day, dcgm-exporter's maximum
+  Collector collector(*f.lib, f.inv, f.options, nullptr);
+  auto t = std::chrono::steady_clock::time_point() + std::chrono::hours(1);
+  collector.SetClock([&] { return t; });
+  std::string text;
+  for (int i = 0; i < 4200; ++i) {  // idle GPUs: gpu_idle in every collection
+    text = collector.Collect();
+    t += std::chrono::seconds(1);
+  }
+  EXPECT_EQ(ValueOf(text, "DCGM_EXP_CLOCK_EVENTS_COUNT", 0, "clock_event=\"gpu_idle\""), "4200") << text;
+}
+
+// The label names of one sample line, in order (none for a comment line).
+std::vector<std::string> LabelNames(const std::string& line) {
+  std::vector<std::string> names;
+  const size_t open = line.find('{');
+  if (line.empty() || line[0] == '#' || open == std::string::npos) return names;
+  size_t at = open + 1;
+  while (at < line.size() && line[at] != '}') {
+    const size_t eq = line.find('=', at);
+    if (eq == std::string::npos) break;
+    names.push_back(line.substr(at, eq - at));
+    at = eq + 2;  // past ="
+    while (at < line.size() && line[at] != '"') at += line[at] == '\\' ? 2 : 1;
+    at += 1;  // past the closing quote
+    if (at < line.size() && line[at] == ',') ++at;
+  }
+  return names;
+}
+
+// Prometheus refuses a whole page for one line that has a label name twice.
+void ExpectNoLabelTwice(const std::string& text) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    std::set<std::string> seen;
+    for (const auto& name : LabelNames(line)) {
+      EXPECT_TRUE(seen.insert(name).second) << "label " << name << " twice in: " << line;
+    }
+  }
+}
+
+// With pod labels on, a pod label named like any label the exporter writes (value, xid, the
+// health and P2P labels, the base labels, the CSV's label rows, ...) is left out: every line has
+// each label name once, and the pod's other labels stay.
+TEST(CollectorTest, PodLabelsNeverRepeatALabelTheExporterWrites) {
+  Fixture f("dgx-h100",
+            "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_XID_ERRORS, gauge, x\nDCGM_EXP_XID_ERRORS_TOTAL, counter, x\n"
+            "DCGM_EXP_XID_ERRORS_COUNT, gauge, x\nDCGM_EXP_CLOCK_EVENTS_COUNT, gauge, c\n"
+            "DCGM_EXP_CLOCK_EVENTS_TOTAL, counter, c\nDCGM_EXP_GPU_HEALTH_STATUS, gauge, h\n"
+            "DCGM_EXP_P2P_STATUS, gauge, p\nDCGM_FI_DEV_NAME, gauge, n\nDCGM_FI_DRIVER_VERSION, label, d\n"
+            "DCGM_FI_DEV_SERIAL, label, s\n");
+  const std::string dir = f.sim.dir();
+  ASSERT_EQ(f.sim.Ctl("ecc 0 dbe 1"), 0);  // a kgpu_gpu_unhealthy_reason line (reason)
+  std::filesystem::create_directories(dir + "/jobs");
+  std::ofstream(dir + "/jobs/0") << "job-1\n";
+  f.options.hpc_jobs = std::make_shared<HpcJobs>(dir + "/jobs");
+  f.options.pod_uid = true;
+  f.options.virtual_gpus = true;
+  std::vector<std::pair<std::string, std::string>> pod_labels = {{"app", "trainer"}};
+  f.options.pod_metadata = [&](const std::string& ns, const std::string& name) -> std::optional<PodMetadata> {
+    if (ns != "ml" || name != "train-0") return std::nullopt;
+    return PodMetadata{"11111111-1111-1111-1111-111111111111", pod_labels};
+  };
+  PodAttributor attributor({dir + "/proc", dir + "/no-checkpoint", dir + "/cdi"});
+  attributor.Update({{"nvidia.com/gpu", f.inv->gpus()[0].uuid, {"ml", "train-0", "main"}}});
+  Collector collector(*f.lib, f.inv, f.options, &attributor);
+  collector.RecordXid(0, nvml::kNoInstance, 13);
+  std::string text = collector.Collect();
+  ExpectNoLabelTwice(text);
+  // Every label name of the page, and the names the review found missing, as pod labels.
+  std::set<std::string> names = {
+      "value",    "xid",         "health_watch",   "health_error_code", "window_size_in_ms", "clock_event",
+      "peer_gpu", "link_status", "err_code",       "err_msg",           "hpc_job",           "vgpu",
+      "pod_uid",  "reason",      "enforcement",    "GPU_I_PROFILE",     "GPU_I_ID",          "Hostname",
+      "hostname", "uuid",        "container_name", "pod_name",          "pod_namespace"};
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    for (const auto& name : LabelNames(line)) names.insert(name);
+  }
+  EXPECT_GT(names.count("DCGM_FI_DEV_SERIAL"), 0u);
+  names.erase("app");  // the pod's own label, kept below
+  for (const auto& name : names) pod_labels.emplace_back(name, "clash");
+  std::sort(pod_labels.begin(), pod_labels.end());
+  text = collector.Collect();
+  ExpectNoLabelTwice(text);
+  EXPECT_EQ(text.find("\"clash\""), std::string::npos) << "a pod label took a name the exporter writes";
+  // The pod's own label is still there, on every series of the GPU it holds.
+  const std::string temp = ValueOf(text, "DCGM_FI_DEV_GPU_TEMP", 0, "app=\"trainer\"");
+  EXPECT_NE(temp, "absent") << text;
+  EXPECT_NE(ValueOf(text, "DCGM_EXP_GPU_HEALTH_STATUS", 0, "app=\"trainer\""), "absent");
+}
+
+// -d f on a MIG GPU that has no GPU instance (or whose instances could not be listed): the GPU
+// whole, so that it keeps kgpu_gpu_up, its health and XID families and its readings.
+TEST(CollectorTest, MigGpuWithoutInstancesStaysVisibleAsAWholeGpu) {
+  const std::string profile = WriteProfile("a100-mig-empty", R"(version: v1
+name: a100-mig-empty
+driverVersion: "535.183.01"
+cudaVersion: "12.2"
+nvlink: nvswitch
+nvswitches: 6
+numaNodes: 1
+pcieSwitchGroup: 2
+gpus:
+  - model: A100-SXM4-40GB
+    count: 2
+    busIds: [0x07, 0x0f]
+mig:
+  - gpu: 0
+    instances: []
+)");
+  {
+    Fixture f(
+        profile,
+        "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_EXP_GPU_HEALTH_STATUS, gauge, h\nDCGM_FI_DEV_XID_ERRORS, gauge, x\n");
+    ASSERT_EQ(f.inv->gpus().size(), 2u);
+    ASSERT_TRUE(f.inv->gpus()[0].mig_enabled);
+    ASSERT_TRUE(f.inv->gpus()[0].migs.empty());
+    const std::string text = f.Collect();
+    EXPECT_EQ(Family(text, "kgpu_gpu_up").size(), 2u) << text;
+    EXPECT_EQ(ValueOf(text, "kgpu_gpu_up", 0), "1");
+    EXPECT_NE(ValueOf(text, "DCGM_FI_DEV_GPU_TEMP", 0), "absent");
+    EXPECT_EQ(ValueOf(text, "DCGM_FI_DEV_XID_ERRORS", 0), "0");
+    EXPECT_EQ(Family(text, "DCGM_EXP_GPU_HEALTH_STATUS").size(), 2u * 10u);
+    EXPECT_EQ(text.find("GPU_I_ID"), std::string::npos);
+    // -d i selects GPU instances only: the GPU has none, so it has no series there (as asked).
+    f.options.devices = DeviceSelector{false, false, true, {}, {}};
+    EXPECT_EQ(Family(f.Collect(), "kgpu_gpu_up").size(), 0u);
+  }
+  std::filesystem::remove(profile);
+}
+
+}  // namespace
+}  // namespace kgpu::exporter

@@ -141,5 +141,15 @@ TEST(QuotaTest, SharesErrorsNameTheInputAndTheFix) {
   EXPECT_TRUE(ParseTeamShares("a=0").ok());
 }
 
+// kgpu quota -n and --shares hold namespace names to the same rule: a lowercase RFC 1123 label.
+TEST(QuotaTest, NamespaceNamesAreRfc1123Labels) {
+  for (const char* good : {"team-a", "a", "0", "kube-system", "x1-2y"}) EXPECT_TRUE(IsDnsLabel(good)) << good;
+  for (const char* bad : {"", "TEAM-A", "team_a", "-team", "team-", "team.a", "t\u00EBam"}) {
+    EXPECT_FALSE(IsDnsLabel(bad)) << bad;
+  }
+  EXPECT_TRUE(IsDnsLabel(std::string(63, 'a')));
+  EXPECT_FALSE(IsDnsLabel(std::string(64, 'a')));
+}
+
 }  // namespace
 }  // namespace kgpu::extender

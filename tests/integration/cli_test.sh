@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# kgpu's command line as a whole (README "Exit codes"), on a simulated node:
+# - the global options (--nvml-library, --log-level, --sysfs-root, --dev-root) are read before or
+#   after the command, nested commands included (mig show, slurm gres, slurm-bridge status, quota
+#   plan, and kgpu run as dcgm-exporter); a command's own option of the same name wins, and the only
+#   such clashes are the known ones (listed below: a new one fails here, to be chosen on purpose);
+# - a command that does not exist, at any level, is named with the nearest one, or with the list of
+#   commands, and a group without its command lists them; all exit 2 (usage). Commands that take
+#   positional arguments (slurm-bridge reclaim, hook) still take them.
+#   cli_test.sh KGPU_BIN SIM_LIB
+set -euo pipefail
+kgpu=$1 sim_lib=$2
+work=$(mktemp -d /tmp/kgpu-cli-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+export KGPU_SIM_NODE=l4x4 KGPU_SIM_STATE="$work/sim.state"
+unset KGPU_NVML_LIBRARY KGPU_LOG_LEVEL KGPU_SYSFS_ROOT KGPU_DEV_ROOT NVIDIA_DEV_ROOT KUBECONFIG
+
+out=""
+run() {  # run WANT_RC ARGS...: kgpu ARGS, its stdout and stderr in $out; fails unless it exits WANT_RC
+  local want=$1 rc=0
+  shift
+  out=$("$kgpu" "$@" 2>&1) || rc=$?
+  [ "$rc" = "$want" ] || fail "kgpu $*: exit $rc, want $want: $out"
+}
+has() {  # has TEXT: $out contains TEXT
+  grep -qF -- "$1" <<<"$out" || fail "the output lacks '$1': $out"
+}
+
+# ---------------------------------------------------------------- global options after the command
+run 0 --nvml-library "$sim_lib" --log-level debug devices
+has "NVIDIA L4"
+run 0 devices --nvml-library "$sim_lib" --log-level debug
+has "NVIDIA L4"
+run 0 devices --json --log-level=debug --nvml-library="$sim_lib"
+has '"gpus"'
+# The value after the command reaches the global option: an unknown level is refused as usage, and
+# given on both sides it is one option given twice.
+run 2 devices --log-level loud
+has "kgpu: --log-level: unknown level 'loud'"
+run 2 --log-level info devices --log-level debug
+has "--log-level"
+# Nested commands, two and three levels down (the last ones stop at the level, before any API call).
+run 0 mig show --log-level debug --nvml-library "$sim_lib"
+has "MIG: not supported"
+run 0 slurm gres --nvml-library "$sim_lib" --log-level debug --output gres
+has "Name=gpu Type=nvidia_l4 File=/dev/nvidia0"
+run 2 slurm-bridge status --log-level loud
+has "kgpu: --log-level: unknown level 'loud'"
+run 2 quota plan --shares team-a=50 --log-level loud
+has "kgpu: --log-level: unknown level 'loud'"
+# Through the dcgm-exporter link (GoStyleFlags makes it `kgpu exporter ...` first).
+ln -s "$kgpu" "$work/dcgm-exporter"
+rc=0
+out=$("$work/dcgm-exporter" --log-level loud 2>&1) || rc=$?
+[ "$rc" = 2 ] || fail "dcgm-exporter --log-level loud: exit $rc, want 2: $out"
+has "kgpu: --log-level: unknown level 'loud'"
+
+# A command's own option of the same name wins: slurm gres's --dev-root is the device plugin's
+# NVIDIA_DEV_ROOT (not one option given twice), and the global one before the command still sets
+# the /dev directory of File=.
+run 0 --nvml-library "$sim_lib" --dev-root /a slurm gres --dev-root /b --output gres
+has "File=/a/nvidia0"
+run 0 --dev-root /a device-plugin --dev-root /b --help
+has "--dev-root,--nvidia-dev-root"
+# Every command's own options, against the global ones: the clashes are exactly these.
+globals=" --nvml-library --log-level --sysfs-root --dev-root --version "
+clashes() {  # clashes PATH...: "PATH: --name" for each global option name the command declares
+  local help sub name
+  help=$("$kgpu" "$@" --help) || fail "kgpu $* --help failed"
+  if [ $# -gt 0 ]; then
+    for name in $(sed -n '/^Options:/,/^$/p' <<<"$help" | awk '/^  -/ {print $1}' | tr ',' ' '); do
+      case "$globals" in *" $name "*) echo "$*: $name" ;; esac
+    done
+  fi
+  for sub in $(sed -n '/^Subcommands:/,/^$/p' <<<"$help" | awk '/^  [a-z]/ {print $1}'); do clashes "$@" "$sub"; done
+}
+got=$(clashes)
+want="device-plugin: --dev-root
+node: --dev-root
+node-labels: --dev-root
+node-template: --dev-root
+slurm gres: --dev-root"
+[ "$got" = "$want" ] || fail "commands whose own option shadows a global one:
+$got
+want:
+$want"
+# The help says where global options may go.
+run 0 devices --help
+has "may come before or after the command"
+echo "ok: global options before and after the command"
+
+# ---------------------------------------------------------------- unknown commands
+run 2 devces
+has "kgpu: unknown command 'devces'; did you mean 'devices'?"
+run 2 --log-level debug devces --json
+has "kgpu: unknown command 'devces'; did you mean 'devices'?"
+run 2 dev
+has "kgpu: unknown command 'dev'; did you mean 'devices' or 'device-plugin'?"
+run 2 frobnicate
+has "kgpu: unknown command 'frobnicate'; commands: devices, doctor, health, version, device-plugin,"
+has "(kgpu --help)"
+run 2 mig aply
+has "kgpu mig: unknown command 'aply'; did you mean 'apply'?"
+run 2 mig list --log-level debug
+has "kgpu mig: unknown command 'list'; commands: show, apply (kgpu mig --help)"
+run 2 slurm bridge
+has "kgpu slurm: unknown command 'bridge'; commands: gres (kgpu slurm --help)"
+run 2 slurm-bridge hok suspend n1
+has "kgpu slurm-bridge: unknown command 'hok'; did you mean 'hook'?"
+run 2 quota plna --shares team-a=50
+has "kgpu quota: unknown command 'plna'; did you mean 'plan'?"
+# quota's command is optional: a stray word that is no near miss keeps CLI11's message.
+run 2 quota team-a
+has "team-a"
+if grep -qF "unknown command" <<<"$out"; then fail "kgpu quota team-a: taken for a command: $out"; fi
+# No command where one is required: the list.
+run 2
+has "kgpu: a command is required; commands: devices,"
+run 2 --log-level debug
+has "kgpu: a command is required; commands: devices,"
+run 2 mig
+has "kgpu mig: a command is required; commands: show, apply (kgpu mig --help)"
+# What a terminal would act on is escaped, not echoed.
+run 2 $'dev\033[31m'
+has "kgpu: unknown command 'dev\\x1B[31m'"
+if grep -q $'\033' <<<"$out"; then fail "an escape byte reached the output: $out"; fi
+# Help still wins, and a command's positional arguments are still its own: slurm-bridge reclaim
+# and hook get past parsing to the kubeconfig (exit 1, not 2).
+run 0 devces --help
+has "Subcommands:"
+run 1 slurm-bridge reclaim n1 --kubeconfig "$work/missing"
+run 1 slurm-bridge hook suspend n1 --kubeconfig "$work/missing"
+run 2 slurm-bridge hook suspnd n1 --kubeconfig "$work/missing"
+has "suspnd"
+echo "ok: unknown commands"
+echo PASS
