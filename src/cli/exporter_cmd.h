@@ -128,9 +128,9 @@ absl::StatusOr<exporter::DeviceSelector> ParseDeviceSelector(std::string_view fl
 // and -rbmn becomes --replace-blanks-in-model-name; a one-letter "-x=value" (Go's form, which
 // CLI11 would read as the value "=value") becomes "--<long name of x>=value". The subcommand is
 // looked for past kgpu's own options and their values, up to the first other positional argument.
-// Everything else (and anything after "--") is left as it is. Run under the name dcgm-exporter (a link to kgpu: manifests and images that
-// start dcgm-exporter with its own arguments, or none, as the GPU Operator's DaemonSet does), the
-// command line is `kgpu exporter <its arguments>`. The result includes argv[0].
+// Everything else (and anything after "--") is left as it is. Run under the name dcgm-exporter (a link to kgpu:
+// manifests and images that start dcgm-exporter with its own arguments, or none, as the GPU Operator's DaemonSet does),
+// the command line is `kgpu exporter <its arguments>`. The result includes argv[0].
 std::vector<std::string> GoStyleFlags(const CLI::App& app, int argc, const char* const* argv);
 
 // --kubernetes-enable-pod-labels: this node's pods (flags.node_name, else NODE_NAME) from a pod
