@@ -18,6 +18,8 @@
 #include <crypt.h>
 #include <dlfcn.h>
 #include <httplib.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/ssl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -487,83 +489,55 @@ bool BcryptMatches(const std::string& hash, std::string_view password) {
   return ConstantTimeEqual(out, hash);
 }
 
-std::array<unsigned char, 32> Sha256(std::string_view data) {
-  static constexpr uint32_t kRound[64] = {
-      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-      0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-      0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-      0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-      0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-      0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-      0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-      0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  auto rotr = [](uint32_t x, int n) -> uint32_t { return (x >> n) | (x << (32 - n)); };
-  // The message padded to whole 64-byte blocks: a 1 bit, zeros, and its length in bits (64-bit big-endian).
-  std::string m(data);
-  const uint64_t bits = static_cast<uint64_t>(data.size()) * 8;
-  m.push_back(static_cast<char>(0x80));
-  while (m.size() % 64 != 56) m.push_back('\0');
-  for (int i = 7; i >= 0; --i) m.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
-  for (size_t block = 0; block < m.size(); block += 64) {
-    uint32_t w[64];
-    for (size_t i = 0; i < 16; ++i) {
-      const auto byte = [&](size_t k) {
-        return static_cast<uint32_t>(static_cast<unsigned char>(m[block + 4 * i + k]));
-      };
-      w[i] = (byte(0) << 24) | (byte(1) << 16) | (byte(2) << 8) | byte(3);
-    }
-    for (size_t i = 16; i < 64; ++i) {
-      const uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-      const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
-    for (size_t i = 0; i < 64; ++i) {
-      const uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kRound[i] + w[i];
-      const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-      hh = g;
-      g = f;
-      f = e;
-      e = d + t1;
-      d = c;
-      c = b;
-      b = a;
-      a = t1 + t2;
-    }
-    h[0] += a;
-    h[1] += b;
-    h[2] += c;
-    h[3] += d;
-    h[4] += e;
-    h[5] += f;
-    h[6] += g;
-    h[7] += hh;
-  }
+namespace {
+
+// libcrypto's SHA-256 and HMAC (OpenSSL 3), from the libcrypto.so.3 libcpp-httplib brings in
+// (through libssl): kgpu links no crypto library, as for libssl above. Loaded once; null when
+// the library or a symbol is missing.
+struct Crypto {
+  decltype(&::EVP_sha256) sha256 = nullptr;
+  decltype(&::EVP_Digest) digest = nullptr;
+  decltype(&::HMAC) hmac = nullptr;
+};
+
+const Crypto* LoadCrypto() {
+  static const Crypto* const crypto = []() -> const Crypto* {
+    void* lib = dlopen("libcrypto.so.3", RTLD_NOW);  // kept open: the pointers live as long as the process
+    if (lib == nullptr) return nullptr;
+    auto c = std::make_unique<Crypto>();
+    c->sha256 = reinterpret_cast<decltype(c->sha256)>(dlsym(lib, "EVP_sha256"));
+    c->digest = reinterpret_cast<decltype(c->digest)>(dlsym(lib, "EVP_Digest"));
+    c->hmac = reinterpret_cast<decltype(c->hmac)>(dlsym(lib, "HMAC"));
+    if (!c->sha256 || !c->digest || !c->hmac) return nullptr;
+    return c.release();
+  }();
+  return crypto;
+}
+
+}  // namespace
+
+std::optional<std::array<unsigned char, 32>> Sha256(std::string_view data) {
+  const Crypto* c = LoadCrypto();
   std::array<unsigned char, 32> out{};
-  for (size_t i = 0; i < 8; ++i) {
-    for (size_t k = 0; k < 4; ++k) out[4 * i + k] = static_cast<unsigned char>((h[i] >> (24 - 8 * k)) & 0xff);
+  unsigned int size = 0;
+  if (c == nullptr || c->digest(data.data(), data.size(), out.data(), &size, c->sha256(), nullptr) != 1 ||
+      size != out.size()) {
+    return std::nullopt;
   }
   return out;
 }
 
-std::array<unsigned char, 32> HmacSha256(std::string_view key, std::string_view data) {
-  // RFC 2104 with SHA-256's 64-byte block: a longer key is hashed first, a shorter one zero-padded.
-  std::string k(key);
-  if (k.size() > 64) {
-    const auto digest = Sha256(key);
-    k.assign(digest.begin(), digest.end());
+std::optional<std::array<unsigned char, 32>> HmacSha256(std::string_view key, std::string_view data) {
+  const Crypto* c = LoadCrypto();
+  std::array<unsigned char, 32> out{};
+  unsigned int size = 0;
+  if (c == nullptr ||
+      c->hmac(c->sha256(), key.data(), static_cast<int>(key.size()),
+              reinterpret_cast<const unsigned char*>(data.data()), data.size(), out.data(), &size) == nullptr ||
+      size != out.size()) {
+    return std::nullopt;
   }
-  k.resize(64, '\0');
-  std::string inner(64, '\0'), outer(64, '\0');
-  for (size_t i = 0; i < 64; ++i) {
-    inner[i] = static_cast<char>(k[i] ^ 0x36);
-    outer[i] = static_cast<char>(k[i] ^ 0x5c);
-  }
-  inner.append(data);
-  const auto inner_digest = Sha256(inner);
-  outer.append(inner_digest.begin(), inner_digest.end());
-  return Sha256(outer);
+  return out;
 }
 
 Gate::Gate(WebConfig config)
@@ -614,13 +588,14 @@ Verdict Gate::Admit(std::string_view authorization) {
 }
 
 Gate::Outcome Gate::Check(std::string_view user, std::string_view password) {
+  // Without libcrypto there is no cache key: every request is checked with bcrypt.
   const auto digest = HmacSha256(cache_key_, Cat(user, '\0', password));
-  {
+  if (digest) {
     std::lock_guard<std::mutex> lock(mu_);
     // Every entry compared, each in constant time: neither the time nor the order says which matched.
     CacheEntry* hit = nullptr;
     for (CacheEntry& entry : cache_) {
-      if (ConstantTimeEqual(entry.digest, digest)) hit = &entry;
+      if (ConstantTimeEqual(entry.digest, *digest)) hit = &entry;
     }
     if (hit != nullptr) {
       hit->used = ++uses_;
@@ -640,9 +615,10 @@ Gate::Outcome Gate::Check(std::string_view user, std::string_view password) {
   // Only successes are cached: a failure is not asked again by a scraper, and caching failures
   // would let distinct wrong passwords push the valid entry out.
   if (!valid_user || !matches) return Outcome::kInvalid;
+  if (!digest) return Outcome::kValid;
   std::lock_guard<std::mutex> lock(mu_);
   for (const CacheEntry& entry : cache_) {
-    if (ConstantTimeEqual(entry.digest, digest)) return Outcome::kValid;  // another request added it meanwhile
+    if (ConstantTimeEqual(entry.digest, *digest)) return Outcome::kValid;  // another request added it meanwhile
   }
   if (cache_.size() >= kCacheSize) {
     // The least recently used entry makes room (a bound: there are few users, and scrapers repeat).
@@ -650,7 +626,7 @@ Gate::Outcome Gate::Check(std::string_view user, std::string_view password) {
                                    [](const CacheEntry& a, const CacheEntry& b) { return a.used < b.used; });
     cache_.erase(oldest);
   }
-  cache_.push_back({digest, ++uses_});
+  cache_.push_back({*digest, ++uses_});
   return Outcome::kValid;
 }
 

@@ -51,6 +51,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -96,9 +97,10 @@ absl::StatusOr<WebConfig> LoadWebConfig(const std::string& path);
 bool BcryptMatches(const std::string& hash, std::string_view password);
 
 // SHA-256 (FIPS 180-4) of `data`, and HMAC-SHA-256 (RFC 2104) of `data` under `key`: the basic auth
-// cache's keys (kgpu links no crypto library: OpenSSL is only reached through the lazily loaded httplib).
-std::array<unsigned char, 32> Sha256(std::string_view data);
-std::array<unsigned char, 32> HmacSha256(std::string_view key, std::string_view data);
+// cache's keys. OpenSSL's, from the libcrypto.so.3 that the lazily loaded httplib brings in (kgpu
+// links no crypto library); nullopt when it cannot be loaded.
+std::optional<std::array<unsigned char, 32>> Sha256(std::string_view data);
+std::optional<std::array<unsigned char, 32>> HmacSha256(std::string_view key, std::string_view data);
 
 // What a request gets from the gate: 200 (serve it), 401 with WWW-Authenticate, or 429.
 struct Verdict {

@@ -26,10 +26,10 @@
 #include "exporter/attribution.h"
 #include "exporter/counters.h"
 #include "exporter/exporter.h"
+#include "testing/exporter_fixture.h"
 #include "testing/fake_apiserver.h"
 #include "testing/fake_podresources.h"
 #include "testing/kubelet_checkpoint.h"
-#include "testing/sim_gpus.h"
 
 namespace kgpu::cli {
 namespace {
@@ -561,28 +561,8 @@ TEST(ExporterFlagsTest, PodLabelsAreSanitisedAndAllowListed) {
 
 // ---------------------------------------------------------------- the series
 
-struct Fixture : kgpu::testing::SimGpus {
-  explicit Fixture(const std::string& profile) : SimGpus(profile) {
-    auto c = exporter::ParseCounters(exporter::DefaultCountersCsv(), "csv", nullptr);
-    EXPECT_TRUE(c.ok());
-    options.counters = *c;
-    options.hostname = "node-a";
-  }
-  std::string Collect(const exporter::PodAttributor* attributor = nullptr) {
-    exporter::Collector collector(*lib, inv, options, attributor);
-    return collector.Collect();
-  }
-  exporter::ExporterOptions options;
-};
-
-std::vector<std::string> Family(const std::string& text, const std::string& name) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(name + "{", 0) == 0) out.push_back(line);
-  }
-  return out;
-}
+using Fixture = kgpu::testing::ExporterFixture;
+using kgpu::testing::Family;
 
 TEST(ExporterFlagsTest, OldNamespaceAndHostnameLabelRenameLabels) {
   Fixture f("l4x4");
@@ -1181,16 +1161,17 @@ std::string Hex(const std::array<unsigned char, 32>& digest) {
 
 // The cache's hash: FIPS 180-4's and RFC 4231's test vectors.
 TEST(WebConfigTest, Sha256AndHmacMatchTheirTestVectors) {
-  EXPECT_EQ(Hex(web::Sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(Hex(web::Sha256("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  EXPECT_EQ(Hex(web::Sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")),
+  EXPECT_EQ(Hex(web::Sha256("").value()), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(Hex(web::Sha256("abc").value()), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Hex(web::Sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq").value()),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-  EXPECT_EQ(Hex(web::Sha256(std::string(1000, 'a'))),
+  EXPECT_EQ(Hex(web::Sha256(std::string(1000, 'a')).value()),
             "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3");
-  EXPECT_EQ(Hex(web::HmacSha256("Jefe", "what do ya want for nothing?")),
+  EXPECT_EQ(Hex(web::HmacSha256("Jefe", "what do ya want for nothing?").value()),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
-  EXPECT_EQ(Hex(web::HmacSha256(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First")),
-            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  EXPECT_EQ(
+      Hex(web::HmacSha256(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First").value()),
+      "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
 }
 
 }  // namespace
