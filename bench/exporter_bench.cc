@@ -771,24 +771,22 @@ int main(int argc, char** argv) {
                           {"NODE_NAME", kNodeName},
                           {"KGPU_LOG_LEVEL", "info"}},
                          &env_storage);
+    // The command line of a `kgpu exporter` child on `listen_port`: with -k, against this run's fake
+    // PodResources, /proc and checkpoint; with --counters, that file (-f).
+    auto exporter_args = [&](int listen_port, bool k) {
+      std::vector<std::string> a = {args.kgpu, "exporter", "-a", Cat("127.0.0.1:", listen_port), "-c", "1000"};
+      if (k) {
+        a.insert(a.end(), {"-k", "--pod-resources-kubelet-socket", dir + "/pr.sock", "--proc-root", dir + "/proc",
+                           "--kubelet-checkpoint", dir + "/checkpoint"});
+      }
+      if (!args.counters.empty()) a.insert(a.end(), {"-f", args.counters});
+      return a;
+    };
     ChildFigures k;
     {
       const int child_port = FreePort();
       Child child;
-      std::vector<std::string> cargs = {args.kgpu,
-                                        "exporter",
-                                        "-a",
-                                        Cat("127.0.0.1:", child_port),
-                                        "-c",
-                                        "1000",
-                                        "-k",
-                                        "--pod-resources-kubelet-socket",
-                                        dir + "/pr.sock",
-                                        "--proc-root",
-                                        dir + "/proc",
-                                        "--kubelet-checkpoint",
-                                        dir + "/checkpoint"};
-      if (!args.counters.empty()) cargs.insert(cargs.end(), {"-f", args.counters});
+      const std::vector<std::string> cargs = exporter_args(child_port, true);
       std::string cmdline;
       for (const auto& a : cargs) cmdline += (cmdline.empty() ? "" : " ") + a;
       if (!child.Start(cargs, envp.data(), dir + "/exporter-k.log", child_port, &k.start_ms)) {
@@ -879,8 +877,7 @@ int main(int argc, char** argv) {
       const int child_port = FreePort();
       Child child;
       double start_ms = 0;
-      std::vector<std::string> cargs = {args.kgpu, "exporter", "-a", Cat("127.0.0.1:", child_port), "-c", "1000"};
-      if (!args.counters.empty()) cargs.insert(cargs.end(), {"-f", args.counters});
+      const std::vector<std::string> cargs = exporter_args(child_port, false);
       if (!child.Start(cargs, envp.data(), dir + "/exporter-nok.log", child_port, &start_ms)) {
         fail("kgpu exporter (no -k) did not serve\n" + child.LogTail());
         break;
@@ -906,20 +903,7 @@ int main(int argc, char** argv) {
       const int child_port = FreePort();
       Child child;
       double start_ms = 0;
-      std::vector<std::string> cargs = {args.kgpu,
-                                        "exporter",
-                                        "-a",
-                                        Cat("127.0.0.1:", child_port),
-                                        "-c",
-                                        "1000",
-                                        "-k",
-                                        "--pod-resources-kubelet-socket",
-                                        dir + "/pr.sock",
-                                        "--proc-root",
-                                        dir + "/proc",
-                                        "--kubelet-checkpoint",
-                                        dir + "/checkpoint"};
-      if (!args.counters.empty()) cargs.insert(cargs.end(), {"-f", args.counters});
+      const std::vector<std::string> cargs = exporter_args(child_port, true);
       if (!child.Start(cargs, env1.data(), dir + "/exporter-arena1.log", child_port, &start_ms)) {
         fail("kgpu exporter -k (MALLOC_ARENA_MAX=1) did not serve\n" + child.LogTail());
         break;

@@ -42,6 +42,8 @@ root=$(cd "$1" && pwd) version=$2 out=$3 cache=${4:-$1/build/cache}
 name=${KGPU_IMAGE_NAME:-localhost/kgpu}
 step() { printf '\n== %s\n' "$*"; }
 fail() { echo "make-image: FAIL: $*" >&2; exit 1; }
+# shellcheck source=scripts/bookworm-root.sh
+. "$(dirname "${BASH_SOURCE[0]}")/bookworm-root.sh"
 [ "$(id -u)" -eq 0 ] || fail "needs root (debootstrap, chroot, mount): sudo make image"
 for tool in debootstrap umoci skopeo unshare chroot tar gzip; do
   command -v "$tool" >/dev/null || fail "$tool not found: run scripts/install-deps.sh"
@@ -82,16 +84,7 @@ mkdir -p "$cache" "$cache/apt-archives/partial" "$out"
 
 step "Debian 12 root (debootstrap --variant=minbase bookworm, $mirror)"
 tarball="$cache/$tarball_name"
-if [ ! -s "$tarball" ]; then
-  t0=$SECONDS
-  debootstrap --variant=minbase bookworm "$work/bootstrap" "$mirror" >"$work/debootstrap.log" 2>&1 ||
-    { tail -20 "$work/debootstrap.log"; fail "debootstrap failed (log above)"; }
-  tar -C "$work/bootstrap" -cf "$tarball.tmp.$$" . && mv "$tarball.tmp.$$" "$tarball"
-  rm -rf --one-file-system "$work/bootstrap"
-  echo "debootstrap took $((SECONDS - t0)) s; cached as $tarball"
-else
-  echo "from the cache: $tarball"
-fi
+cached_bookworm_root "$tarball" "$work" "$mirror"
 rootfs="$work/rootfs"
 mkdir -p "$rootfs"
 tar -C "$rootfs" --numeric-owner -xf "$tarball"

@@ -23,12 +23,8 @@ export KGPU_SIM_NODE=dgx-h100 KGPU_SIM_STATE=$work/node.state KGPU_SIM_NODE_NAME
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-passes=0; fails=0
-ok() { passes=$((passes+1)); echo "ok - $*"; }
-bad() { fails=$((fails+1)); echo "not ok - $*"; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-# retry SECONDS CMD...: until CMD succeeds
-retry() { local n=$(( $1 * 5 )); shift; for _ in $(seq "$n"); do "$@" && return 0; sleep 0.2; done; return 1; }
+# shellcheck source=tests/integration/tap.sh
+. "$(dirname "$0")/tap.sh"
 # lint FILE NAME: promtool finds nothing but dcgm-exporter's naming (camelCase labels, counters
 # without _total, names it keeps), and no series appears twice.
 lint() {

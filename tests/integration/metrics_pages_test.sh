@@ -26,12 +26,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-passes=0; fails=0
-ok() { passes=$((passes+1)); echo "ok - $*"; }
-bad() { fails=$((fails+1)); echo "not ok - $*"; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-# retry SECONDS CMD...: until CMD succeeds
-retry() { local n=$(( $1 * 5 )); shift; for _ in $(seq "$n"); do "$@" && return 0; sleep 0.2; done; return 1; }
+# shellcheck source=tests/integration/tap.sh
+. "$(dirname "$0")/tap.sh"
 
 # lint NAME FILE: promtool finds nothing; every family has HELP and TYPE.
 lint() {

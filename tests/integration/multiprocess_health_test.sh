@@ -11,9 +11,8 @@ export KGPU_SIM_NODE=dgx-a100-mig KGPU_SIM_STATE=$work/node.state KGPU_SIM_NODE_
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-fails=0; passes=0
-ok() { passes=$((passes+1)); echo "ok - $*"; }
-bad() { fails=$((fails+1)); echo "not ok - $*"; }
+# shellcheck source=tests/integration/tap.sh
+. "$(dirname "$0")/tap.sh"
 # wait_for FILE PATTERN: up to 10 s
 wait_for() { for _ in $(seq 100); do grep -q -- "$2" "$1" && return 0; sleep 0.1; done; return 1; }
 

@@ -15,6 +15,8 @@ set -euo pipefail
 root=$(cd "$1" && pwd) version=$2 cache=$3
 step() { printf '\n== %s\n' "$*"; }
 fail() { echo "package_test: FAIL: $*" >&2; exit 1; }
+# shellcheck source=scripts/bookworm-root.sh
+. "$root/scripts/bookworm-root.sh"
 [ "$(id -u)" -eq 0 ] || fail "needs root (debootstrap, chroot)"
 command -v debootstrap >/dev/null || fail "debootstrap not found: run scripts/install-deps.sh"
 
@@ -74,16 +76,7 @@ grep -q " ./usr/lib/kgpu/$version/libkgpu-cuda.so$" <<<"$kgpu_files" ||
 step "Debian 12 root (debootstrap --variant=minbase bookworm)"
 tarball="$cache/bookworm-minbase.tar"
 mkdir -p "$cache"
-if [ ! -s "$tarball" ]; then
-  t0=$SECONDS
-  debootstrap --variant=minbase bookworm "$work/bootstrap" >"$work/debootstrap.log" 2>&1 ||
-    { tail -20 "$work/debootstrap.log"; fail "debootstrap failed (log above)"; }
-  tar -C "$work/bootstrap" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
-  rm -rf --one-file-system "$work/bootstrap"
-  echo "debootstrap took $((SECONDS - t0)) s; cached as $tarball"
-else
-  echo "from the cache: $tarball"
-fi
+cached_bookworm_root "$tarball" "$work"
 sysroot="$work/root"
 mkdir -p "$sysroot"
 tar -C "$sysroot" -xf "$tarball"

@@ -57,9 +57,8 @@ cleanup() {
 }
 trap cleanup EXIT
 export LD_LIBRARY_PATH=$nvml
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-# retry SECONDS CMD...: until CMD succeeds
-retry() { local n=$(( $1 * 5 )); shift; for _ in $(seq "$n"); do "$@" && return 0; sleep 0.2; done; return 1; }
+# shellcheck source=tests/integration/tap.sh
+. "$(dirname "$0")/../integration/tap.sh"
 uuid_of() { "$bin/kgpu" devices --json | python3 -c "import json,sys; print(json.load(sys.stdin)['gpus'][$1]['uuid'])"; }
 mig_uuid_of() {  # mig_uuid_of GPU GI
   "$bin/kgpu" devices --json | python3 -c "

@@ -19,7 +19,7 @@
 #include "exporter/counters.h"
 #include "exporter/gzip_body.h"
 #include "gpu/mig_layout.h"
-#include "testing/sim_gpus.h"
+#include "testing/exporter_fixture.h"
 
 namespace kgpu::exporter {
 namespace {
@@ -103,29 +103,8 @@ TEST(CountersTest, ErrorsNameTheLine) {
   EXPECT_TRUE(ParseCounters("DCGM_FI_DRIVER_VERSION, gauge, t\n", "my.csv", nullptr).ok());
 }
 
-struct Fixture : kgpu::testing::SimGpus {
-  explicit Fixture(const std::string& profile, const std::string& csv = DefaultCountersCsv()) : SimGpus(profile) {
-    auto c = ParseCounters(csv, "csv", nullptr);
-    EXPECT_TRUE(c.ok());
-    options.counters = *c;
-    options.hostname = "node-a";
-  }
-  std::string Collect() {
-    Collector collector(*lib, inv, options, nullptr);
-    return collector.Collect();
-  }
-  ExporterOptions options;
-};
-
-// All lines of one family.
-std::vector<std::string> Family(const std::string& text, const std::string& name) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(name + "{", 0) == 0) out.push_back(line);
-  }
-  return out;
-}
+using Fixture = kgpu::testing::ExporterFixture;
+using kgpu::testing::Family;
 
 TEST(CollectorTest, DcgmExporterLabelsAndValues) {
   Fixture f("dgx-h100");
