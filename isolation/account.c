@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -16,12 +17,13 @@
 #include <unistd.h>
 
 #define KGPU_ACCT_MAGIC 0x4b47505543554131ULL /* "KGPUCUA1" */
-#define KGPU_ACCT_VERSION 2U
+#define KGPU_ACCT_VERSION 3U
 
 typedef struct {
   char uuid[KGPU_ACCT_UUID_LEN]; /* "" when unused */
   uint64_t limit;                /* as first recorded, bytes */
   uint64_t used;                 /* sum of the slots' charges and extras */
+  kgpu_acct_compute compute;     /* compute.c's state for this GPU */
 } acct_gpu;
 
 typedef struct {
@@ -46,6 +48,8 @@ typedef struct {
 
 static acct_region* g_region;
 static int g_slot = -1;
+static int64_t g_start_time;                /* this process's, as its slot records it */
+static uint64_t g_mine[KGPU_ACCT_MAX_GPUS]; /* what this process charged, kept privately: see slot_check */
 static pthread_mutex_t g_attach_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_hold_ms; /* test hook, see region_lock */
 
@@ -120,9 +124,41 @@ static int region_lock(void) {
     fprintf(stderr, "kgpu-cuda: the accounting lock is unusable (%s); allocations are refused\n", strerror(rc));
     return -1;
   }
+  if (g_region->magic != KGPU_ACCT_MAGIC || g_region->version != KGPU_ACCT_VERSION) {
+    /* Something overwrote the region (only a process of the container can): fail closed. */
+    pthread_mutex_unlock(&g_region->mutex);
+    static int told;
+    if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+      fprintf(stderr, "kgpu-cuda: the container's accounting region was overwritten; allocations are refused\n");
+    return -1;
+  }
   /* TEST HOOK (KGPU_CUDA_TESTHOOK_HOLD_LOCK_MS): hold the lock this long on every lock, so that a
    * test can kill a process while it holds it. Unset in production. */
   if (g_hold_ms != 0) usleep(g_hold_ms * 1000U);
+  return 0;
+}
+
+/* With the mutex held: makes sure this process's slot is still its own. A process of the
+ * container that wiped or took over the slot (the region is writable by all of them) does not
+ * take this process's charges away: it claims a slot again and charges what it holds, which it
+ * keeps privately (g_mine), beyond the limit if need be (the memory is allocated). 0 when the
+ * process has its slot. */
+static int slot_check_locked(void) {
+  const int32_t pid = (int32_t)getpid();
+  if (g_slot >= 0 && g_region->slots[g_slot].pid == pid) return 0;
+  acct_slot* mine = NULL;
+  for (unsigned i = 0; i < KGPU_ACCT_MAX_SLOTS && mine == NULL; ++i) {
+    if (g_region->slots[i].pid == 0) {
+      mine = &g_region->slots[i];
+      g_slot = (int)i;
+    }
+  }
+  if (mine == NULL) return -1;
+  memset(mine, 0, sizeof *mine);
+  mine->pid = pid;
+  mine->start_time = g_start_time > 0 ? (uint64_t)g_start_time : 0;
+  for (unsigned g = 0; g < KGPU_ACCT_MAX_GPUS; ++g) mine->used[g] = g_mine[g];
+  reap_locked();
   return 0;
 }
 
@@ -141,13 +177,25 @@ static void mkdir_parents(const char* dir) {
   }
 }
 
+static char g_dir[3072]; /* set by kgpu_acct_set_dir */
+
+void kgpu_acct_set_dir(const char* dir) {
+  snprintf(g_dir, sizeof g_dir, "%s", dir);
+}
+
 static acct_region* open_region(void) {
-  const char* dir = getenv("KGPU_CUDA_SHARED_DIR");
+  const char* dir = g_dir;
+  if (*dir == '\0') dir = getenv("KGPU_CUDA_SHARED_DIR");
   if (dir == NULL || *dir == '\0') dir = "/tmp/kgpu-cuda";
   char path[4096];
   snprintf(path, sizeof path, "%s/kgpu-cuda.region", dir);
-  mkdir_parents(dir);
-  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+  /* The device plugin creates the region where it mounts it (read-only directory, the file
+   * itself read-write): open what is there before trying to create anything. */
+  int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0 && errno == ENOENT) {
+    mkdir_parents(dir);
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+  }
   if (fd < 0) {
     fprintf(stderr, "kgpu-cuda: cannot open %s: %s; allocations are refused\n", path, strerror(errno));
     return NULL;
@@ -220,6 +268,7 @@ int kgpu_acct_attach(void) {
       s->start_time = st > 0 ? (uint64_t)st : 0;
       s->pid = pid;
       g_slot = free_slot;
+      g_start_time = st;
     } else {
       reap_locked();
     }
@@ -253,6 +302,7 @@ void kgpu_acct_after_fork(void) {
   pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
   g_attach_mu = fresh;
   g_slot = -1;
+  memset(g_mine, 0, sizeof g_mine);
 }
 
 int kgpu_acct_gpu(const char* uuid, uint64_t limit) {
@@ -264,10 +314,12 @@ int kgpu_acct_gpu(const char* uuid, uint64_t limit) {
       snprintf(e->uuid, sizeof e->uuid, "%s", uuid);
       e->limit = limit;
       e->used = 0;
+      memset(&e->compute, 0, sizeof e->compute);
       ++g_region->ngpus;
       found = (int)g;
-    } else if (strcmp(e->uuid, uuid) == 0) {
+    } else if (strcasecmp(e->uuid, uuid) == 0) {
       found = (int)g;
+      if (e->limit == KGPU_ACCT_NO_LIMIT) e->limit = limit; /* the first limit recorded stays */
     }
   }
   region_unlock();
@@ -281,6 +333,10 @@ static uint64_t effective_limit(int gi, uint64_t limit) {
 
 int kgpu_acct_charge(int gi, uint64_t bytes, uint64_t limit) {
   if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || kgpu_acct_attach() != 0 || region_lock() != 0) return -1;
+  if (slot_check_locked() != 0) {
+    region_unlock();
+    return -1;
+  }
   int rc = 1;
   for (int attempt = 0; attempt < 2; ++attempt) {
     acct_gpu* g = &g_region->gpus[gi];
@@ -288,6 +344,7 @@ int kgpu_acct_charge(int gi, uint64_t bytes, uint64_t limit) {
     if (g->used <= lim && bytes <= lim - g->used) {
       g_region->slots[g_slot].used[gi] += bytes;
       g->used += bytes;
+      g_mine[gi] += bytes;
       rc = 0;
       break;
     }
@@ -297,8 +354,23 @@ int kgpu_acct_charge(int gi, uint64_t bytes, uint64_t limit) {
   return rc;
 }
 
+void kgpu_acct_force(int gi, uint64_t bytes) {
+  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || kgpu_acct_attach() != 0 || region_lock() != 0) return;
+  if (slot_check_locked() == 0) {
+    g_region->slots[g_slot].used[gi] += bytes;
+    g_region->gpus[gi].used += bytes;
+    g_mine[gi] += bytes;
+  }
+  region_unlock();
+}
+
 void kgpu_acct_uncharge(int gi, uint64_t bytes) {
   if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || g_region == NULL || g_slot < 0 || region_lock() != 0) return;
+  g_mine[gi] -= g_mine[gi] < bytes ? g_mine[gi] : bytes;
+  if (slot_check_locked() != 0) {
+    region_unlock();
+    return;
+  }
   uint64_t* mine = &g_region->slots[g_slot].used[gi];
   const uint64_t take = *mine < bytes ? *mine : bytes;
   *mine -= take;
@@ -319,6 +391,10 @@ void kgpu_acct_usage(int gi, uint64_t limit, uint64_t* used, uint64_t* eff) {
 
 void kgpu_acct_reconcile(int gi, uint64_t driver_use) {
   if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || kgpu_acct_attach() != 0 || region_lock() != 0) return;
+  if (slot_check_locked() != 0) {
+    region_unlock();
+    return;
+  }
   acct_slot* s = &g_region->slots[g_slot];
   const uint64_t extra = driver_use > s->used[gi] ? driver_use - s->used[gi] : 0;
   acct_gpu* g = &g_region->gpus[gi];
@@ -326,4 +402,33 @@ void kgpu_acct_reconcile(int gi, uint64_t driver_use) {
   g->used += extra;
   s->extra[gi] = extra;
   region_unlock();
+}
+
+int kgpu_acct_find(const char* uuid, uint64_t* limit) {
+  if (kgpu_acct_attach() != 0 || region_lock() != 0) return -2;
+  int found = -1;
+  for (unsigned g = 0; g < KGPU_ACCT_MAX_GPUS && found < 0; ++g) {
+    const acct_gpu* e = &g_region->gpus[g];
+    if (e->uuid[0] != '\0' && strcasecmp(e->uuid, uuid) == 0) {
+      found = (int)g;
+      *limit = e->limit;
+    }
+  }
+  region_unlock();
+  return found;
+}
+
+kgpu_acct_compute* kgpu_acct_compute_of(int gi) {
+  if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || g_region == NULL) return NULL;
+  return &g_region->gpus[gi].compute;
+}
+
+unsigned kgpu_acct_pids(int32_t* out, unsigned max) {
+  if (g_region == NULL || region_lock() != 0) return 0;
+  unsigned n = 0;
+  for (unsigned i = 0; i < KGPU_ACCT_MAX_SLOTS && n < max; ++i) {
+    if (g_region->slots[i].pid != 0) out[n++] = g_region->slots[i].pid;
+  }
+  region_unlock();
+  return n;
 }

@@ -49,6 +49,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -59,7 +60,9 @@
 #include <unistd.h>
 
 #include "account.h"
+#include "compute.h"
 #include "cuda_abi.h"
+#include "nvml_link.h"
 #include "nvml_memory_abi.h"
 
 #define KGPU_EXPORT __attribute__((visibility("default")))
@@ -68,6 +71,16 @@
 #define MAX_LIMITS 32
 
 /* ------------------------------------------------------------------ the real driver */
+
+/* CUlaunchConfig (CUDA 12.0), of which the hooks read the grid, block and stream. */
+typedef struct {
+  unsigned int gridDimX, gridDimY, gridDimZ;
+  unsigned int blockDimX, blockDimY, blockDimZ;
+  unsigned int sharedMemBytes;
+  CUstream hStream;
+  void* attrs;
+  unsigned int numAttrs;
+} kgpu_launch_config;
 
 typedef void* (*dlsym_fn)(void*, const char*);
 typedef void (*any_fn)(void);
@@ -113,16 +126,58 @@ static void* fn_to_ptr(any_fn f) {
   X(cuDeviceTotalMem_v2, CUresult, (size_t*, CUdevice))                                                             \
   X(cuDeviceTotalMem, CUresult, (unsigned int*, CUdevice))                                                          \
   X(cuGetProcAddress, CUresult, (const char*, void**, int, cuuint64_t))                                             \
-  X(cuGetProcAddress_v2, CUresult, (const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*))
+  X(cuGetProcAddress_v2, CUresult, (const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*))         \
+  X(cuMemMap, CUresult, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))            \
+  X(cuMemUnmap, CUresult, (CUdeviceptr, size_t))                                                                    \
+  X(cuMemRetainAllocationHandle, CUresult, (CUmemGenericAllocationHandle*, void*))                                  \
+  X(cuMemPoolCreate, CUresult, (CUmemoryPool*, const CUmemPoolProps*))                                              \
+  X(cuMemPoolDestroy, CUresult, (CUmemoryPool))                                                                     \
+  X(cuMemPoolTrimTo, CUresult, (CUmemoryPool, size_t))                                                              \
+  X(cuMemPoolSetAttribute, CUresult, (CUmemoryPool, CUmemPool_attribute, void*))                                    \
+  X(cuGraphInstantiateWithFlags, CUresult, (CUgraphExec*, CUgraph, unsigned long long))                             \
+  X(cuGraphInstantiate_v2, CUresult, (CUgraphExec*, CUgraph, CUgraphNode*, char*, size_t))                          \
+  X(cuGraphInstantiate, CUresult, (CUgraphExec*, CUgraph, CUgraphNode*, char*, size_t))                             \
+  X(cuGraphInstantiateWithParams, CUresult, (CUgraphExec*, CUgraph, void*))                                         \
+  X(cuGraphInstantiateWithParams_ptsz, CUresult, (CUgraphExec*, CUgraph, void*))                                    \
+  X(cuGraphExecDestroy, CUresult, (CUgraphExec))                                                                    \
+  X(cuGraphLaunch, CUresult, (CUgraphExec, CUstream))                                                               \
+  X(cuGraphLaunch_ptsz, CUresult, (CUgraphExec, CUstream))                                                          \
+  X(cuDeviceGraphMemTrim, CUresult, (CUdevice))                                                                     \
+  X(cuCtxSetLimit, CUresult, (CUlimit, size_t))                                                                     \
+  X(cuLaunchKernel, CUresult,                                                                                       \
+    (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**, void**))   \
+  X(cuLaunchKernel_ptsz, CUresult,                                                                                  \
+    (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**, void**))   \
+  X(cuLaunchCooperativeKernel, CUresult,                                                                            \
+    (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**))           \
+  X(cuLaunchCooperativeKernel_ptsz, CUresult,                                                                       \
+    (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**))           \
+  X(cuLaunchKernelEx, CUresult, (const kgpu_launch_config*, CUfunction, void**, void**))                            \
+  X(cuLaunchKernelEx_ptsz, CUresult, (const kgpu_launch_config*, CUfunction, void**, void**))
 
 /* Driver functions the hooks call but do not replace. */
-#define KGPU_USED(X)                                                       \
-  X(cuCtxGetDevice, CUresult, (CUdevice*))                                 \
-  X(cuCtxGetCurrent, CUresult, (CUcontext*))                               \
-  X(cuDeviceGetUuid, CUresult, (CUuuid*, CUdevice))                        \
-  X(cuDeviceGetUuid_v2, CUresult, (CUuuid*, CUdevice))                     \
-  X(cuDevicePrimaryCtxGetState, CUresult, (CUdevice, unsigned int*, int*)) \
-  X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext*, CUdevice))
+#define KGPU_USED(X)                                                                    \
+  X(cuCtxGetDevice, CUresult, (CUdevice*))                                              \
+  X(cuCtxGetCurrent, CUresult, (CUcontext*))                                            \
+  X(cuDeviceGetUuid, CUresult, (CUuuid*, CUdevice))                                     \
+  X(cuDeviceGetUuid_v2, CUresult, (CUuuid*, CUdevice))                                  \
+  X(cuDevicePrimaryCtxGetState, CUresult, (CUdevice, unsigned int*, int*))              \
+  X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext*, CUdevice))                         \
+  X(cuDeviceGetCount, CUresult, (int*))                                                 \
+  X(cuDeviceGetAttribute, CUresult, (int*, CUdevice_attribute, CUdevice))               \
+  X(cuDeviceGetMemPool, CUresult, (CUmemoryPool*, CUdevice))                            \
+  X(cuDeviceGetDefaultMemPool, CUresult, (CUmemoryPool*, CUdevice))                     \
+  X(cuMemPoolGetAttribute, CUresult, (CUmemoryPool, CUmemPool_attribute, void*))        \
+  X(cuStreamGetCtx, CUresult, (CUstream, CUcontext*))                                   \
+  X(cuStreamGetDevice, CUresult, (CUstream, CUdevice*))                                 \
+  X(cuStreamIsCapturing, CUresult, (CUstream, CUstreamCaptureStatus*))                  \
+  X(cuCtxPushCurrent_v2, CUresult, (CUcontext))                                         \
+  X(cuCtxPopCurrent_v2, CUresult, (CUcontext*))                                         \
+  X(cuCtxGetLimit, CUresult, (size_t*, CUlimit))                                        \
+  X(cuGraphGetNodes, CUresult, (CUgraph, CUgraphNode*, size_t*))                        \
+  X(cuGraphNodeGetType, CUresult, (CUgraphNode, CUgraphNodeType*))                      \
+  X(cuGraphMemAllocNodeGetParams, CUresult, (CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS*)) \
+  X(cuDeviceGetGraphMemAttribute, CUresult, (CUdevice, CUgraphMem_attribute, void*))
 
 #define DECLARE_REAL(name, ret, args) ret(*name) args;
 static struct {
@@ -149,78 +204,170 @@ static dlsym_fn real_dlsym(void) {
   return f;
 }
 
-/* ------------------------------------------------------------------ limits */
+/* glibc's dlsym (ours is wrapped), for nvml_link.c. */
+void* kgpu_real_dlsym(void* handle, const char* name) {
+  const dlsym_fn rd = real_dlsym();
+  return rd != NULL ? rd(handle, name) : NULL;
+}
+
+/* ------------------------------------------------------------------ limits
+ *
+ * Where a container's limits come from:
+ *  - the configuration file KGPU_CUDA_CONFIG_DIR/config, which the device plugin writes and
+ *    mounts read-only into every share container at that fixed path, next to the container's
+ *    accounting region (KGPU_CUDA_CONFIG_DIR/kgpu-cuda.region, mounted read-write as a file of
+ *    its own, so that it can be neither deleted nor replaced). When the file exists it is the
+ *    only source: the environment can neither raise a limit nor move the region, so a process
+ *    that drops or rewrites KGPU_CUDA_MEMORY_LIMIT / KGPU_CUDA_SHARED_DIR, or that was started
+ *    with a clean environment (env -i, execve with a fresh envp), stays in its container's
+ *    accounting. Lines: "memory <GPU-UUID> <bytes>" and "cores <GPU-UUID> <percent>"; '#'
+ *    starts a comment. A file that cannot be read or parsed refuses every allocation.
+ *  - otherwise the environment: KGPU_CUDA_MEMORY_LIMIT="<GPU-UUID>=<N>[Ki|Mi|Gi|Ti][,...]" and
+ *    KGPU_CUDA_CORE_LIMIT="<GPU-UUID>=<percent>[,...]", with the region in
+ *    $KGPU_CUDA_SHARED_DIR (default /tmp/kgpu-cuda).
+ * Either way, a GPU that the container's region has a limit for binds every process that joins
+ * the region, whatever its own settings say (device_gi). */
+
+#ifndef KGPU_CUDA_CONFIG_DIR
+#define KGPU_CUDA_CONFIG_DIR "/run/kgpu-cuda"
+#endif
 
 static struct {
   char uuid[KGPU_ACCT_UUID_LEN];
-  uint64_t bytes;
+  uint64_t bytes; /* KGPU_ACCT_NO_LIMIT: none */
+  unsigned cores; /* percent of the SMs; 0 or 100: none */
 } g_limits[MAX_LIMITS];
 static int g_nlimits;
-static int g_limits_broken; /* a malformed KGPU_CUDA_MEMORY_LIMIT: fail closed (every GPU limited to 0) */
+static int g_limits_broken; /* a malformed limit: fail closed (every GPU limited to 0) */
+static int g_any_cores;     /* some GPU has a compute limit: the launch hooks look */
 
-/* Parses "<GPU-UUID>=<N>[Ki|Mi|Gi|Ti][,...]". 0 on success. */
-static int parse_limits(const char* s) {
+static int limit_index(const char* uuid, size_t len) {
+  for (int i = 0; i < g_nlimits; ++i) {
+    if (strlen(g_limits[i].uuid) == len && strncasecmp(g_limits[i].uuid, uuid, len) == 0) return i;
+  }
+  if (g_nlimits == MAX_LIMITS || len == 0 || len >= KGPU_ACCT_UUID_LEN) return -1;
+  memcpy(g_limits[g_nlimits].uuid, uuid, len);
+  g_limits[g_nlimits].uuid[len] = '\0';
+  g_limits[g_nlimits].bytes = KGPU_ACCT_NO_LIMIT;
+  g_limits[g_nlimits].cores = 0;
+  return g_nlimits++;
+}
+
+/* Parses a decimal number with an optional Ki/Mi/Gi/Ti suffix (`binary`) ending at `end`. */
+static int parse_amount(const char* p, const char* end, int binary, uint64_t* out) {
+  if (p >= end || *p < '0' || *p > '9') return -1;
+  uint64_t n = 0;
+  for (; p < end && *p >= '0' && *p <= '9'; ++p) {
+    if (n > UINT64_MAX / 10) return -1;
+    n = n * 10 + (uint64_t)(*p - '0');
+  }
+  unsigned shift = 0;
+  if (binary && p + 2 == end && p[1] == 'i') {
+    const char* const units = "KMGT";
+    const char* u = strchr(units, p[0]);
+    if (u == NULL || p[0] == '\0') return -1;
+    shift = 10U * (unsigned)(u - units + 1);
+    p += 2;
+  }
+  if (p != end || (shift != 0 && n > (UINT64_MAX >> shift))) return -1;
+  *out = n << shift;
+  return 0;
+}
+
+static int set_limit(const char* uuid, size_t len, int cores, uint64_t v) {
+  const int i = limit_index(uuid, len);
+  if (i < 0 || (cores && (v == 0 || v > 100))) return -1;
+  if (cores) {
+    g_limits[i].cores = (unsigned)v;
+    if (v < 100) g_any_cores = 1;
+  } else {
+    g_limits[i].bytes = v;
+  }
+  return 0;
+}
+
+/* Parses "<GPU-UUID>=<N>[,...]" (bytes with a binary suffix, or percent for `cores`). 0 on success. */
+static int parse_env_limits(const char* s, int cores) {
   while (*s != '\0') {
     const char* eq = strchr(s, '=');
     const char* comma = strchr(s, ',');
     if (comma == NULL) comma = s + strlen(s);
-    if (eq == NULL || eq > comma || eq == s || (size_t)(eq - s) >= KGPU_ACCT_UUID_LEN || g_nlimits == MAX_LIMITS) {
+    uint64_t v;
+    if (eq == NULL || eq > comma || parse_amount(eq + 1, comma, !cores, &v) != 0 ||
+        set_limit(s, (size_t)(eq - s), cores, v) != 0)
       return -1;
-    }
-    const char* p = eq + 1;
-    if (*p < '0' || *p > '9') return -1;
-    uint64_t n = 0;
-    for (; *p >= '0' && *p <= '9'; ++p) {
-      if (n > UINT64_MAX / 10) return -1;
-      n = n * 10 + (uint64_t)(*p - '0');
-    }
-    unsigned shift = 0;
-    if (p + 2 <= comma && p[1] == 'i') {
-      switch (p[0]) {
-        case 'K':
-          shift = 10;
-          break;
-        case 'M':
-          shift = 20;
-          break;
-        case 'G':
-          shift = 30;
-          break;
-        case 'T':
-          shift = 40;
-          break;
-        default:
-          return -1;
-      }
-      p += 2;
-    }
-    if (p != comma || (shift != 0 && n > (UINT64_MAX >> shift))) return -1;
-    memcpy(g_limits[g_nlimits].uuid, s, (size_t)(eq - s));
-    g_limits[g_nlimits].uuid[eq - s] = '\0';
-    g_limits[g_nlimits].bytes = n << shift;
-    ++g_nlimits;
     s = *comma == ',' ? comma + 1 : comma;
   }
   return 0;
 }
 
-static uint64_t limit_for(const char* uuid) {
-  if (g_limits_broken) return 0;
-  for (int i = 0; i < g_nlimits; ++i) {
-    if (strcasecmp(g_limits[i].uuid, uuid) == 0) return g_limits[i].bytes;
+/* Parses the configuration file (see above); the line number of the first bad line, 0 if none. */
+static int parse_config(FILE* f) {
+  char line[512];
+  int n = 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    ++n;
+    char* hash = strchr(line, '#');
+    if (hash != NULL) *hash = '\0';
+    char kind[16], uuid[KGPU_ACCT_UUID_LEN + 1], amount[32], rest[2];
+    const int got = sscanf(line, "%15s %48s %31s %1s", kind, uuid, amount, rest);
+    if (got <= 0) continue;
+    uint64_t v;
+    const int cores = strcmp(kind, "cores") == 0;
+    if (got != 3 || (!cores && strcmp(kind, "memory") != 0) ||
+        parse_amount(amount, amount + strlen(amount), !cores, &v) != 0 || set_limit(uuid, strlen(uuid), cores, v) != 0)
+      return n;
   }
-  return KGPU_ACCT_NO_LIMIT;
+  return ferror(f) ? n + 1 : 0;
+}
+
+static void limit_for(const char* uuid, uint64_t* bytes, unsigned* cores) {
+  *bytes = g_limits_broken ? 0 : KGPU_ACCT_NO_LIMIT;
+  *cores = 0;
+  if (g_limits_broken) return;
+  for (int i = 0; i < g_nlimits; ++i) {
+    if (strcasecmp(g_limits[i].uuid, uuid) == 0) {
+      *bytes = g_limits[i].bytes;
+      *cores = g_limits[i].cores < 100 ? g_limits[i].cores : 0;
+    }
+  }
 }
 
 static pthread_once_t g_limits_once = PTHREAD_ONCE_INIT;
 
 static void limits_once(void) {
+  const char* const path = KGPU_CUDA_CONFIG_DIR "/config";
+  FILE* f = fopen(path, "re");
+  if (f != NULL || errno != ENOENT) {
+    kgpu_acct_set_dir(KGPU_CUDA_CONFIG_DIR);
+    const int bad = f == NULL ? -1 : parse_config(f);
+    if (f != NULL) fclose(f);
+    if (bad != 0) {
+      if (bad < 0)
+        fprintf(stderr, "kgpu-cuda: cannot read %s: %s; every allocation is refused\n", path, strerror(errno));
+      else
+        fprintf(stderr,
+                "kgpu-cuda: %s:%d is malformed (want \"memory <GPU-UUID> <bytes>\" or \"cores <GPU-UUID> "
+                "<percent>\"); every allocation is refused\n",
+                path, bad);
+      g_limits_broken = 1;
+    }
+    return;
+  }
   const char* lim = getenv("KGPU_CUDA_MEMORY_LIMIT");
-  if (lim != NULL && parse_limits(lim) != 0) {
+  if (lim != NULL && parse_env_limits(lim, 0) != 0) {
     fprintf(stderr,
             "kgpu-cuda: KGPU_CUDA_MEMORY_LIMIT=\"%s\" is malformed (want <GPU-UUID>=<N>Mi,...); "
             "every allocation is refused\n",
             lim);
+    g_limits_broken = 1;
+  }
+  const char* cores = getenv("KGPU_CUDA_CORE_LIMIT");
+  if (cores != NULL && parse_env_limits(cores, 1) != 0) {
+    fprintf(stderr,
+            "kgpu-cuda: KGPU_CUDA_CORE_LIMIT=\"%s\" is malformed (want <GPU-UUID>=<percent 1-100>,...); "
+            "every allocation is refused\n",
+            cores);
     g_limits_broken = 1;
   }
 }
@@ -257,12 +404,16 @@ static struct {
   int state; /* 0 unknown, 1 resolved */
   int gi;    /* region index, -1: not limited */
   uint64_t limit;
+  unsigned cores; /* the compute share in percent, 0: none */
   char uuid[KGPU_ACCT_UUID_LEN];
 } g_dev[MAX_DEVICES];
 static pthread_mutex_t g_dev_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* The region index and limit of device `dev`; -1 when it is not limited (or unknown). */
+/* The region index and memory limit of device `dev`: -1 when it is not limited (or unknown),
+ * -2 when it is limited but cannot be accounted (refuse; *limit is then 0). A GPU that this
+ * process has no limit for is still limited when the container's region records one. */
 static int device_gi(CUdevice dev, uint64_t* limit) {
+  *limit = KGPU_ACCT_NO_LIMIT;
   if (dev < 0 || dev >= MAX_DEVICES) return -1;
   if (__atomic_load_n(&g_dev[dev].state, __ATOMIC_ACQUIRE) == 1) {
     *limit = g_dev[dev].limit;
@@ -271,24 +422,50 @@ static int device_gi(CUdevice dev, uint64_t* limit) {
   CUuuid u;
   CUresult r = real.cuDeviceGetUuid_v2 != NULL ? real.cuDeviceGetUuid_v2(&u, dev) : CUDA_ERROR_NOT_FOUND;
   if (r != CUDA_SUCCESS && real.cuDeviceGetUuid != NULL) r = real.cuDeviceGetUuid(&u, dev);
-  if (r != CUDA_SUCCESS) return g_limits_broken ? -2 : -1;
+  if (r != CUDA_SUCCESS) {
+    if (!g_limits_broken && g_nlimits == 0) return -1;
+    *limit = 0; /* a limited container whose GPU cannot be identified: refuse */
+    return -2;
+  }
   const unsigned char* b = (const unsigned char*)u.bytes;
   char uuid[KGPU_ACCT_UUID_LEN];
   snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
            b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-  const uint64_t lim = limit_for(uuid);
+  uint64_t lim;
+  unsigned cores;
+  limit_for(uuid, &lim, &cores);
   int gi = -1;
-  if (lim != KGPU_ACCT_NO_LIMIT) {
+  if (lim != KGPU_ACCT_NO_LIMIT || cores != 0) {
     gi = kgpu_acct_gpu(uuid, lim);
     if (gi < 0) gi = -2; /* limited but the region is unusable: refuse */
+  } else {
+    uint64_t recorded = KGPU_ACCT_NO_LIMIT;
+    const int found = kgpu_acct_find(uuid, &recorded);
+    const kgpu_acct_compute* c = found >= 0 ? kgpu_acct_compute_of(found) : NULL;
+    const unsigned share = c != NULL ? __atomic_load_n(&c->percent, __ATOMIC_RELAXED) : 0;
+    if (found >= 0 && (recorded != KGPU_ACCT_NO_LIMIT || (share > 0 && share < 100))) {
+      gi = found; /* the container's limits bind a process that has none of its own */
+      lim = recorded;
+      if (share > 0 && share < 100) cores = share;
+    }
+  }
+  if (gi >= 0 && cores != 0) { /* the container's share: the smallest any of its processes was given */
+    kgpu_acct_compute* c = kgpu_acct_compute_of(gi);
+    uint32_t cur = c != NULL ? __atomic_load_n(&c->percent, __ATOMIC_RELAXED) : 0;
+    while (c != NULL && (cur == 0 || cur > cores) &&
+           !__atomic_compare_exchange_n(&c->percent, &cur, cores, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+    if (cur != 0 && cur < cores) cores = cur;
+    __atomic_store_n(&g_any_cores, 1, __ATOMIC_RELAXED);
   }
   pthread_mutex_lock(&g_dev_mu);
   g_dev[dev].gi = gi;
-  g_dev[dev].limit = lim;
+  g_dev[dev].limit = gi == -2 ? 0 : lim;
+  g_dev[dev].cores = cores;
   memcpy(g_dev[dev].uuid, uuid, sizeof uuid);
   __atomic_store_n(&g_dev[dev].state, 1, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&g_dev_mu);
-  *limit = lim;
+  *limit = g_dev[dev].limit;
   return gi;
 }
 
@@ -308,34 +485,23 @@ static int device_gi(CUdevice dev, uint64_t* limit) {
 #define RECONCILE_NS 200000000ULL
 #define NVML_PROCS_ON_STACK 64
 
-typedef int (*nvml_init_fn)(void);
-typedef int (*nvml_by_uuid_fn)(const char*, void**);
 typedef int (*nvml_procs_fn)(void*, unsigned int*, void*);
 static struct {
   int ok;
   int v1; /* only the v1 process query exists */
-  nvml_by_uuid_fn by_uuid;
   nvml_procs_fn procs;
 } g_nv;
 static pthread_once_t g_nv_once = PTHREAD_ONCE_INIT;
 static uint64_t g_reconciled_ns[KGPU_ACCT_MAX_GPUS]; /* 0: due now */
 
 static void nv_once(void) {
-  const dlsym_fn rd = real_dlsym();
-  void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (h == NULL || rd == NULL) return;
-  void* init = rd(h, "nvmlInit_v2");
-  void* by_uuid = rd(h, "nvmlDeviceGetHandleByUUID");
-  void* procs = rd(h, "nvmlDeviceGetComputeRunningProcesses_v3");
-  if (procs == NULL) procs = rd(h, "nvmlDeviceGetComputeRunningProcesses_v2");
+  void* procs = kgpu_nvml_sym("nvmlDeviceGetComputeRunningProcesses_v3");
+  if (procs == NULL) procs = kgpu_nvml_sym("nvmlDeviceGetComputeRunningProcesses_v2");
   if (procs == NULL) {
-    procs = rd(h, "nvmlDeviceGetComputeRunningProcesses");
+    procs = kgpu_nvml_sym("nvmlDeviceGetComputeRunningProcesses");
     g_nv.v1 = 1;
   }
-  nvml_init_fn init_fn;
-  memcpy(&init_fn, &init, sizeof init_fn);
-  if (init_fn == NULL || by_uuid == NULL || procs == NULL || init_fn() != 0) return;
-  memcpy(&g_nv.by_uuid, &by_uuid, sizeof by_uuid);
+  if (procs == NULL) return;
   memcpy(&g_nv.procs, &procs, sizeof procs);
   g_nv.ok = 1;
 }
@@ -371,6 +537,8 @@ static long long nvml_own_use(void* dev) {
   return use;
 }
 
+static void refresh_kept(CUdevice dev, int gi);
+
 static void reconcile(CUdevice dev, int gi) {
   if (gi < 0 || gi >= KGPU_ACCT_MAX_GPUS || dev < 0 || dev >= MAX_DEVICES) return;
   struct timespec ts;
@@ -380,9 +548,10 @@ static void reconcile(CUdevice dev, int gi) {
   if (last != 0 && now - last < RECONCILE_NS) return;
   /* one thread reconciles; the others go on with the figure as it is */
   if (!__atomic_compare_exchange_n(&g_reconciled_ns[gi], &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return;
+  refresh_kept(dev, gi); /* what pools and graphs keep, as the driver reports it now */
   pthread_once(&g_nv_once, nv_once);
-  void* handle = NULL;
-  if (!g_nv.ok || g_nv.by_uuid(g_dev[dev].uuid, &handle) != 0) return;
+  void* handle = g_nv.ok ? kgpu_nvml_device(g_dev[dev].uuid) : NULL;
+  if (handle == NULL) return;
   const long long use = nvml_own_use(handle);
   if (use < 0) return;
   kgpu_acct_reconcile(gi, (uint64_t)use);
@@ -404,7 +573,9 @@ static int current_gi(uint64_t* limit) {
 /* ------------------------------------------------------------------ per-process allocation table
  */
 
-enum { KIND_PTR = 1, KIND_ARRAY = 2, KIND_VMM = 3, KIND_MIPMAP = 4 };
+/* KIND_MAP: a VMM mapping (key: its address, bytes: its size, handle: the memory mapped).
+ * KIND_CTXLIMIT: what a context's raised limits hold (key: the context ^ the limit). */
+enum { KIND_PTR = 1, KIND_ARRAY = 2, KIND_VMM = 3, KIND_MIPMAP = 4, KIND_MAP = 5, KIND_CTXLIMIT = 6 };
 
 typedef struct entry {
   struct entry* next;
@@ -413,6 +584,8 @@ typedef struct entry {
   uintptr_t ctx; /* the context it was made in (0: none, VMM): the driver frees it with the context */
   int kind;
   int gi;
+  uint64_t handle; /* KIND_MAP: the VMM handle mapped */
+  int refs, maps;  /* KIND_VMM: references to the handle, mappings of it; charged until both are 0 */
 } entry;
 
 #define NBUCKETS 4096
@@ -424,11 +597,15 @@ static unsigned bucket(uint64_t key, int kind) {
   return (unsigned)(h >> 52) & (NBUCKETS - 1);
 }
 
-static void track(int kind, uint64_t key, int gi, uint64_t bytes) {
-  entry* e = malloc(sizeof *e);
+static void track_with(int kind, uint64_t key, int gi, uint64_t bytes, uint64_t handle) {
+  entry* e = calloc(1, sizeof *e);
   if (e == NULL) return; /* the charge stays until the process exits: over-counts, never under */
   CUcontext ctx = NULL;
-  if (kind != KIND_VMM && real.cuCtxGetCurrent != NULL && real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = NULL;
+  if (kind != KIND_VMM && kind != KIND_MAP && real.cuCtxGetCurrent != NULL &&
+      real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS)
+    ctx = NULL;
+  e->refs = 1;
+  e->handle = handle;
   e->key = key;
   e->kind = kind;
   e->gi = gi;
@@ -441,6 +618,10 @@ static void track(int kind, uint64_t key, int gi, uint64_t bytes) {
   pthread_mutex_unlock(&g_table_mu);
 }
 
+static void track(int kind, uint64_t key, int gi, uint64_t bytes) {
+  track_with(kind, key, gi, bytes, 0);
+}
+
 /* Removes and returns the entry of (kind, key), or NULL. */
 static entry* untrack(int kind, uint64_t key) {
   const unsigned b = bucket(key, kind);
@@ -451,6 +632,17 @@ static entry* untrack(int kind, uint64_t key) {
   if (e != NULL) *pp = e->next;
   pthread_mutex_unlock(&g_table_mu);
   return e;
+}
+
+/* Runs `fn` on the entry of (kind, key) under the table's lock; 0 when there is none. */
+static int with_entry(int kind, uint64_t key, void (*fn)(entry*, void*), void* arg) {
+  const unsigned b = bucket(key, kind);
+  pthread_mutex_lock(&g_table_mu);
+  entry* e = g_table[b];
+  while (e != NULL && (e->key != key || e->kind != kind)) e = e->next;
+  if (e != NULL) fn(e, arg);
+  pthread_mutex_unlock(&g_table_mu);
+  return e != NULL;
 }
 
 static void retrack(entry* e) {
@@ -518,6 +710,16 @@ static uint64_t round_up(uint64_t v) {
   return v > UINT64_MAX - GRANULE ? v : (v + GRANULE - 1) / GRANULE * GRANULE;
 }
 
+/* cuMemAlloc's charge. The driver serves small requests from 2 MiB pages it shares between
+ * them, at SMALL_ALIGN, and rounds bigger ones to whole 2 MiB pages (docs/isolation.md,
+ * "Granularity"): a small request is charged at its aligned size, and the part of a page that
+ * no allocation uses yet shows in NVML's figure for the process, which the reconciliation adds. */
+#define SMALL_MAX (1ULL << 20)
+#define SMALL_ALIGN 512ULL
+static uint64_t alloc_charge(uint64_t v) {
+  return v <= SMALL_MAX ? (v + SMALL_ALIGN - 1) / SMALL_ALIGN * SMALL_ALIGN : round_up(v);
+}
+
 /* Charges `bytes` on the current context's GPU. 0: go ahead (*gi -1: not limited); -1: refuse. */
 static int reserve(uint64_t bytes, int* gi) {
   uint64_t limit = KGPU_ACCT_NO_LIMIT;
@@ -568,18 +770,640 @@ static void settle_free(entry* e) {
     return r_;                                    \
   } while (0)
 
+/* ------------------------------------------------------------------ what pools and graphs keep
+ *
+ * Stream-ordered allocations come from memory pools, which keep freed memory reserved for reuse
+ * until a synchronisation finds more than their release threshold (CU_MEMPOOL_ATTR_RELEASE_
+ * THRESHOLD; UINT64_MAX keeps it for ever), cuMemPoolTrimTo, or the pool's destruction. Graph
+ * allocations come from a per-device graph pool that keeps its memory until cuDeviceGraphMemTrim.
+ * Both hold GPU memory that no allocation shows, so a pool's charge is what the driver says it
+ * has reserved (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT; CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT for
+ * the graph pool), charged on the pool's own device. Before the driver is asked for memory, the
+ * part of the request that the pool's unused reserve cannot serve is charged (and refused when
+ * it does not fit); after the call the charge is set to the reserve the driver reports. The
+ * charges are read again where memory may have gone back: trim, release-threshold changes,
+ * pool destruction, cuMemGetInfo, the reconciliation period, and before refusing anything. */
+
+#define MAX_POOLS 256
+typedef struct {
+  CUmemoryPool pool;
+  CUdevice dev;
+  uint64_t charged; /* the reserve last charged */
+} pool_rec;
+static pool_rec g_pools[MAX_POOLS];
+static int g_npools;
+static uint64_t g_graph_charged[MAX_DEVICES]; /* each device's graph pool reserve, as charged */
+static int g_graphs_seen;                     /* a graph with memory nodes was instantiated */
+static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute attr) {
+  cuuint64_t v = 0;
+  if (real.cuMemPoolGetAttribute == NULL || real.cuMemPoolGetAttribute(pool, attr, &v) != CUDA_SUCCESS) return 0;
+  return v;
+}
+
+static uint64_t graph_attr(CUdevice dev, CUgraphMem_attribute attr) {
+  cuuint64_t v = 0;
+  if (real.cuDeviceGetGraphMemAttribute == NULL || real.cuDeviceGetGraphMemAttribute(dev, attr, &v) != CUDA_SUCCESS)
+    return 0;
+  return v;
+}
+
+/* Moves a charge of `*charged` on `gi` to `now` (memory the driver holds: beyond the limit too). */
+static void settle_charge(int gi, uint64_t* charged, uint64_t now) {
+  if (now > *charged)
+    kgpu_acct_force(gi, now - *charged);
+  else if (now < *charged)
+    kgpu_acct_uncharge(gi, *charged - now);
+  *charged = now;
+}
+
+/* The device of a pool: recorded at cuMemPoolCreate, else a device's default or current pool. */
+static CUdevice pool_device(CUmemoryPool pool) {
+  pthread_mutex_lock(&g_pool_mu);
+  for (int i = 0; i < g_npools; ++i) {
+    if (g_pools[i].pool == pool) {
+      const CUdevice d = g_pools[i].dev;
+      pthread_mutex_unlock(&g_pool_mu);
+      return d;
+    }
+  }
+  pthread_mutex_unlock(&g_pool_mu);
+  int n = 0;
+  if (real.cuDeviceGetCount == NULL || real.cuDeviceGetCount(&n) != CUDA_SUCCESS) return -1;
+  for (CUdevice d = 0; d < n && d < MAX_DEVICES; ++d) {
+    CUmemoryPool p = NULL;
+    if (real.cuDeviceGetDefaultMemPool != NULL && real.cuDeviceGetDefaultMemPool(&p, d) == CUDA_SUCCESS && p == pool)
+      return d;
+    if (real.cuDeviceGetMemPool != NULL && real.cuDeviceGetMemPool(&p, d) == CUDA_SUCCESS && p == pool) return d;
+  }
+  return -1;
+}
+
+/* The record of `pool` on `dev`, added when new; NULL when the table is full. */
+static pool_rec* pool_record(CUmemoryPool pool, CUdevice dev) {
+  pool_rec* r = NULL;
+  pthread_mutex_lock(&g_pool_mu);
+  for (int i = 0; i < g_npools && r == NULL; ++i) {
+    if (g_pools[i].pool == pool) r = &g_pools[i];
+  }
+  if (r == NULL && g_npools < MAX_POOLS) {
+    r = &g_pools[g_npools++];
+    r->pool = pool;
+    r->dev = dev;
+    r->charged = 0;
+  }
+  pthread_mutex_unlock(&g_pool_mu);
+  return r;
+}
+
+/* Sets the charges of every pool of `dev` and of its graph pool to what the driver reports. */
+static void refresh_kept(CUdevice dev, int gi) {
+  if (gi < 0 || dev < 0 || dev >= MAX_DEVICES) return;
+  pthread_mutex_lock(&g_pool_mu);
+  for (int i = 0; i < g_npools; ++i) {
+    if (g_pools[i].dev == dev)
+      settle_charge(gi, &g_pools[i].charged, pool_attr(g_pools[i].pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+  }
+  if (g_graph_charged[dev] != 0 || __atomic_load_n(&g_graphs_seen, __ATOMIC_RELAXED))
+    settle_charge(gi, &g_graph_charged[dev], graph_attr(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT));
+  pthread_mutex_unlock(&g_pool_mu);
+}
+
+/* Charges `bytes` on `gi`, reading back what pools released first when it does not fit. */
+static int charge_kept(CUdevice dev, int gi, uint64_t bytes, uint64_t limit) {
+  if (bytes == 0 || kgpu_acct_charge(gi, bytes, limit) == 0) return 0;
+  refresh_kept(dev, gi);
+  return kgpu_acct_charge(gi, bytes, limit) == 0 ? 0 : -1;
+}
+
+static int is_special_stream(CUstream s) {
+  const uintptr_t v = (uintptr_t)s;
+  return v == 0 || v == 1 /* CU_STREAM_LEGACY */ || v == 2 /* CU_STREAM_PER_THREAD */;
+}
+
+/* The device of `stream`'s context (-1 when unknown); the null and special streams are the
+ * calling thread's current context's. */
+static CUdevice stream_device(CUstream stream) {
+  CUdevice dev = -1;
+  if (!is_special_stream(stream)) {
+    if (real.cuStreamGetDevice != NULL && real.cuStreamGetDevice(stream, &dev) == CUDA_SUCCESS) return dev;
+    CUcontext ctx = NULL, popped = NULL;
+    if (real.cuStreamGetCtx != NULL && real.cuStreamGetCtx(stream, &ctx) == CUDA_SUCCESS && ctx != NULL &&
+        real.cuCtxPushCurrent_v2 != NULL && real.cuCtxPopCurrent_v2 != NULL &&
+        real.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
+      if (real.cuCtxGetDevice(&dev) != CUDA_SUCCESS) dev = -1;
+      real.cuCtxPopCurrent_v2(&popped);
+      return dev;
+    }
+  }
+  if (real.cuCtxGetDevice == NULL || real.cuCtxGetDevice(&dev) != CUDA_SUCCESS) return -1;
+  return dev;
+}
+
+static int capturing(CUstream stream) {
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  return real.cuStreamIsCapturing != NULL && real.cuStreamIsCapturing(stream, &st) == CUDA_SUCCESS &&
+         st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+typedef CUresult (*async_alloc_fn)(CUdeviceptr*, size_t, CUstream);
+typedef CUresult (*pool_alloc_fn)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
+
+/* A stream-ordered allocation of `size` from `pool` (NULL: the current pool of the stream's
+ * device), through `af` or `pf`. A stream that is being captured allocates nothing now: the
+ * graph's launches are charged (cuGraphLaunch). */
+static CUresult pooled_alloc(CUdeviceptr* dptr, size_t size, CUmemoryPool pool, CUstream stream, async_alloc_fn af,
+                             pool_alloc_fn pf) {
+#define POOLED_CALL() (pf != NULL ? pf(dptr, size, pool, stream) : af(dptr, size, stream))
+  if (dptr == NULL || size == 0) return POOLED_CALL();
+  CUdevice dev = pool != NULL ? pool_device(pool) : stream_device(stream);
+  if (dev < 0 && (real.cuCtxGetDevice == NULL || real.cuCtxGetDevice(&dev) != CUDA_SUCCESS)) dev = -1;
+  uint64_t limit = KGPU_ACCT_NO_LIMIT;
+  const int gi = device_gi(dev, &limit);
+  if (gi == -1) return POOLED_CALL();
+  if (gi < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (capturing(stream)) return POOLED_CALL();
+  reconcile(dev, gi);
+  CUmemoryPool p = pool;
+  if (p == NULL && (real.cuDeviceGetMemPool == NULL || real.cuDeviceGetMemPool(&p, dev) != CUDA_SUCCESS)) p = NULL;
+  pool_rec* rec = p != NULL ? pool_record(p, dev) : NULL;
+  if (rec == NULL) { /* no pool to read: charge the request itself, for as long as the process lives */
+    if (charge_kept(dev, gi, round_up(size), limit) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    const CUresult r = POOLED_CALL();
+    if (r != CUDA_SUCCESS) kgpu_acct_uncharge(gi, round_up(size));
+    return r;
+  }
+  const uint64_t reserved = pool_attr(p, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+  const uint64_t used = pool_attr(p, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+  const uint64_t spare = reserved > used ? reserved - used : 0;
+  const uint64_t want = round_up(size);
+  const uint64_t need = want > spare ? want - spare : 0;
+  if (charge_kept(dev, gi, need, limit) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  const CUresult r = POOLED_CALL();
+  pthread_mutex_lock(&g_pool_mu);
+  rec->charged += need;
+  settle_charge(gi, &rec->charged, pool_attr(p, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+  pthread_mutex_unlock(&g_pool_mu);
+  return r;
+#undef POOLED_CALL
+}
+
+KGPU_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+  NOT_READY_GUARD;
+  if (real.cuMemPoolCreate == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuMemPoolCreate(pool, props);
+  if (r == CUDA_SUCCESS && pool != NULL && props != NULL && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+    (void)pool_record(*pool, props->location.id);
+  return r;
+}
+
+/* A pool whose reserve may have shrunk: its charge follows. */
+static void pool_changed(CUmemoryPool pool) {
+  const CUdevice dev = pool_device(pool);
+  uint64_t limit;
+  const int gi = device_gi(dev, &limit);
+  if (gi >= 0) refresh_kept(dev, gi);
+}
+
+KGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+  NOT_READY_GUARD;
+  if (real.cuMemPoolTrimTo == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuMemPoolTrimTo(pool, keep);
+  if (r == CUDA_SUCCESS) pool_changed(pool);
+  return r;
+}
+
+KGPU_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  NOT_READY_GUARD;
+  if (real.cuMemPoolSetAttribute == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuMemPoolSetAttribute(pool, attr, value);
+  if (r == CUDA_SUCCESS) pool_changed(pool);
+  return r;
+}
+
+/* A destroyed pool's reserve goes back once its last allocation is freed (the driver defers
+ * the destruction until then): while it has some, its charge stays as it was (over-counted
+ * until the process exits, never under). */
+KGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+  NOT_READY_GUARD;
+  if (real.cuMemPoolDestroy == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  const CUdevice dev = pool_device(pool);
+  const uint64_t in_use = pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+  const CUresult r = real.cuMemPoolDestroy(pool);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t limit;
+  const int gi = device_gi(dev, &limit);
+  pthread_mutex_lock(&g_pool_mu);
+  for (int i = 0; i < g_npools; ++i) {
+    if (g_pools[i].pool != pool) continue;
+    if (gi >= 0 && in_use == 0) settle_charge(gi, &g_pools[i].charged, 0);
+    if (in_use == 0 || gi < 0)
+      g_pools[i] = g_pools[--g_npools];
+    else
+      g_pools[i].pool = NULL; /* kept charged, never read again */
+    break;
+  }
+  pthread_mutex_unlock(&g_pool_mu);
+  return r;
+}
+
+/* ------------------------------------------------------------------ graphs
+ * A graph's memory nodes (cuGraphAddMemAllocNode, or cuMemAllocAsync captured from a stream)
+ * allocate when the graph is launched, from the device's graph pool, which keeps the memory for
+ * the graph's next launches until cuDeviceGraphMemTrim. At instantiation the bytes each device's
+ * alloc nodes ask for are added up; a launch first charges what the graph pool's unused reserve
+ * cannot serve (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT less _USED_MEM_CURRENT), refusing the
+ * launch with CUDA_ERROR_OUT_OF_MEMORY when it does not fit, then sets the graph pool's charge to
+ * the reserve the driver reports. Relaunching a graph whose memory the pool kept charges nothing
+ * more. Graphs nested as child-graph nodes are not walked (their allocations are read back after
+ * the launch and at the reconciliation). */
+
+#define MAX_EXECS 1024
+#define MAX_GRAPH_DEVS 4
+typedef struct {
+  CUgraphExec exec;
+  int ndev;
+  CUdevice dev[MAX_GRAPH_DEVS];
+  uint64_t bytes[MAX_GRAPH_DEVS];
+} exec_rec;
+static exec_rec g_execs[MAX_EXECS];
+static int g_nexecs;
+
+static void graph_instantiated(CUgraphExec exec, CUgraph graph) {
+  size_t n = 0;
+  if (real.cuGraphGetNodes == NULL || real.cuGraphNodeGetType == NULL || real.cuGraphMemAllocNodeGetParams == NULL ||
+      real.cuGraphGetNodes(graph, NULL, &n) != CUDA_SUCCESS || n == 0 || n > (1U << 20))
+    return;
+  CUgraphNode* nodes = calloc(n, sizeof *nodes);
+  if (nodes == NULL || real.cuGraphGetNodes(graph, nodes, &n) != CUDA_SUCCESS) {
+    free(nodes);
+    return;
+  }
+  exec_rec rec;
+  memset(&rec, 0, sizeof rec);
+  rec.exec = exec;
+  for (size_t i = 0; i < n; ++i) {
+    CUgraphNodeType t;
+    CUDA_MEM_ALLOC_NODE_PARAMS params;
+    memset(&params, 0, sizeof params);
+    if (real.cuGraphNodeGetType(nodes[i], &t) != CUDA_SUCCESS || t != CU_GRAPH_NODE_TYPE_MEM_ALLOC ||
+        real.cuGraphMemAllocNodeGetParams(nodes[i], &params) != CUDA_SUCCESS)
+      continue;
+    const CUdevice d = params.poolProps.location.id;
+    int k = 0;
+    while (k < rec.ndev && rec.dev[k] != d) ++k;
+    if (k == rec.ndev) {
+      if (rec.ndev == MAX_GRAPH_DEVS) continue;
+      rec.dev[rec.ndev++] = d;
+    }
+    rec.bytes[k] += round_up(params.bytesize);
+  }
+  free(nodes);
+  if (rec.ndev == 0) return;
+  __atomic_store_n(&g_graphs_seen, 1, __ATOMIC_RELAXED);
+  pthread_mutex_lock(&g_pool_mu);
+  if (g_nexecs < MAX_EXECS) g_execs[g_nexecs++] = rec;
+  pthread_mutex_unlock(&g_pool_mu);
+}
+
+#define INSTANTIATE_BODY(call_expr)                                           \
+  do {                                                                        \
+    const CUresult r_ = (call_expr);                                          \
+    if (r_ == CUDA_SUCCESS && exec != NULL) graph_instantiated(*exec, graph); \
+    return r_;                                                                \
+  } while (0)
+
+KGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph, unsigned long long flags) {
+  NOT_READY_GUARD;
+  if (real.cuGraphInstantiateWithFlags == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  INSTANTIATE_BODY(real.cuGraphInstantiateWithFlags(exec, graph, flags));
+}
+
+KGPU_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec* exec, CUgraph graph, CUgraphNode* err, char* log, size_t n) {
+  NOT_READY_GUARD;
+  if (real.cuGraphInstantiate_v2 == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  INSTANTIATE_BODY(real.cuGraphInstantiate_v2(exec, graph, err, log, n));
+}
+
+KGPU_EXPORT CUresult cuGraphInstantiate(CUgraphExec* exec, CUgraph graph, CUgraphNode* err, char* log, size_t n) {
+  NOT_READY_GUARD;
+  if (real.cuGraphInstantiate == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  INSTANTIATE_BODY(real.cuGraphInstantiate(exec, graph, err, log, n));
+}
+
+KGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph graph, void* params) {
+  NOT_READY_GUARD;
+  if (real.cuGraphInstantiateWithParams == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  INSTANTIATE_BODY(real.cuGraphInstantiateWithParams(exec, graph, params));
+}
+
+KGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* exec, CUgraph graph, void* params) {
+  NOT_READY_GUARD;
+  if (real.cuGraphInstantiateWithParams_ptsz == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  INSTANTIATE_BODY(real.cuGraphInstantiateWithParams_ptsz(exec, graph, params));
+}
+
+KGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
+  NOT_READY_GUARD;
+  if (real.cuGraphExecDestroy == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuGraphExecDestroy(exec);
+  if (r != CUDA_SUCCESS) return r;
+  pthread_mutex_lock(&g_pool_mu);
+  for (int i = 0; i < g_nexecs; ++i) {
+    if (g_execs[i].exec == exec) {
+      g_execs[i] = g_execs[--g_nexecs];
+      break;
+    }
+  }
+  pthread_mutex_unlock(&g_pool_mu);
+  return r;
+}
+
+/* The charges a launch of `exec` needs first; 0 to go ahead, -1 when one does not fit. */
+static int graph_precharge(CUgraphExec exec, exec_rec* out) {
+  out->ndev = 0;
+  pthread_mutex_lock(&g_pool_mu);
+  for (int i = 0; i < g_nexecs; ++i) {
+    if (g_execs[i].exec == exec) *out = g_execs[i];
+  }
+  pthread_mutex_unlock(&g_pool_mu);
+  for (int k = 0; k < out->ndev; ++k) {
+    const CUdevice d = out->dev[k];
+    uint64_t limit;
+    const int gi = device_gi(d, &limit);
+    if (gi == -1) continue;
+    if (gi < 0) return -1;
+    const uint64_t reserved = graph_attr(d, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT);
+    const uint64_t used = graph_attr(d, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT);
+    const uint64_t spare = reserved > used ? reserved - used : 0;
+    const uint64_t need = out->bytes[k] > spare ? out->bytes[k] - spare : 0;
+    if (charge_kept(d, gi, need, limit) != 0) {
+      for (int j = 0; j < k; ++j) { /* give back what was charged for the devices before */
+        uint64_t lj;
+        const int gj = device_gi(out->dev[j], &lj);
+        if (gj >= 0) refresh_kept(out->dev[j], gj);
+      }
+      return -1;
+    }
+    pthread_mutex_lock(&g_pool_mu);
+    g_graph_charged[d] += need;
+    pthread_mutex_unlock(&g_pool_mu);
+  }
+  return 0;
+}
+
+static void graph_settle(const exec_rec* rec) {
+  for (int k = 0; k < rec->ndev; ++k) {
+    uint64_t limit;
+    const int gi = device_gi(rec->dev[k], &limit);
+    if (gi >= 0) refresh_kept(rec->dev[k], gi);
+  }
+}
+
+static void before_launch(CUstream stream, uint64_t threads);
+
+#define GRAPH_LAUNCH_BODY(call_expr)                                        \
+  do {                                                                      \
+    exec_rec rec_;                                                          \
+    if (graph_precharge(exec, &rec_) != 0) return CUDA_ERROR_OUT_OF_MEMORY; \
+    before_launch(stream, 1);                                               \
+    const CUresult r_ = (call_expr);                                        \
+    graph_settle(&rec_);                                                    \
+    return r_;                                                              \
+  } while (0)
+
+KGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+  NOT_READY_GUARD;
+  if (real.cuGraphLaunch == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  GRAPH_LAUNCH_BODY(real.cuGraphLaunch(exec, stream));
+}
+
+KGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+  NOT_READY_GUARD;
+  if (real.cuGraphLaunch_ptsz == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  GRAPH_LAUNCH_BODY(real.cuGraphLaunch_ptsz(exec, stream));
+}
+
+KGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+  NOT_READY_GUARD;
+  if (real.cuDeviceGraphMemTrim == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuDeviceGraphMemTrim(dev);
+  uint64_t limit;
+  const int gi = device_gi(dev, &limit);
+  if (r == CUDA_SUCCESS && gi >= 0) refresh_kept(dev, gi);
+  return r;
+}
+
+/* ------------------------------------------------------------------ VMM mappings
+ * Physical memory from cuMemCreate is freed by the driver when its handle has been released
+ * (every reference: cuMemRelease, and one more per cuMemRetainAllocationHandle) AND every
+ * mapping of it unmapped (CUDA Driver API, cuMemRelease: "memory will be released when all
+ * outstanding mappings to the memory are unmapped"). Its charge lasts as long. */
+
+static void vmm_add_map(entry* e, void* arg) {
+  (void)arg;
+  ++e->maps;
+}
+
+static void vmm_add_ref(entry* e, void* arg) {
+  (void)arg;
+  ++e->refs;
+}
+
+/* Drops a reference (`arg` != NULL) or a mapping of a handle; frees the charge when none is left. */
+static void vmm_drop(CUmemGenericAllocationHandle h, int ref) {
+  entry* e = untrack(KIND_VMM, h);
+  if (e == NULL) return;
+  if (ref && e->refs > 0) --e->refs;
+  if (!ref && e->maps > 0) --e->maps;
+  if (e->refs == 0 && e->maps == 0)
+    settle_free(e);
+  else
+    retrack(e);
+}
+
+KGPU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                              unsigned long long flags) {
+  NOT_READY_GUARD;
+  if (real.cuMemMap == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuMemMap(ptr, size, offset, h, flags);
+  if (r == CUDA_SUCCESS && with_entry(KIND_VMM, h, vmm_add_map, NULL)) track_with(KIND_MAP, ptr, -1, size, h);
+  return r;
+}
+
+/* cuMemUnmap's range covers whole mappings (CUDA Driver API): each one in it goes. */
+KGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  NOT_READY_GUARD;
+  if (real.cuMemUnmap == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuMemUnmap(ptr, size);
+  if (r != CUDA_SUCCESS) return r;
+  CUdeviceptr at = ptr;
+  while (at < ptr + size) {
+    entry* m = untrack(KIND_MAP, at);
+    if (m == NULL) break;
+    const uint64_t len = m->bytes;
+    vmm_drop(m->handle, 0);
+    free(m);
+    if (len == 0) break;
+    at += len;
+  }
+  return r;
+}
+
+KGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* h, void* addr) {
+  NOT_READY_GUARD;
+  if (real.cuMemRetainAllocationHandle == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  const CUresult r = real.cuMemRetainAllocationHandle(h, addr);
+  if (r == CUDA_SUCCESS && h != NULL) with_entry(KIND_VMM, *h, vmm_add_ref, NULL);
+  return r;
+}
+
+/* ------------------------------------------------------------------ context limits
+ * cuCtxSetLimit sizes memory the driver allocates for the context: the device-side malloc heap
+ * (CU_LIMIT_MALLOC_HEAP_SIZE), the printf FIFO (CU_LIMIT_PRINTF_FIFO_SIZE) and each thread's
+ * stack (CU_LIMIT_STACK_SIZE, for every thread the device can hold resident: SMs x threads per
+ * SM). Raising one charges the difference before the call; lowering it gives the difference back;
+ * the context's destruction gives everything back (KIND_CTXLIMIT entries are swept with it). */
+
+static uint64_t limit_footprint(CUlimit which, uint64_t value) {
+  if (which != CU_LIMIT_STACK_SIZE) return value;
+  CUdevice dev;
+  int sms = 0, threads = 0;
+  if (real.cuCtxGetDevice == NULL || real.cuDeviceGetAttribute == NULL || real.cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
+      real.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
+      real.cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) != CUDA_SUCCESS ||
+      sms <= 0 || threads <= 0)
+    return value * 132ULL * 2048ULL; /* unknown: an H100's 132 SMs of 2048 threads */
+  return value * (uint64_t)sms * (uint64_t)threads;
+}
+
+KGPU_EXPORT CUresult cuCtxSetLimit(CUlimit which, size_t value) {
+  NOT_READY_GUARD;
+  if (real.cuCtxSetLimit == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  if (which != CU_LIMIT_STACK_SIZE && which != CU_LIMIT_PRINTF_FIFO_SIZE && which != CU_LIMIT_MALLOC_HEAP_SIZE)
+    return real.cuCtxSetLimit(which, value);
+  size_t old = 0;
+  CUcontext ctx = NULL;
+  uint64_t limit = KGPU_ACCT_NO_LIMIT;
+  const int gi = current_gi(&limit);
+  if (gi == -1) return real.cuCtxSetLimit(which, value);
+  if (gi < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (real.cuCtxGetLimit == NULL || real.cuCtxGetLimit(&old, which) != CUDA_SUCCESS || real.cuCtxGetCurrent == NULL ||
+      real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == NULL)
+    return real.cuCtxSetLimit(which, value); /* the driver refuses it for the same reason */
+  const uint64_t before = round_up(limit_footprint(which, old)), after = round_up(limit_footprint(which, value));
+  const uint64_t key = (uint64_t)(uintptr_t)ctx ^ ((uint64_t)which << 56);
+  if (after > before && kgpu_acct_charge(gi, after - before, limit) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  const CUresult r = real.cuCtxSetLimit(which, value);
+  if (r != CUDA_SUCCESS) {
+    if (after > before) kgpu_acct_uncharge(gi, after - before);
+    return r;
+  }
+  /* the entry holds what this limit adds beyond its value when first seen (the driver's default,
+   * part of the context's own memory, which the reconciliation counts) */
+  entry* e = untrack(KIND_CTXLIMIT, key);
+  uint64_t held = e != NULL ? e->bytes : 0;
+  if (after > before) {
+    held += after - before;
+  } else {
+    const uint64_t back = before - after < held ? before - after : held;
+    kgpu_acct_uncharge(gi, back);
+    held -= back;
+  }
+  if (e != NULL) {
+    e->bytes = held;
+    retrack(e);
+  } else if (held != 0) {
+    track(KIND_CTXLIMIT, key, gi, held);
+  }
+  return r;
+}
+
+/* ------------------------------------------------------------------ kernel launches
+ * On a GPU where the container has a compute share (cores), every launch first waits for the
+ * share (compute.c). Elsewhere a launch costs one flag test. */
+
+static void before_launch(CUstream stream, uint64_t threads) {
+  if (!__atomic_load_n(&g_any_cores, __ATOMIC_RELAXED)) return;
+  const CUdevice dev = stream_device(stream);
+  uint64_t limit;
+  const int gi = device_gi(dev, &limit);
+  if (gi < 0 || dev < 0 || dev >= MAX_DEVICES || g_dev[dev].cores == 0 || capturing(stream)) return;
+  kgpu_compute_before_launch(gi, g_dev[dev].uuid, g_dev[dev].cores, threads);
+}
+
+static uint64_t launch_threads(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz) {
+  uint64_t grid, n;
+  if (__builtin_mul_overflow((uint64_t)gx * gy, (uint64_t)gz, &grid) ||
+      __builtin_mul_overflow(grid, (uint64_t)bx * by * bz, &n))
+    return UINT64_MAX;
+  return n;
+}
+
+KGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                    unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) {
+  NOT_READY_GUARD;
+  if (real.cuLaunchKernel == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  before_launch(s, launch_threads(gx, gy, gz, bx, by, bz));
+  return real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+
+KGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                         unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) {
+  NOT_READY_GUARD;
+  if (real.cuLaunchKernel_ptsz == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  before_launch(s, launch_threads(gx, gy, gz, bx, by, bz));
+  return real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+
+KGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                               unsigned by, unsigned bz, unsigned shmem, CUstream s, void** params) {
+  NOT_READY_GUARD;
+  if (real.cuLaunchCooperativeKernel == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  before_launch(s, launch_threads(gx, gy, gz, bx, by, bz));
+  return real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+}
+
+KGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                                    unsigned by, unsigned bz, unsigned shmem, CUstream s,
+                                                    void** params) {
+  NOT_READY_GUARD;
+  if (real.cuLaunchCooperativeKernel_ptsz == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  before_launch(s, launch_threads(gx, gy, gz, bx, by, bz));
+  return real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+}
+
+KGPU_EXPORT CUresult cuLaunchKernelEx(const kgpu_launch_config* c, CUfunction f, void** params, void** extra) {
+  NOT_READY_GUARD;
+  if (real.cuLaunchKernelEx == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  if (c != NULL)
+    before_launch(c->hStream,
+                  launch_threads(c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ));
+  return real.cuLaunchKernelEx(c, f, params, extra);
+}
+
+KGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const kgpu_launch_config* c, CUfunction f, void** params, void** extra) {
+  NOT_READY_GUARD;
+  if (real.cuLaunchKernelEx_ptsz == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+  if (c != NULL)
+    before_launch(c->hStream,
+                  launch_threads(c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ));
+  return real.cuLaunchKernelEx_ptsz(c, f, params, extra);
+}
+
 KGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t size) {
   NOT_READY_GUARD;
   if (real.cuMemAlloc_v2 == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   if (dptr == NULL || size == 0) return real.cuMemAlloc_v2(dptr, size);
-  ALLOC_BODY(round_up(size), real.cuMemAlloc_v2(dptr, size), *dptr, KIND_PTR);
+  ALLOC_BODY(alloc_charge(size), real.cuMemAlloc_v2(dptr, size), *dptr, KIND_PTR);
 }
 
 KGPU_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int size) {
   NOT_READY_GUARD;
   if (real.cuMemAlloc == NULL) return CUDA_ERROR_NOT_SUPPORTED;
   if (dptr == NULL || size == 0) return real.cuMemAlloc(dptr, size);
-  ALLOC_BODY(round_up(size), real.cuMemAlloc(dptr, size), *dptr, KIND_PTR);
+  ALLOC_BODY(alloc_charge(size), real.cuMemAlloc(dptr, size), *dptr, KIND_PTR);
 }
 
 KGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t size, unsigned int flags) {
@@ -589,35 +1413,30 @@ KGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t size, unsigned 
   ALLOC_BODY(round_up(size), real.cuMemAllocManaged(dptr, size, flags), *dptr, KIND_PTR);
 }
 
+/* Stream-ordered allocations come from a memory pool (pooled_alloc, below): the stream's
+ * device's current pool, or the pool given. */
 KGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t size, CUstream stream) {
   NOT_READY_GUARD;
   if (real.cuMemAllocAsync == NULL) return CUDA_ERROR_NOT_SUPPORTED;
-  if (dptr == NULL || size == 0) return real.cuMemAllocAsync(dptr, size, stream);
-  ALLOC_BODY(round_up(size), real.cuMemAllocAsync(dptr, size, stream), *dptr, KIND_PTR);
+  return pooled_alloc(dptr, size, NULL, stream, real.cuMemAllocAsync, NULL);
 }
 
 KGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t size, CUstream stream) {
   NOT_READY_GUARD;
   if (real.cuMemAllocAsync_ptsz == NULL) return CUDA_ERROR_NOT_SUPPORTED;
-  if (dptr == NULL || size == 0) return real.cuMemAllocAsync_ptsz(dptr, size, stream);
-  ALLOC_BODY(round_up(size), real.cuMemAllocAsync_ptsz(dptr, size, stream), *dptr, KIND_PTR);
+  return pooled_alloc(dptr, size, NULL, stream, real.cuMemAllocAsync_ptsz, NULL);
 }
 
-/* From an explicit pool (cuMemPoolCreate, or the device's default one): charged like
- * cuMemAllocAsync when handed out, returned by cuMemFreeAsync/cuMemFree. Memory a pool keeps
- * after a free (its release threshold) is the driver's and is not counted. */
 KGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t size, CUmemoryPool pool, CUstream stream) {
   NOT_READY_GUARD;
   if (real.cuMemAllocFromPoolAsync == NULL) return CUDA_ERROR_NOT_SUPPORTED;
-  if (dptr == NULL || size == 0) return real.cuMemAllocFromPoolAsync(dptr, size, pool, stream);
-  ALLOC_BODY(round_up(size), real.cuMemAllocFromPoolAsync(dptr, size, pool, stream), *dptr, KIND_PTR);
+  return pooled_alloc(dptr, size, pool, stream, NULL, real.cuMemAllocFromPoolAsync);
 }
 
 KGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t size, CUmemoryPool pool, CUstream stream) {
   NOT_READY_GUARD;
   if (real.cuMemAllocFromPoolAsync_ptsz == NULL) return CUDA_ERROR_NOT_SUPPORTED;
-  if (dptr == NULL || size == 0) return real.cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, stream);
-  ALLOC_BODY(round_up(size), real.cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, stream), *dptr, KIND_PTR);
+  return pooled_alloc(dptr, size, pool, stream, NULL, real.cuMemAllocFromPoolAsync_ptsz);
 }
 
 /* The pitch is only known after the call: the charge is first an estimate (rows padded to 512
@@ -706,8 +1525,8 @@ KGPU_EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) {
   FREE_BODY(KIND_PTR, p, real.cuMemFree(p));
 }
 
-/* The memory goes back when the free is enqueued, not when the stream reaches it: a later
- * allocation may briefly see more free than the device has (the driver then reports OOM). */
+/* Stream-ordered memory goes back to its pool, whose reserve stays charged (pooled_alloc). A
+ * pointer from cuMemAlloc freed this way is given back when the free is enqueued. */
 KGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
   NOT_READY_GUARD;
   if (real.cuMemFreeAsync == NULL) return CUDA_ERROR_NOT_SUPPORTED;
@@ -800,8 +1619,8 @@ KGPU_EXPORT CUresult cuArrayDestroy(CUarray a) {
 }
 
 /* Physical memory of the VMM API, charged to the device it is created on (prop->location) when
- * the handle is created, taken back at cuMemRelease. (The driver frees it when the last mapping
- * is also gone: memory released while still mapped is uncounted until then.) */
+ * the handle is created, taken back when the driver frees it: the last reference released and
+ * the last mapping unmapped (see "VMM mappings"). */
 KGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                                  unsigned long long flags) {
   NOT_READY_GUARD;
@@ -824,10 +1643,13 @@ KGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t si
   return r;
 }
 
+/* The charge goes with the last reference once no mapping is left (see "VMM mappings"). */
 KGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
   NOT_READY_GUARD;
   if (real.cuMemRelease == NULL) return CUDA_ERROR_NOT_SUPPORTED;
-  FREE_BODY(KIND_VMM, h, real.cuMemRelease(h));
+  const CUresult r = real.cuMemRelease(h);
+  if (r == CUDA_SUCCESS) vmm_drop(h, 1);
+  return r;
 }
 
 /* Destroying a context, resetting the primary context or releasing its last reference frees
@@ -903,6 +1725,8 @@ static void limited_info(uint64_t* f, uint64_t* t) {
   uint64_t limit;
   const int gi = current_gi(&limit);
   if (gi == -1) return;
+  CUdevice dev;
+  if (gi >= 0 && (g_npools != 0 || g_graphs_seen) && real.cuCtxGetDevice(&dev) == CUDA_SUCCESS) refresh_kept(dev, gi);
   if (gi < 0) {
     *f = *t = 0;
   } else {
@@ -1020,6 +1844,30 @@ static const versioned_hook g_versioned[] = {
     {"cuMemRelease", 0, 0, (any_fn)cuMemRelease},
     {"cuDeviceTotalMem", 3020, 0, (any_fn)cuDeviceTotalMem_v2},
     {"cuDeviceTotalMem", 0, 0, (any_fn)cuDeviceTotalMem},
+    {"cuMemMap", 0, 0, (any_fn)cuMemMap},
+    {"cuMemUnmap", 0, 0, (any_fn)cuMemUnmap},
+    {"cuMemRetainAllocationHandle", 0, 0, (any_fn)cuMemRetainAllocationHandle},
+    {"cuMemPoolCreate", 0, 0, (any_fn)cuMemPoolCreate},
+    {"cuMemPoolDestroy", 0, 0, (any_fn)cuMemPoolDestroy},
+    {"cuMemPoolTrimTo", 0, 0, (any_fn)cuMemPoolTrimTo},
+    {"cuMemPoolSetAttribute", 0, 0, (any_fn)cuMemPoolSetAttribute},
+    {"cuGraphInstantiate", 12000, 0, (any_fn)cuGraphInstantiateWithFlags},
+    {"cuGraphInstantiate", 11000, 0, (any_fn)cuGraphInstantiate_v2},
+    {"cuGraphInstantiate", 0, 0, (any_fn)cuGraphInstantiate},
+    {"cuGraphInstantiateWithFlags", 0, 0, (any_fn)cuGraphInstantiateWithFlags},
+    {"cuGraphInstantiateWithParams", 0, 1, (any_fn)cuGraphInstantiateWithParams_ptsz},
+    {"cuGraphInstantiateWithParams", 0, 0, (any_fn)cuGraphInstantiateWithParams},
+    {"cuGraphExecDestroy", 0, 0, (any_fn)cuGraphExecDestroy},
+    {"cuGraphLaunch", 0, 1, (any_fn)cuGraphLaunch_ptsz},
+    {"cuGraphLaunch", 0, 0, (any_fn)cuGraphLaunch},
+    {"cuDeviceGraphMemTrim", 0, 0, (any_fn)cuDeviceGraphMemTrim},
+    {"cuCtxSetLimit", 0, 0, (any_fn)cuCtxSetLimit},
+    {"cuLaunchKernel", 0, 1, (any_fn)cuLaunchKernel_ptsz},
+    {"cuLaunchKernel", 0, 0, (any_fn)cuLaunchKernel},
+    {"cuLaunchCooperativeKernel", 0, 1, (any_fn)cuLaunchCooperativeKernel_ptsz},
+    {"cuLaunchCooperativeKernel", 0, 0, (any_fn)cuLaunchCooperativeKernel},
+    {"cuLaunchKernelEx", 0, 1, (any_fn)cuLaunchKernelEx_ptsz},
+    {"cuLaunchKernelEx", 0, 0, (any_fn)cuLaunchKernelEx},
     {"cuGetProcAddress", 12000, 0, (any_fn)cuGetProcAddress_v2},
     {"cuGetProcAddress", 0, 0, (any_fn)cuGetProcAddress},
 };
@@ -1092,10 +1940,17 @@ static int nvml_limited(void* dev, unsigned long long* total, unsigned long long
   memcpy(&uuid_of, &up, sizeof uuid_of);
   char uuid[96];
   if (uuid_of == NULL || uuid_of(dev, uuid, sizeof uuid) != 0) return 0;
-  const uint64_t limit = limit_for(uuid);
-  if (limit == KGPU_ACCT_NO_LIMIT) return 0;
+  uint64_t limit;
+  unsigned cores;
+  limit_for(uuid, &limit, &cores);
+  int gi;
+  if (limit != KGPU_ACCT_NO_LIMIT) {
+    gi = kgpu_acct_attach() == 0 ? kgpu_acct_gpu(uuid, limit) : -1;
+  } else { /* the container's limit binds a process that has none of its own */
+    gi = kgpu_acct_find(uuid, &limit);
+    if (gi < 0 || limit == KGPU_ACCT_NO_LIMIT) return 0;
+  }
   uint64_t mine = 0, effective = limit;
-  const int gi = kgpu_acct_attach() == 0 ? kgpu_acct_gpu(uuid, limit) : -1;
   if (gi >= 0) {
     kgpu_acct_usage(gi, limit, &mine, &effective);
   } else {
@@ -1193,7 +2048,12 @@ static void after_fork_child(void) {
   }
   pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
   g_table_mu = fresh;
+  g_pool_mu = fresh;
+  g_npools = 0;
+  g_nexecs = 0;
+  memset(g_graph_charged, 0, sizeof g_graph_charged);
   kgpu_acct_after_fork();
+  kgpu_compute_after_fork();
 }
 
 __attribute__((constructor)) static void kgpu_cuda_load(void) {

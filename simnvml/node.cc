@@ -27,7 +27,7 @@ using kgpu::Join;
 namespace {
 
 constexpr uint64_t kMagic = 0x4b4750555349'4d31ULL;  // "KGPUSIM1"
-constexpr uint32_t kLayoutVersion = 3;
+constexpr uint32_t kLayoutVersion = 4;
 
 std::string EnvOr(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);  // NOLINT(concurrency-mt-unsafe): read-only use
@@ -172,6 +172,7 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const Environment& env) {
 }
 
 void Node::InitState(SharedState& s) const {
+  std::memset(s.exec, 0, sizeof s.exec);  // the kernel record (simcuda/exec_impl.cc)
   const int64_t now = MonotonicNs();
   for (unsigned i = 0; i < gpu_count(); ++i) {
     const GpuSpec& spec = profile_.gpus[i];

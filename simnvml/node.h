@@ -26,6 +26,7 @@ inline constexpr unsigned kMaxProcs = 64;
 inline constexpr unsigned kMaxGis = 8;
 inline constexpr unsigned kMaxCis = 8;
 inline constexpr unsigned kEventRing = 1024;
+inline constexpr unsigned kKernelRing = 4096;  // kernels remembered per GPU (SimExec)
 inline constexpr unsigned kNoId = 0xFFFFFFFFU;
 
 struct SimProcess {
@@ -85,6 +86,28 @@ struct SimEvent {
   uint64_t data;
 };
 
+// A kernel the simulated CUDA driver (simcuda/exec_impl.cc) ran or queued on a GPU: the process
+// that launched it and when it runs (CLOCK_MONOTONIC ns, end exclusive; end == start for an
+// empty kernel).
+struct SimKernel {
+  int64_t start_ns, end_ns;
+  uint32_t pid;
+  uint32_t pad;
+};
+
+// A GPU's execution timeline: it runs one kernel at a time, so every kernel starts at or after
+// the end of the one recorded before it, and the ring is ordered by start and by end, without
+// overlaps. Written by the simulated CUDA driver, read by the simulated NVML's utilisation
+// queries. All zero on a fresh state (no kernel yet).
+struct SimExec {
+  int64_t busy_until_ns;  // the end of the last kernel queued (0: none)
+  uint64_t kernel_count;  // kernels recorded since the state was made; the newest is
+                          // kernels[(kernel_count - 1) % kKernelRing], the ring holds the last
+                          // min(kernel_count, kKernelRing)
+  SimKernel kernels[kKernelRing];
+};
+static_assert(sizeof(SimKernel) == 24 && sizeof(SimExec) % 8 == 0, "SimExec: a fixed layout of 8-byte fields");
+
 struct SharedState {
   uint64_t magic;
   uint32_t layout_version;
@@ -95,6 +118,9 @@ struct SharedState {
   alignas(64) uint64_t event_head;  // seq of the newest event (0: none yet)
   SimEvent ring[kEventRing];
   SimGpu gpus[kMaxGpus];
+  // Appended after the fields above so that their offsets do not move: a state file of the
+  // previous layout grows (ftruncate fills the new part with zeros, the initial value).
+  SimExec exec[kMaxGpus];
 };
 
 // What selects the simulated node: KGPU_SIM_NODE, KGPU_SIM_STATE, KGPU_SIM_NODE_NAME.

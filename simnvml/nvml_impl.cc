@@ -220,6 +220,62 @@ uint32_t GpuUtilisation(const SimGpu& g) {
   return static_cast<uint32_t>(std::min<uint64_t>(sum, 100));
 }
 
+// ---- the kernels of the simulated CUDA driver (node.h SimExec, written by simcuda/exec_impl.cc)
+
+// The window a utilisation reading covers. NVML's sample period "may be between 1 second and 1/6
+// second, depending on the product" (NVML API Reference, nvmlUtilization_t); the simulation uses
+// the longest.
+constexpr int64_t kUtilWindowNs = 1000000000;
+
+// The earliest time from which the ring still holds every kernel: once it has wrapped, the start
+// of its oldest kernel (the kernels overwritten all ended before it); else no limit.
+int64_t RingHorizon(const SimExec& x) {
+  if (x.kernel_count <= kKernelRing) return INT64_MIN;
+  return x.kernels[x.kernel_count % kKernelRing].start_ns;
+}
+
+// Calls f(kernel, ns) for each kernel of the ring with ns > 0 of it elapsed within [from, to),
+// newest first. The ring is ordered and without overlaps (node.h), so the walk stops at the first
+// kernel that ended by `from`.
+template <typename F>
+void ForKernelTime(const SimExec& x, int64_t from, int64_t to, F&& f) {
+  const uint64_t n = std::min<uint64_t>(x.kernel_count, kKernelRing);
+  for (uint64_t i = 1; i <= n; ++i) {
+    const SimKernel& k = x.kernels[(x.kernel_count - i) % kKernelRing];
+    if (k.end_ns <= from) break;
+    const int64_t ns = std::min(k.end_ns, to) - std::max(k.start_ns, from);
+    if (ns > 0) f(k, ns);
+  }
+}
+
+// `part` of `whole` in percent, rounded to the nearest, at least 1 when part > 0, at most 100.
+uint32_t Percent(int64_t part, int64_t whole) {
+  if (part <= 0 || whole <= 0) return 0;
+  const int64_t pct = (part * 100 + whole / 2) / whole;
+  return static_cast<uint32_t>(std::clamp<int64_t>(pct, 1, 100));
+}
+
+// The percentage of the last second that kernels ran on the GPU (only the elapsed part of
+// kernels that started), over the part of that second the ring still covers; nullopt when no
+// kernel ran in it. A ring whose every kernel lies in the future (more kernels queued than it
+// holds) reads 100 %.
+std::optional<uint32_t> KernelUtilisation(const SimExec& x, int64_t now) {
+  if (x.kernel_count == 0) return std::nullopt;
+  const int64_t from = std::max(now - kUtilWindowNs, RingHorizon(x));
+  if (from >= now) return 100;
+  int64_t busy = 0;
+  ForKernelTime(x, from, now, [&](const SimKernel&, int64_t ns) { busy += ns; });
+  if (busy == 0) return std::nullopt;
+  return Percent(busy, now - from);
+}
+
+// A GPU's utilisation: that of the simulated driver's kernels when some ran in the last second,
+// else what simctl set (GpuUtilisation).
+uint32_t DeviceUtilisation(const Dev& d) {
+  if (auto k = KernelUtilisation(d.lock.state().exec[d.gpu], MonotonicNs())) return *k;
+  return GpuUtilisation(d.g);
+}
+
 // Whether the stored value `key` of the device's GPU is in the range simctl accepts. A value
 // outside it (a state file written by something else) is not served: the call fails with
 // NVML_ERROR_UNKNOWN instead of returning a reading no GPU can give (util 150 %, used > total).
@@ -807,7 +863,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvml
   if (u == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
     if (!Valid(d, "util") || !Valid(d, "memutil")) return NVML_ERROR_UNKNOWN;
-    u->gpu = GpuUtilisation(d.g);
+    u->gpu = DeviceUtilisation(d);
     u->memory = d.g.util_mem;
     return NVML_SUCCESS;
   });
@@ -982,7 +1038,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMaxCustomerBoostClock(nvmlDevice_t device,
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long* reasons) {
   if (reasons == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) {
-    *reasons = (GpuUtilisation(d.g) == 0 ? 0x1ULL : 0ULL) | (d.g.temp_c >= d.model().temp_slowdown ? 0x20ULL : 0ULL);
+    *reasons = (DeviceUtilisation(d) == 0 ? 0x1ULL : 0ULL) | (d.g.temp_c >= d.model().temp_slowdown ? 0x20ULL : 0ULL);
     return NVML_SUCCESS;
   });
 }
@@ -1251,13 +1307,46 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t de
   return RunningProcesses(device, 2, count, infos, false);
 }
 
+// One sample per process: those kgpu-simctl added (with the utilisation and the time it set)
+// when newer than last_seen, then one for each other process whose kernels (of the simulated
+// driver) ran in the window (last_seen, now] capped to the last second (and to what the kernel
+// ring still covers), stamped now, with smUtil the percentage of the window its kernels ran
+// (elapsed parts only) and no memory, encoder or decoder figure. lastSeenTimeStamp and timeStamp
+// are CPU timestamps in microseconds (NVML API Reference, nvmlDeviceGetProcessUtilization and
+// nvmlProcessUtilizationSample_t: CLOCK_REALTIME here); 0 reads every sample the driver keeps.
+// The buffer protocol is the real call's: samples NULL or *count too small gives the count
+// needed with NVML_ERROR_INSUFFICIENT_SIZE; no sample newer than last_seen gives
+// NVML_ERROR_NOT_FOUND.
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t* samples,
                                                          unsigned int* count, unsigned long long last_seen) {
   if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   return OnGpu(device, [&](const Dev& d) -> nvmlReturn_t {
-    std::vector<const SimProcess*> found;
+    std::vector<nvmlProcessUtilizationSample_t> found;
     for (unsigned i = 0; i < d.g.nproc; ++i) {
-      if (d.g.procs[i].sample_us > last_seen) found.push_back(&d.g.procs[i]);
+      const SimProcess& p = d.g.procs[i];
+      if (p.sample_us > last_seen) found.push_back({p.pid, p.sample_us, p.sm_util, p.mem_util, 0, 0});
+    }
+    const int64_t now = MonotonicNs();
+    const uint64_t now_us = RealtimeUs();
+    const SimExec& x = d.lock.state().exec[d.gpu];
+    if (last_seen < now_us && x.kernel_count > 0) {
+      // last_seen on the monotonic clock (no further back than the window: no overflow).
+      const uint64_t ago_us = std::min<uint64_t>(now_us - last_seen, kUtilWindowNs / 1000);
+      const int64_t from = std::max(now - static_cast<int64_t>(ago_us) * 1000, RingHorizon(x));
+      std::vector<std::pair<uint32_t, int64_t>> busy;  // pid, kernel time in the window
+      ForKernelTime(x, from, now, [&](const SimKernel& k, int64_t ns) {
+        auto it = std::find_if(busy.begin(), busy.end(), [&](const auto& b) { return b.first == k.pid; });
+        if (it == busy.end()) {
+          busy.emplace_back(k.pid, ns);
+        } else {
+          it->second += ns;
+        }
+      });
+      for (const auto& b : busy) {
+        const bool by_hand = std::any_of(d.g.procs, d.g.procs + std::min(d.g.nproc, kMaxProcs),
+                                         [&](const SimProcess& p) { return p.pid == b.first && p.sample_us != 0; });
+        if (!by_hand) found.push_back({b.first, now_us, Percent(b.second, now - from), 0, 0, 0});
+      }
     }
     if (found.empty()) {
       *count = 0;
@@ -1267,9 +1356,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nv
       *count = static_cast<unsigned>(found.size());
       return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    for (size_t i = 0; i < found.size(); ++i) {
-      samples[i] = {found[i]->pid, found[i]->sample_us, found[i]->sm_util, found[i]->mem_util, 0, 0};
-    }
+    std::copy(found.begin(), found.end(), samples);
     *count = static_cast<unsigned>(found.size());
     return NVML_SUCCESS;
   });
@@ -2014,7 +2101,7 @@ NVML_EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t s
     s.filled = true;
     s.gpu = d.gpu;
     s.ts_ns = MonotonicNs();
-    s.util = GpuUtilisation(d.g);
+    s.util = DeviceUtilisation(d);
     s.mem_util = d.g.util_mem;
     s.dec_util = d.g.util_dec;
     s.pcie_tx_mibps = static_cast<double>(d.g.pcie_tx_kbs) / 1024;

@@ -24,6 +24,23 @@
  *         mipmap W H D LEVELS ok|oom  cuMipmappedArrayCreate, 1-channel float (freed by
  *                                 cuMipmappedArrayDestroy)
  *         vmm MIB ok|oom          cuMemCreate, pinned memory on the device (freed by cuMemRelease)
+ *         vmmmap MIB ok|oom       cuMemCreate, then reserve, map and cuMemRelease at once, as
+ *                                 NVIDIA's samples and PyTorch's expandable segments do (freed by
+ *                                 cuMemUnmap + cuMemAddressFree)
+ *         stream                  cuStreamCreate in the current context: async, poolalloc,
+ *                                 capture and launch use it from then on
+ *         poolnew THRESHOLD [ORDINAL]  cuMemPoolCreate on the device (default: init's) with the
+ *                                 release threshold in MiB ("max": UINT64_MAX); poolalloc uses it
+ *         poolalloc MIB ok|oom    cuMemAllocFromPoolAsync from the newest pool (cuMemFreeAsync)
+ *         sync | trim             cuCtxSynchronize | cuMemPoolTrimTo(newest pool, 0)
+ *         capture MIB             captures cuMemAllocAsync + cuMemFreeAsync of MIB on the stream
+ *                                 into a graph and instantiates it
+ *         graphnode MIB           a graph of cuGraphAddMemAllocNode + cuGraphAddMemFreeNode,
+ *                                 instantiated
+ *         launch ok|oom           cuGraphLaunch of the newest graph, then cuCtxSynchronize
+ *         graphtrim               cuDeviceGraphMemTrim
+ *         setlimit heap|fifo|stack N ok|oom  cuCtxSetLimit: heap and fifo in MiB, stack in bytes
+ *         small COUNT KIB ok|oom  COUNT cuMemAlloc of KIB each (all freed by freeall)
  *         ctx | ctxdestroy        cuCtxCreate (linked) and makes it current | cuCtxDestroy, back to
  *                                 the primary context
  *         reset | release         cuDevicePrimaryCtxReset | cuDevicePrimaryCtxRelease (the driver
@@ -77,16 +94,39 @@ static struct {
   CUresult (*MemCreate)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
   CUresult (*MemRelease)(CUmemGenericAllocationHandle);
   CUresult (*DeviceTotalMem)(size_t*, CUdevice);
+  CUresult (*MemAddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*MemAddressFree)(CUdeviceptr, size_t);
+  CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  CUresult (*MemUnmap)(CUdeviceptr, size_t);
+  CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
+  CUresult (*StreamCreate)(CUstream*, unsigned int);
+  CUresult (*MemPoolCreate)(CUmemoryPool*, const CUmemPoolProps*);
+  CUresult (*MemPoolSetAttribute)(CUmemoryPool, CUmemPool_attribute, void*);
+  CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
+  CUresult (*CtxSynchronize)(void);
+  CUresult (*StreamBeginCapture)(CUstream, CUstreamCaptureMode);
+  CUresult (*StreamEndCapture)(CUstream, CUgraph*);
+  CUresult (*GraphCreate)(CUgraph*, unsigned int);
+  CUresult (*GraphAddMemAllocNode)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUDA_MEM_ALLOC_NODE_PARAMS*);
+  CUresult (*GraphAddMemFreeNode)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUdeviceptr);
+  CUresult (*GraphInstantiate)(CUgraphExec*, CUgraph, unsigned long long);
+  CUresult (*GraphLaunch)(CUgraphExec, CUstream);
+  CUresult (*DeviceGraphMemTrim)(CUdevice);
+  CUresult (*CtxSetLimit)(CUlimit, size_t);
 } A;
 
 #define MAX_ALLOCS 4096
-enum { K_PTR, K_PTR1, K_ASYNC, K_ARRAY, K_VMM, K_MIPMAP };
+enum { K_PTR, K_PTR1, K_ASYNC, K_ARRAY, K_VMM, K_MIPMAP, K_MAP };
 static struct {
   int kind;
   int in_ctx; /* made while the created context (step ctx) was current */
   CUdeviceptr p;
   CUarray a;
+  size_t size; /* K_MAP: the mapping's */
 } g_allocs[MAX_ALLOCS];
+static CUstream g_stream;   /* step stream */
+static CUmemoryPool g_pool; /* step poolnew */
+static CUgraphExec g_exec;  /* steps capture, graphnode */
 static int g_n;
 static CUdevice g_dev;
 static CUcontext g_primary, g_ctx;
@@ -152,6 +192,25 @@ static void load_dlsym(void) {
   D(MemCreate, "cuMemCreate");
   D(MemRelease, "cuMemRelease");
   D(DeviceTotalMem, "cuDeviceTotalMem_v2");
+  D(MemAddressReserve, "cuMemAddressReserve");
+  D(MemAddressFree, "cuMemAddressFree");
+  D(MemMap, "cuMemMap");
+  D(MemUnmap, "cuMemUnmap");
+  D(MemSetAccess, "cuMemSetAccess");
+  D(StreamCreate, "cuStreamCreate");
+  D(MemPoolCreate, "cuMemPoolCreate");
+  D(MemPoolSetAttribute, "cuMemPoolSetAttribute");
+  D(MemPoolTrimTo, "cuMemPoolTrimTo");
+  D(CtxSynchronize, "cuCtxSynchronize");
+  D(StreamBeginCapture, "cuStreamBeginCapture_v2");
+  D(StreamEndCapture, "cuStreamEndCapture");
+  D(GraphCreate, "cuGraphCreate");
+  D(GraphAddMemAllocNode, "cuGraphAddMemAllocNode");
+  D(GraphAddMemFreeNode, "cuGraphAddMemFreeNode");
+  D(GraphInstantiate, "cuGraphInstantiateWithFlags");
+  D(GraphLaunch, "cuGraphLaunch");
+  D(DeviceGraphMemTrim, "cuDeviceGraphMemTrim");
+  D(CtxSetLimit, "cuCtxSetLimit");
 #undef D
 }
 
@@ -185,6 +244,25 @@ static void load_direct(void) {
   A.MemCreate = cuMemCreate;
   A.MemRelease = cuMemRelease;
   A.DeviceTotalMem = cuDeviceTotalMem_v2;
+  A.MemAddressReserve = cuMemAddressReserve;
+  A.MemAddressFree = cuMemAddressFree;
+  A.MemMap = cuMemMap;
+  A.MemUnmap = cuMemUnmap;
+  A.MemSetAccess = cuMemSetAccess;
+  A.StreamCreate = cuStreamCreate;
+  A.MemPoolCreate = cuMemPoolCreate;
+  A.MemPoolSetAttribute = cuMemPoolSetAttribute;
+  A.MemPoolTrimTo = cuMemPoolTrimTo;
+  A.CtxSynchronize = cuCtxSynchronize;
+  A.StreamBeginCapture = cuStreamBeginCapture_v2;
+  A.StreamEndCapture = cuStreamEndCapture;
+  A.GraphCreate = cuGraphCreate;
+  A.GraphAddMemAllocNode = cuGraphAddMemAllocNode;
+  A.GraphAddMemFreeNode = cuGraphAddMemFreeNode;
+  A.GraphInstantiate = cuGraphInstantiateWithFlags;
+  A.GraphLaunch = cuGraphLaunch;
+  A.DeviceGraphMemTrim = cuDeviceGraphMemTrim;
+  A.CtxSetLimit = cuCtxSetLimit;
 }
 
 typedef CUresult (*gpa2_fn)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
@@ -239,6 +317,26 @@ static void load_procaddr(int version) {
   P(MemCreate, "cuMemCreate", 0);
   P(MemRelease, "cuMemRelease", 0);
   P(DeviceTotalMem, "cuDeviceTotalMem", 0);
+  P(MemAddressReserve, "cuMemAddressReserve", 0);
+  P(MemAddressFree, "cuMemAddressFree", 0);
+  P(MemMap, "cuMemMap", 0);
+  P(MemUnmap, "cuMemUnmap", 0);
+  P(MemSetAccess, "cuMemSetAccess", 0);
+  P(StreamCreate, "cuStreamCreate", 0);
+  P(MemPoolCreate, "cuMemPoolCreate", 0);
+  P(MemPoolSetAttribute, "cuMemPoolSetAttribute", 0);
+  P(MemPoolTrimTo, "cuMemPoolTrimTo", 0);
+  P(CtxSynchronize, "cuCtxSynchronize", 0);
+  P(StreamBeginCapture, "cuStreamBeginCapture", pt);
+  P(StreamEndCapture, "cuStreamEndCapture", pt);
+  P(GraphCreate, "cuGraphCreate", 0);
+  P(GraphAddMemAllocNode, "cuGraphAddMemAllocNode", 0);
+  P(GraphAddMemFreeNode, "cuGraphAddMemFreeNode", 0);
+  P(GraphLaunch, "cuGraphLaunch", pt);
+  P(DeviceGraphMemTrim, "cuDeviceGraphMemTrim", 0);
+  P(CtxSetLimit, "cuCtxSetLimit", 0);
+  /* CUDA 12's cuGraphInstantiate is cuGraphInstantiateWithFlags; CUDA 11's has 5 arguments */
+  P(GraphInstantiate, version >= 12000 ? "cuGraphInstantiate" : "cuGraphInstantiateWithFlags", 0);
   /* the legacy ABI, asked for with a version before 3.2 */
   p = proc("cuMemAlloc", 3000, 0);
   SET(MemAlloc1, p);
@@ -269,6 +367,7 @@ static void expect(const char* step, const char* arg, CUresult r, const char* wa
 
 static void push(int kind, CUdeviceptr p, CUarray a) {
   if (g_n == MAX_ALLOCS) die("too many allocations");
+  g_allocs[g_n].size = 0;
   g_allocs[g_n].kind = kind;
   g_allocs[g_n].in_ctx = g_ctx != NULL && kind != K_VMM;
   g_allocs[g_n].p = p;
@@ -288,10 +387,14 @@ static void pop(void) {
       r = A.MemFree1((CUdeviceptr_v1)g_allocs[g_n].p);
       break;
     case K_ASYNC:
-      r = A.MemFreeAsync(g_allocs[g_n].p, NULL);
+      r = A.MemFreeAsync(g_allocs[g_n].p, g_stream);
       break;
     case K_VMM:
       r = A.MemRelease(g_allocs[g_n].p);
+      break;
+    case K_MAP:
+      r = A.MemUnmap(g_allocs[g_n].p, g_allocs[g_n].size);
+      if (r == CUDA_SUCCESS) r = A.MemAddressFree(g_allocs[g_n].p, g_allocs[g_n].size);
       break;
     case K_MIPMAP:
       r = A.MipmappedArrayDestroy((CUmipmappedArray)(void*)g_allocs[g_n].a);
@@ -366,10 +469,10 @@ int main(int argc, char** argv) {
       } else if (s[0] == 'p') {
         CUmemoryPool pool = NULL;
         r = A.DeviceGetDefaultMemPool(&pool, g_dev);
-        if (r == CUDA_SUCCESS) r = A.MemAllocFromPoolAsync(&p, bytes, pool, NULL);
+        if (r == CUDA_SUCCESS) r = A.MemAllocFromPoolAsync(&p, bytes, pool, g_stream);
         kind = K_ASYNC;
       } else {
-        r = A.MemAllocAsync(&p, bytes, NULL);
+        r = A.MemAllocAsync(&p, bytes, g_stream);
         kind = K_ASYNC;
       }
       expect(s, ARG(1), r, ARG(2));
@@ -414,6 +517,130 @@ int main(int argc, char** argv) {
       expect(s, ARG(1), r, ARG(2));
       if (r == CUDA_SUCCESS) push(K_VMM, h, NULL);
       i += 2;
+    } else if (strcmp(s, "vmmmap") == 0) {
+      CUmemAllocationProp prop;
+      memset(&prop, 0, sizeof prop);
+      prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+      prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      prop.location.id = g_dev;
+      const size_t size = (size_t)strtoull(ARG(1), NULL, 10) << 20;
+      CUmemGenericAllocationHandle h = 0;
+      CUdeviceptr va = 0;
+      CUresult r = A.MemCreate(&h, size, &prop, 0);
+      if (r == CUDA_SUCCESS) {
+        CUmemAccessDesc acc;
+        memset(&acc, 0, sizeof acc);
+        acc.location = prop.location;
+        acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        if (A.MemAddressReserve(&va, size, 0, 0, 0) != CUDA_SUCCESS || A.MemMap(va, size, 0, h, 0) != CUDA_SUCCESS ||
+            A.MemSetAccess(va, size, &acc, 1) != CUDA_SUCCESS || A.MemRelease(h) != CUDA_SUCCESS) {
+          printf("FAIL: vmmmap: reserve, map, set access or release failed\n");
+          return 1;
+        }
+      }
+      expect(s, ARG(1), r, ARG(2));
+      if (r == CUDA_SUCCESS) {
+        push(K_MAP, va, NULL);
+        g_allocs[g_n - 1].size = size;
+      }
+      i += 2;
+    } else if (strcmp(s, "stream") == 0) {
+      if (A.StreamCreate(&g_stream, 0) != CUDA_SUCCESS) {
+        printf("FAIL: cuStreamCreate\n");
+        return 1;
+      }
+      printf("ok:   stream\n");
+    } else if (strcmp(s, "poolnew") == 0) {
+      CUmemPoolProps props;
+      memset(&props, 0, sizeof props);
+      props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+      props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+      props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      props.location.id = g_dev;
+      const char* thr = ARG(1);
+      ++i;
+      if (i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9') props.location.id = atoi(argv[++i]);
+      cuuint64_t threshold = strcmp(thr, "max") == 0 ? ~0ULL : (cuuint64_t)strtoull(thr, NULL, 10) << 20;
+      if (A.MemPoolCreate(&g_pool, &props) != CUDA_SUCCESS ||
+          A.MemPoolSetAttribute(g_pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold) != CUDA_SUCCESS) {
+        printf("FAIL: cuMemPoolCreate / cuMemPoolSetAttribute\n");
+        return 1;
+      }
+      printf("ok:   pool on device %d, release threshold %s\n", props.location.id, thr);
+    } else if (strcmp(s, "poolalloc") == 0) {
+      CUdeviceptr p = 0;
+      const CUresult r = A.MemAllocFromPoolAsync(&p, (size_t)strtoull(ARG(1), NULL, 10) << 20, g_pool, g_stream);
+      expect(s, ARG(1), r, ARG(2));
+      if (r == CUDA_SUCCESS) push(K_ASYNC, p, NULL);
+      i += 2;
+    } else if (strcmp(s, "sync") == 0 || strcmp(s, "trim") == 0 || strcmp(s, "graphtrim") == 0) {
+      const CUresult r = s[0] == 's'   ? A.CtxSynchronize()
+                         : s[0] == 't' ? A.MemPoolTrimTo(g_pool, 0)
+                                       : A.DeviceGraphMemTrim(g_dev);
+      if (r != CUDA_SUCCESS) {
+        printf("FAIL: %s: %d\n", s, (int)r);
+        return 1;
+      }
+      printf("ok:   %s\n", s);
+    } else if (strcmp(s, "capture") == 0 || strcmp(s, "graphnode") == 0) {
+      const size_t size = (size_t)strtoull(ARG(1), NULL, 10) << 20;
+      CUgraph graph = NULL;
+      CUresult r;
+      if (s[0] == 'c') {
+        if (g_stream == NULL && A.StreamCreate(&g_stream, 0) != CUDA_SUCCESS) die("cuStreamCreate");
+        CUdeviceptr p = 0;
+        r = A.StreamBeginCapture(g_stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+        if (r == CUDA_SUCCESS) r = A.MemAllocAsync(&p, size, g_stream);
+        if (r == CUDA_SUCCESS) r = A.MemFreeAsync(p, g_stream);
+        const CUresult e = A.StreamEndCapture(g_stream, &graph);
+        if (r == CUDA_SUCCESS) r = e;
+      } else {
+        CUDA_MEM_ALLOC_NODE_PARAMS params;
+        memset(&params, 0, sizeof params);
+        params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        params.poolProps.location.id = g_dev;
+        params.bytesize = size;
+        CUgraphNode alloc = NULL, fr = NULL;
+        r = A.GraphCreate(&graph, 0);
+        if (r == CUDA_SUCCESS) r = A.GraphAddMemAllocNode(&alloc, graph, NULL, 0, &params);
+        if (r == CUDA_SUCCESS) r = A.GraphAddMemFreeNode(&fr, graph, &alloc, 1, params.dptr);
+      }
+      if (r == CUDA_SUCCESS) r = A.GraphInstantiate(&g_exec, graph, 0);
+      if (r != CUDA_SUCCESS) {
+        printf("FAIL: %s: %d\n", s, (int)r);
+        return 1;
+      }
+      printf("ok:   %s %s MiB\n", s, ARG(1));
+      ++i;
+    } else if (strcmp(s, "launch") == 0) {
+      CUresult r = A.GraphLaunch(g_exec, g_stream);
+      if (r == CUDA_SUCCESS) r = A.CtxSynchronize();
+      expect(s, "graph", r, ARG(1));
+      ++i;
+    } else if (strcmp(s, "setlimit") == 0) {
+      const char* which = ARG(1);
+      const CUlimit l = strcmp(which, "heap") == 0   ? CU_LIMIT_MALLOC_HEAP_SIZE
+                        : strcmp(which, "fifo") == 0 ? CU_LIMIT_PRINTF_FIFO_SIZE
+                                                     : CU_LIMIT_STACK_SIZE;
+      size_t v = (size_t)strtoull(ARG(2), NULL, 10);
+      if (l != CU_LIMIT_STACK_SIZE) v <<= 20;
+      expect(s, which, A.CtxSetLimit(l, v), ARG(3));
+      i += 3;
+    } else if (strcmp(s, "small") == 0) {
+      const unsigned long count = strtoul(ARG(1), NULL, 10);
+      const size_t bytes = (size_t)strtoull(ARG(2), NULL, 10) << 10;
+      CUresult r = CUDA_SUCCESS;
+      unsigned long done = 0;
+      for (; done < count && r == CUDA_SUCCESS; ++done) {
+        CUdeviceptr p = 0;
+        r = A.MemAlloc(&p, bytes);
+        if (r == CUDA_SUCCESS) push(K_PTR, p, NULL);
+      }
+      char arg[96];
+      snprintf(arg, sizeof arg, "%s x %s KiB (%lu made)", ARG(1), ARG(2), r == CUDA_SUCCESS ? done : done - 1);
+      expect(s, arg, r, ARG(3));
+      i += 3;
     } else if (strcmp(s, "pitch") == 0 || strcmp(s, "pitch1") == 0) {
       const int legacy = s[5] == '1';
       CUdeviceptr p = 0;

@@ -48,7 +48,7 @@ for variant in direct dlsym procaddr cudart procaddr1 procaddr:internal cudart:i
       vmm 100 oom free free info 512 512 array3d 256 256 256 ok info 512 448 free \
       vmm 500 ok vmm 20 oom info 512 12 free \
       managed 100 ok async 100 ok array 4096 4096 ok alloc1 200 ok alloc 100 oom free pool 200 ok alloc 100 oom \
-      freeall info 512 512 alloc 512 ok alloc 2 oom freeall \
+      freeall sync info 512 512 alloc 512 ok alloc 2 oom freeall \
       alloc 400 ok reset info 512 512 alloc 300 ok ctx alloc 100 ok vmm 50 ok ctxdestroy info 512 162 free \
       release init info 512 512 alloc 512 ok rtldnext 2>&1); then
     pass "allocation paths via $variant"
@@ -243,6 +243,82 @@ if [ -n "$PROBE" ]; then
   kill -9 $A; wait $A 2>/dev/null
   if grep -qx "v1 total=512 used=400 free=112" <<<"$out"; then pass "NVML in the container: used includes a process's context"; else
     fail "NVML in the container with context memory"; echo "$out"; fi
+fi
+
+# 11. Every process of the container is held, whatever its environment: a process without
+# KGPU_CUDA_MEMORY_LIMIT that joins a region with a limit is bound by it.
+c=$WORK/c-noenv
+bgrun "$c" "$L512" direct init alloc 300 ok touch "$c.held" pause
+A=$!
+wait_file "$c.held"
+if out=$(KGPU_CUDA_SHARED_DIR=$c LD_PRELOAD=$LIB timeout 30 "$DRIVER" direct init alloc 300 oom alloc 200 ok info 512 12 2>&1); then
+  pass "a process without the limit variable is held to the container's limit"
+else
+  fail "a process without the limit variable"; echo "$out"
+fi
+kill -9 $A; wait $A 2>/dev/null
+
+# 12. The limit and the region at the fixed path the device plugin mounts (read-only directory,
+# read-write region file): neither the environment nor a clean one nor deleting the region
+# escapes, and with ld.so.preload neither does a process without LD_PRELOAD. Needs a private
+# mount namespace (unshare -Urm).
+c=$WORK/c-fixed
+mkdir -p "$c"
+printf '# test\nmemory %s %d\n' "$U0" $((512 << 20)) >"$c/config"
+: >"$c/kgpu-cuda.region"
+chmod 444 "$c/config"; chmod 666 "$c/kgpu-cuda.region"
+if unshare -Urm true 2>/dev/null; then
+  out=$(unshare -Urm bash "$(dirname "$0")/fixed_config_ns.sh" "$DRIVER" "$LIB" "$c" "$U0" 2>&1)
+  echo "$out"
+  grep -q '^FAIL' <<<"$out" && failed=1
+else
+  echo "SKIP: the fixed configuration path (unshare -Urm is not permitted here)"
+fi
+
+# 13. What real workloads hold is charged before it is granted, reached every way.
+L1="$U1=512Mi"
+for mode in direct dlsym procaddr cudart procaddr1; do
+  c=$WORK/c13-$mode
+  #  a) VMM memory still mapped after cuMemRelease stays charged until its last unmap.
+  if out=$(run "$c-vmm" "$L512" $mode init vmmmap 200 ok vmmmap 200 ok vmmmap 200 oom alloc 200 oom info 512 112 \
+      freeall info 512 512 2>&1); then pass "VMM mapped after release stays charged ($mode)"; else
+    fail "VMM mapped after release ($mode)"; echo "$out"; fi
+  #  b) What a pool keeps after a free (release threshold UINT64_MAX) stays charged; reused, it
+  #  costs nothing more; trimmed or released at a synchronisation, it comes back.
+  if out=$(run "$c-pool" "$L512" $mode init poolnew max poolalloc 200 ok free sync poolnew max poolalloc 200 ok free sync \
+      info 512 112 poolalloc 200 ok info 512 112 alloc 200 oom poolalloc 200 oom free sync trim info 512 312 \
+      poolnew 0 poolalloc 200 ok free sync info 512 312 2>&1); then pass "what pools keep is charged ($mode)"; else
+    fail "what pools keep ($mode)"; echo "$out"; fi
+  #  c) A pool's and a stream's allocations are charged to the pool's / stream's GPU, not the
+  #  current context's (only GPU 1 is limited here).
+  if out=$(run "$c-gpu" "$L1" $mode init 0 poolnew max 1 poolalloc 600 oom poolalloc 400 ok init 1 info 512 112 \
+      init 1 stream init 0 async 200 oom async 100 ok 2>&1); then pass "pool and stream allocations charged to their GPU ($mode)"; else
+    fail "pool and stream allocations charged to their GPU ($mode)"; echo "$out"; fi
+  #  d) Graph memory: a captured cudaMallocAsync is charged once however often the graph runs,
+  #  kept by the graph pool until cuDeviceGraphMemTrim; a graph whose memory does not fit is not
+  #  launched; cuCtxSetLimit's heap and stack are charged.
+  if out=$(run "$c-graph" "$L512" $mode init capture 200 launch ok launch ok launch ok info 512 312 \
+      graphnode 600 launch oom graphtrim info 512 512 graphnode 300 launch ok info 512 212 graphtrim info 512 512 \
+      setlimit heap 400 ok alloc 200 oom setlimit heap 8 ok alloc 200 ok free \
+      setlimit stack 2048 ok alloc 300 oom setlimit stack 1024 ok alloc 300 ok 2>&1); then
+    pass "graph memory and context limits charged ($mode)"
+  else
+    fail "graph memory and context limits ($mode)"; echo "$out"
+  fi
+  #  e) Small allocations at the driver's granularity: 1000 x 64 KiB fit in 512 MiB (the unused
+  #  part of their shared pages is reconciled, and gone at the reconciliation after the frees).
+  if out=$(run "$c-small" "$L512" $mode init small 1000 64 ok info 512 - freeall sleep 250 info 512 512 2>&1); then
+    pass "1000 x 64 KiB charged at the driver's granularity ($mode)"
+  else
+    fail "small allocations ($mode)"; echo "$out"
+  fi
+done
+
+# 14. A device whose UUID cannot be read in a limited container reports no memory (fail closed).
+if out=$(KGPU_SIM_CUDA_FAIL_UUID=1 run "$WORK/c-nouuid" "$L512" direct init totalmem 0 alloc 2 oom 2>&1); then
+  pass "unreadable UUID: no memory, nothing allocated"
+else
+  fail "unreadable UUID"; echo "$out"
 fi
 
 # 9. Without the interposer nothing is limited (the simulated driver alone).

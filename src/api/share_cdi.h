@@ -15,7 +15,10 @@ namespace kgpu::api {
 // Where a hard-isolated container finds the CUDA interposer (bind-mounted read-only from the
 // plugin's --cuda-interposer) and its accounting directory (KGPU_CUDA_SHARED_DIR).
 inline constexpr char kInterposerInContainer[] = "/usr/lib/kgpu/libkgpu-cuda.so";
+// The directory is mounted read-only (the limits in its `config`) with the region file
+// read-write over it (deviceplugin/interposer.h); the library reads this fixed path.
 inline constexpr char kRegionInContainer[] = "/run/kgpu-cuda";
+inline constexpr char kRegionFile[] = "kgpu-cuda.region";
 
 // The CDI device name for a container holding slot `ids`: the lowest ID, with "::" as "_".
 inline std::string ShareCdiName(std::vector<std::string> ids) {

@@ -43,7 +43,7 @@ json CdiMounts(const std::vector<deviceplugin::MountSpec>& mounts) {
 }  // namespace
 
 std::vector<std::string> ShareEnv(const api::RecordContainer& c) {
-  std::vector<std::string> uuids, limits, mps_limits;
+  std::vector<std::string> uuids, limits, mps_limits, core_limits;
   for (size_t i = 0; i < c.gpus.size(); ++i) {
     const auto& g = c.gpus[i];
     uuids.push_back(g.uuid);
@@ -51,12 +51,14 @@ std::vector<std::string> ShareEnv(const api::RecordContainer& c) {
       limits.push_back(Cat(g.uuid, "=", g.memory_mib, "Mi"));
       mps_limits.push_back(Cat(i, "=", g.memory_mib, "M"));
     }
+    if (g.cores > 0 && g.cores < 100) core_limits.push_back(Cat(g.uuid, "=", g.cores));
   }
   const std::string mode = c.enforcement.empty() ? "hard" : c.enforcement;
   const int64_t cores = c.gpus.empty() ? 0 : c.gpus[0].cores;
   std::vector<std::string> env = {Cat("NVIDIA_VISIBLE_DEVICES=", Csv(uuids)), Cat("KGPU_ENFORCEMENT=", mode),
                                   Cat("KGPU_GPU_CORES=", cores)};
   if (mode == "hard" && !limits.empty()) env.push_back(Cat("KGPU_CUDA_MEMORY_LIMIT=", Csv(limits)));
+  if (mode == "hard" && !core_limits.empty()) env.push_back(Cat("KGPU_CUDA_CORE_LIMIT=", Csv(core_limits)));
   if (mode == "mps") {
     if (!mps_limits.empty()) env.push_back(Cat("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=", Csv(mps_limits)));
     if (cores > 0) env.push_back(Cat("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=", cores));
@@ -430,9 +432,12 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
               "(--cuda-interposer), so nothing would enforce them; delete the pod so that it is scheduled again "
               "(kgpu extender offers hard only on nodes whose inventory lists it)"));
     }
+    std::vector<deviceplugin::InterposerLimit> limits;
+    for (const auto& g : rc->gpus)
+      limits.push_back({g.uuid, static_cast<uint64_t>(std::max<int64_t>(g.memory_mib, 0)), g.cores});
     auto iso = deviceplugin::InterposerEditsFor(
         opts_.cuda_interposer, opts_.cuda_interposer_load, opts_.cuda_shared_root,
-        Cat(opts_.cuda_shared_root, "/", meta.value("uid", "unknown-uid"), "/", owner->container));
+        Cat(opts_.cuda_shared_root, "/", meta.value("uid", "unknown-uid"), "/", owner->container), limits);
     if (!iso.ok()) return absl::Status(iso.status().code(), Cat(who, ": ", iso.status().message()));
     for (const auto& [k, v] : iso->envs) edits["env"].push_back(Cat(k, "=", v));
     edits["mounts"] = CdiMounts(iso->mounts);
@@ -468,8 +473,9 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
   for (const auto& g : rc->gpus) what.push_back(Cat(g.uuid, " (", g.memory_mib, " MiB, ", g.cores, "% cores)"));
   const std::string note =
       Cat("container ", owner->container, ": ", Join(what, ", "), "; enforcement ", mode,
-          mode == "hard"  ? Cat(" (KGPU_CUDA_MEMORY_LIMIT, enforced by the CUDA interposer ", opts_.cuda_interposer,
-                                " preloaded into the container: docs/isolation.md)")
+          mode == "hard"  ? Cat(" (memory and compute share enforced by the CUDA interposer ", opts_.cuda_interposer,
+                                " preloaded into the container, its limits read-only in /run/kgpu-cuda/config: "
+                                 "docs/isolation.md)")
           : mode == "mps" ? " (MPS per-client limits)"
                           : " (time-slicing without isolation)");
   // "<container>=<mode>" for each share container of the pod, comma-separated in name order; the

@@ -259,14 +259,16 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
     // versioned copy, with one accounting region for the container's processes in a directory
     // of its own under the shared root (0777: random-UID containers write it).
     std::vector<std::string> limits;
+    std::vector<InterposerLimit> config_limits;
     for (const GpuShare& s : SharesByGpu(plan, resource, devices)) {
       limits.push_back(Cat(plan.inventory->gpus()[s.gpu].uuid, "=", s.memory_mib, "Mi"));
+      config_limits.push_back({plan.inventory->gpus()[s.gpu].uuid, static_cast<uint64_t>(s.memory_mib), 0});
     }
     if (config.cuda_interposer.empty()) {
       return absl::FailedPreconditionError(Cat(resource.name, ": memoryIsolation hard without --cuda-interposer"));
     }
     auto edits = InterposerEditsFor(config.cuda_interposer, config.cuda_interposer_load, config.cuda_shared_root,
-                                    TimeslicingRegion(config.cuda_shared_root, annotation_id));
+                                    TimeslicingRegion(config.cuda_shared_root, annotation_id), config_limits);
     if (!edits.ok()) return edits.status();
     out.envs["KGPU_CUDA_MEMORY_LIMIT"] = Join(limits, ",");
     for (const auto& [k, v] : edits->envs) out.envs[k] = v;

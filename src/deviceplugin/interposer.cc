@@ -1,10 +1,16 @@
 #include "deviceplugin/interposer.h"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <vector>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "api/share_cdi.h"
 #include "common/files.h"
@@ -35,8 +41,19 @@ absl::StatusOr<std::string> PreloadFile(const std::string& shared_root) {
 
 }  // namespace
 
+std::string InterposerConfig(const std::vector<InterposerLimit>& limits) {
+  std::string text =
+      "# The container's limits, for libkgpu-cuda.so (written by kgpu device-plugin; docs/isolation.md)\n";
+  for (const auto& l : limits) {
+    if (l.memory_mib > 0) text += Cat("memory ", l.uuid, " ", l.memory_mib << 20, "\n");
+    if (l.cores > 0 && l.cores < 100) text += Cat("cores ", l.uuid, " ", l.cores, "\n");
+  }
+  return text;
+}
+
 absl::StatusOr<InterposerEdits> InterposerEditsFor(const std::string& interposer, const std::string& load,
-                                                   const std::string& shared_root, const std::string& region) {
+                                                   const std::string& shared_root, const std::string& region,
+                                                   const std::vector<InterposerLimit>& limits) {
   std::error_code mk;
   std::filesystem::create_directories(region, mk);
   if (!mk) std::filesystem::permissions(region, std::filesystem::perms::all, mk);
@@ -44,17 +61,31 @@ absl::StatusOr<InterposerEdits> InterposerEditsFor(const std::string& interposer
     return absl::UnavailableError(
         Cat("cannot create the accounting directory ", region, ": ", mk.message(), " (check --cuda-shared-root)"));
   }
+  const std::string config = Cat(region, "/config"), file = Cat(region, "/", api::kRegionFile);
+  if (auto st = WriteFileAtomically(config, InterposerConfig(limits), 0444); !st.ok()) {
+    return absl::UnavailableError(Cat(st.message(), " (check --cuda-shared-root)"));
+  }
+  // The region itself starts empty (the library sizes and initialises it under a lock); an
+  // existing one (a restarted container) is kept with its processes' charges.
+  if (const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666); fd >= 0) {
+    ::fchmod(fd, 0666);
+    ::close(fd);
+  } else {
+    return absl::UnavailableError(
+        Cat("cannot create the accounting region ", file, ": ", std::strerror(errno), " (check --cuda-shared-root)"));
+  }
   InterposerEdits e;
   e.mounts.push_back({api::kInterposerInContainer, interposer, true});
   if (load == kInterposerLoadFile) {
-    auto file = PreloadFile(shared_root);
-    if (!file.ok()) return file.status();
-    e.mounts.push_back({"/etc/ld.so.preload", *file, true});
+    auto preload = PreloadFile(shared_root);
+    if (!preload.ok()) return preload.status();
+    e.mounts.push_back({"/etc/ld.so.preload", *preload, true});
   } else {
     e.envs.emplace_back("LD_PRELOAD", api::kInterposerInContainer);
   }
   e.envs.emplace_back("KGPU_CUDA_SHARED_DIR", api::kRegionInContainer);
-  e.mounts.push_back({api::kRegionInContainer, region, false});
+  e.mounts.push_back({api::kRegionInContainer, region, true});
+  e.mounts.push_back({Cat(api::kRegionInContainer, "/", api::kRegionFile), file, false});
   return e;
 }
 

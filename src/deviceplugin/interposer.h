@@ -5,6 +5,7 @@
 #define KGPU_DEVICEPLUGIN_INTERPOSER_H_
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,11 +26,28 @@ struct InterposerEdits {
   std::vector<MountSpec> mounts;
 };
 
+// One GPU's limits for a container: memory in MiB (0: none), the compute share in percent of
+// its SMs (0 or 100: none).
+struct InterposerLimit {
+  std::string uuid;
+  uint64_t memory_mib = 0;
+  int64_t cores = 0;
+};
+
+// The interposer's configuration file for `limits` (docs/isolation.md, "Where the limits come
+// from"): "memory <uuid> <bytes>" and "cores <uuid> <percent>" lines.
+std::string InterposerConfig(const std::vector<InterposerLimit>& limits);
+
 // The environment and mounts of a container whose accounting directory on the host is `region`
-// (created here, mode 0777 so that random-UID containers can write it). With ld.so.preload, the
-// file mounted (<shared_root>/ld.so.preload) is written too when it is missing or differs.
+// (created here). The directory gets the container's limits in `config` (mode 0444) and an
+// empty accounting region `kgpu-cuda.region` (mode 0666: any UID of the container joins it),
+// and is mounted read-only at /run/kgpu-cuda, with the region file mounted read-write over its
+// own path: a process of the container can neither change its limits, nor delete or replace the
+// region to start a fresh budget. With ld.so.preload, the file mounted
+// (<shared_root>/ld.so.preload) is written too when it is missing or differs.
 absl::StatusOr<InterposerEdits> InterposerEditsFor(const std::string& interposer, const std::string& load,
-                                                   const std::string& shared_root, const std::string& region);
+                                                   const std::string& shared_root, const std::string& region,
+                                                   const std::vector<InterposerLimit>& limits);
 
 // Where Allocate puts the accounting directory of a time-slicing replica container.
 std::string TimeslicingRegion(const std::string& shared_root, const std::string& allocation_id);

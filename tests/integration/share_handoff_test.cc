@@ -16,6 +16,7 @@
 #include <signal.h>
 
 #include "api/record.h"
+#include "common/strings.h"
 #include "deviceplugin/plan.h"
 #include "k8s/client.h"
 #include "testing/fake_apiserver.h"
@@ -223,15 +224,31 @@ TEST_F(ShareHandoffTest, ManyPodsAtOnceInAnyOrderGetExactlyTheirRecords) {
       EXPECT_EQ(env.at("LD_PRELOAD"), "/usr/lib/kgpu/libkgpu-cuda.so") << w.pod;
       EXPECT_EQ(env.at("KGPU_CUDA_SHARED_DIR"), "/run/kgpu-cuda") << w.pod;
       const json mounts = Mounts(spec);
-      ASSERT_EQ(mounts.size(), 2u) << spec.dump();
+      ASSERT_EQ(mounts.size(), 3u) << spec.dump();
       EXPECT_EQ(mounts[0]["hostPath"], KGPU_CUDA_INTERPOSER);
       EXPECT_EQ(mounts[0]["containerPath"], "/usr/lib/kgpu/libkgpu-cuda.so");
       EXPECT_EQ(mounts[0]["options"][0], "ro");
+      // The directory with the limits read-only, the region file read-write over it.
       const std::string uid = api_.Get("pods", "ns", w.pod).body["metadata"]["uid"];
-      EXPECT_EQ(mounts[1]["hostPath"], cuda_root_ + "/" + uid + "/main");
+      const std::string dir = cuda_root_ + "/" + uid + "/main";
+      EXPECT_EQ(mounts[1]["hostPath"], dir);
       EXPECT_EQ(mounts[1]["containerPath"], "/run/kgpu-cuda");
-      const auto perms = std::filesystem::status(cuda_root_ + "/" + uid + "/main").permissions();
-      EXPECT_EQ(perms & std::filesystem::perms::all, std::filesystem::perms::all) << w.pod;
+      EXPECT_EQ(mounts[1]["options"][0], "ro");
+      EXPECT_EQ(mounts[2]["hostPath"], dir + "/kgpu-cuda.region");
+      EXPECT_EQ(mounts[2]["containerPath"], "/run/kgpu-cuda/kgpu-cuda.region");
+      EXPECT_EQ(mounts[2]["options"][0], "rw");
+      const auto perms = std::filesystem::status(dir + "/kgpu-cuda.region").permissions();
+      EXPECT_EQ(perms & std::filesystem::perms::all, std::filesystem::perms(0666)) << w.pod;
+      std::ifstream config(dir + "/config");
+      std::stringstream text;
+      text << config.rdbuf();
+      EXPECT_NE(text.str().find(Cat("memory ", w.gpu, " ", static_cast<uint64_t>(w.mem) << 20, "\n")),
+                std::string::npos)
+          << text.str();
+      if (w.cores > 0 && w.cores < 100) {
+        EXPECT_NE(text.str().find(Cat("cores ", w.gpu, " ", w.cores, "\n")), std::string::npos) << text.str();
+        EXPECT_EQ(env.at("KGPU_CUDA_CORE_LIMIT"), Cat(w.gpu, "=", w.cores)) << w.pod;
+      }
     } else {
       EXPECT_FALSE(env.contains("LD_PRELOAD")) << w.pod;
       EXPECT_TRUE(Mounts(spec).empty()) << w.pod;

@@ -264,12 +264,27 @@ TEST(TimeSlicingHardTest, EachReplicaGetsItsShareOfMemory) {
             u0 + "=" + std::to_string(mib0 * 2 / 4) + "Mi," + u1 + "=" + std::to_string(mib1 / 4) + "Mi");
   EXPECT_EQ(a->envs.at("LD_PRELOAD"), "/usr/lib/kgpu/libkgpu-cuda.so");
   EXPECT_EQ(a->envs.at("KGPU_CUDA_SHARED_DIR"), "/run/kgpu-cuda");
+  // The accounting directory read-only with the limits in its config, the region file
+  // read-write over it: no process of the container can change either.
   EXPECT_EQ(a->mounts, (std::vector<deviceplugin::MountSpec>{
                            {"/usr/lib/kgpu/libkgpu-cuda.so", "/var/lib/kgpu/isolation/0.1.0/libkgpu-cuda.so", true},
-                           {"/run/kgpu-cuda", root + "/timeslicing/c1", false}}));
+                           {"/run/kgpu-cuda", root + "/timeslicing/c1", true},
+                           {"/run/kgpu-cuda/kgpu-cuda.region", root + "/timeslicing/c1/kgpu-cuda.region", false}}));
   struct stat st {};
-  ASSERT_EQ(::stat((root + "/timeslicing/c1").c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0777u);
+  ASSERT_EQ(::stat((root + "/timeslicing/c1/kgpu-cuda.region").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0666u);
+  ASSERT_EQ(::stat((root + "/timeslicing/c1/config").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0444u);
+  {
+    std::ifstream config(root + "/timeslicing/c1/config");
+    std::stringstream text;
+    text << config.rdbuf();
+    EXPECT_NE(text.str().find("memory " + u0 + " " + std::to_string((mib0 * 2 / 4) << 20) + "\n"), std::string::npos)
+        << text.str();
+    EXPECT_NE(text.str().find("memory " + u1 + " " + std::to_string((mib1 / 4) << 20) + "\n"), std::string::npos)
+        << text.str();
+    EXPECT_EQ(text.str().find("cores"), std::string::npos) << text.str();
+  }
 
   // --cuda-interposer-load ld.so.preload: a file naming the library is mounted at
   // /etc/ld.so.preload instead of LD_PRELOAD (a process that clears its environment is still held).
@@ -281,7 +296,8 @@ TEST(TimeSlicingHardTest, EachReplicaGetsItsShareOfMemory) {
   EXPECT_EQ(f->mounts, (std::vector<deviceplugin::MountSpec>{
                            {"/usr/lib/kgpu/libkgpu-cuda.so", "/var/lib/kgpu/isolation/0.1.0/libkgpu-cuda.so", true},
                            {"/etc/ld.so.preload", root + "/ld.so.preload", true},
-                           {"/run/kgpu-cuda", root + "/timeslicing/c3", false}}));
+                           {"/run/kgpu-cuda", root + "/timeslicing/c3", true},
+                           {"/run/kgpu-cuda/kgpu-cuda.region", root + "/timeslicing/c3/kgpu-cuda.region", false}}));
   std::ifstream preload(root + "/ld.so.preload");
   std::stringstream text;
   text << preload.rdbuf();
