@@ -48,7 +48,8 @@ typedef struct {
 
 static acct_region* g_region;
 static int g_slot = -1;
-static int64_t g_start_time;                /* this process's, as its slot records it */
+static int32_t g_pid;        /* getpid(), read once (a system call per allocation otherwise); 0 after fork */
+static int64_t g_start_time; /* this process's, as its slot records it */
 static uint64_t g_mine[KGPU_ACCT_MAX_GPUS]; /* what this process charged, kept privately: see slot_check */
 static pthread_mutex_t g_attach_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_hold_ms; /* test hook, see region_lock */
@@ -144,7 +145,8 @@ static int region_lock(void) {
  * keeps privately (g_mine), beyond the limit if need be (the memory is allocated). 0 when the
  * process has its slot. */
 static int slot_check_locked(void) {
-  const int32_t pid = (int32_t)getpid();
+  if (g_pid == 0) g_pid = (int32_t)getpid();
+  const int32_t pid = g_pid;
   if (g_slot >= 0 && g_region->slots[g_slot].pid == pid) return 0;
   acct_slot* mine = NULL;
   for (unsigned i = 0; i < KGPU_ACCT_MAX_SLOTS && mine == NULL; ++i) {
@@ -302,6 +304,7 @@ void kgpu_acct_after_fork(void) {
   pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
   g_attach_mu = fresh;
   g_slot = -1;
+  g_pid = 0;
   memset(g_mine, 0, sizeof g_mine);
 }
 

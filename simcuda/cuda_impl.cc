@@ -82,6 +82,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -362,8 +363,19 @@ bool PidAlive(int32_t pid) {
   return p == nullptr || p[1] == '\0' || (p[2] != 'Z' && p[2] != 'X');
 }
 
+// getpid() is a system call on every call (glibc caches nothing since 2.25): read once per
+// process, again in a child after fork.
+std::atomic<int32_t> g_self_pid{0};
+
 int32_t SelfPid() {
-  return static_cast<int32_t>(getpid());
+  int32_t pid = g_self_pid.load(std::memory_order_relaxed);
+  if (pid == 0) {
+    static const int registered = pthread_atfork(nullptr, nullptr, [] { g_self_pid.store(0); });
+    (void)registered;
+    pid = static_cast<int32_t>(getpid());
+    g_self_pid.store(pid, std::memory_order_relaxed);
+  }
+  return pid;
 }
 
 // ---- the node state (caller holds Node::Locked) ----

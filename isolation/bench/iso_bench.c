@@ -2,8 +2,9 @@
  * Microbenchmark of the memory interposer's costs, run once with and once without
  * LD_PRELOAD=libkgpu-cuda.so against the same driver (simulated or real):
  *   iso_bench [ITERATIONS] [RECOVERY_MIB]
- * prints the p50/p99 latency of cuMemAlloc_v2 (2 MiB, an allocation that fits), cuMemFree_v2 and
- * cuMemGetInfo_v2, and then, when KGPU_CUDA_MEMORY_LIMIT is set, the recovery time after a
+ * prints the p50/p99 latency of cuMemAlloc_v2 (2 MiB, an allocation that fits), cuMemFree_v2,
+ * cuMemGetInfo_v2 and cuLaunchKernel (an empty kernel of one thread, asynchronous; the launch
+ * hook of a container without a compute share), and then, when KGPU_CUDA_MEMORY_LIMIT is set, the recovery time after a
  * kill -9: a child process holds RECOVERY_MIB (default 256) and is killed with SIGKILL; the time
  * from the signal until this process can allocate that memory again (which needs the dead
  * child's charge reclaimed; the wait for the child's exit is included).
@@ -47,13 +48,37 @@ static void init(void) {
   }
 }
 
+/* An empty kernel "e" (PTX, JIT-compiled by a real driver; the simulated one takes any image). */
+static const char kEmptyKernel[] = ".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry e()\n{\n  ret;\n}\n";
+
+/* The launch latency of n empty kernels, synchronising every 256 (the queue stays short). */
+static void bench_launch(uint64_t* l, size_t n) {
+  CUmodule mod;
+  CUfunction fn;
+  if (cuModuleLoadData(&mod, kEmptyKernel) != CUDA_SUCCESS || cuModuleGetFunction(&fn, mod, "e") != CUDA_SUCCESS) {
+    fprintf(stderr, "iso_bench: cannot load the empty kernel\n");
+    exit(1);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t t0 = now_ns();
+    if (cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS) {
+      fprintf(stderr, "iso_bench: cuLaunchKernel failed\n");
+      exit(1);
+    }
+    l[i] = now_ns() - t0;
+    if (i % 256 == 255) cuCtxSynchronize();
+  }
+  cuCtxSynchronize();
+}
+
 int main(int argc, char** argv) {
   const size_t n = argc > 1 ? strtoul(argv[1], NULL, 10) : 20000;
   const size_t recovery_mib = argc > 2 ? strtoul(argv[2], NULL, 10) : 256;
   uint64_t* a = calloc(n, sizeof *a);
   uint64_t* f = calloc(n, sizeof *f);
   uint64_t* g = calloc(n, sizeof *g);
-  if (a == NULL || f == NULL || g == NULL || n < 100) return 2;
+  uint64_t* l = calloc(n, sizeof *l);
+  if (a == NULL || f == NULL || g == NULL || l == NULL || n < 100) return 2;
   init();
   for (size_t i = 0; i < n; ++i) {
     CUdeviceptr p;
@@ -76,6 +101,8 @@ int main(int argc, char** argv) {
   report("cuMemAlloc_v2", a, n);
   report("cuMemFree_v2", f, n);
   report("cuMemGetInfo_v2", g, n);
+  bench_launch(l, n);
+  report("cuLaunchKernel", l, n);
 
   if (getenv("KGPU_CUDA_MEMORY_LIMIT") == NULL) return 0;
   char hold[32];

@@ -477,7 +477,9 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
                                 " preloaded into the container, its limits read-only in /run/kgpu-cuda/config: "
                                  "docs/isolation.md)")
           : mode == "mps" ? " (MPS per-client limits)"
-                          : " (time-slicing without isolation)");
+                          : " (time-slicing without isolation: these memory and compute limits are reserved by the "
+                            "scheduler but NOT enforced on the GPU; enforcement hard needs the node's device plugin "
+                            "started with --cuda-interposer)");
   // "<container>=<mode>" for each share container of the pod, comma-separated in name order; the
   // pod's other containers are handed off concurrently, so the write is a compare-and-swap.
   json current = *pod;

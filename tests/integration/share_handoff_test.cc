@@ -255,6 +255,18 @@ TEST_F(ShareHandoffTest, ManyPodsAtOnceInAnyOrderGetExactlyTheirRecords) {
     }
     if (w.mode == "none") {
       EXPECT_FALSE(env.contains("KGPU_CUDA_MEMORY_LIMIT"));
+      // Never a limit accepted silently that nothing enforces: the pod's Event (logged too) says so.
+      EXPECT_NE(plugin_->Log().find(Cat(w.gpu, " (", w.mem, " MiB, ", w.cores,
+                                        "% cores); enforcement none (time-slicing without isolation: these memory "
+                                        "and compute limits are reserved by the scheduler but NOT enforced")),
+                std::string::npos)
+          << w.pod << "\n"
+          << plugin_->Log();
+    } else {
+      EXPECT_NE(plugin_->Log().find(Cat(w.gpu, " (", w.mem, " MiB, ", w.cores,
+                                        "% cores); enforcement hard (memory and compute share enforced")),
+                std::string::npos)
+          << w.pod;
     }
     EXPECT_EQ(GpuNodes(spec), std::vector<std::string>{"/dev/nvidia" + std::to_string(minors_[w.gpu])}) << w.pod;
     const json pod = api_.Get("pods", "ns", w.pod).body;

@@ -44,7 +44,7 @@ for mode in direct dlsym procaddr cudart procaddr1; do
       managed 100 oom array 4096 4096 oom array3d 256 256 256 oom async 100 oom vmm 100 oom free free info $LIM 512 \
       vmm 500 ok vmm 20 oom free \
       managed 100 ok async 100 ok array 4096 4096 ok array3d 256 256 256 ok alloc 200 oom \
-      freeall info $LIM 512 alloc 512 ok alloc 2 oom freeall \
+      freeall sync info $LIM 512 alloc 512 ok alloc 2 oom freeall \
       mipmap 8192 8192 0 14 ok info $LIM 170 free \
       alloc 400 ok reset info $LIM 512 alloc 300 ok free \
       release init info $LIM 512 alloc 512 ok rtldnext 2>&1); then
@@ -75,6 +75,78 @@ A=$!
 wait_file "$c.held"; sleep 0.3
 kill -9 $A; wait $A 2>/dev/null
 if run "$c" "$L512" direct init alloc 500 ok >/dev/null 2>&1; then pass "kill -9 holding the lock"; else fail "kill -9 holding the lock"; fi
+
+# Every process of the container is held, whatever its environment: one without the limit
+# variable joins the region and is bound by the limit recorded there.
+c=$WORK/c-noenv
+env KGPU_CUDA_SHARED_DIR=$c KGPU_CUDA_MEMORY_LIMIT=$U0=${LIM2}Mi LD_PRELOAD=$LIB "$DRIVER" direct init alloc 300 ok touch "$c.a1" pause >/dev/null 2>&1 &
+A=$!
+wait_file "$c.a1"
+if out=$(KGPU_CUDA_SHARED_DIR=$c LD_PRELOAD=$LIB timeout 60 "$DRIVER" direct init alloc 300 oom alloc 200 ok 2>&1); then
+  pass "a process without the limit variable is held to the container's limit"; else
+  fail "a process without the limit variable"; echo "$out"; fi
+kill -9 $A; wait $A 2>/dev/null
+
+# The limits at the fixed path the device plugin mounts (/run/kgpu-cuda, read-only, the region
+# read-write over its own path) in a private mount namespace: the environment, a clean one,
+# deleting the region and ld.so.preload with no LD_PRELOAD.
+c=$WORK/c-fixed
+mkdir -p "$c"
+printf 'memory %s %d\n' "$U0" $(((512 + 2 * CTX) << 20)) >"$c/config"
+: >"$c/kgpu-cuda.region"
+chmod 444 "$c/config"; chmod 666 "$c/kgpu-cuda.region"
+if unshare -Urm true 2>/dev/null; then
+  out=$(unshare -Urm bash "$(dirname "$0")/../fixed_config_ns.sh" "$DRIVER" "$LIB" "$c" "$U0" "$CTX" 2>&1)
+  echo "$out"
+  grep -q '^FAIL' <<<"$out" && failed=1
+else
+  echo "SKIP: the fixed configuration path (unshare -Urm is not permitted here)"
+fi
+
+# What real workloads hold, reached every way (the cases of the simulated test's 13; the free
+# figures a real driver's pools and graph pools reserve are printed, not asserted).
+for mode in direct dlsym procaddr cudart procaddr1; do
+  c=$WORK/c13-$mode
+  if out=$(run "$c-vmm" "$L512" $mode init vmmmap 200 ok vmmmap 200 ok vmmmap 200 oom alloc 200 oom info $LIM 112 \
+      freeall info $LIM 512 2>&1); then pass "VMM mapped after release stays charged ($mode)"; else
+    fail "VMM mapped after release ($mode)"; echo "$out"; fi
+  if out=$(run "$c-pool" "$L512" $mode init poolnew max poolalloc 200 ok free sync poolnew max poolalloc 200 ok free sync \
+      info $LIM - poolalloc 200 ok alloc 200 oom free sync trim info $LIM - 2>&1); then
+    pass "what pools keep is charged ($mode)"; else fail "what pools keep ($mode)"; fi
+  echo "$out" | grep 'cuMemGetInfo'
+  if out=$(run "$c-graph" "$L512" $mode init capture 200 launch ok launch ok launch ok info $LIM - \
+      graphnode 600 launch oom graphtrim graphnode 300 launch ok graphtrim info $LIM - \
+      setlimit heap 400 ok alloc 200 oom setlimit heap 8 ok alloc 200 ok free 2>&1); then
+    pass "graph memory and the malloc heap charged ($mode)"; else fail "graph memory and the malloc heap ($mode)"; fi
+  echo "$out" | grep 'cuMemGetInfo'
+  if out=$(run "$c-small" "$L512" $mode init small 1000 64 ok info $LIM - freeall 2>&1); then
+    pass "1000 x 64 KiB fit in 512 MiB ($mode)"; else fail "small allocations ($mode)"; echo "$out"; fi
+done
+if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -gt 1 ]; then
+  U1=$("$DRIVER" direct init 1 uuid | grep '^GPU-')
+  if out=$(run "$WORK/c-gpu1" "$U1=$((CTX + 512))Mi" direct init 0 poolnew max 1 poolalloc 600 oom poolalloc 400 ok \
+      init 1 stream init 0 async 200 oom async 50 ok 2>&1); then pass "pool and stream allocations charged to their GPU"; else
+    fail "pool and stream allocations charged to their GPU"; echo "$out"; fi
+else
+  echo "SKIP: pool and stream allocations on another GPU (one GPU here)"
+fi
+
+# The driver's granularity for small allocations: what NVML shows for a process holding 1000
+# allocations of N KiB, less a process holding none, per allocation (the interposer charges
+# requests up to 1 MiB at 512-byte granularity and reconciles the rest).
+if command -v nvidia-smi >/dev/null; then
+  used() { nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', ' -v p="$1" '$1 == p {print $2}'; }
+  "$DRIVER" direct init touch "$WORK/g0" pause >/dev/null 2>&1 &
+  B=$!
+  wait_file "$WORK/g0"; sleep 0.5; base=$(used $B); kill -9 $B; wait $B 2>/dev/null
+  for kib in 4 64 512 1024; do
+    rm -f "$WORK/g1"
+    "$DRIVER" direct init small 1000 $kib ok touch "$WORK/g1" pause >/dev/null 2>&1 &
+    B=$!
+    wait_file "$WORK/g1"; sleep 0.5; u=$(used $B); kill -9 $B; wait $B 2>/dev/null
+    echo "granularity: 1000 x $kib KiB hold $((u - base)) MiB beyond the context: $(( (u - base) * 1024 / 1000 )) KiB each (asked $kib)"
+  done
+fi
 
 if command -v nvcc >/dev/null; then
   if nvcc -O2 -o "$WORK/cudart_probe" "$(dirname "$0")/cudart_probe.cu" >"$WORK/nvcc.log" 2>&1; then
