@@ -19,8 +19,17 @@ for i,g in enumerate(gpus): g.update(i=i, uuid=f"GPU-{node}-{i}", health="ok"); 
 ann=json.dumps({"v":1,"gpus":gpus,"migStrategy":"mixed"})
 print(json.dumps({"apiVersion":"v1","kind":"Node","metadata":{"name":node,"annotations":{"kgpu.io/gpu-inventory":ann}}}))' "$node" "$@"
 }
-mig='{"mig":['$(for k in 0 1 2 3 4 5 6; do printf '{"uuid":"MIG-%s","profile":"1g.10gb","memMiB":9984}%s' $k "$([ $k = 6 ] || echo ,)"; done)']}'
-{ inv whole '{}' '{}' '{}' '{}'; inv mig "$mig"; inv share '{"slots":16}' '{"slots":16}'; } >"$work/nodes.json"
+# The same three nodes as the cluster step: whole (8 x H100), mig (A100 40GB, one GPU in seven
+# 1g.5gb instances, the others whole), share (8 x H200 serving shares).
+h100='{"model":"NVIDIA H100 80GB HBM3","memMiB":81559}'
+a100='{"model":"NVIDIA A100-SXM4-40GB","memMiB":40960}'
+h200='{"model":"NVIDIA H200","memMiB":143771,"slots":16}'
+mig='{"model":"NVIDIA A100-SXM4-40GB","memMiB":40960,"mig":['$(for k in 0 1 2 3 4 5 6; do printf '{"uuid":"MIG-%s","profile":"1g.5gb","memMiB":4864}%s' $k "$([ $k = 6 ] || echo ,)"; done)']}'
+{
+  inv whole "$h100" "$h100" "$h100" "$h100" "$h100" "$h100" "$h100" "$h100"
+  inv mig "$mig" "$a100" "$a100" "$a100" "$a100" "$a100" "$a100" "$a100"
+  inv share "$h200" "$h200" "$h200" "$h200" "$h200" "$h200" "$h200" "$h200"
+} >"$work/nodes.json"
 q=$root/deploy/quota
 "$bin/kgpu-fake-apiserver" --preload "$work/nodes.json" --preload "$q/namespaces.yaml" --preload "$q/team-a-whole-gpus.yaml" \
   --preload "$q/team-b-mig.yaml" --preload "$q/team-c-shares.yaml" --preload "$q/mig-multi-tenant.yaml" \

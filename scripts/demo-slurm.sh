@@ -66,8 +66,8 @@ k() { curl -sS --fail-with-body -H "Authorization: Bearer demo-token" "$@"; }
 json=(-H "Content-Type: application/json")
 merge=(-H "Content-Type: application/merge-patch+json")
 
-"$bin/kgpu" --log-level info slurm-bridge run --kubeconfig "$work/kubeconfig" --interval-ms 300 --lend-threshold 1 \
-  --cooldown 0 --max-lent 1 --leader-namespace default >"$work/bridge.log" 2>&1 &
+"$bin/kgpu" --log-level info slurm-bridge run --kubeconfig "$work/kubeconfig" --interval 300ms --lend-threshold 1s \
+  --cooldown 0s --max-lent 1 --leader-elect-resource-namespace default >"$work/bridge.log" 2>&1 &
 bridge=$!
 # q PYTHON-EXPR: evaluates EXPR over `kgpu slurm-bridge status --json`'s nodes (n), prints it, fails on a false value.
 q() {

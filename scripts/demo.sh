@@ -101,8 +101,9 @@ wait_count "$work/kubelet.log" "32 healthy" 2 && tail -1 "$work/kubelet.log"
 until_up3 1 || true
 gpu3_up || true
 kill -TERM "$plugin"; wait "$plugin" 2>/dev/null || true
+echo "\$ kill -TERM <plugin>; ls $kdir   # nvidia-gpu.sock is gone, kubelet's own socket stays"
+ls "$kdir" | sed 's/^/  /'
 kill -TERM "$kubelet" 2>/dev/null; wait "$kubelet" 2>/dev/null || true
-echo "\$ kill -TERM <plugin>; ls $kdir   # our socket is gone"; ls "$kdir"
 
 step "kgpu exporter in place of dcgm-exporter: the GPU Operator's counters file and environment unchanged, basic auth, tensor activity from GPM, XIDs counted in a window"
 "$(dirname "$0")/demo-exporter-dropin.sh" "$build"
@@ -177,8 +178,8 @@ sleep 0.5   # the kubelet stand-in patches the Node's status within 200 ms
 if command -v kubectl >/dev/null 2>&1; then
   echo; echo "\$ kubectl describe node demo-node"
   HOME=$work timeout 60 kubectl --kubeconfig "$work/kubeconfig" describe node demo-node \
-    | sed -n '/^Labels:/,/^Annotations:/p;/^Taints:/p;/^Lease:/,/^  RenewTime:/p;/^Capacity:/,/^System Info:/p' \
-    | grep -v '^System Info:' | sed 's/^/  /'
+    | sed -n '/^Labels:/,/^Taints:/p;/^Lease:/,/^  RenewTime:/p;/^Capacity:/,/^System Info:/p' \
+    | grep -v '^System Info:' | cut -c1-150 | sed 's/^/  /; s/\(.\{150\}\)$/\1 .../'
 else
   echo "(kubectl is not installed: the Node as kgpu doctor reads it)"
 fi
@@ -216,6 +217,8 @@ echo "Last, preemption for GPU memory: kube-scheduler does not count it, so its 
 echo "the extender evicts the lower-priority share itself (Eviction API), holds the GPU, and the pod binds there."
 echo "\$ kgpu-demo-cluster"
 "$bin/kgpu-demo-cluster" | sed 's/^/  /'
+step "Isolation on a share's GPU: a memory limit every process of the container is held to, and compute shares of 30 % and 70 %"
+"$(dirname "$0")/demo-isolation.sh" "$build"
 step "GPU quota: a pod over quota refused by the apiserver, shares charged exactly, kgpu quota and kgpu quota plan"
 "$(dirname "$0")/demo-quota.sh" "$build"
 

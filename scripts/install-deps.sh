@@ -23,16 +23,33 @@ PACKAGES=(
   prometheus
   debootstrap umoci skopeo nodejs slurmctld slurmd slurm-client munge
 )
-# npm: Debian's package, unless an npm already comes with the installed nodejs (NodeSource's
-# nodejs bundles it and conflicts with Debian's npm).
-command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
-
+# What `make demo` needs beyond the build: GoogleTest and Google Benchmark to configure the dev
+# tree (the demo's stand-ins, kgpu-fake-apiserver and the rest, live beside the tests), the tools
+# its steps call (curl, python3, openssl for the webhook's throwaway certificate) and a real Slurm
+# 22.05 for the Kubernetes <-> Slurm step. None of the other test-only packages (prometheus,
+# debootstrap, umoci, skopeo, nodejs, clang).
+DEMO_PACKAGES=(
+  "${BUILD_PACKAGES[@]}"
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 procps curl openssl
+  slurmctld slurmd slurm-client munge
+)
+why="build and test kgpu (make test)"
 # --build: only what building the packages needs (the Dockerfile's build stage).
+# --demo: only what `make demo` needs.
 if [ "${1:-}" = "--build" ]; then
   PACKAGES=("${BUILD_PACKAGES[@]}")
+  why="build kgpu"
+elif [ "${1:-}" = "--demo" ]; then
+  PACKAGES=("${DEMO_PACKAGES[@]}")
+  why="build kgpu and run make demo (Slurm: its Kubernetes <-> Slurm step runs a real slurmctld and slurmd)"
 elif [ -n "${1:-}" ]; then
-  echo "usage: install-deps.sh [--build]" >&2
+  echo "usage: install-deps.sh [--build|--demo]" >&2
   exit 2
+else
+  # npm: Debian's package, unless an npm already comes with the installed nodejs (NodeSource's
+  # nodejs bundles it and conflicts with Debian's npm).
+  command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
 fi
 
 missing=()
@@ -46,7 +63,7 @@ if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 
-echo "install-deps: installing ${missing[*]}"
+echo "install-deps: to $why, installing these Debian packages: ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else

@@ -1,15 +1,22 @@
 #include "cli/extender_cmd.h"
 
-#include <chrono>
+#include <iostream>
 #include <thread>
+#include <utility>
 
+#include "common/duration.h"
+#include "common/listen_address.h"
 #include "common/log.h"
+#include "common/strings.h"
 #include "k8s/config.h"
 #include "sched/policy.h"
 
 namespace kgpu::cli {
 
+using std::chrono::hours, std::chrono::milliseconds, std::chrono::seconds;
+
 void AddExtenderFlags(CLI::App* app, ExtenderFlags* f) {
+  const std::string cmd = "kgpu extender";
   // No envname("KUBECONFIG"): that would make KUBECONFIG=a:b one --kubeconfig path. The resolver
   // reads KUBECONFIG itself, as kubectl does (its files merged).
   app->add_option("--kubeconfig", f->kubeconfig, k8s::kKubeconfigFlagHelp);
@@ -32,42 +39,32 @@ void AddExtenderFlags(CLI::App* app, ExtenderFlags* f) {
                 "preempt lower-priority GPU pods for pods short of what only the extender counts (share memory and "
                 "cores), which kube-scheduler's own preemption cannot see; victims leave through the Eviction API, "
                 "PodDisruptionBudgets honoured (default: on)");
-  app->add_option("--preemption-hold", f->preemption_hold_s,
-                  "seconds the node of such a preemption is held for the preemptor against GPU pods of lower or equal "
-                  "priority (until it is bound)")
-      ->check(CLI::Range(1.0, 3600.0))
-      ->capture_default_str();
+  AddDurationOption(app, "--preemption-hold", &f->options.state.preemption_hold,
+                    "how long the node of such a preemption is held for the preemptor against GPU pods of lower or "
+                    "equal priority (until it is bound)",
+                    {.bare_unit = "s", .min = seconds(1), .max = hours(1)});
   app->add_option("--kube-api-qps", f->qps, "API requests per second (kube-scheduler's default)")
       ->capture_default_str();
   app->add_option("--kube-api-burst", f->burst, "API request burst")->capture_default_str();
   app->add_option("--threads", f->options.threads, "HTTP worker threads")->capture_default_str();
-  app->add_flag("--leader-elect", f->options.leader_elect,
-                "run as one of several replicas: only the Lease holder serves");
-  app->add_option("--lease-namespace", f->options.lease_namespace, "namespace of the leader Lease")
-      ->capture_default_str();
-  app->add_option("--lease-name", f->options.lease_name, "name of the leader Lease")->capture_default_str();
+  AddLeaderElectFlags(app, &f->leader, "only the Lease holder serves");
   app->add_option("--identity", f->options.identity, "this replica's identity in the Lease (default: host name)")
       ->envname("POD_NAME");
-  // kube-scheduler's flag names and defaults (15 s, 10 s, 2 s), in seconds.
-  app->add_option("--leader-elect-lease-duration", f->lease_duration_s,
-                  "seconds a non-leader waits after the last renewal before it takes the Lease")
-      ->check(CLI::Range(0.01, 86400.0))
-      ->capture_default_str();
-  app->add_option("--leader-elect-renew-deadline", f->renew_deadline_s,
-                  "seconds the leader keeps trying to renew before it stops leading (< lease duration)")
-      ->check(CLI::Range(0.01, 86400.0))
-      ->capture_default_str();
-  app->add_option("--leader-elect-retry-period", f->retry_period_s, "seconds between attempts to acquire or renew")
-      ->check(CLI::Range(0.01, 86400.0))
-      ->capture_default_str();
+  // The extender's own spellings before kube-scheduler's (one release).
+  AddDeprecatedOption(app, cmd, "--lease-namespace", "--leader-elect-resource-namespace",
+                      [f](const std::string& v) { f->leader.resource_namespace = v; });
+  AddDeprecatedOption(app, cmd, "--lease-name", "--leader-elect-resource-name",
+                      [f](const std::string& v) { f->leader.resource_name = v; });
 }
 
 int RunExtender(const ExtenderFlags& flags, const volatile std::sig_atomic_t* stop, std::ostream& err) {
   // Flags first: a usage error is reported before the kubeconfig is read.
-  if (flags.renew_deadline_s >= flags.lease_duration_s || flags.retry_period_s >= flags.renew_deadline_s) {
-    err << "kgpu extender: --leader-elect-retry-period (" << flags.retry_period_s
-        << " s) < --leader-elect-renew-deadline (" << flags.renew_deadline_s << " s) < --leader-elect-lease-duration ("
-        << flags.lease_duration_s << " s) is required, as in kube-scheduler\n";
+  if (auto st = CheckLeaderElectFlags(flags.leader); !st.ok()) {
+    err << "kgpu extender: " << st.message() << "\n";
+    return 2;
+  }
+  if (auto a = ParseListenAddress("--address", flags.options.address); !a.ok()) {
+    err << "kgpu extender: " << a.status().message() << "\n";
     return 2;
   }
   auto cfg = k8s::ConfigFromFlags(flags.kubeconfig, flags.context, false);
@@ -75,12 +72,13 @@ int RunExtender(const ExtenderFlags& flags, const volatile std::sig_atomic_t* st
     err << "kgpu extender: " << cfg.status().message() << "\n";
     return 1;  // a configuration error (README's exit codes), not a usage error
   }
-  auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
   extender::ExtenderOptions options = flags.options;
-  options.lease_duration = ms(flags.lease_duration_s);
-  options.renew_deadline = ms(flags.renew_deadline_s);
-  options.retry_period = ms(flags.retry_period_s);
-  options.state.preemption_hold = ms(flags.preemption_hold_s);
+  options.leader_elect = flags.leader.enabled;
+  options.lease_namespace = flags.leader.resource_namespace;
+  options.lease_name = flags.leader.resource_name;
+  options.lease_duration = flags.leader.lease_duration;
+  options.renew_deadline = flags.leader.renew_deadline;
+  options.retry_period = flags.leader.retry_period;
   cfg->qps = flags.qps;
   cfg->burst = flags.burst;
   auto client = k8s::Client::Create(*cfg);
@@ -95,7 +93,7 @@ int RunExtender(const ExtenderFlags& flags, const volatile std::sig_atomic_t* st
     return absl::IsInvalidArgument(st) ? 2 : 1;
   }
   Log("extender")->info("listening on port {}", ext.port());
-  while (stop == nullptr || *stop == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  while (stop == nullptr || *stop == 0) std::this_thread::sleep_for(milliseconds(100));
   ext.Stop();
   return 0;
 }

@@ -3,12 +3,19 @@
 //
 // Thread-safety: RunExtender is called once from main.
 
+#include <chrono>
 #include <csignal>
+#include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cli/flags.h"
 #include "extender/server.h"
 
 namespace kgpu::cli {
@@ -20,9 +27,8 @@ struct ExtenderFlags {
   // kube-scheduler's own for more throughput.
   double qps = 50;
   int burst = 100;
-  double lease_duration_s = 15, renew_deadline_s = 10, retry_period_s = 2;
-  double preemption_hold_s = 60;
-  extender::ExtenderOptions options;
+  LeaderElectFlags leader{.enabled = false, .resource_name = "kgpu-extender"};
+  extender::ExtenderOptions options;  // --preemption-hold goes to options.state.preemption_hold
 };
 void AddExtenderFlags(CLI::App* app, ExtenderFlags* flags);
 // Serves until *stop is set. Returns the exit code (1 when it cannot start, 2 for bad flags).

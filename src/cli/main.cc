@@ -151,7 +151,10 @@ std::string UnknownCommandMessage(const CLI::App& app, const std::vector<std::st
 }
 
 int Main(int argc, char** argv) {
-  CLI::App app{"kgpu: the GPU node stack for Kubernetes (device plugin, exporter, node checks)"};
+  CLI::App app{
+      "kgpu: GPUs for Kubernetes in one binary: device plugin (whole GPUs, shares, MIG, MPS), node labels, "
+      "dcgm-exporter-compatible metrics, node checks, kube-scheduler extender and admission webhook, GPU quota, "
+      "MIG layouts, placement simulator, and the Slurm bridge"};
   app.require_subcommand(1);
   // Global options may follow the command too (kgpu devices --log-level debug, kgpu mig show
   // --nvml-library ...): an option a command does not know falls through to its parent, up to the

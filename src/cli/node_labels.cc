@@ -454,10 +454,13 @@ absl::StatusOr<std::unique_ptr<LabelPublisher>> MakeLabelPublisher(deviceplugin:
 
 int RunNodeLabels(const NodeOptions& node, const DevicePluginFlags& dp, const NodeLabelsFlags& flags,
                   const volatile std::sig_atomic_t* stop, std::ostream& out) {
+  // A missing node name is usage (2); a kubeconfig that is missing or wrong is bad input (1), as in
+  // every command (README "Exit codes").
+  const bool usage = flags.output == "api" && flags.node_name.empty();
   auto labeller = NodeLabeller::Create(flags);
   if (!labeller.ok()) {
     out << "kgpu node-labels: " << labeller.status().message() << "\n";
-    return 2;
+    return usage ? 2 : 1;
   }
   // Without a plugin to follow, each pass re-reads the config and re-discovers the GPUs (a MIG
   // re-partition or a config change shows at the next pass); health is discovery's.

@@ -7,10 +7,14 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <thread>
+
+#include <unistd.h>
 
 #include "cli/svg_png.h"
 #include "common/files.h"
+#include "common/progress.h"
 #include "common/strings.h"
 #include "nlohmann/json.hpp"
 #include "sched/policy.h"
@@ -186,6 +190,9 @@ void AddSimFlags(CLI::App* sim, SimFlags* f) {
       ->capture_default_str();
   sim->add_option("--half-life", f->half_life, "ours: half-life of the learned workload, in arrivals")
       ->capture_default_str();
+  sim->add_flag("--quiet", f->quiet,
+                "no progress line (runs done, elapsed, an estimate of what is left) on stderr; it is shown only "
+                "when stderr is a terminal");
 }
 
 std::string RenderSvg(const std::vector<PolicyRuns>& results, int gpus, bool departures) {
@@ -209,63 +216,111 @@ std::string RenderSvg(const std::vector<PolicyRuns>& results, int gpus, bool dep
     }
     curves.push_back(std::move(c));
   }
-  const double xlo = 0, xhi = xmax > 0 ? xmax : 1;
-  const double ylo = std::max(0.0, std::floor(ymin / 10) * 10 - (ymin < 1 ? 0 : 0)), yhi = 100;
-  const double W = 820, H = 520, L = 70, R = 210, T = 50, B = 60;
-  auto px = [&](double x) { return L + (x - xlo) / (xhi - xlo) * (W - L - R); };
-  // Unclamped: the curves are clipped to the plot area (below its floor they are not drawn, rather
-  // than drawn flat along it).
-  auto py = [&](double y) { return T + (yhi - y) / (yhi - ylo) * (H - T - B); };
+  const double xhi = xmax > 0 ? xmax : 1;
+  // The zoom: from where the policies' curves first part (more than half a point between the
+  // highest and the lowest) to the end, down to the lowest curve there. Over most of the range
+  // every curve is the same diagonal; the differences that matter are in the last few points.
+  double zx = xhi, zymin = 100;
+  if (!departures && curves.size() > 1) {
+    std::map<double, std::pair<double, double>> spread;  // x -> (min, max) over policies
+    for (const auto& c : curves) {
+      for (const auto& [x, y] : c) {
+        if (std::isnan(y)) continue;
+        auto [it, fresh] = spread.emplace(x, std::make_pair(y, y));
+        if (!fresh) it->second = {std::min(it->second.first, y), std::max(it->second.second, y)};
+      }
+    }
+    for (const auto& [x, mm] : spread) {
+      if (mm.second - mm.first > 0.5) {
+        zx = x;
+        break;
+      }
+    }
+    for (const auto& c : curves) {
+      for (const auto& [x, y] : c) {
+        if (x >= zx && !std::isnan(y)) zymin = std::min(zymin, y);
+      }
+    }
+  }
+  const bool zoom = !departures && zx < xhi && zymin < 100;
+  const double W = 820, L = 70, R = 250, T = 50, PH = 410, GAP = 90;
+  const double H = zoom ? T + PH + GAP + PH + 60 : T + PH + 60;
   std::string s;
   s += Cat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", static_cast<int>(W), "\" height=\"",
            static_cast<int>(H), "\" viewBox=\"0 0 ", static_cast<int>(W), " ", static_cast<int>(H),
            "\" font-family=\"sans-serif\" font-size=\"12\">\n");
   s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s += Cat("<clipPath id=\"area\"><rect x=\"", Fixed(L, 1), "\" y=\"", Fixed(T, 1), "\" width=\"", Fixed(W - L - R, 1),
-           "\" height=\"", Fixed(H - T - B, 1), "\"/></clipPath>\n");
   s += Cat("<text x=\"", static_cast<int>(L), "\" y=\"28\" font-size=\"15\">GPU allocation ratio vs ",
            departures ? "time" : "arrived GPU demand", " (", gpus, " GPUs, mean over seeds)</text>\n");
-  // Grid and axes.
-  for (double y = ylo; y <= yhi + 1e-9; y += (yhi - ylo) > 30 ? 10 : 5) {
-    s += Cat("<line x1=\"", Fixed(px(xlo), 1), "\" y1=\"", Fixed(py(y), 1), "\" x2=\"", Fixed(px(xhi), 1), "\" y2=\"",
-             Fixed(py(y), 1), "\" stroke=\"#ddd\"/>\n");
-    s += Cat("<text x=\"", Fixed(L - 8, 1), "\" y=\"", Fixed(py(y) + 4, 1), "\" text-anchor=\"end\">", Fixed(y, 0),
-             "%</text>\n");
+  // One panel: x in [x0, x1], y in [y0, 100], drawn from `top`; `id` names its clip path.
+  auto panel = [&](const std::string& id, double x0, double x1, double y0, double top, double xstep, double ystep,
+                   int decimals) {
+    const double yhi = 100;
+    auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
+    // Unclamped: the curves are clipped to the plot area (below its floor they are not drawn,
+    // rather than drawn flat along it).
+    auto py = [&](double y) { return top + (yhi - y) / (yhi - y0) * PH; };
+    s += Cat("<clipPath id=\"", id, "\"><rect x=\"", Fixed(L, 1), "\" y=\"", Fixed(top, 1), "\" width=\"",
+             Fixed(W - L - R, 1), "\" height=\"", Fixed(PH, 1), "\"/></clipPath>\n");
+    for (double y = y0; y <= yhi + 1e-9; y += ystep) {
+      s += Cat("<line x1=\"", Fixed(px(x0), 1), "\" y1=\"", Fixed(py(y), 1), "\" x2=\"", Fixed(px(x1), 1), "\" y2=\"",
+               Fixed(py(y), 1), "\" stroke=\"#ddd\"/>\n");
+      s += Cat("<text x=\"", Fixed(L - 8, 1), "\" y=\"", Fixed(py(y) + 4, 1), "\" text-anchor=\"end\">",
+               Fixed(y, decimals), "%</text>\n");
+    }
+    for (double x = x0; x <= x1 + 1e-9; x += xstep) {
+      s += Cat("<line x1=\"", Fixed(px(x), 1), "\" y1=\"", Fixed(py(y0), 1), "\" x2=\"", Fixed(px(x), 1), "\" y2=\"",
+               Fixed(py(yhi), 1), "\" stroke=\"#eee\"/>\n");
+      s += Cat("<text x=\"", Fixed(px(x), 1), "\" y=\"", Fixed(top + PH + 18, 1), "\" text-anchor=\"middle\">",
+               Fixed(x, 0), departures ? "h" : "%", "</text>\n");
+    }
+    if (!departures && x0 <= 100 && x1 >= 100) {
+      s += Cat("<line x1=\"", Fixed(px(100), 1), "\" y1=\"", Fixed(py(y0), 1), "\" x2=\"", Fixed(px(100), 1),
+               "\" y2=\"", Fixed(py(yhi), 1), "\" stroke=\"#999\" stroke-dasharray=\"4 4\"/>\n");
+    }
+    s += Cat("<rect x=\"", Fixed(L, 1), "\" y=\"", Fixed(top, 1), "\" width=\"", Fixed(W - L - R, 1), "\" height=\"",
+             Fixed(PH, 1), "\" fill=\"none\" stroke=\"#333\"/>\n");
+    s += Cat("<text x=\"", Fixed((L + W - R) / 2, 1), "\" y=\"", Fixed(top + PH + 42, 1), "\" text-anchor=\"middle\">",
+             departures ? "time since the first arrival (hours)" : "arrived GPU demand (% of the cluster's GPUs)",
+             "</text>\n");
+    s += Cat("<text transform=\"translate(18,", Fixed(top + PH / 2, 1),
+             ") rotate(-90)\" text-anchor=\"middle\">GPU milli allocated (%)</text>\n");
+    for (size_t i = 0; i < results.size(); ++i) {
+      std::string pts;
+      for (const auto& [x, y] : curves[i]) {
+        if (std::isnan(y) || x < x0 - 1e-9) continue;
+        pts += Cat(Fixed(px(x), 1), ",", Fixed(py(y), 1), " ");
+      }
+      s += Cat("<polyline fill=\"none\" stroke=\"", kColors[i % (sizeof kColors / sizeof kColors[0])],
+               "\" stroke-width=\"1.8\" clip-path=\"url(#", id, ")\" points=\"", pts, "\"/>\n");
+    }
+  };
+  const double ylo = std::max(0.0, std::floor(ymin / 10) * 10);
+  panel("area", 0, xhi, ylo, T, departures ? std::max(1.0, std::ceil(xhi / 10)) : 10, (100 - ylo) > 30 ? 10 : 5, 0);
+  if (zoom) {
+    const double zx0 = std::floor(zx / 5) * 5;
+    const double zy0 = std::max(0.0, std::floor(zymin - 0.5));  // at least half a point under the lowest
+    const double zspan = 100 - zy0;
+    const double ystep = zspan > 20 ? 5 : zspan > 8 ? 2 : zspan > 4 ? 1 : 0.5;
+    const double ztop = T + PH + GAP;
+    s += Cat("<text x=\"", static_cast<int>(L), "\" y=\"", Fixed(ztop - 14, 1), "\" font-size=\"14\">Zoom: from ",
+             Fixed(zx0, 0), "% of demand, where the policies part</text>\n");
+    panel("zoom", zx0, xhi, zy0, ztop, (xhi - zx0) > 30 ? 10 : 5, ystep, ystep < 1 ? 1 : 0);
   }
-  const double xstep = departures ? std::max(1.0, std::ceil(xhi / 10)) : 10;
-  for (double x = xlo; x <= xhi + 1e-9; x += xstep) {
-    s += Cat("<line x1=\"", Fixed(px(x), 1), "\" y1=\"", Fixed(py(ylo), 1), "\" x2=\"", Fixed(px(x), 1), "\" y2=\"",
-             Fixed(py(yhi), 1), "\" stroke=\"#eee\"/>\n");
-    s += Cat("<text x=\"", Fixed(px(x), 1), "\" y=\"", Fixed(H - B + 18, 1), "\" text-anchor=\"middle\">", Fixed(x, 0),
-             departures ? "h" : "%", "</text>\n");
-  }
-  if (!departures && xhi >= 100) {
-    s += Cat("<line x1=\"", Fixed(px(100), 1), "\" y1=\"", Fixed(py(ylo), 1), "\" x2=\"", Fixed(px(100), 1), "\" y2=\"",
-             Fixed(py(yhi), 1), "\" stroke=\"#999\" stroke-dasharray=\"4 4\"/>\n");
-  }
-  s += Cat("<rect x=\"", Fixed(L, 1), "\" y=\"", Fixed(T, 1), "\" width=\"", Fixed(W - L - R, 1), "\" height=\"",
-           Fixed(H - T - B, 1), "\" fill=\"none\" stroke=\"#333\"/>\n");
-  s += Cat("<text x=\"", Fixed((L + W - R) / 2, 1), "\" y=\"", Fixed(H - 18, 1), "\" text-anchor=\"middle\">",
-           departures ? "time since the first arrival (hours)" : "arrived GPU demand (% of the cluster's GPUs)",
-           "</text>\n");
-  s += Cat("<text transform=\"translate(18,", Fixed((T + H - B) / 2, 1),
-           ") rotate(-90)\" text-anchor=\"middle\">GPU milli allocated (%)</text>\n");
+  // The legend: each policy's figure and, at 130 %, the GPUs it leaves unallocated.
   for (size_t i = 0; i < results.size(); ++i) {
     const char* color = kColors[i % (sizeof kColors / sizeof kColors[0])];
-    std::string pts;
-    for (const auto& [x, y] : curves[i]) {
-      if (std::isnan(y)) continue;
-      pts += Cat(Fixed(px(x), 1), ",", Fixed(py(y), 1), " ");
-    }
-    s += Cat("<polyline fill=\"none\" stroke=\"", color, "\" stroke-width=\"1.8\" clip-path=\"url(#area)\" points=\"",
-             pts, "\"/>\n");
     const double at = departures ? MeanOf(results[i], [](const sched::ReplayResult& r) { return r.mean_alloc; })
                                  : MeanOf(results[i], [](const sched::ReplayResult& r) { return r.AllocAt(130); });
-    const double ly = T + 14 + 20 * static_cast<double>(i);
+    const double ly = T + 14 + 34 * static_cast<double>(i);
     s += Cat("<line x1=\"", Fixed(W - R + 14, 1), "\" y1=\"", Fixed(ly - 4, 1), "\" x2=\"", Fixed(W - R + 36, 1),
              "\" y2=\"", Fixed(ly - 4, 1), "\" stroke=\"", color, "\" stroke-width=\"3\"/>\n");
     s += Cat("<text x=\"", Fixed(W - R + 42, 1), "\" y=\"", Fixed(ly, 1), "\">", results[i].policy, " (", Fixed(at, 2),
              departures ? "% mean)" : "% at 130%)", "</text>\n");
+    if (!departures && !std::isnan(at)) {
+      s += Cat("<text x=\"", Fixed(W - R + 42, 1), "\" y=\"", Fixed(ly + 14, 1), "\" fill=\"#555\">",
+               Fixed(static_cast<double>(gpus) * (1 - at / 100), 1), " GPUs unallocated</text>\n");
+    }
   }
   s += "</svg>\n";
   return s;
@@ -353,6 +408,8 @@ int RunSim(const SimFlags& flags, std::ostream& out, std::ostream& err) {
   unsigned threads = flags.jobs > 0 ? flags.jobs : std::max(1U, std::thread::hardware_concurrency());
   threads = std::min<unsigned>(threads, static_cast<unsigned>(jobs.size()));
   std::atomic<size_t> next{0};
+  std::optional<Progress> progress;
+  progress.emplace(err, ProgressWanted(STDERR_FILENO, flags.quiet), "kgpu sim", jobs.size(), "runs");
   auto worker = [&] {
     for (size_t i = next++; i < jobs.size(); i = next++) {
       auto& j = jobs[i];
@@ -367,12 +424,14 @@ int RunSim(const SimFlags& flags, std::ostream& out, std::ostream& err) {
       const auto t0 = std::chrono::steady_clock::now();
       j.result = sched::Replay(*nodes, *pods, o);
       j.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      progress->Advance();
     }
   };
   std::vector<std::thread> pool;
   for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
   worker();
   for (auto& t : pool) t.join();
+  progress.reset();  // the line cleared before the table
 
   std::vector<PolicyRuns> results(policies.size());
   std::vector<std::vector<double>> seconds(policies.size());

@@ -35,6 +35,7 @@ struct SimFlags {
   bool departures = false;
   std::string sharing = "timeslice";
   double half_life = 10000;
+  bool quiet = false;  // --quiet: no progress line on the terminal
 };
 
 void AddSimFlags(CLI::App* sim, SimFlags* flags);

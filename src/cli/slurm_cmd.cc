@@ -126,12 +126,19 @@ int RunSlurmGres(const NodeOptions& node, const DevicePluginFlags& dp, const Slu
 namespace kgpu::cli {
 namespace {
 
+using std::chrono::hours;
+using std::chrono::milliseconds;
+
 void AddCommonBridgeFlags(CLI::App* c, SlurmBridgeFlags* f) {
+  const std::string cmd = Cat("kgpu slurm-bridge ", c->get_name());
   c->add_option("--kubeconfig", f->kubeconfig, k8s::kKubeconfigFlagHelp);
   c->add_option("--context", f->context, "kubeconfig context");
   c->add_option("--slurm-bin-dir", f->slurm_bin_dir, "directory of scontrol and squeue (default: PATH)");
   c->add_option("--slurm-conf", f->slurm_conf, "SLURM_CONF for the Slurm commands")->envname("SLURM_CONF");
-  c->add_option("--slurm-timeout-ms", f->slurm_timeout_ms, "deadline of each Slurm command")->capture_default_str();
+  AddDurationOption(c, "--slurm-timeout", &f->slurm_timeout, "deadline of each Slurm command or REST request",
+                    {.min = milliseconds(1)});
+  AddDeprecatedDurationOption(c, cmd, "--slurm-timeout-ms", "--slurm-timeout", &f->slurm_timeout,
+                              {.bare_unit = "ms", .min = milliseconds(1)});
   c->add_option("--slurm-rest-url", f->slurm_rest_url,
                 "talk to slurmrestd's REST API v0.0.39 (Slurm 23.02 or later) instead of running scontrol and squeue: "
                 "http(s)://host:6820, or unix:/path/to/slurmrestd.sock (rest_auth/local)")
@@ -159,11 +166,10 @@ std::unique_ptr<slurm::SlurmClient> SlurmCli(const SlurmBridgeFlags& f) {
     o.user = f.slurm_rest_user;
     o.token = f.slurm_rest_token;
     o.token_file = f.slurm_rest_token_file;
-    o.timeout = std::chrono::milliseconds(f.slurm_timeout_ms);
+    o.timeout = f.slurm_timeout;
     return std::make_unique<slurm::RestSlurmClient>(o);
   }
-  return std::make_unique<slurm::CliSlurmClient>(
-      slurm::CliOptions{f.slurm_bin_dir, f.slurm_conf, std::chrono::milliseconds(f.slurm_timeout_ms)});
+  return std::make_unique<slurm::CliSlurmClient>(slurm::CliOptions{f.slurm_bin_dir, f.slurm_conf, f.slurm_timeout});
 }
 
 std::string Ago(int64_t since) {
@@ -187,43 +193,32 @@ SlurmBridgeCommands AddSlurmBridgeCommands(CLI::App* app, SlurmBridgeFlags* f) {
       ->delimiter(',');
   c.run->add_option("--max-lent", f->max_lent, "at most this many nodes lent or being lent")->capture_default_str();
   c.run->add_option("--min-kept", f->min_kept, "Slurm keeps at least this many undrained nodes")->capture_default_str();
-  c.run->add_option("--lend-threshold", f->lend_threshold_s, "seconds GPU pods must be unschedulable before a lend")
-      ->capture_default_str();
-  c.run
-      ->add_option("--reclaim-threshold", f->reclaim_threshold_s,
-                   "seconds a blocked Slurm job must be pending before a reclaim")
-      ->capture_default_str();
-  c.run->add_option("--cooldown", f->cooldown_s, "seconds a node back with Slurm is not lent again")
-      ->capture_default_str();
-  c.run
-      ->add_option("--lend-hysteresis", f->hysteresis_s,
-                   "seconds without demand after which a lend still draining is cancelled")
-      ->capture_default_str();
-  c.run
-      ->add_option("--lend-duration", f->lend_duration_s,
-                   "the lease of a lent node ends after this many seconds (0: never)")
-      ->capture_default_str();
-  c.run
-      ->add_option(
-          "--force-delete-after", f->force_delete_after_s,
-          "reclaim: delete pods whose eviction PDBs still refuse after this many seconds (0: never, the default)")
-      ->capture_default_str();
-  c.run->add_option("--interval-ms", f->interval_ms, "reconcile period")->capture_default_str();
-  c.run->add_option("--confirm-gap-ms", f->confirm_gap_ms, "a drained node must be empty on two reads this far apart")
-      ->capture_default_str();
+  const std::string cmd = "kgpu slurm-bridge run";
+  // Durations in Go's form; a bare number counts seconds, as these flags took it before.
+  const DurationFlagSpec secs{.bare_unit = "s"};
+  AddDurationOption(c.run, "--lend-threshold", &f->lend_threshold,
+                    "how long GPU pods must be unschedulable before a lend", secs);
+  AddDurationOption(c.run, "--reclaim-threshold", &f->reclaim_threshold,
+                    "how long a blocked Slurm job must be pending before a reclaim", secs);
+  AddDurationOption(c.run, "--cooldown", &f->cooldown, "how long a node back with Slurm is not lent again", secs);
+  AddDurationOption(c.run, "--lend-hysteresis", &f->lend_hysteresis,
+                    "with no demand this long, a lend still draining is cancelled", secs);
+  AddDurationOption(c.run, "--lend-duration", &f->lend_duration,
+                    "the lease of a lent node ends this long after the lend (0: never)", secs);
+  AddDurationOption(c.run, "--force-delete-after", &f->force_delete_after,
+                    "reclaim: delete pods whose eviction PDBs still refuse after this long (0: never, the default)",
+                    secs);
+  AddDurationOption(c.run, "--interval", &f->interval, "reconcile period", {.min = milliseconds(1)});
+  AddDurationOption(c.run, "--confirm-gap", &f->confirm_gap,
+                    "a drained node must be empty on two reads this far apart");
   c.run->add_option("--gpu-resource", f->gpu_resources, "resource names (prefixes) that make a pod a GPU pod")
       ->capture_default_str();
   c.run->add_option("--kube-qps", f->kube_qps, "client-side API rate limit")->capture_default_str();
   c.run->add_flag("--dry-run", f->dry_run, "print the decisions and steps it would take; change nothing");
   c.run->add_flag("--once", f->once, "one reconcile, then exit (no leader election)");
-  c.run->add_flag("!--no-leader-elect", f->leader_elect, "run without the Lease (a single replica)");
-  c.run->add_option("--leader-namespace", f->leader_namespace, "namespace of the leader Lease")->capture_default_str();
-  c.run->add_option("--leader-name", f->leader_name, "name of the leader Lease")->capture_default_str();
+  AddLeaderElectFlags(c.run, &f->leader, "only the Lease holder reconciles");
   c.run->add_option("--identity", f->identity, "this replica's identity (default: host name and pid)")
       ->envname("POD_NAME");
-  c.run->add_option("--lease-duration-ms", f->lease_duration_ms, "leader Lease duration")->capture_default_str();
-  c.run->add_option("--renew-deadline-ms", f->renew_deadline_ms, "leader renew deadline")->capture_default_str();
-  c.run->add_option("--retry-period-ms", f->retry_period_ms, "leader retry period")->capture_default_str();
   c.run->add_option("--metrics-listen", f->metrics_listen, "serve /metrics and /healthz on host:port (default: off)");
   c.run
       ->add_option("--lend-via", f->lend_via,
@@ -237,12 +232,32 @@ SlurmBridgeCommands AddSlurmBridgeCommands(CLI::App* app, SlurmBridgeFlags* f) {
           "power-save: run once Kubernetes is empty so that the node's slurmd registers as rebooted "
           "(slurmd -b); split into words as a shell would (quotes, backslashes), but no shell runs it; {node} replaced")
       ->envname("KGPU_RESUME_COMMAND");
-  c.run->add_option("--resume-retry", f->resume_retry_s, "power-save: seconds before the resume command runs again")
-      ->capture_default_str();
-  c.run->add_option("--resume-timeout", f->resume_timeout_s, "power-save: deadline of one run of the resume command")
-      ->capture_default_str();
+  AddDurationOption(c.run, "--resume-retry", &f->resume_retry,
+                    "power-save: how long before the resume command runs again", secs);
+  AddDurationOption(c.run, "--resume-timeout", &f->resume_timeout,
+                    "power-save: deadline of one run of the resume command", secs);
+  // A test hook: accepted, never listed (CLI11 hides an option of the empty group).
   c.run->add_option("--crash-at", f->crash_at, "fault injection: exit with code 86 at this point (tests)")
-      ->check(CLI::IsMember(slurm::kCrashPoints));
+      ->check(CLI::IsMember(slurm::kCrashPoints))
+      ->group("");
+  // The spellings before kube-scheduler's names and Go durations (one release), values in their
+  // old units.
+  AddDeprecatedDurationOption(c.run, cmd, "--interval-ms", "--interval", &f->interval,
+                              {.bare_unit = "ms", .min = milliseconds(1)});
+  AddDeprecatedDurationOption(c.run, cmd, "--confirm-gap-ms", "--confirm-gap", &f->confirm_gap, {.bare_unit = "ms"});
+  AddDeprecatedFlag(c.run, cmd, "--no-leader-elect", "--leader-elect=false",
+                    [f](std::int64_t count) { f->leader.enabled = count <= 0; });
+  AddDeprecatedOption(c.run, cmd, "--leader-namespace", "--leader-elect-resource-namespace",
+                      [f](const std::string& v) { f->leader.resource_namespace = v; });
+  AddDeprecatedOption(c.run, cmd, "--leader-name", "--leader-elect-resource-name",
+                      [f](const std::string& v) { f->leader.resource_name = v; });
+  const DurationFlagSpec leader_ms{.bare_unit = "ms", .min = milliseconds(10), .max = hours(24)};
+  AddDeprecatedDurationOption(c.run, cmd, "--lease-duration-ms", "--leader-elect-lease-duration",
+                              &f->leader.lease_duration, leader_ms);
+  AddDeprecatedDurationOption(c.run, cmd, "--renew-deadline-ms", "--leader-elect-renew-deadline",
+                              &f->leader.renew_deadline, leader_ms);
+  AddDeprecatedDurationOption(c.run, cmd, "--retry-period-ms", "--leader-elect-retry-period", &f->leader.retry_period,
+                              leader_ms);
   c.status = bridge->add_subcommand("status", "each managed node's phase, owner, since when and why");
   AddCommonBridgeFlags(c.status, f);
   c.status->add_flag("--json", f->json, "JSON instead of a table");
@@ -265,6 +280,12 @@ SlurmBridgeCommands AddSlurmBridgeCommands(CLI::App* app, SlurmBridgeFlags* f) {
 int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* stop, std::ostream& out) {
   auto log = Log("slurm");
   // Flags first: a bad one is reported before anything is contacted.
+  if (f.leader.enabled && !f.once) {
+    if (auto st = CheckLeaderElectFlags(f.leader); !st.ok()) {
+      out << "kgpu slurm-bridge run: " << st.message() << "\n";
+      return 2;
+    }
+  }
   std::vector<std::string> resume_command;
   if (!f.resume_command.empty()) {
     auto argv = SplitCommandLine(f.resume_command, "--resume-command");
@@ -310,21 +331,21 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
   o.allowed = f.nodes;
   o.max_lent = f.max_lent;
   o.min_kept = f.min_kept;
-  o.lend_threshold = std::chrono::seconds(f.lend_threshold_s);
-  o.reclaim_threshold = std::chrono::seconds(f.reclaim_threshold_s);
-  o.cooldown = std::chrono::seconds(f.cooldown_s);
-  o.lend_hysteresis = std::chrono::seconds(f.hysteresis_s);
-  o.lend_duration = std::chrono::seconds(f.lend_duration_s);
-  o.force_delete_after = std::chrono::seconds(f.force_delete_after_s);
-  o.interval = std::chrono::milliseconds(f.interval_ms);
-  o.confirm_gap = std::chrono::milliseconds(f.confirm_gap_ms);
+  o.lend_threshold = f.lend_threshold;
+  o.reclaim_threshold = f.reclaim_threshold;
+  o.cooldown = f.cooldown;
+  o.lend_hysteresis = f.lend_hysteresis;
+  o.lend_duration = f.lend_duration;
+  o.force_delete_after = f.force_delete_after;
+  o.interval = f.interval;
+  o.confirm_gap = f.confirm_gap;
   o.gpu_resources = f.gpu_resources;
   o.dry_run = f.dry_run;
   o.crash_at = f.crash_at;
   o.power_save = f.lend_via == "power-save";
   o.resume_command = std::move(resume_command);
-  o.resume_retry = std::chrono::seconds(std::max(1u, f.resume_retry_s));
-  o.resume_timeout = std::chrono::seconds(std::max(1u, f.resume_timeout_s));
+  o.resume_retry = std::max(std::chrono::seconds(1), f.resume_retry);  // 0 reads as 1 s, as before
+  o.resume_timeout = std::max(std::chrono::seconds(1), f.resume_timeout);
   k8s::EventRecorder events(**client, "kgpu-slurm-bridge", o.identity);
   slurm::Bridge bridge(*slurm_cli, **client, o, &events, &out);
   if (f.once) {
@@ -360,21 +381,21 @@ int RunSlurmBridge(const SlurmBridgeFlags& f, const volatile std::sig_atomic_t* 
     while (!st.stop_requested() && !*stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     stopper.request_stop();
   });
-  log->info("slurm-bridge {} starting (dry-run {}, leader election {})", o.identity, f.dry_run, f.leader_elect);
+  log->info("slurm-bridge {} starting (dry-run {}, leader election {})", o.identity, f.dry_run, f.leader.enabled);
   // Watches wake the reconcile loop on events (a pending GPU pod, a reclaim request); the
   // interval remains the fallback and the truth.
   slurm::BridgeWatch events_watch(**client, bridge);
   events_watch.Start();
-  if (!f.leader_elect) {
+  if (!f.leader.enabled) {
     bridge.Run(stopper.get_token());
   } else {
     k8s::LeaderElectionConfig lc;
-    lc.ns = f.leader_namespace;
-    lc.name = f.leader_name;
+    lc.ns = f.leader.resource_namespace;
+    lc.name = f.leader.resource_name;
     lc.identity = o.identity;
-    lc.lease_duration = std::chrono::milliseconds(f.lease_duration_ms);
-    lc.renew_deadline = std::chrono::milliseconds(f.renew_deadline_ms);
-    lc.retry_period = std::chrono::milliseconds(f.retry_period_ms);
+    lc.lease_duration = f.leader.lease_duration;
+    lc.renew_deadline = f.leader.renew_deadline;
+    lc.retry_period = f.leader.retry_period;
     lc.on_started_leading = [&](std::stop_token st) {
       log->info("{} leads: reconciling", o.identity);
       bridge.Run(st);
@@ -416,6 +437,29 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& n : slurm::Field(*nodes, "items")) {
     const std::string name = slurm::Field(n, "metadata").value("name", "");
+    const std::string pool = slurm::Field(slurm::Field(n, "metadata"), "labels").value(slurm::kPoolLabel, "");
+    if (pool != "slurm" && pool != "lent") {
+      // Kubernetes' own pool (kgpu.io/pool=k8s, docs/slurm.md): the bridge never manages it.
+      nlohmann::json r = {
+          {"node", name},
+          {"phase", "K8S_POOL"},
+          {"owner", "k8s"},
+          {"since", 0},
+          {"generation", 0},
+          {"op", ""},
+          {"why", Cat(slurm::kPoolLabel, "=", pool, ": Kubernetes' own pool, not managed by the bridge")},
+          {"k8sFenced", slurm::K8sFenced(n)},
+          {"pool", pool},
+          {"managed", false}};
+      if (by_name.count(name)) {
+        r["slurmState"] = by_name[name].state;
+        r["slurmReason"] = by_name[name].reason;
+        r["slurmFenced"] = by_name[name].Drain() || slurm::SlurmFencedByUs(by_name[name]);
+        by_name.erase(name);
+      }
+      rows.push_back(r);
+      continue;
+    }
     std::string err;
     const auto lease = slurm::LeaseOf(n, &err);
     nlohmann::json r = {{"node", name},
@@ -426,7 +470,8 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
                         {"op", lease.op},
                         {"why", err.empty() ? lease.why : err},
                         {"k8sFenced", slurm::K8sFenced(n)},
-                        {"pool", slurm::Field(slurm::Field(n, "metadata"), "labels").value(slurm::kPoolLabel, "")}};
+                        {"pool", pool},
+                        {"managed", true}};
     if (by_name.count(name)) {
       r["slurmState"] = by_name[name].state;
       r["slurmReason"] = by_name[name].reason;
@@ -447,6 +492,7 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
                     {"why", slurm::LostWhy(name, sn.reason)},
                     {"k8sFenced", false},
                     {"pool", ""},
+                    {"managed", true},
                     {"slurmState", sn.state},
                     {"slurmReason", sn.reason},
                     {"slurmFenced", true}});

@@ -34,33 +34,38 @@ int RunSlurmGres(const NodeOptions& node, const DevicePluginFlags& dp, const Slu
 #include <chrono>
 #include <vector>
 
+#include "cli/flags.h"  // LeaderElectFlags, the duration flags and deprecated spellings
+
 namespace kgpu::cli {
 
+// Every duration flag takes Go's form ("30s", "2m", "1h30m"); those that took a plain number
+// before still take one in their old unit (seconds; milliseconds through the deprecated -ms
+// spellings). Leader election: kube-scheduler's --leader-elect* flags (LeaderElectFlags), on by
+// default (--leader-elect=false for a single replica).
 struct SlurmBridgeFlags {
   std::string kubeconfig, context;
   std::string slurm_bin_dir, slurm_conf;
   // The REST backend (Slurm >= 23.02's slurmrestd, v0.0.39) instead of scontrol/squeue when set.
   std::string slurm_rest_url, slurm_rest_user, slurm_rest_token_file, slurm_rest_token;
-  unsigned slurm_timeout_ms = 10000;
+  std::chrono::milliseconds slurm_timeout{10000};  // --slurm-timeout
   double kube_qps = 50;
   std::vector<std::string> nodes;
   int max_lent = 1, min_kept = 1;
-  unsigned lend_threshold_s = 30, reclaim_threshold_s = 0, cooldown_s = 120, hysteresis_s = 60;
-  unsigned lend_duration_s = 0, force_delete_after_s = 0;
-  unsigned interval_ms = 2000, confirm_gap_ms = 1000;
+  std::chrono::seconds lend_threshold{30}, reclaim_threshold{0}, cooldown{120}, lend_hysteresis{60};
+  std::chrono::seconds lend_duration{0}, force_delete_after{0};
+  std::chrono::milliseconds interval{2000}, confirm_gap{1000};
   std::vector<std::string> gpu_resources = {"nvidia.com/gpu"};
   bool dry_run = false, once = false;
-  bool leader_elect = true;
-  std::string leader_namespace = "kube-system", leader_name = "kgpu-slurm-bridge", identity;
-  unsigned lease_duration_ms = 15000, renew_deadline_ms = 10000, retry_period_ms = 2000;
-  std::string metrics_listen;  // host:port; empty: no metrics server
-  std::string crash_at;
+  LeaderElectFlags leader{.enabled = true, .resource_name = "kgpu-slurm-bridge"};
+  std::string identity;
+  std::string metrics_listen;              // host:port; empty: no metrics server
+  std::string crash_at;                    // --crash-at: a test hook, hidden from --help
   bool json = false;                       // status
   std::vector<std::string> reclaim_nodes;  // reclaim, hook: node names or hostlists
   std::string reclaim_reason = "operator";
   std::string lend_via = "drain";  // drain | power-save
   std::string resume_command;      // power-save: split as a shell would (SplitCommandLine), no shell, {node} replaced
-  unsigned resume_retry_s = 20, resume_timeout_s = 60;
+  std::chrono::seconds resume_retry{20}, resume_timeout{60};
   std::string hook_event;  // hook: suspend | resume
 };
 

@@ -18,6 +18,12 @@ void AddWebhookFlags(CLI::App* app, extender::WebhookOptions* o) {
   app->add_option("--scheduler-name", o->scheduler_name,
                   "set spec.schedulerName of GPU pods that use default-scheduler (empty: leave it)")
       ->envname("KGPU_WEBHOOK_SCHEDULER_NAME");
+  app->add_option("--replace-scheduler-names", o->replace_scheduler_names,
+                  "GPU pods that name one of these schedulers (HAMi's) get --scheduler-name, or default-scheduler "
+                  "when that is empty, with a warning to the client (\"\": keep every name)")
+      ->envname("KGPU_WEBHOOK_REPLACE_SCHEDULER_NAMES")
+      ->delimiter(',')
+      ->capture_default_str();
   app->add_flag("--translate-hami", o->translate_hami,
                 "treat nvidia.com/gpu as HAMi's vGPU count even without nvidia.com/gpumem or gpucores");
   app->add_option("--smallest-gpu-memory-mib", o->smallest_gpu_memory_mib,

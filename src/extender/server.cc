@@ -455,8 +455,11 @@ absl::Status Extender::Start() {
     }
     auto ssl = std::make_unique<httplib::SSLServer>(opts_.tls_cert_file.c_str(), opts_.tls_key_file.c_str());
     if (!ssl->is_valid()) {
-      return absl::InvalidArgumentError(Cat("--tls-cert-file ", opts_.tls_cert_file, " / --tls-key-file ",
-                                            opts_.tls_key_file, ": cannot load the certificate and key (PEM files)"));
+      // Bad input (a file that is missing or not PEM), not usage: exit 1, as every command's unreadable file.
+      return absl::FailedPreconditionError(Cat("--tls-cert-file ", opts_.tls_cert_file, " / --tls-key-file ",
+                                               opts_.tls_key_file,
+                                               ": cannot load the certificate and key (PEM files; check both paths "
+                                               "and that the key matches the certificate)"));
     }
     http_ = std::move(ssl);
   } else {

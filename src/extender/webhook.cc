@@ -194,9 +194,19 @@ Decision MutatePod(const json& pod, const WebhookOptions& o) {
       d.patch.push_back({{"op", "add"}, {"path", "/metadata/annotations/" + PointerEscape(ours)}, {"value", *it}});
     }
   }
-  if (asks_gpu && !o.scheduler_name.empty()) {
+  if (asks_gpu) {
     const std::string current = StringOr(spec, "schedulerName");
-    if ((current.empty() || current == "default-scheduler") && current != o.scheduler_name) {
+    const bool replace =
+        !current.empty() && std::find(o.replace_scheduler_names.begin(), o.replace_scheduler_names.end(), current) !=
+                                o.replace_scheduler_names.end();
+    const std::string target = !o.scheduler_name.empty() ? o.scheduler_name : "default-scheduler";
+    if (replace && current != target) {
+      d.patch.push_back({{"op", "add"}, {"path", "/spec/schedulerName"}, {"value", target}});
+      d.warnings.push_back(Cat("kgpu webhook: spec.schedulerName ", current, " replaced by ", target, " (no ", current,
+                               " runs once HAMi is removed, and the pod would stay Pending; "
+                               "--replace-scheduler-names \"\" keeps it)"));
+    } else if (!o.scheduler_name.empty() && (current.empty() || current == "default-scheduler") &&
+               current != o.scheduler_name) {
       d.patch.push_back({{"op", "add"}, {"path", "/spec/schedulerName"}, {"value", o.scheduler_name}});
     }
   }
@@ -334,6 +344,7 @@ absl::StatusOr<json> Review(std::string_view body, bool mutate, const WebhookOpt
       response["patch"] = absl::Base64Escape(d.patch.dump());
       seen.result = "patched";
     }
+    if (d.allowed && !d.warnings.empty()) response["warnings"] = d.warnings;
   }
   if (outcome != nullptr) *outcome = std::move(seen);
   std::string api_version = "admission.k8s.io/v1";
@@ -433,8 +444,11 @@ absl::Status Webhook::Start() {
   } else {
     auto ssl = std::make_unique<httplib::SSLServer>(opts_.tls_cert_file.c_str(), opts_.tls_key_file.c_str());
     if (!ssl->is_valid()) {
-      return absl::InvalidArgumentError(Cat("--tls-cert-file ", opts_.tls_cert_file, " / --tls-key-file ",
-                                            opts_.tls_key_file, ": cannot load the certificate and key (PEM files)"));
+      // Bad input (a file that is missing or not PEM), not usage: exit 1, as every command's unreadable file.
+      return absl::FailedPreconditionError(Cat("--tls-cert-file ", opts_.tls_cert_file, " / --tls-key-file ",
+                                               opts_.tls_key_file,
+                                               ": cannot load the certificate and key (PEM files; check both paths "
+                                               "and that the key matches the certificate)"));
     }
     http_ = std::move(ssl);
   }

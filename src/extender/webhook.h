@@ -72,7 +72,11 @@ struct WebhookOptions {
   std::string tls_cert_file, tls_key_file;
   bool insecure_http = false;  // serve plain HTTP (tests only)
   int threads = 4;
-  std::string scheduler_name;           // "" = leave schedulerName alone
+  std::string scheduler_name;  // "" = leave schedulerName alone
+  // A GPU pod whose schedulerName is one of these (HAMi's) gets scheduler_name instead, or
+  // default-scheduler when that is empty (kgpu extends kube-scheduler), with a warning: once HAMi is
+  // removed no scheduler of that name runs, and the pod would stay Pending. Empty: kept.
+  std::vector<std::string> replace_scheduler_names = {"hami-scheduler"};
   bool translate_hami = false;          // nvidia.com/gpu alone is HAMi's vGPU count
   int64_t smallest_gpu_memory_mib = 0;  // 0 = unknown: no cores default, no gpumem-percentage
   int64_t largest_gpu_memory_mib = 0;   // 0 = unknown: share size not checked
@@ -89,6 +93,9 @@ struct Decision {
   // Denied: one stable code per reason in `message`, in the same order (for
   // kgpu_webhook_denials_total{reason}: a fixed set of label values, never the message itself).
   std::vector<std::string> reasons;
+  // Allowed: what the API server shows the client (AdmissionResponse.warnings; kubectl prints
+  // "Warning: ..."), e.g. a scheduler name replaced.
+  std::vector<std::string> warnings;
 };
 
 Decision MutatePod(const nlohmann::json& pod, const WebhookOptions& options);

@@ -142,6 +142,21 @@ std::vector<std::string> NamedUnavailable(const std::string& reason) {
   return hosts.ok() ? *hosts : std::vector<std::string>{};
 }
 
+// What a job asked for, for the reasons we give: "2 node(s), -w gpu01, -C a100".
+std::string JobAsks(const SlurmJob& j) {
+  auto hosts = [](const std::vector<std::string>& v) {
+    constexpr size_t kShown = 6;
+    std::vector<std::string> shown(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(std::min(v.size(), kShown)));
+    return Cat(Join(shown, ","), v.size() > kShown ? Cat(",... (", v.size(), ")") : "");
+  };
+  std::string s = Cat(std::max(j.node_count, 1), " node(s)");
+  if (!j.required_nodes.empty()) s += Cat(", -w ", hosts(j.required_nodes));
+  if (!j.excluded_nodes.empty()) s += Cat(", -x ", hosts(j.excluded_nodes));
+  if (!j.features.empty()) s += Cat(", -C ", j.features);
+  if (!j.gres.empty()) s += Cat(", --gres ", j.gres);
+  return s;
+}
+
 }  // namespace
 
 bool SlurmFencedByUs(const SlurmNode& n) {
@@ -880,10 +895,22 @@ ReconcileResult Bridge::Reconcile() {
     if (result.slurm_ok) {
       for (auto& x : *n) snodes[x.name] = std::move(x);
       jobs = std::move(*j);
+      if (!slurm_down_said_.empty()) {
+        log->info("Slurm reachable again after {} reconcile(s)", slurm_down_reconciles_);
+        slurm_down_said_.clear();
+        slurm_down_reconciles_ = 0;
+      }
     } else {
       Count("kgpu_slurm_bridge_frozen_total", {{"side", "slurm"}});
-      log->warn("Slurm unreachable: {}: every transition that needs it is frozen",
-                std::string((!n.ok() ? n.status() : j.status()).message()));
+      ++slurm_down_reconciles_;
+      const std::string why((!n.ok() ? n.status() : j.status()).message());
+      if (why != slurm_down_said_) {  // once, and again when the reason changes
+        log->warn(
+            "Slurm unreachable: {}: every transition that needs it is frozen (said once; "
+            "kgpu_slurm_bridge_frozen_total{{side=\"slurm\"}} counts the reconciles)",
+            why);
+        slurm_down_said_ = why;
+      }
     }
   }
   // --- observe Kubernetes
@@ -892,10 +919,22 @@ ReconcileResult Bridge::Reconcile() {
   auto knodes = kube_.List(k8s::FindResource("nodes")->Path(), lo);
   auto kpods = knodes.ok() ? kube_.List(k8s::FindResource("pods")->Path()) : absl::StatusOr<json>(knodes.status());
   result.k8s_ok = knodes.ok() && kpods.ok();
+  if (result.k8s_ok && !k8s_down_said_.empty()) {
+    log->info("API server reachable again after {} reconcile(s)", k8s_down_reconciles_);
+    k8s_down_said_.clear();
+    k8s_down_reconciles_ = 0;
+  }
   if (!result.k8s_ok) {
     Count("kgpu_slurm_bridge_frozen_total", {{"side", "k8s"}});
-    log->warn("API server unreachable: {}: every transition is frozen, no fence is removed",
-              std::string((!knodes.ok() ? knodes.status() : kpods.status()).message()));
+    ++k8s_down_reconciles_;
+    const std::string why((!knodes.ok() ? knodes.status() : kpods.status()).message());
+    if (why != k8s_down_said_) {
+      log->warn(
+          "API server unreachable: {}: every transition is frozen, no fence is removed (said once; "
+          "kgpu_slurm_bridge_frozen_total{{side=\"k8s\"}} counts the reconciles)",
+          why);
+      k8s_down_said_ = why;
+    }
     std::lock_guard lock(mu_);
     metrics_.Set("kgpu_slurm_bridge_slurm_up", result.slurm_ok);
     metrics_.Set("kgpu_slurm_bridge_api_up", 0);
@@ -934,6 +973,12 @@ ReconcileResult Bridge::Reconcile() {
       if (!since || now - static_cast<int64_t>(*since) >= opts_.lend_threshold.count()) {
         ++ripe_pods;
         ripe_gpus += gpus;
+      } else {
+        // Ripe when the threshold expires: Run() comes back then, not at the next interval.
+        const auto due = std::chrono::steady_clock::now() +
+                         std::chrono::seconds(static_cast<int64_t>(*since) + opts_.lend_threshold.count() - now) +
+                         std::chrono::milliseconds(50);
+        recheck_at_ = recheck_at_ ? std::min(*recheck_at_, due) : due;
       }
     }
   }
@@ -990,7 +1035,9 @@ ReconcileResult Bridge::Reconcile() {
   }
 
   // --- policy
-  // Slurm demand: blocked pending jobs (old enough); named unavailable nodes; jobs on lent nodes.
+  // Slurm demand: blocked pending jobs (old enough), each taking back only the lent nodes it could
+  // use (JobMayUse: partition, -w, -x, --constraint, --gres; not admin-drained) and no more than
+  // it needs; Slurm jobs on lent nodes.
   std::vector<const SlurmJob*> blocked;
   if (result.slurm_ok) {
     for (const auto& j : jobs) {
@@ -1005,25 +1052,17 @@ ReconcileResult Bridge::Reconcile() {
     const SlurmNode& n = kv.second;
     return !n.Drain() && !(n.PowerSaving() && IsOwnedReason(n.reason));  // our power-down is a fence too
   }));
-  int idle_usable = 0, lent = 0, in_flight = 0;
+  int lent = 0, in_flight = 0;
   int64_t last_lent_at = 0;
   for (const auto& f : facts) {
-    if (f.lease.phase == Phase::kSlurm && f.slurm && !f.slurm->Drain()) {
-      if (f.slurm->Responding() && !f.slurm->Busy() && f.jobs.empty()) ++idle_usable;
-    }
     if (f.lease.phase == Phase::kLent) {
       ++lent;
       last_lent_at = std::max(last_lent_at, f.lease.since);
     }
     if (f.lease.phase == Phase::kLendDraining || f.lease.phase == Phase::kLendUnfencing) ++in_flight;
   }
-  int need = 0;
-  std::set<std::string> wanted_back;
-  for (const auto* j : blocked) {
-    need = std::max(need, j->node_count - idle_usable);
-    for (const auto& n : NamedUnavailable(j->reason)) wanted_back.insert(n);
-  }
   std::vector<std::pair<Facts*, std::string>> reclaims;  // node, why
+  // The reasons of their own first; a node they bring back counts for the blocked jobs below.
   for (auto& f : facts) {
     const std::string req = Annotation(f.node, kReclaimAnnotation);
     const bool lentish = f.lease.phase == Phase::kLent || f.lease.phase == Phase::kLendUnfencing;
@@ -1031,12 +1070,7 @@ ReconcileResult Bridge::Reconcile() {
       if (!req.empty()) {
         f.cancel = true;
         f.cancel_why = Cat("operator asked (", req, ")");
-      } else if (!blocked.empty()) {
-        f.cancel = true;
-        f.cancel_why = Cat(blocked.size(), " Slurm job(s) blocked pending (", blocked.front()->id, ": ",
-                           blocked.front()->reason, ")");
       }
-      if (f.cancel) --need;
       continue;
     }
     if (!lentish) continue;
@@ -1049,18 +1083,148 @@ ReconcileResult Bridge::Reconcile() {
                   "; State=", f.slurm->state, ")"));
     } else if (f.lease.lent_until > 0 && now >= f.lease.lent_until) {
       reclaims.emplace_back(&f, "the lease ended");
-    } else if (wanted_back.count(f.name)) {
-      reclaims.emplace_back(&f, "a pending Slurm job needs this node");
     } else if (!f.jobs.empty()) {
       reclaims.emplace_back(&f, Cat("Slurm job ", f.jobs.front().id, " is on the lent node"));
     }
   }
-  for (auto& f : facts) {
-    if (need <= static_cast<int>(reclaims.size())) break;
-    if (f.lease.phase != Phase::kLent && f.lease.phase != Phase::kLendUnfencing) continue;
-    if (std::any_of(reclaims.begin(), reclaims.end(), [&](const auto& r) { return r.first == &f; })) continue;
-    const SlurmJob* j = blocked.front();
-    reclaims.emplace_back(&f, Cat("Slurm job ", j->id, " (", j->node_count, " node(s)) is pending: ", j->reason));
+  if (!blocked.empty()) {
+    std::map<std::string, Facts*> fact_of;
+    for (auto& f : facts) fact_of[f.name] = &f;
+    std::set<std::string> held;  // nodes a job holds
+    for (const auto& j : jobs) {
+      if (j.Holding()) held.insert(j.nodes.begin(), j.nodes.end());
+    }
+    auto reclaiming = [&](const Facts* f) {
+      return std::any_of(reclaims.begin(), reclaims.end(), [&](const auto& r) { return r.first == f; });
+    };
+    // An admin's drain (seen now, or recorded in the lease): a reclaim leaves it drained.
+    auto admin_drained = [](const Facts& f) { return f.Foreign() || f.lease.admin_drained; };
+    auto slurm_node = [&](const std::string& name) -> const SlurmNode* {
+      if (auto it = fact_of.find(name); it != fact_of.end() && it->second->slurm) return &*it->second->slurm;
+      auto it = snodes.find(name);
+      return it == snodes.end() ? nullptr : &it->second;
+    };
+    // What a node is to a blocked job: Slurm's and free now, Slurm's and busy, on its way back to
+    // Slurm (a reclaim or a cancelled lend), a lend to cancel, a lent node to reclaim, or of no use
+    // (unknown, down, not responding, drained by someone else, admin-drained while lent).
+    enum class Kind { kIdle, kBusy, kComing, kCancellable, kLent, kUnusable };
+    auto kind_of = [&](const std::string& name) -> Kind {
+      const SlurmNode* n = slurm_node(name);
+      if (n == nullptr) return Kind::kUnusable;
+      if (auto it = fact_of.find(name); it != fact_of.end() && it->second->lease.phase != Phase::kSlurm) {
+        const Facts& f = *it->second;
+        if (admin_drained(f)) return Kind::kUnusable;
+        if (f.lease.phase == Phase::kLent || f.lease.phase == Phase::kLendUnfencing)
+          return reclaiming(&f) ? Kind::kComing : Kind::kLent;
+        if (f.lease.phase == Phase::kLendDraining) return f.cancel ? Kind::kComing : Kind::kCancellable;
+        return Kind::kComing;  // R1-R3
+      }
+      if (n->Drain() || n->base == "DOWN" || n->Has("NOT_RESPONDING") || (n->PowerSaving() && IsOwnedReason(n->reason)))
+        return Kind::kUnusable;
+      return n->Busy() || held.count(name) > 0 ? Kind::kBusy : Kind::kIdle;
+    };
+    auto unusable_why = [&](const std::string& name) -> std::string {
+      const SlurmNode* n = slurm_node(name);
+      if (n == nullptr) return "Slurm does not list";
+      if (auto it = fact_of.find(name); it != fact_of.end() && admin_drained(*it->second)) {
+        const Facts& f = *it->second;
+        return Cat("is drained by an admin ('", f.Foreign() ? f.slurm->reason : f.lease.prev_slurm_reason, "')");
+      }
+      if (n->Drain() && IsOwnedReason(n->reason))
+        return Cat("is drained by kgpu (", n->reason, ") with no Node to reclaim");
+      if (n->Drain()) return Cat("is drained ('", n->reason, "')");
+      return Cat("is State=", n->state);
+    };
+    auto reclaim = [&](Facts& f, const std::string& why) {
+      if (!reclaiming(&f)) reclaims.emplace_back(&f, why);
+    };
+    auto cancel = [&](Facts& f, const std::string& why) {
+      f.cancel = true;
+      f.cancel_why = why;
+    };
+    std::set<std::string> taken;  // nodes counted for a job already: free, coming back, reclaimed
+    std::vector<const SlurmJob*> servable;
+    std::set<std::string> unservable;
+    // Required nodes (-w) first: a job needs every one of them, whatever comes before it.
+    for (const SlurmJob* j : blocked) {
+      const std::string why = Cat("Slurm job ", j->id, " (", JobAsks(*j), ") is pending: ", j->reason);
+      std::string cannot;
+      for (const auto& r : j->required_nodes) {
+        if (kind_of(r) == Kind::kUnusable) {
+          cannot = Cat(r, ", which ", unusable_why(r));
+          break;
+        }
+      }
+      if (!cannot.empty()) {
+        // It cannot start whatever comes back: nothing is reclaimed for it (said once).
+        const std::string note = Cat(why, "; it needs ", cannot, ": no node is reclaimed for it");
+        unservable.insert(j->id);
+        if (unservable_said_[j->id] != note) {
+          log->warn("{}", note);
+          unservable_said_[j->id] = note;
+        }
+        continue;
+      }
+      servable.push_back(j);
+      for (const auto& r : j->required_nodes) {
+        taken.insert(r);
+        const Kind k = kind_of(r);
+        if (k == Kind::kLent) reclaim(*fact_of.at(r), why);
+        if (k == Kind::kCancellable) cancel(*fact_of.at(r), why);
+      }
+    }
+    for (auto it = unservable_said_.begin(); it != unservable_said_.end();) {
+      it = unservable.count(it->first) > 0 ? std::next(it) : unservable_said_.erase(it);
+    }
+    // Then the nodes beyond them: free Slurm nodes the job could use, nodes coming back, lends
+    // to cancel, and only then lent nodes — those the reason names first, then the ones with
+    // the fewest pods to evict.
+    for (const SlurmJob* j : servable) {
+      int want = std::max(1, j->node_count) - static_cast<int>(j->required_nodes.size());
+      if (want <= 0) continue;
+      const std::string why = Cat("Slurm job ", j->id, " (", JobAsks(*j), ") is pending: ", j->reason);
+      auto usable = [&](const std::string& name) {
+        const SlurmNode* n = slurm_node(name);
+        return want > 0 && taken.count(name) == 0 && n != nullptr && JobMayUse(*j, *n);
+      };
+      for (const auto& kv : snodes) {
+        if (usable(kv.first) && kind_of(kv.first) == Kind::kIdle) {
+          taken.insert(kv.first);
+          --want;
+        }
+      }
+      for (auto& f : facts) {
+        if (usable(f.name) && kind_of(f.name) == Kind::kComing) {
+          taken.insert(f.name);
+          --want;
+        }
+      }
+      for (auto& f : facts) {
+        if (usable(f.name) && kind_of(f.name) == Kind::kCancellable) {
+          cancel(f, why);
+          taken.insert(f.name);
+          --want;
+        }
+      }
+      std::vector<Facts*> lent_ones;
+      for (auto& f : facts) {
+        if (usable(f.name) && kind_of(f.name) == Kind::kLent) lent_ones.push_back(&f);
+      }
+      const std::vector<std::string> named = NamedUnavailable(j->reason);
+      auto is_named = [&](const Facts* f) { return std::find(named.begin(), named.end(), f->name) != named.end(); };
+      std::stable_sort(lent_ones.begin(), lent_ones.end(), [&](const Facts* a, const Facts* b) {
+        if (is_named(a) != is_named(b)) return is_named(a);
+        return a->pods.size() < b->pods.size();
+      });
+      for (Facts* f : lent_ones) {
+        if (want <= 0) break;
+        reclaim(*f, why);
+        taken.insert(f->name);
+        --want;
+      }
+    }
+  } else {
+    unservable_said_.clear();
   }
   for (auto& [f, why] : reclaims) {
     if (f->lease.phase == Phase::kLendUnfencing) {
@@ -1188,9 +1352,18 @@ ReconcileResult Bridge::Reconcile() {
     if (!f.slurm && f.lease.phase != Phase::kLent && f.lease.phase != Phase::kSlurm && v.frozen.empty()) {
       v.frozen = "Slurm unreachable";
     }
-    if (!v.frozen.empty() && f.lease.phase != Phase::kSlurm && !result.slurm_ok) {
+    // Frozen for want of Slurm: a step that needs it (its f.frozen says "Slurm unreachable"), not
+    // one that goes ahead without it (evictions while reclaiming). The Event once per node and
+    // condition, again when it changes.
+    if (!result.slurm_ok && f.lease.phase != Phase::kSlurm && v.frozen.rfind("Slurm unreachable", 0) == 0) {
       ++frozen;
-      Event(f, "Warning", "SlurmUnreachable", Cat(PhaseName(f.lease.phase), " frozen: ", v.frozen));
+      const std::string note = Cat(PhaseName(f.lease.phase), " frozen: ", v.frozen);
+      if (frozen_said_[f.name] != note) {
+        Event(f, "Warning", "SlurmUnreachable", note);
+        frozen_said_[f.name] = note;
+      }
+    } else {
+      frozen_said_.erase(f.name);
     }
     ++by_phase[PhaseName(f.lease.phase)];
     result.nodes.push_back(std::move(v));

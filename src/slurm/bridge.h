@@ -176,6 +176,15 @@ class Bridge {
     Backoff backoff;
   };
   std::map<std::string, EvictRetry> evict_backoff_;
+  // What was last said of a condition that lasts (logged and recorded once, and again when it
+  // changes or ends; kgpu_slurm_bridge_frozen_total counts every reconcile it lasts): a side that
+  // cannot be read ("" while it can), and each node's SlurmUnreachable Event.
+  std::string slurm_down_said_, k8s_down_said_;
+  int64_t slurm_down_reconciles_ = 0, k8s_down_reconciles_ = 0;
+  std::map<std::string, std::string> frozen_said_;
+  // Blocked Slurm jobs that no reclaim can help (a required node down or admin-drained): what was
+  // said of each, by job id (said once, again when it changes).
+  std::map<std::string, std::string> unservable_said_;
   std::map<std::string, std::chrono::steady_clock::time_point> resumed_at_;  // resume_command last run
   struct ResumeRun {
     std::vector<std::string> argv;

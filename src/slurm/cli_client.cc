@@ -1,5 +1,7 @@
 #include <cctype>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
 #include "common/process.h"
 #include "common/strings.h"
 #include "slurm/client.h"
@@ -48,7 +50,14 @@ absl::StatusOr<std::string> CliSlurmClient::Run(const std::vector<std::string>& 
     while (!err.empty() && (err.back() == '\n' || err.back() == ' ')) err.pop_back();
     if (allow_invalid_state && err.find("Invalid node state specified") != std::string::npos) return r->out;
     ++failures_;
-    const std::string msg = Cat(CommandLine(argv), ": exit ", r->exit_code, ": ", Printable(err));
+    // scontrol writes one message per line ("slurm_load_node error: ...\nUnable to contact slurm
+    // controller ..."): one line here, the messages joined by "; ", never a literal \n.
+    std::string joined;
+    for (const auto& line : absl::StrSplit(err, '\n', absl::SkipWhitespace())) {
+      if (!joined.empty()) joined += "; ";
+      joined += std::string(absl::StripAsciiWhitespace(line));
+    }
+    const std::string msg = Cat(CommandLine(argv), ": exit ", r->exit_code, ": ", Printable(joined));
     if (err.find("Unable to contact slurm controller") != std::string::npos ||
         err.find("Socket timed out") != std::string::npos || err.find("Connection refused") != std::string::npos) {
       return absl::UnavailableError(msg);

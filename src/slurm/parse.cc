@@ -39,6 +39,21 @@ int ToInt(std::string_view s) {
   return v;
 }
 
+// "", "(null)", "N/A": Slurm's ways of printing nothing.
+bool NoValue(std::string_view s) {
+  return s.empty() || s == "(null)" || s == "N/A";
+}
+
+// "a,b" -> {"a","b"}; nothing for NoValue.
+std::set<std::string> CommaSet(std::string_view s) {
+  std::set<std::string> out;
+  if (NoValue(s)) return out;
+  for (std::string_view part : SplitOn(s, ',')) {
+    if (!part.empty()) out.insert(std::string(part));
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<SlurmNode>> ParseScontrolNodes(std::string_view text) {
@@ -72,6 +87,10 @@ absl::StatusOr<std::vector<SlurmNode>> ParseScontrolNodes(std::string_view text)
         n.cpu_alloc = ToInt(value);
       else if (key == "CPUTot")
         n.cpu_total = ToInt(value);
+      else if (key == "Partitions")
+        n.partitions = CommaSet(value);
+      else if (key == "AvailableFeatures" || key == "ActiveFeatures")
+        n.features.merge(CommaSet(value));
       key.clear();
       value.clear();
     };
@@ -136,32 +155,196 @@ absl::StatusOr<std::vector<SlurmJob>> ParseSqueue(std::string_view text) {
     ++line_no;
     while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
     if (line.empty()) continue;
-    const auto f = SplitOn(line, '|');
-    if (f.size() != 8) {
+    auto f = SplitOn(line, '|');
+    if (f.size() < kSqueueFields) {
       return absl::InvalidArgumentError(Cat("squeue -o '", kSqueueFormat, "': line ", line_no, " has ", f.size(),
-                                            " fields, expected 8: '", Printable(std::string(line.substr(0, 80))), "'"));
+                                            " fields, expected ", kSqueueFields, ": '",
+                                            Printable(std::string(line.substr(0, 80))), "'"));
     }
+    // %f, last, may hold '|' (an OR of features): the rest of the line.
+    const std::string_view features = line.substr(static_cast<size_t>(f[kSqueueFields - 1].data() - line.data()));
     SlurmJob j;
     j.id = std::string(f[0]);
     j.state = std::string(f[1]);
-    if (!f[2].empty() && f[2] != "(null)") {
-      auto hosts = ExpandHostlist(f[2]);
+    auto hostlist = [&](std::string_view field, std::vector<std::string>& to) -> absl::Status {
+      if (NoValue(field)) return absl::OkStatus();
+      auto hosts = ExpandHostlist(field);
       if (!hosts.ok()) {
         return absl::InvalidArgumentError(Cat("squeue: line ", line_no, ": ", hosts.status().message()));
       }
-      j.nodes = std::move(*hosts);
+      to = std::move(*hosts);
+      return absl::OkStatus();
+    };
+    for (const auto& [field, to] :
+         {std::pair{f[2], &j.nodes}, std::pair{f[8], &j.required_nodes}, std::pair{f[9], &j.excluded_nodes}}) {
+      if (auto st = hostlist(field, *to); !st.ok()) return st;
     }
     j.node_count = ToInt(f[3]);
     j.reason = std::string(f[4]);
     j.end_time = ParseSlurmTime(f[5]);
     j.partition = std::string(f[6]);
     j.submit_time = ParseSlurmTime(f[7]);
+    if (!NoValue(f[10])) j.gres = std::string(f[10]);
+    if (!NoValue(features)) j.features = std::string(features);
     if (j.id.empty() || j.state.empty()) {
       return absl::InvalidArgumentError(Cat("squeue: line ", line_no, " has no job id or state"));
     }
     jobs.push_back(std::move(j));
   }
   return jobs;
+}
+
+namespace {
+
+bool PlainName(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (!std::isalnum(u) && c != '_' && c != '-' && c != '.') return false;
+  }
+  return true;
+}
+
+// "8", "4K" (Slurm's suffixes: powers of 1024); nullopt when not a count.
+std::optional<int64_t> GresCount(std::string_view s) {
+  if (s.empty()) return std::nullopt;
+  int64_t mult = 1;
+  switch (s.back()) {
+    case 'k':
+    case 'K':
+      mult = int64_t{1} << 10;
+      break;
+    case 'm':
+    case 'M':
+      mult = int64_t{1} << 20;
+      break;
+    case 'g':
+    case 'G':
+      mult = int64_t{1} << 30;
+      break;
+    case 't':
+    case 'T':
+      mult = int64_t{1} << 40;
+      break;
+    default:
+      break;
+  }
+  if (mult != 1) s.remove_suffix(1);
+  if (s.empty() || s.size() > 12) return std::nullopt;
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || v < 0 || v > INT64_MAX / mult) return std::nullopt;
+  return v * mult;
+}
+
+struct GresItem {
+  std::string name, type;
+  int64_t count = 1;
+};
+
+// One "name[:type][:count]" (count optional: 1), after any "gres:"/"gres/" prefix; '=' before the
+// count as TRES strings write it. "no_consume" is a flag, not a type.
+std::optional<GresItem> ParseGresItem(std::string_view item) {
+  if (item.rfind("gres:", 0) == 0 || item.rfind("gres/", 0) == 0) item.remove_prefix(5);
+  std::string text(item);
+  std::replace(text.begin(), text.end(), '=', ':');
+  std::vector<std::string_view> parts = SplitOn(text, ':');
+  GresItem g;
+  if (parts.empty() || parts[0].empty()) return std::nullopt;
+  g.name = std::string(parts[0]);
+  size_t last = parts.size();
+  if (parts.size() > 1) {
+    auto c = GresCount(parts.back());
+    if (c) {
+      g.count = *c;
+      --last;
+    }
+  }
+  for (size_t i = 1; i < last; ++i) {
+    if (parts[i] == "no_consume") continue;
+    if (parts[i].empty() || !g.type.empty()) return std::nullopt;
+    g.type = std::string(parts[i]);
+  }
+  if (!PlainName(g.name) || (!g.type.empty() && !PlainName(g.type))) return std::nullopt;
+  return g;
+}
+
+// Splits on ',' outside parentheses ("gpu:h100:4(S:0,1),mps:400").
+std::vector<std::string_view> SplitTopLevel(std::string_view s) {
+  std::vector<std::string_view> out;
+  int depth = 0;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i) {
+    if (i < s.size() && s[i] == '(') ++depth;
+    if (i < s.size() && s[i] == ')') --depth;
+    if (i == s.size() || (s[i] == ',' && depth <= 0)) {
+      out.push_back(s.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<bool> FeaturesMatch(std::string_view expr, const std::set<std::string>& features) {
+  if (NoValue(expr)) return true;
+  const bool any_of = expr.find('|') != std::string_view::npos;
+  const bool all_of = expr.find('&') != std::string_view::npos || expr.find(',') != std::string_view::npos;
+  if (any_of && all_of) return std::nullopt;  // precedence we do not model
+  std::string text(expr);
+  if (all_of) std::replace(text.begin(), text.end(), '&', ',');
+  const char sep = any_of ? '|' : ',';
+  bool have_any = false, have_all = true;
+  for (std::string_view name : SplitOn(text, sep)) {
+    // Brackets, counts (*N), parentheses, '!', and anything else that is no plain name.
+    if (!PlainName(name)) return std::nullopt;
+    const bool has = features.count(std::string(name)) > 0;
+    have_any = have_any || has;
+    have_all = have_all && has;
+  }
+  return any_of ? have_any : have_all;
+}
+
+std::optional<bool> GresFits(std::string_view request, std::string_view node_gres) {
+  if (NoValue(request)) return true;
+  std::vector<GresItem> have;
+  if (!NoValue(node_gres)) {
+    for (std::string_view item : SplitTopLevel(node_gres)) {
+      if (const auto p = item.find('('); p != std::string_view::npos) item = item.substr(0, p);
+      if (item.empty()) continue;
+      auto g = ParseGresItem(item);
+      if (!g) return std::nullopt;
+      have.push_back(std::move(*g));
+    }
+  }
+  for (std::string_view item : SplitTopLevel(request)) {
+    if (item.empty()) continue;
+    // tres_per_node holds GRES only; anything else ("license/x=1") is beyond us.
+    if (item.rfind("gres", 0) == 0 && item.size() > 4 && item[4] != ':' && item[4] != '/') return std::nullopt;
+    auto want = ParseGresItem(item);
+    if (!want) return std::nullopt;
+    int64_t got = 0;
+    for (const auto& h : have) {
+      if (h.name == want->name && (want->type.empty() || h.type == want->type)) got += h.count;
+    }
+    if (got < want->count) return false;
+  }
+  return true;
+}
+
+bool JobMayUse(const SlurmJob& job, const SlurmNode& node) {
+  if (!job.partition.empty() && !node.partitions.empty()) {
+    bool in = false;
+    for (std::string_view p : SplitOn(job.partition, ',')) in = in || node.partitions.count(std::string(p)) > 0;
+    if (!in) return false;
+  }
+  auto has = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), node.name) != v.end(); };
+  if (has(job.excluded_nodes)) return false;
+  if (!job.required_nodes.empty() && !has(job.required_nodes)) return false;
+  if (FeaturesMatch(job.features, node.features) == std::optional<bool>(false)) return false;
+  if (GresFits(job.gres, node.gres) == std::optional<bool>(false)) return false;
+  return true;
 }
 
 namespace {

@@ -37,6 +37,34 @@ absl::StatusOr<std::optional<int64_t>> Int(const json& o, const char* key, std::
   return absl::InvalidArgumentError(Cat(what, ": \"", key, "\" is not an integer"));
 }
 
+// A list field: an array of strings (v0.0.39's CSV_LIST, as "partitions") or one comma-separated
+// string (its STRING, as "features"); empty when absent or null.
+absl::StatusOr<std::vector<std::string>> StrList(const json& o, const char* key, std::string_view what) {
+  std::vector<std::string> out;
+  if (!o.contains(key) || o[key].is_null()) return out;
+  const json& v = o[key];
+  auto add = [&](const std::string& text) {
+    size_t start = 0;
+    while (start <= text.size()) {
+      const size_t comma = std::min(text.find(',', start), text.size());
+      if (comma > start) out.push_back(text.substr(start, comma - start));
+      start = comma + 1;
+    }
+  };
+  if (v.is_string()) {
+    if (v.get<std::string>() != "(null)") add(v.get<std::string>());
+    return out;
+  }
+  if (v.is_array()) {
+    for (const json& e : v) {
+      if (!e.is_string()) return absl::InvalidArgumentError(Cat(what, ": \"", key, "\" is not a list of strings"));
+      add(e.get<std::string>());
+    }
+    return out;
+  }
+  return absl::InvalidArgumentError(Cat(what, ": \"", key, "\" is not a list of strings"));
+}
+
 absl::StatusOr<json> Parse(std::string_view body, std::string_view what, const char* list) {
   json doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return absl::InvalidArgumentError(Cat(what, ": the answer is not JSON"));
@@ -89,10 +117,16 @@ absl::StatusOr<std::vector<SlurmNode>> ParseRestNodes(std::string_view body) {
     auto at = Int(n, "reason_changed_at", named);
     auto cpus = Int(n, "cpus", named);
     auto alloc = Int(n, "alloc_cpus", named);
-    for (const absl::Status& st :
-         {reason.status(), user.status(), gres.status(), at.status(), cpus.status(), alloc.status()}) {
+    auto partitions = StrList(n, "partitions", named);
+    auto features = StrList(n, "features", named);
+    auto active = StrList(n, "active_features", named);
+    for (const absl::Status& st : {reason.status(), user.status(), gres.status(), at.status(), cpus.status(),
+                                   alloc.status(), partitions.status(), features.status(), active.status()}) {
       if (!st.ok()) return st;
     }
+    s.partitions.insert(partitions->begin(), partitions->end());
+    s.features.insert(features->begin(), features->end());
+    s.features.insert(active->begin(), active->end());
     s.reason = *reason;
     s.reason_user = *user;
     s.gres = *gres;
@@ -132,8 +166,13 @@ absl::StatusOr<std::vector<SlurmJob>> ParseRestJobs(std::string_view body) {
     auto count = Int(j, "node_count", named);
     auto end = Int(j, "end_time", named);
     auto submit = Int(j, "submit_time", named);
-    for (const absl::Status& st : {state.status(), nodes.status(), reason.status(), partition.status(), count.status(),
-                                   end.status(), submit.status()}) {
+    auto required = Str(j, "required_nodes", named);
+    auto excluded = Str(j, "excluded_nodes", named);
+    auto features = Str(j, "features", named);
+    auto gres = Str(j, "tres_per_node", named);
+    for (const absl::Status& st :
+         {state.status(), nodes.status(), reason.status(), partition.status(), count.status(), end.status(),
+          submit.status(), required.status(), excluded.status(), features.status(), gres.status()}) {
       if (!st.ok()) return st;
     }
     if (state->empty()) return absl::InvalidArgumentError(Cat(named, " has no job_state"));
@@ -147,6 +186,15 @@ absl::StatusOr<std::vector<SlurmJob>> ParseRestJobs(std::string_view body) {
     s.node_count = static_cast<int>(count->value_or(static_cast<int64_t>(s.nodes.size())));
     s.reason = reason->empty() ? "None" : *reason;
     s.partition = *partition;
+    for (const auto& [text, to] :
+         {std::pair{&*required, &s.required_nodes}, std::pair{&*excluded, &s.excluded_nodes}}) {
+      if (text->empty() || *text == "(null)") continue;
+      auto hosts = ExpandHostlist(*text);
+      if (!hosts.ok()) return absl::InvalidArgumentError(Cat(named, ": ", hosts.status().message()));
+      *to = std::move(*hosts);
+    }
+    if (*features != "(null)") s.features = *features;
+    if (*gres != "N/A" && *gres != "(null)") s.gres = *gres;
     if (end->value_or(0) > 0) s.end_time = **end;
     if (submit->value_or(0) > 0) s.submit_time = **submit;
     out.push_back(std::move(s));

@@ -7,10 +7,12 @@
 //  - GET  /slurm/v0.0.39/nodes, GET /slurm/v0.0.39/node/{name}: {"nodes": [...], "errors": [...]};
 //    per node "name", "state" (an array: the base state first, then flags: ["IDLE","DRAIN"]),
 //    "reason", "reason_set_by_user", "reason_changed_at" (unix seconds), "gres", "cpus",
-//    "alloc_cpus". An unknown name is not a 404: no node and an error entry.
+//    "alloc_cpus", "partitions" (an array), "features" and "active_features" (comma-separated
+//    strings). An unknown name is not a 404: no node and an error entry.
 //  - GET  /slurm/v0.0.39/jobs: per job "job_id", "job_state" (one string), "nodes" (a hostlist),
 //    "node_count" ({"set","infinite","number"}), "state_reason", "end_time" and "submit_time"
-//    (unix seconds, 0 when unknown), "partition".
+//    (unix seconds, 0 when unknown), "partition", and what the job asked for: "required_nodes" and
+//    "excluded_nodes" (hostlists), "features" (the --constraint), "tres_per_node" ("gres:gpu:2").
 //  - POST /slurm/v0.0.39/node/{name} with {"state": ["DRAIN"], "reason": "..."}: one state per
 //    update (slurmrestd's parser keeps only the last of several), so POWER_DOWN_ASAP, which is
 //    two flags (POWER_DOWN|POWER_DRAIN) that scontrol sets at once, is not offered: the

@@ -63,8 +63,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& h : *hosts) Expect(!h.empty());
     // The same expression as squeue's node column expands the same way.
     if (first.find('|') == std::string::npos && first.find('\r') == std::string::npos &&
-        (first.empty() || (first.back() != ' ' && first != "(null)"))) {
-      auto one = ParseSqueue("1|RUNNING|" + first + "|1|None|N/A|batch|N/A\n");
+        (first.empty() || (first.back() != ' ' && first != "(null)" && first != "N/A"))) {
+      auto one = ParseSqueue("1|RUNNING|" + first + "|1|None|N/A|batch|N/A|||N/A|(null)\n");
       Expect(one.ok() && one->size() == 1 && (*one)[0].nodes == *hosts);
     }
   } else {

@@ -134,4 +134,75 @@ run 1 slurm-bridge hook suspend n1 --kubeconfig "$work/missing"
 run 2 slurm-bridge hook suspnd n1 --kubeconfig "$work/missing"
 has "suspnd"
 echo "ok: unknown commands"
+
+# ---------------------------------------------------------------- the same input, the same exit code
+# README "Exit codes": usage is 2 in every command, bad input (a file that is missing or wrong, no
+# kubeconfig, a port in use) is 1 in every command.
+for cmd in devices doctor health version device-plugin exporter node node-labels node-template extender webhook \
+           "mig show" "mig apply" sim "slurm gres" quota "quota plan --shares a=50" "slurm-bridge status" \
+           "slurm-bridge run"; do
+  # shellcheck disable=SC2086
+  run 2 $cmd --no-such-flag
+  has "--no-such-flag"
+done
+run 2 exporter --nvml-library "$sim_lib" -a :70000
+run 2 extender --address 127.0.0.1:70000 --kubeconfig "$work/missing"
+run 2 webhook --address 127.0.0.1:70000 --insecure-http
+(
+  unset NODE_NAME
+  run 2 node-labels --nvml-library "$sim_lib" --oneshot
+  has "--node-name"
+)
+# No kubeconfig where one is needed.
+for cmd in extender quota "quota plan --shares a=50" "slurm-bridge status" "slurm-bridge run --once"; do
+  # shellcheck disable=SC2086
+  run 1 $cmd --kubeconfig "$work/missing"
+  has "$work/missing"
+done
+run 1 node-labels --nvml-library "$sim_lib" --node-name n1 --oneshot --kubeconfig "$work/missing"
+has "$work/missing"
+# Certificate files that are missing: bad input, not usage.
+run 1 webhook --address 127.0.0.1:0 --tls-cert-file "$work/missing.crt" --tls-key-file "$work/missing.key"
+has "cannot load the certificate and key"
+run 1 extender --address 127.0.0.1:0 --tls-cert-file "$work/missing.crt" --tls-key-file "$work/missing.key" \
+  --kubeconfig "$work/missing"
+# A config or counters file that is missing.
+run 1 device-plugin --nvml-library "$sim_lib" --config-file "$work/missing.yaml"
+has "$work/missing.yaml"
+run 1 exporter --nvml-library "$sim_lib" -f "$work/missing.csv"
+has "$work/missing.csv"
+# A listen port in use.
+python3 -c 'import socket,sys,time
+s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(60)' >"$work/port" &
+holder=$!
+for _ in $(seq 1 100); do [ -s "$work/port" ] && break; sleep 0.05; done
+port=$(cat "$work/port")
+run 1 exporter --nvml-library "$sim_lib" -a "127.0.0.1:$port"
+has "$port"
+run 1 webhook --address "127.0.0.1:$port" --insecure-http
+has "$port"
+kill "$holder"; wait "$holder" 2>/dev/null || true
+echo "ok: exit codes"
+
+# ---------------------------------------------------------------- long work shows progress
+# kgpu sim on a terminal (script(1) gives it one) draws "k/N runs" on stderr and clears it; not on
+# a terminal, or with --quiet, nothing but the table.
+printf 'sn,cpu_milli,memory_mib,gpu,model\n' >"$work/nodes.csv"
+for i in 0 1 2 3; do printf 'n%d,64000,262144,8,A100\n' "$i" >>"$work/nodes.csv"; done
+printf 'name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n' \
+  >"$work/pods.csv"
+for i in $(seq 0 99); do printf 'p%d,1000,1024,1,500,,LS,Running,%d,%d,%d\n' "$i" "$i" $((i + 1000)) "$i" >>"$work/pods.csv"; done
+sim=(sim --nodes "$work/nodes.csv" --pods "$work/pods.csv" --policy bestfit,fgd --seeds 1-3 --jobs 1)
+if command -v script >/dev/null; then
+  tty_out=$(script -qec "$(printf '%q ' "$kgpu" "${sim[@]}")" /dev/null 2>&1)
+  grep -q "kgpu sim: [0-9]/6 runs, [0-9]* s elapsed" <<<"$tty_out" || fail "no progress on a terminal: $tty_out"
+  tty_out=$(script -qec "$(printf '%q ' "$kgpu" "${sim[@]}" --quiet)" /dev/null 2>&1)
+  if grep -q "/6 runs" <<<"$tty_out"; then fail "progress despite --quiet: $tty_out"; fi
+else
+  echo "SKIP: sim progress on a terminal (no script(1))"
+fi
+run 0 "${sim[@]}"
+if grep -q "/6 runs" <<<"$out"; then fail "progress on a pipe: $out"; fi
+has "bestfit"
+echo "ok: progress"
 echo PASS

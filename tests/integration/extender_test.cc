@@ -762,11 +762,11 @@ TEST_F(ExtenderTest, TwoReplicasTheStandbyTakesOverAfterACrashAndAtOnceAfterASto
   auto start = [&](Replica& r) {
     testing::SpawnOptions so;
     so.log = r.log;
-    r.pid =
-        testing::Spawn({KGPU_BIN, "extender", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0", "--leader-elect",
-                        "--lease-namespace", "kgpu-system", "--identity", r.id, "--leader-elect-lease-duration", "2",
-                        "--leader-elect-renew-deadline", "1.5", "--leader-elect-retry-period", "0.25"},
-                       so);
+    r.pid = testing::Spawn(
+        {KGPU_BIN, "extender", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0", "--leader-elect",
+         "--leader-elect-resource-namespace", "kgpu-system", "--identity", r.id, "--leader-elect-lease-duration", "2s",
+         "--leader-elect-renew-deadline", "1500ms", "--leader-elect-retry-period", "250ms"},
+        so);
     ASSERT_GT(r.pid, 0) << std::strerror(errno);
     ASSERT_TRUE(WaitFor([&] {
       const std::string content = text(r.log);
@@ -888,13 +888,19 @@ TEST_F(ExtenderTest, TheKgpuExtenderProcess) {
   })) << std::ifstream(log).rdbuf();
   const json pod = CreatePod(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}));
   http.set_read_timeout(60, 0);  // a loaded 2-core machine
+  http.set_keep_alive(true);     // as kube-scheduler's Go client: the connection stays open, idle
   auto f = http.Post("/filter", EncodeExtenderArgs(pod, {"n"}), "application/json");
   ASSERT_TRUE(f) << httplib::to_string(f.error()) << "\n" << std::ifstream(log).rdbuf();
   EXPECT_EQ(json::parse(f->body)["NodeNames"], json({"n"}));
+  // SIGTERM with an idle keep-alive connection open: the extender does not wait for the client to
+  // hang up (it took 5-7 s when it did); kube-scheduler reconnects to the next replica.
+  const auto term = std::chrono::steady_clock::now();
   kill(pid, SIGTERM);
   int status = 0;
   ASSERT_TRUE(WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }));
+  const auto took = std::chrono::steady_clock::now() - term;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_LT(took, std::chrono::seconds(5)) << "SIGTERM to exit with an idle keep-alive connection open";
   // A bad policy name is a usage error that lists the choices.
   const std::string cmd = std::string(KGPU_BIN) + " extender --kubeconfig " + kubeconfig + " --policy nope 2>&1";
   FILE* p = popen(cmd.c_str(), "r");

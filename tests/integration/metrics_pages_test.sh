@@ -78,8 +78,8 @@ fi
 # kgpu slurm-bridge run --metrics-listen
 mkdir -p "$work/no-slurm"
 bp=$(free_port)
-"$kgpu" --log-level warn slurm-bridge run --kubeconfig "$work/kubeconfig" --no-leader-elect \
-  --slurm-bin-dir "$work/no-slurm" --interval-ms 200 --metrics-listen "127.0.0.1:$bp" \
+"$kgpu" --log-level warn slurm-bridge run --kubeconfig "$work/kubeconfig" --leader-elect=false \
+  --slurm-bin-dir "$work/no-slurm" --interval 200ms --metrics-listen "127.0.0.1:$bp" \
   >"$work/bridge.log" 2>&1 &
 pids+=($!)
 has_reconciled() { curl -sf "http://127.0.0.1:$bp/metrics" >"$work/bridge.prom" && grep -q '^kgpu_slurm_bridge_' "$work/bridge.prom"; }

@@ -181,12 +181,28 @@ class SlurmBridgeTest : public ::testing::Test {
   }
 
   std::vector<std::string> BridgeArgs(const std::vector<std::string>& extra) const {
-    std::vector<std::string> a = {"--kubeconfig",        kubeconfig_, "--slurm-conf",        cluster_->conf(),
-                                  "--interval-ms",       "300",       "--lend-threshold",    "1",
-                                  "--cooldown",          "0",         "--lend-hysteresis",   "600",
-                                  "--slurm-timeout-ms",  "4000",      "--leader-namespace",  "kgpu-system",
-                                  "--lease-duration-ms", "3000",      "--renew-deadline-ms", "2000",
-                                  "--retry-period-ms",   "300"};
+    std::vector<std::string> a = {"--kubeconfig",
+                                  kubeconfig_,
+                                  "--slurm-conf",
+                                  cluster_->conf(),
+                                  "--interval",
+                                  "300ms",
+                                  "--lend-threshold",
+                                  "1s",
+                                  "--cooldown",
+                                  "0s",
+                                  "--lend-hysteresis",
+                                  "10m",
+                                  "--slurm-timeout",
+                                  "4s",
+                                  "--leader-elect-resource-namespace",
+                                  "kgpu-system",
+                                  "--leader-elect-lease-duration",
+                                  "3s",
+                                  "--leader-elect-renew-deadline",
+                                  "2s",
+                                  "--leader-elect-retry-period",
+                                  "300ms"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
@@ -384,6 +400,9 @@ TEST(SlurmBridgeFlags, TheRestBackendFromTheCommandLine) {
   ASSERT_TRUE(slurm.AdminDrain("node1", "maint: fan").ok());
   testing::FakeSlurmrestd restd(slurm, "jwt-cli");
   ASSERT_TRUE(restd.ok());
+  // A node of Kubernetes' own pool (kgpu.io/pool=k8s) is listed as Kubernetes', not managed.
+  ASSERT_EQ(api.Create("nodes", "", {{"metadata", {{"name", "k8s01"}, {"labels", {{"kgpu.io/pool", "k8s"}}}}}}).code,
+            201);
   ProcessOptions po;
   po.timeout = seconds(30);
   po.env = {{"SLURM_JWT", "jwt-cli"}};
@@ -395,6 +414,20 @@ TEST(SlurmBridgeFlags, TheRestBackendFromTheCommandLine) {
   const json status = json::parse(r->out, nullptr, false);
   ASSERT_FALSE(status.is_discarded()) << r->out;
   EXPECT_TRUE(status.value("slurmReachable", false)) << r->out;
+  ASSERT_EQ(status["nodes"].size(), 1u) << r->out;
+  const json& k8s01 = status["nodes"][0];
+  EXPECT_EQ(k8s01["node"], "k8s01");
+  EXPECT_EQ(k8s01["phase"], "K8S_POOL");
+  EXPECT_EQ(k8s01["owner"], "k8s");
+  EXPECT_EQ(k8s01["pool"], "k8s");
+  EXPECT_EQ(k8s01["managed"], false);
+  r = RunProcess({KGPU_BIN, "slurm-bridge", "status", "--kubeconfig", kubeconfig, "--slurm-rest-url", restd.Url(),
+                  "--slurm-rest-user", "slurm"},
+                 po);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->out.find("k8s01         K8S_POOL            k8s        -"), std::string::npos) << r->out;
+  EXPECT_NE(r->out.find("kgpu.io/pool=k8s: Kubernetes' own pool, not managed by the bridge"), std::string::npos)
+      << r->out;
   EXPECT_GT(restd.requests(), 0);
   // A wrong token: Slurm is reported unreachable with slurmrestd's answer.
   po.env = {{"SLURM_JWT", "stale"}};
@@ -411,6 +444,37 @@ TEST(SlurmBridgeFlags, TheRestBackendFromTheCommandLine) {
   EXPECT_NE(r->out.find("--lend-via power-save needs the CLI backend (drop --slurm-rest-url)"), std::string::npos)
       << r->out;
   std::remove(kubeconfig.c_str());
+}
+
+// What the demand reads of a job and of the nodes, through the CLI backend against this Slurm:
+// squeue's %n (-w), %x (-x), %b (tres_per_node: --gres) and %f (--constraint; "(null)" when
+// none), scontrol's Partitions= and features. A held job (-H): it never runs, and is ours to cancel.
+TEST_F(SlurmBridgeTest, TheCliBackendReadsWhatAHeldJobAskedFor) {
+  const std::string held =
+      cluster_->Submit({"-H", "-N", "1", "-w", "node1", "-x", "node2", "--gres=gpu:tesla:1", "--wrap", "true"});
+  ASSERT_FALSE(held.empty()) << "sbatch failed";
+  slurm::CliOptions co;
+  co.slurm_conf = cluster_->conf();
+  slurm::CliSlurmClient cli(co);
+  auto jobs = cli.Jobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  auto job = std::find_if(jobs->begin(), jobs->end(), [&](const slurm::SlurmJob& j) { return j.id == held; });
+  ASSERT_NE(job, jobs->end()) << "job " << held << " not in squeue";
+  EXPECT_TRUE(job->Pending()) << job->state;
+  EXPECT_EQ(job->required_nodes, std::vector<std::string>{"node1"});
+  EXPECT_EQ(job->excluded_nodes, std::vector<std::string>{"node2"});
+  EXPECT_NE(job->gres.find("gpu:tesla"), std::string::npos) << job->gres;  // 22.05: "gres:gpu:tesla:1"
+  EXPECT_EQ(job->features, "");
+  EXPECT_EQ(job->partition, "batch");
+  auto nodes = cli.Nodes();
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  for (const auto& n : *nodes) {
+    EXPECT_EQ(n.partitions, std::set<std::string>{"batch"}) << n.name;
+    EXPECT_TRUE(n.features.empty()) << n.name;
+    EXPECT_EQ(slurm::GresFits(job->gres, n.gres), std::optional<bool>(true)) << n.name << ": " << n.gres;
+    EXPECT_EQ(slurm::JobMayUse(*job, n), n.name == "node1") << n.name;
+  }
+  EXPECT_EQ(cluster_->Run({"scancel", held}).exit_code, 0);
 }
 
 TEST_F(SlurmBridgeTest, BurstLendsTheIdleNodeAndLeavesTheBusyOne) {
@@ -537,8 +601,10 @@ TEST_F(SlurmBridgeTest, SlurmctldStoppedMidReclaimFreezesThenFinishes) {
   EXPECT_EQ(PhaseOf("node1"), slurm::Phase::kReclaimUnfencing);
   EXPECT_TRUE(slurm::K8sFenced(Node("node1")));
   auto status = cluster_->Run({KGPU_BIN, "slurm-bridge", "status", "--kubeconfig", operator_kubeconfig_, "--slurm-conf",
-                               cluster_->conf(), "--slurm-timeout-ms", "3000"});
+                               cluster_->conf(), "--slurm-timeout", "3s"});
   EXPECT_NE(status.out.find("UNREACHABLE"), std::string::npos) << status.out;
+  // scontrol's several stderr lines are one line of the message, never a literal \n.
+  EXPECT_EQ(status.out.find("\\n"), std::string::npos) << status.out;
   ASSERT_TRUE(cluster_->StartController().ok());
   ASSERT_TRUE(WaitPhase("node1", slurm::Phase::kSlurm));
   EXPECT_TRUE(WaitFor([&] { return cluster_->State("node1") == "IDLE"; })) << cluster_->State("node1");

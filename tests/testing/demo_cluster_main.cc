@@ -293,7 +293,13 @@ int main(int argc, char** argv) {
     auto out = sched.ScheduleOne(api.Get("pods", w.ns, w.name).body);
     if (!out.ok()) return Fail(std::string(out.status().message()));
     if (out->bound) {
-      std::cout << "  bound to " << out->node << "\n";
+      std::cout << "  bound to " << out->node;
+      if (out->scores.size() > 1) {  // why this node: the extender's prioritize scores
+        std::cout << " (scores of the nodes that fit:";
+        for (const auto& [n, v] : out->scores) std::cout << " " << n << " " << v;
+        std::cout << ")";
+      }
+      std::cout << "\n";
       bound.push_back(&w);
       if (w.expect != Want::kRuns) ++failures;
     } else {
@@ -313,8 +319,9 @@ int main(int argc, char** argv) {
     }
   }
   std::cout << "\nwhat each pod got (its allocation record, written by the extender at bind; the node's answer):\n";
-  std::printf("  %-16s %-6s %-9s %-22s %-40s %s\n", "POD", "NODE", "PHASE", "RESOURCE", "RECORD: GPUS (MiB, SM % each)",
-              "KUBELET'S ALLOCATE GAVE THE CONTAINER");
+  // Rows first, then columns as wide as their widest cell (a pod/container name, several GPUs).
+  std::vector<std::array<std::string, 6>> rows = {
+      {"POD", "NODE", "PHASE", "RESOURCE", "RECORD: GPUS (memory, SMs each)", "KUBELET'S ALLOCATE GAVE THE CONTAINER"}};
   for (const Want* w : bound) {
     const json pod = api.Get("pods", w->ns, w->name).body;
     const std::string node = pod["spec"].value("nodeName", "");
@@ -329,9 +336,11 @@ int main(int argc, char** argv) {
     for (const auto& rc : rec->containers) {  // one row per container the record names
       std::string gpus;
       for (const auto& g : rc.gpus) {
-        gpus += (gpus.empty() ? "" : " ") + Short(g.Device());
-        if (rc.resource == "kgpu.io/gpu")
-          gpus += "(" + std::to_string(g.memory_mib) + "," + std::to_string(g.cores) + ")";
+        gpus += (gpus.empty() ? "" : ", ") + Short(g.Device());
+        if (rc.resource == "kgpu.io/gpu") {
+          gpus += " (" + std::to_string(g.memory_mib) + " MiB, " +
+                  (g.cores > 0 ? std::to_string(g.cores) + "% SMs" : std::string("SMs not limited")) + ")";
+        }
       }
       // What kubelet's Allocate gave the container: NVIDIA_VISIBLE_DEVICES, or the share's CDI device.
       std::string sees;
@@ -389,9 +398,18 @@ int main(int argc, char** argv) {
         }
       }
       const std::string who = w->ns + "/" + w->name + (rec->containers.size() > 1 ? "/" + rc.name : "");
-      std::printf("  %-16s %-6s %-9s %-22s %-40s %s\n", who.c_str(), node.c_str(), phase.c_str(), rc.resource.c_str(),
-                  gpus.c_str(), sees.c_str());
+      rows.push_back({who, node, phase, rc.resource, gpus, sees});
     }
+  }
+  std::array<size_t, 6> width{};
+  for (const auto& r : rows) {
+    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  }
+  for (const auto& r : rows) {
+    std::string line = " ";
+    for (size_t i = 0; i < r.size(); ++i)
+      line += " " + r[i] + (i + 1 < r.size() ? std::string(width[i] - r[i].size(), ' ') : "");
+    std::cout << line << "\n";
   }
   // The quota as the API server counts it.
   const json quota = api.Get("resourcequotas", "team-a", "gpu").body;

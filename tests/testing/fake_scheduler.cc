@@ -403,6 +403,7 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
         if (const auto it = by_host.find(survivors[i]); it != by_host.end()) score[i] = it->second;
       }
     }
+    for (size_t i = 0; i < survivors.size(); ++i) out.scores.emplace_back(survivors[i], score[i]);
     // The highest total wins; ties go to the lexically first name.
     const std::string* best = nullptr;
     int64_t best_score = 0;

@@ -57,6 +57,9 @@ struct ScheduleOutcome {
   std::string message;                 // FailedScheduling text, or the bind error
   std::vector<std::string> preempted;  // "ns/name" of the victims deleted
   bool preempt_called = false;
+  // Bound among several feasible nodes: each one's prioritize total (extender score x weight x
+  // 10), in the order filter left them.
+  std::vector<std::pair<std::string, int64_t>> scores;
 };
 
 class FakeScheduler {

@@ -14,6 +14,13 @@
 //    node COMPLETING until CompletingDone() (as the epilog does, ≈0.2 s in the trial);
 //  - slurmctld down: every call fails Unavailable with scontrol's message;
 //  - unknown node: NotFound with "Invalid node name specified";
+//  - partitions (each node in "batch" unless set), features and GRES per node; a job submitted
+//    with Submit() (-N, -w, -x, --constraint, --gres, -p) pends with the reason 22.05 gives, read
+//    afresh at every squeue: a required node that is drained, down or not responding is
+//    "ReqNodeNotAvail, UnavailableNodes:<those>"; fewer usable nodes that fit than it needs is
+//    "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions";
+//    enough that fit but busy is "Resources"; enough idle is "None" (the test is the scheduler:
+//    Slurm would start it now, and it is no demand);
 //  - power saving, as observed on 22.05.8 (docs/slurm.md, "Power-save lending"): POWER_DOWN_ASAP
 //    sets DRAIN, the reason and a pending POWER_DOWN; once the node is empty Slurm runs
 //    SuspendProgram (POWERING_DOWN, DRAIN gone, reason kept), then POWERED_DOWN — the test moves
@@ -58,6 +65,20 @@ class FakeSlurm : public slurm::SlurmClient {
     int64_t end_time = 0;         // unix seconds; 0: N/A
     int64_t submit_time = 0;
     std::string partition = "batch";
+    // What it asked for (squeue %n %x %f %b), and whether its reason is computed (Submit) or fixed.
+    std::vector<std::string> required, excluded;
+    std::string features, gres;  // "" for none; gres as squeue prints tres_per_node ("gres:gpu:2")
+    bool computed_reason = false;
+  };
+  // sbatch's options that decide where a job may run.
+  struct JobSpec {
+    int node_count = 1;                      // -N
+    std::vector<std::string> required = {};  // -w
+    std::vector<std::string> excluded = {};  // -x
+    std::string features = {};               // -C / --constraint
+    std::string gres = {};                   // --gres, as squeue %b prints it: "gres:gpu:2"
+    std::string partition = "batch";         // -p
+    int64_t submit_time = -1;                // -1: now
   };
 
   // `now` gives the time reasons and jobs are stamped with (default: the wall clock).
@@ -75,6 +96,19 @@ class FakeSlurm : public slurm::SlurmClient {
     n.gres = gres;
     nodes_[name] = n;
     order_.push_back(name);
+  }
+  // slurm.conf's PartitionName=... Nodes=, Feature= and Gres= of a node.
+  void SetPartitions(const std::string& node, const std::vector<std::string>& partitions) {
+    std::lock_guard lock(mu_);
+    if (auto* n = Find(node)) n->partitions = partitions;
+  }
+  void SetFeatures(const std::string& node, const std::vector<std::string>& features) {
+    std::lock_guard lock(mu_);
+    if (auto* n = Find(node)) n->features = features;
+  }
+  void SetGres(const std::string& node, const std::string& gres) {
+    std::lock_guard lock(mu_);
+    if (auto* n = Find(node)) n->gres = gres;
   }
   // slurmctld stopped (false) or running again (true).
   void SetReachable(bool up) {
@@ -201,6 +235,32 @@ class FakeSlurm : public slurm::SlurmClient {
     j.submit_time = submit_time >= 0 ? submit_time : now_();
     jobs_.push_back(j);
     return j.id;
+  }
+  // `sbatch` of a job that pends (the test starts jobs itself, with StartJob): its reason is
+  // computed from the nodes at every read, as slurmctld's scheduler would set it. Returns the id.
+  std::string Submit(const JobSpec& spec) {
+    std::lock_guard lock(mu_);
+    FakeJob j;
+    j.id = std::to_string(next_id_++);
+    j.state = "PENDING";
+    j.node_count = spec.node_count;
+    j.required = spec.required;
+    j.excluded = spec.excluded;
+    j.features = spec.features;
+    j.gres = spec.gres;
+    j.partition = spec.partition;
+    j.computed_reason = true;
+    j.submit_time = spec.submit_time >= 0 ? spec.submit_time : now_();
+    jobs_.push_back(j);
+    return j.id;
+  }
+  // The reason squeue gives job `id` now ("" when there is no such job).
+  std::string PendingReason(const std::string& id) const {
+    std::lock_guard lock(mu_);
+    for (const auto& j : jobs_) {
+      if (j.id == id) return ReasonOf(j);
+    }
+    return "";
   }
   // The job ends on its own: it leaves squeue; its nodes are COMPLETING until CompletingDone.
   void EndJob(const std::string& id, bool completing = true) {
@@ -363,7 +423,9 @@ class FakeSlurm : public slurm::SlurmClient {
                               {"gres", n.gres},
                               {"cpus", n.cpus},
                               {"alloc_cpus", AllocCpus(n)},
-                              {"partitions", {"batch"}},
+                              {"partitions", n.partitions},
+                              {"features", Join(n.features)},
+                              {"active_features", Join(n.features)},
                               {"free_mem", {{"set", true}, {"infinite", false}, {"number", 20479}}}});
     }
     // An unknown name is no 404: no node, and an error entry without a number.
@@ -384,10 +446,14 @@ class FakeSlurm : public slurm::SlurmClient {
                              {"job_state", j.state},
                              {"nodes", nodes},
                              {"node_count", {{"set", true}, {"infinite", false}, {"number", j.node_count}}},
-                             {"state_reason", j.reason},
+                             {"state_reason", ReasonOf(j)},
                              {"end_time", j.end_time},
                              {"submit_time", j.submit_time},
-                             {"partition", j.partition}});
+                             {"partition", j.partition},
+                             {"required_nodes", Join(j.required)},
+                             {"excluded_nodes", Join(j.excluded)},
+                             {"features", j.features},
+                             {"tres_per_node", j.gres}});
     }
     return {200, out};
   }
@@ -422,7 +488,56 @@ class FakeSlurm : public slurm::SlurmClient {
     int cpus = 2;
     bool drain = false, down = false, completing = false, not_responding = false;
     Power power = Power::kNone;
+    std::vector<std::string> partitions = {"batch"}, features;
   };
+  static std::string Join(const std::vector<std::string>& v, const std::string& none = "") {
+    std::string out;
+    for (const auto& x : v) out += (out.empty() ? "" : ",") + x;
+    return out.empty() ? none : out;
+  }
+  // Slurm could give it to a job (a powered-down node too: Slurm powers it up for one).
+  static bool Usable(const NodeRec& n) {
+    return !n.drain && !n.down && !n.not_responding && (n.power == Power::kNone || n.power == Power::kPoweredDown);
+  }
+  bool Idle(const NodeRec& n) const {
+    return Usable(n) && n.power == Power::kNone && !n.completing && AllocCpus(n) == 0;
+  }
+  // Partition, -x, --constraint and --gres (not -w: the job may use other nodes besides).
+  static bool Fits(const FakeJob& j, const NodeRec& n) {
+    slurm::SlurmJob sj;
+    sj.partition = j.partition;
+    sj.excluded_nodes = j.excluded;
+    sj.features = j.features;
+    sj.gres = j.gres;
+    slurm::SlurmNode sn;
+    sn.name = n.name;
+    sn.gres = n.gres;
+    sn.partitions.insert(n.partitions.begin(), n.partitions.end());
+    sn.features.insert(n.features.begin(), n.features.end());
+    return slurm::JobMayUse(sj, sn);
+  }
+  // The pending reason slurmctld would give the job now (see the header).
+  std::string ReasonOf(const FakeJob& j) const {
+    if (!j.computed_reason || j.state != "PENDING") return j.reason;
+    std::vector<std::string> unavailable;
+    bool required_idle = true;
+    for (const auto& r : j.required) {
+      const auto it = nodes_.find(r);
+      if (it == nodes_.end() || !Usable(it->second)) unavailable.push_back(r);
+      required_idle = required_idle && it != nodes_.end() && Idle(it->second);
+    }
+    if (!unavailable.empty()) return "ReqNodeNotAvail, UnavailableNodes:" + Join(unavailable);
+    int usable = 0, idle = 0;
+    for (const auto& name : order_) {
+      const NodeRec& n = nodes_.at(name);
+      if (!Fits(j, n)) continue;
+      usable += Usable(n) ? 1 : 0;
+      idle += Idle(n) ? 1 : 0;
+    }
+    if (usable < j.node_count)
+      return "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions";
+    return required_idle && idle >= j.node_count ? "None" : "Resources";
+  }
   // `scontrol update NodeName=<node> State=<state> [Reason=<reason>]` as slurmctld applies it,
   // without the bridge's guard: DRAIN (with a reason), UNDRAIN, POWER_UP.
   absl::Status UpdateLocked(const std::string& node, const std::string& state, const std::string& reason) {
@@ -540,19 +655,22 @@ class FakeSlurm : public slurm::SlurmClient {
   std::string Line(const NodeRec& n) const {
     std::string l = "NodeName=" + n.name + " Arch=x86_64 CoresPerSocket=1 CPUAlloc=" + std::to_string(AllocCpus(n)) +
                     " CPUEfctv=" + std::to_string(n.cpus) + " CPUTot=" + std::to_string(n.cpus) +
-                    " CPULoad=0.00 AvailableFeatures=(null) ActiveFeatures=(null) Gres=" + n.gres +
+                    " CPULoad=0.00 AvailableFeatures=" + Join(n.features, "(null)") +
+                    " ActiveFeatures=" + Join(n.features, "(null)") + " Gres=" + n.gres +
                     " NodeAddr=127.0.0.1 NodeHostName=" + n.name +
                     " Version=22.05.8 OS=Linux 6.1.0-28-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.119-1 (2024-11-22)"
                     "  RealMemory=1000 AllocMem=0 FreeMem=20479 Sockets=2 Boards=1 State=" +
-                    StateOf(n) + " ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=batch";
+                    StateOf(n) + " ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A" +
+                    (n.partitions.empty() ? "" : " Partitions=" + Join(n.partitions));
     if (!n.reason.empty()) l += " Reason=" + n.reason + " [" + n.reason_user + "@" + n.reason_time + "]";
     return l + "\n";
   }
-  static std::string JobLine(const FakeJob& j) {
-    std::string nodes;
-    for (const auto& n : j.nodes) nodes += (nodes.empty() ? "" : ",") + n;
-    return j.id + "|" + j.state + "|" + nodes + "|" + std::to_string(j.node_count) + "|" + j.reason + "|" +
-           Time(j.end_time) + "|" + j.partition + "|" + Time(j.submit_time) + "\n";
+  // kSqueueFormat: %i|%T|%N|%D|%r|%e|%P|%V|%n|%x|%b|%f, nothing printed as 22.05 prints it.
+  std::string JobLine(const FakeJob& j) const {
+    return j.id + "|" + j.state + "|" + Join(j.nodes) + "|" + std::to_string(j.node_count) + "|" + ReasonOf(j) + "|" +
+           Time(j.end_time) + "|" + j.partition + "|" + Time(j.submit_time) + "|" + Join(j.required) + "|" +
+           Join(j.excluded) + "|" + (j.gres.empty() ? "N/A" : j.gres) + "|" +
+           (j.features.empty() ? "(null)" : j.features) + "\n";
   }
 
   std::function<int64_t()> now_;

@@ -199,6 +199,25 @@ class BridgeUnitTest : public ::testing::Test {
     return notes;
   }
 
+  // Issue 35's cluster: gpu01..gpu03 (partition batch), gpu02 running a Slurm job for an hour,
+  // gpu01 and gpu03 lent, each running one inference pod (p1, p3).
+  void LentAroundABusyNode() {
+    for (const char* n : {"gpu01", "gpu02", "gpu03"}) AddNode(n);
+    ASSERT_TRUE(slurm_->StartJob({"gpu02"}, Now() + 3600).ok());
+    opts_.max_lent = 2;
+    Lend("gpu01", "p1");
+    Lend("gpu03", "p3");
+  }
+  // `node` stays lent with its pod through `rounds` reconciles.
+  void ExpectStaysLent(const std::string& node, const std::string& pod, int rounds = 4) {
+    for (int i = 0; i < rounds; ++i) {
+      Step();
+      EXPECT_EQ(PhaseOf(node), Phase::kLent) << node << " after " << i + 1 << " reconcile(s)";
+      EXPECT_FALSE(PodGone(pod)) << pod;
+    }
+    EXPECT_TRUE(Events(node, "ReclaimStarted").empty()) << Events(node, "ReclaimStarted").front();
+  }
+
   // Adopts `node` and lends it on one pending GPU pod, then runs that pod there.
   void Lend(const std::string& node, const std::string& pod) {
     PendingGpuPod(pod);
@@ -298,6 +317,139 @@ TEST(LeaseTest, AdminCordonedRoundTrips) {
   auto bad = ParseLease(R"({"phase":"SLURM_OWNED","adminCordoned":"yes"})");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("adminCordoned"), std::string::npos) << bad.status();
+}
+
+// ------------------------------------------------------------------ the parsers: where a job may run
+
+// squeue -o kSqueueFormat as 22.05.8 prints it: %n and %x empty when none, %b "N/A", %f "(null)";
+// %f last, with '|' in it.
+TEST(SlurmParse, SqueueReadsWhatAJobAskedFor) {
+  auto jobs = ParseSqueue(
+      "10|PENDING||1|ReqNodeNotAvail, UnavailableNodes:gpu01|N/A|batch|2026-12-03T16:51:10|gpu01||N/A|(null)\n"
+      "11|PENDING||2|Resources|N/A|batch,debug|2026-12-03T16:51:12||gpu[02-03]|gres:gpu:h100:2|a100|h100\n"
+      "12|RUNNING|gpu02|1|None|2026-12-03T17:51:12|batch|2026-12-03T16:50:00|||N/A|(null)\n");
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 3u);
+  const SlurmJob &pinned = (*jobs)[0], &asks = (*jobs)[1], &running = (*jobs)[2];
+  EXPECT_EQ(pinned.required_nodes, std::vector<std::string>{"gpu01"});
+  EXPECT_TRUE(pinned.excluded_nodes.empty());
+  EXPECT_EQ(pinned.gres, "");
+  EXPECT_EQ(pinned.features, "");
+  EXPECT_EQ(pinned.reason, "ReqNodeNotAvail, UnavailableNodes:gpu01");
+  EXPECT_TRUE(asks.required_nodes.empty());
+  EXPECT_EQ(asks.excluded_nodes, (std::vector<std::string>{"gpu02", "gpu03"}));
+  EXPECT_EQ(asks.gres, "gres:gpu:h100:2");
+  EXPECT_EQ(asks.features, "a100|h100");
+  EXPECT_EQ(asks.partition, "batch,debug");
+  EXPECT_EQ(running.nodes, std::vector<std::string>{"gpu02"});
+  EXPECT_TRUE(running.required_nodes.empty() && running.features.empty());
+  // The old 8-field format, or a line cut short: an error naming the line.
+  auto old = ParseSqueue("1|RUNNING|node2|1|None|N/A|batch|N/A\n");
+  ASSERT_FALSE(old.ok());
+  EXPECT_NE(old.status().message().find("line 1 has 8 fields, expected 12"), std::string::npos) << old.status();
+  auto bad = ParseSqueue(
+      "12|RUNNING|gpu02|1|None|N/A|batch|N/A|||N/A|(null)\n13|PENDING||1|Resources|N/A|batch|N/A|n[1-|||x\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("squeue: line 2: hostlist 'n[1-'"), std::string::npos) << bad.status();
+}
+
+// scontrol show node -o: Partitions= and the features (a real 22.05.8 record, with features).
+TEST(SlurmParse, ScontrolReadsPartitionsAndFeatures) {
+  auto nodes = ParseScontrolNodes(
+      "NodeName=node1 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=0.70 "
+      "AvailableFeatures=ib,nvlink ActiveFeatures=ib Gres=gpu:tesla:2(S:0-1) NodeAddr=127.0.0.1 NodeHostName=localhost "
+      "Version=22.05.8 OS=Linux 6.1.0 #1 SMP PREEMPT_DYNAMIC  RealMemory=1000 State=IDLE+DRAIN ThreadsPerCore=1 "
+      "Partitions=batch,debug  BootTime=2026-12-03T08:16:56 Reason=kgpu-lend:op-1 [root@2026-12-03T20:16:12]\n"
+      "NodeName=node2 CPUAlloc=0 CPUTot=2 AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) State=IDLE\n");
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  ASSERT_EQ(nodes->size(), 2u);
+  EXPECT_EQ((*nodes)[0].partitions, (std::set<std::string>{"batch", "debug"}));
+  EXPECT_EQ((*nodes)[0].features, (std::set<std::string>{"ib", "nvlink"}));
+  EXPECT_EQ((*nodes)[0].gres, "gpu:tesla:2(S:0-1)");
+  EXPECT_EQ((*nodes)[0].reason, "kgpu-lend:op-1");
+  EXPECT_TRUE((*nodes)[1].partitions.empty());
+  EXPECT_TRUE((*nodes)[1].features.empty());
+}
+
+TEST(SlurmParse, FeaturesGresAndWhereAJobMayRun) {
+  const std::set<std::string> f = {"a100", "ib"};
+  EXPECT_EQ(FeaturesMatch("", f), true);
+  EXPECT_EQ(FeaturesMatch("(null)", f), true);
+  EXPECT_EQ(FeaturesMatch("a100", f), true);
+  EXPECT_EQ(FeaturesMatch("h100", f), false);
+  EXPECT_EQ(FeaturesMatch("a100&ib", f), true);
+  EXPECT_EQ(FeaturesMatch("a100,nvlink", f), false);
+  EXPECT_EQ(FeaturesMatch("h100|a100", f), true);
+  EXPECT_EQ(FeaturesMatch("h100|v100", f), false);
+  // Beyond plain names: cannot tell.
+  for (const char* expr : {"[a100|h100]", "a100*2", "(a100|h100)&ib", "a100&ib|h100", "!a100"}) {
+    EXPECT_EQ(FeaturesMatch(expr, f), std::nullopt) << expr;
+  }
+  EXPECT_EQ(GresFits("", "(null)"), true);
+  EXPECT_EQ(GresFits("gres:gpu:2", "gpu:h100:8(S:0-1)"), true);
+  EXPECT_EQ(GresFits("gres:gpu:h100:8", "gpu:h100:8(S:0-1)"), true);
+  EXPECT_EQ(GresFits("gres:gpu:h100:9", "gpu:h100:8"), false);
+  EXPECT_EQ(GresFits("gres:gpu:a100:1", "gpu:h100:8"), false);
+  EXPECT_EQ(GresFits("gres/gpu=6", "gpu:a100:4,gpu:h100:4"), true);
+  EXPECT_EQ(GresFits("gres/gpu:a100=6", "gpu:a100:4,gpu:h100:4"), false);
+  EXPECT_EQ(GresFits("gpu:1", "(null)"), false);
+  EXPECT_EQ(GresFits("gres:gpu", "gpu:h100:1"), true) << "no count is one";
+  EXPECT_EQ(GresFits("gres:gpu:1,gres:mps:100", "gpu:h100:8(S:0,1),mps:400"), true);
+  EXPECT_EQ(GresFits("gres:mps:800", "gpu:h100:8,mps:400"), false);
+  EXPECT_EQ(GresFits("license/x=1", "gpu:8"), std::nullopt);
+  EXPECT_EQ(GresFits("gres:gpu:1", "gpu:h100:8:x:y"), std::nullopt);
+
+  SlurmNode n;
+  n.name = "gpu01";
+  n.partitions = {"batch"};
+  n.features = {"a100"};
+  n.gres = "gpu:a100:4";
+  SlurmJob j;
+  j.partition = "batch";
+  EXPECT_TRUE(JobMayUse(j, n));
+  j.partition = "debug,batch";
+  EXPECT_TRUE(JobMayUse(j, n));
+  j.partition = "debug";
+  EXPECT_FALSE(JobMayUse(j, n));
+  j.partition = "batch";
+  j.required_nodes = {"gpu02"};
+  EXPECT_FALSE(JobMayUse(j, n));
+  j.required_nodes = {"gpu01", "gpu02"};
+  EXPECT_TRUE(JobMayUse(j, n));
+  j.excluded_nodes = {"gpu01"};
+  EXPECT_FALSE(JobMayUse(j, n));
+  j = SlurmJob{};
+  j.features = "h100";
+  EXPECT_FALSE(JobMayUse(j, n));
+  j.features = "[a100*1]";
+  EXPECT_TRUE(JobMayUse(j, n)) << "an expression we cannot read does not rule the node out";
+  j.gres = "gres:gpu:a100:8";
+  EXPECT_FALSE(JobMayUse(j, n));
+  n.partitions.clear();
+  j = SlurmJob{};
+  j.partition = "debug";
+  EXPECT_TRUE(JobMayUse(j, n)) << "a node whose partitions are not said";
+}
+
+// slurmrestd v0.0.39: the same, from its JSON.
+TEST(SlurmParse, RestReadsWhatAJobAskedForAndTheNodesPartitionsAndFeatures) {
+  auto jobs = ParseRestJobs(R"({"jobs":[{"job_id":10,"job_state":"PENDING","node_count":1,"partition":"batch",
+      "required_nodes":"gpu[01-02]","excluded_nodes":"","features":"a100|h100","tres_per_node":"gres/gpu:h100=2"},
+      {"job_id":11,"job_state":"PENDING","required_nodes":null,"features":null,"tres_per_node":null}]})");
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_EQ((*jobs)[0].required_nodes, (std::vector<std::string>{"gpu01", "gpu02"}));
+  EXPECT_TRUE((*jobs)[0].excluded_nodes.empty());
+  EXPECT_EQ((*jobs)[0].features, "a100|h100");
+  EXPECT_EQ((*jobs)[0].gres, "gres/gpu:h100=2");
+  EXPECT_TRUE((*jobs)[1].required_nodes.empty() && (*jobs)[1].features.empty() && (*jobs)[1].gres.empty());
+  auto nodes = ParseRestNodes(R"({"nodes":[{"name":"gpu01","state":["IDLE"],"partitions":["batch","debug"],
+      "features":"ib,nvlink","active_features":"ib","gres":"gpu:h100:8"}]})");
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_EQ((*nodes)[0].partitions, (std::set<std::string>{"batch", "debug"}));
+  EXPECT_EQ((*nodes)[0].features, (std::set<std::string>{"ib", "nvlink"}));
+  auto bad = ParseRestNodes(R"({"nodes":[{"name":"gpu01","state":["IDLE"],"partitions":[1]}]})");
+  EXPECT_EQ(bad.status().message(), "slurmrestd nodes: node gpu01: \"partitions\" is not a list of strings");
 }
 
 // ------------------------------------------------------------------ item 1: reclaim requests
@@ -448,6 +600,27 @@ TEST_P(BridgeTest, WatchEventsWakeTheLoopLongBeforeTheInterval) {
   loop.request_stop();
   loop.join();
   watch.Stop();
+}
+
+// A lend starts when --lend-threshold expires, not at the next --interval: with an hour between
+// polls and no watch to wake it, a pod pending since just now is lent a node about 2 s later.
+TEST_P(BridgeTest, ALendStartsWhenTheThresholdExpiresNotAtTheNextInterval) {
+  AddNode("node1");
+  opts_.interval = std::chrono::hours(1);
+  opts_.lend_threshold = std::chrono::seconds(2);
+  PendingGpuPod("p1");
+  const auto start = std::chrono::steady_clock::now();
+  std::jthread loop([&](std::stop_token st) { B().Run(st); });
+  bool lent = false;
+  while (!lent && std::chrono::steady_clock::now() - start < std::chrono::seconds(8)) {
+    lent = PhaseOf("node1") != Phase::kSlurm;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  loop.request_stop();
+  loop.join();
+  EXPECT_TRUE(lent) << "no lend within 8 s of a 2 s threshold (waited for the 1 h interval)";
+  EXPECT_GE(took, std::chrono::milliseconds(900)) << "lent before the threshold";
 }
 
 TEST_P(BridgeTest, AReclaimRequestOnANodeThatIsNotLentIsRemovedWithAnEvent) {
@@ -716,10 +889,32 @@ TEST_P(BridgeTest, SlurmUnreachableFreezesEveryTransitionThatNeedsIt) {
   ASSERT_TRUE(StepUntil([&] { return PhaseOf("node2") == Phase::kLendDraining; }));
   slurm_->SetReachable(false);
   RequestReclaim("node1");
+  ::testing::internal::CaptureStderr();
   for (int i = 0; i < 5; ++i) {
     auto r = Step();
     EXPECT_FALSE(r.slurm_ok);
   }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  // Said once, not every reconcile; the metric counts them.
+  size_t said = 0;
+  for (size_t at = 0; (at = log.find("every transition that needs it is frozen", at)) != std::string::npos; ++at) {
+    ++said;
+  }
+  EXPECT_EQ(said, 1u) << log;
+  EXPECT_NE(B().Metrics().find("kgpu_slurm_bridge_frozen_total{side=\"slurm\"} 5"), std::string::npos) << B().Metrics();
+  // node1's Event says what waits for Slurm (the undrain), once (no series of repeats), and never
+  // that the evictions, which went ahead, were frozen.
+  auto events = client_->List("/apis/events.k8s.io/v1/namespaces/default/events");
+  ASSERT_TRUE(events.ok()) << events.status();
+  int unreachable = 0;
+  for (const auto& e : (*events)["items"]) {
+    if (e.value("reason", "") != "SlurmUnreachable" || e["regarding"].value("name", "") != "node1") continue;
+    ++unreachable;
+    EXPECT_EQ(e.value("note", ""),
+              "R3_SLURM_UNFENCING frozen: Slurm unreachable: reclaim frozen (Slurm keeps its drain)");
+    EXPECT_FALSE(e.contains("series")) << "said once, not every reconcile: " << e.dump();
+  }
+  EXPECT_EQ(unreachable, 1) << events->dump();
   // node2: still draining, Kubernetes fence on; node1: the Kubernetes side of the reclaim went
   // ahead, the undrain waits.
   EXPECT_EQ(PhaseOf("node2"), Phase::kLendDraining);
@@ -771,6 +966,153 @@ TEST_P(BridgeTest, ABlockedSlurmJobReclaimsALentNode) {
   EXPECT_TRUE(PodGone("p1"));
   EXPECT_EQ(slurm_->State("node1"), "IDLE");
   EXPECT_EQ(LeaseOn("node1").requested_by, "slurm-demand");
+}
+
+// ------------------------------------------------------------------ Slurm demand: the nodes a job can use
+
+// The issue: gpu01 and gpu03 lent, gpu02 running a job, then `sbatch -w gpu01 -N1`: only gpu01
+// comes back; gpu03 keeps its inference pod (no job could use it).
+TEST_P(BridgeTest, AJobPinnedToOneLentNodeReclaimsThatNodeOnly) {
+  ASSERT_NO_FATAL_FAILURE(LentAroundABusyNode());
+  const std::string job = slurm_->Submit({.required = {"gpu01"}});
+  EXPECT_EQ(slurm_->PendingReason(job), "ReqNodeNotAvail, UnavailableNodes:gpu01");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("gpu01") == Phase::kSlurm; })) << PhaseName(PhaseOf("gpu01"));
+  EXPECT_TRUE(PodGone("p1"));
+  EXPECT_EQ(slurm_->State("gpu01"), "IDLE");
+  EXPECT_EQ(LeaseOn("gpu01").requested_by, "slurm-demand");
+  const auto started = Events("gpu01", "ReclaimStarted");
+  ASSERT_EQ(started.size(), 1u);
+  EXPECT_EQ(started[0],
+            Cat("Slurm job ", job, " (1 node(s), -w gpu01) is pending: ReqNodeNotAvail, UnavailableNodes:gpu01"));
+  EXPECT_EQ(slurm_->PendingReason(job), "None") << "Slurm can start it now";
+  ExpectStaysLent("gpu03", "p3");
+  EXPECT_TRUE(slurm_->Ended().empty()) << "no job is ever killed";
+}
+
+// With a PodDisruptionBudget that allows one disruption (minAvailable 1 of the two inference
+// pods), the one eviction goes to the pinned job's node, never to gpu03.
+TEST_P(BridgeTest, APdbsOneDisruptionGoesToThePinnedJobsNode) {
+  ASSERT_NO_FATAL_FAILURE(LentAroundABusyNode());
+  RefusingPdb();  // minAvailable 1: with p1 and p3 running, one of them may go
+  slurm_->Submit({.required = {"gpu01"}});
+  ASSERT_TRUE(StepUntil([&] { return PodGone("p1") && PhaseOf("gpu01") == Phase::kSlurm; }))
+      << PhaseName(PhaseOf("gpu01"));
+  EXPECT_TRUE(Events("gpu01", "EvictionBlocked").empty()) << "the budget was gpu01's";
+  ExpectStaysLent("gpu03", "p3");
+  EXPECT_TRUE(Events("gpu03", "EvictionBlocked").empty());
+}
+
+// -x: an excluded lent node is not taken back; the other one is.
+TEST_P(BridgeTest, AJobExcludingALentNodeReclaimsAnotherOne) {
+  ASSERT_NO_FATAL_FAILURE(LentAroundABusyNode());
+  const std::string job = slurm_->Submit({.excluded = {"gpu01"}});
+  EXPECT_EQ(slurm_->PendingReason(job), "Resources");  // gpu02 would do, once its job ends
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("gpu03") == Phase::kSlurm; })) << PhaseName(PhaseOf("gpu03"));
+  EXPECT_EQ(Events("gpu03", "ReclaimStarted").at(0).find(Cat("Slurm job ", job, " (1 node(s), -x gpu01) is pending")),
+            0u)
+      << Events("gpu03", "ReclaimStarted").at(0);
+  ExpectStaysLent("gpu01", "p1");
+}
+
+// -p: a job in another partition takes back only lent nodes of that partition, and none when no
+// lent node is in it.
+TEST_P(BridgeTest, AJobInAnotherPartitionReclaimsOnlyNodesOfThatPartition) {
+  ASSERT_NO_FATAL_FAILURE(LentAroundABusyNode());
+  slurm_->SetPartitions("gpu02", {"batch", "debug"});
+  slurm_->SetPartitions("gpu03", {"batch", "inference"});
+  const std::string debug = slurm_->Submit({.partition = "debug"});
+  EXPECT_EQ(slurm_->PendingReason(debug), "Resources");
+  ExpectStaysLent("gpu01", "p1");
+  ExpectStaysLent("gpu03", "p3", 1);
+  const std::string inference = slurm_->Submit({.partition = "inference"});
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("gpu03") == Phase::kSlurm; })) << PhaseName(PhaseOf("gpu03"));
+  ExpectStaysLent("gpu01", "p1");
+  EXPECT_EQ(slurm_->PendingReason(inference), "None");
+}
+
+// --gres and --constraint: only a lent node that has them comes back; an idle Slurm node without
+// them does not count for the job.
+TEST_P(BridgeTest, AJobNeedingGresOrAFeatureReclaimsOnlyANodeThatHasIt) {
+  ASSERT_NO_FATAL_FAILURE(LentAroundABusyNode());
+  slurm_->SetGres("gpu01", "gpu:a100:2(S:0)");  // gpu02 and gpu03: gpu:h100:8
+  slurm_->SetFeatures("gpu03", {"ib", "nvlink"});
+  const std::string gres = slurm_->Submit({.gres = "gres:gpu:a100:2"});
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("gpu01") == Phase::kSlurm; })) << PhaseName(PhaseOf("gpu01"));
+  ExpectStaysLent("gpu03", "p3");
+  EXPECT_EQ(slurm_->PendingReason(gres), "None");
+  // gpu01 is idle now, but without nvlink: the job needs gpu03.
+  const std::string feature = slurm_->Submit({.features = "nvlink&ib"});
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("gpu03") == Phase::kSlurm; })) << PhaseName(PhaseOf("gpu03"));
+  EXPECT_NE(Events("gpu03", "ReclaimStarted").at(0).find("(1 node(s), -C nvlink&ib)"), std::string::npos);
+  EXPECT_EQ(slurm_->PendingReason(feature), "None");
+}
+
+// An admin's drain of a lent node: no job is served by reclaiming it, so no job reclaims it; a job
+// pinned to it gets nothing reclaimed (said once), and a job that can run anywhere gets gpu01.
+TEST_P(BridgeTest, AnAdminDrainedLentNodeIsNeverReclaimedForAJob) {
+  ASSERT_NO_FATAL_FAILURE(LentAroundABusyNode());
+  ASSERT_TRUE(slurm_->AdminDrain("gpu03", "admin: bad fan").ok());
+  Step();
+  ASSERT_TRUE(LeaseOn("gpu03").admin_drained);
+  const std::string pinned = slurm_->Submit({.required = {"gpu03"}});
+  EXPECT_EQ(slurm_->PendingReason(pinned), "ReqNodeNotAvail, UnavailableNodes:gpu03");
+  ::testing::internal::CaptureStderr();
+  ExpectStaysLent("gpu03", "p3");
+  ExpectStaysLent("gpu01", "p1", 1);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::string said = Cat("Slurm job ", pinned, " (1 node(s), -w gpu03) is pending");
+  size_t times = 0;
+  for (size_t at = 0; (at = log.find(said, at)) != std::string::npos; ++at) ++times;
+  EXPECT_EQ(times, 1u) << log;
+  EXPECT_NE(log.find("it needs gpu03, which is drained by an admin ('admin: bad fan'): no node is reclaimed for it"),
+            std::string::npos)
+      << log;
+  slurm_->Submit({});
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("gpu01") == Phase::kSlurm; })) << PhaseName(PhaseOf("gpu01"));
+  ExpectStaysLent("gpu03", "p3");
+  EXPECT_EQ(slurm_->Reason("gpu03"), "admin: bad fan");
+}
+
+// A job of 2 nodes with one idle Slurm node takes back exactly one lent node, also while that
+// reclaim is still under way (its pod terminating): a node coming back counts.
+TEST_P(BridgeTest, ATwoNodeJobWithOneIdleNodeReclaimsExactlyOne) {
+  for (const char* n : {"node1", "node2", "node3"}) AddNode(n);
+  opts_.max_lent = 2;
+  Lend("node1", "p1");
+  Lend("node2", "p2");
+  const std::string job = slurm_->Submit({.node_count = 2});
+  EXPECT_EQ(slurm_->PendingReason(job),
+            "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions");
+  auto back = [&] { return (PhaseOf("node1") != Phase::kLent ? 1 : 0) + (PhaseOf("node2") != Phase::kLent ? 1 : 0); };
+  for (int i = 0; i < 30 && back() == 0; ++i) Step();
+  ASSERT_EQ(back(), 1);
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; })) << PhaseName(PhaseOf("node1"));
+  EXPECT_EQ(back(), 1) << "node2 too";
+  ExpectStaysLent("node2", "p2");
+  EXPECT_EQ(slurm_->PendingReason(job), "None");
+}
+
+// A lend still draining (L1) is cancelled only for a job that could use the node.
+TEST_P(BridgeTest, ADrainingLendIsCancelledOnlyForAJobThatCouldUseTheNode) {
+  AddNode("node1");
+  AddNode("node2");
+  slurm_->SetPartitions("node2", {"debug"});
+  ASSERT_TRUE(slurm_->StartJob({"node1"}, Now() + 600).ok());
+  ASSERT_TRUE(slurm_->StartJob({"node2"}, Now() + 3600).ok());
+  PendingGpuPod("p1");
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kLendDraining; })) << PhaseName(PhaseOf("node1"));
+  slurm_->Submit({.partition = "debug"});
+  for (int i = 0; i < 4; ++i) {
+    Step();
+    EXPECT_EQ(PhaseOf("node1"), Phase::kLendDraining) << "node1 is not in partition debug";
+  }
+  EXPECT_TRUE(Events("node1", "LendCancelled").empty());
+  const std::string batch = slurm_->Submit({});
+  ASSERT_TRUE(StepUntil([&] { return PhaseOf("node1") == Phase::kSlurm; })) << PhaseName(PhaseOf("node1"));
+  const auto cancelled = Events("node1", "LendCancelled");
+  ASSERT_EQ(cancelled.size(), 1u);
+  EXPECT_EQ(cancelled[0].find(Cat("Slurm job ", batch, " (1 node(s)) is pending: Nodes required")), 0u) << cancelled[0];
+  EXPECT_TRUE(slurm_->Ended().empty());
 }
 
 TEST_P(BridgeTest, TheApiServerDownChangesNothingAnywhere) {
@@ -1018,6 +1360,14 @@ TEST(RestSlurmClient, ReadsWhatTheCliBackendReadsAndKeepsTheGuard) {
   slurm.AddNode("n2", 4);
   ASSERT_TRUE(slurm.StartJob({"n1", "n2"}, 2000000000, 2).ok());
   slurm.SubmitPending(3, "Resources");
+  slurm.SetPartitions("n1", {"batch", "debug"});
+  slurm.SetFeatures("n1", {"a100", "ib"});
+  slurm.Submit({.node_count = 2,
+                .required = {"n1"},
+                .excluded = {"n2"},
+                .features = "a100|h100",
+                .gres = "gres:gpu:a100:2",
+                .partition = "batch,debug"});
   ASSERT_TRUE(slurm.AdminDrain("n2", "maint: bad DIMM").ok());
   testing::FakeSlurmrestd restd(slurm);
   ASSERT_TRUE(restd.ok());
@@ -1031,22 +1381,33 @@ TEST(RestSlurmClient, ReadsWhatTheCliBackendReadsAndKeepsTheGuard) {
   for (size_t i = 0; i < 2; ++i) {
     const SlurmNode &a = (*nodes)[i], &b = (*want)[i];
     EXPECT_EQ(std::tie(a.name, a.state, a.base, a.flags, a.reason, a.reason_user, a.reason_time, a.gres, a.cpu_alloc,
-                       a.cpu_total),
+                       a.cpu_total, a.partitions, a.features),
               std::tie(b.name, b.state, b.base, b.flags, b.reason, b.reason_user, b.reason_time, b.gres, b.cpu_alloc,
-                       b.cpu_total))
+                       b.cpu_total, b.partitions, b.features))
         << a.state << " / " << b.state;
   }
   EXPECT_EQ((*nodes)[1].state, "MIXED+DRAIN");
   auto jobs = rest.Jobs();
   auto want_jobs = slurm.Jobs();
   ASSERT_TRUE(jobs.ok()) << jobs.status();
-  ASSERT_EQ(jobs->size(), 2u);
-  for (size_t i = 0; i < 2; ++i) {
+  ASSERT_EQ(jobs->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
     const SlurmJob &a = (*jobs)[i], &b = (*want_jobs)[i];
-    EXPECT_EQ(std::tie(a.id, a.state, a.nodes, a.node_count, a.reason, a.end_time, a.partition, a.submit_time),
-              std::tie(b.id, b.state, b.nodes, b.node_count, b.reason, b.end_time, b.partition, b.submit_time))
+    EXPECT_EQ(std::tie(a.id, a.state, a.nodes, a.node_count, a.reason, a.end_time, a.partition, a.submit_time,
+                       a.required_nodes, a.excluded_nodes, a.features, a.gres),
+              std::tie(b.id, b.state, b.nodes, b.node_count, b.reason, b.end_time, b.partition, b.submit_time,
+                       b.required_nodes, b.excluded_nodes, b.features, b.gres))
         << a.id;
   }
+  EXPECT_EQ((*nodes)[0].partitions, (std::set<std::string>{"batch", "debug"}));
+  EXPECT_EQ((*nodes)[0].features, (std::set<std::string>{"a100", "ib"}));
+  const SlurmJob& asks = (*jobs)[2];
+  EXPECT_EQ(asks.required_nodes, std::vector<std::string>{"n1"});
+  EXPECT_EQ(asks.excluded_nodes, std::vector<std::string>{"n2"});
+  EXPECT_EQ(asks.features, "a100|h100");
+  EXPECT_EQ(asks.gres, "gres:gpu:a100:2");
+  EXPECT_EQ(asks.partition, "batch,debug");
+  EXPECT_TRUE((*jobs)[0].required_nodes.empty() && (*jobs)[0].features.empty() && (*jobs)[0].gres.empty());
   auto on = rest.JobsOnNode("n2");
   ASSERT_TRUE(on.ok());
   ASSERT_EQ(on->size(), 1u);

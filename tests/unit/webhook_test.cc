@@ -129,6 +129,45 @@ TEST(WebhookMutate, KeepsAnotherSchedulerAndOurOwnAnnotations) {
   EXPECT_EQ(d.patch, want) << d.patch.dump();
 }
 
+// HAMi's pods name hami-scheduler: once HAMi is removed nothing schedules them, so the name is
+// replaced (by --scheduler-name, else default-scheduler, which kgpu extends) and the client warned.
+TEST(WebhookMutate, HamisSchedulerNameIsReplacedWithAWarning) {
+  json pod = Pod({Container("main", {{"nvidia.com/gpu", "1"}, {"nvidia.com/gpumem", "1000"}})});
+  pod["spec"]["schedulerName"] = "hami-scheduler";
+  WebhookOptions o;
+  o.scheduler_name = "kgpu-scheduler";
+  Decision d = MutatePod(pod, o);
+  ASSERT_TRUE(d.allowed) << d.message;
+  EXPECT_EQ(d.patch.back(), json::parse(R"({"op":"add","path":"/spec/schedulerName","value":"kgpu-scheduler"})"));
+  ASSERT_EQ(d.warnings.size(), 1u);
+  EXPECT_EQ(d.warnings[0],
+            "kgpu webhook: spec.schedulerName hami-scheduler replaced by kgpu-scheduler (no hami-scheduler runs once "
+            "HAMi is removed, and the pod would stay Pending; --replace-scheduler-names \"\" keeps it)");
+  // Without --scheduler-name: kube-scheduler's default, which runs the kgpu extender.
+  d = MutatePod(pod, {});
+  EXPECT_EQ(d.patch.back(), json::parse(R"({"op":"add","path":"/spec/schedulerName","value":"default-scheduler"})"));
+  EXPECT_EQ(d.warnings.size(), 1u);
+  // The list emptied: kept, no warning. A pod without GPUs: never touched.
+  o.replace_scheduler_names.clear();
+  d = MutatePod(pod, o);
+  for (const auto& op : d.patch) EXPECT_NE(op["path"], "/spec/schedulerName") << d.patch.dump();
+  EXPECT_TRUE(d.warnings.empty());
+  json plain = Pod({Container("main", {{"cpu", "1"}})});
+  plain["spec"]["schedulerName"] = "hami-scheduler";
+  EXPECT_EQ(MutatePod(plain, {}).patch, json::array());
+  // The AdmissionReview carries the warning (AdmissionResponse.warnings; kubectl prints it).
+  const json review = {{"apiVersion", "admission.k8s.io/v1"},
+                       {"kind", "AdmissionReview"},
+                       {"request",
+                        {{"uid", "u1"},
+                         {"kind", {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}}},
+                         {"operation", "CREATE"},
+                         {"object", pod}}}};
+  auto out = Review(review.dump(), true, {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)["response"]["warnings"], json::array({MutatePod(pod, {}).warnings[0]})) << out->dump();
+}
+
 TEST(WebhookMutate, TranslatesAnnotationsOnlyWhenThePodHasThem) {
   json pod = Pod({Container("main", {{"nvidia.com/gpumem", "1000"}})});
   EXPECT_EQ(MutatePod(pod, {}).patch.size(), 1u);  // no HAMi annotation: only the resources
