@@ -30,7 +30,7 @@ step "kgpu doctor: the node checklist (a simulated node has no /dev/nvidia* devi
 "$bin/kgpu" --sysfs-root "$work/sys" doctor || echo "(exit code $?: FAIL items above)"
 
 step "kgpu health: watching NVML events, probes and hung calls; faults come from kgpu-simctl"
-"$bin/kgpu" --log-level warn health --duration 40 --probe-interval-ms 200 --recover-after-ms 0 >"$work/health.log" 2>&1 &
+"$bin/kgpu" --log-level warn health --duration 40 --probe-interval 200ms --recover-after 0s >"$work/health.log" 2>&1 &
 watcher=$!
 wait_for "$work/health.log" "watching"
 head -3 "$work/health.log"; echo "  ... (8 GPUs, all Healthy)"
@@ -112,7 +112,7 @@ export KGPU_SIM_NODE=dgx-a100-mig
 step "An 8x A100 node with MIG on GPUs 0 and 1; an XID on one MIG instance"
 "$bin/kgpu-simctl" reset
 "$bin/kgpu" devices | sed -n '4,17p'
-"$bin/kgpu" --log-level warn health --duration 20 --probe-interval-ms 200 >"$work/mig.log" 2>&1 &
+"$bin/kgpu" --log-level warn health --duration 20 --probe-interval 200ms >"$work/mig.log" 2>&1 &
 watcher=$!
 wait_for "$work/mig.log" "watching"
 echo "\$ kgpu-simctl xid 0 94 --gi 3 --ci 0   # contained ECC error on MIG instance GI 3"

@@ -64,10 +64,15 @@ int RunDoctor(const NodeOptions& options, bool json, std::ostream& out);
 
 }  // namespace kgpu::cli
 
+#include <chrono>
 #include <csignal>
+#include <optional>
 
 namespace kgpu::cli {
-// Prints the health of every device, then each change, for `seconds` (0: until *stop is set).
-int RunHealth(const NodeOptions& options, unsigned seconds, unsigned probe_ms, int recover_after_ms,
-              const volatile std::sig_atomic_t* stop, std::ostream& out);
+// Prints the health of every device, then each change, for `duration` (0: until *stop is set).
+// `recover_after`: a faulty device turns healthy again this long after its last fault (none:
+// never).
+int RunHealth(const NodeOptions& options, std::chrono::seconds duration, std::chrono::milliseconds probe_interval,
+              std::optional<std::chrono::milliseconds> recover_after, const volatile std::sig_atomic_t* stop,
+              std::ostream& out);
 }  // namespace kgpu::cli

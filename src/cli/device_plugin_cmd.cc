@@ -40,7 +40,7 @@ std::string Env(const char* name) {
   flags->given.emplace_back(app->add_flag(names, flags->values.member, help)->envname(env), \
                             [](const Config& from, Config* to) { to->member = from.member; })
 
-void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags) {
+void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags, PluginFlags use) {
   app->add_option("--config-file", flags->config_file, "NVIDIA v1 config file (YAML or JSON)")->envname("CONFIG_FILE");
   app->add_flag("--allow-empty-config", flags->allow_empty_config,
                 "accept an empty --config-file (every setting at its default) instead of refusing it")
@@ -50,6 +50,13 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags) {
             "exit when NVML cannot be initialised (false: wait, for non-GPU nodes)");
   KGPU_FLAG("--driver-root,--nvidia-driver-root", "NVIDIA_DRIVER_ROOT", driver_root, "driver root");
   KGPU_FLAG("--dev-root,--nvidia-dev-root", "NVIDIA_DEV_ROOT", dev_root, "device-node root (default: driver root)");
+  KGPU_FLAG("--cuda-interposer", "KGPU_CUDA_INTERPOSER", cuda_interposer,
+            "host path of libkgpu-cuda.so, in a versioned directory never written over: kgpu.io/gpu shares may then "
+            "ask for hard memory limits (docs/isolation.md)");
+  app->add_option("--device-discovery-strategy", "auto or nvml (accepted for compatibility)")
+      ->envname("DEVICE_DISCOVERY_STRATEGY")
+      ->check(CLI::IsMember({"auto", "nvml"}));
+  if (use == PluginFlags::kDescribe) return;
   KGPU_BOOL("--pass-device-specs", "PASS_DEVICE_SPECS", pass_device_specs, "return DeviceSpecs in Allocate");
   flags->given.emplace_back(
       app->add_option("--device-list-strategy", flags->values.device_list_strategy,
@@ -73,9 +80,6 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags) {
   KGPU_FLAG("--kubelet-socket", "KUBELET_SOCKET", kubelet_socket, "kubelet registration socket");
   KGPU_FLAG("--kubelet-dir", "KGPU_KUBELET_DIR", kubelet_dir, "kubelet device-plugin directory");
   KGPU_FLAG("--cdi-spec-dir", "KGPU_CDI_SPEC_DIR", cdi_spec_dir, "where the CDI spec is written");
-  KGPU_FLAG("--cuda-interposer", "KGPU_CUDA_INTERPOSER", cuda_interposer,
-            "host path of libkgpu-cuda.so, in a versioned directory never written over: kgpu.io/gpu shares may then "
-            "ask for hard memory limits (docs/isolation.md)");
   KGPU_FLAG("--cuda-shared-root", "KGPU_CUDA_SHARED_ROOT", cuda_shared_root,
             "host directory for the per-container accounting regions of --cuda-interposer");
   KGPU_FLAG("--cuda-interposer-load", "KGPU_CUDA_INTERPOSER_LOAD", cuda_interposer_load,
@@ -83,9 +87,32 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags) {
             "/etc/ld.so.preload: a process that clears LD_PRELOAD is still held)");
   KGPU_FLAG("--proc-root", "KGPU_PROC_ROOT", proc_root,
             "the host's procfs: the driver's driver/nvidia-caps/mig-minors is read under it (MIG device nodes)");
-  app->add_option("--device-discovery-strategy", "auto or nvml (accepted for compatibility)")
-      ->envname("DEVICE_DISCOVERY_STRATEGY")
-      ->check(CLI::IsMember({"auto", "nvml"}));
+  // NVIDIA's IMEX flags: the config file's imex section, from the command line.
+  flags->given.emplace_back(
+      app->add_option("--imex-channel-ids", flags->values.imex_channel_ids,
+                      "IMEX channels to inject into every container (comma list; only channel 0, as NVIDIA's plugin)")
+          ->envname("IMEX_CHANNEL_IDS")
+          ->delimiter(',')
+          ->check(CLI::Validator(
+              [](std::string& v) {
+                return v == "0" ? std::string() : "IMEX channel " + v + ": only channel 0 can be injected";
+              },
+              "0")),
+      [](const Config& from, Config* to) { to->imex_channel_ids = from.imex_channel_ids; });
+  KGPU_BOOL("--imex-required", "IMEX_REQUIRED", imex_required,
+            "refuse to start when the IMEX channels cannot be injected");
+  // NVIDIA's plugin hands these to nvidia-container-toolkit's CDI generator; kgpu writes its CDI
+  // specs itself, so a value has no meaning here: refused, with the reason, never ignored.
+  app->add_option("--cdi-feature-flags", "nvidia-container-toolkit's CDI generator options (refused: not used)")
+      ->envname("CDI_FEATURE_FLAGS")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            return v.empty() ? std::string()
+                             : "'" + v +
+                                   "': kgpu writes its CDI specs itself and has no CDI feature flags (nvidia-container-"
+                                   "toolkit's generator options); remove the flag or CDI_FEATURE_FLAGS";
+          },
+          "refused"));
 }
 #undef KGPU_FLAG
 #undef KGPU_BOOL
@@ -198,6 +225,21 @@ absl::StatusOr<Config> ResolveConfig(const DevicePluginFlags& flags) {
               config.cuda_interposer.front() != '/' ? "not an absolute path" : std::strerror(errno),
               " (the host path of libkgpu-cuda.so, e.g. "
               "/var/lib/kgpu/isolation/<version>/libkgpu-cuda.so)"));
+    }
+  }
+  if (config.imex_required) {
+    // NVIDIA's imex.required: the channels must exist on the node, or the plugin does not start.
+    const std::string root = config.dev_root.empty() ? config.driver_root : config.dev_root;
+    for (const int ch : config.imex_channel_ids) {
+      const std::string path = Cat(root == "/" ? "" : root, "/dev/nvidia-caps-imex-channels/channel", ch);
+      if (access(path.c_str(), F_OK) != 0) {
+        return absl::FailedPreconditionError(Cat("IMEX channel ", ch,
+                                                 " is required (imex.required, --imex-required) "
+                                                 "but ",
+                                                 Printable(path),
+                                                 " does not exist: create the channel (the "
+                                                 "driver's nvidia-caps-imex-channels device) or drop imex.required"));
+      }
     }
   }
   if (auto st = deviceplugin::Validate(config); !st.ok()) {

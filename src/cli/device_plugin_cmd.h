@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/node_labels.h"
 #include "deviceplugin/config.h"
+#include "kubelet/podresources.h"
 
 namespace kgpu::deviceplugin {
 class Manager;
@@ -26,7 +27,7 @@ struct DevicePluginFlags {
   // the node name are the node agent's (NodeLabelsFlags: --kubeconfig, --context, --in-cluster,
   // --node-name), shared with --publish-labels.
   struct Shares {
-    std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+    std::string pod_resources_socket = kubelet::kPodResourcesSocket;
     unsigned accounting_sweep_s = 600;  // --cuda-accounting-sweep: 0 = never
   } shares;
   std::string config_file;
@@ -35,7 +36,11 @@ struct DevicePluginFlags {
   std::vector<std::pair<CLI::Option*, void (*)(const deviceplugin::Config&, deviceplugin::Config*)>> given;
 };
 
-void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags);
+// kServe: every flag of NVIDIA's plugin (device-plugin, node). kDescribe: only those that change
+// what the node advertises (the config file, MIG strategy, driver and device roots, the CUDA
+// interposer): node-labels, node-template and slurm gres show no flag that does nothing there.
+enum class PluginFlags { kServe, kDescribe };
+void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags, PluginFlags use = PluginFlags::kServe);
 // --pod-resources-socket of the kgpu.io/gpu handoff (device-plugin and node).
 void AddShareFlags(CLI::App* app, DevicePluginFlags* flags);
 

@@ -28,6 +28,7 @@
 #include "cli/commands.h"
 #include "cli/device_plugin_cmd.h"
 #include "exporter/exporter.h"
+#include "kubelet/podresources.h"
 
 namespace kgpu::k8s {
 class Client;
@@ -71,7 +72,7 @@ struct ExporterFlags {
   bool dcgm_log = false;
   std::string dcgm_log_level = "NONE";
   std::string log_format = "text";
-  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  std::string pod_resources_socket = kubelet::kPodResourcesSocket;
   std::string hpc_job_mapping_dir;
   bool container_labels = false;
   std::string container_runtime_socket;

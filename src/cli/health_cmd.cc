@@ -9,8 +9,10 @@
 
 namespace kgpu::cli {
 
-int RunHealth(const NodeOptions& options, unsigned seconds, unsigned probe_ms, int recover_after_ms,
-              const volatile std::sig_atomic_t* stop, std::ostream& out) {
+int RunHealth(const NodeOptions& options, std::chrono::seconds duration, std::chrono::milliseconds probe_interval,
+              std::optional<std::chrono::milliseconds> recover_after, const volatile std::sig_atomic_t* stop,
+              std::ostream& out) {
+  const auto seconds = static_cast<unsigned>(duration.count());
   auto session = OpenSession(options);
   if (!session.ok()) {
     out << "kgpu health: " << session.status().message() << "\n";
@@ -18,9 +20,9 @@ int RunHealth(const NodeOptions& options, unsigned seconds, unsigned probe_ms, i
   }
   std::mutex out_mu;
   gpu::HealthOptions ho;
-  ho.probe_interval = std::chrono::milliseconds(probe_ms);
-  ho.hang_threshold = std::chrono::milliseconds(std::max(probe_ms * 2, 1000U));
-  if (recover_after_ms >= 0) ho.recover_after = std::chrono::milliseconds(recover_after_ms);
+  ho.probe_interval = probe_interval;
+  ho.hang_threshold = std::max(probe_interval * 2, std::chrono::milliseconds(1000));
+  ho.recover_after = recover_after;
   gpu::HealthMonitor monitor(*session->lib, session->inventory, ho, [&](const std::vector<gpu::DeviceHealth>& changes) {
     std::lock_guard<std::mutex> lock(out_mu);
     for (const auto& c : changes) {

@@ -2,10 +2,12 @@
 // one the command line names, from one command table.
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,18 +16,23 @@
 #include <malloc.h>
 #include <pthread.h>
 
+#include "absl/strings/numbers.h"
 #include "cli/commands.h"
 #include "cli/device_plugin_cmd.h"
 #include "cli/exporter_cmd.h"
 #include "cli/extender_cmd.h"
+#include "cli/flags.h"
 #include "cli/mig_cmd.h"
 #include "cli/node_labels.h"
 #include "cli/quota_cmd.h"
+#include "cli/reference.h"
 #include "cli/sim_cmd.h"
 #include "cli/slurm_cmd.h"
 #include "cli/webhook_cmd.h"
+#include "common/duration.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "gpu/health.h"
 #include "kgpu_version.h"
 
 namespace {
@@ -184,12 +191,15 @@ int Main(int argc, char** argv) {
   bool json = false;
   auto* devices = app.add_subcommand("devices", "list this node's GPUs, MIG devices and topology");
   devices->add_flag("--json", json, "JSON instead of a table");
-  unsigned nvml_deadline_ms = 2000;
+  std::chrono::milliseconds nvml_deadline{2000};
   auto deadline_flag = [&](CLI::App* cmd) {
-    cmd->add_option("--nvml-deadline-ms", nvml_deadline_ms,
-                    "a GPU whose NVML calls take longer is reported hung instead of waited for")
-        ->check(CLI::Range(1U, 600000U))
-        ->capture_default_str();
+    const kgpu::cli::DurationFlagSpec range{.min = std::chrono::milliseconds(1), .max = std::chrono::minutes(10)};
+    kgpu::cli::AddDurationOption(cmd, "--nvml-deadline", &nvml_deadline,
+                                 "a GPU whose NVML calls take longer is reported hung instead of waited for", range);
+    kgpu::cli::DurationFlagSpec old = range;
+    old.bare_unit = "ms";
+    kgpu::cli::AddDeprecatedDurationOption(cmd, "kgpu " + cmd->get_name(), "--nvml-deadline-ms", "--nvml-deadline",
+                                           &nvml_deadline, old);
   };
   deadline_flag(devices);
   devices->add_option("--kubelet-dir", node.kubelet_dir, "device-plugin directory (the plugin's health state)")
@@ -211,21 +221,49 @@ int Main(int argc, char** argv) {
   doctor->add_option("--mps-control", node.mps_control, "nvidia-cuda-mps-control binary")
       ->envname("MPS_CONTROL")
       ->capture_default_str();
-  unsigned seconds = 0;
+  std::chrono::seconds health_duration{0};
   auto* health = app.add_subcommand("health", "watch GPU health (NVML events, probes, hung calls)");
-  health->add_option("--duration", seconds, "stop after this many seconds (0: until SIGINT)");
+  kgpu::cli::AddDurationOption(health, "--duration", &health_duration, "stop after this long (0s: until SIGINT)",
+                               {.bare_unit = "s"});
   health->add_option("--kubelet-dir", node.kubelet_dir, "device-plugin directory (the plugin's health state)")
       ->envname("KGPU_KUBELET_DIR")
       ->capture_default_str();
-  unsigned probe_ms = 1000;
-  health->add_option("--probe-interval-ms", probe_ms, "liveness probe period")->capture_default_str();
-  int recover_after_ms = -1;
+  std::chrono::milliseconds probe_interval{1000};
+  kgpu::cli::AddDurationOption(health, "--probe-interval", &probe_interval, "liveness probe period",
+                               {.min = std::chrono::milliseconds(10)});
+  kgpu::cli::AddDeprecatedDurationOption(health, "kgpu health", "--probe-interval-ms", "--probe-interval",
+                                         &probe_interval, {.bare_unit = "ms", .min = std::chrono::milliseconds(10)});
+  // The device plugin's health.recoverAfter and the exporter's --health-recover-after: the same
+  // default, the same spelling (a Go duration, or never).
+  std::optional<std::chrono::milliseconds> recover_after = kgpu::gpu::kDefaultRecoverAfter;
   health
-      ->add_option(
-          "--recover-after-ms", recover_after_ms,
-          "a faulty device turns healthy again this long after its last fault (-1: never, as the plugin's default)")
-      ->check(CLI::Range(-1, 86400000))
-      ->capture_default_str();
+      ->add_option_function<std::string>(
+          "--recover-after",
+          [&](const std::string& v) {
+            if (v == "never") {
+              recover_after.reset();
+              return;
+            }
+            auto d = kgpu::cli::ParseDurationFlag("--recover-after", v, {}, std::chrono::milliseconds(1));
+            if (!d.ok()) throw CLI::ValidationError("--recover-after", std::string(d.status().message()));
+            recover_after = std::chrono::duration_cast<std::chrono::milliseconds>(*d);
+          },
+          "a faulty device turns healthy again this long after its last fault, checked by a probe (never: it "
+          "stays unhealthy); the device plugin's health.recoverAfter")
+      ->type_name("DURATION|never")
+      ->default_str(kgpu::FormatGoDuration(kgpu::gpu::kDefaultRecoverAfter));
+  kgpu::cli::AddDeprecatedOption(
+      health, "kgpu health", "--recover-after-ms", "--recover-after", [&](const std::string& v) {
+        int64_t ms = 0;
+        if (!absl::SimpleAtoi(v, &ms) || ms < -1 || ms > 86400000) {
+          throw CLI::ValidationError("--recover-after-ms", "'" + v + "': milliseconds, -1 to 86400000");
+        }
+        if (ms < 0) {
+          recover_after.reset();
+        } else {
+          recover_after = std::chrono::milliseconds(ms);
+        }
+      });
   auto* version = app.add_subcommand("version", "print the version");
   kgpu::cli::DevicePluginFlags dp_flags;
   auto* device_plugin = app.add_subcommand(
@@ -241,6 +279,9 @@ int Main(int argc, char** argv) {
   kgpu::cli::AddDevicePluginFlags(node_cmd, &dp_flags);
   kgpu::cli::AddShareFlags(node_cmd, &dp_flags);
   kgpu::cli::AddExporterFlags(node_cmd, &exp_flags);
+  // One socket, two names (the plugin's and dcgm-exporter's): either sets it for both halves.
+  node_cmd->get_option("--pod-resources-kubelet-socket")
+      ->description("the same socket as --pod-resources-socket (dcgm-exporter's name for it)");
   kgpu::cli::NodeLabelsFlags publish_flags;  // --publish-labels: the node agent labels its Node
   kgpu::cli::AddPublishLabelsFlags(device_plugin, &publish_flags);
   kgpu::cli::AddPublishLabelsFlags(node_cmd, &publish_flags);
@@ -248,13 +289,13 @@ int Main(int argc, char** argv) {
   kgpu::cli::NodeLabelsFlags labels_flags;
   auto* node_labels = app.add_subcommand(
       "node-labels", "GPU Feature Discovery labels and the GPU inventory annotation on this node's Node object");
-  kgpu::cli::AddDevicePluginFlags(node_labels, &dp_flags);
+  kgpu::cli::AddDevicePluginFlags(node_labels, &dp_flags, kgpu::cli::PluginFlags::kDescribe);
   kgpu::cli::AddNodeLabelsFlags(node_labels, &labels_flags);
 
   std::string template_format = "yaml";
   auto* node_template = app.add_subcommand(
       "node-template", "what a node like this one advertises, for an autoscaler node group that scales from zero");
-  kgpu::cli::AddDevicePluginFlags(node_template, &dp_flags);
+  kgpu::cli::AddDevicePluginFlags(node_template, &dp_flags, kgpu::cli::PluginFlags::kDescribe);
   node_template->add_option("--format", template_format, "yaml, aws (ASG node-template tags) or json")
       ->check(CLI::IsMember({"yaml", "aws", "json"}))
       ->capture_default_str();
@@ -281,7 +322,7 @@ int Main(int argc, char** argv) {
   slurm->require_subcommand(1);
   kgpu::cli::SlurmGresFlags gres_flags;
   auto* slurm_gres = kgpu::cli::AddSlurmGresCommand(slurm, &gres_flags);
-  kgpu::cli::AddDevicePluginFlags(slurm_gres, &dp_flags);
+  kgpu::cli::AddDevicePluginFlags(slurm_gres, &dp_flags, kgpu::cli::PluginFlags::kDescribe);
   kgpu::cli::QuotaFlags quota_flags;
   auto quota = kgpu::cli::AddQuotaCommands(&app, &quota_flags);
   kgpu::cli::SlurmBridgeFlags bridge_flags;
@@ -292,6 +333,11 @@ int Main(int argc, char** argv) {
   // command line cannot be parsed (unknown subcommand or option, a missing or malformed argument).
   // dcgm-exporter's Go-style flags (-collectors, -rbmn) and a link named dcgm-exporter become
   // what CLI11 reads (kgpu::cli::GoStyleFlags); every other command line is left as it is.
+  // The reference of every command's options (docs/cli.md), from this table.
+  if (argc == 2 && std::string_view(argv[1]) == "--cli-reference") {
+    std::cout << kgpu::cli::CliReference(app);
+    return 0;
+  }
   const std::vector<std::string> args = kgpu::cli::GoStyleFlags(app, argc, argv);
   std::vector<const char*> arg_ptrs;
   for (const std::string& a : args) arg_ptrs.push_back(a.c_str());
@@ -321,16 +367,16 @@ int Main(int argc, char** argv) {
        }},
       {devices, Signals::kDefault,
        [&] {
-         node.nvml_deadline = std::chrono::milliseconds(nvml_deadline_ms);
+         node.nvml_deadline = nvml_deadline;
          return kgpu::cli::RunDevices(node, json, std::cout);
        }},
       {doctor, Signals::kDefault,
        [&] {
-         node.nvml_deadline = std::chrono::milliseconds(nvml_deadline_ms);
+         node.nvml_deadline = nvml_deadline;
          return kgpu::cli::RunDoctor(node, json, std::cout);
        }},
       {health, Signals::kStopFlag,
-       [&] { return kgpu::cli::RunHealth(node, seconds, probe_ms, recover_after_ms, &g_stop, std::cout); }},
+       [&] { return kgpu::cli::RunHealth(node, health_duration, probe_interval, recover_after, &g_stop, std::cout); }},
       {slurm_gres, Signals::kDefault, [&] { return kgpu::cli::RunSlurmGres(node, dp_flags, gres_flags, std::cout); }},
       {bridge.status, Signals::kDefault, [&] { return kgpu::cli::RunSlurmBridgeStatus(bridge_flags, std::cout); }},
       {bridge.reclaim, Signals::kDefault, [&] { return kgpu::cli::RunSlurmBridgeReclaim(bridge_flags, std::cout); }},
@@ -344,7 +390,22 @@ int Main(int argc, char** argv) {
       {sim, Signals::kDefault, [&] { return kgpu::cli::RunSim(sim_flags, std::cout, std::cerr); }},
       {device_plugin, Signals::kNodeDaemon, [&] { return kgpu::cli::RunDevicePlugin(node, dp_flags, publish_flags); }},
       {exporter, Signals::kNodeDaemon, [&] { return kgpu::cli::RunExporter(node, exp_flags); }},
-      {node_cmd, Signals::kNodeDaemon, [&] { return kgpu::cli::RunNode(node, dp_flags, exp_flags, publish_flags); }},
+      {node_cmd, Signals::kNodeDaemon,
+       [&] {
+         const bool plugins = node_cmd->count("--pod-resources-socket") > 0;
+         const bool exporters = node_cmd->count("--pod-resources-kubelet-socket") > 0;
+         if (plugins && exporters && dp_flags.shares.pod_resources_socket != exp_flags.pod_resources_socket) {
+           std::cerr << "kgpu node: --pod-resources-socket and --pod-resources-kubelet-socket name one socket "
+                        "(kubelet's PodResources) and were given two paths: give one\n";
+           return 2;
+         }
+         if (exporters) {
+           dp_flags.shares.pod_resources_socket = exp_flags.pod_resources_socket;
+         } else {
+           exp_flags.pod_resources_socket = dp_flags.shares.pod_resources_socket;
+         }
+         return kgpu::cli::RunNode(node, dp_flags, exp_flags, publish_flags);
+       }},
       {node_template, Signals::kDefault,
        [&] { return kgpu::cli::RunNodeTemplate(node, dp_flags, template_format, std::cout); }},
       {node_labels, Signals::kStopFlag,

@@ -41,7 +41,7 @@ namespace kgpu::cli {
 
 struct ShareHandoffOptions {
   std::string node_name;  // this node (records for other nodes are refused)
-  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  std::string pod_resources_socket = kubelet::kPodResourcesSocket;
   std::string cdi_spec_dir = "/var/run/cdi";
   std::string dev_root = "/";  // host paths of /dev/nvidia* (driver root)
   std::chrono::milliseconds timeout{5000};

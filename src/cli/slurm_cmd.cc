@@ -213,7 +213,15 @@ SlurmBridgeCommands AddSlurmBridgeCommands(CLI::App* app, SlurmBridgeFlags* f) {
                     "a drained node must be empty on two reads this far apart");
   c.run->add_option("--gpu-resource", f->gpu_resources, "resource names (prefixes) that make a pod a GPU pod")
       ->capture_default_str();
-  c.run->add_option("--kube-qps", f->kube_qps, "client-side API rate limit")->capture_default_str();
+  c.run->add_option("--kube-api-qps", f->kube_qps, "API requests per second (the client-side rate limit)")
+      ->capture_default_str();
+  AddDeprecatedOption(c.run, cmd, "--kube-qps", "--kube-api-qps", [f](const std::string& v) {
+    try {
+      f->kube_qps = std::stod(v);
+    } catch (const std::exception&) {
+      throw CLI::ValidationError("--kube-qps", "'" + v + "': a number of requests per second");
+    }
+  });
   c.run->add_flag("--dry-run", f->dry_run, "print the decisions and steps it would take; change nothing");
   c.run->add_flag("--once", f->once, "one reconcile, then exit (no leader election)");
   AddLeaderElectFlags(c.run, &f->leader, "only the Lease holder reconciles");

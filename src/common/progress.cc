@@ -1,8 +1,8 @@
 #include "common/progress.h"
 
-#include <unistd.h>
-
 #include <algorithm>
+
+#include <unistd.h>
 
 #include "common/strings.h"
 
@@ -62,8 +62,8 @@ void Progress::Advance(size_t n) {
 }
 
 void Progress::Draw() {
-  const std::string line =
-      ProgressLine(what_, done_.load(std::memory_order_relaxed), total_, unit_, std::chrono::steady_clock::now() - start_);
+  const std::string line = ProgressLine(what_, done_.load(std::memory_order_relaxed), total_, unit_,
+                                        std::chrono::steady_clock::now() - start_);
   out_ << '\r' << line;
   if (line.size() < drawn_width_) out_ << std::string(drawn_width_ - line.size(), ' ');
   out_ << std::flush;

@@ -184,6 +184,30 @@ has "$port"
 kill "$holder"; wait "$holder" 2>/dev/null || true
 echo "ok: exit codes"
 
+# ---------------------------------------------------------------- one name, one meaning
+# NVIDIA's IMEX flags mean what the config file's imex section means; --cdi-feature-flags is
+# refused with the reason (kgpu writes its own CDI specs).
+run 2 device-plugin --nvml-library "$sim_lib" --cdi-feature-flags disable-nvsandboxutils
+has "kgpu writes its CDI specs itself"
+run 2 device-plugin --nvml-library "$sim_lib" --imex-channel-ids 1
+has "only channel 0"
+run 1 device-plugin --nvml-library "$sim_lib" --imex-channel-ids 0 --imex-required --dev-root "$work/no-dev"
+has "IMEX channel 0 is required"
+# kgpu health: Go durations, the plugin's default recovery (5m) or never; the old spellings warn.
+run 0 health --help
+has "--recover-after DURATION|never=5m0s"
+run 2 health --nvml-library "$sim_lib" --recover-after 5x
+has "--recover-after"
+run 0 health --nvml-library "$sim_lib" --duration 1s --probe-interval-ms 200 --recover-after never
+has "kgpu health: --probe-interval-ms is deprecated, use --probe-interval"
+# kgpu node: one PodResources socket, under the plugin's or dcgm-exporter's name, not two paths.
+run 2 node --nvml-library "$sim_lib" --pod-resources-socket "$work/a.sock" --pod-resources-kubelet-socket "$work/b.sock"
+has "name one socket"
+# The Slurm bridge's API rate limit has kube-scheduler's name.
+run 1 slurm-bridge run --once --kube-qps 20 --kubeconfig "$work/missing"
+has "--kube-qps is deprecated, use --kube-api-qps"
+echo "ok: one name per setting"
+
 # ---------------------------------------------------------------- long work shows progress
 # kgpu sim on a terminal (script(1) gives it one) draws "k/N runs" on stderr and clears it; not on
 # a terminal, or with --quiet, nothing but the table.

@@ -23,7 +23,7 @@ g2=$(uuid 2); g5=$(uuid 5); g0=$(uuid 0)
 read -r m1 m1gi m1ci < <(mig_uuid 0 1)
 
 for w in a b; do
-  "$bin/kgpu" --log-level warn health --duration 60 --probe-interval-ms 200 --recover-after-ms 0 >"$work/$w.log" 2>&1 &
+  "$bin/kgpu" --log-level warn health --duration 60 --probe-interval 200ms --recover-after 0s >"$work/$w.log" 2>&1 &
   pids+=($!)
 done
 for w in a b; do wait_for "$work/$w.log" "watching" || { cat "$work/$w.log"; exit 1; }; done

@@ -98,7 +98,7 @@ TEST_F(NodeHealthTest, HungGpuIsAFailWithinTheDeadline) {
   EXPECT_NE(doctor.out.find("UUID " + uuid3), std::string::npos) << doctor.out;
 
   t0 = std::chrono::steady_clock::now();
-  const auto devices = Kgpu("devices --nvml-deadline-ms 1000 --kubelet-dir " + Dir());
+  const auto devices = Kgpu("devices --nvml-deadline 1s --kubelet-dir " + Dir());
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << "devices waited for the hung call";
   EXPECT_EQ(devices.code, 0) << devices.out;
   EXPECT_NE(devices.out.find(uuid3), std::string::npos) << devices.out;

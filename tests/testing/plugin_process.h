@@ -35,7 +35,9 @@ class Plugin {
   Plugin(const std::string& dir, std::vector<std::string> args, std::vector<std::string> env = {},
          const std::string& subcommand = "device-plugin")
       : log_(dir + "/plugin.log") {
-    std::vector<std::string> all = {KGPU_BIN, subcommand, "--kubelet-dir", dir};
+    // The kubelet directory for the commands that serve kubelet (node-labels has no such flag).
+    std::vector<std::string> all = {KGPU_BIN, subcommand};
+    if (subcommand != "node-labels") all.insert(all.end(), {"--kubelet-dir", dir});
     all.insert(all.end(), args.begin(), args.end());
     SpawnOptions o;
     o.log = log_;
