@@ -20,7 +20,10 @@ namespace kgpu::cli {
 struct NodeOptions {
   std::string nvml_library;         // --nvml-library (else KGPU_NVML_LIBRARY, else by soname)
   std::string sysfs_root = "/sys";  // --sysfs-root
-  std::string dev_root = "/dev";    // --dev-root
+  // The directory of the device nodes (/dev/nvidia*): doctor's --dev-root + "/dev", or the
+  // deprecated global --dev-root (the directory itself); empty: /dev (doctor) or the device
+  // plugin's NVIDIA_DEV_ROOT (slurm gres).
+  std::string dev_dir;
   // kgpu doctor: where the device plugins' sockets and the MPS daemons live.
   std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
   std::string mps_root = "/run/nvidia/mps";

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include "cli/flags.h"
 #include "cli/share_handoff.h"
 #include "common/log.h"
 #include "common/strings.h"
@@ -49,7 +50,8 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags, PluginFlags u
   KGPU_BOOL("--fail-on-init-error", "FAIL_ON_INIT_ERROR", fail_on_init_error,
             "exit when NVML cannot be initialised (false: wait, for non-GPU nodes)");
   KGPU_FLAG("--driver-root,--nvidia-driver-root", "NVIDIA_DRIVER_ROOT", driver_root, "driver root");
-  KGPU_FLAG("--dev-root,--nvidia-dev-root", "NVIDIA_DEV_ROOT", dev_root, "device-node root (default: driver root)");
+  KGPU_FLAG("--dev-root,--nvidia-dev-root", "NVIDIA_DEV_ROOT", dev_root,
+            "root of the host's device nodes, /dev/nvidia* under it (default: the driver root)");
   KGPU_FLAG("--cuda-interposer", "KGPU_CUDA_INTERPOSER", cuda_interposer,
             "host path of libkgpu-cuda.so, in a versioned directory never written over: kgpu.io/gpu shares may then "
             "ask for hard memory limits (docs/isolation.md)");
@@ -122,14 +124,13 @@ void AddShareFlags(CLI::App* app, DevicePluginFlags* flags) {
                   "kgpu.io/gpu: kubelet's PodResources socket")
       ->envname("KGPU_POD_RESOURCES_SOCKET")
       ->capture_default_str();
-  app->add_option("--cuda-accounting-sweep", flags->shares.accounting_sweep_s,
-                  "memory held by --cuda-interposer: every this many seconds, remove the accounting directories "
-                  "of containers that are gone (kgpu.io/gpu hard shares: --cuda-shared-root/<pod UID> of pods "
-                  "no longer on this node; time-slicing replicas: --cuda-shared-root/timeslicing/<id> that no "
-                  "container in kubelet's checkpoint mounts; 0: never)")
-      ->envname("KGPU_CUDA_ACCOUNTING_SWEEP")
-      ->check(CLI::Range(0u, 86400u))
-      ->capture_default_str();
+  AddDurationOption(app, "--cuda-accounting-sweep", &flags->shares.accounting_sweep,
+                    "memory held by --cuda-interposer: this often, remove the accounting directories of containers "
+                    "that are gone (kgpu.io/gpu hard shares: --cuda-shared-root/<pod UID> of pods no longer on this "
+                    "node; time-slicing replicas: --cuda-shared-root/timeslicing/<id> that no container in "
+                    "kubelet's checkpoint mounts; 0s: never; a bare number counts seconds)",
+                    {.bare_unit = "s", .max = std::chrono::hours(24)})
+      ->envname("KGPU_CUDA_ACCOUNTING_SWEEP");
 }
 
 void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags& flags, const NodeLabelsFlags& api,
@@ -170,11 +171,11 @@ void InstallShareHandoff(deviceplugin::Manager& manager, const DevicePluginFlags
   o.node_name = api.node_name;
   o.pod_resources_socket = flags.shares.pod_resources_socket;
   o.cdi_spec_dir = config.cdi_spec_dir;
-  o.dev_root = config.dev_root.empty() ? config.driver_root : config.dev_root;
+  o.dev_root = config.DevRoot();
   o.cuda_interposer = config.cuda_interposer;
   o.cuda_shared_root = config.cuda_shared_root;
   o.cuda_interposer_load = config.cuda_interposer_load;
-  o.accounting_sweep = std::chrono::seconds(flags.shares.accounting_sweep_s);
+  o.accounting_sweep = flags.shares.accounting_sweep;
   if (config.sharing.strategy == deviceplugin::SharingStrategy::kMps) o.mps_root = config.mps_root;
   // GetPreferredAllocation's LIST: on kubelet's admission path, so one try with a short deadline.
   k8s::Config list_cfg = *cfg;
@@ -211,7 +212,7 @@ absl::StatusOr<Config> ResolveConfig(const DevicePluginFlags& flags) {
   for (const auto& [option, apply] : flags.given) {
     if (option->count() > 0) apply(flags.values, &config);
   }
-  config.cuda_accounting_sweep = std::chrono::seconds(flags.shares.accounting_sweep_s);
+  config.cuda_accounting_sweep = flags.shares.accounting_sweep;
   if (auto st = deviceplugin::ApplyHealthcheckEnv(Env("DP_DISABLE_HEALTHCHECKS"), Env("DP_ENABLE_HEALTHCHECKS"),
                                                   &config.health);
       !st.ok()) {
@@ -229,9 +230,8 @@ absl::StatusOr<Config> ResolveConfig(const DevicePluginFlags& flags) {
   }
   if (config.imex_required) {
     // NVIDIA's imex.required: the channels must exist on the node, or the plugin does not start.
-    const std::string root = config.dev_root.empty() ? config.driver_root : config.dev_root;
     for (const int ch : config.imex_channel_ids) {
-      const std::string path = Cat(root == "/" ? "" : root, "/dev/nvidia-caps-imex-channels/channel", ch);
+      const std::string path = config.HostDevPath(Cat("/dev/nvidia-caps-imex-channels/channel", ch));
       if (access(path.c_str(), F_OK) != 0) {
         return absl::FailedPreconditionError(Cat("IMEX channel ", ch,
                                                  " is required (imex.required, --imex-required) "

@@ -4,6 +4,7 @@
 //
 // Thread-safety: AddDevicePluginFlags/ResolveConfig are single-threaded set-up code.
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,7 +29,7 @@ struct DevicePluginFlags {
   // --node-name), shared with --publish-labels.
   struct Shares {
     std::string pod_resources_socket = kubelet::kPodResourcesSocket;
-    unsigned accounting_sweep_s = 600;  // --cuda-accounting-sweep: 0 = never
+    std::chrono::seconds accounting_sweep{600};  // --cuda-accounting-sweep: 0 = never
   } shares;
   std::string config_file;
   bool allow_empty_config = false;  // --allow-empty-config

@@ -215,9 +215,10 @@ std::vector<Check> DoctorChecks(const NodeOptions& options) {
 
   // Device nodes the container runtime and the device plugin hand to pods. Without an inventory
   // only the GPU-independent ones can be checked.
-  std::vector<std::string> nodes = {options.dev_root + "/nvidiactl", options.dev_root + "/nvidia-uvm"};
+  const std::string dev = options.dev_dir.empty() ? "/dev" : options.dev_dir;
+  std::vector<std::string> nodes = {dev + "/nvidiactl", dev + "/nvidia-uvm"};
   for (const auto& g : gpus) {
-    if (g.error.empty()) nodes.push_back(Cat(options.dev_root, "/nvidia", g.minor));
+    if (g.error.empty()) nodes.push_back(Cat(dev, "/nvidia", g.minor));
   }
   const std::string per_gpu =
       inventory ? std::string() : "; the per-GPU nodes (/dev/nvidiaN) not checked: no GPU was enumerated";

@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include "cli/flags.h"
 #include "common/csv.h"
 #include "common/duration.h"
 #include "common/log.h"
@@ -640,10 +641,10 @@ void AddExporterFlags(CLI::App* app, ExporterFlags* f) {
       ->envname("KGPU_HOSTNAME_LABEL")
       ->check(CLI::IsMember({"Hostname", "hostname"}))
       ->capture_default_str();
-  app->add_option("--pod-resources-interval", f->pod_resources_interval_ms,
-                  "how often pod attribution is refreshed, ms (never per scrape)")
-      ->envname("KGPU_POD_RESOURCES_INTERVAL")
-      ->check(CLI::Range(100U, 3600000U));
+  AddDurationOption(app, "--pod-resources-interval", &f->pod_resources_interval,
+                    "how often pod attribution is refreshed (never per scrape; a bare number counts milliseconds)",
+                    {.bare_unit = "ms", .min = std::chrono::milliseconds(100), .max = std::chrono::hours(1)})
+      ->envname("KGPU_POD_RESOURCES_INTERVAL");
   // `kgpu node` has the device plugin's --proc-root already (the same host procfs): RunNode uses it.
   if (!plugin_proc_root) {
     app->add_option("--proc-root", f->proc_root, "procfs of the host (process cgroups, for per-pod figures)")
@@ -789,7 +790,7 @@ absl::StatusOr<exporter::ExporterOptions> ResolveExporterOptions(const ExporterF
   o.kubernetes = f.kubernetes;
   o.gpu_id_type = f.gpu_id_type;
   o.pod_resources_socket = f.pod_resources_socket;
-  o.pod_resources_interval = std::chrono::milliseconds(f.pod_resources_interval_ms);
+  o.pod_resources_interval = f.pod_resources_interval;
   o.proc_root = f.proc_root;
   o.checkpoint_path = f.checkpoint;
   o.cdi_spec_dir = f.cdi_spec_dir;

@@ -11,6 +11,7 @@
 //
 // Thread-safety: set-up code, single-threaded.
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -91,7 +92,7 @@ struct ExporterFlags {
 
   // kgpu's own.
   std::string hostname_label = "Hostname";  // --hostname-label: Hostname or hostname (dcgm-exporter 4.6+)
-  unsigned pod_resources_interval_ms = 10000;
+  std::chrono::milliseconds pod_resources_interval{10000};  // --pod-resources-interval
   std::string proc_root = "/proc";
   std::string checkpoint = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
   std::string cdi_spec_dir = "/var/run/cdi";

@@ -30,6 +30,7 @@
 #include "cli/slurm_cmd.h"
 #include "cli/webhook_cmd.h"
 #include "common/duration.h"
+#include "common/files.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "gpu/health.h"
@@ -166,13 +167,13 @@ int Main(int argc, char** argv) {
   // Global options may follow the command too (kgpu devices --log-level debug, kgpu mig show
   // --nvml-library ...): an option a command does not know falls through to its parent, up to the
   // app. Both are inherited, so they are set before any subcommand is added. A command's own option
-  // of the same name wins; the only such clash is --dev-root, which device-plugin, node,
-  // node-labels, node-template and slurm gres declare as the device plugin's NVIDIA_DEV_ROOT (a
-  // driver root), not the /dev directory of the global --dev-root (tests/integration/cli_test.sh
-  // holds the list).
+  // of the same name wins; no command declares one (tests/integration/cli_test.sh holds the list).
+  // --dev-root has one meaning, NVIDIA_DEV_ROOT's (the root above dev/), and belongs to the
+  // commands that read device nodes (doctor, the device plugin's); the global --dev-root of
+  // earlier releases (the /dev directory itself) is a hidden, deprecated spelling.
   app.fallthrough();
   app.footer(
-      std::string("Global options (--nvml-library, --log-level, --sysfs-root, --dev-root) may come before or after the "
+      std::string("Global options (--nvml-library, --log-level, --sysfs-root) may come before or after the "
                   "command; a command's own option of the same name wins."));
   app.set_version_flag("--version", "kgpu " KGPU_VERSION " (commit " KGPU_GIT_COMMIT ")",
                        "print the version and the git commit it was built from");
@@ -184,9 +185,13 @@ int Main(int argc, char** argv) {
   app.add_option("--sysfs-root", node.sysfs_root, "root of sysfs, for NUMA nodes")
       ->envname("KGPU_SYSFS_ROOT")
       ->capture_default_str();
-  app.add_option("--dev-root", node.dev_root, "where device nodes live")
-      ->envname("KGPU_DEV_ROOT")
-      ->capture_default_str();
+  // Deprecated: the /dev directory itself (KGPU_DEV_ROOT too), read by doctor and slurm gres when
+  // their own --dev-root (the root above dev/) is not given.
+  std::string old_dev_dir;
+  kgpu::cli::AddDeprecatedOption(&app, "kgpu", "--dev-root",
+                                 "the command's --dev-root, the root above dev/ (NVIDIA_DEV_ROOT's meaning: "
+                                 "--dev-root /host for /host/dev/nvidia0)",
+                                 [&](const std::string& v) { old_dev_dir = v; });
 
   bool json = false;
   auto* devices = app.add_subcommand("devices", "list this node's GPUs, MIG devices and topology");
@@ -217,6 +222,12 @@ int Main(int argc, char** argv) {
   doctor->add_flag("--in-cluster", node.in_cluster, "also check the Node object with the pod's service account");
   doctor->add_option("--node-name", node.node_name, "this node's Node name (default: the host name)")
       ->envname("NODE_NAME");
+  std::string doctor_dev_root;
+  doctor
+      ->add_option("--dev-root", doctor_dev_root,
+                   "root above dev/ where this process sees the host's device nodes: /dev/nvidia* are checked "
+                   "under it (/host in a pod that mounts the host's /dev at /host/dev; default /)")
+      ->envname("KGPU_DOCTOR_DEV_ROOT");
   doctor->add_option("--mps-root", node.mps_root, "MPS root directory")->envname("MPS_ROOT")->capture_default_str();
   doctor->add_option("--mps-control", node.mps_control, "nvidia-cuda-mps-control binary")
       ->envname("MPS_CONTROL")
@@ -359,6 +370,15 @@ int Main(int argc, char** argv) {
   }
   // The command table: every runnable command, how it takes signals, and what runs it. The
   // commands' names, help and flags are declared above, next to the flags' storage.
+  // The /dev directory of the deprecated global --dev-root or KGPU_DEV_ROOT, for the commands that
+  // read it (doctor, slurm gres) when their own --dev-root is not given.
+  auto legacy_dev_dir = [&](const std::string& cmd, const std::string& use) -> std::string {
+    if (!old_dev_dir.empty()) return old_dev_dir;
+    const char* env = std::getenv("KGPU_DEV_ROOT");
+    if (env == nullptr || *env == '\0') return "";
+    std::cerr << kgpu::cli::DeprecationWarning(cmd, "KGPU_DEV_ROOT (the /dev directory)", use) << "\n";
+    return env;
+  };
   const std::vector<Command> commands = {
       {version, Signals::kDefault,
        [] {
@@ -373,11 +393,20 @@ int Main(int argc, char** argv) {
       {doctor, Signals::kDefault,
        [&] {
          node.nvml_deadline = nvml_deadline;
+         node.dev_dir = !doctor_dev_root.empty()
+                            ? kgpu::UnderRoot(doctor_dev_root, "/dev")
+                            : legacy_dev_dir("kgpu doctor",
+                                             "KGPU_DOCTOR_DEV_ROOT, the root above dev/ (/host for "
+                                             "/host/dev/nvidia0)");
          return kgpu::cli::RunDoctor(node, json, std::cout);
        }},
       {health, Signals::kStopFlag,
        [&] { return kgpu::cli::RunHealth(node, health_duration, probe_interval, recover_after, &g_stop, std::cout); }},
-      {slurm_gres, Signals::kDefault, [&] { return kgpu::cli::RunSlurmGres(node, dp_flags, gres_flags, std::cout); }},
+      {slurm_gres, Signals::kDefault,
+       [&] {
+         node.dev_dir = legacy_dev_dir("kgpu slurm gres", "NVIDIA_DEV_ROOT, the root above dev/");
+         return kgpu::cli::RunSlurmGres(node, dp_flags, gres_flags, std::cout);
+       }},
       {bridge.status, Signals::kDefault, [&] { return kgpu::cli::RunSlurmBridgeStatus(bridge_flags, std::cout); }},
       {bridge.reclaim, Signals::kDefault, [&] { return kgpu::cli::RunSlurmBridgeReclaim(bridge_flags, std::cout); }},
       {bridge.hook, Signals::kDefault, [&] { return kgpu::cli::RunSlurmBridgeHook(bridge_flags, std::cout); }},

@@ -4,7 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -12,6 +14,8 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include "common/duration.h"
+#include "common/progress.h"
 #include "common/strings.h"
 #include "deviceplugin/config.h"
 #include "deviceplugin/server.h"
@@ -111,12 +115,15 @@ std::string Instances(const std::vector<std::string>& names) {
   return gpu::DescribeInstances(names);
 }
 
-// Until every plugin serving in `kubelet_dir` reports the devices in `ids` Unhealthy (up to 5 s).
-// No plugin running: nothing to wait for.
-void WaitForDrain(const std::string& kubelet_dir, const std::set<std::string>& ids, std::ostream& out) {
+// Until every plugin serving in `kubelet_dir` reports the devices in `ids` Unhealthy (up to 5 s),
+// with progress on a terminal (devices drained of those offered at first). No plugin running:
+// nothing to wait for.
+void WaitForDrain(const std::string& kubelet_dir, const std::set<std::string>& ids, bool quiet, std::ostream& out) {
   if (ids.empty()) return;
   const auto sockets = deviceplugin::PluginSockets(kubelet_dir);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  std::optional<Progress> progress;
+  size_t first = 0, drained = 0;
   for (;;) {
     std::vector<std::string> pending;
     for (const auto& s : sockets) {
@@ -127,9 +134,18 @@ void WaitForDrain(const std::string& kubelet_dir, const std::set<std::string>& i
       }
     }
     if (pending.empty()) return;
+    if (!progress) {
+      first = pending.size();
+      progress.emplace(std::cerr, ProgressWanted(STDERR_FILENO, quiet), "kgpu mig apply: draining", first, "devices");
+    }
+    if (first > pending.size() && first - pending.size() > drained) {
+      progress->Advance(first - pending.size() - drained);
+      drained = first - pending.size();
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
-      out << "note: the device plugin still offers " << pending.size()
-          << " device(s) of the GPUs to change (is it a kgpu plugin?); relying on kubelet's answer alone\n";
+      progress->Print(out, Cat("note: the device plugin still offers ", pending.size(),
+                               " device(s) of the GPUs to change (is it a kgpu plugin?); relying on kubelet's "
+                               "answer alone\n"));
       return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -160,6 +176,7 @@ std::pair<CLI::App*, CLI::App*> AddMigCommands(CLI::App* mig, MigFlags* flags) {
   apply->add_flag("--no-kubelet-check", flags->no_kubelet_check,
                   "do not ask kubelet which pods hold GPUs (only when kubelet is stopped on purpose)");
   apply->add_flag("--dry-run", flags->dry_run, "print what would change, change nothing");
+  apply->add_flag("--quiet", flags->quiet, "no progress line on a terminal (draining, GPUs changed)");
   apply
       ->add_option("--kubelet-dir", flags->kubelet_dir,
                    "kubelet's device-plugin directory: the plugin stops offering a GPU marked here while it changes")
@@ -319,7 +336,7 @@ int RunMigApply(const NodeOptions& node, const MigFlags& flags, std::ostream& ou
       draining.insert(g.uuid);
       for (const auto& m : g.migs) draining.insert(m.uuid);
     }
-    WaitForDrain(flags.kubelet_dir, draining, out);
+    WaitForDrain(flags.kubelet_dir, draining, flags.quiet, out);
   }
   // Busy check: kubelet's view (pods holding devices) and NVML's (processes).
   std::vector<kubelet::DeviceAllocation> allocations;
@@ -347,28 +364,30 @@ int RunMigApply(const NodeOptions& node, const MigFlags& flags, std::ostream& ou
     return 1;
   }
   int rc = 0;
+  // On a real GPU each change takes seconds (instances destroyed and created, a mode change resets
+  // the GPU): progress on a terminal, each GPU's line printed as it is done.
+  Progress progress(std::cerr, !flags.dry_run && ProgressWanted(STDERR_FILENO, flags.quiet), "kgpu mig apply",
+                    changes.size(), "GPUs");
   for (const auto& c : changes) {
     if (flags.dry_run) {
       out << "GPU " << c.gpu << ": would change " << Instances(c.current) << " -> " << Instances(c.wanted) << "\n";
       continue;
     }
     auto result = gpu::ApplyMigChange(lib, inv.gpus()[c.gpu], c);
+    progress.Advance();
     if (!result.ok()) {
-      out << "kgpu mig apply: " << result.status().message() << "\n";
+      progress.Print(out, Cat("kgpu mig apply: ", result.status().message(), "\n"));
       rc = 1;
       continue;
     }
-    out << result->note << "\n";
+    progress.Print(out, result->note + "\n");
   }
   if (!flags.dry_run && rc == 0) {
-    const auto ms = loaded->config.mig.rescan_interval.count();
-    const std::string interval = ms % 3600000 == 0 ? Cat(ms / 3600000, "h")
-                                 : ms % 60000 == 0 ? Cat(ms / 60000, "m")
-                                 : ms % 1000 == 0  ? Cat(ms / 1000, "s")
-                                                   : Cat(ms, "ms");
-    out << "applied layout '" << loaded->layout_name
-        << "'; the device plugin follows on NVML's MIG event, at the latest after mig.rescanInterval (" << interval
-        << ")\n";
+    const std::string interval = FormatGoDuration(loaded->config.mig.rescan_interval);
+    progress.Print(out, Cat("applied layout '", loaded->layout_name,
+                            "'; the device plugin follows on NVML's MIG event, at the latest after "
+                            "mig.rescanInterval (",
+                            interval, ")\n"));
   }
   return rc;
 }

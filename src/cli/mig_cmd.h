@@ -30,6 +30,7 @@ struct MigFlags {
   std::string pod_resources_socket;
   bool no_kubelet_check = false;
   bool dry_run = false;
+  bool quiet = false;                                           // --quiet: no progress line
   std::string lock_file;                                        // --lock-file: one apply at a time per node
   std::string kubelet_dir = "/var/lib/kubelet/device-plugins";  // drain markers, plugin sockets
 };

@@ -11,6 +11,7 @@
 #include "api/inventory.h"
 #include "api/names.h"
 #include "cli/device_plugin_cmd.h"
+#include "cli/flags.h"
 #include "common/files.h"
 #include "common/log.h"
 #include "common/strings.h"
@@ -237,27 +238,37 @@ absl::Status WriteFeatureFile(const std::string& path, const std::map<std::strin
   return absl::OkStatus();
 }
 
-void AddNodeLabelsFlags(CLI::App* app, NodeLabelsFlags* f) {
-  app->add_option("--kubeconfig", f->kubeconfig, k8s::kKubeconfigFlagHelp)->envname("KUBECONFIG_FILE");
-  app->add_option("--context", f->context, "kubeconfig context");
-  app->add_flag("--in-cluster", f->in_cluster,
-                "use the pod's service account (the default in a pod without KUBECONFIG or ~/.kube/config)");
-  app->add_option("--node-name", f->node_name, "this node's name")->envname("NODE_NAME");
+namespace {
+
+// GFD's names for where labels go and how often (gpu-feature-discovery's --output-file,
+// --sleep-interval, --no-timestamp, --machine-type-file; --output is kgpu's: the Node or the file),
+// one spelling in kgpu node-labels and in the node agent's --publish-labels.
+void AddLabelOutputFlags(CLI::App* app, NodeLabelsFlags* f, const std::string& interval_help) {
   app->add_option("--output", f->output, "api (patch the Node) or file (NFD feature file)")
       ->check(CLI::IsMember({"api", "file"}))
       ->capture_default_str();
   app->add_option("--output-file", f->feature_file, "NFD feature file for --output file")
       ->envname("GFD_OUTPUT_FILE")
       ->capture_default_str();
-  app->add_option("--sleep-interval", f->interval_s, "seconds between relabels (GFD's flag)")
-      ->envname("GFD_SLEEP_INTERVAL")
-      ->capture_default_str();
-  app->add_flag("--oneshot", f->oneshot, "label once and exit")->envname("GFD_ONESHOT");
+  AddDurationOption(app, "--sleep-interval", &f->interval, interval_help, {.bare_unit = "s"})
+      ->envname("GFD_SLEEP_INTERVAL");
   app->add_flag("--no-timestamp", f->no_timestamp, "omit nvidia.com/gfd.timestamp")->envname("GFD_NO_TIMESTAMP");
   app->add_option("--machine-type-file", f->machine_file,
                   "file holding the machine type for nvidia.com/gpu.machine (unknown when it cannot be read)")
       ->envname("GFD_MACHINE_TYPE_FILE")
       ->capture_default_str();
+}
+
+}  // namespace
+
+void AddNodeLabelsFlags(CLI::App* app, NodeLabelsFlags* f) {
+  app->add_option("--kubeconfig", f->kubeconfig, k8s::kKubeconfigFlagHelp)->envname("KUBECONFIG_FILE");
+  app->add_option("--context", f->context, "kubeconfig context");
+  app->add_flag("--in-cluster", f->in_cluster,
+                "use the pod's service account (the default in a pod without KUBECONFIG or ~/.kube/config)");
+  app->add_option("--node-name", f->node_name, "this node's name")->envname("NODE_NAME");
+  AddLabelOutputFlags(app, f, "between relabels (GFD's flag; 0s: label once and exit)");
+  app->add_flag("--oneshot", f->oneshot, "label once and exit")->envname("GFD_ONESHOT");
 }
 
 void AddPublishLabelsFlags(CLI::App* app, NodeLabelsFlags* f) {
@@ -274,21 +285,21 @@ void AddPublishLabelsFlags(CLI::App* app, NodeLabelsFlags* f) {
                 "use the pod's service account (the default in a pod without KUBECONFIG or ~/.kube/config)");
   app->add_option("--node-name", f->node_name, "this node's Node name (--publish-labels, kgpu.io/gpu handoff)")
       ->envname("NODE_NAME");
-  app->add_option("--labels-output", f->output, "api (patch the Node) or file (NFD feature file)")
-      ->check(CLI::IsMember({"api", "file"}))
-      ->capture_default_str();
-  app->add_option("--labels-output-file", f->feature_file, "NFD feature file for --labels-output file")
-      ->envname("GFD_OUTPUT_FILE")
-      ->capture_default_str();
-  app->add_option("--labels-interval", f->interval_s,
-                  "seconds between relabels besides those on change (0: on change only)")
-      ->envname("GFD_SLEEP_INTERVAL")
-      ->capture_default_str();
-  app->add_flag("--labels-no-timestamp", f->no_timestamp, "omit nvidia.com/gfd.timestamp")->envname("GFD_NO_TIMESTAMP");
-  app->add_option("--labels-machine-type-file", f->machine_file,
-                  "file holding the machine type for nvidia.com/gpu.machine (unknown when it cannot be read)")
-      ->envname("GFD_MACHINE_TYPE_FILE")
-      ->capture_default_str();
+  AddLabelOutputFlags(app, f, "between relabels besides those on change (0s: on change only)");
+  // The spellings of earlier releases, for one more: GFD's names above are the ones kgpu
+  // node-labels takes too.
+  const std::string cmd = "kgpu " + app->get_name();
+  AddDeprecatedOption(app, cmd, "--labels-output", "--output", [f](const std::string& v) {
+    if (v != "api" && v != "file") throw CLI::ValidationError("--labels-output", "'" + v + "': api or file");
+    f->output = v;
+  });
+  AddDeprecatedOption(app, cmd, "--labels-output-file", "--output-file",
+                      [f](const std::string& v) { f->feature_file = v; });
+  AddDeprecatedDurationOption(app, cmd, "--labels-interval", "--sleep-interval", &f->interval, {.bare_unit = "s"});
+  AddDeprecatedFlag(app, cmd, "--labels-no-timestamp", "--no-timestamp",
+                    [f](std::int64_t n) { f->no_timestamp = n > 0; });
+  AddDeprecatedOption(app, cmd, "--labels-machine-type-file", "--machine-type-file",
+                      [f](const std::string& v) { f->machine_file = v; });
 }
 
 absl::StatusOr<std::unique_ptr<NodeLabeller>> NodeLabeller::Create(const NodeLabelsFlags& flags) {
@@ -446,7 +457,7 @@ absl::StatusOr<std::unique_ptr<LabelPublisher>> MakeLabelPublisher(deviceplugin:
     UsedMemoryMiB used = a.inventory ? UsedMemory(manager.lib(), *a.inventory, last.get()) : UsedMemoryMiB();
     return LabelPublisher::Snapshot{std::move(a.inventory), std::move(a.config), std::move(a.healthy), std::move(used)};
   };
-  auto p = std::make_unique<LabelPublisher>(std::move(*labeller), source, std::chrono::seconds(flags.interval_s));
+  auto p = std::make_unique<LabelPublisher>(std::move(*labeller), source, flags.interval);
   manager.SetOnChange(p->Notifier());
   p->Start();
   return p;
@@ -472,14 +483,14 @@ int RunNodeLabels(const NodeOptions& node, const DevicePluginFlags& dp, const No
     return LabelPublisher::Snapshot{
         cs->session.inventory, std::make_shared<const deviceplugin::Config>(cs->config), {}, std::move(used)};
   };
-  if (flags.oneshot || flags.interval_s == 0) {
+  if (flags.oneshot || flags.interval.count() == 0) {
     auto snap = source();
     absl::Status st =
         snap.ok() ? (*labeller)->Publish(*snap->inventory, *snap->config, nullptr, &snap->used) : snap.status();
     if (!st.ok()) out << "kgpu node-labels: " << st.message() << "\n";
     return st.ok() ? 0 : 1;
   }
-  LabelPublisher publisher(std::move(*labeller), source, std::chrono::seconds(flags.interval_s));
+  LabelPublisher publisher(std::move(*labeller), source, flags.interval);
   publisher.Start();
   while (!(stop && *stop)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   publisher.Stop();

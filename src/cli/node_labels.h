@@ -18,6 +18,7 @@
 // used by one thread at a time; LabelPublisher's methods are thread-safe (Notify() may be called
 // under any lock: it only records and wakes).
 
+#include <chrono>
 #include <condition_variable>
 #include <csignal>
 #include <functional>
@@ -110,7 +111,7 @@ struct NodeLabelsFlags {
   std::string node_name;       // NODE_NAME
   std::string output = "api";  // api | file
   std::string feature_file = "/etc/kubernetes/node-feature-discovery/features.d/gfd";
-  unsigned interval_s = 60;  // 0: once
+  std::chrono::seconds interval{60};  // --sleep-interval; 0: once (node-labels), on change only (agent)
   bool oneshot = false;
   bool no_timestamp = false;
   // GFD's --machine-type-file (GFD_MACHINE_TYPE_FILE): nvidia.com/gpu.machine, "unknown" when it
@@ -119,8 +120,8 @@ struct NodeLabelsFlags {
 };
 void AddNodeLabelsFlags(CLI::App* app, NodeLabelsFlags* flags);
 // The same for the node agent, opt-in: --publish-labels, --kubeconfig, --context, --in-cluster,
-// --node-name, --labels-output, --labels-output-file, --labels-interval, --labels-no-timestamp,
-// --labels-machine-type-file.
+// --node-name, and GFD's --output-file, --sleep-interval, --no-timestamp, --machine-type-file with
+// kgpu node-labels' --output (the --labels-* spellings of earlier releases are deprecated aliases).
 void AddPublishLabelsFlags(CLI::App* app, NodeLabelsFlags* flags);
 
 // One pass's labels and annotation, to the Node (--output api) or the feature file (--output file).

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
+#include "common/progress.h"
 #include "common/strings.h"
 #include "extender/inventory.h"
 #include "extender/request.h"
@@ -51,19 +54,50 @@ absl::StatusOr<std::unique_ptr<k8s::Client>> Connect(const QuotaFlags& f) {
   return k8s::Client::Create(*cfg);
 }
 
-// Every Node's inventory; nodes without one are skipped, unreadable ones are noted.
-absl::StatusOr<extender::ClusterGpus> ReadInventory(k8s::Client& client, std::vector<std::string>& notes) {
-  auto nodes = client.List(k8s::FindResource("nodes")->Path());
-  if (!nodes.ok()) return nodes.status();
+// Every Node's inventory; nodes without one are skipped, unreadable ones are noted. Read in pages
+// of 500 (a large cluster's Nodes are tens of MB), with progress on a terminal: nodes read of
+// those the first page's remainingItemCount announces (kube-apiserver's; unknown without it).
+absl::StatusOr<extender::ClusterGpus> ReadInventory(k8s::Client& client, const QuotaFlags& f, const char* what,
+                                                    std::vector<std::string>& notes) {
+  const std::string path = k8s::FindResource("nodes")->Path();
   std::vector<extender::NodeInfo> infos;
-  for (const auto& n : (*nodes)["items"]) {
-    auto info = extender::ParseNodeInventory(n);
-    if (info.ok()) {
-      infos.push_back(std::move(*info));
-    } else if (!absl::IsNotFound(info.status())) {
-      notes.push_back(Cat(info.status().message(), "; its GPUs are not counted"));
+  auto add = [&](const json& items) {
+    for (const auto& n : items) {
+      auto info = extender::ParseNodeInventory(n);
+      if (info.ok()) {
+        infos.push_back(std::move(*info));
+      } else if (!absl::IsNotFound(info.status())) {
+        notes.push_back(Cat(info.status().message(), "; its GPUs are not counted"));
+      }
     }
-  }
+  };
+  k8s::ListOptions lo;
+  lo.limit = 500;
+  std::optional<Progress> progress;
+  std::string next;
+  do {
+    auto page = client.ListPage(path, lo, next);
+    if (!page.ok() && !next.empty()) {
+      // The continue token expired (410) or a later page failed: the whole list once more, at once.
+      infos.clear();
+      notes.clear();
+      auto all = client.List(path);
+      if (!all.ok()) return all.status();
+      add(all->value("items", json::array()));
+      break;
+    }
+    if (!page.ok()) return page.status();
+    const json items = page->value("items", json::array());
+    const json md = page->value("metadata", json::object());
+    if (!progress) {
+      const size_t total = items.size() + static_cast<size_t>(std::max<int64_t>(0, md.value("remainingItemCount", 0)));
+      progress.emplace(std::cerr, ProgressWanted(STDERR_FILENO, f.quiet), Cat(what, ": reading Nodes"),
+                       md.contains("remainingItemCount") ? total : 0, "nodes");
+    }
+    add(items);
+    progress->Advance(items.size());
+    next = md.value("continue", "");
+  } while (!next.empty());
   return extender::SummarizeInventory(infos);
 }
 
@@ -144,12 +178,14 @@ QuotaCommands AddQuotaCommands(CLI::App* app, QuotaFlags* f) {
   AddKubeFlags(q.show, f);
   q.show->add_option("-n,--namespace", f->ns, "only this namespace (default: all)");
   q.show->add_flag("--json", f->json, "JSON instead of a table");
+  q.show->add_flag("--quiet", f->quiet, "no progress line on a terminal while the Nodes are read");
   q.plan = q.show->add_subcommand(
       "plan", "print ResourceQuota manifests (YAML) that divide the cluster's GPU inventory by team percentages");
   AddKubeFlags(q.plan, f);
   q.plan->add_option("--shares", f->shares, "NAMESPACE=PERCENT,... e.g. team-a=50,team-b=30,team-c=20 (sum <= 100)")
       ->required();
   q.plan->add_option("--name", f->name, "name of the ResourceQuotas")->capture_default_str();
+  q.plan->add_flag("--quiet", f->quiet, "no progress line on a terminal while the Nodes are read");
   return q;
 }
 
@@ -357,7 +393,7 @@ int RunQuota(const QuotaFlags& f, std::ostream& out, std::ostream& err) {
     }
   }
   std::vector<std::string> notes;
-  auto cluster = ReadInventory(**client, notes);
+  auto cluster = ReadInventory(**client, f, "kgpu quota", notes);
   if (!cluster.ok()) {
     err << "kgpu quota: " << cluster.status().message() << "\n";
     return 1;
@@ -396,7 +432,7 @@ int RunQuotaPlan(const QuotaFlags& f, std::ostream& out, std::ostream& err) {
     return 1;
   }
   std::vector<std::string> notes;
-  auto cluster = ReadInventory(**client, notes);
+  auto cluster = ReadInventory(**client, f, "kgpu quota plan", notes);
   if (!cluster.ok()) {
     err << "kgpu quota plan: " << cluster.status().message() << "\n";
     return 1;

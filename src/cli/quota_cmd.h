@@ -27,6 +27,7 @@ struct QuotaFlags {
   bool in_cluster = false;
   std::string ns;  // kgpu quota: one namespace; empty: all
   bool json = false;
+  bool quiet = false;        // --quiet: no progress line
   std::string shares;        // plan: "team-a=50,team-b=30"
   std::string name = "gpu";  // plan: the ResourceQuotas' name
 };

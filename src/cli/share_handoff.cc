@@ -407,8 +407,7 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
   }
   // 3. The CDI spec: exactly the record's GPUs, its limits.
   json nodes = json::array();
-  const std::string root = opts_.dev_root == "/" ? "" : opts_.dev_root;
-  auto node = [&](const std::string& p) { return json{{"path", p}, {"hostPath", root + p}}; };
+  auto node = [&](const std::string& p) { return json{{"path", p}, {"hostPath", UnderRoot(opts_.dev_root, p)}}; };
   for (const auto& g : rc->gpus) {
     const auto& gpus = inventory_->gpus();
     const auto found = std::find_if(gpus.begin(), gpus.end(), [&](const gpu::Gpu& x) { return x.uuid == g.uuid; });

@@ -56,7 +56,9 @@ int RunSlurmGres(const NodeOptions& node, const DevicePluginFlags& dp, const Slu
     out << "kgpu slurm gres: --node-name: " << s.message() << "\n";
     return 1;
   }
-  go.dev_root = node.dev_root;
+  // The device plugin's NVIDIA_DEV_ROOT (flag, env or config file) names the root above dev/; the
+  // deprecated global --dev-root, the /dev directory itself.
+  go.dev_dir = cs->config.dev_root.empty() && !node.dev_dir.empty() ? node.dev_dir : cs->config.HostDevPath("/dev");
   go.sysfs_root = node.sysfs_root;
   go.cores = !flags.no_cores;
   go.links = !flags.no_links;

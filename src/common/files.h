@@ -23,6 +23,14 @@
 
 namespace kgpu {
 
+// `abs_path` ("/dev/nvidia0", "/driver/nvidia-caps/mig-minors") as seen under the host root `root`
+// (NVIDIA_DRIVER_ROOT, NVIDIA_DEV_ROOT, --proc-root): "/" or "" leave it as it is; trailing
+// slashes of `root` are dropped ("/host/" + "/dev/x" is "/host/dev/x").
+inline std::string UnderRoot(std::string_view root, std::string_view abs_path) {
+  while (!root.empty() && root.back() == '/') root.remove_suffix(1);
+  return Cat(root, abs_path);
+}
+
 // Writes `contents` to `path` so that a reader sees the old file or the new one, never half of
 // either: a temporary file of its own next to it (mkstemps: concurrent writers of the same path
 // never share one), with `mode`, renamed over `path`; the temporary file is removed when a step

@@ -20,6 +20,7 @@ std::string Seconds(int64_t s) {
 std::string ProgressLine(std::string_view what, size_t done, size_t total, std::string_view unit,
                          std::chrono::steady_clock::duration elapsed) {
   const int64_t secs = std::chrono::duration_cast<std::chrono::seconds>(elapsed).count();
+  if (total == 0) return Cat(what, ": ", done, " ", unit, ", ", Seconds(secs), " elapsed");  // total unknown
   std::string line = Cat(what, ": ", done, "/", total, " ", unit, ", ", Seconds(secs), " elapsed");
   if (done > 0 && done < total) {
     const double per = std::chrono::duration<double>(elapsed).count() / static_cast<double>(done);
@@ -54,11 +55,28 @@ Progress::~Progress() {
   cv_.notify_all();
   thread_.join();
   // Clear the line: the command's own output follows on a clean terminal.
-  out_ << '\r' << std::string(drawn_width_, ' ') << '\r' << std::flush;
+  Clear();
 }
 
 void Progress::Advance(size_t n) {
   done_.fetch_add(n, std::memory_order_relaxed);
+}
+
+void Progress::Print(std::ostream& os, std::string_view text) {
+  if (!enabled_) {
+    os << text << std::flush;
+    return;
+  }
+  std::lock_guard lock(mu_);
+  Clear();
+  os << text << std::flush;
+  if (!stop_) Draw();
+}
+
+void Progress::Clear() {
+  if (drawn_width_ == 0) return;
+  out_ << '\r' << std::string(drawn_width_, ' ') << '\r' << std::flush;
+  drawn_width_ = 0;
 }
 
 void Progress::Draw() {

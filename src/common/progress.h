@@ -13,12 +13,13 @@
 #include <mutex>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <thread>
 
 namespace kgpu {
 
 // The line for `done` of `total` `unit`s after `elapsed`: the estimate from the mean so far,
-// none before the first is done. Exposed for tests.
+// none before the first is done; `total` 0 (unknown): `done` alone, no estimate. Exposed for tests.
 std::string ProgressLine(std::string_view what, size_t done, size_t total, std::string_view unit,
                          std::chrono::steady_clock::duration elapsed);
 
@@ -35,9 +36,13 @@ class Progress {
   Progress& operator=(const Progress&) = delete;
 
   void Advance(size_t n = 1);
+  // Writes `text` (whole lines) to `os` (stdout, say, on the same terminal) without mixing it into
+  // the progress line: the line is cleared first and drawn again after.
+  void Print(std::ostream& os, std::string_view text);
 
  private:
-  void Draw();  // with mu_ held
+  void Draw();   // with mu_ held
+  void Clear();  // with mu_ held
 
   std::ostream& out_;
   const bool enabled_;

@@ -43,11 +43,6 @@ bool Has(const std::vector<std::string>& v, const char* s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
 
-std::string DevRoot(const Config& c) {
-  const std::string root = c.dev_root.empty() ? c.driver_root : c.dev_root;
-  return root == "/" ? "" : root;
-}
-
 // Replicas and MIG devices: spread over GPUs (distributed) or fill the busiest GPU first (packed).
 std::vector<std::string> ChooseShared(const Resource& resource, const Config& config,
                                       const std::vector<const PluginDevice*>& candidates,
@@ -291,15 +286,14 @@ absl::StatusOr<ContainerAllocation> Allocate(const Plan& plan, const Resource& r
     }
   }
   if (config.pass_device_specs) {
-    const std::string root = DevRoot(config);
-    for (const auto& node : plan.control_nodes) out.devices.push_back({node, root + node, "rw"});
+    for (const auto& node : plan.control_nodes) out.devices.push_back({node, config.HostDevPath(node), "rw"});
     for (unsigned minor : gpus) {
       const std::string node = Cat("/dev/nvidia", minor);
-      out.devices.push_back({node, root + node, "rw"});
+      out.devices.push_back({node, config.HostDevPath(node), "rw"});
     }
     for (const auto* d : devices) {  // MIG: the GI and CI access capabilities
       for (const auto& cap : d->cap_nodes) {
-        DeviceNodeSpec spec{cap, root + cap, "rw"};
+        DeviceNodeSpec spec{cap, config.HostDevPath(cap), "rw"};
         if (std::find(out.devices.begin(), out.devices.end(), spec) == out.devices.end()) out.devices.push_back(spec);
       }
     }

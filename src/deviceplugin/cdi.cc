@@ -14,9 +14,9 @@
 namespace kgpu::deviceplugin {
 
 std::string CdiSpecJson(const Plan& plan, const Config& config) {
-  const std::string root = config.dev_root.empty() ? config.driver_root : config.dev_root;
-  const std::string prefix = root == "/" ? "" : root;
-  auto node = [&](const std::string& path) { return nlohmann::json{{"path", path}, {"hostPath", prefix + path}}; };
+  auto node = [&](const std::string& path) {
+    return nlohmann::json{{"path", path}, {"hostPath", config.HostDevPath(path)}};
+  };
   nlohmann::json devices = nlohmann::json::array();
   std::set<std::string> done;
   for (const auto& r : plan.resources) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/files.h"
 #include "gpu/health.h"
 #include "gpu/mig_layout.h"
 
@@ -80,6 +81,10 @@ struct Config {
   bool fail_on_init_error = true;
   std::string driver_root = "/";
   std::string dev_root;  // empty: = driver_root
+  // The root of the host's device nodes, NVIDIA_DEV_ROOT's meaning: dev_root, else driver_root.
+  const std::string& DevRoot() const { return dev_root.empty() ? driver_root : dev_root; }
+  // The host path of the device node `dev_path` ("/dev/nvidia0") under DevRoot().
+  std::string HostDevPath(std::string_view dev_path) const { return UnderRoot(DevRoot(), dev_path); }
   std::string mps_root;
   bool gds_enabled = false, mofed_enabled = false, gdrcopy_enabled = false;
   // flags.plugin.* (NVIDIA)

@@ -148,7 +148,7 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
   gpu::MigMinors minors;
   const bool any_mig = std::any_of(units->begin(), units->end(), [](const Unit& u) { return u.mig >= 0; });
   if (any_mig) {
-    const std::string path = Cat(config.proc_root == "/" ? "" : config.proc_root, "/driver/nvidia-caps/mig-minors");
+    const std::string path = UnderRoot(config.proc_root, "/driver/nvidia-caps/mig-minors");
     if (const auto text = ReadFile(path)) {
       auto parsed = gpu::ParseMigMinors(*text, path);
       if (!parsed.ok()) return parsed.status();
@@ -230,10 +230,9 @@ absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu:
   // Control device nodes for passDeviceSpecs: the two required ones, and the optional ones that
   // exist under the dev root.
   plan->control_nodes = {"/dev/nvidiactl", "/dev/nvidia-uvm"};
-  const std::string root = config.dev_root.empty() ? config.driver_root : config.dev_root;
   for (const char* node : {"/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"}) {
     struct stat st {};
-    if (::stat(Cat(root == "/" ? "" : root, node).c_str(), &st) == 0) plan->control_nodes.emplace_back(node);
+    if (::stat(config.HostDevPath(node).c_str(), &st) == 0) plan->control_nodes.emplace_back(node);
   }
   std::map<std::string, std::string> sockets;
   for (const auto& r : plan->resources) {

@@ -610,7 +610,9 @@ std::vector<HostPriority> State::Prioritize(const json& pod, const std::vector<s
   std::vector<HostPriority> out;
   out.reserve(nodes.size());
   auto c = CompileLocked(pod);
-  std::vector<std::optional<double>> raw(nodes.size());
+  // The policy's score, then its tie-breaks (Candidate::tie, tie2: the engine picks by all three).
+  using Key = std::tuple<double, double, double>;
+  std::vector<std::optional<Key>> raw(nodes.size());
   if (c->pod_error.empty() && c->wants_gpu) {
     auto& policy = PolicyFor(*c);
     const auto& cluster = engine_->cluster();
@@ -621,7 +623,9 @@ std::vector<HostPriority> State::Prioritize(const json& pod, const std::vector<s
       if (c->parts.size() == 1) {
         const Part& part = c->parts[0];
         sched::Candidate cand;
-        if (cluster.NodeFits(part.req, id) && policy.Evaluate(cluster, part.req, id, &cand)) raw[i] = cand.score;
+        if (cluster.NodeFits(part.req, id) && policy.Evaluate(cluster, part.req, id, &cand)) {
+          raw[i] = Key{cand.score, cand.tie, cand.tie2};
+        }
       } else {  // the sum of the containers' scores, each placed (on trial) after those before it
         std::vector<std::string> placed;
         double score = 0;
@@ -630,22 +634,31 @@ std::vector<HostPriority> State::Prioritize(const json& pod, const std::vector<s
           all = all && TryPlacePartLocked(*c, part, id, Cat("?", part.ereq.name), &placed, &score);
         }
         for (const auto& key : placed) (void)engine_->Release(key);
-        if (all) raw[i] = score;
+        if (all) raw[i] = Key{score, 0, 0};
       }
       UnmaskLocked(nodes[i], masked);
     }
   }
+  // 10 for the nodes the policy itself would choose (the best score and tie-breaks), the others
+  // spread over 0..9 by score: kube-scheduler, which sees only these integers, then picks among
+  // the policy's choices, not at random among nodes of equal score but different tie-breaks
+  // (of two nodes that fit a whole-GPU pod equally, the one with fewer GPUs left, which keeps the
+  // other whole for larger pods).
+  std::optional<Key> best;
   double lo = 0, hi = 0;
-  bool any = false;
   for (const auto& r : raw) {
     if (!r) continue;
-    lo = any ? std::min(lo, *r) : *r;
-    hi = any ? std::max(hi, *r) : *r;
-    any = true;
+    lo = best ? std::min(lo, std::get<0>(*r)) : std::get<0>(*r);
+    hi = best ? std::max(hi, std::get<0>(*r)) : std::get<0>(*r);
+    best = best ? std::max(*best, *r) : *r;
   }
   for (size_t i = 0; i < nodes.size(); ++i) {
     int64_t score = 0;
-    if (raw[i]) score = hi > lo ? std::llround(10.0 * (*raw[i] - lo) / (hi - lo)) : 10;
+    if (raw[i] && *raw[i] == *best) {
+      score = 10;
+    } else if (raw[i]) {
+      score = hi > lo ? std::llround(9.0 * (std::get<0>(*raw[i]) - lo) / (hi - lo)) : 9;
+    }
     out.push_back({nodes[i], score});
   }
   return out;

@@ -3,7 +3,8 @@
 // from informer caches — Nodes with the GPU inventory annotation, Pods with allocation records —
 // plus the verbs' logic: filter (device-level feasibility with reasons, FailedNodes for what
 // preemption can free, FailedAndUnresolvableNodes for what it cannot), prioritize (the engine's
-// policy scores mapped to 0..10), assume (bind: the exact GPUs, booked in memory before the
+// policy scores mapped to 0..10: 10 for the nodes the policy itself would choose, tie-breaks
+// included, the others 0..9 by score), assume (bind: the exact GPUs, booked in memory before the
 // binding carries the record, so that concurrent binds never double-book a GPU) and preempt
 // (only victims whose removal makes the pod fit).
 //

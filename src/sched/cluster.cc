@@ -10,14 +10,14 @@ namespace kgpu::sched {
 int64_t NodeState::FreeGpuMilli() const {
   int64_t sum = 0;
   for (const auto& g : gpus) {
-    if (g.healthy) sum += g.free_milli;
+    if (g.healthy && !g.IsMig()) sum += g.free_milli;
   }
   return sum;
 }
 
 int NodeState::FullyFreeGpus() const {
   int n = 0;
-  for (const auto& g : gpus) n += (g.healthy && g.FullyFree()) ? 1 : 0;
+  for (const auto& g : gpus) n += (g.healthy && !g.IsMig() && g.FullyFree()) ? 1 : 0;
   return n;
 }
 

@@ -52,6 +52,9 @@ struct NodeState {
   int model = -1;        // the model id of all its GPUs; -1: none or mixed
   uint64_t rank = 0;     // tie-break order (lower first), fixed per seed
   uint64_t version = 0;  // bumped on every change
+  // Free milli and fully free GPUs of the healthy GPUs that whole-GPU and shared pods may use: a
+  // GPU in MIG mode serves only MIG instances, so it is not counted (as in the fragmentation
+  // counts): a node whose two MIG GPUs are idle does not read as two GPUs emptier.
   int64_t FreeGpuMilli() const;
   int FullyFreeGpus() const;
 };

@@ -884,6 +884,11 @@ ReconcileResult Bridge::Reconcile() {
   ReconcileResult result;
   recheck_at_.reset();
   Count("kgpu_slurm_bridge_reconciles_total");
+  const bool first = !std::exchange(first_done_, true);
+  auto elapsed_ms = [&t0] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  };
+  if (first) log->info("first reconcile: reading Slurm's nodes and jobs");
 
   // --- observe Slurm
   std::map<std::string, SlurmNode> snodes;
@@ -895,6 +900,12 @@ ReconcileResult Bridge::Reconcile() {
     if (result.slurm_ok) {
       for (auto& x : *n) snodes[x.name] = std::move(x);
       jobs = std::move(*j);
+      if (first) {
+        log->info(
+            "first reconcile: Slurm has {} node(s) and {} job(s) ({} ms); reading Kubernetes' {} nodes and "
+            "every pod",
+            snodes.size(), jobs.size(), elapsed_ms(), kPoolLabel);
+      }
       if (!slurm_down_said_.empty()) {
         log->info("Slurm reachable again after {} reconcile(s)", slurm_down_reconciles_);
         slurm_down_said_.clear();
@@ -919,6 +930,10 @@ ReconcileResult Bridge::Reconcile() {
   auto knodes = kube_.List(k8s::FindResource("nodes")->Path(), lo);
   auto kpods = knodes.ok() ? kube_.List(k8s::FindResource("pods")->Path()) : absl::StatusOr<json>(knodes.status());
   result.k8s_ok = knodes.ok() && kpods.ok();
+  if (first && result.k8s_ok) {
+    log->info("first reconcile: Kubernetes has {} {} node(s) and {} pod(s) ({} ms)", F(*knodes, "items").size(),
+              kPoolLabel, F(*kpods, "items").size(), elapsed_ms());
+  }
   if (result.k8s_ok && !k8s_down_said_.empty()) {
     log->info("API server reachable again after {} reconcile(s)", k8s_down_reconciles_);
     k8s_down_said_.clear();
@@ -1412,6 +1427,7 @@ ReconcileResult Bridge::Reconcile() {
   metrics_.Set("kgpu_slurm_bridge_reconcile_seconds",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   last_ = result;
+  if (first) log->info("first reconcile done in {} ms: {} decision(s)", elapsed_ms(), result.decisions.size());
   return result;
 }
 

@@ -181,6 +181,9 @@ class Bridge {
   // cannot be read ("" while it can), and each node's SlurmUnreachable Event.
   std::string slurm_down_said_, k8s_down_said_;
   int64_t slurm_down_reconciles_ = 0, k8s_down_reconciles_ = 0;
+  // The first reconcile reads everything (every pod of the cluster): its steps are logged with
+  // their counts and times, so a slow start shows where it is.
+  bool first_done_ = false;
   std::map<std::string, std::string> frozen_said_;
   // Blocked Slurm jobs that no reclaim can help (a required node down or admin-drained): what was
   // said of each, by job id (said once, again when it changes).

@@ -17,9 +17,9 @@ std::string Trim(std::string s) {
   return s.substr(i);
 }
 
-std::string DevPath(const std::string& dev_root, const std::string& abs_dev_path) {
+std::string DevPath(const std::string& dev_dir, const std::string& abs_dev_path) {
   // abs_dev_path starts with "/dev/".
-  std::string root = dev_root;
+  std::string root = dev_dir;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   return root + abs_dev_path.substr(4);
 }
@@ -171,7 +171,7 @@ absl::StatusOr<GresOutput> RenderGres(const gpu::Inventory& inventory, const Gre
       out.warnings.push_back(Cat("GPU ", g.index, " (", g.bus_id, ") left out: ", g.lost ? "lost" : g.error));
       continue;
     }
-    const std::string dev = DevPath(options.dev_root, Cat("/dev/nvidia", g.minor));
+    const std::string dev = DevPath(options.dev_dir, Cat("/dev/nvidia", g.minor));
     std::string cores;
     if (options.cores && !numa.empty()) {
       const auto it = numa.find(g.numa_node);
@@ -193,8 +193,8 @@ absl::StatusOr<GresOutput> RenderGres(const gpu::Inventory& inventory, const Gre
           continue;
         }
         const std::string type = SafeType(m.profile);
-        lines += Cat(prefix, "Name=gpu Type=", type, " MultipleFiles=", dev, ",", DevPath(options.dev_root, caps[0]),
-                     ",", DevPath(options.dev_root, caps[1]), cores, "\n");
+        lines += Cat(prefix, "Name=gpu Type=", type, " MultipleFiles=", dev, ",", DevPath(options.dev_dir, caps[0]),
+                     ",", DevPath(options.dev_dir, caps[1]), cores, "\n");
         count(Cat("gpu:", type), 1);
       }
       continue;

@@ -25,7 +25,7 @@ namespace kgpu::slurm {
 
 struct GresOptions {
   std::string node_name;            // NodeName=
-  std::string dev_root = "/dev";    // File= paths: <dev_root>/nvidia<minor>, <dev_root>/nvidia-caps/...
+  std::string dev_dir = "/dev";     // File= paths: <dev_dir>/nvidia<minor>, <dev_dir>/nvidia-caps/...
   std::string sysfs_root = "/sys";  // NUMA cpulists and CPU topology
   gpu::MigMinors mig_minors;        // /proc/driver/nvidia-caps/mig-minors (MIG lines need it)
   unsigned mps_count_per_gpu = 0;   // Name=mps Count= per GPU; 0: no MPS lines

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # kgpu's command line as a whole (README "Exit codes"), on a simulated node:
-# - the global options (--nvml-library, --log-level, --sysfs-root, --dev-root) are read before or
-#   after the command, nested commands included (mig show, slurm gres, slurm-bridge status, quota
-#   plan, and kgpu run as dcgm-exporter); a command's own option of the same name wins, and the only
-#   such clashes are the known ones (listed below: a new one fails here, to be chosen on purpose);
+# - the global options (--nvml-library, --log-level, --sysfs-root) are read before or after the
+#   command, nested commands included (mig show, slurm gres, slurm-bridge status, quota plan, and
+#   kgpu run as dcgm-exporter); no command declares an option of the same name (a new one fails
+#   here, to be chosen on purpose); --dev-root means NVIDIA_DEV_ROOT (the root above dev/) in every
+#   command that has it, and the global --dev-root of earlier releases (the /dev directory) still
+#   works, with a deprecation warning;
 # - a command that does not exist, at any level, is named with the nearest one, or with the list of
 #   commands, and a group without its command lists them; all exit 2 (usage). Commands that take
 #   positional arguments (slurm-bridge reclaim, hook) still take them.
@@ -25,6 +27,9 @@ run() {  # run WANT_RC ARGS...: kgpu ARGS, its stdout and stderr in $out; fails 
 }
 has() {  # has TEXT: $out contains TEXT
   grep -qF -- "$1" <<<"$out" || fail "the output lacks '$1': $out"
+}
+hasnt() {  # hasnt TEXT: $out does not contain TEXT
+  ! grep -qF -- "$1" <<<"$out" || fail "the output has '$1': $out"
 }
 
 # ---------------------------------------------------------------- global options after the command
@@ -56,15 +61,41 @@ out=$("$work/dcgm-exporter" --log-level loud 2>&1) || rc=$?
 [ "$rc" = 2 ] || fail "dcgm-exporter --log-level loud: exit $rc, want 2: $out"
 has "kgpu: --log-level: unknown level 'loud'"
 
-# A command's own option of the same name wins: slurm gres's --dev-root is the device plugin's
-# NVIDIA_DEV_ROOT (not one option given twice), and the global one before the command still sets
-# the /dev directory of File=.
-run 0 --nvml-library "$sim_lib" --dev-root /a slurm gres --dev-root /b --output gres
+# --dev-root is the root above dev/ (NVIDIA_DEV_ROOT) wherever it is given: slurm gres's File=, from
+# the flag, the env and the device plugin's config file (flags.nvidiaDevRoot), as the plugin reads it.
+run 0 --nvml-library "$sim_lib" slurm gres --dev-root /b --output gres
+has "File=/b/dev/nvidia0"
+NVIDIA_DEV_ROOT=/c run 0 --nvml-library "$sim_lib" slurm gres --output gres
+has "File=/c/dev/nvidia0"
+printf 'version: v1\nflags:\n  nvidiaDevRoot: /d\n' >"$work/devroot.yaml"
+run 0 --nvml-library "$sim_lib" slurm gres --config-file "$work/devroot.yaml" --output gres
+has "File=/d/dev/nvidia0"
+run 0 --nvml-library "$sim_lib" slurm gres --output gres
+has "File=/dev/nvidia0"
+# The global --dev-root of earlier releases (the /dev directory itself), before the command: it
+# still works for one release, with a warning naming the replacement; the command's own wins.
+run 0 --nvml-library "$sim_lib" --dev-root /a slurm gres --output gres
 has "File=/a/nvidia0"
-run 0 --dev-root /a device-plugin --dev-root /b --help
-has "--dev-root,--nvidia-dev-root"
-# Every command's own options, against the global ones: the clashes are exactly these.
-globals=" --nvml-library --log-level --sysfs-root --dev-root --version "
+has "kgpu: --dev-root is deprecated, use the command's --dev-root, the root above dev/"
+KGPU_DEV_ROOT=/e run 0 --nvml-library "$sim_lib" slurm gres --output gres
+has "File=/e/nvidia0"
+has "kgpu slurm gres: KGPU_DEV_ROOT (the /dev directory) is deprecated, use NVIDIA_DEV_ROOT"
+run 0 --nvml-library "$sim_lib" --dev-root /a slurm gres --dev-root /b --output gres
+has "File=/b/dev/nvidia0"
+run 1 --nvml-library "$sim_lib" doctor --dev-root "$work/nothing-here"
+has "$work/nothing-here/dev/nvidiactl"
+KGPU_DOCTOR_DEV_ROOT="$work/env-root" run 1 --nvml-library "$sim_lib" doctor
+has "$work/env-root/dev/nvidiactl"
+KGPU_DEV_ROOT="$work/old-dev" run 1 --nvml-library "$sim_lib" doctor
+has "$work/old-dev/nvidiactl"
+has "kgpu doctor: KGPU_DEV_ROOT (the /dev directory) is deprecated, use KGPU_DOCTOR_DEV_ROOT"
+# A command that does not read device nodes says nothing of KGPU_DEV_ROOT (a pod's env keeps it).
+KGPU_DEV_ROOT=/x run 0 --nvml-library "$sim_lib" devices
+hasnt "deprecated"
+run 0 devices --help
+hasnt "--dev-root"
+# Every command's own options, against the global ones: there is no clash.
+globals=" --nvml-library --log-level --sysfs-root --version "
 clashes() {  # clashes PATH...: "PATH: --name" for each global option name the command declares
   local help sub name
   help=$("$kgpu" "$@" --help) || fail "kgpu $* --help failed"
@@ -76,11 +107,7 @@ clashes() {  # clashes PATH...: "PATH: --name" for each global option name the c
   for sub in $(sed -n '/^Subcommands:/,/^$/p' <<<"$help" | awk '/^  [a-z]/ {print $1}'); do clashes "$@" "$sub"; done
 }
 got=$(clashes)
-want="device-plugin: --dev-root
-node: --dev-root
-node-labels: --dev-root
-node-template: --dev-root
-slurm gres: --dev-root"
+want=""
 [ "$got" = "$want" ] || fail "commands whose own option shadows a global one:
 $got
 want:
@@ -228,5 +255,27 @@ fi
 run 0 "${sim[@]}"
 if grep -q "/6 runs" <<<"$out"; then fail "progress on a pipe: $out"; fi
 has "bestfit"
+# kgpu mig apply on a terminal: "k/N GPUs" while it changes them, each GPU's line printed whole
+# (never mixed into the progress line); with --quiet or on a pipe, only the lines.
+printf 'version: v1\nflags:\n  migStrategy: mixed\nmig:\n  layouts:\n    halves:\n      - devices: [0]\n        mig-devices: {"3g.20gb": 2}\n    sevenths:\n      - devices: [0]\n        mig-devices: {"1g.5gb": 7}\n' \
+  >"$work/mig.yaml"
+mkdir -p "$work/kubelet"
+mig=(--nvml-library "$sim_lib" mig apply --config-file "$work/mig.yaml" --no-kubelet-check --kubelet-dir "$work/kubelet"
+  --lock-file "$work/mig.lock")
+export KGPU_SIM_NODE=dgx-a100-mig KGPU_SIM_STATE="$work/mig-sim.state"
+if command -v script >/dev/null; then
+  tty_out=$(script -qec "$(printf '%q ' "$kgpu" "${mig[@]}" --layout halves)" /dev/null 2>&1)
+  grep -q "kgpu mig apply: [01]/1 GPUs, [0-9]* s elapsed" <<<"$tty_out" || fail "mig apply: no progress: $tty_out"
+  grep -q "^GPU 0: .*3g.20gb" <<<"$(tr '\r' '\n' <<<"$tty_out")" || fail "mig apply: the GPU's line is mixed: $tty_out"
+  tty_out=$(script -qec "$(printf '%q ' "$kgpu" "${mig[@]}" --layout sevenths --quiet)" /dev/null 2>&1)
+  if grep -q "/1 GPUs" <<<"$tty_out"; then fail "mig apply: progress despite --quiet: $tty_out"; fi
+  grep -q "applied layout 'sevenths'" <<<"$tty_out" || fail "mig apply --quiet: $tty_out"
+else
+  echo "SKIP: mig apply progress on a terminal (no script(1))"
+fi
+run 0 "${mig[@]}" --layout halves
+if grep -q "/1 GPUs" <<<"$out"; then fail "mig apply: progress on a pipe: $out"; fi
+has "applied layout 'halves'"
+export KGPU_SIM_NODE=l4x4 KGPU_SIM_STATE="$work/sim.state"
 echo "ok: progress"
 echo PASS

@@ -148,7 +148,7 @@ class E2eClusterTest : public ::testing::Test {
                                      kubeconfig_,
                                      "--node-name",
                                      name,
-                                     "--labels-interval",
+                                     "--sleep-interval",
                                      "0",
                                      "--pod-resources-socket",
                                      n.pod_resources->SocketPath(),

@@ -141,6 +141,18 @@ TEST_F(K8sClientTest, ListPaginatesAndSelects) {
   // A continue token that outlived compaction: the client restarts the list once.
   auto page = client_->ListPage(R("configmaps").Path("default"), Paged(5));
   ASSERT_TRUE(page.ok());
+  // As kube-apiserver: a page without selectors says how many items follow; one with a selector
+  // cannot, and the last page has neither a continue token nor a count.
+  EXPECT_EQ((*page)["metadata"].value("remainingItemCount", -1), 20);
+  ListOptions selected = Paged(5);
+  selected.label_selector = "even=yes";
+  auto even = client_->ListPage(R("configmaps").Path("default"), selected);
+  ASSERT_TRUE(even.ok());
+  EXPECT_TRUE((*even)["metadata"].contains("continue"));
+  EXPECT_FALSE((*even)["metadata"].contains("remainingItemCount"));
+  auto last = client_->ListPage(R("configmaps").Path("default"), Paged(30));
+  ASSERT_TRUE(last.ok());
+  EXPECT_FALSE((*last)["metadata"].contains("remainingItemCount"));
   ASSERT_TRUE(client_->Create(R("configmaps").Path("default"), {{"metadata", {{"name", "late"}}}}).ok());
   server_->Compact();
   auto expired =

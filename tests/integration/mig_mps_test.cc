@@ -300,7 +300,7 @@ TEST_F(MigMpsTest, MigApplyRefusesABusyGpuAndChangesNothing) {
 
 // Time-slicing with memoryIsolation hard: each replica container gets an accounting directory
 // (<--cuda-shared-root>/timeslicing/<id>) in its Allocate response. The plugin removes the ones no
-// container in kubelet's checkpoint mounts any more (every --cuda-accounting-sweep seconds, once
+// container in kubelet's checkpoint mounts any more (every --cuda-accounting-sweep, once
 // older than two minutes), and keeps those that kubelet still replays.
 TEST_F(MigMpsTest, TimeSlicingHardDirectoriesGoWhenKubeletForgetsTheirContainer) {
   namespace fs = std::filesystem;
@@ -310,7 +310,7 @@ TEST_F(MigMpsTest, TimeSlicingHardDirectoriesGoWhenKubeletForgetsTheirContainer)
       "4}\n");
   const std::string root = sim_->dir() + "/cuda";
   Plugin p(sim_->dir(), {"--config-file", config, "--cuda-interposer", KGPU_CUDA_INTERPOSER, "--cuda-shared-root", root,
-                         "--cuda-accounting-sweep", "1"});
+                         "--cuda-accounting-sweep", "1s"});
   ASSERT_TRUE(kubelet_->WaitFor(
       "nvidia.com/gpu", [](const ResourceState& s) { return s.connected && s.Healthy() == 32; }, 20s))
       << p.Log();

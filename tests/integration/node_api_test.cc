@@ -117,7 +117,7 @@ TEST_F(NodeApiTest, DevicePluginPublishesLabelsAndLiveHealth) {
             201);
   const std::string cfg = WriteConfig("version: v1\n");
   testing::Plugin p(sim_->dir(), {"--config-file", cfg, "--publish-labels", "--kubeconfig", kubeconfig_, "--node-name",
-                                  "sim-node", "--labels-interval", "3600", "--labels-no-timestamp"});
+                                  "sim-node", "--sleep-interval", "3600", "--no-timestamp"});
   auto node = [&] { return api_.Get("nodes", "", "sim-node").body; };
   ASSERT_TRUE(WaitFor([&] { return node()["metadata"]["labels"].value("nvidia.com/gpu.count", "") == "8"; }))
       << p.Log();
@@ -160,7 +160,8 @@ TEST_F(NodeApiTest, DevicePluginPublishesLabelsAndLiveHealth) {
 }
 
 // The node agent reports each GPU's memory in use with its inventory (facts §7(b)6): a process
-// that no kgpu allocation accounts for shows at the next pass, and the extender reads it.
+// that no kgpu allocation accounts for shows at the next pass, and the extender reads it. (Run
+// with the deprecated --labels-* spellings of --sleep-interval and --no-timestamp.)
 TEST_F(NodeApiTest, NodeAgentReportsMemoryInUse) {
   Init("dgx-h100");
   StartApi();
@@ -170,6 +171,10 @@ TEST_F(NodeApiTest, NodeAgentReportsMemoryInUse) {
                                   "sim-node", "--labels-interval", "1", "--labels-no-timestamp"});
   auto node = [&] { return api_.Get("nodes", "", "sim-node").body; };
   ASSERT_TRUE(WaitFor([&] { return Annotation(node())["gpus"].size() == 8u; })) << p.Log();
+  // The --labels-* spellings of earlier releases still work, each with one warning naming GFD's.
+  EXPECT_NE(p.Log().find("--labels-interval is deprecated, use --sleep-interval"), std::string::npos) << p.Log();
+  EXPECT_NE(p.Log().find("--labels-no-timestamp is deprecated, use --no-timestamp"), std::string::npos) << p.Log();
+  EXPECT_EQ(node()["metadata"]["labels"].count("nvidia.com/gfd.timestamp"), 0u);
   const int64_t base = Annotation(node())["gpus"][3].value("usedMiB", int64_t{-1});
   ASSERT_GE(base, 0) << Annotation(node())["gpus"][3];
   ASSERT_EQ(sim_->Ctl("proc add 3 31337 --mem 12000"), 0);
@@ -193,7 +198,7 @@ TEST_F(NodeApiTest, NodeAgentRelabelsAfterMigRepartition) {
       "        mig-devices: {\"2g.10gb\": 3, \"1g.5gb\": 1}\n");
   testing::Plugin p(sim_->dir(),
                     {"--config-file", cfg, "-a", "127.0.0.1:0", "--publish-labels", "--kubeconfig", kubeconfig_,
-                     "--node-name", "sim-node", "--labels-interval", "0"},
+                     "--node-name", "sim-node", "--sleep-interval", "0"},
                     {}, "node");
   auto labels = [&] { return api_.Get("nodes", "", "sim-node").body["metadata"].value("labels", json::object()); };
   ASSERT_TRUE(WaitFor([&] { return labels().value("nvidia.com/mig-1g.5gb.count", "") == "9"; })) << p.Log();

@@ -172,6 +172,21 @@ python3 -c 'import sys,yaml,json; [print(json.dumps(d)) for d in yaml.safe_load_
     [ "$code" = 201 ] || fail "the plan's quota for $ns was refused ($code): $(cat "$work/created")"
   done
 echo "ok: kgpu quota plan"
+# On a terminal (script(1) gives it one) the plan shows the Nodes it has read, on stderr; with
+# --quiet, or writing to a file as above, only the plan.
+if grep -q "reading Nodes" "$work/plan.yaml"; then fail "progress in the plan written to a file"; fi
+if command -v script >/dev/null; then
+  plan=("$kgpu" quota plan --kubeconfig "$work/kc" --shares team-a=50)
+  tty_out=$(script -qec "$(printf '%q ' "${plan[@]}")" /dev/null 2>&1)
+  grep -q "kgpu quota plan: reading Nodes: [0-9]* nodes, [0-9]* s elapsed" <<<"$tty_out" ||
+    fail "quota plan: no progress on a terminal: $tty_out"
+  grep -q "requests.nvidia.com/gpu" <<<"$tty_out" || fail "quota plan on a terminal: $tty_out"
+  tty_out=$(script -qec "$(printf '%q ' "${plan[@]}" --quiet)" /dev/null 2>&1)
+  if grep -q "reading Nodes" <<<"$tty_out"; then fail "quota plan: progress despite --quiet: $tty_out"; fi
+  echo "ok: kgpu quota plan progress"
+else
+  echo "SKIP: quota plan progress on a terminal (no script(1))"
+fi
 
 check() {  # check RC MESSAGE ARGS...
   local want=$1 msg=$2; shift 2

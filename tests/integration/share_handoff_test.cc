@@ -329,7 +329,7 @@ TEST_F(ShareHandoffTest, MultiGpuShareAndRefusals) {
 // pod has left the node: deleted, or Succeeded/Failed. A running pod's stays, and so do a fresh
 // directory (younger than the grace period), the time-slicing directories and anything else.
 TEST_F(ShareHandoffTest, AccountingDirectoriesOfPodsThatLeftTheNodeAreRemoved) {
-  StartPlugin(true, {"--cuda-accounting-sweep", "1"});
+  StartPlugin(true, {"--cuda-accounting-sweep", "1s"});
   namespace fs = std::filesystem;
   const auto s0 = Slots(0);
   const std::vector<std::string> names = {"runs", "ends", "goes"};

@@ -506,6 +506,16 @@ TEST_F(SlurmBridgeTest, BurstLendsTheIdleNodeAndLeavesTheBusyOne) {
   // Under exactly its deploy/ RBAC the bridge watched (no 403 and no fall-back to polling).
   const std::string log = Tail(cluster_->base() + "/bridge.log", 2000);
   EXPECT_EQ(log.find("forbidden"), std::string::npos) << log;
+  // The first reconcile said where it was: what it read from each side, then that it was done.
+  const std::string whole = Tail(cluster_->base() + "/bridge.log", SIZE_MAX);
+  const size_t read_slurm = whole.find("first reconcile: Slurm has 2 node(s) and ");
+  const size_t read_k8s = whole.find("first reconcile: Kubernetes has 2 kgpu.io/pool node(s)");
+  const size_t done = whole.find("first reconcile done in");
+  EXPECT_NE(read_slurm, std::string::npos) << whole.substr(0, 4000);
+  EXPECT_NE(read_k8s, std::string::npos) << whole.substr(0, 4000);
+  EXPECT_NE(done, std::string::npos) << whole.substr(0, 4000);
+  EXPECT_TRUE(read_slurm < read_k8s && read_k8s < done) << whole.substr(0, 4000);
+  EXPECT_EQ(whole.find("first reconcile", done + 1), std::string::npos) << "only the first";
   bool watched = false;
   for (const auto& r : api_->RequestLog()) watched = watched || r.find("watch=true") != std::string::npos;
   EXPECT_TRUE(watched);

@@ -49,10 +49,11 @@ class SlurmGresTest : public ::testing::Test {
     return Cat("KGPU_SIM_NODE=", profile, " KGPU_SIM_STATE=", dir_, "/", profile, ".state KGPU_SIM_NODE_NAME=", profile,
                " ");
   }
-  testing::CommandResult Gres(const std::string& profile, const std::string& sysfs, const std::string& dev,
+  // `root`: the device plugin's --dev-root (NVIDIA_DEV_ROOT), the root above dev/.
+  testing::CommandResult Gres(const std::string& profile, const std::string& sysfs, const std::string& root,
                               const std::string& args) const {
     return Shell(Cat(SimEnv(profile), KGPU_BIN, " --nvml-library ", KGPU_SIM_LIB, " --sysfs-root ", Quote(sysfs),
-                     " --dev-root ", Quote(dev), " slurm gres ", args, " 2>/dev/null"));
+                     " slurm gres --dev-root ", Quote(root), " ", args, " 2>/dev/null"));
   }
   std::string dir_;
 };
@@ -66,9 +67,9 @@ TEST_F(SlurmGresTest, RealSlurmdReportsTheGresKgpuWrites) {
 
   // DGX H100: 8 GPUs on two NUMA nodes, NVSwitch (18 lanes between every pair), MPS.
   const std::string h_sysfs = WriteSysfs("dgx-h100");
-  auto h_gres = Gres("dgx-h100", h_sysfs, cluster.dev_dir("h100"), "--node-name h100 --mps-count 100 --output gres");
+  auto h_gres = Gres("dgx-h100", h_sysfs, cluster.dev_root("h100"), "--node-name h100 --mps-count 100 --output gres");
   ASSERT_EQ(h_gres.code, 0) << h_gres.out;
-  auto h_node = Gres("dgx-h100", h_sysfs, cluster.dev_dir("h100"),
+  auto h_node = Gres("dgx-h100", h_sysfs, cluster.dev_root("h100"),
                      "--node-name h100 --mps-count 100 --output node --cpus 2 --real-memory 1000");
   ASSERT_EQ(h_node.code, 0) << h_node.out;
   EXPECT_EQ(h_node.out, "NodeName=h100 CPUs=2 RealMemory=1000 Gres=gpu:nvidia_h100_80gb_hbm3:8,mps:800\n");
@@ -86,9 +87,10 @@ TEST_F(SlurmGresTest, RealSlurmdReportsTheGresKgpuWrites) {
   const std::string minors = dir_ + "/mig-minors";
   ASSERT_EQ(Shell(Cat(SimEnv("dgx-a100-mig"), KGPU_SIMCTL, " mig-minors ", minors)).code, 0);
   const std::string a_dev = cluster.dev_dir("a100");
-  auto a_gres = Gres("dgx-a100-mig", a_sysfs, a_dev, "--node-name a100 --output gres --mig-minors " + minors);
+  auto a_gres =
+      Gres("dgx-a100-mig", a_sysfs, cluster.dev_root("a100"), "--node-name a100 --output gres --mig-minors " + minors);
   ASSERT_EQ(a_gres.code, 0) << a_gres.out;
-  auto a_node = Gres("dgx-a100-mig", a_sysfs, a_dev,
+  auto a_node = Gres("dgx-a100-mig", a_sysfs, cluster.dev_root("a100"),
                      "--node-name a100 --output node --cpus 2 --real-memory 1000 --mig-minors " + minors);
   ASSERT_EQ(a_node.code, 0) << a_node.out;
   EXPECT_NE(a_node.out.find("gpu:3g.20gb:1"), std::string::npos) << a_node.out;

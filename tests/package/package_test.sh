@@ -118,7 +118,7 @@ mkdir -p /tmp/dev
 mknod /tmp/dev/nvidiactl c 195 255 && mknod /tmp/dev/nvidia-uvm c 235 0
 for i in 0 1 2 3 4 5 6 7; do mknod /tmp/dev/nvidia$i c 195 $i; done
 rc=0
-kgpu --dev-root /tmp/dev doctor >/tmp/doctor.txt 2>&1 || rc=$?
+kgpu doctor --dev-root /tmp >/tmp/doctor.txt 2>&1 || rc=$?
 cat /tmp/doctor.txt
 grep -q '\[PASS\] NVML library' /tmp/doctor.txt || fail "doctor does not find the NVML library"
 grep -q '\[PASS\] .*8 GPU' /tmp/doctor.txt || fail "doctor does not enumerate 8 GPUs"

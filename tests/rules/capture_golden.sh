@@ -77,7 +77,7 @@ scene() {
   retry 10 test -S "$work/$name.sock" || { cat "$work/$name.podresources.log" >&2; exit 1; }
   port=$(free_port)
   mkdir -p "$work/$name.proc" "$work/$name.cdi"
-  "$bin/kgpu" exporter -a "127.0.0.1:$port" -c 200 -k --pod-resources-interval 200 \
+  "$bin/kgpu" exporter -a "127.0.0.1:$port" -c 200 -k --pod-resources-interval 200ms \
     --pod-resources-kubelet-socket "$work/$name.sock" --cdi-spec-dir "$work/$name.cdi" \
     --proc-root "$work/$name.proc" --kubelet-checkpoint "$work/$name.no-checkpoint" \
     >"$work/$name.exporter.log" 2>&1 &

@@ -75,6 +75,8 @@ struct Want {
     bool sidecar = false;
   };
   std::vector<More> more = {};
+  // The node the policy should choose and why, said to the viewer (a different node fails the demo).
+  std::string node = {}, why = {};
 };
 
 // "GPU-1f0e…" -> "GPU-1f0e"; MIG UUIDs likewise.
@@ -160,7 +162,7 @@ int main(int argc, char** argv) {
                                      kubeconfig,
                                      "--node-name",
                                      name,
-                                     "--labels-interval",
+                                     "--sleep-interval",
                                      "0",
                                      "--pod-resources-socket",
                                      n.pod_resources->SocketPath(),
@@ -238,7 +240,16 @@ int main(int argc, char** argv) {
   t::FakeScheduler sched(client, o);
 
   const std::vector<Want> wants = {
-      {"team-a", "train", "2 whole GPUs", {{"nvidia.com/gpu", "2"}}, {}},
+      {"team-a",
+       "train",
+       "2 whole GPUs",
+       {{"nvidia.com/gpu", "2"}},
+       {},
+       Want::kRuns,
+       {},
+       "mig",
+       "whole and mig fit it alike (no GPU is split), so the policy's tie-break decides: the node left with the "
+       "fewest free GPUs (mig: 6 -> 4, whole: 8 -> 6), which keeps the 8-GPU node whole for an 8-GPU pod"},
       {"team-a",
        "infer-1",
        "a share: 20000 MiB, 25% of the SMs",
@@ -300,6 +311,14 @@ int main(int argc, char** argv) {
         std::cout << ")";
       }
       std::cout << "\n";
+      if (!w.node.empty()) {
+        if (out->node == w.node) {
+          std::cout << "    why: " << w.why << "\n";
+        } else {
+          std::cout << "  NOT on " << w.node << ", where the policy should put it: " << w.why << "\n";
+          ++failures;
+        }
+      }
       bound.push_back(&w);
       if (w.expect != Want::kRuns) ++failures;
     } else {

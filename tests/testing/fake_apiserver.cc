@@ -1089,6 +1089,10 @@ FakeApiServer::Result FakeApiServer::List(const std::string& rkey, const std::st
   }
   json items = json::array();
   std::string next_start;
+  // kube-apiserver counts the items after a page (metadata.remainingItemCount) when the list has
+  // no label or field selector (etcd counts the keys left in the range); with one it cannot.
+  const bool selected = !req.get_param_value("labelSelector").empty() || !req.get_param_value("fieldSelector").empty();
+  int64_t remaining = 0;
   for (auto it = objects_[rkey].lower_bound(start); it != objects_[rkey].end(); ++it) {
     const json& o = it->second;
     if (!ns.empty() && o["metadata"].value("namespace", "") != ns) continue;
@@ -1096,8 +1100,10 @@ FakeApiServer::Result FakeApiServer::List(const std::string& rkey, const std::st
         !fsel->Matches(SelectableView(std::string(r->kind), o)))
       continue;
     if (limit > 0 && static_cast<int64_t>(items.size()) >= limit) {
-      next_start = it->first;  // remainingItemCount is optional: not counted (it would make paging O(n^2))
-      break;
+      if (next_start.empty()) next_start = it->first;
+      if (selected) break;
+      ++remaining;
+      continue;
     }
     items.push_back(o);
   }
@@ -1107,6 +1113,7 @@ FakeApiServer::Result FakeApiServer::List(const std::string& rkey, const std::st
                {"items", items}};
   if (!next_start.empty()) {
     list["metadata"]["continue"] = B64(json({{"v", "meta.k8s.io/v1"}, {"rv", list_rv}, {"start", next_start}}).dump());
+    if (!selected) list["metadata"]["remainingItemCount"] = remaining;
   }
   if (WantsTable(req)) {
     std::vector<json> v(items.begin(), items.end());

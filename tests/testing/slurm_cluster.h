@@ -81,7 +81,9 @@ class SlurmCluster {
 
   const std::string& base() const { return base_; }
   std::string conf() const { return base_ + "/etc/slurm.conf"; }
-  std::string dev_dir(const std::string& node) const { return base_ + "/dev/" + node; }
+  // The node's device nodes (nvidia0...) are in dev_dir(node) = dev_root(node) + "/dev".
+  std::string dev_root(const std::string& node) const { return base_ + "/nodes/" + node; }
+  std::string dev_dir(const std::string& node) const { return dev_root(node) + "/dev"; }
   const std::vector<std::string>& nodes() const { return options_.nodes; }
   // The options, to change before Start() (the directory exists from construction on).
   SlurmClusterOptions& mutable_options() { return options_; }

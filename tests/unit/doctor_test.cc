@@ -34,7 +34,7 @@ TEST(DoctorTest, SimulatedNodeWithoutDeviceNodes) {
   SimNode node("dgx-h100");
   NodeOptions o;
   o.nvml_library = SimNode::LibraryPath();
-  o.dev_root = node.dir() + "/dev";
+  o.dev_dir = node.dir() + "/dev";
   const auto checks = DoctorChecks(o);
   ASSERT_NE(Find(checks, "NVML library"), nullptr);
   EXPECT_EQ(Find(checks, "NVML library")->verdict, Verdict::kPass);
@@ -54,7 +54,7 @@ TEST(DoctorTest, DeviceNodesThatAreNotDevicesWarn) {
   }
   NodeOptions o;
   o.nvml_library = SimNode::LibraryPath();
-  o.dev_root = dev;
+  o.dev_dir = dev;
   const auto checks = DoctorChecks(o);
   EXPECT_EQ(Find(checks, "Device nodes")->verdict, Verdict::kWarn);
   std::filesystem::remove_all(dev);
@@ -129,7 +129,7 @@ TEST(DoctorTest, OnlyWarningsButNoPluginIsNotAdvertising) {
   SimNode node("l4x4");
   NodeOptions o;
   o.nvml_library = SimNode::LibraryPath();
-  o.dev_root = FakeDevRoot(node.dir(), 4);
+  o.dev_dir = FakeDevRoot(node.dir(), 4);
   o.kubelet_dir = node.dir();  // no plugin socket
   o.mps_root = node.dir() + "/mps";
   std::ostringstream out;
@@ -138,7 +138,7 @@ TEST(DoctorTest, OnlyWarningsButNoPluginIsNotAdvertising) {
   EXPECT_EQ(out.str().find("[FAIL]"), std::string::npos) << out.str();
   EXPECT_EQ(out.str().find("This node can advertise nvidia.com/gpu."), std::string::npos) << out.str();
   EXPECT_NE(out.str().find("no device plugin answers on this node"), std::string::npos) << out.str();
-  std::filesystem::remove_all(o.dev_root);
+  std::filesystem::remove_all(o.dev_dir);
 }
 
 TEST(DoctorTest, HungGpuFailsWithinTheDeadlineNamingIndexAndUuid) {

@@ -786,6 +786,22 @@ TEST_F(StateTest, PrioritizeScoresFeasibleNodesZeroToTen) {
   EXPECT_GT(spread[1].score, spread[0].score) << "spread prefers the idle node";
 }
 
+// Two nodes that fit a 2-whole-GPU pod with the same fragmentation: the policy's tie-break (fewer
+// GPUs left, which keeps the 8-GPU node whole for an 8-GPU pod) reaches kube-scheduler as the only
+// 10, where both used to score 10 and kube-scheduler picked one at random.
+TEST_F(StateTest, PrioritizeGivesThePolicysTieBreakToKubeScheduler) {
+  state.UpsertNode(TestNode("eight", std::vector<kgpu::testing::TestGpu>(8, WholeGpu())));
+  state.UpsertNode(TestNode("four", std::vector<kgpu::testing::TestGpu>(4, WholeGpu())));
+  const json pod = WithUid(TestPod("ns", "train", {{"nvidia.com/gpu", "2"}}), "ut");
+  for (const auto& order : {std::vector<std::string>{"eight", "four"}, std::vector<std::string>{"four", "eight"}}) {
+    std::map<std::string, int64_t> by;
+    for (const auto& h : state.Prioritize(pod, order)) by[h.host] = h.score;
+    EXPECT_EQ(by["four"], 10);
+    EXPECT_LT(by["eight"], 10);
+    EXPECT_GE(by["eight"], 0);
+  }
+}
+
 // A pod with several GPU containers: a sidecar, two app containers (a share and a whole GPU) and
 // an init container that runs on its target's share. Each placed container books its own GPUs,
 // the record names them in the pod's order, a fresh extender rebuilds the same bookings, and a
