@@ -37,12 +37,14 @@ Progress::Progress(std::ostream& out, bool enabled, std::string what, size_t tot
                    std::chrono::milliseconds period)
     : out_(out), enabled_(enabled), what_(std::move(what)), unit_(std::move(unit)), total_(total), period_(period) {
   if (!enabled_) return;
+  {
+    // Drawn once before anything else can happen: work that ends at once still showed its line.
+    std::lock_guard lock(mu_);
+    Draw();
+  }
   thread_ = std::thread([this] {
     std::unique_lock lock(mu_);
-    while (!stop_) {
-      Draw();
-      cv_.wait_for(lock, period_, [this] { return stop_; });
-    }
+    while (!cv_.wait_for(lock, period_, [this] { return stop_; })) Draw();
   });
 }
 

@@ -14,6 +14,7 @@
 
 #include <httplib.h>
 
+#include "common/http_compress.h"
 #include "common/http_listen.h"
 #include "common/log.h"
 #include "common/prom_text.h"
@@ -1604,11 +1605,9 @@ absl::Status Exporter::Start() {
     bool gzip = false;
     for (auto [it, end] = req.headers.equal_range("Accept-Encoding"); it != end; ++it)
       gzip = gzip || AcceptsGzip(it->second);
-    // The encoding is decided here. httplib (0.11) would compress a text body again by the
-    // request's Accept-Encoding alone (whatever the response's Content-Encoding says, and even
-    // for gzip;q=0), so the header is dropped from the request once read. (The Request is
-    // httplib's own non-const object, handed to handlers by const reference.)
-    const_cast<httplib::Request&>(req).headers.erase("Accept-Encoding");
+    // The encoding is decided here, from the page gzipped once per collection: httplib would
+    // compress the text again by the request's Accept-Encoding alone (even for gzip;q=0).
+    AnswerUncompressed(req);
     if (gzip) {
       if (auto gz = ScrapeGzip()) {
         res.headers.emplace("Content-Encoding", "gzip");

@@ -7,9 +7,11 @@
 #include <httplib.h>
 #include <unistd.h>
 
+#include "common/http_compress.h"
 #include "common/http_listen.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "k8s/node_fit.h"
 #include "k8s/resources.h"
 #include "k8s/selector.h"
 
@@ -210,6 +212,17 @@ std::string Extender::BindPod(const BindingArgs& b) {
       return "";
     }
     return fail("already_bound", Cat("pod ", ns, "/", b.pod_name, " is already bound to ", bound));
+  }
+  // The pod's own constraints on this node, as kube-scheduler's filters checked them before it
+  // asked: a caller that is not kube-scheduler cannot place a pod where its spec forbids.
+  std::optional<json> node = nodes_ ? nodes_->store().Get(b.node) : std::nullopt;
+  if (!node) {
+    auto got = client_.Get(k8s::FindResource("nodes")->Path("", b.node));
+    if (!got.ok()) return fail("node_unknown", Cat("get node ", b.node, ": ", got.status().message()));
+    node = std::move(*got);
+  }
+  if (const std::string refused = k8s::NodeRefusesPod(*pod, *node); !refused.empty()) {
+    return fail("pod_constraints", Cat("pod ", ns, "/", b.pod_name, " may not run on node ", b.node, ": ", refused));
   }
   auto a = state_.Assume(*pod, b.node);
   if (!a.ok())
@@ -488,6 +501,10 @@ absl::Status Extender::Start() {
       const Reply r = (this->*f)(req.body);
       res.status = r.code;
       res.set_content(r.body, "application/json");
+      // Never gzipped, though kube-scheduler's Go client asks for it: these answers cross a
+      // cluster network within one scheduling cycle, where compressing 5,000 node names costs
+      // more than sending them (filter p50 3.2 ms gzipped vs 1.1 ms at 5,000 nodes; extender_bench).
+      AnswerUncompressed(req);
       if (stopping_) res.set_header("Connection", "close");
     };
   };

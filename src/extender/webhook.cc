@@ -10,6 +10,7 @@
 #include <httplib.h>
 
 #include "absl/strings/escaping.h"
+#include "common/http_compress.h"
 #include "common/http_listen.h"
 #include "common/log.h"
 #include "common/strings.h"
@@ -491,6 +492,9 @@ absl::Status Webhook::Start() {
       auto [status, body] = Handle(mutate, req.body);
       res.status = status;
       res.set_content(body, status == 200 ? "application/json" : "text/plain");
+      // An AdmissionReview answer is small and on kube-apiserver's admission path: sent as it is,
+      // though the apiserver's Go client asks for gzip (common/http_compress.h).
+      AnswerUncompressed(req);
     };
   };
   http_->Post("/mutate", handler(true));

@@ -1,6 +1,7 @@
 #include "k8s/quantity.h"
 
 #include <cctype>
+#include <iterator>
 #include <limits>
 
 #include "common/strings.h"
@@ -105,6 +106,20 @@ std::string Quantity::Format() const {
     return idx < 0 ? std::to_string(v) : Cat(v, kBin[idx]);
   }
   return std::to_string(v);
+}
+
+std::string Quantity::Canonical() const {
+  if (milli % 1000 != 0) return Cat(milli, "m");  // nothing coarser keeps it whole
+  int64_t v = milli / 1000;
+  if (v == 0) return "0";
+  if (binary && (v >= 1024 || v <= -1024)) return Format();
+  static constexpr std::string_view kDec[] = {"", "k", "M", "G", "T", "P", "E"};
+  size_t idx = 0;
+  while (v % 1000 == 0 && idx + 1 < std::size(kDec)) {
+    v /= 1000;
+    ++idx;
+  }
+  return Cat(v, kDec[idx]);
 }
 
 }  // namespace kgpu::k8s

@@ -21,6 +21,10 @@ struct Quantity {
 
   static std::optional<Quantity> Parse(std::string_view s);
   std::string Format() const;
+  // The form kube-apiserver stores and prints (resource.Quantity's canonical String(): the largest
+  // suffix that keeps the number whole, "8000" -> "8k", "1.5" -> "1500m", "1024Mi" -> "1Gi"; a
+  // binary quantity below 1024 or with a fraction is written in decimal SI, "0.5Ki" -> "512").
+  std::string Canonical() const;
   bool IsInteger() const { return milli % 1000 == 0; }
   int64_t Value() const { return milli / 1000; }  // whole units, truncated
   Quantity operator+(const Quantity& o) const { return {milli + o.milli, binary || o.binary}; }

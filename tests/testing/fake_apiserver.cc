@@ -10,6 +10,7 @@
 #include <httplib.h>
 
 #include "common/files.h"
+#include "common/http_compress.h"
 #include "common/http_listen.h"
 #include "common/strings.h"
 #include "k8s/patch.h"
@@ -564,6 +565,7 @@ FakeApiServer::Result FakeApiServer::DoCreate(const std::string& rkey, const std
   json& meta = obj["metadata"];
   obj["apiVersion"] = r->GroupVersion();
   obj["kind"] = r->kind;
+  CanonicalQuantities(std::string(r->kind), obj);  // decoded into resource.Quantity, stored canonical
   std::lock_guard lock(mu_);
   if (r->namespaced) {
     const std::string body_ns = meta.value("namespace", "");
@@ -662,6 +664,7 @@ FakeApiServer::Result FakeApiServer::DoUpdate(const std::string& rkey, const std
   if (obj["metadata"].value("name", name) != name) {
     return Err(400, "BadRequest", "the name of the object does not match the name on the URL");
   }
+  CanonicalQuantities(std::string(r->kind), obj);
   const std::string want_rv = obj["metadata"].value("resourceVersion", "");
   if (!want_rv.empty() && want_rv != (*cur)["metadata"].value("resourceVersion", "")) return Conflict(*r, name);
   json next = *cur;
@@ -1262,15 +1265,9 @@ void FakeApiServer::ServeWatch(Request& r, const httplib::Request& req, httplib:
 
 void FakeApiServer::Route(const httplib::Request& req, httplib::Response& res) {
   RouteApi(req, res);
-  // Response compression as kube-apiserver's (apiserver/pkg/endpoints/handlers/responsewriters,
-  // defaultGzipThresholdBytes): gzip only a body of 128 KiB or more for a client that accepts it,
-  // and never a watch, whose events must reach the client as they happen. httplib decides from
-  // the request's Accept-Encoding when it writes the response, after this handler: a response not
-  // to compress takes the header out of the request (httplib's own, non-const object).
-  constexpr size_t kGzipThresholdBytes = 128 * 1024;
-  if (res.is_chunked_content_provider_ || res.content_provider_ || res.body.size() < kGzipThresholdBytes) {
-    const_cast<httplib::Request&>(req).headers.erase("Accept-Encoding");
-  }
+  // Response compression as kube-apiserver's: gzip only a body of 128 KiB or more for a client
+  // that accepts it, and never a watch (common/http_compress.h).
+  GzipOnlyFrom(req, res, kApiserverGzipThresholdBytes);
 }
 
 void FakeApiServer::RouteApi(const httplib::Request& req, httplib::Response& res) {

@@ -58,7 +58,7 @@ std::string Aggregate(const std::vector<std::string>& errs) {
 
 std::string Pretty(const std::map<std::string, Quantity>& m) {
   std::vector<std::string> parts;
-  for (const auto& [k, v] : m) parts.push_back(Cat(k, "=", v.Format()));
+  for (const auto& [k, v] : m) parts.push_back(Cat(k, "=", v.Canonical()));
   return Join(parts, ",");
 }
 
@@ -128,14 +128,14 @@ json PodQuotaUsage(const json& pod) {
   json usage = {{"pods", "1"}, {"count/pods", "1"}};
   for (const auto& [k, v] : req_sum) {
     if (k == "cpu" || k == "memory" || k == "ephemeral-storage") {
-      usage["requests." + k] = v.Format();
-      usage[k] = v.Format();
+      usage["requests." + k] = v.Canonical();
+      usage[k] = v.Canonical();
     } else if (IsExtended(k)) {
-      usage["requests." + k] = v.Format();  // isExtendedResourceNameForQuota: requests. only
+      usage["requests." + k] = v.Canonical();  // isExtendedResourceNameForQuota: requests. only
     }
   }
   for (const auto& [k, v] : lim_sum) {
-    if (k == "cpu" || k == "memory" || k == "ephemeral-storage") usage["limits." + k] = v.Format();
+    if (k == "cpu" || k == "memory" || k == "ephemeral-storage") usage["limits." + k] = v.Canonical();
   }
   return usage;
 }
@@ -224,7 +224,7 @@ json QuotaUsed(const json& quota, const std::vector<json>& pods) {
     }
   }
   json out = json::object();
-  for (const auto& [k, v] : used) out[k] = v.Format();
+  for (const auto& [k, v] : used) out[k] = v.Canonical();
   return out;
 }
 
@@ -305,7 +305,7 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
           if (item.contains("min")) {
             for (auto it = item["min"].begin(); it != item["min"].end(); ++it) {
               const std::string k = it.key();
-              const std::string enforced = Q(*it).Format();
+              const std::string enforced = Q(*it).Canonical();
               if (!req.contains(k)) {
                 lr_errs.push_back(
                     Cat("minimum ", k, " usage per Container is ", enforced, ".  No request is specified"));
@@ -321,7 +321,7 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
           if (item.contains("max")) {
             for (auto it = item["max"].begin(); it != item["max"].end(); ++it) {
               const std::string k = it.key();
-              const std::string enforced = Q(*it).Format();
+              const std::string enforced = Q(*it).Canonical();
               if (!lim.contains(k)) {
                 lr_errs.push_back(Cat("maximum ", k, " usage per Container is ", enforced, ".  No limit is specified"));
               } else if (Q(lim[k]) > Q(*it)) {
@@ -364,12 +364,12 @@ AdmissionResult AdmitPod(json& pod, const std::vector<json>& limit_ranges, const
         if (lim.contains(it.key())) {
           if (Q(*it) != Q(lim[it.key()]) && !OvercommitAllowed(it.key())) {
             invalid.push_back({"FieldValueInvalid", Cat(base, ".requests"),
-                               Cat("Invalid value: \"", Q(*it).Format(), "\": must be equal to ", it.key(),
-                                   " limit of ", Q(lim[it.key()]).Format())});
+                               Cat("Invalid value: \"", Q(*it).Canonical(), "\": must be equal to ", it.key(),
+                                   " limit of ", Q(lim[it.key()]).Canonical())});
           } else if (Q(*it) > Q(lim[it.key()])) {
             invalid.push_back({"FieldValueInvalid", Cat(base, ".requests"),
-                               Cat("Invalid value: \"", Q(*it).Format(), "\": must be less than or equal to ", it.key(),
-                                   " limit of ", Q(lim[it.key()]).Format())});
+                               Cat("Invalid value: \"", Q(*it).Canonical(), "\": must be less than or equal to ",
+                                   it.key(), " limit of ", Q(lim[it.key()]).Canonical())});
           }
         } else if (!OvercommitAllowed(it.key())) {
           invalid.push_back({"FieldValueRequired", Cat(base, ".limits"),
@@ -552,7 +552,7 @@ std::vector<FieldError> ValidateResourceQuota(const json& quota, const json* old
       if (!StandardQuotaResource(k)) errs.push_back(Invalid(path, GoQuote(k), "must be a standard resource for quota"));
     }
     if (Q(*it) < Quantity{})
-      errs.push_back(Invalid(path, GoQuote(Q(*it).Format()), "must be greater than or equal to 0"));
+      errs.push_back(Invalid(path, GoQuote(Q(*it).Canonical()), "must be greater than or equal to 0"));
   }
   // validateResourceQuotaScopes: one error per scope and offending resource, as upstream.
   const json scopes = spec.value("scopes", json::array());

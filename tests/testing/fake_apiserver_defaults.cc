@@ -1,7 +1,9 @@
 #include "testing/fake_apiserver_defaults.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -127,6 +129,67 @@ std::string PodQosClass(const json& pod) {
     if (equal) return "Guaranteed";
   }
   return "Burstable";
+}
+
+namespace {
+
+// Each value of a ResourceList (map of name -> quantity) canonical; a JSON number is a quantity
+// too (resource.Quantity's UnmarshalJSON reads one unquoted).
+void CanonicalList(json& list) {
+  if (!list.is_object()) return;
+  for (auto it = list.begin(); it != list.end(); ++it) {
+    std::optional<k8s::Quantity> q;
+    if (it->is_string()) {
+      q = k8s::Quantity::Parse(it->get<std::string>());
+    } else if (it->is_number()) {
+      q = k8s::Quantity::Parse(it->dump());
+    }
+    if (q) *it = q->Canonical();
+  }
+}
+
+json* At(json& obj, std::initializer_list<const char*> path) {
+  json* j = &obj;
+  for (const char* k : path) {
+    if (!j->is_object() || !j->contains(k)) return nullptr;
+    j = &(*j)[k];
+  }
+  return j;
+}
+
+}  // namespace
+
+void CanonicalQuantities(const std::string& kind, json& obj) {
+  auto list = [&](std::initializer_list<const char*> path) {
+    if (json* j = At(obj, path)) CanonicalList(*j);
+  };
+  if (kind == "Pod") {
+    for (const char* section : {"containers", "initContainers"}) {
+      json* cs = At(obj, {"spec", section});
+      if (cs == nullptr || !cs->is_array()) continue;
+      for (auto& c : *cs) {
+        for (const char* which : {"requests", "limits"}) {
+          if (json* j = At(c, {"resources", which})) CanonicalList(*j);
+        }
+      }
+    }
+    list({"spec", "overhead"});
+  } else if (kind == "Node") {
+    list({"status", "capacity"});
+    list({"status", "allocatable"});
+  } else if (kind == "ResourceQuota") {
+    list({"spec", "hard"});
+    list({"status", "hard"});
+    list({"status", "used"});
+  } else if (kind == "LimitRange") {
+    json* limits = At(obj, {"spec", "limits"});
+    if (limits == nullptr || !limits->is_array()) return;
+    for (auto& l : *limits) {
+      for (const char* f : {"max", "min", "default", "defaultRequest", "maxLimitRequestRatio"}) {
+        if (json* j = At(l, {f})) CanonicalList(*j);
+      }
+    }
+  }
 }
 
 void TaintNewNode(json& node) {

@@ -14,6 +14,11 @@
 //    on a new Node; the node lifecycle controller's NoSchedule pass (doNoScheduleTaintingPass)
 //    keeps the condition taints (not-ready, unreachable, memory/disk/pid-pressure,
 //    network-unavailable) and node.kubernetes.io/unschedulable in line with the node's status;
+//  - quantities in their canonical form (resource.Quantity decodes every quantity field and
+//    encodes it back canonical: "8000" -> "8k", cpu 1.5 -> "1500m", a JSON number as a string):
+//    pods' container requests and limits and overhead, nodes' capacity and allocatable,
+//    ResourceQuotas' hard and used, LimitRanges' limits. A value that is not a quantity is left
+//    for validation to refuse;
 //  - metadata.managedFields for the Update operations of every write (manager, operation,
 //    apiVersion, time, fieldsType FieldsV1, fieldsV1; subresource "status" for status writes):
 //    the writer owns the fields it changed, taken from other managers; removed fields are owned
@@ -31,6 +36,9 @@ namespace kgpu::testing {
 void DefaultPod(nlohmann::json& pod);
 void AdmitNewPod(nlohmann::json& pod);
 std::string PodQosClass(const nlohmann::json& pod);
+
+// Every quantity field of a `kind` object (see above) in its canonical form.
+void CanonicalQuantities(const std::string& kind, nlohmann::json& obj);
 
 void TaintNewNode(nlohmann::json& node);
 // The lifecycle controller's pass over a node as it now is; true when it changed the taints.

@@ -15,6 +15,7 @@
 #include "extender/wire.h"
 #include "k8s/events.h"
 #include "k8s/informer.h"
+#include "k8s/node_fit.h"
 
 namespace kgpu::testing {
 namespace {
@@ -102,7 +103,6 @@ struct CachedNode {
   Amounts allocatable;
   Amounts used;
   std::set<std::string> pods;  // pod keys
-  bool unschedulable = false;
 };
 
 struct FakeScheduler::Impl {
@@ -168,7 +168,6 @@ struct FakeScheduler::Impl {
     order_dirty = order_dirty || c.node.is_null();
     c.name = name;
     c.node = n;
-    c.unschedulable = n.value("spec", json::object()).value("unschedulable", false);
     c.allocatable.clear();
     const json alloc = n.value("status", json::object()).value("allocatable", json::object());
     for (auto a = alloc.begin(); a != alloc.end(); ++a) {
@@ -302,8 +301,13 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
   // pass (findNodesThatPassFilters); only those go to the extender.
   std::map<std::string, json> by_name;  // survivors' Node objects (nodeCacheCapable: false)
   std::vector<std::string> survivors;
-  std::vector<std::pair<std::string, const std::string*>>
-      rejected;  // node, the resource it lacks (nullptr: unschedulable)
+  // node, the resource it lacks (nullptr: refused by the pod's own constraints, `why`).
+  struct Rejected {
+    std::string node;
+    const std::string* lacks;
+    std::string why;
+  };
+  std::vector<Rejected> rejected;
   size_t all_nodes = 0;
   {
     std::lock_guard lock(impl_->cache_mu);
@@ -321,10 +325,12 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
     size_t processed = 0;
     for (; processed < all_nodes && survivors.size() < find; ++processed) {
       const CachedNode& n = *order[(impl_->next_start + processed) % all_nodes];
-      if (n.unschedulable) {
-        rejected.emplace_back(n.name, nullptr);
+      // NodeUnschedulable, NodeAffinity, TaintToleration (and the Ready condition), then
+      // NodeResourcesFit, as kube-scheduler's filter plugins run.
+      if (std::string why = k8s::NodeRefusesPod(pod, n.node); !why.empty()) {
+        rejected.push_back({n.name, nullptr, std::move(why)});
       } else if (const std::string* k = lacks(n, n.used); k != nullptr) {
-        rejected.emplace_back(n.name, k);
+        rejected.push_back({n.name, k, ""});
       } else {
         survivors.push_back(n.name);
         if (!opts_.node_cache_capable) by_name[n.name] = n.node;
@@ -420,11 +426,11 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
   }
   // No node: the FailedScheduling message as kube-scheduler writes it, and the nodes that
   // preemption may make room on.
-  for (const auto& [name, k] : rejected) {
-    if (k == nullptr) {
-      reasons[name] = "node(s) were unschedulable";
+  for (const auto& r : rejected) {
+    if (r.lacks == nullptr) {
+      reasons[r.node] = r.why;
     } else {
-      reasons[name] = resolvable[name] = Cat("Insufficient ", *k);
+      reasons[r.node] = resolvable[r.node] = Cat("Insufficient ", *r.lacks);
     }
   }
   std::map<std::string, int> counts;

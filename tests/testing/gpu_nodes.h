@@ -103,7 +103,13 @@ inline nlohmann::json TestNode(const std::string& name, const std::vector<TestGp
            {{"name", name},
             {"labels", {{"kubernetes.io/hostname", name}}},
             {"annotations", {{"kgpu.io/gpu-inventory", TestInventory(name, gpus, nvlink, enforcement)}}}}},
-          {"status", {{"capacity", alloc}, {"allocatable", alloc}}}};
+          // Ready, as kubelet reports it: without the condition the API server's node lifecycle
+          // keeps the not-ready taint, and neither kube-scheduler nor the extender's bind places
+          // a pod there.
+          {"status",
+           {{"capacity", alloc},
+            {"allocatable", alloc},
+            {"conditions", json::array({{{"type", "Ready"}, {"status", "True"}}})}}}};
 }
 
 // A pod with one container "main" asking for `resources` (as requests and limits).

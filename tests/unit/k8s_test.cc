@@ -159,6 +159,23 @@ TEST(Quantity, ParseAndFormat) {
   EXPECT_FALSE(Quantity::Parse("99999999999999999999999"));
 }
 
+// The form kube-apiserver stores and prints (resource.Quantity's String() after decoding; the
+// cases of apimachinery's quantity_test.go that kgpu meets). Not kept: the exponent format ("1e3"
+// stays "1e3" there; here it reads "1k").
+TEST(Quantity, CanonicalAsTheApiServerStoresIt) {
+  const std::vector<std::pair<const char*, const char*>> cases = {
+      {"8000", "8k"},     {"40000", "40k"}, {"20000", "20k"},   {"1000000", "1M"}, {"1000k", "1M"},
+      {"2048", "2048"},   {"1500", "1500"}, {"1.5", "1500m"},   {"0.1", "100m"},   {"1000m", "1"},
+      {"100m", "100m"},   {"0", "0"},       {"1Gi", "1Gi"},     {"1024Mi", "1Gi"}, {"1000Mi", "1000Mi"},
+      {"512Ki", "512Ki"}, {"1Ki", "1Ki"},   {"0.5Ki", "512"},   {"1.5Ki", "1536"}, {"2", "2"},
+      {"80Gi", "80Gi"},   {"12e3", "12k"},  {"1.5Gi", "1536Mi"}};
+  for (const auto& [in, want] : cases) {
+    auto q = Quantity::Parse(in);
+    ASSERT_TRUE(q.has_value()) << in;
+    EXPECT_EQ(q->Canonical(), want) << in;
+  }
+}
+
 class TempDir {
  public:
   TempDir() {
@@ -694,7 +711,8 @@ TEST(Admission, QuotaCountsInitContainersAndSidecarsAsTheApiserver) {
   EXPECT_EQ(PodQuotaUsage(pod)["requests.kgpu.io/gpu-memory"], "20512")
       << "the init container with the sidecar before it";
   pod["spec"]["initContainers"] = json::array({container("warm", "20000", false), container("side", "512", true)});
-  EXPECT_EQ(PodQuotaUsage(pod)["requests.kgpu.io/gpu-memory"], "20000") << "the sidecar starts after it";
+  EXPECT_EQ(PodQuotaUsage(pod)["requests.kgpu.io/gpu-memory"], "20k")
+      << "the sidecar starts after it (canonical, as kube-apiserver stores it)";
 }
 
 TEST(Admission, QuotaValidationAsTheApiserver) {
