@@ -28,6 +28,21 @@ if ! command -v kubectl >/dev/null; then
   echo "kustomize_test: SKIPPED: kubectl not installed (it renders deploy/ with kubectl kustomize)"
   exit 77
 fi
+
+step "the second kube-scheduler's version is one setting: images: in deploy/extender/kustomization.yaml"
+sched_tag=$(python3 -c 'import sys, yaml
+k = yaml.safe_load(open(sys.argv[1]))
+print(next((i.get("newTag", "") for i in k.get("images", []) if i["name"] == "registry.k8s.io/kube-scheduler"), ""))' \
+  "$root/deploy/extender/kustomization.yaml")
+[ -n "$sched_tag" ] || fail "deploy/extender/kustomization.yaml: no images: entry for registry.k8s.io/kube-scheduler"
+pinned=$(grep -rnE 'image: *registry.k8s.io/kube-scheduler:' "$root/deploy" --include='*.yaml' || true)
+[ -z "$pinned" ] || fail "a manifest pins kube-scheduler's version itself (set images: instead):
+$pinned"
+rendered=$(kubectl kustomize "$root/deploy/extender") || fail "kubectl kustomize deploy/extender"
+grep -qE "image: registry.k8s.io/kube-scheduler:$sched_tag\$" <<<"$rendered" ||
+  fail "the rendered kgpu-scheduler does not run registry.k8s.io/kube-scheduler:$sched_tag"
+echo "registry.k8s.io/kube-scheduler:$sched_tag"
+
 command -v node >/dev/null || fail "node not found: run scripts/install-deps.sh (Debian package nodejs)"
 command -v npm >/dev/null || fail "npm not found: run scripts/install-deps.sh (Debian package npm)"
 mkdir -p "$work"
