@@ -27,14 +27,6 @@ struct Unit {
   unsigned gi = 0, ci = 0;
 };
 
-std::string MigResourceName(const std::string& profile) {
-  std::string name = "nvidia.com/mig-" + profile;
-  for (char& c : name) {
-    if (c == '+') c = '.';
-  }
-  return name;
-}
-
 absl::StatusOr<std::vector<Unit>> Units(const gpu::Inventory& inv, const std::string& strategy) {
   auto log = Log("deviceplugin");
   std::vector<Unit> units;
@@ -101,6 +93,14 @@ bool Selects(const ReplicatedResource& r, const Unit& u) {
 }
 
 }  // namespace
+
+std::string MigResourceName(const std::string& profile) {
+  std::string name = "nvidia.com/mig-" + profile;
+  for (char& c : name) {
+    if (c == '+') c = '.';
+  }
+  return name;
+}
 
 const PluginDevice* Resource::Find(const std::string& id) const {
   for (const auto& d : devices) {

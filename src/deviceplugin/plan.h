@@ -51,6 +51,11 @@ struct Plan {
   std::vector<std::string> control_nodes;  // /dev/nvidiactl etc. that exist under the dev root
 };
 
+// The resource a MIG profile is advertised as with migStrategy mixed (NVIDIA's names:
+// "nvidia.com/mig-1g.10gb"; '+' is not allowed in a resource name, so "1g.10gb+me" is
+// "nvidia.com/mig-1g.10gb.me").
+std::string MigResourceName(const std::string& profile);
+
 // Errors name the config field and the fix (e.g. MIG single strategy on a mixed node).
 absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu::Inventory> inventory,
                                                       const Config& config);

@@ -69,9 +69,9 @@ bool Term(const json& term, const json& labels, const std::string& node_name) {
     for (const auto& r : exprs) {
       const std::string key = Str(r, "key");
       const json& v = Field(labels, key.c_str());
-      const std::optional<std::string> have =
-          labels.is_object() && labels.contains(key) && v.is_string() ? std::optional(v.get<std::string>())
-                                                                       : std::nullopt;
+      const std::optional<std::string> have = labels.is_object() && labels.contains(key) && v.is_string()
+                                                  ? std::optional(v.get<std::string>())
+                                                  : std::nullopt;
       if (!Requirement(r, have)) return false;
     }
   }

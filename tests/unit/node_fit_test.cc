@@ -102,8 +102,8 @@ TEST(NodeFit, TaintsNeedTolerationsAndPreferNoScheduleDoesNot) {
 TEST(NodeFit, UnschedulableAndNotReadyNodesUnlessTolerated) {
   EXPECT_EQ(NodeRefusesPod(Pod(json::object()), Node(json::object(), json::array(), true)),
             "node(s) were unschedulable");
-  const json tolerates_cordon = Pod(
-      {{"tolerations", json::array({{{"key", "node.kubernetes.io/unschedulable"}, {"operator", "Exists"}}})}});
+  const json tolerates_cordon =
+      Pod({{"tolerations", json::array({{{"key", "node.kubernetes.io/unschedulable"}, {"operator", "Exists"}}})}});
   EXPECT_EQ(NodeRefusesPod(tolerates_cordon, Node(json::object(), json::array(), true)), "");
   EXPECT_EQ(NodeRefusesPod(Pod(json::object()), Node(json::object(), json::array(), false, "False")),
             "node(s) were not ready (Ready is False)");
@@ -111,11 +111,10 @@ TEST(NodeFit, UnschedulableAndNotReadyNodesUnlessTolerated) {
             "node(s) were not ready (Ready is Unknown)");
   // kube-apiserver's default tolerations (not-ready and unreachable, NoExecute, 300 s) do not let
   // a pod onto a node that is not Ready; tolerating every taint does, as kube-scheduler lets it.
-  const json defaults = Pod({{"tolerations",
-                              json::array({{{"key", "node.kubernetes.io/not-ready"},
-                                            {"operator", "Exists"},
-                                            {"effect", "NoExecute"},
-                                            {"tolerationSeconds", 300}}})}});
+  const json defaults = Pod({{"tolerations", json::array({{{"key", "node.kubernetes.io/not-ready"},
+                                                           {"operator", "Exists"},
+                                                           {"effect", "NoExecute"},
+                                                           {"tolerationSeconds", 300}}})}});
   EXPECT_NE(NodeRefusesPod(defaults, Node(json::object(), json::array(), false, "False")), "");
   EXPECT_EQ(NodeRefusesPod(Pod({{"tolerations", json::array({{{"operator", "Exists"}}})}}),
                            Node(json::object(), json::array(), false, "False")),
