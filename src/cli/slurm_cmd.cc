@@ -445,6 +445,17 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
     for (auto& n : *snodes) by_name[n.name] = n;
   }
   nlohmann::json rows = nlohmann::json::array();
+  // A Node's row with what Slurm says of the node of the same name, which is then no longer LOST.
+  auto add_row = [&](nlohmann::json& r) {
+    const std::string name = r["node"];
+    if (const auto it = by_name.find(name); it != by_name.end()) {
+      r["slurmState"] = it->second.state;
+      r["slurmReason"] = it->second.reason;
+      r["slurmFenced"] = it->second.Drain() || slurm::SlurmFencedByUs(it->second);
+      by_name.erase(it);
+    }
+    rows.push_back(r);
+  };
   for (const auto& n : slurm::Field(*nodes, "items")) {
     const std::string name = slurm::Field(n, "metadata").value("name", "");
     const std::string pool = slurm::Field(slurm::Field(n, "metadata"), "labels").value(slurm::kPoolLabel, "");
@@ -461,13 +472,7 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
           {"k8sFenced", slurm::K8sFenced(n)},
           {"pool", pool},
           {"managed", false}};
-      if (by_name.count(name)) {
-        r["slurmState"] = by_name[name].state;
-        r["slurmReason"] = by_name[name].reason;
-        r["slurmFenced"] = by_name[name].Drain() || slurm::SlurmFencedByUs(by_name[name]);
-        by_name.erase(name);
-      }
-      rows.push_back(r);
+      add_row(r);
       continue;
     }
     std::string err;
@@ -482,13 +487,7 @@ int RunSlurmBridgeStatus(const SlurmBridgeFlags& f, std::ostream& out) {
                         {"k8sFenced", slurm::K8sFenced(n)},
                         {"pool", pool},
                         {"managed", true}};
-    if (by_name.count(name)) {
-      r["slurmState"] = by_name[name].state;
-      r["slurmReason"] = by_name[name].reason;
-      r["slurmFenced"] = by_name[name].Drain() || slurm::SlurmFencedByUs(by_name[name]);
-    }
-    rows.push_back(r);
-    by_name.erase(name);
+    add_row(r);
   }
   // LOST (slurm/bridge.h): our drain on a Slurm node that no managed Node names.
   for (const auto& [name, sn] : by_name) {

@@ -7,22 +7,12 @@
 #include <string_view>
 
 #include "common/strings.h"
+#include "k8s/resources.h"
 
 namespace kgpu::k8s {
 namespace {
 
 using json = nlohmann::json;
-
-const json& Empty() {
-  static const json kEmpty = json::object();
-  return kEmpty;
-}
-
-const json& Field(const json& j, const char* key) {
-  if (!j.is_object()) return Empty();
-  const auto it = j.find(key);
-  return it == j.end() ? Empty() : *it;
-}
 
 std::string Str(const json& j, const char* key) {
   const json& v = Field(j, key);
@@ -68,7 +58,7 @@ bool Term(const json& term, const json& labels, const std::string& node_name) {
   if (any_expr) {
     for (const auto& r : exprs) {
       const std::string key = Str(r, "key");
-      const json& v = Field(labels, key.c_str());
+      const json& v = Field(labels, key);
       const std::optional<std::string> have = labels.is_object() && labels.contains(key) && v.is_string()
                                                   ? std::optional(v.get<std::string>())
                                                   : std::nullopt;
@@ -92,7 +82,7 @@ bool AffinityMatches(const json& spec, const json& node) {
   const json& selector = Field(spec, "nodeSelector");
   if (selector.is_object()) {
     for (auto it = selector.begin(); it != selector.end(); ++it) {
-      const json& v = Field(labels, it.key().c_str());
+      const json& v = Field(labels, it.key());
       if (!v.is_string() || v != *it) return false;
     }
   }

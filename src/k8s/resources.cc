@@ -164,4 +164,11 @@ std::optional<double> ParseRfc3339(std::string_view t) {
   return std::chrono::duration<double>(tp->time_since_epoch()).count();
 }
 
+const nlohmann::json& Field(const nlohmann::json& j, std::string_view key) {
+  static const nlohmann::json kEmpty = nlohmann::json::object();
+  if (!j.is_object()) return kEmpty;
+  const auto it = j.find(key);
+  return it == j.end() || it->is_null() ? kEmpty : *it;
+}
+
 }  // namespace kgpu::k8s

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace kgpu::k8s {
 
 struct Resource {
@@ -31,6 +33,10 @@ struct Resource {
 const std::vector<Resource>& Resources();
 // By plural ("pods"), kind ("Pod") or short name ("po").
 const Resource* FindResource(std::string_view name);
+
+// j[key] for reading an API object: an empty object when j is not an object or has no such key,
+// or it is null (const operator[] on a missing key is undefined behaviour in nlohmann::json).
+const nlohmann::json& Field(const nlohmann::json& j, std::string_view key);
 
 // Percent-encodes a query value.
 std::string UrlEncode(std::string_view s);

@@ -163,13 +163,6 @@ bool SlurmFencedByUs(const SlurmNode& n) {
   return IsOwnedReason(n.reason) && (n.Drain() || n.PowerDownAskedOrDone());
 }
 
-const json& Field(const json& j, std::string_view key) {
-  static const json kEmpty = json::object();
-  if (!j.is_object()) return kEmpty;
-  const auto it = j.find(key);
-  return it == j.end() || it->is_null() ? kEmpty : *it;
-}
-
 bool K8sFenced(const json& node) {
   bool taint = false;
   for (const auto& t : F(node, "spec").value("taints", json::array())) taint = taint || IsOurTaint(t);

@@ -39,6 +39,7 @@
 #include "k8s/client.h"
 #include "k8s/events.h"
 #include "k8s/informer.h"
+#include "k8s/resources.h"
 #include "slurm/client.h"
 #include "slurm/lease.h"
 
@@ -228,9 +229,8 @@ class BridgeWatch {
 };
 
 // Kubernetes side helpers (pure, on Node JSON).
-// j[key] for reading: an empty object when j is not an object or has no such key (const
-// operator[] on a missing key is undefined behaviour in nlohmann::json).
-const nlohmann::json& Field(const nlohmann::json& j, std::string_view key);
+// j[key] for reading (k8s/resources.h).
+using k8s::Field;
 bool K8sFenced(const nlohmann::json& node);
 // Slurm side: drained, or powered down (requested, under way or done), with a kgpu-lend reason.
 bool SlurmFencedByUs(const SlurmNode& node);
