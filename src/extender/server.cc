@@ -130,6 +130,18 @@ Extender::Reply Extender::Filter(std::string_view body) {
         preempt_cv_.notify_one();
       }
     }
+    if (!out.closest_node.empty()) {
+      // The reasons kube-scheduler shows are one line per cause (it counts identical ones); the
+      // nearest node's own figures go to an Event on the pod, where `kubectl describe` shows them.
+      const json meta = args->pod.value("metadata", json::object());
+      const std::string ns = meta.value("namespace", "default"), name = meta.value("name", "");
+      const std::string note = Cat("none of ", names.size(), " nodes can take the pod's GPUs; nearest: node ",
+                                   out.closest_node, ": ", out.closest_why);
+      Log("extender")->debug("pod {}/{}: {}", ns, name, note);
+      if (!name.empty()) {
+        QueueEvent({{"v1", "Pod", ns, name, meta.value("uid", "")}, "Warning", "GPUsUnavailable", "Filter", note});
+      }
+    }
     r.failed_nodes = std::move(out.failed);
     r.failed_and_unresolvable = std::move(out.unresolvable);
     metrics_.Count("kgpu_extender_filter_nodes_total", {{"result", "passed"}}, passed);
@@ -447,6 +459,24 @@ absl::Status Extender::Start() {
       CarryOut(plan, stop);
     }
   });
+  events_thread_ = std::jthread([this](std::stop_token stop) {
+    while (true) {
+      PendingEvent e;
+      {
+        std::unique_lock lock(events_mu_);
+        if (!events_cv_.wait(lock, stop, [&] { return !event_queue_.empty(); })) return;
+        e = std::move(event_queue_.front());
+        event_queue_.pop_front();
+      }
+      if (auto st = events_.Record(e.regarding, e.type, e.reason, e.action, e.note); !st.ok()) {
+        metrics_.Count("kgpu_extender_events_total", {{"result", "failed"}});
+        Log("extender")->warn("event {} on pod {}/{}: {}", e.reason, e.regarding.ns, e.regarding.name,
+                              std::string(st.message()));
+      } else {
+        metrics_.Count("kgpu_extender_events_total", {{"result", "written"}});
+      }
+    }
+  });
   if (opts_.leader_elect) {
     k8s::LeaderElectionConfig lc;
     lc.ns = opts_.lease_namespace;
@@ -533,6 +563,16 @@ absl::Status Extender::Start() {
   return absl::OkStatus();
 }
 
+void Extender::QueueEvent(PendingEvent e) {
+  std::lock_guard lock(events_mu_);
+  if (event_queue_.size() >= kMaxQueuedEvents) {
+    metrics_.Count("kgpu_extender_events_total", {{"result", "dropped"}});
+    return;
+  }
+  event_queue_.push_back(std::move(e));
+  events_cv_.notify_one();
+}
+
 void Extender::Stop() {
   // The Lease first: the standby takes over now, not after the HTTP drain below (this replica
   // answers "not the leader" from here on). Every reply from now on closes its connection, so
@@ -543,9 +583,11 @@ void Extender::Stop() {
     elector_thread_.join();
   }
   if (http_) http_->stop();
-  if (preemption_thread_.joinable()) {
-    preemption_thread_.request_stop();
-    preemption_thread_.join();
+  for (auto* t : {&preemption_thread_, &events_thread_}) {
+    if (t->joinable()) {
+      t->request_stop();
+      t->join();
+    }
   }
   // Joining the listener waits for its workers: httplib lets an idle keep-alive connection sit for
   // the keep-alive timeout (1 s) without noticing that the server stopped.

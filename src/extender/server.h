@@ -129,6 +129,19 @@ class Extender {
   std::condition_variable_any preempt_cv_;
   std::deque<PreemptionPlan> preempt_queue_;
   std::jthread preemption_thread_;
+  // Events written off the verbs' path (a filter answers before its Event is written): the
+  // nearest node's figures for a pod no node takes. At most kMaxQueuedEvents wait; more are
+  // dropped (and counted), as client-go's broadcaster drops when its queue is full.
+  struct PendingEvent {
+    k8s::ObjectRef regarding;
+    std::string type, reason, action, note;
+  };
+  static constexpr size_t kMaxQueuedEvents = 256;
+  std::mutex events_mu_;
+  std::condition_variable_any events_cv_;
+  std::deque<PendingEvent> event_queue_;
+  std::jthread events_thread_;
+  void QueueEvent(PendingEvent e);
 };
 
 // `%` doubled: kube-scheduler passes an Error through fmt.Errorf.

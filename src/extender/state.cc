@@ -235,7 +235,7 @@ sched::Policy& State::PolicyFor(const Compiled& c) {
 }
 
 std::string State::ExplainLocked(const Compiled& c, const std::string& name, bool* unresolvable, const char** category,
-                                 RefusalMemo* memo) {
+                                 RefusalMemo* memo, RefusalDetail* detail) {
   *unresolvable = true;
   const char* unused = nullptr;
   const char*& cat = category != nullptr ? *category : unused;
@@ -257,11 +257,11 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
     const std::string& mode = c.pod.enforcement;
     if (std::find(info.enforcement.begin(), info.enforcement.end(), mode) == info.enforcement.end()) {
       cat = "enforcement";
-      return Cat("enforcement '", mode, "' is not permitted on this node (it permits: ", Join(info.enforcement, ", "),
-                 ")");
+      if (detail != nullptr && detail->want_text) detail->text = Cat("it permits: ", Join(info.enforcement, ", "));
+      return Cat("enforcement '", mode, "' is not permitted on this node");
     }
   }
-  if (c.parts.size() == 1) return ExplainPartLocked(c, c.parts[0], name, info, id, unresolvable, cat, memo);
+  if (c.parts.size() == 1) return ExplainPartLocked(c, c.parts[0], name, info, id, unresolvable, cat, memo, detail);
 
   // Several GPU containers: each must fit with those before it booked (a trial, undone).
   const auto& ns = engine_->cluster().node(id);
@@ -272,15 +272,19 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
   }
   if (whole_needed > whole_here) {
     cat = "too_few_gpus";
-    return Cat("the pod's containers ask for ", whole_needed, " whole GPUs (", kWholeGpu, ") together, this node has ",
-               whole_here);
+    if (detail != nullptr) {
+      detail->nearness = static_cast<double>(whole_here) / whole_needed;
+      if (detail->want_text) detail->text = Cat("it has ", whole_here);
+    }
+    return Cat("fewer than ", whole_needed, " GPUs on this node serve whole-GPU pods (", kWholeGpu,
+               "), which the pod's containers ask for together");
   }
   const auto masked = MaskLocked(c, name);
   std::vector<std::string> placed;
   std::string why;
   bool beside_others = false;  // the refusal came with some of the pod's containers placed
   for (const auto& part : c.parts) {
-    why = ExplainPartLocked(c, part, name, info, id, unresolvable, cat, nullptr);
+    why = ExplainPartLocked(c, part, name, info, id, unresolvable, cat, nullptr, detail);
     if (!why.empty()) {
       beside_others = !placed.empty();
       why = Cat("container ", c.Gpu(part).name, ": ", why,
@@ -390,7 +394,8 @@ bool State::TryPlacePartLocked(const Compiled& c, const Part& part, int id, cons
 }
 
 std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const std::string& name, const NodeInfo& info,
-                                     int id, bool* unresolvable, const char*& cat, RefusalMemo* memo) {
+                                     int id, bool* unresolvable, const char*& cat, RefusalMemo* memo,
+                                     RefusalDetail* detail) {
   *unresolvable = true;
   const auto& ns = engine_->cluster().node(id);
   const ContainerRequest& g = c.Gpu(part);
@@ -408,12 +413,15 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
     return "this node's device plugin runs migStrategy single (its MIG devices are nvidia.com/gpu), which kgpu "
            "extender does not place; run it with migStrategy mixed (nvidia.com/mig-<profile>)";
   }
+  const bool want_text = detail != nullptr && detail->want_text;
   // UUID lists make the answer depend on more than the shape.
   if (memo != nullptr && !c.pod.uuids.empty()) memo = nullptr;
   if (memo != nullptr && !c.pod.uuids_deny.empty()) memo = nullptr;
   if (memo != nullptr) {
     if (const auto m = memo->find(info.shape_id); m != memo->end()) {
       cat = m->second.category;
+      if (detail != nullptr) detail->nearness = m->second.detail.nearness;
+      if (want_text) detail->text = m->second.detail.text;
       return m->second.why;
     }
   }
@@ -452,17 +460,22 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
     ++fit_ok;
     eligible.push_back(i);
   }
+  // "no GPU …" for a pod that needs one, "fewer than N GPUs …" for one that needs several.
+  const auto few = [&](std::string_view one, std::string_view many) {
+    return need == 1 ? Cat("no GPU ", one) : Cat("fewer than ", need, " GPUs ", many);
+  };
+  const auto fraction = [](double have, double want) { return want <= 0 ? 0.0 : std::min(1.0, have / want); };
   if (fit_ok < need) {  // no capacity of the right kind here, used or not: preemption cannot help
+    RefusalDetail d;  // a shape's refusal is words once, whoever asks
     std::string why = [&]() -> std::string {
       if (kind_ok < need) {
         cat = "too_few_gpus";
-        if (shares) {
-          return kind_ok == 0 ? Cat("no GPU on this node serves shares (", kShares, ")")
-                              : Cat("only ", kind_ok, " GPUs on this node serve shares (", kShares, "); the pod needs ",
-                                    need, " shares on different GPUs");
-        }
+        d.nearness = fraction(kind_ok, need);
+        d.text = Cat("it has ", kind_ok);
+        if (shares) return few(Cat("on this node serves shares (", kShares, ")"), Cat("on this node serve shares (", kShares, ")"));
         if (g.kind == GpuKind::kMig) return "no GPU on this node is in MIG mode";
-        return Cat("this node has ", kind_ok, " GPUs for whole-GPU pods (", kWholeGpu, "), the pod needs ", need);
+        return few(Cat("on this node serves whole-GPU pods (", kWholeGpu, ")"),
+                 Cat("on this node serve whole-GPU pods (", kWholeGpu, ")"));
       }
       if (model_ok < need) {
         cat = "model";
@@ -470,22 +483,28 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
         for (size_t i = 0; i < info.gpus.size() && i < ns.gpus.size(); ++i) {
           if (right_kind(i)) node_models.insert(info.gpus[i].model);
         }
-        return Cat("no ", need > 1 ? Cat(need, " GPUs") : std::string("GPU"),
-                   " of the pod's models here (this node has: ", Join(node_models, ", "), ")");
+        d.text = Cat("this node has: ", Join(node_models, ", "));
+        return few("of the pod's models here", "of the pod's models here");
       }
       if (uuid_ok < need) {
         cat = "uuid";
-        return Cat("the pod's GPU UUID lists leave ", uuid_ok, " GPUs on this node, it needs ", need);
+        d.text = Cat(uuid_ok, " left");
+        return Cat("the pod's GPU UUID lists leave ", need == 1 ? "no GPU" : Cat("fewer than ", need, " GPUs"),
+                   " on this node");
       }
       cat = "unhealthy";
-      if (healthy_ok < need)
-        return Cat(uuid_ok - healthy_ok, " GPUs on this node are unhealthy; ", need, " healthy ones needed");
+      if (healthy_ok < need) {
+        d.nearness = fraction(healthy_ok, need);
+        d.text = Cat(uuid_ok - healthy_ok, " unhealthy");
+        return need == 1 ? std::string("no healthy GPU of the pod's kind on this node")
+                         : Cat("fewer than ", need, " healthy GPUs of the pod's kind on this node");
+      }
       cat = shares ? "gpu_too_small" : "no_mig_profile";
       if (shares) {
-        if (need == 1)
-          return Cat("no GPU on this node has ", per_mem, " MiB in total (largest: ", largest_total, " MiB)");
-        return Cat("only ", fit_ok, " GPUs on this node have ", per_mem, " MiB in total; the pod needs ", need,
-                   " shares on different GPUs");
+        d.nearness = need == 1 ? fraction(static_cast<double>(largest_total), static_cast<double>(per_mem))
+                               : fraction(fit_ok, need);
+        d.text = need == 1 ? Cat("largest: ", largest_total, " MiB") : Cat(fit_ok, " have");
+        return Cat(few("on this node has ", "on this node have "), per_mem, " MiB in total");
       }
       std::map<std::string, int> mig_profiles;
       for (size_t i : healthy) {
@@ -493,10 +512,12 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
       }
       std::vector<std::string> have;
       for (const auto& [p, n] : mig_profiles) have.push_back(Cat(p, " x", n));
-      return Cat("no MIG ", g.mig_profile,
-                 " instance on this node (it has: ", have.empty() ? std::string("none") : Join(have, ", "), ")");
+      d.text = Cat("it has: ", have.empty() ? std::string("none") : Join(have, ", "));
+      return Cat("no MIG ", g.mig_profile, " instance on this node");
     }();
-    if (memo != nullptr) memo->emplace(info.shape_id, StaticRefusal{why, cat});
+    if (detail != nullptr) detail->nearness = d.nearness;
+    if (want_text) detail->text = d.text;
+    if (memo != nullptr) memo->emplace(info.shape_id, StaticRefusal{why, cat, std::move(d)});
     return why;
   }
 
@@ -510,15 +531,19 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
   }
   *unresolvable = false;  // lower-priority pods hold it: preemption can help
   cat = "gpus_busy";
-  int64_t untracked = 0;  // memory of the eligible GPUs in use outside the records (its node's report)
-  for (size_t i : eligible) untracked += ns.gpus[i].untracked_mib;
-  const std::string outside =
-      untracked > 0 ? Cat("; ", untracked, " MiB of their memory is in use outside kgpu's records") : "";
+  // Memory of the eligible GPUs in use outside the records (its node's report).
+  const auto outside = [&]() -> std::string {
+    int64_t untracked = 0;
+    for (size_t i : eligible) untracked += ns.gpus[i].untracked_mib;
+    return untracked > 0 ? Cat("; ", untracked, " MiB of their memory is in use outside kgpu's records") : "";
+  };
   if (g.kind == GpuKind::kWhole) {
     int free = 0;
     for (size_t i : eligible) free += ns.gpus[i].FullyFree() ? 1 : 0;
-    return Cat("only ", free, " of ", eligible.size(), " GPUs here are free; the pod needs ", need, " whole GPUs",
-               outside);
+    if (detail != nullptr) detail->nearness = fraction(free, need);
+    if (want_text) detail->text = Cat(free, " of ", eligible.size(), " free", outside());
+    return need == 1 ? std::string("no free GPU here for a whole-GPU pod")
+                     : Cat("fewer than ", need, " free GPUs here for a whole-GPU pod");
   }
   if (g.kind == GpuKind::kMig) {
     cat = "mig_busy";
@@ -531,11 +556,12 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
         used += gs.mig_used[k] ? 1 : 0;
       }
     }
-    return Cat("every MIG ", g.mig_profile, " instance here is in use (", used, " of ", total, ")");
+    if (want_text) detail->text = Cat(used, " of ", total, " in use");
+    return Cat("every MIG ", g.mig_profile, " instance here is in use");
   }
   int mem_ok = 0, cores_ok = 0, slots_ok = 0, all_ok = 0;
   int64_t best_mem = -1, best_milli = -1;
-  std::string best_mem_uuid, best_cores_uuid;
+  size_t best_mem_gpu = 0, best_cores_gpu = 0;
   for (size_t i : eligible) {
     const auto& gs = ns.gpus[i];
     const bool m = gs.free_memory_mib >= per_mem;
@@ -547,33 +573,66 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
     all_ok += m && k && s;
     if (s && gs.free_memory_mib > best_mem) {
       best_mem = gs.free_memory_mib;
-      best_mem_uuid = info.gpus[i].uuid;
+      best_mem_gpu = i;
     }
     if (s && gs.free_milli > best_milli) {
       best_milli = gs.free_milli;
-      best_cores_uuid = info.gpus[i].uuid;
+      best_cores_gpu = i;
     }
   }
-  const std::string largest = best_mem >= 0 ? Cat("largest free: ", best_mem, " MiB on ", best_mem_uuid) : "";
-  const std::string most = best_milli >= 0 ? Cat("most free: ", best_milli / 10, "% on ", best_cores_uuid) : "";
   if (slots_ok < need) {
     cat = "slots";
-    return Cat(need == 1 ? std::string("every GPU here already holds its ")
-                         : Cat("only ", slots_ok, " GPUs here have a free slot of their "),
-               eligible.empty() ? 0 : ns.gpus[eligible[0]].max_shares, " shares",
-               need == 1 ? "" : Cat("; the pod needs ", need));
+    if (detail != nullptr) detail->nearness = fraction(slots_ok, need);
+    if (want_text) {
+      detail->text = Cat(slots_ok, " have; ", eligible.empty() ? 0 : ns.gpus[eligible[0]].max_shares, " shares per GPU");
+    }
+    return need == 1 ? std::string("every GPU here already holds its most shares")
+                     : Cat("fewer than ", need, " GPUs here have a free share slot");
   }
   if (mem_ok < need || (per_mem > 0 && all_ok < need && cores_ok >= need)) {
     cat = "memory";
-    if (need == 1) return Cat("no single GPU with ", per_mem, " MiB free (", largest, ")", outside);
-    return Cat("only ", std::min(mem_ok, all_ok), " GPUs here have ", per_mem, " MiB free; the pod needs ", need,
-               " on different GPUs (", largest, ")", outside);
+    if (detail != nullptr) {
+      detail->nearness = need == 1 ? fraction(static_cast<double>(best_mem), static_cast<double>(per_mem))
+                                   : fraction(std::min(mem_ok, all_ok), need);
+    }
+    if (want_text) {
+      detail->text =
+          Cat(need == 1 ? std::string() : Cat(std::min(mem_ok, all_ok), " have; "),
+              best_mem >= 0 ? Cat("largest free: ", best_mem, " MiB on ", info.gpus[best_mem_gpu].uuid) : "", outside());
+    }
+    if (need == 1) return Cat("no single GPU with ", per_mem, " MiB free");
+    return Cat("fewer than ", need, " GPUs here have ", per_mem, " MiB free");
   }
   cat = "cores";
   const int64_t pct = part.req.milli / 10;
-  if (need == 1) return Cat("no single GPU with ", pct, "% of its cores free (", most, ")");
-  return Cat("only ", std::min(cores_ok, all_ok), " GPUs here have ", pct, "% of their cores free; the pod needs ",
-             need, " on different GPUs (", most, ")");
+  if (detail != nullptr) {
+    detail->nearness = need == 1 ? fraction(static_cast<double>(best_milli), static_cast<double>(part.req.milli))
+                                 : fraction(std::min(cores_ok, all_ok), need);
+  }
+  if (want_text) {
+    detail->text = Cat(need == 1 ? std::string() : Cat(std::min(cores_ok, all_ok), " have; "),
+                       best_milli >= 0 ? Cat("most free: ", best_milli / 10, "% on ", info.gpus[best_cores_gpu].uuid) : "");
+  }
+  if (need == 1) return Cat("no single GPU with ", pct, "% of its cores free");
+  return Cat("fewer than ", need, " GPUs here have ", pct, "% of their cores free");
+}
+
+namespace {
+// "why (the node's figures)", as an operator reads one node's refusal.
+std::string WithDetail(std::string why, const RefusalDetail& d) {
+  if (!why.empty() && !d.text.empty()) why += Cat(" (", d.text, ")");
+  return why;
+}
+}  // namespace
+
+std::string State::Explain(const json& pod, const std::string& node) {
+  std::lock_guard lock(mu_);
+  auto c = CompileLocked(pod);
+  bool unres = false;
+  RefusalDetail d;
+  std::string why = HeldLocked(*c, node, &d);
+  if (why.empty()) why = ExplainLocked(*c, node, &unres, nullptr, nullptr, &d);
+  return WithDetail(std::move(why), d);
 }
 
 FilterOutcome State::Filter(const json& pod, const std::vector<std::string>& nodes) {
@@ -582,16 +641,25 @@ FilterOutcome State::Filter(const json& pod, const std::vector<std::string>& nod
   auto c = CompileLocked(pod);
   std::vector<std::pair<const char*, int>> reasons;  // few categories: a map per node cost more
   RefusalMemo memo;
+  // The nearest refused node: one preemption can help on before one it cannot, then nearness.
+  const std::string* closest = nullptr;
+  std::pair<bool, double> closest_key{false, -1};
   for (const auto& n : nodes) {
     bool unres = false;
     const char* cat = "held";
+    RefusalDetail d;
+    d.want_text = false;
     std::string why = HeldLocked(*c, n);
-    if (why.empty()) why = ExplainLocked(*c, n, &unres, &cat, &memo);
+    if (why.empty()) why = ExplainLocked(*c, n, &unres, &cat, &memo, &d);
     if (!why.empty()) {
       auto r =
           std::find_if(reasons.begin(), reasons.end(), [&](const auto& e) { return std::strcmp(e.first, cat) == 0; });
       if (r == reasons.end()) r = reasons.insert(reasons.end(), {cat, 0});
       ++r->second;
+      if (const std::pair<bool, double> key{!unres, d.nearness}; closest == nullptr || key > closest_key) {
+        closest = &n;
+        closest_key = key;
+      }
     }
     if (why.empty()) {
       out.passed.push_back(n);
@@ -602,6 +670,14 @@ FilterOutcome State::Filter(const json& pod, const std::vector<std::string>& nod
     }
   }
   for (const auto& [cat, count] : reasons) out.reasons[cat] += count;
+  if (out.passed.empty() && closest != nullptr) {
+    bool unres = false;
+    RefusalDetail d;
+    std::string why = HeldLocked(*c, *closest, &d);
+    if (why.empty()) why = ExplainLocked(*c, *closest, &unres, nullptr, nullptr, &d);
+    out.closest_node = *closest;
+    out.closest_why = WithDetail(std::move(why), d);
+  }
   return out;
 }
 
@@ -964,9 +1040,10 @@ absl::StatusOr<Assumption> State::Assume(const json& pod, const std::string& nod
     BookWaitingLocked(was_on);
   }
   bool unres = false;
-  std::string why = HeldLocked(*c, node);
-  if (why.empty()) why = ExplainLocked(*c, node, &unres, nullptr);
-  if (!why.empty()) return absl::FailedPreconditionError(Cat("node ", node, ": ", why));
+  RefusalDetail d;
+  std::string why = HeldLocked(*c, node, &d);
+  if (why.empty()) why = ExplainLocked(*c, node, &unres, nullptr, nullptr, &d);
+  if (!why.empty()) return absl::FailedPreconditionError(Cat("node ", node, ": ", WithDetail(std::move(why), d)));
   const int id = engine_->cluster().FindNode(node);
   const NodeInfo& info = nodes_.at(node);
   const auto masked = MaskLocked(*c, node);
@@ -1083,7 +1160,7 @@ std::map<std::string, MetaVictims> State::Preempt(const json& pod, const std::ma
   return out;
 }
 
-std::string State::HeldLocked(const Compiled& c, const std::string& node) {
+std::string State::HeldLocked(const Compiled& c, const std::string& node, RefusalDetail* detail) {
   if (holds_.empty() || !c.wants_gpu || !c.pod_error.empty()) return "";
   const auto now = std::chrono::steady_clock::now();
   for (auto it = holds_.begin(); it != holds_.end();) {
@@ -1093,8 +1170,8 @@ std::string State::HeldLocked(const Compiled& c, const std::string& node) {
       continue;
     }
     if (h.Active(now) && h.node == node && it->first != c.uid && h.priority >= c.pod.priority) {
-      return Cat("the node's GPUs are held for pod ", h.ns, "/", h.name, " (priority ", h.priority,
-                 "), which is preempting lower-priority pods here");
+      if (detail != nullptr && detail->want_text) detail->text = Cat("pod ", h.ns, "/", h.name, ", priority ", h.priority);
+      return "the node's GPUs are held for a pod of higher or equal priority that is preempting lower-priority pods here";
     }
     ++it;
   }

@@ -51,11 +51,23 @@ struct StateOptions {
   std::chrono::milliseconds preemption_hold{60000}, preemption_backoff{30000};
 };
 
+// A refused node's own figures, beside the reason every node refused for that cause shares.
+struct RefusalDetail {
+  bool want_text = true;  // false: nearness only (Filter ranks every refused node, words one)
+  std::string text;       // "largest free: 6144 MiB on GPU-…"; may be empty
+  // How near the node came, 0..1 (what its best GPUs offer of what the pod asks, for the cause
+  // that refused it): the node an operator should look at first is the nearest.
+  double nearness = 0;
+};
+
 struct FilterOutcome {
   std::vector<std::string> passed;
   NodeReasons failed;                  // preemption may help
   NodeReasons unresolvable;            // it cannot
   std::map<std::string, int> reasons;  // failed nodes by reason category
+  // With no node passed: the refused node nearest to taking the pod (one preemption could help
+  // before one it cannot), and its reason with its figures; empty otherwise.
+  std::string closest_node, closest_why;
 };
 
 struct Assumption {
@@ -109,6 +121,10 @@ class State {
   void RemoveBudget(const nlohmann::json& pdb);
 
   FilterOutcome Filter(const nlohmann::json& pod, const std::vector<std::string>& nodes);
+  // Why `node` cannot take the pod now, with the node's own figures ("no single GPU with 8000
+  // MiB free (largest free: 6144 MiB on GPU-…)"); empty when it can. For operators (/debug) and
+  // tests: Filter answers the reason alone.
+  std::string Explain(const nlohmann::json& pod, const std::string& node);
   std::vector<HostPriority> Prioritize(const nlohmann::json& pod, const std::vector<std::string>& nodes);
   // Chooses the GPUs on `node` and books them. FailedPrecondition with the reason when the pod no
   // longer fits there; InvalidArgument for a request that can never be scheduled.
@@ -182,17 +198,23 @@ class State {
 
   absl::StatusOr<Compiled> CompileLocked(const nlohmann::json& pod) const;
   // Why `node` cannot take the pod: empty when it can; sets *unresolvable and the reason category.
+  // The reason depends on the pod and the cause only, never on the node's figures, so that
+  // kube-scheduler's event, which counts identical reasons, stays one line per cause at any
+  // cluster size ("5000 no single GPU with 80000 MiB free"). The node's own figures go to
+  // *detail when asked for (Explain(), the closest node of a Filter, a refused bind).
   // A node's refusal that depends only on its StaticShape (never on what runs there), per shape.
   struct StaticRefusal {
     std::string why;
     const char* category;
+    RefusalDetail detail;
   };
   using RefusalMemo = absl::flat_hash_map<int, StaticRefusal>;  // keys: NodeInfo::shape_id
   std::string ExplainLocked(const Compiled& c, const std::string& node, bool* unresolvable, const char** category,
-                            RefusalMemo* memo = nullptr);
+                            RefusalMemo* memo = nullptr, RefusalDetail* detail = nullptr);
   // One GPU container's refusal on a node (the node is known and has an inventory).
   std::string ExplainPartLocked(const Compiled& c, const Part& part, const std::string& node, const NodeInfo& info,
-                                int id, bool* unresolvable, const char*& category, RefusalMemo* memo);
+                                int id, bool* unresolvable, const char*& category, RefusalMemo* memo,
+                                RefusalDetail* detail);
   // Books one GPU container on node `id` under engine key `key` where the pod's policy puts it;
   // false when it does not fit. Appends the key to *placed; adds the policy's score to *score
   // (when scoring, a node the policy would not use is false too).
@@ -208,7 +230,7 @@ class State {
   std::vector<int> MaskLocked(const Compiled& c, const std::string& node);
   void UnmaskLocked(const std::string& node, const std::vector<int>& masked);
   // Why `node` is held for another pod's preemption against this one (empty when it is not).
-  std::string HeldLocked(const Compiled& c, const std::string& node);
+  std::string HeldLocked(const Compiled& c, const std::string& node, RefusalDetail* detail = nullptr);
   // Of these pods (in this order), those a PodDisruptionBudget would not let go.
   std::set<std::string> BudgetViolationsLocked(const std::vector<std::string>& uids) const;
   sched::Policy& PolicyFor(const Compiled& c);

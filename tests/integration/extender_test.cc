@@ -277,8 +277,7 @@ TEST_F(ExtenderTest, EveryVerbOnTheWire) {
   EXPECT_EQ(fr["NodeNames"], json({"node-a"}));
   EXPECT_TRUE(fr["Nodes"].is_null());
   EXPECT_EQ(fr["Error"], "");
-  EXPECT_EQ(fr["FailedAndUnresolvableNodes"]["node-b"],
-            "no GPU on this node has 10000 MiB in total (largest: 8192 MiB)");
+  EXPECT_EQ(fr["FailedAndUnresolvableNodes"]["node-b"], "no GPU on this node has 10000 MiB in total");
   EXPECT_EQ(fr["FailedAndUnresolvableNodes"]["node-c"], "no GPU on this node serves shares (kgpu.io/gpu)");
   // nodeCacheCapable: false — the full NodeList in, full Nodes out, NodeNames null.
   std::vector<json> full;
@@ -331,8 +330,14 @@ TEST_F(ExtenderTest, EveryVerbOnTheWire) {
   const json second = CreatePod(TestPod("ns", "q", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}}, {}, 100));
   ASSERT_TRUE(WaitFor([&] { return ext->state().Stats().booked == 1; }));
   auto f2 = http.Post("/gpu/filter", EncodeExtenderArgs(second, {"node-a"}), "application/json");
-  EXPECT_EQ(json::parse(f2->body)["FailedNodes"]["node-a"],
-            "no single GPU with 10000 MiB free (largest free: 6384 MiB on " + TestGpuUuid("node-a", 0) + ")");
+  EXPECT_EQ(json::parse(f2->body)["FailedNodes"]["node-a"], "no single GPU with 10000 MiB free");
+  // The nearest node's own figures: an Event on the pod, where `kubectl describe pod` shows them.
+  const json near = WaitForEvent("GPUsUnavailable", "q");
+  ASSERT_FALSE(near.is_null());
+  EXPECT_EQ(near["type"], "Warning");
+  EXPECT_EQ(near["note"], "none of 1 nodes can take the pod's GPUs; nearest: node node-a: no single GPU with 10000 MiB "
+                          "free (largest free: 6384 MiB on " +
+                              TestGpuUuid("node-a", 0) + ")");
   // preempt: p on node-a frees enough; an unknown node is dropped.
   auto pe = http.Post("/gpu/preempt", EncodePreemptionArgs(second, {{"node-a", {{uid}, 0}}, {"node-b", {{"x"}, 0}}}),
                       "application/json");
@@ -489,7 +494,7 @@ TEST_F(ExtenderTest, MixedPodsThroughTheSchedulerWithQuota) {
   auto big = Schedule(TestPod("other", "big", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "12000"}}));
   EXPECT_FALSE(big.bound);
   EXPECT_NE(big.message.find("0/3 nodes are available: "), std::string::npos) << big.message;
-  EXPECT_NE(big.message.find("1 no single GPU with 12000 MiB free (largest free: "), std::string::npos) << big.message;
+  EXPECT_NE(big.message.find("1 no single GPU with 12000 MiB free"), std::string::npos) << big.message;
   // Nothing is over-committed: per GPU, what the records book fits the GPU.
   for (const auto& [id, u] : UseFromRecords()) {
     if (id.rfind("MIG-", 0) == 0 || u.whole) {
@@ -499,6 +504,33 @@ TEST_F(ExtenderTest, MixedPodsThroughTheSchedulerWithQuota) {
       EXPECT_LE(u.holders, 16) << id;
     }
   }
+}
+
+// kube-scheduler's FailedScheduling counts identical reasons and its Event note is cut at 1,024
+// bytes: 400 nodes whose GPUs differ in size give one line per cause, and the note still says
+// why; the nearest node's figures come in the extender's own Event on the pod.
+TEST_F(ExtenderTest, TheFailedSchedulingEventSaysWhyAtAnyClusterSize) {
+  for (int i = 0; i < 400; ++i) AddNode(TestNode("n" + std::to_string(i), {ShareGpu(16000 + i)}));
+  AddNode(TestNode("dgx-0", {WholeGpu(), WholeGpu()}));
+  AddNode(TestNode("dgx-1", {WholeGpu(), WholeGpu()}));
+  StartExtender();
+  StartScheduler(Url());
+  auto big = Schedule(TestPod("ns", "big", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "40000"}}));
+  EXPECT_FALSE(big.bound);
+  EXPECT_LE(big.message.size(), 1024u) << big.message;
+  // kube-scheduler passes the extender the first feasible nodes it finds, 188 of 400 here (its
+  // adaptive percentageOfNodesToScore: 50% - 402/125), and counts only the nodes it evaluated.
+  EXPECT_EQ(big.message,
+            "0/402 nodes are available: 188 no GPU on this node has 40000 MiB in total, 2 Insufficient kgpu.io/gpu.");
+  const json near = WaitForEvent("GPUsUnavailable", "big");
+  ASSERT_FALSE(near.is_null());
+  const std::string note = near.value("note", "");
+  const std::string head = "none of 188 nodes can take the pod's GPUs; nearest: node n";
+  ASSERT_EQ(note.rfind(head, 0), 0u) << note;
+  const int k = std::stoi(note.substr(head.size()));
+  EXPECT_EQ(note.substr(note.find(':', head.size())),
+            ": no GPU on this node has 40000 MiB in total (largest: " + std::to_string(16000 + k) + " MiB)");
+  EXPECT_EQ(near["reportingController"], "kgpu.io/extender");
 }
 
 TEST_F(ExtenderTest, KubeSchedulerPreemptsForWholeGpusButCannotSeeMemoryShortfalls) {
@@ -546,8 +578,8 @@ TEST_F(ExtenderTest, TheExtenderPreemptsForMemoryShortfallsThroughTheEvictionApi
   auto hi = Schedule(share("hi", "8000", 1000, "hi"));
   EXPECT_FALSE(hi.bound);
   EXPECT_FALSE(hi.preempt_called);
-  EXPECT_NE(hi.message.find("no single GPU with 8000 MiB free (largest free: 2000 MiB"), std::string::npos)
-      << hi.message;
+  EXPECT_NE(hi.message.find("no single GPU with 8000 MiB free"), std::string::npos) << hi.message;
+  EXPECT_NE(WaitForEvent("GPUsUnavailable", "hi").value("note", "").find("(largest free: 2000 MiB"), std::string::npos);
   EXPECT_NE(hi.message.find("preempting 1 lower-priority pod(s) here: ns/low"), std::string::npos) << hi.message;
   // The victim is evicted (Terminating for its grace period, then gone); meanwhile nothing of
   // lower priority takes the node, and the preemptor binds there.
@@ -556,7 +588,9 @@ TEST_F(ExtenderTest, TheExtenderPreemptsForMemoryShortfallsThroughTheEvictionApi
   }));
   auto sneaky = Schedule(share("sneaky", "1000", 5, "sneaky"));
   EXPECT_FALSE(sneaky.bound);
-  EXPECT_NE(sneaky.message.find("held for pod ns/hi (priority 1000)"), std::string::npos) << sneaky.message;
+  EXPECT_NE(sneaky.message.find("held for a pod of higher or equal priority"), std::string::npos) << sneaky.message;
+  EXPECT_NE(WaitForEvent("GPUsUnavailable", "sneaky").value("note", "").find("(pod ns/hi, priority 1000)"),
+            std::string::npos);
   EXPECT_TRUE(RescheduleUntilBound("ns", "hi"));
   EXPECT_EQ(GetPod("ns", "hi")["spec"]["nodeName"], "share");
   EXPECT_EQ(GetPod("ns", "peer")["spec"]["nodeName"], "share");  // untouched
@@ -775,8 +809,7 @@ TEST_F(ExtenderTest, ARestartedExtenderRebuildsFromRecordsAndNeverDoubleAllocate
   // 32000 - 30000 booked: room for no further 5000 MiB pod on either GPU... 16000 - 15000 = 1000 each.
   auto more = Schedule(TestPod("ns", "b0", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "5000"}}));
   EXPECT_FALSE(more.bound);
-  EXPECT_NE(more.message.find("no single GPU with 5000 MiB free (largest free: 1000 MiB"), std::string::npos)
-      << more.message;
+  EXPECT_NE(more.message.find("no single GPU with 5000 MiB free"), std::string::npos) << more.message;
   auto fits = Schedule(TestPod("ns", "b1", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}));
   EXPECT_TRUE(fits.bound) << fits.message;
   for (const auto& [id, u] : UseFromRecords()) EXPECT_LE(u.memory, 16000) << id;

@@ -435,8 +435,9 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::Decide(const json& pod) {
   }
   std::map<std::string, int> counts;
   for (const auto& [n, why] : reasons) ++counts[why];
-  std::vector<std::string> parts;
+  std::vector<std::string> parts;  // FitError.Error(): "<count> <reason>" strings, sorted as strings
   for (const auto& [why, c] : counts) parts.push_back(Cat(c, " ", why));
+  std::sort(parts.begin(), parts.end());
   out.message = Cat("0/", all_nodes, " nodes are available: ", Join(parts, ", "), ".");
   if (prio <= 0 || resolvable.empty()) return out;
   // Preemption dry run on the resolvable nodes (in-tree fit only), then the extender's preempt.

@@ -327,7 +327,7 @@ TEST_F(StateTest, NodesOfOneShapeShareTheirRefusalAndEveryDifferenceCounts) {
   auto out =
       state.Filter(WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}), "u-p"), order);
   EXPECT_EQ(out.passed, std::vector<std::string>{"s32"});
-  const std::string too_small = "no GPU on this node has 20000 MiB in total (largest: 16384 MiB)";
+  const std::string too_small = "no GPU on this node has 20000 MiB in total";
   const std::string no_shares = "no GPU on this node serves shares (kgpu.io/gpu)";
   std::vector<std::pair<std::string, std::string>> got(out.unresolvable.begin(), out.unresolvable.end());
   EXPECT_EQ(got, (std::vector<std::pair<std::string, std::string>>{
@@ -335,16 +335,20 @@ TEST_F(StateTest, NodesOfOneShapeShareTheirRefusalAndEveryDifferenceCounts) {
                      {"s16a", too_small},
                      {"w2", no_shares},
                      {"s16b", too_small},
-                     {"sick", "2 GPUs on this node are unhealthy; 1 healthy ones needed"},
+                     {"sick", "no healthy GPU of the pod's kind on this node"},
                      {"t4", too_small},
                      {"mig", no_shares}}));
   EXPECT_TRUE(out.failed.empty());
   EXPECT_EQ(out.reasons.at("too_few_gpus"), 3);
   EXPECT_EQ(out.reasons.at("gpu_too_small"), 3);
+  // The node's own figures, for whoever asks about one node.
+  const json p = WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}), "u-p");
+  EXPECT_EQ(state.Explain(p, "s16a"), too_small + " (largest: 16384 MiB)");
+  EXPECT_EQ(state.Explain(p, "sick"), "no healthy GPU of the pod's kind on this node (2 unhealthy)");
   // A model list: the T4 node refuses for its model now, the A100 nodes as before.
   auto t4 = state.Filter(WithUid(TestPod("ns", "m", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "A100"}}), "u-m"),
                          {"t4", "s16a", "s16b"});
-  EXPECT_EQ(t4.unresolvable.at("t4"), "no GPU of the pod's models here (this node has: Tesla T4)");
+  EXPECT_EQ(t4.unresolvable.at("t4"), "no GPU of the pod's models here");
   EXPECT_EQ(t4.passed, (std::vector<std::string>{"s16a", "s16b"}));
   // UUID lists depend on more than the shape: two nodes alike answer differently.
   auto pinned = state.Filter(WithUid(TestPod("ns", "u", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}},
@@ -352,14 +356,56 @@ TEST_F(StateTest, NodesOfOneShapeShareTheirRefusalAndEveryDifferenceCounts) {
                                      "u-u"),
                              {"s16a", "s32", "s16b"});
   EXPECT_EQ(pinned.passed, std::vector<std::string>{"s32"});
-  EXPECT_EQ(pinned.unresolvable.at("s16a"), "the pod's GPU UUID lists leave 0 GPUs on this node, it needs 1");
-  EXPECT_EQ(pinned.unresolvable.at("s16b"), "the pod's GPU UUID lists leave 0 GPUs on this node, it needs 1");
+  EXPECT_EQ(pinned.unresolvable.at("s16a"), "the pod's GPU UUID lists leave no GPU on this node");
+  EXPECT_EQ(pinned.unresolvable.at("s16b"), "the pod's GPU UUID lists leave no GPU on this node");
   // A node whose inventory changes takes its new shape's answer at once.
   state.UpsertNode(TestNode("s16b", {ShareGpu(32768), ShareGpu(16384)}));
   auto again = state.Filter(
       WithUid(TestPod("ns", "p2", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}), "u-p2"), {"s16a", "s16b"});
   EXPECT_EQ(again.passed, std::vector<std::string>{"s16b"});
   EXPECT_EQ(again.unresolvable.at("s16a"), too_small);
+}
+
+// kube-scheduler counts identical reasons into one line each ("0/5000 nodes are available: 5000
+// Insufficient cpu") and cuts its event at 1,024 bytes: a reason names the cause and the pod's
+// numbers, never the node's, so 300 nodes each with a different largest free GPU give one line.
+// The node's own figures are asked for one node: the nearest, which Filter names.
+TEST_F(StateTest, ReasonsAreOneTextPerCauseWhateverEachNodeHasFree) {
+  std::vector<std::string> names;
+  for (int i = 0; i < 300; ++i) {
+    const std::string n = "n" + std::to_string(i);
+    state.UpsertNode(TestNode(n, {ShareGpu(81920), ShareGpu(81920)}));
+    for (int g = 0; g < 2; ++g) {
+      const std::string pod = "f" + std::to_string(g) + n;
+      Book(WithUid(TestPod("ns", pod, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", std::to_string(10000 * (g + 1) + i)}},
+                           {{"kgpu.io/gpu-uuid", TestGpuUuid(n, g)}}),
+                   "u" + pod),
+           n);
+    }
+    names.push_back(n);
+  }
+  state.UpsertNode(TestNode("whole", {WholeGpu()}));
+  state.UpsertNode(TestNode("small", {ShareGpu(40960)}));
+  names.insert(names.begin() + 150, {"whole", "small"});
+  const json pod = WithUid(TestPod("ns", "big", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "75000"}}), "u-big");
+  const auto out = state.Filter(pod, names);
+  EXPECT_TRUE(out.passed.empty());
+  // kube-scheduler's histogram of FailedNodes and FailedAndUnresolvableNodes.
+  std::map<std::string, int> counts;
+  for (const auto& [n, why] : out.failed) ++counts[why];
+  for (const auto& [n, why] : out.unresolvable) ++counts[why];
+  EXPECT_EQ(counts, (std::map<std::string, int>{{"no GPU on this node has 75000 MiB in total", 1},
+                                                {"no GPU on this node serves shares (kgpu.io/gpu)", 1},
+                                                {"no single GPU with 75000 MiB free", 300}}));
+  // n0 has the most free (81920 - 10000 on GPU 0); a node preemption can help on comes first.
+  EXPECT_EQ(out.closest_node, "n0");
+  EXPECT_EQ(out.closest_why, "no single GPU with 75000 MiB free (largest free: 71920 MiB on " + TestGpuUuid("n0", 0) + ")");
+  EXPECT_EQ(state.Explain(pod, "n299"),
+            "no single GPU with 75000 MiB free (largest free: 71621 MiB on " + TestGpuUuid("n299", 0) + ")");
+  EXPECT_EQ(state.Explain(pod, "small"), "no GPU on this node has 75000 MiB in total (largest: 40960 MiB)");
+  // Only unresolvable nodes: the nearest of those.
+  const auto rest = state.Filter(pod, {"whole", "small"});
+  EXPECT_EQ(rest.closest_node, "small");
 }
 
 // Drift (facts §7(b)6): a node reports each GPU's memory in use; what exceeds the records'
@@ -387,9 +433,9 @@ TEST_F(StateTest, MemoryInUseBeyondTheRecordsIsNotPlacedAndIsCounted) {
                                  {{"kgpu.io/gpu-uuid", TestGpuUuid("share", 0)}}),
                          "u-p");
   auto out = state.Filter(p, {"share"});
-  EXPECT_EQ(out.failed.at("share"), "no single GPU with 8000 MiB free (largest free: 2484 MiB on " +
-                                        TestGpuUuid("share", 0) +
-                                        "); 9900 MiB of their memory is in use outside kgpu's records");
+  EXPECT_EQ(out.failed.at("share"), "no single GPU with 8000 MiB free");
+  EXPECT_EQ(out.closest_why, "no single GPU with 8000 MiB free (largest free: 2484 MiB on " + TestGpuUuid("share", 0) +
+                                 "; 9900 MiB of their memory is in use outside kgpu's records)");
   EXPECT_EQ(
       state
           .Filter(WithUid(TestPod("ns", "q", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}), "u-q"), {"share"})
@@ -397,9 +443,10 @@ TEST_F(StateTest, MemoryInUseBeyondTheRecordsIsNotPlacedAndIsCounted) {
       std::vector<std::string>{"share"});
   // The whole GPU with a stray process is not handed out.
   auto two = state.Filter(WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "2"}}), "u-w"), {"whole"});
-  EXPECT_EQ(two.failed.at("whole"),
-            "only 1 of 2 GPUs here are free; the pod needs 2 whole GPUs; 2048 MiB of their memory is in use outside "
-            "kgpu's records");
+  EXPECT_EQ(two.failed.at("whole"), "fewer than 2 free GPUs here for a whole-GPU pod");
+  EXPECT_EQ(two.closest_why,
+            "fewer than 2 free GPUs here for a whole-GPU pod (1 of 2 free; 2048 MiB of their memory is in use outside "
+            "kgpu's records)");
   auto one = state.Assume(WithUid(TestPod("ns", "w1", {{"nvidia.com/gpu", "1"}}), "u-w1"), "whole");
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(one->record.containers[0].gpus[0].uuid, TestGpuUuid("whole", 0));
@@ -455,7 +502,7 @@ TEST_F(StateTest, RecordsCorrectedToKubeletsDevicesAreBookedWithoutConflicts) {
   EXPECT_EQ(st.gpus_untracked, 0U);
   // Exactly GPU 2 is left, and the extender knows it.
   auto two = state.Filter(WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "2"}}), "u-w"), {"whole"});
-  EXPECT_EQ(two.failed.at("whole"), "only 1 of 4 GPUs here are free; the pod needs 2 whole GPUs");
+  EXPECT_EQ(two.closest_why, "fewer than 2 free GPUs here for a whole-GPU pod (1 of 4 free)");
   auto one = state.Assume(WithUid(TestPod("ns", "d", {{"nvidia.com/gpu", "1"}}), "u-d"), "whole");
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(one->record.containers[0].gpus[0].uuid, TestGpuUuid("whole", 2));
@@ -496,7 +543,7 @@ TEST_F(StateTest, RecordsAreBookedWhenTheirNodesMemoryReportCameFirst) {
   EXPECT_EQ(st.record_conflicts, 0U);
   EXPECT_EQ(st.gpus_untracked, 0U);
   auto two = fresh.Filter(WithUid(TestPod("ns", "x", {{"nvidia.com/gpu", "2"}}), "u-x"), {"whole"});
-  EXPECT_EQ(two.failed.at("whole"), "only 1 of 2 GPUs here are free; the pod needs 2 whole GPUs");
+  EXPECT_EQ(two.closest_why, "fewer than 2 free GPUs here for a whole-GPU pod (1 of 2 free)");
 }
 
 TEST_F(StateTest, FilterReasonsSayWhatIsShortAndWhetherPreemptionHelps) {
@@ -514,8 +561,10 @@ TEST_F(StateTest, FilterReasonsSayWhatIsShortAndWhetherPreemptionHelps) {
        "share");
   const json pod = WithUid(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}), "u-p");
   auto out = state.Filter(pod, {"share", "whole", "t4", "unknown"});
-  EXPECT_EQ(out.failed.at("share"),
+  EXPECT_EQ(out.failed.at("share"), "no single GPU with 8000 MiB free");
+  EXPECT_EQ(state.Explain(pod, "share"),
             "no single GPU with 8000 MiB free (largest free: 6144 MiB on " + TestGpuUuid("share", 0) + ")");
+  EXPECT_EQ(out.closest_node, "") << "a node passed";
   EXPECT_EQ(out.unresolvable.at("whole"), "no GPU on this node serves shares (kgpu.io/gpu)");
   EXPECT_EQ(out.unresolvable.at("unknown"),
             "node has no kgpu.io/gpu-inventory annotation (run kgpu node-labels on it)");
@@ -524,11 +573,15 @@ TEST_F(StateTest, FilterReasonsSayWhatIsShortAndWhetherPreemptionHelps) {
   // A share larger than any GPU: unresolvable, preemption cannot help.
   auto big = state.Filter(
       WithUid(TestPod("ns", "big", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "20000"}}), "u-big"), {"share"});
-  EXPECT_EQ(big.unresolvable.at("share"), "no GPU on this node has 20000 MiB in total (largest: 16384 MiB)");
+  EXPECT_EQ(big.unresolvable.at("share"), "no GPU on this node has 20000 MiB in total");
+  EXPECT_EQ(big.closest_why, "no GPU on this node has 20000 MiB in total (largest: 16384 MiB)");
   // Models: the pod's list against what the node has.
   auto a100 = state.Filter(WithUid(TestPod("ns", "m", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "A100"}}), "u-m"),
                            {"t4", "share"});
-  EXPECT_EQ(a100.unresolvable.at("t4"), "no GPU of the pod's models here (this node has: Tesla T4)");
+  EXPECT_EQ(a100.unresolvable.at("t4"), "no GPU of the pod's models here");
+  EXPECT_EQ(state.Explain(WithUid(TestPod("ns", "m", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "A100"}}), "u-m"),
+                          "t4"),
+            "no GPU of the pod's models here (this node has: Tesla T4)");
   EXPECT_EQ(a100.passed, std::vector<std::string>{"share"});
   auto none =
       state.Filter(WithUid(TestPod("ns", "h", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "H100"}}), "u-h"), {"t4"});
@@ -538,8 +591,7 @@ TEST_F(StateTest, FilterReasonsSayWhatIsShortAndWhetherPreemptionHelps) {
   // Cores.
   auto cores = state.Filter(WithUid(TestPod("ns", "c", {{"kgpu.io/gpu", "2"}, {"kgpu.io/gpu-cores", "200"}}), "u-c"),
                             {"share", "t4"});
-  EXPECT_EQ(cores.unresolvable.at("t4"),
-            "only 1 GPUs on this node serve shares (kgpu.io/gpu); the pod needs 2 shares on different GPUs");
+  EXPECT_EQ(cores.unresolvable.at("t4"), "fewer than 2 GPUs on this node serve shares (kgpu.io/gpu)");
   EXPECT_EQ(cores.passed, std::vector<std::string>{"share"}) << "memory shares take no cores";
   // Privileged share: refused everywhere.
   json priv = WithUid(TestPod("ns", "priv", {{"kgpu.io/gpu", "1"}}), "u-priv");
@@ -549,7 +601,8 @@ TEST_F(StateTest, FilterReasonsSayWhatIsShortAndWhetherPreemptionHelps) {
   state.UpsertNode(TestNode("strict", {ShareGpu(81920, 4)}, {}, {"hard"}));
   auto mps = state.Filter(WithUid(TestPod("ns", "x", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/enforcement", "none"}}), "u-x"),
                           {"strict"});
-  EXPECT_EQ(mps.unresolvable.at("strict"), "enforcement 'none' is not permitted on this node (it permits: hard)");
+  EXPECT_EQ(mps.unresolvable.at("strict"), "enforcement 'none' is not permitted on this node");
+  EXPECT_EQ(mps.closest_why, "enforcement 'none' is not permitted on this node (it permits: hard)");
 }
 
 TEST_F(StateTest, WholeMigAndUuidLists) {
@@ -563,8 +616,10 @@ TEST_F(StateTest, WholeMigAndUuidLists) {
   EXPECT_EQ(a->record.containers[0].gpus[0].uuid, TestGpuUuid("dgx", 2));
   EXPECT_EQ(a->record.containers[0].gpus[1].uuid, TestGpuUuid("dgx", 3));
   auto three = state.Filter(WithUid(TestPod("ns", "w3", {{"nvidia.com/gpu", "3"}}), "u-w3"), {"dgx", "mig"});
-  EXPECT_EQ(three.failed.at("dgx"), "only 2 of 4 GPUs here are free; the pod needs 3 whole GPUs");
-  EXPECT_EQ(three.unresolvable.at("mig"), "this node has 0 GPUs for whole-GPU pods (nvidia.com/gpu), the pod needs 3");
+  EXPECT_EQ(three.failed.at("dgx"), "fewer than 3 free GPUs here for a whole-GPU pod");
+  EXPECT_EQ(three.unresolvable.at("mig"), "fewer than 3 GPUs on this node serve whole-GPU pods (nvidia.com/gpu)");
+  EXPECT_EQ(three.closest_node, "dgx") << "preemption can help there";
+  EXPECT_EQ(three.closest_why, "fewer than 3 free GPUs here for a whole-GPU pod (2 of 4 free)");
   // MIG: the instance with the profile; then every one in use.
   auto m1 = state.Assume(WithUid(TestPod("ns", "m1", {{"nvidia.com/mig-1g.10gb", "1"}}), "u-m1"), "mig");
   ASSERT_TRUE(m1.ok()) << m1.status();
@@ -573,10 +628,12 @@ TEST_F(StateTest, WholeMigAndUuidLists) {
   EXPECT_TRUE(m1->record.containers[0].gpus[0].mig.rfind("MIG-mig-0-", 0) == 0);
   ASSERT_TRUE(state.Assume(WithUid(TestPod("ns", "m2", {{"nvidia.com/mig-1g.10gb", "1"}}), "u-m2"), "mig").ok());
   auto m3 = state.Filter(WithUid(TestPod("ns", "m3", {{"nvidia.com/mig-1g.10gb", "1"}}), "u-m3"), {"mig", "dgx"});
-  EXPECT_EQ(m3.failed.at("mig"), "every MIG 1g.10gb instance here is in use (2 of 2)");
+  EXPECT_EQ(m3.failed.at("mig"), "every MIG 1g.10gb instance here is in use");
+  EXPECT_EQ(m3.closest_why, "every MIG 1g.10gb instance here is in use (2 of 2 in use)");
   EXPECT_EQ(m3.unresolvable.at("dgx"), "no GPU on this node is in MIG mode");
   auto p7 = state.Filter(WithUid(TestPod("ns", "m7", {{"nvidia.com/mig-7g.80gb", "1"}}), "u-m7"), {"mig"});
-  EXPECT_EQ(p7.unresolvable.at("mig"), "no MIG 7g.80gb instance on this node (it has: 1g.10gb x2, 3g.40gb x1)");
+  EXPECT_EQ(p7.unresolvable.at("mig"), "no MIG 7g.80gb instance on this node");
+  EXPECT_EQ(p7.closest_why, "no MIG 7g.80gb instance on this node (it has: 1g.10gb x2, 3g.40gb x1)");
   // A node whose plugin runs migStrategy single (MIG devices as nvidia.com/gpu) says so instead of
   // claiming it has no GPUs.
   json single = TestNode("single", {MigGpu({"1g.10gb", "1g.10gb"})});
@@ -599,12 +656,12 @@ TEST_F(StateTest, WholeMigAndUuidLists) {
   auto deny = state.Filter(
       WithUid(TestPod("ns", "d", {{"nvidia.com/gpu", "1"}}, {{"kgpu.io/gpu-uuid-deny", TestGpuUuid("dgx", 0)}}), "u-d"),
       {"dgx"});
-  EXPECT_EQ(deny.failed.at("dgx"), "only 0 of 3 GPUs here are free; the pod needs 1 whole GPUs")
+  EXPECT_EQ(deny.closest_why, "no free GPU here for a whole-GPU pod (0 of 3 free)")
       << "GPU 0 is free but denied; 1..3 are taken";
   auto only0 = state.Filter(
       WithUid(TestPod("ns", "o", {{"nvidia.com/gpu", "2"}}, {{"kgpu.io/gpu-uuid", TestGpuUuid("dgx", 0)}}), "u-o"),
       {"dgx"});
-  EXPECT_EQ(only0.unresolvable.at("dgx"), "the pod's GPU UUID lists leave 1 GPUs on this node, it needs 2");
+  EXPECT_EQ(only0.closest_why, "the pod's GPU UUID lists leave fewer than 2 GPUs on this node (1 left)");
 }
 
 // A GPU in MIG mode is never given whole (kubelet has no nvidia.com/gpu device for it), however
@@ -620,7 +677,7 @@ TEST_F(StateTest, WholePodsNeverTakeMigModeGpus) {
   EXPECT_EQ(w->record.containers[0].gpus[0].uuid, TestGpuUuid("mig", 2));
   EXPECT_EQ(w->record.containers[0].gpus[1].uuid, TestGpuUuid("mig", 3));
   auto three = state.Filter(WithUid(TestPod("ns", "w3", {{"nvidia.com/gpu", "3"}}), "u-w3"), {"mig"});
-  EXPECT_EQ(three.unresolvable.at("mig"), "this node has 2 GPUs for whole-GPU pods (nvidia.com/gpu), the pod needs 3");
+  EXPECT_EQ(three.closest_why, "fewer than 3 GPUs on this node serve whole-GPU pods (nvidia.com/gpu) (it has 2)");
   for (int i = 0; i < 2; ++i) {
     auto m = state.Assume(
         WithUid(TestPod("ns", "m" + std::to_string(i), {{"nvidia.com/mig-3g.40gb", "1"}}), "u-m" + std::to_string(i)),
@@ -835,12 +892,18 @@ TEST_F(StateTest, SeveralGpuContainersArePlacedTogetherAndRebuilt) {
   two = WithContainer(two, "containers", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}});
   auto f = state.Filter(two, {"mix"});
   ASSERT_EQ(f.passed.size(), 0u);
-  EXPECT_EQ(f.failed.at("mix").rfind("container b: no single GPU with 10000 MiB free (largest free: ", 0), 0u)
-      << f.failed.at("mix");
+  EXPECT_EQ(f.failed.at("mix"),
+            "container b: no single GPU with 10000 MiB free (with the pod's other GPU containers placed)");
+  EXPECT_EQ(f.closest_why.rfind("container b: no single GPU with 10000 MiB free (with the pod's other GPU containers "
+                                "placed) (largest free: ",
+                                0),
+            0u)
+      << f.closest_why;
   json wide = WithUid(TestPod("ns", "w", {{"nvidia.com/gpu", "1"}}), "u-w");
   wide = WithContainer(wide, "containers", "b", {{"nvidia.com/gpu", "2"}});
   EXPECT_EQ(state.Filter(wide, {"mix"}).unresolvable.at("mix"),
-            "the pod's containers ask for 3 whole GPUs (nvidia.com/gpu) together, this node has 2");
+            "fewer than 3 GPUs on this node serve whole-GPU pods (nvidia.com/gpu), which the pod's containers ask for "
+            "together");
   json fits = WithUid(TestPod("ns", "s", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}}), "u-s");
   fits = WithContainer(fits, "containers", "b", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "8000"}});
   EXPECT_EQ(state.Filter(fits, {"mix"}).passed.size(), 1u);
@@ -855,12 +918,13 @@ TEST_F(StateTest, SeveralGpuContainersArePlacedTogetherAndRebuilt) {
   EXPECT_EQ(fresh.Stats().booked, 1u);
   EXPECT_EQ(fresh.Stats().record_conflicts, 0u);
   EXPECT_EQ(*fresh.RecordOf("u-p"), a->record);
-  EXPECT_EQ(fresh.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "2"}}), "u-w2"), {"mix"}).failed.at("mix"),
-            "only 1 of 2 GPUs here are free; the pod needs 2 whole GPUs");
+  EXPECT_EQ(fresh.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "2"}}), "u-w2"), {"mix"}).closest_why,
+            "fewer than 2 free GPUs here for a whole-GPU pod (1 of 2 free)");
   // Gone: every container's GPUs come back.
   fresh.RemovePod(pod);
   EXPECT_EQ(fresh.Filter(wide, {"mix"}).unresolvable.at("mix"),
-            "the pod's containers ask for 3 whole GPUs (nvidia.com/gpu) together, this node has 2");
+            "fewer than 3 GPUs on this node serve whole-GPU pods (nvidia.com/gpu), which the pod's containers ask for "
+            "together");
   EXPECT_EQ(fresh.Filter(WithUid(TestPod("ns", "w2", {{"nvidia.com/gpu", "2"}}), "u-w2"), {"mix"}).passed.size(), 1u);
 }
 
@@ -1002,7 +1066,10 @@ TEST_F(StateTest, PlanPreemptionPicksTheFewestLowestPriorityVictimsAndHoldsTheNo
   auto low = state.Filter(Share("low", "1000", 10), {"a", "b"});
   EXPECT_EQ(low.passed, std::vector<std::string>{"b"});
   EXPECT_EQ(low.failed.at("a"),
-            "the node's GPUs are held for pod ns/hi (priority 1000), which is preempting lower-priority pods here");
+            "the node's GPUs are held for a pod of higher or equal priority that is preempting lower-priority pods "
+            "here");
+  EXPECT_EQ(state.Explain(Share("low", "1000", 10), "a"),
+            low.failed.at("a") + " (pod ns/hi, priority 1000)");
   EXPECT_EQ(low.reasons.at("held"), 1);
   EXPECT_EQ(state.Filter(Share("same", "1000", 1000), {"a"}).passed.size(), 0u);
   EXPECT_EQ(state.Filter(Share("higher", "1000", 2000), {"a"}).passed, std::vector<std::string>{"a"});
