@@ -326,6 +326,7 @@ struct Ssl {
   int (*set_cipher_list)(SSL_CTX*, const char*) = nullptr;
   void (*set_verify)(SSL_CTX*, int, SSL_verify_cb) = nullptr;
   int (*set_session_id_context)(SSL_CTX*, const unsigned char*, unsigned int) = nullptr;
+  X509* (*get0_peer_certificate)(const SSL*) = nullptr;
 };
 
 std::optional<Ssl> LoadSsl() {
@@ -337,8 +338,11 @@ std::optional<Ssl> LoadSsl() {
   s.set_verify = reinterpret_cast<decltype(s.set_verify)>(dlsym(lib, "SSL_CTX_set_verify"));
   s.set_session_id_context =
       reinterpret_cast<decltype(s.set_session_id_context)>(dlsym(lib, "SSL_CTX_set_session_id_context"));
+  s.get0_peer_certificate =
+      reinterpret_cast<decltype(s.get0_peer_certificate)>(dlsym(lib, "SSL_get0_peer_certificate"));
   dlclose(lib);  // NOLOAD took a reference to a library httplib keeps loaded
-  if (!s.ctx_ctrl || !s.set_cipher_list || !s.set_verify || !s.set_session_id_context) return std::nullopt;
+  if (!s.ctx_ctrl || !s.set_cipher_list || !s.set_verify || !s.set_session_id_context || !s.get0_peer_certificate)
+    return std::nullopt;
   return s;
 }
 
@@ -706,6 +710,12 @@ absl::StatusOr<std::unique_ptr<httplib::Server>> MakeServer(const WebConfig* con
     lib->set_session_id_context(ctx, kSessionContext, sizeof kSessionContext - 1);
   }
   return std::unique_ptr<httplib::Server>(std::move(ssl));
+}
+
+bool PresentedClientCertificate(const httplib::Request& req) {
+  if (req.ssl == nullptr) return false;
+  static const std::optional<Ssl> lib = LoadSsl();  // loaded with the SSLServer that made req
+  return lib && lib->get0_peer_certificate(req.ssl) != nullptr;
 }
 
 }  // namespace kgpu::web

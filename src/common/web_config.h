@@ -61,6 +61,7 @@
 
 namespace httplib {
 class Server;
+struct Request;
 }
 
 namespace kgpu::web {
@@ -145,5 +146,11 @@ class Gate {
 // SSLServer with the certificate, the client certificate policy, versions, ciphers and curves.
 // FailedPrecondition, naming the file and what to fix, when the certificates cannot be loaded.
 absl::StatusOr<std::unique_ptr<httplib::Server>> MakeServer(const WebConfig* config);
+
+// Whether the TLS client of this request presented a certificate. Under client_auth_type
+// VerifyClientCertIfGiven that is one the client CA verified (an unverified one fails the
+// handshake), so a server can leave some paths open (probes, /metrics) and refuse others.
+// False over plain HTTP.
+bool PresentedClientCertificate(const httplib::Request& req);
 
 }  // namespace kgpu::web

@@ -11,6 +11,7 @@
 #include "common/http_listen.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "common/web_config.h"
 #include "k8s/node_fit.h"
 #include "k8s/resources.h"
 #include "k8s/selector.h"
@@ -423,6 +424,7 @@ std::string Extender::MetricsText() const {
 absl::Status Extender::Start() {
   // The address first: a malformed one is refused before anything is set up.
   if (auto a = ParseListenAddress("--address", opts_.address); !a.ok()) return a.status();
+  if (auto st = MakeHttpServer(); !st.ok()) return st;  // and the TLS files, before anything starts
   if (auto st = state_.Init(); !st.ok()) return st;
   k8s::InformerOptions no;
   no.path = "/api/v1/nodes";
@@ -492,22 +494,6 @@ absl::Status Extender::Start() {
     });
   }
 
-  if (!opts_.tls_cert_file.empty() || !opts_.tls_key_file.empty()) {
-    if (opts_.tls_cert_file.empty() || opts_.tls_key_file.empty()) {
-      return absl::InvalidArgumentError("--tls-cert-file and --tls-key-file go together (HTTPS needs both)");
-    }
-    auto ssl = std::make_unique<httplib::SSLServer>(opts_.tls_cert_file.c_str(), opts_.tls_key_file.c_str());
-    if (!ssl->is_valid()) {
-      // Bad input (a file that is missing or not PEM), not usage: exit 1, as every command's unreadable file.
-      return absl::FailedPreconditionError(Cat("--tls-cert-file ", opts_.tls_cert_file, " / --tls-key-file ",
-                                               opts_.tls_key_file,
-                                               ": cannot load the certificate and key (PEM files; check both paths "
-                                               "and that the key matches the certificate)"));
-    }
-    http_ = std::move(ssl);
-  } else {
-    http_ = std::make_unique<httplib::Server>();
-  }
   const int threads = std::max(2, opts_.threads);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http_->set_payload_max_length(64u << 20);
@@ -528,6 +514,17 @@ absl::Status Extender::Start() {
   http_->set_keep_alive_max_count(1000);
   auto verb = [this](Reply (Extender::*f)(std::string_view)) {
     return [this, f](const httplib::Request& req, httplib::Response& res) {
+      if (!opts_.insecure_http && !web::PresentedClientCertificate(req)) {
+        metrics_.Count("kgpu_extender_unauthenticated_total", {{"verb", req.path.substr(req.path.rfind('/') + 1)}});
+        Log("extender")->debug("refused {} from {}: no client certificate", req.path, req.remote_addr);
+        res.status = 403;
+        res.set_content(json{{"Error", "kgpu extender: a client certificate signed by its --client-ca-file is required "
+                                       "(kube-scheduler: the extender's tlsConfig certFile and keyFile)"}}
+                            .dump(),
+                        "application/json");
+        AnswerUncompressed(req);
+        return;
+      }
       const Reply r = (this->*f)(req.body);
       res.status = r.code;
       res.set_content(r.body, "application/json");
@@ -558,8 +555,53 @@ absl::Status Extender::Start() {
   http_thread_ = ListenOnThread(*http_);
   Log("extender")
       ->info("serving {} on {} (port {}; policy {})",
-             http_->is_valid() ? (opts_.tls_cert_file.empty() ? "HTTP" : "HTTPS") : "?", opts_.address, port_,
+             http_->is_valid() ? (opts_.insecure_http ? "HTTP" : "HTTPS, verbs for client certificates only") : "?",
+             opts_.address, port_,
              opts_.state.policy);
+  return absl::OkStatus();
+}
+
+absl::Status Extender::MakeHttpServer() {
+  const bool any_tls = !opts_.tls_cert_file.empty() || !opts_.tls_key_file.empty() || !opts_.client_ca_file.empty();
+  if (opts_.insecure_http) {
+    if (any_tls) {
+      return absl::InvalidArgumentError(
+          "--insecure-http serves plain HTTP: drop --tls-cert-file, --tls-key-file and --client-ca-file, or drop "
+          "--insecure-http");
+    }
+    Log("extender")->warn("--insecure-http: any client that reaches this port can bind pending pods (tests only)");
+    http_ = std::make_unique<httplib::Server>();
+    return absl::OkStatus();
+  }
+  std::vector<std::string> missing;
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--tls-cert-file", &opts_.tls_cert_file},
+                                    {"--tls-key-file", &opts_.tls_key_file},
+                                    {"--client-ca-file", &opts_.client_ca_file}}) {
+    if (value->empty()) missing.push_back(flag);
+  }
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(
+        Cat("kgpu extender serves HTTPS and answers filter, prioritize, preempt and bind only for clients with a "
+            "certificate signed by --client-ca-file (kube-scheduler's extender tlsConfig certFile/keyFile): missing ",
+            Join(missing, ", "), " (--insecure-http serves plain HTTP to any caller, for tests only)"));
+  }
+  web::WebConfig wc;
+  wc.origin = "kgpu extender";
+  wc.tls.enabled = true;
+  wc.tls.cert_file = opts_.tls_cert_file;
+  wc.tls.key_file = opts_.tls_key_file;
+  wc.tls.client_ca_file = opts_.client_ca_file;
+  // Asked for, verified when given (a bad one fails the handshake); the verbs refuse a client
+  // without one, the probes and /metrics do not.
+  wc.tls.client_auth_type = "VerifyClientCertIfGiven";
+  auto server = web::MakeServer(&wc);
+  if (!server.ok()) {
+    // Bad input (a file that is missing or not PEM), not usage: exit 1, as every command's unreadable file.
+    return absl::FailedPreconditionError(Cat("--tls-cert-file ", opts_.tls_cert_file, " / --tls-key-file ",
+                                             opts_.tls_key_file, " / --client-ca-file ", opts_.client_ca_file, ": ",
+                                             server.status().message()));
+  }
+  http_ = std::move(*server);
   return absl::OkStatus();
 }
 

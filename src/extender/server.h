@@ -49,7 +49,13 @@ namespace kgpu::extender {
 
 struct ExtenderOptions {
   std::string address = "0.0.0.0:8888";     // host:port; port 0 = any free port
-  std::string tls_cert_file, tls_key_file;  // both set: HTTPS
+  // HTTPS with this certificate and key, and the verbs answered only for clients that present a
+  // certificate signed by client_ca_file (kube-scheduler's extender tlsConfig certFile/keyFile):
+  // a bind from anyone else could place any pending pod anywhere. /healthz, /readyz and /metrics
+  // need no client certificate (kubelet's probes, Prometheus). All three are required unless
+  // insecure_http, which serves plain HTTP to any caller (tests and demos on one machine).
+  std::string tls_cert_file, tls_key_file, client_ca_file;
+  bool insecure_http = false;
   StateOptions state;
   // HTTP workers. The server gives each connection a worker until it has been idle for the
   // keep-alive timeout, and kube-scheduler keeps one connection per concurrent binding cycle alive:
@@ -142,6 +148,8 @@ class Extender {
   std::deque<PendingEvent> event_queue_;
   std::jthread events_thread_;
   void QueueEvent(PendingEvent e);
+  // http_ as the TLS options say (ExtenderOptions::client_ca_file).
+  absl::Status MakeHttpServer();
 };
 
 // `%` doubled: kube-scheduler passes an Error through fmt.Errorf.

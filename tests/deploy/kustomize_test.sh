@@ -176,6 +176,25 @@ for b in bad:
     print(f"  {b}")
 sys.exit(1 if bad else 0)
 PY
+step "extender certificates (deploy/extender/gen-certs.sh): serving, client, and neither is the other"
+rm -rf "$work/extender-certs"
+"$root/deploy/extender/gen-certs.sh" --out "$work/extender-certs" --ip 10.96.0.10 ||
+  fail "deploy/extender/gen-certs.sh failed"
+(
+  cd "$work/extender-certs"
+  openssl verify -purpose sslserver -CAfile ca.crt tls.crt && openssl verify -purpose sslclient -CAfile ca.crt client.crt
+) || fail "gen-certs.sh: a certificate does not verify against its CA for its purpose"
+if openssl verify -purpose sslclient -CAfile "$work/extender-certs/ca.crt" "$work/extender-certs/tls.crt" >/dev/null 2>&1; then
+  fail "gen-certs.sh: the serving certificate passes as a client certificate"
+fi
+openssl x509 -in "$work/extender-certs/tls.crt" -noout -ext subjectAltName |
+  grep -q "DNS:kgpu-extender.kgpu-system.svc, .*IP Address:10.96.0.10" ||
+  fail "gen-certs.sh: the serving certificate does not name the Service and the --ip address"
+step "extender: only kube-scheduler may call it, in both documented variants (tests/deploy/check_extender.py)"
+python3 "$here/check_extender.py" "$work/extender.yaml" "$root/deploy/extender/kube-scheduler-config.yaml" \
+  "$work/extender-certs/kgpu-extender-secrets.yaml" "$work/extender.json" || fail "deploy/extender (above)"
+step "Kubernetes JSON schemas (extender, with gen-certs.sh's Secrets)"
+node "$work/npm/validate.mjs" "$work/extender.json" extender
 # deploy/quota: the example team quotas (not a component of the install).
 step "kubectl kustomize (quota: $root/deploy/quota)"
 kubectl kustomize "$root/deploy/quota" >"$work/quota.yaml" || fail "kubectl kustomize $root/deploy/quota failed"

@@ -27,6 +27,7 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -173,12 +174,27 @@ class E2eClusterTest : public ::testing::Test {
     return text.empty() ? json() : json::parse(text);
   }
 
+  // As deployed (deploy/extender): HTTPS, and the verbs only for kube-scheduler's client
+  // certificate (its tlsConfig certFile/keyFile/caFile).
   void StartExtender() {
     const std::string log = root_ + "/extender-" + std::to_string(++extender_runs_) + ".log";
+    const std::string tls = root_ + "/extender-tls";
+    if (!std::filesystem::exists(tls)) {
+      std::filesystem::create_directories(tls);
+      std::string cert, key, client_cert, client_key;
+      ASSERT_TRUE(testing::GenerateSelfSigned(cert, key, "kgpu-extender").ok());
+      ASSERT_TRUE(testing::GenerateSelfSigned(client_cert, client_key, "kgpu-scheduler", "clientAuth").ok());
+      std::ofstream(tls + "/tls.crt") << cert;
+      std::ofstream(tls + "/tls.key") << key;
+      std::ofstream(tls + "/client.crt") << client_cert;
+      std::ofstream(tls + "/client.key") << client_key;
+    }
     testing::SpawnOptions so;
     so.log = log;
-    extender_pid_ =
-        testing::Spawn({KGPU_BIN, "extender", "--kubeconfig", extender_kubeconfig_, "--address", "127.0.0.1:0"}, so);
+    extender_pid_ = testing::Spawn({KGPU_BIN, "extender", "--kubeconfig", extender_kubeconfig_, "--address",
+                                    "127.0.0.1:0", "--tls-cert-file", tls + "/tls.crt", "--tls-key-file",
+                                    tls + "/tls.key", "--client-ca-file", tls + "/client.crt"},
+                                   so);
     ASSERT_GT(extender_pid_, 0) << std::strerror(errno);
     int port = 0;
     ASSERT_TRUE(WaitFor([&] {
@@ -188,21 +204,21 @@ class E2eClusterTest : public ::testing::Test {
       port = std::atoi(text.c_str() + at + std::strlen("listening on port "));
       return port > 0;
     })) << ReadFile(log);
-    extender_url_ = "http://127.0.0.1:" + std::to_string(port);
+    extender_url_ = "https://127.0.0.1:" + std::to_string(port);
     // /readyz turns 200 once the informers synced (and, after a restart, every record is booked).
     ASSERT_TRUE(WaitFor([&] { return Ready(port); })) << ReadFile(log);
     testing::FakeSchedulerOptions o;
     o.url_prefix = extender_url_ + "/gpu";
+    o.cert_file = tls + "/client.crt";
+    o.key_file = tls + "/client.key";
+    o.ca_file = tls + "/tls.crt";
     sched_ = std::make_unique<testing::FakeScheduler>(*client_, o);
   }
-  bool Ready(int port) {
-    k8s::Config c;
-    c.server = "http://127.0.0.1:" + std::to_string(port);
-    c.qps = 0;
-    auto probe = k8s::Client::Create(c);
-    if (!probe.ok()) return false;
-    auto r = (*probe)->Do("GET", "/readyz");
-    return r.ok() && r->status == 200;
+  bool Ready(int port) {  // as kubelet's probe: HTTPS, no client certificate
+    httplib::SSLClient probe("127.0.0.1", port);
+    probe.enable_server_certificate_verification(false);
+    auto r = probe.Get("/readyz");
+    return r && r->status == 200;
   }
   void StopExtender(int sig) {
     if (extender_pid_ <= 0) return;
@@ -694,12 +710,12 @@ TEST_F(E2eClusterTest, MixedPodsOnFourNodesThroughTheExtender) {
   EXPECT_GT(multi_, 0) << "no pod with several GPU containers was bound";
   EXPECT_GT(init_handed_on_, 0) << "no GPU init container was admitted";
   // The restarted extender booked every record and found no conflict (a double allocation would be one).
-  k8s::Config mc;
-  mc.server = extender_url_;
-  auto metrics_client = k8s::Client::Create(mc);
-  ASSERT_TRUE(metrics_client.ok());
-  auto metrics = (*metrics_client)->Do("GET", "/metrics");
-  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  // /metrics needs no client certificate; the extender's own is verified against its CA.
+  httplib::Client mc(extender_url_);
+  mc.set_ca_cert_path(root_ + "/extender-tls/tls.crt");
+  mc.enable_server_certificate_verification(true);
+  auto metrics = mc.Get("/metrics");
+  ASSERT_TRUE(metrics) << httplib::to_string(metrics.error());
   EXPECT_NE(metrics->body.find("kgpu_extender_record_conflicts_total 0\n"), std::string::npos) << metrics->body;
   EXPECT_NE(metrics->body.find("kgpu_extender_bad_records_total 0\n"), std::string::npos) << metrics->body;
 }

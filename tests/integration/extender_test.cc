@@ -39,6 +39,7 @@
 #include "testing/poll.h"
 #include "testing/promtool.h"
 #include "testing/raw_http.h"
+#include "testing/shell.h"
 #include "testing/spawn.h"
 
 namespace kgpu::extender {
@@ -71,13 +72,13 @@ class ExtenderTest : public ::testing::Test {
   void AddNode(const json& n) { ASSERT_EQ(api.Create("nodes", "", n).code, 201); }
   void StartExtender(ExtenderOptions o = {}) {
     o.address = "127.0.0.1:0";
+    o.insecure_http = o.tls_cert_file.empty();
     ext = std::make_unique<Extender>(*client, o);
     ASSERT_TRUE(ext->Start().ok());
     ASSERT_TRUE(WaitFor([&] { return ext->NotReadyReason().empty(); }));
   }
   std::string Url() const { return "http://127.0.0.1:" + std::to_string(ext->port()); }
-  void StartScheduler(const std::string& url, bool cache_capable = true) {
-    testing::FakeSchedulerOptions so;
+  void StartScheduler(const std::string& url, bool cache_capable = true, testing::FakeSchedulerOptions so = {}) {
     so.url_prefix = url + "/gpu";
     so.node_cache_capable = cache_capable;
     sched = std::make_unique<testing::FakeScheduler>(*client, so);
@@ -199,6 +200,7 @@ TEST_F(ExtenderTest, ReadyOnlyAfterTheInformersSynced) {
   api.FailNext(3, 500, "/api/v1/pods", "GET");  // the pod list fails a few times first
   ExtenderOptions o;
   o.address = "127.0.0.1:0";
+  o.insecure_http = true;
   ext = std::make_unique<Extender>(*client, o);
   ASSERT_TRUE(ext->Start().ok());
   httplib::Client http("127.0.0.1", ext->port());
@@ -816,30 +818,115 @@ TEST_F(ExtenderTest, ARestartedExtenderRebuildsFromRecordsAndNeverDoubleAllocate
   EXPECT_EQ(ext->state().Stats().record_conflicts, 0u);
 }
 
-TEST_F(ExtenderTest, ServesHttps) {
-  std::string cert, key;
+// Only kube-scheduler may call the verbs (issue 36 §3): HTTPS, and filter, prioritize, preempt
+// and bind only for a client certificate the client CA signed, as kube-scheduler's extender
+// tlsConfig (certFile, keyFile, caFile) presents one. Anyone else who reaches the port is refused
+// and counted; the probes and /metrics stay open.
+TEST_F(ExtenderTest, ServesHttpsAndOnlyKubeSchedulersCertificateMayCallTheVerbs) {
+  // The serving certificate (its own CA: kube-scheduler's caFile), the client CA (here the
+  // client's own self-signed certificate) and a stranger's certificate.
+  std::string cert, key, client_cert, client_key, other_cert, other_key;
   ASSERT_TRUE(testing::GenerateSelfSigned(cert, key).ok());
+  ASSERT_TRUE(testing::GenerateSelfSigned(client_cert, client_key, "kgpu-scheduler", "clientAuth").ok());
+  ASSERT_TRUE(testing::GenerateSelfSigned(other_cert, other_key, "intruder", "clientAuth").ok());
   char dir[] = "/tmp/kgpu-ext-tls-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string cert_file = std::string(dir) + "/tls.crt", key_file = std::string(dir) + "/tls.key";
-  std::ofstream(cert_file) << cert;
-  std::ofstream(key_file) << key;
+  const std::string d = dir;
+  for (const auto& [name, pem] : std::initializer_list<std::pair<std::string, const std::string*>>{
+           {"tls.crt", &cert},
+           {"tls.key", &key},
+           {"client.crt", &client_cert},
+           {"client.key", &client_key},
+           {"other.crt", &other_cert},
+           {"other.key", &other_key}}) {
+    std::ofstream(d + "/" + name) << *pem;
+  }
   AddNode(TestNode("n", {ShareGpu()}));
   ExtenderOptions o;
-  o.tls_cert_file = cert_file;
-  o.tls_key_file = key_file;
+  o.tls_cert_file = d + "/tls.crt";
+  o.tls_key_file = d + "/tls.key";
+  o.client_ca_file = d + "/client.crt";
   StartExtender(o);
-  StartScheduler("https://127.0.0.1:" + std::to_string(ext->port()));
-  auto s = Schedule(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}));
-  EXPECT_TRUE(s.bound) << s.message;
+  const json pod = CreatePod(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}));
+  const std::string bind = R"({"PodName":"p","PodNamespace":"ns","PodUID":")" +
+                           pod["metadata"]["uid"].get<std::string>() + R"(","Node":"n"})";
+  // No client certificate: the probes and /metrics answer, the verbs do not.
+  httplib::SSLClient anon("127.0.0.1", ext->port());
+  anon.enable_server_certificate_verification(false);
+  ASSERT_EQ(anon.Get("/healthz")->status, 200);
+  ASSERT_EQ(anon.Get("/readyz")->status, 200);
+  auto direct = anon.Post("/gpu/bind", bind, "application/json");
+  ASSERT_TRUE(direct);
+  EXPECT_EQ(direct->status, 403);
+  EXPECT_NE(direct->body.find("a client certificate signed by its --client-ca-file is required"), std::string::npos)
+      << direct->body;
+  EXPECT_EQ(anon.Post("/gpu/filter", EncodeExtenderArgs(pod, {"n"}), "application/json")->status, 403);
+  EXPECT_FALSE(GetPod("ns", "p")["spec"].contains("nodeName")) << "an unauthenticated bind placed the pod";
+  const std::string metrics = anon.Get("/metrics")->body;
+  EXPECT_NE(metrics.find(R"(kgpu_extender_unauthenticated_total{verb="bind"} 1)"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find(R"(kgpu_extender_unauthenticated_total{verb="filter"} 1)"), std::string::npos);
+  // A certificate the client CA did not sign fails the handshake.
+  httplib::SSLClient stranger("127.0.0.1", ext->port(), d + "/other.crt", d + "/other.key");
+  stranger.enable_server_certificate_verification(false);
+  EXPECT_FALSE(stranger.Post("/gpu/bind", bind, "application/json"));
+  EXPECT_FALSE(GetPod("ns", "p")["spec"].contains("nodeName"));
+  // kube-scheduler with its tlsConfig schedules the pod, verifying the extender's certificate.
+  testing::FakeSchedulerOptions so;
+  so.cert_file = d + "/client.crt";
+  so.key_file = d + "/client.key";
+  so.ca_file = d + "/tls.crt";
+  StartScheduler("https://127.0.0.1:" + std::to_string(ext->port()), true, so);
+  EXPECT_TRUE(RescheduleUntilBound("ns", "p"));
+  EXPECT_EQ(GetPod("ns", "p")["spec"]["nodeName"], "n");
   EXPECT_EQ(sched->calls("bind"), 1u);
-  std::filesystem::remove_all(dir);
-  // A key without its certificate is a flag error.
+  // Flags: all three TLS files, or --insecure-http; never both, never a part.
   ExtenderOptions half;
   half.address = "127.0.0.1:0";
-  half.tls_key_file = key_file;
+  half.tls_key_file = o.tls_key_file;
   Extender e2(*client, half);
-  EXPECT_EQ(e2.Start().message(), "--tls-cert-file and --tls-key-file go together (HTTPS needs both)");
+  const auto st = e2.Start();
+  EXPECT_TRUE(absl::IsInvalidArgument(st));
+  EXPECT_NE(st.message().find("missing --tls-cert-file, --client-ca-file (--insecure-http serves plain HTTP"),
+            std::string::npos)
+      << st.message();
+  ExtenderOptions both = o;
+  both.address = "127.0.0.1:0";
+  both.insecure_http = true;
+  Extender e3(*client, both);
+  EXPECT_EQ(e3.Start().message(),
+            "--insecure-http serves plain HTTP: drop --tls-cert-file, --tls-key-file and --client-ca-file, or drop "
+            "--insecure-http");
+  std::filesystem::remove_all(dir);
+}
+
+// The certificates deploy/extender/gen-certs.sh makes are the ones the manifests mount: with them
+// kube-scheduler (its tlsConfig: client certificate, and the CA it verifies the extender's
+// serving certificate with, here for the address the script was given) schedules a pod, and the
+// extender's own serving certificate is no client certificate.
+TEST_F(ExtenderTest, TheCertificatesGenCertsMakesLetKubeSchedulerIn) {
+  char dir[] = "/tmp/kgpu-gen-certs-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string d = dir;
+  const auto gen = testing::Shell(std::string(KGPU_SOURCE_DIR) + "/deploy/extender/gen-certs.sh --out " + d +
+                                  " --ip 127.0.0.1 --days 2");
+  ASSERT_EQ(gen.code, 0) << gen.out;
+  AddNode(TestNode("n", {ShareGpu()}));
+  ExtenderOptions o;
+  o.tls_cert_file = d + "/tls.crt";
+  o.tls_key_file = d + "/tls.key";
+  o.client_ca_file = d + "/ca.crt";
+  StartExtender(o);
+  testing::FakeSchedulerOptions so;
+  so.cert_file = d + "/client.crt";
+  so.key_file = d + "/client.key";
+  so.ca_file = d + "/ca.crt";
+  StartScheduler("https://127.0.0.1:" + std::to_string(ext->port()), true, so);
+  auto s = Schedule(TestPod("ns", "p", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "1000"}}));
+  EXPECT_TRUE(s.bound) << s.message;
+  httplib::SSLClient posing("127.0.0.1", ext->port(), d + "/tls.crt", d + "/tls.key");
+  posing.enable_server_certificate_verification(false);
+  EXPECT_FALSE(posing.Post("/gpu/filter", "{}", "application/json")) << "a serving certificate passed as a client's";
+  std::filesystem::remove_all(d);
 }
 
 TEST_F(ExtenderTest, FullNodeListModeThroughTheScheduler) {
@@ -877,7 +964,7 @@ TEST_F(ExtenderTest, TwoReplicasTheStandbyTakesOverAfterACrashAndAtOnceAfterASto
     testing::SpawnOptions so;
     so.log = r.log;
     r.pid = testing::Spawn(
-        {KGPU_BIN, "extender", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0", "--leader-elect",
+        {KGPU_BIN, "extender", "--insecure-http", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0", "--leader-elect",
          "--leader-elect-resource-namespace", "kgpu-system", "--identity", r.id, "--leader-elect-lease-duration", "2s",
          "--leader-elect-renew-deadline", "1500ms", "--leader-elect-retry-period", "250ms"},
         so);
@@ -983,7 +1070,8 @@ TEST_F(ExtenderTest, TheKgpuExtenderProcess) {
   // connections then land in its never-accepted queue.)
   testing::SpawnOptions so;
   so.log = log;
-  const pid_t pid = testing::Spawn({KGPU_BIN, "extender", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0"}, so);
+  const pid_t pid =
+      testing::Spawn({KGPU_BIN, "extender", "--insecure-http", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0"}, so);
   ASSERT_GT(pid, 0) << std::strerror(errno);
   int port = 0;
   ASSERT_TRUE(WaitFor([&] {
@@ -1016,7 +1104,7 @@ TEST_F(ExtenderTest, TheKgpuExtenderProcess) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_LT(took, std::chrono::seconds(5)) << "SIGTERM to exit with an idle keep-alive connection open";
   // A bad policy name is a usage error that lists the choices.
-  const std::string cmd = std::string(KGPU_BIN) + " extender --kubeconfig " + kubeconfig + " --policy nope 2>&1";
+  const std::string cmd = std::string(KGPU_BIN) + " extender --insecure-http --kubeconfig " + kubeconfig + " --policy nope 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[512];

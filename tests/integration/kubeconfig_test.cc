@@ -434,7 +434,7 @@ current-context: x
   testing::SpawnOptions so;
   so.log = d.File("extender.log");
   so.env = {"KUBECONFIG=" + b + ":" + a};
-  const pid_t pid = testing::Spawn({KGPU_BIN, "extender", "--address", "127.0.0.1:0"}, so);
+  const pid_t pid = testing::Spawn({KGPU_BIN, "extender", "--insecure-http", "--address", "127.0.0.1:0"}, so);
   ASSERT_GT(pid, 0) << std::strerror(errno);
   int status = 0;
   bool exited = false;

@@ -63,7 +63,7 @@ retry 20 test -s "$work/kubeconfig" || { cat "$work/apiserver.log"; exit 1; }
 
 # kgpu extender
 ep=$(free_port)
-"$kgpu" --log-level warn extender --kubeconfig "$work/kubeconfig" --address "127.0.0.1:$ep" \
+"$kgpu" --log-level warn extender --insecure-http --kubeconfig "$work/kubeconfig" --address "127.0.0.1:$ep" \
   >"$work/extender.log" 2>&1 &
 pids+=($!)
 if retry 30 curl -sf "http://127.0.0.1:$ep/healthz" >/dev/null; then

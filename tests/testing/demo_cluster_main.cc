@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -201,11 +202,24 @@ int main(int argc, char** argv) {
     std::cout << "  " << n.name << " (" << n.profile << "): " << gpus << "\n";
   }
 
-  // The extender, as a process.
+  // The extender, as a process, as deploy/extender runs it: HTTPS, the verbs only for
+  // kube-scheduler's client certificate.
   const std::string elog = root + "/extender.log";
+  std::string cert, key, client_cert, client_key;
+  if (!t::GenerateSelfSigned(cert, key, "kgpu-extender").ok() ||
+      !t::GenerateSelfSigned(client_cert, client_key, "kgpu-scheduler", "clientAuth").ok()) {
+    return Fail("cannot generate the extender's certificates");
+  }
+  std::ofstream(root + "/tls.crt") << cert;
+  std::ofstream(root + "/tls.key") << key;
+  std::ofstream(root + "/client.crt") << client_cert;
+  std::ofstream(root + "/client.key") << client_key;
   t::SpawnOptions so;
   so.log = elog;
-  const pid_t extender = t::Spawn({KGPU_BIN, "extender", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0"}, so);
+  const pid_t extender =
+      t::Spawn({KGPU_BIN, "extender", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0", "--tls-cert-file",
+                root + "/tls.crt", "--tls-key-file", root + "/tls.key", "--client-ca-file", root + "/client.crt"},
+               so);
   if (extender <= 0) return Fail(std::strerror(errno));
   struct Reap {
     pid_t pid;
@@ -223,20 +237,26 @@ int main(int argc, char** argv) {
       })) {
     return Fail("kgpu extender did not start:\n" + ReadFile(elog));
   }
-  kgpu::k8s::Config ec;
-  ec.server = "http://127.0.0.1:" + std::to_string(port);
-  ec.qps = 0;
-  auto probe = kgpu::k8s::Client::Create(ec);
-  if (!probe.ok() || !WaitFor([&] {
-        auto r = (*probe)->Do("GET", "/readyz");
-        return r.ok() && r->status == 200;
+  httplib::SSLClient anon("127.0.0.1", port);  // no client certificate, as kubelet's probe
+  anon.enable_server_certificate_verification(false);
+  if (!WaitFor([&] {
+        auto r = anon.Get("/readyz");
+        return r && r->status == 200;
       })) {
     return Fail("kgpu extender never became ready:\n" + ReadFile(elog));
   }
-  std::cout << "kgpu extender on 127.0.0.1:" << port
-            << " (ready: its informers have synced); the kube-scheduler stand-in calls filter, prioritize, bind\n\n";
+  const auto direct =
+      anon.Post("/gpu/bind", R"({"PodName":"any","PodNamespace":"default","PodUID":"x","Node":"dgx-h100"})",
+                "application/json");
+  std::cout << "kgpu extender on https://127.0.0.1:" << port
+            << " (ready: its informers have synced); the kube-scheduler stand-in calls filter, prioritize, bind with "
+               "its client certificate\n"
+            << "  a bind from anyone without one: HTTP " << (direct ? direct->status : 0) << " (refused and counted)\n\n";
   t::FakeSchedulerOptions o;
-  o.url_prefix = ec.server + "/gpu";
+  o.url_prefix = "https://127.0.0.1:" + std::to_string(port) + "/gpu";
+  o.cert_file = root + "/client.crt";
+  o.key_file = root + "/client.key";
+  o.ca_file = root + "/tls.crt";
   t::FakeScheduler sched(client, o);
 
   const std::vector<Want> wants = {

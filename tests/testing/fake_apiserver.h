@@ -251,6 +251,10 @@ absl::StatusOr<nlohmann::json> DecodeProtobufObject(const std::string& body);
 absl::StatusOr<std::vector<nlohmann::json>> YamlDocumentsToJson(const std::string& text, const std::string& origin);
 
 // A self-signed certificate and key for 127.0.0.1 and localhost (PEM), for the TLS mode.
-absl::Status GenerateSelfSigned(std::string& cert_pem, std::string& key_pem);
+// `usage`: the extended key usage ("serverAuth"; "clientAuth" for a client certificate, which
+// then may also serve as its own client CA).
+absl::Status GenerateSelfSigned(std::string& cert_pem, std::string& key_pem,
+                                const std::string& common_name = "kgpu-fake-apiserver",
+                                const std::string& usage = "serverAuth");
 
 }  // namespace kgpu::testing

@@ -305,7 +305,8 @@ absl::StatusOr<std::vector<json>> YamlDocumentsToJson(const std::string& text, c
   return out;
 }
 
-absl::Status GenerateSelfSigned(std::string& cert_pem, std::string& key_pem) {
+absl::Status GenerateSelfSigned(std::string& cert_pem, std::string& key_pem, const std::string& common_name,
+                                const std::string& usage) {
   std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(EVP_EC_gen("P-256"), EVP_PKEY_free);
   if (!key) return absl::InternalError("cannot generate an EC key");
   std::unique_ptr<X509, decltype(&X509_free)> x(X509_new(), X509_free);
@@ -315,7 +316,7 @@ absl::Status GenerateSelfSigned(std::string& cert_pem, std::string& key_pem) {
   X509_gmtime_adj(X509_getm_notAfter(x.get()), 365L * 24 * 3600);
   X509_set_pubkey(x.get(), key.get());
   X509_NAME* name = X509_get_subject_name(x.get());
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("kgpu-fake-apiserver"),
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>(common_name.c_str()),
                              -1, -1, 0);
   X509_set_issuer_name(x.get(), name);
   X509V3_CTX ctx;
@@ -325,7 +326,7 @@ absl::Status GenerateSelfSigned(std::string& cert_pem, std::string& key_pem) {
        std::initializer_list<std::pair<int, const char*>>{{NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost"},
                                                           {NID_basic_constraints, "critical,CA:TRUE"},
                                                           {NID_key_usage, "critical,digitalSignature,keyCertSign"},
-                                                          {NID_ext_key_usage, "serverAuth"}}) {
+                                                          {NID_ext_key_usage, usage.c_str()}}) {
     X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
     if (!ext) return absl::InternalError("cannot build a certificate extension");
     X509_add_ext(x.get(), ext, -1);

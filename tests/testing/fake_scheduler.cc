@@ -230,6 +230,21 @@ absl::StatusOr<std::string> FakeScheduler::Post(const std::string& verb, const s
     std::lock_guard lock(mu_);
     ++calls_[verb];
   }
+  auto fresh = [&] {
+    auto n = opts_.cert_file.empty() ? std::make_unique<httplib::Client>(impl_->base)
+                                     : std::make_unique<httplib::Client>(impl_->base, opts_.cert_file, opts_.key_file);
+    if (opts_.ca_file.empty()) {
+      n->enable_server_certificate_verification(false);  // kube-scheduler: no caFile -> Insecure
+    } else {
+      n->set_ca_cert_path(opts_.ca_file);
+      n->enable_server_certificate_verification(true);
+    }
+    n->set_keep_alive(true);
+    n->set_tcp_nodelay(true);   // as Go's net.Dialer (kube-scheduler's HTTP client) does by default
+    n->set_read_timeout(5, 0);  // httpTimeout 0 -> 5 s
+    n->set_write_timeout(5, 0);
+    return n;
+  };
   std::unique_ptr<httplib::Client> c;
   {
     std::lock_guard lock(impl_->clients_mu);
@@ -238,16 +253,17 @@ absl::StatusOr<std::string> FakeScheduler::Post(const std::string& verb, const s
       impl_->clients.pop_back();
     }
   }
-  if (!c) {
-    c = std::make_unique<httplib::Client>(impl_->base);
-    c->enable_server_certificate_verification(false);  // kube-scheduler: no caFile -> Insecure
-    c->set_keep_alive(true);
-    c->set_tcp_nodelay(true);   // as Go's net.Dialer (kube-scheduler's HTTP client) does by default
-    c->set_read_timeout(5, 0);  // httpTimeout 0 -> 5 s
-    c->set_write_timeout(5, 0);
-  }
+  const bool reused = c != nullptr;
+  if (!c) c = fresh();
   const std::string url = impl_->path + "/" + verb;
   auto res = c->Post(url, body, "application/json");
+  if (!res && reused) {
+    // An idle connection the server closed (its keep-alive timeout). Go's transport learns that
+    // from its background read and dials again; httplib's client finds out only when it writes
+    // (over TLS, the server's close_notify makes the socket look alive), so dial again here.
+    c = fresh();
+    res = c->Post(url, body, "application/json");
+  }
   if (!res)
     return absl::UnavailableError(
         Cat("failed ", verb, " with extender at URL ", opts_.url_prefix, ": ", httplib::to_string(res.error())));

@@ -49,6 +49,9 @@ struct FakeSchedulerOptions {
   std::string scheduler_name = "kgpu-scheduler";
   // Resources the extender manages with ignoredByScheduler: true (never counted in-tree).
   std::vector<std::string> ignored = {"kgpu.io/gpu-memory", "kgpu.io/gpu-cores"};
+  // The extender's tlsConfig: the client certificate and key kube-scheduler presents, and the CA
+  // it verifies the extender's certificate with (none: tlsConfig insecure, as without caFile).
+  std::string cert_file, key_file, ca_file;
 };
 
 struct ScheduleOutcome {
