@@ -10,6 +10,7 @@
 
 #include <httplib.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "common/strings.h"
 #include "extender/request.h"
 #include "extender/wire.h"
@@ -225,7 +226,13 @@ uint64_t FakeScheduler::calls(const std::string& verb) const {
   return it == calls_.end() ? 0 : it->second;
 }
 
+namespace {
+thread_local std::chrono::nanoseconds tl_extender{0};  // this thread's time in extender calls
+}  // namespace
+
 absl::StatusOr<std::string> FakeScheduler::Post(const std::string& verb, const std::string& body) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Cleanup count = [t0] { tl_extender += std::chrono::steady_clock::now() - t0; };
   {
     std::lock_guard lock(mu_);
     ++calls_[verb];
@@ -537,7 +544,13 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::ScheduleOne(const json& pod) {
   {
     // The scheduling cycle: one at a time, ending with the pod assumed on its node.
     std::lock_guard cycle(impl_->cycle_mu);
+    tl_extender = std::chrono::nanoseconds(0);
+    const auto t0 = std::chrono::steady_clock::now();
     out = Decide(pod);
+    if (out.ok()) {
+      out->cycle = std::chrono::steady_clock::now() - t0;
+      out->extender = tl_extender;
+    }
     if (!out.ok() || out->node.empty()) return out;
     std::lock_guard lock(impl_->cache_mu);
     impl_->AddPodLocked(Key(pod), out->node, pod, true);
@@ -545,7 +558,9 @@ absl::StatusOr<ScheduleOutcome> FakeScheduler::ScheduleOne(const json& pod) {
   // The binding cycle, concurrent with the next scheduling cycles.
   const json m = pod.value("metadata", json::object());
   extender::BindingArgs b{m.value("name", ""), m.value("namespace", "default"), m.value("uid", ""), out->node};
+  tl_extender = std::chrono::nanoseconds(0);
   auto reply = Post("bind", extender::EncodeBindingArgs(b));
+  out->bind = tl_extender;
   std::string err;
   if (!reply.ok()) {
     err = std::string(reply.status().message());
