@@ -179,10 +179,10 @@ int Run(int nodes) {
   // Plain HTTP, so that the figures stay comparable with earlier runs (deploy/extender serves
   // HTTPS with client certificates: over kept-alive connections that adds the symmetric cipher
   // per request, not a handshake).
-  const pid_t pid = bench::Spawn({KGPU_BIN, "--log-level", "info", "extender", "--insecure-http", "--kubeconfig",
-                                  kubeconfig, "--address", "127.0.0.1:0", "--kube-api-qps", "100000",
-                                  "--kube-api-burst", "100000"},
-                                 environ, log);
+  const pid_t pid =
+      bench::Spawn({KGPU_BIN, "--log-level", "info", "extender", "--insecure-http", "--kubeconfig", kubeconfig,
+                    "--address", "127.0.0.1:0", "--kube-api-qps", "100000", "--kube-api-burst", "100000"},
+                   environ, log);
   // Port 0: the extender logs the port it bound ("listening on port N").
   int port = 0;
   while (port == 0 && bench::NowNs() - t0 < 300'000'000'000LL) {
@@ -332,9 +332,10 @@ int Run(int nodes) {
       for (auto& t : ts) t.join();
       const double secs = static_cast<double>(bench::NowNs() - s) / 1e9;
       const double cpu = bench::ProcCpuSeconds(pid) - cpu0;
-      std::printf("  scheduler stand-in (percentageOfNodesToScore %s), %d thread(s): %d/%d pods bound in %.2f s = "
-                  "%.0f pods/s\n",
-                  percentage == 0 ? "default" : "100", threads, bound.load(), count, secs, bound.load() / secs);
+      std::printf(
+          "  scheduler stand-in (percentageOfNodesToScore %s), %d thread(s): %d/%d pods bound in %.2f s = "
+          "%.0f pods/s\n",
+          percentage == 0 ? "default" : "100", threads, bound.load(), count, secs, bound.load() / secs);
       // The stand-in, the API server and the extender share this machine's cores: the extender's
       // own CPU per pod says how many pods per second one core of extender serves.
       std::printf("    extender CPU %.2f s = %.2f ms per pod (%.0f pods/s per core of extender)\n", cpu,

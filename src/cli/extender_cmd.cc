@@ -26,10 +26,11 @@ void AddExtenderFlags(CLI::App* app, ExtenderFlags* f) {
       ->capture_default_str();
   app->add_option("--tls-cert-file", f->options.tls_cert_file, "serve HTTPS with this certificate (PEM)");
   app->add_option("--tls-key-file", f->options.tls_key_file, "and this key (PEM)");
-  app->add_option("--client-ca-file", f->options.client_ca_file,
-                  "answer filter, prioritize, preempt and bind only for clients presenting a certificate this CA "
-                  "signed (PEM; kube-scheduler's extender tlsConfig certFile/keyFile); the three TLS flags are required "
-                  "unless --insecure-http");
+  app->add_option(
+      "--client-ca-file", f->options.client_ca_file,
+      "answer filter, prioritize, preempt and bind only for clients presenting a certificate this CA "
+      "signed (PEM; kube-scheduler's extender tlsConfig certFile/keyFile); the three TLS flags are required "
+      "unless --insecure-http");
   app->add_flag("--insecure-http", f->options.insecure_http,
                 "serve plain HTTP and answer every caller, who can then bind any pending pod (tests only)");
   app->add_option("--policy", f->options.state.policy,

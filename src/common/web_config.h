@@ -62,7 +62,7 @@
 namespace httplib {
 class Server;
 struct Request;
-}
+}  // namespace httplib
 
 namespace kgpu::web {
 

@@ -29,7 +29,8 @@ Metrics::Metrics() {
       {"kgpu_extender_preemption_victims_total", "Pods evicted by the extender's own preemptions."},
       {"kgpu_extender_unauthenticated_total",
        "Verb calls refused for coming without a client certificate (only kube-scheduler may call them), by verb."},
-      {"kgpu_extender_events_total", "Events the extender wrote on pods (written, failed, dropped when queued too many)."},
+      {"kgpu_extender_events_total",
+       "Events the extender wrote on pods (written, failed, dropped when queued too many)."},
   };
   for (const auto& [name, help] : counters) registry_.Declare(name, T::kCounter, help);
   // Read from the extender's state at each scrape (Extender::MetricsText).

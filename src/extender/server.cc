@@ -472,8 +472,8 @@ absl::Status Extender::Start() {
       }
       if (auto st = events_.Record(e.regarding, e.type, e.reason, e.action, e.note); !st.ok()) {
         metrics_.Count("kgpu_extender_events_total", {{"result", "failed"}});
-        Log("extender")->warn("event {} on pod {}/{}: {}", e.reason, e.regarding.ns, e.regarding.name,
-                              std::string(st.message()));
+        Log("extender")
+            ->warn("event {} on pod {}/{}: {}", e.reason, e.regarding.ns, e.regarding.name, std::string(st.message()));
       } else {
         metrics_.Count("kgpu_extender_events_total", {{"result", "written"}});
       }
@@ -518,8 +518,9 @@ absl::Status Extender::Start() {
         metrics_.Count("kgpu_extender_unauthenticated_total", {{"verb", req.path.substr(req.path.rfind('/') + 1)}});
         Log("extender")->debug("refused {} from {}: no client certificate", req.path, req.remote_addr);
         res.status = 403;
-        res.set_content(json{{"Error", "kgpu extender: a client certificate signed by its --client-ca-file is required "
-                                       "(kube-scheduler: the extender's tlsConfig certFile and keyFile)"}}
+        res.set_content(json{{"Error",
+                              "kgpu extender: a client certificate signed by its --client-ca-file is required "
+                              "(kube-scheduler: the extender's tlsConfig certFile and keyFile)"}}
                             .dump(),
                         "application/json");
         AnswerUncompressed(req);
@@ -556,8 +557,7 @@ absl::Status Extender::Start() {
   Log("extender")
       ->info("serving {} on {} (port {}; policy {})",
              http_->is_valid() ? (opts_.insecure_http ? "HTTP" : "HTTPS, verbs for client certificates only") : "?",
-             opts_.address, port_,
-             opts_.state.policy);
+             opts_.address, port_, opts_.state.policy);
   return absl::OkStatus();
 }
 

@@ -48,7 +48,7 @@ class Server;
 namespace kgpu::extender {
 
 struct ExtenderOptions {
-  std::string address = "0.0.0.0:8888";     // host:port; port 0 = any free port
+  std::string address = "0.0.0.0:8888";  // host:port; port 0 = any free port
   // HTTPS with this certificate and key, and the verbs answered only for clients that present a
   // certificate signed by client_ca_file (kube-scheduler's extender tlsConfig certFile/keyFile):
   // a bind from anyone else could place any pending pod anywhere. /healthz, /readyz and /metrics

@@ -466,16 +466,18 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
   };
   const auto fraction = [](double have, double want) { return want <= 0 ? 0.0 : std::min(1.0, have / want); };
   if (fit_ok < need) {  // no capacity of the right kind here, used or not: preemption cannot help
-    RefusalDetail d;  // a shape's refusal is words once, whoever asks
+    RefusalDetail d;    // a shape's refusal is words once, whoever asks
     std::string why = [&]() -> std::string {
       if (kind_ok < need) {
         cat = "too_few_gpus";
         d.nearness = fraction(kind_ok, need);
         d.text = Cat("it has ", kind_ok);
-        if (shares) return few(Cat("on this node serves shares (", kShares, ")"), Cat("on this node serve shares (", kShares, ")"));
+        if (shares)
+          return few(Cat("on this node serves shares (", kShares, ")"),
+                     Cat("on this node serve shares (", kShares, ")"));
         if (g.kind == GpuKind::kMig) return "no GPU on this node is in MIG mode";
         return few(Cat("on this node serves whole-GPU pods (", kWholeGpu, ")"),
-                 Cat("on this node serve whole-GPU pods (", kWholeGpu, ")"));
+                   Cat("on this node serve whole-GPU pods (", kWholeGpu, ")"));
       }
       if (model_ok < need) {
         cat = "model";
@@ -584,7 +586,8 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
     cat = "slots";
     if (detail != nullptr) detail->nearness = fraction(slots_ok, need);
     if (want_text) {
-      detail->text = Cat(slots_ok, " have; ", eligible.empty() ? 0 : ns.gpus[eligible[0]].max_shares, " shares per GPU");
+      detail->text =
+          Cat(slots_ok, " have; ", eligible.empty() ? 0 : ns.gpus[eligible[0]].max_shares, " shares per GPU");
     }
     return need == 1 ? std::string("every GPU here already holds its most shares")
                      : Cat("fewer than ", need, " GPUs here have a free share slot");
@@ -596,9 +599,9 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
                                    : fraction(std::min(mem_ok, all_ok), need);
     }
     if (want_text) {
-      detail->text =
-          Cat(need == 1 ? std::string() : Cat(std::min(mem_ok, all_ok), " have; "),
-              best_mem >= 0 ? Cat("largest free: ", best_mem, " MiB on ", info.gpus[best_mem_gpu].uuid) : "", outside());
+      detail->text = Cat(need == 1 ? std::string() : Cat(std::min(mem_ok, all_ok), " have; "),
+                         best_mem >= 0 ? Cat("largest free: ", best_mem, " MiB on ", info.gpus[best_mem_gpu].uuid) : "",
+                         outside());
     }
     if (need == 1) return Cat("no single GPU with ", per_mem, " MiB free");
     return Cat("fewer than ", need, " GPUs here have ", per_mem, " MiB free");
@@ -610,8 +613,9 @@ std::string State::ExplainPartLocked(const Compiled& c, const Part& part, const 
                                  : fraction(std::min(cores_ok, all_ok), need);
   }
   if (want_text) {
-    detail->text = Cat(need == 1 ? std::string() : Cat(std::min(cores_ok, all_ok), " have; "),
-                       best_milli >= 0 ? Cat("most free: ", best_milli / 10, "% on ", info.gpus[best_cores_gpu].uuid) : "");
+    detail->text =
+        Cat(need == 1 ? std::string() : Cat(std::min(cores_ok, all_ok), " have; "),
+            best_milli >= 0 ? Cat("most free: ", best_milli / 10, "% on ", info.gpus[best_cores_gpu].uuid) : "");
   }
   if (need == 1) return Cat("no single GPU with ", pct, "% of its cores free");
   return Cat("fewer than ", need, " GPUs here have ", pct, "% of their cores free");
@@ -1170,8 +1174,10 @@ std::string State::HeldLocked(const Compiled& c, const std::string& node, Refusa
       continue;
     }
     if (h.Active(now) && h.node == node && it->first != c.uid && h.priority >= c.pod.priority) {
-      if (detail != nullptr && detail->want_text) detail->text = Cat("pod ", h.ns, "/", h.name, ", priority ", h.priority);
-      return "the node's GPUs are held for a pod of higher or equal priority that is preempting lower-priority pods here";
+      if (detail != nullptr && detail->want_text)
+        detail->text = Cat("pod ", h.ns, "/", h.name, ", priority ", h.priority);
+      return "the node's GPUs are held for a pod of higher or equal priority that is preempting lower-priority pods "
+             "here";
     }
     ++it;
   }

@@ -191,10 +191,10 @@ class E2eClusterTest : public ::testing::Test {
     }
     testing::SpawnOptions so;
     so.log = log;
-    extender_pid_ = testing::Spawn({KGPU_BIN, "extender", "--kubeconfig", extender_kubeconfig_, "--address",
-                                    "127.0.0.1:0", "--tls-cert-file", tls + "/tls.crt", "--tls-key-file",
-                                    tls + "/tls.key", "--client-ca-file", tls + "/client.crt"},
-                                   so);
+    extender_pid_ = testing::Spawn(
+        {KGPU_BIN, "extender", "--kubeconfig", extender_kubeconfig_, "--address", "127.0.0.1:0", "--tls-cert-file",
+         tls + "/tls.crt", "--tls-key-file", tls + "/tls.key", "--client-ca-file", tls + "/client.crt"},
+        so);
     ASSERT_GT(extender_pid_, 0) << std::strerror(errno);
     int port = 0;
     ASSERT_TRUE(WaitFor([&] {

@@ -337,9 +337,10 @@ TEST_F(ExtenderTest, EveryVerbOnTheWire) {
   const json near = WaitForEvent("GPUsUnavailable", "q");
   ASSERT_FALSE(near.is_null());
   EXPECT_EQ(near["type"], "Warning");
-  EXPECT_EQ(near["note"], "none of 1 nodes can take the pod's GPUs; nearest: node node-a: no single GPU with 10000 MiB "
-                          "free (largest free: 6384 MiB on " +
-                              TestGpuUuid("node-a", 0) + ")");
+  EXPECT_EQ(near["note"],
+            "none of 1 nodes can take the pod's GPUs; nearest: node node-a: no single GPU with 10000 MiB "
+            "free (largest free: 6384 MiB on " +
+                TestGpuUuid("node-a", 0) + ")");
   // preempt: p on node-a frees enough; an unknown node is dropped.
   auto pe = http.Post("/gpu/preempt", EncodePreemptionArgs(second, {{"node-a", {{uid}, 0}}, {"node-b", {{"x"}, 0}}}),
                       "application/json");
@@ -832,13 +833,13 @@ TEST_F(ExtenderTest, ServesHttpsAndOnlyKubeSchedulersCertificateMayCallTheVerbs)
   char dir[] = "/tmp/kgpu-ext-tls-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string d = dir;
-  for (const auto& [name, pem] : std::initializer_list<std::pair<std::string, const std::string*>>{
-           {"tls.crt", &cert},
-           {"tls.key", &key},
-           {"client.crt", &client_cert},
-           {"client.key", &client_key},
-           {"other.crt", &other_cert},
-           {"other.key", &other_key}}) {
+  for (const auto& [name, pem] :
+       std::initializer_list<std::pair<std::string, const std::string*>>{{"tls.crt", &cert},
+                                                                         {"tls.key", &key},
+                                                                         {"client.crt", &client_cert},
+                                                                         {"client.key", &client_key},
+                                                                         {"other.crt", &other_cert},
+                                                                         {"other.key", &other_key}}) {
     std::ofstream(d + "/" + name) << *pem;
   }
   AddNode(TestNode("n", {ShareGpu()}));
@@ -963,11 +964,11 @@ TEST_F(ExtenderTest, TwoReplicasTheStandbyTakesOverAfterACrashAndAtOnceAfterASto
   auto start = [&](Replica& r) {
     testing::SpawnOptions so;
     so.log = r.log;
-    r.pid = testing::Spawn(
-        {KGPU_BIN, "extender", "--insecure-http", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0", "--leader-elect",
-         "--leader-elect-resource-namespace", "kgpu-system", "--identity", r.id, "--leader-elect-lease-duration", "2s",
-         "--leader-elect-renew-deadline", "1500ms", "--leader-elect-retry-period", "250ms"},
-        so);
+    r.pid = testing::Spawn({KGPU_BIN, "extender", "--insecure-http", "--kubeconfig", kubeconfig, "--address",
+                            "127.0.0.1:0", "--leader-elect", "--leader-elect-resource-namespace", "kgpu-system",
+                            "--identity", r.id, "--leader-elect-lease-duration", "2s", "--leader-elect-renew-deadline",
+                            "1500ms", "--leader-elect-retry-period", "250ms"},
+                           so);
     ASSERT_GT(r.pid, 0) << std::strerror(errno);
     ASSERT_TRUE(WaitFor([&] {
       const std::string content = text(r.log);
@@ -1070,8 +1071,8 @@ TEST_F(ExtenderTest, TheKgpuExtenderProcess) {
   // connections then land in its never-accepted queue.)
   testing::SpawnOptions so;
   so.log = log;
-  const pid_t pid =
-      testing::Spawn({KGPU_BIN, "extender", "--insecure-http", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0"}, so);
+  const pid_t pid = testing::Spawn(
+      {KGPU_BIN, "extender", "--insecure-http", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0"}, so);
   ASSERT_GT(pid, 0) << std::strerror(errno);
   int port = 0;
   ASSERT_TRUE(WaitFor([&] {
@@ -1104,7 +1105,8 @@ TEST_F(ExtenderTest, TheKgpuExtenderProcess) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_LT(took, std::chrono::seconds(5)) << "SIGTERM to exit with an idle keep-alive connection open";
   // A bad policy name is a usage error that lists the choices.
-  const std::string cmd = std::string(KGPU_BIN) + " extender --insecure-http --kubeconfig " + kubeconfig + " --policy nope 2>&1";
+  const std::string cmd =
+      std::string(KGPU_BIN) + " extender --insecure-http --kubeconfig " + kubeconfig + " --policy nope 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[512];

@@ -245,13 +245,13 @@ int main(int argc, char** argv) {
       })) {
     return Fail("kgpu extender never became ready:\n" + ReadFile(elog));
   }
-  const auto direct =
-      anon.Post("/gpu/bind", R"({"PodName":"any","PodNamespace":"default","PodUID":"x","Node":"dgx-h100"})",
-                "application/json");
+  const auto direct = anon.Post(
+      "/gpu/bind", R"({"PodName":"any","PodNamespace":"default","PodUID":"x","Node":"dgx-h100"})", "application/json");
   std::cout << "kgpu extender on https://127.0.0.1:" << port
             << " (ready: its informers have synced); the kube-scheduler stand-in calls filter, prioritize, bind with "
                "its client certificate\n"
-            << "  a bind from anyone without one: HTTP " << (direct ? direct->status : 0) << " (refused and counted)\n\n";
+            << "  a bind from anyone without one: HTTP " << (direct ? direct->status : 0)
+            << " (refused and counted)\n\n";
   t::FakeSchedulerOptions o;
   o.url_prefix = "https://127.0.0.1:" + std::to_string(port) + "/gpu";
   o.cert_file = root + "/client.crt";

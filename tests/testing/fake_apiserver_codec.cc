@@ -316,8 +316,8 @@ absl::Status GenerateSelfSigned(std::string& cert_pem, std::string& key_pem, con
   X509_gmtime_adj(X509_getm_notAfter(x.get()), 365L * 24 * 3600);
   X509_set_pubkey(x.get(), key.get());
   X509_NAME* name = X509_get_subject_name(x.get());
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>(common_name.c_str()),
-                             -1, -1, 0);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>(common_name.c_str()), -1,
+                             -1, 0);
   X509_set_issuer_name(x.get(), name);
   X509V3_CTX ctx;
   X509V3_set_ctx_nodb(&ctx);

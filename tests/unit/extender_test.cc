@@ -330,14 +330,14 @@ TEST_F(StateTest, NodesOfOneShapeShareTheirRefusalAndEveryDifferenceCounts) {
   const std::string too_small = "no GPU on this node has 20000 MiB in total";
   const std::string no_shares = "no GPU on this node serves shares (kgpu.io/gpu)";
   std::vector<std::pair<std::string, std::string>> got(out.unresolvable.begin(), out.unresolvable.end());
-  EXPECT_EQ(got, (std::vector<std::pair<std::string, std::string>>{
-                     {"w1", no_shares},
-                     {"s16a", too_small},
-                     {"w2", no_shares},
-                     {"s16b", too_small},
-                     {"sick", "no healthy GPU of the pod's kind on this node"},
-                     {"t4", too_small},
-                     {"mig", no_shares}}));
+  EXPECT_EQ(got,
+            (std::vector<std::pair<std::string, std::string>>{{"w1", no_shares},
+                                                              {"s16a", too_small},
+                                                              {"w2", no_shares},
+                                                              {"s16b", too_small},
+                                                              {"sick", "no healthy GPU of the pod's kind on this node"},
+                                                              {"t4", too_small},
+                                                              {"mig", no_shares}}));
   EXPECT_TRUE(out.failed.empty());
   EXPECT_EQ(out.reasons.at("too_few_gpus"), 3);
   EXPECT_EQ(out.reasons.at("gpu_too_small"), 3);
@@ -377,9 +377,10 @@ TEST_F(StateTest, ReasonsAreOneTextPerCauseWhateverEachNodeHasFree) {
     state.UpsertNode(TestNode(n, {ShareGpu(81920), ShareGpu(81920)}));
     for (int g = 0; g < 2; ++g) {
       const std::string pod = "f" + std::to_string(g) + n;
-      Book(WithUid(TestPod("ns", pod, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", std::to_string(10000 * (g + 1) + i)}},
-                           {{"kgpu.io/gpu-uuid", TestGpuUuid(n, g)}}),
-                   "u" + pod),
+      Book(WithUid(
+               TestPod("ns", pod, {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", std::to_string(10000 * (g + 1) + i)}},
+                       {{"kgpu.io/gpu-uuid", TestGpuUuid(n, g)}}),
+               "u" + pod),
            n);
     }
     names.push_back(n);
@@ -399,7 +400,8 @@ TEST_F(StateTest, ReasonsAreOneTextPerCauseWhateverEachNodeHasFree) {
                                                 {"no single GPU with 75000 MiB free", 300}}));
   // n0 has the most free (81920 - 10000 on GPU 0); a node preemption can help on comes first.
   EXPECT_EQ(out.closest_node, "n0");
-  EXPECT_EQ(out.closest_why, "no single GPU with 75000 MiB free (largest free: 71920 MiB on " + TestGpuUuid("n0", 0) + ")");
+  EXPECT_EQ(out.closest_why,
+            "no single GPU with 75000 MiB free (largest free: 71920 MiB on " + TestGpuUuid("n0", 0) + ")");
   EXPECT_EQ(state.Explain(pod, "n299"),
             "no single GPU with 75000 MiB free (largest free: 71621 MiB on " + TestGpuUuid("n299", 0) + ")");
   EXPECT_EQ(state.Explain(pod, "small"), "no GPU on this node has 75000 MiB in total (largest: 40960 MiB)");
@@ -579,9 +581,9 @@ TEST_F(StateTest, FilterReasonsSayWhatIsShortAndWhetherPreemptionHelps) {
   auto a100 = state.Filter(WithUid(TestPod("ns", "m", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "A100"}}), "u-m"),
                            {"t4", "share"});
   EXPECT_EQ(a100.unresolvable.at("t4"), "no GPU of the pod's models here");
-  EXPECT_EQ(state.Explain(WithUid(TestPod("ns", "m", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "A100"}}), "u-m"),
-                          "t4"),
-            "no GPU of the pod's models here (this node has: Tesla T4)");
+  EXPECT_EQ(
+      state.Explain(WithUid(TestPod("ns", "m", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "A100"}}), "u-m"), "t4"),
+      "no GPU of the pod's models here (this node has: Tesla T4)");
   EXPECT_EQ(a100.passed, std::vector<std::string>{"share"});
   auto none =
       state.Filter(WithUid(TestPod("ns", "h", {{"kgpu.io/gpu", "1"}}, {{"kgpu.io/gpu-model", "H100"}}), "u-h"), {"t4"});
@@ -1068,8 +1070,7 @@ TEST_F(StateTest, PlanPreemptionPicksTheFewestLowestPriorityVictimsAndHoldsTheNo
   EXPECT_EQ(low.failed.at("a"),
             "the node's GPUs are held for a pod of higher or equal priority that is preempting lower-priority pods "
             "here");
-  EXPECT_EQ(state.Explain(Share("low", "1000", 10), "a"),
-            low.failed.at("a") + " (pod ns/hi, priority 1000)");
+  EXPECT_EQ(state.Explain(Share("low", "1000", 10), "a"), low.failed.at("a") + " (pod ns/hi, priority 1000)");
   EXPECT_EQ(low.reasons.at("held"), 1);
   EXPECT_EQ(state.Filter(Share("same", "1000", 1000), {"a"}).passed.size(), 0u);
   EXPECT_EQ(state.Filter(Share("higher", "1000", 2000), {"a"}).passed, std::vector<std::string>{"a"});
