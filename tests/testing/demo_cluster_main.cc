@@ -344,6 +344,20 @@ int main(int argc, char** argv) {
     } else {
       std::cout << "  not scheduled: " << out->message << "\n";
       if (w.expect != Want::kUnschedulable) ++failures;
+      // The nearest node's own figures: the extender's Event on the pod (written on its own thread).
+      std::string note;
+      WaitFor([&] {
+        auto events = client.List("/apis/events.k8s.io/v1/namespaces/" + w.ns + "/events");
+        if (!events.ok()) return false;
+        for (const auto& e : (*events)["items"]) {
+          if (e.value("reason", "") == "GPUsUnavailable" && e["regarding"].value("name", "") == w.name) {
+            note = e.value("note", "");
+          }
+        }
+        return !note.empty();
+      });
+      std::cout << "  the extender's Event GPUsUnavailable: " << (note.empty() ? std::string("(none)") : note) << "\n";
+      if (note.empty()) ++failures;
     }
   }
   // Each node admits its pods as kubelet does (Allocate, PreStart for shares), then what each got.
