@@ -4,7 +4,10 @@
 // label publisher, the share handoff, the extender, the webhook, quota and the Slurm bridge all
 // spell them from here (docs/architecture.md: the api room depends on nothing).
 //
-// Thread-safety: constants only.
+// Thread-safety: constants and pure functions only.
+
+#include <string>
+#include <string_view>
 
 namespace kgpu::api {
 
@@ -36,6 +39,22 @@ inline constexpr char kOwnerTaintKey[] = "kgpu.io/owner";
 inline constexpr char kSlurmLeaseAnnotation[] = "kgpu.io/slurm-lease";
 inline constexpr char kSlurmReclaimAnnotation[] = "kgpu.io/slurm-reclaim";
 inline constexpr char kSlurmSuspendedAnnotation[] = "kgpu.io/slurm-suspended";
+
+// ---- NVIDIA's MIG resources (the device plugin's migStrategy mixed), one naming rule for every
+// side: the plugin advertises them, the extender places them, quota counts them.
+inline constexpr char kMigResourcePrefix[] = "nvidia.com/mig-";
+// A MIG profile as its resource name spells it: '+' is not allowed in a resource name, so NVIDIA
+// writes "1g.10gb+me" as "1g.10gb.me" ("nvidia.com/mig-1g.10gb.me"); other profiles unchanged.
+inline std::string MigResourceProfile(std::string_view profile) {
+  std::string out(profile);
+  for (char& c : out) {
+    if (c == '+') c = '.';
+  }
+  return out;
+}
+inline std::string MigResourceName(std::string_view profile) {
+  return kMigResourcePrefix + MigResourceProfile(profile);
+}
 
 // ---- CDI
 // The CDI device kind of a share container's spec (one spec per container).

@@ -94,14 +94,6 @@ bool Selects(const ReplicatedResource& r, const Unit& u) {
 
 }  // namespace
 
-std::string MigResourceName(const std::string& profile) {
-  std::string name = "nvidia.com/mig-" + profile;
-  for (char& c : name) {
-    if (c == '+') c = '.';
-  }
-  return name;
-}
-
 const PluginDevice* Resource::Find(const std::string& id) const {
   for (const auto& d : devices) {
     if (d.id == id) return &d;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "api/names.h"
 #include "api/share_cdi.h"
 #include "deviceplugin/config.h"
 #include "gpu/inventory.h"
@@ -51,10 +52,9 @@ struct Plan {
   std::vector<std::string> control_nodes;  // /dev/nvidiactl etc. that exist under the dev root
 };
 
-// The resource a MIG profile is advertised as with migStrategy mixed (NVIDIA's names:
-// "nvidia.com/mig-1g.10gb"; '+' is not allowed in a resource name, so "1g.10gb+me" is
-// "nvidia.com/mig-1g.10gb.me").
-std::string MigResourceName(const std::string& profile);
+// The resource a MIG profile is advertised as with migStrategy mixed: api::MigResourceName, the
+// rule the extender and quota read it back by.
+using api::MigResourceName;
 
 // Errors name the config field and the fix (e.g. MIG single strategy on a mixed node).
 absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(std::shared_ptr<const gpu::Inventory> inventory,

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "api/inventory.h"
+#include "api/names.h"
 #include "common/strings.h"
 
 namespace kgpu::extender {
@@ -89,8 +90,10 @@ sched::NodeSpec ToNodeSpec(const NodeInfo& n) {
     gs.max_shares = g.slots;
     if (g.slots == 0) {
       for (const auto& m : g.mig) {
+        // The engine names an instance as the pod's resource does ("1g.10gb+me" as
+        // nvidia.com/mig-1g.10gb.me asks for it); the record keeps NVML's name.
         const int slices = MigSlices(m.profile);
-        gs.mig.push_back({m.profile, slices, m.memory_mib, slices * sched::kMilli / 7});
+        gs.mig.push_back({api::MigResourceProfile(m.profile), slices, m.memory_mib, slices * sched::kMilli / 7});
       }
     }
     s.gpus.push_back(std::move(gs));

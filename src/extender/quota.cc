@@ -5,6 +5,7 @@
 #include <numeric>
 #include <set>
 
+#include "api/names.h"
 #include "common/strings.h"
 #include "extender/request.h"
 
@@ -61,8 +62,9 @@ ClusterGpus SummarizeInventory(const std::vector<NodeInfo>& nodes) {
       } else if (!g.mig.empty()) {
         const int slices = MaxMigSlices(g);
         for (const auto& m : g.mig) {
-          ++c.mig[m.profile];
-          auto [it, added] = c.mig_slices.emplace(m.profile, slices);
+          const std::string p = api::MigResourceProfile(m.profile);  // as nvidia.com/mig-<p> names it
+          ++c.mig[p];
+          auto [it, added] = c.mig_slices.emplace(p, slices);
           if (!added) it->second = std::min(it->second, slices);
         }
       } else {

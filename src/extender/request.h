@@ -29,7 +29,7 @@
 namespace kgpu::extender {
 
 inline constexpr char kWholeGpu[] = "nvidia.com/gpu";
-inline constexpr char kMigPrefix[] = "nvidia.com/mig-";
+inline constexpr const auto& kMigPrefix = api::kMigResourcePrefix;  // one spelling: api/names.h
 // kgpu.io/* names: spelled once, in api/names.h.
 using api::kShareCores;
 using api::kShareMemory;

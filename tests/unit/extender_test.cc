@@ -666,6 +666,30 @@ TEST_F(StateTest, WholeMigAndUuidLists) {
   EXPECT_EQ(only0.closest_why, "the pod's GPU UUID lists leave fewer than 2 GPUs on this node (1 left)");
 }
 
+// NVIDIA names the media-extension profiles "1g.10gb+me"; '+' is not allowed in a resource name,
+// so the plugin advertises them as nvidia.com/mig-1g.10gb.me (api::MigResourceName). The
+// extender reads a pod's resource back by the same rule: the pod gets the +me instance, the
+// record names NVML's profile and the plugin's resource, and quota counts it under the resource.
+TEST_F(StateTest, MediaExtensionMigProfilesArePlacedByTheirResourceName) {
+  state.UpsertNode(TestNode("mig", {MigGpu({"1g.10gb+me", "1g.10gb", "1g.10gb"})}));
+  const json pod = WithUid(TestPod("ns", "me", {{"nvidia.com/mig-1g.10gb.me", "1"}}), "u-me");
+  EXPECT_EQ(state.Filter(pod, {"mig"}).passed, std::vector<std::string>{"mig"});
+  auto a = state.Assume(pod, "mig");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->record.containers[0].resource, "nvidia.com/mig-1g.10gb.me");
+  EXPECT_EQ(a->record.containers[0].gpus[0].profile, "1g.10gb+me");
+  EXPECT_EQ(a->record.containers[0].gpus[0].mig, "MIG-mig-0-0");
+  // The only +me instance is taken: the next one is refused, the plain 1g.10gb still fits.
+  EXPECT_EQ(state.Filter(WithUid(TestPod("ns", "me2", {{"nvidia.com/mig-1g.10gb.me", "1"}}), "u-me2"), {"mig"})
+                .failed.at("mig"),
+            "every MIG 1g.10gb.me instance here is in use");
+  EXPECT_EQ(state.Filter(WithUid(TestPod("ns", "plain", {{"nvidia.com/mig-1g.10gb", "1"}}), "u-plain"), {"mig"}).passed,
+            std::vector<std::string>{"mig"});
+  EXPECT_EQ(api::MigResourceName("1g.10gb+me"), "nvidia.com/mig-1g.10gb.me");
+  EXPECT_EQ(api::MigResourceName("1g.20gb+me.all"), "nvidia.com/mig-1g.20gb.me.all");
+  EXPECT_EQ(api::MigResourceName("3g.40gb"), "nvidia.com/mig-3g.40gb");
+}
+
 // A GPU in MIG mode is never given whole (kubelet has no nvidia.com/gpu device for it), however
 // idle its instances are: a whole-GPU pod takes the node's other GPUs, and the MIG instances stay
 // free for MIG pods. (Seen in the demo cluster: a 2-GPU pod booked both MIG GPUs of an A100 node,

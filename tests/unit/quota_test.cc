@@ -50,6 +50,18 @@ TEST(QuotaTest, InventorySummary) {
   EXPECT_EQ(c.share_models, 2);
 }
 
+// A media-extension profile counts under the resource name the plugin advertises it as
+// (api::MigResourceName: "1g.6gb+me" is nvidia.com/mig-1g.6gb.me), with its GPU's slices.
+TEST(QuotaTest, MediaExtensionProfilesCountUnderTheirResourceName) {
+  testing::TestGpu a30 = MigGpu({"1g.6gb+me", "1g.6gb", "2g.12gb"});
+  a30.model = "NVIDIA A30";
+  a30.memory_mib = 24576;
+  const ClusterGpus c = SummarizeInventory({*ParseInventoryAnnotation("a30", TestInventory("a30", {a30}))});
+  EXPECT_EQ(c.mig.at("1g.6gb.me"), 1);
+  EXPECT_FALSE(c.mig.contains("1g.6gb+me"));
+  EXPECT_DOUBLE_EQ(*GpuEquivalents("requests.nvidia.com/mig-1g.6gb.me", 1, c), 1.0 / 4);  // A30: 4 slices
+}
+
 TEST(QuotaTest, GpuEquivalents) {
   const ClusterGpus c = Cluster();
   EXPECT_DOUBLE_EQ(*GpuEquivalents("requests.nvidia.com/gpu", 8, c), 8.0);
