@@ -685,6 +685,15 @@ TEST_F(StateTest, MediaExtensionMigProfilesArePlacedByTheirResourceName) {
             "every MIG 1g.10gb.me instance here is in use");
   EXPECT_EQ(state.Filter(WithUid(TestPod("ns", "plain", {{"nvidia.com/mig-1g.10gb", "1"}}), "u-plain"), {"mig"}).passed,
             std::vector<std::string>{"mig"});
+  // A restarted extender books the +me instance again from the record.
+  State fresh;
+  ASSERT_TRUE(fresh.Init().ok());
+  fresh.UpsertNode(TestNode("mig", {MigGpu({"1g.10gb+me", "1g.10gb", "1g.10gb"})}));
+  fresh.UpsertPod(Bound(pod, "mig", a->record));
+  EXPECT_EQ(fresh.Stats().booked, 1u);
+  EXPECT_EQ(fresh.Stats().record_conflicts, 0u);
+  EXPECT_TRUE(fresh.Filter(WithUid(TestPod("ns", "me3", {{"nvidia.com/mig-1g.10gb.me", "1"}}), "u-me3"), {"mig"})
+                  .passed.empty());
   EXPECT_EQ(api::MigResourceName("1g.10gb+me"), "nvidia.com/mig-1g.10gb.me");
   EXPECT_EQ(api::MigResourceName("1g.20gb+me.all"), "nvidia.com/mig-1g.20gb.me.all");
   EXPECT_EQ(api::MigResourceName("3g.40gb"), "nvidia.com/mig-3g.40gb");
