@@ -126,9 +126,7 @@ Extender::Reply Extender::Filter(std::string_view body) {
         std::string& why = out.failed[plan->node];
         why += Cat("; preempting ", plan->victims.size(), " lower-priority pod(s) here: ", VictimNames(*plan));
         metrics_.Count("kgpu_extender_preemptions_total", {{"result", "started"}});
-        std::lock_guard lock(preempt_mu_);
-        preempt_queue_.push_back(std::move(*plan));
-        preempt_cv_.notify_one();
+        preemptions_.Push(std::move(*plan));
       }
     }
     if (!out.closest_node.empty()) {
@@ -448,35 +446,15 @@ absl::Status Extender::Start() {
   nodes_->Start();
   pods_->Start();
   budgets_->Start();
-  preemption_thread_ = std::jthread([this](std::stop_token stop) {
-    while (true) {
-      PreemptionPlan plan;
-      {
-        std::unique_lock lock(preempt_mu_);
-        if (!preempt_cv_.wait(lock, stop, [&] { return !preempt_queue_.empty(); })) return;
-        plan = std::move(preempt_queue_.front());
-        preempt_queue_.pop_front();
-      }
-      if (stop.stop_requested()) return;  // plans left in the queue are dropped: their holds expire
-      CarryOut(plan, stop);
-    }
-  });
-  events_thread_ = std::jthread([this](std::stop_token stop) {
-    while (true) {
-      PendingEvent e;
-      {
-        std::unique_lock lock(events_mu_);
-        if (!events_cv_.wait(lock, stop, [&] { return !event_queue_.empty(); })) return;
-        e = std::move(event_queue_.front());
-        event_queue_.pop_front();
-      }
-      if (auto st = events_.Record(e.regarding, e.type, e.reason, e.action, e.note); !st.ok()) {
-        metrics_.Count("kgpu_extender_events_total", {{"result", "failed"}});
-        Log("extender")
-            ->warn("event {} on pod {}/{}: {}", e.reason, e.regarding.ns, e.regarding.name, std::string(st.message()));
-      } else {
-        metrics_.Count("kgpu_extender_events_total", {{"result", "written"}});
-      }
+  // Plans left in the queue at Stop are dropped: their holds expire.
+  preemptions_.Start([this](PreemptionPlan& plan, std::stop_token stop) { CarryOut(plan, stop); });
+  pending_events_.Start([this](PendingEvent& e, std::stop_token) {
+    if (auto st = events_.Record(e.regarding, e.type, e.reason, e.action, e.note); !st.ok()) {
+      metrics_.Count("kgpu_extender_events_total", {{"result", "failed"}});
+      Log("extender")
+          ->warn("event {} on pod {}/{}: {}", e.reason, e.regarding.ns, e.regarding.name, std::string(st.message()));
+    } else {
+      metrics_.Count("kgpu_extender_events_total", {{"result", "written"}});
     }
   });
   if (opts_.leader_elect) {
@@ -606,13 +584,7 @@ absl::Status Extender::MakeHttpServer() {
 }
 
 void Extender::QueueEvent(PendingEvent e) {
-  std::lock_guard lock(events_mu_);
-  if (event_queue_.size() >= kMaxQueuedEvents) {
-    metrics_.Count("kgpu_extender_events_total", {{"result", "dropped"}});
-    return;
-  }
-  event_queue_.push_back(std::move(e));
-  events_cv_.notify_one();
+  if (!pending_events_.Push(std::move(e))) metrics_.Count("kgpu_extender_events_total", {{"result", "dropped"}});
 }
 
 void Extender::Stop() {
@@ -625,12 +597,8 @@ void Extender::Stop() {
     elector_thread_.join();
   }
   if (http_) http_->stop();
-  for (auto* t : {&preemption_thread_, &events_thread_}) {
-    if (t->joinable()) {
-      t->request_stop();
-      t->join();
-    }
-  }
+  preemptions_.Stop();
+  pending_events_.Stop();
   // Joining the listener waits for its workers: httplib lets an idle keep-alive connection sit for
   // the keep-alive timeout (1 s) without noticing that the server stopped.
   if (http_thread_.joinable()) http_thread_.join();

@@ -25,15 +25,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 
 #include "absl/status/status.h"
+#include "common/work_queue.h"
 #include "extender/metrics.h"
 #include "extender/state.h"
 #include "k8s/client.h"
@@ -109,7 +107,7 @@ class Extender {
  private:
   Reply Timed(const std::string& verb, const std::function<Reply()>& f);
   std::string BindPod(const BindingArgs& args);
-  // Evicts the plan's victims one after the other (on preemption_thread_), each only while this
+  // Evicts the plan's victims one after the other (on preemptions_' worker), each only while this
   // replica leads and the plan's hold stands.
   void CarryOut(const PreemptionPlan& plan, std::stop_token stop);
   // A PodDisruptionBudget that guards more of the plan's victims than it allows disruptions now
@@ -131,22 +129,17 @@ class Extender {
   int port_ = 0;
   std::atomic<bool> stopping_{false};  // Stop() began: replies close their connections
   k8s::EventRecorder events_;
-  std::mutex preempt_mu_;
-  std::condition_variable_any preempt_cv_;
-  std::deque<PreemptionPlan> preempt_queue_;
-  std::jthread preemption_thread_;
+  // Plans of the extender's own preemption, carried out one after the other (CarryOut).
+  WorkQueue<PreemptionPlan> preemptions_;
   // Events written off the verbs' path (a filter answers before its Event is written): the
   // nearest node's figures for a pod no node takes. At most kMaxQueuedEvents wait; more are
-  // dropped (and counted), as client-go's broadcaster drops when its queue is full.
+  // dropped (and counted in kgpu_extender_events_total).
   struct PendingEvent {
     k8s::ObjectRef regarding;
     std::string type, reason, action, note;
   };
   static constexpr size_t kMaxQueuedEvents = 256;
-  std::mutex events_mu_;
-  std::condition_variable_any events_cv_;
-  std::deque<PendingEvent> event_queue_;
-  std::jthread events_thread_;
+  WorkQueue<PendingEvent> pending_events_{kMaxQueuedEvents};
   void QueueEvent(PendingEvent e);
   // http_ as the TLS options say (ExtenderOptions::client_ca_file).
   absl::Status MakeHttpServer();
