@@ -1,8 +1,11 @@
 #include "extender/server.h"
 
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <set>
+#include <system_error>
+#include <tuple>
 
 #include <httplib.h>
 #include <unistd.h>
@@ -559,12 +562,24 @@ absl::Status Extender::MakeHttpServer() {
   }
   if (!missing.empty()) {
     return absl::InvalidArgumentError(
-        Cat("kgpu extender serves HTTPS and answers filter, prioritize, preempt and bind only for clients with a "
+        Cat("HTTPS is required, with filter, prioritize, preempt and bind answered only for clients with a "
             "certificate signed by --client-ca-file (kube-scheduler's extender tlsConfig certFile/keyFile): missing ",
             Join(missing, ", "), " (--insecure-http serves plain HTTP to any caller, for tests only)"));
   }
+  // Bad input (a file that is missing or not PEM), not usage: exit 1, as every command's unreadable file.
+  for (const auto& [flag, path, what] :
+       {std::tuple<const char*, const std::string*, const char*>{"--tls-cert-file", &opts_.tls_cert_file,
+                                                                 "the extender's serving certificate"},
+        {"--tls-key-file", &opts_.tls_key_file, "its key"},
+        {"--client-ca-file", &opts_.client_ca_file, "the CA that signed kube-scheduler's client certificate"}}) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(*path, ec)) {
+      return absl::FailedPreconditionError(
+          Cat(flag, " ", *path, ": no such file (", what, ", PEM; deploy/extender/gen-certs.sh makes them)"));
+    }
+  }
   web::WebConfig wc;
-  wc.origin = "kgpu extender";
+  wc.origin = "--tls-cert-file/--tls-key-file/--client-ca-file";
   wc.tls.enabled = true;
   wc.tls.cert_file = opts_.tls_cert_file;
   wc.tls.key_file = opts_.tls_key_file;
@@ -573,12 +588,7 @@ absl::Status Extender::MakeHttpServer() {
   // without one, the probes and /metrics do not.
   wc.tls.client_auth_type = "VerifyClientCertIfGiven";
   auto server = web::MakeServer(&wc);
-  if (!server.ok()) {
-    // Bad input (a file that is missing or not PEM), not usage: exit 1, as every command's unreadable file.
-    return absl::FailedPreconditionError(Cat("--tls-cert-file ", opts_.tls_cert_file, " / --tls-key-file ",
-                                             opts_.tls_key_file, " / --client-ca-file ", opts_.client_ca_file, ": ",
-                                             server.status().message()));
-  }
+  if (!server.ok()) return server.status();
   http_ = std::move(*server);
   return absl::OkStatus();
 }
