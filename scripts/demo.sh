@@ -204,7 +204,8 @@ kill -TERM "$api" 2>/dev/null; wait "$api" 2>/dev/null || true
 step "The simulated driver procfs of a MIG node: capability minors for the MIG device nodes"
 "$(dirname "$0")/demo-node-small.sh" "$build"
 step "A small cluster: API stand-in, three node agents, kgpu extender and a kube-scheduler stand-in schedule whole, MIG and shared GPUs under a namespace quota"
-echo "What you see: the extender serving HTTPS to kube-scheduler's client certificate only (a bind from anyone else: 403),"
+echo "What you see: two extender replicas (leader election) serving HTTPS to kube-scheduler's client certificate only"
+echo "(a bind from anyone else: 403),"
 echo "each pod as the scheduler stand-in placed it through kgpu extender (filter, prioritize, bind),"
 echo "the quota refusing team-a's third share, a share no GPU can hold left pending with the extender's reason"
 echo "(one line per cause, as kube-scheduler counts them) and its Event naming the nearest node's figures,"
@@ -217,6 +218,8 @@ echo "The sharing node runs its plugin with --cuda-interposer, so shares there g
 echo "container preloads libkgpu-cuda.so, which holds it to KGPU_CUDA_MEMORY_LIMIT (docs/isolation.md)."
 echo "Last, preemption for GPU memory: kube-scheduler does not count it, so its own preemption finds no victim;"
 echo "the extender evicts the lower-priority share itself (Eviction API), holds the GPU, and the pod binds there."
+echo "Then the leading replica is killed: the standby filters at once from its own informers, and binds (only ever the"
+echo "leader's; a standby passes them on) resume once it holds the Lease, about the lease duration later."
 echo "\$ kgpu-demo-cluster"
 "$bin/kgpu-demo-cluster" | sed 's/^/  /'
 step "Isolation on a share's GPU: a memory limit every process of the container is held to, and compute shares of 30 % and 70 %"

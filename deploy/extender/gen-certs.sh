@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The certificates that let only kube-scheduler call kgpu extender (deploy/extender/extender.yaml):
-# a CA, the extender's serving certificate (the Service's DNS names, and any --ip), and the client
-# certificate kube-scheduler presents (CN kgpu-scheduler, extended key usage clientAuth), written
-# as the two Secrets the manifests mount:
-#   kgpu-extender-tls               tls.crt, tls.key (serving), client-ca.crt (the CA)
+# a CA, the extender's serving certificate (the Service's DNS names, and any --ip), the client
+# certificate kube-scheduler presents (CN kgpu-scheduler, extended key usage clientAuth), and the
+# one a standby replica presents when it passes a bind on to the leader (CN kgpu-extender-peer,
+# clientAuth), written as the two Secrets the manifests mount:
+#   kgpu-extender-tls               tls.crt, tls.key (serving), client-ca.crt (the CA),
+#                                   peer.crt, peer.key (the replicas' client certificate)
 #   kgpu-scheduler-extender-client  tls.crt, tls.key (client), ca.crt (the CA)
 #
 #   gen-certs.sh [--out DIR] [--namespace NS] [--ip ADDRESS]... [--days N] [--apply]
@@ -58,6 +60,9 @@ subjectAltName=$san"
 sign client kgpu-scheduler "basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature
 extendedKeyUsage=clientAuth"
+sign peer kgpu-extender-peer "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature
+extendedKeyUsage=clientAuth"
 
 b64() { base64 -w0 <"$1"; }
 cat >kgpu-extender-secrets.yaml <<YAML
@@ -72,6 +77,8 @@ data:
   tls.crt: $(b64 tls.crt)
   tls.key: $(b64 tls.key)
   client-ca.crt: $(b64 ca.crt)
+  peer.crt: $(b64 peer.crt)
+  peer.key: $(b64 peer.key)
 ---
 apiVersion: v1
 kind: Secret
@@ -85,7 +92,7 @@ data:
   tls.key: $(b64 client.key)
   ca.crt: $(b64 ca.crt)
 YAML
-echo "gen-certs.sh: wrote $(pwd)/{ca,tls,client}.{crt,key} and kgpu-extender-secrets.yaml (namespace $ns)"
+echo "gen-certs.sh: wrote $(pwd)/{ca,tls,client,peer}.{crt,key} and kgpu-extender-secrets.yaml (namespace $ns)"
 if [ "$apply" = 1 ]; then
   kubectl apply -f kgpu-extender-secrets.yaml
 fi

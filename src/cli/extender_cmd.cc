@@ -54,9 +54,18 @@ void AddExtenderFlags(CLI::App* app, ExtenderFlags* f) {
       ->capture_default_str();
   app->add_option("--kube-api-burst", f->burst, "API request burst")->capture_default_str();
   app->add_option("--threads", f->options.threads, "HTTP worker threads")->capture_default_str();
-  AddLeaderElectFlags(app, &f->leader, "only the Lease holder serves");
+  AddLeaderElectFlags(app, &f->leader,
+                      "every synced replica answers filter and prioritize; only the Lease holder binds and preempts, "
+                      "and the others pass binds on to it");
   app->add_option("--identity", f->options.identity, "this replica's identity in the Lease (default: host name)")
       ->envname("POD_NAME");
+  app->add_option("--advertise-address", f->options.advertise_address,
+                  "host:port where the other replicas reach this one to pass binds on (in a pod: $(POD_IP):8888; "
+                  "default: --address when it names one address)");
+  app->add_option("--peer-cert-file", f->options.peer_cert_file,
+                  "with --leader-elect: the client certificate (PEM, signed by the --client-ca-file CA) a standby "
+                  "presents when it passes a bind on to the leader, which must present --tls-cert-file");
+  app->add_option("--peer-key-file", f->options.peer_key_file, "and its key (PEM)");
   // The extender's own spellings before kube-scheduler's (one release).
   AddDeprecatedOption(app, cmd, "--lease-namespace", "--leader-elect-resource-namespace",
                       [f](const std::string& v) { f->leader.resource_namespace = v; });

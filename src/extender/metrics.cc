@@ -20,7 +20,8 @@ Metrics::Metrics() {
       {"kgpu_extender_filter_nodes_total",
        "Filter verdicts per node: passed, failed (preemption may help), unresolvable."},
       {"kgpu_extender_filter_reasons_total", "Nodes failed by filter, by reason category."},
-      {"kgpu_extender_binds_total", "Bind results: bound, already_bound, failed."},
+      {"kgpu_extender_binds_total",
+       "Bind results: bound, already_bound, failed, forwarded (a standby's, passed on to the leader)."},
       {"kgpu_extender_failures_total", "Verb requests that failed, by reason."},
       {"kgpu_extender_preempt_nodes_total", "Preempt candidates: kept (their victims make the pod fit) or dropped."},
       {"kgpu_extender_preemptions_total",
@@ -51,7 +52,9 @@ Metrics::Metrics() {
        "over its record)."},
       {"kgpu_extender_gpu_untracked_memory_mib", T::kGauge,
        "That memory in total (MiB), taken out of what the extender places."},
-      {"kgpu_extender_ready", T::kGauge, "1 when the informers have synced (and this replica leads)."},
+      {"kgpu_extender_ready", T::kGauge, "1 when the informers have synced (standbys too: they answer filter)."},
+      {"kgpu_extender_leader", T::kGauge,
+       "1 while this replica binds and preempts (it holds the Lease, or runs without --leader-elect)."},
   };
   for (const auto& [name, type, help] : state) registry_.Declare(name, type, help);
 }

@@ -64,7 +64,8 @@ Extender::Extender(k8s::Client& client, ExtenderOptions options)
     : client_(client),
       opts_(std::move(options)),
       state_(opts_.state),
-      events_(client_, "kgpu.io/extender", opts_.identity.empty() ? HostName() : opts_.identity) {}
+      identity_(opts_.identity.empty() ? HostName() : opts_.identity),
+      events_(client_, "kgpu.io/extender", identity_) {}
 
 Extender::~Extender() {
   Stop();
@@ -73,7 +74,7 @@ Extender::~Extender() {
 std::string Extender::NotReadyReason() const {
   if (!nodes_ || !nodes_->HasSynced()) return "the Node informer has not synced yet";
   if (!pods_ || !pods_->HasSynced()) return "the Pod informer has not synced yet";
-  if (elector_ && !elector_->IsLeader()) return "this replica is not the leader";
+  if (stopping_) return "the extender is stopping";
   return "";
 }
 
@@ -122,7 +123,9 @@ Extender::Reply Extender::Filter(std::string_view body) {
       }
       r.nodes = std::move(keep);
     }
-    if (opts_.preemption && passed == 0 && !out.failed.empty()) {
+    if (opts_.preemption && passed == 0 && !out.failed.empty() && Leads()) {
+      // (A standby plans none: evictions are the leader's, as binds are. kube-scheduler retries
+      // the pod, and its next filter may reach the leader.)
       // Every node kube-scheduler passed on is refused for what it cannot see: its own
       // preemption would find no victim there (facts §1.4), so the extender preempts.
       if (auto plan = state_.PlanPreemption(args->pod, names); plan) {
@@ -182,8 +185,9 @@ Extender::Reply Extender::Preempt(std::string_view body) {
   });
 }
 
-Extender::Reply Extender::Bind(std::string_view body) {
+Extender::Reply Extender::Bind(std::string_view body, bool forwarded) {
   return Timed("bind", [&]() -> Reply {
+    if (!Leads()) return ForwardBind(body, forwarded);
     auto args = ParseBindingArgs(body);
     if (!args.ok()) {
       metrics_.Count("kgpu_extender_failures_total", {{"verb", "bind"}, {"reason", "bad_request"}});
@@ -195,6 +199,29 @@ Extender::Reply Extender::Bind(std::string_view body) {
       Log("extender")->warn("bind {}/{} to {}: {}", args->pod_namespace, args->pod_name, args->node, err);
     return {200, EncodeBindingResult(EscapePercent(err))};
   });
+}
+
+Extender::Reply Extender::ForwardBind(std::string_view body, bool forwarded) {
+  auto refuse = [&](std::string_view reason, const std::string& why) -> Reply {
+    metrics_.Count("kgpu_extender_failures_total", {{"verb", "bind"}, {"reason", std::string(reason)}});
+    Log("extender")->warn("bind not passed on to the leader: {}", why);
+    // In the result's Error, as every refused bind: kube-scheduler puts it in the pod's event,
+    // fails this binding cycle and retries the pod after its backoff.
+    return {200, EncodeBindingResult(EscapePercent(Cat("kgpu extender: ", why)))};
+  };
+  if (forwarded) return refuse("no_leader", "a bind passed on by another replica reached one that does not lead");
+  const k8s::ObservedLease lease = elector_->Observed();
+  if (lease.holder.empty())
+    return refuse("no_leader", "no replica leads now (the Lease is free; one takes it shortly)");
+  const auto at = lease.annotations.find(kLeaderAddressAnnotation);
+  if (at == lease.annotations.end() || at->second.empty()) {
+    return refuse("no_leader", Cat("the leader ", lease.holder, " wrote no ", kLeaderAddressAnnotation,
+                                   " on its Lease (give it --advertise-address)"));
+  }
+  auto answer = forwarder_->Post(at->second, "/bind", body, identity_);
+  if (!answer.ok()) return refuse("forward_failed", std::string(answer.status().message()));
+  metrics_.Count("kgpu_extender_binds_total", {{"result", "forwarded"}});
+  return {answer->code, std::move(answer->body)};
 }
 
 std::string Extender::BindPod(const BindingArgs& b) {
@@ -378,6 +405,7 @@ void Extender::CarryOut(const PreemptionPlan& plan, std::stop_token stop) {
   for (const auto& v : plan.victims) {
     // The plan may be stale by now: the preemptor bound or gone, the hold over, leadership lost.
     std::string why = stop.stop_requested() ? "the extender is stopping" : NotReadyReason();
+    if (why.empty() && !Leads()) why = "this replica no longer leads";
     if (why.empty() && state_.PreemptingOn(plan.uid) != plan.node) {
       why = "its hold on the node ended (the pod was bound or deleted, or the hold expired)";
     }
@@ -419,6 +447,7 @@ std::string Extender::MetricsText() const {
   metrics_.Set("kgpu_extender_gpus_untracked_memory", static_cast<double>(s.gpus_untracked));
   metrics_.Set("kgpu_extender_gpu_untracked_memory_mib", static_cast<double>(s.untracked_mib));
   metrics_.Set("kgpu_extender_ready", NotReadyReason().empty() ? 1 : 0);
+  metrics_.Set("kgpu_extender_leader", Leads() ? 1 : 0);
   return metrics_.Text();
 }
 
@@ -460,20 +489,6 @@ absl::Status Extender::Start() {
       metrics_.Count("kgpu_extender_events_total", {{"result", "written"}});
     }
   });
-  if (opts_.leader_elect) {
-    k8s::LeaderElectionConfig lc;
-    lc.ns = opts_.lease_namespace;
-    lc.name = opts_.lease_name;
-    lc.identity = opts_.identity.empty() ? HostName() : opts_.identity;
-    lc.lease_duration = opts_.lease_duration;
-    lc.renew_deadline = opts_.renew_deadline;
-    lc.retry_period = opts_.retry_period;
-    lc.on_new_leader = [](const std::string& who) { Log("extender")->info("leader is now {}", who); };
-    elector_ = std::make_unique<k8s::LeaderElector>(client_, lc);
-    elector_thread_ = std::jthread([this](std::stop_token stop) {
-      while (!stop.stop_requested()) elector_->Run(stop);
-    });
-  }
 
   const int threads = std::max(2, opts_.threads);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
@@ -493,8 +508,8 @@ absl::Status Extender::Start() {
   // httplib closes a keep-alive connection after 5 requests by default: kube-scheduler would open
   // a new connection (and this server hand it a new worker) every fifth verb.
   http_->set_keep_alive_max_count(1000);
-  auto verb = [this](Reply (Extender::*f)(std::string_view)) {
-    return [this, f](const httplib::Request& req, httplib::Response& res) {
+  auto verb = [this](std::function<Reply(const httplib::Request&)> f) {
+    return [this, f = std::move(f)](const httplib::Request& req, httplib::Response& res) {
       if (!opts_.insecure_http && !web::PresentedClientCertificate(req)) {
         metrics_.Count("kgpu_extender_unauthenticated_total", {{"verb", req.path.substr(req.path.rfind('/') + 1)}});
         Log("extender")->debug("refused {} from {}: no client certificate", req.path, req.remote_addr);
@@ -507,7 +522,7 @@ absl::Status Extender::Start() {
         AnswerUncompressed(req);
         return;
       }
-      const Reply r = (this->*f)(req.body);
+      const Reply r = f(req);
       res.status = r.code;
       res.set_content(r.body, "application/json");
       // Never gzipped, though kube-scheduler's Go client asks for it: these answers cross a
@@ -517,10 +532,14 @@ absl::Status Extender::Start() {
       if (stopping_) res.set_header("Connection", "close");
     };
   };
-  http_->Post(R"((.*)/filter)", verb(&Extender::Filter));
-  http_->Post(R"((.*)/prioritize)", verb(&Extender::Prioritize));
-  http_->Post(R"((.*)/bind)", verb(&Extender::Bind));
-  http_->Post(R"((.*)/preempt)", verb(&Extender::Preempt));
+  http_->Post(R"((.*)/filter)", verb([this](const httplib::Request& req) { return Filter(req.body); }));
+  http_->Post(R"((.*)/prioritize)", verb([this](const httplib::Request& req) { return Prioritize(req.body); }));
+  http_->Post(R"((.*)/bind)", verb([this](const httplib::Request& req) {
+                // headers.find, not has_header(): that one lives in libcpp-httplib, which kgpu loads
+                // lazily (src/cli/lazy_httplib.cc forwards only what the servers need).
+                return Bind(req.body, req.headers.find(kForwardedHeader) != req.headers.end());
+              }));
+  http_->Post(R"((.*)/preempt)", verb([this](const httplib::Request& req) { return Preempt(req.body); }));
   http_->Get("/healthz",
              [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
   http_->Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
@@ -534,6 +553,42 @@ absl::Status Extender::Start() {
   auto bound = BindListenAddress(*http_, "--address", opts_.address);
   if (!bound.ok()) return bound.status();
   port_ = *bound;
+  std::string advertise = opts_.advertise_address;
+  if (advertise.empty()) {
+    const auto a = ParseListenAddress("--address", opts_.address);
+    if (a->host != "0.0.0.0" && a->host != "::" && !a->host.empty()) {
+      advertise = Cat(a->host.find(':') != std::string::npos ? Cat("[", a->host, "]") : a->host, ":", port_);
+    }
+  }
+  if (opts_.leader_elect) {
+    k8s::LeaderElectionConfig lc;
+    lc.ns = opts_.lease_namespace;
+    lc.name = opts_.lease_name;
+    lc.identity = identity_;
+    lc.lease_duration = opts_.lease_duration;
+    lc.renew_deadline = opts_.renew_deadline;
+    lc.retry_period = opts_.retry_period;
+    lc.on_new_leader = [](const std::string& who) { Log("extender")->info("leader is now {}", who); };
+    lc.holder_annotations[kLeaderAddressAnnotation] = advertise;
+    elector_ = std::make_unique<k8s::LeaderElector>(client_, lc);
+    if (advertise.empty()) {
+      Log("extender")
+          ->warn(
+              "--leader-elect without --advertise-address (and --address {} names no one address): while this "
+              "replica leads, the others refuse the binds that reach them",
+              opts_.address);
+    }
+    ForwardOptions fo;
+    fo.insecure_http = opts_.insecure_http;
+    fo.peer_cert_file = opts_.peer_cert_file;
+    fo.peer_key_file = opts_.peer_key_file;
+    fo.leader_cert_file = opts_.tls_cert_file;
+    forwarder_ = std::make_unique<BindForwarder>(fo);
+    // Before the first request: until the Lease is read, this replica is a standby.
+    elector_thread_ = std::jthread([this](std::stop_token stop) {
+      while (!stop.stop_requested()) elector_->Run(stop);
+    });
+  }
   http_thread_ = ListenOnThread(*http_);
   Log("extender")
       ->info("serving {} on {} (port {}; policy {})",
@@ -543,12 +598,13 @@ absl::Status Extender::Start() {
 }
 
 absl::Status Extender::MakeHttpServer() {
-  const bool any_tls = !opts_.tls_cert_file.empty() || !opts_.tls_key_file.empty() || !opts_.client_ca_file.empty();
+  const bool any_tls = !opts_.tls_cert_file.empty() || !opts_.tls_key_file.empty() || !opts_.client_ca_file.empty() ||
+                       !opts_.peer_cert_file.empty() || !opts_.peer_key_file.empty();
   if (opts_.insecure_http) {
     if (any_tls) {
       return absl::InvalidArgumentError(
-          "--insecure-http serves plain HTTP: drop --tls-cert-file, --tls-key-file and --client-ca-file, or drop "
-          "--insecure-http");
+          "--insecure-http serves plain HTTP: drop --tls-cert-file, --tls-key-file, --client-ca-file, "
+          "--peer-cert-file and --peer-key-file, or drop --insecure-http");
     }
     Log("extender")->warn("--insecure-http: any client that reaches this port can bind pending pods (tests only)");
     http_ = std::make_unique<httplib::Server>();
@@ -560,19 +616,33 @@ absl::Status Extender::MakeHttpServer() {
                                     {"--client-ca-file", &opts_.client_ca_file}}) {
     if (value->empty()) missing.push_back(flag);
   }
+  if (opts_.leader_elect) {
+    for (const auto& [flag, value] :
+         {std::pair<const char*, const std::string*>{"--peer-cert-file", &opts_.peer_cert_file},
+          {"--peer-key-file", &opts_.peer_key_file}}) {
+      if (value->empty()) missing.push_back(flag);
+    }
+  }
   if (!missing.empty()) {
     return absl::InvalidArgumentError(
         Cat("HTTPS is required, with filter, prioritize, preempt and bind answered only for clients with a "
             "certificate signed by --client-ca-file (kube-scheduler's extender tlsConfig certFile/keyFile): missing ",
-            Join(missing, ", "), " (--insecure-http serves plain HTTP to any caller, for tests only)"));
+            Join(missing, ", "),
+            opts_.leader_elect ? " (with --leader-elect a standby passes binds on to the leader, presenting "
+                                 "--peer-cert-file, signed by --client-ca-file)"
+                               : "",
+            " (--insecure-http serves plain HTTP to any caller, for tests only)"));
   }
   // Bad input (a file that is missing or not PEM), not usage: exit 1, as every command's unreadable file.
   for (const auto& [flag, path, what] :
        {std::tuple<const char*, const std::string*, const char*>{"--tls-cert-file", &opts_.tls_cert_file,
                                                                  "the extender's serving certificate"},
         {"--tls-key-file", &opts_.tls_key_file, "its key"},
-        {"--client-ca-file", &opts_.client_ca_file, "the CA that signed kube-scheduler's client certificate"}}) {
+        {"--client-ca-file", &opts_.client_ca_file, "the CA that signed kube-scheduler's client certificate"},
+        {"--peer-cert-file", &opts_.peer_cert_file, "the client certificate a standby presents to the leader"},
+        {"--peer-key-file", &opts_.peer_key_file, "its key"}}) {
     std::error_code ec;
+    if (path->empty()) continue;  // the peer's, without --leader-elect
     if (!std::filesystem::is_regular_file(*path, ec)) {
       return absl::FailedPreconditionError(
           Cat(flag, " ", *path, ": no such file (", what, ", PEM; deploy/extender/gen-certs.sh makes them)"));
@@ -599,7 +669,7 @@ void Extender::QueueEvent(PendingEvent e) {
 
 void Extender::Stop() {
   // The Lease first: the standby takes over now, not after the HTTP drain below (this replica
-  // answers "not the leader" from here on). Every reply from now on closes its connection, so
+  // answers "stopping", not ready, from here on). Every reply from now on closes its connection, so
   // kube-scheduler reconnects through the Service to the replica that leads.
   stopping_ = true;
   if (elector_thread_.joinable()) {

@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "common/work_queue.h"
+#include "extender/forward.h"
 #include "extender/metrics.h"
 #include "extender/state.h"
 #include "k8s/client.h"
@@ -61,8 +62,18 @@ struct ExtenderOptions {
   // now 1 s) and met kube-scheduler's own 5 s httpTimeout first (seen with 16 binds at once,
   // e2e_cluster_test).
   int threads = 64;
-  // Two or more replicas: only the Lease holder answers verbs and reports ready.
+  // Two or more replicas: every replica whose informers have synced is ready and answers filter,
+  // prioritize and preempt from its own state; only the Lease holder binds and preempts, and a
+  // standby passes each bind on to it (forward.h), so that scheduling goes on through a failover
+  // (no Service without endpoints while a new leader waits for the Lease to expire).
   bool leader_elect = false;
+  // host:port where the other replicas reach this one (written on the Lease while it leads; a pod
+  // gives its IP: --advertise-address=$(POD_IP):8888). Default: --address when its host is a
+  // specific address, with the port bound; none for 0.0.0.0 (standbys then cannot forward).
+  std::string advertise_address;
+  // The client certificate a standby presents to the leader (signed by client_ca_file); with
+  // leader_elect under HTTPS, required. The leader must present tls_cert_file (the replicas share it).
+  std::string peer_cert_file, peer_key_file;
   std::string lease_namespace = "kube-system";
   std::string lease_name = "kgpu-extender";
   std::string identity;  // default: the host name
@@ -90,6 +101,8 @@ class Extender {
   int port() const { return port_; }
   // Empty when ready, else why not.
   std::string NotReadyReason() const;
+  // True without leader election, else while this replica holds the Lease: it binds and preempts.
+  bool Leads() const { return !elector_ || elector_->IsLeader(); }
 
   struct Reply {
     int code = 200;
@@ -97,7 +110,8 @@ class Extender {
   };
   Reply Filter(std::string_view body);
   Reply Prioritize(std::string_view body);
-  Reply Bind(std::string_view body);
+  // `forwarded`: passed on by a standby (never passed on again).
+  Reply Bind(std::string_view body, bool forwarded = false);
   Reply Preempt(std::string_view body);
   std::string MetricsText() const;
 
@@ -106,6 +120,8 @@ class Extender {
 
  private:
   Reply Timed(const std::string& verb, const std::function<Reply()>& f);
+  // A standby's bind, answered by the leader (or refused when none can be reached).
+  Reply ForwardBind(std::string_view body, bool forwarded);
   std::string BindPod(const BindingArgs& args);
   // Evicts the plan's victims one after the other (on preemptions_' worker), each only while this
   // replica leads and the plan's hold stands.
@@ -123,11 +139,13 @@ class Extender {
   // planner weighs no budget, and the evictions still honour them).
   std::unique_ptr<k8s::Informer> budgets_;
   std::unique_ptr<k8s::LeaderElector> elector_;
+  std::unique_ptr<BindForwarder> forwarder_;
   std::jthread elector_thread_;
   std::unique_ptr<httplib::Server> http_;
   std::thread http_thread_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};  // Stop() began: replies close their connections
+  const std::string identity_;         // --identity, else the host name
   k8s::EventRecorder events_;
   // Plans of the extender's own preemption, carried out one after the other (CarryOut).
   WorkQueue<PreemptionPlan> preemptions_;

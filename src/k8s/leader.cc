@@ -11,6 +11,41 @@ namespace kgpu::k8s {
 
 LeaderElector::LeaderElector(Client& client, LeaderElectionConfig config) : client_(client), cfg_(std::move(config)) {}
 
+ObservedLease LeaderElector::Observed() const {
+  std::lock_guard lock(observed_mu_);
+  return observed_;
+}
+
+void LeaderElector::Remember(const nlohmann::json& lease) {
+  ObservedLease o;
+  o.holder = lease.value("spec", nlohmann::json::object()).value("holderIdentity", "");
+  const auto annotations =
+      lease.value("metadata", nlohmann::json::object()).value("annotations", nlohmann::json::object());
+  for (const auto& [k, v] : annotations.items()) {
+    if (v.is_string()) o.annotations[k] = v.get<std::string>();
+  }
+  std::lock_guard lock(observed_mu_);
+  observed_ = std::move(o);
+}
+
+namespace {
+
+void WriteHolderAnnotations(nlohmann::json& lease, const std::map<std::string, std::string>& wanted) {
+  if (wanted.empty()) return;
+  nlohmann::json& a = lease["metadata"]["annotations"];
+  if (!a.is_object()) a = nlohmann::json::object();
+  for (const auto& [k, v] : wanted) {
+    if (v.empty()) {
+      a.erase(k);
+    } else {
+      a[k] = v;
+    }
+  }
+  if (a.empty()) lease["metadata"].erase("annotations");
+}
+
+}  // namespace
+
 bool LeaderElector::TryAcquireOrRenew() {
   const Resource* leases = FindResource("leases");
   const std::string path = leases->Path(cfg_.ns, cfg_.name);
@@ -32,8 +67,10 @@ bool LeaderElector::TryAcquireOrRenew() {
                               {"acquireTime", NowMicroTime()},
                               {"renewTime", NowMicroTime()},
                               {"leaseTransitions", 0}}}};
+    WriteHolderAnnotations(lease, cfg_.holder_annotations);
     auto created = client_.Create(leases->Path(cfg_.ns), lease);
     if (!created.ok()) return false;
+    Remember(*created);
     observed_rv_ = (*created)["metadata"].value("resourceVersion", "");
     observed_holder_ = cfg_.identity;
     observed_at_ = now;
@@ -43,6 +80,7 @@ bool LeaderElector::TryAcquireOrRenew() {
   const nlohmann::json spec = lease.value("spec", nlohmann::json::object());
   const std::string holder = spec.value("holderIdentity", "");
   const std::string rv = lease["metadata"].value("resourceVersion", "");
+  Remember(lease);
   if (rv != observed_rv_) {
     observed_rv_ = rv;
     observed_at_ = now;
@@ -60,8 +98,10 @@ bool LeaderElector::TryAcquireOrRenew() {
     lease["spec"]["acquireTime"] = NowMicroTime();
     lease["spec"]["leaseTransitions"] = spec.value("leaseTransitions", 0) + 1;
   }
+  WriteHolderAnnotations(lease, cfg_.holder_annotations);
   auto updated = client_.Update(path, lease);
   if (!updated.ok()) return false;  // 409: somebody else wrote first; look again next time
+  Remember(*updated);
   observed_rv_ = (*updated)["metadata"].value("resourceVersion", "");
   observed_holder_ = cfg_.identity;
   observed_at_ = now;
@@ -74,6 +114,9 @@ void LeaderElector::Release() {
     lease["spec"]["holderIdentity"] = "";
     lease["spec"]["leaseDurationSeconds"] = 1;
     lease["spec"]["renewTime"] = NowMicroTime();
+    std::map<std::string, std::string> erase;  // nobody to find any more
+    for (const auto& [k, v] : cfg_.holder_annotations) erase[k] = "";
+    WriteHolderAnnotations(lease, erase);
     return absl::OkStatus();
   });
   if (!s.ok())

@@ -7,11 +7,13 @@
 // not wait for expiry. Writes use the Lease's resourceVersion, so two candidates never both
 // win (one gets a 409).
 //
-// Thread-safety: Run() on one thread; IsLeader() from any.
+// Thread-safety: Run() on one thread; IsLeader() and Observed() from any.
 
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <stop_token>
 #include <string>
 
@@ -29,6 +31,16 @@ struct LeaderElectionConfig {
   std::function<void(std::stop_token)> on_started_leading;  // runs on its own thread while leading
   std::function<void()> on_stopped_leading;
   std::function<void(const std::string&)> on_new_leader;
+  // Annotations this candidate writes on the Lease whenever it takes or renews it, so that the
+  // others can find it (the extender's address for forwarded binds). An empty value removes the
+  // key: a successor that has none to give erases its predecessor's.
+  std::map<std::string, std::string> holder_annotations;
+};
+
+// The Lease as this candidate last read or wrote it.
+struct ObservedLease {
+  std::string holder;  // empty: released, or never held
+  std::map<std::string, std::string> annotations;
 };
 
 class LeaderElector {
@@ -38,6 +50,8 @@ class LeaderElector {
   // lost. Call again to campaign again.
   void Run(std::stop_token stop);
   bool IsLeader() const { return leader_; }
+  // Standbys see the Lease every retry_period (as they campaign), so this is at most that old.
+  ObservedLease Observed() const;
 
  private:
   // One attempt: true when we hold the Lease afterwards.
@@ -50,6 +64,9 @@ class LeaderElector {
   std::string observed_rv_;
   std::string observed_holder_;
   std::chrono::steady_clock::time_point observed_at_{};
+  void Remember(const nlohmann::json& lease);
+  mutable std::mutex observed_mu_;
+  ObservedLease observed_;
 };
 
 }  // namespace kgpu::k8s

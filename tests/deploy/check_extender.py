@@ -12,9 +12,11 @@ deploy/extender/gen-certs.sh wrote. Both documented variants are checked:
   - the static-pod path (kube-scheduler-config.yaml): HTTPS with its tlsConfig in
     /etc/kubernetes/kgpu-extender-client, the percentage on a kgpu-scheduler profile only, and
     the default profile left as it was;
-  - the extender: HTTPS with --tls-cert-file, --tls-key-file and --client-ca-file from the Secret
-    gen-certs.sh makes (no --insecure-http), HTTPS probes, and a NetworkPolicy that lets only
-    the kgpu-scheduler pods reach its port.
+  - the extender: HTTPS with --tls-cert-file, --tls-key-file, --client-ca-file, and with
+    --leader-elect --peer-cert-file/--peer-key-file, from the Secret gen-certs.sh makes (no
+    --insecure-http); --advertise-address from the pod's IP (the downward API), so a standby can
+    pass binds on to the leader; HTTPS probes; and a NetworkPolicy that lets only the
+    kgpu-scheduler pods and the extender's own replicas reach its port.
 Writes the rendered objects and the Secrets as a JSON array to OUT.json for validate.mjs.
 """
 import json
@@ -113,7 +115,20 @@ def main():
     args = c.get("args", [])
     if "--insecure-http" in args:
         bad("kgpu-extender: --insecure-http (any caller could bind pods)")
-    for flag, key in (("--tls-cert-file", None), ("--tls-key-file", None), ("--client-ca-file", None)):
+    flags = ["--tls-cert-file", "--tls-key-file", "--client-ca-file"]
+    adv_port = None
+    if "--leader-elect" in args:
+        flags += ["--peer-cert-file", "--peer-key-file"]
+        adv = args[args.index("--advertise-address") + 1] if "--advertise-address" in args[:-1] else ""
+        env = {e["name"]: e for e in c.get("env", [])}
+        m = re.fullmatch(r"\$\((\w+)\):(\d+)", adv)
+        if not m:
+            bad(f"kgpu-extender: --leader-elect without --advertise-address $(POD_IP):PORT (got {adv!r})")
+        elif env.get(m.group(1), {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "status.podIP":
+            bad(f"kgpu-extender: --advertise-address uses ${m.group(1)}, which is not the pod's status.podIP")
+        else:
+            adv_port = int(m.group(2))
+    for flag in flags:
         if flag not in args or args.index(flag) + 1 >= len(args):
             bad(f"kgpu-extender: no {flag}")
             continue
@@ -129,6 +144,8 @@ def main():
             port = p["containerPort"]
     if port is None:
         bad("Service kgpu-extender targets no port of the extender")
+    elif adv_port is not None and adv_port != port:
+        bad(f"kgpu-extender: --advertise-address port {adv_port} is not the container port {port}")
     ext_labels = ext["spec"]["template"]["metadata"]["labels"]
     sched_labels = sched["spec"]["template"]["metadata"]["labels"]
     if not selects(policy["spec"].get("podSelector", {}), ext_labels):
@@ -140,8 +157,13 @@ def main():
         if not froms:
             bad("NetworkPolicy kgpu-extender: a rule admits every source")
         for f in froms:
-            if "podSelector" not in f or not selects(f["podSelector"], sched_labels) or "namespaceSelector" in f:
-                bad(f"NetworkPolicy kgpu-extender: a source other than the kgpu-scheduler pods: {f}")
+            if "podSelector" not in f or "namespaceSelector" in f or not (
+                selects(f["podSelector"], sched_labels) or selects(f["podSelector"], ext_labels)
+            ):
+                bad(f"NetworkPolicy kgpu-extender: a source other than kgpu-scheduler and the extender's pods: {f}")
+        if "--leader-elect" in args and not any("podSelector" in f and selects(f["podSelector"], ext_labels)
+                                                for f in froms):
+            bad("NetworkPolicy kgpu-extender: the replicas cannot reach each other (a standby's forwarded binds)")
         if [p.get("port") for p in rule.get("ports", [])] != [port]:
             bad(f"NetworkPolicy kgpu-extender: ports {rule.get('ports')} are not the extender's {port}")
 

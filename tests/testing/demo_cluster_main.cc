@@ -202,54 +202,106 @@ int main(int argc, char** argv) {
     std::cout << "  " << n.name << " (" << n.profile << "): " << gpus << "\n";
   }
 
-  // The extender, as a process, as deploy/extender runs it: HTTPS, the verbs only for
-  // kube-scheduler's client certificate.
-  const std::string elog = root + "/extender.log";
-  std::string cert, key, client_cert, client_key;
+  // The extender, as a process, as deploy/extender runs it: two replicas with leader election,
+  // HTTPS, the verbs only for kube-scheduler's client certificate (and the replicas' own, with
+  // which a standby passes binds on to the leader).
+  std::string cert, key, client_cert, client_key, peer_cert, peer_key;
   if (!t::GenerateSelfSigned(cert, key, "kgpu-extender").ok() ||
-      !t::GenerateSelfSigned(client_cert, client_key, "kgpu-scheduler", "clientAuth").ok()) {
+      !t::GenerateSelfSigned(client_cert, client_key, "kgpu-scheduler", "clientAuth").ok() ||
+      !t::GenerateSelfSigned(peer_cert, peer_key, "kgpu-extender-peer", "clientAuth").ok()) {
     return Fail("cannot generate the extender's certificates");
   }
   std::ofstream(root + "/tls.crt") << cert;
   std::ofstream(root + "/tls.key") << key;
   std::ofstream(root + "/client.crt") << client_cert;
   std::ofstream(root + "/client.key") << client_key;
-  t::SpawnOptions so;
-  so.log = elog;
-  const pid_t extender =
-      t::Spawn({KGPU_BIN, "extender", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0", "--tls-cert-file",
-                root + "/tls.crt", "--tls-key-file", root + "/tls.key", "--client-ca-file", root + "/client.crt"},
-               so);
-  if (extender <= 0) return Fail(std::strerror(errno));
-  struct Reap {
-    pid_t pid;
-    ~Reap() {
-      kill(pid, SIGTERM);
-      waitpid(pid, nullptr, 0);
+  std::ofstream(root + "/peer.crt") << peer_cert;
+  std::ofstream(root + "/peer.key") << peer_key;
+  std::ofstream(root + "/client-ca.crt") << client_cert << peer_cert;  // both self-signed: each its own CA
+  if (api.Create("namespaces", "", {{"metadata", {{"name", "kgpu-system"}}}}).code != 201) {
+    return Fail("cannot create namespace kgpu-system");
+  }
+  struct Replica {
+    std::string id, log;
+    pid_t pid = -1;
+    int port = 0;
+    ~Replica() {
+      if (pid > 0) {
+        kill(pid, SIGTERM);
+        waitpid(pid, nullptr, 0);
+      }
     }
-  } reap{extender};
-  int port = 0;
-  if (!WaitFor([&] {
-        const std::string text = ReadFile(elog);
-        const size_t at = text.find("listening on port ");
-        if (at != std::string::npos) port = std::atoi(text.c_str() + at + std::strlen("listening on port "));
-        return port > 0;
-      })) {
-    return Fail("kgpu extender did not start:\n" + ReadFile(elog));
-  }
-  httplib::SSLClient anon("127.0.0.1", port);  // no client certificate, as kubelet's probe
+  };
+  Replica first{"kgpu-extender-a", root + "/extender-a.log"}, second{"kgpu-extender-b", root + "/extender-b.log"};
+  auto start_replica = [&](Replica& r) -> std::string {
+    t::SpawnOptions so;
+    so.log = r.log;
+    r.pid = t::Spawn({KGPU_BIN,
+                      "extender",
+                      "--kubeconfig",
+                      kubeconfig,
+                      "--address",
+                      "127.0.0.1:0",
+                      "--tls-cert-file",
+                      root + "/tls.crt",
+                      "--tls-key-file",
+                      root + "/tls.key",
+                      "--client-ca-file",
+                      root + "/client-ca.crt",
+                      "--peer-cert-file",
+                      root + "/peer.crt",
+                      "--peer-key-file",
+                      root + "/peer.key",
+                      "--leader-elect",
+                      "--leader-elect-resource-namespace",
+                      "kgpu-system",
+                      "--identity",
+                      r.id,
+                      "--leader-elect-lease-duration",
+                      "2s",
+                      "--leader-elect-renew-deadline",
+                      "1500ms",
+                      "--leader-elect-retry-period",
+                      "250ms"},
+                     so);
+    if (r.pid <= 0) return std::strerror(errno);
+    if (!WaitFor([&] {
+          const std::string text = ReadFile(r.log);
+          const size_t at = text.find("listening on port ");
+          if (at != std::string::npos) r.port = std::atoi(text.c_str() + at + std::strlen("listening on port "));
+          return r.port > 0;
+        })) {
+      return "kgpu extender did not start:\n" + ReadFile(r.log);
+    }
+    httplib::SSLClient probe("127.0.0.1", r.port);  // no client certificate, as kubelet's probe
+    probe.enable_server_certificate_verification(false);
+    if (!WaitFor([&] {
+          auto res = probe.Get("/readyz");
+          return res && res->status == 200;
+        })) {
+      return "kgpu extender never became ready:\n" + ReadFile(r.log);
+    }
+    return "";
+  };
+  // Which replica holds the Lease (kgpu_extender_leader on its /metrics).
+  auto leads = [](const Replica& r) {
+    httplib::SSLClient c("127.0.0.1", r.port);
+    c.enable_server_certificate_verification(false);
+    auto res = c.Get("/metrics");
+    return res && res->body.find("\nkgpu_extender_leader 1") != std::string::npos;
+  };
+  if (const std::string err = start_replica(first); !err.empty()) return Fail(err);
+  if (!WaitFor([&] { return leads(first); })) return Fail("kgpu extender never led:\n" + ReadFile(first.log));
+  if (const std::string err = start_replica(second); !err.empty()) return Fail(err);
+  const int port = first.port;
+  httplib::SSLClient anon("127.0.0.1", port);
   anon.enable_server_certificate_verification(false);
-  if (!WaitFor([&] {
-        auto r = anon.Get("/readyz");
-        return r && r->status == 200;
-      })) {
-    return Fail("kgpu extender never became ready:\n" + ReadFile(elog));
-  }
   const auto direct = anon.Post(
       "/gpu/bind", R"({"PodName":"any","PodNamespace":"default","PodUID":"x","Node":"dgx-h100"})", "application/json");
-  std::cout << "kgpu extender on https://127.0.0.1:" << port
-            << " (ready: its informers have synced); the kube-scheduler stand-in calls filter, prioritize, bind with "
-               "its client certificate\n"
+  std::cout << "kgpu extender: two replicas, https://127.0.0.1:" << first.port
+            << " (leader) and https://127.0.0.1:" << second.port
+            << " (standby), both ready once their informers synced; the kube-scheduler stand-in calls filter, "
+               "prioritize, bind on the leader with its client certificate\n"
             << "  a bind from anyone without one: HTTP " << (direct ? direct->status : 0)
             << " (refused and counted)\n\n";
   t::FakeSchedulerOptions o;
@@ -540,6 +592,45 @@ int main(int argc, char** argv) {
       std::cout << "  Event " << reason << " on " << e["regarding"].value("name", "") << ": " << e.value("note", "")
                 << "\n";
     }
+  }
+  // Failover: the leader dies without releasing its Lease. The standby filters at once, from its
+  // own informers; binds resume once it takes the expired Lease.
+  std::cout << "\nfailover: the leading extender is killed (SIGKILL); the stand-in now reaches the standby, as "
+               "the Service would\n";
+  kill(first.pid, SIGKILL);
+  waitpid(first.pid, nullptr, 0);
+  first.pid = -1;
+  const auto killed = std::chrono::steady_clock::now();
+  o.url_prefix = "https://127.0.0.1:" + std::to_string(second.port) + "/gpu";
+  t::FakeScheduler via_standby(client, o);
+  if (api.Create("pods", "team-b",
+                 t::TestPod("team-b", "after-failover", {{"kgpu.io/gpu", "1"}, {"kgpu.io/gpu-memory", "10000"}}))
+          .code != 201) {
+    return Fail("cannot create team-b/after-failover");
+  }
+  int refused = 0;
+  std::string refusal, node;
+  const bool rebound = WaitFor(
+      [&] {
+        auto r = via_standby.ScheduleOne(api.Get("pods", "team-b", "after-failover").body);
+        if (r.ok() && r->bound) node = r->node;
+        if (r.ok() && !r->bound && !r->node.empty() && refused++ == 0) refusal = r->message;
+        return !node.empty();
+      },
+      std::chrono::seconds(30));
+  const double gap = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  if (refused > 0) {
+    std::cout << "  the standby filtered and prioritized at once; " << refused
+              << " binding cycle(s) refused while no replica led, e.g.: " << refusal << "\n";
+  }
+  if (rebound) {
+    std::printf(
+        "  team-b/after-failover bound to %s %.1f s after the kill, once the standby held the Lease "
+        "(lease duration 2 s)\n",
+        node.c_str(), gap);
+  } else {
+    std::cout << "  team-b/after-failover was NOT bound after the failover:\n" << ReadFile(second.log) << "\n";
+    ++failures;
   }
   if (failures > 0) return Fail(std::to_string(failures) + " pod(s) did not end as expected (logs in " + root + ")");
   if (keep.empty()) std::filesystem::remove_all(root);
