@@ -1,6 +1,7 @@
 // State's explanations: why a node cannot take a pod, as one reason per cause (what kube-scheduler
 // counts) and the node's own figures (RefusalDetail) for whoever asks about one node.
 #include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 #include <string>
@@ -58,6 +59,17 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
     }
     return Cat("fewer than ", whole_needed, " GPUs on this node serve whole-GPU pods (", kWholeGpu,
                "), which the pod's containers ask for together");
+  }
+  if (c.pod.uuids.empty() && c.pod.uuids_deny.empty() && c.parts.size() <= 16) {
+    // The common case: single-GPU shares that first fit places side by side on a copy of the
+    // node's figures, without booking each on trial (a pod's search below finds every arrangement
+    // of such shares, so it finds this one too).
+    std::array<const sched::Request*, 16> reqs{};
+    for (size_t i = 0; i < c.parts.size(); ++i) reqs[i] = &c.parts[i].req;
+    if (engine_->cluster().SharesFitTogether({reqs.data(), c.parts.size()}, id)) {
+      *unresolvable = false;
+      return "";
+    }
   }
   const auto masked = MaskLocked(c, name);
   std::vector<std::string> placed;

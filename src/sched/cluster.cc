@@ -1,6 +1,8 @@
 #include "sched/cluster.h"
 
 #include <algorithm>
+#include <array>
+#include <tuple>
 
 #include "absl/strings/string_view.h"
 #include "common/strings.h"
@@ -35,6 +37,10 @@ int Cluster::ModelId(std::string_view model) const {
     if (models_[i] == model) return static_cast<int>(i);
   }
   return -1;
+}
+
+int Cluster::InternMigProfile(const std::string& profile) {
+  return mig_profiles_.try_emplace(profile, static_cast<int>(mig_profiles_.size())).first->second;
 }
 
 int Cluster::FindNode(std::string_view name) const {
@@ -86,6 +92,7 @@ absl::StatusOr<int> Cluster::AddNode(const NodeSpec& spec, uint64_t rank) {
     }
     g.mig = gs.mig;
     g.mig_used.assign(gs.mig.size(), 0);
+    for (const auto& inst : gs.mig) g.mig_ids.push_back(InternMigProfile(inst.profile));
     if (n.model == -1 && i == 0) n.model = g.model;
     if (g.model != n.model) mixed = true;
     n.gpus.push_back(std::move(g));
@@ -207,6 +214,10 @@ absl::StatusOr<Request> Cluster::Compile(const PodRequest& pod) const {
   r.cpu = pod.cpu_milli;
   r.memory = pod.memory_mib;
   r.mig_profile = pod.mig_profile;
+  if (!r.mig_profile.empty()) {
+    const auto it = mig_profiles_.find(r.mig_profile);
+    r.mig_profile_id = it == mig_profiles_.end() ? -1 : it->second;
+  }
   if (r.mig_profile.empty()) {
     r.num_gpus = pod.num_gpus;
     r.gpu_memory = pod.gpu_memory_mib;
@@ -239,7 +250,7 @@ bool Cluster::GpuFits(const Request& req, const NodeState& node, int gpu) const 
   if (!g.healthy || g.model < 0 || ((req.models >> g.model) & 1U) == 0) return false;
   if (req.Mig()) {
     for (size_t i = 0; i < g.mig.size(); ++i) {
-      if (!g.mig_used[i] && g.mig[i].profile == req.mig_profile) return true;
+      if (!g.mig_used[i] && MigMatches(g, i, req)) return true;
     }
     return false;
   }
@@ -253,6 +264,49 @@ int Cluster::FittingGpus(const Request& req, const NodeState& node) const {
   int n = 0;
   for (size_t i = 0; i < node.gpus.size(); ++i) n += GpuFits(req, node, static_cast<int>(i)) ? 1 : 0;
   return n;
+}
+
+bool Cluster::SharesFitTogether(std::span<const Request* const> reqs, int id) const {
+  const auto& n = nodes_[static_cast<size_t>(id)];
+  if (!n.active || reqs.empty() || n.gpus.size() > 64) return false;
+  int64_t cpu = 0, memory = 0;
+  for (const Request* r : reqs) {
+    if (!r->Share() || r->num_gpus != 1) return false;
+    cpu += r->cpu;
+    memory += r->memory;
+  }
+  if (n.cpu_free < cpu || n.memory_free < memory || n.pods + static_cast<int>(reqs.size()) > n.max_pods) return false;
+  struct Left {
+    int milli;
+    int64_t memory;
+    int pods;
+  };
+  std::array<Left, 64> left{};
+  for (size_t g = 0; g < n.gpus.size(); ++g)
+    left[g] = {n.gpus[g].free_milli, n.gpus[g].free_memory_mib, n.gpus[g].pods};
+  std::array<const Request*, 16> order{};
+  if (reqs.size() > order.size()) return false;
+  std::copy(reqs.begin(), reqs.end(), order.begin());
+  std::sort(order.begin(), order.begin() + static_cast<long>(reqs.size()), [](const Request* a, const Request* b) {
+    return std::tie(a->gpu_memory, a->milli) > std::tie(b->gpu_memory, b->milli);
+  });
+  for (size_t k = 0; k < reqs.size(); ++k) {
+    const Request& r = *order[k];
+    bool placed = false;
+    for (size_t g = 0; g < n.gpus.size() && !placed; ++g) {
+      const GpuState& gs = n.gpus[g];  // as GpuFits, on what is left
+      Left& l = left[g];
+      if (!gs.healthy || gs.model < 0 || ((r.models >> gs.model) & 1U) == 0 || gs.IsMig()) continue;
+      if (gs.max_shares > 0 && l.pods >= gs.max_shares) continue;
+      if (l.milli < r.milli || (r.gpu_memory != 0 && l.memory < r.gpu_memory)) continue;
+      l.milli -= r.milli;
+      l.memory -= r.gpu_memory;
+      ++l.pods;
+      placed = true;
+    }
+    if (!placed) return false;
+  }
+  return true;
 }
 
 bool Cluster::NodeFits(const Request& req, int id) const {
@@ -320,12 +374,11 @@ absl::Status Cluster::Bind(const Request& req, const Placement& p) {
     if (req.Mig()) {
       int inst = -1;
       if (p.mig_instance >= 0 && p.mig_instance < static_cast<int>(g.mig.size()) &&
-          !g.mig_used[static_cast<size_t>(p.mig_instance)] &&
-          g.mig[static_cast<size_t>(p.mig_instance)].profile == req.mig_profile) {
+          !g.mig_used[static_cast<size_t>(p.mig_instance)] && MigMatches(g, static_cast<size_t>(p.mig_instance), req)) {
         inst = p.mig_instance;
       }
       for (size_t i = 0; inst < 0 && i < g.mig.size(); ++i) {
-        if (!g.mig_used[i] && g.mig[i].profile == req.mig_profile) inst = static_cast<int>(i);
+        if (!g.mig_used[i] && MigMatches(g, i, req)) inst = static_cast<int>(i);
       }
       g.mig_used[static_cast<size_t>(inst)] = 1;
       rec.placement.mig_instance = inst;

@@ -7,6 +7,7 @@
 // Thread-safety: not thread-safe; one owner (the Engine) drives it.
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -36,6 +37,7 @@ struct GpuState {
   int64_t untracked_mib = 0;
   std::vector<MigInstance> mig;
   std::vector<int> mig_used;  // per instance: 1 when taken
+  std::vector<int> mig_ids;   // per instance: its profile's interned id (compared, not the names)
   bool IsMig() const { return !mig.empty(); }
   bool FullyFree() const { return pods == 0 && free_milli == kMilli && untracked_mib == 0; }
 };
@@ -67,6 +69,7 @@ struct Request {
   int milli = 0;           // per GPU (1000 for whole GPUs)
   int64_t gpu_memory = 0;  // per GPU
   std::string mig_profile;
+  int mig_profile_id = -1;         // interned (Compile); -1: no node had the profile then (names compared)
   uint64_t models = ~uint64_t{0};  // allowed model ids
   bool whole = false;
 
@@ -94,6 +97,10 @@ class Cluster {
   bool NodeFits(const Request& req, int node) const;
   // Whether one GPU can take (one GPU's part of) the request.
   bool GpuFits(const Request& req, const NodeState& node, int gpu) const;
+  // Whether single-GPU shares `reqs` fit on node `id` all at once: first fit, largest first, on a
+  // copy of the node's free figures. True proves an arrangement exists (what a filter asks);
+  // false proves nothing (other kinds of request, or an arrangement first fit misses).
+  bool SharesFitTogether(std::span<const Request* const> reqs, int id) const;
   // Number of GPUs on the node that fit the request.
   int FittingGpus(const Request& req, const NodeState& node) const;
   // For a multi-GPU request: `count` GPUs from the fitting ones, NVLink-aware (the smallest
@@ -130,6 +137,11 @@ class Cluster {
     int64_t milli = 0;  // GPU milli it took
   };
   int InternModel(const std::string& model);
+  int InternMigProfile(const std::string& profile);
+  // Instance i of g is of req's MIG profile.
+  static bool MigMatches(const GpuState& g, size_t i, const Request& req) {
+    return req.mig_profile_id >= 0 ? g.mig_ids[i] == req.mig_profile_id : g.mig[i].profile == req.mig_profile;
+  }
   // A node's GPU by node name and index; NotFound / OutOfRange naming what is missing.
   absl::StatusOr<std::pair<NodeState*, GpuState*>> FindGpu(std::string_view node, int gpu);
   void Recount();
@@ -143,6 +155,7 @@ class Cluster {
   absl::flat_hash_map<std::string, int> node_index_;
   absl::flat_hash_map<std::string, PodRecord> pods_;
   std::vector<std::string> models_;
+  absl::flat_hash_map<std::string, int> mig_profiles_;  // MIG profile -> interned id
   int64_t total_milli_ = 0, allocated_milli_ = 0, max_cpu_ = 0;
   std::vector<int64_t> free_counts_ = std::vector<int64_t>(kMilli + 1, 0);
   int max_gpus_ = 0;

@@ -453,6 +453,84 @@ TEST(Mig, BestFitInstanceOnTheFullestGpu) {
   }
 }
 
+// MIG profiles are interned: instances and requests compare ids. A request compiled before any
+// node had its profile carries no id and is matched by name.
+TEST(Mig, ProfilesCompareByIdAndByNameBeforeAnyNodeHadThem) {
+  Cluster c;
+  PodRequest early = Pod("early", 0, 0, 0, 0);
+  early.mig_profile = "2g.20gb";
+  auto before = c.Compile(early);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->mig_profile_id, -1);
+  NodeSpec n = Node("mig", 64000, 262144, 1, "A100");
+  n.gpus[0].mig = {MigInstance{"1g.10gb", 1, 10240, kMilli / 7}, MigInstance{"2g.20gb", 2, 20480, 2 * kMilli / 7}};
+  ASSERT_TRUE(c.AddNode(n, 0).ok());
+  EXPECT_TRUE(c.NodeFits(*before, 0));
+  auto two = c.Compile(early);
+  ASSERT_TRUE(two.ok());
+  EXPECT_GE(two->mig_profile_id, 0);
+  EXPECT_TRUE(c.NodeFits(*two, 0));
+  PodRequest other = early;
+  other.mig_profile = "1g.10gb";
+  auto one = c.Compile(other);
+  ASSERT_TRUE(one.ok());
+  EXPECT_NE(one->mig_profile_id, two->mig_profile_id);
+  other.name = "o";
+  Placement p;
+  p.node = 0;
+  p.gpus = {0};
+  ASSERT_TRUE(c.Bind(*one, p).ok());
+  EXPECT_FALSE(c.NodeFits(*one, 0)) << "the only 1g.10gb instance is taken";
+  EXPECT_TRUE(c.NodeFits(*two, 0));
+  other.mig_profile = "3g.40gb";
+  auto none = c.Compile(other);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(c.NodeFits(*none, 0));
+}
+
+// Several single-GPU shares of one pod at once (the extender's filter for a pod with several GPU
+// containers): first fit, largest first, on what each GPU has left.
+TEST(Fit, SharesFitTogetherOnWhatIsLeft) {
+  Cluster c;
+  NodeSpec n = Node("n", 64000, 262144, 2);  // 2 x 24576 MiB
+  ASSERT_TRUE(c.AddNode(n, 0).ok());
+  auto share = [&](int64_t mib, int milli = 0) {
+    PodRequest p = Pod("s" + std::to_string(mib), 0, 0, 1, milli);
+    p.gpu_memory_mib = mib;
+    return *c.Compile(p);
+  };
+  const Request a = share(16384), b = share(16384), small = share(8192), third = share(16384);
+  auto fits = [&](std::vector<const Request*> reqs) { return c.SharesFitTogether(reqs, 0); };
+  EXPECT_TRUE(fits({&a, &b}));
+  EXPECT_TRUE(fits({&small, &a, &b}));  // largest first: 16384, 16384, then 8192 beside one of them
+  EXPECT_FALSE(fits({&a, &b, &third}));
+  const Request cores = share(1000, 600), cores2 = share(1000, 600), cores3 = share(1000, 600);
+  EXPECT_TRUE(fits({&cores, &cores2}));
+  EXPECT_FALSE(fits({&cores, &cores2, &cores3})) << "60% of the SMs three times on two GPUs";
+  const Request whole = *c.Compile(Pod("w", 0, 0, 1, kMilli));
+  EXPECT_FALSE(fits({&a, &whole})) << "only shares: anything else is for the caller's search";
+  // What is bound counts: 10000 MiB on GPU 0 leaves 14576 there.
+  Placement p;
+  p.node = 0;
+  p.gpus = {0};
+  Request taken = share(10000);
+  taken.name = "taken";
+  ASSERT_TRUE(c.Bind(taken, p).ok());
+  EXPECT_FALSE(fits({&a, &b}));
+  EXPECT_TRUE(fits({&a, &small}));
+  // A GPU's share limit (time-slicing replicas) and a MIG GPU take no share.
+  Cluster limited;
+  NodeSpec m = Node("m", 64000, 262144, 2);
+  m.gpus[0].max_shares = 1;
+  m.gpus[1].mig = {MigInstance{"1g.10gb", 1, 10240, kMilli / 7}};
+  ASSERT_TRUE(limited.AddNode(m, 0).ok());
+  PodRequest tiny = Pod("t", 0, 0, 1, 0);
+  tiny.gpu_memory_mib = 100;
+  const Request t1 = *limited.Compile(tiny), t2 = *limited.Compile(tiny);
+  EXPECT_TRUE(limited.SharesFitTogether(std::vector<const Request*>{&t1}, 0));
+  EXPECT_FALSE(limited.SharesFitTogether(std::vector<const Request*>{&t1, &t2}, 0));
+}
+
 // ------------------------------------------------------------------ CPU, memory, pod count, model
 TEST(Fit, CpuMemoryPodsAndModel) {
   for (const std::string policy : {"random", "bestfit", "packing", "spread", "fgd", "ours"}) {
