@@ -187,11 +187,10 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   // Deprecated: the /dev directory itself (KGPU_DEV_ROOT too), read by doctor and slurm gres when
   // their own --dev-root (the root above dev/) is not given.
+  // Hidden, and warned about once the command is known: only doctor and slurm gres read it, and
+  // each names its own replacement.
   std::string old_dev_dir;
-  kgpu::cli::AddDeprecatedOption(&app, "kgpu", "--dev-root",
-                                 "the command's --dev-root, the root above dev/ (NVIDIA_DEV_ROOT's meaning: "
-                                 "--dev-root /host for /host/dev/nvidia0)",
-                                 [&](const std::string& v) { old_dev_dir = v; });
+  app.add_option("--dev-root", old_dev_dir, "")->group("");
 
   bool json = false;
   auto* devices = app.add_subcommand("devices", "list this node's GPUs, MIG devices and topology");
@@ -373,7 +372,15 @@ int Main(int argc, char** argv) {
   // The /dev directory of the deprecated global --dev-root or KGPU_DEV_ROOT, for the commands that
   // read it (doctor, slurm gres) when their own --dev-root is not given.
   auto legacy_dev_dir = [&](const std::string& cmd, const std::string& use) -> std::string {
-    if (!old_dev_dir.empty()) return old_dev_dir;
+    if (!old_dev_dir.empty()) {
+      std::cerr << kgpu::cli::DeprecationWarning(
+                       cmd, "the global --dev-root (the /dev directory)",
+                       kgpu::Cat(cmd,
+                                 " --dev-root, the root above dev/ (NVIDIA_DEV_ROOT's meaning: --dev-root /host for "
+                                 "/host/dev/nvidia0)"))
+                << "\n";
+      return old_dev_dir;
+    }
     const char* env = std::getenv("KGPU_DEV_ROOT");
     if (env == nullptr || *env == '\0') return "";
     std::cerr << kgpu::cli::DeprecationWarning(cmd, "KGPU_DEV_ROOT (the /dev directory)", use) << "\n";
@@ -444,6 +451,18 @@ int Main(int argc, char** argv) {
   };
   for (const Command& c : commands) {
     if (!c.app->parsed()) continue;
+    if (!old_dev_dir.empty() && c.app != doctor && c.app != slurm_gres) {
+      // Read by no other command: say so, rather than point at a flag the command may not have.
+      std::string name = c.app->get_name();
+      for (const CLI::App* p = c.app->get_parent(); p != nullptr; p = p->get_parent()) {
+        name = (p->get_parent() == nullptr ? std::string("kgpu") : p->get_name()) + " " + name;
+      }
+      std::cerr << name << ": the global --dev-root (the /dev directory) is deprecated and not read by this command"
+                << (c.app->get_option_no_throw("--dev-root") != nullptr
+                        ? kgpu::Cat("; use ", name, " --dev-root, the root above dev/")
+                        : std::string(", which reads no device nodes: drop it"))
+                << "\n";
+    }
     TakeSignals(c.signals);
     return c.run();
   }

@@ -25,7 +25,7 @@ inline constexpr char kLeaderAddressAnnotation[] = "kgpu.io/extender-address";
 inline constexpr char kForwardedHeader[] = "X-Kgpu-Forwarded-By";
 
 struct ForwardOptions {
-  bool insecure_http = false;  // plain HTTP, no certificates (the replicas serve --insecure-http)
+  bool insecure_http = false;                 // plain HTTP, no certificates (the replicas serve --insecure-http)
   std::string peer_cert_file, peer_key_file;  // the client certificate presented to the leader
   std::string leader_cert_file;               // the serving certificate the leader must present
   long timeout_ms = 10000;                    // NOLINT(google-runtime-int): libcurl's type

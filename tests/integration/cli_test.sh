@@ -76,7 +76,7 @@ has "File=/dev/nvidia0"
 # still works for one release, with a warning naming the replacement; the command's own wins.
 run 0 --nvml-library "$sim_lib" --dev-root /a slurm gres --output gres
 has "File=/a/nvidia0"
-has "kgpu: --dev-root is deprecated, use the command's --dev-root, the root above dev/"
+has "kgpu slurm gres: the global --dev-root (the /dev directory) is deprecated, use kgpu slurm gres --dev-root, the root above dev/"
 KGPU_DEV_ROOT=/e run 0 --nvml-library "$sim_lib" slurm gres --output gres
 has "File=/e/nvidia0"
 has "kgpu slurm gres: KGPU_DEV_ROOT (the /dev directory) is deprecated, use NVIDIA_DEV_ROOT"
@@ -89,9 +89,13 @@ has "$work/env-root/dev/nvidiactl"
 KGPU_DEV_ROOT="$work/old-dev" run 1 --nvml-library "$sim_lib" doctor
 has "$work/old-dev/nvidiactl"
 has "kgpu doctor: KGPU_DEV_ROOT (the /dev directory) is deprecated, use KGPU_DOCTOR_DEV_ROOT"
-# A command that does not read device nodes says nothing of KGPU_DEV_ROOT (a pod's env keeps it).
+# A command that does not read device nodes says nothing of KGPU_DEV_ROOT (a pod's env keeps it);
+# given the global --dev-root, it says that it does not read it, never pointing at a flag it lacks.
 KGPU_DEV_ROOT=/x run 0 --nvml-library "$sim_lib" devices
 hasnt "deprecated"
+run 0 --nvml-library "$sim_lib" --dev-root /x devices
+has "kgpu devices: the global --dev-root (the /dev directory) is deprecated and not read by this command, which reads no device nodes: drop it"
+hasnt "use the command's --dev-root"
 run 0 devices --help
 hasnt "--dev-root"
 # Every command's own options, against the global ones: there is no clash.
