@@ -60,10 +60,11 @@ std::string State::ExplainLocked(const Compiled& c, const std::string& name, boo
     return Cat("fewer than ", whole_needed, " GPUs on this node serve whole-GPU pods (", kWholeGpu,
                "), which the pod's containers ask for together");
   }
-  if (c.pod.uuids.empty() && c.pod.uuids_deny.empty() && c.parts.size() <= 16) {
+  if (c.pod.uuids.empty() && c.pod.uuids_deny.empty() && SearchIsComplete(c.parts.size(), info.gpus.size())) {
     // The common case: single-GPU shares that first fit places side by side on a copy of the
-    // node's figures, without booking each on trial (a pod's search below finds every arrangement
-    // of such shares, so it finds this one too).
+    // node's figures, without booking each on trial. The bind's search (SearchPartsLocked) tries
+    // every GPU for each such share within a budget this pod and node cannot exhaust, so it finds
+    // an arrangement wherever this one exists: the filter never passes what the bind refuses.
     std::array<const sched::Request*, 16> reqs{};
     for (size_t i = 0; i < c.parts.size(); ++i) reqs[i] = &c.parts[i].req;
     if (engine_->cluster().SharesFitTogether({reqs.data(), c.parts.size()}, id)) {

@@ -28,7 +28,9 @@ struct ForwardOptions {
   bool insecure_http = false;                 // plain HTTP, no certificates (the replicas serve --insecure-http)
   std::string peer_cert_file, peer_key_file;  // the client certificate presented to the leader
   std::string leader_cert_file;               // the serving certificate the leader must present
-  long timeout_ms = 10000;                    // NOLINT(google-runtime-int): libcurl's type
+  // Under kube-scheduler's extender httpTimeout (10 s as deployed): the leader's answer arrives
+  // while kube-scheduler still waits for it.
+  long timeout_ms = 8000;  // NOLINT(google-runtime-int): libcurl's type
 };
 
 class BindForwarder {

@@ -178,7 +178,10 @@ Extender::Reply Extender::Preempt(std::string_view body) {
       metrics_.Count("kgpu_extender_failures_total", {{"verb", "preempt"}, {"reason", "bad_request"}});
       return {400, json{{"Error", EscapePercent(std::string(args.status().message()))}}.dump()};
     }
-    const auto out = state_.Preempt(args->pod, args->victims);
+    // A standby keeps no candidate: the preemption holds live in the leader's memory only, so a
+    // standby could offer victims on a node already held for another preemptor. kube-scheduler
+    // preempts nothing this cycle and retries the pod.
+    const auto out = Leads() ? state_.Preempt(args->pod, args->victims) : std::map<std::string, MetaVictims>{};
     metrics_.Count("kgpu_extender_preempt_nodes_total", {{"result", "kept"}}, out.size());
     metrics_.Count("kgpu_extender_preempt_nodes_total", {{"result", "dropped"}}, args->victims.size() - out.size());
     return {200, EncodePreemptionResult(out)};
@@ -213,6 +216,9 @@ Extender::Reply Extender::ForwardBind(std::string_view body, bool forwarded) {
   const k8s::ObservedLease lease = elector_->Observed();
   if (lease.holder.empty())
     return refuse("no_leader", "no replica leads now (the Lease is free; one takes it shortly)");
+  if (lease.holder == identity_) {  // taken, or lost, a moment ago: never passed on to itself
+    return refuse("no_leader", "this replica's hold on the Lease is changing; the bind is retried");
+  }
   const auto at = lease.annotations.find(kLeaderAddressAnnotation);
   if (at == lease.annotations.end() || at->second.empty()) {
     return refuse("no_leader", Cat("the leader ", lease.holder, " wrote no ", kLeaderAddressAnnotation,
@@ -554,6 +560,10 @@ absl::Status Extender::Start() {
   if (!bound.ok()) return bound.status();
   port_ = *bound;
   std::string advertise = opts_.advertise_address;
+  if (const size_t colon = advertise.rfind(':');
+      colon != std::string::npos && advertise.find(':') != colon && advertise.front() != '[') {
+    advertise = Cat("[", advertise.substr(0, colon), "]", advertise.substr(colon));  // $(POD_IP) of IPv6
+  }
   if (advertise.empty()) {
     const auto a = ParseListenAddress("--address", opts_.address);
     if (a->host != "0.0.0.0" && a->host != "::" && !a->host.empty()) {

@@ -219,7 +219,7 @@ sched::Policy& State::PolicyFor(const Compiled& c) {
 
 bool State::SearchPartsLocked(const Compiled& c, int id, const std::string& prefix, std::vector<std::string>* placed) {
   auto& cluster = engine_->cluster();
-  int budget = 4096;
+  int budget = kSearchBudget;
   std::function<bool(size_t)> place_from = [&](size_t i) -> bool {
     if (i == c.parts.size()) return true;
     const Part& part = c.parts[i];

@@ -998,6 +998,7 @@ TEST_F(ExtenderTest, AStandbyPassesBindsOnToTheLeaderOverMutualTls) {
   EXPECT_NE(two.message.find("forwarding the bind to the leader at 127.0.0.1:" + std::to_string(a.port())),
             std::string::npos)
       << two.message;
+  EXPECT_NE(two.message.find("SSL certificate problem"), std::string::npos) << two.message;
   EXPECT_TRUE(GetPod("ns", "two")["spec"].value("nodeName", "").empty());
   sched.reset();
   c.Stop();
@@ -1112,6 +1113,11 @@ TEST_F(ExtenderTest, TwoReplicasBothAnswerFilterTheStandbyPassesBindsOnAndTakesO
     EXPECT_EQ(looped->status, 200) << looped->body;
     EXPECT_NE(looped->body.find("does not lead"), std::string::npos) << looped->body;
     EXPECT_TRUE(GetPod("ns", "probe")["spec"].value("nodeName", "").empty());
+    // Preemption is the leader's (its holds live in its memory): a standby keeps no candidate.
+    auto pe = http.Post("/gpu/preempt", EncodePreemptionArgs(probe, {{"n", {{"some-uid"}, 0}}}), "application/json");
+    ASSERT_TRUE(pe);
+    EXPECT_EQ(pe->status, 200) << pe->body;
+    EXPECT_EQ(json::parse(pe->body)["NodeNameToMetaVictims"], json::object()) << pe->body;
   }
   // kube-scheduler reaches the standby through the Service: the bind is the leader's.
   StartScheduler("http://127.0.0.1:" + std::to_string(second.port));

@@ -10,6 +10,7 @@
 #include "extender/inventory.h"
 #include "extender/request.h"
 #include "extender/state.h"
+#include "extender/state_internal.h"
 #include "extender/wire.h"
 #include "testing/gpu_nodes.h"
 
@@ -1225,6 +1226,18 @@ TEST_F(StateTest, NoPreemptionWhereItMustNotOrCannotHelp) {
   EXPECT_EQ(state.PreemptingOn("uhi"), "");
   EXPECT_FALSE(state.PlanPreemption(hi, {"a"}).has_value());
   EXPECT_EQ(state.Filter(Share("tiny", "1000", 10), {"a"}).passed, std::vector<std::string>{"a"});
+}
+
+// The filter's first-fit shortcut for single-GPU shares is taken only where the bind's search is
+// sure to try every arrangement within its budget (so a pod the filter passes always binds).
+TEST(SearchBudget, CompleteOnlyWhereEveryArrangementFitsTheBudget) {
+  EXPECT_TRUE(SearchIsComplete(1, 8));
+  EXPECT_TRUE(SearchIsComplete(3, 8));    // 8 + 64 + 512
+  EXPECT_TRUE(SearchIsComplete(4, 7));    // 7 + 49 + 343 + 2401 = 2800
+  EXPECT_FALSE(SearchIsComplete(4, 8));   // 8 + 64 + 512 + 4096 > 4096
+  EXPECT_FALSE(SearchIsComplete(3, 16));  // 16 + 256 + 4096
+  EXPECT_TRUE(SearchIsComplete(16, 1));
+  EXPECT_FALSE(SearchIsComplete(17, 1)) << "the shortcut places at most 16";
 }
 
 TEST(StateHold, EndsAfterItsTime) {
