@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/strings.h"
+
 namespace kgpu {
 namespace {
 
@@ -88,6 +90,10 @@ std::string WhyCannotListen(const ListenAddress& address) {
   }
   freeaddrinfo(found);
   return why;
+}
+
+std::string UrlHost(std::string_view host) {
+  return host.find(':') != std::string_view::npos ? Cat("[", host, "]") : std::string(host);
 }
 
 }  // namespace kgpu

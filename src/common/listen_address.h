@@ -22,6 +22,9 @@ struct ListenAddress {
 // InvalidArgument naming `flag`, the value and the expected form when `value` is not an address.
 absl::StatusOr<ListenAddress> ParseListenAddress(std::string_view flag, std::string_view value);
 
+// `host` as a URL or host:port writes it: an IPv6 address in brackets ("fd00::5" -> "[fd00::5]").
+std::string UrlHost(std::string_view host);
+
 // Why `address` cannot be bound, found by trying it with the socket options kgpu's servers use:
 // "port 9400 is already in use by another process", "ports below 1024 need root or
 // CAP_NET_BIND_SERVICE", "no interface of this machine has the address 10.9.9.9", "cannot

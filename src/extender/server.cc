@@ -562,13 +562,11 @@ absl::Status Extender::Start() {
   std::string advertise = opts_.advertise_address;
   if (const size_t colon = advertise.rfind(':');
       colon != std::string::npos && advertise.find(':') != colon && advertise.front() != '[') {
-    advertise = Cat("[", advertise.substr(0, colon), "]", advertise.substr(colon));  // $(POD_IP) of IPv6
+    advertise = Cat(UrlHost(advertise.substr(0, colon)), advertise.substr(colon));  // $(POD_IP) of IPv6
   }
   if (advertise.empty()) {
     const auto a = ParseListenAddress("--address", opts_.address);
-    if (a->host != "0.0.0.0" && a->host != "::" && !a->host.empty()) {
-      advertise = Cat(a->host.find(':') != std::string::npos ? Cat("[", a->host, "]") : a->host, ":", port_);
-    }
+    if (a->host != "0.0.0.0" && a->host != "::" && !a->host.empty()) advertise = Cat(UrlHost(a->host), ":", port_);
   }
   if (opts_.leader_elect) {
     k8s::LeaderElectionConfig lc;

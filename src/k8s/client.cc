@@ -13,6 +13,7 @@
 #include "absl/strings/cord.h"
 #include "common/backoff.h"
 #include "common/files.h"
+#include "common/listen_address.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "k8s/exec_credential.h"
@@ -311,7 +312,7 @@ Client::Client(Config config) : config_(std::move(config)), limiter_(config_.qps
     // curl documents that CONNECT_TO does not affect the name used for TLS (SNI, certificate
     // verification). An explicit Host header keeps the server's own host:port, as client-go sends.
     const std::string& name = config_.tls_server_name;
-    const std::string name_in_url = name.find(':') != std::string::npos ? Cat("[", name, "]") : name;
+    const std::string name_in_url = UrlHost(name);
     curl_server_ = Cat("https://", name_in_url, ":", p.port, p.suffix);
     connect_to_ = curl_slist_append(nullptr, Cat(name_in_url, ":", p.port, ":", p.host_in_url, ":", p.port).c_str());
     host_header_ = Cat("Host: ", p.authority);

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
+#include "common/listen_address.h"
 #include "common/strings.h"
 #include "common/yaml_util.h"
 
@@ -535,9 +536,7 @@ absl::StatusOr<Config> InClusterConfig(std::string_view sa_dir) {
         "--kubeconfig)");
   }
   Config c;
-  std::string h(host);
-  if (h.find(':') != std::string::npos) h = Cat("[", h, "]");  // IPv6
-  c.server = Cat("https://", h, ":", port);
+  c.server = Cat("https://", UrlHost(host), ":", port);
   c.origin = Cat("in-cluster (", sa_dir, ")");
   c.token_file = Cat(sa_dir, "/token");
   if (!ReadFile(c.token_file)) return absl::NotFoundError(Cat(c.token_file, ": cannot read the service account token"));

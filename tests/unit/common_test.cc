@@ -29,6 +29,13 @@ TEST(ListenAddress, EveryFormGoAndDcgmExporterAccept) {
   }
 }
 
+TEST(ListenAddress, UrlHostBracketsOnlyIpv6) {
+  EXPECT_EQ(UrlHost("10.0.0.5"), "10.0.0.5");
+  EXPECT_EQ(UrlHost("kgpu-extender.kgpu-system.svc"), "kgpu-extender.kgpu-system.svc");
+  EXPECT_EQ(UrlHost("fd00::5"), "[fd00::5]");
+  EXPECT_EQ(UrlHost("::1"), "[::1]");
+}
+
 TEST(ListenAddress, ImpossibleAddressesNameTheFlagAndTheForm) {
   struct Case {
     const char* value;
