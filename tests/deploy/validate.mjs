@@ -8,9 +8,7 @@
 // or kind without one is an error, not a skip. Exit 0 when every object is valid, else 1 with one
 // line per problem.
 import { readFileSync } from "node:fs";
-import { createRequire } from "node:module";
 
-const require = createRequire(import.meta.url);
 const [file, label = file] = process.argv.slice(2);
 if (!file) {
   console.error("usage: node validate.mjs OBJECTS.json [LABEL]");
@@ -37,7 +35,7 @@ for (const [i, obj] of objects.entries()) {
   }
   let mod;
   try {
-    mod = require(moduleFor(obj.apiVersion));
+    mod = await import(moduleFor(obj.apiVersion));
   } catch (e) {
     console.log(`${where}: no schema for apiVersion ${obj.apiVersion} (${e.code ?? e.message})`);
     problems++;
