@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "cli/commands.h"
 #include "cli/device_plugin_cmd.h"
+#include "cli/dra_cmd.h"
 #include "cli/exporter_cmd.h"
 #include "cli/extender_cmd.h"
 #include "cli/flags.h"
@@ -333,6 +334,8 @@ int Main(int argc, char** argv) {
   kgpu::cli::SlurmGresFlags gres_flags;
   auto* slurm_gres = kgpu::cli::AddSlurmGresCommand(slurm, &gres_flags);
   kgpu::cli::AddDevicePluginFlags(slurm_gres, &dp_flags, kgpu::cli::PluginFlags::kDescribe);
+  kgpu::cli::DraFlags dra_flags;
+  auto* dra_slices = kgpu::cli::AddDraCommands(&app, &dra_flags, &dp_flags);
   kgpu::cli::QuotaFlags quota_flags;
   auto quota = kgpu::cli::AddQuotaCommands(&app, &quota_flags);
   kgpu::cli::SlurmBridgeFlags bridge_flags;
@@ -414,6 +417,8 @@ int Main(int argc, char** argv) {
          node.dev_dir = legacy_dev_dir("kgpu slurm gres", "NVIDIA_DEV_ROOT, the root above dev/");
          return kgpu::cli::RunSlurmGres(node, dp_flags, gres_flags, std::cout);
        }},
+      {dra_slices, Signals::kDefault,
+       [&] { return kgpu::cli::RunDraSlices(node, dp_flags, dra_flags, std::cout, std::cerr); }},
       {bridge.status, Signals::kDefault, [&] { return kgpu::cli::RunSlurmBridgeStatus(bridge_flags, std::cout); }},
       {bridge.reclaim, Signals::kDefault, [&] { return kgpu::cli::RunSlurmBridgeReclaim(bridge_flags, std::cout); }},
       {bridge.hook, Signals::kDefault, [&] { return kgpu::cli::RunSlurmBridgeHook(bridge_flags, std::cout); }},

@@ -56,23 +56,10 @@ std::vector<std::vector<int>> Islands(const gpu::Inventory& inv,
 
 }  // namespace
 
-// The kgpu.io/gpu slots GPU `g` serves (time-slicing or MPS renamed to kgpu.io/gpu); 0 for none.
-int SlotsOf(const gpu::Gpu& g, const deviceplugin::Config& config) {
-  if (g.mig_enabled) return 0;
-  for (const auto& r : config.sharing.resources) {
-    if ((r.rename.empty() ? r.name : r.rename) != api::kShares || r.name != "nvidia.com/gpu") continue;
-    if (r.devices.empty()) return r.replicas;
-    for (const auto& d : r.devices) {
-      if (d == g.uuid || d == std::to_string(g.index)) return r.replicas;
-    }
-  }
-  return 0;
-}
-
 std::map<std::string, int64_t> ShareCapacity(const gpu::Inventory& inv, const deviceplugin::Config& config) {
   int64_t memory = 0, gpus = 0;
   for (const auto& g : inv.gpus()) {
-    if (SlotsOf(g, config) == 0) continue;
+    if (deviceplugin::ShareSlotsOf(g, config) == 0) continue;
     memory += static_cast<int64_t>(g.memory_mib);
     ++gpus;
   }
@@ -136,7 +123,7 @@ std::string InventoryAnnotation(const gpu::Inventory& inv, const deviceplugin::C
     e.memory_mib = static_cast<int64_t>(g.memory_mib);
     e.numa = g.numa_node;
     e.health = health(g.uuid, discovered);
-    e.slots = std::max(0, SlotsOf(g, config));
+    e.slots = std::max(0, deviceplugin::ShareSlotsOf(g, config));
     any_slots = any_slots || e.slots > 0;
     if (used != nullptr) {
       if (const auto u = used->find(g.uuid); u != used->end()) e.used_mib = u->second;

@@ -6,6 +6,7 @@
 
 #include <fnmatch.h>
 
+#include "api/names.h"
 #include "common/files.h"
 #include "common/strings.h"
 #include "common/yaml_util.h"
@@ -571,6 +572,18 @@ std::string SocketName(const std::string& resource) {
   // kgpu.io/gpu never collides with nvidia.com/gpu's socket.
   const std::string domain = resource.substr(0, slash);
   return Cat(domain == "nvidia.com" ? std::string("nvidia") : domain, "-", resource.substr(slash + 1), ".sock");
+}
+
+int ShareSlotsOf(const gpu::Gpu& g, const Config& config) {
+  if (g.mig_enabled) return 0;
+  for (const auto& r : config.sharing.resources) {
+    if ((r.rename.empty() ? r.name : r.rename) != api::kShares || r.name != "nvidia.com/gpu") continue;
+    if (r.devices.empty()) return r.replicas;
+    for (const auto& d : r.devices) {
+      if (d == g.uuid || d == std::to_string(g.index)) return r.replicas;
+    }
+  }
+  return 0;
 }
 
 }  // namespace kgpu::deviceplugin

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "common/files.h"
 #include "gpu/health.h"
+#include "gpu/inventory.h"
 #include "gpu/mig_layout.h"
 
 namespace kgpu::deviceplugin {
@@ -152,6 +153,12 @@ absl::Status Validate(const Config& config);
 
 // Applies DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS values (NVIDIA's semantics).
 absl::Status ApplyHealthcheckEnv(const std::string& disable, const std::string& enable, HealthConfig* health);
+
+// The kgpu.io/gpu slots GPU `g` serves (time-slicing or MPS of nvidia.com/gpu renamed to
+// kgpu.io/gpu, on every GPU or on those the entry's devices name); 0 for none, and for a GPU in MIG
+// mode. The one answer to "does this node offer GPU g for sharing" (node labels, the inventory
+// annotation, DRA's consumable shares).
+int ShareSlotsOf(const gpu::Gpu& g, const Config& config);
 
 // "nvidia.com/gpu" -> "nvidia-gpu.sock" (NVIDIA's socket naming); "kgpu.io/gpu" -> "kgpu.io-gpu.sock".
 std::string SocketName(const std::string& resource);

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <optional>
@@ -28,6 +29,24 @@ int ReadNumaNode(const std::string& root, const std::string& bus_id) {
   int node = -1;
   if (!(in >> node)) return -1;
   return node < 0 ? -1 : node;
+}
+
+// "pci0000:00": the root complex component of the device's sysfs path
+// (/sys/bus/pci/devices/<bdf> links to ../../../devices/pci0000:00/0000:00:01.0/<bdf>).
+std::string ReadPcieRoot(const std::string& root, const std::string& bus_id) {
+  std::error_code ec;
+  const auto target = std::filesystem::read_symlink(Cat(root, "/bus/pci/devices/", SysfsBdf(bus_id)), ec);
+  if (ec) return "";
+  for (const auto& part : target) {
+    const std::string p = part.string();
+    // "pci" + domain (4 hex digits) + ':' + bus (2 hex digits)
+    if (p.size() == 10 && p.rfind("pci", 0) == 0 && p[7] == ':' && std::all_of(p.begin() + 3, p.end(), [](char c) {
+          return c == ':' || std::isxdigit(static_cast<unsigned char>(c));
+        })) {
+      return p;
+    }
+  }
+  return "";
 }
 
 // The device's PCI class ("0x030200\n" in sysfs), or 0 when it cannot be read.
@@ -86,7 +105,10 @@ void ReadGpu(const nvml::Library& lib, const DiscoverOptions& options, Gpu& g) {
     g.cc_minor = cc->second;
   }
   if (auto p = lib.PowerLimitMw(g.handle); p.ok()) g.power_limit_w = *p / 1000;
+  if (auto b = lib.Brand(g.handle); b.ok()) g.brand = *b;
+  if (auto a = lib.Architecture(g.handle); a.ok()) g.architecture = *a;
   g.numa_node = ReadNumaNode(options.sysfs_root, g.bus_id);
+  g.pcie_root = ReadPcieRoot(options.sysfs_root, g.bus_id);
   g.pci_class = ReadPciClass(options.sysfs_root, g.bus_id);
 
   auto mig = lib.GetMigMode(g.handle);
@@ -377,6 +399,40 @@ int Inventory::IndexOfHandle(nvml::Device handle) const {
     if (g.handle == handle) return static_cast<int>(g.index);
   }
   return -1;
+}
+
+std::string BrandName(int brand) {
+  static constexpr const char* kNames[] = {
+      "Unknown",   "Quadro",      "Tesla",     "NVS",        "Grid",      "GeForce",
+      "Titan",     "NvidiaVApps", "NvidiaVPC", "NvidiaVCS",  "NvidiaVWS", "NvidiaCloudGaming",
+      "QuadroRTX", "NvidiaRTX",   "Nvidia",    "GeForceRTX", "TitanRTX"};
+  if (brand < 0 || brand >= static_cast<int>(std::size(kNames))) return "Unknown";
+  return kNames[brand];
+}
+
+std::string ArchitectureName(unsigned architecture) {
+  switch (architecture) {
+    case 2:
+      return "Kepler";
+    case 3:
+      return "Maxwell";
+    case 4:
+      return "Pascal";
+    case 5:
+      return "Volta";
+    case 6:
+      return "Turing";
+    case 7:
+      return "Ampere";
+    case 8:
+      return "Ada Lovelace";
+    case 9:
+      return "Hopper";
+    case 10:
+      return "Blackwell";
+    default:
+      return "Unknown";
+  }
 }
 
 }  // namespace kgpu::gpu

@@ -43,6 +43,11 @@ struct Gpu {
   int cc_major = 0, cc_minor = 0;
   unsigned power_limit_w = 0;
   int numa_node = -1;  // -1: unknown
+  // The PCIe root complex the GPU hangs under ("pci0000:00"), from the sysfs device path; empty
+  // when unknown (Kubernetes' resource.kubernetes.io/pcieRoot attribute).
+  std::string pcie_root;
+  int brand = -1;                       // nvmlBrandType_t; -1: unread
+  unsigned architecture = 0xFFFFFFFFU;  // nvmlDeviceArchitecture_t; NVML_DEVICE_ARCH_UNKNOWN when unread
   // The PCI class code with its programming interface, from <sysfs>/bus/pci/devices/<bdf>/class:
   // 0x030200 a 3D controller (compute mode), 0x030000 a VGA controller (graphics mode); 0: unread.
   uint32_t pci_class = 0;
@@ -111,6 +116,12 @@ class Inventory {
 // keep the inventory's value), so comparing the two tells whether MIG was re-partitioned.
 std::string MigFingerprint(const Inventory& inventory);
 std::string MigFingerprintNow(const nvml::Library& lib, const Inventory& inventory);
+
+// go-nvlib's names for a GPU's brand ("Nvidia", "Tesla", "GeForceRTX") and architecture
+// ("Ampere", "Ada Lovelace", "Hopper"), the strings NVIDIA's DRA driver publishes; "Unknown" for an
+// unknown or unread value.
+std::string BrandName(int brand);
+std::string ArchitectureName(unsigned architecture);
 
 // nvidia-smi / NVIDIA device-plugin style MIG profile name from NVML attributes:
 // "<G>g.<GB>gb" with go-nvlib's memory rounding, "<C>c." prefix when the compute instance is a

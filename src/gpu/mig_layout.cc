@@ -310,4 +310,23 @@ absl::StatusOr<MigApplyResult> ApplyMigChange(const nvml::Library& lib, const Gp
   return result;
 }
 
+absl::StatusOr<MigCatalog> ReadMigCatalog(const nvml::Library& lib, const Gpu& gpu) {
+  MigCatalog out;
+  if (!gpu.mig_capable) return out;
+  auto profiles = MigProfiles(lib, gpu);
+  if (!profiles.ok()) return profiles.status();
+  for (const auto& [p, name] : *profiles) {
+    auto placements = lib.GpuInstancePlacements(gpu.handle, p.id);
+    if (!placements.ok()) return placements.status();
+    for (const auto& pl : *placements) out.memory_slices = std::max(out.memory_slices, pl.start + pl.size);
+    out.profiles.push_back({p, name, std::move(*placements)});
+  }
+  if (gpu.mig_enabled) {
+    auto gis = lib.GpuInstances(gpu.handle);
+    if (!gis.ok()) return gis.status();
+    out.instances = std::move(*gis);
+  }
+  return out;
+}
+
 }  // namespace kgpu::gpu

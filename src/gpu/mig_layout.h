@@ -83,4 +83,20 @@ std::string DescribeInstances(const std::vector<std::string>& names);
 absl::StatusOr<std::vector<std::pair<nvml::GpuInstanceProfile, std::string>>> MigProfiles(const nvml::Library& lib,
                                                                                           const Gpu& gpu);
 
+// Everything MIG could make of one GPU, for publishing MIG as partitionable devices (DRA): every
+// GPU-instance profile with its name and every placement NVML allows, the GPU's memory slices, and
+// the GPU instances that exist now (with their profile ids and placements).
+struct MigProfileOption {
+  nvml::GpuInstanceProfile profile;
+  std::string name;  // "1g.10gb", "1g.10gb+me"
+  std::vector<nvml::Placement> placements;
+};
+struct MigCatalog {
+  unsigned memory_slices = 0;              // the highest placement end of any profile (8 on A100/H100)
+  std::vector<MigProfileOption> profiles;  // smallest first
+  std::vector<nvml::GpuInstance> instances;
+};
+// NotFound-free: a GPU that is not MIG-capable gives an empty catalog; an NVML error is returned.
+absl::StatusOr<MigCatalog> ReadMigCatalog(const nvml::Library& lib, const Gpu& gpu);
+
 }  // namespace kgpu::gpu

@@ -103,6 +103,7 @@ namespace kgpu::nvml {
   OPT(nvmlDeviceGetSerial, "nvmlDeviceGetSerial")                                                                     \
   OPT(nvmlDeviceGetVbiosVersion, "nvmlDeviceGetVbiosVersion")                                                         \
   OPT(nvmlDeviceGetBrand, "nvmlDeviceGetBrand")                                                                       \
+  OPT(nvmlDeviceGetArchitecture, "nvmlDeviceGetArchitecture")                                                         \
   OPT(nvmlDeviceGetInforomVersion, "nvmlDeviceGetInforomVersion")                                                     \
   OPT(nvmlDeviceGetInforomImageVersion, "nvmlDeviceGetInforomImageVersion")                                           \
   OPT(nvmlDeviceGetP2PStatus, "nvmlDeviceGetP2PStatus")                                                               \
@@ -458,7 +459,8 @@ absl::StatusOr<std::vector<GpuInstanceProfile>> Library::GpuInstanceProfiles(Dev
     auto st = KGPU_CALL(nvmlDeviceGetGpuInstanceProfileInfo, H(gpu), p, &info);
     if (IsNoValue(st) || ReturnOf(st) == Return::kInvalidArgument) continue;  // not on this GPU
     if (!st.ok()) return st;
-    out.push_back({p, info.id, info.sliceCount, info.instanceCount, info.memorySizeMB, info.multiprocessorCount});
+    out.push_back({p, info.id, info.sliceCount, info.instanceCount, info.memorySizeMB, info.multiprocessorCount,
+                   info.copyEngineCount, info.decoderCount, info.encoderCount, info.jpegCount, info.ofaCount});
   }
   return out;
 }
@@ -898,6 +900,12 @@ absl::StatusOr<int> Library::Brand(Device d) const {
   nvmlBrandType_t brand = NVML_BRAND_UNKNOWN;
   if (auto st = KGPU_CALL(nvmlDeviceGetBrand, H(d), &brand); !st.ok()) return st;
   return static_cast<int>(brand);
+}
+
+absl::StatusOr<unsigned> Library::Architecture(Device d) const {
+  nvmlDeviceArchitecture_t arch = NVML_DEVICE_ARCH_UNKNOWN;
+  if (auto st = KGPU_CALL(nvmlDeviceGetArchitecture, H(d), &arch); !st.ok()) return st;
+  return static_cast<unsigned>(arch);
 }
 
 absl::StatusOr<std::string> Library::InforomVersion(Device d, Inforom object) const {

@@ -94,6 +94,8 @@ struct GpuInstanceProfile {
   unsigned max_instances = 0;
   uint64_t memory_mib = 0;
   unsigned sm_count = 0;
+  // Engines an instance of this profile gets (nvmlGpuInstanceProfileInfo_t.*Count).
+  unsigned copy_engines = 0, decoders = 0, encoders = 0, jpegs = 0, ofas = 0;
 };
 struct Placement {
   unsigned start = 0, size = 0;  // in memory slices
@@ -303,7 +305,8 @@ class Library {
   absl::StatusOr<bool> PersistenceMode(Device d) const;
   absl::StatusOr<std::string> Serial(Device d) const;
   absl::StatusOr<std::string> VbiosVersion(Device d) const;
-  absl::StatusOr<int> Brand(Device d) const;  // nvmlBrandType_t
+  absl::StatusOr<int> Brand(Device d) const;              // nvmlBrandType_t
+  absl::StatusOr<unsigned> Architecture(Device d) const;  // nvmlDeviceArchitecture_t
   absl::StatusOr<std::string> InforomVersion(Device d, Inforom object) const;
   absl::StatusOr<std::string> InforomImageVersion(Device d) const;
   // nvmlGpuP2PStatus_t between two GPUs for one capability (0 OK ... 6 unknown).

@@ -160,9 +160,16 @@ typedef enum nvmlPerfPolicyType_enum {
   NVML_PERF_POLICY_TOTAL_BASE_CLOCKS = 11
 } nvmlPerfPolicyType_t;
 typedef unsigned int nvmlDeviceArchitecture_t;
+#define NVML_DEVICE_ARCH_KEPLER 2
+#define NVML_DEVICE_ARCH_MAXWELL 3
+#define NVML_DEVICE_ARCH_PASCAL 4
+#define NVML_DEVICE_ARCH_VOLTA 5
+#define NVML_DEVICE_ARCH_TURING 6
 #define NVML_DEVICE_ARCH_AMPERE 7
 #define NVML_DEVICE_ARCH_ADA 8
 #define NVML_DEVICE_ARCH_HOPPER 9
+#define NVML_DEVICE_ARCH_BLACKWELL 10
+#define NVML_DEVICE_ARCH_UNKNOWN 0xffffffff
 typedef enum nvmlGpuLevel_enum {
   NVML_TOPOLOGY_INTERNAL = 0,
   NVML_TOPOLOGY_SINGLE = 10,

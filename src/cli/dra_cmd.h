@@ -1,0 +1,43 @@
+#pragma once
+// `kgpu dra`: GPUs through Dynamic Resource Allocation (docs/dra.md).
+//
+//   kgpu dra slices   the ResourceSlices this node publishes (a v1 List, for `kubectl apply -f -`
+//                     or a look before enabling the plugin), from the one inventory and the device
+//                     plugin's config (which GPUs are offered as shares).
+//
+// Thread-safety: single-threaded CLI code.
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/status/statusor.h"
+#include "api/dra.h"
+#include "cli/commands.h"
+#include "cli/device_plugin_cmd.h"
+
+namespace kgpu::cli {
+
+struct DraFlags {
+  std::string node_name;                 // --node-name / NODE_NAME; default: the host name
+  std::string driver = api::dra::kDriver;  // --driver-name
+  bool dynamic_mig = false;              // --dynamic-mig
+  // --kubernetes-version: the API server's; 1.34 puts each MIG GPU's counters in its device slice,
+  // 1.35 and later in slices of their own.
+  std::string kubernetes_version = "1.35";
+};
+
+// Adds `dra` with `dra slices`; returns `slices`.
+CLI::App* AddDraCommands(CLI::App* app, DraFlags* flags, DevicePluginFlags* plugin_flags);
+
+// The node's pool as the plugin publishes it. Errors name the flag or the GPU.
+absl::StatusOr<std::vector<api::dra::ResourceSlice>> NodeSlices(const ConfiguredSession& cs, const DraFlags& flags);
+
+// Exit codes as every kgpu command: 0 printed, 1 bad input (a flag value, the config) or NVML failed.
+// Errors go to `err`, so the List on `out` can be piped.
+int RunDraSlices(const NodeOptions& node, const DevicePluginFlags& plugin, const DraFlags& flags, std::ostream& out,
+                 std::ostream& err);
+
+}  // namespace kgpu::cli
