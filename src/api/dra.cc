@@ -176,7 +176,8 @@ json ToJson(const ResourceSlice& slice) {
   }
   if (!slice.shared_counters.empty()) {
     json& sets = spec["sharedCounters"] = json::array();
-    for (const auto& s : slice.shared_counters) sets.push_back({{"name", s.name}, {"counters", CountersJson(s.counters)}});
+    for (const auto& s : slice.shared_counters)
+      sets.push_back({{"name", s.name}, {"counters", CountersJson(s.counters)}});
   }
   return {{"apiVersion", "resource.k8s.io/v1"},
           {"kind", "ResourceSlice"},

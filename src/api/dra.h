@@ -2,7 +2,7 @@
 // The node ↔ control-plane contract under Dynamic Resource Allocation (resource.k8s.io/v1): the
 // names kgpu's DRA driver publishes — the driver, its DeviceClasses, device types, attribute,
 // capacity and counter names, all NVIDIA's where NVIDIA has one (a drop-in for claims written for
-// NVIDIA's gpu.nvidia.com driver: ../shared/docs/facts/dra.md §5) — and the ResourceSlice as a value
+// NVIDIA's gpu.nvidia.com driver, kubernetes-sigs/dra-driver-nvidia-gpu; docs/dra.md) — and the ResourceSlice as a value
 // type with its JSON encoder. The node's slice builder (dra/slices.h) fills these; the extender and
 // the stand-ins read the same names.
 //
@@ -142,15 +142,15 @@ struct ResourceSlice {
   std::string pool;
   int64_t generation = 1;
   int64_t slice_count = 1;
-  std::vector<Device> devices;                 // either devices ...
-  std::vector<CounterSet> shared_counters;     // ... or counters (Kubernetes >= 1.35), or both (1.34)
+  std::vector<Device> devices;              // either devices ...
+  std::vector<CounterSet> shared_counters;  // ... or counters (Kubernetes >= 1.35), or both (1.34)
 };
 
 // The ResourceSlice object (apiVersion resource.k8s.io/v1) without ownerReferences, which the
 // publisher adds.
 nlohmann::json ToJson(const ResourceSlice& slice);
 
-// The API's limits a slice must keep (resource/v1/types.go; ../shared/docs/facts/dra.md §2.10).
+// The API's limits a slice must keep (k8s.io/api resource/v1 types.go).
 inline constexpr size_t kMaxDevicesPerSlice = 128;
 inline constexpr size_t kMaxDevicesPerSliceWithTaintsOrCounters = 64;
 inline constexpr size_t kMaxCounterSetsPerSlice = 8;

@@ -41,18 +41,21 @@ CLI::App* AddDraCommands(CLI::App* app, DraFlags* flags, DevicePluginFlags* plug
       "slices", "print the ResourceSlices this node publishes (a v1 List of resource.k8s.io/v1 objects)");
   slices->add_option("--node-name", flags->node_name, "this node's name: the pool and nodeName (default: host name)")
       ->envname("NODE_NAME");
-  slices->add_option("--driver-name", flags->driver,
-                     "the DRA driver name (NVIDIA's by default, so its DeviceClasses and claims work unchanged; "
-                     "another where both drivers run in one cluster, never on one node)")
+  slices
+      ->add_option("--driver-name", flags->driver,
+                   "the DRA driver name (NVIDIA's by default, so its DeviceClasses and claims work unchanged; "
+                   "another where both drivers run in one cluster, never on one node)")
       ->envname("KGPU_DRA_DRIVER_NAME")
       ->capture_default_str();
-  slices->add_flag("--dynamic-mig", flags->dynamic_mig,
-                   "MIG-mode GPUs: publish every profile placement (carved when a claim is prepared) instead of "
-                   "the instances that exist")
+  slices
+      ->add_flag("--dynamic-mig", flags->dynamic_mig,
+                 "MIG-mode GPUs: publish every profile placement (carved when a claim is prepared) instead of "
+                 "the instances that exist")
       ->envname("KGPU_DRA_DYNAMIC_MIG");
-  slices->add_option("--kubernetes-version", flags->kubernetes_version,
-                     "the API server's version: 1.34 keeps each MIG GPU's counters in its device slice, "
-                     "1.35 and later in slices of their own")
+  slices
+      ->add_option("--kubernetes-version", flags->kubernetes_version,
+                   "the API server's version: 1.34 keeps each MIG GPU's counters in its device slice, "
+                   "1.35 and later in slices of their own")
       ->capture_default_str();
   AddDevicePluginFlags(slices, plugin_flags, PluginFlags::kDescribe);
   return slices;
@@ -85,7 +88,8 @@ absl::StatusOr<std::vector<api::dra::ResourceSlice>> NodeSlices(const Configured
     if (deviceplugin::ShareSlotsOf(g, cs.config) > 0) opts.shared_gpus.insert(g.index);
     if (!g.mig_enabled || !g.error.empty()) continue;
     auto cat = gpu::ReadMigCatalog(*cs.session.lib, g);
-    if (!cat.ok()) return absl::Status(cat.status().code(), Cat("GPU ", g.index, ": MIG profiles: ", cat.status().message()));
+    if (!cat.ok())
+      return absl::Status(cat.status().code(), Cat("GPU ", g.index, ": MIG profiles: ", cat.status().message()));
     mig[g.index] = std::move(*cat);
   }
   return dra::BuildPool(inv, mig, opts);

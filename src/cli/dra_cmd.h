@@ -21,9 +21,9 @@
 namespace kgpu::cli {
 
 struct DraFlags {
-  std::string node_name;                 // --node-name / NODE_NAME; default: the host name
+  std::string node_name;                   // --node-name / NODE_NAME; default: the host name
   std::string driver = api::dra::kDriver;  // --driver-name
-  bool dynamic_mig = false;              // --dynamic-mig
+  bool dynamic_mig = false;                // --dynamic-mig
   // --kubernetes-version: the API server's; 1.34 puts each MIG GPU's counters in its device slice,
   // 1.35 and later in slices of their own.
   std::string kubernetes_version = "1.35";

@@ -146,13 +146,16 @@ std::string UnknownCommandMessage(const CLI::App& app, const std::vector<std::st
   }
   // A typo is a letter or two (a quarter of a long word); a word of one letter suggests nothing.
   const size_t max_distance = std::min(std::max<size_t>(2, word.size() / 4), word.size() - 1);
+  // An abbreviation first (kgpu dev: devices or device-plugin, though 'dra' is two letters away),
+  // then a typo.
   std::vector<std::string> near;
-  if (std::string nearest = kgpu::Nearest(word, names, max_distance); !nearest.empty()) {
-    near.push_back(std::move(nearest));
-  } else if (word.size() >= 2) {
+  if (word.size() >= 2) {
     for (const std::string& name : names) {
-      if (name.starts_with(word)) near.push_back(name);  // an abbreviation: kgpu dev
+      if (name.starts_with(word)) near.push_back(name);
     }
+  }
+  if (std::string nearest = kgpu::Nearest(word, names, max_distance); near.empty() && !nearest.empty()) {
+    near.push_back(std::move(nearest));
   }
   const std::string head = kgpu::Cat(path, ": unknown command '", kgpu::Printable(word), "'");
   if (!near.empty()) return kgpu::Cat(head, "; did you mean '", kgpu::Join(near, "' or '"), "'?");

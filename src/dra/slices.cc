@@ -72,8 +72,9 @@ a::Device WholeGpu(const gpu::Inventory& inv, const gpu::Gpu& g, bool shared) {
 using Counts = std::map<std::string, uint64_t>;
 Counts MigCounts(unsigned sms, unsigned ce, unsigned dec, unsigned enc, unsigned jpg, unsigned ofa,
                  uint64_t memory_mib) {
-  return {{a::kCapMultiprocessors, sms}, {a::kCapCopyEngines, ce}, {a::kCapDecoders, dec}, {a::kCapEncoders, enc},
-          {a::kCapJpegEngines, jpg},     {a::kCapOfaEngines, ofa}, {a::kCapMemory, memory_mib * kMi}};
+  return {{a::kCapMultiprocessors, sms},    {a::kCapCopyEngines, ce},  {a::kCapDecoders, dec},
+          {a::kCapEncoders, enc},           {a::kCapJpegEngines, jpg}, {a::kCapOfaEngines, ofa},
+          {a::kCapMemory, memory_mib * kMi}};
 }
 
 Counts ProfileCounts(const nvml::GpuInstanceProfile& p) {
@@ -137,8 +138,8 @@ absl::StatusOr<std::vector<a::Device>> StaticMig(const gpu::Inventory& inv, cons
     const auto gi = std::find_if(cat.instances.begin(), cat.instances.end(),
                                  [&](const nvml::GpuInstance& x) { return x.id == m.gi; });
     if (gi == cat.instances.end()) {
-      return absl::FailedPreconditionError(Cat("GPU ", g.index, ": MIG device ", m.uuid, " is on GPU instance ",
-                                               m.gi, ", which NVML no longer lists (MIG changed: rescan)"));
+      return absl::FailedPreconditionError(Cat("GPU ", g.index, ": MIG device ", m.uuid, " is on GPU instance ", m.gi,
+                                               ", which NVML no longer lists (MIG changed: rescan)"));
     }
     a::Device d;
     d.name = a::MigDeviceName(g.minor, m.profile, gi->profile_id, gi->placement.start);
@@ -146,7 +147,8 @@ absl::StatusOr<std::vector<a::Device>> StaticMig(const gpu::Inventory& inv, cons
     d.attributes[a::kAttrUuid] = Attribute::String(m.uuid);
     d.attributes[a::kAttrParentUuid] = Attribute::String(g.uuid);
     d.attributes[a::kAttrProfile] = Attribute::String(m.profile);
-    d.capacity = AsCapacities(MigCounts(m.sm_count, m.copy_engines, m.decoders, m.encoders, m.jpegs, m.ofas, m.memory_mib));
+    d.capacity =
+        AsCapacities(MigCounts(m.sm_count, m.copy_engines, m.decoders, m.encoders, m.jpegs, m.ofas, m.memory_mib));
     for (unsigned i = gi->placement.start; i < gi->placement.start + gi->placement.size; ++i) {
       d.capacity[Cat("memorySlice", i)] = Count(1);
     }
@@ -193,7 +195,8 @@ absl::StatusOr<std::vector<a::ResourceSlice>> BuildPool(const gpu::Inventory& in
     } else {
       const auto cat = mig.find(g.index);
       if (cat == mig.end()) {
-        return absl::FailedPreconditionError(Cat("GPU ", g.index, " (", g.uuid, ") is in MIG mode but its MIG profiles were not read"));
+        return absl::FailedPreconditionError(
+            Cat("GPU ", g.index, " (", g.uuid, ") is in MIG mode but its MIG profiles were not read"));
       }
       if (options.dynamic_mig) {
         auto m = DynamicMig(inventory, g, cat->second);
@@ -224,14 +227,16 @@ absl::StatusOr<std::vector<a::ResourceSlice>> BuildPool(const gpu::Inventory& in
   auto chunks = [](std::vector<a::Device> all, size_t limit) {
     std::vector<std::vector<a::Device>> parts;
     for (size_t i = 0; i < all.size(); i += limit) {
-      parts.emplace_back(std::make_move_iterator(all.begin() + static_cast<std::ptrdiff_t>(i)),
-                         std::make_move_iterator(all.begin() + static_cast<std::ptrdiff_t>(std::min(all.size(), i + limit))));
+      parts.emplace_back(
+          std::make_move_iterator(all.begin() + static_cast<std::ptrdiff_t>(i)),
+          std::make_move_iterator(all.begin() + static_cast<std::ptrdiff_t>(std::min(all.size(), i + limit))));
     }
     return parts;
   };
-  const bool plain_tainted = std::any_of(plain.begin(), plain.end(), [](const a::Device& d) { return !d.taints.empty(); });
-  for (auto& part : chunks(std::move(plain), plain_tainted ? a::kMaxDevicesPerSliceWithTaintsOrCounters
-                                                           : a::kMaxDevicesPerSlice)) {
+  const bool plain_tainted =
+      std::any_of(plain.begin(), plain.end(), [](const a::Device& d) { return !d.taints.empty(); });
+  for (auto& part :
+       chunks(std::move(plain), plain_tainted ? a::kMaxDevicesPerSliceWithTaintsOrCounters : a::kMaxDevicesPerSlice)) {
     add(std::move(part), {});
   }
   if (options.split_counters) {
@@ -243,7 +248,8 @@ absl::StatusOr<std::vector<a::ResourceSlice>> BuildPool(const gpu::Inventory& in
       add({}, std::move(sets));
     }
     for (auto& m : dynamic) {
-      for (auto& part : chunks(std::move(m.devices), a::kMaxDevicesPerSliceWithTaintsOrCounters)) add(std::move(part), {});
+      for (auto& part : chunks(std::move(m.devices), a::kMaxDevicesPerSliceWithTaintsOrCounters))
+        add(std::move(part), {});
     }
   } else {
     for (auto& m : dynamic) {

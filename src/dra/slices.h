@@ -1,6 +1,7 @@
 #pragma once
 // The ResourceSlices of one node's pool, built from the node's one inventory
-// (../shared/docs/facts/dra.md §2.2–2.4, §5.3–5.5; docs/dra.md says what each device is):
+// (k8s.io/api resource/v1 types.go; NVIDIA's kubernetes-sigs/dra-driver-nvidia-gpu
+// cmd/gpu-kubelet-plugin/{deviceinfo,mig,partitions}.go; docs/dra.md says what each device is):
 //   - every GPU without MIG mode: a whole-GPU device `gpu-<minor>` with NVIDIA's attributes and its
 //     memory; on a GPU the node offers for sharing, the same device with allowMultipleAllocations
 //     and consumable capacity `memory` (bytes, 1 Mi steps) and `cores` (percent), a claim that asks

@@ -39,6 +39,11 @@ const std::vector<Resource>& Resources() {
       {"events.k8s.io", "v1", "events", "Event", true, {"ev"}, {}},
       {"policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", true, {"pdb"}, {"status"}},
       {"coordination.k8s.io", "v1", "leases", "Lease", true, {}, {}},
+      // Dynamic Resource Allocation, GA in 1.34 (k8s.io/api resource/v1, register.go).
+      {"resource.k8s.io", "v1", "deviceclasses", "DeviceClass", false, {}, {}, 34},
+      {"resource.k8s.io", "v1", "resourceslices", "ResourceSlice", false, {}, {}, 34},
+      {"resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", true, {}, {"status"}, 34},
+      {"resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", true, {}, {}, 34},
   };
   return r;
 }

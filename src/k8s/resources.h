@@ -22,6 +22,7 @@ struct Resource {
   bool namespaced;
   std::vector<std::string_view> short_names;
   std::vector<std::string_view> subresources;  // "status", "binding", "eviction"
+  int since_minor = 0;  // the first Kubernetes 1.x serving this group/version (resource.k8s.io/v1: 34)
 
   std::string GroupVersion() const;  // "v1", "policy/v1"
   // "/api/v1" or "/apis/<group>/<version>".

@@ -8,7 +8,7 @@ without the Prometheus Operator), monitoring (deploy plus the component deploy/m
 all (every component: monitoring, node in place of the device plugin's and the exporter's
 DaemonSets, node-labels, the Slurm bridge's Deployment and the admission webhook), shares (the
 plugin labelling its Node and serving kgpu.io/gpu for kgpu extender, with the webhook:
-check_shares) or quota (deploy/quota, checked by check_quota below). Checks: the expected objects and no
+check_shares), quota (deploy/quota, checked by check_quota below) or dra (deploy/dra, check_dra). Checks: the expected objects and no
 others; one Namespace, everything else in it; every image is `make image`'s
 localhost/kgpu:VERSION, the placeholder tag set by images: (the Slurm bridge:
 localhost/kgpu-slurm-bridge:VERSION, built from deploy/slurm/bridge/Dockerfile) and names its user explicitly (root where it needs the kubelet's sockets,
@@ -125,6 +125,37 @@ def problem(msg):
     problems.append(msg)
 
 
+# deploy/dra: NVIDIA's DeviceClasses by name and selector (a drop-in for claims written for
+# NVIDIA's driver) and kgpu's share class, each selecting the driver kgpu publishes by default.
+DRA_CLASSES = {
+    "gpu.nvidia.com": "device.attributes['gpu.nvidia.com'].type == 'gpu'",
+    "mig.nvidia.com": "device.attributes['gpu.nvidia.com'].type == 'mig'",
+    "gpu-share.kgpu.io": "device.allowMultipleAllocations",
+}
+
+
+def check_dra(objs):
+    """deploy/dra: exactly the three DeviceClasses, cluster-scoped, resource.k8s.io/v1, each selecting
+    the gpu.nvidia.com driver and its device type."""
+    names = {o["metadata"]["name"] for o in objs if o.get("kind") == "DeviceClass"}
+    if names != set(DRA_CLASSES) or len(objs) != len(DRA_CLASSES):
+        problem(f"deploy/dra renders {sorted((o.get('kind'), o['metadata']['name']) for o in objs)}, "
+                f"not the DeviceClasses {sorted(DRA_CLASSES)}")
+    for o in objs:
+        name = o["metadata"]["name"]
+        if o.get("apiVersion") != "resource.k8s.io/v1":
+            problem(f"DeviceClass {name}: apiVersion {o.get('apiVersion')}, not resource.k8s.io/v1")
+        if o["metadata"].get("namespace"):
+            problem(f"DeviceClass {name} is cluster-scoped but has a namespace")
+        exprs = [s.get("cel", {}).get("expression", "") for s in o.get("spec", {}).get("selectors", [])]
+        want = DRA_CLASSES.get(name, "")
+        if not any("device.driver == 'gpu.nvidia.com'" in e and want in e for e in exprs):
+            problem(f"DeviceClass {name}: no selector with device.driver == 'gpu.nvidia.com' && {want}: {exprs}")
+    if next((o for o in objs if o["metadata"]["name"] == "gpu.nvidia.com"), {}).get("spec", {}).get(
+            "extendedResourceName") != "nvidia.com/gpu":
+        problem("DeviceClass gpu.nvidia.com: extendedResourceName is not nvidia.com/gpu (NVIDIA's chart sets it on v1)")
+
+
 def selects(selector, labels):
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
@@ -139,8 +170,11 @@ def main():
     with open(out, "w", encoding="utf-8") as f:
         json.dump(objs, f)
 
-    if variant == "quota":
-        check_quota(objs)
+    if variant in ("quota", "dra"):
+        if variant == "quota":
+            check_quota(objs)
+        else:
+            check_dra(objs)
         for p in problems:
             print(f"check_rendered ({variant}): {p}")
         print(f"check_rendered ({variant}): {len(objs)} objects, {len(problems)} problem(s)")

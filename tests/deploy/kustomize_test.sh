@@ -4,7 +4,7 @@
 # optional component `monitoring` renders one with the ServiceMonitor, the PrometheusRule and the
 # dashboard, and so does the variant with every component (`monitoring`, `node`, `node-labels`,
 # `slurm/bridge` and `webhook` too), and so do the example quotas
-# (deploy/quota); every rendered object is valid against the Kubernetes
+# (deploy/quota) and the DRA DeviceClasses (deploy/dra); every rendered object is valid against the Kubernetes
 # JSON schemas (npm kubernetes-models; monitoring.coreos.com from
 # @kubernetes-models/prometheus-operator) and the objects agree with each other
 # (tests/deploy/check_rendered.py). The manifests name the image localhost/kgpu:VERSION, a
@@ -14,8 +14,7 @@
 #
 #   kustomize_test.sh REPO_ROOT WORK_DIR VERSION
 #
-# WORK_DIR (in the build dir) keeps the npm packages between runs: they are installed with
-# `npm ci` from tests/deploy/package-lock.json, again only when the lock file changes.
+# WORK_DIR (in the build dir) keeps the npm packages between runs (tests/deploy/schemas.sh).
 # Exit 77 (skipped) without kubectl (there is no other kustomize here) and when npm cannot reach
 # its registry for a first install.
 set -euo pipefail
@@ -43,32 +42,11 @@ grep -qE "image: registry.k8s.io/kube-scheduler:$sched_tag\$" <<<"$rendered" ||
   fail "the rendered kgpu-scheduler does not run registry.k8s.io/kube-scheduler:$sched_tag"
 echo "registry.k8s.io/kube-scheduler:$sched_tag"
 
-command -v node >/dev/null || fail "node not found: run scripts/install-deps.sh (Debian package nodejs)"
-command -v npm >/dev/null || fail "npm not found: run scripts/install-deps.sh (Debian package npm)"
-mkdir -p "$work"
-
-step "npm packages ($(node --version), npm $(npm --version))"
-if ! cmp -s "$here/package-lock.json" "$work/npm/package-lock.json" || [ ! -d "$work/npm/node_modules" ]; then
-  rm -rf "$work/npm"
-  mkdir -p "$work/npm"
-  cp "$here/package.json" "$here/package-lock.json" "$work/npm/"
-  # Without the registry there are no schemas: a skip that says so, not a failure.
-  rc=0
-  timeout 30 npm ping --loglevel=error >"$work/npm-ping.log" 2>&1 || rc=$?
-  if [ "$rc" -ne 0 ]; then
-    why="npm ping exited $rc"
-    [ "$rc" -eq 124 ] && why="npm ping had no answer within 30 s"
-    echo "kustomize_test: SKIPPED: npm cannot reach its registry $(npm config get registry) ($why),"
-    echo "so the Kubernetes schemas (npm kubernetes-models) cannot be installed."
-    rm -rf "$work/npm"
-    exit 77
-  fi
-  (cd "$work/npm" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error) ||
-    fail "npm ci in $work/npm failed"
-else
-  echo "up to date in $work/npm"
-fi
-cp "$here/validate.mjs" "$work/npm/validate.mjs"
+step "npm packages ($(node --version 2>/dev/null), npm $(npm --version 2>/dev/null))"
+rc=0
+"$here/schemas.sh" "$root" "$work" || rc=$?
+[ "$rc" -eq 77 ] && exit 77
+[ "$rc" -eq 0 ] || fail "tests/deploy/schemas.sh (above)"
 
 step "the manifests name the image by the placeholder localhost/kgpu:VERSION, set by images:"
 bad=$(grep -rnE '^\s*(- )?image: *localhost/' "$root/deploy" --include='*.yaml' | grep -vE 'image: *localhost/kgpu(-slurm-bridge)?:VERSION$' || true)
@@ -203,4 +181,11 @@ step "quota objects"
 python3 "$here/check_rendered.py" "$work/quota.yaml" quota "$version" "$work/quota.json"
 step "Kubernetes JSON schemas (quota)"
 node "$work/npm/validate.mjs" "$work/quota.json" quota
+# deploy/dra: the DRA DeviceClasses (not a component of the install).
+step "kubectl kustomize (dra: $root/deploy/dra)"
+kubectl kustomize "$root/deploy/dra" >"$work/dra.yaml" || fail "kubectl kustomize $root/deploy/dra failed"
+python3 "$here/check_rendered.py" "$work/dra.yaml" dra "$version" "$work/dra.json"
+step "Kubernetes JSON schemas (dra)"
+node "$work/npm/validate.mjs" "$work/dra.json" dra
+
 printf '\ndeploy.kustomize: PASS\n'

@@ -18,6 +18,7 @@
 #include "k8s/selector.h"
 #include "testing/fake_apiserver_admission.h"
 #include "testing/fake_apiserver_defaults.h"
+#include "testing/fake_apiserver_dra.h"
 #include "testing/fake_apiserver_tables.h"
 #include "testing/http_conn.h"
 
@@ -82,7 +83,9 @@ FakeApiServer::Result InvalidFields(const k8s::Resource& r, const std::string& n
     causes.push_back({{"reason", e.type}, {"message", e.body}, {"field", e.field}});
   }
   const std::string what = distinct.size() == 1 ? distinct[0] : Cat("[", Join(distinct, ", "), "]");
-  return Err(422, "Invalid", Cat(r.kind, " \"", name, "\" is invalid: ", what),
+  // errors.NewInvalid(GroupKind, ...): the kind qualified by its group ("PodDisruptionBudget.policy").
+  const std::string kind = r.group.empty() ? std::string(r.kind) : Cat(r.kind, ".", r.group);
+  return Err(422, "Invalid", Cat(kind, " \"", name, "\" is invalid: ", what),
              {{"name", name}, {"group", r.group}, {"kind", r.kind}, {"causes", causes}});
 }
 
@@ -199,6 +202,17 @@ FakeApiServer::FakeApiServer(FakeApiServerOptions opts)
 
 FakeApiServer::~FakeApiServer() {
   Stop();
+}
+
+int FakeApiServer::Minor() const {
+  // "v1.34.2" -> 34
+  const std::string& v = opts_.git_version;
+  const size_t dot = v.find('.');
+  return dot == std::string::npos ? 0 : std::atoi(v.c_str() + dot + 1);
+}
+
+bool FakeApiServer::Serves(const k8s::Resource& r) const {
+  return Minor() >= r.since_minor;
 }
 
 std::string FakeApiServer::url() const {
@@ -645,6 +659,12 @@ FakeApiServer::Result FakeApiServer::DoCreate(const std::string& rkey, const std
     obj["status"] = json::object();
   } else if (r->kind == "PodDisruptionBudget") {
     obj["status"] = {{"disruptionsAllowed", 0}, {"currentHealthy", 0}, {"desiredHealthy", 0}, {"expectedPods", 0}};
+  } else if (r->group == "resource.k8s.io") {
+    if (r->kind == "ResourceClaim") obj.erase("status");  // PrepareForCreate: status is the subresource's
+    if (auto errs = ValidateDra(std::string(r->kind), obj, nullptr, Minor(), false); !errs.empty()) {
+      return InvalidFields(*r, name, errs);
+    }
+    SetDraGeneration(obj, nullptr);
   }
   if (!t_field_manager.empty()) UpdateManagedFields(nullptr, obj, t_field_manager, "", HasStatusSubresource(*r));
   StoreLocked(rkey, "ADDED", obj);
@@ -736,6 +756,12 @@ FakeApiServer::Result FakeApiServer::DoUpdate(const std::string& rkey, const std
     if (r->kind == "ResourceQuota") {
       if (auto errs = ValidateResourceQuota(next, cur); !errs.empty()) return InvalidFields(*r, name, errs);
     }
+  }
+  if (r->group == "resource.k8s.io") {
+    if (auto errs = ValidateDra(std::string(r->kind), next, cur, Minor(), sub == "status"); !errs.empty()) {
+      return InvalidFields(*r, name, errs);
+    }
+    SetDraGeneration(next, cur);
   }
   if (r->kind == "Node") SyncNodeTaints(next);  // the node lifecycle controller's NoSchedule pass
   if (!t_field_manager.empty()) UpdateManagedFields(cur, next, t_field_manager, sub, HasStatusSubresource(*r));
@@ -1373,7 +1399,7 @@ void FakeApiServer::RouteApi(const httplib::Request& req, httplib::Response& res
   // Discovery and OpenAPI.
   const std::string host = Cat(opts_.host, ":", port_);
   if (path == "/version") {
-    const std::string minor = opts_.git_version.substr(3, opts_.git_version.find('.', 3) - 3);
+    const std::string minor = std::to_string(Minor());
     send({200,
           {{"major", "1"},
            {"minor", minor},
@@ -1406,7 +1432,7 @@ void FakeApiServer::RouteApi(const httplib::Request& req, httplib::Response& res
                                    {"verbs", {"create"}}});
     }
     for (const auto& r : k8s::Resources()) {
-      if (r.group != group || r.version != version) continue;
+      if (r.group != group || r.version != version || !Serves(r)) continue;
       std::string singular(r.kind);
       std::transform(singular.begin(), singular.end(), singular.begin(),
                      [](unsigned char c) { return std::tolower(c); });
@@ -1448,7 +1474,7 @@ void FakeApiServer::RouteApi(const httplib::Request& req, httplib::Response& res
   }
   std::map<std::string, std::string> groups;  // group -> version
   for (const auto& r : k8s::Resources()) {
-    if (!r.group.empty()) groups[std::string(r.group)] = std::string(r.version);
+    if (!r.group.empty() && Serves(r)) groups[std::string(r.group)] = std::string(r.version);
   }
   if (path == "/apis") {
     json list = {{"kind", "APIGroupList"}, {"apiVersion", "v1"}, {"groups", json::array()}};
@@ -1505,7 +1531,7 @@ void FakeApiServer::RouteApi(const httplib::Request& req, httplib::Response& res
     bool any = false;
     for (const auto& r : k8s::Resources()) {
       const std::string p = r.group.empty() ? "api/v1" : Cat("apis/", r.group, "/", r.version);
-      if (p != gvpath) continue;
+      if (p != gvpath || !Serves(r)) continue;
       any = true;
       const json gvk = {{"group", r.group}, {"version", r.version}, {"kind", r.kind}};
       const std::string schema_name =
@@ -1580,7 +1606,9 @@ void FakeApiServer::RouteApi(const httplib::Request& req, httplib::Response& res
     return;
   }
   for (const auto& res_def : k8s::Resources()) {
-    if (res_def.group == group && res_def.version == version && res_def.plural == rest[0]) r.resource = &res_def;
+    if (res_def.group == group && res_def.version == version && res_def.plural == rest[0] && Serves(res_def)) {
+      r.resource = &res_def;
+    }
   }
   if (group.empty() && rest.size() == 1 && rest[0] == "bindings" && !r.ns.empty() && req.method == "POST") {
     r.resource = k8s::FindResource("pods");
@@ -1847,7 +1875,7 @@ absl::Status FakeApiServer::PreloadText(const std::string& text, const std::stri
     const std::string api_version = d.value("apiVersion", "");
     const k8s::Resource* r = nullptr;
     for (const auto& x : k8s::Resources()) {
-      if (x.kind == kind && x.GroupVersion() == api_version) r = &x;
+      if (x.kind == kind && x.GroupVersion() == api_version && Serves(x)) r = &x;
     }
     if (!r)
       return absl::InvalidArgumentError(Cat(origin, ": document ", i + 1, ": unknown kind ", api_version, "/", kind));

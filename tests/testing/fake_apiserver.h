@@ -7,7 +7,9 @@
 //    per-group resource lists (unaggregated discovery), /openapi/v3 with the PATCH operations
 //    kubectl checks for fieldValidation;
 //  - kinds Pod, Node, Namespace, Event (core and events.k8s.io), ResourceQuota, LimitRange,
-//    PodDisruptionBudget, Lease, ConfigMap; JSON bodies, and the protobuf envelope kubectl's
+//    PodDisruptionBudget, Lease, ConfigMap, and from git_version v1.34 on resource.k8s.io/v1's
+//    DeviceClass, ResourceSlice, ResourceClaim (+ status) and ResourceClaimTemplate with their
+//    validation and generations (fake_apiserver_dra.h); JSON bodies, and the protobuf envelope kubectl's
 //    generator commands send (`kubectl create namespace|quota|pdb|configmap`);
 //  - one global resourceVersion; list (limit/continue, label and field selectors) and watch
 //    (ADDED/MODIFIED/DELETED/BOOKMARK; a compacted version gets an ERROR event with 410);
@@ -93,6 +95,8 @@ struct FakeApiServerOptions {
   std::map<std::string, std::vector<RbacRule>> rbac;
   size_t history_window = 100000;  // watch events kept; older versions answer 410 Gone
   std::chrono::milliseconds bookmark_interval{1000};
+  // What /version says (kubectl's dispatcher runs the kubectl of this minor) and which API groups
+  // are served: resource.k8s.io/v1 from v1.34 on.
   std::string git_version = "v1.32.4";
   // Stands in for kubelet finishing a graceful deletion: a terminating pod bound to a node is
   // removed when its grace period ends. Off: it stays Terminating as on a cluster whose kubelet
@@ -180,6 +184,9 @@ class FakeApiServer {
   };
   class Request;
 
+  // The minor of opts_.git_version ("v1.34.2" -> 34), and whether this version serves `r`.
+  int Minor() const;
+  bool Serves(const k8s::Resource& r) const;
   void Route(const httplib::Request& req, httplib::Response& res);
   void RouteApi(const httplib::Request& req, httplib::Response& res);
   void Serve(Request& r, const httplib::Request& req, httplib::Response& res);

@@ -112,6 +112,67 @@ json Top(std::initializer_list<std::pair<const char*, json>> rest) {
   return o;
 }
 
+// resource.k8s.io/v1 (k8s.io/api v0.36, as npm kubernetes-models 5.1.0 has them). Maps keyed by
+// the user (attributes, capacity, counters) and opaque parameters are not checked below.
+json Selectors() {
+  return ListOf({{"cel", Fields({"expression"})}});
+}
+json Opaque() {
+  return Fields({"driver", "parameters"});
+}
+json Tolerations() {
+  return ListOf(Fields({"key", "operator", "value", "effect", "tolerationSeconds"}));
+}
+json ClaimSpec() {
+  json exactly =
+      Fields({"deviceClassName", "selectors", "allocationMode", "count", "adminAccess", "tolerations", "capacity"});
+  exactly["selectors"] = Selectors();
+  exactly["tolerations"] = Tolerations();
+  exactly["capacity"] = Fields({"requests"});
+  json sub = exactly;
+  sub.erase("adminAccess");
+  sub["name"] = nullptr;
+  json request = Fields({"name", "exactly", "firstAvailable"});
+  request["exactly"] = exactly;
+  request["firstAvailable"] = ListOf(sub);
+  json devices = Fields({"requests", "constraints", "config"});
+  devices["requests"] = ListOf(request);
+  devices["constraints"] = ListOf(Fields({"requests", "matchAttribute", "distinctAttribute"}));
+  devices["config"] = ListOf({{"requests", nullptr}, {"opaque", Opaque()}});
+  return {{"devices", devices}};
+}
+void AddResourceSchemas(json& s) {
+  json class_spec = Fields({"selectors", "config", "extendedResourceName"});
+  class_spec["selectors"] = Selectors();
+  class_spec["config"] = ListOf({{"opaque", Opaque()}});
+  s["resource.k8s.io/DeviceClass"] = Top({{"spec", class_spec}});
+
+  json device = Fields({"name", "attributes", "capacity", "consumesCounters", "nodeName", "nodeSelector", "allNodes",
+                        "taints", "bindsToNode", "bindingConditions", "bindingFailureConditions",
+                        "allowMultipleAllocations", "nodeAllocatableResourceMappings"});
+  device["consumesCounters"] = ListOf(Fields({"counterSet", "counters"}));
+  device["taints"] = ListOf(Fields({"key", "value", "effect", "timeAdded"}));
+  json slice_spec = Fields({"driver", "pool", "nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection",
+                            "devices", "sharedCounters"});
+  slice_spec["pool"] = Fields({"name", "generation", "resourceSliceCount"});
+  slice_spec["devices"] = ListOf(device);
+  slice_spec["sharedCounters"] = ListOf(Fields({"name", "counters"}));
+  s["resource.k8s.io/ResourceSlice"] = Top({{"spec", slice_spec}});
+
+  json result = Fields({"request", "driver", "pool", "device", "adminAccess", "tolerations", "bindingConditions",
+                        "bindingFailureConditions", "shareID", "consumedCapacity"});
+  result["tolerations"] = Tolerations();
+  json allocation = Fields({"devices", "nodeSelector", "allocationTimestamp"});
+  allocation["devices"] = {{"results", ListOf(result)},
+                           {"config", ListOf({{"source", nullptr}, {"requests", nullptr}, {"opaque", Opaque()}})}};
+  json status = Fields({"allocation", "reservedFor", "devices"});
+  status["allocation"] = allocation;
+  status["reservedFor"] = ListOf(Fields({"apiGroup", "resource", "name", "uid"}));
+  status["devices"] = ListOf(Fields({"driver", "pool", "device", "shareID", "conditions", "data", "networkData"}));
+  s["resource.k8s.io/ResourceClaim"] = Top({{"spec", ClaimSpec()}, {"status", status}});
+  s["resource.k8s.io/ResourceClaimTemplate"] = Top({{"spec", {{"metadata", nullptr}, {"spec", ClaimSpec()}}}});
+}
+
 const json& Schema(const std::string& group, const std::string& kind) {
   static const json schemas = [] {
     json s = json::object();
@@ -146,6 +207,7 @@ const json& Schema(const std::string& group, const std::string& kind) {
     s["coordination.k8s.io/Lease"] =
         Top({{"spec", Fields({"holderIdentity", "leaseDurationSeconds", "acquireTime", "renewTime", "leaseTransitions",
                               "strategy", "preferredHolder"})}});
+    AddResourceSchemas(s);
     return s;
   }();
   static const json any = nullptr;
@@ -228,6 +290,9 @@ std::string WarningHeader(const std::string& text) {
 
 std::optional<std::string> UnsupportedFieldLabel(const std::string& kind, const std::vector<std::string>& fields) {
   static const std::map<std::string, std::set<std::string>> kSupported = {
+      // pkg/registry/resource/resourceslice/strategy.go: spec.nodeName, spec.driver (and the
+      // pool's name after 1.36, not served here).
+      {"ResourceSlice", {"metadata.name", "metadata.namespace", "spec.nodeName", "spec.driver"}},
       {"Pod",
        {"metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
         "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP", "status.podIPs",

@@ -52,6 +52,14 @@ int main(int argc, char** argv) {
   app.add_flag("--no-reap", no_reap, "leave gracefully deleted pods Terminating (no kubelet finishing them)");
   app.add_option("--kubeconfig-out", kubeconfig_out, "write a kubeconfig for this server (CA and first token) here");
   app.add_option("--port-file", port_file, "write the port chosen here once listening");
+  std::string git_version = kgpu::testing::FakeApiServerOptions{}.git_version;
+  app.add_option("--git-version", git_version,
+                 "the version /version reports (kubectl's dispatcher runs that minor's kubectl); v1.34 and later "
+                 "also serve resource.k8s.io/v1")
+      ->check([](const std::string& v) {
+        return v.size() > 3 && v.rfind("v1.", 0) == 0 ? std::string() : std::string("must look like v1.34.2");
+      })
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   kgpu::testing::FakeApiServerOptions opts;
@@ -68,6 +76,7 @@ int main(int argc, char** argv) {
   opts.history_window = window;
   opts.bookmark_interval = std::chrono::milliseconds(bookmark_ms);
   opts.reap_terminating_pods = !no_reap;
+  opts.git_version = git_version;
   std::string first_token;
   for (const auto& t : tokens) {
     const auto eq = t.find('=');

@@ -98,6 +98,16 @@ json Columns(const std::string& kind) {
   if (kind == "Lease") {
     return {Col("Name", kNameDoc, 0, "name"), Col("Holder", "The holder of the lease"), Col("Age", kAgeDoc)};
   }
+  // pkg/printers/internalversion/printers.go (resource.k8s.io).
+  if (kind == "ResourceClaim") {
+    return {Col("Name", kNameDoc, 0, "name"),
+            Col("State", "A summary of the current state (allocated, pending, reserved, etc.)."), Col("Age", kAgeDoc)};
+  }
+  if (kind == "ResourceSlice") {
+    return {Col("Name", kNameDoc, 0, "name"), Col("Node", "The node providing the resources."),
+            Col("Driver", "The driver providing the resources."), Col("Pool", "The pool containing the resources."),
+            Col("Age", kAgeDoc)};
+  }
   return {Col("Name", kNameDoc, 0, "name"), Col("Age", kAgeDoc)};
 }
 
@@ -300,6 +310,23 @@ json Cells(const json& o) {
     return {name, v(spec, "minAvailable"), v(spec, "maxUnavailable"), status.value("disruptionsAllowed", 0), Age(o)};
   }
   if (kind == "Lease") return {name, o.value("spec", json::object()).value("holderIdentity", ""), Age(o)};
+  if (kind == "ResourceClaim") {
+    // printResourceClaim's resourceClaimState: deleted, pending or allocated (+ reserved).
+    std::vector<std::string> state;
+    if (o["metadata"].contains("deletionTimestamp")) state.push_back("deleted");
+    if (!status.contains("allocation")) {
+      if (state.empty()) state.push_back("pending");
+    } else {
+      state.push_back("allocated");
+      if (!status.value("reservedFor", json::array()).empty()) state.push_back("reserved");
+    }
+    return {name, Join(state, ","), Age(o)};
+  }
+  if (kind == "ResourceSlice") {
+    const json spec = o.value("spec", json::object());
+    return {name, spec.value("nodeName", ""), spec.value("driver", ""),
+            spec.value("pool", json::object()).value("name", ""), Age(o)};
+  }
   return {name, Age(o)};
 }
 

@@ -3,7 +3,7 @@
 // allow exactly the sets of instances NVML can carve), shares as consumable capacity, the API's
 // limits per slice.
 
-#include "dra/slices.h"
+#include "api/dra.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-#include "api/dra.h"
+#include "dra/slices.h"
 #include "gpu/inventory.h"
 #include "gpu/mig_layout.h"
 #include "nvml/library.h"
@@ -193,8 +193,8 @@ TEST(DraSlicesTest, NumaAndPcieRootComeFromSysfs) {
   // A sysfs device entry is a link into the device tree; its root complex is the pcieRoot.
   const Node plain = Discover(sim);
   ASSERT_TRUE(plain.inv);
-  const std::string bdf = a::ToJson(Build(plain, On("n"))[0])["spec"]["devices"][0]["attributes"]
-                              ["resource.kubernetes.io/pciBusID"]["string"];
+  const std::string bdf = a::ToJson(
+      Build(plain, On("n"))[0])["spec"]["devices"][0]["attributes"]["resource.kubernetes.io/pciBusID"]["string"];
   const std::string entry = sim.dir() + "/bus/pci/devices/" + bdf;
   const std::string real = sim.dir() + "/devices/pci0000:17/0000:17:01.0/" + bdf;
   std::filesystem::create_directories(std::filesystem::path(real).parent_path());
@@ -436,8 +436,8 @@ TEST(DraSlicesTest, LargePoolsAndTaintsStayWithinTheApisLimits) {
 TEST(DraSlicesTest, SliceNamesStayValidAndDistinctForLongNodeNames) {
   EXPECT_EQ(SliceName("node-a", "gpu.nvidia.com", 0), "node-a-gpu.nvidia.com-0");
   // 253 characters in labels of 63: too long with the driver, and the last label would grow past 63.
-  std::string node = std::string(63, 'a') + "." + std::string(63, 'b') + "." + std::string(63, 'c') + "." +
-                     std::string(61, 'd');
+  std::string node =
+      std::string(63, 'a') + "." + std::string(63, 'b') + "." + std::string(63, 'c') + "." + std::string(61, 'd');
   ASSERT_TRUE(a::IsDnsSubdomain(node));
   std::string other = node;
   other.back() = 'e';
