@@ -2,9 +2,9 @@
 // The node ↔ control-plane contract under Dynamic Resource Allocation (resource.k8s.io/v1): the
 // names kgpu's DRA driver publishes — the driver, its DeviceClasses, device types, attribute,
 // capacity and counter names, all NVIDIA's where NVIDIA has one (a drop-in for claims written for
-// NVIDIA's gpu.nvidia.com driver, kubernetes-sigs/dra-driver-nvidia-gpu; docs/dra.md) — and the ResourceSlice as a value
-// type with its JSON encoder. The node's slice builder (dra/slices.h) fills these; the extender and
-// the stand-ins read the same names.
+// NVIDIA's gpu.nvidia.com driver, kubernetes-sigs/dra-driver-nvidia-gpu; docs/dra.md) — and the ResourceSlice as a
+// value type with its JSON encoder. The node's slice builder (dra/slices.h) fills these; the extender and the stand-ins
+// read the same names.
 //
 // Thread-safety: constants, value types and pure functions.
 

@@ -39,7 +39,9 @@ class Errors {
   void TooLong(const std::string& f, size_t max) {
     Add("FieldValueTooLong", f, Cat("Too long: may not be more than ", max, " bytes"));
   }
-  void Duplicate(const std::string& f, const json& v) { Add("FieldValueDuplicate", f, Cat("Duplicate value: ", Show(v))); }
+  void Duplicate(const std::string& f, const json& v) {
+    Add("FieldValueDuplicate", f, Cat("Duplicate value: ", Show(v)));
+  }
   void NotSupported(const std::string& f, const json& v, const std::vector<std::string>& ok) {
     std::vector<std::string> q;
     for (const auto& s : ok) q.push_back(json(s).dump());
@@ -234,8 +236,9 @@ void ClaimSpec(Errors& e, const std::string& f, const json& spec) {
     const bool exactly = r.is_object() && r.contains("exactly"), first = r.is_object() && r.contains("firstAvailable");
     if (exactly == first) {
       if (exactly) {
-        e.Invalid(p, "{`exactly`, `firstAvailable`}", "exactly one of `exactly` or `firstAvailable` is required, "
-                                                      "but multiple fields are set");
+        e.Invalid(p, "{`exactly`, `firstAvailable`}",
+                  "exactly one of `exactly` or `firstAvailable` is required, "
+                  "but multiple fields are set");
       } else {
         e.Required(p, "exactly one of `exactly` or `firstAvailable` is required");
       }
@@ -262,7 +265,10 @@ void ClaimSpec(Errors& e, const std::string& f, const json& spec) {
   auto request_refs = [&](const std::string& p, const json& list) {
     for (size_t k = 0; k < list.size(); ++k) {
       const std::string ref = list[k].is_string() ? list[k].get<std::string>() : "";
-      if (!names.contains(ref)) e.Invalid(Cat(p, "[", k, "]"), list[k], "must be the name of a request in the claim or the name of a request and a subrequest separated by '/'");
+      if (!names.contains(ref))
+        e.Invalid(
+            Cat(p, "[", k, "]"), list[k],
+            "must be the name of a request in the claim or the name of a request and a subrequest separated by '/'");
     }
   };
   const json& constraints = Arr(devices, "constraints");
@@ -271,7 +277,8 @@ void ClaimSpec(Errors& e, const std::string& f, const json& spec) {
   for (size_t i = 0; i < constraints.size(); ++i) {
     const std::string p = Cat(cf, "[", i, "]");
     request_refs(Cat(p, ".requests"), Arr(constraints[i], "requests"));
-    const std::string match = Str(constraints[i], "matchAttribute"), distinct = Str(constraints[i], "distinctAttribute");
+    const std::string match = Str(constraints[i], "matchAttribute"),
+                      distinct = Str(constraints[i], "distinctAttribute");
     if (match.empty() == distinct.empty()) {
       e.Required(p, "exactly one of `matchAttribute` or `distinctAttribute` is required");
     }
@@ -315,7 +322,8 @@ void Attribute(Errors& e, const std::string& f, const json& a) {
   }
   if (a.contains("version")) {
     const std::string v = a["version"].is_string() ? a["version"].get<std::string>() : "";
-    if (!IsSemVer(v)) e.Invalid(Cat(f, ".version"), a["version"], "must be a string compatible with semver.org spec 2.0.0");
+    if (!IsSemVer(v))
+      e.Invalid(Cat(f, ".version"), a["version"], "must be a string compatible with semver.org spec 2.0.0");
     if (v.size() > 64) e.TooLong(Cat(f, ".version"), 64);
   }
 }
@@ -371,7 +379,8 @@ void SliceSpec(Errors& e, const json& spec, int minor) {
       pool["resourceSliceCount"].get<int64_t>() <= 0) {
     e.Invalid("spec.pool.resourceSliceCount", pool.value("resourceSliceCount", json(0)), "must be greater than zero");
   }
-  if (pool.contains("generation") && (!pool["generation"].is_number_integer() || pool["generation"].get<int64_t>() < 0)) {
+  if (pool.contains("generation") &&
+      (!pool["generation"].is_number_integer() || pool["generation"].get<int64_t>() < 0)) {
     e.Invalid("spec.pool.generation", pool["generation"], "must be greater than or equal to 0");
   }
   std::vector<std::string> chosen;
@@ -379,7 +388,8 @@ void SliceSpec(Errors& e, const json& spec, int minor) {
   if (spec.contains("nodeSelector")) chosen.push_back("`nodeSelector`");
   if (spec.value("allNodes", false)) chosen.push_back("`allNodes`");
   if (spec.value("perDeviceNodeSelection", false)) chosen.push_back("`perDeviceNodeSelection`");
-  constexpr char kOneOf[] = "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required";
+  constexpr char kOneOf[] =
+      "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required";
   if (chosen.empty()) {
     e.Required("spec", kOneOf);
   } else if (chosen.size() > 1) {
@@ -459,7 +469,8 @@ void SliceSpec(Errors& e, const json& spec, int minor) {
     int node_fields = 0;
     for (const char* k : {"nodeName", "nodeSelector", "allNodes"}) node_fields += d.contains(k) ? 1 : 0;
     if (node_fields > 0 && !spec.value("perDeviceNodeSelection", false)) {
-      e.Invalid(p, name, "`nodeName`, `nodeSelector` and `allNodes` may only be set when `perDeviceNodeSelection` is true");
+      e.Invalid(p, name,
+                "`nodeName`, `nodeSelector` and `allNodes` may only be set when `perDeviceNodeSelection` is true");
     }
   }
   if (sets.size() > 8) e.TooMany("spec.sharedCounters", sets.size(), 8);
@@ -511,7 +522,9 @@ void ClaimStatus(Errors& e, const json& claim, const json* old) {
     if (req.empty()) {
       e.Required(Cat(p, ".request"));
     } else if (!names.contains(req)) {
-      e.Invalid(Cat(p, ".request"), req, "must be the name of a request in the claim or the name of a request and a subrequest separated by '/'");
+      e.Invalid(
+          Cat(p, ".request"), req,
+          "must be the name of a request in the claim or the name of a request and a subrequest separated by '/'");
     }
     DnsSubdomain(e, Cat(p, ".driver"), results[i], "driver", 63);
     if (Str(results[i], "pool").empty()) e.Required(Cat(p, ".pool"));
@@ -535,7 +548,8 @@ void ClaimStatus(Errors& e, const json& claim, const json* old) {
   }
   if (old != nullptr) {
     const json& before = Obj(*old, "status");
-    if (before.contains("allocation") && status.contains("allocation") && before["allocation"] != status["allocation"]) {
+    if (before.contains("allocation") && status.contains("allocation") &&
+        before["allocation"] != status["allocation"]) {
       e.Invalid("status.allocation", "...", "field is immutable");
     }
     if (before.contains("allocation") && !status.contains("allocation") && !Arr(before, "reservedFor").empty() &&
@@ -549,11 +563,13 @@ void ClaimStatus(Errors& e, const json& claim, const json* old) {
     DnsSubdomain(e, Cat(p, ".driver"), devices[i], "driver", 63);
     if (Str(devices[i], "pool").empty()) e.Required(Cat(p, ".pool"));
     DnsLabel(e, Cat(p, ".device"), Str(devices[i], "device"));
-    if (Arr(devices[i], "conditions").size() > 8) e.TooMany(Cat(p, ".conditions"), Arr(devices[i], "conditions").size(), 8);
+    if (Arr(devices[i], "conditions").size() > 8)
+      e.TooMany(Cat(p, ".conditions"), Arr(devices[i], "conditions").size(), 8);
     bool allocated = false;
     for (const auto& r : results) {
-      allocated = allocated || (Str(r, "driver") == Str(devices[i], "driver") && Str(r, "pool") == Str(devices[i], "pool") &&
-                                Str(r, "device") == Str(devices[i], "device"));
+      allocated =
+          allocated || (Str(r, "driver") == Str(devices[i], "driver") && Str(r, "pool") == Str(devices[i], "pool") &&
+                        Str(r, "device") == Str(devices[i], "device"));
     }
     if (!allocated) {
       e.Invalid(p, Cat(Str(devices[i], "driver"), "/", Str(devices[i], "pool"), "/", Str(devices[i], "device")),
