@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/remove_tree.h"
 #include "common/strings.h"
+#include "deviceplugin/cdi.h"
 #include "deviceplugin/interposer.h"
 #include "deviceplugin/mps.h"
 #include "deviceplugin/plan.h"
@@ -27,17 +28,6 @@ using json = nlohmann::json;
 
 std::string Csv(const std::vector<std::string>& v) {
   return Join(v, ",");
-}
-
-// CDI containerEdits.mounts: bind mounts, never setuid or device files through them.
-json CdiMounts(const std::vector<deviceplugin::MountSpec>& mounts) {
-  json out = json::array();
-  for (const auto& m : mounts) {
-    out.push_back({{"hostPath", m.host_path},
-                   {"containerPath", m.container_path},
-                   {"options", json::array({m.read_only ? "ro" : "rw", "nosuid", "nodev", "bind"})}});
-  }
-  return out;
 }
 
 }  // namespace
@@ -439,7 +429,7 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
         Cat(opts_.cuda_shared_root, "/", meta.value("uid", "unknown-uid"), "/", owner->container), limits);
     if (!iso.ok()) return absl::Status(iso.status().code(), Cat(who, ": ", iso.status().message()));
     for (const auto& [k, v] : iso->envs) edits["env"].push_back(Cat(k, "=", v));
-    edits["mounts"] = CdiMounts(iso->mounts);
+    edits["mounts"] = deviceplugin::CdiMounts(iso->mounts);
   }
   if (mode == "mps") {
     // A client of the GPU's MPS daemon (round 1's, one per GPU serving kgpu.io/gpu): the record's
@@ -453,7 +443,7 @@ absl::Status ShareHandoff::Resolve(const std::vector<std::string>& ids, const st
     }
     const auto client = deviceplugin::MpsClientFor(opts_.mps_root, api::kShares);
     edits["env"].push_back(Cat("CUDA_MPS_PIPE_DIRECTORY=", client.pipe_dir));
-    edits["mounts"] = CdiMounts(client.mounts);
+    edits["mounts"] = deviceplugin::CdiMounts(client.mounts);
   }
   const json spec = {{"cdiVersion", "0.5.0"},
                      {"kind", api::kShareCdiKind},

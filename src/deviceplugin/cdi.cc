@@ -56,4 +56,14 @@ absl::StatusOr<std::string> WriteCdiSpec(const Plan& plan, const Config& config)
   return path;
 }
 
+nlohmann::json CdiMounts(const std::vector<MountSpec>& mounts) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& m : mounts) {
+    out.push_back({{"hostPath", m.host_path},
+                   {"containerPath", m.container_path},
+                   {"options", nlohmann::json::array({m.read_only ? "ro" : "rw", "nosuid", "nodev", "bind"})}});
+  }
+  return out;
+}
+
 }  // namespace kgpu::deviceplugin

@@ -7,7 +7,10 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/status.h"
+#include "deviceplugin/allocator.h"
 #include "deviceplugin/config.h"
 #include "deviceplugin/plan.h"
 
@@ -16,5 +19,9 @@ namespace kgpu::deviceplugin {
 std::string CdiSpecJson(const Plan& plan, const Config& config);
 // Writes the spec when a CDI strategy is configured; returns the path written ("" when none).
 absl::StatusOr<std::string> WriteCdiSpec(const Plan& plan, const Config& config);
+
+// CDI containerEdits.mounts for bind mounts: never setuid or device files through them (the
+// share handoff's and the DRA driver's specs).
+nlohmann::json CdiMounts(const std::vector<MountSpec>& mounts);
 
 }  // namespace kgpu::deviceplugin

@@ -142,7 +142,7 @@ absl::StatusOr<std::vector<a::Device>> StaticMig(const gpu::Inventory& inv, cons
                                                ", which NVML no longer lists (MIG changed: rescan)"));
     }
     a::Device d;
-    d.name = a::MigDeviceName(g.minor, m.profile, gi->profile_id, gi->placement.start);
+    d.name = StaticMigName(g, m, cat);
     d.attributes = CommonAttributes(inv, g, a::kTypeMig);
     d.attributes[a::kAttrUuid] = Attribute::String(m.uuid);
     d.attributes[a::kAttrParentUuid] = Attribute::String(g.uuid);
@@ -158,6 +158,13 @@ absl::StatusOr<std::vector<a::Device>> StaticMig(const gpu::Inventory& inv, cons
 }
 
 }  // namespace
+
+std::string StaticMigName(const gpu::Gpu& g, const gpu::MigDevice& m, const gpu::MigCatalog& catalog) {
+  for (const auto& gi : catalog.instances) {
+    if (gi.id == m.gi) return a::MigDeviceName(g.minor, m.profile, gi.profile_id, gi.placement.start);
+  }
+  return "";
+}
 
 std::string SliceName(const std::string& node, const std::string& driver, size_t index) {
   const std::string tail = Cat("-", driver, "-", index);

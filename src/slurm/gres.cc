@@ -185,7 +185,7 @@ absl::StatusOr<GresOutput> RenderGres(const gpu::Inventory& inventory, const Gre
       if (g.migs.empty())
         out.warnings.push_back(Cat("GPU ", g.index, " is in MIG mode with no MIG devices: not listed"));
       for (const auto& m : g.migs) {
-        const auto caps = gpu::MigCapNodes(options.mig_minors, g.index, m.gi, m.ci);
+        const auto caps = gpu::MigCapNodes(options.mig_minors, g.minor, m.gi, m.ci);  // keyed by the minor
         if (caps.empty()) {
           out.warnings.push_back(Cat("MIG device ", m.uuid, " (GPU ", g.index, " GI ", m.gi, " CI ", m.ci,
                                      ") left out: its capability minors are not in the mig-minors file "

@@ -23,7 +23,7 @@ ALLOWED = {
     'exporter': {'common', 'api', 'nvml', 'gpu', 'kubelet'},
     'extender': {'common', 'api', 'sched', 'k8s'},
     'slurm': {'common', 'api', 'nvml', 'gpu', 'k8s'},
-    'dra': {'common', 'api', 'nvml', 'gpu', 'kubelet', 'k8s'},
+    'dra': {'common', 'api', 'nvml', 'gpu', 'kubelet', 'k8s', 'deviceplugin'},
     'cli': None,  # the commands wire every room together
 }
 # The only files that include generated gRPC/protobuf code: they adapt it to our types.

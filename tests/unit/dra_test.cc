@@ -1,21 +1,27 @@
-// The DRA driver's ResourceSlices (src/dra/slices.h, src/api/dra.h): names as NVIDIA's driver
-// spells them, every node profile of the simulated NVML, MIG as partitionable devices (the counters
-// allow exactly the sets of instances NVML can carve), shares as consumable capacity, the API's
-// limits per slice.
+// The DRA driver (src/dra/, src/api/dra.h): ResourceSlices with names as NVIDIA's driver spells
+// them, every node profile of the simulated NVML, MIG as partitionable devices (the counters allow
+// exactly the sets of instances NVML can carve), shares as consumable capacity, the API's limits
+// per slice; prepare and unprepare against the API server stand-in (CDI, the interposer for
+// shares, the checkpoint, refusals with the reason).
 
 #include "api/dra.h"
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 
 #include <gtest/gtest.h>
 
+#include "dra/prepare.h"
 #include "dra/slices.h"
 #include "gpu/inventory.h"
 #include "gpu/mig_layout.h"
+#include "k8s/client.h"
+#include "k8s/config.h"
 #include "nvml/library.h"
+#include "testing/fake_apiserver.h"
 #include "testing/sim_node.h"
 
 namespace kgpu::dra {
@@ -450,6 +456,262 @@ TEST(DraSlicesTest, SliceNamesStayValidAndDistinctForLongNodeNames) {
   const std::string label60(60, 'x');
   EXPECT_TRUE(a::IsDnsSubdomain(SliceName(label60, "gpu.nvidia.com", 0))) << SliceName(label60, "gpu.nvidia.com", 0);
 }
+
+// ---- NodePrepareResources / NodeUnprepareResources (src/dra/prepare.h)
+
+namespace prep {
+
+class PrepareTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::FakeApiServerOptions o;
+    o.git_version = "v1.34.2";
+    api_ = std::make_unique<testing::FakeApiServer>(o);
+    ASSERT_TRUE(api_->Start().ok());
+    k8s::Config c;
+    c.server = api_->url();
+    auto client = k8s::Client::Create(c);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(*client);
+    dir_ = sim_.dir();
+    node_ = Discover(sim_);
+    ASSERT_TRUE(node_.inv);
+    opts_.driver = a::kDriver;
+    opts_.node_name = "node-a";
+    opts_.plugin_dir = dir_ + "/plugin";
+    opts_.cdi_dir = dir_ + "/cdi";
+    opts_.cuda_shared_root = dir_ + "/cuda";
+    opts_.mig = node_.mig;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::unique_ptr<Preparer> Make() {
+    auto p = Preparer::Create(client_, node_.inv, opts_);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? std::move(*p) : nullptr;
+  }
+
+  // Creates a claim with one request and allocates `results` to it; returns its UID.
+  std::string Claim(const std::string& name, const json& results, const json& config = json::array()) {
+    const json claim = {
+        {"apiVersion", "resource.k8s.io/v1"},
+        {"kind", "ResourceClaim"},
+        {"metadata", {{"name", name}, {"namespace", "default"}}},
+        {"spec",
+         {{"devices", {{"requests", {{{"name", "gpu"}, {"exactly", {{"deviceClassName", "gpu.nvidia.com"}}}}}}}}}}};
+    auto created = api_->Create("resourceclaims", "default", claim);
+    EXPECT_EQ(created.code, 201) << created.body.dump();
+    json allocated = created.body;
+    allocated["status"] = {{"allocation", {{"devices", {{"results", results}, {"config", config}}}}}};
+    auto updated = api_->Update("resourceclaims", "default", allocated);
+    EXPECT_EQ(updated.code, 200) << updated.body.dump();
+    return created.body["metadata"].value("uid", "");
+  }
+  json Result(const std::string& device, const json& consumed = nullptr) {
+    json r = {{"request", "gpu"}, {"driver", a::kDriver}, {"pool", "node-a"}, {"device", device}};
+    if (!consumed.is_null()) {
+      r["consumedCapacity"] = consumed;
+      r["shareID"] = "7b4f0c8e-8d1a-4b8e-9d3e-1f2a3b4c5d6e";
+    }
+    return r;
+  }
+  json Spec(const Preparer& p, const std::string& uid) {
+    std::ifstream in(p.SpecPath(uid));
+    return in ? json::parse(in, nullptr, false) : json();
+  }
+  const gpu::Gpu& Gpu(unsigned i) { return node_.inv->gpus()[i]; }
+
+  SimNode sim_{"l4x4"};
+  std::string dir_;
+  Node node_;
+  std::unique_ptr<testing::FakeApiServer> api_;
+  std::shared_ptr<k8s::Client> client_;
+  PrepareOptions opts_;
+};
+
+TEST_F(PrepareTest, AWholeGpuGetsItsDeviceNodesThroughCdiAndSurvivesARestart) {
+  auto p = Make();
+  ASSERT_TRUE(p);
+  const std::string dev = a::GpuDeviceName(Gpu(1).minor);
+  const std::string uid = Claim("one-gpu", json::array({Result(dev)}));
+  const ClaimRef ref{"default", uid, "one-gpu"};
+  auto got = p->Prepare(ref);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 1U);
+  EXPECT_EQ((*got)[0], (PreparedDevice{{"gpu"}, "node-a", dev, {"k8s.gpu.nvidia.com/claim=" + uid + "-" + dev}, ""}));
+  const json spec = Spec(*p, uid);
+  ASSERT_TRUE(spec.is_object()) << p->SpecPath(uid);
+  EXPECT_EQ(spec["kind"], "k8s.gpu.nvidia.com/claim");
+  EXPECT_EQ(p->SpecPath(uid), opts_.cdi_dir + "/k8s.gpu.nvidia.com-claim_" + uid + ".json");
+  const json& edits = spec["devices"][0]["containerEdits"];
+  EXPECT_EQ(spec["devices"][0]["name"], uid + "-" + dev);
+  EXPECT_EQ(edits["deviceNodes"][0]["path"], "/dev/nvidia" + std::to_string(Gpu(1).minor));
+  EXPECT_EQ(edits["env"], json::array({"NVIDIA_VISIBLE_DEVICES=" + Gpu(1).uuid}));
+  EXPECT_FALSE(edits.contains("mounts"));
+  // Asked again, and after a restart with the claim gone from the API server: the same answer,
+  // from the checkpoint.
+  auto again = p->Prepare(ref);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *got);
+  EXPECT_EQ(api_->Delete("resourceclaims", "default", "one-gpu").code, 200);
+  p.reset();
+  auto restarted = Make();
+  ASSERT_TRUE(restarted);
+  EXPECT_EQ(restarted->Prepared(), std::vector<std::string>{uid});
+  auto after = restarted->Prepare(ref);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*after, *got);
+  // Unprepare removes what prepare made; again, and for a claim never seen, it is a no-op.
+  ASSERT_TRUE(restarted->Unprepare(ref).ok());
+  EXPECT_FALSE(std::filesystem::exists(restarted->SpecPath(uid)));
+  EXPECT_TRUE(restarted->Prepared().empty());
+  EXPECT_TRUE(restarted->Unprepare(ref).ok());
+  EXPECT_TRUE(restarted->Unprepare({"default", "no-such-uid", "gone"}).ok());
+}
+
+TEST_F(PrepareTest, AShareIsHeldToItsConsumedCapacityByTheInterposer) {
+  opts_.shared_gpus = {0};
+  opts_.cuda_interposer = dir_ + "/libkgpu-cuda.so";
+  std::ofstream(opts_.cuda_interposer) << "not a library";
+  auto p = Make();
+  ASSERT_TRUE(p);
+  const std::string dev = a::GpuDeviceName(Gpu(0).minor);
+  const std::string uid = Claim("share", json::array({Result(dev, {{"memory", "20Gi"}, {"cores", "30"}})}));
+  auto got = p->Prepare({"default", uid, "share"});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0].share_id, "7b4f0c8e-8d1a-4b8e-9d3e-1f2a3b4c5d6e");
+  const json edits = Spec(*p, uid)["devices"][0]["containerEdits"];
+  const auto env = edits["env"].get<std::vector<std::string>>();
+  auto has = [&](const std::string& e) { return std::find(env.begin(), env.end(), e) != env.end(); };
+  EXPECT_TRUE(has("KGPU_CUDA_MEMORY_LIMIT=" + Gpu(0).uuid + "=20480Mi")) << edits.dump();
+  EXPECT_TRUE(has("KGPU_CUDA_CORE_LIMIT=" + Gpu(0).uuid + "=30")) << edits.dump();
+  EXPECT_TRUE(has("LD_PRELOAD=/usr/lib/kgpu/libkgpu-cuda.so")) << edits.dump();
+  // The claim's own accounting directory, with its limits in `config`.
+  const std::string region = opts_.cuda_shared_root + "/dra/" + uid + "/" + dev;
+  std::ifstream config(region + "/config");
+  std::string text((std::istreambuf_iterator<char>(config)), {});
+  EXPECT_NE(text.find("memory " + Gpu(0).uuid + " " + std::to_string(20ULL << 30)), std::string::npos) << text;
+  EXPECT_NE(text.find("cores " + Gpu(0).uuid + " 30"), std::string::npos) << text;
+  bool mounted = false;
+  for (const auto& m : edits["mounts"]) mounted = mounted || m["hostPath"] == region;
+  EXPECT_TRUE(mounted) << edits["mounts"].dump();
+  ASSERT_TRUE(p->Unprepare({"default", uid, "share"}).ok());
+  EXPECT_FALSE(std::filesystem::exists(opts_.cuda_shared_root + "/dra/" + uid));
+}
+
+TEST_F(PrepareTest, WhatCannotBeEnforcedOrDoesNotMatchIsRefusedWithTheReason) {
+  opts_.shared_gpus = {0};  // and no interposer
+  auto p = Make();
+  ASSERT_TRUE(p);
+  const std::string gpu0 = a::GpuDeviceName(Gpu(0).minor), gpu1 = a::GpuDeviceName(Gpu(1).minor);
+  auto refused = [&](const std::string& uid, const std::string& name, const std::string& why) {
+    auto got = p->Prepare({"default", uid, name});
+    ASSERT_FALSE(got.ok()) << name;
+    EXPECT_NE(got.status().message().find(why), std::string::npos) << got.status();
+    EXPECT_FALSE(std::filesystem::exists(p->SpecPath(uid))) << name;
+    EXPECT_TRUE(p->Prepared().empty());
+  };
+  refused(Claim("share", json::array({Result(gpu0, {{"memory", "1Gi"}, {"cores", "10"}})})), "share",
+          "no CUDA interposer");
+  refused(Claim("not-shared", json::array({Result(gpu1, {{"memory", "1Gi"}})})), "not-shared",
+          "does not offer it for sharing");
+  json other = Result(gpu1);
+  other["pool"] = "node-z";
+  refused(Claim("elsewhere", json::array({other})), "elsewhere", "allocated from pool node-z");
+  refused(Claim("unknown", json::array({Result("gpu-99")})), "unknown", "this node has no device gpu-99");
+  refused(Claim("mig", json::array({Result("gpu-0-mig-1g5gb-19-0")})), "mig", "carving one at prepare");
+  const json mps = {{{"source", "FromClaim"},
+                     {"requests", json::array()},
+                     {"opaque",
+                      {{"driver", a::kDriver},
+                       {"parameters",
+                        {{"apiVersion", "resource.nvidia.com/v1beta1"},
+                         {"kind", "GpuConfig"},
+                         {"sharing", {{"strategy", "MPS"}}}}}}}}};
+  refused(Claim("mps", json::array({Result(gpu1)}), mps), "mps", "sharing strategy 'MPS'");
+  const std::string uid = Claim("replaced", json::array({Result(gpu1)}));
+  refused("another-uid", "replaced", "got replaced");
+  (void)uid;
+  refused("no-uid", "absent", "not found");
+  // Not allocated.
+  const json pending = {
+      {"apiVersion", "resource.k8s.io/v1"},
+      {"kind", "ResourceClaim"},
+      {"metadata", {{"name", "pending"}, {"namespace", "default"}}},
+      {"spec",
+       {{"devices", {{"requests", {{{"name", "gpu"}, {"exactly", {{"deviceClassName", "gpu.nvidia.com"}}}}}}}}}}};
+  const auto created = api_->Create("resourceclaims", "default", pending);
+  refused(created.body["metadata"].value("uid", ""), "pending", "is not allocated");
+}
+
+TEST_F(PrepareTest, ACorruptCheckpointIsAnErrorNotAFreshStart) {
+  std::filesystem::create_directories(opts_.plugin_dir);
+  std::ofstream(opts_.plugin_dir + "/checkpoint.json") << "{\"claims\": ";
+  auto p = Preparer::Create(client_, node_.inv, opts_);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(p.status().message().find("checkpoint.json: not a kgpu DRA checkpoint"), std::string::npos) << p.status();
+}
+
+TEST(PrepareMigTest, AStaticMigInstanceGetsItsCapabilityNodes) {
+  SimNode sim("dgx-a100-mig");
+  ASSERT_EQ(sim.Ctl("mig-minors " + sim.dir() + "/mig-minors"), 0);
+  const Node n = Discover(sim);
+  ASSERT_TRUE(n.inv);
+  testing::FakeApiServerOptions o;
+  o.git_version = "v1.34.2";
+  testing::FakeApiServer api(o);
+  ASSERT_TRUE(api.Start().ok());
+  k8s::Config c;
+  c.server = api.url();
+  std::shared_ptr<k8s::Client> client = std::move(*k8s::Client::Create(c));
+  PrepareOptions opts;
+  opts.driver = a::kDriver;
+  opts.node_name = "node-b";
+  opts.plugin_dir = sim.dir() + "/plugin";
+  opts.cdi_dir = sim.dir() + "/cdi";
+  opts.mig = n.mig;
+  std::ifstream minors_file(sim.dir() + "/mig-minors");
+  const std::string minors_text((std::istreambuf_iterator<char>(minors_file)), {});
+  auto minors = gpu::ParseMigMinors(minors_text, "mig-minors");
+  ASSERT_TRUE(minors.ok()) << minors.status();
+  opts.mig_minors = *minors;
+  const gpu::Gpu* g = nullptr;
+  for (const auto& x : n.inv->gpus()) {
+    if (x.mig_enabled && !x.migs.empty()) g = &x;
+  }
+  ASSERT_NE(g, nullptr);
+  const std::string dev = StaticMigName(*g, g->migs[0], n.mig.at(g->index));
+  ASSERT_FALSE(dev.empty());
+  const json claim = {
+      {"apiVersion", "resource.k8s.io/v1"},
+      {"kind", "ResourceClaim"},
+      {"metadata", {{"name", "mig"}, {"namespace", "default"}}},
+      {"spec",
+       {{"devices", {{"requests", {{{"name", "mig"}, {"exactly", {{"deviceClassName", "mig.nvidia.com"}}}}}}}}}}};
+  json created = api.Create("resourceclaims", "default", claim).body;
+  created["status"] = {
+      {"allocation",
+       {{"devices",
+         {{"results", {{{"request", "mig"}, {"driver", a::kDriver}, {"pool", "node-b"}, {"device", dev}}}}}}}}};
+  ASSERT_EQ(api.Update("resourceclaims", "default", created).code, 200);
+  auto p = Preparer::Create(client, n.inv, opts);
+  ASSERT_TRUE(p.ok());
+  const std::string uid = created["metadata"]["uid"];
+  auto got = (*p)->Prepare({"default", uid, "mig"});
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::ifstream in((*p)->SpecPath(uid));
+  const json spec = json::parse(in);
+  const json& edits = spec["devices"][0]["containerEdits"];
+  std::vector<std::string> paths;
+  for (const auto& d : edits["deviceNodes"]) paths.push_back(d["path"]);
+  const auto caps = gpu::MigCapNodes(*minors, g->minor, g->migs[0].gi, g->migs[0].ci);
+  ASSERT_EQ(caps.size(), 2U);
+  for (const auto& cap : caps) EXPECT_NE(std::find(paths.begin(), paths.end(), cap), paths.end()) << cap;
+  EXPECT_EQ(edits["env"], json::array({"NVIDIA_VISIBLE_DEVICES=" + g->migs[0].uuid}));
+}
+
+}  // namespace prep
 
 }  // namespace
 }  // namespace kgpu::dra

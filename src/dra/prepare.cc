@@ -1,0 +1,294 @@
+#include "dra/prepare.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "api/dra.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "common/remove_tree.h"
+#include "common/strings.h"
+#include "deviceplugin/cdi.h"
+#include "deviceplugin/interposer.h"
+#include "dra/slices.h"
+#include "k8s/client.h"
+#include "k8s/quantity.h"
+#include "k8s/resources.h"
+
+namespace kgpu::dra {
+namespace {
+
+using json = nlohmann::json;
+constexpr uint64_t kMi = uint64_t{1} << 20;
+
+// What a device name of this node's pool is.
+struct Target {
+  const gpu::Gpu* gpu = nullptr;
+  const gpu::MigDevice* mig = nullptr;  // null: the whole GPU
+};
+
+std::string Who(const ClaimRef& c) {
+  return Cat("ResourceClaim ", c.ns, "/", c.name, " (", c.uid, ")");
+}
+
+// A quantity (a capacity as the scheduler wrote it) in whole units, rounded up; nullopt when it
+// does not parse or is negative.
+std::optional<uint64_t> Units(const json& q) {
+  if (!q.is_string()) return std::nullopt;
+  const auto v = k8s::Quantity::Parse(q.get<std::string>());
+  if (!v || v->milli < 0) return std::nullopt;
+  return static_cast<uint64_t>((v->milli + 999) / 1000);
+}
+
+}  // namespace
+
+Preparer::Preparer(std::shared_ptr<k8s::Client> client, std::shared_ptr<const gpu::Inventory> inventory,
+                   PrepareOptions options)
+    : client_(std::move(client)), inventory_(std::move(inventory)), opts_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<Preparer>> Preparer::Create(std::shared_ptr<k8s::Client> client,
+                                                           std::shared_ptr<const gpu::Inventory> inventory,
+                                                           PrepareOptions options) {
+  std::unique_ptr<Preparer> p(new Preparer(std::move(client), std::move(inventory), std::move(options)));
+  const std::string path = Cat(p->opts_.plugin_dir, "/checkpoint.json");
+  p->checkpoint_ = {{"version", 1}, {"claims", json::object()}};
+  if (const auto text = ReadFile(path)) {
+    json cp = json::parse(*text, nullptr, false);
+    if (cp.is_discarded() || !cp.is_object() || cp.value("version", 0) != 1 || !cp.contains("claims") ||
+        !cp["claims"].is_object()) {
+      return absl::DataLossError(Cat(path, ": not a kgpu DRA checkpoint (version 1); the claims it recorded cannot be "
+                                           "unprepared. Move it aside after unpreparing them by hand (CDI specs in ",
+                                     p->opts_.cdi_dir, ", accounting regions in ", p->opts_.cuda_shared_root, "/dra)"));
+    }
+    p->checkpoint_ = std::move(cp);
+  }
+  return p;
+}
+
+std::string Preparer::CdiKind() const {
+  return Cat("k8s.", opts_.driver, "/claim");
+}
+
+std::string Preparer::SpecPath(const std::string& uid) const {
+  return Cat(opts_.cdi_dir, "/k8s.", opts_.driver, "-claim_", uid, ".json");
+}
+
+std::vector<std::string> Preparer::Prepared() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& [uid, c] : checkpoint_["claims"].items()) out.push_back(uid);
+  return out;
+}
+
+absl::Status Preparer::Save() {
+  std::error_code ec;
+  std::filesystem::create_directories(opts_.plugin_dir, ec);
+  const std::string path = Cat(opts_.plugin_dir, "/checkpoint.json");
+  if (auto st = WriteFileAtomically(path, checkpoint_.dump(2) + "\n", 0600); !st.ok()) {
+    return absl::UnavailableError(Cat("the checkpoint ", path, ": ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<PreparedDevice>> Preparer::Prepare(const ClaimRef& claim) {
+  std::lock_guard lock(mu_);
+  json& claims = checkpoint_["claims"];
+  if (claims.contains(claim.uid)) {
+    // Prepared before (kubelet retries, or asks again after a restart): the same answer.
+    std::vector<PreparedDevice> out;
+    for (const auto& d : claims[claim.uid].value("devices", json::array())) {
+      out.push_back({d.value("requests", std::vector<std::string>{}), d.value("pool", ""), d.value("device", ""),
+                     d.value("cdi_ids", std::vector<std::string>{}), d.value("share_id", "")});
+    }
+    return out;
+  }
+  json record = {{"namespace", claim.ns}, {"name", claim.name}, {"regions", json::array()}};
+  auto devices = PrepareLocked(claim, record);
+  if (!devices.ok()) {
+    // Nothing half-made stays behind: the spec and the regions written so far go.
+    std::error_code ec;
+    std::filesystem::remove(SpecPath(claim.uid), ec);
+    for (const auto& r : record["regions"]) (void)RemoveTreeNoFollow(r.get<std::string>());
+    return devices.status();
+  }
+  json list = json::array();
+  for (const auto& d : *devices) {
+    list.push_back({{"requests", d.requests},
+                    {"pool", d.pool},
+                    {"device", d.device},
+                    {"cdi_ids", d.cdi_ids},
+                    {"share_id", d.share_id}});
+  }
+  record["devices"] = std::move(list);
+  record["spec"] = SpecPath(claim.uid);
+  claims[claim.uid] = std::move(record);
+  if (auto st = Save(); !st.ok()) {
+    claims.erase(claim.uid);
+    return st;
+  }
+  return devices;
+}
+
+absl::StatusOr<std::vector<PreparedDevice>> Preparer::PrepareLocked(const ClaimRef& claim, json& record) {
+  const std::string who = Who(claim);
+  const k8s::Resource* rc = k8s::FindResource("resourceclaims");
+  auto got = client_->Get(rc->Path(claim.ns, claim.name));
+  if (!got.ok()) return absl::Status(got.status().code(), Cat(who, ": ", got.status().message()));
+  const json& obj = *got;
+  const std::string uid = k8s::Field(obj, "metadata").value("uid", "");
+  if (uid != claim.uid) {
+    return absl::FailedPreconditionError(Cat(who, ": the claim got replaced (its UID is now ", uid, ")"));
+  }
+  const json& allocation = k8s::Field(k8s::Field(obj, "status"), "allocation");
+  if (allocation.empty()) return absl::FailedPreconditionError(Cat(who, ": the claim is not allocated"));
+  // Opaque configuration for this driver: kgpu enforces what the allocation says; a configuration
+  // it would have to honour and does not is refused rather than ignored.
+  for (const auto& c : k8s::Field(allocation, "devices").value("config", json::array())) {
+    const json& opaque = k8s::Field(c, "opaque");
+    if (opaque.value("driver", "") != opts_.driver) continue;
+    const json& params = k8s::Field(opaque, "parameters");
+    const json& sharing = k8s::Field(params, "sharing");
+    const std::string strategy = sharing.value("strategy", "");
+    if (!sharing.empty() && strategy != "TimeSlicing") {
+      return absl::UnimplementedError(
+          Cat(who, ": its ", params.value("kind", "configuration"), " asks for sharing strategy '", strategy,
+              "', which kgpu's DRA driver does not provide; ask for a share through the ", api::dra::kShareClass,
+              " class (capacity memory and cores), which kgpu enforces"));
+    }
+  }
+  // The devices of this node's pool.
+  std::map<std::string, Target> targets;
+  for (const auto& g : inventory_->gpus()) {
+    if (!g.mig_enabled) {
+      targets[api::dra::GpuDeviceName(g.minor)] = {&g, nullptr};
+      continue;
+    }
+    const auto cat = opts_.mig.find(g.index);
+    if (cat == opts_.mig.end()) continue;
+    for (const auto& m : g.migs) {
+      if (const std::string name = StaticMigName(g, m, cat->second); !name.empty()) targets[name] = {&g, &m};
+    }
+  }
+  json spec_devices = json::array();
+  std::vector<PreparedDevice> out;
+  std::vector<std::string> uuids;
+  for (const auto& r : k8s::Field(allocation, "devices").value("results", json::array())) {
+    if (r.value("driver", "") != opts_.driver) continue;
+    const std::string pool = r.value("pool", ""), device = r.value("device", "");
+    if (pool != opts_.node_name) {
+      return absl::FailedPreconditionError(
+          Cat(who, ": device ", device, " was allocated from pool ", pool, ", not this node's (", opts_.node_name, ")"));
+    }
+    const auto t = targets.find(device);
+    if (t == targets.end()) {
+      return absl::FailedPreconditionError(
+          Cat(who, ": this node has no device ", device,
+              device.find("-mig-") != std::string::npos
+                  ? " (a MIG instance that does not exist: carving one at prepare, --dynamic-mig, is not done by this "
+                    "version)"
+                  : " (its GPUs changed since the slice was published)"));
+    }
+    const gpu::Gpu& g = *t->second.gpu;
+    const std::string uuid = t->second.mig ? t->second.mig->uuid : g.uuid;
+    uuids.push_back(uuid);
+    json nodes = json::array();
+    auto node = [&](const std::string& p) { return json{{"path", p}, {"hostPath", UnderRoot(opts_.dev_root, p)}}; };
+    nodes.push_back(node(Cat("/dev/nvidia", g.minor)));
+    for (const char* n : {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}) nodes.push_back(node(n));
+    if (t->second.mig) {
+      const auto caps = gpu::MigCapNodes(opts_.mig_minors, g.minor, t->second.mig->gi, t->second.mig->ci);
+      if (caps.empty()) {
+        return absl::FailedPreconditionError(Cat(who, ": MIG device ", uuid,
+                                                 " has no capability minors in the driver's mig-minors file "
+                                                 "(mount the host's /proc/driver/nvidia-caps, --proc-root)"));
+      }
+      for (const auto& c : caps) nodes.push_back(node(c));
+    }
+    json edits = {{"deviceNodes", nodes}, {"env", json::array()}};
+    // A share: the capacity the scheduler booked for this claim, held by the CUDA interposer.
+    const json& consumed = k8s::Field(r, "consumedCapacity");
+    if (!consumed.empty() || !r.value("shareID", "").empty()) {
+      if (!opts_.shared_gpus.contains(g.index) || t->second.mig) {
+        return absl::FailedPreconditionError(
+            Cat(who, ": device ", device, " was allocated as a share, but this node does not offer it for sharing"));
+      }
+      const auto memory = consumed.contains(api::dra::kCapMemory)
+                              ? Units(consumed[api::dra::kCapMemory])
+                              : std::optional<uint64_t>(g.memory_mib * kMi);
+      const auto cores = consumed.contains(api::dra::kCapCores) ? Units(consumed[api::dra::kCapCores])
+                                                                 : std::optional<uint64_t>(100);
+      if (!memory || !cores || *cores > 100) {
+        return absl::InvalidArgumentError(
+            Cat(who, ": device ", device, ": consumedCapacity ", consumed.dump(), " is not memory bytes and cores 0-100"));
+      }
+      const uint64_t memory_mib = (*memory + kMi - 1) / kMi;
+      const bool limited = memory_mib < g.memory_mib || *cores < 100;
+      if (limited) {
+        if (opts_.cuda_interposer.empty()) {
+          return absl::FailedPreconditionError(
+              Cat(who, ": device ", device, " is a share (", memory_mib, " MiB, ", *cores,
+                  "% of the SMs) but this node has no CUDA interposer (--cuda-interposer), so nothing would hold the "
+                  "claim to it; it is not started unlimited"));
+        }
+        const std::string region = Cat(opts_.cuda_shared_root, "/dra/", claim.uid, "/", device);
+        const std::string claim_dir = Cat(opts_.cuda_shared_root, "/dra/", claim.uid);
+        if (std::find(record["regions"].begin(), record["regions"].end(), json(claim_dir)) == record["regions"].end()) {
+          record["regions"].push_back(claim_dir);
+        }
+        auto iso = deviceplugin::InterposerEditsFor(opts_.cuda_interposer, opts_.cuda_interposer_load,
+                                                    opts_.cuda_shared_root, region,
+                                                    {{uuid, memory_mib, static_cast<int64_t>(*cores)}});
+        if (!iso.ok()) return absl::Status(iso.status().code(), Cat(who, ": ", iso.status().message()));
+        edits["env"].push_back(Cat("KGPU_ENFORCEMENT=hard"));
+        edits["env"].push_back(Cat("KGPU_GPU_CORES=", *cores));
+        edits["env"].push_back(Cat("KGPU_CUDA_MEMORY_LIMIT=", uuid, "=", memory_mib, "Mi"));
+        if (*cores < 100) edits["env"].push_back(Cat("KGPU_CUDA_CORE_LIMIT=", uuid, "=", *cores));
+        for (const auto& [k, v] : iso->envs) edits["env"].push_back(Cat(k, "=", v));
+        edits["mounts"] = deviceplugin::CdiMounts(iso->mounts);
+      }
+    }
+    const std::string cdi_name = Cat(claim.uid, "-", device);
+    spec_devices.push_back({{"name", cdi_name}, {"containerEdits", edits}});
+    std::string request = r.value("request", "");
+    if (const auto slash = request.find('/'); slash != std::string::npos) request.resize(slash);
+    out.push_back({{request}, pool, device, {Cat(CdiKind(), "=", cdi_name)}, r.value("shareID", "")});
+  }
+  // NVIDIA_VISIBLE_DEVICES names every GPU of the claim, on each of its CDI devices (a container
+  // gets some or all of them; CDI applies the same value once).
+  for (auto& d : spec_devices) {
+    d["containerEdits"]["env"].push_back(Cat("NVIDIA_VISIBLE_DEVICES=", Join(uuids, ",")));
+  }
+  if (!out.empty()) {
+    const json spec = {{"cdiVersion", "0.5.0"}, {"kind", CdiKind()}, {"devices", spec_devices}};
+    std::error_code ec;
+    std::filesystem::create_directories(opts_.cdi_dir, ec);
+    if (auto st = WriteFileAtomically(SpecPath(claim.uid), spec.dump(2) + "\n"); !st.ok()) {
+      return absl::UnavailableError(
+          Cat(who, ": the CDI spec: ", st.message(), " (mount the CDI spec directory, or change --cdi-spec-dir)"));
+    }
+  }
+  return out;
+}
+
+absl::Status Preparer::Unprepare(const ClaimRef& claim) {
+  std::lock_guard lock(mu_);
+  json& claims = checkpoint_["claims"];
+  if (!claims.contains(claim.uid)) return absl::OkStatus();  // never prepared here, or already undone
+  const json record = claims[claim.uid];
+  std::error_code ec;
+  std::filesystem::remove(record.value("spec", SpecPath(claim.uid)), ec);
+  if (ec) return absl::UnavailableError(Cat(Who(claim), ": removing its CDI spec: ", ec.message()));
+  for (const auto& r : record.value("regions", json::array())) {
+    if (auto st = RemoveTreeNoFollow(r.get<std::string>()); !st.ok()) {
+      return absl::UnavailableError(Cat(Who(claim), ": removing its accounting region: ", st.message()));
+    }
+  }
+  claims.erase(claim.uid);
+  if (auto st = Save(); !st.ok()) {
+    claims[claim.uid] = record;
+    return st;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kgpu::dra
