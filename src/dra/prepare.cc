@@ -56,8 +56,9 @@ absl::StatusOr<std::unique_ptr<Preparer>> Preparer::Create(std::shared_ptr<k8s::
     json cp = json::parse(*text, nullptr, false);
     if (cp.is_discarded() || !cp.is_object() || cp.value("version", 0) != 1 || !cp.contains("claims") ||
         !cp["claims"].is_object()) {
-      return absl::DataLossError(Cat(path, ": not a kgpu DRA checkpoint (version 1); the claims it recorded cannot be "
-                                           "unprepared. Move it aside after unpreparing them by hand (CDI specs in ",
+      return absl::DataLossError(Cat(path,
+                                     ": not a kgpu DRA checkpoint (version 1); the claims it recorded cannot be "
+                                     "unprepared. Move it aside after unpreparing them by hand (CDI specs in ",
                                      p->opts_.cdi_dir, ", accounting regions in ", p->opts_.cuda_shared_root, "/dra)"));
     }
     p->checkpoint_ = std::move(cp);
@@ -176,8 +177,8 @@ absl::StatusOr<std::vector<PreparedDevice>> Preparer::PrepareLocked(const ClaimR
     if (r.value("driver", "") != opts_.driver) continue;
     const std::string pool = r.value("pool", ""), device = r.value("device", "");
     if (pool != opts_.node_name) {
-      return absl::FailedPreconditionError(
-          Cat(who, ": device ", device, " was allocated from pool ", pool, ", not this node's (", opts_.node_name, ")"));
+      return absl::FailedPreconditionError(Cat(who, ": device ", device, " was allocated from pool ", pool,
+                                               ", not this node's (", opts_.node_name, ")"));
     }
     const auto t = targets.find(device);
     if (t == targets.end()) {
@@ -212,14 +213,13 @@ absl::StatusOr<std::vector<PreparedDevice>> Preparer::PrepareLocked(const ClaimR
         return absl::FailedPreconditionError(
             Cat(who, ": device ", device, " was allocated as a share, but this node does not offer it for sharing"));
       }
-      const auto memory = consumed.contains(api::dra::kCapMemory)
-                              ? Units(consumed[api::dra::kCapMemory])
-                              : std::optional<uint64_t>(g.memory_mib * kMi);
-      const auto cores = consumed.contains(api::dra::kCapCores) ? Units(consumed[api::dra::kCapCores])
-                                                                 : std::optional<uint64_t>(100);
+      const auto memory = consumed.contains(api::dra::kCapMemory) ? Units(consumed[api::dra::kCapMemory])
+                                                                  : std::optional<uint64_t>(g.memory_mib * kMi);
+      const auto cores =
+          consumed.contains(api::dra::kCapCores) ? Units(consumed[api::dra::kCapCores]) : std::optional<uint64_t>(100);
       if (!memory || !cores || *cores > 100) {
-        return absl::InvalidArgumentError(
-            Cat(who, ": device ", device, ": consumedCapacity ", consumed.dump(), " is not memory bytes and cores 0-100"));
+        return absl::InvalidArgumentError(Cat(who, ": device ", device, ": consumedCapacity ", consumed.dump(),
+                                              " is not memory bytes and cores 0-100"));
       }
       const uint64_t memory_mib = (*memory + kMi - 1) / kMi;
       const bool limited = memory_mib < g.memory_mib || *cores < 100;
@@ -235,9 +235,9 @@ absl::StatusOr<std::vector<PreparedDevice>> Preparer::PrepareLocked(const ClaimR
         if (std::find(record["regions"].begin(), record["regions"].end(), json(claim_dir)) == record["regions"].end()) {
           record["regions"].push_back(claim_dir);
         }
-        auto iso = deviceplugin::InterposerEditsFor(opts_.cuda_interposer, opts_.cuda_interposer_load,
-                                                    opts_.cuda_shared_root, region,
-                                                    {{uuid, memory_mib, static_cast<int64_t>(*cores)}});
+        auto iso =
+            deviceplugin::InterposerEditsFor(opts_.cuda_interposer, opts_.cuda_interposer_load, opts_.cuda_shared_root,
+                                             region, {{uuid, memory_mib, static_cast<int64_t>(*cores)}});
         if (!iso.ok()) return absl::Status(iso.status().code(), Cat(who, ": ", iso.status().message()));
         edits["env"].push_back(Cat("KGPU_ENFORCEMENT=hard"));
         edits["env"].push_back(Cat("KGPU_GPU_CORES=", *cores));

@@ -32,6 +32,7 @@ PROTO_USERS = {
     'src/kubelet/podresources.cc',
     'src/kubelet/checkpoint.cc',
     'src/kubelet/registration.cc',
+    'src/dra/plugin.cc',
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 

@@ -1,0 +1,211 @@
+// kgpu's DRA kubelet plugin (src/dra/plugin.h) driven over its unix sockets as kubelet drives it
+// (k8s.io/kubelet pluginregistration/v1, dra/v1, dra/v1beta1, dra-health/v1alpha1): GetInfo and
+// NotifyRegistrationStatus on the registration socket, NodePrepareResources and
+// NodeUnprepareResources batched per driver with an entry for every claim, the health stream, and
+// the registration socket served again when it disappears.
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "api/dra.h"
+#include "dra/plugin.h"
+#include "dra/prepare.h"
+#include "dra_health_v1alpha1.grpc.pb.h"
+#include "dra_v1.grpc.pb.h"
+#include "dra_v1beta1.grpc.pb.h"
+#include "gpu/inventory.h"
+#include "k8s/client.h"
+#include "k8s/config.h"
+#include "nvml/library.h"
+#include "pluginregistration_v1.grpc.pb.h"
+#include "testing/fake_apiserver.h"
+#include "testing/poll.h"
+#include "testing/sim_node.h"
+
+namespace kgpu::dra {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+namespace v1 = ::k8s::io::kubelet::pkg::apis::dra::v1;
+namespace v1beta1 = ::k8s::io::kubelet::pkg::apis::dra::v1beta1;
+
+class DraPluginTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::FakeApiServerOptions o;
+    o.git_version = "v1.34.2";
+    api_ = std::make_unique<testing::FakeApiServer>(o);
+    ASSERT_TRUE(api_->Start().ok());
+    k8s::Config c;
+    c.server = api_->url();
+    client_ = std::move(*k8s::Client::Create(c));
+    auto lib = nvml::Library::Open({testing::SimNode::LibraryPath()});
+    ASSERT_TRUE(lib.ok()) << lib.status();
+    lib_ = std::move(*lib);
+    auto inv = gpu::Inventory::Discover(*lib_, {sim_.dir()});
+    ASSERT_TRUE(inv.ok()) << inv.status();
+    inv_ = *inv;
+    PrepareOptions p;
+    p.driver = api::dra::kDriver;
+    p.node_name = "node-a";
+    p.plugin_dir = sim_.dir() + "/plugins/gpu.nvidia.com";
+    p.cdi_dir = sim_.dir() + "/cdi";
+    auto preparer = Preparer::Create(client_, inv_, p);
+    ASSERT_TRUE(preparer.ok()) << preparer.status();
+    preparer_ = std::move(*preparer);
+    opts_.driver = api::dra::kDriver;
+    opts_.registry_dir = sim_.dir() + "/plugins_registry";
+    opts_.plugin_dir = p.plugin_dir;
+    opts_.socket_check = 100ms;
+    auto plugin = Plugin::Start(opts_, preparer_);
+    ASSERT_TRUE(plugin.ok()) << plugin.status();
+    plugin_ = std::move(*plugin);
+  }
+  void TearDown() override {
+    plugin_.reset();
+    std::filesystem::remove_all(sim_.dir());
+  }
+
+  std::shared_ptr<grpc::Channel> Dial(const std::string& socket) {
+    return grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
+  }
+  // An allocated claim for GPU `index` in this node's pool; returns its UID.
+  std::string Claim(const std::string& name, unsigned index, bool allocate = true) {
+    const json claim = {
+        {"apiVersion", "resource.k8s.io/v1"},
+        {"kind", "ResourceClaim"},
+        {"metadata", {{"name", name}, {"namespace", "default"}}},
+        {"spec",
+         {{"devices", {{"requests", {{{"name", "gpu"}, {"exactly", {{"deviceClassName", "gpu.nvidia.com"}}}}}}}}}}};
+    json created = api_->Create("resourceclaims", "default", claim).body;
+    if (allocate) {
+      const json result = {{"request", "gpu"},
+                           {"driver", api::dra::kDriver},
+                           {"pool", "node-a"},
+                           {"device", api::dra::GpuDeviceName(inv_->gpus()[index].minor)}};
+      created["status"]["allocation"]["devices"]["results"] = json::array({result});
+      EXPECT_EQ(api_->Update("resourceclaims", "default", created).code, 200);
+    }
+    return created["metadata"]["uid"];
+  }
+
+  testing::SimNode sim_{"l4x4"};
+  std::unique_ptr<testing::FakeApiServer> api_;
+  std::shared_ptr<k8s::Client> client_;
+  std::unique_ptr<nvml::Library> lib_;
+  std::shared_ptr<const gpu::Inventory> inv_;
+  std::shared_ptr<Preparer> preparer_;
+  PluginOptions opts_;
+  std::unique_ptr<Plugin> plugin_;
+};
+
+TEST_F(DraPluginTest, RegistersAsKubeletsPluginWatcherAsks) {
+  auto stub = ::pluginregistration::Registration::NewStub(Dial(opts_.registry_dir + "/gpu.nvidia.com-reg.sock"));
+  grpc::ClientContext ctx;
+  ::pluginregistration::InfoRequest req;
+  ::pluginregistration::PluginInfo info;
+  ASSERT_TRUE(stub->GetInfo(&ctx, req, &info).ok());
+  EXPECT_EQ(info.type(), "DRAPlugin");
+  EXPECT_EQ(info.name(), "gpu.nvidia.com");
+  EXPECT_EQ(info.endpoint(), opts_.plugin_dir + "/dra.sock");
+  ASSERT_GE(info.supported_versions_size(), 2);
+  EXPECT_EQ(info.supported_versions(0), "v1.DRAPlugin");
+  EXPECT_EQ(info.supported_versions(1), "v1beta1.DRAPlugin");
+  grpc::ClientContext ctx2;
+  ::pluginregistration::RegistrationStatus status;
+  status.set_plugin_registered(true);
+  ::pluginregistration::RegistrationStatusResponse resp;
+  ASSERT_TRUE(stub->NotifyRegistrationStatus(&ctx2, status, &resp).ok());
+  EXPECT_EQ(plugin_->Registration(), (std::pair<bool, std::string>{true, ""}));
+  // The socket removed: served again, and kubelet's watcher can register us again.
+  std::filesystem::remove(plugin_->RegistrationSocket());
+  ASSERT_TRUE(testing::WaitFor([&] { return std::filesystem::is_socket(plugin_->RegistrationSocket()); }, 5s));
+  auto again = ::pluginregistration::Registration::NewStub(Dial(plugin_->RegistrationSocket()));
+  grpc::ClientContext ctx3;
+  ctx3.set_deadline(std::chrono::system_clock::now() + 5s);
+  ::pluginregistration::PluginInfo info2;
+  ASSERT_TRUE(again->GetInfo(&ctx3, req, &info2).ok());
+  EXPECT_EQ(info2.name(), "gpu.nvidia.com");
+}
+
+TEST_F(DraPluginTest, PreparesEveryClaimOfABatchAndUnpreparesThem) {
+  const std::string good = Claim("good", 0), pending = Claim("pending", 1, false);
+  auto stub = v1::DRAPlugin::NewStub(Dial(plugin_->ServiceSocket()));
+  v1::NodePrepareResourcesRequest req;
+  for (const auto& [name, uid] : {std::pair{"good", good}, std::pair{"pending", pending}}) {
+    auto* c = req.add_claims();
+    c->set_namespace_("default");
+    c->set_name(name);
+    c->set_uid(uid);
+  }
+  grpc::ClientContext ctx;
+  v1::NodePrepareResourcesResponse resp;
+  ASSERT_TRUE(stub->NodePrepareResources(&ctx, req, &resp).ok());
+  ASSERT_EQ(resp.claims_size(), 2);  // every claim of the request has its entry
+  const auto& ok = resp.claims().at(good);
+  EXPECT_EQ(ok.error(), "");
+  ASSERT_EQ(ok.devices_size(), 1);
+  const std::string dev = api::dra::GpuDeviceName(inv_->gpus()[0].minor);
+  EXPECT_EQ(ok.devices(0).pool_name(), "node-a");
+  EXPECT_EQ(ok.devices(0).device_name(), dev);
+  ASSERT_EQ(ok.devices(0).request_names_size(), 1);
+  EXPECT_EQ(ok.devices(0).request_names(0), "gpu");
+  ASSERT_EQ(ok.devices(0).cdi_device_ids_size(), 1);
+  EXPECT_EQ(ok.devices(0).cdi_device_ids(0), "k8s.gpu.nvidia.com/claim=" + good + "-" + dev);
+  EXPECT_NE(resp.claims().at(pending).error().find("is not allocated"), std::string::npos)
+      << resp.claims().at(pending).error();
+  EXPECT_TRUE(std::filesystem::exists(preparer_->SpecPath(good)));
+  // The same claim through v1beta1: the same answer (prepared once).
+  auto beta = v1beta1::DRAPlugin::NewStub(Dial(plugin_->ServiceSocket()));
+  v1beta1::NodePrepareResourcesRequest breq;
+  auto* bc = breq.add_claims();
+  bc->set_namespace_("default");
+  bc->set_name("good");
+  bc->set_uid(good);
+  grpc::ClientContext bctx;
+  v1beta1::NodePrepareResourcesResponse bresp;
+  ASSERT_TRUE(beta->NodePrepareResources(&bctx, breq, &bresp).ok());
+  ASSERT_EQ(bresp.claims().at(good).devices_size(), 1);
+  EXPECT_EQ(bresp.claims().at(good).devices(0).cdi_device_ids(0), ok.devices(0).cdi_device_ids(0));
+  // Unprepare both (one was never prepared): an entry each, no error.
+  v1::NodeUnprepareResourcesRequest ureq;
+  for (const auto& c : req.claims()) *ureq.add_claims() = c;
+  grpc::ClientContext uctx;
+  v1::NodeUnprepareResourcesResponse uresp;
+  ASSERT_TRUE(stub->NodeUnprepareResources(&uctx, ureq, &uresp).ok());
+  ASSERT_EQ(uresp.claims_size(), 2);
+  EXPECT_EQ(uresp.claims().at(good).error(), "");
+  EXPECT_EQ(uresp.claims().at(pending).error(), "");
+  EXPECT_FALSE(std::filesystem::exists(preparer_->SpecPath(good)));
+}
+
+TEST_F(DraPluginTest, TheHealthStreamSendsTheCompleteListOnEveryChange) {
+  const std::string dev = api::dra::GpuDeviceName(inv_->gpus()[0].minor);
+  plugin_->SetHealth({{"node-a", dev, DeviceHealthReport::Health::kHealthy, "", 100}});
+  auto stub = ::v1alpha1::DRAResourceHealth::NewStub(Dial(plugin_->ServiceSocket()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  ::v1alpha1::NodeWatchResourcesRequest req;
+  auto reader = stub->NodeWatchResources(&ctx, req);
+  ::v1alpha1::NodeWatchResourcesResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  ASSERT_EQ(msg.devices_size(), 1);
+  EXPECT_EQ(msg.devices(0).device().device_name(), dev);
+  EXPECT_EQ(msg.devices(0).health(), ::v1alpha1::HEALTHY);
+  plugin_->SetHealth({{"node-a", dev, DeviceHealthReport::Health::kUnhealthy, std::string(2000, 'x'), 200}});
+  ASSERT_TRUE(reader->Read(&msg));
+  ASSERT_EQ(msg.devices_size(), 1);
+  EXPECT_EQ(msg.devices(0).health(), ::v1alpha1::UNHEALTHY);
+  EXPECT_EQ(msg.devices(0).last_updated_time(), 200);
+  EXPECT_EQ(msg.devices(0).message().size(), 1024U);  // kubelet's limit: cut with "..."
+  EXPECT_EQ(msg.devices(0).message().substr(1021), "...");
+  ctx.TryCancel();
+}
+
+}  // namespace
+}  // namespace kgpu::dra
