@@ -59,6 +59,15 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags, PluginFlags u
       ->envname("DEVICE_DISCOVERY_STRATEGY")
       ->check(CLI::IsMember({"auto", "nvml"}));
   if (use == PluginFlags::kDescribe) return;
+  KGPU_FLAG("--cdi-spec-dir", "KGPU_CDI_SPEC_DIR", cdi_spec_dir, "where the CDI spec is written");
+  KGPU_FLAG("--cuda-shared-root", "KGPU_CUDA_SHARED_ROOT", cuda_shared_root,
+            "host directory for the per-container accounting regions of --cuda-interposer");
+  KGPU_FLAG("--cuda-interposer-load", "KGPU_CUDA_INTERPOSER_LOAD", cuda_interposer_load,
+            "how --cuda-interposer enters a container: env (LD_PRELOAD) or ld.so.preload (a file mounted at "
+            "/etc/ld.so.preload: a process that clears LD_PRELOAD is still held)");
+  KGPU_FLAG("--proc-root", "KGPU_PROC_ROOT", proc_root,
+            "the host's procfs: the driver's driver/nvidia-caps/mig-minors is read under it (MIG device nodes)");
+  if (use == PluginFlags::kDra) return;
   KGPU_BOOL("--pass-device-specs", "PASS_DEVICE_SPECS", pass_device_specs, "return DeviceSpecs in Allocate");
   flags->given.emplace_back(
       app->add_option("--device-list-strategy", flags->values.device_list_strategy,
@@ -81,14 +90,6 @@ void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags, PluginFlags u
             "distributed or packed");
   KGPU_FLAG("--kubelet-socket", "KUBELET_SOCKET", kubelet_socket, "kubelet registration socket");
   KGPU_FLAG("--kubelet-dir", "KGPU_KUBELET_DIR", kubelet_dir, "kubelet device-plugin directory");
-  KGPU_FLAG("--cdi-spec-dir", "KGPU_CDI_SPEC_DIR", cdi_spec_dir, "where the CDI spec is written");
-  KGPU_FLAG("--cuda-shared-root", "KGPU_CUDA_SHARED_ROOT", cuda_shared_root,
-            "host directory for the per-container accounting regions of --cuda-interposer");
-  KGPU_FLAG("--cuda-interposer-load", "KGPU_CUDA_INTERPOSER_LOAD", cuda_interposer_load,
-            "how --cuda-interposer enters a container: env (LD_PRELOAD) or ld.so.preload (a file mounted at "
-            "/etc/ld.so.preload: a process that clears LD_PRELOAD is still held)");
-  KGPU_FLAG("--proc-root", "KGPU_PROC_ROOT", proc_root,
-            "the host's procfs: the driver's driver/nvidia-caps/mig-minors is read under it (MIG device nodes)");
   // NVIDIA's IMEX flags: the config file's imex section, from the command line.
   flags->given.emplace_back(
       app->add_option("--imex-channel-ids", flags->values.imex_channel_ids,

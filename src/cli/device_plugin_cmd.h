@@ -40,7 +40,9 @@ struct DevicePluginFlags {
 // kServe: every flag of NVIDIA's plugin (device-plugin, node). kDescribe: only those that change
 // what the node advertises (the config file, MIG strategy, driver and device roots, the CUDA
 // interposer): node-labels, node-template and slurm gres show no flag that does nothing there.
-enum class PluginFlags { kServe, kDescribe };
+// kDra: kDescribe's and those that say where the node's CDI specs, accounting regions and procfs
+// are (kgpu dra prepares claims with them).
+enum class PluginFlags { kServe, kDescribe, kDra };
 void AddDevicePluginFlags(CLI::App* app, DevicePluginFlags* flags, PluginFlags use = PluginFlags::kServe);
 // --pod-resources-socket of the kgpu.io/gpu handoff (device-plugin and node).
 void AddShareFlags(CLI::App* app, DevicePluginFlags* flags);

@@ -338,7 +338,7 @@ int Main(int argc, char** argv) {
   auto* slurm_gres = kgpu::cli::AddSlurmGresCommand(slurm, &gres_flags);
   kgpu::cli::AddDevicePluginFlags(slurm_gres, &dp_flags, kgpu::cli::PluginFlags::kDescribe);
   kgpu::cli::DraFlags dra_flags;
-  auto* dra_slices = kgpu::cli::AddDraCommands(&app, &dra_flags, &dp_flags);
+  auto [dra, dra_slices] = kgpu::cli::AddDraCommands(&app, &dra_flags, &dp_flags);
   kgpu::cli::QuotaFlags quota_flags;
   auto quota = kgpu::cli::AddQuotaCommands(&app, &quota_flags);
   kgpu::cli::SlurmBridgeFlags bridge_flags;
@@ -422,6 +422,7 @@ int Main(int argc, char** argv) {
        }},
       {dra_slices, Signals::kDefault,
        [&] { return kgpu::cli::RunDraSlices(node, dp_flags, dra_flags, std::cout, std::cerr); }},
+      {dra, Signals::kStopFlagServer, [&] { return kgpu::cli::RunDra(node, dp_flags, dra_flags, &g_stop, std::cerr); }},
       {bridge.status, Signals::kDefault, [&] { return kgpu::cli::RunSlurmBridgeStatus(bridge_flags, std::cout); }},
       {bridge.reclaim, Signals::kDefault, [&] { return kgpu::cli::RunSlurmBridgeReclaim(bridge_flags, std::cout); }},
       {bridge.hook, Signals::kDefault, [&] { return kgpu::cli::RunSlurmBridgeHook(bridge_flags, std::cout); }},

@@ -574,6 +574,16 @@ std::string SocketName(const std::string& resource) {
   return Cat(domain == "nvidia.com" ? std::string("nvidia") : domain, "-", resource.substr(slash + 1), ".sock");
 }
 
+gpu::HealthOptions HealthOptionsFor(const HealthConfig& health) {
+  gpu::HealthOptions ho;
+  ho.ignored_xids = health.all_xids_fatal ? std::set<uint64_t>{} : health.ignored_xids;
+  ho.fatal_xids = health.fatal_xids;
+  ho.recover_after = health.recover_after;
+  ho.probe_interval = health.probe_interval;
+  ho.hang_threshold = health.hang_threshold;
+  return ho;
+}
+
 int ShareSlotsOf(const gpu::Gpu& g, const Config& config) {
   if (g.mig_enabled) return 0;
   for (const auto& r : config.sharing.resources) {

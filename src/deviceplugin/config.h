@@ -69,6 +69,10 @@ struct MigConfig {
   std::chrono::milliseconds rescan_interval{5000};  // plugin: how often to look for a MIG change
 };
 
+// The health monitor's options for `health` (the ignore list, recovery, probes; hooks unset): the
+// device plugin's and the DRA driver's monitor read the config the same way.
+gpu::HealthOptions HealthOptionsFor(const HealthConfig& health);
+
 // The layout `node` uses: the first `mig.nodes` glob that matches. NotFound when none does.
 absl::StatusOr<std::string> LayoutForNode(const MigConfig& mig, const std::string& node);
 

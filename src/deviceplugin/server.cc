@@ -565,12 +565,7 @@ void Manager::StartHealth() {
     log->warn("health checks are disabled (DP_DISABLE_HEALTHCHECKS / health.disabled): devices stay Healthy");
     return;
   }
-  gpu::HealthOptions ho;
-  ho.ignored_xids = config.health.all_xids_fatal ? std::set<uint64_t>{} : config.health.ignored_xids;
-  ho.fatal_xids = config.health.fatal_xids;
-  ho.recover_after = config.health.recover_after;
-  ho.probe_interval = config.health.probe_interval;
-  ho.hang_threshold = config.health.hang_threshold;
+  gpu::HealthOptions ho = HealthOptionsFor(config.health);
   ho.on_xid = xid_observer_;
   ho.on_mig_change = [this](unsigned) {
     {

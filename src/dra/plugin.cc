@@ -190,7 +190,8 @@ class Plugin::Impl : public std::enable_shared_from_this<Plugin::Impl> {
     for (auto* s : services) builder.RegisterService(s);
     auto server = builder.BuildAndStart();
     if (!server) {
-      return absl::UnavailableError(Cat("cannot serve ", socket, " (is ", std::filesystem::path(socket).parent_path().string(),
+      return absl::UnavailableError(Cat("cannot serve ", socket, " (is ",
+                                        std::filesystem::path(socket).parent_path().string(),
                                         " mounted from the host and writable? ", flag, ")"));
     }
     return server;

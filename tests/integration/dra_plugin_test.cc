@@ -10,6 +10,8 @@
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 
 #include "api/dra.h"
 #include "dra/plugin.h"
@@ -25,6 +27,7 @@
 #include "testing/fake_apiserver.h"
 #include "testing/poll.h"
 #include "testing/sim_node.h"
+#include "testing/spawn.h"
 
 namespace kgpu::dra {
 namespace {
@@ -205,6 +208,70 @@ TEST_F(DraPluginTest, TheHealthStreamSendsTheCompleteListOnEveryChange) {
   EXPECT_EQ(msg.devices(0).message().size(), 1024U);  // kubelet's limit: cut with "..."
   EXPECT_EQ(msg.devices(0).message().substr(1021), "...");
   ctx.TryCancel();
+}
+
+// `kgpu dra` as a process, as its DaemonSet runs it: it publishes the pool (owned by the Node), an
+// XID taints the GPU's device (timeAdded kept across resyncs: no churn), recovery removes the
+// taint, a deleted slice comes back at the next resync, SIGTERM ends it with 0.
+TEST(DraDriverProcessTest, PublishesThePoolAndFollowsHealth) {
+  testing::SimNode sim("l4x4", "node-a");
+  testing::FakeApiServerOptions o;
+  o.git_version = "v1.35.0";
+  testing::FakeApiServer api(o);
+  ASSERT_TRUE(api.Start().ok());
+  const json node = {{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", "node-a"}}}};
+  const auto created = api.Create("nodes", "", node);
+  ASSERT_EQ(created.code, 201);
+  const std::string dir = sim.dir();
+  std::ofstream(dir + "/kubeconfig") << api.Kubeconfig();
+  std::ofstream(dir + "/config.yaml") << "version: v1\nhealth:\n  recoverAfter: 8s\n  probeInterval: 200ms\n";
+  const pid_t pid =
+      testing::Spawn({KGPU_BIN, "dra", "--kubeconfig", dir + "/kubeconfig", "--node-name", "node-a",
+                      "--kubelet-registry-dir", dir + "/registry", "--kubelet-plugins-dir", dir + "/plugins",
+                      "--cdi-spec-dir", dir + "/cdi", "--resync-interval", "1s", "--config-file", dir + "/config.yaml"},
+                     {.log = dir + "/dra.log", .env = {"KGPU_NVML_LIBRARY=" + testing::SimNode::LibraryPath()}});
+  ASSERT_GT(pid, 0);
+  auto log = [&] {
+    std::ifstream in(dir + "/dra.log");
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  const std::string name = "node-a-gpu.nvidia.com-0";
+  auto slice = [&] { return api.Get("resourceslices", "", name); };
+  ASSERT_TRUE(testing::WaitFor([&] { return slice().code == 200; }, 30s)) << log();
+  const json first = slice().body;
+  EXPECT_EQ(first["metadata"]["ownerReferences"][0]["kind"], "Node");
+  EXPECT_EQ(first["metadata"]["ownerReferences"][0]["uid"], created.body["metadata"]["uid"]);
+  EXPECT_EQ(first["spec"]["devices"].size(), 4U);
+  EXPECT_TRUE(std::filesystem::is_socket(dir + "/registry/gpu.nvidia.com-reg.sock"));
+  // An XID: the GPU's device is tainted as NVIDIA's driver taints it.
+  ASSERT_EQ(sim.Ctl("xid 1 48"), 0);
+  auto taints = [&] {
+    for (const auto& d : slice().body["spec"].value("devices", json::array())) {
+      if (d.value("taints", json::array()).size() > 0) return d["taints"];
+    }
+    return json::array();
+  };
+  ASSERT_TRUE(testing::WaitFor([&] { return !taints().empty(); }, 30s)) << log();
+  const json tainted = taints();
+  EXPECT_EQ(tainted[0]["key"], "gpu.nvidia.com/xid");
+  EXPECT_EQ(tainted[0]["value"], "48");
+  EXPECT_EQ(tainted[0]["effect"], "NoSchedule");
+  ASSERT_TRUE(tainted[0].contains("timeAdded"));  // set by the API server
+  // Resyncs every second leave it alone (the taint's timeAdded is not a change). A negative: it
+  // needs a few resync periods to mean anything.
+  const auto generation = slice().body["spec"]["pool"]["generation"];
+  std::this_thread::sleep_for(3s);
+  ASSERT_FALSE(taints().empty()) << "recovered before recoverAfter (8 s)";
+  EXPECT_EQ(slice().body["spec"]["pool"]["generation"], generation) << log();
+  // Recovered after recoverAfter: untainted.
+  ASSERT_TRUE(testing::WaitFor([&] { return taints().empty(); }, 30s)) << log();
+  // A slice deleted behind its back comes back at the next resync.
+  ASSERT_EQ(api.Delete("resourceslices", "", name).code, 200);
+  ASSERT_TRUE(testing::WaitFor([&] { return slice().code == 200; }, 30s)) << log();
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_TRUE(testing::WaitFor([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, 20s)) << log();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << log();
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "common/strings.h"
 #include "k8s/quantity.h"
+#include "k8s/resources.h"
 
 namespace kgpu::testing {
 namespace {
@@ -612,6 +613,15 @@ std::vector<FieldError> ValidateDra(const std::string& kind, const json& obj, co
 
 void SetDraGeneration(json& obj, const json* old) {
   if (!obj["metadata"].is_object()) obj["metadata"] = json::object();
+  if (obj.value("kind", "") == "ResourceSlice" && obj.contains("spec") && obj["spec"].contains("devices") &&
+      obj["spec"]["devices"].is_array()) {
+    for (auto& d : obj["spec"]["devices"]) {
+      if (!d.is_object() || !d.contains("taints") || !d["taints"].is_array()) continue;
+      for (auto& t : d["taints"]) {
+        if (t.is_object() && !t.contains("timeAdded")) t["timeAdded"] = k8s::NowRfc3339();
+      }
+    }
+  }
   if (old == nullptr) {
     obj["metadata"]["generation"] = 1;
     return;

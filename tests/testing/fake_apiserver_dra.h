@@ -24,7 +24,8 @@ namespace kgpu::testing {
 std::vector<FieldError> ValidateDra(const std::string& kind, const nlohmann::json& obj, const nlohmann::json* old,
                                     int minor, bool status);
 
-// metadata.generation as the registries keep it: 1 at create, +1 when the spec changes.
+// metadata.generation as the registries keep it: 1 at create, +1 when the spec changes; and a
+// ResourceSlice device taint without timeAdded gets the time now (the strategy's PrepareFor*).
 void SetDraGeneration(nlohmann::json& obj, const nlohmann::json* old);
 
 }  // namespace kgpu::testing
