@@ -24,8 +24,8 @@ class Client;
 namespace kgpu::dra {
 
 struct PublishResult {
-  bool changed = false;     // anything was written or deleted
-  int64_t generation = 0;   // the pool's generation now
+  bool changed = false;    // anything was written or deleted
+  int64_t generation = 0;  // the pool's generation now
   size_t written = 0, deleted = 0;
 };
 

@@ -134,26 +134,52 @@ DRA_CLASSES = {
 }
 
 
-def check_dra(objs):
-    """deploy/dra: exactly the three DeviceClasses, cluster-scoped, resource.k8s.io/v1, each selecting
-    the gpu.nvidia.com driver and its device type."""
-    names = {o["metadata"]["name"] for o in objs if o.get("kind") == "DeviceClass"}
-    if names != set(DRA_CLASSES) or len(objs) != len(DRA_CLASSES):
-        problem(f"deploy/dra renders {sorted((o.get('kind'), o['metadata']['name']) for o in objs)}, "
-                f"not the DeviceClasses {sorted(DRA_CLASSES)}")
+def check_dra(objs, version):
+    """deploy/dra: the three DeviceClasses (cluster-scoped, resource.k8s.io/v1, each selecting the
+    gpu.nvidia.com driver and its device type) and the driver: its ServiceAccount, RBAC, ConfigMap and
+    DaemonSet in kgpu-system, running make image's localhost/kgpu:VERSION with kubelet's plugin
+    directories mounted at the host's paths."""
+    want = {("DeviceClass", n) for n in DRA_CLASSES} | {
+        ("ServiceAccount", "kgpu-dra"), ("ClusterRole", "kgpu-dra"), ("ClusterRoleBinding", "kgpu-dra"),
+        ("ConfigMap", "kgpu-dra-config"), ("DaemonSet", "kgpu-dra")}
+    have = {(o.get("kind"), o["metadata"]["name"]) for o in objs}
+    for k in sorted(want - have):
+        problem(f"deploy/dra: missing {k[0]} {k[1]}")
+    for k in sorted(have - want):
+        problem(f"deploy/dra: unexpected {k[0]} {k[1]}")
     for o in objs:
         name = o["metadata"]["name"]
+        ns = o["metadata"].get("namespace")
+        if o.get("kind") in CLUSTER_SCOPED or o.get("kind") == "DeviceClass":
+            if ns:
+                problem(f"{o['kind']} {name} is cluster-scoped but has namespace {ns}")
+        elif ns != NS:
+            problem(f"{o['kind']} {name} is in namespace {ns!r}, not {NS}")
+        if o.get("kind") != "DeviceClass":
+            continue
         if o.get("apiVersion") != "resource.k8s.io/v1":
             problem(f"DeviceClass {name}: apiVersion {o.get('apiVersion')}, not resource.k8s.io/v1")
-        if o["metadata"].get("namespace"):
-            problem(f"DeviceClass {name} is cluster-scoped but has a namespace")
         exprs = [s.get("cel", {}).get("expression", "") for s in o.get("spec", {}).get("selectors", [])]
-        want = DRA_CLASSES.get(name, "")
-        if not any("device.driver == 'gpu.nvidia.com'" in e and want in e for e in exprs):
-            problem(f"DeviceClass {name}: no selector with device.driver == 'gpu.nvidia.com' && {want}: {exprs}")
+        want_expr = DRA_CLASSES.get(name, "")
+        if not any("device.driver == 'gpu.nvidia.com'" in e and want_expr in e for e in exprs):
+            problem(f"DeviceClass {name}: no selector with device.driver == 'gpu.nvidia.com' && {want_expr}: {exprs}")
     if next((o for o in objs if o["metadata"]["name"] == "gpu.nvidia.com"), {}).get("spec", {}).get(
             "extendedResourceName") != "nvidia.com/gpu":
         problem("DeviceClass gpu.nvidia.com: extendedResourceName is not nvidia.com/gpu (NVIDIA's chart sets it on v1)")
+    for ds in (o for o in objs if o.get("kind") == "DaemonSet"):
+        pod = ds["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        if c.get("image") != f"localhost/kgpu:{version}":
+            problem(f"DaemonSet kgpu-dra runs {c.get('image')}, not make image's localhost/kgpu:{version}")
+        if c.get("command", [])[:2] != ["kgpu", "dra"]:
+            problem(f"DaemonSet kgpu-dra runs {c.get('command')}, not kgpu dra")
+        mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+        host = {v["name"]: v.get("hostPath", {}).get("path") for v in pod.get("volumes", [])}
+        for path in ("/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi"):
+            if not any(mounts.get(n) == path == host.get(n) for n in mounts):
+                problem(f"DaemonSet kgpu-dra does not mount the host's {path} at the same path")
+        if pod.get("serviceAccountName") != "kgpu-dra":
+            problem("DaemonSet kgpu-dra does not run as ServiceAccount kgpu-dra")
 
 
 def selects(selector, labels):
@@ -174,7 +200,7 @@ def main():
         if variant == "quota":
             check_quota(objs)
         else:
-            check_dra(objs)
+            check_dra(objs, version)
         for p in problems:
             print(f"check_rendered ({variant}): {p}")
         print(f"check_rendered ({variant}): {len(objs)} objects, {len(problems)} problem(s)")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kubectl 1.33 (a real client; the one on these machines nearest to DRA's GA in 1.34) against
 # kgpu-fake-apiserver reporting v1.34 and serving resource.k8s.io/v1: it applies deploy/dra's
-# DeviceClasses, claims and a claim template, and the ResourceSlices `kgpu dra slices` prints for
+# DeviceClasses (deploy/dra/deviceclasses.yaml; the stand-in serves no DaemonSet), claims and a claim template, and the ResourceSlices `kgpu dra slices` prints for
 # simulated nodes; it lists them with the columns kube-apiserver's printers give; the stand-in
 # refuses what kube-apiserver refuses (required fields, limits, formats, immutable fields) with
 # its field paths; a claim's status subresource shows allocated,reserved. Where kubectl and the
@@ -64,7 +64,7 @@ expect 'resourceslices +resource\.k8s\.io/v1 +false +ResourceSlice' K api-resour
 expect 'resourceclaims +resource\.k8s\.io/v1 +true +ResourceClaim' K api-resources
 
 # The DeviceClasses kgpu ships.
-expect 'deviceclass.resource.k8s.io/gpu-share.kgpu.io created' K apply -k "$ROOT/deploy/dra"
+expect 'deviceclass.resource.k8s.io/gpu-share.kgpu.io created' K apply -f "$ROOT/deploy/dra/deviceclasses.yaml"
 expect '^gpu-share\.kgpu\.io +[0-9]+s' K get deviceclasses
 expect 'gpu\.nvidia\.com' K get deviceclass gpu.nvidia.com -o 'jsonpath={.spec.selectors[0].cel.expression}'
 expect '^1$' K get deviceclass mig.nvidia.com -o 'jsonpath={.metadata.generation}'

@@ -210,9 +210,9 @@ TEST_F(DraPluginTest, TheHealthStreamSendsTheCompleteListOnEveryChange) {
   ctx.TryCancel();
 }
 
-// `kgpu dra` as a process, as its DaemonSet runs it: it publishes the pool (owned by the Node), an
-// XID taints the GPU's device (timeAdded kept across resyncs: no churn), recovery removes the
-// taint, a deleted slice comes back at the next resync, SIGTERM ends it with 0.
+// `kgpu dra` as a process, as its DaemonSet runs it (with deploy/dra's RBAC): it publishes the pool (owned by the
+// Node), an XID taints the GPU's device (timeAdded kept across resyncs: no churn), recovery removes the taint, a
+// deleted slice comes back at the next resync, SIGTERM ends it with 0.
 TEST(DraDriverProcessTest, PublishesThePoolAndFollowsHealth) {
   testing::SimNode sim("l4x4", "node-a");
   testing::FakeApiServerOptions o;
@@ -223,7 +223,11 @@ TEST(DraDriverProcessTest, PublishesThePoolAndFollowsHealth) {
   const auto created = api.Create("nodes", "", node);
   ASSERT_EQ(created.code, 201);
   const std::string dir = sim.dir();
-  std::ofstream(dir + "/kubeconfig") << api.Kubeconfig();
+  // Exactly the RBAC deploy/dra grants.
+  const auto identity = testing::ReadDeployRbac(std::string(KGPU_SOURCE_DIR) + "/deploy/dra");
+  ASSERT_TRUE(identity.ok()) << identity.status();
+  EXPECT_EQ(identity->user, "system:serviceaccount:kgpu-system:kgpu-dra");
+  std::ofstream(dir + "/kubeconfig") << api.KubeconfigFor(*identity);
   std::ofstream(dir + "/config.yaml") << "version: v1\nhealth:\n  recoverAfter: 8s\n  probeInterval: 200ms\n";
   const pid_t pid =
       testing::Spawn({KGPU_BIN, "dra", "--kubeconfig", dir + "/kubeconfig", "--node-name", "node-a",
