@@ -155,11 +155,6 @@ absl::StatusOr<std::vector<api::dra::ResourceSlice>> NodeSlices(const Configured
 int RunDra(const NodeOptions& node, const DevicePluginFlags& plugin, const DraFlags& flags,
            const volatile std::sig_atomic_t* stop, std::ostream& err) {
   auto log = Log("dra");
-  if (flags.dynamic_mig) {
-    err << "kgpu dra: --dynamic-mig: this version's plugin does not carve MIG instances when a claim is prepared, "
-           "so it does not publish placements it could not prepare; `kgpu dra slices --dynamic-mig` shows them\n";
-    return 1;
-  }
   auto cs = OpenConfiguredSession(node, plugin);
   if (!cs.ok()) {
     err << "kgpu dra: " << cs.status().message() << "\n";
@@ -204,6 +199,7 @@ int RunDra(const NodeOptions& node, const DevicePluginFlags& plugin, const DraFl
   po.cuda_interposer_load = config.cuda_interposer_load;
   po.cuda_shared_root = config.cuda_shared_root;
   po.mig = in->mig;
+  po.dynamic_mig = pool.dynamic_mig;
   if (!in->mig.empty()) {
     const std::string path = UnderRoot(config.proc_root, "/driver/nvidia-caps/mig-minors");
     if (const auto text = ReadFile(path)) {
@@ -217,7 +213,7 @@ int RunDra(const NodeOptions& node, const DevicePluginFlags& plugin, const DraFl
       log->warn("{} is not readable: MIG claims cannot be prepared (set --proc-root to the host's procfs)", path);
     }
   }
-  auto preparer = dra::Preparer::Create(client, cs->session.inventory, po);
+  auto preparer = dra::Preparer::Create(client, cs->session.inventory, po, cs->session.lib);
   if (!preparer.ok()) {
     err << "kgpu dra: " << preparer.status().message() << "\n";
     return 1;

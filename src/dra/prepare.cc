@@ -1,6 +1,7 @@
 #include "dra/prepare.h"
 
 #include <algorithm>
+#include <deque>
 #include <filesystem>
 
 #include "api/dra.h"
@@ -43,13 +44,16 @@ std::optional<uint64_t> Units(const json& q) {
 }  // namespace
 
 Preparer::Preparer(std::shared_ptr<k8s::Client> client, std::shared_ptr<const gpu::Inventory> inventory,
-                   PrepareOptions options)
-    : client_(std::move(client)), inventory_(std::move(inventory)), opts_(std::move(options)) {}
+                   PrepareOptions options, std::shared_ptr<const nvml::Library> lib)
+    : client_(std::move(client)), inventory_(std::move(inventory)), opts_(std::move(options)), lib_(std::move(lib)) {}
 
 absl::StatusOr<std::unique_ptr<Preparer>> Preparer::Create(std::shared_ptr<k8s::Client> client,
                                                            std::shared_ptr<const gpu::Inventory> inventory,
-                                                           PrepareOptions options) {
-  std::unique_ptr<Preparer> p(new Preparer(std::move(client), std::move(inventory), std::move(options)));
+                                                           PrepareOptions options,
+                                                           std::shared_ptr<const nvml::Library> lib) {
+  if (options.dynamic_mig && !lib) return absl::InvalidArgumentError("dynamic MIG needs the NVML library");
+  std::unique_ptr<Preparer> p(
+      new Preparer(std::move(client), std::move(inventory), std::move(options), std::move(lib)));
   const std::string path = Cat(p->opts_.plugin_dir, "/checkpoint.json");
   p->checkpoint_ = {{"version", 1}, {"claims", json::object()}};
   if (const auto text = ReadFile(path)) {
@@ -63,7 +67,88 @@ absl::StatusOr<std::unique_ptr<Preparer>> Preparer::Create(std::shared_ptr<k8s::
     }
     p->checkpoint_ = std::move(cp);
   }
+  if (p->opts_.dynamic_mig) {
+    // The driver owns MIG on MIG-mode GPUs: a GPU instance no prepared claim carved goes.
+    std::set<std::string> kept;  // "<gpu uuid>/<gi id>"
+    for (const auto& [uid, c] : p->checkpoint_["claims"].items()) {
+      for (const auto& m : c.value("carved", json::array()))
+        kept.insert(Cat(m.value("gpu", ""), "/", m.value("gi", 0)));
+    }
+    for (const auto& g : p->inventory_->gpus()) {
+      if (!g.mig_enabled || !g.error.empty()) continue;
+      auto gis = p->lib_->GpuInstances(g.handle);
+      if (!gis.ok()) return absl::Status(gis.status().code(), Cat("GPU ", g.index, ": ", gis.status().message()));
+      for (const auto& gi : *gis) {
+        if (kept.contains(Cat(g.uuid, "/", gi.id))) continue;
+        Log("dra")->warn(
+            "GPU {}: destroying GPU instance {} (no prepared claim carved it; --dynamic-mig owns MIG here)", g.index,
+            gi.id);
+        if (auto st = p->DestroyCarved({{"gpu", g.uuid}, {"gi", gi.id}}); !st.ok()) return st;
+      }
+    }
+  }
   return p;
+}
+
+absl::StatusOr<gpu::MigDevice> Preparer::Carve(const gpu::Gpu& g, const std::string& name, json& record) {
+  const auto cat = opts_.mig.find(g.index);
+  if (cat == opts_.mig.end()) return absl::FailedPreconditionError(Cat("GPU ", g.index, " has no MIG profiles"));
+  for (const auto& p : cat->second.profiles) {
+    for (const auto& pl : p.placements) {
+      if (api::dra::MigDeviceName(g.minor, p.name, p.profile.id, pl.start) != name) continue;
+      auto gi = lib_->CreateGpuInstance(g.handle, p.profile, pl);
+      if (!gi.ok()) {
+        return absl::Status(gi.status().code(), Cat("carving ", p.name, " at memory slice ", pl.start, " on GPU ",
+                                                    g.index, ": ", gi.status().message()));
+      }
+      record["carved"].push_back({{"gpu", g.uuid}, {"gi", gi->id}});
+      if (auto st = lib_->CreateFullComputeInstance(*gi, p.profile.slices); !st.ok()) {
+        return absl::Status(st.code(),
+                            Cat("the compute instance of ", p.name, " on GPU ", g.index, ": ", st.message()));
+      }
+      auto migs = lib_->MigDevices(g.handle);
+      if (!migs.ok()) return migs.status();
+      for (const auto& m : *migs) {
+        if (m.gi != gi->id) continue;
+        auto uuid = lib_->Uuid(m.handle);
+        if (!uuid.ok()) return uuid.status();
+        gpu::MigDevice d;
+        d.uuid = *uuid;
+        d.parent = g.index;
+        d.gi = m.gi;
+        d.ci = m.ci;
+        d.profile = p.name;
+        d.memory_mib = m.memory_mib;
+        return d;
+      }
+      return absl::InternalError(
+          Cat("GPU ", g.index, ": the GPU instance ", gi->id, " carved for ", name, " has no MIG device"));
+    }
+  }
+  return absl::NotFoundError(Cat("GPU ", g.index, " offers no MIG placement named ", name));
+}
+
+absl::Status Preparer::DestroyCarved(const json& carved) {
+  const std::string uuid = carved.value("gpu", "");
+  const unsigned id = carved.value("gi", 0U);
+  const gpu::Gpu* g = inventory_->FindGpu(uuid);
+  if (g == nullptr || !lib_) return absl::OkStatus();  // the GPU is gone: nothing to destroy
+  auto gis = lib_->GpuInstances(g->handle);
+  if (!gis.ok()) return gis.status();
+  for (const auto& gi : *gis) {
+    if (gi.id != id) continue;
+    auto cis = lib_->ComputeInstances(gi);
+    if (!cis.ok()) return cis.status();
+    for (void* ci : *cis) {
+      if (auto st = lib_->DestroyComputeInstance(ci); !st.ok()) {
+        return absl::Status(st.code(), Cat("GPU ", g->index, " GPU instance ", id, ": ", st.message()));
+      }
+    }
+    if (auto st = lib_->DestroyGpuInstance(gi); !st.ok()) {
+      return absl::Status(st.code(), Cat("GPU ", g->index, " GPU instance ", id, ": ", st.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::string Preparer::CdiKind() const {
@@ -103,13 +188,14 @@ absl::StatusOr<std::vector<PreparedDevice>> Preparer::Prepare(const ClaimRef& cl
     }
     return out;
   }
-  json record = {{"namespace", claim.ns}, {"name", claim.name}, {"regions", json::array()}};
+  json record = {{"namespace", claim.ns}, {"name", claim.name}, {"regions", json::array()}, {"carved", json::array()}};
   auto devices = PrepareLocked(claim, record);
   if (!devices.ok()) {
-    // Nothing half-made stays behind: the spec and the regions written so far go.
+    // Nothing half-made stays behind: the spec, the regions and the MIG instances made so far go.
     std::error_code ec;
     std::filesystem::remove(SpecPath(claim.uid), ec);
     for (const auto& r : record["regions"]) (void)RemoveTreeNoFollow(r.get<std::string>());
+    for (const auto& m : record["carved"]) (void)DestroyCarved(m);
     return devices.status();
   }
   json list = json::array();
@@ -171,6 +257,7 @@ absl::StatusOr<std::vector<PreparedDevice>> Preparer::PrepareLocked(const ClaimR
     }
   }
   json spec_devices = json::array();
+  std::deque<gpu::MigDevice> carved;  // the facts of instances carved for this claim (targets point here)
   std::vector<PreparedDevice> out;
   std::vector<std::string> uuids;
   for (const auto& r : k8s::Field(allocation, "devices").value("results", json::array())) {
@@ -180,13 +267,25 @@ absl::StatusOr<std::vector<PreparedDevice>> Preparer::PrepareLocked(const ClaimR
       return absl::FailedPreconditionError(Cat(who, ": device ", device, " was allocated from pool ", pool,
                                                ", not this node's (", opts_.node_name, ")"));
     }
-    const auto t = targets.find(device);
+    auto t = targets.find(device);
+    if (t == targets.end() && opts_.dynamic_mig && device.find("-mig-") != std::string::npos) {
+      // "gpu-<minor>-mig-...": carve it on its parent.
+      const gpu::Gpu* parent = nullptr;
+      for (const auto& g : inventory_->gpus()) {
+        if (g.mig_enabled && device.rfind(Cat(api::dra::GpuDeviceName(g.minor), "-mig-"), 0) == 0) parent = &g;
+      }
+      if (parent != nullptr) {
+        auto m = Carve(*parent, device, record);
+        if (!m.ok()) return absl::Status(m.status().code(), Cat(who, ": ", m.status().message()));
+        carved.push_back(*m);
+        t = targets.emplace(device, Target{parent, &carved.back()}).first;
+      }
+    }
     if (t == targets.end()) {
       return absl::FailedPreconditionError(
           Cat(who, ": this node has no device ", device,
               device.find("-mig-") != std::string::npos
-                  ? " (a MIG instance that does not exist: carving one at prepare, --dynamic-mig, is not done by this "
-                    "version)"
+                  ? " (a MIG instance that does not exist, and the driver runs without --dynamic-mig)"
                   : " (its GPUs changed since the slice was published)"));
     }
     const gpu::Gpu& g = *t->second.gpu;
@@ -281,6 +380,12 @@ absl::Status Preparer::Unprepare(const ClaimRef& claim) {
   for (const auto& r : record.value("regions", json::array())) {
     if (auto st = RemoveTreeNoFollow(r.get<std::string>()); !st.ok()) {
       return absl::UnavailableError(Cat(Who(claim), ": removing its accounting region: ", st.message()));
+    }
+  }
+  for (const auto& m : record.value("carved", json::array())) {
+    // Carved for this claim and used by nothing else (a claim's devices are its own): destroyed.
+    if (auto st = DestroyCarved(m); !st.ok()) {
+      return absl::UnavailableError(Cat(Who(claim), ": destroying the MIG instance carved for it: ", st.message()));
     }
   }
   claims.erase(claim.uid);

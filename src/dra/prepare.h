@@ -29,6 +29,7 @@
 #include "gpu/inventory.h"
 #include "gpu/mig_layout.h"
 #include "gpu/mig_minors.h"
+#include "nvml/library.h"
 
 namespace kgpu::k8s {
 class Client;
@@ -51,6 +52,10 @@ struct PrepareOptions {
   gpu::MigMinors mig_minors;  // the driver's MIG capability minors
   // ReadMigCatalog of each MIG-mode GPU, by index: which existing instance a device name is.
   std::map<unsigned, gpu::MigCatalog> mig;
+  // Dynamic MIG: a MIG device name that is no existing instance is carved at prepare (GPU instance
+  // at the name's profile and placement, one compute instance spanning it) and destroyed at
+  // unprepare. Needs the NVML library (Create's `lib`).
+  bool dynamic_mig = false;
 };
 
 struct ClaimRef {
@@ -68,9 +73,13 @@ struct PreparedDevice {
 class Preparer {
  public:
   // Loads the checkpoint (a corrupt one is an error naming the file: nothing is assumed).
+  // With dynamic MIG, GPU instances on MIG-mode GPUs that the checkpoint does not record are
+  // destroyed first (left by a claim whose unprepare never came, or made by hand): the driver owns
+  // MIG on those GPUs. `lib` may be null without dynamic MIG.
   static absl::StatusOr<std::unique_ptr<Preparer>> Create(std::shared_ptr<k8s::Client> client,
                                                           std::shared_ptr<const gpu::Inventory> inventory,
-                                                          PrepareOptions options);
+                                                          PrepareOptions options,
+                                                          std::shared_ptr<const nvml::Library> lib = nullptr);
 
   absl::StatusOr<std::vector<PreparedDevice>> Prepare(const ClaimRef& claim);
   absl::Status Unprepare(const ClaimRef& claim);
@@ -82,14 +91,18 @@ class Preparer {
   std::string CdiKind() const;
 
  private:
-  Preparer(std::shared_ptr<k8s::Client> client, std::shared_ptr<const gpu::Inventory> inventory,
-           PrepareOptions options);
+  Preparer(std::shared_ptr<k8s::Client> client, std::shared_ptr<const gpu::Inventory> inventory, PrepareOptions options,
+           std::shared_ptr<const nvml::Library> lib);
+  // Carves the MIG instance `name` names on GPU `g`; records it in `record`.
+  absl::StatusOr<gpu::MigDevice> Carve(const gpu::Gpu& g, const std::string& name, nlohmann::json& record);
+  absl::Status DestroyCarved(const nlohmann::json& carved);
   absl::Status Save();
   absl::StatusOr<std::vector<PreparedDevice>> PrepareLocked(const ClaimRef& claim, nlohmann::json& record);
 
   std::shared_ptr<k8s::Client> client_;
   std::shared_ptr<const gpu::Inventory> inventory_;
   PrepareOptions opts_;
+  std::shared_ptr<const nvml::Library> lib_;
   mutable std::mutex mu_;
   nlohmann::json checkpoint_;  // {"version": 1, "claims": {uid: {...}}}
 };

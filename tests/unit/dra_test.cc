@@ -619,7 +619,7 @@ TEST_F(PrepareTest, WhatCannotBeEnforcedOrDoesNotMatchIsRefusedWithTheReason) {
   other["pool"] = "node-z";
   refused(Claim("elsewhere", json::array({other})), "elsewhere", "allocated from pool node-z");
   refused(Claim("unknown", json::array({Result("gpu-99")})), "unknown", "this node has no device gpu-99");
-  refused(Claim("mig", json::array({Result("gpu-0-mig-1g5gb-19-0")})), "mig", "carving one at prepare");
+  refused(Claim("mig", json::array({Result("gpu-0-mig-1g5gb-19-0")})), "mig", "the driver runs without --dynamic-mig");
   const json mps = {{{"source", "FromClaim"},
                      {"requests", json::array()},
                      {"opaque",
@@ -709,6 +709,89 @@ TEST(PrepareMigTest, AStaticMigInstanceGetsItsCapabilityNodes) {
   ASSERT_EQ(caps.size(), 2U);
   for (const auto& cap : caps) EXPECT_NE(std::find(paths.begin(), paths.end(), cap), paths.end()) << cap;
   EXPECT_EQ(edits["env"], json::array({"NVIDIA_VISIBLE_DEVICES=" + g->migs[0].uuid}));
+}
+
+// --dynamic-mig: the placement a claim was allocated is carved at prepare and destroyed at
+// unprepare; what no prepared claim carved is destroyed when the driver starts; a placement that
+// overlaps a carved one fails with NVML's reason and leaves nothing behind.
+TEST(PrepareMigTest, DynamicMigCarvesAtPrepareAndDestroysAtUnprepare) {
+  SimNode sim("dgx-a100-mig");
+  ASSERT_EQ(sim.Ctl("mig-minors " + sim.dir() + "/mig-minors"), 0);
+  Node n = Discover(sim);
+  ASSERT_TRUE(n.inv);
+  std::shared_ptr<const nvml::Library> lib = std::move(n.lib);
+  testing::FakeApiServerOptions o;
+  o.git_version = "v1.35.0";
+  testing::FakeApiServer api(o);
+  ASSERT_TRUE(api.Start().ok());
+  k8s::Config c;
+  c.server = api.url();
+  std::shared_ptr<k8s::Client> client = std::move(*k8s::Client::Create(c));
+  PrepareOptions opts;
+  opts.driver = a::kDriver;
+  opts.node_name = "node-b";
+  opts.plugin_dir = sim.dir() + "/plugin";
+  opts.cdi_dir = sim.dir() + "/cdi";
+  opts.mig = n.mig;
+  opts.dynamic_mig = true;
+  std::ifstream minors_file(sim.dir() + "/mig-minors");
+  opts.mig_minors = *gpu::ParseMigMinors(std::string((std::istreambuf_iterator<char>(minors_file)), {}), "mig-minors");
+  const unsigned gi_index = n.mig.begin()->first;
+  const gpu::Gpu& g = n.inv->gpus()[gi_index];
+  const gpu::MigCatalog& cat = n.mig.at(gi_index);
+  auto instances = [&] {
+    auto gis = lib->GpuInstances(g.handle);
+    EXPECT_TRUE(gis.ok());
+    return gis.ok() ? gis->size() : 0;
+  };
+  ASSERT_GT(instances(), 0U);  // the profile's static instances
+  auto p = Preparer::Create(client, n.inv, opts, lib);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(instances(), 0U);  // no prepared claim carved them: the driver owns MIG here
+  // The smallest profile at its first placement, and the largest (overlapping it).
+  const auto& small = cat.profiles.front();
+  const auto& large = cat.profiles.back();
+  const std::string small_name = a::MigDeviceName(g.minor, small.name, small.profile.id, small.placements[0].start);
+  const std::string large_name = a::MigDeviceName(g.minor, large.name, large.profile.id, large.placements[0].start);
+  auto claim = [&](const std::string& name, const std::string& device) {
+    const json obj = {
+        {"apiVersion", "resource.k8s.io/v1"},
+        {"kind", "ResourceClaim"},
+        {"metadata", {{"name", name}, {"namespace", "default"}}},
+        {"spec",
+         {{"devices", {{"requests", {{{"name", "mig"}, {"exactly", {{"deviceClassName", "mig.nvidia.com"}}}}}}}}}}};
+    json created = api.Create("resourceclaims", "default", obj).body;
+    const json result = {{"request", "mig"}, {"driver", a::kDriver}, {"pool", "node-b"}, {"device", device}};
+    created["status"]["allocation"]["devices"]["results"] = json::array({result});
+    EXPECT_EQ(api.Update("resourceclaims", "default", created).code, 200);
+    return created["metadata"].value("uid", "");
+  };
+  const std::string uid = claim("small", small_name);
+  auto got = (*p)->Prepare({"default", uid, "small"});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(instances(), 1U);
+  std::ifstream in((*p)->SpecPath(uid));
+  const json edits = json::parse(in)["devices"][0]["containerEdits"];
+  const std::string env = edits["env"][0];
+  EXPECT_EQ(env.rfind("NVIDIA_VISIBLE_DEVICES=MIG-", 0), 0U) << env;
+  EXPECT_EQ(edits["deviceNodes"].size(), 6U) << edits.dump();  // the GPU, ctl, uvm x2, GI and CI access
+  // The largest profile overlaps it: NVML refuses, nothing is left behind.
+  const std::string other = claim("large", large_name);
+  auto refused = (*p)->Prepare({"default", other, "large"});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("carving " + large.name), std::string::npos) << refused.status();
+  EXPECT_EQ(instances(), 1U);
+  EXPECT_FALSE(std::filesystem::exists((*p)->SpecPath(other)));
+  // A restart keeps what a prepared claim carved.
+  p->reset();
+  auto restarted = Preparer::Create(client, n.inv, opts, lib);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  EXPECT_EQ(instances(), 1U);
+  ASSERT_TRUE((*restarted)->Unprepare({"default", uid, "small"}).ok());
+  EXPECT_EQ(instances(), 0U);
+  auto now = (*restarted)->Prepare({"default", other, "large"});
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(instances(), 1U);
 }
 
 }  // namespace prep
