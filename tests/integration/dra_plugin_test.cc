@@ -25,6 +25,7 @@
 #include "nvml/library.h"
 #include "pluginregistration_v1.grpc.pb.h"
 #include "testing/fake_apiserver.h"
+#include "testing/fake_kubelet_dra.h"
 #include "testing/poll.h"
 #include "testing/sim_node.h"
 #include "testing/spawn.h"
@@ -276,6 +277,93 @@ TEST(DraDriverProcessTest, PublishesThePoolAndFollowsHealth) {
   int status = 0;
   ASSERT_TRUE(testing::WaitFor([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, 20s)) << log();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << log();
+}
+
+// The whole node: kgpu dra as a process and kubelet's DRA manager (the stand-in) around pods'
+// lives — registration, a claim prepared once for the two pods that share it and unprepared
+// after the last, the pod refused a claim not reserved for it, health reaching kubelet, and a
+// kubelet restart that registers the driver again.
+TEST(DraDriverProcessTest, KubeletPreparesClaimsAroundPodsLives) {
+  testing::SimNode sim("l4x4", "node-a");
+  testing::FakeApiServerOptions o;
+  o.git_version = "v1.35.0";
+  testing::FakeApiServer api(o);
+  ASSERT_TRUE(api.Start().ok());
+  ASSERT_EQ(api.Create("nodes", "", {{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", "node-a"}}}}).code,
+            201);
+  const std::string dir = sim.dir();
+  std::ofstream(dir + "/kubeconfig") << api.Kubeconfig();
+  const pid_t pid = testing::Spawn(
+      {KGPU_BIN, "dra", "--kubeconfig", dir + "/kubeconfig", "--node-name", "node-a", "--kubelet-registry-dir",
+       dir + "/registry", "--kubelet-plugins-dir", dir + "/plugins", "--cdi-spec-dir", dir + "/cdi"},
+      {.log = dir + "/dra.log", .env = {"KGPU_NVML_LIBRARY=" + testing::SimNode::LibraryPath()}});
+  ASSERT_GT(pid, 0);
+  auto log = [&] {
+    std::ifstream in(dir + "/dra.log");
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  k8s::Config c;
+  c.server = api.url();
+  std::shared_ptr<k8s::Client> client = std::move(*k8s::Client::Create(c));
+  testing::FakeDraKubelet kubelet(dir + "/registry", client);
+  kubelet.Start();
+  ASSERT_TRUE(testing::WaitFor([&] { return kubelet.Drivers().contains("gpu.nvidia.com"); }, 30s)) << log();
+  const auto driver = kubelet.Drivers().at("gpu.nvidia.com");
+  EXPECT_EQ(driver.version, "v1");
+  EXPECT_TRUE(driver.health);
+  EXPECT_EQ(driver.endpoint, dir + "/plugins/gpu.nvidia.com/dra.sock");
+  // A claim for GPU 2, allocated and reserved for two pods as kube-scheduler would.
+  auto inv = gpu::Inventory::Discover(**nvml::Library::Open({testing::SimNode::LibraryPath()}), {dir});
+  ASSERT_TRUE(inv.ok());
+  const std::string dev = api::dra::GpuDeviceName((*inv)->gpus()[2].minor);
+  json claim = {
+      {"apiVersion", "resource.k8s.io/v1"},
+      {"kind", "ResourceClaim"},
+      {"metadata", {{"name", "shared"}, {"namespace", "default"}}},
+      {"spec",
+       {{"devices", {{"requests", {{{"name", "gpu"}, {"exactly", {{"deviceClassName", "gpu.nvidia.com"}}}}}}}}}}};
+  claim = api.Create("resourceclaims", "default", claim).body;
+  const json result = {{"request", "gpu"}, {"driver", "gpu.nvidia.com"}, {"pool", "node-a"}, {"device", dev}};
+  claim["status"]["allocation"]["devices"]["results"] = json::array({result});
+  claim["status"]["reservedFor"] = json::array({{{"resource", "pods"}, {"name", "p1"}, {"uid", "uid-p1"}},
+                                                {{"resource", "pods"}, {"name", "p2"}, {"uid", "uid-p2"}}});
+  ASSERT_EQ(api.Update("resourceclaims", "default", claim).code, 200);
+  const std::string uid = claim["metadata"]["uid"];
+  auto pod = [](const std::string& name, const std::string& pod_uid) {
+    return json{{"metadata", {{"name", name}, {"namespace", "default"}, {"uid", pod_uid}}},
+                {"spec", {{"resourceClaims", {{{"name", "gpu"}, {"resourceClaimName", "shared"}}}}}}};
+  };
+  auto first = kubelet.PreparePod(pod("p1", "uid-p1"));
+  ASSERT_TRUE(first.ok()) << first.status() << "\n" << log();
+  EXPECT_EQ(first->at("shared"), std::vector<std::string>{"k8s.gpu.nvidia.com/claim=" + uid + "-" + dev});
+  const std::string spec = dir + "/cdi/k8s.gpu.nvidia.com-claim_" + uid + ".json";
+  ASSERT_TRUE(std::filesystem::exists(spec));
+  auto second = kubelet.PreparePod(pod("p2", "uid-p2"));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(*second, *first);
+  auto stranger = kubelet.PreparePod(pod("p3", "uid-p3"));
+  ASSERT_FALSE(stranger.ok());
+  EXPECT_NE(stranger.status().message().find("pod p3 (uid-p3) is not allowed to use ResourceClaim shared"),
+            std::string::npos)
+      << stranger.status();
+  ASSERT_TRUE(kubelet.UnpreparePod(pod("p1", "uid-p1")).ok());
+  EXPECT_TRUE(std::filesystem::exists(spec));  // p2 still uses it
+  ASSERT_TRUE(kubelet.UnpreparePod(pod("p2", "uid-p2")).ok());
+  EXPECT_FALSE(std::filesystem::exists(spec));
+  // Health reaches kubelet: an XID on GPU 2.
+  ASSERT_TRUE(testing::WaitFor([&] { return kubelet.Health("gpu.nvidia.com").contains("node-a/" + dev); }, 30s));
+  EXPECT_EQ(kubelet.Health("gpu.nvidia.com").at("node-a/" + dev), "HEALTHY");
+  ASSERT_EQ(sim.Ctl("xid 2 79"), 0);  // fallen off the bus: lost
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return kubelet.Health("gpu.nvidia.com").at("node-a/" + dev).rfind("UNHEALTHY", 0) == 0; }, 30s))
+      << log();
+  // A kubelet restart: the watcher finds the socket again and registers the driver again.
+  kubelet.Restart();
+  ASSERT_TRUE(testing::WaitFor([&] { return kubelet.Drivers().contains("gpu.nvidia.com"); }, 30s));
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_TRUE(testing::WaitFor([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, 20s)) << log();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 }  // namespace
