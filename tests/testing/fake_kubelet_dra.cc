@@ -182,9 +182,8 @@ void FakeDraKubelet::TryRegister(const std::string& socket) {
   d.health = health;
   ++d.registrations;
   if (health) {
-    streams_.emplace_back([this, name = d.name, endpoint = d.endpoint, gen = generation_.load()] {
-      FollowHealth(name, endpoint, gen);
-    });
+    streams_.emplace_back(
+        [this, name = d.name, endpoint = d.endpoint, gen = generation_.load()] { FollowHealth(name, endpoint, gen); });
   }
 }
 
@@ -214,7 +213,8 @@ void FakeDraKubelet::FollowHealth(std::string driver, std::string endpoint, uint
 
 absl::StatusOr<std::map<std::string, std::vector<std::string>>> FakeDraKubelet::PreparePod(const json& pod) {
   const json& meta = k8s::Field(pod, "metadata");
-  const std::string ns = meta.value("namespace", ""), pod_name = meta.value("name", ""), pod_uid = meta.value("uid", "");
+  const std::string ns = meta.value("namespace", ""), pod_name = meta.value("name", ""),
+                    pod_uid = meta.value("uid", "");
   std::map<std::string, std::string> statuses;  // pod claim name -> generated claim name
   for (const auto& s : k8s::Field(pod, "status").value("resourceClaimStatuses", json::array())) {
     statuses[s.value("name", "")] = s.value("resourceClaimName", "");
@@ -251,8 +251,8 @@ absl::StatusOr<std::map<std::string, std::vector<std::string>>> FakeDraKubelet::
         continue;
       }
     }
-    for (const auto& r :
-         k8s::Field(k8s::Field(k8s::Field(*claim, "status"), "allocation"), "devices").value("results", json::array())) {
+    for (const auto& r : k8s::Field(k8s::Field(k8s::Field(*claim, "status"), "allocation"), "devices")
+                             .value("results", json::array())) {
       todo[r.value("driver", "")][uid] = {ns, name};
     }
   }
