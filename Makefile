@@ -35,7 +35,7 @@ demo:
 	@./scripts/install-deps.sh --demo
 	cmake --preset dev >/dev/null
 	cmake --build --preset dev -j $(JOBS) --target kgpu kgpu-simctl kgpu_simnvml kgpu-fake-kubelet kgpu-fake-apiserver \
-	  kgpu-slurm-testcluster kgpu-demo-cluster kgpu_cuda_interposer kgpu_iso_driver kgpu_compute_driver kgpu_simnvml_plain
+	  kgpu-slurm-testcluster kgpu-demo-cluster kgpu-demo-dra kgpu_cuda_interposer kgpu_iso_driver kgpu_compute_driver kgpu_simnvml_plain
 	./scripts/demo.sh build/dev
 
 bench: deps

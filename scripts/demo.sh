@@ -222,6 +222,13 @@ echo "Then the leading replica is killed: the standby filters at once from its o
 echo "leader's; a standby passes them on) resume once it holds the Lease, about the lease duration later."
 echo "\$ kgpu-demo-cluster"
 "$bin/kgpu-demo-cluster" | sed 's/^/  /'
+step "GPUs through DRA (Kubernetes 1.34+): kgpu dra on an H100 node (two GPUs offered as shares) and an A100 MIG node (--dynamic-mig)"
+echo "What you see: the ResourceSlices kgpu dra publishes (NVIDIA's driver, class and attribute names), claims allocated by"
+echo "kube-scheduler's allocator (stood in) and prepared by kubelet (stood in) through kgpu dra: a whole H100, a 1g.10gb MIG"
+echo "instance carved when its pod starts and destroyed when it goes, two shares of one H100 (20Gi/30% and 40Gi/60%) each"
+echo "held to its consumed capacity by the CUDA interposer (the CDI spec's limits), a third share that no longer fits there,"
+echo "then an XID that taints the GPU's device (the next claim avoids it) and reaches the pod's status through kubelet."
+"$bin/kgpu-demo-dra" | sed 's/^/  /'
 step "Isolation on a share's GPU: a memory limit every process of the container is held to, and compute shares of 30 % and 70 %"
 "$(dirname "$0")/demo-isolation.sh" "$build"
 step "GPU quota: a pod over quota refused by the apiserver, shares charged exactly, kgpu quota and kgpu quota plan"

@@ -37,7 +37,8 @@ std::optional<json> AttributeOf(const Dev& d, const std::string& qualified) {
   const json& attrs = k8s::Field(*d.spec, "attributes");
   if (attrs.contains(qualified)) return attrs[qualified];
   const size_t slash = qualified.find('/');
-  if (slash != std::string::npos && qualified.substr(0, slash) == d.driver && attrs.contains(qualified.substr(slash + 1))) {
+  if (slash != std::string::npos && qualified.substr(0, slash) == d.driver &&
+      attrs.contains(qualified.substr(slash + 1))) {
     return attrs[qualified.substr(slash + 1)];
   }
   return std::nullopt;
@@ -61,7 +62,8 @@ struct Alternative {
 
 class Search {
  public:
-  Search(std::vector<Dev> devices, std::map<std::string, std::map<std::string, std::map<std::string, int64_t>>> counters,
+  Search(std::vector<Dev> devices,
+         std::map<std::string, std::map<std::string, std::map<std::string, int64_t>>> counters,
          std::set<std::string> used, std::map<std::string, std::map<std::string, int64_t>> consumed,
          const DraWorld& world, const json& claim)
       : devices_(std::move(devices)),
@@ -234,7 +236,8 @@ class Search {
         if (p.dev->key() == d.key() && p.consumed.contains(cname)) already += p.consumed.at(cname);
       }
       if (already + amount > value) {
-        why = Cat(d.key(), ": ", cname, " has ", Canonical(value - already), " left, the claim needs ", Canonical(amount));
+        why = Cat(d.key(), ": ", cname, " has ", Canonical(value - already), " left, the claim needs ",
+                  Canonical(amount));
         return std::optional<std::map<std::string, int64_t>>();
       }
       consume[cname] = amount;
@@ -278,7 +281,8 @@ class Search {
   void Take(const std::string& request, const Dev* d, std::map<std::string, int64_t> consume) {
     for (const auto& c : d->spec->value("consumesCounters", json::array())) {
       auto& left = counters_[Cat(d->driver, "/", d->pool)][c.value("counterSet", "")];
-      for (const auto& [name, v] : k8s::Field(c, "counters").items()) left[name] -= Milli(v.value("value", json())).value_or(0);
+      for (const auto& [name, v] : k8s::Field(c, "counters").items())
+        left[name] -= Milli(v.value("value", json())).value_or(0);
     }
     picks_.push_back({request, d, std::move(consume)});
   }
@@ -286,7 +290,8 @@ class Search {
     const Dev* d = picks_.back().dev;
     for (const auto& c : d->spec->value("consumesCounters", json::array())) {
       auto& left = counters_[Cat(d->driver, "/", d->pool)][c.value("counterSet", "")];
-      for (const auto& [name, v] : k8s::Field(c, "counters").items()) left[name] += Milli(v.value("value", json())).value_or(0);
+      for (const auto& [name, v] : k8s::Field(c, "counters").items())
+        left[name] += Milli(v.value("value", json())).value_or(0);
     }
     picks_.pop_back();
   }
@@ -329,7 +334,8 @@ absl::StatusOr<json> AllocateClaim(const json& claim, const std::string& node, c
     for (const json* s : slices) {
       for (const auto& c : k8s::Field(*s, "spec").value("sharedCounters", json::array())) {
         for (const auto& [name, v] : k8s::Field(c, "counters").items()) {
-          counters[Cat(key.first, "/", key.second)][c.value("name", "")][name] = Milli(v.value("value", json())).value_or(0);
+          counters[Cat(key.first, "/", key.second)][c.value("name", "")][name] =
+              Milli(v.value("value", json())).value_or(0);
         }
       }
       const json& spec = k8s::Field(*s, "spec");
@@ -346,8 +352,8 @@ absl::StatusOr<json> AllocateClaim(const json& claim, const std::string& node, c
   std::map<std::string, std::map<std::string, int64_t>> consumed;
   for (const auto& other : world.allocated) {
     if (k8s::Field(other, "metadata").value("uid", "") == k8s::Field(claim, "metadata").value("uid", "")) continue;
-    for (const auto& r : k8s::Field(k8s::Field(k8s::Field(other, "status"), "allocation"), "devices")
-                             .value("results", json::array())) {
+    for (const auto& r :
+         k8s::Field(k8s::Field(k8s::Field(other, "status"), "allocation"), "devices").value("results", json::array())) {
       const std::string key = Cat(r.value("driver", ""), "/", r.value("pool", ""), "/", r.value("device", ""));
       for (const auto& [c, q] : k8s::Field(r, "consumedCapacity").items()) consumed[key][c] += Milli(q).value_or(0);
       if (!r.contains("consumedCapacity")) used.insert(key);
@@ -355,7 +361,8 @@ absl::StatusOr<json> AllocateClaim(const json& claim, const std::string& node, c
       if (d == by_key.end()) continue;
       for (const auto& c : d->second->value("consumesCounters", json::array())) {
         auto& left = counters[Cat(r.value("driver", ""), "/", r.value("pool", ""))][c.value("counterSet", "")];
-        for (const auto& [name, v] : k8s::Field(c, "counters").items()) left[name] -= Milli(v.value("value", json())).value_or(0);
+        for (const auto& [name, v] : k8s::Field(c, "counters").items())
+          left[name] -= Milli(v.value("value", json())).value_or(0);
       }
     }
   }
@@ -408,7 +415,8 @@ absl::StatusOr<json> AllocateClaim(const json& claim, const std::string& node, c
     }
   }
   for (const auto& c : k8s::Field(k8s::Field(claim, "spec"), "devices").value("config", json::array())) {
-    config.push_back({{"source", "FromClaim"}, {"requests", c.value("requests", json::array())},
+    config.push_back({{"source", "FromClaim"},
+                      {"requests", c.value("requests", json::array())},
                       {"opaque", k8s::Field(c, "opaque")}});
   }
   const json field = {{"key", "metadata.name"}, {"operator", "In"}, {"values", json::array({node})}};

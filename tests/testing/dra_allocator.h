@@ -32,9 +32,9 @@
 namespace kgpu::testing {
 
 struct DraWorld {
-  std::vector<nlohmann::json> slices;                // every ResourceSlice
-  std::map<std::string, nlohmann::json> classes;     // DeviceClass by name
-  std::vector<nlohmann::json> allocated;             // every claim with status.allocation
+  std::vector<nlohmann::json> slices;             // every ResourceSlice
+  std::map<std::string, nlohmann::json> classes;  // DeviceClass by name
+  std::vector<nlohmann::json> allocated;          // every claim with status.allocation
 };
 
 // The claim's status.allocation on `node`; FailedPrecondition (the reason) when it cannot be

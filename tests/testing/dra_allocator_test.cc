@@ -177,19 +177,21 @@ TEST(DraAllocatorTest, DynamicMigCountersTaintsAndFirstAvailable) {
                    {{"selectors",
                      {{{"cel",
                         {{"expression", "device.attributes['gpu.nvidia.com'].profile == '" + prof +
-                                            "' && device.attributes['gpu.nvidia.com'].parentUUID == '" +
-                                            mig_gpu->uuid + "'"}}}}}}});
+                                            "' && device.attributes['gpu.nvidia.com'].parentUUID == '" + mig_gpu->uuid +
+                                            "'"}}}}}}});
   };
   // Seven 1g.5gb fit one A100; the eighth does not (its memory slices are taken); a 7g.40gb no longer fits.
   std::set<std::string> devices;
-  for (int i = 0; i < 7; ++i) devices.insert(Allocate(p, Claim("m" + std::to_string(i), profile("1g.5gb")))[0]["device"]);
+  for (int i = 0; i < 7; ++i)
+    devices.insert(Allocate(p, Claim("m" + std::to_string(i), profile("1g.5gb")))[0]["device"]);
   EXPECT_EQ(devices.size(), 7U);
   EXPECT_FALSE(AllocateClaim(Claim("m8", profile("1g.5gb")), "node-a", p.world).ok());
   EXPECT_FALSE(AllocateClaim(Claim("full", profile("7g.40gb")), "node-a", p.world).ok());
   // firstAvailable: the first subrequest that fits wins.
   json first = {{"name", "mig"},
                 {"firstAvailable",
-                 {{{"name", "one-g"}, {"deviceClassName", "mig.nvidia.com"},
+                 {{{"name", "one-g"},
+                   {"deviceClassName", "mig.nvidia.com"},
                    {"selectors", profile("1g.5gb")["exactly"]["selectors"]}},
                   {{"name", "whole"}, {"deviceClassName", "gpu.nvidia.com"}}}}};
   const json got = Allocate(p, Claim("first", first));
@@ -210,9 +212,9 @@ TEST(DraAllocatorTest, DynamicMigCountersTaintsAndFirstAvailable) {
   ASSERT_FALSE(tainted.empty());
   const json next = Allocate(p, Claim("next", Exactly("gpu.nvidia.com")));
   EXPECT_NE(next[0]["device"], tainted);
-  const json tolerant =
-      Allocate(p, Claim("tolerant", Exactly("gpu.nvidia.com", {{"tolerations", {{{"key", "gpu.nvidia.com/xid"},
-                                                                                  {"operator", "Exists"}}}}})));
+  const json tolerant = Allocate(
+      p, Claim("tolerant", Exactly("gpu.nvidia.com",
+                                   {{"tolerations", {{{"key", "gpu.nvidia.com/xid"}, {"operator", "Exists"}}}}})));
   EXPECT_EQ(tolerant[0]["device"], tainted);
 }
 

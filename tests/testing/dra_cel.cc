@@ -23,7 +23,7 @@ struct Value {
   int64_t i = 0;  // int, or a quantity's milli-units
   std::string s;
   std::array<int64_t, 3> ver{};
-  json map;          // kDomains: domain -> id -> raw; kIds: id -> raw
+  json map;               // kDomains: domain -> id -> raw; kIds: id -> raw
   bool capacity = false;  // the maps hold capacities ({value}) rather than attributes
   std::vector<Value> list;
   static Value Bool(bool v) {
@@ -354,7 +354,7 @@ class Parser {
         return n;
       default:
         return absl::InvalidArgumentError(tok.text.empty() ? "unexpected end of expression"
-                                                            : Cat("unexpected '", tok.text, "'"));
+                                                           : Cat("unexpected '", tok.text, "'"));
     }
   }
   std::vector<Token> t_;
@@ -451,7 +451,8 @@ absl::StatusOr<Value> Method(const Node& n, const CelDevice& d) {
       }
     }
     if (n.name == "startsWith") return Value::Bool(s.rfind(a, 0) == 0);
-    if (n.name == "endsWith") return Value::Bool(s.size() >= a.size() && s.compare(s.size() - a.size(), a.size(), a) == 0);
+    if (n.name == "endsWith")
+      return Value::Bool(s.size() >= a.size() && s.compare(s.size() - a.size(), a.size(), a) == 0);
     if (n.name == "contains") return Value::Bool(s.find(a) != std::string::npos);
   }
   if (self->kind == Value::Kind::kQuantity && n.name == "asInteger" && args.empty()) {
@@ -603,8 +604,8 @@ absl::StatusOr<std::shared_ptr<const CelProgram>> CompileCel(std::string_view ex
   }
   auto root = Parser(std::move(*tokens)).Parse();
   if (!root.ok()) {
-    return absl::Status(root.status().code(), Cat("CEL expression '", expression, "': ",
-                                                  absl::IsUnimplemented(root.status()) ? "unsupported: " : "",
+    return absl::Status(root.status().code(), Cat("CEL expression '", expression,
+                                                  "': ", absl::IsUnimplemented(root.status()) ? "unsupported: " : "",
                                                   root.status().message()));
   }
   auto p = std::make_shared<CelProgram>();
