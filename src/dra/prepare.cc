@@ -43,6 +43,50 @@ std::optional<uint64_t> Units(const json& q) {
 
 }  // namespace
 
+absl::StatusOr<json> ParseCheckpoint(std::string_view text, std::string_view origin) {
+  json cp = json::parse(text, nullptr, false);
+  auto bad = [&](const std::string& what) {
+    return absl::DataLossError(Cat(origin, ": not a kgpu DRA checkpoint (version 1): ", what));
+  };
+  if (cp.is_discarded() || !cp.is_object()) return bad("not a JSON object");
+  if (!cp.contains("version") || cp["version"] != 1) return bad("no version 1");
+  if (!cp.contains("claims") || !cp["claims"].is_object()) return bad("no claims object");
+  auto strings = [](const json& o, const char* key) {
+    if (!o.contains(key)) return true;
+    if (!o[key].is_array()) return false;
+    return std::all_of(o[key].begin(), o[key].end(), [](const json& x) { return x.is_string(); });
+  };
+  for (const auto& [uid, c] : cp["claims"].items()) {
+    const std::string at = Cat("claims[", uid, "]");
+    if (!c.is_object()) return bad(Cat(at, " is not an object"));
+    for (const char* k : {"namespace", "name", "spec"}) {
+      if (c.contains(k) && !c[k].is_string()) return bad(Cat(at, ".", k, " is not a string"));
+    }
+    if (!strings(c, "regions")) return bad(Cat(at, ".regions is not a list of strings"));
+    if (c.contains("devices")) {
+      if (!c["devices"].is_array()) return bad(Cat(at, ".devices is not a list"));
+      for (const auto& d : c["devices"]) {
+        if (!d.is_object() || !strings(d, "requests") || !strings(d, "cdi_ids")) {
+          return bad(Cat(at, ".devices: an entry is not {requests, pool, device, cdi_ids, share_id}"));
+        }
+        for (const char* k : {"pool", "device", "share_id"}) {
+          if (d.contains(k) && !d[k].is_string()) return bad(Cat(at, ".devices[].", k, " is not a string"));
+        }
+      }
+    }
+    if (c.contains("carved")) {
+      if (!c["carved"].is_array()) return bad(Cat(at, ".carved is not a list"));
+      for (const auto& m : c["carved"]) {
+        if (!m.is_object() || !m.contains("gpu") || !m["gpu"].is_string() || !m.contains("gi") ||
+            !m["gi"].is_number_unsigned()) {
+          return bad(Cat(at, ".carved: an entry is not {gpu, gi}"));
+        }
+      }
+    }
+  }
+  return cp;
+}
+
 Preparer::Preparer(std::shared_ptr<k8s::Client> client, std::shared_ptr<const gpu::Inventory> inventory,
                    PrepareOptions options, std::shared_ptr<const nvml::Library> lib)
     : client_(std::move(client)), inventory_(std::move(inventory)), opts_(std::move(options)), lib_(std::move(lib)) {}
@@ -57,15 +101,14 @@ absl::StatusOr<std::unique_ptr<Preparer>> Preparer::Create(std::shared_ptr<k8s::
   const std::string path = Cat(p->opts_.plugin_dir, "/checkpoint.json");
   p->checkpoint_ = {{"version", 1}, {"claims", json::object()}};
   if (const auto text = ReadFile(path)) {
-    json cp = json::parse(*text, nullptr, false);
-    if (cp.is_discarded() || !cp.is_object() || cp.value("version", 0) != 1 || !cp.contains("claims") ||
-        !cp["claims"].is_object()) {
-      return absl::DataLossError(Cat(path,
-                                     ": not a kgpu DRA checkpoint (version 1); the claims it recorded cannot be "
-                                     "unprepared. Move it aside after unpreparing them by hand (CDI specs in ",
+    auto cp = ParseCheckpoint(*text, path);
+    if (!cp.ok()) {
+      return absl::DataLossError(Cat(cp.status().message(),
+                                     "; the claims it recorded cannot be unprepared. Move it "
+                                     "aside after unpreparing them by hand (CDI specs in ",
                                      p->opts_.cdi_dir, ", accounting regions in ", p->opts_.cuda_shared_root, "/dra)"));
     }
-    p->checkpoint_ = std::move(cp);
+    p->checkpoint_ = std::move(*cp);
   }
   if (p->opts_.dynamic_mig) {
     // The driver owns MIG on MIG-mode GPUs: a GPU instance no prepared claim carved goes.

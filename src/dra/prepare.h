@@ -21,6 +21,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -69,6 +70,11 @@ struct PreparedDevice {
   std::string share_id;
   bool operator==(const PreparedDevice&) const = default;
 };
+
+// The checkpoint's text ({"version": 1, "claims": {uid: {namespace, name, spec, devices[{requests,
+// pool, device, cdi_ids, share_id}], regions[], carved[{gpu, gi}]}}}), every field of the type
+// prepare and unprepare read; DataLoss naming `origin` and the field otherwise.
+absl::StatusOr<nlohmann::json> ParseCheckpoint(std::string_view text, std::string_view origin);
 
 class Preparer {
  public:

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include <signal.h>
-#include <unistd.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "k8s/client.h"
 #include "k8s/config.h"
@@ -88,16 +88,18 @@ class Demo {
     for (auto [name, profile] : {std::pair{"h100", "dgx-h100"}, std::pair{"a100", "dgx-a100-mig"}}) {
       if (!StartNode(name, profile)) return Finish(1);
     }
-    std::cout << "$ kubectl get deviceclasses   # deploy/dra: NVIDIA's classes by name and selector, and kgpu's share class\n";
+    std::cout << "$ kubectl get deviceclasses   # deploy/dra: NVIDIA's classes by name and selector, and kgpu's share "
+                 "class\n";
     for (const auto& n : {"gpu.nvidia.com", "mig.nvidia.com", "gpu-share.kgpu.io"}) std::cout << "  " << n << "\n";
     std::cout << "\n$ kubectl get resourceslices   # published by kgpu dra on each node (one pool per node)\n";
     std::cout << "  NAME                       NODE   DEVICES  COUNTERS\n";
     for (const auto& s : List("resourceslices")) {
       const json& spec = s["spec"];
-      std::printf("  %-26s %-6s %7zu  %s\n", s["metadata"].value("name", "").c_str(), spec.value("nodeName", "").c_str(),
-                  spec.value("devices", json::array()).size(),
-                  spec.contains("sharedCounters") ? std::to_string(spec["sharedCounters"].size()).append(" sets").c_str()
-                                                  : "-");
+      std::printf("  %-26s %-6s %7zu  %s\n", s["metadata"].value("name", "").c_str(),
+                  spec.value("nodeName", "").c_str(), spec.value("devices", json::array()).size(),
+                  spec.contains("sharedCounters")
+                      ? std::to_string(spec["sharedCounters"].size()).append(" sets").c_str()
+                      : "-");
     }
     std::cout << "\n";
 
@@ -106,7 +108,8 @@ class Demo {
                              "device.attributes['gpu.nvidia.com'].productName.matches('H100')");
     auto whole_got = Place(whole, "trainer");
     // A MIG instance carved on demand.
-    const json mig = Claim("small", "mig.nvidia.com", json::object(), "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'");
+    const json mig =
+        Claim("small", "mig.nvidia.com", json::object(), "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'");
     auto mig_got = Place(mig, "notebook");
     // Two shares of one H100, and a third that no longer fits there.
     const json s1 = Claim("share-20", "gpu-share.kgpu.io", {{"memory", "20Gi"}, {"cores", "30"}});
@@ -118,7 +121,8 @@ class Demo {
     Check(g1.device == g2.device && g3.device != g1.device,
           "the 20Gi and 40Gi shares share a GPU and the next 40Gi goes elsewhere");
 
-    std::cout << "\n$ kubectl delete pod notebook   # kubelet unprepares: the MIG instance carved for it is destroyed\n";
+    std::cout
+        << "\n$ kubectl delete pod notebook   # kubelet unprepares: the MIG instance carved for it is destroyed\n";
     const std::string mig_uuid = mig_got.uuid;
     Check(nodes_["a100"]->kubelet->UnpreparePod(Pod("notebook")).ok(), "unprepare notebook");
     nodes_["a100"]->Ctl({"show"});
@@ -126,7 +130,8 @@ class Demo {
     std::cout << "  " << mig_uuid << (gone ? " destroyed" : " STILL THERE") << "; its CDI spec removed\n";
     Check(gone && !mig_uuid.empty(), "the carved MIG instance is destroyed at unprepare");
     bool spec_left = false;
-    for (const auto& e : std::filesystem::directory_iterator(nodes_["a100"]->dir + "/cdi")) spec_left = spec_left || e.is_regular_file();
+    for (const auto& e : std::filesystem::directory_iterator(nodes_["a100"]->dir + "/cdi"))
+      spec_left = spec_left || e.is_regular_file();
     Check(!spec_left, "the MIG claim's CDI spec is removed at unprepare");
 
     // An XID on the whole claim's GPU.
@@ -185,13 +190,24 @@ class Demo {
     n->dir = work_ + "/" + name;
     std::filesystem::create_directories(n->dir);
     api_->Create("nodes", "", {{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", name}}}});
-    std::vector<std::string> argv = {KGPU_BIN,        "--log-level",  "warn",         "dra",
-                                     "--kubeconfig",  work_ + "/kubeconfig", "--node-name", name,
-                                     "--kubelet-registry-dir", n->dir + "/registry", "--kubelet-plugins-dir",
-                                     n->dir + "/plugins", "--cdi-spec-dir", n->dir + "/cdi"};
+    std::vector<std::string> argv = {KGPU_BIN,
+                                     "--log-level",
+                                     "warn",
+                                     "dra",
+                                     "--kubeconfig",
+                                     work_ + "/kubeconfig",
+                                     "--node-name",
+                                     name,
+                                     "--kubelet-registry-dir",
+                                     n->dir + "/registry",
+                                     "--kubelet-plugins-dir",
+                                     n->dir + "/plugins",
+                                     "--cdi-spec-dir",
+                                     n->dir + "/cdi"};
     if (name == "h100") {
-      for (const std::string& a : {std::string("--config-file"), work_ + "/shares.yaml", std::string("--cuda-interposer"),
-                                   std::string(KGPU_CUDA_INTERPOSER), std::string("--cuda-shared-root"), n->dir + "/cuda"}) {
+      for (const std::string& a :
+           {std::string("--config-file"), work_ + "/shares.yaml", std::string("--cuda-interposer"),
+            std::string(KGPU_CUDA_INTERPOSER), std::string("--cuda-shared-root"), n->dir + "/cuda"}) {
         argv.push_back(a);
       }
     } else {
@@ -200,19 +216,21 @@ class Demo {
         argv.push_back(a);
       }
     }
-    std::cout << "$ kgpu dra --node-name " << name << (name == "h100" ? " --config-file shares.yaml --cuda-interposer ..."
-                                                                     : " --dynamic-mig")
-              << "   # " << profile << "\n";
+    std::cout << "$ kgpu dra --node-name " << name
+              << (name == "h100" ? " --config-file shares.yaml --cuda-interposer ..." : " --dynamic-mig") << "   # "
+              << profile << "\n";
     n->pid = t::Spawn(argv, {.log = n->dir + "/dra.log", .env = n->Env()});
     n->kubelet = std::make_unique<t::FakeDraKubelet>(n->dir + "/registry", client_);
     n->kubelet->Start();
     const bool up = t::WaitFor([&] { return n->kubelet->Drivers().contains("gpu.nvidia.com"); }, 60s) &&
-                    t::WaitFor([&] {
-                      for (const auto& s : List("resourceslices")) {
-                        if (s["spec"].value("nodeName", "") == name) return true;
-                      }
-                      return false;
-                    }, 60s);
+                    t::WaitFor(
+                        [&] {
+                          for (const auto& s : List("resourceslices")) {
+                            if (s["spec"].value("nodeName", "") == name) return true;
+                          }
+                          return false;
+                        },
+                        60s);
     Check(up, "kgpu dra on " + name + " registers with kubelet and publishes its pool");
     if (!up) std::cout << Slurp(n->dir + "/dra.log");
     nodes_[name] = std::move(n);
@@ -228,10 +246,11 @@ class Demo {
     json exactly = {{"deviceClassName", cls}};
     if (!capacity.empty()) exactly["capacity"]["requests"] = capacity;
     if (!selector.empty()) exactly["selectors"] = json::array({{{"cel", {{"expression", selector}}}}});
-    const json claim = {{"apiVersion", "resource.k8s.io/v1"},
-                        {"kind", "ResourceClaim"},
-                        {"metadata", {{"name", name}, {"namespace", "default"}}},
-                        {"spec", {{"devices", {{"requests", json::array({{{"name", "gpu"}, {"exactly", exactly}}})}}}}}};
+    const json claim = {
+        {"apiVersion", "resource.k8s.io/v1"},
+        {"kind", "ResourceClaim"},
+        {"metadata", {{"name", name}, {"namespace", "default"}}},
+        {"spec", {{"devices", {{"requests", json::array({{{"name", "gpu"}, {"exactly", exactly}}})}}}}}};
     return api_->Create("resourceclaims", "default", claim).body;
   }
 
@@ -265,7 +284,8 @@ class Demo {
     const json& request = claim["spec"]["devices"]["requests"][0]["exactly"];
     std::cout << "$ kubectl create -f " << name << ".yaml   # " << request.value("deviceClassName", "")
               << (request.contains("capacity") ? " " + request["capacity"]["requests"].dump() : "")
-              << (request.contains("selectors") ? " where " + request["selectors"][0]["cel"].value("expression", "") : "")
+              << (request.contains("selectors") ? " where " + request["selectors"][0]["cel"].value("expression", "")
+                                                : "")
               << "\n";
     if (got.node.empty()) {
       Check(false, "claim " + name + " allocated");
@@ -277,14 +297,16 @@ class Demo {
               << (result.contains("consumedCapacity") ? "  consumedCapacity " + result["consumedCapacity"].dump() : "")
               << "\n";
     auto prepared = nodes_[got.node]->kubelet->PreparePod(Pod(pod));
-    Check(prepared.ok(), "kubelet prepares " + name + (prepared.ok() ? "" : ": " + std::string(prepared.status().message())));
+    Check(prepared.ok(),
+          "kubelet prepares " + name + (prepared.ok() ? "" : ": " + std::string(prepared.status().message())));
     if (!prepared.ok()) {
       std::cout << "  " << prepared.status().message() << "\n";
       return got;
     }
     std::cout << "  pod " << pod << " prepared: CDI " << prepared->at(name)[0] << "\n";
     const std::string uid = claim["metadata"]["uid"];
-    const json spec = json::parse(Slurp(nodes_[got.node]->dir + "/cdi/k8s.gpu.nvidia.com-claim_" + uid + ".json"), nullptr, false);
+    const json spec =
+        json::parse(Slurp(nodes_[got.node]->dir + "/cdi/k8s.gpu.nvidia.com-claim_" + uid + ".json"), nullptr, false);
     for (const auto& e : spec["devices"][0]["containerEdits"]["env"]) {
       const std::string s = e;
       if (s.rfind("NVIDIA_VISIBLE_DEVICES=", 0) == 0) got.uuid = s.substr(23);
@@ -292,18 +314,20 @@ class Demo {
     }
     for (const auto& d : spec["devices"][0]["containerEdits"]["deviceNodes"]) {
       const std::string p = d["path"];
-      if (p.find("nvidia-caps") != std::string::npos) std::cout << "    device " << p << "   (the MIG instance's capability)\n";
+      if (p.find("nvidia-caps") != std::string::npos)
+        std::cout << "    device " << p << "   (the MIG instance's capability)\n";
     }
     if (result.contains("consumedCapacity")) {
-      Check(Slurp(nodes_[got.node]->dir + "/cuda/dra/" + uid + "/" + got.device + "/config").find("memory " + got.uuid) !=
-                std::string::npos,
-            "the share's interposer config holds its memory limit");
+      Check(
+          Slurp(nodes_[got.node]->dir + "/cuda/dra/" + uid + "/" + got.device + "/config").find("memory " + got.uuid) !=
+              std::string::npos,
+          "the share's interposer config holds its memory limit");
     }
     // The GPU's index, for kgpu-simctl.
     for (const auto& s : world.slices) {
       for (const auto& d : s["spec"].value("devices", json::array())) {
-        if (d.value("name", "") == got.device && s["spec"].value("nodeName", "") == got.node && d.contains("attributes") &&
-            d["attributes"].contains("index")) {
+        if (d.value("name", "") == got.device && s["spec"].value("nodeName", "") == got.node &&
+            d.contains("attributes") && d["attributes"].contains("index")) {
           got.index = d["attributes"]["index"].value("int", 0U);
         }
       }
