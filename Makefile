@@ -51,10 +51,11 @@ bench: deps
 	build/release/bin/sched_bench
 	build/release/bin/extender_bench 1000 5000
 	build/release/bin/slurm_bridge_bench
+	build/release/bin/dra_bench
 
 # Every bench once at a tiny size (seconds): that each still runs to its end. CI runs it.
 BENCH_TARGETS := inventory_bench event_latency device_plugin_bench exporter_bench mig_mps_bench k8s_bench sched_bench \
-  extender_bench slurm_bridge_bench
+  extender_bench slurm_bridge_bench dra_bench
 bench-smoke: deps
 	cmake --preset release >/dev/null
 	cmake --build --preset release -j $(JOBS) --target $(BENCH_TARGETS)

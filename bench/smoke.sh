@@ -34,5 +34,6 @@ run apiserver_watch_bench --watches 50 --requests 10
 run sched_bench --smoke
 run extender_bench 50
 run slurm_bridge_bench --nodes 10 --rounds 2
+run dra_bench --claims 20 --builds 5
 echo "${#failed[@]} failed: ${failed[*]:-none}"
 [ ${#failed[@]} -eq 0 ]
