@@ -166,6 +166,10 @@ int RunDra(const NodeOptions& node, const DevicePluginFlags& plugin, const DraFl
     err << "kgpu dra: " << cfg.status().message() << "\n";
     return 1;
   }
+  // kubelet's own API budget (kubeAPIQPS 50, kubeAPIBurst 100), not client-go's 5/10: every
+  // NodePrepareResources reads its claims, and at 5 per second a burst of pods would wait 200 ms each.
+  cfg->qps = 50;
+  cfg->burst = 100;
   auto created = k8s::Client::Create(*cfg);
   if (!created.ok()) {
     err << "kgpu dra: " << created.status().message() << "\n";

@@ -338,7 +338,10 @@ int Main(int argc, char** argv) {
   auto* slurm_gres = kgpu::cli::AddSlurmGresCommand(slurm, &gres_flags);
   kgpu::cli::AddDevicePluginFlags(slurm_gres, &dp_flags, kgpu::cli::PluginFlags::kDescribe);
   kgpu::cli::DraFlags dra_flags;
-  auto [dra, dra_slices] = kgpu::cli::AddDraCommands(&app, &dra_flags, &dp_flags);
+  // (not a structured binding: clang before 16 cannot capture one in the lambdas below)
+  const auto dra_commands = kgpu::cli::AddDraCommands(&app, &dra_flags, &dp_flags);
+  CLI::App* dra = dra_commands.first;
+  CLI::App* dra_slices = dra_commands.second;
   kgpu::cli::QuotaFlags quota_flags;
   auto quota = kgpu::cli::AddQuotaCommands(&app, &quota_flags);
   kgpu::cli::SlurmBridgeFlags bridge_flags;
