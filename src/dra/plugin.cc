@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/strings.h"
+#include "dra_health_v1.grpc.pb.h"
 #include "dra_health_v1alpha1.grpc.pb.h"
 #include "dra_v1.grpc.pb.h"
 #include "dra_v1beta1.grpc.pb.h"
@@ -23,6 +24,7 @@ namespace {
 namespace v1 = ::k8s::io::kubelet::pkg::apis::dra::v1;
 namespace v1beta1 = ::k8s::io::kubelet::pkg::apis::dra::v1beta1;
 namespace health = ::v1alpha1;
+namespace health_v1 = ::v1;
 namespace reg = ::pluginregistration;
 
 constexpr size_t kMaxHealthMessage = 1024;
@@ -83,7 +85,8 @@ class Plugin::Impl : public std::enable_shared_from_this<Plugin::Impl> {
       info->set_name(impl_->opts.driver);
       info->set_endpoint(impl_->ServiceSocket());
       // Kubelet takes the first of its own versions (v1, then v1beta1) that we list.
-      for (const char* s : {"v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"}) {
+      for (const char* s :
+           {"v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth"}) {
         info->add_supported_versions(s);
       }
       return grpc::Status::OK;
@@ -143,14 +146,16 @@ class Plugin::Impl : public std::enable_shared_from_this<Plugin::Impl> {
     Impl* impl_;
   };
 
-  class HealthService final : public health::DRAResourceHealth::Service {
+  // NodeWatchResources of either version (v1alpha1 for kubelet 1.34-1.36, v1 for 1.37).
+  template <typename Service, typename Request, typename Response, typename Status>
+  class HealthService final : public Service {
    public:
     explicit HealthService(Impl* impl) : impl_(impl) {}
-    grpc::Status NodeWatchResources(grpc::ServerContext* ctx, const health::NodeWatchResourcesRequest*,
-                                    grpc::ServerWriter<health::NodeWatchResourcesResponse>* writer) override {
+    grpc::Status NodeWatchResources(grpc::ServerContext* ctx, const Request*,
+                                    grpc::ServerWriter<Response>* writer) override {
       uint64_t sent = ~uint64_t{0};
       while (!ctx->IsCancelled() && !impl_->stopping) {
-        health::NodeWatchResourcesResponse msg;
+        Response msg;
         {
           std::unique_lock lock(impl_->mu);
           impl_->cv.wait_for(lock, std::chrono::milliseconds(500),
@@ -162,7 +167,7 @@ class Plugin::Impl : public std::enable_shared_from_this<Plugin::Impl> {
             auto* h = msg.add_devices();
             h->mutable_device()->set_pool_name(d.pool);
             h->mutable_device()->set_device_name(d.device);
-            h->set_health(static_cast<health::HealthStatus>(d.health));
+            h->set_health(static_cast<Status>(d.health));
             h->set_last_updated_time(d.updated_unix);
             h->set_message(d.message.size() > kMaxHealthMessage ? d.message.substr(0, kMaxHealthMessage - 3) + "..."
                                                                 : d.message);
@@ -176,6 +181,10 @@ class Plugin::Impl : public std::enable_shared_from_this<Plugin::Impl> {
    private:
     Impl* impl_;
   };
+  using HealthV1alpha1 = HealthService<health::DRAResourceHealth::Service, health::NodeWatchResourcesRequest,
+                                       health::NodeWatchResourcesResponse, health::HealthStatus>;
+  using HealthV1 = HealthService<health_v1::DRAResourceHealth::Service, health_v1::NodeWatchResourcesRequest,
+                                 health_v1::NodeWatchResourcesResponse, health_v1::HealthStatus>;
 
   std::string RegistrationSocket() const { return Cat(opts.registry_dir, "/", opts.driver, "-reg.sock"); }
   std::string ServiceSocket() const { return Cat(opts.plugin_dir, "/dra.sock"); }
@@ -223,7 +232,8 @@ class Plugin::Impl : public std::enable_shared_from_this<Plugin::Impl> {
   RegistrationService registration{this};
   V1Service v1_service{this};
   V1beta1Service v1beta1_service{this};
-  HealthService health_service{this};
+  HealthV1alpha1 health_service{this};
+  HealthV1 health_v1_service{this};
   std::unique_ptr<grpc::Server> reg_server, dra_server;
   std::thread watcher;
   std::atomic<bool> stopping{false};
@@ -238,7 +248,8 @@ class Plugin::Impl : public std::enable_shared_from_this<Plugin::Impl> {
 absl::StatusOr<std::unique_ptr<Plugin>> Plugin::Start(PluginOptions options, std::shared_ptr<Preparer> preparer) {
   auto impl = std::make_shared<Impl>(std::move(options), std::move(preparer));
   // The service first: kubelet dials it as soon as it has read GetInfo.
-  auto dra = impl->Serve(impl->ServiceSocket(), {&impl->v1_service, &impl->v1beta1_service, &impl->health_service},
+  auto dra = impl->Serve(impl->ServiceSocket(),
+                         {&impl->v1_service, &impl->v1beta1_service, &impl->health_service, &impl->health_v1_service},
                          "--kubelet-plugins-dir");
   if (!dra.ok()) return dra.status();
   impl->dra_server = std::move(*dra);

@@ -1,9 +1,10 @@
 #pragma once
 // kgpu's DRA kubelet plugin on its two unix sockets (k8s.io/kubelet pluginregistration/v1, dra/v1,
-// dra/v1beta1, dra-health/v1alpha1; docs/dra.md "The kubelet plugin"):
+// dra/v1beta1, dra-health/v1alpha1 and v1; docs/dra.md "The kubelet plugin"):
 //   <registry dir>/<driver>-reg.sock  Registration: GetInfo says type DRAPlugin, the driver name,
 //                                     the service socket and the services served ("v1.DRAPlugin",
-//                                     "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth");
+//                                     "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth",
+//                                     "v1.DRAResourceHealth": 1.34-1.36 kubelets know the first);
 //                                     kubelet's plugin watcher calls it, then NotifyRegistrationStatus;
 //   <plugin dir>/dra.sock             DRAPlugin v1 and v1beta1 (NodePrepareResources,
 //                                     NodeUnprepareResources through the Preparer: every claim of a

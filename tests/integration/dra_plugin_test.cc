@@ -16,6 +16,7 @@
 #include "api/dra.h"
 #include "dra/plugin.h"
 #include "dra/prepare.h"
+#include "dra_health_v1.grpc.pb.h"
 #include "dra_health_v1alpha1.grpc.pb.h"
 #include "dra_v1.grpc.pb.h"
 #include "dra_v1beta1.grpc.pb.h"
@@ -117,9 +118,11 @@ TEST_F(DraPluginTest, RegistersAsKubeletsPluginWatcherAsks) {
   EXPECT_EQ(info.type(), "DRAPlugin");
   EXPECT_EQ(info.name(), "gpu.nvidia.com");
   EXPECT_EQ(info.endpoint(), opts_.plugin_dir + "/dra.sock");
-  ASSERT_GE(info.supported_versions_size(), 2);
+  ASSERT_EQ(info.supported_versions_size(), 4);
   EXPECT_EQ(info.supported_versions(0), "v1.DRAPlugin");
   EXPECT_EQ(info.supported_versions(1), "v1beta1.DRAPlugin");
+  EXPECT_EQ(info.supported_versions(2), "v1alpha1.DRAResourceHealth");
+  EXPECT_EQ(info.supported_versions(3), "v1.DRAResourceHealth");
   grpc::ClientContext ctx2;
   ::pluginregistration::RegistrationStatus status;
   status.set_plugin_registered(true);
@@ -209,6 +212,16 @@ TEST_F(DraPluginTest, TheHealthStreamSendsTheCompleteListOnEveryChange) {
   EXPECT_EQ(msg.devices(0).message().size(), 1024U);  // kubelet's limit: cut with "..."
   EXPECT_EQ(msg.devices(0).message().substr(1021), "...");
   ctx.TryCancel();
+  // kubelet 1.37's v1 service: the same list.
+  auto v1stub = ::v1::DRAResourceHealth::NewStub(Dial(plugin_->ServiceSocket()));
+  grpc::ClientContext ctx1;
+  ctx1.set_deadline(std::chrono::system_clock::now() + 10s);
+  auto reader1 = v1stub->NodeWatchResources(&ctx1, {});
+  ::v1::NodeWatchResourcesResponse msg1;
+  ASSERT_TRUE(reader1->Read(&msg1));
+  ASSERT_EQ(msg1.devices_size(), 1);
+  EXPECT_EQ(msg1.devices(0).health(), ::v1::UNHEALTHY);
+  ctx1.TryCancel();
 }
 
 // `kgpu dra` as a process, as its DaemonSet runs it (with deploy/dra's RBAC): it publishes the pool (owned by the
