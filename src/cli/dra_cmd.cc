@@ -184,6 +184,11 @@ int RunDra(const NodeOptions& node, const DevicePluginFlags& plugin, const DraFl
   }
   DraFlags f = flags;
   f.kubernetes_version = version->value("gitVersion", "");
+  if (const auto minor = KubernetesMinor(f.kubernetes_version); !minor || *minor < 34) {
+    err << "kgpu dra: the API server reports version '" << Printable(f.kubernetes_version)
+        << "'; DRA's resource.k8s.io/v1 needs Kubernetes 1.34 or later (use the device plugin there)\n";
+    return 1;
+  }
   auto in = ReadPoolInputs(*cs, f);
   if (!in.ok()) {
     err << "kgpu dra: " << in.status().message() << "\n";
@@ -227,6 +232,8 @@ int RunDra(const NodeOptions& node, const DevicePluginFlags& plugin, const DraFl
   plo.driver = pool.driver;
   plo.registry_dir = flags.registry_dir;
   plo.plugin_dir = po.plugin_dir;
+  // Reports go out at every resync at least: kubelet trusts each for two periods and a margin.
+  plo.health_timeout_seconds = 2 * flags.resync.count() + 30;
   auto started = dra::Plugin::Start(plo, shared_preparer);
   if (!started.ok()) {
     err << "kgpu dra: " << started.status().message() << "\n";

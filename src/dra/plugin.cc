@@ -39,7 +39,12 @@ template <typename Request, typename Response>
 void PrepareAll(Preparer& preparer, const Request& req, Response* resp, bool with_share_id) {
   for (const auto& c : req.claims()) {
     auto& entry = (*resp->mutable_claims())[c.uid()];
-    auto got = preparer.Prepare({c.namespace_(), c.uid(), c.name()});
+    absl::StatusOr<std::vector<PreparedDevice>> got;
+    try {
+      got = preparer.Prepare({c.namespace_(), c.uid(), c.name()});
+    } catch (const std::exception& e) {  // never the whole batch for one claim
+      got = absl::InternalError(Cat("preparing the claim: ", e.what()));
+    }
     if (!got.ok()) {
       entry.set_error(std::string(got.status().message()));
       Log("dra")->warn("NodePrepareResources {}/{} ({}): {}", c.namespace_(), c.name(), c.uid(),
@@ -169,6 +174,7 @@ class Plugin::Impl : public std::enable_shared_from_this<Plugin::Impl> {
             h->mutable_device()->set_device_name(d.device);
             h->set_health(static_cast<Status>(d.health));
             h->set_last_updated_time(d.updated_unix);
+            h->set_health_check_timeout_seconds(impl_->opts.health_timeout_seconds);
             h->set_message(d.message.size() > kMaxHealthMessage ? d.message.substr(0, kMaxHealthMessage - 3) + "..."
                                                                 : d.message);
           }

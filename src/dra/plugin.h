@@ -32,6 +32,9 @@ struct PluginOptions {
   std::string registry_dir = "/var/lib/kubelet/plugins_registry";
   std::string plugin_dir;  // the service socket dra.sock is here (/var/lib/kubelet/plugins/<driver>)
   std::chrono::milliseconds socket_check{1000};  // how often the registration socket's presence is checked
+  // health_check_timeout_seconds on the health stream: how long kubelet trusts a report (<= 0:
+  // kubelet's 30 s). The caller reports at least this often.
+  int64_t health_timeout_seconds = 0;
 };
 
 // One device's health as kubelet's stream carries it.

@@ -78,8 +78,9 @@ absl::StatusOr<json> ParseCheckpoint(std::string_view text, std::string_view ori
       if (!c["carved"].is_array()) return bad(Cat(at, ".carved is not a list"));
       for (const auto& m : c["carved"]) {
         if (!m.is_object() || !m.contains("gpu") || !m["gpu"].is_string() || !m.contains("gi") ||
-            !m["gi"].is_number_unsigned()) {
-          return bad(Cat(at, ".carved: an entry is not {gpu, gi}"));
+            !m["gi"].is_number_unsigned() || (m.contains("profile") && !m["profile"].is_number_unsigned()) ||
+            (m.contains("start") && !m["start"].is_number_unsigned())) {
+          return bad(Cat(at, ".carved: an entry is not {gpu, gi, profile, start}"));
         }
       }
     }
@@ -144,7 +145,7 @@ absl::StatusOr<gpu::MigDevice> Preparer::Carve(const gpu::Gpu& g, const std::str
         return absl::Status(gi.status().code(), Cat("carving ", p.name, " at memory slice ", pl.start, " on GPU ",
                                                     g.index, ": ", gi.status().message()));
       }
-      record["carved"].push_back({{"gpu", g.uuid}, {"gi", gi->id}});
+      record["carved"].push_back({{"gpu", g.uuid}, {"gi", gi->id}, {"profile", p.profile.id}, {"start", pl.start}});
       if (auto st = lib_->CreateFullComputeInstance(*gi, p.profile.slices); !st.ok()) {
         return absl::Status(st.code(),
                             Cat("the compute instance of ", p.name, " on GPU ", g.index, ": ", st.message()));
@@ -179,7 +180,13 @@ absl::Status Preparer::DestroyCarved(const json& carved) {
   auto gis = lib_->GpuInstances(g->handle);
   if (!gis.ok()) return gis.status();
   for (const auto& gi : *gis) {
+    // The same GPU instance, not one that reuses its id (after a reset): its profile and placement
+    // must match what was carved.
     if (gi.id != id) continue;
+    if (carved.contains("profile") &&
+        (gi.profile_id != carved.value("profile", 0U) || gi.placement.start != carved.value("start", 0U))) {
+      continue;
+    }
     auto cis = lib_->ComputeInstances(gi);
     if (!cis.ok()) return cis.status();
     for (void* ci : *cis) {
@@ -232,7 +239,13 @@ absl::StatusOr<std::vector<PreparedDevice>> Preparer::Prepare(const ClaimRef& cl
     return out;
   }
   json record = {{"namespace", claim.ns}, {"name", claim.name}, {"regions", json::array()}, {"carved", json::array()}};
-  auto devices = PrepareLocked(claim, record);
+  absl::StatusOr<std::vector<PreparedDevice>> devices;
+  try {
+    devices = PrepareLocked(claim, record);
+  } catch (const json::exception& e) {
+    // A field of the claim (its opaque parameters are the user's JSON) of another type than the API's.
+    devices = absl::InvalidArgumentError(Cat(Who(claim), ": a field of the claim is malformed: ", e.what()));
+  }
   if (!devices.ok()) {
     // Nothing half-made stays behind: the spec, the regions and the MIG instances made so far go.
     std::error_code ec;
@@ -251,9 +264,14 @@ absl::StatusOr<std::vector<PreparedDevice>> Preparer::Prepare(const ClaimRef& cl
   }
   record["devices"] = std::move(list);
   record["spec"] = SpecPath(claim.uid);
-  claims[claim.uid] = std::move(record);
+  claims[claim.uid] = record;
   if (auto st = Save(); !st.ok()) {
+    // Unrecorded, so nothing of it may stay: what a later unprepare could not find.
     claims.erase(claim.uid);
+    std::error_code ec;
+    std::filesystem::remove(SpecPath(claim.uid), ec);
+    for (const auto& r : record["regions"]) (void)RemoveTreeNoFollow(r.get<std::string>());
+    for (const auto& m : record["carved"]) (void)DestroyCarved(m);
     return st;
   }
   return devices;
@@ -275,13 +293,20 @@ absl::StatusOr<std::vector<PreparedDevice>> Preparer::PrepareLocked(const ClaimR
   // it would have to honour and does not is refused rather than ignored.
   for (const auto& c : k8s::Field(allocation, "devices").value("config", json::array())) {
     const json& opaque = k8s::Field(c, "opaque");
-    if (opaque.value("driver", "") != opts_.driver) continue;
+    if (!opaque.contains("driver") || opaque["driver"] != opts_.driver) continue;
     const json& params = k8s::Field(opaque, "parameters");
     const json& sharing = k8s::Field(params, "sharing");
+    if (!sharing.is_object() || (sharing.contains("strategy") && !sharing["strategy"].is_string())) {
+      return absl::InvalidArgumentError(Cat(who, ": its configuration for ", opts_.driver,
+                                            " has a sharing that is not {strategy: <name>}: ", sharing.dump()));
+    }
     const std::string strategy = sharing.value("strategy", "");
     if (!sharing.empty() && strategy != "TimeSlicing") {
       return absl::UnimplementedError(
-          Cat(who, ": its ", params.value("kind", "configuration"), " asks for sharing strategy '", strategy,
+          Cat(who, ": its ",
+              params.contains("kind") && params["kind"].is_string() ? params["kind"].get<std::string>()
+                                                                    : std::string("configuration"),
+              " asks for sharing strategy '", strategy,
               "', which kgpu's DRA driver does not provide; ask for a share through the ", api::dra::kShareClass,
               " class (capacity memory and cores), which kgpu enforces"));
     }
@@ -293,13 +318,18 @@ absl::StatusOr<std::vector<PreparedDevice>> Preparer::PrepareLocked(const ClaimR
       targets[api::dra::GpuDeviceName(g.minor)] = {&g, nullptr};
       continue;
     }
+    // With dynamic MIG the instances of the start-up snapshot are gone (Create destroyed them, and
+    // unprepare destroys what it carved): every MIG device is carved for its claim.
     const auto cat = opts_.mig.find(g.index);
-    if (cat == opts_.mig.end()) continue;
+    if (cat == opts_.mig.end() || opts_.dynamic_mig) continue;
     for (const auto& m : g.migs) {
       if (const std::string name = StaticMigName(g, m, cat->second); !name.empty()) targets[name] = {&g, &m};
     }
   }
   json spec_devices = json::array();
+  std::map<std::string, deviceplugin::InterposerLimit> limits;  // GPU UUID -> the claim's shares of it
+  std::vector<size_t> shared_devices;                           // spec_devices held by the interposer
+  std::map<std::string, int> names_seen;
   std::deque<gpu::MigDevice> carved;  // the facts of instances carved for this claim (targets point here)
   std::vector<PreparedDevice> out;
   std::vector<std::string> uuids;
@@ -364,36 +394,54 @@ absl::StatusOr<std::vector<PreparedDevice>> Preparer::PrepareLocked(const ClaimR
                                               " is not memory bytes and cores 0-100"));
       }
       const uint64_t memory_mib = (*memory + kMi - 1) / kMi;
-      const bool limited = memory_mib < g.memory_mib || *cores < 100;
-      if (limited) {
+      if (memory_mib < g.memory_mib || *cores < 100) {
         if (opts_.cuda_interposer.empty()) {
           return absl::FailedPreconditionError(
               Cat(who, ": device ", device, " is a share (", memory_mib, " MiB, ", *cores,
                   "% of the SMs) but this node has no CUDA interposer (--cuda-interposer), so nothing would hold the "
                   "claim to it; it is not started unlimited"));
         }
-        const std::string region = Cat(opts_.cuda_shared_root, "/dra/", claim.uid, "/", device);
-        const std::string claim_dir = Cat(opts_.cuda_shared_root, "/dra/", claim.uid);
-        if (std::find(record["regions"].begin(), record["regions"].end(), json(claim_dir)) == record["regions"].end()) {
-          record["regions"].push_back(claim_dir);
-        }
-        auto iso =
-            deviceplugin::InterposerEditsFor(opts_.cuda_interposer, opts_.cuda_interposer_load, opts_.cuda_shared_root,
-                                             region, {{uuid, memory_mib, static_cast<int64_t>(*cores)}});
-        if (!iso.ok()) return absl::Status(iso.status().code(), Cat(who, ": ", iso.status().message()));
-        edits["env"].push_back(Cat("KGPU_ENFORCEMENT=hard"));
-        edits["env"].push_back(Cat("KGPU_GPU_CORES=", *cores));
-        edits["env"].push_back(Cat("KGPU_CUDA_MEMORY_LIMIT=", uuid, "=", memory_mib, "Mi"));
-        if (*cores < 100) edits["env"].push_back(Cat("KGPU_CUDA_CORE_LIMIT=", uuid, "=", *cores));
-        for (const auto& [k, v] : iso->envs) edits["env"].push_back(Cat(k, "=", v));
-        edits["mounts"] = deviceplugin::CdiMounts(iso->mounts);
+        // Several shares of one claim (on several GPUs, or twice on one): one accounting region for
+        // the claim with every GPU's limit, a share of one GPU twice summed.
+        auto& l = limits[uuid];
+        l.uuid = uuid;
+        l.memory_mib += memory_mib;
+        l.cores = std::min<int64_t>(100, l.cores + static_cast<int64_t>(*cores));
+        shared_devices.push_back(spec_devices.size());
       }
     }
-    const std::string cdi_name = Cat(claim.uid, "-", device);
+    // A device allocated twice in one claim (two shares of one GPU) gets a CDI device each.
+    const int seen = ++names_seen[device];
+    const std::string cdi_name = seen == 1 ? Cat(claim.uid, "-", device) : Cat(claim.uid, "-", device, "-", seen);
     spec_devices.push_back({{"name", cdi_name}, {"containerEdits", edits}});
     std::string request = r.value("request", "");
     if (const auto slash = request.find('/'); slash != std::string::npos) request.resize(slash);
     out.push_back({{request}, pool, device, {Cat(CdiKind(), "=", cdi_name)}, r.value("shareID", "")});
+  }
+  if (!limits.empty()) {
+    // The claim's shares held by the CUDA interposer: one region, every limit; the same edits on
+    // each share device, so a container given any of them is held to all (CDI merges equal values).
+    const std::string region = Cat(opts_.cuda_shared_root, "/dra/", claim.uid);
+    record["regions"].push_back(region);
+    std::vector<deviceplugin::InterposerLimit> all;
+    std::vector<std::string> memory, core;
+    for (const auto& [uuid, l] : limits) {
+      all.push_back(l);
+      memory.push_back(Cat(uuid, "=", l.memory_mib, "Mi"));
+      if (l.cores < 100) core.push_back(Cat(uuid, "=", l.cores));
+    }
+    auto iso = deviceplugin::InterposerEditsFor(opts_.cuda_interposer, opts_.cuda_interposer_load,
+                                                opts_.cuda_shared_root, region, all);
+    if (!iso.ok()) return absl::Status(iso.status().code(), Cat(who, ": ", iso.status().message()));
+    json env = {"KGPU_ENFORCEMENT=hard", Cat("KGPU_CUDA_MEMORY_LIMIT=", Join(memory, ","))};
+    if (!core.empty()) env.push_back(Cat("KGPU_CUDA_CORE_LIMIT=", Join(core, ",")));
+    if (limits.size() == 1) env.push_back(Cat("KGPU_GPU_CORES=", limits.begin()->second.cores));
+    for (const auto& [k, v] : iso->envs) env.push_back(Cat(k, "=", v));
+    for (size_t i : shared_devices) {
+      auto& e = spec_devices[i]["containerEdits"];
+      for (const auto& x : env) e["env"].push_back(x);
+      e["mounts"] = deviceplugin::CdiMounts(iso->mounts);
+    }
   }
   // NVIDIA_VISIBLE_DEVICES names every GPU of the claim, on each of its CDI devices (a container
   // gets some or all of them; CDI applies the same value once).
@@ -417,20 +465,22 @@ absl::Status Preparer::Unprepare(const ClaimRef& claim) {
   json& claims = checkpoint_["claims"];
   if (!claims.contains(claim.uid)) return absl::OkStatus();  // never prepared here, or already undone
   const json record = claims[claim.uid];
-  std::error_code ec;
-  std::filesystem::remove(record.value("spec", SpecPath(claim.uid)), ec);
-  if (ec) return absl::UnavailableError(Cat(Who(claim), ": removing its CDI spec: ", ec.message()));
-  for (const auto& r : record.value("regions", json::array())) {
-    if (auto st = RemoveTreeNoFollow(r.get<std::string>()); !st.ok()) {
-      return absl::UnavailableError(Cat(Who(claim), ": removing its accounting region: ", st.message()));
-    }
-  }
+  // The MIG instances and regions first, the spec last: a claim whose instance cannot be destroyed
+  // yet (still busy) stays prepared with its spec, and the next unprepare tries again.
   for (const auto& m : record.value("carved", json::array())) {
     // Carved for this claim and used by nothing else (a claim's devices are its own): destroyed.
     if (auto st = DestroyCarved(m); !st.ok()) {
       return absl::UnavailableError(Cat(Who(claim), ": destroying the MIG instance carved for it: ", st.message()));
     }
   }
+  for (const auto& r : record.value("regions", json::array())) {
+    if (auto st = RemoveTreeNoFollow(r.get<std::string>()); !st.ok()) {
+      return absl::UnavailableError(Cat(Who(claim), ": removing its accounting region: ", st.message()));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove(record.value("spec", SpecPath(claim.uid)), ec);
+  if (ec) return absl::UnavailableError(Cat(Who(claim), ": removing its CDI spec: ", ec.message()));
   claims.erase(claim.uid);
   if (auto st = Save(); !st.ok()) {
     claims[claim.uid] = record;

@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "common/log.h"
 #include "common/strings.h"
 #include "k8s/client.h"
 #include "k8s/resources.h"
@@ -61,12 +62,23 @@ absl::StatusOr<PublishResult> SlicePublisher::Publish(std::vector<api::dra::Reso
     existing[k8s::Field(item, "metadata").value("name", "")] = item;
     generation = std::max<int64_t>(generation, k8s::Field(k8s::Field(item, "spec"), "pool").value("generation", 0));
   }
-  // Unchanged: the same names with the same specs.
+  // Unchanged: the same names with the same specs, all at one generation (a publish cut short leaves
+  // some slices behind, which the next one must finish). A spec the API server stored without some
+  // fields (a feature gate off) compares with what it stored the last time we wrote the same thing.
+  std::vector<json> desired;
+  for (const auto& s : slices) desired.push_back(Comparable(api::dra::ToJson(s)["spec"]));
   bool same = existing.size() == slices.size();
-  for (const auto& s : slices) {
-    const auto it = existing.find(s.name);
-    same = same && it != existing.end() &&
-           Comparable(k8s::Field(it->second, "spec")) == Comparable(api::dra::ToJson(s)["spec"]);
+  for (size_t i = 0; i < slices.size() && same; ++i) {
+    const auto it = existing.find(slices[i].name);
+    if (it == existing.end()) {
+      same = false;
+      break;
+    }
+    const json have = Comparable(k8s::Field(it->second, "spec"));
+    const int64_t g = k8s::Field(k8s::Field(it->second, "spec"), "pool").value("generation", int64_t{0});
+    const auto stored = stored_.find(slices[i].name);
+    same = g == generation &&
+           (have == desired[i] || (desired == last_desired_ && stored != stored_.end() && stored->second == have));
   }
   PublishResult result;
   result.generation = generation;
@@ -99,9 +111,21 @@ absl::StatusOr<PublishResult> SlicePublisher::Publish(std::vector<api::dra::Reso
     if (!wrote.ok()) {
       return absl::Status(wrote.status().code(), Cat("writing ResourceSlice ", s.name, ": ", wrote.status().message()));
     }
+    const json got = Comparable(k8s::Field(*wrote, "spec"));
+    if (got != Comparable(obj["spec"]) && !warned_dropped_) {
+      Log("dra")->error(
+          "the API server stored ResourceSlice {} without some of its fields: a DRA feature gate is off (device "
+          "taints need DRADeviceTaints, shares DRAConsumableCapacity, dynamic MIG DRAPartitionableDevices); what "
+          "depends on them does not work until it is on",
+          s.name);
+      warned_dropped_ = true;
+    }
+    stored_[s.name] = got;
     ++result.written;
   }
+  last_desired_ = desired;
   for (const auto& [name, obj] : existing) {
+    stored_.erase(name);
     auto del = client_->Delete(rs->Path("", name));
     if (!del.ok() && del.status().code() != absl::StatusCode::kNotFound) {
       return absl::Status(del.status().code(), Cat("deleting ResourceSlice ", name, ": ", del.status().message()));

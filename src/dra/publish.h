@@ -10,6 +10,7 @@
 //
 // Thread-safety: one caller at a time.
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,12 @@ class SlicePublisher {
   std::shared_ptr<k8s::Client> client_;
   std::string driver_, node_;
   std::string node_uid_;  // read once
+  // What the last publish asked for, and what the API server stored of each slice (it drops the
+  // fields of a feature gate that is off): a pool is unchanged when it asks the same again and the
+  // server still has what it stored.
+  std::vector<nlohmann::json> last_desired_;
+  std::map<std::string, nlohmann::json> stored_;
+  bool warned_dropped_ = false;
 };
 
 }  // namespace kgpu::dra

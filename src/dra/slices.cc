@@ -162,7 +162,13 @@ absl::StatusOr<std::vector<a::Device>> StaticMig(const gpu::Inventory& inv, cons
 
 std::string StaticMigName(const gpu::Gpu& g, const gpu::MigDevice& m, const gpu::MigCatalog& catalog) {
   for (const auto& gi : catalog.instances) {
-    if (gi.id == m.gi) return a::MigDeviceName(g.minor, m.profile, gi.profile_id, gi.placement.start);
+    if (gi.id != m.gi) continue;
+    std::string name = a::MigDeviceName(g.minor, m.profile, gi.profile_id, gi.placement.start);
+    // A GPU instance split into several compute instances: one device each, told apart by the CI.
+    const auto on_gi =
+        std::count_if(g.migs.begin(), g.migs.end(), [&](const gpu::MigDevice& x) { return x.gi == m.gi; });
+    if (on_gi > 1) name += Cat("-", m.ci);
+    return name;
   }
   return "";
 }

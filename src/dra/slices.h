@@ -51,8 +51,9 @@ absl::StatusOr<std::vector<api::dra::ResourceSlice>> BuildPool(const gpu::Invent
                                                                const PoolOptions& options);
 
 // The device name of an existing MIG instance `m` of GPU `g` (NVIDIA's formula with the GPU
-// instance's profile id and placement from `catalog`); "" when the catalog does not list its GPU
-// instance (MIG changed since it was read).
+// instance's profile id and placement from `catalog`, and "-<CI id>" after it where the GPU instance
+// has several compute instances); "" when the catalog does not list its GPU instance (MIG changed
+// since it was read).
 std::string StaticMigName(const gpu::Gpu& g, const gpu::MigDevice& m, const gpu::MigCatalog& catalog);
 
 // "<node>-<driver>-<i>", shortened to a valid object name.

@@ -16,11 +16,14 @@
 #include "api/dra.h"
 #include "dra/plugin.h"
 #include "dra/prepare.h"
+#include "dra/publish.h"
+#include "dra/slices.h"
 #include "dra_health_v1.grpc.pb.h"
 #include "dra_health_v1alpha1.grpc.pb.h"
 #include "dra_v1.grpc.pb.h"
 #include "dra_v1beta1.grpc.pb.h"
 #include "gpu/inventory.h"
+#include "gpu/mig_layout.h"
 #include "k8s/client.h"
 #include "k8s/config.h"
 #include "nvml/library.h"
@@ -222,6 +225,60 @@ TEST_F(DraPluginTest, TheHealthStreamSendsTheCompleteListOnEveryChange) {
   ASSERT_EQ(msg1.devices_size(), 1);
   EXPECT_EQ(msg1.devices(0).health(), ::v1::UNHEALTHY);
   ctx1.TryCancel();
+}
+
+// The publisher writes only when the pool changed, and finishes a publish that was cut short (slices
+// at different generations).
+TEST(SlicePublisherTest, WritesOnChangeAndRepairsMixedGenerations) {
+  testing::SimNode sim("dgx-a100-mig", "node-b");
+  testing::FakeApiServerOptions o;
+  o.git_version = "v1.35.0";
+  testing::FakeApiServer api(o);
+  ASSERT_TRUE(api.Start().ok());
+  ASSERT_EQ(api.Create("nodes", "", {{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", "node-b"}}}}).code,
+            201);
+  k8s::Config c;
+  c.server = api.url();
+  std::shared_ptr<k8s::Client> client = std::move(*k8s::Client::Create(c));
+  auto lib = nvml::Library::Open({testing::SimNode::LibraryPath()});
+  ASSERT_TRUE(lib.ok());
+  auto inv = gpu::Inventory::Discover(**lib, {sim.dir()});
+  ASSERT_TRUE(inv.ok());
+  std::map<unsigned, gpu::MigCatalog> mig;
+  for (const auto& g : (*inv)->gpus()) {
+    if (g.mig_enabled) mig[g.index] = *gpu::ReadMigCatalog(**lib, g);
+  }
+  PoolOptions po;
+  po.node_name = "node-b";
+  po.dynamic_mig = true;
+  const auto slices = BuildPool(**inv, mig, po);
+  ASSERT_TRUE(slices.ok());
+  ASSERT_GT(slices->size(), 2U);
+  SlicePublisher pub(client, "gpu.nvidia.com", "node-b");
+  auto first = pub.Publish(*slices);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->changed);
+  EXPECT_EQ(first->generation, 1);
+  auto again = pub.Publish(*slices);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->changed);
+  // One slice ahead of the others, as when a publish stops half way.
+  json one = api.Get("resourceslices", "", (*slices)[1].name).body;
+  one["spec"]["pool"]["generation"] = 2;
+  ASSERT_EQ(api.Update("resourceslices", "", one).code, 200);
+  auto repaired = pub.Publish(*slices);
+  ASSERT_TRUE(repaired.ok());
+  EXPECT_TRUE(repaired->changed);
+  EXPECT_EQ(repaired->generation, 3);
+  for (const auto& s : *slices) {
+    EXPECT_EQ(api.Get("resourceslices", "", s.name).body["spec"]["pool"]["generation"], 3) << s.name;
+  }
+  // Fewer slices (the MIG GPUs gone): the leftovers are deleted after the rest is written.
+  po.dynamic_mig = false;
+  auto fewer = pub.Publish(*BuildPool(**inv, mig, po));
+  ASSERT_TRUE(fewer.ok());
+  EXPECT_EQ(fewer->deleted, slices->size() - 1);
+  EXPECT_EQ(api.Get("resourceslices", "", (*slices)[1].name).code, 404);
 }
 
 // `kgpu dra` as a process, as its DaemonSet runs it (with deploy/dra's RBAC): it publishes the pool (owned by the

@@ -319,8 +319,7 @@ class Demo {
     }
     if (result.contains("consumedCapacity")) {
       Check(
-          Slurp(nodes_[got.node]->dir + "/cuda/dra/" + uid + "/" + got.device + "/config").find("memory " + got.uuid) !=
-              std::string::npos,
+          Slurp(nodes_[got.node]->dir + "/cuda/dra/" + uid + "/config").find("memory " + got.uuid) != std::string::npos,
           "the share's interposer config holds its memory limit");
     }
     // The GPU's index, for kgpu-simctl.

@@ -587,7 +587,7 @@ TEST_F(PrepareTest, AShareIsHeldToItsConsumedCapacityByTheInterposer) {
   EXPECT_TRUE(has("KGPU_CUDA_CORE_LIMIT=" + Gpu(0).uuid + "=30")) << edits.dump();
   EXPECT_TRUE(has("LD_PRELOAD=/usr/lib/kgpu/libkgpu-cuda.so")) << edits.dump();
   // The claim's own accounting directory, with its limits in `config`.
-  const std::string region = opts_.cuda_shared_root + "/dra/" + uid + "/" + dev;
+  const std::string region = opts_.cuda_shared_root + "/dra/" + uid;  // the claim's one region
   std::ifstream config(region + "/config");
   std::string text((std::istreambuf_iterator<char>(config)), {});
   EXPECT_NE(text.find("memory " + Gpu(0).uuid + " " + std::to_string(20ULL << 30)), std::string::npos) << text;
@@ -596,6 +596,44 @@ TEST_F(PrepareTest, AShareIsHeldToItsConsumedCapacityByTheInterposer) {
   for (const auto& m : edits["mounts"]) mounted = mounted || m["hostPath"] == region;
   EXPECT_TRUE(mounted) << edits["mounts"].dump();
   ASSERT_TRUE(p->Unprepare({"default", uid, "share"}).ok());
+  EXPECT_FALSE(std::filesystem::exists(opts_.cuda_shared_root + "/dra/" + uid));
+}
+
+TEST_F(PrepareTest, SeveralSharesOfOneClaimShareOneRegionWithEveryLimit) {
+  opts_.shared_gpus = {0, 1};
+  opts_.cuda_interposer = dir_ + "/libkgpu-cuda.so";
+  std::ofstream(opts_.cuda_interposer) << "x";
+  auto p = Make();
+  ASSERT_TRUE(p);
+  const std::string d0 = a::GpuDeviceName(Gpu(0).minor), d1 = a::GpuDeviceName(Gpu(1).minor);
+  // Two shares of GPU 0 (consumable capacity allows it) and one of GPU 1.
+  const std::string uid = Claim("three", json::array({Result(d0, {{"memory", "1Gi"}, {"cores", "10"}}),
+                                                      Result(d0, {{"memory", "2Gi"}, {"cores", "20"}}),
+                                                      Result(d1, {{"memory", "3Gi"}, {"cores", "30"}})}));
+  auto got = p->Prepare({"default", uid, "three"});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 3U);
+  EXPECT_NE((*got)[0].cdi_ids[0], (*got)[1].cdi_ids[0]);  // the same GPU twice: two CDI devices
+  const json spec = Spec(*p, uid);
+  std::set<std::string> names;
+  for (const auto& d : spec["devices"]) names.insert(d["name"]);
+  EXPECT_EQ(names.size(), 3U);
+  for (const auto& d : spec["devices"]) {
+    const auto env = d["containerEdits"]["env"].get<std::vector<std::string>>();
+    bool both = false;
+    for (const auto& e : env) {
+      both =
+          both || (e.rfind("KGPU_CUDA_MEMORY_LIMIT=", 0) == 0 && e.find(Gpu(0).uuid + "=3072Mi") != std::string::npos &&
+                   e.find(Gpu(1).uuid + "=3072Mi") != std::string::npos);
+    }
+    EXPECT_TRUE(both) << d.dump();  // every share device carries every limit of the claim
+  }
+  std::ifstream config(opts_.cuda_shared_root + "/dra/" + uid + "/config");
+  const std::string text((std::istreambuf_iterator<char>(config)), {});
+  EXPECT_NE(text.find("memory " + Gpu(0).uuid + " " + std::to_string(3ULL << 30)), std::string::npos) << text;
+  EXPECT_NE(text.find("cores " + Gpu(0).uuid + " 30"), std::string::npos) << text;
+  EXPECT_NE(text.find("memory " + Gpu(1).uuid + " " + std::to_string(3ULL << 30)), std::string::npos) << text;
+  ASSERT_TRUE(p->Unprepare({"default", uid, "three"}).ok());
   EXPECT_FALSE(std::filesystem::exists(opts_.cuda_shared_root + "/dra/" + uid));
 }
 
@@ -629,6 +667,9 @@ TEST_F(PrepareTest, WhatCannotBeEnforcedOrDoesNotMatchIsRefusedWithTheReason) {
                          {"kind", "GpuConfig"},
                          {"sharing", {{"strategy", "MPS"}}}}}}}}};
   refused(Claim("mps", json::array({Result(gpu1)}), mps), "mps", "sharing strategy 'MPS'");
+  json odd = mps;
+  odd[0]["opaque"]["parameters"]["sharing"] = "MPS";  // the user's JSON, not the API's shape
+  refused(Claim("odd", json::array({Result(gpu1)}), odd), "odd", "has a sharing that is not {strategy: <name>}");
   const std::string uid = Claim("replaced", json::array({Result(gpu1)}));
   refused("another-uid", "replaced", "got replaced");
   (void)uid;
@@ -791,6 +832,16 @@ TEST(PrepareMigTest, DynamicMigCarvesAtPrepareAndDestroysAtUnprepare) {
   EXPECT_EQ(instances(), 0U);
   auto now = (*restarted)->Prepare({"default", other, "large"});
   ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(instances(), 1U);
+  // A placement that an instance of the start-up snapshot had (destroyed by Create): carved anew,
+  // not taken for the instance that is gone.
+  ASSERT_TRUE((*restarted)->Unprepare({"default", other, "large"}).ok());
+  EXPECT_EQ(instances(), 0U);
+  const std::string stale_name = StaticMigName(g, g.migs[0], cat);
+  ASSERT_FALSE(stale_name.empty());
+  const std::string again = claim("stale", stale_name);
+  auto stale = (*restarted)->Prepare({"default", again, "stale"});
+  ASSERT_TRUE(stale.ok()) << stale.status();
   EXPECT_EQ(instances(), 1U);
 }
 
