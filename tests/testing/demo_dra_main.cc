@@ -130,8 +130,10 @@ class Demo {
     std::cout << "  " << mig_uuid << (gone ? " destroyed" : " STILL THERE") << "; its CDI spec removed\n";
     Check(gone && !mig_uuid.empty(), "the carved MIG instance is destroyed at unprepare");
     bool spec_left = false;
-    for (const auto& e : std::filesystem::directory_iterator(nodes_["a100"]->dir + "/cdi"))
+    std::error_code ec;  // (no directory: nothing was ever prepared there, which a check above reports)
+    for (const auto& e : std::filesystem::directory_iterator(nodes_["a100"]->dir + "/cdi", ec)) {
       spec_left = spec_left || e.is_regular_file();
+    }
     Check(!spec_left, "the MIG claim's CDI spec is removed at unprepare");
 
     // An XID on the whole claim's GPU.
@@ -225,10 +227,15 @@ class Demo {
     const bool up = t::WaitFor([&] { return n->kubelet->Drivers().contains("gpu.nvidia.com"); }, 60s) &&
                     t::WaitFor(
                         [&] {
+                          // The whole pool: every slice of it (a pool seen half published is
+                          // incomplete, and the allocator skips it).
+                          int64_t count = -1, have = 0;
                           for (const auto& s : List("resourceslices")) {
-                            if (s["spec"].value("nodeName", "") == name) return true;
+                            if (s["spec"].value("nodeName", "") != name) continue;
+                            ++have;
+                            count = s["spec"]["pool"].value("resourceSliceCount", int64_t{0});
                           }
-                          return false;
+                          return have > 0 && have == count;
                         },
                         60s);
     Check(up, "kgpu dra on " + name + " registers with kubelet and publishes its pool");
@@ -359,5 +366,6 @@ class Demo {
 }  // namespace
 
 int main() {
+  std::cout << std::unitbuf;  // every line out at once (a crash or a timeout still shows how far it got)
   return Demo().Run();
 }
